@@ -1,0 +1,1 @@
+//! ferrite-core
