@@ -1,1 +1,22 @@
-//! ferrite-core
+//! ferrite-core: tensors, dtypes, shapes and strided layouts, devices, the closed set of
+//! primitive ops and the backend trait every device implements.
+//!
+//! Backends live in their own crates (`ferrite-cpu`, ...); a `Device` is a handle to one.
+
+mod backend;
+mod dtype;
+mod error;
+mod host;
+pub mod op;
+pub mod rng;
+mod shape;
+mod tensor;
+
+pub use backend::{Backend, Device, DeviceKind, Storage};
+pub use dtype::{DType, WithDType};
+pub use error::{Error, Result};
+pub use host::HostBuffer;
+pub use op::{BinaryOp, CmpOp, Op, ReduceOp, UnaryOp};
+pub use shape::{Layout, Shape, StridedIndex};
+pub use tensor::Tensor;
+pub use half::{bf16, f16};

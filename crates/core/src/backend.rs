@@ -1,0 +1,83 @@
+//! The interface between `Tensor` and the devices that run ops.
+
+use crate::{DType, HostBuffer, Layout, Op, Result, Shape, Tensor};
+use std::any::Any;
+use std::sync::Arc;
+
+/// Which kind of device, and which one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DeviceKind {
+    Cpu,
+    Cuda(usize),
+}
+
+impl std::fmt::Display for DeviceKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DeviceKind::Cpu => f.write_str("cpu"),
+            DeviceKind::Cuda(i) => write!(f, "cuda:{i}"),
+        }
+    }
+}
+
+/// A buffer owned by a backend. Immutable once an op has produced it, so tensors share it
+/// freely; the backend downcasts through `as_any`.
+pub trait Storage: Any + Send + Sync {
+    fn dtype(&self) -> DType;
+    /// Number of elements.
+    fn len(&self) -> usize;
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    fn as_any(&self) -> &dyn Any;
+}
+
+/// An execution device. Implementations run every `Op` variant (one exhaustive match) or
+/// return an error naming the op; never a default "not implemented".
+pub trait Backend: Send + Sync + 'static {
+    fn kind(&self) -> DeviceKind;
+    /// Takes host data as a new contiguous storage.
+    fn from_host(&self, data: HostBuffer) -> Result<Arc<dyn Storage>>;
+    /// Copies the elements a layout selects into a contiguous host buffer, waiting for exactly
+    /// the work that produces them.
+    fn to_host(&self, storage: &dyn Storage, layout: &Layout) -> Result<HostBuffer>;
+    /// Runs `op` (validated by `Tensor`, see `op.rs`) on inputs living on this device, producing
+    /// one contiguous storage per entry of `outs`.
+    fn exec(&self, op: &Op, inputs: &[&Tensor], outs: &[(Shape, DType)])
+        -> Result<Vec<Arc<dyn Storage>>>;
+}
+
+/// A handle to a backend; cheap to clone. Two handles are the same device when their kinds are
+/// equal.
+#[derive(Clone)]
+pub struct Device(Arc<dyn Backend>);
+
+impl Device {
+    pub fn new(backend: Arc<dyn Backend>) -> Device {
+        Device(backend)
+    }
+
+    pub fn kind(&self) -> DeviceKind {
+        self.0.kind()
+    }
+
+    pub fn backend(&self) -> &dyn Backend {
+        &*self.0
+    }
+
+    pub fn same(&self, other: &Device) -> bool {
+        self.kind() == other.kind()
+    }
+}
+
+impl std::fmt::Debug for Device {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.kind())
+    }
+}
+
+impl std::fmt::Display for Device {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.kind())
+    }
+}

@@ -1,0 +1,868 @@
+//! `Tensor`: a strided view of a backend storage. Cheap to clone; views share storage.
+
+use crate::backend::{Device, Storage};
+use crate::error::fmt_shapes;
+use crate::op::{BinaryOp, CmpOp, Op, ReduceOp, UnaryOp};
+use crate::{DType, Error, HostBuffer, Layout, Result, Shape, WithDType};
+use std::sync::Arc;
+
+#[derive(Clone)]
+pub struct Tensor(Arc<Inner>);
+
+struct Inner {
+    storage: Arc<dyn Storage>,
+    layout: Layout,
+    dtype: DType,
+    device: Device,
+}
+
+impl Tensor {
+    /// Wraps a storage; `layout` must lie within it (backends and views guarantee this).
+    pub fn from_storage(storage: Arc<dyn Storage>, layout: Layout, device: Device) -> Tensor {
+        let dtype = storage.dtype();
+        Tensor(Arc::new(Inner { storage, layout, dtype, device }))
+    }
+
+    fn view(&self, layout: Layout) -> Tensor {
+        Tensor(Arc::new(Inner {
+            storage: self.0.storage.clone(),
+            layout,
+            dtype: self.0.dtype,
+            device: self.0.device.clone(),
+        }))
+    }
+
+    // ---- accessors ----
+
+    pub fn shape(&self) -> &Shape {
+        self.0.layout.shape()
+    }
+    pub fn dims(&self) -> &[usize] {
+        self.0.layout.dims()
+    }
+    pub fn rank(&self) -> usize {
+        self.dims().len()
+    }
+    pub fn elem_count(&self) -> usize {
+        self.shape().elem_count()
+    }
+    pub fn dtype(&self) -> DType {
+        self.0.dtype
+    }
+    pub fn device(&self) -> &Device {
+        &self.0.device
+    }
+    pub fn layout(&self) -> &Layout {
+        &self.0.layout
+    }
+    pub fn storage(&self) -> &dyn Storage {
+        &*self.0.storage
+    }
+    pub fn is_contiguous(&self) -> bool {
+        self.0.layout.is_contiguous()
+    }
+    /// True when both tensors view the same storage.
+    pub fn shares_storage(&self, other: &Tensor) -> bool {
+        Arc::ptr_eq(&self.0.storage, &other.0.storage)
+    }
+    /// Size of dim `axis` (negative counts from the end).
+    pub fn dim(&self, axis: isize) -> Result<usize> {
+        Ok(self.dims()[self.shape().axis("dim", axis)?])
+    }
+
+    // ---- creation ----
+
+    pub fn from_host(data: HostBuffer, shape: impl Into<Shape>, device: &Device) -> Result<Tensor> {
+        let shape = shape.into();
+        let n = shape.checked_elem_count("from_vec")?;
+        if n != data.len() {
+            return Err(Error::shape(
+                "from_vec",
+                format!("{} elements do not fill shape {shape} ({n} elements)", data.len()),
+            ));
+        }
+        let storage = device.backend().from_host(data)?;
+        Ok(Tensor::from_storage(storage, Layout::contiguous(shape), device.clone()))
+    }
+
+    pub fn from_vec<T: WithDType>(data: Vec<T>, shape: impl Into<Shape>, device: &Device) -> Result<Tensor> {
+        Tensor::from_host(T::wrap(data), shape, device)
+    }
+
+    pub fn from_slice<T: WithDType>(data: &[T], shape: impl Into<Shape>, device: &Device) -> Result<Tensor> {
+        Tensor::from_vec(data.to_vec(), shape, device)
+    }
+
+    /// A 0-d tensor.
+    pub fn scalar<T: WithDType>(value: T, device: &Device) -> Result<Tensor> {
+        Tensor::from_vec(vec![value], (), device)
+    }
+
+    fn create(op: Op, shape: Shape, dtype: DType, device: &Device) -> Result<Tensor> {
+        shape.checked_elem_count(op.name())?;
+        let mut out = device.backend().exec(&op, &[], &[(shape.clone(), dtype)])?;
+        let storage = out.pop().ok_or_else(|| Error::backend(op.name(), "backend returned no output"))?;
+        Ok(Tensor::from_storage(storage, Layout::contiguous(shape), device.clone()))
+    }
+
+    pub fn full(value: f64, shape: impl Into<Shape>, dtype: DType, device: &Device) -> Result<Tensor> {
+        Tensor::create(Op::Fill { value }, shape.into(), dtype, device)
+    }
+    pub fn zeros(shape: impl Into<Shape>, dtype: DType, device: &Device) -> Result<Tensor> {
+        Tensor::full(0.0, shape, dtype, device)
+    }
+    pub fn ones(shape: impl Into<Shape>, dtype: DType, device: &Device) -> Result<Tensor> {
+        Tensor::full(1.0, shape, dtype, device)
+    }
+    pub fn zeros_like(&self) -> Result<Tensor> {
+        Tensor::zeros(self.shape(), self.dtype(), self.device())
+    }
+    pub fn ones_like(&self) -> Result<Tensor> {
+        Tensor::ones(self.shape(), self.dtype(), self.device())
+    }
+
+    /// `[start, start + step, ...)` up to (excluding) `end`.
+    pub fn arange(start: f64, end: f64, step: f64, dtype: DType, device: &Device) -> Result<Tensor> {
+        if step == 0.0 || !step.is_finite() || !start.is_finite() || !end.is_finite() {
+            return Err(Error::shape("arange", format!("invalid range {start}..{end} step {step}")));
+        }
+        let n = ((end - start) / step).ceil().max(0.0);
+        if n > (isize::MAX as f64) {
+            return Err(Error::shape("arange", format!("{n} elements is too many")));
+        }
+        Tensor::create(Op::Arange { start, step }, Shape::new([n as usize]), dtype, device)
+    }
+
+    /// Uniform in [low, high), reproducible from `seed` on every backend.
+    pub fn rand_uniform(shape: impl Into<Shape>, low: f64, high: f64, seed: u64, dtype: DType, device: &Device) -> Result<Tensor> {
+        float_only("rand_uniform", dtype)?;
+        Tensor::create(Op::RandUniform { seed, low, high }, shape.into(), dtype, device)
+    }
+
+    /// Normal(mean, std), reproducible from `seed` on every backend.
+    pub fn rand_normal(shape: impl Into<Shape>, mean: f64, std: f64, seed: u64, dtype: DType, device: &Device) -> Result<Tensor> {
+        float_only("rand_normal", dtype)?;
+        Tensor::create(Op::RandNormal { seed, mean, std }, shape.into(), dtype, device)
+    }
+
+    // ---- host reads ----
+
+    /// The elements in row-major order, waiting for the work that produces them.
+    pub fn to_host(&self) -> Result<HostBuffer> {
+        self.device().backend().to_host(self.storage(), self.layout())
+    }
+
+    pub fn to_vec<T: WithDType>(&self) -> Result<Vec<T>> {
+        if T::DTYPE != self.dtype() {
+            return Err(Error::DTypeMismatch { op: "to_vec", lhs: self.dtype(), rhs: T::DTYPE });
+        }
+        match (self.to_host()?, T::DTYPE) {
+            (buf, _) => T::unwrap(&buf)
+                .map(|s| s.to_vec())
+                .ok_or_else(|| Error::backend("to_vec", "backend returned the wrong dtype")),
+        }
+    }
+
+    /// Every element as f64, whatever the dtype.
+    pub fn to_vec_f64(&self) -> Result<Vec<f64>> {
+        Ok(self.to_host()?.to_f64_vec())
+    }
+
+    /// The value of a one-element tensor.
+    pub fn item<T: WithDType>(&self) -> Result<T> {
+        if self.elem_count() != 1 {
+            return Err(Error::shape("item", format!("tensor of shape {} is not one element", self.shape())));
+        }
+        self.to_vec::<T>()?
+            .pop()
+            .ok_or_else(|| Error::backend("item", "backend returned no element"))
+    }
+
+    // ---- views ----
+
+    /// Same elements, new shape; a view when strides allow, else a copy.
+    pub fn reshape(&self, shape: impl Into<Shape>) -> Result<Tensor> {
+        let shape = shape.into();
+        if shape.checked_elem_count("reshape")? != self.elem_count() {
+            return Err(Error::shape(
+                "reshape",
+                format!("cannot reshape {} ({} elements) to {shape} ({} elements)", self.shape(), self.elem_count(), shape.elem_count()),
+            ));
+        }
+        match self.layout().reshape(&shape) {
+            Some(l) => Ok(self.view(l)),
+            None => {
+                let c = self.contiguous()?;
+                let l = Layout::contiguous(shape);
+                Ok(c.view(l))
+            }
+        }
+    }
+
+    /// Like `reshape` with one dim given as -1 (inferred).
+    pub fn reshape_infer(&self, dims: &[isize]) -> Result<Tensor> {
+        let known: usize = dims.iter().filter(|&&d| d >= 0).map(|&d| d as usize).product();
+        let n_infer = dims.iter().filter(|&&d| d == -1).count();
+        if n_infer > 1 || dims.iter().any(|&d| d < -1) || (n_infer == 1 && (known == 0 || self.elem_count() % known != 0)) {
+            return Err(Error::shape("reshape", format!("cannot reshape {} to {dims:?}", self.shape())));
+        }
+        let shape: Vec<usize> = dims
+            .iter()
+            .map(|&d| if d == -1 { self.elem_count() / known.max(1) } else { d as usize })
+            .collect();
+        self.reshape(shape)
+    }
+
+    pub fn flatten(&self) -> Result<Tensor> {
+        self.reshape([self.elem_count()])
+    }
+
+    pub fn permute(&self, perm: &[usize]) -> Result<Tensor> {
+        Ok(self.view(self.layout().permute(perm)?))
+    }
+
+    pub fn transpose(&self, a: isize, b: isize) -> Result<Tensor> {
+        let (a, b) = (self.shape().axis("transpose", a)?, self.shape().axis("transpose", b)?);
+        let mut perm: Vec<usize> = (0..self.rank()).collect();
+        perm.swap(a, b);
+        self.permute(&perm)
+    }
+
+    /// Swaps the last two dims.
+    pub fn t(&self) -> Result<Tensor> {
+        if self.rank() < 2 {
+            return Err(Error::shape("t", format!("needs rank >= 2, got {}", self.shape())));
+        }
+        self.transpose(-2, -1)
+    }
+
+    pub fn narrow(&self, axis: isize, start: usize, len: usize) -> Result<Tensor> {
+        let axis = self.shape().axis("narrow", axis)?;
+        Ok(self.view(self.layout().narrow(axis, start, len)?))
+    }
+
+    pub fn broadcast_to(&self, shape: impl Into<Shape>) -> Result<Tensor> {
+        let shape = shape.into();
+        if self.shape() == &shape {
+            return Ok(self.clone());
+        }
+        Ok(self.view(self.layout().broadcast_as(&shape)?))
+    }
+
+    /// `broadcast_to` where -1 keeps the existing size of that dim.
+    pub fn expand(&self, dims: &[isize]) -> Result<Tensor> {
+        let lead = dims.len().checked_sub(self.rank()).ok_or_else(|| {
+            Error::shape("expand", format!("cannot expand {} to {dims:?}", self.shape()))
+        })?;
+        let shape: Vec<usize> = dims
+            .iter()
+            .enumerate()
+            .map(|(i, &d)| if d == -1 && i >= lead { Ok(self.dims()[i - lead]) } else if d >= 0 { Ok(d as usize) } else {
+                Err(Error::shape("expand", format!("cannot expand {} to {dims:?}", self.shape())))
+            })
+            .collect::<Result<_>>()?;
+        self.broadcast_to(shape)
+    }
+
+    pub fn squeeze(&self, axis: isize) -> Result<Tensor> {
+        let a = self.shape().axis("squeeze", axis)?;
+        if self.dims()[a] != 1 {
+            return Err(Error::shape("squeeze", format!("axis {a} of {} is not 1", self.shape())));
+        }
+        let mut dims = self.dims().to_vec();
+        let mut strides = self.layout().strides().to_vec();
+        dims.remove(a);
+        strides.remove(a);
+        Ok(self.view(Layout::new(Shape::new(dims), strides, self.layout().offset())))
+    }
+
+    pub fn unsqueeze(&self, axis: isize) -> Result<Tensor> {
+        let rank = self.rank() as isize;
+        let a = if axis < 0 { axis + rank + 1 } else { axis };
+        if a < 0 || a > rank {
+            return Err(Error::Axis { op: "unsqueeze", axis, rank: self.rank() });
+        }
+        let a = a as usize;
+        let mut dims = self.dims().to_vec();
+        let mut strides = self.layout().strides().to_vec();
+        let s = if a < dims.len() { dims[a] * strides[a] } else { 1 };
+        dims.insert(a, 1);
+        strides.insert(a, s);
+        Ok(self.view(Layout::new(Shape::new(dims), strides, self.layout().offset())))
+    }
+
+    /// The same tensor, contiguous; copies only when the layout is not already contiguous.
+    pub fn contiguous(&self) -> Result<Tensor> {
+        if self.is_contiguous() && self.layout().offset() == 0 && self.storage().len() == self.elem_count() {
+            return Ok(self.clone());
+        }
+        self.run1(Op::Copy, &[self], self.shape().clone(), self.dtype())
+    }
+
+    // ---- op plumbing ----
+
+    fn check_same_device(op: &'static str, inputs: &[&Tensor]) -> Result<()> {
+        if let Some(first) = inputs.first() {
+            for t in &inputs[1..] {
+                if !t.device().same(first.device()) {
+                    return Err(Error::DeviceMismatch { op, lhs: first.device().to_string(), rhs: t.device().to_string() });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn run(&self, op: Op, inputs: &[&Tensor], outs: Vec<(Shape, DType)>) -> Result<Vec<Tensor>> {
+        Tensor::check_same_device(op.name(), inputs)?;
+        let dev = self.device();
+        let storages = dev.backend().exec(&op, inputs, &outs)?;
+        if storages.len() != outs.len() {
+            return Err(Error::backend(op.name(), "backend returned the wrong number of outputs"));
+        }
+        Ok(storages
+            .into_iter()
+            .zip(outs)
+            .map(|(s, (shape, _))| Tensor::from_storage(s, Layout::contiguous(shape), dev.clone()))
+            .collect())
+    }
+
+    fn run1(&self, op: Op, inputs: &[&Tensor], shape: Shape, dtype: DType) -> Result<Tensor> {
+        let name = op.name();
+        self.run(op, inputs, vec![(shape, dtype)])?
+            .pop()
+            .ok_or_else(|| Error::backend(name, "backend returned no output"))
+    }
+
+    // ---- elementwise ----
+
+    pub fn unary(&self, op: UnaryOp) -> Result<Tensor> {
+        let dt = self.dtype();
+        if dt == DType::Bool || (dt.is_int() && !op.supports_int()) {
+            return Err(Error::dtype(op.name(), dt, "needs a float dtype"));
+        }
+        if dt.is_int() && matches!(op, UnaryOp::Floor | UnaryOp::Ceil | UnaryOp::Round) {
+            return Ok(self.clone());
+        }
+        self.run1(Op::Unary(op), &[self], self.shape().clone(), dt)
+    }
+
+    /// Broadcasts two tensors to their common shape (views, no copies).
+    pub fn broadcast_pair(op: &'static str, a: &Tensor, b: &Tensor) -> Result<(Tensor, Tensor)> {
+        if a.dtype() != b.dtype() {
+            return Err(Error::DTypeMismatch { op, lhs: a.dtype(), rhs: b.dtype() });
+        }
+        let shape = Shape::broadcast(op, a.shape(), b.shape())?;
+        Ok((a.broadcast_to(&shape)?, b.broadcast_to(&shape)?))
+    }
+
+    pub fn binary(&self, op: BinaryOp, rhs: &Tensor) -> Result<Tensor> {
+        let (a, b) = Tensor::broadcast_pair(op.name(), self, rhs)?;
+        if a.dtype() == DType::Bool || (op == BinaryOp::Pow && !a.dtype().is_float()) {
+            return Err(Error::dtype(op.name(), a.dtype(), "needs a numeric (pow: float) dtype"));
+        }
+        a.run1(Op::Binary(op), &[&a, &b], a.shape().clone(), a.dtype())
+    }
+
+    pub fn cmp(&self, op: CmpOp, rhs: &Tensor) -> Result<Tensor> {
+        let (a, b) = Tensor::broadcast_pair(op.name(), self, rhs)?;
+        a.run1(Op::Cmp(op), &[&a, &b], a.shape().clone(), DType::Bool)
+    }
+
+    /// A tensor of this one's dtype and device holding `v`, broadcastable to anything.
+    pub fn scalar_like(&self, v: f64) -> Result<Tensor> {
+        Tensor::full(v, (), self.dtype(), self.device())
+    }
+
+    fn binary_scalar(&self, op: BinaryOp, v: f64) -> Result<Tensor> {
+        self.binary(op, &self.scalar_like(v)?)
+    }
+
+    /// `cond ? on_true : on_false`, elementwise with broadcasting of all three.
+    pub fn where_cond(cond: &Tensor, on_true: &Tensor, on_false: &Tensor) -> Result<Tensor> {
+        if cond.dtype() != DType::Bool {
+            return Err(Error::dtype("where", cond.dtype(), "condition must be bool"));
+        }
+        if on_true.dtype() != on_false.dtype() {
+            return Err(Error::DTypeMismatch { op: "where", lhs: on_true.dtype(), rhs: on_false.dtype() });
+        }
+        let shape = Shape::broadcast("where", &Shape::broadcast("where", cond.shape(), on_true.shape())?, on_false.shape())?;
+        let (c, a, b) = (cond.broadcast_to(&shape)?, on_true.broadcast_to(&shape)?, on_false.broadcast_to(&shape)?);
+        a.run1(Op::Where, &[&c, &a, &b], shape, a.dtype())
+    }
+
+    // ---- reductions ----
+
+    fn reduce_axes(&self, op: &'static str, axes: &[isize]) -> Result<Vec<usize>> {
+        let mut out = Vec::with_capacity(axes.len());
+        for &a in axes {
+            let a = self.shape().axis(op, a)?;
+            if out.contains(&a) {
+                return Err(Error::shape(op, format!("axis {a} given twice")));
+            }
+            out.push(a);
+        }
+        out.sort_unstable();
+        Ok(out)
+    }
+
+    fn reduce(&self, op: ReduceOp, axes: &[isize], keepdim: bool) -> Result<Tensor> {
+        let name = op.name();
+        if self.dtype() == DType::Bool {
+            return Err(Error::dtype(name, DType::Bool, "needs a numeric dtype"));
+        }
+        // All axes when none are given.
+        let axes = if axes.is_empty() { (0..self.rank()).collect() } else { self.reduce_axes(name, axes)? };
+        let mut kept = self.dims().to_vec();
+        for &a in &axes {
+            if self.dims()[a] == 0 && op != ReduceOp::Sum {
+                return Err(Error::shape(name, format!("cannot reduce an empty axis {a} of {}", self.shape())));
+            }
+            kept[a] = 1;
+        }
+        let out_dtype = if matches!(op, ReduceOp::ArgMax | ReduceOp::ArgMin) { DType::U32 } else { self.dtype() };
+        let out = if axes.is_empty() {
+            // A 0-d tensor: nothing to reduce.
+            match op {
+                ReduceOp::ArgMax | ReduceOp::ArgMin => Tensor::zeros((), DType::U32, self.device())?,
+                _ => self.clone(),
+            }
+        } else {
+            self.run1(Op::Reduce { op, axes: axes.clone() }, &[self], Shape::new(kept), out_dtype)?
+        };
+        if keepdim {
+            return Ok(out);
+        }
+        let dims: Vec<usize> = self.dims().iter().enumerate().filter(|(i, _)| !axes.contains(i)).map(|(_, &d)| d).collect();
+        out.reshape(dims)
+    }
+
+    /// Sum over `axes` (all when empty).
+    pub fn sum(&self, axes: &[isize], keepdim: bool) -> Result<Tensor> {
+        self.reduce(ReduceOp::Sum, axes, keepdim)
+    }
+    pub fn max(&self, axes: &[isize], keepdim: bool) -> Result<Tensor> {
+        self.reduce(ReduceOp::Max, axes, keepdim)
+    }
+    pub fn min(&self, axes: &[isize], keepdim: bool) -> Result<Tensor> {
+        self.reduce(ReduceOp::Min, axes, keepdim)
+    }
+    /// Index (u32) of the first maximum along `axis`.
+    pub fn argmax(&self, axis: isize, keepdim: bool) -> Result<Tensor> {
+        self.reduce(ReduceOp::ArgMax, &[axis], keepdim)
+    }
+    pub fn argmin(&self, axis: isize, keepdim: bool) -> Result<Tensor> {
+        self.reduce(ReduceOp::ArgMin, &[axis], keepdim)
+    }
+    pub fn sum_all(&self) -> Result<Tensor> {
+        self.sum(&[], false)
+    }
+
+    /// Number of elements `axes` cover (all when empty).
+    fn count_over(&self, op: &'static str, axes: &[isize]) -> Result<usize> {
+        if axes.is_empty() {
+            return Ok(self.elem_count());
+        }
+        Ok(self.reduce_axes(op, axes)?.iter().map(|&a| self.dims()[a]).product())
+    }
+
+    pub fn mean(&self, axes: &[isize], keepdim: bool) -> Result<Tensor> {
+        float_only("mean", self.dtype())?;
+        let n = self.count_over("mean", axes)?;
+        self.sum(axes, keepdim)?.div_scalar(n as f64)
+    }
+
+    /// Variance over `axes`; `unbiased` divides by n - 1.
+    pub fn var(&self, axes: &[isize], keepdim: bool, unbiased: bool) -> Result<Tensor> {
+        float_only("var", self.dtype())?;
+        let n = self.count_over("var", axes)?;
+        let d = self.sub(&self.mean(axes, true)?)?;
+        let denom = if unbiased { n.saturating_sub(1) } else { n };
+        d.square()?.sum(axes, keepdim)?.div_scalar(denom as f64)
+    }
+
+    /// log(sum(exp(x))) over `axes`, computed stably (max subtracted first).
+    pub fn logsumexp(&self, axes: &[isize], keepdim: bool) -> Result<Tensor> {
+        float_only("logsumexp", self.dtype())?;
+        let m = self.max(axes, true)?;
+        // An all -inf row would give -inf - -inf = NaN; shift by 0 there instead.
+        let finite = m.abs()?.lt(&m.scalar_like(f64::INFINITY)?)?;
+        let m = Tensor::where_cond(&finite, &m, &m.zeros_like()?)?;
+        let s = self.sub(&m)?.exp()?.sum(axes, true)?.log()?.add(&m)?;
+        if keepdim {
+            Ok(s)
+        } else {
+            let dims: Vec<usize> = match axes.is_empty() {
+                true => vec![],
+                false => {
+                    let ax = self.reduce_axes("logsumexp", axes)?;
+                    self.dims().iter().enumerate().filter(|(i, _)| !ax.contains(i)).map(|(_, &d)| d).collect()
+                }
+            };
+            s.reshape(dims)
+        }
+    }
+
+    // ---- matmul ----
+
+    /// Matrix product with NumPy semantics: 1-D operands are promoted (and the added dim
+    /// removed), batch dims broadcast. Transposed views are used in place, without copies.
+    pub fn matmul(&self, rhs: &Tensor) -> Result<Tensor> {
+        let op = "matmul";
+        if self.dtype() != rhs.dtype() {
+            return Err(Error::DTypeMismatch { op, lhs: self.dtype(), rhs: rhs.dtype() });
+        }
+        float_only(op, self.dtype())?;
+        if self.rank() == 0 || rhs.rank() == 0 {
+            return Err(Error::shape(op, format!("needs rank >= 1 operands: {}", fmt_shapes(&[self.shape(), rhs.shape()]))));
+        }
+        let a = if self.rank() == 1 { self.unsqueeze(0)? } else { self.clone() };
+        let b = if rhs.rank() == 1 { rhs.unsqueeze(1)? } else { rhs.clone() };
+        let (m, k) = (a.dims()[a.rank() - 2], a.dims()[a.rank() - 1]);
+        let (k2, n) = (b.dims()[b.rank() - 2], b.dims()[b.rank() - 1]);
+        if k != k2 {
+            return Err(Error::shape(op, format!("inner dimensions differ: {}", fmt_shapes(&[self.shape(), rhs.shape()]))));
+        }
+        let batch = Shape::broadcast(op, &Shape::new(&a.dims()[..a.rank() - 2]), &Shape::new(&b.dims()[..b.rank() - 2]))
+            .map_err(|_| Error::shape(op, format!("batch dimensions do not broadcast: {}", fmt_shapes(&[self.shape(), rhs.shape()]))))?;
+        let mut ad = batch.dims().to_vec();
+        ad.extend([m, k]);
+        let mut bd = batch.dims().to_vec();
+        bd.extend([k, n]);
+        let (a, b) = (a.broadcast_to(ad)?, b.broadcast_to(bd)?);
+        let mut od = batch.dims().to_vec();
+        od.extend([m, n]);
+        let out = a.run1(Op::Matmul, &[&a, &b], Shape::new(od), a.dtype())?;
+        match (self.rank(), rhs.rank()) {
+            (1, 1) => out.reshape(()),
+            (1, _) => out.squeeze(-2),
+            (_, 1) => out.squeeze(-1),
+            _ => Ok(out),
+        }
+    }
+
+    // ---- dtype, indexing, joining ----
+
+    pub fn cast(&self, dtype: DType) -> Result<Tensor> {
+        if dtype == self.dtype() {
+            return Ok(self.clone());
+        }
+        self.run1(Op::Cast(dtype), &[self], self.shape().clone(), dtype)
+    }
+
+    fn check_index(op: &'static str, index: &Tensor) -> Result<()> {
+        if !index.dtype().is_int() {
+            return Err(Error::dtype(op, index.dtype(), "index must be an integer dtype"));
+        }
+        Ok(())
+    }
+
+    /// Entries of `axis` picked by a 1-D integer index.
+    pub fn index_select(&self, index: &Tensor, axis: isize) -> Result<Tensor> {
+        let op = "index_select";
+        Tensor::check_index(op, index)?;
+        if index.rank() != 1 {
+            return Err(Error::shape(op, format!("index must be 1-D, got {}", index.shape())));
+        }
+        let axis = self.shape().axis(op, axis)?;
+        let mut dims = self.dims().to_vec();
+        dims[axis] = index.elem_count();
+        self.run1(Op::IndexSelect { axis }, &[self, index], Shape::new(dims), self.dtype())
+    }
+
+    /// Rows of an embedding table `[vocab, dim]` for integer ids of any shape -> `[..ids, dim]`.
+    pub fn embedding(table: &Tensor, ids: &Tensor) -> Result<Tensor> {
+        if table.rank() != 2 {
+            return Err(Error::shape("embedding", format!("table must be [vocab, dim], got {}", table.shape())));
+        }
+        let mut dims = ids.dims().to_vec();
+        dims.push(table.dims()[1]);
+        table.index_select(&ids.flatten()?, 0)?.reshape(dims)
+    }
+
+    pub fn gather(&self, index: &Tensor, axis: isize) -> Result<Tensor> {
+        let op = "gather";
+        Tensor::check_index(op, index)?;
+        let axis = self.shape().axis(op, axis)?;
+        if index.rank() != self.rank() || index.dims().iter().zip(self.dims()).enumerate().any(|(i, (&d, &s))| i != axis && d > s) {
+            return Err(Error::shape(op, format!("index {} does not fit input {} along axis {axis}", index.shape(), self.shape())));
+        }
+        self.run1(Op::Gather { axis }, &[self, index], index.shape().clone(), self.dtype())
+    }
+
+    /// `self` with `src` added at the positions `index` names along `axis`.
+    pub fn scatter_add(&self, index: &Tensor, src: &Tensor, axis: isize) -> Result<Tensor> {
+        let op = "scatter_add";
+        Tensor::check_index(op, index)?;
+        let axis = self.shape().axis(op, axis)?;
+        if src.dtype() != self.dtype() {
+            return Err(Error::DTypeMismatch { op, lhs: self.dtype(), rhs: src.dtype() });
+        }
+        if index.shape() != src.shape()
+            || index.rank() != self.rank()
+            || index.dims().iter().zip(self.dims()).enumerate().any(|(i, (&d, &s))| i != axis && d > s)
+        {
+            return Err(Error::shape(op, format!("index {} and src {} do not fit {} along axis {axis}", index.shape(), src.shape(), self.shape())));
+        }
+        self.run1(Op::ScatterAdd { axis }, &[self, index, src], self.shape().clone(), self.dtype())
+    }
+
+    pub fn cat(tensors: &[&Tensor], axis: isize) -> Result<Tensor> {
+        let op = "cat";
+        let first = tensors.first().ok_or_else(|| Error::shape(op, "needs at least one tensor"))?;
+        let a = first.shape().axis(op, axis)?;
+        let mut total = 0usize;
+        for t in tensors {
+            if t.dtype() != first.dtype() {
+                return Err(Error::DTypeMismatch { op, lhs: first.dtype(), rhs: t.dtype() });
+            }
+            if t.rank() != first.rank() || t.dims().iter().zip(first.dims()).enumerate().any(|(i, (x, y))| i != a && x != y) {
+                return Err(Error::shape(op, format!("shapes differ outside axis {a}: {} and {}", first.shape(), t.shape())));
+            }
+            total += t.dims()[a];
+        }
+        if tensors.len() == 1 {
+            return Ok((*first).clone());
+        }
+        let mut dims = first.dims().to_vec();
+        dims[a] = total;
+        first.run1(Op::Cat { axis: a }, tensors, Shape::new(dims), first.dtype())
+    }
+
+    /// Joins equal-shaped tensors along a new axis.
+    pub fn stack(tensors: &[&Tensor], axis: isize) -> Result<Tensor> {
+        let first = tensors.first().ok_or_else(|| Error::shape("stack", "needs at least one tensor"))?;
+        for t in tensors {
+            if t.shape() != first.shape() {
+                return Err(Error::shape("stack", format!("shapes differ: {} and {}", first.shape(), t.shape())));
+            }
+        }
+        let us = tensors.iter().map(|t| t.unsqueeze(axis)).collect::<Result<Vec<_>>>()?;
+        Tensor::cat(&us.iter().collect::<Vec<_>>(), axis)
+    }
+
+    /// Views of consecutive pieces along `axis` with the given sizes (which must sum to the dim).
+    pub fn split(&self, sizes: &[usize], axis: isize) -> Result<Vec<Tensor>> {
+        let a = self.shape().axis("split", axis)?;
+        if sizes.iter().sum::<usize>() != self.dims()[a] {
+            return Err(Error::shape("split", format!("sizes {sizes:?} do not sum to axis {a} of {}", self.shape())));
+        }
+        let mut start = 0;
+        sizes
+            .iter()
+            .map(|&s| {
+                let t = self.narrow(a as isize, start, s);
+                start += s;
+                t
+            })
+            .collect()
+    }
+
+    pub fn cumsum(&self, axis: isize) -> Result<Tensor> {
+        let axis = self.shape().axis("cumsum", axis)?;
+        if self.dtype() == DType::Bool {
+            return Err(Error::dtype("cumsum", DType::Bool, "needs a numeric dtype"));
+        }
+        self.run1(Op::Cumsum { axis }, &[self], self.shape().clone(), self.dtype())
+    }
+
+    /// (values, u32 indices) sorted along `axis`; stable.
+    pub fn sort(&self, axis: isize, descending: bool) -> Result<(Tensor, Tensor)> {
+        let axis = self.shape().axis("sort", axis)?;
+        let mut out = self.run(
+            Op::Sort { axis, descending },
+            &[self],
+            vec![(self.shape().clone(), self.dtype()), (self.shape().clone(), DType::U32)],
+        )?;
+        let idx = out.pop();
+        let vals = out.pop();
+        vals.zip(idx).ok_or_else(|| Error::backend("sort", "backend returned too few outputs"))
+    }
+
+    /// The `k` largest (or smallest) entries along `axis`, in order, with their u32 indices.
+    pub fn topk(&self, k: usize, axis: isize, largest: bool) -> Result<(Tensor, Tensor)> {
+        let a = self.shape().axis("topk", axis)?;
+        if k > self.dims()[a] {
+            return Err(Error::shape("topk", format!("k = {k} exceeds axis {a} of {}", self.shape())));
+        }
+        let (v, i) = self.sort(a as isize, largest)?;
+        Ok((v.narrow(a as isize, 0, k)?, i.narrow(a as isize, 0, k)?))
+    }
+
+    // ---- fused ----
+
+    /// Runs a last-axis op on `axis` by moving it last and back (views).
+    fn on_last_axis(&self, op_name: &'static str, axis: isize, f: impl FnOnce(&Tensor) -> Result<Tensor>) -> Result<Tensor> {
+        let a = self.shape().axis(op_name, axis)?;
+        if a + 1 == self.rank() {
+            return f(self);
+        }
+        f(&self.transpose(a as isize, -1)?)?.transpose(a as isize, -1)
+    }
+
+    pub fn softmax(&self, axis: isize) -> Result<Tensor> {
+        float_only("softmax", self.dtype())?;
+        self.on_last_axis("softmax", axis, |x| x.run1(Op::Softmax, &[x], x.shape().clone(), x.dtype()))
+    }
+
+    pub fn log_softmax(&self, axis: isize) -> Result<Tensor> {
+        float_only("log_softmax", self.dtype())?;
+        self.on_last_axis("log_softmax", axis, |x| x.run1(Op::LogSoftmax, &[x], x.shape().clone(), x.dtype()))
+    }
+
+    fn check_norm_param(&self, op: &'static str, p: &Tensor) -> Result<()> {
+        float_only(op, self.dtype())?;
+        if p.dtype() != self.dtype() {
+            return Err(Error::DTypeMismatch { op, lhs: self.dtype(), rhs: p.dtype() });
+        }
+        let n = *self.dims().last().ok_or_else(|| Error::shape(op, "needs rank >= 1"))?;
+        if p.dims() != [n] {
+            return Err(Error::shape(op, format!("parameter {} does not match last dim of {}", p.shape(), self.shape())));
+        }
+        Ok(())
+    }
+
+    /// Layer norm over the last axis with weight and bias `[n]`.
+    pub fn layer_norm(&self, weight: &Tensor, bias: &Tensor, eps: f64) -> Result<Tensor> {
+        self.check_norm_param("layer_norm", weight)?;
+        self.check_norm_param("layer_norm", bias)?;
+        self.run1(Op::LayerNorm { eps }, &[self, weight, bias], self.shape().clone(), self.dtype())
+    }
+
+    /// RMS norm over the last axis with weight `[n]`.
+    pub fn rms_norm(&self, weight: &Tensor, eps: f64) -> Result<Tensor> {
+        self.check_norm_param("rms_norm", weight)?;
+        self.run1(Op::RmsNorm { eps }, &[self, weight], self.shape().clone(), self.dtype())
+    }
+
+    /// Rotary embedding of `x [..., l, d]` with `cos`, `sin` of shape `[l, d/2]`.
+    pub fn rope(&self, cos: &Tensor, sin: &Tensor, interleaved: bool) -> Result<Tensor> {
+        let op = "rope";
+        float_only(op, self.dtype())?;
+        if self.rank() < 2 {
+            return Err(Error::shape(op, format!("x must be [..., l, d], got {}", self.shape())));
+        }
+        let (l, d) = (self.dims()[self.rank() - 2], self.dims()[self.rank() - 1]);
+        if d % 2 != 0 || cos.dims() != [l, d / 2] || sin.dims() != [l, d / 2] {
+            return Err(Error::shape(op, format!("x {} needs an even last dim and cos/sin [{l}, {}], got {} and {}", self.shape(), d / 2, cos.shape(), sin.shape())));
+        }
+        for t in [cos, sin] {
+            if t.dtype() != self.dtype() {
+                return Err(Error::DTypeMismatch { op, lhs: self.dtype(), rhs: t.dtype() });
+            }
+        }
+        self.run1(Op::Rope { interleaved }, &[self, cos, sin], self.shape().clone(), self.dtype())
+    }
+
+    /// Scaled dot-product attention, `q [b, hq, lq, d]`, `k [b, hkv, lk, d]`,
+    /// `v [b, hkv, lk, dv]` -> `[b, hq, lq, dv]`; grouped-query when hkv < hq. `scale` defaults
+    /// to 1/sqrt(d).
+    pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, causal: bool, scale: Option<f64>) -> Result<Tensor> {
+        let op = "attention";
+        float_only(op, q.dtype())?;
+        for t in [k, v] {
+            if t.dtype() != q.dtype() {
+                return Err(Error::DTypeMismatch { op, lhs: q.dtype(), rhs: t.dtype() });
+            }
+        }
+        let bad = || Error::shape(op, format!("q, k, v must be [b, hq, lq, d], [b, hkv, lk, d], [b, hkv, lk, dv] with hq % hkv == 0; got {}", fmt_shapes(&[q.shape(), k.shape(), v.shape()])));
+        if q.rank() != 4 || k.rank() != 4 || v.rank() != 4 {
+            return Err(bad());
+        }
+        let (qd, kd, vd) = (q.dims(), k.dims(), v.dims());
+        if qd[0] != kd[0] || kd[0] != vd[0] || kd[1] != vd[1] || kd[2] != vd[2] || qd[3] != kd[3] || kd[1] == 0 || qd[1] % kd[1] != 0 {
+            return Err(bad());
+        }
+        let scale = scale.unwrap_or(1.0 / (qd[3] as f64).sqrt());
+        q.run1(Op::Attention { causal, scale }, &[q, k, v], Shape::new([qd[0], qd[1], qd[2], vd[3]]), q.dtype())
+    }
+}
+
+fn float_only(op: &'static str, dtype: DType) -> Result<()> {
+    if dtype.is_float() {
+        Ok(())
+    } else {
+        Err(Error::dtype(op, dtype, "needs a float dtype"))
+    }
+}
+
+macro_rules! unary_methods {
+    ($($name:ident => $op:ident),* $(,)?) => {
+        impl Tensor {
+            $(pub fn $name(&self) -> Result<Tensor> { self.unary(UnaryOp::$op) })*
+        }
+    };
+}
+unary_methods!(
+    neg => Neg, abs => Abs, sign => Sign, exp => Exp, log => Log, sqrt => Sqrt, rsqrt => Rsqrt,
+    recip => Recip, square => Square, sin => Sin, cos => Cos, tanh => Tanh, sigmoid => Sigmoid,
+    relu => Relu, gelu => GeluErf, gelu_tanh => GeluTanh, silu => Silu, floor => Floor,
+    ceil => Ceil, round => Round,
+);
+
+macro_rules! binary_methods {
+    ($($name:ident, $scalar:ident => $op:ident),* $(,)?) => {
+        impl Tensor {
+            $(
+                pub fn $name(&self, rhs: &Tensor) -> Result<Tensor> { self.binary(BinaryOp::$op, rhs) }
+                pub fn $scalar(&self, v: f64) -> Result<Tensor> { self.binary_scalar(BinaryOp::$op, v) }
+            )*
+        }
+    };
+}
+binary_methods!(
+    add, add_scalar => Add, sub, sub_scalar => Sub, mul, mul_scalar => Mul, div, div_scalar => Div,
+    pow, pow_scalar => Pow, maximum, maximum_scalar => Maximum, minimum, minimum_scalar => Minimum,
+);
+
+macro_rules! cmp_methods {
+    ($($name:ident => $op:ident),* $(,)?) => {
+        impl Tensor {
+            $(pub fn $name(&self, rhs: &Tensor) -> Result<Tensor> { self.cmp(CmpOp::$op, rhs) })*
+        }
+    };
+}
+cmp_methods!(eq => Eq, ne => Ne, lt => Lt, le => Le, gt => Gt, ge => Ge);
+
+impl std::fmt::Debug for Tensor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Tensor[{}, {}, {}]", self.shape(), self.dtype(), self.device())
+    }
+}
+
+/// Prints the values (up to 8 per dim, with `...`), then dtype, shape and device. Reading the
+/// values waits for the work that produces them.
+impl std::fmt::Display for Tensor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let vals = match self.to_vec_f64() {
+            Ok(v) => v,
+            Err(e) => return write!(f, "<{e}>"),
+        };
+        fn rec(f: &mut std::fmt::Formatter<'_>, dims: &[usize], vals: &[f64], is_float: bool) -> std::fmt::Result {
+            match dims.split_first() {
+                None => {
+                    let v = vals.first().copied().unwrap_or(f64::NAN);
+                    if is_float { write!(f, "{v:.4}") } else { write!(f, "{v}") }
+                }
+                Some((&n, rest)) => {
+                    let inner: usize = rest.iter().product();
+                    f.write_str("[")?;
+                    for i in 0..n {
+                        if n > 8 && i == 4 {
+                            f.write_str("..., ")?;
+                        }
+                        if n > 8 && (4..n - 4).contains(&i) {
+                            continue;
+                        }
+                        rec(f, rest, &vals[i * inner..(i + 1) * inner], is_float)?;
+                        if i + 1 < n {
+                            f.write_str(", ")?;
+                        }
+                    }
+                    f.write_str("]")
+                }
+            }
+        }
+        rec(f, self.dims(), &vals, self.dtype().is_float())?;
+        write!(f, " ({}, {}, {})", self.dtype(), self.shape(), self.device())
+    }
+}
