@@ -68,6 +68,17 @@ pub(super) fn dequant_q6k(b: &BlockQ6K, y: &mut [f32]) {
     }
 }
 
+/// `v` as f16, rounded away from zero, so that `v / result` never exceeds the intended
+/// number of sub-scale steps (matters for subnormal f16 scales).
+fn f16_up(v: f32) -> f16 {
+    let h = f16::from_f32(v);
+    if h.to_f32().abs() < v.abs() && h.is_finite() {
+        f16::from_bits(h.to_bits() + 1)
+    } else {
+        h
+    }
+}
+
 /// Asymmetric super-block quantization shared by Q2_K, Q4_K and Q5_K: groups of `group`
 /// weights, q in 0..=qmax, sub-scales and sub-mins in 0..=smax. Returns (d, dmin, scales,
 /// mins, q) with `x ~ d*scales[g]*q - dmin*mins[g]`; scales and mins are rounded up so the
@@ -87,7 +98,7 @@ fn quant_asym(
         hi[g] = mx;
     }
     let smaxf = f32::from(smax);
-    let dmin = f16::from_f32(lo.iter().fold(0f32, |a, &v| a.max(v)) / smaxf);
+    let dmin = f16_up(lo.iter().fold(0f32, |a, &v| a.max(v)) / smaxf);
     let idmin = inv(dmin.to_f32());
     let mins: Vec<u8> = lo
         .iter()
@@ -96,7 +107,7 @@ fn quant_asym(
     let need: Vec<f32> = (0..n_groups)
         .map(|g| ((hi[g] + dmin.to_f32() * f32::from(mins[g])) / f32::from(qmax)).max(0.0))
         .collect();
-    let d = f16::from_f32(need.iter().fold(0f32, |a, &v| a.max(v)) / smaxf);
+    let d = f16_up(need.iter().fold(0f32, |a, &v| a.max(v)) / smaxf);
     let id = inv(d.to_f32());
     let scales: Vec<u8> = need
         .iter()
@@ -120,7 +131,7 @@ fn quant_sym(x: &[f32], qneg: i32, sneg: i32) -> (f16, Vec<i32>, Vec<i32>) {
         .chunks_exact(16)
         .map(|xs| super::signed_absmax(xs) / -(qneg as f32))
         .collect();
-    let d = f16::from_f32(super::signed_absmax(&scale) / -(sneg as f32));
+    let d = f16_up(super::signed_absmax(&scale) / -(sneg as f32));
     let id = inv(d.to_f32());
     let sc: Vec<i32> = scale
         .iter()

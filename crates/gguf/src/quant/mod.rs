@@ -382,28 +382,41 @@ fn quant_q8(x: &[f32]) -> (f32, [i8; 32]) {
     (d, qs)
 }
 
-/// An upper bound on `|x - dequantize(quantize(x))|` for one block `x` of `ty`, as a
-/// multiple of the block's largest magnitude `amax` (asserted by the tests):
-/// Q4_0 1/8 (one step at the clipped end), Q4_1 1/30, Q5_0 1/16, Q5_1 1/62, Q8_0/Q8_1 1/254,
-/// Q8_K 1/254, Q2_K 1/3, Q3_K 1/4, Q4_K 1/15, Q5_K 1/31, Q6_K 1/32 (K-quants: half a step of
-/// the worst group plus the sub-scale rounding), each with 1% slack for f16 scale rounding.
-/// F16, BF16: relative 2^-11 and 2^-8; F32 exact.
-pub fn max_error_bound(ty: GgmlType, amax: f32) -> f32 {
-    let c = match ty {
+/// An upper bound on `|x[i] - dequantize(quantize(x))[i]|` over one block `x` of `ty`
+/// (any length for F32/F16/BF16), asserted by the tests. With `amax` the largest magnitude,
+/// `range` = max - min, and `s = amax / 512 + 2^-17` for the rounding of f16 scales (the
+/// absolute term covers subnormal f16 scales, spaced 2^-24, times up to 128 levels):
+/// - Q4_0, Q5_0: `amax / 8`, `amax / 16` (one step at the end opposite the extreme) + s;
+/// - Q8_0, Q8_1, Q8_K: `amax / 254` (half a step) + s;
+/// - Q4_1, Q5_1: `range / 30`, `range / 62` + s;
+/// - Q2_K, Q4_K, Q5_K (q levels `qmax` = 3, 15, 31; sub-scales up to `smax` = 15, 63, 63):
+///   `(range0 + amax / smax) / (2 qmax) * (1 + 1 / smax)` + s, where `range0` is the range
+///   widened to include 0 (their mins are offsets below 0);
+/// - Q3_K, Q6_K (q from `-qneg`, sub-scales from `-sneg`: 4, 32 and 32, 128):
+///   `amax / qneg + amax / sneg` + s;
+/// - F16: `amax / 2048 + 2^-25`; BF16: `amax / 256`; F32: 0.
+pub fn max_error_bound(ty: GgmlType, x: &[f32]) -> f32 {
+    let amax = x.iter().fold(0f32, |a, v| a.max(v.abs()));
+    let (lo, hi) = if x.is_empty() { (0.0, 0.0) } else { min_max(x) };
+    let range = hi - lo;
+    let s = amax / 512.0 + f32::powi(2.0, -17);
+    let range0 = hi.max(0.0) - lo.min(0.0);
+    let asym =
+        |qmax: f32, smax: f32| (range0 + amax / smax) / (2.0 * qmax) * (1.0 + 1.0 / smax) + s;
+    match ty {
         GgmlType::F32 => 0.0,
-        GgmlType::F16 => 1.0 / 2048.0,
-        GgmlType::BF16 => 1.0 / 256.0,
-        GgmlType::Q4_0 => 1.0 / 8.0,
-        GgmlType::Q4_1 => 1.0 / 30.0,
-        GgmlType::Q5_0 => 1.0 / 16.0,
-        GgmlType::Q5_1 => 1.0 / 62.0,
-        GgmlType::Q8_0 | GgmlType::Q8_1 | GgmlType::Q8_K => 1.0 / 254.0,
-        GgmlType::Q2_K => 1.0 / 3.0,
-        GgmlType::Q3_K => 1.0 / 4.0,
-        GgmlType::Q4_K => 1.0 / 15.0,
-        GgmlType::Q5_K => 1.0 / 31.0,
-        GgmlType::Q6_K => 1.0 / 32.0,
+        GgmlType::F16 => amax / 2048.0 + f32::powi(2.0, -25),
+        GgmlType::BF16 => amax / 256.0,
+        GgmlType::Q4_0 => amax / 8.0 + s,
+        GgmlType::Q5_0 => amax / 16.0 + s,
+        GgmlType::Q8_0 | GgmlType::Q8_1 | GgmlType::Q8_K => amax / 254.0 + s,
+        GgmlType::Q4_1 => range / 30.0 + s,
+        GgmlType::Q5_1 => range / 62.0 + s,
+        GgmlType::Q2_K => asym(3.0, 15.0),
+        GgmlType::Q4_K => asym(15.0, 63.0),
+        GgmlType::Q5_K => asym(31.0, 63.0),
+        GgmlType::Q3_K => amax / 4.0 + amax / 32.0 + s,
+        GgmlType::Q6_K => amax / 32.0 + amax / 128.0 + s,
         _ => f32::INFINITY,
-    };
-    c * amax * 1.01
+    }
 }
