@@ -5,3 +5,4 @@
 pub mod chat;
 pub mod sampler;
 pub mod tokenizer;
+pub mod kernels;

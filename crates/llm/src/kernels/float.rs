@@ -1,0 +1,126 @@
+//! f32 dot product, used by formats without an integer kernel (their rows are dequantized
+//! first) and by attention.
+
+use super::Isa;
+
+/// sum(a[i] * b[i]) over the shorter length.
+pub fn dot_f32(isa: Isa, a: &[f32], b: &[f32]) -> f32 {
+    let n = a.len().min(b.len());
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx2 {
+        // SAFETY: Isa::Avx2 implies runtime-detected avx2/fma; n bounds both slices.
+        return unsafe { x86::dot_f32(&a[..n], &b[..n]) };
+    }
+    let _ = isa;
+    dot_f32_scalar(&a[..n], &b[..n])
+}
+
+pub fn dot_f32_scalar(a: &[f32], b: &[f32]) -> f32 {
+    // 8 partial sums: lets the compiler vectorize and bounds rounding growth.
+    let mut s = [0f32; 8];
+    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
+    let (ra, rb) = (ca.remainder(), cb.remainder());
+    for (x, y) in ca.zip(cb) {
+        for k in 0..8 {
+            s[k] += x[k] * y[k];
+        }
+    }
+    let tail: f32 = ra.iter().zip(rb).map(|(x, y)| x * y).sum();
+    s.iter().sum::<f32>() + tail
+}
+
+/// y[i] += alpha * x[i] over the shorter length.
+pub fn axpy(isa: Isa, alpha: f32, x: &[f32], y: &mut [f32]) {
+    let n = x.len().min(y.len());
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx2 {
+        // SAFETY: as in dot_f32.
+        unsafe { x86::axpy(alpha, &x[..n], &mut y[..n]) };
+        return;
+    }
+    let _ = isa;
+    for (yi, xi) in y[..n].iter_mut().zip(&x[..n]) {
+        *yi += alpha * xi;
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use std::arch::x86_64::*;
+
+    use super::super::x86::hsum_ps;
+
+    /// # Safety
+    /// avx2 and fma must be available; `a` and `b` have equal length.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
+        let n = a.len();
+        let (mut s0, mut s1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+        let mut i = 0;
+        // SAFETY: every load reads [i, i + 8) with i + 8 <= n.
+        unsafe {
+            while i + 16 <= n {
+                s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a.as_ptr().add(i)), _mm256_loadu_ps(b.as_ptr().add(i)), s0);
+                s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a.as_ptr().add(i + 8)), _mm256_loadu_ps(b.as_ptr().add(i + 8)), s1);
+                i += 16;
+            }
+            while i + 8 <= n {
+                s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a.as_ptr().add(i)), _mm256_loadu_ps(b.as_ptr().add(i)), s0);
+                i += 8;
+            }
+        }
+        let mut s = hsum_ps(_mm256_add_ps(s0, s1));
+        while i < n {
+            s += a[i] * b[i];
+            i += 1;
+        }
+        s
+    }
+
+    /// # Safety
+    /// avx2 and fma must be available; `x` and `y` have equal length.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn axpy(alpha: f32, x: &[f32], y: &mut [f32]) {
+        let n = x.len();
+        let va = _mm256_set1_ps(alpha);
+        let mut i = 0;
+        // SAFETY: every access covers [i, i + 8) with i + 8 <= n.
+        unsafe {
+            while i + 8 <= n {
+                let p = y.as_mut_ptr().add(i);
+                _mm256_storeu_ps(p, _mm256_fmadd_ps(va, _mm256_loadu_ps(x.as_ptr().add(i)), _mm256_loadu_ps(p)));
+                i += 8;
+            }
+        }
+        while i < n {
+            y[i] += alpha * x[i];
+            i += 1;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::test_util::rand_f32;
+
+    #[test]
+    fn simd_matches_scalar_odd_sizes() {
+        for n in [1usize, 7, 8, 31, 33, 64, 65, 256] {
+            let a = rand_f32(n, n as u64);
+            let b = rand_f32(n, 99 + n as u64);
+            let want = dot_f32_scalar(&a, &b);
+            for isa in Isa::available() {
+                let got = dot_f32(isa, &a, &b);
+                assert!((got - want).abs() <= 1e-5 * (1.0 + want.abs()), "{isa:?} n={n}");
+                let mut y1 = b.clone();
+                let mut y2 = b.clone();
+                axpy(isa, 0.37, &a, &mut y1);
+                axpy(Isa::Scalar, 0.37, &a, &mut y2);
+                for (u, v) in y1.iter().zip(&y2) {
+                    assert!((u - v).abs() <= 1e-6);
+                }
+            }
+        }
+    }
+}

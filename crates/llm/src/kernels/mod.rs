@@ -1,0 +1,405 @@
+//! Quantized matrix products computed directly on GGUF blocks (no dequantized copy).
+//!
+//! A weight matrix `W` is `rows x cols` in GGUF layout: row r is `cols` contiguous elements,
+//! i.e. `cols / block_size` blocks. `matmul` computes `out[t][r] = dot(W[r], x[t])` for a
+//! batch of `t` activation rows. Activations are quantized once per product ([`Acts`]) to
+//! the 8-bit blocks each weight format pairs with: Q8 (32) for Q4_0/Q4_1/Q5_0/Q5_1/Q8_0,
+//! Q8_K (256) for Q4_K/Q6_K; other formats (F32, F16, BF16, Q2_K, Q3_K, Q5_K) dequantize
+//! each row and take an f32 dot product. Rows are split across the rayon pool in chunks;
+//! each chunk runs every activation row, so a chunk of weights stays in cache for the batch.
+//!
+//! Every SIMD kernel has a scalar reference in the same file and a test comparing them.
+
+pub mod float;
+pub mod k_quants;
+pub mod q4;
+pub mod q5;
+pub mod q8;
+pub mod q8_0;
+
+use ferrite_gguf::GgmlType;
+use rayon::prelude::*;
+
+use q8::{BlockQ8, BlockQ8K};
+
+/// Instruction set a kernel runs with; `Avx2` means avx2 + fma + f16c were detected at run
+/// time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Isa {
+    Scalar,
+    Avx2,
+}
+
+impl Isa {
+    /// The best instruction set of this CPU (`FERRITE_SCALAR=1` forces the scalar kernels).
+    pub fn detect() -> Isa {
+        if std::env::var_os("FERRITE_SCALAR").is_some_and(|v| v == "1") {
+            return Isa::Scalar;
+        }
+        #[cfg(target_arch = "x86_64")]
+        if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c") {
+            return Isa::Avx2;
+        }
+        Isa::Scalar
+    }
+
+    /// Every instruction set usable on this CPU (for tests comparing kernels).
+    pub fn available() -> Vec<Isa> {
+        let mut v = vec![Isa::Scalar];
+        #[cfg(target_arch = "x86_64")]
+        if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c") {
+            v.push(Isa::Avx2);
+        }
+        v
+    }
+}
+
+/// The little-endian f16 at byte `off` of `b`, as f32.
+#[inline]
+pub fn f16_at(b: &[u8], off: usize) -> f32 {
+    half::f16::from_bits(u16::from_le_bytes([b[off], b[off + 1]])).to_f32()
+}
+
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod x86 {
+    use std::arch::x86_64::*;
+
+    /// The little-endian f16 at `p`, as f32 (F16C).
+    ///
+    /// # Safety
+    /// f16c must be available and 2 bytes readable at `p`.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn f16_load(p: *const u8) -> f32 {
+        // SAFETY: 2 readable bytes at p (caller's contract).
+        let h = unsafe { (p as *const u16).read_unaligned() };
+        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h as i32)))
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub fn hsum_ps(v: __m256) -> f32 {
+        let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+        let s = _mm_add_ss(s, _mm_movehdup_ps(s));
+        _mm_cvtss_f32(s)
+    }
+
+    /// 16 bytes at `p` -> 32 u8 lanes: lanes 0..16 the low nibbles, lanes 16..32 the high.
+    ///
+    /// # Safety
+    /// avx2 must be available and 16 bytes readable at `p`.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn unpack_nibbles(p: *const u8) -> __m256i {
+        // SAFETY: 16 readable bytes at p (caller's contract).
+        let q = unsafe { _mm_loadu_si128(p as *const __m128i) };
+        let m = _mm_set1_epi8(0x0F);
+        let lo = _mm_and_si128(q, m);
+        let hi = _mm_and_si128(_mm_srli_epi16(q, 4), m);
+        _mm256_set_m128i(hi, lo)
+    }
+}
+
+/// The activation format a weight type is multiplied with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ActFormat {
+    Q8,
+    Q8K,
+    F32,
+}
+
+impl ActFormat {
+    pub fn for_weight(ty: GgmlType) -> ActFormat {
+        match ty {
+            GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q8_0 => ActFormat::Q8,
+            GgmlType::Q4_K | GgmlType::Q6_K => ActFormat::Q8K,
+            _ => ActFormat::F32,
+        }
+    }
+}
+
+/// Whether `matmul` can multiply weights of this type (fast kernel or dequantizing fallback).
+pub fn is_supported(ty: GgmlType) -> bool {
+    ty.is_supported() && ty != GgmlType::Q8_1 && ty != GgmlType::Q8_K
+}
+
+/// A borrowed `rows x cols` weight matrix in GGUF block layout.
+#[derive(Clone, Copy, Debug)]
+pub struct QMat<'a> {
+    pub ty: GgmlType,
+    pub rows: usize,
+    pub cols: usize,
+    pub data: &'a [u8],
+    row_bytes: usize,
+}
+
+impl<'a> QMat<'a> {
+    /// Checks that `data` holds exactly `rows` rows of `cols` elements of `ty`.
+    pub fn new(ty: GgmlType, rows: usize, cols: usize, data: &'a [u8]) -> Result<QMat<'a>, String> {
+        if !is_supported(ty) {
+            return Err(format!("unsupported weight type {ty}"));
+        }
+        let bs = ty.block_size();
+        if cols % bs != 0 {
+            return Err(format!("row length {cols} is not a multiple of the {ty} block size {bs}"));
+        }
+        let row_bytes = cols / bs * ty.type_size();
+        if Some(data.len()) != row_bytes.checked_mul(rows) {
+            return Err(format!("{rows}x{cols} {ty} needs {} bytes, found {}", row_bytes * rows, data.len()));
+        }
+        Ok(QMat { ty, rows, cols, data, row_bytes })
+    }
+
+    pub fn row(&self, r: usize) -> &'a [u8] {
+        &self.data[r * self.row_bytes..(r + 1) * self.row_bytes]
+    }
+
+    /// Row `r` dequantized into `out` (`cols` long).
+    pub fn dequantize_row(&self, r: usize, out: &mut [f32]) {
+        // Cannot fail: the type is supported and the lengths were checked in `new`.
+        let _ = ferrite_gguf::quant::dequantize(self.ty, self.row(r), out);
+    }
+}
+
+/// A batch of `t` activation rows of `cols` values, quantized to the formats requested.
+/// Buffers are reused across calls (no allocation once grown to the largest batch).
+#[derive(Default)]
+pub struct Acts {
+    t: usize,
+    cols: usize,
+    q8: Vec<BlockQ8>,
+    q8k: Vec<BlockQ8K>,
+    f32: Vec<f32>,
+    has: [bool; 3],
+}
+
+impl Acts {
+    /// Quantizes `x` (`t x cols`, row-major) for every format in `formats`.
+    pub fn quantize(&mut self, x: &[f32], t: usize, cols: usize, formats: &[ActFormat]) {
+        assert_eq!(x.len(), t * cols, "Acts::quantize: x is not t x cols");
+        self.t = t;
+        self.cols = cols;
+        self.has = [false; 3];
+        for &f in formats {
+            let i = f as usize;
+            if self.has[i] {
+                continue;
+            }
+            match f {
+                ActFormat::Q8 => {
+                    assert_eq!(cols % 32, 0, "Acts::quantize: cols {cols} not a multiple of 32");
+                    self.q8.resize(t * cols / 32, BlockQ8::default());
+                    q8::quantize_q8(x, &mut self.q8);
+                }
+                ActFormat::Q8K => {
+                    assert_eq!(cols % 256, 0, "Acts::quantize: cols {cols} not a multiple of 256");
+                    self.q8k.resize(t * cols / 256, BlockQ8K::default());
+                    q8::quantize_q8k(x, &mut self.q8k);
+                }
+                ActFormat::F32 => {
+                    self.f32.clear();
+                    self.f32.extend_from_slice(x);
+                }
+            }
+            self.has[i] = true;
+        }
+    }
+
+    pub fn t(&self) -> usize {
+        self.t
+    }
+}
+
+/// Output pointer shared by the row-chunk tasks of one product.
+#[derive(Clone, Copy)]
+struct OutPtr(*mut f32);
+// SAFETY: tasks write disjoint elements (distinct rows) of the buffer, which outlives them.
+unsafe impl Send for OutPtr {}
+// SAFETY: as above.
+unsafe impl Sync for OutPtr {}
+
+/// One product of a fused group: weight `w` and its output (`t x w.rows`, row-major).
+pub struct MatOut<'a, 'b> {
+    pub w: QMat<'a>,
+    pub out: &'b mut [f32],
+}
+
+/// `out[t][r] = dot(w[r], x[t])` for every product in `ops` (all sharing the activations
+/// `acts`, which must hold each weight's format), as one parallel pass over all their rows.
+pub fn matmul(isa: Isa, acts: &Acts, ops: &mut [MatOut<'_, '_>]) {
+    let t = acts.t;
+    for op in ops.iter() {
+        assert_eq!(op.w.cols, acts.cols, "matmul: weight has {} columns, activations {}", op.w.cols, acts.cols);
+        assert_eq!(op.out.len(), t * op.w.rows, "matmul: output is not t x rows");
+        assert!(acts.has[ActFormat::for_weight(op.w.ty) as usize], "matmul: activations not quantized for {}", op.w.ty);
+    }
+    let total_rows: usize = ops.iter().map(|o| o.w.rows).sum();
+    let threads = rayon::current_num_threads().max(1);
+    // Chunks: enough for load balance (8 per thread), at least 16 rows, and for big batches
+    // small enough that a chunk's weights stay in L2 while every activation row passes.
+    let row_bytes = ops.first().map_or(1, |o| o.w.row_bytes.max(1));
+    let mut chunk = total_rows.div_ceil(threads * 8).max(16);
+    if t > 1 {
+        chunk = chunk.min((128 * 1024 / row_bytes).max(4));
+    }
+    let mut tasks: Vec<(usize, usize, usize)> = Vec::new();
+    for (k, op) in ops.iter().enumerate() {
+        let mut r = 0;
+        while r < op.w.rows {
+            let e = (r + chunk).min(op.w.rows);
+            tasks.push((k, r, e));
+            r = e;
+        }
+    }
+    let ptrs: Vec<OutPtr> = ops.iter_mut().map(|o| OutPtr(o.out.as_mut_ptr())).collect();
+    let ws: Vec<QMat<'_>> = ops.iter().map(|o| o.w).collect();
+    let run = |&(k, r0, r1): &(usize, usize, usize)| {
+        let w = &ws[k];
+        let out = ptrs[k];
+        let mut tmp = Vec::new();
+        for ti in 0..t {
+            for r in r0..r1 {
+                let v = dot_row(isa, w, r, acts, ti, &mut tmp);
+                // SAFETY: (ti, r) is inside the t x rows output, and row r belongs to this
+                // task only, so no other task writes this element.
+                unsafe { *out.0.add(ti * w.rows + r) = v };
+            }
+        }
+    };
+    if tasks.len() == 1 || threads == 1 || total_rows * t < 64 {
+        tasks.iter().for_each(run);
+    } else {
+        tasks.par_iter().for_each(run);
+    }
+}
+
+/// dot(w[r], x[ti]) with the kernel for w's type. `tmp` is scratch for dequantizing fallbacks.
+#[inline]
+fn dot_row(isa: Isa, w: &QMat<'_>, r: usize, acts: &Acts, ti: usize, tmp: &mut Vec<f32>) -> f32 {
+    let row = w.row(r);
+    let cols = w.cols;
+    match w.ty {
+        GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q8_0 => {
+            let nb = cols / 32;
+            let a = &acts.q8[ti * nb..(ti + 1) * nb];
+            match w.ty {
+                GgmlType::Q4_0 => q4::dot_q4_0(isa, row, a),
+                GgmlType::Q4_1 => q4::dot_q4_1(isa, row, a),
+                GgmlType::Q5_0 => q5::dot_q5_0(isa, row, a),
+                GgmlType::Q5_1 => q5::dot_q5_1(isa, row, a),
+                _ => q8_0::dot_q8_0(isa, row, a),
+            }
+        }
+        GgmlType::Q4_K | GgmlType::Q6_K => {
+            let nb = cols / 256;
+            let a = &acts.q8k[ti * nb..(ti + 1) * nb];
+            if w.ty == GgmlType::Q4_K {
+                k_quants::dot_q4_k(isa, row, a)
+            } else {
+                k_quants::dot_q6_k(isa, row, a)
+            }
+        }
+        _ => {
+            tmp.resize(cols, 0.0);
+            w.dequantize_row(r, tmp);
+            float::dot_f32(isa, tmp, &acts.f32[ti * cols..(ti + 1) * cols])
+        }
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod test_util {
+    use super::q8::{quantize_q8, BlockQ8};
+
+    /// Deterministic pseudo-random numbers (splitmix64).
+    pub fn rand_u64(state: &mut u64) -> u64 {
+        *state = state.wrapping_add(0x9E3779B97F4A7C15);
+        let mut z = *state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58476D1CE4E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D049BB133111EB);
+        z ^ (z >> 31)
+    }
+
+    /// `n` values uniform in [-1, 1).
+    pub fn rand_f32(n: usize, seed: u64) -> Vec<f32> {
+        let mut s = seed;
+        (0..n).map(|_| (rand_u64(&mut s) >> 40) as f32 / (1u64 << 23) as f32 - 1.0).collect()
+    }
+
+    /// `nb` random blocks of `bytes` bytes each, with small positive f16 scales at the byte
+    /// offsets `f16_offsets` of each block.
+    pub fn rand_blocks(nb: usize, bytes: usize, f16_offsets: &[usize], seed: u64) -> Vec<u8> {
+        let mut s = seed;
+        let mut v: Vec<u8> = (0..nb * bytes).map(|_| rand_u64(&mut s) as u8).collect();
+        for b in 0..nb {
+            for &o in f16_offsets {
+                let x = 0.001 + (rand_u64(&mut s) % 1000) as f32 * 1e-5;
+                let h = half::f16::from_f32(x).to_bits().to_le_bytes();
+                v[b * bytes + o] = h[0];
+                v[b * bytes + o + 1] = h[1];
+            }
+        }
+        v
+    }
+
+    pub fn acts_q8(nb: usize, seed: u64) -> Vec<BlockQ8> {
+        let x = rand_f32(nb * 32, seed);
+        let mut a = vec![BlockQ8::default(); nb];
+        quantize_q8(&x, &mut a);
+        a
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::test_util::rand_f32;
+    use super::*;
+
+    /// The parallel, fused product against a plain dequantize-then-dot loop, for every
+    /// supported format, odd row counts and batches of 1, 3 and 33 rows.
+    #[test]
+    fn matmul_matches_dequantized_reference() {
+        for ty in [
+            GgmlType::Q4_0,
+            GgmlType::Q4_1,
+            GgmlType::Q5_0,
+            GgmlType::Q5_1,
+            GgmlType::Q8_0,
+            GgmlType::Q4_K,
+            GgmlType::Q6_K,
+            GgmlType::F32,
+            GgmlType::F16,
+            GgmlType::Q5_K,
+        ] {
+            let cols = 512;
+            for (rows, t) in [(1usize, 1usize), (31, 3), (45, 33), (97, 1)] {
+                let wf = rand_f32(rows * cols, rows as u64);
+                let data = ferrite_gguf::quant::quantize_to_vec(ty, &wf).unwrap();
+                let w = QMat::new(ty, rows, cols, &data).unwrap();
+                let x = rand_f32(t * cols, 7 + t as u64);
+                let mut acts = Acts::default();
+                acts.quantize(&x, t, cols, &[ActFormat::for_weight(ty)]);
+                let mut row = vec![0f32; cols];
+                for isa in Isa::available() {
+                    let mut out = vec![0f32; t * rows];
+                    matmul(isa, &acts, &mut [MatOut { w, out: &mut out }]);
+                    for r in 0..rows {
+                        w.dequantize_row(r, &mut row);
+                        for ti in 0..t {
+                            let want: f32 = row.iter().zip(&x[ti * cols..]).map(|(a, b)| a * b).sum();
+                            let got = out[ti * rows + r];
+                            // Hard bound of 8-bit activation rounding: each x moves by at
+                            // most half a step, amax / 254.
+                            let xr = &x[ti * cols..(ti + 1) * cols];
+                            let amax = xr.iter().fold(0f32, |m, v| m.max(v.abs()));
+                            let l1: f32 = row.iter().map(|v| v.abs()).sum();
+                            let tol = l1 * amax / 254.0 * 1.01 + 1e-3 * (1.0 + want.abs());
+                            assert!((got - want).abs() <= tol, "{ty} {isa:?} rows={rows} t={t} r={r}: {got} vs {want}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,183 @@
+//! Q4_0 and Q4_1 weights times Q8 activations.
+//!
+//! Block layouts (ggml): Q4_0 = {f16 d, u8 qs[16]} (18 bytes), w = d * (q - 8);
+//! Q4_1 = {f16 d, f16 m, u8 qs[16]} (20 bytes), w = d * q + m. In both, element j (0..16)
+//! is the low nibble of qs[j] and element j + 16 its high nibble.
+
+use super::q8::BlockQ8;
+use super::{f16_at, Isa};
+
+pub const Q4_0_BYTES: usize = 18;
+pub const Q4_1_BYTES: usize = 20;
+
+/// Dot product of one Q4_0 row (`a.len()` blocks) with Q8 activations.
+pub fn dot_q4_0(isa: Isa, w: &[u8], a: &[BlockQ8]) -> f32 {
+    assert!(w.len() >= a.len() * Q4_0_BYTES);
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx2 {
+        // SAFETY: Isa::Avx2 is only produced after runtime detection of avx2, fma and f16c;
+        // the length check above covers every block read.
+        return unsafe { x86::dot_q4_0(w, a) };
+    }
+    let _ = isa;
+    dot_q4_0_scalar(w, a)
+}
+
+/// Dot product of one Q4_1 row (`a.len()` blocks) with Q8 activations.
+pub fn dot_q4_1(isa: Isa, w: &[u8], a: &[BlockQ8]) -> f32 {
+    assert!(w.len() >= a.len() * Q4_1_BYTES);
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx2 {
+        // SAFETY: as in dot_q4_0.
+        return unsafe { x86::dot_q4_1(w, a) };
+    }
+    let _ = isa;
+    dot_q4_1_scalar(w, a)
+}
+
+pub fn dot_q4_0_scalar(w: &[u8], a: &[BlockQ8]) -> f32 {
+    let mut sum = 0f32;
+    for (i, b) in a.iter().enumerate() {
+        let blk = &w[i * Q4_0_BYTES..(i + 1) * Q4_0_BYTES];
+        let d = f16_at(blk, 0);
+        let qs = &blk[2..18];
+        let mut acc = 0i32;
+        for j in 0..16 {
+            acc += ((qs[j] & 0xF) as i32 - 8) * b.qs[j] as i32;
+            acc += ((qs[j] >> 4) as i32 - 8) * b.qs[j + 16] as i32;
+        }
+        sum += d * b.d * acc as f32;
+    }
+    sum
+}
+
+pub fn dot_q4_1_scalar(w: &[u8], a: &[BlockQ8]) -> f32 {
+    let mut sum = 0f32;
+    for (i, b) in a.iter().enumerate() {
+        let blk = &w[i * Q4_1_BYTES..(i + 1) * Q4_1_BYTES];
+        let d = f16_at(blk, 0);
+        let m = f16_at(blk, 2);
+        let qs = &blk[4..20];
+        let mut acc = 0i32;
+        for j in 0..16 {
+            acc += (qs[j] & 0xF) as i32 * b.qs[j] as i32;
+            acc += (qs[j] >> 4) as i32 * b.qs[j + 16] as i32;
+        }
+        sum += d * b.d * acc as f32 + m * b.s;
+    }
+    sum
+}
+
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod x86 {
+    use std::arch::x86_64::*;
+
+    use super::super::q8::BlockQ8;
+    use super::super::x86::{f16_load, hsum_ps, unpack_nibbles};
+    use super::{Q4_0_BYTES, Q4_1_BYTES};
+
+    /// Sum over 32 lanes of u8 `q` times i8 `a`, as 8 i32 lanes.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(crate) fn mul_u8_i8(q: __m256i, a: __m256i) -> __m256i {
+        // maddubs cannot saturate here: q <= 31, |a| <= 127, 2 * 31 * 127 < 32767.
+        _mm256_madd_epi16(_mm256_maddubs_epi16(q, a), _mm256_set1_epi16(1))
+    }
+
+    /// # Safety
+    /// avx2, fma and f16c must be available; `w` holds at least `a.len()` Q4_0 blocks.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn dot_q4_0(w: &[u8], a: &[BlockQ8]) -> f32 {
+        let mut acc = _mm256_setzero_ps();
+        let mut offs = 0f32;
+        for (i, b) in a.iter().enumerate() {
+            // SAFETY: block i lies within w (caller's contract); loads are unaligned.
+            unsafe {
+                let p = w.as_ptr().add(i * Q4_0_BYTES);
+                let d = f16_load(p);
+                let q = unpack_nibbles(p.add(2));
+                let qa = _mm256_loadu_si256(b.qs.as_ptr() as *const __m256i);
+                let s = _mm256_cvtepi32_ps(mul_u8_i8(q, qa));
+                acc = _mm256_fmadd_ps(_mm256_set1_ps(d * b.d), s, acc);
+                // sum (q - 8) a = sum q a - 8 sum a.
+                offs -= 8.0 * d * b.s;
+            }
+        }
+        hsum_ps(acc) + offs
+    }
+
+    /// # Safety
+    /// avx2, fma and f16c must be available; `w` holds at least `a.len()` Q4_1 blocks.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn dot_q4_1(w: &[u8], a: &[BlockQ8]) -> f32 {
+        let mut acc0 = _mm256_setzero_ps();
+        let mut acc1 = _mm256_setzero_ps();
+        let mut offs = 0f32;
+        let n = a.len();
+        let mut i = 0;
+        // SAFETY: every block index < a.len() lies within w (caller's contract).
+        unsafe {
+            while i + 1 < n {
+                let p0 = w.as_ptr().add(i * Q4_1_BYTES);
+                let p1 = p0.add(Q4_1_BYTES);
+                let (b0, b1) = (&a[i], &a[i + 1]);
+                let q0 = unpack_nibbles(p0.add(4));
+                let q1 = unpack_nibbles(p1.add(4));
+                let a0 = _mm256_loadu_si256(b0.qs.as_ptr() as *const __m256i);
+                let a1 = _mm256_loadu_si256(b1.qs.as_ptr() as *const __m256i);
+                let s0 = _mm256_cvtepi32_ps(mul_u8_i8(q0, a0));
+                let s1 = _mm256_cvtepi32_ps(mul_u8_i8(q1, a1));
+                acc0 = _mm256_fmadd_ps(_mm256_set1_ps(f16_load(p0) * b0.d), s0, acc0);
+                acc1 = _mm256_fmadd_ps(_mm256_set1_ps(f16_load(p1) * b1.d), s1, acc1);
+                offs += f16_load(p0.add(2)) * b0.s + f16_load(p1.add(2)) * b1.s;
+                i += 2;
+            }
+            if i < n {
+                let p = w.as_ptr().add(i * Q4_1_BYTES);
+                let b = &a[i];
+                let q = unpack_nibbles(p.add(4));
+                let qa = _mm256_loadu_si256(b.qs.as_ptr() as *const __m256i);
+                let s = _mm256_cvtepi32_ps(mul_u8_i8(q, qa));
+                acc0 = _mm256_fmadd_ps(_mm256_set1_ps(f16_load(p) * b.d), s, acc0);
+                offs += f16_load(p.add(2)) * b.s;
+            }
+        }
+        hsum_ps(_mm256_add_ps(acc0, acc1)) + offs
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::test_util::{acts_q8, rand_blocks};
+
+    #[test]
+    fn simd_matches_scalar_odd_sizes() {
+        for nb in [1usize, 2, 3, 7, 18, 33, 48] {
+            let a = acts_q8(nb, nb as u64);
+            let w0 = rand_blocks(nb, Q4_0_BYTES, &[0], 7 + nb as u64);
+            let w1 = rand_blocks(nb, Q4_1_BYTES, &[0, 2], 9 + nb as u64);
+            for isa in Isa::available() {
+                let (r0, s0) = (dot_q4_0(isa, &w0, &a), dot_q4_0_scalar(&w0, &a));
+                let (r1, s1) = (dot_q4_1(isa, &w1, &a), dot_q4_1_scalar(&w1, &a));
+                assert!((r0 - s0).abs() <= 1e-4 * (1.0 + s0.abs()), "{isa:?} q4_0 nb={nb}: {r0} {s0}");
+                assert!((r1 - s1).abs() <= 1e-4 * (1.0 + s1.abs()), "{isa:?} q4_1 nb={nb}: {r1} {s1}");
+            }
+        }
+    }
+
+    #[test]
+    fn scalar_matches_dequantized_dot() {
+        use ferrite_gguf::GgmlType;
+        for (ty, bytes, hdr) in [(GgmlType::Q4_0, Q4_0_BYTES, &[0][..]), (GgmlType::Q4_1, Q4_1_BYTES, &[0, 2][..])] {
+            let nb = 5;
+            let a = acts_q8(nb, 3);
+            let w = rand_blocks(nb, bytes, hdr, 11);
+            let mut wf = vec![0f32; nb * 32];
+            ferrite_gguf::quant::dequantize(ty, &w, &mut wf).unwrap();
+            let want: f32 = (0..nb * 32).map(|i| wf[i] * a[i / 32].d * a[i / 32].qs[i % 32] as f32).sum();
+            let got = if ty == GgmlType::Q4_0 { dot_q4_0_scalar(&w, &a) } else { dot_q4_1_scalar(&w, &a) };
+            assert!((got - want).abs() <= 1e-3 * (1.0 + want.abs()), "{ty}: {got} vs {want}");
+        }
+    }
+}

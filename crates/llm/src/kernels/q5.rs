@@ -1,0 +1,145 @@
+//! Q5_0 and Q5_1 weights times Q8 activations.
+//!
+//! Block layouts (ggml): Q5_0 = {f16 d, u32 qh, u8 qs[16]} (22 bytes), w = d * (q - 16);
+//! Q5_1 = {f16 d, f16 m, u32 qh, u8 qs[16]} (24 bytes), w = d * q + m. The 5-bit q of
+//! element j (0..16) is the low nibble of qs[j] plus bit j of qh as bit 4; element j + 16 is
+//! the high nibble plus bit j + 16.
+
+use super::q8::BlockQ8;
+use super::{f16_at, Isa};
+
+pub const Q5_0_BYTES: usize = 22;
+pub const Q5_1_BYTES: usize = 24;
+
+pub fn dot_q5_0(isa: Isa, w: &[u8], a: &[BlockQ8]) -> f32 {
+    assert!(w.len() >= a.len() * Q5_0_BYTES);
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx2 {
+        // SAFETY: Isa::Avx2 implies runtime-detected avx2/fma/f16c; length checked above.
+        return unsafe { x86::dot_q5(w, a, Q5_0_BYTES, false) };
+    }
+    let _ = isa;
+    dot_q5_scalar(w, a, false)
+}
+
+pub fn dot_q5_1(isa: Isa, w: &[u8], a: &[BlockQ8]) -> f32 {
+    assert!(w.len() >= a.len() * Q5_1_BYTES);
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx2 {
+        // SAFETY: as in dot_q5_0.
+        return unsafe { x86::dot_q5(w, a, Q5_1_BYTES, true) };
+    }
+    let _ = isa;
+    dot_q5_scalar(w, a, true)
+}
+
+/// Scalar reference for both formats (`has_min` selects Q5_1).
+pub fn dot_q5_scalar(w: &[u8], a: &[BlockQ8], has_min: bool) -> f32 {
+    let bytes = if has_min { Q5_1_BYTES } else { Q5_0_BYTES };
+    let h = if has_min { 4 } else { 2 };
+    let mut sum = 0f32;
+    for (i, b) in a.iter().enumerate() {
+        let blk = &w[i * bytes..(i + 1) * bytes];
+        let d = f16_at(blk, 0);
+        let qh = u32::from_le_bytes([blk[h], blk[h + 1], blk[h + 2], blk[h + 3]]);
+        let qs = &blk[h + 4..h + 20];
+        let mut acc = 0i32;
+        for j in 0..16 {
+            let lo = (qs[j] & 0xF) as i32 | ((((qh >> j) & 1) as i32) << 4);
+            let hi = (qs[j] >> 4) as i32 | ((((qh >> (j + 16)) & 1) as i32) << 4);
+            acc += lo * b.qs[j] as i32 + hi * b.qs[j + 16] as i32;
+        }
+        let m = if has_min { f16_at(blk, 2) } else { -16.0 * d };
+        sum += d * b.d * acc as f32 + m * b.s;
+    }
+    sum
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use std::arch::x86_64::*;
+
+    use super::super::q4::x86::mul_u8_i8;
+    use super::super::q8::BlockQ8;
+    use super::super::x86::{f16_load, hsum_ps, unpack_nibbles};
+
+    /// 0xFF in byte lane j where bit j of the little-endian u32 at `p` is set.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn bytes_from_bits_32(p: *const u8) -> __m256i {
+        // SAFETY: caller guarantees 4 readable bytes at p.
+        let x = unsafe { (p as *const u32).read_unaligned() } as i32;
+        let shuf = _mm256_set_epi64x(
+            0x0303030303030303,
+            0x0202020202020202,
+            0x0101010101010101,
+            0x0000000000000000,
+        );
+        let bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(x), shuf);
+        let bits = _mm256_or_si256(bytes, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe));
+        _mm256_cmpeq_epi8(bits, _mm256_set1_epi64x(-1))
+    }
+
+    /// # Safety
+    /// avx2, fma and f16c must be available; `w` holds at least `a.len()` blocks of `bytes`.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn dot_q5(w: &[u8], a: &[BlockQ8], bytes: usize, has_min: bool) -> f32 {
+        let h = if has_min { 4 } else { 2 };
+        let mut acc = _mm256_setzero_ps();
+        let mut offs = 0f32;
+        for (i, b) in a.iter().enumerate() {
+            // SAFETY: block i lies within w (caller's contract).
+            unsafe {
+                let p = w.as_ptr().add(i * bytes);
+                let d = f16_load(p);
+                let hb = _mm256_and_si256(bytes_from_bits_32(p.add(h)), _mm256_set1_epi8(0x10));
+                let q = _mm256_or_si256(unpack_nibbles(p.add(h + 4)), hb);
+                let qa = _mm256_loadu_si256(b.qs.as_ptr() as *const __m256i);
+                let s = _mm256_cvtepi32_ps(mul_u8_i8(q, qa));
+                acc = _mm256_fmadd_ps(_mm256_set1_ps(d * b.d), s, acc);
+                let m = if has_min { f16_load(p.add(2)) } else { -16.0 * d };
+                offs += m * b.s;
+            }
+        }
+        hsum_ps(acc) + offs
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::test_util::{acts_q8, rand_blocks};
+    use ferrite_gguf::GgmlType;
+
+    #[test]
+    fn simd_matches_scalar_odd_sizes() {
+        for nb in [1usize, 2, 5, 20, 33] {
+            let a = acts_q8(nb, 100 + nb as u64);
+            let w0 = rand_blocks(nb, Q5_0_BYTES, &[0], 5 + nb as u64);
+            let w1 = rand_blocks(nb, Q5_1_BYTES, &[0, 2], 6 + nb as u64);
+            for isa in Isa::available() {
+                let (r0, s0) = (dot_q5_0(isa, &w0, &a), dot_q5_scalar(&w0, &a, false));
+                let (r1, s1) = (dot_q5_1(isa, &w1, &a), dot_q5_scalar(&w1, &a, true));
+                assert!((r0 - s0).abs() <= 1e-4 * (1.0 + s0.abs()), "{isa:?} nb={nb}: {r0} {s0}");
+                assert!((r1 - s1).abs() <= 1e-4 * (1.0 + s1.abs()), "{isa:?} nb={nb}: {r1} {s1}");
+            }
+        }
+    }
+
+    #[test]
+    fn scalar_matches_dequantized_dot() {
+        for (ty, bytes, hdr, has_min) in [
+            (GgmlType::Q5_0, Q5_0_BYTES, &[0][..], false),
+            (GgmlType::Q5_1, Q5_1_BYTES, &[0, 2][..], true),
+        ] {
+            let nb = 4;
+            let a = acts_q8(nb, 1);
+            let w = rand_blocks(nb, bytes, hdr, 2);
+            let mut wf = vec![0f32; nb * 32];
+            ferrite_gguf::quant::dequantize(ty, &w, &mut wf).unwrap();
+            let want: f32 = (0..nb * 32).map(|i| wf[i] * a[i / 32].d * a[i / 32].qs[i % 32] as f32).sum();
+            let got = dot_q5_scalar(&w, &a, has_min);
+            assert!((got - want).abs() <= 1e-3 * (1.0 + want.abs()), "{ty}: {got} vs {want}");
+        }
+    }
+}
