@@ -1,0 +1,298 @@
+//! Elementwise ops over strided inputs: unary, binary, comparisons, where, and strided copies.
+//! Contiguous inputs take a flat parallel loop; strided ones walk rows of the last dim.
+
+use crate::storage::{contig, host, raw};
+use ferrite_core::{map_host_same, BinaryOp, CmpOp, DType, Error, HostBuffer, Layout, Result, Tensor, UnaryOp};
+use half::{bf16, f16};
+use num_traits::Float;
+use rayon::prelude::*;
+
+/// Below this many elements, loops stay on the calling thread.
+pub(crate) const PAR_MIN: usize = 1 << 15;
+/// Elements per rayon task in flat loops.
+pub(crate) const PAR_CHUNK: usize = 1 << 14;
+
+/// Storage offset of the first element of row `r` (rows = all dims but the last).
+fn row_offset(mut r: usize, l: &Layout) -> usize {
+    let (dims, strides) = (l.dims(), l.strides());
+    let mut off = l.offset();
+    for k in (0..dims.len().saturating_sub(1)).rev() {
+        off += (r % dims[k]) * strides[k];
+        r /= dims[k];
+    }
+    off
+}
+
+/// The elements a layout selects, row-major, as a new vector.
+pub(crate) fn gather_strided<T: Copy + Send + Sync>(data: &[T], l: &Layout) -> Vec<T> {
+    let n = l.shape().elem_count();
+    if n == 0 {
+        return Vec::new();
+    }
+    if l.is_contiguous() {
+        return data[l.offset()..l.offset() + n].to_vec();
+    }
+    let inner = *l.dims().last().unwrap_or(&1);
+    let s_in = *l.strides().last().unwrap_or(&1);
+    let mut out = vec![data[l.offset()]; n];
+    let fill = |(r, dst): (usize, &mut [T])| {
+        let base = row_offset(r, l);
+        for (j, d) in dst.iter_mut().enumerate() {
+            *d = data[base + j * s_in];
+        }
+    };
+    if n >= PAR_MIN {
+        out.par_chunks_mut(inner).enumerate().for_each(fill);
+    } else {
+        out.chunks_mut(inner).enumerate().for_each(fill);
+    }
+    out
+}
+
+pub(crate) fn materialize(buf: &HostBuffer, l: &Layout) -> HostBuffer {
+    map_host_same!(buf, v => gather_strided(v, l))
+}
+
+pub(crate) fn map<T: Copy + Send + Sync, U: Send, F: Fn(T) -> U + Sync + Send>(x: &[T], f: F) -> Vec<U> {
+    if x.len() >= PAR_MIN {
+        x.par_iter().with_min_len(PAR_CHUNK).map(|&v| f(v)).collect()
+    } else {
+        x.iter().map(|&v| f(v)).collect()
+    }
+}
+
+/// `f(a, b)` elementwise over two equal-shaped, possibly strided (incl. stride-0) tensors.
+pub(crate) fn zip_map<T: ferrite_core::WithDType, U: Copy + Send + Sync + Default, F: Fn(T, T) -> U + Sync + Send>(
+    a: &Tensor,
+    b: &Tensor,
+    op: &'static str,
+    f: F,
+) -> Result<Vec<U>> {
+    let (da, db) = (raw::<T>(a, op)?, raw::<T>(b, op)?);
+    let (la, lb) = (a.layout(), b.layout());
+    let n = a.elem_count();
+    if la.is_contiguous() && lb.is_contiguous() {
+        let (xa, xb) = (&da[la.offset()..la.offset() + n], &db[lb.offset()..lb.offset() + n]);
+        return Ok(if n >= PAR_MIN {
+            xa.par_iter().zip(xb.par_iter()).with_min_len(PAR_CHUNK).map(|(&x, &y)| f(x, y)).collect()
+        } else {
+            xa.iter().zip(xb).map(|(&x, &y)| f(x, y)).collect()
+        });
+    }
+    if n == 0 {
+        return Ok(Vec::new());
+    }
+    let inner = *a.dims().last().unwrap_or(&1);
+    let (sa, sb) = (*la.strides().last().unwrap_or(&1), *lb.strides().last().unwrap_or(&1));
+    let mut out = vec![U::default(); n];
+    let row = |(r, dst): (usize, &mut [U])| {
+        let (oa, ob) = (row_offset(r, la), row_offset(r, lb));
+        match (sa, sb) {
+            (1, 0) => {
+                let y = db[ob];
+                for (d, &x) in dst.iter_mut().zip(&da[oa..oa + inner]) {
+                    *d = f(x, y);
+                }
+            }
+            (0, 1) => {
+                let x = da[oa];
+                for (d, &y) in dst.iter_mut().zip(&db[ob..ob + inner]) {
+                    *d = f(x, y);
+                }
+            }
+            (1, 1) => {
+                for ((d, &x), &y) in dst.iter_mut().zip(&da[oa..oa + inner]).zip(&db[ob..ob + inner]) {
+                    *d = f(x, y);
+                }
+            }
+            _ => {
+                for (j, d) in dst.iter_mut().enumerate() {
+                    *d = f(da[oa + j * sa], db[ob + j * sb]);
+                }
+            }
+        }
+    };
+    if n >= PAR_MIN {
+        out.par_chunks_mut(inner.max(1)).enumerate().for_each(row);
+    } else {
+        out.chunks_mut(inner.max(1)).enumerate().for_each(row);
+    }
+    Ok(out)
+}
+
+fn gelu_erf<F: Float>(x: F) -> F {
+    let v = x.to_f64().unwrap_or(f64::NAN);
+    F::from(0.5 * v * (1.0 + libm::erf(v * std::f64::consts::FRAC_1_SQRT_2))).unwrap_or(F::nan())
+}
+
+fn unary_float<F: Float + Send + Sync>(op: UnaryOp, x: &[F]) -> Vec<F> {
+    let one = F::one();
+    let half = F::from(0.5).unwrap_or(one);
+    match op {
+        UnaryOp::Neg => map(x, |v| -v),
+        UnaryOp::Abs => map(x, |v| v.abs()),
+        UnaryOp::Sign => map(x, |v| if v > F::zero() { one } else if v < F::zero() { -one } else { v * F::zero() }),
+        UnaryOp::Exp => map(x, |v| v.exp()),
+        UnaryOp::Log => map(x, |v| v.ln()),
+        UnaryOp::Sqrt => map(x, |v| v.sqrt()),
+        UnaryOp::Rsqrt => map(x, |v| one / v.sqrt()),
+        UnaryOp::Recip => map(x, |v| one / v),
+        UnaryOp::Square => map(x, |v| v * v),
+        UnaryOp::Sin => map(x, |v| v.sin()),
+        UnaryOp::Cos => map(x, |v| v.cos()),
+        UnaryOp::Tanh => map(x, |v| v.tanh()),
+        UnaryOp::Sigmoid => map(x, |v| one / (one + (-v).exp())),
+        UnaryOp::Relu => map(x, |v| if v > F::zero() { v } else { F::zero() }),
+        UnaryOp::GeluErf => map(x, gelu_erf),
+        UnaryOp::GeluTanh => {
+            let c = F::from((2.0 / std::f64::consts::PI).sqrt()).unwrap_or(one);
+            let k = F::from(0.044715).unwrap_or(F::zero());
+            map(x, move |v| half * v * (one + (c * (v + k * v * v * v)).tanh()))
+        }
+        UnaryOp::Silu => map(x, |v| v / (one + (-v).exp())),
+        UnaryOp::Floor => map(x, |v| v.floor()),
+        UnaryOp::Ceil => map(x, |v| v.ceil()),
+        UnaryOp::Round => map(x, |v| v.round()),
+    }
+}
+
+/// Integer element types: arithmetic wraps like two's complement hardware.
+pub(crate) trait Int: Copy + Send + Sync + Default + PartialOrd + 'static {
+    const ZERO: Self;
+    const ONE: Self;
+    fn wadd(self, o: Self) -> Self;
+    fn wsub(self, o: Self) -> Self;
+    fn wmul(self, o: Self) -> Self;
+    fn wdiv(self, o: Self) -> Self;
+    fn wneg(self) -> Self;
+}
+
+macro_rules! int_impl {
+    ($t:ty) => {
+        impl Int for $t {
+            const ZERO: Self = 0;
+            const ONE: Self = 1;
+            fn wadd(self, o: Self) -> Self { self.wrapping_add(o) }
+            fn wsub(self, o: Self) -> Self { self.wrapping_sub(o) }
+            fn wmul(self, o: Self) -> Self { self.wrapping_mul(o) }
+            fn wdiv(self, o: Self) -> Self { self.wrapping_div(o) }
+            fn wneg(self) -> Self { self.wrapping_neg() }
+        }
+    };
+}
+int_impl!(i32);
+int_impl!(i64);
+int_impl!(u32);
+int_impl!(u8);
+
+fn unary_int<I: Int>(op: UnaryOp, x: &[I]) -> Result<Vec<I>> {
+    Ok(match op {
+        UnaryOp::Neg => map(x, |v| v.wneg()),
+        UnaryOp::Abs => map(x, |v| if v < I::ZERO { v.wneg() } else { v }),
+        UnaryOp::Sign => map(x, |v| if v > I::ZERO { I::ONE } else if v < I::ZERO { I::ONE.wneg() } else { I::ZERO }),
+        UnaryOp::Square => map(x, |v| v.wmul(v)),
+        UnaryOp::Relu => map(x, |v| if v > I::ZERO { v } else { I::ZERO }),
+        UnaryOp::Floor | UnaryOp::Ceil | UnaryOp::Round => x.to_vec(),
+        other => return Err(Error::dtype(other.name(), DType::I64, "needs a float dtype")),
+    })
+}
+
+pub(crate) fn unary(op: UnaryOp, x: &Tensor) -> Result<HostBuffer> {
+    let name = op.name();
+    Ok(match x.dtype() {
+        DType::F32 => HostBuffer::F32(unary_float(op, &contig::<f32>(x, name)?)),
+        DType::F64 => HostBuffer::F64(unary_float(op, &contig::<f64>(x, name)?)),
+        DType::F16 => HostBuffer::F16(unary_float(op, &contig::<f16>(x, name)?)),
+        DType::BF16 => HostBuffer::BF16(unary_float(op, &contig::<bf16>(x, name)?)),
+        DType::I32 => HostBuffer::I32(unary_int(op, &contig::<i32>(x, name)?)?),
+        DType::I64 => HostBuffer::I64(unary_int(op, &contig::<i64>(x, name)?)?),
+        DType::U32 => HostBuffer::U32(unary_int(op, &contig::<u32>(x, name)?)?),
+        DType::U8 => HostBuffer::U8(unary_int(op, &contig::<u8>(x, name)?)?),
+        DType::Bool => return Err(Error::dtype(name, DType::Bool, "needs a numeric dtype")),
+    })
+}
+
+fn binary_float<F: Float + Send + Sync + Default + 'static>(op: BinaryOp, a: &Tensor, b: &Tensor) -> Result<Vec<F>>
+where
+    F: ferrite_core::WithDType,
+{
+    let n = op.name();
+    // NaN-propagating max/min, as NumPy's maximum/minimum.
+    match op {
+        BinaryOp::Add => zip_map(a, b, n, |x: F, y: F| x + y),
+        BinaryOp::Sub => zip_map(a, b, n, |x: F, y: F| x - y),
+        BinaryOp::Mul => zip_map(a, b, n, |x: F, y: F| x * y),
+        BinaryOp::Div => zip_map(a, b, n, |x: F, y: F| x / y),
+        BinaryOp::Pow => zip_map(a, b, n, |x: F, y: F| x.powf(y)),
+        BinaryOp::Maximum => zip_map(a, b, n, |x: F, y: F| if x.is_nan() || x > y { x } else { y }),
+        BinaryOp::Minimum => zip_map(a, b, n, |x: F, y: F| if x.is_nan() || x < y { x } else { y }),
+    }
+}
+
+fn binary_int<I: Int + ferrite_core::WithDType>(op: BinaryOp, a: &Tensor, b: &Tensor) -> Result<Vec<I>> {
+    let n = op.name();
+    match op {
+        BinaryOp::Add => zip_map(a, b, n, |x: I, y: I| x.wadd(y)),
+        BinaryOp::Sub => zip_map(a, b, n, |x: I, y: I| x.wsub(y)),
+        BinaryOp::Mul => zip_map(a, b, n, |x: I, y: I| x.wmul(y)),
+        BinaryOp::Div => {
+            let out = zip_map(a, b, n, |x: I, y: I| if y == I::ZERO { None } else { Some(x.wdiv(y)) })?;
+            out.into_iter()
+                .map(|v| v.ok_or_else(|| Error::backend("div", "integer division by zero")))
+                .collect()
+        }
+        BinaryOp::Maximum => zip_map(a, b, n, |x: I, y: I| if x > y { x } else { y }),
+        BinaryOp::Minimum => zip_map(a, b, n, |x: I, y: I| if x < y { x } else { y }),
+        BinaryOp::Pow => Err(Error::dtype("pow", I::DTYPE, "needs a float dtype")),
+    }
+}
+
+pub(crate) fn binary(op: BinaryOp, a: &Tensor, b: &Tensor) -> Result<HostBuffer> {
+    Ok(match a.dtype() {
+        DType::F32 => HostBuffer::F32(binary_float(op, a, b)?),
+        DType::F64 => HostBuffer::F64(binary_float(op, a, b)?),
+        DType::F16 => HostBuffer::F16(binary_float(op, a, b)?),
+        DType::BF16 => HostBuffer::BF16(binary_float(op, a, b)?),
+        DType::I32 => HostBuffer::I32(binary_int(op, a, b)?),
+        DType::I64 => HostBuffer::I64(binary_int(op, a, b)?),
+        DType::U32 => HostBuffer::U32(binary_int(op, a, b)?),
+        DType::U8 => HostBuffer::U8(binary_int(op, a, b)?),
+        DType::Bool => return Err(Error::dtype(op.name(), DType::Bool, "needs a numeric dtype")),
+    })
+}
+
+pub(crate) fn cmp(op: CmpOp, a: &Tensor, b: &Tensor) -> Result<HostBuffer> {
+    fn go<T: ferrite_core::WithDType>(op: CmpOp, a: &Tensor, b: &Tensor) -> Result<Vec<bool>> {
+        zip_map(a, b, op.name(), move |x: T, y: T| op.eval(x, y))
+    }
+    Ok(HostBuffer::Bool(match a.dtype() {
+        DType::F32 => go::<f32>(op, a, b)?,
+        DType::F64 => go::<f64>(op, a, b)?,
+        DType::F16 => go::<f16>(op, a, b)?,
+        DType::BF16 => go::<bf16>(op, a, b)?,
+        DType::I32 => go::<i32>(op, a, b)?,
+        DType::I64 => go::<i64>(op, a, b)?,
+        DType::U32 => go::<u32>(op, a, b)?,
+        DType::U8 => go::<u8>(op, a, b)?,
+        DType::Bool => go::<bool>(op, a, b)?,
+    }))
+}
+
+pub(crate) fn where_cond(c: &Tensor, a: &Tensor, b: &Tensor) -> Result<HostBuffer> {
+    let cond = contig::<bool>(c, "where")?;
+    let (ha, hb) = (
+        materialize(host(a.storage(), "where")?, a.layout()),
+        materialize(host(b.storage(), "where")?, b.layout()),
+    );
+    macro_rules! pick {
+        ($($v:ident),*) => {
+            match (ha, hb) {
+                $((HostBuffer::$v(x), HostBuffer::$v(y)) => HostBuffer::$v(
+                    cond.iter().zip(x.iter().zip(&y)).map(|(&c, (&x, &y))| if c { x } else { y }).collect()
+                ),)*
+                _ => return Err(Error::DTypeMismatch { op: "where", lhs: a.dtype(), rhs: b.dtype() }),
+            }
+        };
+    }
+    Ok(pick!(F32, F16, BF16, F64, I32, I64, U32, U8, Bool))
+}
