@@ -63,15 +63,12 @@ fn random_value(r: &mut Rng) -> Value {
     }
 }
 
+/// (name, type, dims, bytes) of a tensor written.
+type Expected = (String, GgmlType, Vec<u64>, Vec<u8>);
+
 /// A random valid model: metadata of every type, tensors of every known type (supported ones
 /// quantized from random floats, the others random bytes), random alignment.
-fn random_file(
-    seed: u64,
-) -> (
-    GgufWriter,
-    Vec<(String, Value)>,
-    Vec<(String, GgmlType, Vec<u64>, Vec<u8>)>,
-) {
+fn random_file(seed: u64) -> (GgufWriter, Vec<(String, Value)>, Vec<Expected>) {
     let mut r = Rng(seed | 1);
     let mut w = GgufWriter::new();
     let mut meta = Vec::new();
