@@ -80,3 +80,28 @@ impl HostBuffer {
         }
     }
 }
+
+/// Maps the inner `Vec` of any `HostBuffer` variant through `$body` into the same variant.
+#[macro_export]
+macro_rules! map_host_same {
+    ($buf:expr, $v:ident => $body:expr) => {
+        match $buf {
+            $crate::HostBuffer::F32($v) => $crate::HostBuffer::F32($body),
+            $crate::HostBuffer::F16($v) => $crate::HostBuffer::F16($body),
+            $crate::HostBuffer::BF16($v) => $crate::HostBuffer::BF16($body),
+            $crate::HostBuffer::F64($v) => $crate::HostBuffer::F64($body),
+            $crate::HostBuffer::I32($v) => $crate::HostBuffer::I32($body),
+            $crate::HostBuffer::I64($v) => $crate::HostBuffer::I64($body),
+            $crate::HostBuffer::U32($v) => $crate::HostBuffer::U32($body),
+            $crate::HostBuffer::U8($v) => $crate::HostBuffer::U8($body),
+            $crate::HostBuffer::Bool($v) => $crate::HostBuffer::Bool($body),
+        }
+    };
+}
+
+impl HostBuffer {
+    /// A buffer of `n` copies of this buffer's first element (empty when this one is).
+    pub fn repeat_to(&self, n: usize) -> HostBuffer {
+        map_host_same!(self, v => v.first().map(|&x| vec![x; n]).unwrap_or_default())
+    }
+}
