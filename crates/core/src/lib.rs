@@ -4,6 +4,7 @@
 //! Backends live in their own crates (`ferrite-cpu`, ...); a `Device` is a handle to one.
 
 mod backend;
+pub mod composed;
 mod dtype;
 mod error;
 mod host;

@@ -42,6 +42,9 @@ pub enum Error {
     #[error("gguf: {field} (offset {offset:#x}): unknown value type id {id}")]
     UnknownValueType { field: String, offset: u64, id: u32 },
 
+    #[error("gguf: {field} (offset {offset:#x}): {what}")]
+    BadValue { field: String, offset: u64, what: String },
+
     #[error("gguf: {field} (offset {offset:#x}): arrays nested deeper than {max} levels")]
     ArrayTooDeep {
         field: String,

@@ -198,10 +198,10 @@ fn read_value(c: &mut Cursor, ty: ValueType, key: &str, depth: usize) -> Result<
                 0 => Value::Bool(false),
                 1 => Value::Bool(true),
                 b => {
-                    return Err(Error::UnknownValueType {
-                        field: format!("bool value of '{key}' (byte {b})"),
+                    return Err(Error::BadValue {
+                        field: format!("value of '{key}'"),
                         offset,
-                        id: ValueType::Bool.id(),
+                        what: format!("bool byte {b} is neither 0 nor 1"),
                     })
                 }
             }
@@ -239,10 +239,10 @@ fn read_array(c: &mut Cursor, key: &str, depth: usize) -> Result<Array> {
             let start = c.offset();
             let bytes = c.take(n as u64, field)?;
             if let Some(i) = bytes.iter().position(|&b| b > 1) {
-                return Err(Error::UnknownValueType {
-                    field: format!("bool element {i} of '{key}' (byte {})", bytes[i]),
+                return Err(Error::BadValue {
+                    field: format!("element {i} of '{key}'"),
                     offset: start + i as u64,
-                    id: ValueType::Bool.id(),
+                    what: format!("bool byte {} is neither 0 nor 1", bytes[i]),
                 });
             }
             Array::Bool(bytes.iter().map(|&b| b == 1).collect())

@@ -3,6 +3,12 @@
 //! sampler and the generation loop.
 
 pub mod chat;
+pub mod error;
+pub mod kernels;
+pub mod kv_cache;
+pub mod model;
 pub mod sampler;
 pub mod tokenizer;
-pub mod kernels;
+
+pub use error::{Error, Result};
+pub use model::{Config, Logits, Model, Session};

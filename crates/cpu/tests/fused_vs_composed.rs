@@ -1,0 +1,73 @@
+//! Each fused op against its composition from primitives (`ferrite_core::composed`), on the
+//! same random inputs, f32 and f64.
+
+use ferrite_core::{composed, DType, Result, Tensor};
+
+fn rand(shape: &[usize], seed: u64, dt: DType) -> Tensor {
+    Tensor::rand_uniform(shape, -2.0, 2.0, seed, dt, &ferrite_cpu::cpu()).unwrap()
+}
+
+fn close(a: &Tensor, b: &Tensor, tol: f64) {
+    assert_eq!(a.dims(), b.dims());
+    let (x, y) = (a.to_vec_f64().unwrap(), b.to_vec_f64().unwrap());
+    let worst = x.iter().zip(&y).map(|(p, q)| (p - q).abs() / (1.0 + q.abs())).fold(0.0, f64::max);
+    assert!(worst <= tol, "fused vs composed: max relative difference {worst} > {tol}");
+}
+
+fn each_dtype(f: impl Fn(DType, f64) -> Result<()>) {
+    for (dt, tol) in [(DType::F32, 2e-6), (DType::F64, 1e-13)] {
+        f(dt, tol).unwrap();
+    }
+}
+
+#[test]
+fn softmax_and_log_softmax() {
+    each_dtype(|dt, tol| {
+        let x = rand(&[33, 45, 65], 1, dt).mul_scalar(4.0)?;
+        for axis in [-1, 0, 1] {
+            close(&x.softmax(axis)?, &composed::softmax(&x, axis)?, tol);
+            close(&x.log_softmax(axis)?, &composed::log_softmax(&x, axis)?, tol);
+        }
+        Ok(())
+    });
+}
+
+#[test]
+fn norms() {
+    each_dtype(|dt, tol| {
+        let x = rand(&[31, 65], 2, dt).t()?; // non-contiguous [65, 31]
+        let (w, b) = (rand(&[31], 3, dt), rand(&[31], 4, dt));
+        close(&x.layer_norm(&w, &b, 1e-5)?, &composed::layer_norm(&x, &w, &b, 1e-5)?, tol * 4.0);
+        close(&x.rms_norm(&w, 1e-6)?, &composed::rms_norm(&x, &w, 1e-6)?, tol * 4.0);
+        Ok(())
+    });
+}
+
+#[test]
+fn rope_both_layouts() {
+    each_dtype(|dt, tol| {
+        let x = rand(&[2, 9, 17, 64], 5, dt);
+        let (c, s) = (rand(&[17, 32], 6, dt), rand(&[17, 32], 7, dt));
+        for interleaved in [false, true] {
+            close(&x.rope(&c, &s, interleaved)?, &composed::rope(&x, &c, &s, interleaved)?, tol);
+        }
+        // The two layouts really differ.
+        let a = x.rope(&c, &s, true)?.to_vec_f64()?;
+        let b = x.rope(&c, &s, false)?.to_vec_f64()?;
+        assert!(a.iter().zip(&b).any(|(p, q)| (p - q).abs() > 1e-3));
+        Ok(())
+    });
+}
+
+#[test]
+fn attention_grouped_query_causal() {
+    each_dtype(|dt, tol| {
+        for (lq, lk, causal) in [(7, 7, true), (3, 11, true), (5, 9, false), (1, 40, true)] {
+            let q = rand(&[2, 9, lq, 32], 8, dt);
+            let k = rand(&[2, 3, lk, 32], 9, dt);
+            let v = rand(&[2, 3, lk, 24], 10, dt);
+            close(&Tensor::attention(&q, &k, &v, causal, None)?, &composed::attention(&q, &k, &v, causal, None)?, tol * 4.0);
+        }
+        Ok(())
+    });
+}

@@ -1,0 +1,154 @@
+//! Byte-level BPE helpers: GPT-2's byte <-> char spelling and the pre-tokenizer regexes that
+//! `tokenizer.ggml.pre` names (the same table llama.cpp's `llm_tokenizer_bpe` uses).
+
+use fancy_regex::Regex;
+
+use super::TokenizerError;
+
+/// GPT-2's `bytes_to_unicode`: printable bytes spell themselves, the other 68 bytes map to
+/// U+0100.. in byte order. Vocab tokens of a byte-level BPE are written in these chars.
+pub(crate) fn byte_to_char() -> [char; 256] {
+    let mut out = ['\0'; 256];
+    let mut extra = 0u32;
+    for (b, slot) in out.iter_mut().enumerate() {
+        let printable = (33..=126).contains(&b) || (161..=172).contains(&b) || b >= 174;
+        let cp = if printable {
+            b as u32
+        } else {
+            extra += 1;
+            255 + extra
+        };
+        // Every code point here is below U+0144, all valid chars.
+        *slot = char::from_u32(cp).unwrap_or('\0');
+    }
+    out
+}
+
+/// GPT-2's original split (also MPT, OLMo, ...).
+const GPT2: &str = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)";
+/// Llama 3's split (tokenizer.json's original, with the case-insensitive contractions).
+const LLAMA3: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+/// Qwen2's split: like Llama 3's, but single digits.
+const QWEN2: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
+/// A pre-tokenizer: regexes applied in order, each splitting every piece the previous ones
+/// left into its matches and the gaps between them (both kept, like `Split(.., "isolated")`).
+pub(crate) struct PreTokenizer {
+    regexes: Vec<Regex>,
+    /// Llama-3 style: a piece that is itself a vocab token is emitted whole, merges skipped.
+    pub ignore_merges: bool,
+}
+
+impl PreTokenizer {
+    /// The pre-tokenizer for `tokenizer.ggml.pre` = `name` (None or "default": llama.cpp's
+    /// default split). Unknown names are an error listing the supported ones.
+    pub fn for_name(name: Option<&str>) -> Result<PreTokenizer, TokenizerError> {
+        let (patterns, ignore_merges): (&[&str], bool) = match name.unwrap_or("default") {
+            "default" => (
+                &[
+                    r"[\p{P}\$\+<=>\^~\|]+",
+                    GPT2,
+                    r"\p{N}+",
+                    r"[0-9][0-9][0-9]",
+                ],
+                false,
+            ),
+            "llama3" | "llama-v3" | "llama-bpe" | "falcon3" | "falcon-h1" | "pixtral"
+            | "midm-2.0" | "lfm2" => (&[LLAMA3], true),
+            "dbrx" | "smaug-bpe" => (&[LLAMA3], false),
+            "qwen2" | "deepseek-r1-qwen" | "stablelm2" | "hunyuan" => (&[QWEN2], false),
+            // Digits one at a time, then GPT-2's split (SmolLM's tokenizer.json:
+            // Digits(individual_digits) + ByteLevel).
+            "smollm" | "starcoder" | "refact" | "command-r" | "codeshell" | "exaone"
+            | "minerva" => (&[r"\p{N}", GPT2], false),
+            "gpt-2" | "phi-2" | "mpt" | "olmo" | "jais" | "trillion" | "roberta-bpe"
+            | "jina-es" | "jina-de" | "jina-v1-en" | "jina-v2-es" | "jina-v2-de"
+            | "jina-v2-code" | "gigachat" | "mellum" | "a.x-4.0" => (&[GPT2], false),
+            other => {
+                return Err(TokenizerError::Unsupported(format!(
+                    "pre-tokenizer tokenizer.ggml.pre = '{other}' (supported: default, gpt-2, \
+                     llama-bpe/llama3, qwen2, smollm, starcoder, dbrx, and their aliases)"
+                )))
+            }
+        };
+        let regexes = patterns
+            .iter()
+            .map(|p| {
+                Regex::new(p).map_err(|e| {
+                    TokenizerError::Unsupported(format!("pre-tokenizer regex {p:?}: {e}"))
+                })
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(PreTokenizer {
+            regexes,
+            ignore_merges,
+        })
+    }
+
+    /// Splits `text` into pieces (non-empty, in order, concatenating back to `text`).
+    pub fn split<'a>(&self, text: &'a str) -> Result<Vec<&'a str>, TokenizerError> {
+        let mut pieces = vec![text];
+        for re in &self.regexes {
+            let mut next = Vec::with_capacity(pieces.len() * 2);
+            for piece in pieces {
+                let mut last = 0;
+                for m in re.find_iter(piece) {
+                    let m = m.map_err(|e| {
+                        TokenizerError::Encode(format!("pre-tokenizer regex failed: {e}"))
+                    })?;
+                    if m.start() > last {
+                        next.push(&piece[last..m.start()]);
+                    }
+                    if m.end() > m.start() {
+                        next.push(m.as_str());
+                    }
+                    last = m.end();
+                }
+                if last < piece.len() {
+                    next.push(&piece[last..]);
+                }
+            }
+            pieces = next;
+        }
+        Ok(pieces)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn byte_map_is_gpt2s() {
+        let m = byte_to_char();
+        assert_eq!(m[b' ' as usize], 'Ġ');
+        assert_eq!(m[b'\n' as usize], 'Ċ');
+        assert_eq!(m[b'\t' as usize], 'ĉ');
+        assert_eq!(m[b'A' as usize], 'A');
+        assert_eq!(m[0xAD], 'Ń');
+        let mut all: Vec<char> = m.to_vec();
+        all.sort();
+        all.dedup();
+        assert_eq!(all.len(), 256);
+    }
+
+    #[test]
+    fn splits_keep_every_byte() {
+        for name in ["default", "gpt-2", "llama-bpe", "qwen2", "smollm"] {
+            let p = PreTokenizer::for_name(Some(name)).unwrap();
+            let text = "Hello,  world!\t\n 12345 it's  \u{1F999} ÄÖ ";
+            let pieces = p.split(text).unwrap();
+            assert_eq!(pieces.concat(), text, "{name}");
+        }
+        let p = PreTokenizer::for_name(Some("smollm")).unwrap();
+        assert_eq!(p.split(" 2018").unwrap(), vec![" ", "2", "0", "1", "8"]);
+        let p = PreTokenizer::for_name(Some("llama-bpe")).unwrap();
+        assert_eq!(p.split("12345 IT'S").unwrap(), vec!["123", "45", " IT", "'S"]);
+    }
+
+    #[test]
+    fn unknown_pre_is_an_error() {
+        let e = PreTokenizer::for_name(Some("nonesuch")).err().unwrap();
+        assert!(e.to_string().contains("nonesuch"), "{e}");
+    }
+}
