@@ -16,12 +16,15 @@ struct Cli {
 enum Command {
     /// Print a tensor-library demo: a small computation on the CPU.
     Demo(cmd::demo::Args),
+    /// Show a GGUF file's metadata, tensors and per-type totals (--json for machines).
+    Inspect(cmd::inspect::Args),
 }
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Demo(args) => cmd::demo::run(args),
+        Command::Inspect(args) => cmd::inspect::run(args),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -43,7 +43,11 @@ pub enum Error {
     UnknownValueType { field: String, offset: u64, id: u32 },
 
     #[error("gguf: {field} (offset {offset:#x}): {what}")]
-    BadValue { field: String, offset: u64, what: String },
+    BadValue {
+        field: String,
+        offset: u64,
+        what: String,
+    },
 
     #[error("gguf: {field} (offset {offset:#x}): arrays nested deeper than {max} levels")]
     ArrayTooDeep {

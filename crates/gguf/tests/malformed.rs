@@ -256,8 +256,22 @@ fn cases() -> Vec<(&'static str, Vec<u8>, Check, &'static str)> {
         (
             "bool_not_0_or_1",
             v().with(|r| r.kvs[1] = kv(b"k", 7, &[2])).bytes(),
-            |e| matches!(e, Error::UnknownValueType { .. }),
-            "bool value of 'k'",
+            |e| matches!(e, Error::BadValue { .. }),
+            "value of 'k' (offset 0x52): bool byte 2 is neither 0 nor 1",
+        ),
+        (
+            "bool_array_element_not_0_or_1",
+            v().with(|r| {
+                let arr = [
+                    7u32.to_le_bytes().to_vec(),
+                    3u64.to_le_bytes().to_vec(),
+                    vec![1, 0, 5],
+                ];
+                r.kvs[1] = kv(b"k", 9, &arr.concat())
+            })
+            .bytes(),
+            |e| matches!(e, Error::BadValue { .. }),
+            "element 2 of 'k'",
         ),
         (
             "arrays_nested_too_deep",

@@ -1,0 +1,99 @@
+//! `ferrite inspect` end to end: valid files print a report (text and JSON); every file of
+//! the fuzz corpus (the malformed-file generator's output plus fuzzer finds) either prints a
+//! report or fails with exit code 1 and exactly one `error:` line, fast and without a panic.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+fn ferrite() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_ferrite"))
+}
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+#[test]
+fn inspect_reports_a_valid_file_as_text_and_json() {
+    let file = root().join("crates/gguf/tests/fixtures/pywriter.gguf");
+    let out = ferrite().arg("inspect").arg(&file).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.contains("GGUF v3"), "{text}");
+    assert!(
+        text.contains("t.arr_str (array of string) = [\"a\", \"\", \"ü\"]"),
+        "{text}"
+    );
+    assert!(text.contains("q8_0"), "{text}");
+    assert!(text.contains("totals per type:"), "{text}");
+
+    let out = ferrite()
+        .arg("inspect")
+        .arg("--json")
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let j: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(j["version"], 3);
+    assert_eq!(j["tensors"].as_array().unwrap().len(), 3);
+    let q = j["tensors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["name"] == "q8_0")
+        .unwrap();
+    assert_eq!(q["type"], "Q8_0");
+    assert_eq!(q["shape"], serde_json::json!([64, 3]));
+    assert_eq!(q["n_bytes"], 6 * 34);
+    assert_eq!(j["totals"]["F32"]["tensors"], 1);
+    let md = j["metadata"].as_array().unwrap();
+    let u64v = md.iter().find(|m| m["key"] == "t.u64").unwrap();
+    assert_eq!(u64v["value"].as_u64(), Some(18_000_000_000_000_000_000));
+}
+
+fn check_malformed(path: &Path) -> bool {
+    let start = Instant::now();
+    let out = ferrite().arg("inspect").arg(path).output().unwrap();
+    let elapsed = start.elapsed();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        elapsed < Duration::from_secs(1),
+        "{}: took {elapsed:?}",
+        path.display()
+    );
+    assert!(!stderr.contains("panicked"), "{}: {stderr}", path.display());
+    match out.status.code() {
+        Some(0) => false,
+        Some(1) => {
+            assert_eq!(stderr.lines().count(), 1, "{}: {stderr}", path.display());
+            assert!(
+                stderr.starts_with("error: inspect "),
+                "{}: {stderr}",
+                path.display()
+            );
+            assert!(stderr.contains("gguf: "), "{}: {stderr}", path.display());
+            true
+        }
+        c => panic!("{}: exit code {c:?}: {stderr}", path.display()),
+    }
+}
+
+#[test]
+fn inspect_rejects_malformed_files_with_one_error_line() {
+    let dir = root().join("fuzz/corpus/gguf_open");
+    let mut rejected = 0;
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        if check_malformed(&entry.unwrap().path()) {
+            rejected += 1;
+        }
+    }
+    assert!(rejected >= 40, "only {rejected} files rejected");
+    let missing = root().join("no/such/file.gguf");
+    assert!(check_malformed(&missing));
+}
