@@ -20,6 +20,11 @@ pub const DEFAULT_ALIGNMENT: u64 = 32;
 pub const MAX_DIMS: usize = 4;
 /// Arrays may nest this many levels (an array of arrays of scalars is 2).
 pub const MAX_ARRAY_DEPTH: usize = 3;
+/// Most key/value pairs and tensors one file may declare. Real models have well under a
+/// hundred keys and a few thousand tensors; the caps bound the reader's memory (a few hundred
+/// bytes per entry) for crafted files of millions of tiny entries.
+pub const MAX_KV: u64 = 1 << 16;
+pub const MAX_TENSORS: u64 = 1 << 16;
 /// Fewest bytes of one key/value pair: key length, empty key, type id, one byte of value.
 const MIN_KV_SIZE: u64 = 8 + 4 + 1;
 /// Fewest bytes of one tensor info: name length, n_dims, type id, offset (n_dims = 0).
@@ -294,7 +299,22 @@ pub(crate) fn parse(buf: &[u8]) -> Result<Header> {
     }
     let n_tensors_offset = c.offset();
     let n_tensors = c.u64(&|| "n_tensors".to_string())?;
+    if n_tensors > MAX_TENSORS {
+        return Err(Error::BadValue {
+            field: "n_tensors".to_string(),
+            offset: n_tensors_offset,
+            what: format!("{n_tensors} tensors is more than the supported {MAX_TENSORS}"),
+        });
+    }
+    let n_kv_offset = c.offset();
     let n_kv = c.count(MIN_KV_SIZE, &|| "n_kv".to_string())?;
+    if n_kv as u64 > MAX_KV {
+        return Err(Error::BadValue {
+            field: "n_kv".to_string(),
+            offset: n_kv_offset,
+            what: format!("{n_kv} key/value pairs is more than the supported {MAX_KV}"),
+        });
+    }
     let fits = n_tensors
         .checked_mul(MIN_TENSOR_INFO_SIZE)
         .is_some_and(|n| n <= c.remaining());

@@ -214,6 +214,16 @@ impl GgufWriter {
 
     /// Writes the file to any writer.
     pub fn write_to(&self, w: &mut impl Write) -> Result<()> {
+        if self.metadata.len() as u64 > crate::MAX_KV
+            || self.tensors.len() as u64 > crate::MAX_TENSORS
+        {
+            return Err(werr(format!(
+                "{} keys / {} tensors: at most {} of each can be read back",
+                self.metadata.len(),
+                self.tensors.len(),
+                crate::MAX_KV
+            )));
+        }
         let align = self.alignment();
         let mut head = Vec::new();
         head.extend_from_slice(MAGIC);

@@ -159,7 +159,13 @@ fn cases() -> Vec<(&'static str, Vec<u8>, Check, &'static str)> {
         (
             "n_tensors_huge",
             v().with(|r| r.n_tensors = Some(1 << 60)).bytes(),
-            |e| matches!(e, Error::CountTooLarge { .. }),
+            |e| matches!(e, Error::BadValue { .. }),
+            "n_tensors (offset 0x8): 1152921504606846976 tensors is more than the supported 65536",
+        ),
+        (
+            "n_tensors_more_than_bytes_hold",
+            v().with(|r| r.n_tensors = Some(1000)).bytes(),
+            |e| matches!(e, Error::CountTooLarge { count: 1000, .. }),
             "n_tensors (offset 0x8)",
         ),
         (
