@@ -53,6 +53,12 @@ impl std::fmt::Debug for GgufFile {
 }
 
 fn map_file(path: &Path) -> Result<Storage> {
+    // Checked before opening: opening a FIFO would block, and directories cannot be mapped.
+    let md = std::fs::metadata(path).map_err(|e| Error::io(path, e))?;
+    if !md.is_file() {
+        let e = std::io::Error::new(std::io::ErrorKind::InvalidInput, "not a regular file");
+        return Err(Error::io(path, e));
+    }
     let file = File::open(path).map_err(|e| Error::io(path, e))?;
     let len = file.metadata().map_err(|e| Error::io(path, e))?.len();
     if len == 0 {
@@ -321,7 +327,7 @@ impl GgufFile {
 
     pub fn get_str_array(&self, key: &str) -> Result<Vec<&str>> {
         match self.require(key)? {
-            Value::Array(Array::String(v)) => Ok(v.iter().map(String::as_str).collect()),
+            Value::Array(Array::String(v)) => Ok(v.iter().collect()),
             v => Err(Self::wrong(key, "array of string", v)),
         }
     }

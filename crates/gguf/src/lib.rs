@@ -17,7 +17,7 @@ pub use error::{Error, Result};
 pub use file::GgufFile;
 pub use reader::{TensorInfo, DEFAULT_ALIGNMENT, MAX_ARRAY_DEPTH, MAX_DIMS, MAX_KV, MAX_TENSORS};
 pub use types::{GgmlType, QK_K};
-pub use value::{Array, Value, ValueType};
+pub use value::{Array, StrArray, Value, ValueType};
 pub use writer::GgufWriter;
 
 /// Opens `bytes` and, if valid, touches everything a user could: every metadata value, every

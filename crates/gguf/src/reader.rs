@@ -13,7 +13,7 @@ use std::collections::{HashMap, HashSet};
 
 use crate::error::{Error, Result};
 use crate::types::GgmlType;
-use crate::value::{Array, Value, ValueType};
+use crate::value::{Array, StrArray, Value, ValueType};
 
 pub const MAGIC: &[u8; 4] = b"GGUF";
 pub const DEFAULT_ALIGNMENT: u64 = 32;
@@ -119,6 +119,11 @@ impl<'a> Cursor<'a> {
 
     /// A u64-length-prefixed UTF-8 string.
     fn string(&mut self, field: &dyn Fn() -> String) -> Result<String> {
+        self.str(field).map(str::to_string)
+    }
+
+    /// A u64-length-prefixed UTF-8 string, borrowed from the buffer.
+    fn str(&mut self, field: &dyn Fn() -> String) -> Result<&'a str> {
         let len_offset = self.offset();
         let len = self.u64(&|| format!("{} (string length)", field()))?;
         if len > self.remaining() {
@@ -131,7 +136,7 @@ impl<'a> Cursor<'a> {
         }
         let start = self.offset();
         let bytes = self.take(len, field)?;
-        String::from_utf8(bytes.to_vec()).map_err(|_| Error::NotUtf8 {
+        std::str::from_utf8(bytes).map_err(|_| Error::NotUtf8 {
             field: field(),
             offset: start,
         })
@@ -253,9 +258,9 @@ fn read_array(c: &mut Cursor, key: &str, depth: usize) -> Result<Array> {
             Array::Bool(bytes.iter().map(|&b| b == 1).collect())
         }
         ValueType::String => {
-            let mut v = Vec::with_capacity(n);
+            let mut v = StrArray::with_capacity(n);
             for i in 0..n {
-                v.push(c.string(&|| format!("element {i} of '{key}'"))?);
+                v.push(c.str(&|| format!("element {i} of '{key}'"))?);
             }
             Array::String(v)
         }

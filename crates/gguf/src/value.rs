@@ -105,11 +105,83 @@ pub enum Array {
     I32(Vec<i32>),
     F32(Vec<f32>),
     Bool(Vec<bool>),
-    String(Vec<String>),
+    String(StrArray),
     Array(Vec<Array>),
     U64(Vec<u64>),
     I64(Vec<i64>),
     F64(Vec<f64>),
+}
+
+/// An array of strings kept as one buffer plus end offsets: 8 bytes per element besides the
+/// text, no more than the element's length prefix takes in the file.
+/// Boxed so that `Array` (and nested arrays of arrays) stay 32 bytes per element.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct StrArray(Box<StrArrayInner>);
+
+#[derive(Clone, Default, PartialEq, Eq)]
+struct StrArrayInner {
+    buf: String,
+    /// End byte offset in `buf` of each string.
+    ends: Vec<usize>,
+}
+
+impl StrArray {
+    pub fn new() -> StrArray {
+        StrArray::default()
+    }
+
+    pub fn with_capacity(n: usize) -> StrArray {
+        StrArray(Box::new(StrArrayInner {
+            buf: String::new(),
+            ends: Vec::with_capacity(n),
+        }))
+    }
+
+    pub fn push(&mut self, s: &str) {
+        self.0.buf.push_str(s);
+        let end = self.0.buf.len();
+        self.0.ends.push(end);
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.ends.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.ends.is_empty()
+    }
+
+    pub fn get(&self, i: usize) -> Option<&str> {
+        let end = *self.0.ends.get(i)?;
+        let start = if i == 0 { 0 } else { *self.0.ends.get(i - 1)? };
+        self.0.buf.get(start..end)
+    }
+
+    pub fn iter(&self) -> impl ExactSizeIterator<Item = &str> + '_ {
+        (0..self.len()).map(|i| self.get(i).unwrap_or_default())
+    }
+}
+
+impl std::fmt::Debug for StrArray {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.iter()).finish()
+    }
+}
+
+impl<S: AsRef<str>> FromIterator<S> for StrArray {
+    fn from_iter<I: IntoIterator<Item = S>>(iter: I) -> StrArray {
+        let mut a = StrArray::new();
+        for s in iter {
+            a.push(s.as_ref());
+        }
+        a
+    }
+}
+
+impl<S: AsRef<str>> From<Vec<S>> for StrArray {
+    fn from(v: Vec<S>) -> StrArray {
+        v.iter().collect()
+    }
 }
 
 impl Value {
@@ -221,7 +293,7 @@ impl Array {
             Array::I32(v) => Value::I32(*v.get(i)?),
             Array::F32(v) => Value::F32(*v.get(i)?),
             Array::Bool(v) => Value::Bool(*v.get(i)?),
-            Array::String(v) => Value::String(v.get(i)?.clone()),
+            Array::String(v) => Value::String(v.get(i)?.to_string()),
             Array::Array(v) => Value::Array(v.get(i)?.clone()),
             Array::U64(v) => Value::U64(*v.get(i)?),
             Array::I64(v) => Value::I64(*v.get(i)?),
@@ -262,5 +334,20 @@ impl std::fmt::Display for Value {
                 write!(f, "]")
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn str_array_keeps_strings_and_is_small() {
+        let a: StrArray = vec!["", "héllo", "", "x"].into();
+        assert_eq!(a.len(), 4);
+        assert_eq!(a.iter().collect::<Vec<_>>(), ["", "héllo", "", "x"]);
+        assert_eq!(a.get(1), Some("héllo"));
+        assert_eq!(a.get(4), None);
+        assert_eq!(std::mem::size_of::<Array>(), 32);
     }
 }

@@ -503,6 +503,25 @@ fn valid_base_file_opens() {
 }
 
 #[test]
+fn version_2_files_open() {
+    let f = GgufFile::from_bytes(Raw::valid().with(|r| r.version = 2).bytes()).unwrap();
+    assert_eq!(f.version(), 2);
+    assert_eq!(f.tensors().len(), 2);
+}
+
+#[test]
+fn directories_and_missing_files_are_errors() {
+    let e = GgufFile::open(std::env::temp_dir())
+        .unwrap_err()
+        .to_string();
+    assert!(e.ends_with("not a regular file"), "{e}");
+    let e = GgufFile::open("/no/such/file.gguf")
+        .unwrap_err()
+        .to_string();
+    assert!(e.starts_with("gguf: /no/such/file.gguf: "), "{e}");
+}
+
+#[test]
 fn every_malformed_file_is_rejected_with_the_right_error() {
     let dir = std::env::var_os("GGUF_MALFORMED_DIR").map(std::path::PathBuf::from);
     if let Some(d) = &dir {
@@ -564,7 +583,7 @@ fn random_mutations_never_panic() {
         w.set("s", Value::String("abc".into())).unwrap();
         w.set(
             "a",
-            Value::Array(ferrite_gguf::Array::String(vec!["x".into(), "yz".into()])),
+            Value::Array(ferrite_gguf::Array::String(vec!["x", "yz"].into())),
         )
         .unwrap();
         w.set(

@@ -37,7 +37,7 @@ fn random_array(r: &mut Rng, depth: usize) -> Array {
         5 => Array::I32((0..n).map(|_| r.next() as i32).collect()),
         6 => Array::F32((0..n).map(|_| r.f32()).collect()),
         7 => Array::Bool((0..n).map(|_| r.next() % 2 == 0).collect()),
-        8 => Array::String((0..n).map(|_| r.string()).collect()),
+        8 => Array::String((0..n).map(|_| r.string()).collect::<Vec<_>>().into()),
         9 => Array::U64((0..n).map(|_| r.next()).collect()),
         10 => Array::I64((0..n).map(|_| r.next() as i64).collect()),
         11 => Array::F64((0..n).map(|_| f64::from(r.f32()) * 1e100).collect()),
