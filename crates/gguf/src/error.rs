@@ -92,6 +92,9 @@ pub enum Error {
     #[error("gguf: {path}: split model: {what}")]
     Split { path: PathBuf, what: String },
 
+    #[error("gguf: tensor '{name}' not found")]
+    MissingTensor { name: String },
+
     #[error("gguf: metadata key '{key}' not found")]
     MissingKey { key: String },
 

@@ -173,8 +173,9 @@ impl GgufFile {
                 first = Some(header);
             }
         }
-        let first = first.ok_or_else(|| Error::Write {
-            what: "no input files".to_string(),
+        let first = first.ok_or_else(|| Error::Split {
+            path: PathBuf::new(),
+            what: "no files to open".to_string(),
         })?;
         if n_shards > 1 {
             if let Some(total) = split_u32(&first, "split.tensors.count") {
@@ -403,8 +404,8 @@ impl GgufFile {
     /// The named tensor dequantized to f32 (`n_elements` values, GGUF order). Errors name
     /// the tensor: missing, or `unsupported tensor type IQ2_XXS in tensor X`.
     pub fn tensor_f32(&self, name: &str) -> Result<Vec<f32>> {
-        let info = self.tensor(name).ok_or_else(|| Error::MissingKey {
-            key: format!("tensor {name}"),
+        let info = self.tensor(name).ok_or_else(|| Error::MissingTensor {
+            name: name.to_string(),
         })?;
         self.dequantize(info)
     }

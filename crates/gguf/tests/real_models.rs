@@ -75,6 +75,10 @@ fn check_all_tensors(f: &GgufFile, file_name: &str) -> BTreeMap<GgmlType, usize>
 #[test]
 fn smollm2_135m_q4_1_matches_gguf_py() {
     let path = fetch::smollm2_135m_instruct_q4_1().unwrap();
+    // A second fetch finds the verified file and returns at once.
+    let start = std::time::Instant::now();
+    assert_eq!(fetch::smollm2_135m_instruct_q4_1().unwrap(), path);
+    assert!(start.elapsed() < std::time::Duration::from_millis(100));
     let f = GgufFile::open(&path).unwrap();
     assert_eq!(f.get_str("general.architecture").unwrap(), "llama");
     assert_eq!(f.get_u32("llama.block_count").unwrap(), 30);
