@@ -1,1 +1,360 @@
-//! Token sampling: greedy, temperature, top-k, top-p, min-p and penalties.
+//! Token sampling: greedy, temperature, top-k, top-p, min-p, repetition / presence / frequency
+//! penalties over a recent window, and a seeded RNG of our own (same seed, same tokens, on
+//! every platform). Plus [`StopStrings`], which holds back text that may begin a stop string.
+//!
+//! Order of operations on the logits (transformers' order):
+//! 1. penalties over the last `penalty_last_n` tokens of the history (llama.cpp's formulas);
+//! 2. `temperature == 0`: the argmax (lowest id on ties), done;
+//! 3. divide by the temperature, softmax;
+//! 4. keep the `top_k` most likely (0 = all), then the smallest set whose probability reaches
+//!    `top_p` (1 = all), then those with probability >= `min_p` x the largest (0 = all);
+//! 5. draw from the kept tokens, renormalized.
+
+use std::collections::HashMap;
+
+#[derive(Debug, thiserror::Error, PartialEq)]
+#[non_exhaustive]
+pub enum SamplerError {
+    /// A setting out of its range; names the setting, its range and the value.
+    #[error("sampler: {name} must be {range}, got {value}")]
+    Config {
+        name: &'static str,
+        range: &'static str,
+        value: String,
+    },
+    #[error("sampler: {0}")]
+    Logits(String),
+}
+
+/// Sampling settings. `Default` is llama.cpp's defaults; [`SamplerConfig::greedy`] is argmax.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SamplerConfig {
+    /// 0 = greedy; otherwise logits are divided by it. Finite, >= 0.
+    pub temperature: f32,
+    /// Keep the k most likely tokens; 0 = no limit.
+    pub top_k: usize,
+    /// Nucleus: keep the smallest set with probability >= top_p. In (0, 1]; 1 = off.
+    pub top_p: f32,
+    /// Keep tokens with probability >= min_p x the top probability. In [0, 1]; 0 = off.
+    pub min_p: f32,
+    /// Divides positive logits / multiplies negative ones of recent tokens. > 0; 1 = off.
+    pub repeat_penalty: f32,
+    /// Subtracted once from the logit of every recent token. Finite; 0 = off.
+    pub presence_penalty: f32,
+    /// Subtracted per occurrence from the logit of every recent token. Finite; 0 = off.
+    pub frequency_penalty: f32,
+    /// How many of the last history tokens the penalties look at; 0 = none.
+    pub penalty_last_n: usize,
+    pub seed: u64,
+}
+
+impl Default for SamplerConfig {
+    fn default() -> SamplerConfig {
+        SamplerConfig {
+            temperature: 0.8,
+            top_k: 40,
+            top_p: 0.95,
+            min_p: 0.05,
+            repeat_penalty: 1.0,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            penalty_last_n: 64,
+            seed: 0,
+        }
+    }
+}
+
+impl SamplerConfig {
+    /// Argmax, no penalties.
+    pub fn greedy() -> SamplerConfig {
+        SamplerConfig {
+            temperature: 0.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            ..SamplerConfig::default()
+        }
+    }
+
+    /// Checks every setting's range (see the field docs).
+    pub fn validate(&self) -> Result<(), SamplerError> {
+        let bad = |name, range, value: f32| {
+            Err(SamplerError::Config {
+                name,
+                range,
+                value: value.to_string(),
+            })
+        };
+        if !(self.temperature.is_finite() && self.temperature >= 0.0) {
+            return bad("temperature", "finite and >= 0", self.temperature);
+        }
+        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+            return bad("top_p", "in (0, 1]", self.top_p);
+        }
+        if !(0.0..=1.0).contains(&self.min_p) {
+            return bad("min_p", "in [0, 1]", self.min_p);
+        }
+        if !(self.repeat_penalty.is_finite() && self.repeat_penalty > 0.0) {
+            return bad("repeat_penalty", "finite and > 0", self.repeat_penalty);
+        }
+        if !self.presence_penalty.is_finite() {
+            return bad("presence_penalty", "finite", self.presence_penalty);
+        }
+        if !self.frequency_penalty.is_finite() {
+            return bad("frequency_penalty", "finite", self.frequency_penalty);
+        }
+        Ok(())
+    }
+}
+
+/// xoshiro256** seeded through splitmix64: small, fast, and the same stream everywhere.
+#[derive(Clone, Debug)]
+pub struct Rng {
+    s: [u64; 4],
+}
+
+impl Rng {
+    pub fn new(seed: u64) -> Rng {
+        let mut x = seed;
+        let mut next = || {
+            x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            let mut z = x;
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            z ^ (z >> 31)
+        };
+        Rng {
+            s: [next(), next(), next(), next()],
+        }
+    }
+
+    pub fn next_u64(&mut self) -> u64 {
+        let s = &mut self.s;
+        let out = s[1].wrapping_mul(5).rotate_left(7).wrapping_mul(9);
+        let t = s[1] << 17;
+        s[2] ^= s[0];
+        s[3] ^= s[1];
+        s[1] ^= s[2];
+        s[0] ^= s[3];
+        s[2] ^= t;
+        s[3] = s[3].rotate_left(45);
+        out
+    }
+
+    /// Uniform in [0, 1), 53 random bits.
+    pub fn next_f64(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
+    }
+}
+
+/// A sampler: settings, RNG state and scratch space, reused across steps.
+pub struct Sampler {
+    cfg: SamplerConfig,
+    rng: Rng,
+    cand: Vec<(f32, u32)>,
+    counts: HashMap<u32, u32>,
+}
+
+impl Sampler {
+    /// Validates `cfg` and seeds the RNG with `cfg.seed`.
+    pub fn new(cfg: SamplerConfig) -> Result<Sampler, SamplerError> {
+        cfg.validate()?;
+        Ok(Sampler {
+            rng: Rng::new(cfg.seed),
+            cfg,
+            cand: Vec::new(),
+            counts: HashMap::new(),
+        })
+    }
+
+    pub fn config(&self) -> &SamplerConfig {
+        &self.cfg
+    }
+
+    /// Picks the next token from `logits` (one per vocab entry; modified in place by the
+    /// penalties) given the tokens so far (`history`, oldest first). NaN logits count as
+    /// -inf; no finite logit, or a history token outside the vocabulary, is an error.
+    pub fn sample(&mut self, logits: &mut [f32], history: &[u32]) -> Result<u32, SamplerError> {
+        if logits.is_empty() {
+            return Err(SamplerError::Logits("empty logits".to_string()));
+        }
+        self.apply_penalties(logits, history)?;
+        if self.cfg.temperature == 0.0 {
+            return argmax(logits)
+                .ok_or_else(|| SamplerError::Logits("no finite logit".to_string()));
+        }
+        let inv_t = 1.0 / self.cfg.temperature;
+        self.cand.clear();
+        self.cand.extend(
+            logits
+                .iter()
+                .enumerate()
+                .filter(|(_, l)| l.is_finite())
+                .map(|(i, &l)| (l * inv_t, i as u32)),
+        );
+        if self.cand.is_empty() {
+            return Err(SamplerError::Logits("no finite logit".to_string()));
+        }
+        let by_logit_desc =
+            |a: &(f32, u32), b: &(f32, u32)| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1));
+        let k = self.cfg.top_k;
+        if k > 0 && k < self.cand.len() {
+            self.cand.select_nth_unstable_by(k - 1, by_logit_desc);
+            self.cand.truncate(k);
+        }
+        self.cand.sort_unstable_by(by_logit_desc);
+        // Probabilities of the remaining candidates (max-subtracted softmax, in f64).
+        let max = f64::from(self.cand[0].0);
+        let mut probs: Vec<f64> = self
+            .cand
+            .iter()
+            .map(|&(l, _)| (f64::from(l) - max).exp())
+            .collect();
+        let total: f64 = probs.iter().sum();
+        probs.iter_mut().for_each(|p| *p /= total);
+        let mut keep = probs.len();
+        if self.cfg.top_p < 1.0 {
+            let mut cum = 0.0;
+            for (i, p) in probs.iter().enumerate() {
+                cum += p;
+                if cum >= f64::from(self.cfg.top_p) {
+                    keep = i + 1;
+                    break;
+                }
+            }
+        }
+        if self.cfg.min_p > 0.0 {
+            let floor = f64::from(self.cfg.min_p) * probs[0];
+            keep = probs[..keep]
+                .iter()
+                .take_while(|&&p| p >= floor)
+                .count()
+                .max(1);
+        }
+        let kept_total: f64 = probs[..keep].iter().sum();
+        let mut u = self.rng.next_f64() * kept_total;
+        for (i, p) in probs[..keep].iter().enumerate() {
+            if u < *p {
+                return Ok(self.cand[i].1);
+            }
+            u -= p;
+        }
+        // Rounding left u at the very end: the last kept token.
+        Ok(self.cand[keep - 1].1)
+    }
+
+    /// llama.cpp's penalties: for each token among the last `penalty_last_n` of `history`,
+    /// seen `c` times: divide a positive logit (multiply a negative one) by `repeat_penalty`,
+    /// then subtract `c * frequency_penalty + presence_penalty`.
+    fn apply_penalties(&mut self, logits: &mut [f32], history: &[u32]) -> Result<(), SamplerError> {
+        let c = &self.cfg;
+        if c.penalty_last_n == 0
+            || (c.repeat_penalty == 1.0 && c.presence_penalty == 0.0 && c.frequency_penalty == 0.0)
+        {
+            return Ok(());
+        }
+        let window = &history[history.len().saturating_sub(c.penalty_last_n)..];
+        self.counts.clear();
+        for &t in window {
+            if t as usize >= logits.len() {
+                return Err(SamplerError::Logits(format!(
+                    "history token {t} is out of range for {} logits",
+                    logits.len()
+                )));
+            }
+            *self.counts.entry(t).or_insert(0) += 1;
+        }
+        for (&t, &n) in &self.counts {
+            let l = &mut logits[t as usize];
+            if *l > 0.0 {
+                *l /= c.repeat_penalty;
+            } else {
+                *l *= c.repeat_penalty;
+            }
+            *l -= n as f32 * c.frequency_penalty + c.presence_penalty;
+        }
+        Ok(())
+    }
+}
+
+/// Index of the largest finite logit (NaN and infinities ignored; lowest id on ties), or of
+/// +inf if one is present.
+fn argmax(logits: &[f32]) -> Option<u32> {
+    let mut best: Option<(f32, u32)> = None;
+    for (i, &l) in logits.iter().enumerate() {
+        if l.is_nan() || l == f32::NEG_INFINITY {
+            continue;
+        }
+        if best.is_none_or(|(b, _)| l > b) {
+            best = Some((l, i as u32));
+        }
+    }
+    best.map(|(_, i)| i)
+}
+
+/// Stop strings for streamed text: text that could still turn into a stop string is held
+/// back until it is clear either way.
+#[derive(Clone, Debug, Default)]
+pub struct StopStrings {
+    stops: Vec<String>,
+    held: String,
+    stopped: bool,
+}
+
+impl StopStrings {
+    /// Empty strings in `stops` are ignored.
+    pub fn new(stops: impl IntoIterator<Item = impl Into<String>>) -> StopStrings {
+        StopStrings {
+            stops: stops
+                .into_iter()
+                .map(Into::into)
+                .filter(|s: &String| !s.is_empty())
+                .collect(),
+            ..StopStrings::default()
+        }
+    }
+
+    /// Adds newly decoded text; returns what may be shown now. After a stop string appears,
+    /// returns the text before it and [`StopStrings::stopped`] turns true.
+    pub fn push(&mut self, text: &str) -> String {
+        if self.stopped {
+            return String::new();
+        }
+        self.held.push_str(text);
+        if let Some(pos) = self
+            .stops
+            .iter()
+            .filter_map(|s| self.held.find(s.as_str()))
+            .min()
+        {
+            self.stopped = true;
+            let out = self.held[..pos].to_string();
+            self.held.clear();
+            return out;
+        }
+        // Hold back the longest tail that is a proper prefix of some stop string.
+        let mut hold = 0;
+        for s in &self.stops {
+            for (i, _) in self.held.char_indices() {
+                let tail = &self.held[i..];
+                if tail.len() < s.len() && s.starts_with(tail) {
+                    hold = hold.max(tail.len());
+                    break;
+                }
+            }
+        }
+        let cut = self.held.len() - hold;
+        let out = self.held[..cut].to_string();
+        self.held.drain(..cut);
+        out
+    }
+
+    pub fn stopped(&self) -> bool {
+        self.stopped
+    }
+
+    /// The text still held back (shown when generation ends without a stop).
+    pub fn finish(&mut self) -> String {
+        std::mem::take(&mut self.held)
+    }
+}

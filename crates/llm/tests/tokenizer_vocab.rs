@@ -58,7 +58,14 @@ fn vocab_dir() -> PathBuf {
     // --no-binary for this package only: pip prepares its metadata (no compiling), while its
     // build requirements may come as wheels.
     let ok = Command::new("python3")
-        .args(["-m", "pip", "download", "--no-deps", "-q", "--disable-pip-version-check"])
+        .args([
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "-q",
+            "--disable-pip-version-check",
+        ])
         .args(["--no-binary", "llama-cpp-python", SDIST, "-d"])
         .arg(&work)
         .status()
@@ -77,7 +84,11 @@ fn vocab_dir() -> PathBuf {
         .status()
         .expect("run python3")
         .success();
-    assert!(ok, "extracting the vocab files from {} failed", tarball.display());
+    assert!(
+        ok,
+        "extracting the vocab files from {} failed",
+        tarball.display()
+    );
     let _ = fs::remove_dir_all(&dir);
     fs::rename(&out, &dir).unwrap();
     let _ = fs::remove_dir_all(&work);
@@ -95,11 +106,7 @@ fn read_cases(dir: &Path, name: &str) -> Vec<(String, Vec<u32>)> {
         .collect();
     // The .inp file ends with a separator followed by nothing: that last entry is not a case.
     let inputs = &inputs[..outputs.len()];
-    inputs
-        .iter()
-        .map(|s| s.to_string())
-        .zip(outputs)
-        .collect()
+    inputs.iter().map(|s| s.to_string()).zip(outputs).collect()
 }
 
 fn check_vocab(name: &str) {

@@ -39,6 +39,9 @@ pub(crate) fn symbols(ranges: impl Iterator<Item = (usize, usize, Option<u32>)>)
     out
 }
 
+/// A merge candidate: (key, left start, left index, right index, right end at push time).
+type Candidate = (i64, usize, usize, usize, usize);
+
 /// Merges `syms` in place. `pair(left, right)` returns `(key, merged_token)` when the two
 /// adjacent symbols may merge; lower keys merge first. Returns the surviving symbols in order.
 pub(crate) fn merge(
@@ -48,8 +51,7 @@ pub(crate) fn merge(
     if syms.len() < 2 {
         return syms;
     }
-    // (key, left start, left index, right index, right end at push time)
-    let mut heap: BinaryHeap<Reverse<(i64, usize, usize, usize, usize)>> = BinaryHeap::new();
+    let mut heap: BinaryHeap<Reverse<Candidate>> = BinaryHeap::new();
     let push = |heap: &mut BinaryHeap<_>, syms: &[Sym], l: usize, r: usize| {
         if l == NONE || r == NONE {
             return;

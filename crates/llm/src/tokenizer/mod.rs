@@ -194,9 +194,9 @@ impl Tokenizer {
             match file.get(key) {
                 None => Ok(None),
                 Some(v) => {
-                    let id = v
-                        .as_int()
-                        .ok_or_else(|| meta(key, format!("expected an integer, found {}", v.type_desc())))?;
+                    let id = v.as_int().ok_or_else(|| {
+                        meta(key, format!("expected an integer, found {}", v.type_desc()))
+                    })?;
                     // Some converters write -1 for "none".
                     if id == -1 {
                         return Ok(None);
@@ -250,7 +250,10 @@ impl Tokenizer {
             }
             "llama" => {
                 let scores = scores.ok_or_else(|| {
-                    meta("tokenizer.ggml.scores", "missing (needed by a SentencePiece vocabulary)")
+                    meta(
+                        "tokenizer.ggml.scores",
+                        "missing (needed by a SentencePiece vocabulary)",
+                    )
                 })?;
                 let priority: Vec<i64> = if is_gemma {
                     (0..n as i64).collect()
@@ -329,7 +332,10 @@ impl Tokenizer {
                 continue;
             }
             let b = t.as_bytes().to_vec();
-            specials.entry(b[0]).or_default().push((b, id as u32, control));
+            specials
+                .entry(b[0])
+                .or_default()
+                .push((b, id as u32, control));
         }
         for list in specials.values_mut() {
             list.sort_by(|a, b| b.0.len().cmp(&a.0.len()).then(a.1.cmp(&b.1)));
@@ -408,12 +414,10 @@ impl Tokenizer {
     }
     /// The id of a token by its stored text (`<|im_start|>`, `<start_of_turn>`).
     pub fn token_id(&self, text: &str) -> Option<u32> {
-        self.lookup.get(text).copied().or_else(|| {
-            self.tokens
-                .iter()
-                .position(|t| t == text)
-                .map(|i| i as u32)
-        })
+        self.lookup
+            .get(text)
+            .copied()
+            .or_else(|| self.tokens.iter().position(|t| t == text).map(|i| i as u32))
     }
     /// The bytes a token decodes to; a piece of a UTF-8 char for byte tokens. Empty out of range.
     pub fn token_bytes(&self, id: u32) -> &[u8] {
@@ -428,7 +432,12 @@ impl Tokenizer {
 
     /// `encode` with control-token matching chosen separately: with `parse_special` off,
     /// `<|im_start|>` in the text is plain text (user-defined tokens still match whole).
-    pub fn encode_with(&self, text: &str, add_special: bool, parse_special: bool) -> Result<Vec<u32>> {
+    pub fn encode_with(
+        &self,
+        text: &str,
+        add_special: bool,
+        parse_special: bool,
+    ) -> Result<Vec<u32>> {
         let mut out = Vec::with_capacity(text.len() / 3 + 2);
         if add_special && self.add_bos {
             out.extend(self.bos);
@@ -497,8 +506,9 @@ impl Tokenizer {
         let mut i = 0;
         while i < bytes.len() {
             let hit = self.specials.get(&bytes[i]).and_then(|list| {
-                list.iter()
-                    .find(|(t, _, control)| (parse_special || !control) && bytes[i..].starts_with(t))
+                list.iter().find(|(t, _, control)| {
+                    (parse_special || !control) && bytes[i..].starts_with(t)
+                })
             });
             match hit {
                 Some((t, id, _)) => {
@@ -537,7 +547,8 @@ impl Tokenizer {
                     continue;
                 }
             }
-            let syms = merge::symbols((0..pb.len()).map(|i| (i, i + 1, byte_token[pb[i] as usize])));
+            let syms =
+                merge::symbols((0..pb.len()).map(|i| (i, i + 1, byte_token[pb[i] as usize])));
             let syms = merge::merge(syms, |l, r| {
                 let &(rank, merged) = merges.get(&(l.id?, r.id?))?;
                 Some((i64::from(rank), merged))
@@ -582,7 +593,7 @@ impl Tokenizer {
             match sym.id {
                 Some(id) => out.push(id),
                 None => {
-                    for &b in s[sym.start..sym.end].as_bytes() {
+                    for &b in &s.as_bytes()[sym.start..sym.end] {
                         out.extend(byte_token[b as usize].or(self.unk));
                     }
                 }
@@ -623,10 +634,12 @@ fn read_merges(
             .ok_or_else(|| meta(KEY, format!("merge {rank} '{m}' has no 'left right' form")))?;
         let (l, r) = (&m[..split], &m[split + 1..]);
         let id = |t: &str| {
-            lookup
-                .get(t)
-                .copied()
-                .ok_or_else(|| meta(KEY, format!("merge {rank} '{m}' refers to unknown token '{t}'")))
+            lookup.get(t).copied().ok_or_else(|| {
+                meta(
+                    KEY,
+                    format!("merge {rank} '{m}' refers to unknown token '{t}'"),
+                )
+            })
         };
         let key = (id(l)?, id(r)?);
         let merged = id(&format!("{l}{r}"))?;
