@@ -50,6 +50,17 @@ fn short_string(s: &str) -> String {
     }
 }
 
+/// A key or tensor name for the text report: at most `STRING_HEAD` characters, so that a
+/// crafted file cannot blow up the report (the table pads every name to the widest).
+fn short_name(s: &str) -> String {
+    if s.chars().count() <= STRING_HEAD {
+        s.to_string()
+    } else {
+        let head: String = s.chars().take(STRING_HEAD).collect();
+        format!("{head}...")
+    }
+}
+
 fn value_text(v: &Value) -> String {
     match v {
         Value::String(s) => short_string(s),
@@ -104,12 +115,18 @@ fn to_text(f: &GgufFile) -> String {
     );
     let _ = writeln!(o, "\nmetadata ({} keys):", f.metadata().len());
     for (k, v) in f.metadata() {
-        let _ = writeln!(o, "  {k} ({}) = {}", v.type_desc(), value_text(v));
+        let _ = writeln!(
+            o,
+            "  {} ({}) = {}",
+            short_name(k),
+            v.type_desc(),
+            value_text(v)
+        );
     }
-    let name_w = f
-        .tensors()
+    let names: Vec<String> = f.tensors().iter().map(|t| short_name(&t.name)).collect();
+    let name_w = names
         .iter()
-        .map(|t| t.name.len())
+        .map(|n| n.chars().count())
         .max()
         .unwrap_or(4)
         .max(4);
@@ -119,11 +136,11 @@ fn to_text(f: &GgufFile) -> String {
         "  {:name_w$}  {:7}  {:20}  {:>12}  {:>12}",
         "name", "type", "shape", "bytes", "offset"
     );
-    for t in f.tensors() {
+    for (t, name) in f.tensors().iter().zip(&names) {
         let _ = writeln!(
             o,
             "  {:name_w$}  {:7}  {:20}  {:>12}  {:>#12x}",
-            t.name,
+            name,
             t.ty.name(),
             shape(&t.dims),
             t.n_bytes,
