@@ -6,7 +6,7 @@
 //! that finds it returns at once.
 
 use std::fs;
-use std::io::{Read, Write};
+use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
@@ -218,6 +218,5 @@ fn download_and_assemble(m: &Model, work: &Path, dest: &Path) -> std::result::Re
         return Err(format!("sha256 mismatch: got {sum}, expected {}", m.sha256));
     }
     fs::rename(&assembled, dest).map_err(|e| format!("{}: {e}", dest.display()))?;
-    let _ = std::io::stderr().flush();
     Ok(())
 }

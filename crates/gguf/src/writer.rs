@@ -236,7 +236,6 @@ impl GgufWriter {
             put_value(&mut head, v);
         }
         let mut offset = 0u64;
-        let mut offsets = Vec::with_capacity(self.tensors.len());
         for t in &self.tensors {
             put_str(&mut head, &t.name);
             head.extend_from_slice(&(t.dims.len() as u32).to_le_bytes());
@@ -245,7 +244,6 @@ impl GgufWriter {
             }
             head.extend_from_slice(&t.ty.id().to_le_bytes());
             head.extend_from_slice(&offset.to_le_bytes());
-            offsets.push(offset);
             offset = (offset + t.data.len() as u64).div_ceil(align) * align;
         }
         let pad = |n: u64| vec![0u8; (n.div_ceil(align) * align - n) as usize];
@@ -260,7 +258,6 @@ impl GgufWriter {
                 w.write_all(&pad(t.data.len() as u64)).map_err(io)?;
             }
         }
-        debug_assert!(offsets.len() == self.tensors.len());
         Ok(())
     }
 }
