@@ -250,3 +250,28 @@ fn reads_file_written_by_gguf_py() {
     );
     assert_eq!(t.offset % 32, 0);
 }
+
+/// Q8_1 and Q8_K, which PyPI `gguf` cannot dequantize, against their definitions on
+/// hand-built blocks: y = d * q.
+#[test]
+fn q8_1_and_q8_k_dequantize_by_definition() {
+    let mut b = half::f16::from_f32(0.5).to_le_bytes().to_vec(); // d
+    b.extend_from_slice(&half::f16::from_f32(123.0).to_le_bytes()); // s (not used by y)
+    b.extend((0..32).map(|i| (i as i8 - 16) as u8));
+    let y = quant::dequantize_to_vec(GgmlType::Q8_1, &b).unwrap();
+    assert_eq!(
+        y,
+        (0..32).map(|i| (i as f32 - 16.0) * 0.5).collect::<Vec<_>>()
+    );
+
+    let mut b = 0.25f32.to_le_bytes().to_vec();
+    b.extend((0..256).map(|i| (i as i32 - 128) as i8 as u8));
+    b.extend(std::iter::repeat_n(0u8, 32)); // bsums
+    let y = quant::dequantize_to_vec(GgmlType::Q8_K, &b).unwrap();
+    assert_eq!(
+        y,
+        (0..256)
+            .map(|i| (i as f32 - 128.0) * 0.25)
+            .collect::<Vec<_>>()
+    );
+}
