@@ -265,7 +265,7 @@ fn q8_1_and_q8_k_dequantize_by_definition() {
     );
 
     let mut b = 0.25f32.to_le_bytes().to_vec();
-    b.extend((0..256).map(|i| (i as i32 - 128) as i8 as u8));
+    b.extend((0..256i32).map(|i| (i - 128) as i8 as u8));
     b.extend(std::iter::repeat_n(0u8, 32)); // bsums
     let y = quant::dequantize_to_vec(GgmlType::Q8_K, &b).unwrap();
     assert_eq!(
