@@ -70,12 +70,14 @@ impl std::fmt::Display for DType {
 
 /// A Rust type that can be a tensor element. `to_f64`/`from_f64` are exact for every value of
 /// the float types and of integers up to 2^53; casts between tensors do not go through them.
-pub trait WithDType: Copy + Send + Sync + std::fmt::Debug + PartialOrd + 'static {
+pub trait WithDType: Copy + Default + Send + Sync + std::fmt::Debug + PartialOrd + 'static {
     const DTYPE: DType;
     fn to_f64(self) -> f64;
     fn from_f64(v: f64) -> Self;
     fn wrap(v: Vec<Self>) -> crate::HostBuffer;
     fn unwrap(b: &crate::HostBuffer) -> Option<&[Self]>;
+    /// The vector inside a buffer of this dtype.
+    fn take_vec(b: crate::HostBuffer) -> Option<Vec<Self>>;
 }
 
 macro_rules! with_dtype {
@@ -92,6 +94,12 @@ macro_rules! with_dtype {
                 crate::HostBuffer::$dt(v)
             }
             fn unwrap(b: &crate::HostBuffer) -> Option<&[Self]> {
+                match b {
+                    crate::HostBuffer::$dt(v) => Some(v),
+                    _ => None,
+                }
+            }
+            fn take_vec(b: crate::HostBuffer) -> Option<Vec<Self>> {
                 match b {
                     crate::HostBuffer::$dt(v) => Some(v),
                     _ => None,

@@ -1,7 +1,9 @@
 //! Elementwise ops over strided inputs: unary, binary, comparisons, where, and strided copies.
 //! Contiguous inputs take a flat parallel loop; strided ones walk rows of the last dim.
 
+use crate::alloc::filled;
 use crate::storage::{contig, host, raw};
+use std::mem::MaybeUninit;
 use ferrite_core::{map_host_same, BinaryOp, CmpOp, DType, Error, HostBuffer, Layout, Result, Tensor, UnaryOp};
 use half::{bf16, f16};
 use num_traits::Float;
@@ -53,16 +55,23 @@ pub(crate) fn materialize(buf: &HostBuffer, l: &Layout) -> HostBuffer {
     map_host_same!(buf, v => gather_strided(v, l))
 }
 
-pub(crate) fn map<T: Copy + Send + Sync, U: Send, F: Fn(T) -> U + Sync + Send>(x: &[T], f: F) -> Vec<U> {
-    if x.len() >= PAR_MIN {
-        x.par_iter().with_min_len(PAR_CHUNK).map(|&v| f(v)).collect()
-    } else {
-        x.iter().map(|&v| f(v)).collect()
-    }
+pub(crate) fn map<T: Copy + Send + Sync, U: ferrite_core::WithDType, F: Fn(T) -> U + Sync + Send>(x: &[T], f: F) -> Vec<U> {
+    filled(x.len(), |out| {
+        let body = |(d, s): (&mut [MaybeUninit<U>], &[T])| {
+            for (o, &v) in d.iter_mut().zip(s) {
+                o.write(f(v));
+            }
+        };
+        if x.len() >= PAR_MIN {
+            out.par_chunks_mut(PAR_CHUNK).zip(x.par_chunks(PAR_CHUNK)).for_each(body);
+        } else {
+            body((out, x));
+        }
+    })
 }
 
 /// `f(a, b)` elementwise over two equal-shaped, possibly strided (incl. stride-0) tensors.
-pub(crate) fn zip_map<T: ferrite_core::WithDType, U: Copy + Send + Sync + Default, F: Fn(T, T) -> U + Sync + Send>(
+pub(crate) fn zip_map<T: ferrite_core::WithDType, U: ferrite_core::WithDType, F: Fn(T, T) -> U + Sync + Send>(
     a: &Tensor,
     b: &Tensor,
     op: &'static str,
@@ -73,11 +82,18 @@ pub(crate) fn zip_map<T: ferrite_core::WithDType, U: Copy + Send + Sync + Defaul
     let n = a.elem_count();
     if la.is_contiguous() && lb.is_contiguous() {
         let (xa, xb) = (&da[la.offset()..la.offset() + n], &db[lb.offset()..lb.offset() + n]);
-        return Ok(if n >= PAR_MIN {
-            xa.par_iter().zip(xb.par_iter()).with_min_len(PAR_CHUNK).map(|(&x, &y)| f(x, y)).collect()
-        } else {
-            xa.iter().zip(xb).map(|(&x, &y)| f(x, y)).collect()
-        });
+        return Ok(filled(n, |out| {
+            let body = |((d, x), y): ((&mut [MaybeUninit<U>], &[T]), &[T])| {
+                for ((o, &p), &q) in d.iter_mut().zip(x).zip(y) {
+                    o.write(f(p, q));
+                }
+            };
+            if n >= PAR_MIN {
+                out.par_chunks_mut(PAR_CHUNK).zip(xa.par_chunks(PAR_CHUNK)).zip(xb.par_chunks(PAR_CHUNK)).for_each(body);
+            } else {
+                body(((out, xa), xb));
+            }
+        }));
     }
     if n == 0 {
         return Ok(Vec::new());
@@ -125,7 +141,7 @@ fn gelu_erf<F: Float>(x: F) -> F {
     F::from(0.5 * v * (1.0 + libm::erf(v * std::f64::consts::FRAC_1_SQRT_2))).unwrap_or(F::nan())
 }
 
-fn unary_float<F: Float + Send + Sync>(op: UnaryOp, x: &[F]) -> Vec<F> {
+fn unary_float<F: Float + ferrite_core::WithDType>(op: UnaryOp, x: &[F]) -> Vec<F> {
     let one = F::one();
     let half = F::from(0.5).unwrap_or(one);
     match op {
@@ -185,7 +201,7 @@ int_impl!(i64);
 int_impl!(u32);
 int_impl!(u8);
 
-fn unary_int<I: Int>(op: UnaryOp, x: &[I]) -> Result<Vec<I>> {
+fn unary_int<I: Int + ferrite_core::WithDType>(op: UnaryOp, x: &[I]) -> Result<Vec<I>> {
     Ok(match op {
         UnaryOp::Neg => map(x, |v| v.wneg()),
         UnaryOp::Abs => map(x, |v| if v < I::ZERO { v.wneg() } else { v }),
@@ -236,10 +252,10 @@ fn binary_int<I: Int + ferrite_core::WithDType>(op: BinaryOp, a: &Tensor, b: &Te
         BinaryOp::Sub => zip_map(a, b, n, |x: I, y: I| x.wsub(y)),
         BinaryOp::Mul => zip_map(a, b, n, |x: I, y: I| x.wmul(y)),
         BinaryOp::Div => {
-            let out = zip_map(a, b, n, |x: I, y: I| if y == I::ZERO { None } else { Some(x.wdiv(y)) })?;
-            out.into_iter()
-                .map(|v| v.ok_or_else(|| Error::backend("div", "integer division by zero")))
-                .collect()
+            if a.elem_count() > 0 && contig::<I>(b, n)?.contains(&I::ZERO) {
+                return Err(Error::backend("div", "integer division by zero"));
+            }
+            zip_map(a, b, n, |x: I, y: I| x.wdiv(y))
         }
         BinaryOp::Maximum => zip_map(a, b, n, |x: I, y: I| if x > y { x } else { y }),
         BinaryOp::Minimum => zip_map(a, b, n, |x: I, y: I| if x < y { x } else { y }),

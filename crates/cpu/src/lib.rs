@@ -2,6 +2,7 @@
 //! compiler vectorizes the inner loops; matmul through the `gemm` crate. It is also the oracle
 //! other backends are tested against.
 
+mod alloc;
 mod attention;
 mod cast;
 mod create;

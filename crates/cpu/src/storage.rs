@@ -6,6 +6,12 @@ use std::borrow::Cow;
 
 pub struct CpuStorage(pub HostBuffer);
 
+impl Drop for CpuStorage {
+    fn drop(&mut self) {
+        crate::alloc::recycle(std::mem::replace(&mut self.0, HostBuffer::U8(Vec::new())));
+    }
+}
+
 impl Storage for CpuStorage {
     fn dtype(&self) -> DType {
         self.0.dtype()

@@ -125,3 +125,21 @@ fn matmul_reads_transposed_views_in_place() {
     let copy = a.t().unwrap().contiguous().unwrap().matmul(&b).unwrap().to_vec::<f32>().unwrap();
     assert_eq!(view, copy);
 }
+
+#[test]
+fn pooled_large_buffers_are_fully_overwritten() {
+    // Outputs >= 4 MiB reuse buffers of dropped tensors; each reuse must hold only new values.
+    let dev = cpu();
+    let n = 3 << 20;
+    let x = Tensor::rand_uniform([n], 0.0, 1.0, 5, DType::F32, &dev).unwrap();
+    for round in 0..3 {
+        let big = Tensor::full(1e9, [n], DType::F32, &dev).unwrap();
+        drop(big);
+        let y = x.add_scalar(round as f64).unwrap().sqrt().unwrap();
+        let (xv, yv) = (x.to_vec::<f32>().unwrap(), y.to_vec::<f32>().unwrap());
+        for i in (0..n).step_by(9973) {
+            assert_eq!(yv[i], (xv[i] + round as f32).sqrt());
+        }
+        assert!(yv.iter().all(|&v| v < 2.5));
+    }
+}

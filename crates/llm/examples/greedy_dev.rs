@@ -7,7 +7,8 @@ use ferrite_llm::{Logits, Model, Session};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().collect();
-    let model = Model::load(&args[1])?;
+    let mut model = Model::load(&args[1])?;
+    model.set_exact(std::env::var_os("EXACT").is_some());
     let tok = Tokenizer::from_gguf(model.gguf())?;
     let n: usize = args.get(3).map_or(Ok(32), |s| s.parse())?;
     let ids = tok.encode(&args[2], true)?;
@@ -20,6 +21,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let t1 = Instant::now();
     for _ in 0..n {
         let next = logits.iter().enumerate().fold((0, f32::MIN), |b, (i, &v)| if v > b.1 { (i, v) } else { b }).0 as u32;
+        let mut sorted = logits.clone();
+        sorted.sort_by(|a, b| b.total_cmp(a));
+        println!("{next} margin {:.3} top5 {:?}", sorted[0] - sorted[1], &sorted[..5]);
         out.push(next);
         logits = s.forward(&[next], Logits::Last)?.to_vec();
     }

@@ -7,6 +7,7 @@ pub mod error;
 pub mod kernels;
 pub mod kv_cache;
 pub mod model;
+pub mod pool;
 pub mod sampler;
 pub mod tokenizer;
 

@@ -5,7 +5,7 @@
 //! batch of `t` activation rows. Activations are quantized once per product ([`Acts`]) to
 //! the 8-bit blocks each weight format pairs with: Q8 (32) for Q4_0/Q4_1/Q5_0/Q5_1/Q8_0,
 //! Q8_K (256) for Q4_K/Q6_K; other formats (F32, F16, BF16, Q2_K, Q3_K, Q5_K) dequantize
-//! each row and take an f32 dot product. Rows are split across the rayon pool in chunks;
+//! each row and take an f32 dot product. Rows are split across the thread pool in chunks;
 //! each chunk runs every activation row, so a chunk of weights stays in cache for the batch.
 //!
 //! Every SIMD kernel has a scalar reference in the same file and a test comparing them.
@@ -18,7 +18,6 @@ pub mod q8;
 pub mod q8_0;
 
 use ferrite_gguf::GgmlType;
-use rayon::prelude::*;
 
 use q8::{BlockQ8, BlockQ8K};
 
@@ -226,16 +225,19 @@ pub struct MatOut<'a, 'b> {
 }
 
 /// `out[t][r] = dot(w[r], x[t])` for every product in `ops` (all sharing the activations
-/// `acts`, which must hold each weight's format), as one parallel pass over all their rows.
+/// `acts`), as one parallel pass over all their rows. Each weight uses its integer kernel if
+/// `acts` holds its format, else the exact f32 path (which `acts` must then hold).
 pub fn matmul(isa: Isa, acts: &Acts, ops: &mut [MatOut<'_, '_>]) {
     let t = acts.t;
     for op in ops.iter() {
         assert_eq!(op.w.cols, acts.cols, "matmul: weight has {} columns, activations {}", op.w.cols, acts.cols);
         assert_eq!(op.out.len(), t * op.w.rows, "matmul: output is not t x rows");
-        assert!(acts.has[ActFormat::for_weight(op.w.ty) as usize], "matmul: activations not quantized for {}", op.w.ty);
+        let native = acts.has[ActFormat::for_weight(op.w.ty) as usize];
+        assert!(native || acts.has[ActFormat::F32 as usize], "matmul: activations not prepared for {}", op.w.ty);
     }
     let total_rows: usize = ops.iter().map(|o| o.w.rows).sum();
-    let threads = rayon::current_num_threads().max(1);
+    let pool = crate::pool::Pool::global();
+    let threads = pool.threads();
     // Chunks: enough for load balance (8 per thread), at least 16 rows, and for big batches
     // small enough that a chunk's weights stay in L2 while every activation row passes.
     let row_bytes = ops.first().map_or(1, |o| o.w.row_bytes.max(1));
@@ -270,7 +272,7 @@ pub fn matmul(isa: Isa, acts: &Acts, ops: &mut [MatOut<'_, '_>]) {
     if tasks.len() == 1 || threads == 1 || total_rows * t < 64 {
         tasks.iter().for_each(run);
     } else {
-        tasks.par_iter().for_each(run);
+        pool.run(tasks.len(), &|i| run(&tasks[i]));
     }
 }
 
@@ -279,7 +281,8 @@ pub fn matmul(isa: Isa, acts: &Acts, ops: &mut [MatOut<'_, '_>]) {
 fn dot_row(isa: Isa, w: &QMat<'_>, r: usize, acts: &Acts, ti: usize, tmp: &mut Vec<f32>) -> f32 {
     let row = w.row(r);
     let cols = w.cols;
-    match w.ty {
+    let ty = if acts.has[ActFormat::for_weight(w.ty) as usize] { w.ty } else { GgmlType::F32 };
+    match ty {
         GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q8_0 => {
             let nb = cols / 32;
             let a = &acts.q8[ti * nb..(ti + 1) * nb];

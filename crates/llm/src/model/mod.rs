@@ -9,7 +9,6 @@ mod config;
 pub use config::{Arch, Config};
 
 use ferrite_gguf::{GgmlType, GgufFile, TensorInfo};
-use rayon::prelude::*;
 
 use crate::error::{Error, Result};
 use crate::kernels::float::{axpy, dot_f32};
@@ -54,6 +53,7 @@ pub struct Model {
     /// Per-pair RoPE frequency divisors (`rope_freqs.weight`, Llama 3.1), rope_dim/2 long.
     rope_freq_factors: Option<Vec<f32>>,
     isa: Isa,
+    exact: bool,
 }
 
 impl Model {
@@ -109,11 +109,17 @@ impl Model {
             Some(_) => Some(vector(&file, "rope_freqs.weight", cfg.rope_dim / 2)?),
             None => None,
         };
-        Ok(Model { cfg, file, tok_embd, output, output_norm, layers, rope_freq_factors, isa: Isa::detect() })
+        Ok(Model { cfg, file, tok_embd, output, output_norm, layers, rope_freq_factors, isa: Isa::detect(), exact: false })
     }
 
     pub fn gguf(&self) -> &GgufFile {
         &self.file
+    }
+
+    /// With `exact`, activations stay f32 and each weight row is dequantized before its dot
+    /// product: slow, but free of activation quantization error (a reference mode).
+    pub fn set_exact(&mut self, exact: bool) {
+        self.exact = exact;
     }
 
     /// Instruction set the kernels use.
@@ -357,7 +363,7 @@ impl<'m> Session<'m> {
         for (il, l) in m.layers.iter().enumerate() {
             rms_norm_rows(x, xb, &l.attn_norm, d, c.eps);
             let (wq, wk, wv) = (m.mat(&l.wq), m.mat(&l.wk), m.mat(&l.wv));
-            s.acts.quantize(xb, t, d, &formats(&[&wq, &wk, &wv]));
+            s.acts.quantize(xb, t, d, &m.formats(&[&wq, &wk, &wv]));
             kernels::matmul(
                 isa,
                 &s.acts,
@@ -379,7 +385,7 @@ impl<'m> Session<'m> {
             attention(isa, &self.kv, il, p0, t, q, att, &mut s.scores, nh, nkv, hd, c.attn_scale, window);
 
             let wo = m.mat(&l.wo);
-            s.acts.quantize(att, t, nh * hd, &formats(&[&wo]));
+            s.acts.quantize(att, t, nh * hd, &m.formats(&[&wo]));
             kernels::matmul(isa, &s.acts, &mut [MatOut { w: wo, out: &mut *tmp }]);
             if let Some(pn) = &l.post_attn_norm {
                 rms_norm_in_place(tmp, pn, d, c.eps);
@@ -388,7 +394,7 @@ impl<'m> Session<'m> {
 
             rms_norm_rows(x, xb, &l.ffn_norm, d, c.eps);
             let (wg, wu) = (m.mat(&l.w_gate), m.mat(&l.w_up));
-            s.acts.quantize(xb, t, d, &formats(&[&wg, &wu]));
+            s.acts.quantize(xb, t, d, &m.formats(&[&wg, &wu]));
             kernels::matmul(isa, &s.acts, &mut [MatOut { w: wg, out: &mut *gate }, MatOut { w: wu, out: &mut *up }]);
             if c.arch == Arch::Gemma3 {
                 gate.iter_mut().zip(up.iter()).for_each(|(g, u)| *g = gelu_tanh(*g) * u);
@@ -396,7 +402,7 @@ impl<'m> Session<'m> {
                 gate.iter_mut().zip(up.iter()).for_each(|(g, u)| *g = silu(*g) * u);
             }
             let wd = m.mat(&l.w_down);
-            s.acts.quantize(gate, t, ff, &formats(&[&wd]));
+            s.acts.quantize(gate, t, ff, &m.formats(&[&wd]));
             kernels::matmul(isa, &s.acts, &mut [MatOut { w: wd, out: &mut *tmp }]);
             if let Some(pn) = &l.post_ffn_norm {
                 rms_norm_in_place(tmp, pn, d, c.eps);
@@ -410,15 +416,20 @@ impl<'m> Session<'m> {
         let xo = &mut xb[..n * d];
         rms_norm_rows(xs, xo, &m.output_norm, d, c.eps);
         let wout = m.mat(&m.output);
-        s.acts.quantize(xo, n, d, &formats(&[&wout]));
+        s.acts.quantize(xo, n, d, &m.formats(&[&wout]));
         let out = &mut self.logits[off..off + n * c.vocab];
         kernels::matmul(isa, &s.acts, &mut [MatOut { w: wout, out }]);
         Ok(())
     }
 }
 
-fn formats(ws: &[&QMat<'_>]) -> Vec<ActFormat> {
-    ws.iter().map(|w| ActFormat::for_weight(w.ty)).collect()
+impl Model {
+    fn formats(&self, ws: &[&QMat<'_>]) -> Vec<ActFormat> {
+        if self.exact {
+            return vec![ActFormat::F32];
+        }
+        ws.iter().map(|w| ActFormat::for_weight(w.ty)).collect()
+    }
 }
 
 fn add_bias(x: &mut [f32], b: Option<&[f32]>) {
@@ -568,10 +579,14 @@ fn attention(
             }
         }
     };
-    let heads = scores[..nh * ctx].chunks_mut(ctx).enumerate();
     if t * (p0 + t) * nh * hd < 32 * 1024 {
-        heads.for_each(work);
+        scores[..nh * ctx].chunks_mut(ctx).enumerate().for_each(work);
     } else {
-        heads.collect::<Vec<_>>().into_par_iter().for_each(work);
+        let sp = SendPtr(scores.as_mut_ptr());
+        crate::pool::Pool::global().run(nh, &|h| {
+            // SAFETY: task h alone uses scores[h * ctx..(h + 1) * ctx], inside `scores`.
+            let sc = unsafe { std::slice::from_raw_parts_mut(sp.get().add(h * ctx), ctx) };
+            work((h, sc));
+        });
     }
 }

@@ -102,8 +102,8 @@ pub struct Tokenizer {
     lookup: HashMap<String, u32>,
     /// What each token decodes to.
     bytes: Vec<Vec<u8>>,
-    /// Tokens matched whole in raw text: by first byte, longest first; (text, id, is_control).
-    specials: HashMap<u8, Vec<(Vec<u8>, u32, bool)>>,
+    /// Tokens matched whole in raw text.
+    specials: Specials,
     bos: Option<u32>,
     eos: Option<u32>,
     eot: Option<u32>,
@@ -321,7 +321,7 @@ impl Tokenizer {
             .map(|(t, &ty)| token_to_bytes(t, ty, byte_level.as_ref()))
             .collect();
 
-        let mut specials: HashMap<u8, Vec<(Vec<u8>, u32, bool)>> = HashMap::new();
+        let mut specials = Specials::default();
         for (id, (t, &ty)) in tokens.iter().zip(&types).enumerate() {
             let control = ty == TokenType::Control;
             if !(control || ty == TokenType::UserDefined) || t.is_empty() {
@@ -331,14 +331,7 @@ impl Tokenizer {
             if ty == TokenType::UserDefined && lookup.get(t.as_str()) != Some(&(id as u32)) {
                 continue;
             }
-            let b = t.as_bytes().to_vec();
-            specials
-                .entry(b[0])
-                .or_default()
-                .push((b, id as u32, control));
-        }
-        for list in specials.values_mut() {
-            list.sort_by(|a, b| b.0.len().cmp(&a.0.len()).then(a.1.cmp(&b.1)));
+            specials.insert(t.as_bytes(), id as u32, control);
         }
 
         let mut eog: Vec<u32> = [eos, eom].into_iter().flatten().collect();
@@ -505,18 +498,13 @@ impl Tokenizer {
         let mut start = 0;
         let mut i = 0;
         while i < bytes.len() {
-            let hit = self.specials.get(&bytes[i]).and_then(|list| {
-                list.iter().find(|(t, _, control)| {
-                    (parse_special || !control) && bytes[i..].starts_with(t)
-                })
-            });
-            match hit {
-                Some((t, id, _)) => {
+            match self.specials.longest_at(&bytes[i..], parse_special) {
+                Some((len, id)) => {
                     if start < i {
                         out.push(Frag::Text(&text[start..i]));
                     }
-                    out.push(Frag::Token(*id));
-                    i += t.len();
+                    out.push(Frag::Token(id));
+                    i += len;
                     start = i;
                 }
                 None => i += 1,
@@ -599,6 +587,39 @@ impl Tokenizer {
                 }
             }
         }
+    }
+}
+
+/// Special and user-defined tokens, found by text; candidates at a position are tried
+/// longest first (one hash lookup per distinct length starting with that byte).
+#[derive(Default)]
+struct Specials {
+    by_text: HashMap<Vec<u8>, (u32, bool)>,
+    /// Per first byte: the distinct token lengths, longest first.
+    lens: HashMap<u8, Vec<usize>>,
+}
+
+impl Specials {
+    /// Adds a token; a text seen before keeps its first id.
+    fn insert(&mut self, text: &[u8], id: u32, control: bool) {
+        if self.by_text.contains_key(text) {
+            return;
+        }
+        self.by_text.insert(text.to_vec(), (id, control));
+        let lens = self.lens.entry(text[0]).or_default();
+        if let Err(at) = lens.binary_search_by(|l| text.len().cmp(l)) {
+            lens.insert(at, text.len());
+        }
+    }
+
+    /// The longest token `rest` starts with, as (byte length, id); control tokens only
+    /// when `parse_special`.
+    fn longest_at(&self, rest: &[u8], parse_special: bool) -> Option<(usize, u32)> {
+        let lens = self.lens.get(rest.first()?)?;
+        lens.iter().filter(|&&l| l <= rest.len()).find_map(|&l| {
+            let &(id, control) = self.by_text.get(&rest[..l])?;
+            (parse_special || !control).then_some((l, id))
+        })
     }
 }
 
