@@ -121,6 +121,16 @@ pub enum Error {
     Fetch { model: &'static str, what: String },
 }
 
+/// A name or key from a file as shown in messages: control characters and quotes escaped (an
+/// error stays one line), at most 100 characters.
+pub(crate) fn shown(s: &str) -> String {
+    let mut out: String = s.chars().take(100).flat_map(char::escape_debug).collect();
+    if s.chars().nth(100).is_some() {
+        out.push_str("...");
+    }
+    out
+}
+
 impl Error {
     pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Error {
         Error::Io {

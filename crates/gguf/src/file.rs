@@ -4,7 +4,7 @@ use std::collections::HashMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
-use crate::error::{Error, Result};
+use crate::error::{shown, Error, Result};
 use crate::reader::{self, TensorInfo};
 use crate::value::{Array, Value};
 
@@ -156,7 +156,7 @@ impl GgufFile {
             for mut t in header.tensors.iter().cloned() {
                 if tensor_index.contains_key(&t.name) {
                     return Err(Error::DuplicateTensor {
-                        name: t.name,
+                        name: shown(&t.name),
                         offset: t.info_offset,
                     });
                 }
@@ -415,12 +415,12 @@ impl GgufFile {
         if !info.ty.is_supported() {
             return Err(Error::UnsupportedTensor {
                 ty: info.ty.name(),
-                tensor: info.name.clone(),
+                tensor: shown(&info.name),
             });
         }
         let n = usize::try_from(info.n_elements).map_err(|_| Error::Length {
             op: "dequantize",
-            what: format!("tensor {} has too many elements", info.name),
+            what: format!("tensor {} has too many elements", shown(&info.name)),
         })?;
         let mut out = vec![0f32; n];
         crate::quant::dequantize(info.ty, self.tensor_data(info), &mut out)?;

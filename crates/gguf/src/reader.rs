@@ -11,7 +11,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use crate::error::{Error, Result};
+use crate::error::{shown, Error, Result};
 use crate::types::GgmlType;
 use crate::value::{Array, StrArray, Value, ValueType};
 
@@ -341,17 +341,18 @@ pub(crate) fn parse(buf: &[u8]) -> Result<Header> {
     for i in 0..n_kv {
         let key_offset = c.offset();
         let key = c.string(&|| format!("key #{i}"))?;
+        let k = shown(&key);
         if index.contains_key(&key) {
             return Err(Error::DuplicateKey {
-                key,
+                key: k,
                 offset: key_offset,
             });
         }
-        let ty = value_type(&mut c, &|| format!("value type of '{key}'"))?;
+        let ty = value_type(&mut c, &|| format!("value type of '{k}'"))?;
         if key == "general.alignment" {
             alignment_offset = c.offset();
         }
-        let value = read_value(&mut c, ty, &key, 0)?;
+        let value = read_value(&mut c, ty, &k, 0)?;
         index.insert(key.clone(), metadata.len());
         metadata.push((key, value));
     }
@@ -381,16 +382,17 @@ pub(crate) fn parse(buf: &[u8]) -> Result<Header> {
     for i in 0..n_tensors {
         let info_offset = c.offset();
         let name = c.string(&|| format!("tensor #{i} name"))?;
+        let n = shown(&name);
         if names.contains(&name) {
             return Err(Error::DuplicateTensor {
-                name,
+                name: n,
                 offset: info_offset,
             });
         }
-        let n_dims = c.u32(&|| format!("n_dims of tensor '{name}'"))?;
+        let n_dims = c.u32(&|| format!("n_dims of tensor '{n}'"))?;
         if n_dims as usize > MAX_DIMS {
             return Err(bad_shape(
-                &name,
+                &n,
                 info_offset,
                 format!("n_dims {n_dims} > {MAX_DIMS}"),
             ));
@@ -398,16 +400,16 @@ pub(crate) fn parse(buf: &[u8]) -> Result<Header> {
         let mut dims = Vec::with_capacity(n_dims as usize);
         let mut n_elements: u64 = 1;
         for d in 0..n_dims {
-            let dim = c.u64(&|| format!("dims[{d}] of tensor '{name}'"))?;
+            let dim = c.u64(&|| format!("dims[{d}] of tensor '{n}'"))?;
             if dim == 0 {
-                return Err(bad_shape(&name, info_offset, format!("dims[{d}] is 0")));
+                return Err(bad_shape(&n, info_offset, format!("dims[{d}] is 0")));
             }
             n_elements = n_elements
                 .checked_mul(dim)
                 .filter(|&n| n <= i64::MAX as u64)
                 .ok_or_else(|| {
                     bad_shape(
-                        &name,
+                        &n,
                         info_offset,
                         format!("element count overflows: dims {dims:?} x {dim}"),
                     )
@@ -415,16 +417,16 @@ pub(crate) fn parse(buf: &[u8]) -> Result<Header> {
             dims.push(dim);
         }
         let type_offset = c.offset();
-        let id = c.u32(&|| format!("type of tensor '{name}'"))?;
+        let id = c.u32(&|| format!("type of tensor '{n}'"))?;
         let ty = GgmlType::from_id(id).ok_or_else(|| Error::UnknownTensorType {
-            tensor: name.clone(),
+            tensor: n.clone(),
             offset: type_offset,
             id,
         })?;
         let row = dims.first().copied().unwrap_or(1);
         if row % ty.block_size() as u64 != 0 {
             return Err(bad_shape(
-                &name,
+                &n,
                 info_offset,
                 format!(
                     "row of {row} elements is not a multiple of the {ty} block size {}",
@@ -434,12 +436,12 @@ pub(crate) fn parse(buf: &[u8]) -> Result<Header> {
         }
         let n_bytes = ty.bytes_for(n_elements).ok_or_else(|| {
             bad_shape(
-                &name,
+                &n,
                 info_offset,
                 format!("byte size of {n_elements} {ty} elements overflows"),
             )
         })?;
-        let rel_offset = c.u64(&|| format!("data offset of tensor '{name}'"))?;
+        let rel_offset = c.u64(&|| format!("data offset of tensor '{n}'"))?;
         names.insert(name.clone());
         tensors.push(TensorInfo {
             name,
@@ -467,7 +469,7 @@ pub(crate) fn parse(buf: &[u8]) -> Result<Header> {
     }
     for t in &mut tensors {
         let bad = |what: String| Error::BadData {
-            tensor: t.name.clone(),
+            tensor: shown(&t.name),
             offset: t.info_offset,
             what,
         };
@@ -496,13 +498,13 @@ pub(crate) fn parse(buf: &[u8]) -> Result<Header> {
         let (a, b) = (&tensors[w[0]], &tensors[w[1]]);
         if a.offset + a.n_bytes > b.offset {
             return Err(Error::BadData {
-                tensor: b.name.clone(),
+                tensor: shown(&b.name),
                 offset: b.info_offset,
                 what: format!(
                     "data [{:#x}, {:#x}) overlaps tensor '{}' [{:#x}, {:#x})",
                     b.offset,
                     b.offset + b.n_bytes,
-                    a.name,
+                    shown(&a.name),
                     a.offset,
                     a.offset + a.n_bytes
                 ),

@@ -503,6 +503,26 @@ fn valid_base_file_opens() {
 }
 
 #[test]
+fn names_with_control_characters_stay_on_one_line_in_errors() {
+    let long = format!("a\nb\"c{}", "x".repeat(200));
+    let bytes = Raw::valid()
+        .with(|r| r.infos[1] = info(long.as_bytes(), &[33], 2, 64))
+        .bytes();
+    let msg = GgufFile::from_bytes(bytes).unwrap_err().to_string();
+    assert!(!msg.contains('\n'), "{msg}");
+    assert!(msg.starts_with("gguf: tensor 'a\\nb\\\"cxxx"), "{msg}");
+    assert!(msg.contains("xxx...' (offset"), "{msg}");
+    let bytes = Raw::valid()
+        .with(|r| r.kvs[1] = kv(b"k\r\n", 13, &[]))
+        .bytes();
+    let msg = GgufFile::from_bytes(bytes).unwrap_err().to_string();
+    assert!(
+        msg.starts_with("gguf: value type of 'k\\r\\n' (offset"),
+        "{msg}"
+    );
+}
+
+#[test]
 fn version_2_files_open() {
     let f = GgufFile::from_bytes(Raw::valid().with(|r| r.version = 2).bytes()).unwrap();
     assert_eq!(f.version(), 2);
