@@ -695,3 +695,125 @@ fn token_to_bytes(t: &str, ty: TokenType, byte_level: Option<&HashMap<char, u8>>
     }
     t.replace('▁', " ").into_bytes()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ferrite_gguf::{Array, GgufWriter, Value};
+
+    /// A byte-level vocabulary: the 256 byte chars (id = byte), the merged tokens "Ġt", "he",
+    /// "Ġthe" (256..=258), and two control tokens (259, 260).
+    fn bpe_kv() -> Vec<(&'static str, Value)> {
+        let chars = pretok::byte_to_char();
+        let mut tokens: Vec<String> = chars.iter().map(|c| c.to_string()).collect();
+        tokens.extend(["Ġt", "he", "Ġthe", "<|end|>", "<|start|>"].map(String::from));
+        let mut types = vec![1i32; 259];
+        types.extend([3, 3]);
+        vec![
+            ("general.architecture", Value::String("llama".into())),
+            ("tokenizer.ggml.model", Value::String("gpt2".into())),
+            ("tokenizer.ggml.pre", Value::String("gpt-2".into())),
+            (
+                "tokenizer.ggml.tokens",
+                Value::Array(Array::String(tokens.into())),
+            ),
+            ("tokenizer.ggml.token_type", Value::Array(Array::I32(types))),
+            (
+                "tokenizer.ggml.merges",
+                Value::Array(Array::String(vec!["Ġ t", "h e", "Ġt he"].into())),
+            ),
+            ("tokenizer.ggml.eos_token_id", Value::U32(259)),
+        ]
+    }
+
+    fn build(kv: &[(&str, Value)]) -> Result<Tokenizer> {
+        let mut w = GgufWriter::new();
+        for (k, v) in kv {
+            w.set(k, v.clone()).unwrap();
+        }
+        let file = GgufFile::from_bytes(w.to_bytes().unwrap()).unwrap();
+        Tokenizer::from_gguf(&file)
+    }
+
+    fn with(key: &'static str, v: Value) -> Vec<(&'static str, Value)> {
+        let mut kv: Vec<_> = bpe_kv().into_iter().filter(|(k, _)| *k != key).collect();
+        kv.push((key, v));
+        kv
+    }
+
+    fn err(kv: &[(&str, Value)]) -> String {
+        match build(kv) {
+            Ok(_) => panic!("accepted"),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    #[test]
+    fn tiny_bpe_encodes_and_decodes() {
+        let tok = build(&bpe_kv()).unwrap();
+        let the = tok.token_id("Ġthe").unwrap();
+        assert_eq!(the, 258);
+        // Token ids 0..256 are the bytes themselves here.
+        let ids = tok.encode("a the<|end|>", false).unwrap();
+        assert_eq!(ids, vec![u32::from(b'a'), the, 259]);
+        assert_eq!(tok.decode(&ids), "a the<|end|>");
+        // "<|end|>" is control and named like an end of turn: EOT by text.
+        assert!(tok.is_eog(259) && tok.eot() == Some(259) && tok.eos() == Some(259));
+        // Without parse_special the control token is spelled out in bytes.
+        assert!(tok.encode_with("<|end|>", false, false).unwrap().len() > 1);
+        // The longest special wins: "<|start|>" is not cut at "<|".
+        assert_eq!(
+            tok.encode("<|start|><|end|>", false).unwrap(),
+            vec![260, 259]
+        );
+    }
+
+    #[test]
+    fn bad_metadata_is_a_clear_error() {
+        let e = err(&with("tokenizer.ggml.eos_token_id", Value::U32(9999)));
+        assert!(
+            e.contains("eos_token_id") && e.contains("9999") && e.contains("261"),
+            "{e}"
+        );
+        let e = err(&with(
+            "tokenizer.ggml.merges",
+            Value::Array(Array::String(vec!["Ġ t", "x yz"].into())),
+        ));
+        assert!(
+            e.contains("merge 1 'x yz' refers to unknown token 'yz'"),
+            "{e}"
+        );
+        let e = err(&with(
+            "tokenizer.ggml.merges",
+            Value::Array(Array::String(vec!["nospace"].into())),
+        ));
+        assert!(e.contains("merge 0"), "{e}");
+        let e = err(&with(
+            "tokenizer.ggml.token_type",
+            Value::Array(Array::I32(vec![1; 3])),
+        ));
+        assert!(e.contains("3 entries for 261 tokens"), "{e}");
+        let e = err(&with(
+            "tokenizer.ggml.scores",
+            Value::Array(Array::F32(vec![0.0; 5])),
+        ));
+        assert!(e.contains("5 entries for 261 tokens"), "{e}");
+        let e = err(&with("tokenizer.ggml.model", Value::String("bert".into())));
+        assert!(e.contains("'bert'"), "{e}");
+        let e = err(&with("tokenizer.ggml.pre", Value::String("mystery".into())));
+        assert!(e.contains("'mystery'"), "{e}");
+        let e = err(&with("tokenizer.ggml.add_bos_token", Value::Bool(true)));
+        assert!(e.contains("bos_token_id"), "{e}");
+        let none: ferrite_gguf::StrArray = Vec::<String>::new().into();
+        let e = err(&with(
+            "tokenizer.ggml.tokens",
+            Value::Array(Array::String(none)),
+        ));
+        assert!(e.contains("tokenizer.ggml.tokens"), "{e}");
+        let e = err(&with(
+            "tokenizer.ggml.bos_token_id",
+            Value::String("1".into()),
+        ));
+        assert!(e.contains("bos_token_id"), "{e}");
+    }
+}
