@@ -109,17 +109,42 @@ fn quant_asym(
         .collect();
     let d = f16_up(need.iter().fold(0f32, |a, &v| a.max(v)) / smaxf);
     let id = inv(d.to_f32());
-    let scales: Vec<u8> = need
+    let mut scales: Vec<u8> = need
         .iter()
         .map(|&v| (v * id).ceil().min(smaxf) as u8)
         .collect();
+    let mut mins = mins;
+    let (d, dm) = (d.to_f32(), dmin.to_f32());
     let mut q = vec![0u8; QK_K];
-    for (e, (q, &v)) in q.iter_mut().zip(x).enumerate() {
-        let g = e / group;
-        let dl = d.to_f32() * f32::from(scales[g]);
-        let ml = dmin.to_f32() * f32::from(mins[g]);
-        *q = ((v + ml) * inv(dl)).round().clamp(0.0, f32::from(qmax)) as u8;
+    for (g, xs) in x.chunks_exact(group).enumerate() {
+        // The covering (rounded-up) pair keeps every error within half its step. Smaller
+        // pairs often fit the group better; take the one of least squared error among those
+        // that keep that bound.
+        let limit = 0.5 * d * f32::from(scales[g]) * (1.0 + 1e-6);
+        let mut best = (f32::INFINITY, scales[g], mins[g]);
+        for sc in scales[g].saturating_sub(2)..=scales[g] {
+            for m in mins[g].saturating_sub(1)..=mins[g] {
+                let (dl, ml) = (d * f32::from(sc), dm * f32::from(m));
+                let (mut sse, mut worst) = (0f32, 0f32);
+                for &v in xs {
+                    let qv = ((v + ml) * inv(dl)).round().clamp(0.0, f32::from(qmax));
+                    let err = (dl * qv - ml - v).abs();
+                    sse += err * err;
+                    worst = worst.max(err);
+                }
+                let keeps_bound = worst <= limit || (sc, m) == (scales[g], mins[g]);
+                if keeps_bound && sse < best.0 {
+                    best = (sse, sc, m);
+                }
+            }
+        }
+        (scales[g], mins[g]) = (best.1, best.2);
+        let (dl, ml) = (d * f32::from(scales[g]), dm * f32::from(mins[g]));
+        for (q, &v) in q[g * group..(g + 1) * group].iter_mut().zip(xs) {
+            *q = ((v + ml) * inv(dl)).round().clamp(0.0, f32::from(qmax)) as u8;
+        }
     }
+    let (d, dmin) = (f16::from_f32(d), f16::from_f32(dm));
     (d, dmin, scales, mins, q)
 }
 
