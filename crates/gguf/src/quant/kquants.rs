@@ -158,18 +158,41 @@ fn quant_sym(x: &[f32], qneg: i32, sneg: i32) -> (f16, Vec<i32>, Vec<i32>) {
         .collect();
     let d = f16_up(super::signed_absmax(&scale) / -(sneg as f32));
     let id = inv(d.to_f32());
-    let sc: Vec<i32> = scale
-        .iter()
-        .map(|&s| ((s * id).round() as i32).clamp(-sneg, sneg - 1))
-        .collect();
-    let q = x
-        .iter()
-        .enumerate()
-        .map(|(e, &v)| {
-            let dl = d.to_f32() * sc[e / 16] as f32;
-            ((v * inv(dl)).round() as i32).clamp(-qneg, qneg - 1)
-        })
-        .collect();
+    let df = d.to_f32();
+    // Per group (sum of squared errors, worst error, q) for sub-scale `sc`.
+    let fit = |xs: &[f32], sc: i32| {
+        let dl = df * sc as f32;
+        let (mut sse, mut worst) = (0f32, 0f32);
+        let q: Vec<i32> = xs
+            .iter()
+            .map(|&v| {
+                let q = ((v * inv(dl)).round() as i32).clamp(-qneg, qneg - 1);
+                let err = (dl * q as f32 - v).abs();
+                sse += err * err;
+                worst = worst.max(err);
+                q
+            })
+            .collect();
+        (sse, worst, q)
+    };
+    let mut sc = Vec::with_capacity(scale.len());
+    let mut q = Vec::with_capacity(QK_K);
+    for (xs, &s) in x.chunks_exact(16).zip(&scale) {
+        // The rounded sub-scale, or a neighbour that fits the group better without a larger
+        // worst error (so the documented bound holds).
+        let s0 = ((s * id).round() as i32).clamp(-sneg, sneg - 1);
+        let mut best = (s0, fit(xs, s0));
+        for cand in [s0 - 1, s0 + 1] {
+            if (-sneg..sneg).contains(&cand) && cand != 0 {
+                let f = fit(xs, cand);
+                if f.0 < best.1 .0 && f.1 <= best.1 .1 {
+                    best = (cand, f);
+                }
+            }
+        }
+        sc.push(best.0);
+        q.extend(best.1 .2);
+    }
     (d, sc, q)
 }
 
