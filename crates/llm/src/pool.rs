@@ -131,7 +131,9 @@ impl Drop for Pool {
 }
 
 fn worker(s: &Inner) {
-    let mut seen = s.epoch.load(Ordering::SeqCst);
+    // Epoch 0 is the state at creation: a job published before this thread started still
+    // counts on it.
+    let mut seen = 0;
     loop {
         // Wait for a new epoch: spin for SPIN, then sleep on the condvar.
         let start = Instant::now();
