@@ -7,7 +7,7 @@ Run (CPU is fine; ~5 minutes, torch from PyPI is ~3 GB with its dependencies):
     python3 -m venv /tmp/pyenv
     /tmp/pyenv/bin/pip install torch transformers accelerate gguf sentencepiece protobuf numpy
     cargo test -p ferrite-gguf --test real_models   # or anything that fetches the two models
-    /tmp/pyenv/bin/python scripts/llm_fixtures.py [--models-dir DIR] [--only smollm2|gemma3|chat]
+    /tmp/pyenv/bin/python scripts/llm_fixtures.py [--models-dir DIR] [--only smollm2|gemma3|chat|fuzz]
 
 Models are read from DIR (default: $FERRITE_CACHE or ~/.cache/ferrite/models, where
 `ferrite_gguf::fetch` puts them; see ../shared/data.md for the packages). Writes into
@@ -18,6 +18,8 @@ crates/llm/tests/fixtures/:
                      tokens, no EOS stop) with the top-1/top-2 logit margin of every step,
                      final-position logits summary, perplexity of genesis_1.txt at ctx 128/512
   <model>_logits.bin final-position logits of `LOGITS_PROMPT`, f32 little-endian, full vocab
+  tokenizer_fuzz.json  600 random strings (seeded: spaces, digits, punctuation, scripts, emoji,
+                     special-token texts) with both models' ids (add_special_tokens=True)
   chat_templates.json  extra jinja templates (tests/fixtures/templates/*.jinja, from llama.cpp)
                      rendered by transformers' apply_chat_template
 
@@ -113,6 +115,21 @@ CONVERSATIONS = [
         "add_generation_prompt": True,
     },
 ]
+# Pieces random tokenizer inputs are glued from.
+FUZZ_ATOMS = [
+    " ", "  ", "   ", "\t", "\n", "\n\n", "\r\n", "\u00a0", "\u200b", "\u3000",
+    "a", "the", "The", "Hello", "world", "I'm", "'s", "'LL", "don't", "x", "Z",
+    "0", "1", "12", "123", "2024", "3.14", "1,000",
+    ".", ",", "!", "?", "...", "--", "$", "%", "&", "(", ")", "[", "]", "{", "}", "<", ">", "/",
+    "\\", "#", "@", "*", "_", "=", "+", "|", "~", "`", "^", '"', "'",
+    "é", "ü", "ß", "ñ", "e\u0301", "日本", "語", "中文", "한국어", "Привет", "ελλ", "עברית",
+    "العربية", "ไทย", "हिन्दी", "🦙", "😀", "👨\u200d👩\u200d👧", "❤️", "🇫🇷", "\U0001F9EA",
+    "<|im_start|>", "<|im_end|>", "<|endoftext|>", "<start_of_turn>", "<end_of_turn>", "<bos>",
+    "<eos>", "<pad>", "<unk>", "<mask>", "[multimodal]", "<unused5>",
+    "<", "|", "im_", "def ", "return ", "    ", "\t\t", "==", "->", "::", "http://", ".com",
+]
+FUZZ_CASES = 600
+
 # Extra variables the Rust side passes too (templates that print a date read this).
 TEMPLATE_EXTRA = {"date_string": "26 Jul 2024"}
 
@@ -323,18 +340,36 @@ def chat_fixture(mdir):
     log(f"wrote {out}")
 
 
+def fuzz_fixture(mdir):
+    import random
+
+    from transformers import AutoTokenizer
+
+    rng = random.Random(1)
+    texts = ["".join(rng.choice(FUZZ_ATOMS) for _ in range(rng.randint(1, 12))) for _ in range(FUZZ_CASES)]
+    fx = {"texts": texts}
+    for key, name in MODELS.items():
+        tok = AutoTokenizer.from_pretrained(str(mdir), gguf_file=name)
+        fx[key] = [tok.encode(t) for t in texts]
+    out = FIXTURES / "tokenizer_fuzz.json"
+    out.write_text(json.dumps(fx, ensure_ascii=False) + "\n")
+    log(f"wrote {out}")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--models-dir")
-    ap.add_argument("--only", choices=["smollm2", "gemma3", "chat"])
+    ap.add_argument("--only", choices=["smollm2", "gemma3", "chat", "fuzz"])
     args = ap.parse_args()
     mdir = models_dir(args.models_dir)
     FIXTURES.mkdir(parents=True, exist_ok=True)
-    for key in ["smollm2", "gemma3", "chat"]:
+    for key in ["smollm2", "gemma3", "chat", "fuzz"]:
         if args.only and args.only != key:
             continue
         if key == "chat":
             chat_fixture(mdir)
+        elif key == "fuzz":
+            fuzz_fixture(mdir)
         else:
             model_fixture(key, mdir)
 

@@ -166,3 +166,32 @@ fn special_ids_and_flags_from_metadata() {
         .collect();
     assert_eq!(parts, vec!["", "", "", "🦙"]);
 }
+
+/// 600 seeded random strings (`tests/fixtures/tokenizer_fuzz.json`), both models.
+#[test]
+fn random_strings_match_transformers() {
+    let fx: Value = serde_json::from_str(
+        &std::fs::read_to_string(fixtures().join("tokenizer_fuzz.json")).unwrap(),
+    )
+    .unwrap();
+    let texts = fx["texts"].as_array().unwrap();
+    for key in ["smollm2", "gemma3"] {
+        let (file, _) = load(key);
+        let tok = Tokenizer::from_gguf(&file).unwrap();
+        let mut failures = Vec::new();
+        for (text, want) in texts.iter().zip(fx[key].as_array().unwrap()) {
+            let text = text.as_str().unwrap();
+            let got = tok.encode(text, true).unwrap();
+            if got != ids(want) {
+                failures.push(format!("{text:?}\n  want {want}\n  got  {got:?}"));
+            }
+        }
+        assert!(
+            failures.is_empty(),
+            "{key}: {} of {} differ:\n{}",
+            failures.len(),
+            texts.len(),
+            failures.join("\n")
+        );
+    }
+}

@@ -15,7 +15,7 @@
 
 mod merge;
 mod pretok;
-mod stream;
+pub mod stream;
 
 use std::collections::HashMap;
 
