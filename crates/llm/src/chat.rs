@@ -13,7 +13,7 @@ use minijinja::value::{Kwargs, Value};
 use minijinja::{Environment, ErrorKind};
 use serde::Serialize;
 
-use crate::tokenizer::Tokenizer;
+use crate::tokenizer::{Tokenizer, TokenizerError};
 
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -166,6 +166,25 @@ impl ChatTemplate {
         let ctx: Value = ctx.into_iter().collect();
         tmpl.render(ctx).map_err(ChatError::Render)
     }
+}
+
+/// Token ids of a rendered chat prompt: special tokens written in it are parsed, and BOS is
+/// prepended only when the metadata asks for one and the template did not write it already
+/// (as llama.cpp does; for templates that write BOS this equals transformers'
+/// `apply_chat_template(tokenize=True)`).
+pub fn encode_prompt(tok: &Tokenizer, rendered: &str) -> Result<Vec<u32>, TokenizerError> {
+    let mut ids = Vec::new();
+    if tok.add_bos() {
+        let bos = tok.bos();
+        let written = bos
+            .and_then(|id| tok.token_text(id))
+            .is_some_and(|t| rendered.starts_with(t));
+        if !written {
+            ids.extend(bos);
+        }
+    }
+    ids.extend(tok.encode(rendered, false)?);
+    Ok(ids)
 }
 
 fn raise_exception(msg: String) -> Result<Value, minijinja::Error> {

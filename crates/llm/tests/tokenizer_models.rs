@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 
 use ferrite_gguf::GgufFile;
-use ferrite_llm::chat::{ChatTemplate, Message, TemplateSource};
+use ferrite_llm::chat::{encode_prompt, ChatTemplate, Message, TemplateSource};
 use ferrite_llm::tokenizer::{StreamDecoder, Tokenizer};
 use serde_json::Value;
 
@@ -109,7 +109,7 @@ fn check_chat(key: &str, source: TemplateSource) {
             "{key}: {messages:?}"
         );
         assert_eq!(
-            tok.encode(&got, false).unwrap(),
+            encode_prompt(&tok, &got).unwrap(),
             ids(&case["ids"]),
             "{key}: ids of {got:?}"
         );
