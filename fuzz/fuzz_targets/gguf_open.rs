@@ -8,6 +8,9 @@ use libfuzzer_sys::fuzz_target;
 fuzz_target!(|data: &[u8]| {
     if let Err(e) = ferrite_gguf::fuzz_open(data) {
         let msg = e.to_string();
-        assert!(!msg.contains('\n') && !msg.contains('\r'), "multi-line error: {msg:?}");
+        assert!(
+            !msg.contains('\n') && !msg.contains('\r'),
+            "multi-line error: {msg:?}"
+        );
     }
 });
