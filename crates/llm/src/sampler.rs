@@ -202,40 +202,61 @@ impl Sampler {
             self.cand.select_nth_unstable_by(k - 1, by_logit_desc);
             self.cand.truncate(k);
         }
-        self.cand.sort_unstable_by(by_logit_desc);
-        // Probabilities of the remaining candidates (max-subtracted softmax, in f64).
-        let max = f64::from(self.cand[0].0);
-        let mut probs: Vec<f64> = self
+        // Softmax over the candidates (max-subtracted, f64): p_i = exp(l_i - max) / z.
+        let max = self
+            .cand
+            .iter()
+            .map(|c| c.0)
+            .fold(f32::NEG_INFINITY, f32::max);
+        let max = f64::from(max);
+        let z: f64 = self
             .cand
             .iter()
             .map(|&(l, _)| (f64::from(l) - max).exp())
-            .collect();
-        let total: f64 = probs.iter().sum();
-        probs.iter_mut().for_each(|p| *p /= total);
-        let mut keep = probs.len();
-        if self.cfg.top_p < 1.0 {
+            .sum();
+        let prob = |l: f32| (f64::from(l) - max).exp() / z;
+        let top_p = f64::from(self.cfg.top_p);
+        let floor = f64::from(self.cfg.min_p) / z; // min_p x the top probability (1/z)
+        let filtering = self.cfg.top_p < 1.0 || self.cfg.min_p > 0.0;
+        // Only the head of the sorted order matters for the cut: sort a prefix of m tokens,
+        // and grow it (x4) until the cut falls inside it, so a peaked distribution over a large
+        // vocabulary costs O(n), not a full sort.
+        let n = self.cand.len();
+        let mut m = if filtering { n.min(64) } else { n };
+        let keep = loop {
+            if !filtering {
+                break n; // every candidate stays; any order samples the same distribution
+            }
+            if m < n {
+                self.cand.select_nth_unstable_by(m - 1, by_logit_desc);
+            }
+            self.cand[..m].sort_unstable_by(by_logit_desc);
             let mut cum = 0.0;
-            for (i, p) in probs.iter().enumerate() {
+            let mut cut = None;
+            for (i, &(l, _)) in self.cand[..m].iter().enumerate() {
+                let p = prob(l);
+                if p < floor {
+                    cut = Some(i.max(1));
+                    break;
+                }
                 cum += p;
-                if cum >= f64::from(self.cfg.top_p) {
-                    keep = i + 1;
+                if cum >= top_p {
+                    cut = Some(i + 1);
                     break;
                 }
             }
-        }
-        if self.cfg.min_p > 0.0 {
-            let floor = f64::from(self.cfg.min_p) * probs[0];
-            keep = probs[..keep]
-                .iter()
-                .take_while(|&&p| p >= floor)
-                .count()
-                .max(1);
-        }
-        let kept_total: f64 = probs[..keep].iter().sum();
+            match cut {
+                Some(k) => break k,
+                None if m == n => break n,
+                None => m = n.min(m * 4),
+            }
+        };
+        let kept_total: f64 = self.cand[..keep].iter().map(|c| prob(c.0)).sum();
         let mut u = self.rng.next_f64() * kept_total;
-        for (i, p) in probs[..keep].iter().enumerate() {
-            if u < *p {
-                return Ok(self.cand[i].1);
+        for &(l, id) in &self.cand[..keep] {
+            let p = prob(l);
+            if u < p {
+                return Ok(id);
             }
             u -= p;
         }

@@ -256,3 +256,56 @@ fn stop_strings_hold_back_possible_prefixes() {
     assert_eq!(s.push("ST"), "");
     assert_eq!(s.finish(), "ST");
 }
+
+/// A long-tailed distribution over a large vocabulary, where the top-p cut lies far beyond
+/// the first sorted block: the kept set is exactly the nucleus, and its mass is respected.
+#[test]
+fn top_p_over_a_long_tail() {
+    let n = 5000;
+    // Zipf-like, shuffled ids so order by id says nothing.
+    let weights: Vec<f64> = (0..n).map(|i| 1.0 / ((i * 7 % n) as f64 + 1.0)).collect();
+    let logits = logits_of(&weights);
+    // The probabilities exactly as the sampler sees them: softmax of the f32 logits, in f64.
+    let max = logits.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+    let e: Vec<f64> = logits
+        .iter()
+        .map(|&l| (f64::from(l) - f64::from(max)).exp())
+        .collect();
+    let z: f64 = e.iter().sum();
+    let p: Vec<f64> = e.iter().map(|x| x / z).collect();
+    let mut order: Vec<usize> = (0..n).collect();
+    order.sort_by(|&a, &b| p[b].total_cmp(&p[a]).then(a.cmp(&b)));
+    let top_p = 0.8f32;
+    let mut cum = 0.0;
+    let mut nucleus = 0;
+    while cum < f64::from(top_p) {
+        cum += p[order[nucleus]];
+        nucleus += 1;
+    }
+    assert!(nucleus > 256, "nucleus of {nucleus} tokens");
+    let mut want = vec![0.0; n];
+    for &i in &order[..nucleus] {
+        want[i] = p[i] / cum;
+    }
+    let draws = 20_000;
+    let c = SamplerConfig { top_p, ..cfg() };
+    let mut s = Sampler::new(c).unwrap();
+    let mut counts = vec![0usize; n];
+    for _ in 0..draws {
+        let mut l = logits.clone();
+        counts[s.sample(&mut l, &[]).unwrap() as usize] += 1;
+    }
+    for i in 0..n {
+        if want[i] == 0.0 {
+            assert_eq!(counts[i], 0, "token {i} is outside the nucleus");
+        }
+    }
+    // Mass of the top token and of the nucleus' second half, within 5 standard errors.
+    let half: f64 = order[nucleus / 2..nucleus].iter().map(|&i| want[i]).sum();
+    let got_half: usize = order[nucleus / 2..nucleus].iter().map(|&i| counts[i]).sum();
+    for (want, got) in [(want[order[0]], counts[order[0]]), (half, got_half)] {
+        let f = got as f64 / draws as f64;
+        let se = (want * (1.0 - want) / draws as f64).sqrt();
+        assert!((f - want).abs() < 5.0 * se, "freq {f:.4}, want {want:.4}");
+    }
+}
