@@ -29,6 +29,9 @@ const VOCABS: &[&str] = &[
     "starcoder",
     "refact",
     "command-r",
+    "falcon",
+    "deepseek-coder",
+    "deepseek-llm",
 ];
 
 static FETCH: Mutex<()> = Mutex::new(());
