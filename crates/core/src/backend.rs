@@ -37,14 +37,18 @@ pub trait Storage: Any + Send + Sync {
 pub trait Backend: Send + Sync + 'static {
     fn kind(&self) -> DeviceKind;
     /// Takes host data as a new contiguous storage.
-    fn from_host(&self, data: HostBuffer) -> Result<Arc<dyn Storage>>;
+    fn upload(&self, data: HostBuffer) -> Result<Arc<dyn Storage>>;
     /// Copies the elements a layout selects into a contiguous host buffer, waiting for exactly
     /// the work that produces them.
     fn to_host(&self, storage: &dyn Storage, layout: &Layout) -> Result<HostBuffer>;
     /// Runs `op` (validated by `Tensor`, see `op.rs`) on inputs living on this device, producing
     /// one contiguous storage per entry of `outs`.
-    fn exec(&self, op: &Op, inputs: &[&Tensor], outs: &[(Shape, DType)])
-        -> Result<Vec<Arc<dyn Storage>>>;
+    fn exec(
+        &self,
+        op: &Op,
+        inputs: &[&Tensor],
+        outs: &[(Shape, DType)],
+    ) -> Result<Vec<Arc<dyn Storage>>>;
 }
 
 /// A handle to a backend; cheap to clone. Two handles are the same device when their kinds are

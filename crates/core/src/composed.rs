@@ -18,12 +18,15 @@ pub fn log_softmax(x: &Tensor, axis: isize) -> Result<Tensor> {
 pub fn layer_norm(x: &Tensor, weight: &Tensor, bias: &Tensor, eps: f64) -> Result<Tensor> {
     let c = x.sub(&x.mean(&[-1], true)?)?;
     let var = c.square()?.mean(&[-1], true)?;
-    c.mul(&var.add_scalar(eps)?.rsqrt()?)?.mul(weight)?.add(bias)
+    c.mul(&var.add_scalar(eps)?.rsqrt()?)?
+        .mul(weight)?
+        .add(bias)
 }
 
 /// RMS norm over the last axis.
 pub fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64) -> Result<Tensor> {
-    x.mul(&x.square()?.mean(&[-1], true)?.add_scalar(eps)?.rsqrt()?)?.mul(weight)
+    x.mul(&x.square()?.mean(&[-1], true)?.add_scalar(eps)?.rsqrt()?)?
+        .mul(weight)
 }
 
 /// Rotary embedding of `x [..., l, d]` with `cos`, `sin` `[l, d/2]`.
@@ -35,7 +38,10 @@ pub fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor, interleaved: bool) -> Result
         pairs.pop();
         pairs.extend([h, 2]);
         let xp = x.reshape(pairs)?;
-        let (a, b) = (xp.narrow(-1, 0, 1)?.squeeze(-1)?, xp.narrow(-1, 1, 1)?.squeeze(-1)?);
+        let (a, b) = (
+            xp.narrow(-1, 0, 1)?.squeeze(-1)?,
+            xp.narrow(-1, 1, 1)?.squeeze(-1)?,
+        );
         let ra = a.mul(cos)?.sub(&b.mul(sin)?)?;
         let rb = a.mul(sin)?.add(&b.mul(cos)?)?;
         Tensor::stack(&[&ra, &rb], -1)?.reshape(x.shape())
@@ -48,13 +54,21 @@ pub fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor, interleaved: bool) -> Result
 }
 
 /// Attention as matmul, mask, softmax, matmul; kv heads repeated for grouped-query attention.
-pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, causal: bool, scale: Option<f64>) -> Result<Tensor> {
+pub fn attention(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    causal: bool,
+    scale: Option<f64>,
+) -> Result<Tensor> {
     let (b, hq, lq, d) = (q.dims()[0], q.dims()[1], q.dims()[2], q.dims()[3]);
     let (hkv, lk) = (k.dims()[1], k.dims()[2]);
     let g = hq / hkv;
     let repeat = |t: &Tensor| -> Result<Tensor> {
         let dd = t.dims()[3];
-        t.unsqueeze(2)?.broadcast_to([b, hkv, g, lk, dd])?.reshape([b, hq, lk, dd])
+        t.unsqueeze(2)?
+            .broadcast_to([b, hkv, g, lk, dd])?
+            .reshape([b, hq, lk, dd])
     };
     let (k, v) = (repeat(k)?, repeat(v)?);
     let scale = scale.unwrap_or(1.0 / (d as f64).sqrt());

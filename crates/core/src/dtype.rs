@@ -117,4 +117,5 @@ with_dtype!(i32, I32, |x: i32| x as f64, |v: f64| v as i32);
 with_dtype!(i64, I64, |x: i64| x as f64, |v: f64| v as i64);
 with_dtype!(u32, U32, |x: u32| x as f64, |v: f64| v as u32);
 with_dtype!(u8, U8, |x: u8| x as f64, |v: f64| v as u8);
-with_dtype!(bool, Bool, |x: bool| if x { 1.0 } else { 0.0 }, |v: f64| v != 0.0);
+with_dtype!(bool, Bool, |x: bool| if x { 1.0 } else { 0.0 }, |v: f64| v
+    != 0.0);

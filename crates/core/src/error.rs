@@ -8,15 +8,36 @@ pub enum Error {
     #[error("{op}: {msg}")]
     Shape { op: &'static str, msg: String },
     #[error("{op}: dtype {found} not supported ({msg})")]
-    DType { op: &'static str, found: DType, msg: String },
+    DType {
+        op: &'static str,
+        found: DType,
+        msg: String,
+    },
     #[error("{op}: dtypes differ: {lhs} and {rhs}")]
-    DTypeMismatch { op: &'static str, lhs: DType, rhs: DType },
+    DTypeMismatch {
+        op: &'static str,
+        lhs: DType,
+        rhs: DType,
+    },
     #[error("{op}: axis {axis} out of range for a tensor of rank {rank}")]
-    Axis { op: &'static str, axis: isize, rank: usize },
+    Axis {
+        op: &'static str,
+        axis: isize,
+        rank: usize,
+    },
     #[error("{op}: index {index} out of range for axis {axis} of size {size}")]
-    Index { op: &'static str, index: i64, axis: usize, size: usize },
+    Index {
+        op: &'static str,
+        index: i64,
+        axis: usize,
+        size: usize,
+    },
     #[error("{op}: tensors are on different devices: {lhs} and {rhs}")]
-    DeviceMismatch { op: &'static str, lhs: String, rhs: String },
+    DeviceMismatch {
+        op: &'static str,
+        lhs: String,
+        rhs: String,
+    },
     #[error("{op}: {msg}")]
     Backend { op: &'static str, msg: String },
 }
@@ -25,19 +46,33 @@ pub type Result<T> = std::result::Result<T, Error>;
 
 impl Error {
     pub fn shape(op: &'static str, msg: impl Into<String>) -> Error {
-        Error::Shape { op, msg: msg.into() }
+        Error::Shape {
+            op,
+            msg: msg.into(),
+        }
     }
 
     pub fn dtype(op: &'static str, found: DType, msg: impl Into<String>) -> Error {
-        Error::DType { op, found, msg: msg.into() }
+        Error::DType {
+            op,
+            found,
+            msg: msg.into(),
+        }
     }
 
     pub fn backend(op: &'static str, msg: impl Into<String>) -> Error {
-        Error::Backend { op, msg: msg.into() }
+        Error::Backend {
+            op,
+            msg: msg.into(),
+        }
     }
 }
 
 /// `[4, 3]`-style rendering for error messages.
 pub(crate) fn fmt_shapes(shapes: &[&Shape]) -> String {
-    shapes.iter().map(|s| format!("{s}")).collect::<Vec<_>>().join(" x ")
+    shapes
+        .iter()
+        .map(|s| format!("{s}"))
+        .collect::<Vec<_>>()
+        .join(" x ")
 }

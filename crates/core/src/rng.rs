@@ -29,7 +29,10 @@ pub fn philox4x32(counter: [u32; 4], key: [u32; 2]) -> [u32; 4] {
 
 /// The four words for element `index` of a tensor drawn with `seed`.
 pub fn words(seed: u64, index: u64) -> [u32; 4] {
-    philox4x32([index as u32, (index >> 32) as u32, 0, 0], [seed as u32, (seed >> 32) as u32])
+    philox4x32(
+        [index as u32, (index >> 32) as u32, 0, 0],
+        [seed as u32, (seed >> 32) as u32],
+    )
 }
 
 /// A word to a float in [0, 1) with 24 bits of randomness (exact in f32).
@@ -60,13 +63,19 @@ mod tests {
     #[test]
     fn philox_known_answer() {
         // Known-answer vectors from the Random123 distribution (kat_vectors, philox4x32_10).
-        assert_eq!(philox4x32([0; 4], [0; 2]), [0x6627_e8d5, 0xe169_c58d, 0xbc57_ac4c, 0x9b00_dbd8]);
+        assert_eq!(
+            philox4x32([0; 4], [0; 2]),
+            [0x6627_e8d5, 0xe169_c58d, 0xbc57_ac4c, 0x9b00_dbd8]
+        );
         assert_eq!(
             philox4x32([u32::MAX; 4], [u32::MAX; 2]),
             [0x408f_276d, 0x41c8_3b0e, 0xa20b_c7c6, 0x6d54_51fd]
         );
         assert_eq!(
-            philox4x32([0x243f_6a88, 0x85a3_08d3, 0x1319_8a2e, 0x0370_7344], [0xa409_3822, 0x299f_31d0]),
+            philox4x32(
+                [0x243f_6a88, 0x85a3_08d3, 0x1319_8a2e, 0x0370_7344],
+                [0xa409_3822, 0x299f_31d0]
+            ),
             [0xd16c_fe09, 0x94fd_cceb, 0x5001_e420, 0x2412_6ea1]
         );
     }

@@ -47,7 +47,11 @@ impl Shape {
         let rank = self.rank() as isize;
         let a = if axis < 0 { axis + rank } else { axis };
         if a < 0 || a >= rank {
-            return Err(Error::Axis { op, axis, rank: self.rank() });
+            return Err(Error::Axis {
+                op,
+                axis,
+                rank: self.rank(),
+            });
         }
         Ok(a as usize)
     }
@@ -64,7 +68,10 @@ impl Shape {
                 (1, y) => y,
                 (x, 1) => x,
                 _ => {
-                    return Err(Error::shape(op, format!("shapes {a} and {b} do not broadcast")))
+                    return Err(Error::shape(
+                        op,
+                        format!("shapes {a} and {b} do not broadcast"),
+                    ))
                 }
             };
         }
@@ -141,11 +148,19 @@ impl Layout {
     pub fn contiguous(shape: impl Into<Shape>) -> Layout {
         let shape = shape.into();
         let strides = shape.contiguous_strides();
-        Layout { shape, strides, offset: 0 }
+        Layout {
+            shape,
+            strides,
+            offset: 0,
+        }
     }
 
     pub fn new(shape: Shape, strides: Vec<usize>, offset: usize) -> Layout {
-        Layout { shape, strides, offset }
+        Layout {
+            shape,
+            strides,
+            offset,
+        }
     }
 
     pub fn shape(&self) -> &Shape {
@@ -182,7 +197,13 @@ impl Layout {
             return 0;
         }
         self.offset
-            + self.shape.dims().iter().zip(&self.strides).map(|(&d, &s)| (d - 1) * s).sum::<usize>()
+            + self
+                .shape
+                .dims()
+                .iter()
+                .zip(&self.strides)
+                .map(|(&d, &s)| (d - 1) * s)
+                .sum::<usize>()
             + 1
     }
 
@@ -190,40 +211,72 @@ impl Layout {
     pub fn permute(&self, perm: &[usize]) -> Result<Layout> {
         let rank = self.shape.rank();
         let mut seen = vec![false; rank];
-        if perm.len() != rank || perm.iter().any(|&p| p >= rank || std::mem::replace(&mut seen[p], true))
+        if perm.len() != rank
+            || perm
+                .iter()
+                .any(|&p| p >= rank || std::mem::replace(&mut seen[p], true))
         {
             return Err(Error::shape(
                 "permute",
-                format!("{perm:?} is not a permutation of the {rank} dims of {}", self.shape),
+                format!(
+                    "{perm:?} is not a permutation of the {rank} dims of {}",
+                    self.shape
+                ),
             ));
         }
-        let dims = perm.iter().map(|&p| self.shape.dims()[p]).collect::<Vec<_>>();
+        let dims = perm
+            .iter()
+            .map(|&p| self.shape.dims()[p])
+            .collect::<Vec<_>>();
         let strides = perm.iter().map(|&p| self.strides[p]).collect();
-        Ok(Layout { shape: Shape(dims), strides, offset: self.offset })
+        Ok(Layout {
+            shape: Shape(dims),
+            strides,
+            offset: self.offset,
+        })
     }
 
     /// A view of `len` entries of dim `axis` starting at `start`.
     pub fn narrow(&self, axis: usize, start: usize, len: usize) -> Result<Layout> {
         let dims = self.shape.dims();
         if axis >= dims.len() {
-            return Err(Error::Axis { op: "narrow", axis: axis as isize, rank: dims.len() });
+            return Err(Error::Axis {
+                op: "narrow",
+                axis: axis as isize,
+                rank: dims.len(),
+            });
         }
         if start.checked_add(len).is_none_or(|end| end > dims[axis]) {
             return Err(Error::shape(
                 "narrow",
-                format!("range {start}..{} out of bounds for axis {axis} of {}", start.saturating_add(len), self.shape),
+                format!(
+                    "range {start}..{} out of bounds for axis {axis} of {}",
+                    start.saturating_add(len),
+                    self.shape
+                ),
             ));
         }
         let mut d = dims.to_vec();
         d[axis] = len;
-        let offset = if len == 0 { self.offset } else { self.offset + start * self.strides[axis] };
-        Ok(Layout { shape: Shape(d), strides: self.strides.clone(), offset })
+        let offset = if len == 0 {
+            self.offset
+        } else {
+            self.offset + start * self.strides[axis]
+        };
+        Ok(Layout {
+            shape: Shape(d),
+            strides: self.strides.clone(),
+            offset,
+        })
     }
 
     /// A view broadcast to `shape` (NumPy rules: new leading dims, size-1 dims stretched).
     pub fn broadcast_as(&self, shape: &Shape) -> Result<Layout> {
         let err = || {
-            Error::shape("broadcast_to", format!("cannot broadcast {} to {shape}", self.shape))
+            Error::shape(
+                "broadcast_to",
+                format!("cannot broadcast {} to {shape}", self.shape),
+            )
         };
         let (src, dst) = (self.shape.dims(), shape.dims());
         if dst.len() < src.len() {
@@ -240,7 +293,11 @@ impl Layout {
                 return Err(err());
             }
         }
-        Ok(Layout { shape: shape.clone(), strides, offset: self.offset })
+        Ok(Layout {
+            shape: shape.clone(),
+            strides,
+            offset: self.offset,
+        })
     }
 
     /// A view with a new shape of the same element count, when the strides allow it without a
@@ -305,7 +362,11 @@ impl Layout {
         if oi != old.len() {
             return None;
         }
-        Some(Layout { shape: shape.clone(), strides: new_strides, offset: self.offset })
+        Some(Layout {
+            shape: shape.clone(),
+            strides: new_strides,
+            offset: self.offset,
+        })
     }
 
     /// Storage index of every element, in row-major order of the view.
@@ -323,8 +384,16 @@ pub struct StridedIndex<'a> {
 
 impl<'a> StridedIndex<'a> {
     fn new(layout: &'a Layout) -> Self {
-        let next = if layout.shape.elem_count() == 0 { None } else { Some(layout.offset) };
-        StridedIndex { layout, pos: vec![0; layout.shape.rank()], next }
+        let next = if layout.shape.elem_count() == 0 {
+            None
+        } else {
+            Some(layout.offset)
+        };
+        StridedIndex {
+            layout,
+            pos: vec![0; layout.shape.rank()],
+            next,
+        }
     }
 }
 
@@ -377,7 +446,7 @@ mod tests {
     #[test]
     fn reshape_without_copy() {
         let l = Layout::contiguous([4, 6]).narrow(1, 0, 4).unwrap(); // [4, 4] strides [6, 1]
-        // Splitting the outer dim keeps the view.
+                                                                     // Splitting the outer dim keeps the view.
         let r = l.reshape(&Shape::new([2, 2, 4])).unwrap();
         assert_eq!(r.strides(), &[12, 6, 1]);
         // Merging across the gap needs a copy.
@@ -386,6 +455,9 @@ mod tests {
         let t = Layout::contiguous([3, 5]).permute(&[1, 0]).unwrap();
         assert!(t.reshape(&Shape::new([15])).is_none());
         let u = t.reshape(&Shape::new([5, 1, 3])).unwrap();
-        assert_eq!(u.indices().collect::<Vec<_>>(), t.indices().collect::<Vec<_>>());
+        assert_eq!(
+            u.indices().collect::<Vec<_>>(),
+            t.indices().collect::<Vec<_>>()
+        );
     }
 }

@@ -20,7 +20,12 @@ impl Tensor {
     /// Wraps a storage; `layout` must lie within it (backends and views guarantee this).
     pub fn from_storage(storage: Arc<dyn Storage>, layout: Layout, device: Device) -> Tensor {
         let dtype = storage.dtype();
-        Tensor(Arc::new(Inner { storage, layout, dtype, device }))
+        Tensor(Arc::new(Inner {
+            storage,
+            layout,
+            dtype,
+            device,
+        }))
     }
 
     fn view(&self, layout: Layout) -> Tensor {
@@ -78,18 +83,33 @@ impl Tensor {
         if n != data.len() {
             return Err(Error::shape(
                 "from_vec",
-                format!("{} elements do not fill shape {shape} ({n} elements)", data.len()),
+                format!(
+                    "{} elements do not fill shape {shape} ({n} elements)",
+                    data.len()
+                ),
             ));
         }
-        let storage = device.backend().from_host(data)?;
-        Ok(Tensor::from_storage(storage, Layout::contiguous(shape), device.clone()))
+        let storage = device.backend().upload(data)?;
+        Ok(Tensor::from_storage(
+            storage,
+            Layout::contiguous(shape),
+            device.clone(),
+        ))
     }
 
-    pub fn from_vec<T: WithDType>(data: Vec<T>, shape: impl Into<Shape>, device: &Device) -> Result<Tensor> {
+    pub fn from_vec<T: WithDType>(
+        data: Vec<T>,
+        shape: impl Into<Shape>,
+        device: &Device,
+    ) -> Result<Tensor> {
         Tensor::from_host(T::wrap(data), shape, device)
     }
 
-    pub fn from_slice<T: WithDType>(data: &[T], shape: impl Into<Shape>, device: &Device) -> Result<Tensor> {
+    pub fn from_slice<T: WithDType>(
+        data: &[T],
+        shape: impl Into<Shape>,
+        device: &Device,
+    ) -> Result<Tensor> {
         Tensor::from_vec(data.to_vec(), shape, device)
     }
 
@@ -101,11 +121,22 @@ impl Tensor {
     fn create(op: Op, shape: Shape, dtype: DType, device: &Device) -> Result<Tensor> {
         shape.checked_elem_count(op.name())?;
         let mut out = device.backend().exec(&op, &[], &[(shape.clone(), dtype)])?;
-        let storage = out.pop().ok_or_else(|| Error::backend(op.name(), "backend returned no output"))?;
-        Ok(Tensor::from_storage(storage, Layout::contiguous(shape), device.clone()))
+        let storage = out
+            .pop()
+            .ok_or_else(|| Error::backend(op.name(), "backend returned no output"))?;
+        Ok(Tensor::from_storage(
+            storage,
+            Layout::contiguous(shape),
+            device.clone(),
+        ))
     }
 
-    pub fn full(value: f64, shape: impl Into<Shape>, dtype: DType, device: &Device) -> Result<Tensor> {
+    pub fn full(
+        value: f64,
+        shape: impl Into<Shape>,
+        dtype: DType,
+        device: &Device,
+    ) -> Result<Tensor> {
         Tensor::create(Op::Fill { value }, shape.into(), dtype, device)
     }
     pub fn zeros(shape: impl Into<Shape>, dtype: DType, device: &Device) -> Result<Tensor> {
@@ -122,45 +153,86 @@ impl Tensor {
     }
 
     /// `[start, start + step, ...)` up to (excluding) `end`.
-    pub fn arange(start: f64, end: f64, step: f64, dtype: DType, device: &Device) -> Result<Tensor> {
+    pub fn arange(
+        start: f64,
+        end: f64,
+        step: f64,
+        dtype: DType,
+        device: &Device,
+    ) -> Result<Tensor> {
         if step == 0.0 || !step.is_finite() || !start.is_finite() || !end.is_finite() {
-            return Err(Error::shape("arange", format!("invalid range {start}..{end} step {step}")));
+            return Err(Error::shape(
+                "arange",
+                format!("invalid range {start}..{end} step {step}"),
+            ));
         }
         let n = ((end - start) / step).ceil().max(0.0);
         if n > (isize::MAX as f64) {
             return Err(Error::shape("arange", format!("{n} elements is too many")));
         }
-        Tensor::create(Op::Arange { start, step }, Shape::new([n as usize]), dtype, device)
+        Tensor::create(
+            Op::Arange { start, step },
+            Shape::new([n as usize]),
+            dtype,
+            device,
+        )
     }
 
     /// Uniform in [low, high), reproducible from `seed` on every backend.
-    pub fn rand_uniform(shape: impl Into<Shape>, low: f64, high: f64, seed: u64, dtype: DType, device: &Device) -> Result<Tensor> {
+    pub fn rand_uniform(
+        shape: impl Into<Shape>,
+        low: f64,
+        high: f64,
+        seed: u64,
+        dtype: DType,
+        device: &Device,
+    ) -> Result<Tensor> {
         float_only("rand_uniform", dtype)?;
-        Tensor::create(Op::RandUniform { seed, low, high }, shape.into(), dtype, device)
+        Tensor::create(
+            Op::RandUniform { seed, low, high },
+            shape.into(),
+            dtype,
+            device,
+        )
     }
 
     /// Normal(mean, std), reproducible from `seed` on every backend.
-    pub fn rand_normal(shape: impl Into<Shape>, mean: f64, std: f64, seed: u64, dtype: DType, device: &Device) -> Result<Tensor> {
+    pub fn rand_normal(
+        shape: impl Into<Shape>,
+        mean: f64,
+        std: f64,
+        seed: u64,
+        dtype: DType,
+        device: &Device,
+    ) -> Result<Tensor> {
         float_only("rand_normal", dtype)?;
-        Tensor::create(Op::RandNormal { seed, mean, std }, shape.into(), dtype, device)
+        Tensor::create(
+            Op::RandNormal { seed, mean, std },
+            shape.into(),
+            dtype,
+            device,
+        )
     }
 
     // ---- host reads ----
 
     /// The elements in row-major order, waiting for the work that produces them.
     pub fn to_host(&self) -> Result<HostBuffer> {
-        self.device().backend().to_host(self.storage(), self.layout())
+        self.device()
+            .backend()
+            .to_host(self.storage(), self.layout())
     }
 
     pub fn to_vec<T: WithDType>(&self) -> Result<Vec<T>> {
         if T::DTYPE != self.dtype() {
-            return Err(Error::DTypeMismatch { op: "to_vec", lhs: self.dtype(), rhs: T::DTYPE });
+            return Err(Error::DTypeMismatch {
+                op: "to_vec",
+                lhs: self.dtype(),
+                rhs: T::DTYPE,
+            });
         }
-        match (self.to_host()?, T::DTYPE) {
-            (buf, _) => T::unwrap(&buf)
-                .map(|s| s.to_vec())
-                .ok_or_else(|| Error::backend("to_vec", "backend returned the wrong dtype")),
-        }
+        T::take_vec(self.to_host()?)
+            .ok_or_else(|| Error::backend("to_vec", "backend returned the wrong dtype"))
     }
 
     /// Every element as f64, whatever the dtype.
@@ -171,7 +243,10 @@ impl Tensor {
     /// The value of a one-element tensor.
     pub fn item<T: WithDType>(&self) -> Result<T> {
         if self.elem_count() != 1 {
-            return Err(Error::shape("item", format!("tensor of shape {} is not one element", self.shape())));
+            return Err(Error::shape(
+                "item",
+                format!("tensor of shape {} is not one element", self.shape()),
+            ));
         }
         self.to_vec::<T>()?
             .pop()
@@ -186,7 +261,12 @@ impl Tensor {
         if shape.checked_elem_count("reshape")? != self.elem_count() {
             return Err(Error::shape(
                 "reshape",
-                format!("cannot reshape {} ({} elements) to {shape} ({} elements)", self.shape(), self.elem_count(), shape.elem_count()),
+                format!(
+                    "cannot reshape {} ({} elements) to {shape} ({} elements)",
+                    self.shape(),
+                    self.elem_count(),
+                    shape.elem_count()
+                ),
             ));
         }
         match self.layout().reshape(&shape) {
@@ -201,14 +281,30 @@ impl Tensor {
 
     /// Like `reshape` with one dim given as -1 (inferred).
     pub fn reshape_infer(&self, dims: &[isize]) -> Result<Tensor> {
-        let known: usize = dims.iter().filter(|&&d| d >= 0).map(|&d| d as usize).product();
+        let known: usize = dims
+            .iter()
+            .filter(|&&d| d >= 0)
+            .map(|&d| d as usize)
+            .product();
         let n_infer = dims.iter().filter(|&&d| d == -1).count();
-        if n_infer > 1 || dims.iter().any(|&d| d < -1) || (n_infer == 1 && (known == 0 || self.elem_count() % known != 0)) {
-            return Err(Error::shape("reshape", format!("cannot reshape {} to {dims:?}", self.shape())));
+        if n_infer > 1
+            || dims.iter().any(|&d| d < -1)
+            || (n_infer == 1 && (known == 0 || self.elem_count() % known != 0))
+        {
+            return Err(Error::shape(
+                "reshape",
+                format!("cannot reshape {} to {dims:?}", self.shape()),
+            ));
         }
         let shape: Vec<usize> = dims
             .iter()
-            .map(|&d| if d == -1 { self.elem_count() / known.max(1) } else { d as usize })
+            .map(|&d| {
+                if d == -1 {
+                    self.elem_count() / known.max(1)
+                } else {
+                    d as usize
+                }
+            })
             .collect();
         self.reshape(shape)
     }
@@ -222,7 +318,10 @@ impl Tensor {
     }
 
     pub fn transpose(&self, a: isize, b: isize) -> Result<Tensor> {
-        let (a, b) = (self.shape().axis("transpose", a)?, self.shape().axis("transpose", b)?);
+        let (a, b) = (
+            self.shape().axis("transpose", a)?,
+            self.shape().axis("transpose", b)?,
+        );
         let mut perm: Vec<usize> = (0..self.rank()).collect();
         perm.swap(a, b);
         self.permute(&perm)
@@ -231,7 +330,10 @@ impl Tensor {
     /// Swaps the last two dims.
     pub fn t(&self) -> Result<Tensor> {
         if self.rank() < 2 {
-            return Err(Error::shape("t", format!("needs rank >= 2, got {}", self.shape())));
+            return Err(Error::shape(
+                "t",
+                format!("needs rank >= 2, got {}", self.shape()),
+            ));
         }
         self.transpose(-2, -1)
     }
@@ -252,13 +354,25 @@ impl Tensor {
     /// `broadcast_to` where -1 keeps the existing size of that dim.
     pub fn expand(&self, dims: &[isize]) -> Result<Tensor> {
         let lead = dims.len().checked_sub(self.rank()).ok_or_else(|| {
-            Error::shape("expand", format!("cannot expand {} to {dims:?}", self.shape()))
+            Error::shape(
+                "expand",
+                format!("cannot expand {} to {dims:?}", self.shape()),
+            )
         })?;
         let shape: Vec<usize> = dims
             .iter()
             .enumerate()
-            .map(|(i, &d)| if d == -1 && i >= lead { Ok(self.dims()[i - lead]) } else if d >= 0 { Ok(d as usize) } else {
-                Err(Error::shape("expand", format!("cannot expand {} to {dims:?}", self.shape())))
+            .map(|(i, &d)| {
+                if d == -1 && i >= lead {
+                    Ok(self.dims()[i - lead])
+                } else if d >= 0 {
+                    Ok(d as usize)
+                } else {
+                    Err(Error::shape(
+                        "expand",
+                        format!("cannot expand {} to {dims:?}", self.shape()),
+                    ))
+                }
             })
             .collect::<Result<_>>()?;
         self.broadcast_to(shape)
@@ -267,33 +381,55 @@ impl Tensor {
     pub fn squeeze(&self, axis: isize) -> Result<Tensor> {
         let a = self.shape().axis("squeeze", axis)?;
         if self.dims()[a] != 1 {
-            return Err(Error::shape("squeeze", format!("axis {a} of {} is not 1", self.shape())));
+            return Err(Error::shape(
+                "squeeze",
+                format!("axis {a} of {} is not 1", self.shape()),
+            ));
         }
         let mut dims = self.dims().to_vec();
         let mut strides = self.layout().strides().to_vec();
         dims.remove(a);
         strides.remove(a);
-        Ok(self.view(Layout::new(Shape::new(dims), strides, self.layout().offset())))
+        Ok(self.view(Layout::new(
+            Shape::new(dims),
+            strides,
+            self.layout().offset(),
+        )))
     }
 
     pub fn unsqueeze(&self, axis: isize) -> Result<Tensor> {
         let rank = self.rank() as isize;
         let a = if axis < 0 { axis + rank + 1 } else { axis };
         if a < 0 || a > rank {
-            return Err(Error::Axis { op: "unsqueeze", axis, rank: self.rank() });
+            return Err(Error::Axis {
+                op: "unsqueeze",
+                axis,
+                rank: self.rank(),
+            });
         }
         let a = a as usize;
         let mut dims = self.dims().to_vec();
         let mut strides = self.layout().strides().to_vec();
-        let s = if a < dims.len() { dims[a] * strides[a] } else { 1 };
+        let s = if a < dims.len() {
+            dims[a] * strides[a]
+        } else {
+            1
+        };
         dims.insert(a, 1);
         strides.insert(a, s);
-        Ok(self.view(Layout::new(Shape::new(dims), strides, self.layout().offset())))
+        Ok(self.view(Layout::new(
+            Shape::new(dims),
+            strides,
+            self.layout().offset(),
+        )))
     }
 
     /// The same tensor, contiguous; copies only when the layout is not already contiguous.
     pub fn contiguous(&self) -> Result<Tensor> {
-        if self.is_contiguous() && self.layout().offset() == 0 && self.storage().len() == self.elem_count() {
+        if self.is_contiguous()
+            && self.layout().offset() == 0
+            && self.storage().len() == self.elem_count()
+        {
             return Ok(self.clone());
         }
         self.run1(Op::Copy, &[self], self.shape().clone(), self.dtype())
@@ -305,7 +441,11 @@ impl Tensor {
         if let Some(first) = inputs.first() {
             for t in &inputs[1..] {
                 if !t.device().same(first.device()) {
-                    return Err(Error::DeviceMismatch { op, lhs: first.device().to_string(), rhs: t.device().to_string() });
+                    return Err(Error::DeviceMismatch {
+                        op,
+                        lhs: first.device().to_string(),
+                        rhs: t.device().to_string(),
+                    });
                 }
             }
         }
@@ -317,7 +457,10 @@ impl Tensor {
         let dev = self.device();
         let storages = dev.backend().exec(&op, inputs, &outs)?;
         if storages.len() != outs.len() {
-            return Err(Error::backend(op.name(), "backend returned the wrong number of outputs"));
+            return Err(Error::backend(
+                op.name(),
+                "backend returned the wrong number of outputs",
+            ));
         }
         Ok(storages
             .into_iter()
@@ -349,7 +492,11 @@ impl Tensor {
     /// Broadcasts two tensors to their common shape (views, no copies).
     pub fn broadcast_pair(op: &'static str, a: &Tensor, b: &Tensor) -> Result<(Tensor, Tensor)> {
         if a.dtype() != b.dtype() {
-            return Err(Error::DTypeMismatch { op, lhs: a.dtype(), rhs: b.dtype() });
+            return Err(Error::DTypeMismatch {
+                op,
+                lhs: a.dtype(),
+                rhs: b.dtype(),
+            });
         }
         let shape = Shape::broadcast(op, a.shape(), b.shape())?;
         Ok((a.broadcast_to(&shape)?, b.broadcast_to(&shape)?))
@@ -358,7 +505,11 @@ impl Tensor {
     pub fn binary(&self, op: BinaryOp, rhs: &Tensor) -> Result<Tensor> {
         let (a, b) = Tensor::broadcast_pair(op.name(), self, rhs)?;
         if a.dtype() == DType::Bool || (op == BinaryOp::Pow && !a.dtype().is_float()) {
-            return Err(Error::dtype(op.name(), a.dtype(), "needs a numeric (pow: float) dtype"));
+            return Err(Error::dtype(
+                op.name(),
+                a.dtype(),
+                "needs a numeric (pow: float) dtype",
+            ));
         }
         a.run1(Op::Binary(op), &[&a, &b], a.shape().clone(), a.dtype())
     }
@@ -380,13 +531,29 @@ impl Tensor {
     /// `cond ? on_true : on_false`, elementwise with broadcasting of all three.
     pub fn where_cond(cond: &Tensor, on_true: &Tensor, on_false: &Tensor) -> Result<Tensor> {
         if cond.dtype() != DType::Bool {
-            return Err(Error::dtype("where", cond.dtype(), "condition must be bool"));
+            return Err(Error::dtype(
+                "where",
+                cond.dtype(),
+                "condition must be bool",
+            ));
         }
         if on_true.dtype() != on_false.dtype() {
-            return Err(Error::DTypeMismatch { op: "where", lhs: on_true.dtype(), rhs: on_false.dtype() });
+            return Err(Error::DTypeMismatch {
+                op: "where",
+                lhs: on_true.dtype(),
+                rhs: on_false.dtype(),
+            });
         }
-        let shape = Shape::broadcast("where", &Shape::broadcast("where", cond.shape(), on_true.shape())?, on_false.shape())?;
-        let (c, a, b) = (cond.broadcast_to(&shape)?, on_true.broadcast_to(&shape)?, on_false.broadcast_to(&shape)?);
+        let shape = Shape::broadcast(
+            "where",
+            &Shape::broadcast("where", cond.shape(), on_true.shape())?,
+            on_false.shape(),
+        )?;
+        let (c, a, b) = (
+            cond.broadcast_to(&shape)?,
+            on_true.broadcast_to(&shape)?,
+            on_false.broadcast_to(&shape)?,
+        );
         a.run1(Op::Where, &[&c, &a, &b], shape, a.dtype())
     }
 
@@ -411,28 +578,55 @@ impl Tensor {
             return Err(Error::dtype(name, DType::Bool, "needs a numeric dtype"));
         }
         // All axes when none are given.
-        let axes = if axes.is_empty() { (0..self.rank()).collect() } else { self.reduce_axes(name, axes)? };
+        let axes = if axes.is_empty() {
+            (0..self.rank()).collect()
+        } else {
+            self.reduce_axes(name, axes)?
+        };
         let mut kept = self.dims().to_vec();
         for &a in &axes {
             if self.dims()[a] == 0 && op != ReduceOp::Sum {
-                return Err(Error::shape(name, format!("cannot reduce an empty axis {a} of {}", self.shape())));
+                return Err(Error::shape(
+                    name,
+                    format!("cannot reduce an empty axis {a} of {}", self.shape()),
+                ));
             }
             kept[a] = 1;
         }
-        let out_dtype = if matches!(op, ReduceOp::ArgMax | ReduceOp::ArgMin) { DType::U32 } else { self.dtype() };
+        let out_dtype = if matches!(op, ReduceOp::ArgMax | ReduceOp::ArgMin) {
+            DType::U32
+        } else {
+            self.dtype()
+        };
         let out = if axes.is_empty() {
             // A 0-d tensor: nothing to reduce.
             match op {
-                ReduceOp::ArgMax | ReduceOp::ArgMin => Tensor::zeros((), DType::U32, self.device())?,
+                ReduceOp::ArgMax | ReduceOp::ArgMin => {
+                    Tensor::zeros((), DType::U32, self.device())?
+                }
                 _ => self.clone(),
             }
         } else {
-            self.run1(Op::Reduce { op, axes: axes.clone() }, &[self], Shape::new(kept), out_dtype)?
+            self.run1(
+                Op::Reduce {
+                    op,
+                    axes: axes.clone(),
+                },
+                &[self],
+                Shape::new(kept),
+                out_dtype,
+            )?
         };
         if keepdim {
             return Ok(out);
         }
-        let dims: Vec<usize> = self.dims().iter().enumerate().filter(|(i, _)| !axes.contains(i)).map(|(_, &d)| d).collect();
+        let dims: Vec<usize> = self
+            .dims()
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| !axes.contains(i))
+            .map(|(_, &d)| d)
+            .collect();
         out.reshape(dims)
     }
 
@@ -462,7 +656,11 @@ impl Tensor {
         if axes.is_empty() {
             return Ok(self.elem_count());
         }
-        Ok(self.reduce_axes(op, axes)?.iter().map(|&a| self.dims()[a]).product())
+        Ok(self
+            .reduce_axes(op, axes)?
+            .iter()
+            .map(|&a| self.dims()[a])
+            .product())
     }
 
     pub fn mean(&self, axes: &[isize], keepdim: bool) -> Result<Tensor> {
@@ -495,7 +693,12 @@ impl Tensor {
                 true => vec![],
                 false => {
                     let ax = self.reduce_axes("logsumexp", axes)?;
-                    self.dims().iter().enumerate().filter(|(i, _)| !ax.contains(i)).map(|(_, &d)| d).collect()
+                    self.dims()
+                        .iter()
+                        .enumerate()
+                        .filter(|(i, _)| !ax.contains(i))
+                        .map(|(_, &d)| d)
+                        .collect()
                 }
             };
             s.reshape(dims)
@@ -509,21 +712,57 @@ impl Tensor {
     pub fn matmul(&self, rhs: &Tensor) -> Result<Tensor> {
         let op = "matmul";
         if self.dtype() != rhs.dtype() {
-            return Err(Error::DTypeMismatch { op, lhs: self.dtype(), rhs: rhs.dtype() });
+            return Err(Error::DTypeMismatch {
+                op,
+                lhs: self.dtype(),
+                rhs: rhs.dtype(),
+            });
         }
         float_only(op, self.dtype())?;
         if self.rank() == 0 || rhs.rank() == 0 {
-            return Err(Error::shape(op, format!("needs rank >= 1 operands: {}", fmt_shapes(&[self.shape(), rhs.shape()]))));
+            return Err(Error::shape(
+                op,
+                format!(
+                    "needs rank >= 1 operands: {}",
+                    fmt_shapes(&[self.shape(), rhs.shape()])
+                ),
+            ));
         }
-        let a = if self.rank() == 1 { self.unsqueeze(0)? } else { self.clone() };
-        let b = if rhs.rank() == 1 { rhs.unsqueeze(1)? } else { rhs.clone() };
+        let a = if self.rank() == 1 {
+            self.unsqueeze(0)?
+        } else {
+            self.clone()
+        };
+        let b = if rhs.rank() == 1 {
+            rhs.unsqueeze(1)?
+        } else {
+            rhs.clone()
+        };
         let (m, k) = (a.dims()[a.rank() - 2], a.dims()[a.rank() - 1]);
         let (k2, n) = (b.dims()[b.rank() - 2], b.dims()[b.rank() - 1]);
         if k != k2 {
-            return Err(Error::shape(op, format!("inner dimensions differ: {}", fmt_shapes(&[self.shape(), rhs.shape()]))));
+            return Err(Error::shape(
+                op,
+                format!(
+                    "inner dimensions differ: {}",
+                    fmt_shapes(&[self.shape(), rhs.shape()])
+                ),
+            ));
         }
-        let batch = Shape::broadcast(op, &Shape::new(&a.dims()[..a.rank() - 2]), &Shape::new(&b.dims()[..b.rank() - 2]))
-            .map_err(|_| Error::shape(op, format!("batch dimensions do not broadcast: {}", fmt_shapes(&[self.shape(), rhs.shape()]))))?;
+        let batch = Shape::broadcast(
+            op,
+            &Shape::new(&a.dims()[..a.rank() - 2]),
+            &Shape::new(&b.dims()[..b.rank() - 2]),
+        )
+        .map_err(|_| {
+            Error::shape(
+                op,
+                format!(
+                    "batch dimensions do not broadcast: {}",
+                    fmt_shapes(&[self.shape(), rhs.shape()])
+                ),
+            )
+        })?;
         let mut ad = batch.dims().to_vec();
         ad.extend([m, k]);
         let mut bd = batch.dims().to_vec();
@@ -551,7 +790,11 @@ impl Tensor {
 
     fn check_index(op: &'static str, index: &Tensor) -> Result<()> {
         if !index.dtype().is_int() {
-            return Err(Error::dtype(op, index.dtype(), "index must be an integer dtype"));
+            return Err(Error::dtype(
+                op,
+                index.dtype(),
+                "index must be an integer dtype",
+            ));
         }
         Ok(())
     }
@@ -561,18 +804,29 @@ impl Tensor {
         let op = "index_select";
         Tensor::check_index(op, index)?;
         if index.rank() != 1 {
-            return Err(Error::shape(op, format!("index must be 1-D, got {}", index.shape())));
+            return Err(Error::shape(
+                op,
+                format!("index must be 1-D, got {}", index.shape()),
+            ));
         }
         let axis = self.shape().axis(op, axis)?;
         let mut dims = self.dims().to_vec();
         dims[axis] = index.elem_count();
-        self.run1(Op::IndexSelect { axis }, &[self, index], Shape::new(dims), self.dtype())
+        self.run1(
+            Op::IndexSelect { axis },
+            &[self, index],
+            Shape::new(dims),
+            self.dtype(),
+        )
     }
 
     /// Rows of an embedding table `[vocab, dim]` for integer ids of any shape -> `[..ids, dim]`.
     pub fn embedding(table: &Tensor, ids: &Tensor) -> Result<Tensor> {
         if table.rank() != 2 {
-            return Err(Error::shape("embedding", format!("table must be [vocab, dim], got {}", table.shape())));
+            return Err(Error::shape(
+                "embedding",
+                format!("table must be [vocab, dim], got {}", table.shape()),
+            ));
         }
         let mut dims = ids.dims().to_vec();
         dims.push(table.dims()[1]);
@@ -583,10 +837,29 @@ impl Tensor {
         let op = "gather";
         Tensor::check_index(op, index)?;
         let axis = self.shape().axis(op, axis)?;
-        if index.rank() != self.rank() || index.dims().iter().zip(self.dims()).enumerate().any(|(i, (&d, &s))| i != axis && d > s) {
-            return Err(Error::shape(op, format!("index {} does not fit input {} along axis {axis}", index.shape(), self.shape())));
+        if index.rank() != self.rank()
+            || index
+                .dims()
+                .iter()
+                .zip(self.dims())
+                .enumerate()
+                .any(|(i, (&d, &s))| i != axis && d > s)
+        {
+            return Err(Error::shape(
+                op,
+                format!(
+                    "index {} does not fit input {} along axis {axis}",
+                    index.shape(),
+                    self.shape()
+                ),
+            ));
         }
-        self.run1(Op::Gather { axis }, &[self, index], index.shape().clone(), self.dtype())
+        self.run1(
+            Op::Gather { axis },
+            &[self, index],
+            index.shape().clone(),
+            self.dtype(),
+        )
     }
 
     /// `self` with `src` added at the positions `index` names along `axis`.
@@ -595,28 +868,69 @@ impl Tensor {
         Tensor::check_index(op, index)?;
         let axis = self.shape().axis(op, axis)?;
         if src.dtype() != self.dtype() {
-            return Err(Error::DTypeMismatch { op, lhs: self.dtype(), rhs: src.dtype() });
+            return Err(Error::DTypeMismatch {
+                op,
+                lhs: self.dtype(),
+                rhs: src.dtype(),
+            });
         }
         if index.shape() != src.shape()
             || index.rank() != self.rank()
-            || index.dims().iter().zip(self.dims()).enumerate().any(|(i, (&d, &s))| i != axis && d > s)
+            || index
+                .dims()
+                .iter()
+                .zip(self.dims())
+                .enumerate()
+                .any(|(i, (&d, &s))| i != axis && d > s)
         {
-            return Err(Error::shape(op, format!("index {} and src {} do not fit {} along axis {axis}", index.shape(), src.shape(), self.shape())));
+            return Err(Error::shape(
+                op,
+                format!(
+                    "index {} and src {} do not fit {} along axis {axis}",
+                    index.shape(),
+                    src.shape(),
+                    self.shape()
+                ),
+            ));
         }
-        self.run1(Op::ScatterAdd { axis }, &[self, index, src], self.shape().clone(), self.dtype())
+        self.run1(
+            Op::ScatterAdd { axis },
+            &[self, index, src],
+            self.shape().clone(),
+            self.dtype(),
+        )
     }
 
     pub fn cat(tensors: &[&Tensor], axis: isize) -> Result<Tensor> {
         let op = "cat";
-        let first = tensors.first().ok_or_else(|| Error::shape(op, "needs at least one tensor"))?;
+        let first = tensors
+            .first()
+            .ok_or_else(|| Error::shape(op, "needs at least one tensor"))?;
         let a = first.shape().axis(op, axis)?;
         let mut total = 0usize;
         for t in tensors {
             if t.dtype() != first.dtype() {
-                return Err(Error::DTypeMismatch { op, lhs: first.dtype(), rhs: t.dtype() });
+                return Err(Error::DTypeMismatch {
+                    op,
+                    lhs: first.dtype(),
+                    rhs: t.dtype(),
+                });
             }
-            if t.rank() != first.rank() || t.dims().iter().zip(first.dims()).enumerate().any(|(i, (x, y))| i != a && x != y) {
-                return Err(Error::shape(op, format!("shapes differ outside axis {a}: {} and {}", first.shape(), t.shape())));
+            if t.rank() != first.rank()
+                || t.dims()
+                    .iter()
+                    .zip(first.dims())
+                    .enumerate()
+                    .any(|(i, (x, y))| i != a && x != y)
+            {
+                return Err(Error::shape(
+                    op,
+                    format!(
+                        "shapes differ outside axis {a}: {} and {}",
+                        first.shape(),
+                        t.shape()
+                    ),
+                ));
             }
             total += t.dims()[a];
         }
@@ -625,18 +939,31 @@ impl Tensor {
         }
         let mut dims = first.dims().to_vec();
         dims[a] = total;
-        first.run1(Op::Cat { axis: a }, tensors, Shape::new(dims), first.dtype())
+        first.run1(
+            Op::Cat { axis: a },
+            tensors,
+            Shape::new(dims),
+            first.dtype(),
+        )
     }
 
     /// Joins equal-shaped tensors along a new axis.
     pub fn stack(tensors: &[&Tensor], axis: isize) -> Result<Tensor> {
-        let first = tensors.first().ok_or_else(|| Error::shape("stack", "needs at least one tensor"))?;
+        let first = tensors
+            .first()
+            .ok_or_else(|| Error::shape("stack", "needs at least one tensor"))?;
         for t in tensors {
             if t.shape() != first.shape() {
-                return Err(Error::shape("stack", format!("shapes differ: {} and {}", first.shape(), t.shape())));
+                return Err(Error::shape(
+                    "stack",
+                    format!("shapes differ: {} and {}", first.shape(), t.shape()),
+                ));
             }
         }
-        let us = tensors.iter().map(|t| t.unsqueeze(axis)).collect::<Result<Vec<_>>>()?;
+        let us = tensors
+            .iter()
+            .map(|t| t.unsqueeze(axis))
+            .collect::<Result<Vec<_>>>()?;
         Tensor::cat(&us.iter().collect::<Vec<_>>(), axis)
     }
 
@@ -644,7 +971,10 @@ impl Tensor {
     pub fn split(&self, sizes: &[usize], axis: isize) -> Result<Vec<Tensor>> {
         let a = self.shape().axis("split", axis)?;
         if sizes.iter().sum::<usize>() != self.dims()[a] {
-            return Err(Error::shape("split", format!("sizes {sizes:?} do not sum to axis {a} of {}", self.shape())));
+            return Err(Error::shape(
+                "split",
+                format!("sizes {sizes:?} do not sum to axis {a} of {}", self.shape()),
+            ));
         }
         let mut start = 0;
         sizes
@@ -662,7 +992,12 @@ impl Tensor {
         if self.dtype() == DType::Bool {
             return Err(Error::dtype("cumsum", DType::Bool, "needs a numeric dtype"));
         }
-        self.run1(Op::Cumsum { axis }, &[self], self.shape().clone(), self.dtype())
+        self.run1(
+            Op::Cumsum { axis },
+            &[self],
+            self.shape().clone(),
+            self.dtype(),
+        )
     }
 
     /// (values, u32 indices) sorted along `axis`; stable.
@@ -671,18 +1006,25 @@ impl Tensor {
         let mut out = self.run(
             Op::Sort { axis, descending },
             &[self],
-            vec![(self.shape().clone(), self.dtype()), (self.shape().clone(), DType::U32)],
+            vec![
+                (self.shape().clone(), self.dtype()),
+                (self.shape().clone(), DType::U32),
+            ],
         )?;
         let idx = out.pop();
         let vals = out.pop();
-        vals.zip(idx).ok_or_else(|| Error::backend("sort", "backend returned too few outputs"))
+        vals.zip(idx)
+            .ok_or_else(|| Error::backend("sort", "backend returned too few outputs"))
     }
 
     /// The `k` largest (or smallest) entries along `axis`, in order, with their u32 indices.
     pub fn topk(&self, k: usize, axis: isize, largest: bool) -> Result<(Tensor, Tensor)> {
         let a = self.shape().axis("topk", axis)?;
         if k > self.dims()[a] {
-            return Err(Error::shape("topk", format!("k = {k} exceeds axis {a} of {}", self.shape())));
+            return Err(Error::shape(
+                "topk",
+                format!("k = {k} exceeds axis {a} of {}", self.shape()),
+            ));
         }
         let (v, i) = self.sort(a as isize, largest)?;
         Ok((v.narrow(a as isize, 0, k)?, i.narrow(a as isize, 0, k)?))
@@ -691,7 +1033,12 @@ impl Tensor {
     // ---- fused ----
 
     /// Runs a last-axis op on `axis` by moving it last and back (views).
-    fn on_last_axis(&self, op_name: &'static str, axis: isize, f: impl FnOnce(&Tensor) -> Result<Tensor>) -> Result<Tensor> {
+    fn on_last_axis(
+        &self,
+        op_name: &'static str,
+        axis: isize,
+        f: impl FnOnce(&Tensor) -> Result<Tensor>,
+    ) -> Result<Tensor> {
         let a = self.shape().axis(op_name, axis)?;
         if a + 1 == self.rank() {
             return f(self);
@@ -701,22 +1048,40 @@ impl Tensor {
 
     pub fn softmax(&self, axis: isize) -> Result<Tensor> {
         float_only("softmax", self.dtype())?;
-        self.on_last_axis("softmax", axis, |x| x.run1(Op::Softmax, &[x], x.shape().clone(), x.dtype()))
+        self.on_last_axis("softmax", axis, |x| {
+            x.run1(Op::Softmax, &[x], x.shape().clone(), x.dtype())
+        })
     }
 
     pub fn log_softmax(&self, axis: isize) -> Result<Tensor> {
         float_only("log_softmax", self.dtype())?;
-        self.on_last_axis("log_softmax", axis, |x| x.run1(Op::LogSoftmax, &[x], x.shape().clone(), x.dtype()))
+        self.on_last_axis("log_softmax", axis, |x| {
+            x.run1(Op::LogSoftmax, &[x], x.shape().clone(), x.dtype())
+        })
     }
 
     fn check_norm_param(&self, op: &'static str, p: &Tensor) -> Result<()> {
         float_only(op, self.dtype())?;
         if p.dtype() != self.dtype() {
-            return Err(Error::DTypeMismatch { op, lhs: self.dtype(), rhs: p.dtype() });
+            return Err(Error::DTypeMismatch {
+                op,
+                lhs: self.dtype(),
+                rhs: p.dtype(),
+            });
         }
-        let n = *self.dims().last().ok_or_else(|| Error::shape(op, "needs rank >= 1"))?;
+        let n = *self
+            .dims()
+            .last()
+            .ok_or_else(|| Error::shape(op, "needs rank >= 1"))?;
         if p.dims() != [n] {
-            return Err(Error::shape(op, format!("parameter {} does not match last dim of {}", p.shape(), self.shape())));
+            return Err(Error::shape(
+                op,
+                format!(
+                    "parameter {} does not match last dim of {}",
+                    p.shape(),
+                    self.shape()
+                ),
+            ));
         }
         Ok(())
     }
@@ -725,13 +1090,23 @@ impl Tensor {
     pub fn layer_norm(&self, weight: &Tensor, bias: &Tensor, eps: f64) -> Result<Tensor> {
         self.check_norm_param("layer_norm", weight)?;
         self.check_norm_param("layer_norm", bias)?;
-        self.run1(Op::LayerNorm { eps }, &[self, weight, bias], self.shape().clone(), self.dtype())
+        self.run1(
+            Op::LayerNorm { eps },
+            &[self, weight, bias],
+            self.shape().clone(),
+            self.dtype(),
+        )
     }
 
     /// RMS norm over the last axis with weight `[n]`.
     pub fn rms_norm(&self, weight: &Tensor, eps: f64) -> Result<Tensor> {
         self.check_norm_param("rms_norm", weight)?;
-        self.run1(Op::RmsNorm { eps }, &[self, weight], self.shape().clone(), self.dtype())
+        self.run1(
+            Op::RmsNorm { eps },
+            &[self, weight],
+            self.shape().clone(),
+            self.dtype(),
+        )
     }
 
     /// Rotary embedding of `x [..., l, d]` with `cos`, `sin` of shape `[l, d/2]`.
@@ -739,41 +1114,86 @@ impl Tensor {
         let op = "rope";
         float_only(op, self.dtype())?;
         if self.rank() < 2 {
-            return Err(Error::shape(op, format!("x must be [..., l, d], got {}", self.shape())));
+            return Err(Error::shape(
+                op,
+                format!("x must be [..., l, d], got {}", self.shape()),
+            ));
         }
         let (l, d) = (self.dims()[self.rank() - 2], self.dims()[self.rank() - 1]);
         if d % 2 != 0 || cos.dims() != [l, d / 2] || sin.dims() != [l, d / 2] {
-            return Err(Error::shape(op, format!("x {} needs an even last dim and cos/sin [{l}, {}], got {} and {}", self.shape(), d / 2, cos.shape(), sin.shape())));
+            return Err(Error::shape(
+                op,
+                format!(
+                    "x {} needs an even last dim and cos/sin [{l}, {}], got {} and {}",
+                    self.shape(),
+                    d / 2,
+                    cos.shape(),
+                    sin.shape()
+                ),
+            ));
         }
         for t in [cos, sin] {
             if t.dtype() != self.dtype() {
-                return Err(Error::DTypeMismatch { op, lhs: self.dtype(), rhs: t.dtype() });
+                return Err(Error::DTypeMismatch {
+                    op,
+                    lhs: self.dtype(),
+                    rhs: t.dtype(),
+                });
             }
         }
-        self.run1(Op::Rope { interleaved }, &[self, cos, sin], self.shape().clone(), self.dtype())
+        self.run1(
+            Op::Rope { interleaved },
+            &[self, cos, sin],
+            self.shape().clone(),
+            self.dtype(),
+        )
     }
 
     /// Scaled dot-product attention, `q [b, hq, lq, d]`, `k [b, hkv, lk, d]`,
     /// `v [b, hkv, lk, dv]` -> `[b, hq, lq, dv]`; grouped-query when hkv < hq. `scale` defaults
     /// to 1/sqrt(d).
-    pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, causal: bool, scale: Option<f64>) -> Result<Tensor> {
+    pub fn attention(
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        causal: bool,
+        scale: Option<f64>,
+    ) -> Result<Tensor> {
         let op = "attention";
         float_only(op, q.dtype())?;
         for t in [k, v] {
             if t.dtype() != q.dtype() {
-                return Err(Error::DTypeMismatch { op, lhs: q.dtype(), rhs: t.dtype() });
+                return Err(Error::DTypeMismatch {
+                    op,
+                    lhs: q.dtype(),
+                    rhs: t.dtype(),
+                });
             }
         }
-        let bad = || Error::shape(op, format!("q, k, v must be [b, hq, lq, d], [b, hkv, lk, d], [b, hkv, lk, dv] with hq % hkv == 0; got {}", fmt_shapes(&[q.shape(), k.shape(), v.shape()])));
+        let bad = || {
+            Error::shape(op, format!("q, k, v must be [b, hq, lq, d], [b, hkv, lk, d], [b, hkv, lk, dv] with hq % hkv == 0; got {}", fmt_shapes(&[q.shape(), k.shape(), v.shape()])))
+        };
         if q.rank() != 4 || k.rank() != 4 || v.rank() != 4 {
             return Err(bad());
         }
         let (qd, kd, vd) = (q.dims(), k.dims(), v.dims());
-        if qd[0] != kd[0] || kd[0] != vd[0] || kd[1] != vd[1] || kd[2] != vd[2] || qd[3] != kd[3] || kd[1] == 0 || qd[1] % kd[1] != 0 {
+        if qd[0] != kd[0]
+            || kd[0] != vd[0]
+            || kd[1] != vd[1]
+            || kd[2] != vd[2]
+            || qd[3] != kd[3]
+            || kd[1] == 0
+            || qd[1] % kd[1] != 0
+        {
             return Err(bad());
         }
         let scale = scale.unwrap_or(1.0 / (qd[3] as f64).sqrt());
-        q.run1(Op::Attention { causal, scale }, &[q, k, v], Shape::new([qd[0], qd[1], qd[2], vd[3]]), q.dtype())
+        q.run1(
+            Op::Attention { causal, scale },
+            &[q, k, v],
+            Shape::new([qd[0], qd[1], qd[2], vd[3]]),
+            q.dtype(),
+        )
     }
 }
 
@@ -825,7 +1245,13 @@ cmp_methods!(eq => Eq, ne => Ne, lt => Lt, le => Le, gt => Gt, ge => Ge);
 
 impl std::fmt::Debug for Tensor {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Tensor[{}, {}, {}]", self.shape(), self.dtype(), self.device())
+        write!(
+            f,
+            "Tensor[{}, {}, {}]",
+            self.shape(),
+            self.dtype(),
+            self.device()
+        )
     }
 }
 
@@ -837,11 +1263,20 @@ impl std::fmt::Display for Tensor {
             Ok(v) => v,
             Err(e) => return write!(f, "<{e}>"),
         };
-        fn rec(f: &mut std::fmt::Formatter<'_>, dims: &[usize], vals: &[f64], is_float: bool) -> std::fmt::Result {
+        fn rec(
+            f: &mut std::fmt::Formatter<'_>,
+            dims: &[usize],
+            vals: &[f64],
+            is_float: bool,
+        ) -> std::fmt::Result {
             match dims.split_first() {
                 None => {
                     let v = vals.first().copied().unwrap_or(f64::NAN);
-                    if is_float { write!(f, "{v:.4}") } else { write!(f, "{v}") }
+                    if is_float {
+                        write!(f, "{v:.4}")
+                    } else {
+                        write!(f, "{v}")
+                    }
                 }
                 Some((&n, rest)) => {
                     let inner: usize = rest.iter().product();
@@ -863,6 +1298,12 @@ impl std::fmt::Display for Tensor {
             }
         }
         rec(f, self.dims(), &vals, self.dtype().is_float())?;
-        write!(f, " ({}, {}, {})", self.dtype(), self.shape(), self.device())
+        write!(
+            f,
+            " ({}, {}, {})",
+            self.dtype(),
+            self.shape(),
+            self.device()
+        )
     }
 }

@@ -22,7 +22,10 @@ fn median(mut f: impl FnMut(), reps: usize) -> f64 {
 
 fn numpy_reference() -> Option<(String, f64, f64)> {
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/numpy_bench.py");
-    let out = std::process::Command::new("python3").arg(script).output().ok()?;
+    let out = std::process::Command::new("python3")
+        .arg(script)
+        .output()
+        .ok()?;
     let s = String::from_utf8(out.stdout).ok()?;
     let field = |k: &str| -> Option<String> {
         let i = s.find(&format!("\"{k}\": "))? + k.len() + 4;
@@ -30,7 +33,11 @@ fn numpy_reference() -> Option<(String, f64, f64)> {
         let end = rest.find([',', '}'])?;
         Some(rest[..end].trim().trim_matches('"').to_string())
     };
-    Some((field("numpy")?, field("sgemm_1024")?.parse().ok()?, field("add_16m")?.parse().ok()?))
+    Some((
+        field("numpy")?,
+        field("sgemm_1024")?.parse().ok()?,
+        field("add_16m")?.parse().ok()?,
+    ))
 }
 
 fn main() {
@@ -39,7 +46,19 @@ fn main() {
 
     let a = Tensor::rand_normal([1024, 1024], 0.0, 1.0, 1, DType::F32, &dev).unwrap();
     let b = Tensor::rand_normal([1024, 1024], 0.0, 1.0, 2, DType::F32, &dev).unwrap();
-    let t_gemm = median(|| drop(a.matmul(&b).unwrap()), 20);
+    // Three alternating rounds of ferrite and NumPy, best of each: other load on the machine
+    // then hits both sides alike.
+    let mut t_gemm = f64::INFINITY;
+    let mut np: Option<(String, f64, f64)> = None;
+    for _ in 0..3 {
+        t_gemm = t_gemm.min(median(|| drop(a.matmul(&b).unwrap()), 20));
+        if let Some((v, g, ad)) = numpy_reference() {
+            np = Some(match np {
+                Some((_, g0, a0)) => (v, g0.min(g), a0.min(ad)),
+                None => (v, g, ad),
+            });
+        }
+    }
 
     let n = 16 << 20;
     let x = Tensor::rand_normal([n], 0.0, 1.0, 3, DType::F32, &dev).unwrap();
@@ -55,7 +74,7 @@ fn main() {
     println!("threads: {threads}");
     println!("| benchmark | ferrite | reference | ratio |");
     println!("|---|---|---|---|");
-    match numpy_reference() {
+    match np {
         Some((ver, np_gemm, np_add)) => {
             println!("| sgemm 1024^3 f32 | {:.2} ms ({:.1} GFLOP/s) | NumPy {ver}: {:.2} ms ({:.1} GFLOP/s) | {:.2} |",
                 t_gemm * 1e3, gflops(t_gemm), np_gemm * 1e3, gflops(np_gemm), np_gemm / t_gemm);

@@ -35,7 +35,8 @@ pub(crate) fn recycle(mut b: HostBuffer) {
 fn take<T: WithDType>(n: usize) -> Option<Vec<T>> {
     let mut pool = POOL.lock().ok()?;
     let i = pool.iter().position(|b| {
-        b.dtype() == T::DTYPE && ferrite_core::map_host!(b, v => v.capacity() >= n && v.capacity() <= 2 * n)
+        b.dtype() == T::DTYPE
+            && ferrite_core::map_host!(b, v => v.capacity() >= n && v.capacity() <= 2 * n)
     })?;
     T::take_vec(pool.swap_remove(i))
 }

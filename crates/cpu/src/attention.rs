@@ -8,10 +8,13 @@ use rayon::prelude::*;
 
 #[allow(clippy::too_many_arguments)]
 fn attend<F: Float + Send + Sync>(
-    q: &[F], k: &[F], v: &[F],
+    q: &[F],
+    k: &[F],
+    v: &[F],
     (b, hq, lq, d): (usize, usize, usize, usize),
     (hkv, lk, dv): (usize, usize, usize),
-    causal: bool, scale: f64,
+    causal: bool,
+    scale: f64,
 ) -> Vec<F> {
     let scale = F::from(scale).unwrap_or(F::one());
     let group = hq / hkv.max(1);
@@ -27,7 +30,11 @@ fn attend<F: Float + Send + Sync>(
         let qrow = &q[row * d..(row + 1) * d];
         let kbase = (bi * hkv + kvh) * lk;
         // Keys visible to query i: all, or j <= i + lk - lq when causal.
-        let visible = if causal { (i + lk).saturating_sub(lq).saturating_add(1).min(lk) } else { lk };
+        let visible = if causal {
+            (i + lk).saturating_sub(lq).saturating_add(1).min(lk)
+        } else {
+            lk
+        };
         if visible == 0 {
             // No visible key: the softmax of an empty row; NaN like the composed form.
             o.iter_mut().for_each(|x| *x = F::nan());
@@ -36,10 +43,15 @@ fn attend<F: Float + Send + Sync>(
         let mut s: Vec<F> = (0..visible)
             .map(|j| {
                 let krow = &k[(kbase + j) * d..(kbase + j + 1) * d];
-                qrow.iter().zip(krow).fold(F::zero(), |a, (&x, &y)| a + x * y) * scale
+                qrow.iter()
+                    .zip(krow)
+                    .fold(F::zero(), |a, (&x, &y)| a + x * y)
+                    * scale
             })
             .collect();
-        let m = s.iter().fold(F::neg_infinity(), |a, &x| if x > a { x } else { a });
+        let m = s
+            .iter()
+            .fold(F::neg_infinity(), |a, &x| if x > a { x } else { a });
         let mut sum = F::zero();
         for x in s.iter_mut() {
             *x = (*x - m).exp();
@@ -57,9 +69,20 @@ fn attend<F: Float + Send + Sync>(
     out
 }
 
-pub(crate) fn attention(q: &Tensor, k: &Tensor, v: &Tensor, causal: bool, scale: f64) -> Result<HostBuffer> {
+pub(crate) fn attention(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    causal: bool,
+    scale: f64,
+) -> Result<HostBuffer> {
     let (qd, kd, vd) = (q.dims(), k.dims(), v.dims());
     let qs = (qd[0], qd[1], qd[2], qd[3]);
     let ks = (kd[1], kd[2], vd[3]);
-    Ok(float_kernel!("attention", q.dtype(), [q, k, v], |qv, kv, vv| attend(qv, kv, vv, qs, ks, causal, scale)))
+    Ok(float_kernel!(
+        "attention",
+        q.dtype(),
+        [q, k, v],
+        |qv, kv, vv| attend(qv, kv, vv, qs, ks, causal, scale)
+    ))
 }

@@ -2,8 +2,8 @@
 //! f64, each with Rust's `as` semantics: float to int truncates toward zero and saturates, NaN
 //! becomes 0; int to narrower int wraps; nonzero becomes true.
 
-use crate::storage::contig;
 use crate::elementwise::map;
+use crate::storage::contig;
 use ferrite_core::{DType, HostBuffer, Result, Tensor, WithDType};
 use half::{bf16, f16};
 

@@ -3,11 +3,13 @@
 
 use crate::alloc::filled;
 use crate::storage::{contig, host, raw};
-use std::mem::MaybeUninit;
-use ferrite_core::{map_host_same, BinaryOp, CmpOp, DType, Error, HostBuffer, Layout, Result, Tensor, UnaryOp};
+use ferrite_core::{
+    map_host_same, BinaryOp, CmpOp, DType, Error, HostBuffer, Layout, Result, Tensor, UnaryOp,
+};
 use half::{bf16, f16};
 use num_traits::Float;
 use rayon::prelude::*;
+use std::mem::MaybeUninit;
 
 /// Below this many elements, loops stay on the calling thread.
 pub(crate) const PAR_MIN: usize = 1 << 15;
@@ -55,7 +57,14 @@ pub(crate) fn materialize(buf: &HostBuffer, l: &Layout) -> HostBuffer {
     map_host_same!(buf, v => gather_strided(v, l))
 }
 
-pub(crate) fn map<T: Copy + Send + Sync, U: ferrite_core::WithDType, F: Fn(T) -> U + Sync + Send>(x: &[T], f: F) -> Vec<U> {
+pub(crate) fn map<
+    T: Copy + Send + Sync,
+    U: ferrite_core::WithDType,
+    F: Fn(T) -> U + Sync + Send,
+>(
+    x: &[T],
+    f: F,
+) -> Vec<U> {
     filled(x.len(), |out| {
         let body = |(d, s): (&mut [MaybeUninit<U>], &[T])| {
             for (o, &v) in d.iter_mut().zip(s) {
@@ -63,7 +72,9 @@ pub(crate) fn map<T: Copy + Send + Sync, U: ferrite_core::WithDType, F: Fn(T) ->
             }
         };
         if x.len() >= PAR_MIN {
-            out.par_chunks_mut(PAR_CHUNK).zip(x.par_chunks(PAR_CHUNK)).for_each(body);
+            out.par_chunks_mut(PAR_CHUNK)
+                .zip(x.par_chunks(PAR_CHUNK))
+                .for_each(body);
         } else {
             body((out, x));
         }
@@ -71,7 +82,11 @@ pub(crate) fn map<T: Copy + Send + Sync, U: ferrite_core::WithDType, F: Fn(T) ->
 }
 
 /// `f(a, b)` elementwise over two equal-shaped, possibly strided (incl. stride-0) tensors.
-pub(crate) fn zip_map<T: ferrite_core::WithDType, U: ferrite_core::WithDType, F: Fn(T, T) -> U + Sync + Send>(
+pub(crate) fn zip_map<
+    T: ferrite_core::WithDType,
+    U: ferrite_core::WithDType,
+    F: Fn(T, T) -> U + Sync + Send,
+>(
     a: &Tensor,
     b: &Tensor,
     op: &'static str,
@@ -81,17 +96,22 @@ pub(crate) fn zip_map<T: ferrite_core::WithDType, U: ferrite_core::WithDType, F:
     let (la, lb) = (a.layout(), b.layout());
     let n = a.elem_count();
     if la.is_contiguous() && lb.is_contiguous() {
-        let (xa, xb) = (&da[la.offset()..la.offset() + n], &db[lb.offset()..lb.offset() + n]);
+        let (xa, xb) = (
+            &da[la.offset()..la.offset() + n],
+            &db[lb.offset()..lb.offset() + n],
+        );
         return Ok(filled(n, |out| {
-            let body = |((d, x), y): ((&mut [MaybeUninit<U>], &[T]), &[T])| {
+            // Chunk `c` of the output covers elements [c * PAR_CHUNK, ..) of both inputs.
+            let body = |(c, d): (usize, &mut [MaybeUninit<U>])| {
+                let (x, y) = (&xa[c * PAR_CHUNK..], &xb[c * PAR_CHUNK..]);
                 for ((o, &p), &q) in d.iter_mut().zip(x).zip(y) {
                     o.write(f(p, q));
                 }
             };
             if n >= PAR_MIN {
-                out.par_chunks_mut(PAR_CHUNK).zip(xa.par_chunks(PAR_CHUNK)).zip(xb.par_chunks(PAR_CHUNK)).for_each(body);
+                out.par_chunks_mut(PAR_CHUNK).enumerate().for_each(body);
             } else {
-                body(((out, xa), xb));
+                out.chunks_mut(PAR_CHUNK).enumerate().for_each(body);
             }
         }));
     }
@@ -99,7 +119,10 @@ pub(crate) fn zip_map<T: ferrite_core::WithDType, U: ferrite_core::WithDType, F:
         return Ok(Vec::new());
     }
     let inner = *a.dims().last().unwrap_or(&1);
-    let (sa, sb) = (*la.strides().last().unwrap_or(&1), *lb.strides().last().unwrap_or(&1));
+    let (sa, sb) = (
+        *la.strides().last().unwrap_or(&1),
+        *lb.strides().last().unwrap_or(&1),
+    );
     let mut out = vec![U::default(); n];
     let row = |(r, dst): (usize, &mut [U])| {
         let (oa, ob) = (row_offset(r, la), row_offset(r, lb));
@@ -117,7 +140,11 @@ pub(crate) fn zip_map<T: ferrite_core::WithDType, U: ferrite_core::WithDType, F:
                 }
             }
             (1, 1) => {
-                for ((d, &x), &y) in dst.iter_mut().zip(&da[oa..oa + inner]).zip(&db[ob..ob + inner]) {
+                for ((d, &x), &y) in dst
+                    .iter_mut()
+                    .zip(&da[oa..oa + inner])
+                    .zip(&db[ob..ob + inner])
+                {
                     *d = f(x, y);
                 }
             }
@@ -147,7 +174,15 @@ fn unary_float<F: Float + ferrite_core::WithDType>(op: UnaryOp, x: &[F]) -> Vec<
     match op {
         UnaryOp::Neg => map(x, |v| -v),
         UnaryOp::Abs => map(x, |v| v.abs()),
-        UnaryOp::Sign => map(x, |v| if v > F::zero() { one } else if v < F::zero() { -one } else { v * F::zero() }),
+        UnaryOp::Sign => map(x, |v| {
+            if v > F::zero() {
+                one
+            } else if v < F::zero() {
+                -one
+            } else {
+                v * F::zero()
+            }
+        }),
         UnaryOp::Exp => map(x, |v| v.exp()),
         UnaryOp::Log => map(x, |v| v.ln()),
         UnaryOp::Sqrt => map(x, |v| v.sqrt()),
@@ -163,7 +198,9 @@ fn unary_float<F: Float + ferrite_core::WithDType>(op: UnaryOp, x: &[F]) -> Vec<
         UnaryOp::GeluTanh => {
             let c = F::from((2.0 / std::f64::consts::PI).sqrt()).unwrap_or(one);
             let k = F::from(0.044715).unwrap_or(F::zero());
-            map(x, move |v| half * v * (one + (c * (v + k * v * v * v)).tanh()))
+            map(x, move |v| {
+                half * v * (one + (c * (v + k * v * v * v)).tanh())
+            })
         }
         UnaryOp::Silu => map(x, |v| v / (one + (-v).exp())),
         UnaryOp::Floor => map(x, |v| v.floor()),
@@ -188,11 +225,21 @@ macro_rules! int_impl {
         impl Int for $t {
             const ZERO: Self = 0;
             const ONE: Self = 1;
-            fn wadd(self, o: Self) -> Self { self.wrapping_add(o) }
-            fn wsub(self, o: Self) -> Self { self.wrapping_sub(o) }
-            fn wmul(self, o: Self) -> Self { self.wrapping_mul(o) }
-            fn wdiv(self, o: Self) -> Self { self.wrapping_div(o) }
-            fn wneg(self) -> Self { self.wrapping_neg() }
+            fn wadd(self, o: Self) -> Self {
+                self.wrapping_add(o)
+            }
+            fn wsub(self, o: Self) -> Self {
+                self.wrapping_sub(o)
+            }
+            fn wmul(self, o: Self) -> Self {
+                self.wrapping_mul(o)
+            }
+            fn wdiv(self, o: Self) -> Self {
+                self.wrapping_div(o)
+            }
+            fn wneg(self) -> Self {
+                self.wrapping_neg()
+            }
         }
     };
 }
@@ -205,11 +252,25 @@ fn unary_int<I: Int + ferrite_core::WithDType>(op: UnaryOp, x: &[I]) -> Result<V
     Ok(match op {
         UnaryOp::Neg => map(x, |v| v.wneg()),
         UnaryOp::Abs => map(x, |v| if v < I::ZERO { v.wneg() } else { v }),
-        UnaryOp::Sign => map(x, |v| if v > I::ZERO { I::ONE } else if v < I::ZERO { I::ONE.wneg() } else { I::ZERO }),
+        UnaryOp::Sign => map(x, |v| {
+            if v > I::ZERO {
+                I::ONE
+            } else if v < I::ZERO {
+                I::ONE.wneg()
+            } else {
+                I::ZERO
+            }
+        }),
         UnaryOp::Square => map(x, |v| v.wmul(v)),
         UnaryOp::Relu => map(x, |v| if v > I::ZERO { v } else { I::ZERO }),
         UnaryOp::Floor | UnaryOp::Ceil | UnaryOp::Round => x.to_vec(),
-        other => return Err(Error::dtype(other.name(), DType::I64, "needs a float dtype")),
+        other => {
+            return Err(Error::dtype(
+                other.name(),
+                DType::I64,
+                "needs a float dtype",
+            ))
+        }
     })
 }
 
@@ -228,10 +289,11 @@ pub(crate) fn unary(op: UnaryOp, x: &Tensor) -> Result<HostBuffer> {
     })
 }
 
-fn binary_float<F: Float + Send + Sync + Default + 'static>(op: BinaryOp, a: &Tensor, b: &Tensor) -> Result<Vec<F>>
-where
-    F: ferrite_core::WithDType,
-{
+fn binary_float<F: Float + ferrite_core::WithDType>(
+    op: BinaryOp,
+    a: &Tensor,
+    b: &Tensor,
+) -> Result<Vec<F>> {
     let n = op.name();
     // NaN-propagating max/min, as NumPy's maximum/minimum.
     match op {
@@ -240,12 +302,26 @@ where
         BinaryOp::Mul => zip_map(a, b, n, |x: F, y: F| x * y),
         BinaryOp::Div => zip_map(a, b, n, |x: F, y: F| x / y),
         BinaryOp::Pow => zip_map(a, b, n, |x: F, y: F| x.powf(y)),
-        BinaryOp::Maximum => zip_map(a, b, n, |x: F, y: F| if x.is_nan() || x > y { x } else { y }),
-        BinaryOp::Minimum => zip_map(a, b, n, |x: F, y: F| if x.is_nan() || x < y { x } else { y }),
+        BinaryOp::Maximum => zip_map(
+            a,
+            b,
+            n,
+            |x: F, y: F| if x.is_nan() || x > y { x } else { y },
+        ),
+        BinaryOp::Minimum => zip_map(
+            a,
+            b,
+            n,
+            |x: F, y: F| if x.is_nan() || x < y { x } else { y },
+        ),
     }
 }
 
-fn binary_int<I: Int + ferrite_core::WithDType>(op: BinaryOp, a: &Tensor, b: &Tensor) -> Result<Vec<I>> {
+fn binary_int<I: Int + ferrite_core::WithDType>(
+    op: BinaryOp,
+    a: &Tensor,
+    b: &Tensor,
+) -> Result<Vec<I>> {
     let n = op.name();
     match op {
         BinaryOp::Add => zip_map(a, b, n, |x: I, y: I| x.wadd(y)),
@@ -273,7 +349,13 @@ pub(crate) fn binary(op: BinaryOp, a: &Tensor, b: &Tensor) -> Result<HostBuffer>
         DType::I64 => HostBuffer::I64(binary_int(op, a, b)?),
         DType::U32 => HostBuffer::U32(binary_int(op, a, b)?),
         DType::U8 => HostBuffer::U8(binary_int(op, a, b)?),
-        DType::Bool => return Err(Error::dtype(op.name(), DType::Bool, "needs a numeric dtype")),
+        DType::Bool => {
+            return Err(Error::dtype(
+                op.name(),
+                DType::Bool,
+                "needs a numeric dtype",
+            ))
+        }
     })
 }
 

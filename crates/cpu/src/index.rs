@@ -1,13 +1,18 @@
 //! Index ops: index_select, gather, scatter_add, cat. Index values are checked against the
 //! axis size; out-of-range (or negative) indices are errors naming the op.
 
-use crate::storage::{host, indices};
 use crate::elementwise::materialize;
+use crate::storage::{host, indices};
 use ferrite_core::{map_host_same, Error, HostBuffer, Result, Tensor};
 
 fn check(op: &'static str, idx: &[i64], axis: usize, size: usize) -> Result<()> {
     match idx.iter().find(|&&i| i < 0 || i as usize >= size) {
-        Some(&index) => Err(Error::Index { op, index, axis, size }),
+        Some(&index) => Err(Error::Index {
+            op,
+            index,
+            axis,
+            size,
+        }),
         None => Ok(()),
     }
 }
@@ -18,7 +23,11 @@ fn contiguous_host(t: &Tensor, op: &'static str) -> Result<HostBuffer> {
 
 /// (outer, axis size, inner) of a contiguous shape split at `axis`.
 fn split_at(dims: &[usize], axis: usize) -> (usize, usize, usize) {
-    (dims[..axis].iter().product(), dims[axis], dims[axis + 1..].iter().product())
+    (
+        dims[..axis].iter().product(),
+        dims[axis],
+        dims[axis + 1..].iter().product(),
+    )
 }
 
 pub(crate) fn index_select(x: &Tensor, index: &Tensor, axis: usize) -> Result<HostBuffer> {
@@ -77,7 +86,12 @@ pub(crate) fn gather(x: &Tensor, index: &Tensor, axis: usize) -> Result<HostBuff
     Ok(map_host_same!(&src, v => t.iter().map(|&o| v[o]).collect()))
 }
 
-pub(crate) fn scatter_add(base: &Tensor, index: &Tensor, src: &Tensor, axis: usize) -> Result<HostBuffer> {
+pub(crate) fn scatter_add(
+    base: &Tensor,
+    index: &Tensor,
+    src: &Tensor,
+    axis: usize,
+) -> Result<HostBuffer> {
     let op = "scatter_add";
     let t = targets(op, base.dims(), index, axis)?;
     let mut out = contiguous_host(base, op)?;
@@ -105,8 +119,13 @@ pub(crate) fn scatter_add(base: &Tensor, index: &Tensor, src: &Tensor, axis: usi
 
 pub(crate) fn cat(xs: &[&Tensor], axis: usize) -> Result<HostBuffer> {
     let op = "cat";
-    let parts = xs.iter().map(|t| contiguous_host(t, op)).collect::<Result<Vec<_>>>()?;
-    let first = xs.first().ok_or_else(|| Error::shape(op, "needs at least one tensor"))?;
+    let parts = xs
+        .iter()
+        .map(|t| contiguous_host(t, op))
+        .collect::<Result<Vec<_>>>()?;
+    let first = xs
+        .first()
+        .ok_or_else(|| Error::shape(op, "needs at least one tensor"))?;
     let outer: usize = first.dims()[..axis].iter().product();
     let inner: usize = first.dims()[axis + 1..].iter().product();
     let total: usize = xs.iter().map(|t| t.elem_count()).sum();

@@ -14,7 +14,10 @@ mod reduce;
 mod scan;
 mod storage;
 
-use ferrite_core::{Backend, DType, Device, DeviceKind, Error, HostBuffer, Layout, Op, Result, Shape, Storage, Tensor};
+use ferrite_core::{
+    Backend, DType, Device, DeviceKind, Error, HostBuffer, Layout, Op, Result, Shape, Storage,
+    Tensor,
+};
 use std::sync::{Arc, OnceLock};
 
 pub use storage::CpuStorage;
@@ -22,7 +25,9 @@ pub use storage::CpuStorage;
 /// The CPU device (one per process).
 pub fn cpu() -> Device {
     static DEVICE: OnceLock<Device> = OnceLock::new();
-    DEVICE.get_or_init(|| Device::new(Arc::new(CpuBackend))).clone()
+    DEVICE
+        .get_or_init(|| Device::new(Arc::new(CpuBackend)))
+        .clone()
 }
 
 pub struct CpuBackend;
@@ -32,7 +37,7 @@ impl Backend for CpuBackend {
         DeviceKind::Cpu
     }
 
-    fn from_host(&self, data: HostBuffer) -> Result<Arc<dyn Storage>> {
+    fn upload(&self, data: HostBuffer) -> Result<Arc<dyn Storage>> {
         Ok(Arc::new(CpuStorage(data)))
     }
 
@@ -41,11 +46,25 @@ impl Backend for CpuBackend {
         Ok(elementwise::materialize(buf, layout))
     }
 
-    fn exec(&self, op: &Op, inputs: &[&Tensor], outs: &[(Shape, DType)]) -> Result<Vec<Arc<dyn Storage>>> {
+    fn exec(
+        &self,
+        op: &Op,
+        inputs: &[&Tensor],
+        outs: &[(Shape, DType)],
+    ) -> Result<Vec<Arc<dyn Storage>>> {
         let name = op.name();
-        let out = |i: usize| outs.get(i).ok_or_else(|| Error::backend(name, "missing output spec"));
-        let input = |i: usize| inputs.get(i).copied().ok_or_else(|| Error::backend(name, "missing input"));
-        let one = |b: HostBuffer| -> Result<Vec<Arc<dyn Storage>>> { Ok(vec![Arc::new(CpuStorage(b))]) };
+        let out = |i: usize| {
+            outs.get(i)
+                .ok_or_else(|| Error::backend(name, "missing output spec"))
+        };
+        let input = |i: usize| {
+            inputs
+                .get(i)
+                .copied()
+                .ok_or_else(|| Error::backend(name, "missing input"))
+        };
+        let one =
+            |b: HostBuffer| -> Result<Vec<Arc<dyn Storage>>> { Ok(vec![Arc::new(CpuStorage(b))]) };
         match op {
             Op::Unary(u) => one(elementwise::unary(*u, input(0)?)?),
             Op::Binary(b) => one(elementwise::binary(*b, input(0)?, input(1)?)?),
@@ -56,11 +75,16 @@ impl Backend for CpuBackend {
             Op::Cast(dt) => one(cast::cast(input(0)?, *dt)?),
             Op::Copy => {
                 let x = input(0)?;
-                one(elementwise::materialize(storage::host(x.storage(), name)?, x.layout()))
+                one(elementwise::materialize(
+                    storage::host(x.storage(), name)?,
+                    x.layout(),
+                ))
             }
             Op::IndexSelect { axis } => one(index::index_select(input(0)?, input(1)?, *axis)?),
             Op::Gather { axis } => one(index::gather(input(0)?, input(1)?, *axis)?),
-            Op::ScatterAdd { axis } => one(index::scatter_add(input(0)?, input(1)?, input(2)?, *axis)?),
+            Op::ScatterAdd { axis } => {
+                one(index::scatter_add(input(0)?, input(1)?, input(2)?, *axis)?)
+            }
             Op::Cat { axis } => one(index::cat(inputs, *axis)?),
             Op::Cumsum { axis } => one(scan::cumsum(input(0)?, *axis)?),
             Op::Sort { axis, descending } => {
@@ -71,12 +95,24 @@ impl Backend for CpuBackend {
             Op::LogSoftmax => one(norm::softmax(input(0)?, true)?),
             Op::LayerNorm { eps } => one(norm::layer_norm(input(0)?, input(1)?, input(2)?, *eps)?),
             Op::RmsNorm { eps } => one(norm::rms_norm(input(0)?, input(1)?, *eps)?),
-            Op::Rope { interleaved } => one(norm::rope(input(0)?, input(1)?, input(2)?, *interleaved)?),
-            Op::Attention { causal, scale } => one(attention::attention(input(0)?, input(1)?, input(2)?, *causal, *scale)?),
+            Op::Rope { interleaved } => {
+                one(norm::rope(input(0)?, input(1)?, input(2)?, *interleaved)?)
+            }
+            Op::Attention { causal, scale } => one(attention::attention(
+                input(0)?,
+                input(1)?,
+                input(2)?,
+                *causal,
+                *scale,
+            )?),
             Op::Fill { value } => one(create::fill(*value, out(0)?)),
             Op::Arange { start, step } => one(create::arange(*start, *step, out(0)?)),
-            Op::RandUniform { seed, low, high } => one(create::rand_uniform(*seed, *low, *high, out(0)?)),
-            Op::RandNormal { seed, mean, std } => one(create::rand_normal(*seed, *mean, *std, out(0)?)),
+            Op::RandUniform { seed, low, high } => {
+                one(create::rand_uniform(*seed, *low, *high, out(0)?))
+            }
+            Op::RandNormal { seed, mean, std } => {
+                one(create::rand_normal(*seed, *mean, *std, out(0)?))
+            }
         }
     }
 }

@@ -20,7 +20,13 @@ fn batch_offset(mut b: usize, dims: &[usize], strides: &[usize], offset: usize) 
 /// gemm calls; above, each gemm call uses all threads.
 const SMALL: usize = 1 << 18;
 
-fn gemm_typed<T: WithDType + Default>(a: &Tensor, b: &Tensor, out_shape: &Shape, zero: T, one: T) -> Result<Vec<T>> {
+fn gemm_typed<T: WithDType + Default>(
+    a: &Tensor,
+    b: &Tensor,
+    out_shape: &Shape,
+    zero: T,
+    one: T,
+) -> Result<Vec<T>> {
     let (da, db) = (raw::<T>(a, "matmul")?, raw::<T>(b, "matmul")?);
     let (la, lb) = (a.layout(), b.layout());
     let r = a.rank();
@@ -39,11 +45,25 @@ fn gemm_typed<T: WithDType + Default>(a: &Tensor, b: &Tensor, out_shape: &Shape,
         // m x n row-major buffer.
         unsafe {
             gemm::gemm(
-                m, n, k,
-                dst.as_mut_ptr(), 1, n as isize, false,
-                da.as_ptr().add(oa), sa[r - 1] as isize, sa[r - 2] as isize,
-                db.as_ptr().add(ob), sb[r - 1] as isize, sb[r - 2] as isize,
-                zero, one, false, false, false, par,
+                m,
+                n,
+                k,
+                dst.as_mut_ptr(),
+                1,
+                n as isize,
+                false,
+                da.as_ptr().add(oa),
+                sa[r - 1] as isize,
+                sa[r - 2] as isize,
+                db.as_ptr().add(ob),
+                sb[r - 1] as isize,
+                sb[r - 2] as isize,
+                zero,
+                one,
+                false,
+                false,
+                false,
+                par,
             );
         }
     };
@@ -52,7 +72,9 @@ fn gemm_typed<T: WithDType + Default>(a: &Tensor, b: &Tensor, out_shape: &Shape,
             run(bi, dst, Parallelism::Rayon(0));
         }
     } else {
-        out.par_chunks_mut(m * n).enumerate().for_each(|(bi, dst)| run(bi, dst, Parallelism::None));
+        out.par_chunks_mut(m * n)
+            .enumerate()
+            .for_each(|(bi, dst)| run(bi, dst, Parallelism::None));
     }
     Ok(out)
 }
@@ -66,7 +88,10 @@ pub(crate) fn matmul(a: &Tensor, b: &Tensor, out_shape: &Shape) -> Result<HostBu
             // gemm has no bf16 kernels: compute in f32 (exact products, f32 accumulation), which
             // is also what bf16 hardware does.
             let up = |t: &Tensor| -> Result<Tensor> {
-                let v: Vec<f32> = contig::<bf16>(t, "matmul")?.iter().map(|x| x.to_f32()).collect();
+                let v: Vec<f32> = contig::<bf16>(t, "matmul")?
+                    .iter()
+                    .map(|x| x.to_f32())
+                    .collect();
                 Tensor::from_vec(v, t.shape(), t.device())
             };
             let out = gemm_typed::<f32>(&up(a)?, &up(b)?, out_shape, 0.0, 1.0)?;

@@ -7,15 +7,25 @@ use num_traits::Float;
 use rayon::prelude::*;
 
 /// Applies `f(row_index, src_row, dst_row)` to every row of length `n`.
-fn per_row<F: Float + Send + Sync>(x: &[F], n: usize, f: impl Fn(usize, &[F], &mut [F]) + Sync + Send) -> Vec<F> {
+fn per_row<F: Float + Send + Sync>(
+    x: &[F],
+    n: usize,
+    f: impl Fn(usize, &[F], &mut [F]) + Sync + Send,
+) -> Vec<F> {
     let mut out = vec![F::zero(); x.len()];
     if n == 0 {
         return out;
     }
     if x.len() >= crate::elementwise::PAR_MIN {
-        out.par_chunks_mut(n).zip(x.par_chunks(n)).enumerate().for_each(|(r, (d, s))| f(r, s, d));
+        out.par_chunks_mut(n)
+            .zip(x.par_chunks(n))
+            .enumerate()
+            .for_each(|(r, (d, s))| f(r, s, d));
     } else {
-        out.chunks_mut(n).zip(x.chunks(n)).enumerate().for_each(|(r, (d, s))| f(r, s, d));
+        out.chunks_mut(n)
+            .zip(x.chunks(n))
+            .enumerate()
+            .for_each(|(r, (d, s))| f(r, s, d));
     }
     out
 }
@@ -26,7 +36,10 @@ fn last(x: &Tensor) -> usize {
 
 fn softmax_rows<F: Float + Send + Sync>(x: &[F], n: usize, log: bool) -> Vec<F> {
     per_row(x, n, |_, s, d| {
-        let m = s.iter().fold(F::neg_infinity(), |a, &b| if b > a || b.is_nan() { b } else { a });
+        let m = s.iter().fold(
+            F::neg_infinity(),
+            |a, &b| if b > a || b.is_nan() { b } else { a },
+        );
         // An all -inf row: shift by 0 so that it yields NaN like the composed form, not a crash.
         let m = if m.is_infinite() { F::zero() } else { m };
         let mut sum = F::zero();
@@ -50,15 +63,26 @@ fn softmax_rows<F: Float + Send + Sync>(x: &[F], n: usize, log: bool) -> Vec<F> 
 
 pub(crate) fn softmax(x: &Tensor, log: bool) -> Result<HostBuffer> {
     let n = last(x);
-    Ok(float_kernel!("softmax", x.dtype(), [x], |v| softmax_rows(v, n, log)))
+    Ok(float_kernel!("softmax", x.dtype(), [x], |v| softmax_rows(
+        v, n, log
+    )))
 }
 
-fn layer_norm_rows<F: Float + Send + Sync>(x: &[F], w: &[F], b: &[F], n: usize, eps: f64) -> Vec<F> {
+fn layer_norm_rows<F: Float + Send + Sync>(
+    x: &[F],
+    w: &[F],
+    b: &[F],
+    n: usize,
+    eps: f64,
+) -> Vec<F> {
     let eps = F::from(eps).unwrap_or(F::zero());
     let nf = F::from(n).unwrap_or(F::one());
     per_row(x, n, |_, s, d| {
         let mean = s.iter().fold(F::zero(), |a, &v| a + v) / nf;
-        let var = s.iter().fold(F::zero(), |a, &v| a + (v - mean) * (v - mean)) / nf;
+        let var = s
+            .iter()
+            .fold(F::zero(), |a, &v| a + (v - mean) * (v - mean))
+            / nf;
         let r = F::one() / (var + eps).sqrt();
         for i in 0..n {
             d[i] = (s[i] - mean) * r * w[i] + b[i];
@@ -68,7 +92,12 @@ fn layer_norm_rows<F: Float + Send + Sync>(x: &[F], w: &[F], b: &[F], n: usize, 
 
 pub(crate) fn layer_norm(x: &Tensor, w: &Tensor, b: &Tensor, eps: f64) -> Result<HostBuffer> {
     let n = last(x);
-    Ok(float_kernel!("layer_norm", x.dtype(), [x, w, b], |xv, wv, bv| layer_norm_rows(xv, wv, bv, n, eps)))
+    Ok(float_kernel!(
+        "layer_norm",
+        x.dtype(),
+        [x, w, b],
+        |xv, wv, bv| layer_norm_rows(xv, wv, bv, n, eps)
+    ))
 }
 
 fn rms_norm_rows<F: Float + Send + Sync>(x: &[F], w: &[F], n: usize, eps: f64) -> Vec<F> {
@@ -85,18 +114,31 @@ fn rms_norm_rows<F: Float + Send + Sync>(x: &[F], w: &[F], n: usize, eps: f64) -
 
 pub(crate) fn rms_norm(x: &Tensor, w: &Tensor, eps: f64) -> Result<HostBuffer> {
     let n = last(x);
-    Ok(float_kernel!("rms_norm", x.dtype(), [x, w], |xv, wv| rms_norm_rows(xv, wv, n, eps)))
+    Ok(float_kernel!("rms_norm", x.dtype(), [x, w], |xv, wv| {
+        rms_norm_rows(xv, wv, n, eps)
+    }))
 }
 
 /// `x [..., l, d]`, `cos`/`sin` `[l, d/2]`: each pair (a, b) becomes
 /// (a cos - b sin, a sin + b cos); pairs are (2i, 2i+1) interleaved or (i, i + d/2).
-fn rope_rows<F: Float + Send + Sync>(x: &[F], cos: &[F], sin: &[F], l: usize, d: usize, interleaved: bool) -> Vec<F> {
+fn rope_rows<F: Float + Send + Sync>(
+    x: &[F],
+    cos: &[F],
+    sin: &[F],
+    l: usize,
+    d: usize,
+    interleaved: bool,
+) -> Vec<F> {
     let h = d / 2;
     per_row(x, d, |r, s, o| {
         let p = r % l.max(1);
         let (c, sn) = (&cos[p * h..(p + 1) * h], &sin[p * h..(p + 1) * h]);
         for i in 0..h {
-            let (ia, ib) = if interleaved { (2 * i, 2 * i + 1) } else { (i, i + h) };
+            let (ia, ib) = if interleaved {
+                (2 * i, 2 * i + 1)
+            } else {
+                (i, i + h)
+            };
             let (a, b) = (s[ia], s[ib]);
             o[ia] = a * c[i] - b * sn[i];
             o[ib] = a * sn[i] + b * c[i];
@@ -104,8 +146,18 @@ fn rope_rows<F: Float + Send + Sync>(x: &[F], cos: &[F], sin: &[F], l: usize, d:
     })
 }
 
-pub(crate) fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor, interleaved: bool) -> Result<HostBuffer> {
+pub(crate) fn rope(
+    x: &Tensor,
+    cos: &Tensor,
+    sin: &Tensor,
+    interleaved: bool,
+) -> Result<HostBuffer> {
     let r = x.rank();
     let (l, d) = (x.dims()[r - 2], x.dims()[r - 1]);
-    Ok(float_kernel!("rope", x.dtype(), [x, cos, sin], |xv, c, s| rope_rows(xv, c, s, l, d, interleaved)))
+    Ok(float_kernel!(
+        "rope",
+        x.dtype(),
+        [x, cos, sin],
+        |xv, c, s| rope_rows(xv, c, s, l, d, interleaved)
+    ))
 }

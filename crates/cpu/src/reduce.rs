@@ -74,7 +74,12 @@ fn arg_row<T: Copy + PartialOrd>(x: &[T], min: bool) -> u32 {
     best as u32
 }
 
-fn rows<T: Sync, U: Send>(x: &[T], r: usize, n_rows: usize, f: impl Fn(&[T]) -> U + Sync + Send) -> Vec<U> {
+fn rows<T: Sync, U: Send>(
+    x: &[T],
+    r: usize,
+    n_rows: usize,
+    f: impl Fn(&[T]) -> U + Sync + Send,
+) -> Vec<U> {
     if r == 0 {
         return Vec::new();
     }
@@ -99,7 +104,9 @@ fn int_sum<I: Int + WithDType>(x: &[I], r: usize, n: usize) -> HostBuffer {
     if r == 0 {
         return I::wrap(vec![I::ZERO; n]);
     }
-    I::wrap(rows(x, r, n, |row| row.iter().fold(I::ZERO, |a, &b| a.wadd(b))))
+    I::wrap(rows(x, r, n, |row| {
+        row.iter().fold(I::ZERO, |a, &b| a.wadd(b))
+    }))
 }
 
 pub(crate) fn reduce(op: ReduceOp, x: &Tensor, axes: &[usize]) -> Result<HostBuffer> {
@@ -110,7 +117,10 @@ pub(crate) fn reduce(op: ReduceOp, x: &Tensor, axes: &[usize]) -> Result<HostBuf
     let r: usize = axes.iter().map(|&a| x.dims()[a]).product();
     let n: usize = kept.iter().map(|&a| x.dims()[a]).product();
     if matches!(op, ReduceOp::ArgMax | ReduceOp::ArgMin) && r > u32::MAX as usize {
-        return Err(Error::shape(name, format!("axis of {r} elements exceeds u32 indices")));
+        return Err(Error::shape(
+            name,
+            format!("axis of {r} elements exceeds u32 indices"),
+        ));
     }
     let dt = x.dtype();
     match op {

@@ -31,7 +31,13 @@ pub(crate) fn cumsum(x: &Tensor, axis: usize) -> Result<HostBuffer> {
     let op = "cumsum";
     let xt = axis_last(x, axis)?;
     let len = x.dims()[axis];
-    fn scan<T: Copy, A: Copy>(v: &[T], len: usize, zero: A, add: impl Fn(A, T) -> A, out: impl Fn(A) -> T) -> Vec<T> {
+    fn scan<T: Copy, A: Copy>(
+        v: &[T],
+        len: usize,
+        zero: A,
+        add: impl Fn(A, T) -> A,
+        out: impl Fn(A) -> T,
+    ) -> Vec<T> {
         let mut o = Vec::with_capacity(v.len());
         for row in v.chunks(len.max(1)) {
             let mut acc = zero;
@@ -42,9 +48,18 @@ pub(crate) fn cumsum(x: &Tensor, axis: usize) -> Result<HostBuffer> {
         }
         o
     }
-    fn int<I: Int + WithDType>(xt: &Tensor, x: &Tensor, axis: usize, len: usize) -> Result<HostBuffer> {
+    fn int<I: Int + WithDType>(
+        xt: &Tensor,
+        x: &Tensor,
+        axis: usize,
+        len: usize,
+    ) -> Result<HostBuffer> {
         let v = contig::<I>(xt, "cumsum")?;
-        Ok(I::wrap(restore(scan(&v, len, I::ZERO, |a, b| a.wadd(b), |a| a), x, axis)?))
+        Ok(I::wrap(restore(
+            scan(&v, len, I::ZERO, |a, b| a.wadd(b), |a| a),
+            x,
+            axis,
+        )?))
     }
     Ok(match x.dtype() {
         DType::I32 => int::<i32>(&xt, x, axis, len)?,
@@ -53,8 +68,13 @@ pub(crate) fn cumsum(x: &Tensor, axis: usize) -> Result<HostBuffer> {
         DType::U8 => int::<u8>(&xt, x, axis, len)?,
         DType::Bool => return Err(Error::dtype(op, DType::Bool, "needs a numeric dtype")),
         dt => match floats(&xt, op)? {
-            Floats::F32(v) => crate::storage::from_f32(restore(scan(&v, len, 0f32, |a, b| a + b, |a| a), x, axis)?, dt),
-            Floats::F64(v) => HostBuffer::F64(restore(scan(&v, len, 0f64, |a, b| a + b, |a| a), x, axis)?),
+            Floats::F32(v) => crate::storage::from_f32(
+                restore(scan(&v, len, 0f32, |a, b| a + b, |a| a), x, axis)?,
+                dt,
+            ),
+            Floats::F64(v) => {
+                HostBuffer::F64(restore(scan(&v, len, 0f64, |a, b| a + b, |a| a), x, axis)?)
+            }
         },
     })
 }
@@ -72,10 +92,19 @@ fn order<T: PartialOrd>(a: &T, b: &T) -> Ordering {
 pub(crate) fn sort(x: &Tensor, axis: usize, descending: bool) -> Result<(HostBuffer, HostBuffer)> {
     let len = x.dims()[axis];
     if len > u32::MAX as usize {
-        return Err(Error::shape("sort", format!("axis of {len} elements exceeds u32 indices")));
+        return Err(Error::shape(
+            "sort",
+            format!("axis of {len} elements exceeds u32 indices"),
+        ));
     }
     let xt = axis_last(x, axis)?;
-    fn go<T: WithDType>(xt: &Tensor, x: &Tensor, axis: usize, len: usize, desc: bool) -> Result<(HostBuffer, HostBuffer)> {
+    fn go<T: WithDType>(
+        xt: &Tensor,
+        x: &Tensor,
+        axis: usize,
+        len: usize,
+        desc: bool,
+    ) -> Result<(HostBuffer, HostBuffer)> {
         let v = contig::<T>(xt, "sort")?;
         let mut idx: Vec<u32> = Vec::with_capacity(v.len());
         let mut vals: Vec<T> = Vec::with_capacity(v.len());
@@ -89,7 +118,10 @@ pub(crate) fn sort(x: &Tensor, axis: usize, descending: bool) -> Result<(HostBuf
             vals.extend(p.iter().map(|&i| row[i as usize]));
             idx.extend_from_slice(&p);
         }
-        Ok((T::wrap(restore(vals, x, axis)?), HostBuffer::U32(restore(idx, x, axis)?)))
+        Ok((
+            T::wrap(restore(vals, x, axis)?),
+            HostBuffer::U32(restore(idx, x, axis)?),
+        ))
     }
     match x.dtype() {
         DType::F32 => go::<f32>(&xt, x, axis, len, descending),

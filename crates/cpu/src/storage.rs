@@ -70,8 +70,18 @@ pub(crate) fn floats<'a>(t: &'a Tensor, op: &'static str) -> Result<Floats<'a>> 
     Ok(match t.dtype() {
         DType::F32 => Floats::F32(contig::<f32>(t, op)?),
         DType::F64 => Floats::F64(contig::<f64>(t, op)?),
-        DType::F16 => Floats::F32(Cow::Owned(contig::<half::f16>(t, op)?.iter().map(|x| x.to_f32()).collect())),
-        DType::BF16 => Floats::F32(Cow::Owned(contig::<half::bf16>(t, op)?.iter().map(|x| x.to_f32()).collect())),
+        DType::F16 => Floats::F32(Cow::Owned(
+            contig::<half::f16>(t, op)?
+                .iter()
+                .map(|x| x.to_f32())
+                .collect(),
+        )),
+        DType::BF16 => Floats::F32(Cow::Owned(
+            contig::<half::bf16>(t, op)?
+                .iter()
+                .map(|x| x.to_f32())
+                .collect(),
+        )),
         dt => return Err(Error::dtype(op, dt, "needs a float dtype")),
     })
 }

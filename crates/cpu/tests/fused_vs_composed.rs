@@ -10,8 +10,15 @@ fn rand(shape: &[usize], seed: u64, dt: DType) -> Tensor {
 fn close(a: &Tensor, b: &Tensor, tol: f64) {
     assert_eq!(a.dims(), b.dims());
     let (x, y) = (a.to_vec_f64().unwrap(), b.to_vec_f64().unwrap());
-    let worst = x.iter().zip(&y).map(|(p, q)| (p - q).abs() / (1.0 + q.abs())).fold(0.0, f64::max);
-    assert!(worst <= tol, "fused vs composed: max relative difference {worst} > {tol}");
+    let worst = x
+        .iter()
+        .zip(&y)
+        .map(|(p, q)| (p - q).abs() / (1.0 + q.abs()))
+        .fold(0.0, f64::max);
+    assert!(
+        worst <= tol,
+        "fused vs composed: max relative difference {worst} > {tol}"
+    );
 }
 
 fn each_dtype(f: impl Fn(DType, f64) -> Result<()>) {
@@ -26,7 +33,11 @@ fn softmax_and_log_softmax() {
         let x = rand(&[33, 45, 65], 1, dt).mul_scalar(4.0)?;
         for axis in [-1, 0, 1] {
             close(&x.softmax(axis)?, &composed::softmax(&x, axis)?, tol);
-            close(&x.log_softmax(axis)?, &composed::log_softmax(&x, axis)?, tol);
+            close(
+                &x.log_softmax(axis)?,
+                &composed::log_softmax(&x, axis)?,
+                tol,
+            );
         }
         Ok(())
     });
@@ -37,8 +48,16 @@ fn norms() {
     each_dtype(|dt, tol| {
         let x = rand(&[31, 65], 2, dt).t()?; // non-contiguous [65, 31]
         let (w, b) = (rand(&[31], 3, dt), rand(&[31], 4, dt));
-        close(&x.layer_norm(&w, &b, 1e-5)?, &composed::layer_norm(&x, &w, &b, 1e-5)?, tol * 4.0);
-        close(&x.rms_norm(&w, 1e-6)?, &composed::rms_norm(&x, &w, 1e-6)?, tol * 4.0);
+        close(
+            &x.layer_norm(&w, &b, 1e-5)?,
+            &composed::layer_norm(&x, &w, &b, 1e-5)?,
+            tol * 4.0,
+        );
+        close(
+            &x.rms_norm(&w, 1e-6)?,
+            &composed::rms_norm(&x, &w, 1e-6)?,
+            tol * 4.0,
+        );
         Ok(())
     });
 }
@@ -49,7 +68,11 @@ fn rope_both_layouts() {
         let x = rand(&[2, 9, 17, 64], 5, dt);
         let (c, s) = (rand(&[17, 32], 6, dt), rand(&[17, 32], 7, dt));
         for interleaved in [false, true] {
-            close(&x.rope(&c, &s, interleaved)?, &composed::rope(&x, &c, &s, interleaved)?, tol);
+            close(
+                &x.rope(&c, &s, interleaved)?,
+                &composed::rope(&x, &c, &s, interleaved)?,
+                tol,
+            );
         }
         // The two layouts really differ.
         let a = x.rope(&c, &s, true)?.to_vec_f64()?;
@@ -66,7 +89,11 @@ fn attention_grouped_query_causal() {
             let q = rand(&[2, 9, lq, 32], 8, dt);
             let k = rand(&[2, 3, lk, 32], 9, dt);
             let v = rand(&[2, 3, lk, 24], 10, dt);
-            close(&Tensor::attention(&q, &k, &v, causal, None)?, &composed::attention(&q, &k, &v, causal, None)?, tol * 4.0);
+            close(
+                &Tensor::attention(&q, &k, &v, causal, None)?,
+                &composed::attention(&q, &k, &v, causal, None)?,
+                tol * 4.0,
+            );
         }
         Ok(())
     });

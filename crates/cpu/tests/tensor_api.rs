@@ -10,14 +10,20 @@ fn t(v: &[f32], shape: &[usize]) -> Tensor {
 
 #[test]
 fn views_share_storage_and_copy_only_when_needed() {
-    let x = Tensor::arange(0.0, 24.0, 1.0, DType::F32, &cpu()).unwrap().reshape([2, 3, 4]).unwrap();
+    let x = Tensor::arange(0.0, 24.0, 1.0, DType::F32, &cpu())
+        .unwrap()
+        .reshape([2, 3, 4])
+        .unwrap();
     let p = x.permute(&[2, 0, 1]).unwrap();
     assert!(p.shares_storage(&x));
     assert_eq!(p.dims(), &[4, 2, 3]);
     assert_eq!(p.to_vec::<f32>().unwrap()[..4], [0.0, 4.0, 8.0, 12.0]);
     let n = x.narrow(2, 1, 2).unwrap();
     assert!(n.shares_storage(&x));
-    assert_eq!(n.to_vec::<f32>().unwrap(), vec![1., 2., 5., 6., 9., 10., 13., 14., 17., 18., 21., 22.]);
+    assert_eq!(
+        n.to_vec::<f32>().unwrap(),
+        vec![1., 2., 5., 6., 9., 10., 13., 14., 17., 18., 21., 22.]
+    );
     // Reshape of a narrowed view splitting the outer dim: still a view.
     assert!(n.reshape([6, 2]).unwrap().shares_storage(&x));
     // Flattening a transposed view needs a copy.
@@ -30,7 +36,10 @@ fn views_share_storage_and_copy_only_when_needed() {
     assert!(!tr.contiguous().unwrap().shares_storage(&x));
     let b = t(&[1.0, 2.0, 3.0], &[3, 1]).broadcast_to([3, 4]).unwrap();
     assert_eq!(b.layout().strides(), &[1, 0]);
-    assert_eq!(b.to_vec::<f32>().unwrap(), vec![1., 1., 1., 1., 2., 2., 2., 2., 3., 3., 3., 3.]);
+    assert_eq!(
+        b.to_vec::<f32>().unwrap(),
+        vec![1., 1., 1., 1., 2., 2., 2., 2., 3., 3., 3., 3.]
+    );
     let e = t(&[1.0, 2.0, 3.0], &[3, 1]).expand(&[2, -1, 5]).unwrap();
     assert_eq!(e.dims(), &[2, 3, 5]);
     let s = x.unsqueeze(1).unwrap();
@@ -42,20 +51,59 @@ fn views_share_storage_and_copy_only_when_needed() {
 #[test]
 fn creation() {
     let dev = cpu();
-    assert_eq!(Tensor::zeros([2, 2], DType::I32, &dev).unwrap().to_vec::<i32>().unwrap(), vec![0; 4]);
-    assert_eq!(Tensor::ones([3], DType::BF16, &dev).unwrap().to_vec_f64().unwrap(), vec![1.0; 3]);
-    assert_eq!(Tensor::full(2.5, [2], DType::F64, &dev).unwrap().to_vec::<f64>().unwrap(), vec![2.5, 2.5]);
-    assert_eq!(Tensor::arange(1.0, 2.0, 0.25, DType::F32, &dev).unwrap().to_vec::<f32>().unwrap(), vec![1.0, 1.25, 1.5, 1.75]);
-    assert_eq!(Tensor::arange(5.0, 0.0, -2.0, DType::I64, &dev).unwrap().to_vec::<i64>().unwrap(), vec![5, 3, 1]);
+    assert_eq!(
+        Tensor::zeros([2, 2], DType::I32, &dev)
+            .unwrap()
+            .to_vec::<i32>()
+            .unwrap(),
+        vec![0; 4]
+    );
+    assert_eq!(
+        Tensor::ones([3], DType::BF16, &dev)
+            .unwrap()
+            .to_vec_f64()
+            .unwrap(),
+        vec![1.0; 3]
+    );
+    assert_eq!(
+        Tensor::full(2.5, [2], DType::F64, &dev)
+            .unwrap()
+            .to_vec::<f64>()
+            .unwrap(),
+        vec![2.5, 2.5]
+    );
+    assert_eq!(
+        Tensor::arange(1.0, 2.0, 0.25, DType::F32, &dev)
+            .unwrap()
+            .to_vec::<f32>()
+            .unwrap(),
+        vec![1.0, 1.25, 1.5, 1.75]
+    );
+    assert_eq!(
+        Tensor::arange(5.0, 0.0, -2.0, DType::I64, &dev)
+            .unwrap()
+            .to_vec::<i64>()
+            .unwrap(),
+        vec![5, 3, 1]
+    );
     assert_eq!(Tensor::scalar(7u8, &dev).unwrap().item::<u8>().unwrap(), 7);
 }
 
 #[test]
 fn random_tensors_are_reproducible_and_match_the_counter_formula() {
     let dev = cpu();
-    let a = Tensor::rand_uniform([1000], -1.0, 1.0, 42, DType::F32, &dev).unwrap().to_vec::<f32>().unwrap();
-    let b = Tensor::rand_uniform([1000], -1.0, 1.0, 42, DType::F32, &dev).unwrap().to_vec::<f32>().unwrap();
-    let c = Tensor::rand_uniform([1000], -1.0, 1.0, 43, DType::F32, &dev).unwrap().to_vec::<f32>().unwrap();
+    let a = Tensor::rand_uniform([1000], -1.0, 1.0, 42, DType::F32, &dev)
+        .unwrap()
+        .to_vec::<f32>()
+        .unwrap();
+    let b = Tensor::rand_uniform([1000], -1.0, 1.0, 42, DType::F32, &dev)
+        .unwrap()
+        .to_vec::<f32>()
+        .unwrap();
+    let c = Tensor::rand_uniform([1000], -1.0, 1.0, 43, DType::F32, &dev)
+        .unwrap()
+        .to_vec::<f32>()
+        .unwrap();
     assert_eq!(a, b);
     assert_ne!(a, c);
     for (i, &v) in a.iter().enumerate() {
@@ -63,7 +111,13 @@ fn random_tensors_are_reproducible_and_match_the_counter_formula() {
     }
     let n = Tensor::rand_normal([100_000], 1.0, 2.0, 9, DType::F32, &dev).unwrap();
     let mean = n.mean(&[], false).unwrap().item::<f32>().unwrap();
-    let std = n.var(&[], false, true).unwrap().sqrt().unwrap().item::<f32>().unwrap();
+    let std = n
+        .var(&[], false, true)
+        .unwrap()
+        .sqrt()
+        .unwrap()
+        .item::<f32>()
+        .unwrap();
     assert!((mean - 1.0).abs() < 0.03, "{mean}");
     assert!((std - 2.0).abs() < 0.03, "{std}");
     assert_eq!(n.to_vec::<f32>().unwrap()[17], rng::normal(9, 17, 1.0, 2.0));
@@ -73,9 +127,15 @@ fn random_tensors_are_reproducible_and_match_the_counter_formula() {
 #[test]
 fn display_shows_values_and_shape() {
     let x = t(&[1.0, 2.0, 3.0, 4.0], &[2, 2]);
-    assert_eq!(format!("{x}"), "[[1.0000, 2.0000], [3.0000, 4.0000]] (f32, [2, 2], cpu)");
+    assert_eq!(
+        format!("{x}"),
+        "[[1.0000, 2.0000], [3.0000, 4.0000]] (f32, [2, 2], cpu)"
+    );
     let long = Tensor::arange(0.0, 20.0, 1.0, DType::I64, &cpu()).unwrap();
-    assert_eq!(format!("{long}"), "[0, 1, 2, 3, ..., 16, 17, 18, 19] (i64, [20], cpu)");
+    assert_eq!(
+        format!("{long}"),
+        "[0, 1, 2, 3, ..., 16, 17, 18, 19] (i64, [20], cpu)"
+    );
 }
 
 fn msg(e: Error) -> String {
@@ -87,33 +147,65 @@ fn bad_input_errors_name_the_op_and_shapes() {
     let dev = cpu();
     let a = t(&[0.0; 12], &[4, 3]);
     let b = t(&[0.0; 10], &[5, 2]);
-    assert_eq!(msg(a.matmul(&b).unwrap_err()), "matmul: inner dimensions differ: [4, 3] x [5, 2]");
-    assert_eq!(msg(a.reshape([5]).unwrap_err()), "reshape: cannot reshape [4, 3] (12 elements) to [5] (5 elements)");
+    assert_eq!(
+        msg(a.matmul(&b).unwrap_err()),
+        "matmul: inner dimensions differ: [4, 3] x [5, 2]"
+    );
+    assert_eq!(
+        msg(a.reshape([5]).unwrap_err()),
+        "reshape: cannot reshape [4, 3] (12 elements) to [5] (5 elements)"
+    );
     let idx = Tensor::from_slice(&[0u32, 3], [2], &dev).unwrap();
-    assert_eq!(msg(a.index_select(&idx, 0).unwrap().index_select(&idx, 1).unwrap_err()), "index_select: index 3 out of range for axis 1 of size 3");
+    assert_eq!(
+        msg(a
+            .index_select(&idx, 0)
+            .unwrap()
+            .index_select(&idx, 1)
+            .unwrap_err()),
+        "index_select: index 3 out of range for axis 1 of size 3"
+    );
     let neg = Tensor::from_slice(&[-1i64], [1], &dev).unwrap();
     assert!(msg(a.index_select(&neg, 0).unwrap_err()).contains("index -1 out of range"));
-    assert!(msg(a.gather(&Tensor::from_slice(&[3i32; 4], [4, 1], &dev).unwrap(), 1).unwrap_err()).starts_with("gather: index 3 out of range"));
+    assert!(msg(a
+        .gather(&Tensor::from_slice(&[3i32; 4], [4, 1], &dev).unwrap(), 1)
+        .unwrap_err())
+    .starts_with("gather: index 3 out of range"));
     assert!(msg(a.add(&b).unwrap_err()).contains("add: shapes [4, 3] and [5, 2] do not broadcast"));
     let i = Tensor::zeros([4, 3], DType::I32, &dev).unwrap();
-    assert_eq!(msg(a.add(&i).unwrap_err()), "add: dtypes differ: f32 and i32");
+    assert_eq!(
+        msg(a.add(&i).unwrap_err()),
+        "add: dtypes differ: f32 and i32"
+    );
     assert!(msg(i.exp().unwrap_err()).starts_with("exp: dtype i32 not supported"));
     assert!(msg(i.div(&i).unwrap_err()).contains("integer division by zero"));
-    assert_eq!(msg(a.sum(&[2], false).unwrap_err()), "sum: axis 2 out of range for a tensor of rank 2");
+    assert_eq!(
+        msg(a.sum(&[2], false).unwrap_err()),
+        "sum: axis 2 out of range for a tensor of rank 2"
+    );
     assert!(msg(a.narrow(0, 3, 2).unwrap_err()).starts_with("narrow: range 3..5 out of bounds"));
     assert!(msg(a.permute(&[0, 0]).unwrap_err()).starts_with("permute:"));
-    assert!(msg(Tensor::from_slice(&[1.0f32; 5], [2, 3], &dev).unwrap_err()).starts_with("from_vec: 5 elements"));
+    assert!(
+        msg(Tensor::from_slice(&[1.0f32; 5], [2, 3], &dev).unwrap_err())
+            .starts_with("from_vec: 5 elements")
+    );
     assert!(msg(a.to_vec::<f64>().unwrap_err()).contains("to_vec: dtypes differ"));
     assert!(msg(a.squeeze(0).unwrap_err()).starts_with("squeeze:"));
     assert!(msg(Tensor::cat(&[&a, &b], 0).unwrap_err()).starts_with("cat: shapes differ"));
     assert!(msg(a.topk(4, 1, true).unwrap_err()).starts_with("topk: k = 4 exceeds"));
     let w = t(&[1.0; 4], &[4]);
-    assert!(msg(a.rms_norm(&w, 1e-6).unwrap_err()).starts_with("rms_norm: parameter [4] does not match"));
+    assert!(msg(a.rms_norm(&w, 1e-6).unwrap_err())
+        .starts_with("rms_norm: parameter [4] does not match"));
     let q = t(&[0.0; 16], &[1, 2, 2, 4]);
     let k = t(&[0.0; 24], &[1, 3, 2, 4]);
-    assert!(msg(Tensor::attention(&q, &k, &k, true, None).unwrap_err()).starts_with("attention: q, k, v must be"));
-    assert!(msg(Tensor::zeros([usize::MAX, 4], DType::F32, &dev).unwrap_err()).contains("overflows"));
-    assert!(msg(Tensor::arange(0.0, 1.0, 0.0, DType::F32, &dev).unwrap_err()).starts_with("arange: invalid range"));
+    assert!(msg(Tensor::attention(&q, &k, &k, true, None).unwrap_err())
+        .starts_with("attention: q, k, v must be"));
+    assert!(
+        msg(Tensor::zeros([usize::MAX, 4], DType::F32, &dev).unwrap_err()).contains("overflows")
+    );
+    assert!(
+        msg(Tensor::arange(0.0, 1.0, 0.0, DType::F32, &dev).unwrap_err())
+            .starts_with("arange: invalid range")
+    );
 }
 
 #[test]
@@ -122,7 +214,15 @@ fn matmul_reads_transposed_views_in_place() {
     let a = Tensor::rand_uniform([65, 45], -1.0, 1.0, 1, DType::F32, &cpu()).unwrap();
     let b = Tensor::rand_uniform([65, 33], -1.0, 1.0, 2, DType::F32, &cpu()).unwrap();
     let view = a.t().unwrap().matmul(&b).unwrap().to_vec::<f32>().unwrap();
-    let copy = a.t().unwrap().contiguous().unwrap().matmul(&b).unwrap().to_vec::<f32>().unwrap();
+    let copy = a
+        .t()
+        .unwrap()
+        .contiguous()
+        .unwrap()
+        .matmul(&b)
+        .unwrap()
+        .to_vec::<f32>()
+        .unwrap();
     assert_eq!(view, copy);
 }
 

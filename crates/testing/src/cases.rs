@@ -5,10 +5,18 @@ use crate::{default_tol, Input, OpCase, Ref, Tol, Values, View};
 use ferrite_core::{BinaryOp, CmpOp, DType, Result, Tensor, UnaryOp};
 use std::sync::Arc;
 
+/// q, k, v shapes and causality of an attention case.
+type AttentionShapes = ([usize; 4], [usize; 4], [usize; 4], bool);
+
 const FLOATS: [DType; 4] = [DType::F32, DType::F64, DType::F16, DType::BF16];
 
 fn inp(shape: &[usize], dtype: DType, values: Values, view: View) -> Input {
-    Input { shape: shape.to_vec(), dtype, values, view }
+    Input {
+        shape: shape.to_vec(),
+        dtype,
+        values,
+        view,
+    }
 }
 
 fn u(lo: f64, hi: f64) -> Values {
@@ -16,7 +24,10 @@ fn u(lo: f64, hi: f64) -> Values {
 }
 
 fn scaled(t: Tol, k: f64) -> Tol {
-    Tol { atol: t.atol * k, rtol: t.rtol * k }
+    Tol {
+        atol: t.atol * k,
+        rtol: t.rtol * k,
+    }
 }
 
 fn name_of(op: &str, dtype: DType, inputs: &[Input]) -> String {
@@ -39,6 +50,7 @@ struct B {
 }
 
 impl B {
+    #[allow(clippy::too_many_arguments)]
     fn add(
         &mut self,
         op: &str,
@@ -50,7 +62,14 @@ impl B {
         reference: impl Fn(&[Ref]) -> Vec<Ref> + Send + Sync + 'static,
     ) {
         let name = name_of(op, dtype, &inputs);
-        self.out.push(OpCase { name, inputs, run: Arc::new(run), reference: Arc::new(reference), tol, differentiable });
+        self.out.push(OpCase {
+            name,
+            inputs,
+            run: Arc::new(run),
+            reference: Arc::new(reference),
+            tol,
+            differentiable,
+        });
     }
 }
 
@@ -81,8 +100,15 @@ fn unary_cases(b: &mut B) {
         for dt in FLOATS {
             for (shape, view) in elementwise_shapes() {
                 let tol = default_tol(dt);
-                b.add(op.name(), dt, vec![inp(&shape, dt, unary_domain(op), view)], vec![tol], true,
-                    move |x| Ok(vec![x[0].unary(op)?]), move |x| vec![r::unary(op, &x[0])]);
+                b.add(
+                    op.name(),
+                    dt,
+                    vec![inp(&shape, dt, unary_domain(op), view)],
+                    vec![tol],
+                    true,
+                    move |x| Ok(vec![x[0].unary(op)?]),
+                    move |x| vec![r::unary(op, &x[0])],
+                );
             }
         }
         if op.supports_int() {
@@ -91,9 +117,20 @@ fn unary_cases(b: &mut B) {
                 if unsigned && op == UnaryOp::Neg {
                     continue;
                 }
-                let vals = if unsigned { Values::Ints(0, 15) } else { Values::Ints(-50, 50) };
-                b.add(op.name(), dt, vec![inp(&[45, 65], dt, vals, View::Transposed)], vec![default_tol(dt)], false,
-                    move |x| Ok(vec![x[0].unary(op)?]), move |x| vec![r::unary(op, &x[0])]);
+                let vals = if unsigned {
+                    Values::Ints(0, 15)
+                } else {
+                    Values::Ints(-50, 50)
+                };
+                b.add(
+                    op.name(),
+                    dt,
+                    vec![inp(&[45, 65], dt, vals, View::Transposed)],
+                    vec![default_tol(dt)],
+                    false,
+                    move |x| Ok(vec![x[0].unary(op)?]),
+                    move |x| vec![r::unary(op, &x[0])],
+                );
             }
         }
     }
@@ -122,8 +159,15 @@ fn binary_cases(b: &mut B) {
         };
         for dt in FLOATS {
             for (sa, wa, sb, wb) in binary_shapes() {
-                b.add(op.name(), dt, vec![inp(&sa, dt, va, wa), inp(&sb, dt, vb, wb)], vec![default_tol(dt)], true,
-                    move |x| Ok(vec![x[0].binary(op, &x[1])?]), move |x| vec![r::binary(op, &x[0], &x[1])]);
+                b.add(
+                    op.name(),
+                    dt,
+                    vec![inp(&sa, dt, va, wa), inp(&sb, dt, vb, wb)],
+                    vec![default_tol(dt)],
+                    true,
+                    move |x| Ok(vec![x[0].binary(op, &x[1])?]),
+                    move |x| vec![r::binary(op, &x[0], &x[1])],
+                );
             }
         }
         if op == BinaryOp::Pow {
@@ -140,33 +184,78 @@ fn binary_cases(b: &mut B) {
                 (_, true) => (Values::Ints(0, 15), Values::Ints(0, 15)),
                 (_, false) => (Values::Ints(-100, 100), Values::Ints(-100, 100)),
             };
-            b.add(op.name(), dt, vec![inp(&[45, 65], dt, va, View::Transposed), inp(&[65], dt, vb, View::Contiguous)],
-                vec![default_tol(dt)], false, move |x| Ok(vec![x[0].binary(op, &x[1])?]),
+            b.add(
+                op.name(),
+                dt,
+                vec![
+                    inp(&[45, 65], dt, va, View::Transposed),
+                    inp(&[65], dt, vb, View::Contiguous),
+                ],
+                vec![default_tol(dt)],
+                false,
+                move |x| Ok(vec![x[0].binary(op, &x[1])?]),
                 move |x| {
                     let o = r::binary(op, &x[0], &x[1]);
                     // Integer division truncates toward zero.
-                    if op == BinaryOp::Div { vec![r::map(&o, f64::trunc)] } else { vec![o] }
-                });
+                    if op == BinaryOp::Div {
+                        vec![r::map(&o, f64::trunc)]
+                    } else {
+                        vec![o]
+                    }
+                },
+            );
         }
     }
     for op in CmpOp::ALL {
-        for dt in [DType::F32, DType::F16, DType::BF16, DType::F64, DType::I32, DType::U8, DType::Bool] {
-            let vals = if dt == DType::Bool { Values::Bools } else { Values::Ints(0, 4) };
-            for (sa, wa, sb, wb) in [(vec![45, 65], View::Transposed, vec![65], View::Contiguous), (vec![31], View::Contiguous, vec![31], View::Narrowed)] {
-                b.add(op.name(), dt, vec![inp(&sa, dt, vals, wa), inp(&sb, dt, vals, wb)], vec![default_tol(DType::Bool)], false,
-                    move |x| Ok(vec![x[0].cmp(op, &x[1])?]), move |x| vec![r::cmp(op, &x[0], &x[1])]);
+        for dt in [
+            DType::F32,
+            DType::F16,
+            DType::BF16,
+            DType::F64,
+            DType::I32,
+            DType::U8,
+            DType::Bool,
+        ] {
+            let vals = if dt == DType::Bool {
+                Values::Bools
+            } else {
+                Values::Ints(0, 4)
+            };
+            for (sa, wa, sb, wb) in [
+                (vec![45, 65], View::Transposed, vec![65], View::Contiguous),
+                (vec![31], View::Contiguous, vec![31], View::Narrowed),
+            ] {
+                b.add(
+                    op.name(),
+                    dt,
+                    vec![inp(&sa, dt, vals, wa), inp(&sb, dt, vals, wb)],
+                    vec![default_tol(DType::Bool)],
+                    false,
+                    move |x| Ok(vec![x[0].cmp(op, &x[1])?]),
+                    move |x| vec![r::cmp(op, &x[0], &x[1])],
+                );
             }
         }
     }
     for dt in [DType::F32, DType::BF16, DType::I64, DType::Bool] {
-        let vals = if dt == DType::Bool { Values::Bools } else { Values::Ints(-9, 9) };
-        b.add("where", dt, vec![
-            inp(&[45, 1], DType::Bool, Values::Bools, View::Contiguous),
-            inp(&[45, 65], dt, vals, View::Transposed),
-            inp(&[65], dt, vals, View::Contiguous),
-        ], vec![default_tol(dt)], dt.is_float(),
+        let vals = if dt == DType::Bool {
+            Values::Bools
+        } else {
+            Values::Ints(-9, 9)
+        };
+        b.add(
+            "where",
+            dt,
+            vec![
+                inp(&[45, 1], DType::Bool, Values::Bools, View::Contiguous),
+                inp(&[45, 65], dt, vals, View::Transposed),
+                inp(&[65], dt, vals, View::Contiguous),
+            ],
+            vec![default_tol(dt)],
+            dt.is_float(),
             |x| Ok(vec![Tensor::where_cond(&x[0], &x[1], &x[2])?]),
-            |x| vec![r::where_cond(&x[0], &x[1], &x[2])]);
+            |x| vec![r::where_cond(&x[0], &x[1], &x[2])],
+        );
     }
 }
 
@@ -183,50 +272,161 @@ fn reduce_cases(b: &mut B) {
     ];
     let ops: [(&str, RF); 3] = [("sum", r::sum), ("max", r::max), ("min", r::min)];
     for (name, f) in ops {
-        for dt in [DType::F32, DType::F64, DType::F16, DType::BF16, DType::I32, DType::I64] {
+        for dt in [
+            DType::F32,
+            DType::F64,
+            DType::F16,
+            DType::BF16,
+            DType::I32,
+            DType::I64,
+        ] {
             for (shape, view, axes) in &axes_sets {
                 for keepdim in [false, true] {
                     let axes2 = axes.clone();
-                    let ax: Vec<usize> = if axes.is_empty() { (0..shape.len()).collect() } else {
-                        axes.iter().map(|&a| if a < 0 { (a + shape.len() as isize) as usize } else { a as usize }).collect()
+                    let ax: Vec<usize> = if axes.is_empty() {
+                        (0..shape.len()).collect()
+                    } else {
+                        axes.iter()
+                            .map(|&a| {
+                                if a < 0 {
+                                    (a + shape.len() as isize) as usize
+                                } else {
+                                    a as usize
+                                }
+                            })
+                            .collect()
                     };
-                    let vals = if dt.is_float() { u(-4.0, 4.0) } else { Values::Ints(-100, 100) };
+                    let vals = if dt.is_float() {
+                        u(-4.0, 4.0)
+                    } else {
+                        Values::Ints(-100, 100)
+                    };
                     // Sums of many rounded terms: 4x the per-element tolerance.
-                    let tol = if name == "sum" { scaled(default_tol(dt), 4.0) } else { default_tol(dt) };
-                    b.add(&format!("{name}{axes:?}k{}", keepdim as u8), dt, vec![inp(shape, dt, vals, *view)], vec![tol], dt.is_float(),
-                        move |x| Ok(vec![match name {
-                            "sum" => x[0].sum(&axes2, keepdim)?,
-                            "max" => x[0].max(&axes2, keepdim)?,
-                            _ => x[0].min(&axes2, keepdim)?,
-                        }]),
-                        move |x| vec![r::reduce(&x[0], &ax, keepdim, f)]);
+                    let tol = if name == "sum" {
+                        scaled(default_tol(dt), 4.0)
+                    } else {
+                        default_tol(dt)
+                    };
+                    b.add(
+                        &format!("{name}{axes:?}k{}", keepdim as u8),
+                        dt,
+                        vec![inp(shape, dt, vals, *view)],
+                        vec![tol],
+                        dt.is_float(),
+                        move |x| {
+                            Ok(vec![match name {
+                                "sum" => x[0].sum(&axes2, keepdim)?,
+                                "max" => x[0].max(&axes2, keepdim)?,
+                                _ => x[0].min(&axes2, keepdim)?,
+                            }])
+                        },
+                        move |x| vec![r::reduce(&x[0], &ax, keepdim, f)],
+                    );
                 }
             }
         }
     }
     // Zero-size: summing an empty axis gives zeros.
-    b.add("sum[0]", DType::F32, vec![inp(&[0, 5], DType::F32, u(-1.0, 1.0), View::Contiguous)], vec![default_tol(DType::F32)], true,
-        |x| Ok(vec![x[0].sum(&[0], false)?]), |x| vec![r::reduce(&x[0], &[0], false, r::sum)]);
+    b.add(
+        "sum[0]",
+        DType::F32,
+        vec![inp(&[0, 5], DType::F32, u(-1.0, 1.0), View::Contiguous)],
+        vec![default_tol(DType::F32)],
+        true,
+        |x| Ok(vec![x[0].sum(&[0], false)?]),
+        |x| vec![r::reduce(&x[0], &[0], false, r::sum)],
+    );
     let args: [(&str, RF); 2] = [("argmax", r::argmax), ("argmin", r::argmin)];
     for (name, f) in args {
-        for dt in [DType::F32, DType::F16, DType::BF16, DType::F64, DType::I32, DType::U8] {
-            for (shape, view, axis) in [(vec![45, 65], View::Transposed, 0isize), (vec![5, 31, 33], View::Narrowed, -1), (vec![31], View::Contiguous, 0)] {
-                let vals = if dt.is_float() { u(-4.0, 4.0) } else { Values::Ints(0, 200) };
-                let a = if axis < 0 { shape.len() - 1 } else { axis as usize };
-                b.add(name, dt, vec![inp(&shape, dt, vals, view)], vec![default_tol(DType::U32)], false,
-                    move |x| Ok(vec![if name == "argmax" { x[0].argmax(axis, false)? } else { x[0].argmin(axis, false)? }]),
-                    move |x| vec![r::reduce(&x[0], &[a], false, f)]);
+        for dt in [
+            DType::F32,
+            DType::F16,
+            DType::BF16,
+            DType::F64,
+            DType::I32,
+            DType::U8,
+        ] {
+            for (shape, view, axis) in [
+                (vec![45, 65], View::Transposed, 0isize),
+                (vec![5, 31, 33], View::Narrowed, -1),
+                (vec![31], View::Contiguous, 0),
+            ] {
+                let vals = if dt.is_float() {
+                    u(-4.0, 4.0)
+                } else {
+                    Values::Ints(0, 200)
+                };
+                let a = if axis < 0 {
+                    shape.len() - 1
+                } else {
+                    axis as usize
+                };
+                b.add(
+                    name,
+                    dt,
+                    vec![inp(&shape, dt, vals, view)],
+                    vec![default_tol(DType::U32)],
+                    false,
+                    move |x| {
+                        Ok(vec![if name == "argmax" {
+                            x[0].argmax(axis, false)?
+                        } else {
+                            x[0].argmin(axis, false)?
+                        }])
+                    },
+                    move |x| vec![r::reduce(&x[0], &[a], false, f)],
+                );
             }
         }
     }
     for dt in FLOATS {
         let tol = scaled(default_tol(dt), 4.0);
         let x = || vec![inp(&[5, 31, 33], dt, u(-3.0, 3.0), View::Narrowed)];
-        b.add("mean[0,2]", dt, x(), vec![tol], true, |x| Ok(vec![x[0].mean(&[0, 2], false)?]), |x| vec![r::reduce(&x[0], &[0, 2], false, r::mean)]);
-        b.add("var[1]", dt, x(), vec![tol], true, |x| Ok(vec![x[0].var(&[1], true, true)?]), |x| vec![r::reduce(&x[0], &[1], true, |v| r::var(v, true))]);
-        b.add("var[]", dt, x(), vec![tol], true, |x| Ok(vec![x[0].var(&[], false, false)?]), |x| vec![r::reduce(&x[0], &[0, 1, 2], false, |v| r::var(v, false))]);
-        b.add("logsumexp[-1]", dt, x(), vec![tol], true, |x| Ok(vec![x[0].logsumexp(&[-1], false)?]), |x| vec![r::reduce(&x[0], &[2], false, r::logsumexp)]);
-        b.add("logsumexp[0,1]", dt, x(), vec![tol], true, |x| Ok(vec![x[0].logsumexp(&[0, 1], true)?]), |x| vec![r::reduce(&x[0], &[0, 1], true, r::logsumexp)]);
+        b.add(
+            "mean[0,2]",
+            dt,
+            x(),
+            vec![tol],
+            true,
+            |x| Ok(vec![x[0].mean(&[0, 2], false)?]),
+            |x| vec![r::reduce(&x[0], &[0, 2], false, r::mean)],
+        );
+        b.add(
+            "var[1]",
+            dt,
+            x(),
+            vec![tol],
+            true,
+            |x| Ok(vec![x[0].var(&[1], true, true)?]),
+            |x| vec![r::reduce(&x[0], &[1], true, |v| r::var(v, true))],
+        );
+        b.add(
+            "var[]",
+            dt,
+            x(),
+            vec![tol],
+            true,
+            |x| Ok(vec![x[0].var(&[], false, false)?]),
+            |x| vec![r::reduce(&x[0], &[0, 1, 2], false, |v| r::var(v, false))],
+        );
+        b.add(
+            "logsumexp[-1]",
+            dt,
+            x(),
+            vec![tol],
+            true,
+            |x| Ok(vec![x[0].logsumexp(&[-1], false)?]),
+            |x| vec![r::reduce(&x[0], &[2], false, r::logsumexp)],
+        );
+        b.add(
+            "logsumexp[0,1]",
+            dt,
+            x(),
+            vec![tol],
+            true,
+            |x| Ok(vec![x[0].logsumexp(&[0, 1], true)?]),
+            |x| vec![r::reduce(&x[0], &[0, 1], true, r::logsumexp)],
+        );
     }
 }
 
@@ -248,8 +448,18 @@ fn matmul_cases(b: &mut B) {
         for (sa, wa, sb, wb) in &pairs {
             let k = *sa.last().unwrap_or(&1) as f64;
             let tol = scaled(default_tol(dt), k.sqrt().max(1.0));
-            b.add("matmul", dt, vec![inp(sa, dt, u(-1.0, 1.0), *wa), inp(sb, dt, u(-1.0, 1.0), *wb)], vec![tol], true,
-                |x| Ok(vec![x[0].matmul(&x[1])?]), |x| vec![r::matmul(&x[0], &x[1])]);
+            b.add(
+                "matmul",
+                dt,
+                vec![
+                    inp(sa, dt, u(-1.0, 1.0), *wa),
+                    inp(sb, dt, u(-1.0, 1.0), *wb),
+                ],
+                vec![tol],
+                true,
+                |x| Ok(vec![x[0].matmul(&x[1])?]),
+                |x| vec![r::matmul(&x[0], &x[1])],
+            );
         }
     }
 }
@@ -264,143 +474,384 @@ fn cast_cases(b: &mut B) {
                 d if d.is_int() => Values::Ints(-100_000, 100_000),
                 _ => u(-300.0, 300.0),
             };
-            let tol = if to.is_float() && from.is_float() { default_tol(to) } else { Tol { atol: 0.0, rtol: 0.0 } };
-            b.add(&format!("cast_to_{to}"), from, vec![inp(&[45, 65], from, vals, View::Transposed)], vec![tol], from.is_float() && to.is_float(),
+            let tol = if to.is_float() && from.is_float() {
+                default_tol(to)
+            } else {
+                Tol {
+                    atol: 0.0,
+                    rtol: 0.0,
+                }
+            };
+            b.add(
+                &format!("cast_to_{to}"),
+                from,
+                vec![inp(&[45, 65], from, vals, View::Transposed)],
+                vec![tol],
+                from.is_float() && to.is_float(),
                 move |x| Ok(vec![x[0].cast(to)?]),
                 move |x| {
                     // Ints and bools convert through i64 (wrapping into narrower ints), floats
                     // through f64 (truncating, saturating).
                     let through_int = !from.is_float();
                     vec![if through_int && to.is_int() {
-                        let v = x[0].data.iter().map(|&v| {
-                            let i = v as i64;
-                            match to { DType::I32 => i as i32 as f64, DType::U32 => i as u32 as f64, DType::U8 => i as u8 as f64, _ => i as f64 }
-                        }).collect();
+                        let v = x[0]
+                            .data
+                            .iter()
+                            .map(|&v| {
+                                let i = v as i64;
+                                match to {
+                                    DType::I32 => i as i32 as f64,
+                                    DType::U32 => i as u32 as f64,
+                                    DType::U8 => i as u8 as f64,
+                                    _ => i as f64,
+                                }
+                            })
+                            .collect();
                         Ref::new(x[0].shape.clone(), v)
                     } else {
                         r::cast(&x[0], to)
                     }]
-                });
+                },
+            );
         }
     }
 }
 
 fn index_cases(b: &mut B) {
     for dt in [DType::F32, DType::BF16, DType::I64, DType::Bool] {
-        let vals = if dt == DType::Bool { Values::Bools } else if dt.is_int() { Values::Ints(-50, 50) } else { u(-2.0, 2.0) };
+        let vals = if dt == DType::Bool {
+            Values::Bools
+        } else if dt.is_int() {
+            Values::Ints(-50, 50)
+        } else {
+            u(-2.0, 2.0)
+        };
         for (axis, n, idt) in [(0usize, 45i64, DType::U32), (1, 65, DType::I64)] {
-            b.add(&format!("index_select{axis}"), dt, vec![inp(&[45, 65], dt, vals, View::Transposed), inp(&[37], idt, Values::Ints(0, n), View::Contiguous)],
-                vec![default_tol(dt)], dt.is_float(),
+            b.add(
+                &format!("index_select{axis}"),
+                dt,
+                vec![
+                    inp(&[45, 65], dt, vals, View::Transposed),
+                    inp(&[37], idt, Values::Ints(0, n), View::Contiguous),
+                ],
+                vec![default_tol(dt)],
+                dt.is_float(),
                 move |x| Ok(vec![x[0].index_select(&x[1], axis as isize)?]),
-                move |x| vec![r::index_select(&x[0], &x[1].data.iter().map(|&v| v as usize).collect::<Vec<_>>(), axis)]);
+                move |x| {
+                    vec![r::index_select(
+                        &x[0],
+                        &x[1].data.iter().map(|&v| v as usize).collect::<Vec<_>>(),
+                        axis,
+                    )]
+                },
+            );
         }
-        b.add("gather1", dt, vec![inp(&[5, 7], dt, vals, View::Transposed), inp(&[5, 3], DType::I32, Values::Ints(0, 7), View::Contiguous)],
-            vec![default_tol(dt)], dt.is_float(), |x| Ok(vec![x[0].gather(&x[1], 1)?]), |x| vec![r::gather(&x[0], &x[1], 1)]);
-        b.add("gather0", dt, vec![inp(&[5, 7], dt, vals, View::Contiguous), inp(&[9, 6], DType::I64, Values::Ints(0, 5), View::Contiguous)],
-            vec![default_tol(dt)], dt.is_float(), |x| Ok(vec![x[0].gather(&x[1], 0)?]), |x| vec![r::gather(&x[0], &x[1], 0)]);
-        b.add("cat1", dt, vec![inp(&[2, 3, 4], dt, vals, View::Narrowed), inp(&[2, 5, 4], dt, vals, View::Contiguous), inp(&[2, 1, 4], dt, vals, View::Transposed)],
-            vec![default_tol(dt)], dt.is_float(), |x| Ok(vec![Tensor::cat(&[&x[0], &x[1], &x[2]], 1)?]), |x| vec![r::cat(&[&x[0], &x[1], &x[2]], 1)]);
-        b.add("stack0", dt, vec![inp(&[31, 3], dt, vals, View::Contiguous), inp(&[31, 3], dt, vals, View::Narrowed)],
-            vec![default_tol(dt)], dt.is_float(),
+        b.add(
+            "gather1",
+            dt,
+            vec![
+                inp(&[5, 7], dt, vals, View::Transposed),
+                inp(&[5, 3], DType::I32, Values::Ints(0, 7), View::Contiguous),
+            ],
+            vec![default_tol(dt)],
+            dt.is_float(),
+            |x| Ok(vec![x[0].gather(&x[1], 1)?]),
+            |x| vec![r::gather(&x[0], &x[1], 1)],
+        );
+        b.add(
+            "gather0",
+            dt,
+            vec![
+                inp(&[5, 7], dt, vals, View::Contiguous),
+                inp(&[9, 6], DType::I64, Values::Ints(0, 5), View::Contiguous),
+            ],
+            vec![default_tol(dt)],
+            dt.is_float(),
+            |x| Ok(vec![x[0].gather(&x[1], 0)?]),
+            |x| vec![r::gather(&x[0], &x[1], 0)],
+        );
+        b.add(
+            "cat1",
+            dt,
+            vec![
+                inp(&[2, 3, 4], dt, vals, View::Narrowed),
+                inp(&[2, 5, 4], dt, vals, View::Contiguous),
+                inp(&[2, 1, 4], dt, vals, View::Transposed),
+            ],
+            vec![default_tol(dt)],
+            dt.is_float(),
+            |x| Ok(vec![Tensor::cat(&[&x[0], &x[1], &x[2]], 1)?]),
+            |x| vec![r::cat(&[&x[0], &x[1], &x[2]], 1)],
+        );
+        b.add(
+            "stack0",
+            dt,
+            vec![
+                inp(&[31, 3], dt, vals, View::Contiguous),
+                inp(&[31, 3], dt, vals, View::Narrowed),
+            ],
+            vec![default_tol(dt)],
+            dt.is_float(),
             |x| Ok(vec![Tensor::stack(&[&x[0], &x[1]], 0)?]),
             |x| {
                 let a = Ref::new(vec![1, 31, 3], x[0].data.clone());
                 let c = Ref::new(vec![1, 31, 3], x[1].data.clone());
                 vec![r::cat(&[&a, &c], 0)]
-            });
-        b.add("split1", dt, vec![inp(&[4, 9], dt, vals, View::Transposed)], vec![default_tol(dt); 2], dt.is_float(),
+            },
+        );
+        b.add(
+            "split1",
+            dt,
+            vec![inp(&[4, 9], dt, vals, View::Transposed)],
+            vec![default_tol(dt); 2],
+            dt.is_float(),
             |x| x[0].split(&[2, 7], 1),
-            |x| vec![r::index_select(&x[0], &[0, 1], 1), r::index_select(&x[0], &[2, 3, 4, 5, 6, 7, 8], 1)]);
+            |x| {
+                vec![
+                    r::index_select(&x[0], &[0, 1], 1),
+                    r::index_select(&x[0], &[2, 3, 4, 5, 6, 7, 8], 1),
+                ]
+            },
+        );
     }
     for dt in [DType::F32, DType::F64, DType::I32] {
-        let vals = if dt.is_int() { Values::Ints(-50, 50) } else { u(-2.0, 2.0) };
-        b.add("scatter_add1", dt, vec![inp(&[5, 7], dt, vals, View::Transposed), inp(&[5, 9], DType::I64, Values::Ints(0, 7), View::Contiguous), inp(&[5, 9], dt, vals, View::Contiguous)],
-            vec![default_tol(dt)], dt.is_float(),
-            |x| Ok(vec![x[0].scatter_add(&x[1], &x[2], 1)?]), |x| vec![r::scatter_add(&x[0], &x[1], &x[2], 1)]);
-        b.add("scatter_add0", dt, vec![inp(&[5, 7], dt, vals, View::Contiguous), inp(&[12, 7], DType::U32, Values::Ints(0, 5), View::Contiguous), inp(&[12, 7], dt, vals, View::Contiguous)],
-            vec![default_tol(dt)], dt.is_float(),
-            |x| Ok(vec![x[0].scatter_add(&x[1], &x[2], 0)?]), |x| vec![r::scatter_add(&x[0], &x[1], &x[2], 0)]);
+        let vals = if dt.is_int() {
+            Values::Ints(-50, 50)
+        } else {
+            u(-2.0, 2.0)
+        };
+        b.add(
+            "scatter_add1",
+            dt,
+            vec![
+                inp(&[5, 7], dt, vals, View::Transposed),
+                inp(&[5, 9], DType::I64, Values::Ints(0, 7), View::Contiguous),
+                inp(&[5, 9], dt, vals, View::Contiguous),
+            ],
+            vec![default_tol(dt)],
+            dt.is_float(),
+            |x| Ok(vec![x[0].scatter_add(&x[1], &x[2], 1)?]),
+            |x| vec![r::scatter_add(&x[0], &x[1], &x[2], 1)],
+        );
+        b.add(
+            "scatter_add0",
+            dt,
+            vec![
+                inp(&[5, 7], dt, vals, View::Contiguous),
+                inp(&[12, 7], DType::U32, Values::Ints(0, 5), View::Contiguous),
+                inp(&[12, 7], dt, vals, View::Contiguous),
+            ],
+            vec![default_tol(dt)],
+            dt.is_float(),
+            |x| Ok(vec![x[0].scatter_add(&x[1], &x[2], 0)?]),
+            |x| vec![r::scatter_add(&x[0], &x[1], &x[2], 0)],
+        );
     }
-    b.add("embedding", DType::F32, vec![inp(&[50, 16], DType::F32, u(-1.0, 1.0), View::Contiguous), inp(&[3, 5], DType::U32, Values::Ints(0, 50), View::Contiguous)],
-        vec![default_tol(DType::F32)], true,
+    b.add(
+        "embedding",
+        DType::F32,
+        vec![
+            inp(&[50, 16], DType::F32, u(-1.0, 1.0), View::Contiguous),
+            inp(&[3, 5], DType::U32, Values::Ints(0, 50), View::Contiguous),
+        ],
+        vec![default_tol(DType::F32)],
+        true,
         |x| Ok(vec![Tensor::embedding(&x[0], &x[1])?]),
         |x| {
-            let mut o = r::index_select(&x[0], &x[1].data.iter().map(|&v| v as usize).collect::<Vec<_>>(), 0);
+            let mut o = r::index_select(
+                &x[0],
+                &x[1].data.iter().map(|&v| v as usize).collect::<Vec<_>>(),
+                0,
+            );
             o.shape = vec![3, 5, 16];
             vec![o]
-        });
+        },
+    );
 }
 
 fn scan_cases(b: &mut B) {
     for dt in [DType::F32, DType::F64, DType::F16, DType::I32, DType::I64] {
-        let vals = if dt.is_int() { Values::Ints(-50, 50) } else { u(-2.0, 2.0) };
+        let vals = if dt.is_int() {
+            Values::Ints(-50, 50)
+        } else {
+            u(-2.0, 2.0)
+        };
         for (axis, view) in [(0usize, View::Transposed), (1, View::Narrowed)] {
             let tol = scaled(default_tol(dt), 4.0);
-            b.add(&format!("cumsum{axis}"), dt, vec![inp(&[45, 65], dt, vals, view)], vec![tol], dt.is_float(),
-                move |x| Ok(vec![x[0].cumsum(axis as isize)?]), move |x| vec![r::along(&x[0], axis, r::cumsum)]);
+            b.add(
+                &format!("cumsum{axis}"),
+                dt,
+                vec![inp(&[45, 65], dt, vals, view)],
+                vec![tol],
+                dt.is_float(),
+                move |x| Ok(vec![x[0].cumsum(axis as isize)?]),
+                move |x| vec![r::along(&x[0], axis, r::cumsum)],
+            );
         }
     }
     for dt in [DType::F32, DType::BF16, DType::I32, DType::U8] {
-        let vals = if dt.is_int() { Values::Ints(0, 20) } else { u(-2.0, 2.0) };
-        for (axis, desc, view) in [(1usize, false, View::Contiguous), (0, true, View::Transposed), (1, true, View::Narrowed)] {
-            let exact = Tol { atol: 0.0, rtol: 0.0 };
-            b.add(&format!("sort{axis}{}", if desc { "desc" } else { "asc" }), dt, vec![inp(&[45, 65], dt, vals, view)], vec![exact, exact], false,
+        let vals = if dt.is_int() {
+            Values::Ints(0, 20)
+        } else {
+            u(-2.0, 2.0)
+        };
+        for (axis, desc, view) in [
+            (1usize, false, View::Contiguous),
+            (0, true, View::Transposed),
+            (1, true, View::Narrowed),
+        ] {
+            let exact = Tol {
+                atol: 0.0,
+                rtol: 0.0,
+            };
+            b.add(
+                &format!("sort{axis}{}", if desc { "desc" } else { "asc" }),
+                dt,
+                vec![inp(&[45, 65], dt, vals, view)],
+                vec![exact, exact],
+                false,
                 move |x| {
                     let (v, i) = x[0].sort(axis as isize, desc)?;
                     Ok(vec![v, i])
                 },
                 move |x| {
-                    let idx = r::along(&x[0], axis, |l| r::argsort(l, desc).iter().map(|&i| i as f64).collect());
-                    let vals = r::along(&x[0], axis, |l| r::argsort(l, desc).iter().map(|&i| l[i]).collect());
+                    let idx = r::along(&x[0], axis, |l| {
+                        r::argsort(l, desc).iter().map(|&i| i as f64).collect()
+                    });
+                    let vals = r::along(&x[0], axis, |l| {
+                        r::argsort(l, desc).iter().map(|&i| l[i]).collect()
+                    });
                     vec![vals, idx]
-                });
+                },
+            );
         }
-        let exact = Tol { atol: 0.0, rtol: 0.0 };
-        b.add("topk5", dt, vec![inp(&[7, 65], dt, vals, View::Transposed)], vec![exact, exact], false,
+        let exact = Tol {
+            atol: 0.0,
+            rtol: 0.0,
+        };
+        b.add(
+            "topk5",
+            dt,
+            vec![inp(&[7, 65], dt, vals, View::Transposed)],
+            vec![exact, exact],
+            false,
             |x| {
                 let (v, i) = x[0].topk(5, -1, true)?;
                 Ok(vec![v, i])
             },
             |x| {
-                let idx = r::along(&x[0], 1, |l| r::argsort(l, true).iter().map(|&i| i as f64).collect());
-                let vals = r::along(&x[0], 1, |l| r::argsort(l, true).iter().map(|&i| l[i]).collect());
+                let idx = r::along(&x[0], 1, |l| {
+                    r::argsort(l, true).iter().map(|&i| i as f64).collect()
+                });
+                let vals = r::along(&x[0], 1, |l| {
+                    r::argsort(l, true).iter().map(|&i| l[i]).collect()
+                });
                 let keep: Vec<usize> = (0..5).collect();
-                vec![r::index_select(&vals, &keep, 1), r::index_select(&idx, &keep, 1)]
-            });
+                vec![
+                    r::index_select(&vals, &keep, 1),
+                    r::index_select(&idx, &keep, 1),
+                ]
+            },
+        );
     }
 }
 
 fn fused_cases(b: &mut B) {
     for dt in FLOATS {
         let tol = scaled(default_tol(dt), 2.0);
-        for (shape, view, axis) in [(vec![1, 1], View::Contiguous, -1isize), (vec![31, 33], View::Narrowed, -1), (vec![45, 65], View::Transposed, 0), (vec![2, 3, 1000], View::Contiguous, -1)] {
-            let a = if axis < 0 { shape.len() - 1 } else { axis as usize };
-            b.add(&format!("softmax{axis}"), dt, vec![inp(&shape, dt, u(-6.0, 6.0), view)], vec![tol], true,
-                move |x| Ok(vec![x[0].softmax(axis)?]), move |x| vec![r::along(&x[0], a, r::softmax)]);
-            b.add(&format!("log_softmax{axis}"), dt, vec![inp(&shape, dt, u(-6.0, 6.0), view)], vec![scaled(tol, 2.0)], true,
-                move |x| Ok(vec![x[0].log_softmax(axis)?]), move |x| vec![r::along(&x[0], a, r::log_softmax)]);
+        for (shape, view, axis) in [
+            (vec![1, 1], View::Contiguous, -1isize),
+            (vec![31, 33], View::Narrowed, -1),
+            (vec![45, 65], View::Transposed, 0),
+            (vec![2, 3, 1000], View::Contiguous, -1),
+        ] {
+            let a = if axis < 0 {
+                shape.len() - 1
+            } else {
+                axis as usize
+            };
+            b.add(
+                &format!("softmax{axis}"),
+                dt,
+                vec![inp(&shape, dt, u(-6.0, 6.0), view)],
+                vec![tol],
+                true,
+                move |x| Ok(vec![x[0].softmax(axis)?]),
+                move |x| vec![r::along(&x[0], a, r::softmax)],
+            );
+            b.add(
+                &format!("log_softmax{axis}"),
+                dt,
+                vec![inp(&shape, dt, u(-6.0, 6.0), view)],
+                vec![scaled(tol, 2.0)],
+                true,
+                move |x| Ok(vec![x[0].log_softmax(axis)?]),
+                move |x| vec![r::along(&x[0], a, r::log_softmax)],
+            );
         }
-        for (shape, view) in [(vec![1, 1], View::Contiguous), (vec![31, 33], View::Narrowed), (vec![2, 45, 65], View::Transposed)] {
+        for (shape, view) in [
+            (vec![1, 1], View::Contiguous),
+            (vec![31, 33], View::Narrowed),
+            (vec![2, 45, 65], View::Transposed),
+        ] {
             let n = *shape.last().unwrap_or(&1);
             let ln_tol = scaled(default_tol(dt), 4.0);
-            b.add("layer_norm", dt, vec![inp(&shape, dt, u(-3.0, 3.0), view), inp(&[n], dt, u(0.5, 1.5), View::Contiguous), inp(&[n], dt, u(-1.0, 1.0), View::Contiguous)],
-                vec![ln_tol], true,
-                |x| Ok(vec![x[0].layer_norm(&x[1], &x[2], 1e-5)?]), |x| vec![r::layer_norm(&x[0], &x[1], &x[2], 1e-5)]);
-            b.add("rms_norm", dt, vec![inp(&shape, dt, u(-3.0, 3.0), view), inp(&[n], dt, u(0.5, 1.5), View::Contiguous)],
-                vec![ln_tol], true,
-                |x| Ok(vec![x[0].rms_norm(&x[1], 1e-6)?]), |x| vec![r::rms_norm(&x[0], &x[1], 1e-6)]);
+            b.add(
+                "layer_norm",
+                dt,
+                vec![
+                    inp(&shape, dt, u(-3.0, 3.0), view),
+                    inp(&[n], dt, u(0.5, 1.5), View::Contiguous),
+                    inp(&[n], dt, u(-1.0, 1.0), View::Contiguous),
+                ],
+                vec![ln_tol],
+                true,
+                |x| Ok(vec![x[0].layer_norm(&x[1], &x[2], 1e-5)?]),
+                |x| vec![r::layer_norm(&x[0], &x[1], &x[2], 1e-5)],
+            );
+            b.add(
+                "rms_norm",
+                dt,
+                vec![
+                    inp(&shape, dt, u(-3.0, 3.0), view),
+                    inp(&[n], dt, u(0.5, 1.5), View::Contiguous),
+                ],
+                vec![ln_tol],
+                true,
+                |x| Ok(vec![x[0].rms_norm(&x[1], 1e-6)?]),
+                |x| vec![r::rms_norm(&x[0], &x[1], 1e-6)],
+            );
         }
         for interleaved in [false, true] {
-            for (shape, view) in [(vec![2, 3, 5, 8], View::Contiguous), (vec![1, 31, 34], View::Narrowed)] {
+            for (shape, view) in [
+                (vec![2, 3, 5, 8], View::Contiguous),
+                (vec![1, 31, 34], View::Narrowed),
+            ] {
                 let l = shape[shape.len() - 2];
                 let h = shape[shape.len() - 1] / 2;
-                b.add(&format!("rope{}", if interleaved { "_interleaved" } else { "_halves" }), dt,
-                    vec![inp(&shape, dt, u(-2.0, 2.0), view), inp(&[l, h], dt, u(-1.0, 1.0), View::Contiguous), inp(&[l, h], dt, u(-1.0, 1.0), View::Contiguous)],
-                    vec![scaled(default_tol(dt), 2.0)], true,
-                    move |x| Ok(vec![x[0].rope(&x[1], &x[2], interleaved)?]), move |x| vec![r::rope(&x[0], &x[1], &x[2], interleaved)]);
+                b.add(
+                    &format!(
+                        "rope{}",
+                        if interleaved {
+                            "_interleaved"
+                        } else {
+                            "_halves"
+                        }
+                    ),
+                    dt,
+                    vec![
+                        inp(&shape, dt, u(-2.0, 2.0), view),
+                        inp(&[l, h], dt, u(-1.0, 1.0), View::Contiguous),
+                        inp(&[l, h], dt, u(-1.0, 1.0), View::Contiguous),
+                    ],
+                    vec![scaled(default_tol(dt), 2.0)],
+                    true,
+                    move |x| Ok(vec![x[0].rope(&x[1], &x[2], interleaved)?]),
+                    move |x| vec![r::rope(&x[0], &x[1], &x[2], interleaved)],
+                );
             }
         }
-        let shapes: [([usize; 4], [usize; 4], [usize; 4], bool); 5] = [
+        let shapes: [AttentionShapes; 5] = [
             ([2, 6, 5, 8], [2, 2, 7, 8], [2, 2, 7, 6], true),
             ([2, 6, 5, 8], [2, 2, 7, 8], [2, 2, 7, 6], false),
             ([1, 9, 1, 64], [1, 3, 33, 64], [1, 3, 33, 64], true),
@@ -409,11 +860,23 @@ fn fused_cases(b: &mut B) {
         ];
         for (qs, ks, vs, causal) in shapes {
             let scale = 1.0 / (qs[3] as f64).sqrt();
-            b.add(if causal { "attention_causal" } else { "attention" }, dt,
-                vec![inp(&qs, dt, u(-1.0, 1.0), View::Contiguous), inp(&ks, dt, u(-1.0, 1.0), View::Narrowed), inp(&vs, dt, u(-1.0, 1.0), View::Transposed)],
-                vec![scaled(default_tol(dt), 4.0)], true,
+            b.add(
+                if causal {
+                    "attention_causal"
+                } else {
+                    "attention"
+                },
+                dt,
+                vec![
+                    inp(&qs, dt, u(-1.0, 1.0), View::Contiguous),
+                    inp(&ks, dt, u(-1.0, 1.0), View::Narrowed),
+                    inp(&vs, dt, u(-1.0, 1.0), View::Transposed),
+                ],
+                vec![scaled(default_tol(dt), 4.0)],
+                true,
                 move |x| Ok(vec![Tensor::attention(&x[0], &x[1], &x[2], causal, None)?]),
-                move |x| vec![r::attention(&x[0], &x[1], &x[2], causal, scale)]);
+                move |x| vec![r::attention(&x[0], &x[1], &x[2], causal, scale)],
+            );
         }
     }
 }

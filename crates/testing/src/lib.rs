@@ -6,8 +6,8 @@
 //! Modes: `check_case` (a backend against the f64 reference; the CUDA backend runs the same
 //! list), and the case list's `run` closures are what gradient checks differentiate.
 
-pub mod reference;
 mod cases;
+pub mod reference;
 
 pub use cases::cases;
 use ferrite_core::{DType, Device, HostBuffer, Result, Tensor};
@@ -66,11 +66,26 @@ pub struct Tol {
 
 pub fn default_tol(dtype: DType) -> Tol {
     match dtype {
-        DType::F64 => Tol { atol: 1e-10, rtol: 1e-10 },
-        DType::F32 => Tol { atol: 1e-5, rtol: 1e-4 },
-        DType::F16 => Tol { atol: 2e-3, rtol: 4e-3 },
-        DType::BF16 => Tol { atol: 1e-2, rtol: 1.6e-2 },
-        _ => Tol { atol: 0.0, rtol: 0.0 },
+        DType::F64 => Tol {
+            atol: 1e-10,
+            rtol: 1e-10,
+        },
+        DType::F32 => Tol {
+            atol: 1e-5,
+            rtol: 1e-4,
+        },
+        DType::F16 => Tol {
+            atol: 2e-3,
+            rtol: 4e-3,
+        },
+        DType::BF16 => Tol {
+            atol: 1e-2,
+            rtol: 1.6e-2,
+        },
+        _ => Tol {
+            atol: 0.0,
+            rtol: 0.0,
+        },
     }
 }
 
@@ -111,7 +126,11 @@ fn draw(values: Values, n: usize, rng: &mut SplitMix) -> Vec<f64> {
             Values::Uniform(lo, hi) => lo + (hi - lo) * rng.unit(),
             Values::AwayFromZero(lo, hi) => {
                 let m = lo + (hi - lo) * rng.unit();
-                if rng.next_u64() & 1 == 0 { m } else { -m }
+                if rng.next_u64() & 1 == 0 {
+                    m
+                } else {
+                    -m
+                }
             }
             Values::Ints(lo, hi) => (lo + (rng.next_u64() % (hi - lo) as u64) as i64) as f64,
             Values::Bools => (rng.next_u64() & 1) as f64,
@@ -139,7 +158,11 @@ pub fn make_input(input: &Input, device: &Device, rng: &mut SplitMix) -> Result<
     };
     let n: usize = store_shape.iter().product();
     let vals = draw(input.values, n, rng);
-    let t = Tensor::from_host(HostBuffer::from_f64_slice(input.dtype, &vals), store_shape, device)?;
+    let t = Tensor::from_host(
+        HostBuffer::from_f64_slice(input.dtype, &vals),
+        store_shape,
+        device,
+    )?;
     let t = match view {
         View::Transposed => t.t()?,
         View::Narrowed => t.narrow(-1, 1, *shape.last().unwrap_or(&0))?,
@@ -153,9 +176,14 @@ pub fn make_input(input: &Input, device: &Device, rng: &mut SplitMix) -> Result<
 pub fn compare(got: &[f64], want: &[f64], tol: Tol) -> Option<(usize, f64, f64)> {
     let mut worst: Option<(usize, f64, f64, f64)> = None;
     for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
-        let ok = (g.is_nan() && w.is_nan()) || g == w || (g - w).abs() <= tol.atol + tol.rtol * w.abs();
+        let ok =
+            (g.is_nan() && w.is_nan()) || g == w || (g - w).abs() <= tol.atol + tol.rtol * w.abs();
         if !ok {
-            let excess = if (g - w).is_nan() { f64::INFINITY } else { (g - w).abs() };
+            let excess = if (g - w).is_nan() {
+                f64::INFINITY
+            } else {
+                (g - w).abs()
+            };
             if worst.is_none_or(|(_, _, _, e)| excess > e) {
                 worst = Some((i, g, w, excess));
             }
@@ -170,21 +198,37 @@ pub fn check_case(case: &OpCase, device: &Device, seed: u64) -> std::result::Res
     let mut ts = Vec::new();
     let mut refs = Vec::new();
     for input in &case.inputs {
-        let (t, r) = make_input(input, device, &mut rng).map_err(|e| format!("{}: making inputs: {e}", case.name))?;
+        let (t, r) = make_input(input, device, &mut rng)
+            .map_err(|e| format!("{}: making inputs: {e}", case.name))?;
         ts.push(t);
         refs.push(r);
     }
     let outs = (case.run)(&ts).map_err(|e| format!("{}: {e}", case.name))?;
     let wants = (case.reference)(&refs);
     if outs.len() != wants.len() {
-        return Err(format!("{}: {} outputs, reference has {}", case.name, outs.len(), wants.len()));
+        return Err(format!(
+            "{}: {} outputs, reference has {}",
+            case.name,
+            outs.len(),
+            wants.len()
+        ));
     }
     for (k, (o, w)) in outs.iter().zip(&wants).enumerate() {
         if o.dims() != w.shape.as_slice() {
-            return Err(format!("{}: output {k} has shape {:?}, reference {:?}", case.name, o.dims(), w.shape));
+            return Err(format!(
+                "{}: output {k} has shape {:?}, reference {:?}",
+                case.name,
+                o.dims(),
+                w.shape
+            ));
         }
-        let got = o.to_vec_f64().map_err(|e| format!("{}: reading output {k}: {e}", case.name))?;
-        let tol = case.tol.get(k).copied().unwrap_or(Tol { atol: 0.0, rtol: 0.0 });
+        let got = o
+            .to_vec_f64()
+            .map_err(|e| format!("{}: reading output {k}: {e}", case.name))?;
+        let tol = case.tol.get(k).copied().unwrap_or(Tol {
+            atol: 0.0,
+            rtol: 0.0,
+        });
         if let Some((i, g, wv)) = compare(&got, &w.data, tol) {
             return Err(format!(
                 "{}: output {k} element {i}: got {g}, want {wv} (atol {}, rtol {})",

@@ -29,9 +29,21 @@ pub fn broadcast_shape(a: &[usize], b: &[usize]) -> Vec<usize> {
     let r = a.len().max(b.len());
     (0..r)
         .map(|i| {
-            let da = if i + a.len() >= r { a[i + a.len() - r] } else { 1 };
-            let db = if i + b.len() >= r { b[i + b.len() - r] } else { 1 };
-            if da == 1 { db } else { da }
+            let da = if i + a.len() >= r {
+                a[i + a.len() - r]
+            } else {
+                1
+            };
+            let db = if i + b.len() >= r {
+                b[i + b.len() - r]
+            } else {
+                1
+            };
+            if da == 1 {
+                db
+            } else {
+                da
+            }
         })
         .collect()
 }
@@ -39,7 +51,12 @@ pub fn broadcast_shape(a: &[usize], b: &[usize]) -> Vec<usize> {
 /// Value of `x` at output coordinate `c` under broadcasting.
 fn bget(x: &Ref, c: &[usize]) -> f64 {
     let off = c.len() - x.shape.len();
-    let xc: Vec<usize> = x.shape.iter().enumerate().map(|(k, &d)| if d == 1 { 0 } else { c[off + k] }).collect();
+    let xc: Vec<usize> = x
+        .shape
+        .iter()
+        .enumerate()
+        .map(|(k, &d)| if d == 1 { 0 } else { c[off + k] })
+        .collect();
     x.data[ravel(&xc, &x.shape)]
 }
 
@@ -74,14 +91,23 @@ pub fn where_cond(c: &Ref, a: &Ref, b: &Ref) -> Ref {
     let n: usize = shape.iter().product();
     let data = (0..n).map(|i| {
         let co = unravel(i, &shape);
-        if bget(c, &co) != 0.0 { bget(a, &co) } else { bget(b, &co) }
+        if bget(c, &co) != 0.0 {
+            bget(a, &co)
+        } else {
+            bget(b, &co)
+        }
     });
     Ref::new(shape.clone(), data.collect())
 }
 
 /// Reduces `axes` with `f(values of one output element)`.
 pub fn reduce(x: &Ref, axes: &[usize], keepdim: bool, f: impl Fn(&[f64]) -> f64) -> Ref {
-    let kept_shape: Vec<usize> = x.shape.iter().enumerate().map(|(i, &d)| if axes.contains(&i) { 1 } else { d }).collect();
+    let kept_shape: Vec<usize> = x
+        .shape
+        .iter()
+        .enumerate()
+        .map(|(i, &d)| if axes.contains(&i) { 1 } else { d })
+        .collect();
     let n: usize = kept_shape.iter().product();
     let mut groups = vec![Vec::new(); n];
     for (i, &v) in x.data.iter().enumerate() {
@@ -94,7 +120,12 @@ pub fn reduce(x: &Ref, axes: &[usize], keepdim: bool, f: impl Fn(&[f64]) -> f64)
     let shape = if keepdim {
         kept_shape
     } else {
-        x.shape.iter().enumerate().filter(|(i, _)| !axes.contains(i)).map(|(_, &d)| d).collect()
+        x.shape
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| !axes.contains(i))
+            .map(|(_, &d)| d)
+            .collect()
     };
     Ref::new(shape, groups.iter().map(|g| f(g)).collect())
 }
@@ -140,8 +171,16 @@ pub fn logsumexp(v: &[f64]) -> f64 {
 
 /// NumPy matmul for rank >= 1 operands.
 pub fn matmul(a: &Ref, b: &Ref) -> Ref {
-    let a2 = if a.shape.len() == 1 { Ref::new(vec![1, a.shape[0]], a.data.clone()) } else { a.clone() };
-    let b2 = if b.shape.len() == 1 { Ref::new(vec![b.shape[0], 1], b.data.clone()) } else { b.clone() };
+    let a2 = if a.shape.len() == 1 {
+        Ref::new(vec![1, a.shape[0]], a.data.clone())
+    } else {
+        a.clone()
+    };
+    let b2 = if b.shape.len() == 1 {
+        Ref::new(vec![b.shape[0], 1], b.data.clone())
+    } else {
+        b.clone()
+    };
     let (ra, rb) = (a2.shape.len(), b2.shape.len());
     let (m, k, n) = (a2.shape[ra - 2], a2.shape[ra - 1], b2.shape[rb - 1]);
     let batch = broadcast_shape(&a2.shape[..ra - 2], &b2.shape[..rb - 2]);
@@ -175,7 +214,10 @@ pub fn matmul(a: &Ref, b: &Ref) -> Ref {
 
 /// Values converted to `dtype` by the documented cast rules, read back as f64.
 pub fn cast(x: &Ref, dtype: DType) -> Ref {
-    Ref::new(x.shape.clone(), HostBuffer::from_f64_slice(dtype, &x.data).to_f64_vec())
+    Ref::new(
+        x.shape.clone(),
+        HostBuffer::from_f64_slice(dtype, &x.data).to_f64_vec(),
+    )
 }
 
 /// Applies `f` to every 1-D line along `axis` (a line in, a line of the same length out).
@@ -208,10 +250,12 @@ pub fn log_softmax(v: &[f64]) -> Vec<f64> {
 }
 
 pub fn cumsum(v: &[f64]) -> Vec<f64> {
-    v.iter().scan(0.0, |s, &x| {
-        *s += x;
-        Some(*s)
-    }).collect()
+    v.iter()
+        .scan(0.0, |s, &x| {
+            *s += x;
+            Some(*s)
+        })
+        .collect()
 }
 
 /// Stable argsort, ascending or descending.
@@ -219,7 +263,11 @@ pub fn argsort(v: &[f64], descending: bool) -> Vec<usize> {
     let mut p: Vec<usize> = (0..v.len()).collect();
     p.sort_by(|&i, &j| {
         let o = v[i].partial_cmp(&v[j]).unwrap_or(std::cmp::Ordering::Equal);
-        if descending { o.reverse() } else { o }
+        if descending {
+            o.reverse()
+        } else {
+            o
+        }
     });
     p
 }
@@ -277,7 +325,10 @@ pub fn layer_norm(x: &Ref, w: &Ref, b: &Ref, eps: f64) -> Ref {
     along(x, last, |v| {
         let m = mean(v);
         let s = (var(v, false) + eps).sqrt();
-        v.iter().enumerate().map(|(i, x)| (x - m) / s * w.data[i] + b.data[i]).collect()
+        v.iter()
+            .enumerate()
+            .map(|(i, x)| (x - m) / s * w.data[i] + b.data[i])
+            .collect()
     })
 }
 
@@ -285,7 +336,10 @@ pub fn rms_norm(x: &Ref, w: &Ref, eps: f64) -> Ref {
     let last = x.shape.len() - 1;
     along(x, last, |v| {
         let r = (v.iter().map(|x| x * x).sum::<f64>() / v.len() as f64 + eps).sqrt();
-        v.iter().enumerate().map(|(i, x)| x / r * w.data[i]).collect()
+        v.iter()
+            .enumerate()
+            .map(|(i, x)| x / r * w.data[i])
+            .collect()
     })
 }
 
@@ -297,7 +351,11 @@ pub fn rope(x: &Ref, cos: &Ref, sin: &Ref, interleaved: bool) -> Ref {
     for row in 0..x.data.len() / d.max(1) {
         let p = row % l;
         for i in 0..h {
-            let (ia, ib) = if interleaved { (2 * i, 2 * i + 1) } else { (i, i + h) };
+            let (ia, ib) = if interleaved {
+                (2 * i, 2 * i + 1)
+            } else {
+                (i, i + h)
+            };
             let (a, b) = (x.data[row * d + ia], x.data[row * d + ib]);
             let (c, s) = (cos.data[p * h + i], sin.data[p * h + i]);
             out[row * d + ia] = a * c - b * s;
@@ -321,14 +379,20 @@ pub fn attention(q: &Ref, k: &Ref, v: &Ref, causal: bool, scale: f64) -> Ref {
                         continue;
                     }
                     let dot: f64 = (0..d)
-                        .map(|t| q.data[((bi * hq + h) * lq + i) * d + t] * k.data[((bi * hkv + kh) * lk + j) * d + t])
+                        .map(|t| {
+                            q.data[((bi * hq + h) * lq + i) * d + t]
+                                * k.data[((bi * hkv + kh) * lk + j) * d + t]
+                        })
                         .sum();
                     s.push(dot * scale);
                 }
                 let p = softmax(&s);
                 for t in 0..dv {
-                    out[((bi * hq + h) * lq + i) * dv + t] =
-                        p.iter().enumerate().map(|(j, pj)| pj * v.data[((bi * hkv + kh) * lk + j) * dv + t]).sum();
+                    out[((bi * hq + h) * lq + i) * dv + t] = p
+                        .iter()
+                        .enumerate()
+                        .map(|(j, pj)| pj * v.data[((bi * hkv + kh) * lk + j) * dv + t])
+                        .sum();
                 }
             }
         }

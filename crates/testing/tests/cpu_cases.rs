@@ -7,7 +7,12 @@ fn every_op_case_matches_the_f64_reference_on_cpu() {
     let dev = ferrite_cpu::cpu();
     let (passed, failures) = ferrite_testing::check_all(&dev);
     let total = ferrite_testing::cases().len();
-    assert!(failures.is_empty(), "{} of {total} cases failed:\n{}", failures.len(), failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{} of {total} cases failed:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
     assert_eq!(passed, total);
     assert!(total > 1000, "the case list shrank to {total}");
 }
@@ -17,7 +22,11 @@ fn case_names_are_unique() {
     let cases = ferrite_testing::cases();
     let mut seen = HashSet::new();
     for c in &cases {
-        assert!(seen.insert(c.name.clone()), "duplicate case name {}", c.name);
+        assert!(
+            seen.insert(c.name.clone()),
+            "duplicate case name {}",
+            c.name
+        );
     }
 }
 
@@ -27,7 +36,12 @@ fn the_harness_rejects_a_wrong_result() {
     use std::sync::Arc;
     let case = OpCase {
         name: "exp_vs_wrong_reference".into(),
-        inputs: vec![Input { shape: vec![31], dtype: ferrite_core::DType::F32, values: Values::Uniform(-1.0, 1.0), view: View::Narrowed }],
+        inputs: vec![Input {
+            shape: vec![31],
+            dtype: ferrite_core::DType::F32,
+            values: Values::Uniform(-1.0, 1.0),
+            view: View::Narrowed,
+        }],
         run: Arc::new(|x| Ok(vec![x[0].exp()?])),
         // exp(x) * (1 + 1e-3): a relative error 10x the f32 tolerance.
         reference: Arc::new(|x| vec![ferrite_testing::reference::map(&x[0], |v| v.exp() * 1.001)]),
@@ -35,15 +49,56 @@ fn the_harness_rejects_a_wrong_result() {
         differentiable: true,
     };
     let err = check_case(&case, &ferrite_cpu::cpu(), 1).unwrap_err();
-    assert!(err.contains("exp_vs_wrong_reference: output 0 element"), "{err}");
+    assert!(
+        err.contains("exp_vs_wrong_reference: output 0 element"),
+        "{err}"
+    );
 }
 
 #[test]
 fn case_list_covers_every_op_kind() {
-    let names: Vec<String> = ferrite_testing::cases().into_iter().map(|c| c.name).collect();
-    for op in ["neg/", "gelu/", "gelu_tanh/", "round/", "add/", "pow/", "maximum/", "eq/", "ge/", "where/", "sum[", "max[", "argmax/", "argmin/",
-        "mean[", "var[", "logsumexp[", "matmul/", "cast_to_bf16/", "index_select0/", "gather1/", "scatter_add0/", "cat1/", "stack0/", "split1/", "embedding/",
-        "cumsum0/", "sort1asc/", "topk5/", "softmax-1/", "log_softmax0/", "layer_norm/", "rms_norm/", "rope_interleaved/", "rope_halves/", "attention_causal/"] {
+    let names: Vec<String> = ferrite_testing::cases()
+        .into_iter()
+        .map(|c| c.name)
+        .collect();
+    for op in [
+        "neg/",
+        "gelu/",
+        "gelu_tanh/",
+        "round/",
+        "add/",
+        "pow/",
+        "maximum/",
+        "eq/",
+        "ge/",
+        "where/",
+        "sum[",
+        "max[",
+        "argmax/",
+        "argmin/",
+        "mean[",
+        "var[",
+        "logsumexp[",
+        "matmul/",
+        "cast_to_bf16/",
+        "index_select0/",
+        "gather1/",
+        "scatter_add0/",
+        "cat1/",
+        "stack0/",
+        "split1/",
+        "embedding/",
+        "cumsum0/",
+        "sort1asc/",
+        "topk5/",
+        "softmax-1/",
+        "log_softmax0/",
+        "layer_norm/",
+        "rms_norm/",
+        "rope_interleaved/",
+        "rope_halves/",
+        "attention_causal/",
+    ] {
         assert!(names.iter().any(|n| n.starts_with(op)), "no case for {op}");
     }
     // Zero-size and odd shapes are present.
