@@ -19,7 +19,7 @@ crates/llm/tests/fixtures/:
                      final-position logits summary, perplexity of genesis_1.txt at ctx 128/512
   <model>_logits.bin final-position logits of `LOGITS_PROMPT`, f32 little-endian, full vocab
   tokenizer_fuzz.json  600 random strings (seeded: spaces, digits, punctuation, scripts, emoji,
-                     special-token texts) with both models' ids (add_special_tokens=True)
+                     special-token texts) + FUZZ_EXTRA, with both models' ids (add_special_tokens)
   chat_templates.json  extra jinja templates (tests/fixtures/templates/*.jinja, from llama.cpp)
                      rendered by transformers' apply_chat_template
 
@@ -129,6 +129,13 @@ FUZZ_ATOMS = [
     "<", "|", "im_", "def ", "return ", "    ", "\t\t", "==", "->", "::", "http://", ".com",
 ]
 FUZZ_CASES = 600
+# Appended to the random ones: byte-token and control-token spellings, long runs.
+FUZZ_EXTRA = [
+    "<0x41>", "a<0x0A>b", "<0xFF><0xFE>", " <0x20>", "<unk> <mask> <pad>", "<unused0><unused99>x",
+    "▁hello ▁▁", "\u2581", "hello\u2581world", "<start_of_image>", "[multimodal]x",
+    "<|im_start|><|im_start|>", "<|endoftext|>text", "<repo_name>x<reponame>", "\n" * 35,
+    "\t" * 34, " " * 40, "x" + " " * 33 + "y",
+]
 
 # Extra variables the Rust side passes too (templates that print a date read this).
 TEMPLATE_EXTRA = {"date_string": "26 Jul 2024"}
@@ -347,6 +354,7 @@ def fuzz_fixture(mdir):
 
     rng = random.Random(1)
     texts = ["".join(rng.choice(FUZZ_ATOMS) for _ in range(rng.randint(1, 12))) for _ in range(FUZZ_CASES)]
+    texts += FUZZ_EXTRA
     fx = {"texts": texts}
     for key, name in MODELS.items():
         tok = AutoTokenizer.from_pretrained(str(mdir), gguf_file=name)
