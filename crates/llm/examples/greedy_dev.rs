@@ -8,7 +8,12 @@ use ferrite_llm::{Logits, Model, Session};
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().collect();
     let mut model = Model::load(&args[1])?;
-    model.set_exact(std::env::var_os("EXACT").is_some());
+    if std::env::var_os("EXACT").is_some() {
+        model.set_precision(ferrite_llm::Precision::Exact);
+    }
+    if std::env::var_os("X2").is_some() {
+        model.set_precision(ferrite_llm::Precision::Q8x2);
+    }
     let tok = Tokenizer::from_gguf(model.gguf())?;
     let n: usize = args.get(3).map_or(Ok(32), |s| s.parse())?;
     let ids = tok.encode(&args[2], true)?;

@@ -4,6 +4,7 @@
 
 pub mod chat;
 pub mod error;
+pub mod generate;
 pub mod kernels;
 pub mod kv_cache;
 pub mod model;
@@ -12,4 +13,4 @@ pub mod sampler;
 pub mod tokenizer;
 
 pub use error::{Error, Result};
-pub use model::{Config, Logits, Model, Session};
+pub use model::{Config, Logits, Model, Precision, Session};

@@ -1,24 +1,26 @@
 //! A small persistent thread pool for the many short parallel loops of one decode step
 //! (about 200 per token). Workers spin briefly between jobs, then sleep, so back-to-back
 //! jobs start in well under a microsecond instead of paying a wake-up each (rayon's cost
-//! here measured larger than the work itself on 2 cores). Tasks are claimed dynamically
-//! through an atomic counter; the calling thread works too.
+//! here measured larger than the work itself on 2 cores).
+//!
+//! Tasks are claimed one at a time through an atomic (epoch, next index) word, and a job is
+//! complete when every task has *finished*, not when every worker has checked in: a worker
+//! that is descheduled (a busy machine) costs nothing, the caller just runs more tasks.
 
-use std::cell::UnsafeCell;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-type Job = *const (dyn Fn(usize) + Sync);
+type JobRef<'a> = &'a (dyn Fn(usize) + Sync);
 
 struct Inner {
-    epoch: AtomicUsize,
-    /// Set before `epoch` is bumped; read by workers after they observe the new epoch.
-    job: UnsafeCell<Option<Job>>,
+    /// High 32 bits: job epoch; low 32 bits: next unclaimed task index.
+    state: AtomicU64,
+    /// Points at the current job's `JobRef` (on the caller's stack), published before the
+    /// epoch; dereferenced only after claiming a task of that epoch.
+    job: AtomicPtr<u8>,
     n_tasks: AtomicUsize,
-    next: AtomicUsize,
-    /// Workers still inside the current job.
-    active: AtomicUsize,
+    done: AtomicUsize,
     sleeping: AtomicUsize,
     panicked: AtomicBool,
     shutdown: AtomicBool,
@@ -26,31 +28,54 @@ struct Inner {
     cv: Condvar,
 }
 
-// SAFETY: `job` is written only by the (single) caller of `run` while no worker reads it
-// (all workers have left the previous job: `active == 0`), and read by workers only between
-// observing a new epoch and decrementing `active`.
-unsafe impl Sync for Inner {}
-// SAFETY: as above; the raw job pointer is only dereferenced under that protocol.
-unsafe impl Send for Inner {}
-
 pub struct Pool {
     inner: Arc<Inner>,
     n_workers: usize,
     run_lock: Mutex<()>,
 }
 
-const SPIN: Duration = Duration::from_micros(200);
+const SPIN: Duration = Duration::from_micros(300);
+
+impl Inner {
+    /// Claims the next task of epoch `epoch`; None when that job has no task left or a newer
+    /// job replaced it.
+    fn claim(&self, epoch: u64, n_tasks: usize) -> Option<usize> {
+        let mut cur = self.state.load(Ordering::Acquire);
+        loop {
+            if cur >> 32 != epoch || (cur & 0xFFFF_FFFF) as usize >= n_tasks {
+                return None;
+            }
+            match self.state.compare_exchange_weak(cur, cur + 1, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => return Some((cur & 0xFFFF_FFFF) as usize),
+                Err(now) => cur = now,
+            }
+        }
+    }
+
+    /// Runs claimed tasks of `epoch` until none is left.
+    fn work(&self, epoch: u64, n_tasks: usize, job: *const JobRef<'_>) {
+        while let Some(i) = self.claim(epoch, n_tasks) {
+            // SAFETY: a task of `epoch` was claimed and is not finished, so the caller of
+            // `run` for that epoch is still waiting and its `JobRef` is alive.
+            let f = unsafe { *job };
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(i)));
+            if r.is_err() {
+                self.panicked.store(true, Ordering::Relaxed);
+            }
+            self.done.fetch_add(1, Ordering::AcqRel);
+        }
+    }
+}
 
 impl Pool {
     /// A pool running jobs on `threads` threads in total (the caller plus threads - 1 workers).
     pub fn new(threads: usize) -> Pool {
         let n_workers = threads.max(1) - 1;
         let inner = Arc::new(Inner {
-            epoch: AtomicUsize::new(0),
-            job: UnsafeCell::new(None),
+            state: AtomicU64::new(0),
+            job: AtomicPtr::new(std::ptr::null_mut()),
             n_tasks: AtomicUsize::new(0),
-            next: AtomicUsize::new(0),
-            active: AtomicUsize::new(0),
+            done: AtomicUsize::new(0),
             sleeping: AtomicUsize::new(0),
             panicked: AtomicBool::new(false),
             shutdown: AtomicBool::new(false),
@@ -82,39 +107,36 @@ impl Pool {
     }
 
     /// Calls `f(i)` for every i in 0..n_tasks across the pool; returns when all are done.
+    /// Panics (after all tasks ended) if a task panicked.
     pub fn run(&self, n_tasks: usize, f: &(dyn Fn(usize) + Sync)) {
-        if n_tasks == 0 {
-            return;
-        }
-        if self.n_workers == 0 || n_tasks == 1 {
+        if self.n_workers == 0 || n_tasks <= 1 {
             (0..n_tasks).for_each(f);
             return;
         }
+        assert!(n_tasks < u32::MAX as usize, "Pool::run: too many tasks");
         // One job at a time (a second caller, e.g. another session's thread, waits).
         let _g = self.run_lock.lock().unwrap_or_else(|e| e.into_inner());
         let s = &*self.inner;
-        // SAFETY: erases the lifetime of `f`; the pointer is used only until every worker
-        // has decremented `active`, which this function waits for before returning.
-        let job: Job = unsafe { std::mem::transmute::<&(dyn Fn(usize) + Sync), &'static (dyn Fn(usize) + Sync)>(f) };
-        // SAFETY: no worker reads `job` now: the previous run ended with active == 0.
-        unsafe { *s.job.get() = Some(job) };
+        let job: JobRef<'_> = f;
+        let job_ptr: *const JobRef<'_> = &job;
+        let epoch = (s.state.load(Ordering::Relaxed) >> 32) + 1;
         s.n_tasks.store(n_tasks, Ordering::Relaxed);
-        s.next.store(0, Ordering::Relaxed);
-        s.active.store(self.n_workers, Ordering::Relaxed);
-        s.epoch.fetch_add(1, Ordering::SeqCst);
+        s.done.store(0, Ordering::Relaxed);
+        s.job.store(job_ptr as *mut u8, Ordering::Relaxed);
+        s.state.store(epoch << 32, Ordering::SeqCst);
         if s.sleeping.load(Ordering::SeqCst) > 0 {
             let _l = s.lock.lock().unwrap_or_else(|e| e.into_inner());
             s.cv.notify_all();
         }
-        loop {
-            let i = s.next.fetch_add(1, Ordering::Relaxed);
-            if i >= n_tasks {
-                break;
+        s.work(epoch, n_tasks, job_ptr);
+        let mut spins = 0u32;
+        while s.done.load(Ordering::Acquire) < n_tasks {
+            spins += 1;
+            if spins > 1 << 12 {
+                std::thread::yield_now();
+            } else {
+                std::hint::spin_loop();
             }
-            f(i);
-        }
-        while s.active.load(Ordering::Acquire) != 0 {
-            std::hint::spin_loop();
         }
         if s.panicked.swap(false, Ordering::Relaxed) {
             panic!("a pool task panicked");
@@ -131,54 +153,37 @@ impl Drop for Pool {
 }
 
 fn worker(s: &Inner) {
-    // Epoch 0 is the state at creation: a job published before this thread started still
-    // counts on it.
-    let mut seen = 0;
+    let mut seen = 0u64;
     loop {
         // Wait for a new epoch: spin for SPIN, then sleep on the condvar.
         let start = Instant::now();
         let mut spins = 0u32;
-        loop {
+        let epoch = loop {
             if s.shutdown.load(Ordering::Relaxed) {
                 return;
             }
-            if s.epoch.load(Ordering::Acquire) != seen {
-                break;
+            let e = s.state.load(Ordering::Acquire) >> 32;
+            if e != seen {
+                break e;
             }
             spins += 1;
             if spins % 1024 == 0 && start.elapsed() > SPIN {
                 let mut l = s.lock.lock().unwrap_or_else(|e| e.into_inner());
                 s.sleeping.fetch_add(1, Ordering::SeqCst);
-                while s.epoch.load(Ordering::SeqCst) == seen && !s.shutdown.load(Ordering::SeqCst) {
+                while s.state.load(Ordering::SeqCst) >> 32 == seen && !s.shutdown.load(Ordering::SeqCst) {
                     l = s.cv.wait(l).unwrap_or_else(|e| e.into_inner());
                 }
                 s.sleeping.fetch_sub(1, Ordering::SeqCst);
-                drop(l);
-                spins = 0;
             } else {
                 std::hint::spin_loop();
             }
-        }
-        seen = s.epoch.load(Ordering::Acquire);
-        // SAFETY: the job was published before the epoch we observed, and stays valid
-        // until we decrement `active` below.
-        let job = unsafe { *s.job.get() };
-        if let Some(job) = job {
-            // SAFETY: see above.
-            let f = unsafe { &*job };
-            let n = s.n_tasks.load(Ordering::Relaxed);
-            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| loop {
-                let i = s.next.fetch_add(1, Ordering::Relaxed);
-                if i >= n {
-                    break;
-                }
-                f(i);
-            }));
-            if r.is_err() {
-                s.panicked.store(true, Ordering::Relaxed);
-            }
-        }
-        s.active.fetch_sub(1, Ordering::Release);
+        };
+        seen = epoch;
+        // Published before the epoch (Release/Acquire through `state`); only dereferenced
+        // after a successful claim of a task of this epoch.
+        let job = s.job.load(Ordering::Acquire) as *const JobRef<'_>;
+        let n_tasks = s.n_tasks.load(Ordering::Acquire);
+        s.work(epoch, n_tasks, job);
     }
 }
 

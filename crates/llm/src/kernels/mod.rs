@@ -3,8 +3,7 @@
 //! A weight matrix `W` is `rows x cols` in GGUF layout: row r is `cols` contiguous elements,
 //! i.e. `cols / block_size` blocks. `matmul` computes `out[t][r] = dot(W[r], x[t])` for a
 //! batch of `t` activation rows. Activations are quantized once per product ([`Acts`]) to
-//! the 8-bit blocks each weight format pairs with: Q8 (32) for Q4_0/Q4_1/Q5_0/Q5_1/Q8_0,
-//! Q8_K (256) for Q4_K/Q6_K; other formats (F32, F16, BF16, Q2_K, Q3_K, Q5_K) dequantize
+//! 8-bit blocks of 32 (one scale each) for Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q4_K/Q6_K; other formats (F32, F16, BF16, Q2_K, Q3_K, Q5_K) dequantize
 //! each row and take an f32 dot product. Rows are split across the thread pool in chunks;
 //! each chunk runs every activation row, so a chunk of weights stays in cache for the batch.
 //!
@@ -19,7 +18,7 @@ pub mod q8_0;
 
 use ferrite_gguf::GgmlType;
 
-use q8::{BlockQ8, BlockQ8K};
+use q8::BlockQ8;
 
 /// Instruction set a kernel runs with; `Avx2` means avx2 + fma + f16c were detected at run
 /// time.
@@ -104,15 +103,21 @@ pub(crate) mod x86 {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ActFormat {
     Q8,
-    Q8K,
+    /// Q8 plus an 8-bit residual (`q8::quantize_q8x2`): two integer passes, ~15-bit accuracy.
+    Q8x2,
     F32,
 }
 
 impl ActFormat {
     pub fn for_weight(ty: GgmlType) -> ActFormat {
         match ty {
-            GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q8_0 => ActFormat::Q8,
-            GgmlType::Q4_K | GgmlType::Q6_K => ActFormat::Q8K,
+            GgmlType::Q4_0
+            | GgmlType::Q4_1
+            | GgmlType::Q5_0
+            | GgmlType::Q5_1
+            | GgmlType::Q8_0
+            | GgmlType::Q4_K
+            | GgmlType::Q6_K => ActFormat::Q8,
             _ => ActFormat::F32,
         }
     }
@@ -168,7 +173,7 @@ pub struct Acts {
     t: usize,
     cols: usize,
     q8: Vec<BlockQ8>,
-    q8k: Vec<BlockQ8K>,
+    q8_lo: Vec<BlockQ8>,
     f32: Vec<f32>,
     has: [bool; 3],
 }
@@ -191,10 +196,13 @@ impl Acts {
                     self.q8.resize(t * cols / 32, BlockQ8::default());
                     q8::quantize_q8(x, &mut self.q8);
                 }
-                ActFormat::Q8K => {
-                    assert_eq!(cols % 256, 0, "Acts::quantize: cols {cols} not a multiple of 256");
-                    self.q8k.resize(t * cols / 256, BlockQ8K::default());
-                    q8::quantize_q8k(x, &mut self.q8k);
+                ActFormat::Q8x2 => {
+                    assert_eq!(cols % 32, 0, "Acts::quantize: cols {cols} not a multiple of 32");
+                    self.q8.resize(t * cols / 32, BlockQ8::default());
+                    self.q8_lo.resize(t * cols / 32, BlockQ8::default());
+                    q8::quantize_q8x2(x, &mut self.q8, &mut self.q8_lo);
+                    // The hi half is plain Q8 of x.
+                    self.has[ActFormat::Q8 as usize] = true;
                 }
                 ActFormat::F32 => {
                     self.f32.clear();
@@ -232,7 +240,7 @@ pub fn matmul(isa: Isa, acts: &Acts, ops: &mut [MatOut<'_, '_>]) {
     for op in ops.iter() {
         assert_eq!(op.w.cols, acts.cols, "matmul: weight has {} columns, activations {}", op.w.cols, acts.cols);
         assert_eq!(op.out.len(), t * op.w.rows, "matmul: output is not t x rows");
-        let native = acts.has[ActFormat::for_weight(op.w.ty) as usize];
+        let native = ActFormat::for_weight(op.w.ty) == ActFormat::Q8 && acts.has[ActFormat::Q8 as usize];
         assert!(native || acts.has[ActFormat::F32 as usize], "matmul: activations not prepared for {}", op.w.ty);
     }
     let total_rows: usize = ops.iter().map(|o| o.w.rows).sum();
@@ -259,12 +267,29 @@ pub fn matmul(isa: Isa, acts: &Acts, ops: &mut [MatOut<'_, '_>]) {
     let run = |&(k, r0, r1): &(usize, usize, usize)| {
         let w = &ws[k];
         let out = ptrs[k];
-        let mut tmp = Vec::new();
+        if !acts.has[ActFormat::Q8 as usize] || ActFormat::for_weight(w.ty) == ActFormat::F32 {
+            // f32 path: dequantize each row once for the whole batch.
+            let mut row = vec![0f32; w.cols];
+            for r in r0..r1 {
+                w.dequantize_row(r, &mut row);
+                for ti in 0..t {
+                    let v = float::dot_f32(isa, &row, &acts.f32[ti * w.cols..(ti + 1) * w.cols]);
+                    // SAFETY: (ti, r) is inside the t x rows output, and row r belongs to
+                    // this task only, so no other task writes this element.
+                    unsafe { *out.0.add(ti * w.rows + r) = v };
+                }
+            }
+            return;
+        }
+        let x2 = acts.has[ActFormat::Q8x2 as usize];
+        let nb = w.cols / 32;
         for ti in 0..t {
             for r in r0..r1 {
-                let v = dot_row(isa, w, r, acts, ti, &mut tmp);
-                // SAFETY: (ti, r) is inside the t x rows output, and row r belongs to this
-                // task only, so no other task writes this element.
+                let mut v = dot_row(isa, w, r, &acts.q8[ti * nb..(ti + 1) * nb]);
+                if x2 {
+                    v += dot_row(isa, w, r, &acts.q8_lo[ti * nb..(ti + 1) * nb]);
+                }
+                // SAFETY: as above.
                 unsafe { *out.0.add(ti * w.rows + r) = v };
             }
         }
@@ -276,38 +301,19 @@ pub fn matmul(isa: Isa, acts: &Acts, ops: &mut [MatOut<'_, '_>]) {
     }
 }
 
-/// dot(w[r], x[ti]) with the kernel for w's type. `tmp` is scratch for dequantizing fallbacks.
+/// dot(w[r], a) with the integer kernel for w's type; `a` is one activation row.
 #[inline]
-fn dot_row(isa: Isa, w: &QMat<'_>, r: usize, acts: &Acts, ti: usize, tmp: &mut Vec<f32>) -> f32 {
+fn dot_row(isa: Isa, w: &QMat<'_>, r: usize, a: &[BlockQ8]) -> f32 {
     let row = w.row(r);
-    let cols = w.cols;
-    let ty = if acts.has[ActFormat::for_weight(w.ty) as usize] { w.ty } else { GgmlType::F32 };
-    match ty {
-        GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q8_0 => {
-            let nb = cols / 32;
-            let a = &acts.q8[ti * nb..(ti + 1) * nb];
-            match w.ty {
-                GgmlType::Q4_0 => q4::dot_q4_0(isa, row, a),
-                GgmlType::Q4_1 => q4::dot_q4_1(isa, row, a),
-                GgmlType::Q5_0 => q5::dot_q5_0(isa, row, a),
-                GgmlType::Q5_1 => q5::dot_q5_1(isa, row, a),
-                _ => q8_0::dot_q8_0(isa, row, a),
-            }
-        }
-        GgmlType::Q4_K | GgmlType::Q6_K => {
-            let nb = cols / 256;
-            let a = &acts.q8k[ti * nb..(ti + 1) * nb];
-            if w.ty == GgmlType::Q4_K {
-                k_quants::dot_q4_k(isa, row, a)
-            } else {
-                k_quants::dot_q6_k(isa, row, a)
-            }
-        }
-        _ => {
-            tmp.resize(cols, 0.0);
-            w.dequantize_row(r, tmp);
-            float::dot_f32(isa, tmp, &acts.f32[ti * cols..(ti + 1) * cols])
-        }
+    match w.ty {
+        GgmlType::Q4_0 => q4::dot_q4_0(isa, row, a),
+        GgmlType::Q4_1 => q4::dot_q4_1(isa, row, a),
+        GgmlType::Q5_0 => q5::dot_q5_0(isa, row, a),
+        GgmlType::Q5_1 => q5::dot_q5_1(isa, row, a),
+        GgmlType::Q8_0 => q8_0::dot_q8_0(isa, row, a),
+        GgmlType::Q4_K => k_quants::dot_q4_k(isa, row, a),
+        GgmlType::Q6_K => k_quants::dot_q6_k(isa, row, a),
+        other => unreachable!("dot_row: {other} has no integer kernel (ActFormat::for_weight)"),
     }
 }
 
@@ -383,10 +389,14 @@ mod tests {
                 let x = rand_f32(t * cols, 7 + t as u64);
                 let mut acts = Acts::default();
                 acts.quantize(&x, t, cols, &[ActFormat::for_weight(ty)]);
+                let mut acts2 = Acts::default();
+                acts2.quantize(&x, t, cols, &[ActFormat::Q8x2, ActFormat::F32]);
                 let mut row = vec![0f32; cols];
                 for isa in Isa::available() {
                     let mut out = vec![0f32; t * rows];
                     matmul(isa, &acts, &mut [MatOut { w, out: &mut out }]);
+                    let mut out2 = vec![0f32; t * rows];
+                    matmul(isa, &acts2, &mut [MatOut { w, out: &mut out2 }]);
                     for r in 0..rows {
                         w.dequantize_row(r, &mut row);
                         for ti in 0..t {
@@ -399,6 +409,9 @@ mod tests {
                             let l1: f32 = row.iter().map(|v| v.abs()).sum();
                             let tol = l1 * amax / 254.0 * 1.01 + 1e-3 * (1.0 + want.abs());
                             assert!((got - want).abs() <= tol, "{ty} {isa:?} rows={rows} t={t} r={r}: {got} vs {want}");
+                            let got2 = out2[ti * rows + r];
+                            let tol2 = l1 * amax / 254.0 / 254.0 * 1.01 + 1e-3 * (1.0 + want.abs());
+                            assert!((got2 - want).abs() <= tol2, "q8x2 {ty} {isa:?} r={r}: {got2} vs {want}");
                         }
                     }
                 }

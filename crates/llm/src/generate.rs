@@ -1,0 +1,183 @@
+//! The generation loop: prefill a prompt, then sample, stream and feed back one token at a
+//! time until a stop condition.
+
+use std::time::Instant;
+
+use crate::error::{Error, Result};
+use crate::model::{Logits, Session};
+use crate::sampler::{Sampler, StopStrings};
+use crate::tokenizer::{StreamDecoder, TokenType, Tokenizer};
+
+/// Why generation ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StopReason {
+    /// An end-of-generation token (EOS/EOT) was sampled; it is not part of the output.
+    EndOfText,
+    MaxTokens,
+    StopString,
+}
+
+/// What one `generate` call did. Times in seconds.
+#[derive(Clone, Debug)]
+pub struct Generation {
+    pub prompt_tokens: usize,
+    /// Sampled tokens, in order (without a final EOS/EOT).
+    pub tokens: Vec<u32>,
+    pub text: String,
+    pub stop: StopReason,
+    pub prefill_secs: f64,
+    /// Time from the first sampled token to the last one.
+    pub decode_secs: f64,
+}
+
+impl Generation {
+    pub fn prefill_tok_s(&self) -> f64 {
+        self.prompt_tokens as f64 / self.prefill_secs.max(1e-9)
+    }
+
+    /// Decode speed over the tokens that needed a forward pass of their own.
+    pub fn decode_tok_s(&self) -> f64 {
+        self.tokens.len().saturating_sub(1) as f64 / self.decode_secs.max(1e-9)
+    }
+}
+
+/// Checks that `new_prompt` more tokens plus up to `max_new` generated ones fit the session.
+pub fn check_fits(session: &Session<'_>, new_prompt: usize, max_new: usize) -> Result<()> {
+    let need = session.pos() + new_prompt + max_new;
+    if need > session.ctx() {
+        return Err(Error::Context(format!(
+            "prompt of {} tokens{} plus {max_new} to generate need {need} positions, but the context size is {} (raise --ctx, up to the model's {}, or lower -n)",
+            new_prompt,
+            if session.pos() > 0 { format!(" after {} cached", session.pos()) } else { String::new() },
+            session.ctx(),
+            session.model().cfg.ctx_train,
+        )));
+    }
+    Ok(())
+}
+
+/// Runs `prompt` (appended after whatever the session holds), then samples up to `max_new`
+/// tokens, calling `on_text` with each complete piece of UTF-8 text as it is produced (never
+/// half a character; control tokens print nothing; text from a stop string on is withheld).
+/// The session ends up holding the prompt and every generated token but the last.
+pub fn generate(
+    session: &mut Session<'_>,
+    tok: &Tokenizer,
+    sampler: &mut Sampler,
+    prompt: &[u32],
+    max_new: usize,
+    stops: &[String],
+    on_text: &mut dyn FnMut(&str),
+) -> Result<Generation> {
+    check_fits(session, prompt.len(), max_new)?;
+    let mut history: Vec<u32> = prompt.to_vec();
+    let t0 = Instant::now();
+    let mut logits = if prompt.is_empty() {
+        return Err(Error::Other("generate: empty prompt".into()));
+    } else {
+        session.forward(prompt, Logits::Last)?.to_vec()
+    };
+    let prefill_secs = t0.elapsed().as_secs_f64();
+    let mut gen = Generation {
+        prompt_tokens: prompt.len(),
+        tokens: Vec::with_capacity(max_new),
+        text: String::new(),
+        stop: StopReason::MaxTokens,
+        prefill_secs,
+        decode_secs: 0.0,
+    };
+    let mut utf8 = StreamDecoder::new();
+    let mut stop_strings = StopStrings::new(stops.iter().cloned());
+    let t1 = Instant::now();
+    let mut emit = |s: &str, gen: &mut Generation| {
+        if !s.is_empty() {
+            on_text(s);
+            gen.text.push_str(s);
+        }
+    };
+    for i in 0..max_new {
+        let id = sampler.sample(&mut logits, &history).map_err(|e| Error::Other(e.to_string()))?;
+        if tok.is_eog(id) {
+            gen.stop = StopReason::EndOfText;
+            break;
+        }
+        gen.tokens.push(id);
+        history.push(id);
+        if tok.token_type(id) != Some(TokenType::Control) {
+            let piece = utf8.push(tok.token_bytes(id));
+            let out = stop_strings.push(&piece);
+            emit(&out, &mut gen);
+            if stop_strings.stopped() {
+                gen.stop = StopReason::StopString;
+                break;
+            }
+        }
+        if i + 1 < max_new {
+            logits.copy_from_slice(session.forward(&[id], Logits::Last)?);
+        }
+    }
+    gen.decode_secs = t1.elapsed().as_secs_f64();
+    if gen.stop != StopReason::StopString {
+        let rest = utf8.finish();
+        let mut out = stop_strings.push(&rest);
+        if !stop_strings.stopped() {
+            out.push_str(&stop_strings.finish());
+        }
+        emit(&out, &mut gen);
+    }
+    Ok(gen)
+}
+
+/// Greedy continuation of `prompt` by `n` tokens, without sampling machinery (for tests and
+/// benchmarks): returns the chosen ids.
+pub fn greedy(session: &mut Session<'_>, prompt: &[u32], n: usize) -> Result<Vec<u32>> {
+    check_fits(session, prompt.len(), n)?;
+    let mut out = Vec::with_capacity(n);
+    let mut next = argmax(session.forward(prompt, Logits::Last)?);
+    for i in 0..n {
+        out.push(next);
+        if i + 1 < n {
+            next = argmax(session.forward(&[next], Logits::Last)?);
+        }
+    }
+    Ok(out)
+}
+
+/// Index of the largest value (the first one on ties).
+pub fn argmax(v: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &x) in v.iter().enumerate() {
+        if x > v[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+/// Mean negative log-likelihood (nats) of `ids[1..]`, each predicted from the ids before it,
+/// in one window starting at position 0 of a fresh session. Returns (mean NLL, count).
+pub fn mean_nll(session: &mut Session<'_>, ids: &[u32]) -> Result<(f64, usize)> {
+    if ids.len() < 2 {
+        return Err(Error::Other(format!("perplexity needs at least 2 tokens, got {}", ids.len())));
+    }
+    session.truncate(0);
+    check_fits(session, ids.len(), 0)?;
+    let vocab = session.model().cfg.vocab;
+    if let Some(&id) = ids.iter().find(|&&id| id as usize >= vocab) {
+        return Err(Error::Token { id, vocab });
+    }
+    // Logits of a chunk of tokens at a time: at most 16M values (64 MB) at once.
+    let chunk = (16 * 1024 * 1024 / vocab).clamp(1, crate::model::MAX_BATCH);
+    let inputs = &ids[..ids.len() - 1];
+    let mut nll = 0f64;
+    for (c, piece) in inputs.chunks(chunk).enumerate() {
+        let logits = session.forward(piece, Logits::All)?;
+        for (i, row) in logits.chunks_exact(vocab).enumerate() {
+            let target = ids[c * chunk + i + 1];
+            let max = row.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v)) as f64;
+            let lse = row.iter().map(|&v| (v as f64 - max).exp()).sum::<f64>().ln() + max;
+            nll += lse - row[target as usize] as f64;
+        }
+    }
+    Ok((nll / inputs.len() as f64, inputs.len()))
+}
