@@ -2,6 +2,7 @@
 
 use crate::backend::{Device, Storage};
 use crate::error::fmt_shapes;
+use crate::graph::{self, Grad, GradOp, LeafSlot, ViewOp};
 use crate::op::{BinaryOp, CmpOp, Op, ReduceOp, UnaryOp};
 use crate::{DType, Error, HostBuffer, Layout, Result, Shape, WithDType};
 use std::sync::Arc;
@@ -14,6 +15,8 @@ struct Inner {
     layout: Layout,
     dtype: DType,
     device: Device,
+    /// Set when a gradient flows to this tensor (a trainable leaf, or an op on one).
+    grad: Option<Grad>,
 }
 
 impl Tensor {
@@ -25,16 +28,61 @@ impl Tensor {
             layout,
             dtype,
             device,
+            grad: None,
         }))
     }
 
-    fn view(&self, layout: Layout) -> Tensor {
+    fn with_grad(&self, grad: Option<Grad>) -> Tensor {
+        Tensor(Arc::new(Inner {
+            storage: self.0.storage.clone(),
+            layout: self.0.layout.clone(),
+            dtype: self.0.dtype,
+            device: self.0.device.clone(),
+            grad,
+        }))
+    }
+
+    fn view(&self, layout: Layout, kind: ViewOp) -> Tensor {
+        let grad = match self.requires_grad() && graph::is_recording() {
+            true => Some(graph::node(GradOp::View(kind), 0, vec![self.clone()])),
+            false => None,
+        };
         Tensor(Arc::new(Inner {
             storage: self.0.storage.clone(),
             layout,
             dtype: self.0.dtype,
             device: self.0.device.clone(),
+            grad,
         }))
+    }
+
+    // ---- autodiff ----
+
+    /// Whether a gradient flows to this tensor.
+    pub fn requires_grad(&self) -> bool {
+        self.0.grad.is_some()
+    }
+
+    /// Its place in the recorded graph, if any.
+    pub fn grad_info(&self) -> Option<&Grad> {
+        self.0.grad.as_ref()
+    }
+
+    /// The same data, cut from the graph: no gradient flows through the result.
+    pub fn detach(&self) -> Tensor {
+        self.with_grad(None)
+    }
+
+    /// The same data as a trainable leaf whose gradient accumulates in `slot`.
+    pub fn as_leaf(&self, slot: Arc<LeafSlot>) -> Result<Tensor> {
+        if !self.dtype().is_float() {
+            return Err(Error::dtype(
+                "requires_grad",
+                self.dtype(),
+                "only float tensors can be trained",
+            ));
+        }
+        Ok(self.with_grad(Some(Grad::Leaf(slot))))
     }
 
     // ---- accessors ----
@@ -147,6 +195,9 @@ impl Tensor {
     }
     pub fn zeros_like(&self) -> Result<Tensor> {
         Tensor::zeros(self.shape(), self.dtype(), self.device())
+    }
+    pub fn full_like(&self, value: f64) -> Result<Tensor> {
+        Tensor::full(value, self.shape(), self.dtype(), self.device())
     }
     pub fn ones_like(&self) -> Result<Tensor> {
         Tensor::ones(self.shape(), self.dtype(), self.device())
@@ -270,11 +321,11 @@ impl Tensor {
             ));
         }
         match self.layout().reshape(&shape) {
-            Some(l) => Ok(self.view(l)),
+            Some(l) => Ok(self.view(l, ViewOp::Reshape)),
             None => {
                 let c = self.contiguous()?;
                 let l = Layout::contiguous(shape);
-                Ok(c.view(l))
+                Ok(c.view(l, ViewOp::Reshape))
             }
         }
     }
@@ -289,7 +340,7 @@ impl Tensor {
         let n_infer = dims.iter().filter(|&&d| d == -1).count();
         if n_infer > 1
             || dims.iter().any(|&d| d < -1)
-            || (n_infer == 1 && (known == 0 || self.elem_count() % known != 0))
+            || (n_infer == 1 && (known == 0 || !self.elem_count().is_multiple_of(known)))
         {
             return Err(Error::shape(
                 "reshape",
@@ -314,7 +365,7 @@ impl Tensor {
     }
 
     pub fn permute(&self, perm: &[usize]) -> Result<Tensor> {
-        Ok(self.view(self.layout().permute(perm)?))
+        Ok(self.view(self.layout().permute(perm)?, ViewOp::Permute(perm.to_vec())))
     }
 
     pub fn transpose(&self, a: isize, b: isize) -> Result<Tensor> {
@@ -340,7 +391,10 @@ impl Tensor {
 
     pub fn narrow(&self, axis: isize, start: usize, len: usize) -> Result<Tensor> {
         let axis = self.shape().axis("narrow", axis)?;
-        Ok(self.view(self.layout().narrow(axis, start, len)?))
+        Ok(self.view(
+            self.layout().narrow(axis, start, len)?,
+            ViewOp::Narrow { axis, start },
+        ))
     }
 
     pub fn broadcast_to(&self, shape: impl Into<Shape>) -> Result<Tensor> {
@@ -348,7 +402,7 @@ impl Tensor {
         if self.shape() == &shape {
             return Ok(self.clone());
         }
-        Ok(self.view(self.layout().broadcast_as(&shape)?))
+        Ok(self.view(self.layout().broadcast_as(&shape)?, ViewOp::Broadcast))
     }
 
     /// `broadcast_to` where -1 keeps the existing size of that dim.
@@ -390,11 +444,10 @@ impl Tensor {
         let mut strides = self.layout().strides().to_vec();
         dims.remove(a);
         strides.remove(a);
-        Ok(self.view(Layout::new(
-            Shape::new(dims),
-            strides,
-            self.layout().offset(),
-        )))
+        Ok(self.view(
+            Layout::new(Shape::new(dims), strides, self.layout().offset()),
+            ViewOp::Reshape,
+        ))
     }
 
     pub fn unsqueeze(&self, axis: isize) -> Result<Tensor> {
@@ -417,11 +470,10 @@ impl Tensor {
         };
         dims.insert(a, 1);
         strides.insert(a, s);
-        Ok(self.view(Layout::new(
-            Shape::new(dims),
-            strides,
-            self.layout().offset(),
-        )))
+        Ok(self.view(
+            Layout::new(Shape::new(dims), strides, self.layout().offset()),
+            ViewOp::Reshape,
+        ))
     }
 
     /// The same tensor, contiguous; copies only when the layout is not already contiguous.
@@ -462,10 +514,20 @@ impl Tensor {
                 "backend returned the wrong number of outputs",
             ));
         }
+        let record = graph::is_recording() && inputs.iter().any(|t| t.requires_grad());
         Ok(storages
             .into_iter()
             .zip(outs)
-            .map(|(s, (shape, _))| Tensor::from_storage(s, Layout::contiguous(shape), dev.clone()))
+            .enumerate()
+            .map(|(k, (s, (shape, dtype)))| {
+                let t = Tensor::from_storage(s, Layout::contiguous(shape), dev.clone());
+                if record && graph::differentiable_output(&op, k, dtype) {
+                    let ins = inputs.iter().map(|&t| t.clone()).collect();
+                    t.with_grad(Some(graph::node(GradOp::Op(op.clone()), k, ins)))
+                } else {
+                    t
+                }
+            })
             .collect())
     }
 

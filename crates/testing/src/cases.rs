@@ -487,7 +487,8 @@ fn cast_cases(b: &mut B) {
                 from,
                 vec![inp(&[45, 65], from, vals, View::Transposed)],
                 vec![tol],
-                from.is_float() && to.is_float(),
+                // Rounding to a narrower float is not finite-difference checkable.
+                from.is_float() && to == DType::F64,
                 move |x| Ok(vec![x[0].cast(to)?]),
                 move |x| {
                     // Ints and bools convert through i64 (wrapping into narrower ints), floats

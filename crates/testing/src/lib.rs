@@ -3,14 +3,17 @@
 //! Each case runs through the public `Tensor` API on any device and is compared with a plain
 //! float64 reference written here, independently of every backend.
 //!
-//! Modes: `check_case` (a backend against the f64 reference; the CUDA backend runs the same
-//! list), and the case list's `run` closures are what gradient checks differentiate.
+//! Modes: `check_case` / `check_all` (a backend against the f64 reference; any backend runs
+//! the same list) and `grad_check_case` / `grad_check_all` (backward through
+//! `ferrite-autodiff` against float64 finite differences, on the same cases' `run` closures).
 
 mod cases;
+mod gradcheck;
 pub mod reference;
 
 pub use cases::cases;
 use ferrite_core::{DType, Device, HostBuffer, Result, Tensor};
+pub use gradcheck::{grad_cases, grad_check_all, grad_check_case};
 use std::sync::Arc;
 
 /// A dense float64 array, row-major: the reference's data type.

@@ -1,0 +1,113 @@
+//! The autodiff API on the CPU: leaves, accumulation, no_grad, detach, and bad use.
+
+use ferrite_autodiff::{backward, backward_with, no_grad, Var};
+use ferrite_core::{DType, Tensor};
+use ferrite_cpu::cpu;
+
+fn v(data: &[f64], shape: &[usize]) -> Var {
+    Var::new(&Tensor::from_slice(data, shape, &cpu()).unwrap()).unwrap()
+}
+
+#[test]
+fn gradient_of_a_small_expression() {
+    // f(x, y) = sum(x * y + x^2) -> df/dx = y + 2x, df/dy = x.
+    let x = v(&[1.0, 2.0, 3.0], &[3]);
+    let y = v(&[4.0, 5.0, 6.0], &[3]);
+    let f = x
+        .tensor()
+        .mul(y.tensor())
+        .unwrap()
+        .add(&x.tensor().square().unwrap())
+        .unwrap()
+        .sum_all()
+        .unwrap();
+    assert!(f.requires_grad());
+    backward(&f).unwrap();
+    assert_eq!(
+        x.grad().unwrap().to_vec::<f64>().unwrap(),
+        vec![6.0, 9.0, 12.0]
+    );
+    assert_eq!(
+        y.grad().unwrap().to_vec::<f64>().unwrap(),
+        vec![1.0, 2.0, 3.0]
+    );
+}
+
+#[test]
+fn cast_passes_the_gradient_through() {
+    let x = v(&[1.5, -2.25], &[2]);
+    let y = x
+        .tensor()
+        .cast(DType::F32)
+        .unwrap()
+        .mul_scalar(3.0)
+        .unwrap()
+        .cast(DType::F64)
+        .unwrap()
+        .sum_all()
+        .unwrap();
+    backward(&y).unwrap();
+    assert_eq!(x.grad().unwrap().to_vec::<f64>().unwrap(), vec![3.0, 3.0]);
+}
+
+#[test]
+fn gradients_accumulate_until_zeroed() {
+    let x = v(&[2.0], &[1]);
+    for _ in 0..3 {
+        let y = x.tensor().square().unwrap().sum_all().unwrap();
+        backward(&y).unwrap();
+    }
+    assert_eq!(x.grad().unwrap().to_vec::<f64>().unwrap(), vec![12.0]);
+    x.zero_grad();
+    assert!(x.grad().is_none());
+}
+
+#[test]
+fn no_grad_and_detach_record_nothing() {
+    let x = v(&[1.0, 2.0], &[2]);
+    let y = no_grad(|| x.tensor().exp().unwrap());
+    assert!(!y.requires_grad());
+    assert!(!x.tensor().exp().unwrap().detach().requires_grad());
+    // An op with no trainable input records nothing.
+    let c = Tensor::ones([2], DType::F64, &cpu()).unwrap();
+    assert!(!c.exp().unwrap().requires_grad());
+    // Comparisons and argmax are not differentiable.
+    assert!(!x.tensor().gt(&c).unwrap().requires_grad());
+    assert!(!x.tensor().argmax(0, false).unwrap().requires_grad());
+}
+
+#[test]
+fn explicit_upstream_gradient() {
+    let x = v(&[1.0, 2.0, 3.0], &[3]);
+    let y = x.tensor().square().unwrap();
+    let up = Tensor::from_slice(&[1.0, 0.5, -1.0], [3], &cpu()).unwrap();
+    backward_with(&y, &up).unwrap();
+    assert_eq!(
+        x.grad().unwrap().to_vec::<f64>().unwrap(),
+        vec![2.0, 2.0, -6.0]
+    );
+}
+
+#[test]
+fn bad_use_is_a_clear_error() {
+    let x = v(&[1.0, 2.0], &[2]);
+    let y = x.tensor().square().unwrap();
+    let e = backward(&y).unwrap_err().to_string();
+    assert!(
+        e.starts_with("backward: needs a one-element tensor (got [2])"),
+        "{e}"
+    );
+    let c = Tensor::ones([1], DType::F64, &cpu()).unwrap();
+    let e = backward(&c).unwrap_err().to_string();
+    assert!(e.contains("does not require a gradient"), "{e}");
+    let wrong = Tensor::ones([3], DType::F64, &cpu()).unwrap();
+    assert!(backward_with(&y, &wrong)
+        .unwrap_err()
+        .to_string()
+        .contains("does not match output"));
+    let s = y.sum_all().unwrap();
+    backward(&s).unwrap();
+    let e = backward(&s).unwrap_err().to_string();
+    assert!(e.contains("already released"), "{e}");
+    assert!(Var::new(&Tensor::ones([1], DType::I32, &cpu()).unwrap()).is_err());
+}

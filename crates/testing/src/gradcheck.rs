@@ -1,0 +1,157 @@
+//! Gradient mode of the harness: every differentiable case, in float64 on the given device,
+//! backward through `ferrite-autodiff` against central finite differences.
+//!
+//! The scalar differentiated is `sum_k sum(out_k * w_k)` with fixed random weights `w_k`, so
+//! every output element contributes. Up to `SAMPLES` elements of each float input are
+//! perturbed by ±h (h = 1e-6 · max(1, |x|)).
+
+use crate::{cases, make_input, Input, OpCase, SplitMix, Values};
+use ferrite_autodiff::{backward, no_grad, Var};
+use ferrite_core::{DType, Device, HostBuffer, Tensor};
+
+const SAMPLES: usize = 6;
+
+/// The differentiable cases, with their f32 inputs promoted to f64 (one case per op/shape).
+pub fn grad_cases() -> Vec<OpCase> {
+    cases()
+        .into_iter()
+        .filter(|c| c.differentiable && c.inputs.iter().any(|i| i.dtype == DType::F32))
+        .map(|mut c| {
+            for i in c.inputs.iter_mut() {
+                if i.dtype == DType::F32 {
+                    i.dtype = DType::F64;
+                }
+            }
+            c.name = c.name.replacen("/f32/", "/f64-grad/", 1);
+            c
+        })
+        .collect()
+}
+
+fn loss(case: &OpCase, ins: &[Tensor], weights: &[Option<Tensor>]) -> Result<Tensor, String> {
+    let outs = (case.run)(ins).map_err(|e| format!("{}: {e}", case.name))?;
+    let mut total: Option<Tensor> = None;
+    for (o, w) in outs.iter().zip(weights) {
+        if let Some(w) = w {
+            let term = o
+                .mul(w)
+                .and_then(|t| t.sum_all())
+                .map_err(|e| format!("{}: loss: {e}", case.name))?;
+            total = Some(match total {
+                Some(t) => t.add(&term).map_err(|e| e.to_string())?,
+                None => term,
+            });
+        }
+    }
+    total.ok_or_else(|| format!("{}: no float output to differentiate", case.name))
+}
+
+/// Checks one case's gradients on `device`; `Ok(false)` when it has no differentiable output.
+pub fn grad_check_case(case: &OpCase, device: &Device, seed: u64) -> Result<bool, String> {
+    let mut rng = SplitMix(seed);
+    let err = |e: ferrite_core::Error| format!("{}: {e}", case.name);
+    let mut base = Vec::new();
+    let mut vars = Vec::new();
+    for input in &case.inputs {
+        let (t, _) = make_input(input, device, &mut rng).map_err(err)?;
+        vars.push(if input.dtype.is_float() {
+            Some(Var::new(&t).map_err(err)?)
+        } else {
+            None
+        });
+        base.push(t);
+    }
+    let ins: Vec<Tensor> = base
+        .iter()
+        .zip(&vars)
+        .map(|(t, v)| v.as_ref().map_or_else(|| t.clone(), |v| v.tensor().clone()))
+        .collect();
+    // Weights for every float output.
+    let outs = no_grad(|| (case.run)(&base)).map_err(err)?;
+    let mut weights = Vec::new();
+    for o in &outs {
+        weights.push(if o.dtype().is_float() {
+            let w = Input {
+                shape: o.dims().to_vec(),
+                dtype: o.dtype(),
+                values: Values::Uniform(-1.0, 1.0),
+                view: crate::View::Contiguous,
+            };
+            Some(make_input(&w, device, &mut rng).map_err(err)?.0)
+        } else {
+            None
+        });
+    }
+    if weights.iter().all(Option::is_none) {
+        return Ok(false);
+    }
+    let l = loss(case, &ins, &weights)?;
+    if !l.requires_grad() {
+        return Err(format!(
+            "{}: loss does not require a gradient: the op was not recorded",
+            case.name
+        ));
+    }
+    backward(&l).map_err(err)?;
+    for (k, (t, v)) in base.iter().zip(&vars).enumerate() {
+        let Some(v) = v else { continue };
+        let grad = match v.grad() {
+            Some(g) => g,
+            // No path from this input to the loss: the gradient is zero.
+            None => t.zeros_like().map_err(err)?,
+        };
+        if grad.dims() != t.dims() {
+            return Err(format!(
+                "{}: gradient of input {k} has shape {:?}, input {:?}",
+                case.name,
+                grad.dims(),
+                t.dims()
+            ));
+        }
+        let g = grad.to_vec_f64().map_err(err)?;
+        let x = t.to_vec_f64().map_err(err)?;
+        let picks: Vec<usize> = if x.len() <= SAMPLES {
+            (0..x.len()).collect()
+        } else {
+            (0..SAMPLES)
+                .map(|_| (rng.next_u64() % x.len() as u64) as usize)
+                .collect()
+        };
+        for e in picks {
+            let h = 1e-6 * x[e].abs().max(1.0);
+            let eval = |delta: f64| -> Result<f64, String> {
+                let mut xv = x.clone();
+                xv[e] += delta;
+                let xt = Tensor::from_host(HostBuffer::F64(xv), t.dims(), device).map_err(err)?;
+                let mut ins2 = base.clone();
+                ins2[k] = xt;
+                no_grad(|| loss(case, &ins2, &weights))?
+                    .to_vec_f64()
+                    .map_err(err)
+                    .map(|v| v[0])
+            };
+            let numeric = (eval(h)? - eval(-h)?) / (2.0 * h);
+            if (g[e] - numeric).abs() > 1e-6 + 1e-5 * numeric.abs() {
+                return Err(format!(
+                    "{}: d/d input {k}[{e}]: backward {} vs finite difference {numeric}",
+                    case.name, g[e]
+                ));
+            }
+        }
+    }
+    Ok(true)
+}
+
+/// Runs every gradient case; returns (checked count, failure messages).
+pub fn grad_check_all(device: &Device) -> (usize, Vec<String>) {
+    let mut checked = 0;
+    let mut failures = Vec::new();
+    for (i, case) in grad_cases().iter().enumerate() {
+        match grad_check_case(case, device, 5000 + i as u64) {
+            Ok(true) => checked += 1,
+            Ok(false) => {}
+            Err(e) => failures.push(e),
+        }
+    }
+    (checked, failures)
+}
