@@ -18,6 +18,14 @@ enum Command {
     Demo(cmd::demo::Args),
     /// Show a GGUF file's metadata, tensors and per-type totals (--json for machines).
     Inspect(cmd::inspect::Args),
+    /// Generate text from a prompt with a GGUF model (default: SmolLM2-135M-Instruct).
+    Run(cmd::run::Args),
+    /// Chat interactively through the model's chat template.
+    Chat(cmd::chat::Args),
+    /// Measure prompt-processing and generation speed (like llama-bench).
+    Bench(cmd::bench::Args),
+    /// Perplexity of a model on the first --ctx tokens of a text file.
+    Perplexity(cmd::perplexity::Args),
 }
 
 fn main() -> std::process::ExitCode {
@@ -25,6 +33,10 @@ fn main() -> std::process::ExitCode {
     let result = match cli.command {
         Command::Demo(args) => cmd::demo::run(args),
         Command::Inspect(args) => cmd::inspect::run(args),
+        Command::Run(args) => cmd::run::run(args),
+        Command::Chat(args) => cmd::chat::run(args),
+        Command::Bench(args) => cmd::bench::run(args),
+        Command::Perplexity(args) => cmd::perplexity::run(args),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

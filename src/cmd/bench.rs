@@ -1,0 +1,100 @@
+//! `ferrite bench [-m FILE] [-p 512] [-n 128] [-r 5] [--json]`: prompt processing (pp) and
+//! text generation (tg) speed, mean ± sd over repetitions after one warm-up, like
+//! llama-bench. pp runs `-p` tokens as one batch into an empty cache; tg generates `-n`
+//! tokens one at a time from an empty cache.
+
+use ferrite_llm::{Logits, Session};
+
+use super::llm_args::ModelArgs;
+
+#[derive(clap::Args)]
+pub struct Args {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Prompt tokens (0 skips the pp test).
+    #[arg(short = 'p', long = "n-prompt", default_value_t = 512)]
+    pub p: usize,
+    /// Generated tokens (0 skips the tg test).
+    #[arg(short = 'n', long = "n-gen", default_value_t = 128)]
+    pub n: usize,
+    /// Repetitions.
+    #[arg(short = 'r', long = "repetitions", default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..))]
+    pub r: u32,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn mean_sd(v: &[f64]) -> (f64, f64) {
+    let n = v.len() as f64;
+    let mean = v.iter().sum::<f64>() / n;
+    let var = if v.len() > 1 { v.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1.0) } else { 0.0 };
+    (mean, var.sqrt())
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    if args.p == 0 && args.n == 0 {
+        anyhow::bail!("nothing to measure: -p and -n are both 0");
+    }
+    let loaded = args.model.load()?;
+    let model = &loaded.model;
+    let vocab = model.cfg.vocab;
+    let need = args.p.max(args.n).max(1);
+    if need > model.cfg.ctx_train {
+        anyhow::bail!("{need} tokens exceed the model's context length {}", model.cfg.ctx_train);
+    }
+    let mut session = Session::new(model, need)?;
+    // Deterministic token ids spread over the vocabulary.
+    let tokens: Vec<u32> = (0..need).map(|i| ((i * 7919 + 13) % vocab) as u32).collect();
+    let threads = ferrite_llm::pool::Pool::global().threads();
+    let mut results = Vec::new();
+    for (name, count) in [("pp", args.p), ("tg", args.n)] {
+        if count == 0 {
+            continue;
+        }
+        let mut speeds = Vec::new();
+        for rep in 0..=args.r {
+            session.truncate(0);
+            let t0 = std::time::Instant::now();
+            if name == "pp" {
+                session.forward(&tokens[..count], Logits::Last)?;
+            } else {
+                for &t in &tokens[..count] {
+                    session.forward(&[t], Logits::Last)?;
+                }
+            }
+            let secs = t0.elapsed().as_secs_f64();
+            if rep > 0 {
+                speeds.push(count as f64 / secs);
+            }
+        }
+        let (mean, sd) = mean_sd(&speeds);
+        results.push((format!("{name}{count}"), mean, sd, speeds));
+    }
+    let name = loaded.path.file_name().map_or_else(|| loaded.path.display().to_string(), |n| n.to_string_lossy().into_owned());
+    let size_mib = model.gguf().file_size() as f64 / (1024.0 * 1024.0);
+    if args.json {
+        let tests: Vec<_> = results
+            .iter()
+            .map(|(t, m, s, v)| serde_json::json!({"test": t, "tok_s_mean": m, "tok_s_sd": s, "samples": v}))
+            .collect();
+        let out = serde_json::json!({
+            "model": name, "size_mib": size_mib, "arch": model.cfg.arch_name, "threads": threads,
+            "isa": format!("{:?}", model.isa()), "precision": format!("{:?}", model.precision()),
+            "repetitions": args.r, "results": tests,
+        });
+        println!("{}", serde_json::to_string_pretty(&out)?);
+    } else {
+        println!("| model | size | backend | threads | precision | test | t/s |");
+        println!("| --- | ---: | --- | ---: | --- | ---: | ---: |");
+        for (t, m, s, _) in &results {
+            println!(
+                "| {name} | {size_mib:.2} MiB | CPU ({:?}) | {threads} | {:?} | {t} | {m:.2} ± {s:.2} |",
+                model.isa(),
+                model.precision()
+            );
+        }
+    }
+    let _ = vocab;
+    Ok(())
+}

@@ -1,0 +1,86 @@
+//! `ferrite chat [-m FILE] [--system TEXT]`: an interactive conversation through the model's
+//! chat template. Each turn re-renders the whole history; tokens already in the KV cache
+//! (the common prefix) are not recomputed. `/reset` clears the history, `/exit` or end of
+//! input quits.
+
+use std::io::BufRead;
+
+use ferrite_llm::chat::{ChatTemplate, Message};
+use ferrite_llm::generate::generate;
+use ferrite_llm::Session;
+
+use super::llm_args::{print_flush, ModelArgs, SamplingArgs};
+
+#[derive(clap::Args)]
+pub struct Args {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// System message that opens the conversation.
+    #[arg(long)]
+    pub system: Option<String>,
+    /// Tokens to generate at most per reply.
+    #[arg(short = 'n', long = "n-predict", default_value_t = 512, value_parser = clap::value_parser!(u32).range(1..))]
+    pub n: u32,
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let mut sampler = args.sampling.sampler()?;
+    let loaded = args.model.load()?;
+    let (model, tok) = (&loaded.model, &loaded.tok);
+    let ctx = args.model.ctx(model)?;
+    let tmpl = ChatTemplate::from_gguf(model.gguf(), tok)?;
+    let mut session = Session::new(model, ctx)?;
+    // Token ids currently in the KV cache, in order.
+    let mut cached: Vec<u32> = Vec::new();
+    let initial: Vec<Message> = args.system.iter().map(|s| Message::system(s.as_str())).collect();
+    let mut history = initial.clone();
+    eprintln!("chat: type a message; /reset clears the history, /exit or Ctrl-D quits (context {ctx} tokens)");
+    let stdin = std::io::stdin();
+    let mut lines = stdin.lock().lines();
+    loop {
+        print_flush("> ");
+        let Some(line) = lines.next() else { break };
+        let line = line?;
+        let msg = line.trim();
+        match msg {
+            "" => continue,
+            "/exit" | "/quit" => break,
+            "/reset" => {
+                history = initial.clone();
+                session.truncate(0);
+                cached.clear();
+                eprintln!("(history cleared)");
+                continue;
+            }
+            _ => {}
+        }
+        history.push(Message::user(msg));
+        let text = tmpl.render(&history, true)?;
+        let ids = tok.encode(&text, false)?;
+        let common = cached.iter().zip(&ids).take_while(|(a, b)| a == b).count();
+        // Keep at least one token to run, so the reply starts from fresh logits.
+        let keep = common.min(ids.len().saturating_sub(1));
+        session.truncate(keep);
+        cached.truncate(keep);
+        let room = ctx.saturating_sub(ids.len());
+        if room == 0 {
+            history.pop();
+            eprintln!(
+                "error: the conversation ({} tokens) fills the context size {ctx}; /reset to start over or raise --ctx",
+                ids.len()
+            );
+            continue;
+        }
+        let max_new = (args.n as usize).min(room);
+        let gen = generate(&mut session, tok, &mut sampler, &ids[keep..], max_new, &[], &mut |s| print_flush(s))?;
+        print_flush("\n");
+        eprintln!("[{} tokens, {:.1} tok/s]", gen.tokens.len(), gen.decode_tok_s());
+        cached.extend_from_slice(&ids[keep..]);
+        // The session holds every generated token but the last.
+        cached.extend_from_slice(&gen.tokens[..gen.tokens.len().saturating_sub(1)]);
+        history.push(Message::assistant(gen.text.trim()));
+    }
+    Ok(())
+}

