@@ -20,7 +20,7 @@ use ferrite_core::{
 };
 use std::sync::{Arc, OnceLock};
 
-pub use storage::CpuStorage;
+pub use storage::{bytes_in_use, CpuStorage};
 
 /// The CPU device (one per process).
 pub fn cpu() -> Device {
@@ -38,7 +38,7 @@ impl Backend for CpuBackend {
     }
 
     fn upload(&self, data: HostBuffer) -> Result<Arc<dyn Storage>> {
-        Ok(Arc::new(CpuStorage(data)))
+        Ok(Arc::new(CpuStorage::new(data)))
     }
 
     fn to_host(&self, storage: &dyn Storage, layout: &Layout) -> Result<HostBuffer> {
@@ -64,7 +64,7 @@ impl Backend for CpuBackend {
                 .ok_or_else(|| Error::backend(name, "missing input"))
         };
         let one =
-            |b: HostBuffer| -> Result<Vec<Arc<dyn Storage>>> { Ok(vec![Arc::new(CpuStorage(b))]) };
+            |b: HostBuffer| -> Result<Vec<Arc<dyn Storage>>> { Ok(vec![Arc::new(CpuStorage::new(b))]) };
         match op {
             Op::Unary(u) => one(elementwise::unary(*u, input(0)?)?),
             Op::Binary(b) => one(elementwise::binary(*b, input(0)?, input(1)?)?),
@@ -89,7 +89,7 @@ impl Backend for CpuBackend {
             Op::Cumsum { axis } => one(scan::cumsum(input(0)?, *axis)?),
             Op::Sort { axis, descending } => {
                 let (v, i) = scan::sort(input(0)?, *axis, *descending)?;
-                Ok(vec![Arc::new(CpuStorage(v)), Arc::new(CpuStorage(i))])
+                Ok(vec![Arc::new(CpuStorage::new(v)), Arc::new(CpuStorage::new(i))])
             }
             Op::Softmax => one(norm::softmax(input(0)?, false)?),
             Op::LogSoftmax => one(norm::softmax(input(0)?, true)?),

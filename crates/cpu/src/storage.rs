@@ -3,11 +3,37 @@
 use ferrite_core::{DType, Error, HostBuffer, Result, Storage, Tensor, WithDType};
 use std::any::Any;
 use std::borrow::Cow;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
-pub struct CpuStorage(pub HostBuffer);
+/// A host buffer owned by a tensor storage. Construct with `CpuStorage::new` so that
+/// `bytes_in_use` counts it.
+pub struct CpuStorage(HostBuffer);
+
+static IN_USE: AtomicUsize = AtomicUsize::new(0);
+
+fn bytes(b: &HostBuffer) -> usize {
+    b.len() * b.dtype().size_in_bytes()
+}
+
+impl CpuStorage {
+    pub fn new(b: HostBuffer) -> CpuStorage {
+        IN_USE.fetch_add(bytes(&b), Ordering::Relaxed);
+        CpuStorage(b)
+    }
+
+    pub fn buffer(&self) -> &HostBuffer {
+        &self.0
+    }
+}
+
+/// Bytes held by live CPU tensor storages (pooled idle buffers not included).
+pub fn bytes_in_use() -> usize {
+    IN_USE.load(Ordering::Relaxed)
+}
 
 impl Drop for CpuStorage {
     fn drop(&mut self) {
+        IN_USE.fetch_sub(bytes(&self.0), Ordering::Relaxed);
         crate::alloc::recycle(std::mem::replace(&mut self.0, HostBuffer::U8(Vec::new())));
     }
 }
