@@ -15,7 +15,10 @@ mod writer;
 
 pub use error::{Error, Result};
 pub use file::GgufFile;
-pub use reader::{TensorInfo, DEFAULT_ALIGNMENT, MAX_ARRAY_DEPTH, MAX_DIMS, MAX_KV, MAX_TENSORS};
+pub use reader::{
+    TensorInfo, DEFAULT_ALIGNMENT, MAX_ARRAY_DEPTH, MAX_DIMS, MAX_KV, MAX_NESTED_ARRAYS,
+    MAX_TENSORS,
+};
 pub use types::{GgmlType, QK_K};
 pub use value::{Array, StrArray, Value, ValueType};
 pub use writer::GgufWriter;

@@ -25,6 +25,8 @@ pub const MAX_ARRAY_DEPTH: usize = 3;
 /// bytes per entry) for crafted files of millions of tiny entries.
 pub const MAX_KV: u64 = 1 << 16;
 pub const MAX_TENSORS: u64 = 1 << 16;
+/// Most arrays nested inside other arrays, summed over the whole file.
+pub const MAX_NESTED_ARRAYS: usize = 1 << 16;
 /// Fewest bytes of one key/value pair: key length, empty key, type id, one byte of value.
 const MIN_KV_SIZE: u64 = 8 + 4 + 1;
 /// Fewest bytes of one tensor info: name length, n_dims, type id, offset (n_dims = 0).
@@ -75,6 +77,8 @@ pub(crate) struct Header {
 struct Cursor<'a> {
     buf: &'a [u8],
     pos: usize,
+    /// Arrays nested inside other arrays still allowed in this file (see `MAX_NESTED_ARRAYS`).
+    nested_left: usize,
 }
 
 impl<'a> Cursor<'a> {
@@ -265,6 +269,18 @@ fn read_array(c: &mut Cursor, key: &str, depth: usize) -> Result<Array> {
             Array::String(v)
         }
         ValueType::Array => {
+            // Each inner array costs 32 bytes in memory for 12 in the file; a file-wide budget
+            // keeps crafted files of millions of empty arrays small (llama.cpp reads none).
+            if n > c.nested_left {
+                return Err(Error::BadValue {
+                    field: format!("array length of '{key}'"),
+                    offset: offset + 4,
+                    what: format!(
+                        "more than {MAX_NESTED_ARRAYS} arrays nested in arrays in one file"
+                    ),
+                });
+            }
+            c.nested_left -= n;
             let mut v = Vec::with_capacity(n);
             for _ in 0..n {
                 v.push(read_array(c, key, depth + 1)?);
@@ -284,7 +300,11 @@ fn bad_shape(tensor: &str, offset: u64, what: String) -> Error {
 
 /// Parses and validates the header of `buf` and the placement of every tensor's data in it.
 pub(crate) fn parse(buf: &[u8]) -> Result<Header> {
-    let mut c = Cursor { buf, pos: 0 };
+    let mut c = Cursor {
+        buf,
+        pos: 0,
+        nested_left: MAX_NESTED_ARRAYS,
+    };
     let magic: [u8; 4] = c.array(&|| "magic".to_string())?;
     if &magic != MAGIC {
         return Err(Error::BadMagic {

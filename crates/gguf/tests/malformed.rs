@@ -305,6 +305,18 @@ fn cases() -> Vec<(&'static str, Vec<u8>, Check, &'static str)> {
             "nested deeper than 3",
         ),
         (
+            "too_many_nested_arrays",
+            v().with(|r| {
+                // An array of 70000 empty arrays of u8.
+                let empty = [0u32.to_le_bytes().to_vec(), 0u64.to_le_bytes().to_vec()].concat();
+                let head = [9u32.to_le_bytes().to_vec(), 70000u64.to_le_bytes().to_vec()];
+                r.kvs[1] = kv(b"k", 9, &[head.concat(), empty.repeat(70000)].concat())
+            })
+            .bytes(),
+            |e| matches!(e, Error::BadValue { .. }),
+            "array length of 'k' (offset 0x56): more than 65536 arrays nested in arrays",
+        ),
+        (
             "duplicate_key",
             v().with(|r| r.kvs[1] = kv_u32("general.architecture", 1))
                 .bytes(),
