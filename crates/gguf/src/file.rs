@@ -427,3 +427,30 @@ impl GgufFile {
         Ok(out)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gguf_file_is_send_and_sync() {
+        fn check<T: Send + Sync>() {}
+        check::<GgufFile>();
+    }
+
+    #[test]
+    fn split_names_parse() {
+        let p = |s: &str| split_name(Path::new(s));
+        assert_eq!(
+            p("dir/m-00002-of-00003.gguf"),
+            Some(("m".to_string(), 2, 3))
+        );
+        assert_eq!(
+            p("a-b-00001-of-00001.gguf"),
+            Some(("a-b".to_string(), 1, 1))
+        );
+        assert_eq!(p("m-00004-of-00003.gguf"), None);
+        assert_eq!(p("m-0001-of-00003.gguf"), None);
+        assert_eq!(p("m.gguf"), None);
+    }
+}
