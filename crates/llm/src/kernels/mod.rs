@@ -283,9 +283,24 @@ pub fn matmul(isa: Isa, acts: &Acts, ops: &mut [MatOut<'_, '_>]) {
         }
         let x2 = acts.has[ActFormat::Q8x2 as usize];
         let nb = w.cols / 32;
-        for ti in 0..t {
+        let a = |ti: usize| &acts.q8[ti * nb..(ti + 1) * nb];
+        let mut t0 = 0;
+        if w.ty == GgmlType::Q4_1 && !x2 {
+            // Four activation rows per pass share each unpacked weight block.
+            while t0 + 4 <= t {
+                for r in r0..r1 {
+                    let v = q4::dot_q4_1_x4(isa, w.row(r), [a(t0), a(t0 + 1), a(t0 + 2), a(t0 + 3)]);
+                    for (k, &vk) in v.iter().enumerate() {
+                        // SAFETY: as above.
+                        unsafe { *out.0.add((t0 + k) * w.rows + r) = vk };
+                    }
+                }
+                t0 += 4;
+            }
+        }
+        for ti in t0..t {
             for r in r0..r1 {
-                let mut v = dot_row(isa, w, r, &acts.q8[ti * nb..(ti + 1) * nb]);
+                let mut v = dot_row(isa, w, r, a(ti));
                 if x2 {
                     v += dot_row(isa, w, r, &acts.q8_lo[ti * nb..(ti + 1) * nb]);
                 }

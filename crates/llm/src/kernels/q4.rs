@@ -35,6 +35,20 @@ pub fn dot_q4_1(isa: Isa, w: &[u8], a: &[BlockQ8]) -> f32 {
     dot_q4_1_scalar(w, a)
 }
 
+/// Four dot products of one Q4_1 row with four activation rows at once (the weight blocks
+/// are unpacked once for all four): `[dot(w, a[0]), .., dot(w, a[3])]`.
+pub fn dot_q4_1_x4(isa: Isa, w: &[u8], a: [&[BlockQ8]; 4]) -> [f32; 4] {
+    let nb = a[0].len();
+    assert!(a.iter().all(|x| x.len() == nb) && w.len() >= nb * Q4_1_BYTES);
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx2 {
+        // SAFETY: as in dot_q4_0; all four activation rows have nb blocks.
+        return unsafe { x86::dot_q4_1_x4(w, a) };
+    }
+    let _ = isa;
+    a.map(|ai| dot_q4_1_scalar(w, ai))
+}
+
 pub fn dot_q4_0_scalar(w: &[u8], a: &[BlockQ8]) -> f32 {
     let mut sum = 0f32;
     for (i, b) in a.iter().enumerate() {
@@ -144,6 +158,34 @@ pub(crate) mod x86 {
         }
         hsum_ps(_mm256_add_ps(acc0, acc1)) + offs
     }
+
+    /// # Safety
+    /// avx2, fma and f16c must be available; `w` holds at least `a[k].len()` Q4_1 blocks and
+    /// the four activation rows have equal length.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn dot_q4_1_x4(w: &[u8], a: [&[BlockQ8]; 4]) -> [f32; 4] {
+        let mut acc = [_mm256_setzero_ps(); 4];
+        let mut offs = _mm_setzero_ps();
+        for i in 0..a[0].len() {
+            // SAFETY: block i lies within w and within every activation row.
+            unsafe {
+                let p = w.as_ptr().add(i * Q4_1_BYTES);
+                let (d, m) = (f16_load(p), f16_load(p.add(2)));
+                let q = unpack_nibbles(p.add(4));
+                let (b0, b1, b2, b3) = (a[0].get_unchecked(i), a[1].get_unchecked(i), a[2].get_unchecked(i), a[3].get_unchecked(i));
+                for (k, b) in [b0, b1, b2, b3].into_iter().enumerate() {
+                    let qa = _mm256_loadu_si256(b.qs.as_ptr() as *const __m256i);
+                    let s = _mm256_cvtepi32_ps(mul_u8_i8(q, qa));
+                    acc[k] = _mm256_fmadd_ps(_mm256_set1_ps(d * b.d), s, acc[k]);
+                }
+                offs = _mm_fmadd_ps(_mm_set1_ps(m), _mm_setr_ps(b0.s, b1.s, b2.s, b3.s), offs);
+            }
+        }
+        let mut o = [0f32; 4];
+        // SAFETY: o holds 4 f32.
+        unsafe { _mm_storeu_ps(o.as_mut_ptr(), offs) };
+        [hsum_ps(acc[0]) + o[0], hsum_ps(acc[1]) + o[1], hsum_ps(acc[2]) + o[2], hsum_ps(acc[3]) + o[3]]
+    }
 }
 
 #[cfg(test)]
@@ -162,6 +204,21 @@ mod tests {
                 let (r1, s1) = (dot_q4_1(isa, &w1, &a), dot_q4_1_scalar(&w1, &a));
                 assert!((r0 - s0).abs() <= 1e-4 * (1.0 + s0.abs()), "{isa:?} q4_0 nb={nb}: {r0} {s0}");
                 assert!((r1 - s1).abs() <= 1e-4 * (1.0 + s1.abs()), "{isa:?} q4_1 nb={nb}: {r1} {s1}");
+            }
+        }
+    }
+
+    #[test]
+    fn x4_matches_single_odd_sizes() {
+        for nb in [1usize, 3, 18, 33] {
+            let acts: Vec<Vec<BlockQ8>> = (0..4).map(|k| acts_q8(nb, 70 + k + nb as u64)).collect();
+            let w = rand_blocks(nb, Q4_1_BYTES, &[0, 2], 3 + nb as u64);
+            for isa in Isa::available() {
+                let got = dot_q4_1_x4(isa, &w, [&acts[0], &acts[1], &acts[2], &acts[3]]);
+                for k in 0..4 {
+                    let want = dot_q4_1_scalar(&w, &acts[k]);
+                    assert!((got[k] - want).abs() <= 1e-4 * (1.0 + want.abs()), "{isa:?} nb={nb} k={k}");
+                }
             }
         }
     }
