@@ -6,7 +6,11 @@ use clap::{Parser, Subcommand};
 mod cmd;
 
 #[derive(Parser)]
-#[command(name = "ferrite", version, about = "Run and train machine-learning models, on CPU and GPU")]
+#[command(
+    name = "ferrite",
+    version,
+    about = "Run and train machine-learning models, on CPU and GPU"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

@@ -28,7 +28,11 @@ pub struct Args {
 fn mean_sd(v: &[f64]) -> (f64, f64) {
     let n = v.len() as f64;
     let mean = v.iter().sum::<f64>() / n;
-    let var = if v.len() > 1 { v.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1.0) } else { 0.0 };
+    let var = if v.len() > 1 {
+        v.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1.0)
+    } else {
+        0.0
+    };
     (mean, var.sqrt())
 }
 
@@ -41,11 +45,16 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let vocab = model.cfg.vocab;
     let need = args.p.max(args.n).max(1);
     if need > model.cfg.ctx_train {
-        anyhow::bail!("{need} tokens exceed the model's context length {}", model.cfg.ctx_train);
+        anyhow::bail!(
+            "{need} tokens exceed the model's context length {}",
+            model.cfg.ctx_train
+        );
     }
     let mut session = Session::new(model, need)?;
     // Deterministic token ids spread over the vocabulary.
-    let tokens: Vec<u32> = (0..need).map(|i| ((i * 7919 + 13) % vocab) as u32).collect();
+    let tokens: Vec<u32> = (0..need)
+        .map(|i| ((i * 7919 + 13) % vocab) as u32)
+        .collect();
     let threads = ferrite_llm::pool::Pool::global().threads();
     let mut results = Vec::new();
     for (name, count) in [("pp", args.p), ("tg", args.n)] {
@@ -71,7 +80,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         let (mean, sd) = mean_sd(&speeds);
         results.push((format!("{name}{count}"), mean, sd, speeds));
     }
-    let name = loaded.path.file_name().map_or_else(|| loaded.path.display().to_string(), |n| n.to_string_lossy().into_owned());
+    let name = loaded.path.file_name().map_or_else(
+        || loaded.path.display().to_string(),
+        |n| n.to_string_lossy().into_owned(),
+    );
     let size_mib = model.gguf().file_size() as f64 / (1024.0 * 1024.0);
     if args.json {
         let tests: Vec<_> = results

@@ -34,7 +34,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let mut session = Session::new(model, ctx)?;
     // Token ids currently in the KV cache, in order.
     let mut cached: Vec<u32> = Vec::new();
-    let initial: Vec<Message> = args.system.iter().map(|s| Message::system(s.as_str())).collect();
+    let initial: Vec<Message> = args
+        .system
+        .iter()
+        .map(|s| Message::system(s.as_str()))
+        .collect();
     let mut history = initial.clone();
     eprintln!("chat: type a message; /reset clears the history, /exit or Ctrl-D quits (context {ctx} tokens)");
     let stdin = std::io::stdin();
@@ -74,9 +78,21 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             continue;
         }
         let max_new = (args.n as usize).min(room);
-        let gen = generate(&mut session, tok, &mut sampler, &ids[keep..], max_new, &[], &mut |s| print_flush(s))?;
+        let gen = generate(
+            &mut session,
+            tok,
+            &mut sampler,
+            &ids[keep..],
+            max_new,
+            &[],
+            &mut |s| print_flush(s),
+        )?;
         print_flush("\n");
-        eprintln!("[{} tokens, {:.1} tok/s]", gen.tokens.len(), gen.decode_tok_s());
+        eprintln!(
+            "[{} tokens, {:.1} tok/s]",
+            gen.tokens.len(),
+            gen.decode_tok_s()
+        );
         cached.extend_from_slice(&ids[keep..]);
         // The session holds every generated token but the last.
         cached.extend_from_slice(&gen.tokens[..gen.tokens.len().saturating_sub(1)]);

@@ -61,11 +61,13 @@ impl ModelArgs {
                 p
             }
         };
-        let mut model = Model::load(&path).with_context(|| format!("loading {}", path.display()))?;
+        let mut model =
+            Model::load(&path).with_context(|| format!("loading {}", path.display()))?;
         if let Some(p) = self.precision {
             model.set_precision(p);
         }
-        let tok = Tokenizer::from_gguf(model.gguf()).with_context(|| format!("tokenizer of {}", path.display()))?;
+        let tok = Tokenizer::from_gguf(model.gguf())
+            .with_context(|| format!("tokenizer of {}", path.display()))?;
         Ok(Loaded { model, tok, path })
     }
 
@@ -180,7 +182,11 @@ impl SamplingArgs {
 pub fn print_flush(s: &str) {
     use std::io::Write as _;
     let mut out = std::io::stdout().lock();
-    if out.write_all(s.as_bytes()).and_then(|_| out.flush()).is_err() {
+    if out
+        .write_all(s.as_bytes())
+        .and_then(|_| out.flush())
+        .is_err()
+    {
         std::process::exit(0);
     }
 }

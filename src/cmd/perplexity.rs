@@ -23,7 +23,8 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let text = std::fs::read_to_string(&args.file).with_context(|| format!("reading {}", args.file.display()))?;
+    let text = std::fs::read_to_string(&args.file)
+        .with_context(|| format!("reading {}", args.file.display()))?;
     let loaded = args.model.load()?;
     let (model, tok) = (&loaded.model, &loaded.tok);
     let ctx = args.model.ctx(model)?;
@@ -31,10 +32,16 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let n_text = ids.len();
     ids.truncate(ctx);
     if ids.len() < 2 {
-        anyhow::bail!("{} has {} tokens; perplexity needs at least 2", args.file.display(), ids.len());
+        anyhow::bail!(
+            "{} has {} tokens; perplexity needs at least 2",
+            args.file.display(),
+            ids.len()
+        );
     }
     if n_text < ctx {
-        eprintln!("note: the text has only {n_text} tokens, fewer than --ctx {ctx}; scoring all of them");
+        eprintln!(
+            "note: the text has only {n_text} tokens, fewer than --ctx {ctx}; scoring all of them"
+        );
     }
     let mut session = Session::new(model, ids.len())?;
     let t0 = std::time::Instant::now();
@@ -47,7 +54,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             serde_json::json!({"model": loaded.path, "ctx": ids.len(), "scored": n, "mean_nll": nll, "ppl": ppl, "seconds": secs})
         );
     } else {
-        println!("perplexity: {ppl:.4} (mean NLL {nll:.5} nats over {n} tokens, window of {} tokens)", ids.len());
+        println!(
+            "perplexity: {ppl:.4} (mean NLL {nll:.5} nats over {n} tokens, window of {} tokens)",
+            ids.len()
+        );
         eprintln!("{:.1} tok/s", ids.len() as f64 / secs);
     }
     Ok(())

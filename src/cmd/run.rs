@@ -33,7 +33,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         use clap::CommandFactory;
         let mut cli = crate::Cli::command();
         let cmd = cli.find_subcommand_mut("run").expect("run is a subcommand");
-        cmd.error(clap::error::ErrorKind::ArgumentConflict, "-n 0 with no prompt has nothing to do").exit();
+        cmd.error(
+            clap::error::ErrorKind::ArgumentConflict,
+            "-n 0 with no prompt has nothing to do",
+        )
+        .exit();
     }
     let sampler_args = args.sampling.clone();
     let mut sampler = sampler_args.sampler()?;
@@ -48,14 +52,28 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         (Some(p), false) => p.clone(),
         (None, _) => String::new(),
     };
-    let mut ids = if args.chat { tok.encode(&text, false)? } else { tok.encode(&text, true)? };
+    let mut ids = if args.chat {
+        tok.encode(&text, false)?
+    } else {
+        tok.encode(&text, true)?
+    };
     if ids.is_empty() {
-        let bos = tok.bos().context("empty prompt and the model has no BOS token to start from")?;
+        let bos = tok
+            .bos()
+            .context("empty prompt and the model has no BOS token to start from")?;
         ids.push(bos);
     }
     let mut session = Session::new(model, ctx)?;
     let mut stderr_note = String::new();
-    let gen = generate(&mut session, tok, &mut sampler, &ids, args.n, &args.stop, &mut |s| print_flush(s))?;
+    let gen = generate(
+        &mut session,
+        tok,
+        &mut sampler,
+        &ids,
+        args.n,
+        &args.stop,
+        &mut |s| print_flush(s),
+    )?;
     print_flush("\n");
     stderr_note.push_str(&format!(
         "prompt: {} tokens, {:.1} tok/s | generated: {} tokens, {:.1} tok/s | stop: {:?}",

@@ -25,15 +25,28 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut out = Vec::new();
     let t1 = Instant::now();
     for _ in 0..n {
-        let next = logits.iter().enumerate().fold((0, f32::MIN), |b, (i, &v)| if v > b.1 { (i, v) } else { b }).0 as u32;
+        let next = logits
+            .iter()
+            .enumerate()
+            .fold((0, f32::MIN), |b, (i, &v)| if v > b.1 { (i, v) } else { b })
+            .0 as u32;
         let mut sorted = logits.clone();
         sorted.sort_by(|a, b| b.total_cmp(a));
-        println!("{next} margin {:.3} top5 {:?}", sorted[0] - sorted[1], &sorted[..5]);
+        println!(
+            "{next} margin {:.3} top5 {:?}",
+            sorted[0] - sorted[1],
+            &sorted[..5]
+        );
         out.push(next);
         logits = s.forward(&[next], Logits::Last)?.to_vec();
     }
     let td = t1.elapsed().as_secs_f64();
     println!("{:?}\n{:?}", out, tok.decode(&out));
-    println!("prefill {} tok {:.1} tok/s; decode {:.1} tok/s", ids.len(), ids.len() as f64 / tp, n as f64 / td);
+    println!(
+        "prefill {} tok {:.1} tok/s; decode {:.1} tok/s",
+        ids.len(),
+        ids.len() as f64 / tp,
+        n as f64 / td
+    );
     Ok(())
 }

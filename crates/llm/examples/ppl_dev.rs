@@ -13,7 +13,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     let fx: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&args[2])?)?;
     let w = &fx["perplexity"]["windows"][0];
-    let ids: Vec<u32> = w["ids"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect();
+    let ids: Vec<u32> = w["ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect();
     let mut s = Session::new(&model, ids.len())?;
     let (nll, _) = mean_nll(&mut s, &ids)?;
     println!("ppl {:.4} ref {:.4}", nll.exp(), w["ppl"].as_f64().unwrap());

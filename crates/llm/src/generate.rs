@@ -96,7 +96,9 @@ pub fn generate(
         }
     };
     for i in 0..max_new {
-        let id = sampler.sample(&mut logits, &history).map_err(|e| Error::Other(e.to_string()))?;
+        let id = sampler
+            .sample(&mut logits, &history)
+            .map_err(|e| Error::Other(e.to_string()))?;
         if tok.is_eog(id) {
             gen.stop = StopReason::EndOfText;
             break;
@@ -158,7 +160,10 @@ pub fn argmax(v: &[f32]) -> u32 {
 /// in one window starting at position 0 of a fresh session. Returns (mean NLL, count).
 pub fn mean_nll(session: &mut Session<'_>, ids: &[u32]) -> Result<(f64, usize)> {
     if ids.len() < 2 {
-        return Err(Error::Other(format!("perplexity needs at least 2 tokens, got {}", ids.len())));
+        return Err(Error::Other(format!(
+            "perplexity needs at least 2 tokens, got {}",
+            ids.len()
+        )));
     }
     session.truncate(0);
     check_fits(session, ids.len(), 0)?;
@@ -175,7 +180,12 @@ pub fn mean_nll(session: &mut Session<'_>, ids: &[u32]) -> Result<(f64, usize)> 
         for (i, row) in logits.chunks_exact(vocab).enumerate() {
             let target = ids[c * chunk + i + 1];
             let max = row.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v)) as f64;
-            let lse = row.iter().map(|&v| (v as f64 - max).exp()).sum::<f64>().ln() + max;
+            let lse = row
+                .iter()
+                .map(|&v| (v as f64 - max).exp())
+                .sum::<f64>()
+                .ln()
+                + max;
             nll += lse - row[target as usize] as f64;
         }
     }

@@ -23,7 +23,15 @@ impl KvCache {
             .and_then(|x| x.checked_mul(cap))
             .filter(|&n| n.checked_mul(8).is_some_and(|b| b <= isize::MAX as usize))
             .ok_or_else(|| Error::Context(format!("KV cache of {cap} positions is too large")))?;
-        Ok(KvCache { n_layer, n_kv_head, head_dim, cap, len: 0, k: vec![0.0; n], v: vec![0.0; n] })
+        Ok(KvCache {
+            n_layer,
+            n_kv_head,
+            head_dim,
+            cap,
+            len: 0,
+            k: vec![0.0; n],
+            v: vec![0.0; n],
+        })
     }
 
     pub fn len(&self) -> usize {
@@ -56,7 +64,12 @@ impl KvCache {
         let (hd, nkv) = (self.head_dim, self.n_kv_head);
         debug_assert!(il < self.n_layer);
         let t = k.len() / (nkv * hd);
-        assert!(p0 + t <= self.cap, "KvCache::store: positions {p0}..{} exceed {}", p0 + t, self.cap);
+        assert!(
+            p0 + t <= self.cap,
+            "KvCache::store: positions {p0}..{} exceed {}",
+            p0 + t,
+            self.cap
+        );
         for ti in 0..t {
             for g in 0..nkv {
                 let dst = self.base(il, g) + (p0 + ti) * hd;

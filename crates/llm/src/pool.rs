@@ -45,7 +45,12 @@ impl Inner {
             if cur >> 32 != epoch || (cur & 0xFFFF_FFFF) as usize >= n_tasks {
                 return None;
             }
-            match self.state.compare_exchange_weak(cur, cur + 1, Ordering::AcqRel, Ordering::Acquire) {
+            match self.state.compare_exchange_weak(
+                cur,
+                cur + 1,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
                 Ok(_) => return Some((cur & 0xFFFF_FFFF) as usize),
                 Err(now) => cur = now,
             }
@@ -86,7 +91,11 @@ impl Pool {
             let inner = Arc::clone(&inner);
             std::thread::spawn(move || worker(&inner));
         }
-        Pool { inner, n_workers, run_lock: Mutex::new(()) }
+        Pool {
+            inner,
+            n_workers,
+            run_lock: Mutex::new(()),
+        }
     }
 
     /// The process-wide pool: `FERRITE_THREADS` threads, else one per available core.
@@ -167,10 +176,12 @@ fn worker(s: &Inner) {
                 break e;
             }
             spins += 1;
-            if spins % 1024 == 0 && start.elapsed() > SPIN {
+            if spins.is_multiple_of(1024) && start.elapsed() > SPIN {
                 let mut l = s.lock.lock().unwrap_or_else(|e| e.into_inner());
                 s.sleeping.fetch_add(1, Ordering::SeqCst);
-                while s.state.load(Ordering::SeqCst) >> 32 == seen && !s.shutdown.load(Ordering::SeqCst) {
+                while s.state.load(Ordering::SeqCst) >> 32 == seen
+                    && !s.shutdown.load(Ordering::SeqCst)
+                {
                     l = s.cv.wait(l).unwrap_or_else(|e| e.into_inner());
                 }
                 s.sleeping.fetch_sub(1, Ordering::SeqCst);
@@ -201,7 +212,10 @@ mod tests {
                     hits[i].fetch_add(1, Ordering::Relaxed);
                 });
             }
-            assert!(hits.iter().all(|h| h.load(Ordering::Relaxed) == 50), "n={n}");
+            assert!(
+                hits.iter().all(|h| h.load(Ordering::Relaxed) == 50),
+                "n={n}"
+            );
         }
         std::thread::sleep(Duration::from_millis(5));
         let sum = AtomicUsize::new(0);

@@ -41,7 +41,10 @@ fn final_logits_match_transformers() {
 fn perplexity_within_one_percent() {
     for (ctx, ours, reference) in perplexities(&model(), &load_json("gemma3.json"), usize::MAX) {
         eprintln!("Gemma-3 ppl ctx {ctx}: ours {ours:.4}, transformers {reference:.4}");
-        assert!((ours / reference - 1.0).abs() < 0.01, "ctx {ctx}: {ours} vs {reference}");
+        assert!(
+            (ours / reference - 1.0).abs() < 0.01,
+            "ctx {ctx}: {ours} vs {reference}"
+        );
     }
 }
 
@@ -53,6 +56,9 @@ fn perplexity_exact_mode_matches_closely() {
     m.set_precision(Precision::Exact);
     for (ctx, ours, reference) in perplexities(&m, &load_json("gemma3.json"), 128) {
         eprintln!("Gemma-3 ppl ctx {ctx}, exact mode: ours {ours:.5}, transformers {reference:.5}");
-        assert!((ours / reference - 1.0).abs() < 1e-3, "ctx {ctx}: {ours} vs {reference}");
+        assert!(
+            (ours / reference - 1.0).abs() < 1e-3,
+            "ctx {ctx}: {ours} vs {reference}"
+        );
     }
 }

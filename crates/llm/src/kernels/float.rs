@@ -60,12 +60,24 @@ mod x86 {
         // SAFETY: every load reads [i, i + 8) with i + 8 <= n.
         unsafe {
             while i + 16 <= n {
-                s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a.as_ptr().add(i)), _mm256_loadu_ps(b.as_ptr().add(i)), s0);
-                s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a.as_ptr().add(i + 8)), _mm256_loadu_ps(b.as_ptr().add(i + 8)), s1);
+                s0 = _mm256_fmadd_ps(
+                    _mm256_loadu_ps(a.as_ptr().add(i)),
+                    _mm256_loadu_ps(b.as_ptr().add(i)),
+                    s0,
+                );
+                s1 = _mm256_fmadd_ps(
+                    _mm256_loadu_ps(a.as_ptr().add(i + 8)),
+                    _mm256_loadu_ps(b.as_ptr().add(i + 8)),
+                    s1,
+                );
                 i += 16;
             }
             while i + 8 <= n {
-                s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a.as_ptr().add(i)), _mm256_loadu_ps(b.as_ptr().add(i)), s0);
+                s0 = _mm256_fmadd_ps(
+                    _mm256_loadu_ps(a.as_ptr().add(i)),
+                    _mm256_loadu_ps(b.as_ptr().add(i)),
+                    s0,
+                );
                 i += 8;
             }
         }
@@ -88,7 +100,10 @@ mod x86 {
         unsafe {
             while i + 8 <= n {
                 let p = y.as_mut_ptr().add(i);
-                _mm256_storeu_ps(p, _mm256_fmadd_ps(va, _mm256_loadu_ps(x.as_ptr().add(i)), _mm256_loadu_ps(p)));
+                _mm256_storeu_ps(
+                    p,
+                    _mm256_fmadd_ps(va, _mm256_loadu_ps(x.as_ptr().add(i)), _mm256_loadu_ps(p)),
+                );
                 i += 8;
             }
         }
@@ -112,7 +127,10 @@ mod tests {
             let want = dot_f32_scalar(&a, &b);
             for isa in Isa::available() {
                 let got = dot_f32(isa, &a, &b);
-                assert!((got - want).abs() <= 1e-5 * (1.0 + want.abs()), "{isa:?} n={n}");
+                assert!(
+                    (got - want).abs() <= 1e-5 * (1.0 + want.abs()),
+                    "{isa:?} n={n}"
+                );
                 let mut y1 = b.clone();
                 let mut y2 = b.clone();
                 axpy(isa, 0.37, &a, &mut y1);

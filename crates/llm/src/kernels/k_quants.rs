@@ -18,7 +18,7 @@ pub const Q4_K_BYTES: usize = 144;
 pub const Q6_K_BYTES: usize = 210;
 
 pub fn dot_q4_k(isa: Isa, w: &[u8], a: &[BlockQ8]) -> f32 {
-    assert!(a.len() % 8 == 0 && w.len() >= a.len() / 8 * Q4_K_BYTES);
+    assert!(a.len().is_multiple_of(8) && w.len() >= a.len() / 8 * Q4_K_BYTES);
     #[cfg(target_arch = "x86_64")]
     if isa == Isa::Avx2 {
         // SAFETY: Isa::Avx2 implies runtime-detected avx2/fma/f16c; lengths checked above.
@@ -29,7 +29,7 @@ pub fn dot_q4_k(isa: Isa, w: &[u8], a: &[BlockQ8]) -> f32 {
 }
 
 pub fn dot_q6_k(isa: Isa, w: &[u8], a: &[BlockQ8]) -> f32 {
-    assert!(a.len() % 8 == 0 && w.len() >= a.len() / 8 * Q6_K_BYTES);
+    assert!(a.len().is_multiple_of(8) && w.len() >= a.len() / 8 * Q6_K_BYTES);
     #[cfg(target_arch = "x86_64")]
     if isa == Isa::Avx2 {
         // SAFETY: as in dot_q4_k.
@@ -56,7 +56,11 @@ pub fn dot_q4_k_scalar(w: &[u8], a: &[BlockQ8]) -> f32 {
             let q = &blk[16 + 32 * j..16 + 32 * j + 32];
             for (h, b) in [(0, &ab[2 * j]), (1, &ab[2 * j + 1])] {
                 let (s, m) = scale_min_k4(2 * j + h, &sc);
-                let dot: i32 = q.iter().zip(&b.qs).map(|(&q, &x)| ((q >> (4 * h)) & 0xF) as i32 * x as i32).sum();
+                let dot: i32 = q
+                    .iter()
+                    .zip(&b.qs)
+                    .map(|(&q, &x)| ((q >> (4 * h)) & 0xF) as i32 * x as i32)
+                    .sum();
                 sum += d * s as f32 * b.d * dot as f32 - dmin * m as f32 * b.s;
             }
         }
@@ -211,7 +215,9 @@ mod tests {
     fn deq_dot(ty: GgmlType, w: &[u8], a: &[BlockQ8]) -> f32 {
         let mut wf = vec![0f32; a.len() * 32];
         ferrite_gguf::quant::dequantize(ty, w, &mut wf).unwrap();
-        (0..wf.len()).map(|i| wf[i] * a[i / 32].d * a[i / 32].qs[i % 32] as f32).sum()
+        (0..wf.len())
+            .map(|i| wf[i] * a[i / 32].d * a[i / 32].qs[i % 32] as f32)
+            .sum()
     }
 
     #[test]
@@ -222,8 +228,14 @@ mod tests {
             let w6 = rand_blocks(nb, Q6_K_BYTES, &[208], 2);
             let (g4, e4) = (dot_q4_k_scalar(&w4, &a), deq_dot(GgmlType::Q4_K, &w4, &a));
             let (g6, e6) = (dot_q6_k_scalar(&w6, &a), deq_dot(GgmlType::Q6_K, &w6, &a));
-            assert!((g4 - e4).abs() <= 1e-3 * (1.0 + e4.abs()), "q4_k {g4} vs {e4}");
-            assert!((g6 - e6).abs() <= 1e-3 * (1.0 + e6.abs()), "q6_k {g6} vs {e6}");
+            assert!(
+                (g4 - e4).abs() <= 1e-3 * (1.0 + e4.abs()),
+                "q4_k {g4} vs {e4}"
+            );
+            assert!(
+                (g6 - e6).abs() <= 1e-3 * (1.0 + e6.abs()),
+                "q6_k {g6} vs {e6}"
+            );
         }
     }
 
@@ -236,8 +248,14 @@ mod tests {
             for isa in Isa::available() {
                 let (r4, s4) = (dot_q4_k(isa, &w4, &a), dot_q4_k_scalar(&w4, &a));
                 let (r6, s6) = (dot_q6_k(isa, &w6, &a), dot_q6_k_scalar(&w6, &a));
-                assert!((r4 - s4).abs() <= 1e-4 * (1.0 + s4.abs()), "{isa:?} q4_k: {r4} {s4}");
-                assert!((r6 - s6).abs() <= 1e-4 * (1.0 + s6.abs()), "{isa:?} q6_k: {r6} {s6}");
+                assert!(
+                    (r4 - s4).abs() <= 1e-4 * (1.0 + s4.abs()),
+                    "{isa:?} q4_k: {r4} {s4}"
+                );
+                assert!(
+                    (r6 - s6).abs() <= 1e-4 * (1.0 + s6.abs()),
+                    "{isa:?} q6_k: {r6} {s6}"
+                );
             }
         }
     }

@@ -35,7 +35,10 @@ impl Isa {
             return Isa::Scalar;
         }
         #[cfg(target_arch = "x86_64")]
-        if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c") {
+        if is_x86_feature_detected!("avx2")
+            && is_x86_feature_detected!("fma")
+            && is_x86_feature_detected!("f16c")
+        {
             return Isa::Avx2;
         }
         Isa::Scalar
@@ -45,7 +48,10 @@ impl Isa {
     pub fn available() -> Vec<Isa> {
         let mut v = vec![Isa::Scalar];
         #[cfg(target_arch = "x86_64")]
-        if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c") {
+        if is_x86_feature_detected!("avx2")
+            && is_x86_feature_detected!("fma")
+            && is_x86_feature_detected!("f16c")
+        {
             v.push(Isa::Avx2);
         }
         v
@@ -145,14 +151,26 @@ impl<'a> QMat<'a> {
             return Err(format!("unsupported weight type {ty}"));
         }
         let bs = ty.block_size();
-        if cols % bs != 0 {
-            return Err(format!("row length {cols} is not a multiple of the {ty} block size {bs}"));
+        if !cols.is_multiple_of(bs) {
+            return Err(format!(
+                "row length {cols} is not a multiple of the {ty} block size {bs}"
+            ));
         }
         let row_bytes = cols / bs * ty.type_size();
         if Some(data.len()) != row_bytes.checked_mul(rows) {
-            return Err(format!("{rows}x{cols} {ty} needs {} bytes, found {}", row_bytes * rows, data.len()));
+            return Err(format!(
+                "{rows}x{cols} {ty} needs {} bytes, found {}",
+                row_bytes * rows,
+                data.len()
+            ));
         }
-        Ok(QMat { ty, rows, cols, data, row_bytes })
+        Ok(QMat {
+            ty,
+            rows,
+            cols,
+            data,
+            row_bytes,
+        })
     }
 
     pub fn row(&self, r: usize) -> &'a [u8] {
@@ -192,12 +210,20 @@ impl Acts {
             }
             match f {
                 ActFormat::Q8 => {
-                    assert_eq!(cols % 32, 0, "Acts::quantize: cols {cols} not a multiple of 32");
+                    assert_eq!(
+                        cols % 32,
+                        0,
+                        "Acts::quantize: cols {cols} not a multiple of 32"
+                    );
                     self.q8.resize(t * cols / 32, BlockQ8::default());
                     q8::quantize_q8(x, &mut self.q8);
                 }
                 ActFormat::Q8x2 => {
-                    assert_eq!(cols % 32, 0, "Acts::quantize: cols {cols} not a multiple of 32");
+                    assert_eq!(
+                        cols % 32,
+                        0,
+                        "Acts::quantize: cols {cols} not a multiple of 32"
+                    );
                     self.q8.resize(t * cols / 32, BlockQ8::default());
                     self.q8_lo.resize(t * cols / 32, BlockQ8::default());
                     q8::quantize_q8x2(x, &mut self.q8, &mut self.q8_lo);
@@ -238,10 +264,23 @@ pub struct MatOut<'a, 'b> {
 pub fn matmul(isa: Isa, acts: &Acts, ops: &mut [MatOut<'_, '_>]) {
     let t = acts.t;
     for op in ops.iter() {
-        assert_eq!(op.w.cols, acts.cols, "matmul: weight has {} columns, activations {}", op.w.cols, acts.cols);
-        assert_eq!(op.out.len(), t * op.w.rows, "matmul: output is not t x rows");
-        let native = ActFormat::for_weight(op.w.ty) == ActFormat::Q8 && acts.has[ActFormat::Q8 as usize];
-        assert!(native || acts.has[ActFormat::F32 as usize], "matmul: activations not prepared for {}", op.w.ty);
+        assert_eq!(
+            op.w.cols, acts.cols,
+            "matmul: weight has {} columns, activations {}",
+            op.w.cols, acts.cols
+        );
+        assert_eq!(
+            op.out.len(),
+            t * op.w.rows,
+            "matmul: output is not t x rows"
+        );
+        let native =
+            ActFormat::for_weight(op.w.ty) == ActFormat::Q8 && acts.has[ActFormat::Q8 as usize];
+        assert!(
+            native || acts.has[ActFormat::F32 as usize],
+            "matmul: activations not prepared for {}",
+            op.w.ty
+        );
     }
     let total_rows: usize = ops.iter().map(|o| o.w.rows).sum();
     let pool = crate::pool::Pool::global();
@@ -289,7 +328,8 @@ pub fn matmul(isa: Isa, acts: &Acts, ops: &mut [MatOut<'_, '_>]) {
             // Four activation rows per pass share each unpacked weight block.
             while t0 + 4 <= t {
                 for r in r0..r1 {
-                    let v = q4::dot_q4_1_x4(isa, w.row(r), [a(t0), a(t0 + 1), a(t0 + 2), a(t0 + 3)]);
+                    let v =
+                        q4::dot_q4_1_x4(isa, w.row(r), [a(t0), a(t0 + 1), a(t0 + 2), a(t0 + 3)]);
                     for (k, &vk) in v.iter().enumerate() {
                         // SAFETY: as above.
                         unsafe { *out.0.add((t0 + k) * w.rows + r) = vk };
@@ -348,7 +388,9 @@ pub(crate) mod test_util {
     /// `n` values uniform in [-1, 1).
     pub fn rand_f32(n: usize, seed: u64) -> Vec<f32> {
         let mut s = seed;
-        (0..n).map(|_| (rand_u64(&mut s) >> 40) as f32 / (1u64 << 23) as f32 - 1.0).collect()
+        (0..n)
+            .map(|_| (rand_u64(&mut s) >> 40) as f32 / (1u64 << 23) as f32 - 1.0)
+            .collect()
     }
 
     /// `nb` random blocks of `bytes` bytes each, with small positive f16 scales at the byte
@@ -415,7 +457,8 @@ mod tests {
                     for r in 0..rows {
                         w.dequantize_row(r, &mut row);
                         for ti in 0..t {
-                            let want: f32 = row.iter().zip(&x[ti * cols..]).map(|(a, b)| a * b).sum();
+                            let want: f32 =
+                                row.iter().zip(&x[ti * cols..]).map(|(a, b)| a * b).sum();
                             let got = out[ti * rows + r];
                             // Hard bound of 8-bit activation rounding: each x moves by at
                             // most half a step, amax / 254.
@@ -423,10 +466,16 @@ mod tests {
                             let amax = xr.iter().fold(0f32, |m, v| m.max(v.abs()));
                             let l1: f32 = row.iter().map(|v| v.abs()).sum();
                             let tol = l1 * amax / 254.0 * 1.01 + 1e-3 * (1.0 + want.abs());
-                            assert!((got - want).abs() <= tol, "{ty} {isa:?} rows={rows} t={t} r={r}: {got} vs {want}");
+                            assert!(
+                                (got - want).abs() <= tol,
+                                "{ty} {isa:?} rows={rows} t={t} r={r}: {got} vs {want}"
+                            );
                             let got2 = out2[ti * rows + r];
                             let tol2 = l1 * amax / 254.0 / 254.0 * 1.01 + 1e-3 * (1.0 + want.abs());
-                            assert!((got2 - want).abs() <= tol2, "q8x2 {ty} {isa:?} r={r}: {got2} vs {want}");
+                            assert!(
+                                (got2 - want).abs() <= tol2,
+                                "q8x2 {ty} {isa:?} r={r}: {got2} vs {want}"
+                            );
                         }
                     }
                 }

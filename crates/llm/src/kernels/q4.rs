@@ -56,9 +56,9 @@ pub fn dot_q4_0_scalar(w: &[u8], a: &[BlockQ8]) -> f32 {
         let d = f16_at(blk, 0);
         let qs = &blk[2..18];
         let mut acc = 0i32;
-        for j in 0..16 {
-            acc += ((qs[j] & 0xF) as i32 - 8) * b.qs[j] as i32;
-            acc += ((qs[j] >> 4) as i32 - 8) * b.qs[j + 16] as i32;
+        for (j, &q) in qs.iter().enumerate() {
+            acc += ((q & 0xF) as i32 - 8) * b.qs[j] as i32;
+            acc += ((q >> 4) as i32 - 8) * b.qs[j + 16] as i32;
         }
         sum += d * b.d * acc as f32;
     }
@@ -73,9 +73,9 @@ pub fn dot_q4_1_scalar(w: &[u8], a: &[BlockQ8]) -> f32 {
         let m = f16_at(blk, 2);
         let qs = &blk[4..20];
         let mut acc = 0i32;
-        for j in 0..16 {
-            acc += (qs[j] & 0xF) as i32 * b.qs[j] as i32;
-            acc += (qs[j] >> 4) as i32 * b.qs[j + 16] as i32;
+        for (j, &q) in qs.iter().enumerate() {
+            acc += (q & 0xF) as i32 * b.qs[j] as i32;
+            acc += (q >> 4) as i32 * b.qs[j + 16] as i32;
         }
         sum += d * b.d * acc as f32 + m * b.s;
     }
@@ -172,7 +172,12 @@ pub(crate) mod x86 {
                 let p = w.as_ptr().add(i * Q4_1_BYTES);
                 let (d, m) = (f16_load(p), f16_load(p.add(2)));
                 let q = unpack_nibbles(p.add(4));
-                let (b0, b1, b2, b3) = (a[0].get_unchecked(i), a[1].get_unchecked(i), a[2].get_unchecked(i), a[3].get_unchecked(i));
+                let (b0, b1, b2, b3) = (
+                    a[0].get_unchecked(i),
+                    a[1].get_unchecked(i),
+                    a[2].get_unchecked(i),
+                    a[3].get_unchecked(i),
+                );
                 for (k, b) in [b0, b1, b2, b3].into_iter().enumerate() {
                     let qa = _mm256_loadu_si256(b.qs.as_ptr() as *const __m256i);
                     let s = _mm256_cvtepi32_ps(mul_u8_i8(q, qa));
@@ -184,7 +189,12 @@ pub(crate) mod x86 {
         let mut o = [0f32; 4];
         // SAFETY: o holds 4 f32.
         unsafe { _mm_storeu_ps(o.as_mut_ptr(), offs) };
-        [hsum_ps(acc[0]) + o[0], hsum_ps(acc[1]) + o[1], hsum_ps(acc[2]) + o[2], hsum_ps(acc[3]) + o[3]]
+        [
+            hsum_ps(acc[0]) + o[0],
+            hsum_ps(acc[1]) + o[1],
+            hsum_ps(acc[2]) + o[2],
+            hsum_ps(acc[3]) + o[3],
+        ]
     }
 }
 
@@ -202,8 +212,14 @@ mod tests {
             for isa in Isa::available() {
                 let (r0, s0) = (dot_q4_0(isa, &w0, &a), dot_q4_0_scalar(&w0, &a));
                 let (r1, s1) = (dot_q4_1(isa, &w1, &a), dot_q4_1_scalar(&w1, &a));
-                assert!((r0 - s0).abs() <= 1e-4 * (1.0 + s0.abs()), "{isa:?} q4_0 nb={nb}: {r0} {s0}");
-                assert!((r1 - s1).abs() <= 1e-4 * (1.0 + s1.abs()), "{isa:?} q4_1 nb={nb}: {r1} {s1}");
+                assert!(
+                    (r0 - s0).abs() <= 1e-4 * (1.0 + s0.abs()),
+                    "{isa:?} q4_0 nb={nb}: {r0} {s0}"
+                );
+                assert!(
+                    (r1 - s1).abs() <= 1e-4 * (1.0 + s1.abs()),
+                    "{isa:?} q4_1 nb={nb}: {r1} {s1}"
+                );
             }
         }
     }
@@ -217,7 +233,10 @@ mod tests {
                 let got = dot_q4_1_x4(isa, &w, [&acts[0], &acts[1], &acts[2], &acts[3]]);
                 for k in 0..4 {
                     let want = dot_q4_1_scalar(&w, &acts[k]);
-                    assert!((got[k] - want).abs() <= 1e-4 * (1.0 + want.abs()), "{isa:?} nb={nb} k={k}");
+                    assert!(
+                        (got[k] - want).abs() <= 1e-4 * (1.0 + want.abs()),
+                        "{isa:?} nb={nb} k={k}"
+                    );
                 }
             }
         }
@@ -226,15 +245,27 @@ mod tests {
     #[test]
     fn scalar_matches_dequantized_dot() {
         use ferrite_gguf::GgmlType;
-        for (ty, bytes, hdr) in [(GgmlType::Q4_0, Q4_0_BYTES, &[0][..]), (GgmlType::Q4_1, Q4_1_BYTES, &[0, 2][..])] {
+        for (ty, bytes, hdr) in [
+            (GgmlType::Q4_0, Q4_0_BYTES, &[0][..]),
+            (GgmlType::Q4_1, Q4_1_BYTES, &[0, 2][..]),
+        ] {
             let nb = 5;
             let a = acts_q8(nb, 3);
             let w = rand_blocks(nb, bytes, hdr, 11);
             let mut wf = vec![0f32; nb * 32];
             ferrite_gguf::quant::dequantize(ty, &w, &mut wf).unwrap();
-            let want: f32 = (0..nb * 32).map(|i| wf[i] * a[i / 32].d * a[i / 32].qs[i % 32] as f32).sum();
-            let got = if ty == GgmlType::Q4_0 { dot_q4_0_scalar(&w, &a) } else { dot_q4_1_scalar(&w, &a) };
-            assert!((got - want).abs() <= 1e-3 * (1.0 + want.abs()), "{ty}: {got} vs {want}");
+            let want: f32 = (0..nb * 32)
+                .map(|i| wf[i] * a[i / 32].d * a[i / 32].qs[i % 32] as f32)
+                .sum();
+            let got = if ty == GgmlType::Q4_0 {
+                dot_q4_0_scalar(&w, &a)
+            } else {
+                dot_q4_1_scalar(&w, &a)
+            };
+            assert!(
+                (got - want).abs() <= 1e-3 * (1.0 + want.abs()),
+                "{ty}: {got} vs {want}"
+            );
         }
     }
 }

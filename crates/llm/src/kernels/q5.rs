@@ -44,9 +44,9 @@ pub fn dot_q5_scalar(w: &[u8], a: &[BlockQ8], has_min: bool) -> f32 {
         let qh = u32::from_le_bytes([blk[h], blk[h + 1], blk[h + 2], blk[h + 3]]);
         let qs = &blk[h + 4..h + 20];
         let mut acc = 0i32;
-        for j in 0..16 {
-            let lo = (qs[j] & 0xF) as i32 | ((((qh >> j) & 1) as i32) << 4);
-            let hi = (qs[j] >> 4) as i32 | ((((qh >> (j + 16)) & 1) as i32) << 4);
+        for (j, &q) in qs.iter().enumerate() {
+            let lo = (q & 0xF) as i32 | ((((qh >> j) & 1) as i32) << 4);
+            let hi = (q >> 4) as i32 | ((((qh >> (j + 16)) & 1) as i32) << 4);
             acc += lo * b.qs[j] as i32 + hi * b.qs[j + 16] as i32;
         }
         let m = if has_min { f16_at(blk, 2) } else { -16.0 * d };
@@ -97,7 +97,11 @@ mod x86 {
                 let qa = _mm256_loadu_si256(b.qs.as_ptr() as *const __m256i);
                 let s = _mm256_cvtepi32_ps(mul_u8_i8(q, qa));
                 acc = _mm256_fmadd_ps(_mm256_set1_ps(d * b.d), s, acc);
-                let m = if has_min { f16_load(p.add(2)) } else { -16.0 * d };
+                let m = if has_min {
+                    f16_load(p.add(2))
+                } else {
+                    -16.0 * d
+                };
                 offs += m * b.s;
             }
         }
@@ -120,8 +124,14 @@ mod tests {
             for isa in Isa::available() {
                 let (r0, s0) = (dot_q5_0(isa, &w0, &a), dot_q5_scalar(&w0, &a, false));
                 let (r1, s1) = (dot_q5_1(isa, &w1, &a), dot_q5_scalar(&w1, &a, true));
-                assert!((r0 - s0).abs() <= 1e-4 * (1.0 + s0.abs()), "{isa:?} nb={nb}: {r0} {s0}");
-                assert!((r1 - s1).abs() <= 1e-4 * (1.0 + s1.abs()), "{isa:?} nb={nb}: {r1} {s1}");
+                assert!(
+                    (r0 - s0).abs() <= 1e-4 * (1.0 + s0.abs()),
+                    "{isa:?} nb={nb}: {r0} {s0}"
+                );
+                assert!(
+                    (r1 - s1).abs() <= 1e-4 * (1.0 + s1.abs()),
+                    "{isa:?} nb={nb}: {r1} {s1}"
+                );
             }
         }
     }
@@ -137,9 +147,14 @@ mod tests {
             let w = rand_blocks(nb, bytes, hdr, 2);
             let mut wf = vec![0f32; nb * 32];
             ferrite_gguf::quant::dequantize(ty, &w, &mut wf).unwrap();
-            let want: f32 = (0..nb * 32).map(|i| wf[i] * a[i / 32].d * a[i / 32].qs[i % 32] as f32).sum();
+            let want: f32 = (0..nb * 32)
+                .map(|i| wf[i] * a[i / 32].d * a[i / 32].qs[i % 32] as f32)
+                .sum();
             let got = dot_q5_scalar(&w, &a, has_min);
-            assert!((got - want).abs() <= 1e-3 * (1.0 + want.abs()), "{ty}: {got} vs {want}");
+            assert!(
+                (got - want).abs() <= 1e-3 * (1.0 + want.abs()),
+                "{ty}: {got} vs {want}"
+            );
         }
     }
 }

@@ -51,7 +51,9 @@ mod tests {
 
     #[test]
     fn q8_round_trip_error_is_half_a_step() {
-        let x: Vec<f32> = (0..96).map(|i| ((i * 37 % 101) as f32 - 50.0) * 0.013).collect();
+        let x: Vec<f32> = (0..96)
+            .map(|i| ((i * 37 % 101) as f32 - 50.0) * 0.013)
+            .collect();
         let mut b = vec![BlockQ8::default(); 3];
         quantize_q8(&x, &mut b);
         for (i, &v) in x.iter().enumerate() {
@@ -65,13 +67,18 @@ mod tests {
 
     #[test]
     fn q8x2_residual_is_far_finer() {
-        let x: Vec<f32> = (0..64).map(|i| ((i * 37 % 101) as f32 - 50.0) * 0.013 + if i == 5 { 9.0 } else { 0.0 }).collect();
+        let x: Vec<f32> = (0..64)
+            .map(|i| ((i * 37 % 101) as f32 - 50.0) * 0.013 + if i == 5 { 9.0 } else { 0.0 })
+            .collect();
         let (mut hi, mut lo) = (vec![BlockQ8::default(); 2], vec![BlockQ8::default(); 2]);
         quantize_q8x2(&x, &mut hi, &mut lo);
         for (i, &v) in x.iter().enumerate() {
             let (h, l) = (&hi[i / 32], &lo[i / 32]);
             let r = h.d * h.qs[i % 32] as f32 + l.d * l.qs[i % 32] as f32;
-            assert!((r - v).abs() <= h.d / 254.0 * 1.01 + 1e-7, "{i}: {r} vs {v}");
+            assert!(
+                (r - v).abs() <= h.d / 254.0 * 1.01 + 1e-7,
+                "{i}: {r} vs {v}"
+            );
         }
     }
 }

@@ -22,7 +22,11 @@ pub fn dot_q8_0_scalar(w: &[u8], a: &[BlockQ8]) -> f32 {
     for (i, b) in a.iter().enumerate() {
         let blk = &w[i * Q8_0_BYTES..(i + 1) * Q8_0_BYTES];
         let d = f16_at(blk, 0);
-        let acc: i32 = blk[2..34].iter().zip(&b.qs).map(|(&q, &x)| q as i8 as i32 * x as i32).sum();
+        let acc: i32 = blk[2..34]
+            .iter()
+            .zip(&b.qs)
+            .map(|(&q, &x)| q as i8 as i32 * x as i32)
+            .sum();
         sum += d * b.d * acc as f32;
     }
     sum
@@ -93,7 +97,10 @@ mod tests {
             let w = rand_blocks(nb, Q8_0_BYTES, &[0], 41 + nb as u64);
             for isa in Isa::available() {
                 let (r, s) = (dot_q8_0(isa, &w, &a), dot_q8_0_scalar(&w, &a));
-                assert!((r - s).abs() <= 1e-4 * (1.0 + s.abs()), "{isa:?} nb={nb}: {r} {s}");
+                assert!(
+                    (r - s).abs() <= 1e-4 * (1.0 + s.abs()),
+                    "{isa:?} nb={nb}: {r} {s}"
+                );
             }
         }
     }
@@ -105,8 +112,13 @@ mod tests {
         let w = rand_blocks(nb, Q8_0_BYTES, &[0], 9);
         let mut wf = vec![0f32; nb * 32];
         ferrite_gguf::quant::dequantize(ferrite_gguf::GgmlType::Q8_0, &w, &mut wf).unwrap();
-        let want: f32 = (0..nb * 32).map(|i| wf[i] * a[i / 32].d * a[i / 32].qs[i % 32] as f32).sum();
+        let want: f32 = (0..nb * 32)
+            .map(|i| wf[i] * a[i / 32].d * a[i / 32].qs[i % 32] as f32)
+            .sum();
         let got = dot_q8_0_scalar(&w, &a);
-        assert!((got - want).abs() <= 1e-3 * (1.0 + want.abs()), "{got} vs {want}");
+        assert!(
+            (got - want).abs() <= 1e-3 * (1.0 + want.abs()),
+            "{got} vs {want}"
+        );
     }
 }

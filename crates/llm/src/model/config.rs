@@ -93,29 +93,39 @@ impl Config {
                 d_model / n_head
             }
         };
-        if let Some(_) = f.get(&key("attention.value_length")) {
+        if f.get(&key("attention.value_length")).is_some() {
             let v = f.get_usize(&key("attention.value_length"))?;
             if v != head_dim {
-                return Err(model_err(format!("value head size {v} differs from key head size {head_dim}")));
+                return Err(model_err(format!(
+                    "value head size {v} differs from key head size {head_dim}"
+                )));
             }
         }
         let ctx_train = f.get_usize(&key("context_length"))?;
         let eps = f.get_f32(&key("attention.layer_norm_rms_epsilon"))?;
-        let default_base = if arch == Arch::Gemma3 { 1_000_000.0 } else { 10_000.0 };
+        let default_base = if arch == Arch::Gemma3 {
+            1_000_000.0
+        } else {
+            10_000.0
+        };
         let rope_base = opt_f32(f, &key("rope.freq_base"))?.unwrap_or(default_base);
         let rope_dim = match f.get(&key("rope.dimension_count")) {
             Some(_) => f.get_usize(&key("rope.dimension_count"))?,
             None => head_dim,
         };
         if rope_dim == 0 || rope_dim > head_dim || rope_dim % 2 != 0 {
-            return Err(model_err(format!("rope dimension {rope_dim} must be even and at most the head size {head_dim}")));
+            return Err(model_err(format!(
+                "rope dimension {rope_dim} must be even and at most the head size {head_dim}"
+            )));
         }
         let mut rope_scale = 1.0;
         if let Some(kind) = f.get(&key("rope.scaling.type")).and_then(|v| v.as_str()) {
             if kind == "linear" {
                 rope_scale = opt_f32(f, &key("rope.scaling.factor"))?.unwrap_or(1.0);
             } else if kind != "none" {
-                return Err(model_err(format!("unsupported rope scaling type {kind:?} ({a}.rope.scaling.type)")));
+                return Err(model_err(format!(
+                    "unsupported rope scaling type {kind:?} ({a}.rope.scaling.type)"
+                )));
             }
         } else if let Some(s) = opt_f32(f, &key("rope.scaling.factor"))? {
             if arch == Arch::Gemma3 {
@@ -123,7 +133,9 @@ impl Config {
             }
         }
         if !(rope_scale > 0.0 && rope_scale.is_finite()) {
-            return Err(model_err(format!("rope scaling factor {rope_scale} must be positive")));
+            return Err(model_err(format!(
+                "rope scaling factor {rope_scale} must be positive"
+            )));
         }
         let (sliding_window, swa_pattern) = match arch {
             Arch::Gemma3 => match f.get(&key("attention.sliding_window")) {
@@ -136,7 +148,11 @@ impl Config {
             Arch::Gemma3 => 1.0 / (head_dim as f32).sqrt(),
             _ => 1.0 / (head_dim as f32).sqrt(),
         };
-        let embed_scale = if arch == Arch::Gemma3 { (d_model as f32).sqrt() } else { 1.0 };
+        let embed_scale = if arch == Arch::Gemma3 {
+            (d_model as f32).sqrt()
+        } else {
+            1.0
+        };
         let cfg = Config {
             arch,
             arch_name: arch_name.clone(),
@@ -172,7 +188,9 @@ impl Config {
 
     /// Whether layer `il` attends only within the sliding window.
     pub fn is_local(&self, il: usize) -> bool {
-        self.sliding_window > 0 && self.swa_pattern > 0 && il % self.swa_pattern != self.swa_pattern - 1
+        self.sliding_window > 0
+            && self.swa_pattern > 0
+            && il % self.swa_pattern != self.swa_pattern - 1
     }
 }
 
@@ -181,11 +199,16 @@ fn per_layer_const(f: &GgufFile, key: &str) -> Result<usize> {
     match f.get(key) {
         Some(v) if v.as_array().is_some() => {
             let vals = f.get_int_array(key)?;
-            let first = *vals.first().ok_or_else(|| model_err(format!("{key} is an empty array")))?;
+            let first = *vals
+                .first()
+                .ok_or_else(|| model_err(format!("{key} is an empty array")))?;
             if vals.iter().any(|&x| x != first) {
-                return Err(model_err(format!("{key} differs between layers; not supported")));
+                return Err(model_err(format!(
+                    "{key} differs between layers; not supported"
+                )));
             }
-            usize::try_from(first).map_err(|_| model_err(format!("{key} = {first} is out of range")))
+            usize::try_from(first)
+                .map_err(|_| model_err(format!("{key} = {first} is out of range")))
         }
         _ => Ok(f.get_usize(key)?),
     }

@@ -85,7 +85,13 @@ impl Model {
             None => tok_embd.clone(),
         };
         check_token_ids(&file, cfg.vocab)?;
-        let (d, hd, nh, nkv, ff) = (cfg.d_model, cfg.head_dim, cfg.n_head, cfg.n_kv_head, cfg.n_ff);
+        let (d, hd, nh, nkv, ff) = (
+            cfg.d_model,
+            cfg.head_dim,
+            cfg.n_head,
+            cfg.n_kv_head,
+            cfg.n_ff,
+        );
         let output_norm = vector(&file, "output_norm.weight", d)?;
         let mut layers = Vec::with_capacity(cfg.n_layer);
         for il in 0..cfg.n_layer {
@@ -107,14 +113,30 @@ impl Model {
                 bq: opt_vec("attn_q.bias", nh * hd)?,
                 bk: opt_vec("attn_k.bias", nkv * hd)?,
                 bv: opt_vec("attn_v.bias", nkv * hd)?,
-                q_norm: if gemma { Some(req_vec("attn_q_norm.weight", hd)?) } else { None },
-                k_norm: if gemma { Some(req_vec("attn_k_norm.weight", hd)?) } else { None },
-                post_attn_norm: if gemma { Some(req_vec("post_attention_norm.weight", d)?) } else { None },
+                q_norm: if gemma {
+                    Some(req_vec("attn_q_norm.weight", hd)?)
+                } else {
+                    None
+                },
+                k_norm: if gemma {
+                    Some(req_vec("attn_k_norm.weight", hd)?)
+                } else {
+                    None
+                },
+                post_attn_norm: if gemma {
+                    Some(req_vec("post_attention_norm.weight", d)?)
+                } else {
+                    None
+                },
                 ffn_norm: req_vec("ffn_norm.weight", d)?,
                 w_gate: weight(&file, &n("ffn_gate.weight"), Some(ff), Some(d))?,
                 w_up: weight(&file, &n("ffn_up.weight"), Some(ff), Some(d))?,
                 w_down: weight(&file, &n("ffn_down.weight"), Some(d), Some(ff))?,
-                post_ffn_norm: if gemma { Some(req_vec("post_ffw_norm.weight", d)?) } else { None },
+                post_ffn_norm: if gemma {
+                    Some(req_vec("post_ffw_norm.weight", d)?)
+                } else {
+                    None
+                },
             };
             layers.push(layer);
         }
@@ -178,7 +200,10 @@ impl Model {
     fn embed(&self, token: u32, out: &mut [f32]) -> Result<()> {
         let id = token as usize;
         if id >= self.cfg.vocab {
-            return Err(Error::Token { id: token, vocab: self.cfg.vocab });
+            return Err(Error::Token {
+                id: token,
+                vocab: self.cfg.vocab,
+            });
         }
         self.mat(&self.tok_embd).dequantize_row(id, out);
         if self.cfg.embed_scale != 1.0 {
@@ -200,7 +225,9 @@ fn check_token_ids(f: &GgufFile, vocab: usize) -> Result<()> {
         if f.get(key).is_some() {
             let id = f.get_u64(key)?;
             if id >= vocab as u64 {
-                return Err(Error::Model(format!("{key} = {id} is out of range for a vocabulary of {vocab}")));
+                return Err(Error::Model(format!(
+                    "{key} = {id} is out of range for a vocabulary of {vocab}"
+                )));
             }
         }
     }
@@ -217,9 +244,14 @@ fn check_token_ids(f: &GgufFile, vocab: usize) -> Result<()> {
 
 /// Looks up a 2-D weight and checks its shape (`rows`/`cols` when given) and type.
 fn weight(f: &GgufFile, name: &str, rows: Option<usize>, cols: Option<usize>) -> Result<Weight> {
-    let info = f.tensor(name).ok_or_else(|| Error::Model(format!("missing tensor {name}")))?;
+    let info = f
+        .tensor(name)
+        .ok_or_else(|| Error::Model(format!("missing tensor {name}")))?;
     if info.dims.len() != 2 {
-        return Err(Error::Model(format!("tensor {name}: expected 2 dimensions, found {:?}", info.dims)));
+        return Err(Error::Model(format!(
+            "tensor {name}: expected 2 dimensions, found {:?}",
+            info.dims
+        )));
     }
     let (c, r) = (info.dims[0] as usize, info.dims[1] as usize);
     if rows.is_some_and(|x| x != r) || cols.is_some_and(|x| x != c) {
@@ -231,20 +263,36 @@ fn weight(f: &GgufFile, name: &str, rows: Option<usize>, cols: Option<usize>) ->
         )));
     }
     if !kernels::is_supported(info.ty) {
-        return Err(Error::Model(format!("tensor {name}: unsupported type {}", info.ty)));
+        return Err(Error::Model(format!(
+            "tensor {name}: unsupported type {}",
+            info.ty
+        )));
     }
-    QMat::new(info.ty, r, c, f.tensor_data(info)).map_err(|e| Error::Model(format!("tensor {name}: {e}")))?;
-    Ok(Weight { info: info.clone(), rows: r, cols: c })
+    QMat::new(info.ty, r, c, f.tensor_data(info))
+        .map_err(|e| Error::Model(format!("tensor {name}: {e}")))?;
+    Ok(Weight {
+        info: info.clone(),
+        rows: r,
+        cols: c,
+    })
 }
 
 /// A 1-D tensor of `len` values, dequantized to f32.
 fn vector(f: &GgufFile, name: &str, len: usize) -> Result<Vec<f32>> {
-    let info = f.tensor(name).ok_or_else(|| Error::Model(format!("missing tensor {name}")))?;
+    let info = f
+        .tensor(name)
+        .ok_or_else(|| Error::Model(format!("missing tensor {name}")))?;
     if info.n_elements != len as u64 || info.dims.iter().filter(|&&x| x != 1).count() > 1 {
-        return Err(Error::Model(format!("tensor {name}: expected {len} values, found shape {:?}", info.dims)));
+        return Err(Error::Model(format!(
+            "tensor {name}: expected {len} values, found shape {:?}",
+            info.dims
+        )));
     }
     if !info.ty.is_supported() || info.ty == GgmlType::Q8_K {
-        return Err(Error::Model(format!("tensor {name}: unsupported type {}", info.ty)));
+        return Err(Error::Model(format!(
+            "tensor {name}: unsupported type {}",
+            info.ty
+        )));
     }
     Ok(f.dequantize(info)?)
 }
@@ -301,7 +349,12 @@ impl<'m> Session<'m> {
             )));
         }
         let kv = KvCache::new(c.n_layer, c.n_kv_head, c.head_dim, ctx)?;
-        Ok(Session { model, kv, s: Scratch::default(), logits: Vec::new() })
+        Ok(Session {
+            model,
+            kv,
+            s: Scratch::default(),
+            logits: Vec::new(),
+        })
     }
 
     pub fn model(&self) -> &'m Model {
@@ -343,7 +396,11 @@ impl<'m> Session<'m> {
         if let Some(&id) = tokens.iter().find(|&&t| t as usize >= vocab) {
             return Err(Error::Token { id, vocab });
         }
-        let n_out = if which == Logits::All { tokens.len() } else { 1 };
+        let n_out = if which == Logits::All {
+            tokens.len()
+        } else {
+            1
+        };
         self.logits.resize(n_out * vocab, 0.0);
         let mut done = 0;
         for chunk in tokens.chunks(MAX_BATCH) {
@@ -388,12 +445,30 @@ impl<'m> Session<'m> {
             m.embed(tok, &mut s.x[i * d..(i + 1) * d])?;
         }
         let freq = |base: f32| rope_inv_freq(c.rope_dim, base, m.rope_freq_factors.as_deref());
-        rope_table(&freq(c.rope_base), p0, t, 1.0 / c.rope_scale, &mut s.cos, &mut s.sin);
+        rope_table(
+            &freq(c.rope_base),
+            p0,
+            t,
+            1.0 / c.rope_scale,
+            &mut s.cos,
+            &mut s.sin,
+        );
         if c.sliding_window > 0 {
-            rope_table(&freq(c.rope_base_local), p0, t, 1.0, &mut s.cos_local, &mut s.sin_local);
+            rope_table(
+                &freq(c.rope_base_local),
+                p0,
+                t,
+                1.0,
+                &mut s.cos_local,
+                &mut s.sin_local,
+            );
         }
         let (x, xb) = (&mut s.x[..t * d], &mut s.xb[..t * d]);
-        let (q, k, v) = (&mut s.q[..t * nh * hd], &mut s.k[..t * nkv * hd], &mut s.v[..t * nkv * hd]);
+        let (q, k, v) = (
+            &mut s.q[..t * nh * hd],
+            &mut s.k[..t * nkv * hd],
+            &mut s.v[..t * nkv * hd],
+        );
         let (att, tmp) = (&mut s.att[..t * nh * hd], &mut s.tmp[..t * d]);
         let (gate, up) = (&mut s.gate[..t * ff], &mut s.up[..t * ff]);
         for (il, l) in m.layers.iter().enumerate() {
@@ -403,7 +478,20 @@ impl<'m> Session<'m> {
             kernels::matmul(
                 isa,
                 &s.acts,
-                &mut [MatOut { w: wq, out: &mut *q }, MatOut { w: wk, out: &mut *k }, MatOut { w: wv, out: &mut *v }],
+                &mut [
+                    MatOut {
+                        w: wq,
+                        out: &mut *q,
+                    },
+                    MatOut {
+                        w: wk,
+                        out: &mut *k,
+                    },
+                    MatOut {
+                        w: wv,
+                        out: &mut *v,
+                    },
+                ],
             );
             add_bias(q, l.bq.as_deref());
             add_bias(k, l.bk.as_deref());
@@ -413,16 +501,41 @@ impl<'m> Session<'m> {
                 rms_norm_in_place(k, kn, hd, c.eps);
             }
             let local = c.is_local(il);
-            let (cos, sin) = if local { (&s.cos_local, &s.sin_local) } else { (&s.cos, &s.sin) };
+            let (cos, sin) = if local {
+                (&s.cos_local, &s.sin_local)
+            } else {
+                (&s.cos, &s.sin)
+            };
             rope(q, nh, hd, c.rope_dim, c.rope_neox, cos, sin);
             rope(k, nkv, hd, c.rope_dim, c.rope_neox, cos, sin);
             self.kv.store(il, p0, k, v);
             let window = if local { c.sliding_window } else { 0 };
-            attention(isa, &self.kv, il, p0, t, q, att, &mut s.scores, nh, nkv, hd, c.attn_scale, window);
+            attention(
+                isa,
+                &self.kv,
+                il,
+                p0,
+                t,
+                q,
+                att,
+                &mut s.scores,
+                nh,
+                nkv,
+                hd,
+                c.attn_scale,
+                window,
+            );
 
             let wo = m.mat(&l.wo);
             s.acts.quantize(att, t, nh * hd, &m.formats(&[&wo]));
-            kernels::matmul(isa, &s.acts, &mut [MatOut { w: wo, out: &mut *tmp }]);
+            kernels::matmul(
+                isa,
+                &s.acts,
+                &mut [MatOut {
+                    w: wo,
+                    out: &mut *tmp,
+                }],
+            );
             if let Some(pn) = &l.post_attn_norm {
                 rms_norm_in_place(tmp, pn, d, c.eps);
             }
@@ -431,15 +544,39 @@ impl<'m> Session<'m> {
             rms_norm_rows(x, xb, &l.ffn_norm, d, c.eps);
             let (wg, wu) = (m.mat(&l.w_gate), m.mat(&l.w_up));
             s.acts.quantize(xb, t, d, &m.formats(&[&wg, &wu]));
-            kernels::matmul(isa, &s.acts, &mut [MatOut { w: wg, out: &mut *gate }, MatOut { w: wu, out: &mut *up }]);
+            kernels::matmul(
+                isa,
+                &s.acts,
+                &mut [
+                    MatOut {
+                        w: wg,
+                        out: &mut *gate,
+                    },
+                    MatOut {
+                        w: wu,
+                        out: &mut *up,
+                    },
+                ],
+            );
             if c.arch == Arch::Gemma3 {
-                gate.iter_mut().zip(up.iter()).for_each(|(g, u)| *g = gelu_tanh(*g) * u);
+                gate.iter_mut()
+                    .zip(up.iter())
+                    .for_each(|(g, u)| *g = gelu_tanh(*g) * u);
             } else {
-                gate.iter_mut().zip(up.iter()).for_each(|(g, u)| *g = silu(*g) * u);
+                gate.iter_mut()
+                    .zip(up.iter())
+                    .for_each(|(g, u)| *g = silu(*g) * u);
             }
             let wd = m.mat(&l.w_down);
             s.acts.quantize(gate, t, ff, &m.formats(&[&wd]));
-            kernels::matmul(isa, &s.acts, &mut [MatOut { w: wd, out: &mut *tmp }]);
+            kernels::matmul(
+                isa,
+                &s.acts,
+                &mut [MatOut {
+                    w: wd,
+                    out: &mut *tmp,
+                }],
+            );
             if let Some(pn) = &l.post_ffn_norm {
                 rms_norm_in_place(tmp, pn, d, c.eps);
             }
@@ -529,7 +666,14 @@ fn rope_inv_freq(rope_dim: usize, base: f32, factors: Option<&[f32]>) -> Vec<f32
 }
 
 /// cos/sin tables `[t][rope_dim/2]` for positions p0..p0+t (each position times `pos_scale`).
-fn rope_table(inv: &[f32], p0: usize, t: usize, pos_scale: f32, cos: &mut Vec<f32>, sin: &mut Vec<f32>) {
+fn rope_table(
+    inv: &[f32],
+    p0: usize,
+    t: usize,
+    pos_scale: f32,
+    cos: &mut Vec<f32>,
+    sin: &mut Vec<f32>,
+) {
     cos.clear();
     sin.clear();
     for i in 0..t {
@@ -544,13 +688,28 @@ fn rope_table(inv: &[f32], p0: usize, t: usize, pos_scale: f32, cos: &mut Vec<f3
 
 /// Rotates the first `rope_dim` values of each of the `n_heads` heads of every token row of
 /// `x` (`[t][n_heads * hd]`) by the angles of the token's row in `cos`/`sin`.
-fn rope(x: &mut [f32], n_heads: usize, hd: usize, rope_dim: usize, neox: bool, cos: &[f32], sin: &[f32]) {
+fn rope(
+    x: &mut [f32],
+    n_heads: usize,
+    hd: usize,
+    rope_dim: usize,
+    neox: bool,
+    cos: &[f32],
+    sin: &[f32],
+) {
     let half = rope_dim / 2;
     for (ti, row) in x.chunks_exact_mut(n_heads * hd).enumerate() {
-        let (c, s) = (&cos[ti * half..(ti + 1) * half], &sin[ti * half..(ti + 1) * half]);
+        let (c, s) = (
+            &cos[ti * half..(ti + 1) * half],
+            &sin[ti * half..(ti + 1) * half],
+        );
         for h in row.chunks_exact_mut(hd) {
             for i in 0..half {
-                let (a, b) = if neox { (i, i + half) } else { (2 * i, 2 * i + 1) };
+                let (a, b) = if neox {
+                    (i, i + half)
+                } else {
+                    (2 * i, 2 * i + 1)
+                };
                 let (x0, x1) = (h[a], h[b]);
                 h[a] = x0 * c[i] - x1 * s[i];
                 h[b] = x0 * s[i] + x1 * c[i];
@@ -599,7 +758,11 @@ fn attention(
         let (keys, vals) = (kv.keys(il, g), kv.values(il, g));
         for ti in 0..t {
             let p = p0 + ti;
-            let lo = if window > 0 { (p + 1).saturating_sub(window) } else { 0 };
+            let lo = if window > 0 {
+                (p + 1).saturating_sub(window)
+            } else {
+                0
+            };
             let qh = &q[ti * nh * hd + h * hd..ti * nh * hd + (h + 1) * hd];
             let sc = &mut sc[lo..=p];
             let mut max = f32::NEG_INFINITY;
@@ -615,7 +778,9 @@ fn attention(
             }
             // SAFETY: this task alone writes head h of every token row; the slice lies
             // inside `out` (t x nh*hd).
-            let o = unsafe { std::slice::from_raw_parts_mut(outp.get().add(ti * nh * hd + h * hd), hd) };
+            let o = unsafe {
+                std::slice::from_raw_parts_mut(outp.get().add(ti * nh * hd + h * hd), hd)
+            };
             o.fill(0.0);
             let inv = 1.0 / sum;
             for (j, &s) in sc.iter().enumerate() {
@@ -624,7 +789,10 @@ fn attention(
         }
     };
     if t * (p0 + t) * nh * hd < 32 * 1024 {
-        scores[..nh * ctx].chunks_mut(ctx).enumerate().for_each(work);
+        scores[..nh * ctx]
+            .chunks_mut(ctx)
+            .enumerate()
+            .for_each(work);
     } else {
         let sp = SendPtr(scores.as_mut_ptr());
         crate::pool::Pool::global().run(nh, &|h| {

@@ -18,7 +18,11 @@ pub fn load_json(name: &str) -> Value {
 }
 
 pub fn ids(v: &Value) -> Vec<u32> {
-    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
 }
 
 /// Greedy tokens equal transformers' up to (not including) the first step whose reference
@@ -29,7 +33,12 @@ pub fn check_greedy(model: &Model, fx: &Value) -> usize {
     for case in fx["greedy"].as_array().unwrap() {
         let prompt = ids(&case["prompt_ids"]);
         let want = ids(&case["new_ids"]);
-        let margins: Vec<f64> = case["margins"].as_array().unwrap().iter().map(|m| m.as_f64().unwrap()).collect();
+        let margins: Vec<f64> = case["margins"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m.as_f64().unwrap())
+            .collect();
         let robust = margins.iter().position(|&m| m < 0.5).unwrap_or(want.len());
         let mut s = Session::new(model, 256).unwrap();
         let got = greedy(&mut s, &prompt, want.len()).unwrap();
@@ -48,7 +57,10 @@ pub fn check_greedy(model: &Model, fx: &Value) -> usize {
 pub fn logits_error(model: &Model, fx: &Value, bin: &str) -> (f32, f32, f32) {
     let prompt = ids(&fx["logits"]["prompt_ids"]);
     let bytes = std::fs::read(fixtures_dir().join(bin)).unwrap();
-    let want: Vec<f32> = bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
+    let want: Vec<f32> = bytes
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect();
     assert_eq!(want.len(), model.cfg.vocab);
     let mut s = Session::new(model, 64).unwrap();
     let got = s.forward(&prompt, Logits::Last).unwrap();
@@ -59,7 +71,8 @@ pub fn logits_error(model: &Model, fx: &Value, bin: &str) -> (f32, f32, f32) {
         ss += ((a - b) as f64).powi(2);
     }
     let mean = want.iter().map(|&v| v as f64).sum::<f64>() / want.len() as f64;
-    let std = (want.iter().map(|&v| (v as f64 - mean).powi(2)).sum::<f64>() / want.len() as f64).sqrt();
+    let std =
+        (want.iter().map(|&v| (v as f64 - mean).powi(2)).sum::<f64>() / want.len() as f64).sqrt();
     ((max), (ss / want.len() as f64).sqrt() as f32, std as f32)
 }
 
