@@ -9,8 +9,10 @@ use ferrite_cpu::{bytes_in_use, cpu};
 #[test]
 fn memory_returns_to_baseline_after_1000_iterations() {
     let dev = cpu();
-    let w1 = Var::new(&Tensor::rand_normal([32, 64], 0.0, 0.2, 1, DType::F32, &dev).unwrap()).unwrap();
-    let w2 = Var::new(&Tensor::rand_normal([64, 8], 0.0, 0.2, 2, DType::F32, &dev).unwrap()).unwrap();
+    let w1 =
+        Var::new(&Tensor::rand_normal([32, 64], 0.0, 0.2, 1, DType::F32, &dev).unwrap()).unwrap();
+    let w2 =
+        Var::new(&Tensor::rand_normal([64, 8], 0.0, 0.2, 2, DType::F32, &dev).unwrap()).unwrap();
     let x = Tensor::rand_normal([16, 32], 0.0, 1.0, 3, DType::F32, &dev).unwrap();
     let baseline = bytes_in_use();
     let mut peak = 0;
@@ -24,7 +26,15 @@ fn memory_returns_to_baseline_after_1000_iterations() {
         w1.zero_grad();
         w2.zero_grad();
     }
-    assert_eq!(bytes_in_use(), baseline, "memory in use did not return to its baseline");
+    assert_eq!(
+        bytes_in_use(),
+        baseline,
+        "memory in use did not return to its baseline"
+    );
     // One iteration's activations and gradients, not 1,000 of them.
-    assert!(peak - baseline < 64 << 10, "peak {} bytes above baseline", peak - baseline);
+    assert!(
+        peak - baseline < 64 << 10,
+        "peak {} bytes above baseline",
+        peak - baseline
+    );
 }

@@ -1,44 +1,80 @@
-//! Output buffers. Large ones come from a small pool of buffers that dropped tensors gave back
-//! (DESIGN.md "pooled memory"), else are advised to use transparent huge pages: a fresh 64 MiB
-//! output otherwise takes 16K page faults and a zeroing pass on first touch, which cost more
-//! than the op itself.
+//! Output buffers. Buffers of dropped storages (from 64 KiB up) go to a pool keyed by dtype and
+//! capacity, and an op that needs the same size takes one back (DESIGN.md "pooled memory"):
+//! training and decode loops allocate the same shapes every step, and a fresh buffer costs
+//! page faults and a zeroing pass on first touch, which for a fast op cost more than the op.
+//! Fresh buffers from 4 MiB up are advised to use transparent huge pages.
 
-use ferrite_core::{HostBuffer, WithDType};
+use ferrite_core::{DType, HostBuffer, WithDType};
+use std::collections::HashMap;
 use std::mem::MaybeUninit;
-use std::sync::Mutex;
+use std::sync::{LazyLock, Mutex};
 
+/// Smallest buffer the pool keeps (below, the system allocator reuses memory well).
+const POOL_MIN: usize = 64 << 10;
 /// At most this many bytes of idle buffers are kept.
 const POOL_BYTES: usize = 512 << 20;
 
-static POOL: Mutex<Vec<HostBuffer>> = Mutex::new(Vec::new());
-
-fn capacity_bytes(b: &HostBuffer) -> usize {
-    ferrite_core::map_host!(b, v => v.capacity() * std::mem::size_of_val(v.first().unwrap_or(&Default::default())))
+struct Pool {
+    idle: HashMap<(DType, usize), Vec<HostBuffer>>,
+    held: usize,
 }
 
-/// Offers a dropped storage's buffer to the pool (large buffers only, up to `POOL_BYTES`).
+static POOL: LazyLock<Mutex<Pool>> = LazyLock::new(|| {
+    Mutex::new(Pool {
+        idle: HashMap::new(),
+        held: 0,
+    })
+});
+
+fn capacity(b: &HostBuffer) -> usize {
+    ferrite_core::map_host!(b, v => v.capacity())
+}
+
+/// Offers a dropped storage's buffer to the pool.
 pub(crate) fn recycle(mut b: HostBuffer) {
-    let bytes = capacity_bytes(&b);
-    if bytes < HUGE_MIN {
+    let (cap, dt) = (capacity(&b), b.dtype());
+    let bytes = cap * dt.size_in_bytes();
+    if bytes < POOL_MIN {
         return;
     }
     ferrite_core::map_host!(&mut b, v => v.clear());
     if let Ok(mut pool) = POOL.lock() {
-        let held: usize = pool.iter().map(capacity_bytes).sum();
-        if held + bytes <= POOL_BYTES {
-            pool.push(b);
+        if pool.held + bytes <= POOL_BYTES {
+            pool.held += bytes;
+            pool.idle.entry((dt, cap)).or_default().push(b);
         }
     }
 }
 
-/// A pooled, empty vector of `T` with capacity in [n, 2n], if one is idle.
+/// An idle, empty vector of `T` with capacity exactly `n`, if the pool has one.
 fn take<T: WithDType>(n: usize) -> Option<Vec<T>> {
     let mut pool = POOL.lock().ok()?;
-    let i = pool.iter().position(|b| {
-        b.dtype() == T::DTYPE
-            && ferrite_core::map_host!(b, v => v.capacity() >= n && v.capacity() <= 2 * n)
-    })?;
-    T::take_vec(pool.swap_remove(i))
+    let b = pool.idle.get_mut(&(T::DTYPE, n))?.pop()?;
+    pool.held -= n * T::DTYPE.size_in_bytes();
+    T::take_vec(b)
+}
+
+/// An empty vector with capacity for `n` elements: pooled, or fresh (huge-page advised when
+/// large).
+fn empty<T: WithDType>(n: usize) -> Vec<T> {
+    let bytes = n * std::mem::size_of::<T>();
+    if bytes < POOL_MIN {
+        return Vec::with_capacity(n);
+    }
+    take(n).unwrap_or_else(|| {
+        let mut v = Vec::with_capacity(n);
+        if bytes >= HUGE_MIN {
+            advise_huge(v.as_mut_ptr() as *mut u8, bytes);
+        }
+        v
+    })
+}
+
+/// `n` copies of `value`, in a pooled buffer when one fits.
+pub(crate) fn full<T: WithDType>(n: usize, value: T) -> Vec<T> {
+    let mut v = empty(n);
+    v.resize(n, value);
+    v
 }
 
 /// Buffers at least this large get `MADV_HUGEPAGE`.
@@ -64,15 +100,7 @@ fn advise_huge(_ptr: *mut u8, _bytes: usize) {}
 /// A vector of `n` elements, every one written by `init` (which must write all of them: it
 /// receives exactly `n` slots).
 pub(crate) fn filled<T: WithDType>(n: usize, init: impl FnOnce(&mut [MaybeUninit<T>])) -> Vec<T> {
-    let bytes = n * std::mem::size_of::<T>();
-    let mut v: Vec<T> = match bytes >= HUGE_MIN {
-        true => take(n).unwrap_or_else(|| {
-            let mut v = Vec::with_capacity(n);
-            advise_huge(v.as_mut_ptr() as *mut u8, bytes);
-            v
-        }),
-        false => Vec::with_capacity(n),
-    };
+    let mut v: Vec<T> = empty(n);
     init(&mut v.spare_capacity_mut()[..n]);
     // SAFETY: `init` was given exactly the first `n` slots and, by this function's contract,
     // wrote each of them; `T: Copy` has no drop obligations.

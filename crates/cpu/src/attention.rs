@@ -7,7 +7,7 @@ use num_traits::Float;
 use rayon::prelude::*;
 
 #[allow(clippy::too_many_arguments)]
-fn attend<F: Float + Send + Sync>(
+fn attend<F: Float + ferrite_core::WithDType>(
     q: &[F],
     k: &[F],
     v: &[F],
@@ -18,7 +18,7 @@ fn attend<F: Float + Send + Sync>(
 ) -> Vec<F> {
     let scale = F::from(scale).unwrap_or(F::one());
     let group = hq / hkv.max(1);
-    let mut out = vec![F::zero(); b * hq * lq * dv];
+    let mut out = crate::alloc::full(b * hq * lq * dv, F::zero());
     if dv == 0 {
         return out;
     }

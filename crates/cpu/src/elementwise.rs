@@ -28,7 +28,7 @@ fn row_offset(mut r: usize, l: &Layout) -> usize {
 }
 
 /// The elements a layout selects, row-major, as a new vector.
-pub(crate) fn gather_strided<T: Copy + Send + Sync>(data: &[T], l: &Layout) -> Vec<T> {
+pub(crate) fn gather_strided<T: ferrite_core::WithDType>(data: &[T], l: &Layout) -> Vec<T> {
     let n = l.shape().elem_count();
     if n == 0 {
         return Vec::new();
@@ -38,7 +38,7 @@ pub(crate) fn gather_strided<T: Copy + Send + Sync>(data: &[T], l: &Layout) -> V
     }
     let inner = *l.dims().last().unwrap_or(&1);
     let s_in = *l.strides().last().unwrap_or(&1);
-    let mut out = vec![data[l.offset()]; n];
+    let mut out = crate::alloc::full(n, data[l.offset()]);
     let fill = |(r, dst): (usize, &mut [T])| {
         let base = row_offset(r, l);
         for (j, d) in dst.iter_mut().enumerate() {
@@ -123,7 +123,7 @@ pub(crate) fn zip_map<
         *la.strides().last().unwrap_or(&1),
         *lb.strides().last().unwrap_or(&1),
     );
-    let mut out = vec![U::default(); n];
+    let mut out = crate::alloc::full(n, U::default());
     let row = |(r, dst): (usize, &mut [U])| {
         let (oa, ob) = (row_offset(r, la), row_offset(r, lb));
         match (sa, sb) {

@@ -63,8 +63,9 @@ impl Backend for CpuBackend {
                 .copied()
                 .ok_or_else(|| Error::backend(name, "missing input"))
         };
-        let one =
-            |b: HostBuffer| -> Result<Vec<Arc<dyn Storage>>> { Ok(vec![Arc::new(CpuStorage::new(b))]) };
+        let one = |b: HostBuffer| -> Result<Vec<Arc<dyn Storage>>> {
+            Ok(vec![Arc::new(CpuStorage::new(b))])
+        };
         match op {
             Op::Unary(u) => one(elementwise::unary(*u, input(0)?)?),
             Op::Binary(b) => one(elementwise::binary(*b, input(0)?, input(1)?)?),
@@ -89,7 +90,10 @@ impl Backend for CpuBackend {
             Op::Cumsum { axis } => one(scan::cumsum(input(0)?, *axis)?),
             Op::Sort { axis, descending } => {
                 let (v, i) = scan::sort(input(0)?, *axis, *descending)?;
-                Ok(vec![Arc::new(CpuStorage::new(v)), Arc::new(CpuStorage::new(i))])
+                Ok(vec![
+                    Arc::new(CpuStorage::new(v)),
+                    Arc::new(CpuStorage::new(i)),
+                ])
             }
             Op::Softmax => one(norm::softmax(input(0)?, false)?),
             Op::LogSoftmax => one(norm::softmax(input(0)?, true)?),

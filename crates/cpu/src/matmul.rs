@@ -33,7 +33,7 @@ fn gemm_typed<T: WithDType + Default>(
     let (m, k, n) = (a.dims()[r - 2], a.dims()[r - 1], b.dims()[r - 1]);
     let batch: usize = a.dims()[..r - 2].iter().product();
     let (sa, sb) = (la.strides(), lb.strides());
-    let mut out = vec![zero; out_shape.elem_count()];
+    let mut out = crate::alloc::full(out_shape.elem_count(), zero);
     if m == 0 || n == 0 || batch == 0 || k == 0 {
         return Ok(out);
     }

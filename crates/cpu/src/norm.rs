@@ -7,12 +7,12 @@ use num_traits::Float;
 use rayon::prelude::*;
 
 /// Applies `f(row_index, src_row, dst_row)` to every row of length `n`.
-fn per_row<F: Float + Send + Sync>(
+fn per_row<F: Float + ferrite_core::WithDType>(
     x: &[F],
     n: usize,
     f: impl Fn(usize, &[F], &mut [F]) + Sync + Send,
 ) -> Vec<F> {
-    let mut out = vec![F::zero(); x.len()];
+    let mut out = crate::alloc::full(x.len(), F::zero());
     if n == 0 {
         return out;
     }
@@ -34,7 +34,7 @@ fn last(x: &Tensor) -> usize {
     x.dims().last().copied().unwrap_or(1)
 }
 
-fn softmax_rows<F: Float + Send + Sync>(x: &[F], n: usize, log: bool) -> Vec<F> {
+fn softmax_rows<F: Float + ferrite_core::WithDType>(x: &[F], n: usize, log: bool) -> Vec<F> {
     per_row(x, n, |_, s, d| {
         let m = s.iter().fold(
             F::neg_infinity(),
@@ -68,7 +68,7 @@ pub(crate) fn softmax(x: &Tensor, log: bool) -> Result<HostBuffer> {
     )))
 }
 
-fn layer_norm_rows<F: Float + Send + Sync>(
+fn layer_norm_rows<F: Float + ferrite_core::WithDType>(
     x: &[F],
     w: &[F],
     b: &[F],
@@ -100,7 +100,12 @@ pub(crate) fn layer_norm(x: &Tensor, w: &Tensor, b: &Tensor, eps: f64) -> Result
     ))
 }
 
-fn rms_norm_rows<F: Float + Send + Sync>(x: &[F], w: &[F], n: usize, eps: f64) -> Vec<F> {
+fn rms_norm_rows<F: Float + ferrite_core::WithDType>(
+    x: &[F],
+    w: &[F],
+    n: usize,
+    eps: f64,
+) -> Vec<F> {
     let eps = F::from(eps).unwrap_or(F::zero());
     let nf = F::from(n).unwrap_or(F::one());
     per_row(x, n, |_, s, d| {
@@ -121,7 +126,7 @@ pub(crate) fn rms_norm(x: &Tensor, w: &Tensor, eps: f64) -> Result<HostBuffer> {
 
 /// `x [..., l, d]`, `cos`/`sin` `[l, d/2]`: each pair (a, b) becomes
 /// (a cos - b sin, a sin + b cos); pairs are (2i, 2i+1) interleaved or (i, i + d/2).
-fn rope_rows<F: Float + Send + Sync>(
+fn rope_rows<F: Float + ferrite_core::WithDType>(
     x: &[F],
     cos: &[F],
     sin: &[F],

@@ -6,7 +6,7 @@ use ferrite_core::{DType, Error, HostBuffer, Layout, Result, Tensor, WithDType};
 use std::cmp::Ordering;
 
 /// Row-major data computed in the axis-last order back to the original order.
-fn restore<T: Copy + Send + Sync>(v: Vec<T>, x: &Tensor, axis: usize) -> Result<Vec<T>> {
+fn restore<T: ferrite_core::WithDType>(v: Vec<T>, x: &Tensor, axis: usize) -> Result<Vec<T>> {
     let last = x.rank() - 1;
     if axis == last {
         return Ok(v);
