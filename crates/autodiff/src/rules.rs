@@ -262,6 +262,12 @@ fn primitive(op: &Op, output: usize, x: &[Tensor], g: &Tensor) -> Result<Grads> 
         Op::RmsNorm { eps } => {
             through_composition(x, g, |t| composed::rms_norm(&t[0], &t[1], *eps))
         }
+        // The rotation is orthogonal: its transpose rotates by -θ, i.e. sin -> -sin.
+        Op::Rope { interleaved } if !x[1].requires_grad() && !x[2].requires_grad() => Ok(vec![
+            Some(g.rope(&x[1], &x[2].neg()?, *interleaved)?),
+            None,
+            None,
+        ]),
         Op::Rope { interleaved } => {
             through_composition(x, g, |t| composed::rope(&t[0], &t[1], &t[2], *interleaved))
         }
