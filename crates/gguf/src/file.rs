@@ -84,7 +84,7 @@ fn split_name(path: &Path) -> Option<(String, u32, u32)> {
     (index >= 1 && index <= count).then(|| (prefix.to_string(), index, count))
 }
 
-fn split_u32(h: &reader::Header, key: &str) -> Option<i128> {
+fn split_int(h: &reader::Header, key: &str) -> Option<i128> {
     h.index
         .get(key)
         .and_then(|&i| h.metadata.get(i))
@@ -128,24 +128,25 @@ impl GgufFile {
         let mut tensors = Vec::new();
         let mut tensor_index = HashMap::new();
         for (i, (path, storage)) in storages.into_iter().enumerate() {
-            let header = reader::parse(storage.bytes()).map_err(|e| match (&path, n_shards) {
-                (Some(p), n) if n > 1 => Error::Split {
-                    path: p.clone(),
-                    what: format!("shard {}: {e}", i + 1),
-                },
-                _ => e,
-            })?;
+            let mut header =
+                reader::parse(storage.bytes()).map_err(|e| match (&path, n_shards) {
+                    (Some(p), n) if n > 1 => Error::Split {
+                        path: p.clone(),
+                        what: format!("shard {}: {e}", i + 1),
+                    },
+                    _ => e,
+                })?;
             if n_shards > 1 {
                 let split_err = |what: String| Error::Split {
                     path: path.clone().unwrap_or_default(),
                     what,
                 };
-                if let Some(no) = split_u32(&header, "split.no") {
+                if let Some(no) = split_int(&header, "split.no") {
                     if no != i as i128 {
                         return Err(split_err(format!("split.no is {no}, expected {i}")));
                     }
                 }
-                if let Some(count) = split_u32(&header, "split.count") {
+                if let Some(count) = split_int(&header, "split.count") {
                     if count != n_shards as i128 {
                         return Err(split_err(format!(
                             "split.count is {count}, expected {n_shards}"
@@ -153,7 +154,7 @@ impl GgufFile {
                     }
                 }
             }
-            for mut t in header.tensors.iter().cloned() {
+            for mut t in std::mem::take(&mut header.tensors) {
                 if tensor_index.contains_key(&t.name) {
                     return Err(Error::DuplicateTensor {
                         name: shown(&t.name),
@@ -178,7 +179,7 @@ impl GgufFile {
             what: "no files to open".to_string(),
         })?;
         if n_shards > 1 {
-            if let Some(total) = split_u32(&first, "split.tensors.count") {
+            if let Some(total) = split_int(&first, "split.tensors.count") {
                 if total != tensors.len() as i128 {
                     return Err(Error::Split {
                         path: shards[0].path.clone().unwrap_or_default(),
