@@ -5,10 +5,11 @@
 //! `gguf` (`gguf.quants.dequantize`), so results are bit-identical to both.
 //! Quantization of Q4_0..Q8_0 is ggml's `quantize_row_*_ref` (bit-identical to PyPI `gguf`);
 //! Q8_1 and Q8_K follow ggml's reference too. The K-quants (Q2_K..Q6_K) use a simpler
-//! reference than ggml's iterative search: per group a range-covering scale (and min),
-//! quantized to the format's 4/6/8-bit sub-scales by rounding up, so no weight is clipped.
-//! Their error bound per weight is half a quantization step of its group plus the
-//! rounding of the sub-scales; `max_error_bound` states it per format.
+//! reference than ggml's iterative search. Q2_K/Q4_K/Q5_K: per group a range-covering scale
+//! and min, rounded up to the 4/6-bit sub-scales so nothing clips. Q3_K/Q6_K: per group the
+//! largest-magnitude weight maps to the most negative level (as Q4_0), sub-scales rounded to
+//! nearest. Then each group takes the neighbouring sub-scale of least squared error that does
+//! not raise its worst error. `max_error_bound` states the resulting bound per format.
 
 mod blocks;
 mod kquants;
