@@ -8,8 +8,8 @@
 //! reference than ggml's iterative search. Q2_K/Q4_K/Q5_K: per group a range-covering scale
 //! and min, rounded up to the 4/6-bit sub-scales so nothing clips. Q3_K/Q6_K: per group the
 //! largest-magnitude weight maps to the most negative level (as Q4_0), sub-scales rounded to
-//! nearest. Then each group takes the neighbouring sub-scale of least squared error that does
-//! not raise its worst error. `max_error_bound` states the resulting bound per format.
+//! nearest. Then each group takes the neighbouring sub-scale of least squared error that keeps
+//! its worst error within the first choice's bound. `max_error_bound` states it per format.
 
 mod blocks;
 mod kquants;
