@@ -7,7 +7,7 @@ use super::Isa;
 pub fn dot_f32(isa: Isa, a: &[f32], b: &[f32]) -> f32 {
     let n = a.len().min(b.len());
     #[cfg(target_arch = "x86_64")]
-    if isa == Isa::Avx2 {
+    if isa.avx2() {
         // SAFETY: Isa::Avx2 implies runtime-detected avx2/fma; n bounds both slices.
         return unsafe { x86::dot_f32(&a[..n], &b[..n]) };
     }
@@ -33,7 +33,7 @@ pub fn dot_f32_scalar(a: &[f32], b: &[f32]) -> f32 {
 pub fn axpy(isa: Isa, alpha: f32, x: &[f32], y: &mut [f32]) {
     let n = x.len().min(y.len());
     #[cfg(target_arch = "x86_64")]
-    if isa == Isa::Avx2 {
+    if isa.avx2() {
         // SAFETY: as in dot_f32.
         unsafe { x86::axpy(alpha, &x[..n], &mut y[..n]) };
         return;

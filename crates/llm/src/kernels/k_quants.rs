@@ -20,7 +20,7 @@ pub const Q6_K_BYTES: usize = 210;
 pub fn dot_q4_k(isa: Isa, w: &[u8], a: &[BlockQ8]) -> f32 {
     assert!(a.len().is_multiple_of(8) && w.len() >= a.len() / 8 * Q4_K_BYTES);
     #[cfg(target_arch = "x86_64")]
-    if isa == Isa::Avx2 {
+    if isa.avx2() {
         // SAFETY: Isa::Avx2 implies runtime-detected avx2/fma/f16c; lengths checked above.
         return unsafe { x86::dot_q4_k(w, a) };
     }
@@ -31,7 +31,7 @@ pub fn dot_q4_k(isa: Isa, w: &[u8], a: &[BlockQ8]) -> f32 {
 pub fn dot_q6_k(isa: Isa, w: &[u8], a: &[BlockQ8]) -> f32 {
     assert!(a.len().is_multiple_of(8) && w.len() >= a.len() / 8 * Q6_K_BYTES);
     #[cfg(target_arch = "x86_64")]
-    if isa == Isa::Avx2 {
+    if isa.avx2() {
         // SAFETY: as in dot_q4_k.
         return unsafe { x86::dot_q6_k(w, a) };
     }

@@ -20,31 +20,27 @@ use ferrite_gguf::GgmlType;
 
 use q8::BlockQ8;
 
-/// Instruction set a kernel runs with; `Avx2` means avx2 + fma + f16c were detected at run
-/// time.
+/// Instruction set a kernel runs with. `Avx2` means avx2 + fma + f16c were detected at run
+/// time; `Vnni` additionally avx-vnni (the Q4_1 row kernels use `vpdpbusd`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Isa {
     Scalar,
     Avx2,
+    Vnni,
 }
 
 impl Isa {
-    /// The best instruction set of this CPU (`FERRITE_SCALAR=1` forces the scalar kernels).
+    /// The best instruction set of this CPU (`FERRITE_ISA=scalar|avx2` caps it).
     pub fn detect() -> Isa {
-        if std::env::var_os("FERRITE_SCALAR").is_some_and(|v| v == "1") {
-            return Isa::Scalar;
+        let best = *Isa::available().last().unwrap_or(&Isa::Scalar);
+        match std::env::var("FERRITE_ISA").as_deref() {
+            Ok("scalar") => Isa::Scalar,
+            Ok("avx2") if best != Isa::Scalar => Isa::Avx2,
+            _ => best,
         }
-        #[cfg(target_arch = "x86_64")]
-        if is_x86_feature_detected!("avx2")
-            && is_x86_feature_detected!("fma")
-            && is_x86_feature_detected!("f16c")
-        {
-            return Isa::Avx2;
-        }
-        Isa::Scalar
     }
 
-    /// Every instruction set usable on this CPU (for tests comparing kernels).
+    /// Every instruction set usable on this CPU, weakest first (for tests comparing kernels).
     pub fn available() -> Vec<Isa> {
         let mut v = vec![Isa::Scalar];
         #[cfg(target_arch = "x86_64")]
@@ -53,8 +49,16 @@ impl Isa {
             && is_x86_feature_detected!("f16c")
         {
             v.push(Isa::Avx2);
+            if is_x86_feature_detected!("avxvnni") {
+                v.push(Isa::Vnni);
+            }
         }
         v
+    }
+
+    /// Whether the AVX2 kernels may run.
+    pub fn avx2(self) -> bool {
+        self != Isa::Scalar
     }
 }
 
@@ -339,7 +343,23 @@ pub fn matmul(isa: Isa, acts: &Acts, ops: &mut [MatOut<'_, '_>]) {
             }
         }
         for ti in t0..t {
-            for r in r0..r1 {
+            let mut r = r0;
+            if w.ty == GgmlType::Q4_1 && !x2 {
+                // Four weight rows per pass share each activation block.
+                while r + 4 <= r1 {
+                    let v = q4::dot_q4_1_rows4(
+                        isa,
+                        [w.row(r), w.row(r + 1), w.row(r + 2), w.row(r + 3)],
+                        a(ti),
+                    );
+                    for (k, &vk) in v.iter().enumerate() {
+                        // SAFETY: as above.
+                        unsafe { *out.0.add(ti * w.rows + r + k) = vk };
+                    }
+                    r += 4;
+                }
+            }
+            for r in r..r1 {
                 let mut v = dot_row(isa, w, r, a(ti));
                 if x2 {
                     v += dot_row(isa, w, r, &acts.q8_lo[ti * nb..(ti + 1) * nb]);

@@ -14,7 +14,7 @@ pub const Q4_1_BYTES: usize = 20;
 pub fn dot_q4_0(isa: Isa, w: &[u8], a: &[BlockQ8]) -> f32 {
     assert!(w.len() >= a.len() * Q4_0_BYTES);
     #[cfg(target_arch = "x86_64")]
-    if isa == Isa::Avx2 {
+    if isa.avx2() {
         // SAFETY: Isa::Avx2 is only produced after runtime detection of avx2, fma and f16c;
         // the length check above covers every block read.
         return unsafe { x86::dot_q4_0(w, a) };
@@ -27,7 +27,7 @@ pub fn dot_q4_0(isa: Isa, w: &[u8], a: &[BlockQ8]) -> f32 {
 pub fn dot_q4_1(isa: Isa, w: &[u8], a: &[BlockQ8]) -> f32 {
     assert!(w.len() >= a.len() * Q4_1_BYTES);
     #[cfg(target_arch = "x86_64")]
-    if isa == Isa::Avx2 {
+    if isa.avx2() {
         // SAFETY: as in dot_q4_0.
         return unsafe { x86::dot_q4_1(w, a) };
     }
@@ -41,12 +41,30 @@ pub fn dot_q4_1_x4(isa: Isa, w: &[u8], a: [&[BlockQ8]; 4]) -> [f32; 4] {
     let nb = a[0].len();
     assert!(a.iter().all(|x| x.len() == nb) && w.len() >= nb * Q4_1_BYTES);
     #[cfg(target_arch = "x86_64")]
-    if isa == Isa::Avx2 {
+    if isa.avx2() {
         // SAFETY: as in dot_q4_0; all four activation rows have nb blocks.
         return unsafe { x86::dot_q4_1_x4(w, a) };
     }
     let _ = isa;
     a.map(|ai| dot_q4_1_scalar(w, ai))
+}
+
+/// Dot products of four Q4_1 rows with one activation row (each activation block is loaded
+/// once for the four rows): `[dot(w[0], a), .., dot(w[3], a)]`.
+pub fn dot_q4_1_rows4(isa: Isa, w: [&[u8]; 4], a: &[BlockQ8]) -> [f32; 4] {
+    assert!(w.iter().all(|r| r.len() >= a.len() * Q4_1_BYTES));
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Vnni {
+        // SAFETY: Isa::Vnni implies runtime-detected avx2/fma/f16c/avxvnni; lengths checked.
+        return unsafe { x86::dot_q4_1_rows4_vnni(w, a) };
+    }
+    #[cfg(target_arch = "x86_64")]
+    if isa.avx2() {
+        // SAFETY: as in dot_q4_0; lengths checked above.
+        return unsafe { x86::dot_q4_1_rows4(w, a) };
+    }
+    let _ = isa;
+    w.map(|r| dot_q4_1_scalar(r, a))
 }
 
 pub fn dot_q4_0_scalar(w: &[u8], a: &[BlockQ8]) -> f32 {
@@ -159,6 +177,61 @@ pub(crate) mod x86 {
         hsum_ps(_mm256_add_ps(acc0, acc1)) + offs
     }
 
+    /// The body of the four-row Q4_1 kernel; `$mul` sums u8 x i8 products into 8 i32 lanes.
+    macro_rules! rows4_body {
+        ($w:expr, $a:expr, $mul:expr) => {{
+            let (w, a) = ($w, $a);
+            let mut acc = [_mm256_setzero_ps(); 4];
+            let mut offs = [0f32; 4];
+            for (i, b) in a.iter().enumerate() {
+                // SAFETY: block i lies within every row (caller's contract).
+                unsafe {
+                    let qa = _mm256_loadu_si256(b.qs.as_ptr() as *const __m256i);
+                    for k in 0..4 {
+                        let p = w[k].as_ptr().add(i * Q4_1_BYTES);
+                        let q = unpack_nibbles(p.add(4));
+                        let s = _mm256_cvtepi32_ps($mul(q, qa));
+                        acc[k] = _mm256_fmadd_ps(_mm256_set1_ps(f16_load(p) * b.d), s, acc[k]);
+                        offs[k] += f16_load(p.add(2)) * b.s;
+                    }
+                }
+            }
+            // Reduce the four accumulators together: lane k of the result is row k's sum.
+            let h01 = _mm256_hadd_ps(acc[0], acc[1]);
+            let h23 = _mm256_hadd_ps(acc[2], acc[3]);
+            let h = _mm256_hadd_ps(h01, h23);
+            let r = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+            let mut o = [0f32; 4];
+            // SAFETY: o holds 4 f32.
+            unsafe { _mm_storeu_ps(o.as_mut_ptr(), r) };
+            [
+                o[0] + offs[0],
+                o[1] + offs[1],
+                o[2] + offs[2],
+                o[3] + offs[3],
+            ]
+        }};
+    }
+
+    /// # Safety
+    /// avx2, fma and f16c must be available; every row holds at least `a.len()` blocks.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn dot_q4_1_rows4(w: [&[u8]; 4], a: &[BlockQ8]) -> [f32; 4] {
+        rows4_body!(w, a, mul_u8_i8)
+    }
+
+    /// # Safety
+    /// avx2, fma, f16c and avxvnni must be available; every row holds at least `a.len()`
+    /// blocks.
+    #[target_feature(enable = "avx2,fma,f16c,avxvnni")]
+    pub unsafe fn dot_q4_1_rows4_vnni(w: [&[u8]; 4], a: &[BlockQ8]) -> [f32; 4] {
+        rows4_body!(w, a, |q, x| _mm256_dpbusd_avx_epi32(
+            _mm256_setzero_si256(),
+            q,
+            x
+        ))
+    }
+
     /// # Safety
     /// avx2, fma and f16c must be available; `w` holds at least `a[k].len()` Q4_1 blocks and
     /// the four activation rows have equal length.
@@ -220,6 +293,26 @@ mod tests {
                     (r1 - s1).abs() <= 1e-4 * (1.0 + s1.abs()),
                     "{isa:?} q4_1 nb={nb}: {r1} {s1}"
                 );
+            }
+        }
+    }
+
+    #[test]
+    fn rows4_matches_single_odd_sizes() {
+        for nb in [1usize, 2, 18, 33] {
+            let a = acts_q8(nb, 90 + nb as u64);
+            let ws: Vec<Vec<u8>> = (0..4)
+                .map(|k| rand_blocks(nb, Q4_1_BYTES, &[0, 2], 20 + k + nb as u64))
+                .collect();
+            for isa in Isa::available() {
+                let got = dot_q4_1_rows4(isa, [&ws[0], &ws[1], &ws[2], &ws[3]], &a);
+                for k in 0..4 {
+                    let want = dot_q4_1_scalar(&ws[k], &a);
+                    assert!(
+                        (got[k] - want).abs() <= 1e-4 * (1.0 + want.abs()),
+                        "{isa:?} nb={nb} k={k}"
+                    );
+                }
             }
         }
     }

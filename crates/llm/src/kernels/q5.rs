@@ -14,7 +14,7 @@ pub const Q5_1_BYTES: usize = 24;
 pub fn dot_q5_0(isa: Isa, w: &[u8], a: &[BlockQ8]) -> f32 {
     assert!(w.len() >= a.len() * Q5_0_BYTES);
     #[cfg(target_arch = "x86_64")]
-    if isa == Isa::Avx2 {
+    if isa.avx2() {
         // SAFETY: Isa::Avx2 implies runtime-detected avx2/fma/f16c; length checked above.
         return unsafe { x86::dot_q5(w, a, Q5_0_BYTES, false) };
     }
@@ -25,7 +25,7 @@ pub fn dot_q5_0(isa: Isa, w: &[u8], a: &[BlockQ8]) -> f32 {
 pub fn dot_q5_1(isa: Isa, w: &[u8], a: &[BlockQ8]) -> f32 {
     assert!(w.len() >= a.len() * Q5_1_BYTES);
     #[cfg(target_arch = "x86_64")]
-    if isa == Isa::Avx2 {
+    if isa.avx2() {
         // SAFETY: as in dot_q5_0.
         return unsafe { x86::dot_q5(w, a, Q5_1_BYTES, true) };
     }

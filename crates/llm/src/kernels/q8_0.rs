@@ -9,7 +9,7 @@ pub const Q8_0_BYTES: usize = 34;
 pub fn dot_q8_0(isa: Isa, w: &[u8], a: &[BlockQ8]) -> f32 {
     assert!(w.len() >= a.len() * Q8_0_BYTES);
     #[cfg(target_arch = "x86_64")]
-    if isa == Isa::Avx2 {
+    if isa.avx2() {
         // SAFETY: Isa::Avx2 implies runtime-detected avx2/fma/f16c; length checked above.
         return unsafe { x86::dot_q8_0(w, a) };
     }
