@@ -79,7 +79,7 @@ impl Raw {
         self.kvs.iter().for_each(|k| v.extend_from_slice(k));
         self.infos.iter().for_each(|i| v.extend_from_slice(i));
         if !self.infos.is_empty() {
-            while v.len() as u64 % self.alignment != 0 {
+            while !(v.len() as u64).is_multiple_of(self.alignment) {
                 v.push(0);
             }
         }

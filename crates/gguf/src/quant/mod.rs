@@ -28,7 +28,7 @@ fn unsupported(op: &'static str, ty: GgmlType) -> Error {
 /// Number of bytes `n_elements` values of `ty` take, or an error naming `op`.
 pub fn row_bytes(op: &'static str, ty: GgmlType, n_elements: usize) -> Result<usize> {
     let bs = ty.block_size();
-    if n_elements % bs != 0 {
+    if !n_elements.is_multiple_of(bs) {
         return Err(Error::Length {
             op,
             what: format!("{n_elements} elements is not a multiple of the {ty} block size {bs}"),
@@ -119,7 +119,7 @@ pub fn dequantize_to_vec(ty: GgmlType, bytes: &[u8]) -> Result<Vec<f32>> {
     if !ty.is_supported() {
         return Err(unsupported("dequantize", ty));
     }
-    if bytes.len() % ty.type_size() != 0 {
+    if !bytes.len().is_multiple_of(ty.type_size()) {
         return Err(Error::Length {
             op: "dequantize",
             what: format!("{} bytes is not a whole number of {ty} blocks", bytes.len()),
