@@ -895,18 +895,22 @@ impl Tensor {
         table.index_select(&ids.flatten()?, 0)?.reshape(dims)
     }
 
+    /// An index of the same rank as `x`, no larger than `x` outside `axis` (gather/scatter).
+    fn fits_along(&self, x: &Tensor, axis: usize) -> bool {
+        self.rank() == x.rank()
+            && self
+                .dims()
+                .iter()
+                .zip(x.dims())
+                .enumerate()
+                .all(|(i, (&d, &s))| i == axis || d <= s)
+    }
+
     pub fn gather(&self, index: &Tensor, axis: isize) -> Result<Tensor> {
         let op = "gather";
         Tensor::check_index(op, index)?;
         let axis = self.shape().axis(op, axis)?;
-        if index.rank() != self.rank()
-            || index
-                .dims()
-                .iter()
-                .zip(self.dims())
-                .enumerate()
-                .any(|(i, (&d, &s))| i != axis && d > s)
-        {
+        if !index.fits_along(self, axis) {
             return Err(Error::shape(
                 op,
                 format!(
@@ -936,15 +940,7 @@ impl Tensor {
                 rhs: src.dtype(),
             });
         }
-        if index.shape() != src.shape()
-            || index.rank() != self.rank()
-            || index
-                .dims()
-                .iter()
-                .zip(self.dims())
-                .enumerate()
-                .any(|(i, (&d, &s))| i != axis && d > s)
-        {
+        if index.shape() != src.shape() || !index.fits_along(self, axis) {
             return Err(Error::shape(
                 op,
                 format!(
