@@ -1,6 +1,7 @@
 //! `ferrite perplexity -m FILE -f TEXT --ctx N`: perplexity over one window of the first N
 //! tokens of the text (BOS added only if the model's metadata asks for it), scoring tokens
-//! 2..N each from the tokens before it.
+//! 2..N each from the tokens before it. Activations default to `q8x2` here (see
+//! `--precision`).
 
 use std::path::PathBuf;
 
@@ -25,7 +26,12 @@ pub struct Args {
 pub fn run(args: Args) -> anyhow::Result<()> {
     let text = std::fs::read_to_string(&args.file)
         .with_context(|| format!("reading {}", args.file.display()))?;
-    let loaded = args.model.load()?;
+    let mut loaded = args.model.load()?;
+    if args.model.precision.is_none() {
+        // A quality measurement: default to the accurate activations (8-bit noise alone moves
+        // a short window's perplexity by ~1%).
+        loaded.model.set_precision(ferrite_llm::Precision::Q8x2);
+    }
     let (model, tok) = (&loaded.model, &loaded.tok);
     let ctx = args.model.ctx(model)?;
     let mut ids = tok.encode(&text, true)?;
@@ -51,7 +57,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if args.json {
         println!(
             "{}",
-            serde_json::json!({"model": loaded.path, "ctx": ids.len(), "scored": n, "mean_nll": nll, "ppl": ppl, "seconds": secs})
+            serde_json::json!({"model": loaded.path, "ctx": ids.len(), "scored": n, "mean_nll": nll, "ppl": ppl, "seconds": secs, "precision": format!("{:?}", model.precision())})
         );
     } else {
         println!(

@@ -171,8 +171,8 @@ pub fn mean_nll(session: &mut Session<'_>, ids: &[u32]) -> Result<(f64, usize)> 
     if let Some(&id) = ids.iter().find(|&&id| id as usize >= vocab) {
         return Err(Error::Token { id, vocab });
     }
-    // Logits of a chunk of tokens at a time: at most 16M values (64 MB) at once.
-    let chunk = (16 * 1024 * 1024 / vocab).clamp(1, crate::model::MAX_BATCH);
+    // Logits of a chunk of tokens at a time: at most 8M values (32 MB) at once.
+    let chunk = (8 * 1024 * 1024 / vocab).clamp(1, crate::model::MAX_BATCH);
     let inputs = &ids[..ids.len() - 1];
     let mut nll = 0f64;
     for (c, piece) in inputs.chunks(chunk).enumerate() {

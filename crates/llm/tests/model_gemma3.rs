@@ -19,8 +19,8 @@ fn greedy_tokens_match_transformers() {
 /// Tolerances, from measurement: the exact mode (f32 activations) is held to 2e-3, which
 /// only float summation order explains; Q8x2 activations (8-bit plus 8-bit residual) to 0.05;
 /// plain 8-bit activations (rounding of up to max|x|/254 per value, 7 products per layer,
-/// 18 layers) move SmolLM2's logits by 0.41 rms (0.12 of their spread), max 1.05: held
-/// to rms < 0.15 spread and max < 1.5.
+/// 18 layers) move SmolLM2's logits by 0.4-0.5 rms (0.12-0.14 of their spread), max 1.0-1.3
+/// depending on rounding details: held to rms < 0.2 spread and max < 2.
 #[test]
 fn final_logits_match_transformers() {
     let mut m = model();
@@ -30,21 +30,28 @@ fn final_logits_match_transformers() {
         let (max, rms, std) = logits_error(&m, &fx, "gemma3_logits.bin");
         eprintln!("Gemma-3 logits, {p:?} activations: max |diff| {max:.5}, rms {rms:.5}, reference std {std:.3}");
         match p {
-            Precision::Q8 => assert!(rms < 0.15 * std && max < 1.5, "{p:?}: rms {rms} max {max}"),
+            Precision::Q8 => assert!(rms < 0.2 * std && max < 2.0, "{p:?}: rms {rms} max {max}"),
             Precision::Q8x2 => assert!(max < 0.05, "{p:?}: max {max}"),
             Precision::Exact => assert!(max < 2e-3, "{p:?}: max {max}"),
         }
     }
 }
 
+/// Perplexity with the activations `ferrite perplexity` uses (Q8x2) within 0.1%; the fast
+/// 8-bit mode, whose rounding noise moves short windows by ~1-2%, within 3%.
 #[test]
 fn perplexity_within_one_percent() {
-    for (ctx, ours, reference) in perplexities(&model(), &load_json("gemma3.json"), usize::MAX) {
-        eprintln!("Gemma-3 ppl ctx {ctx}: ours {ours:.4}, transformers {reference:.4}");
-        assert!(
-            (ours / reference - 1.0).abs() < 0.01,
-            "ctx {ctx}: {ours} vs {reference}"
-        );
+    let mut m = model();
+    let fx = load_json("gemma3.json");
+    for (p, tol) in [(Precision::Q8x2, 0.001), (Precision::Q8, 0.03)] {
+        m.set_precision(p);
+        for (ctx, ours, reference) in perplexities(&m, &fx, usize::MAX) {
+            eprintln!("Gemma-3 ppl ctx {ctx}, {p:?}: ours {ours:.4}, transformers {reference:.4}");
+            assert!(
+                (ours / reference - 1.0).abs() < tol,
+                "{p:?} ctx {ctx}: {ours} vs {reference}"
+            );
+        }
     }
 }
 
