@@ -8,10 +8,12 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
-    #[error("gguf: {path}: {source}")]
+    /// The I/O error is part of the message, not a `source`, so that a chained report
+    /// (`{:#}`) prints it once.
+    #[error("gguf: {path}: {io}")]
     Io {
         path: PathBuf,
-        source: std::io::Error,
+        io: std::io::Error,
     },
 
     #[error("gguf: bad magic {found:02x?} at offset 0x0 (expected \"GGUF\" = [47, 47, 55, 46])")]
@@ -135,7 +137,7 @@ impl Error {
     pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Error {
         Error::Io {
             path: path.into(),
-            source,
+            io: source,
         }
     }
 }
