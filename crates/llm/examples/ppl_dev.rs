@@ -12,7 +12,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         model.set_precision(ferrite_llm::Precision::Q8);
     }
     let fx: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&args[2])?)?;
-    let wi: usize = std::env::var("WIN").ok().and_then(|v| v.parse().ok()).unwrap_or(0);
+    let wi: usize = std::env::var("WIN")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
     let w = &fx["perplexity"]["windows"][wi];
     let ids: Vec<u32> = w["ids"]
         .as_array()

@@ -6,6 +6,9 @@
 //! Tasks are claimed one at a time through an atomic (epoch, next index) word, and a job is
 //! complete when every task has *finished*, not when every worker has checked in: a worker
 //! that is descheduled (a busy machine) costs nothing, the caller just runs more tasks.
+//! A worker preempted while holding a task still stalls the caller; when such waits grow
+//! past a third of the caller's own work time (an oversubscribed machine), jobs run on the
+//! caller alone for the next 100 ms, then parallelism is tried again.
 
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
@@ -31,10 +34,19 @@ struct Inner {
 pub struct Pool {
     inner: Arc<Inner>,
     n_workers: usize,
-    run_lock: Mutex<()>,
+    run_lock: Mutex<Adapt>,
+}
+
+/// Caller-side accounting for the contention fallback (guarded by `run_lock`).
+struct Adapt {
+    work_ns: u64,
+    wait_ns: u64,
+    solo_until: Option<Instant>,
 }
 
 const SPIN: Duration = Duration::from_micros(300);
+/// How long jobs run on the caller alone after heavy waiting on preempted workers.
+const SOLO: Duration = Duration::from_millis(100);
 
 impl Inner {
     /// Claims the next task of epoch `epoch`; None when that job has no task left or a newer
@@ -94,7 +106,11 @@ impl Pool {
         Pool {
             inner,
             n_workers,
-            run_lock: Mutex::new(()),
+            run_lock: Mutex::new(Adapt {
+                work_ns: 0,
+                wait_ns: 0,
+                solo_until: None,
+            }),
         }
     }
 
@@ -124,7 +140,14 @@ impl Pool {
         }
         assert!(n_tasks < u32::MAX as usize, "Pool::run: too many tasks");
         // One job at a time (a second caller, e.g. another session's thread, waits).
-        let _g = self.run_lock.lock().unwrap_or_else(|e| e.into_inner());
+        let mut adapt = self.run_lock.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(until) = adapt.solo_until {
+            if Instant::now() < until {
+                (0..n_tasks).for_each(f);
+                return;
+            }
+            adapt.solo_until = None;
+        }
         let s = &*self.inner;
         let job: JobRef<'_> = f;
         let job_ptr: *const JobRef<'_> = &job;
@@ -137,7 +160,9 @@ impl Pool {
             let _l = s.lock.lock().unwrap_or_else(|e| e.into_inner());
             s.cv.notify_all();
         }
+        let t0 = Instant::now();
         s.work(epoch, n_tasks, job_ptr);
+        let t1 = Instant::now();
         let mut spins = 0u32;
         while s.done.load(Ordering::Acquire) < n_tasks {
             spins += 1;
@@ -146,6 +171,15 @@ impl Pool {
             } else {
                 std::hint::spin_loop();
             }
+        }
+        adapt.work_ns += (t1 - t0).as_nanos() as u64;
+        adapt.wait_ns += t1.elapsed().as_nanos() as u64;
+        if adapt.work_ns > 20_000_000 {
+            if adapt.wait_ns * 3 > adapt.work_ns {
+                adapt.solo_until = Some(Instant::now() + SOLO);
+            }
+            adapt.work_ns = 0;
+            adapt.wait_ns = 0;
         }
         if s.panicked.swap(false, Ordering::Relaxed) {
             panic!("a pool task panicked");
