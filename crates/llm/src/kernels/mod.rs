@@ -327,13 +327,22 @@ pub fn matmul(isa: Isa, acts: &Acts, ops: &mut [MatOut<'_, '_>]) {
         let x2 = acts.has[ActFormat::Q8x2 as usize];
         let nb = w.cols / 32;
         let a = |ti: usize| &acts.q8[ti * nb..(ti + 1) * nb];
+        let lo = |ti: usize| &acts.q8_lo[ti * nb..(ti + 1) * nb];
         let mut t0 = 0;
-        if w.ty == GgmlType::Q4_1 && !x2 {
+        if w.ty == GgmlType::Q4_1 {
             // Four activation rows per pass share each unpacked weight block.
             while t0 + 4 <= t {
                 for r in r0..r1 {
-                    let v =
+                    let mut v =
                         q4::dot_q4_1_x4(isa, w.row(r), [a(t0), a(t0 + 1), a(t0 + 2), a(t0 + 3)]);
+                    if x2 {
+                        let l = q4::dot_q4_1_x4(
+                            isa,
+                            w.row(r),
+                            [lo(t0), lo(t0 + 1), lo(t0 + 2), lo(t0 + 3)],
+                        );
+                        v.iter_mut().zip(l).for_each(|(v, l)| *v += l);
+                    }
                     for (k, &vk) in v.iter().enumerate() {
                         // SAFETY: as above.
                         unsafe { *out.0.add((t0 + k) * w.rows + r) = vk };
@@ -344,14 +353,15 @@ pub fn matmul(isa: Isa, acts: &Acts, ops: &mut [MatOut<'_, '_>]) {
         }
         for ti in t0..t {
             let mut r = r0;
-            if w.ty == GgmlType::Q4_1 && !x2 {
+            if w.ty == GgmlType::Q4_1 {
                 // Four weight rows per pass share each activation block.
                 while r + 4 <= r1 {
-                    let v = q4::dot_q4_1_rows4(
-                        isa,
-                        [w.row(r), w.row(r + 1), w.row(r + 2), w.row(r + 3)],
-                        a(ti),
-                    );
+                    let rows = [w.row(r), w.row(r + 1), w.row(r + 2), w.row(r + 3)];
+                    let mut v = q4::dot_q4_1_rows4(isa, rows, a(ti));
+                    if x2 {
+                        let l = q4::dot_q4_1_rows4(isa, rows, lo(ti));
+                        v.iter_mut().zip(l).for_each(|(v, l)| *v += l);
+                    }
                     for (k, &vk) in v.iter().enumerate() {
                         // SAFETY: as above.
                         unsafe { *out.0.add(ti * w.rows + r + k) = vk };

@@ -166,7 +166,14 @@ impl Model {
 
     /// The precision used unless set: `Q8x2` for gemma3 (its activations carry outliers that
     /// cost 1.4% perplexity at 8 bits), `Q8` otherwise.
+    /// `FERRITE_PRECISION=q8|q8x2|exact` overrides it.
     pub fn default_precision(&self) -> Precision {
+        match std::env::var("FERRITE_PRECISION").as_deref() {
+            Ok("q8") => return Precision::Q8,
+            Ok("q8x2") => return Precision::Q8x2,
+            Ok("exact") => return Precision::Exact,
+            _ => {}
+        }
         if self.cfg.arch == Arch::Gemma3 {
             Precision::Q8x2
         } else {
