@@ -4,6 +4,9 @@
 //! recorded views, so binary rules see equal shapes). Outputs needed by a rule are recomputed
 //! from the inputs; nothing else is saved.
 //!
+//! Fused ops have dedicated backward kernels (`Op::*Backward`); RoPE with trainable angles
+//! takes the vector-Jacobian product of its composition.
+//!
 //! Conventions: sign, floor, ceil and round have derivative 0; abs has derivative sign(x)
 //! (0 at 0); relu has 0 at 0. Ties: `maximum`/`minimum` give the gradient to the first operand;
 //! `max`/`min` reductions split it equally among all tied elements.
@@ -248,19 +251,15 @@ fn primitive(op: &Op, output: usize, x: &[Tensor], g: &Tensor) -> Result<Grads> 
             let (_, idx) = x[0].sort(*axis as isize, *descending)?;
             one(x[0].zeros_like()?.scatter_add(&idx, g, *axis as isize)?)
         }
-        Op::Softmax => {
-            let y = x[0].softmax(-1)?;
-            one(y.mul(&g.sub(&g.mul(&y)?.sum(&[-1], true)?)?)?)
-        }
-        Op::LogSoftmax => {
-            let p = x[0].softmax(-1)?;
-            one(g.sub(&p.mul(&g.sum(&[-1], true)?)?)?)
-        }
+        Op::Softmax => one(Tensor::softmax_backward(&x[0].softmax(-1)?, g, false)?),
+        Op::LogSoftmax => one(Tensor::softmax_backward(&x[0].log_softmax(-1)?, g, true)?),
         Op::LayerNorm { eps } => {
-            through_composition(x, g, |t| composed::layer_norm(&t[0], &t[1], &t[2], *eps))
+            let (dx, dw, db) = Tensor::layer_norm_backward(&x[0], &x[1], g, *eps)?;
+            Ok(vec![Some(dx), Some(dw), Some(db)])
         }
         Op::RmsNorm { eps } => {
-            through_composition(x, g, |t| composed::rms_norm(&t[0], &t[1], *eps))
+            let (dx, dw) = Tensor::rms_norm_backward(&x[0], &x[1], g, *eps)?;
+            Ok(vec![Some(dx), Some(dw)])
         }
         // The rotation is orthogonal: its transpose rotates by -θ, i.e. sin -> -sin.
         Op::Rope { interleaved } if !x[1].requires_grad() && !x[2].requires_grad() => Ok(vec![
@@ -271,9 +270,15 @@ fn primitive(op: &Op, output: usize, x: &[Tensor], g: &Tensor) -> Result<Grads> 
         Op::Rope { interleaved } => {
             through_composition(x, g, |t| composed::rope(&t[0], &t[1], &t[2], *interleaved))
         }
-        Op::Attention { causal, scale } => through_composition(x, g, |t| {
-            composed::attention(&t[0], &t[1], &t[2], *causal, Some(*scale))
-        }),
+        Op::Attention { causal, scale } => {
+            let (dq, dk, dv) = Tensor::attention_backward(&x[0], &x[1], &x[2], g, *causal, *scale)?;
+            Ok(vec![Some(dq), Some(dk), Some(dv)])
+        }
+        // Backward kernels are not differentiated again (they carry no graph node).
+        Op::SoftmaxBackward { .. }
+        | Op::RmsNormBackward { .. }
+        | Op::LayerNormBackward { .. }
+        | Op::AttentionBackward { .. } => Ok(vec![None; x.len()]),
         Op::Cmp(_)
         | Op::Fill { .. }
         | Op::Arange { .. }

@@ -124,6 +124,11 @@ pub fn differentiable_output(op: &Op, k: usize, dtype: crate::DType) -> bool {
         | Op::Arange { .. }
         | Op::RandUniform { .. }
         | Op::RandNormal { .. } => false,
+        // Backward kernels are not differentiated again (no second-order gradients).
+        Op::SoftmaxBackward { .. }
+        | Op::RmsNormBackward { .. }
+        | Op::LayerNormBackward { .. }
+        | Op::AttentionBackward { .. } => false,
         Op::Sort { .. } => k == 0,
         _ => true,
     }

@@ -303,6 +303,16 @@ pub enum Op {
     /// hq % hkv == 0, query head h reads kv head h / (hq / hkv). With `causal`, query i sees
     /// keys j ≤ i + lk - lq.
     Attention { causal: bool, scale: f64 },
+    /// Backward of softmax over the last axis: (y = softmax(x), g = dL/dy) -> dL/dx
+    /// = y (g - sum(g y)); with `log`, y = log_softmax(x) and dL/dx = g - exp(y) sum(g).
+    SoftmaxBackward { log: bool },
+    /// Backward of `RmsNorm`: (x [..., n], weight [n], g [..., n]) -> (dx [..., n], dweight [n]).
+    RmsNormBackward { eps: f64 },
+    /// Backward of `LayerNorm`: (x [..., n], weight [n], g [..., n])
+    /// -> (dx [..., n], dweight [n], dbias [n]).
+    LayerNormBackward { eps: f64 },
+    /// Backward of `Attention`: (q, k, v, g [b, hq, lq, dv]) -> (dq, dk, dv) shaped as q, k, v.
+    AttentionBackward { causal: bool, scale: f64 },
     /// () -> every element `value`.
     Fill { value: f64 },
     /// () -> element i is start + i * step.
@@ -336,6 +346,11 @@ impl Op {
             Op::RmsNorm { .. } => "rms_norm",
             Op::Rope { .. } => "rope",
             Op::Attention { .. } => "attention",
+            Op::SoftmaxBackward { log: false } => "softmax_backward",
+            Op::SoftmaxBackward { log: true } => "log_softmax_backward",
+            Op::RmsNormBackward { .. } => "rms_norm_backward",
+            Op::LayerNormBackward { .. } => "layer_norm_backward",
+            Op::AttentionBackward { .. } => "attention_backward",
             Op::Fill { .. } => "full",
             Op::Arange { .. } => "arange",
             Op::RandUniform { .. } => "rand_uniform",

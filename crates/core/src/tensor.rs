@@ -1207,17 +1207,8 @@ impl Tensor {
         )
     }
 
-    /// Scaled dot-product attention, `q [b, hq, lq, d]`, `k [b, hkv, lk, d]`,
-    /// `v [b, hkv, lk, dv]` -> `[b, hq, lq, dv]`; grouped-query when hkv < hq. `scale` defaults
-    /// to 1/sqrt(d).
-    pub fn attention(
-        q: &Tensor,
-        k: &Tensor,
-        v: &Tensor,
-        causal: bool,
-        scale: Option<f64>,
-    ) -> Result<Tensor> {
-        let op = "attention";
+    /// The output shape of attention(q, k, v), after checking dtypes and shapes.
+    fn attention_shape(op: &'static str, q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Shape> {
         float_only(op, q.dtype())?;
         for t in [k, v] {
             if t.dtype() != q.dtype() {
@@ -1241,17 +1232,147 @@ impl Tensor {
             || kd[2] != vd[2]
             || qd[3] != kd[3]
             || kd[1] == 0
-            || qd[1] % kd[1] != 0
+            || !qd[1].is_multiple_of(kd[1])
         {
             return Err(bad());
         }
-        let scale = scale.unwrap_or(1.0 / (qd[3] as f64).sqrt());
-        q.run1(
-            Op::Attention { causal, scale },
-            &[q, k, v],
-            Shape::new([qd[0], qd[1], qd[2], vd[3]]),
-            q.dtype(),
+        Ok(Shape::new([qd[0], qd[1], qd[2], vd[3]]))
+    }
+
+    /// Scaled dot-product attention, `q [b, hq, lq, d]`, `k [b, hkv, lk, d]`,
+    /// `v [b, hkv, lk, dv]` -> `[b, hq, lq, dv]`; grouped-query when hkv < hq. `scale` defaults
+    /// to 1/sqrt(d).
+    pub fn attention(
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        causal: bool,
+        scale: Option<f64>,
+    ) -> Result<Tensor> {
+        let out = Tensor::attention_shape("attention", q, k, v)?;
+        let scale = scale.unwrap_or(1.0 / (q.dims()[3] as f64).sqrt());
+        q.run1(Op::Attention { causal, scale }, &[q, k, v], out, q.dtype())
+    }
+}
+
+/// Dedicated backward kernels of the fused ops (used by `ferrite-autodiff`). Shapes are those
+/// of the forward op's inputs and output; see `Op`.
+impl Tensor {
+    fn check_same(op: &'static str, a: &Tensor, b: &Tensor) -> Result<()> {
+        if a.dtype() != b.dtype() {
+            return Err(Error::DTypeMismatch {
+                op,
+                lhs: a.dtype(),
+                rhs: b.dtype(),
+            });
+        }
+        if a.shape() != b.shape() {
+            return Err(Error::shape(
+                op,
+                format!("shapes differ: {} and {}", a.shape(), b.shape()),
+            ));
+        }
+        Ok(())
+    }
+
+    /// dL/dx of softmax (or log_softmax with `log`) over the last axis, from its output `y`.
+    pub fn softmax_backward(y: &Tensor, g: &Tensor, log: bool) -> Result<Tensor> {
+        let op = if log {
+            "log_softmax_backward"
+        } else {
+            "softmax_backward"
+        };
+        float_only(op, y.dtype())?;
+        Tensor::check_same(op, y, g)?;
+        y.run1(
+            Op::SoftmaxBackward { log },
+            &[y, g],
+            y.shape().clone(),
+            y.dtype(),
         )
+    }
+
+    /// (dx, dweight) of `rms_norm(x, weight, eps)` for upstream gradient `g`.
+    pub fn rms_norm_backward(
+        x: &Tensor,
+        weight: &Tensor,
+        g: &Tensor,
+        eps: f64,
+    ) -> Result<(Tensor, Tensor)> {
+        x.check_norm_param("rms_norm_backward", weight)?;
+        Tensor::check_same("rms_norm_backward", x, g)?;
+        let mut o = x.run(
+            Op::RmsNormBackward { eps },
+            &[x, weight, g],
+            vec![
+                (x.shape().clone(), x.dtype()),
+                (weight.shape().clone(), x.dtype()),
+            ],
+        )?;
+        let dw = o.pop();
+        let dx = o.pop();
+        dx.zip(dw)
+            .ok_or_else(|| Error::backend("rms_norm_backward", "backend returned too few outputs"))
+    }
+
+    /// (dx, dweight, dbias) of `layer_norm(x, weight, bias, eps)` for upstream gradient `g`.
+    pub fn layer_norm_backward(
+        x: &Tensor,
+        weight: &Tensor,
+        g: &Tensor,
+        eps: f64,
+    ) -> Result<(Tensor, Tensor, Tensor)> {
+        x.check_norm_param("layer_norm_backward", weight)?;
+        Tensor::check_same("layer_norm_backward", x, g)?;
+        let p = (weight.shape().clone(), x.dtype());
+        let mut o = x.run(
+            Op::LayerNormBackward { eps },
+            &[x, weight, g],
+            vec![(x.shape().clone(), x.dtype()), p.clone(), p],
+        )?;
+        match (o.pop(), o.pop(), o.pop()) {
+            (Some(db), Some(dw), Some(dx)) => Ok((dx, dw, db)),
+            _ => Err(Error::backend(
+                "layer_norm_backward",
+                "backend returned too few outputs",
+            )),
+        }
+    }
+
+    /// (dq, dk, dv) of `attention(q, k, v, causal, scale)` for upstream gradient `g`.
+    pub fn attention_backward(
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        g: &Tensor,
+        causal: bool,
+        scale: f64,
+    ) -> Result<(Tensor, Tensor, Tensor)> {
+        let out = Tensor::attention_shape("attention_backward", q, k, v)?;
+        if g.shape() != &out || g.dtype() != q.dtype() {
+            return Err(Error::shape(
+                "attention_backward",
+                format!(
+                    "upstream gradient {} {} does not match the output {out} {}",
+                    g.shape(),
+                    g.dtype(),
+                    q.dtype()
+                ),
+            ));
+        }
+        let outs = vec![
+            (q.shape().clone(), q.dtype()),
+            (k.shape().clone(), k.dtype()),
+            (v.shape().clone(), v.dtype()),
+        ];
+        let mut o = q.run(Op::AttentionBackward { causal, scale }, &[q, k, v, g], outs)?;
+        match (o.pop(), o.pop(), o.pop()) {
+            (Some(dv), Some(dk), Some(dq)) => Ok((dq, dk, dv)),
+            _ => Err(Error::backend(
+                "attention_backward",
+                "backend returned too few outputs",
+            )),
+        }
     }
 }
 

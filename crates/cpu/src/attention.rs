@@ -1,8 +1,8 @@
 //! Scaled dot-product attention with an optional causal mask and grouped-query heads.
 //! One task per (batch, head, query row): scores, softmax, weighted sum of values.
 
-use crate::storage::float_kernel;
-use ferrite_core::{HostBuffer, Result, Tensor};
+use crate::storage::{float_kernel, floats, from_f32, Floats};
+use ferrite_core::{Error, HostBuffer, Result, Tensor};
 use num_traits::Float;
 use rayon::prelude::*;
 
@@ -85,4 +85,121 @@ pub(crate) fn attention(
         [q, k, v],
         |qv, kv, vv| attend(qv, kv, vv, qs, ks, causal, scale)
     ))
+}
+
+/// Backward of `attend`: one task per (batch, kv head), covering the query heads that share it,
+/// so each task owns its rows of dq, dk and dv. Probabilities are recomputed per query row.
+#[allow(clippy::too_many_arguments, clippy::type_complexity)]
+fn attend_backward<F: Float + ferrite_core::WithDType>(
+    q: &[F],
+    k: &[F],
+    v: &[F],
+    g: &[F],
+    (b, hq, lq, d): (usize, usize, usize, usize),
+    (hkv, lk, dv): (usize, usize, usize),
+    causal: bool,
+    scale: f64,
+) -> (Vec<F>, Vec<F>, Vec<F>) {
+    let scale = F::from(scale).unwrap_or(F::one());
+    let group = hq / hkv.max(1);
+    let mut dq = crate::alloc::full(b * hq * lq * d, F::zero());
+    let mut dk = crate::alloc::full(b * hkv * lk * d, F::zero());
+    let mut dvv = crate::alloc::full(b * hkv * lk * dv, F::zero());
+    if b * hkv == 0 || group * lq * d == 0 || lk * d == 0 || lk * dv == 0 {
+        return (dq, dk, dvv);
+    }
+    dq.par_chunks_mut(group * lq * d)
+        .zip(dk.par_chunks_mut(lk * d))
+        .zip(dvv.par_chunks_mut(lk * dv))
+        .enumerate()
+        .for_each(|(task, ((dq_t, dk_t), dv_t))| {
+            let (bi, kvh) = (task / hkv, task % hkv);
+            let kbase = (bi * hkv + kvh) * lk;
+            let (kk, vv) = (
+                &k[kbase * d..(kbase + lk) * d],
+                &v[kbase * dv..(kbase + lk) * dv],
+            );
+            let mut p = vec![F::zero(); lk];
+            let mut dp = vec![F::zero(); lk];
+            for hg in 0..group {
+                let h = kvh * group + hg;
+                for i in 0..lq {
+                    let row = (bi * hq + h) * lq + i;
+                    let (qi, gi) = (&q[row * d..(row + 1) * d], &g[row * dv..(row + 1) * dv]);
+                    let visible = if causal {
+                        (i + lk).saturating_sub(lq).saturating_add(1).min(lk)
+                    } else {
+                        lk
+                    };
+                    if visible == 0 {
+                        continue;
+                    }
+                    let dot =
+                        |a: &[F], b: &[F]| a.iter().zip(b).fold(F::zero(), |s, (&x, &y)| s + x * y);
+                    let mut m = F::neg_infinity();
+                    for j in 0..visible {
+                        p[j] = dot(qi, &kk[j * d..(j + 1) * d]) * scale;
+                        m = if p[j] > m { p[j] } else { m };
+                    }
+                    let mut sum = F::zero();
+                    for pj in p.iter_mut().take(visible) {
+                        *pj = (*pj - m).exp();
+                        sum = sum + *pj;
+                    }
+                    let mut pdp = F::zero();
+                    for j in 0..visible {
+                        p[j] = p[j] / sum;
+                        dp[j] = dot(gi, &vv[j * dv..(j + 1) * dv]);
+                        pdp = pdp + p[j] * dp[j];
+                        for (o, &x) in dv_t[j * dv..(j + 1) * dv].iter_mut().zip(gi) {
+                            *o = *o + p[j] * x;
+                        }
+                    }
+                    let dqi = &mut dq_t[(hg * lq + i) * d..(hg * lq + i + 1) * d];
+                    for j in 0..visible {
+                        let ds = p[j] * (dp[j] - pdp) * scale;
+                        let kj = &kk[j * d..(j + 1) * d];
+                        for t in 0..d {
+                            dqi[t] = dqi[t] + ds * kj[t];
+                        }
+                        for (o, &x) in dk_t[j * d..(j + 1) * d].iter_mut().zip(qi) {
+                            *o = *o + ds * x;
+                        }
+                    }
+                }
+            }
+        });
+    (dq, dk, dvv)
+}
+
+pub(crate) fn attention_backward(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    g: &Tensor,
+    causal: bool,
+    scale: f64,
+) -> Result<Vec<HostBuffer>> {
+    let (qd, kd, vd) = (q.dims(), k.dims(), v.dims());
+    let qs = (qd[0], qd[1], qd[2], qd[3]);
+    let ks = (kd[1], kd[2], vd[3]);
+    let (dt, op) = (q.dtype(), "attention_backward");
+    Ok(
+        match (
+            floats(q, op)?,
+            floats(k, op)?,
+            floats(v, op)?,
+            floats(g, op)?,
+        ) {
+            (Floats::F32(q), Floats::F32(k), Floats::F32(v), Floats::F32(g)) => {
+                let (a, b, c) = attend_backward(&q, &k, &v, &g, qs, ks, causal, scale);
+                vec![from_f32(a, dt), from_f32(b, dt), from_f32(c, dt)]
+            }
+            (Floats::F64(q), Floats::F64(k), Floats::F64(v), Floats::F64(g)) => {
+                let (a, b, c) = attend_backward(&q, &k, &v, &g, qs, ks, causal, scale);
+                vec![HostBuffer::F64(a), HostBuffer::F64(b), HostBuffer::F64(c)]
+            }
+            _ => return Err(Error::backend(op, "inputs of mixed precision")),
+        },
+    )
 }

@@ -66,6 +66,12 @@ impl Backend for CpuBackend {
         let one = |b: HostBuffer| -> Result<Vec<Arc<dyn Storage>>> {
             Ok(vec![Arc::new(CpuStorage::new(b))])
         };
+        let many = |bs: Vec<HostBuffer>| -> Result<Vec<Arc<dyn Storage>>> {
+            Ok(bs
+                .into_iter()
+                .map(|b| Arc::new(CpuStorage::new(b)) as Arc<dyn Storage>)
+                .collect())
+        };
         match op {
             Op::Unary(u) => one(elementwise::unary(*u, input(0)?)?),
             Op::Binary(b) => one(elementwise::binary(*b, input(0)?, input(1)?)?),
@@ -106,6 +112,27 @@ impl Backend for CpuBackend {
                 input(0)?,
                 input(1)?,
                 input(2)?,
+                *causal,
+                *scale,
+            )?),
+            Op::SoftmaxBackward { log } => one(norm::softmax_backward(input(0)?, input(1)?, *log)?),
+            Op::RmsNormBackward { eps } => many(norm::rms_norm_backward(
+                input(0)?,
+                input(1)?,
+                input(2)?,
+                *eps,
+            )?),
+            Op::LayerNormBackward { eps } => many(norm::layer_norm_backward(
+                input(0)?,
+                input(1)?,
+                input(2)?,
+                *eps,
+            )?),
+            Op::AttentionBackward { causal, scale } => many(attention::attention_backward(
+                input(0)?,
+                input(1)?,
+                input(2)?,
+                input(3)?,
                 *causal,
                 *scale,
             )?),

@@ -98,3 +98,20 @@ fn attention_grouped_query_causal() {
         Ok(())
     });
 }
+
+/// Backward kernels against autodiff through the composition is in ferrite-autodiff's tests;
+/// here: each backward op against its closed form written with primitives.
+#[test]
+fn softmax_backward_kernels() {
+    each_dtype(|dt, tol| {
+        let x = rand(&[31, 65], 11, dt);
+        let g = rand(&[31, 65], 12, dt);
+        let y = x.softmax(-1)?;
+        let want = y.mul(&g.sub(&g.mul(&y)?.sum(&[-1], true)?)?)?;
+        close(&Tensor::softmax_backward(&y, &g, false)?, &want, tol * 4.0);
+        let ly = x.log_softmax(-1)?;
+        let want = g.sub(&ly.exp()?.mul(&g.sum(&[-1], true)?)?)?;
+        close(&Tensor::softmax_backward(&ly, &g, true)?, &want, tol * 4.0);
+        Ok(())
+    });
+}

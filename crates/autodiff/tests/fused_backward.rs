@@ -1,0 +1,126 @@
+//! The dedicated backward kernels of the fused ops against autodiff through their
+//! compositions from primitives (`ferrite_core::composed`), f64 and f32, odd sizes.
+
+use ferrite_autodiff::{backward_with, Var};
+use ferrite_core::{composed, DType, Result, Tensor};
+use ferrite_cpu::cpu;
+
+fn rand(shape: &[usize], seed: u64, dt: DType) -> Tensor {
+    Tensor::rand_uniform(shape, -1.0, 1.0, seed, dt, &cpu()).unwrap()
+}
+
+/// Gradients of every input of `f` for upstream `g`.
+fn grads(inputs: &[Tensor], g: &Tensor, f: impl Fn(&[Tensor]) -> Result<Tensor>) -> Vec<Vec<f64>> {
+    let vars: Vec<Var> = inputs.iter().map(|t| Var::new(t).unwrap()).collect();
+    let ts: Vec<Tensor> = vars.iter().map(|v| v.tensor().clone()).collect();
+    backward_with(&f(&ts).unwrap(), g).unwrap();
+    vars.iter()
+        .map(|v| v.grad().unwrap().to_vec_f64().unwrap())
+        .collect()
+}
+
+fn assert_close(a: &[Vec<f64>], b: &[Vec<f64>], tol: f64) {
+    for (k, (x, y)) in a.iter().zip(b).enumerate() {
+        let worst = x
+            .iter()
+            .zip(y)
+            .map(|(p, q)| (p - q).abs() / (1.0 + q.abs()))
+            .fold(0.0, f64::max);
+        assert!(
+            worst <= tol,
+            "input {k}: dedicated vs composed gradient differ by {worst}"
+        );
+    }
+}
+
+#[test]
+fn norms_backward() {
+    for (dt, tol) in [(DType::F64, 1e-12), (DType::F32, 2e-5)] {
+        let (x, w, b, g) = (
+            rand(&[33, 45], 1, dt),
+            rand(&[45], 2, dt),
+            rand(&[45], 3, dt),
+            rand(&[33, 45], 4, dt),
+        );
+        let fused = grads(&[x.clone(), w.clone(), b.clone()], &g, |t| {
+            t[0].layer_norm(&t[1], &t[2], 1e-5)
+        });
+        let slow = grads(&[x.clone(), w.clone(), b.clone()], &g, |t| {
+            composed::layer_norm(&t[0], &t[1], &t[2], 1e-5)
+        });
+        assert_close(&fused, &slow, tol);
+        let fused = grads(&[x.clone(), w.clone()], &g, |t| t[0].rms_norm(&t[1], 1e-6));
+        let slow = grads(&[x.clone(), w.clone()], &g, |t| {
+            composed::rms_norm(&t[0], &t[1], 1e-6)
+        });
+        assert_close(&fused, &slow, tol);
+    }
+}
+
+#[test]
+fn softmax_backward() {
+    for (dt, tol) in [(DType::F64, 1e-12), (DType::F32, 2e-5)] {
+        let (x, g) = (
+            rand(&[7, 1, 31], 5, dt).mul_scalar(3.0).unwrap(),
+            rand(&[7, 1, 31], 6, dt),
+        );
+        assert_close(
+            &grads(std::slice::from_ref(&x), &g, |t| t[0].softmax(-1)),
+            &grads(std::slice::from_ref(&x), &g, |t| {
+                composed::softmax(&t[0], -1)
+            }),
+            tol,
+        );
+        assert_close(
+            &grads(std::slice::from_ref(&x), &g, |t| t[0].log_softmax(-1)),
+            &grads(std::slice::from_ref(&x), &g, |t| {
+                composed::log_softmax(&t[0], -1)
+            }),
+            tol,
+        );
+    }
+}
+
+#[test]
+fn attention_backward_grouped_causal() {
+    for (dt, tol) in [(DType::F64, 1e-12), (DType::F32, 5e-5)] {
+        for (lq, lk, causal) in [(7, 7, true), (3, 11, true), (5, 9, false), (1, 33, true)] {
+            let q = rand(&[2, 6, lq, 16], 7, dt);
+            let k = rand(&[2, 2, lk, 16], 8, dt);
+            let v = rand(&[2, 2, lk, 12], 9, dt);
+            let g = rand(&[2, 6, lq, 12], 10, dt);
+            let ins = [q, k, v];
+            let fused = grads(&ins, &g, |t| {
+                Tensor::attention(&t[0], &t[1], &t[2], causal, None)
+            });
+            let slow = grads(&ins, &g, |t| {
+                composed::attention(&t[0], &t[1], &t[2], causal, None)
+            });
+            assert_close(&fused, &slow, tol);
+        }
+    }
+}
+
+#[test]
+fn backward_kernels_validate_their_inputs() {
+    let x = rand(&[3, 4], 1, DType::F32);
+    let e = Tensor::rms_norm_backward(&x, &rand(&[5], 2, DType::F32), &x, 1e-6)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.starts_with("rms_norm_backward: parameter [5] does not match"),
+        "{e}"
+    );
+    let e = Tensor::softmax_backward(&x, &rand(&[4, 3], 3, DType::F32), false)
+        .unwrap_err()
+        .to_string();
+    assert!(e.starts_with("softmax_backward: shapes differ"), "{e}");
+    let q = rand(&[1, 2, 3, 4], 4, DType::F32);
+    let e = Tensor::attention_backward(&q, &q, &q, &rand(&[1, 2, 3, 5], 5, DType::F32), true, 0.5)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.starts_with("attention_backward: upstream gradient [1, 2, 3, 5]"),
+        "{e}"
+    );
+}
