@@ -112,6 +112,28 @@ fn tiny(arch: &str, edit: impl FnOnce(&mut GgufWriter)) -> Result<Model, Error> 
         &vec![1.0; D as usize],
     )
     .unwrap();
+    if arch == "gemma3" {
+        let hd = D / HEADS as u64;
+        w.set("gemma3.attention.sliding_window", Value::U32(4))
+            .unwrap();
+        w.set("gemma3.attention.key_length", Value::U32(hd as u32))
+            .unwrap();
+        w.set("gemma3.attention.value_length", Value::U32(hd as u32))
+            .unwrap();
+        for il in 0..LAYERS {
+            let n = |s: &str| format!("blk.{il}.{s}");
+            for (norm, len) in [
+                ("attn_q_norm.weight", hd),
+                ("attn_k_norm.weight", hd),
+                ("post_attention_norm.weight", D),
+                ("post_ffw_norm.weight", D),
+            ] {
+                let v = vec![1.0; len as usize];
+                w.add_f32_tensor(&n(norm), GgmlType::F32, &[len], &v)
+                    .unwrap();
+            }
+        }
+    }
     edit(&mut w);
     Model::from_gguf(GgufFile::from_bytes(w.to_bytes().unwrap()).unwrap())
 }
@@ -257,5 +279,46 @@ fn context_and_token_errors_name_the_numbers() {
     assert!(
         e.contains("context size 65") && e.contains("context length 64"),
         "{e}"
+    );
+}
+
+/// gemma3 with a sliding window of 4 and two layers (both local: every 6th layer is global):
+/// position p sees tokens p-6..=p only (3 new positions per layer), so changing token 0 leaves
+/// the logits at position 10 unchanged while changing token 8 moves them.
+#[test]
+fn gemma3_sliding_window_limits_what_a_position_sees() {
+    let mut m = tiny("gemma3", |_| {}).unwrap();
+    m.set_precision(Precision::Exact);
+    assert!(m.cfg.is_local(0) && m.cfg.is_local(1));
+    let base: Vec<u32> = (0..11).map(|i| i * 7 % 90 + 3).collect();
+    let run = |toks: &[u32]| {
+        let mut s = Session::new(&m, 16).unwrap();
+        s.forward(toks, Logits::Last).unwrap().to_vec()
+    };
+    let want = run(&base);
+    let mut far = base.clone();
+    far[0] = 50;
+    far[3] = 51;
+    let got = run(&far);
+    let d_far = got
+        .iter()
+        .zip(&want)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0f32, f32::max);
+    assert!(
+        d_far < 1e-5,
+        "a token outside the receptive field changed the logits by {d_far}"
+    );
+    let mut near = base.clone();
+    near[8] = 50;
+    let got = run(&near);
+    let d_near = got
+        .iter()
+        .zip(&want)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0f32, f32::max);
+    assert!(
+        d_near > 1e-3,
+        "a token inside the window did not matter ({d_near})"
     );
 }
