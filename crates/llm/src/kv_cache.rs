@@ -23,6 +23,14 @@ impl KvCache {
             .and_then(|x| x.checked_mul(cap))
             .filter(|&n| n.checked_mul(8).is_some_and(|b| b <= isize::MAX as usize))
             .ok_or_else(|| Error::Context(format!("KV cache of {cap} positions is too large")))?;
+        // Zeroed allocations are lazy, but an absurd size would still abort the process.
+        const MAX_BYTES: usize = 64 << 30;
+        if n * 8 > MAX_BYTES {
+            return Err(Error::Context(format!(
+                "KV cache of {cap} positions needs {} GiB (more than 64 GiB); lower --ctx",
+                n * 8 >> 30
+            )));
+        }
         Ok(KvCache {
             n_layer,
             n_kv_head,

@@ -322,3 +322,19 @@ fn gemma3_sliding_window_limits_what_a_position_sees() {
         "a token inside the window did not matter ({d_near})"
     );
 }
+
+#[test]
+fn absurd_hyperparameters_are_rejected_before_allocation() {
+    let e = err_text(tiny("llama", |w| {
+        w.set("llama.block_count", Value::U64(1 << 40)).unwrap();
+    }));
+    assert!(
+        e.contains("block_count = 1099511627776 is out of range"),
+        "{e}"
+    );
+    let e = err_text(tiny("llama", |w| {
+        w.set("llama.attention.key_length", Value::U64(u64::MAX / 2))
+            .unwrap();
+    }));
+    assert!(e.contains("out of range"), "{e}");
+}

@@ -180,6 +180,27 @@ impl Config {
                 "zero-sized hyperparameter: block_count {n_layer}, embedding_length {d_model}, feed_forward_length {n_ff}, context_length {ctx_train}"
             )));
         }
+        // Bounds far above any real model, checked before anything is sized by these values.
+        let dims = [
+            ("block_count", n_layer, 1 << 12),
+            ("embedding_length", d_model, 1 << 20),
+            ("feed_forward_length", n_ff, 1 << 22),
+            ("attention.head_count", n_head, 1 << 12),
+            ("head size", head_dim, 1 << 16),
+            (
+                "attention head count x head size",
+                n_head.saturating_mul(head_dim),
+                1 << 22,
+            ),
+            ("context_length", ctx_train, 1 << 31),
+        ];
+        for (what, v, max) in dims {
+            if v > max {
+                return Err(model_err(format!(
+                    "{a}.{what} = {v} is out of range (at most {max})"
+                )));
+            }
+        }
         if !(eps > 0.0 && eps < 1.0) {
             return Err(model_err(format!("rms norm epsilon {eps} out of range")));
         }

@@ -94,7 +94,7 @@ impl Model {
             cfg.n_ff,
         );
         let output_norm = vector(&file, "output_norm.weight", d)?;
-        let mut layers = Vec::with_capacity(cfg.n_layer);
+        let mut layers = Vec::with_capacity(cfg.n_layer.min(256));
         for il in 0..cfg.n_layer {
             let n = |s: &str| format!("blk.{il}.{s}");
             let opt_vec = |s: &str, len: usize| -> Result<Option<Vec<f32>>> {
