@@ -28,7 +28,7 @@ impl KvCache {
         if n * 8 > MAX_BYTES {
             return Err(Error::Context(format!(
                 "KV cache of {cap} positions needs {} GiB (more than 64 GiB); lower --ctx",
-                n * 8 >> 30
+                (n * 8) >> 30
             )));
         }
         Ok(KvCache {
