@@ -148,3 +148,28 @@ fn rope_backward_with_constant_angles_matches_the_composition() {
         assert!(a.iter().zip(&b).all(|(p, q)| (p - q).abs() < 1e-12));
     }
 }
+
+#[test]
+fn long_chains_drop_and_backward_without_deep_recursion() {
+    // 100,000 recorded ops on a thread with a 256 KiB stack: dropping the graph, and a backward
+    // pass through another one, must not recurse per op.
+    std::thread::Builder::new()
+        .stack_size(256 << 10)
+        .spawn(|| {
+            let x = v(&[0.5], &[1]);
+            let mut y = x.tensor().clone();
+            for _ in 0..100_000 {
+                y = y.mul_scalar(1.0).unwrap();
+            }
+            drop(y);
+            let mut y = x.tensor().clone();
+            for _ in 0..100_000 {
+                y = y.add_scalar(0.0).unwrap();
+            }
+            backward(&y.sum_all().unwrap()).unwrap();
+            assert_eq!(x.grad().unwrap().to_vec::<f64>().unwrap(), vec![1.0]);
+        })
+        .unwrap()
+        .join()
+        .unwrap();
+}

@@ -47,10 +47,32 @@ impl Node {
             })
     }
 
+    pub(crate) fn take_inputs(&mut self) -> Vec<Tensor> {
+        self.inputs
+            .get_mut()
+            .ok()
+            .and_then(|i| i.take())
+            .unwrap_or_default()
+    }
+
     /// Drops the inputs (and with them what they keep alive).
     pub fn release(&self) {
         if let Ok(mut i) = self.inputs.lock() {
             *i = None;
+        }
+    }
+}
+
+/// Dropping a long recorded chain must not recurse once per op: the inputs of nodes that die
+/// with this one are moved onto a local stack and dropped iteratively.
+impl Drop for Node {
+    fn drop(&mut self) {
+        let mut stack = match self.inputs.get_mut() {
+            Ok(i) => i.take().unwrap_or_default(),
+            Err(_) => return,
+        };
+        while let Some(t) = stack.pop() {
+            stack.extend(t.take_unique_inputs());
         }
     }
 }

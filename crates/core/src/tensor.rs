@@ -58,6 +58,19 @@ impl Tensor {
 
     // ---- autodiff ----
 
+    /// When this handle is the last one to its tensor and that tensor's graph node, takes the
+    /// node's inputs (so that the caller can drop them without recursion); else nothing.
+    pub(crate) fn take_unique_inputs(mut self) -> Vec<Tensor> {
+        if let Some(inner) = Arc::get_mut(&mut self.0) {
+            if let Some(Grad::Node(mut n)) = inner.grad.take() {
+                if let Some(node) = Arc::get_mut(&mut n) {
+                    return node.take_inputs();
+                }
+            }
+        }
+        Vec::new()
+    }
+
     /// Whether a gradient flows to this tensor.
     pub fn requires_grad(&self) -> bool {
         self.0.grad.is_some()
@@ -519,14 +532,21 @@ impl Tensor {
             .into_iter()
             .zip(outs)
             .enumerate()
-            .map(|(k, (s, (shape, dtype)))| {
-                let t = Tensor::from_storage(s, Layout::contiguous(shape), dev.clone());
-                if record && graph::differentiable_output(&op, k, dtype) {
-                    let ins = inputs.iter().map(|&t| t.clone()).collect();
-                    t.with_grad(Some(graph::node(GradOp::Op(op.clone()), k, ins)))
-                } else {
-                    t
-                }
+            .map(|(k, (storage, (shape, dtype)))| {
+                let grad = (record && graph::differentiable_output(&op, k, dtype)).then(|| {
+                    graph::node(
+                        GradOp::Op(op.clone()),
+                        k,
+                        inputs.iter().map(|&t| t.clone()).collect(),
+                    )
+                });
+                Tensor(Arc::new(Inner {
+                    dtype: storage.dtype(),
+                    storage,
+                    layout: Layout::contiguous(shape),
+                    device: dev.clone(),
+                    grad,
+                }))
             })
             .collect())
     }
