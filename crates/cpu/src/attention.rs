@@ -1,8 +1,8 @@
 //! Scaled dot-product attention with an optional causal mask and grouped-query heads.
 //! One task per (batch, head, query row): scores, softmax, weighted sum of values.
 
-use crate::storage::{float_kernel, floats, from_f32, Floats};
-use ferrite_core::{Error, HostBuffer, Result, Tensor};
+use crate::storage::{float_kernel, float_kernel_many};
+use ferrite_core::{HostBuffer, Result, Tensor};
 use num_traits::Float;
 use rayon::prelude::*;
 
@@ -183,23 +183,13 @@ pub(crate) fn attention_backward(
     let (qd, kd, vd) = (q.dims(), k.dims(), v.dims());
     let qs = (qd[0], qd[1], qd[2], qd[3]);
     let ks = (kd[1], kd[2], vd[3]);
-    let (dt, op) = (q.dtype(), "attention_backward");
-    Ok(
-        match (
-            floats(q, op)?,
-            floats(k, op)?,
-            floats(v, op)?,
-            floats(g, op)?,
-        ) {
-            (Floats::F32(q), Floats::F32(k), Floats::F32(v), Floats::F32(g)) => {
-                let (a, b, c) = attend_backward(&q, &k, &v, &g, qs, ks, causal, scale);
-                vec![from_f32(a, dt), from_f32(b, dt), from_f32(c, dt)]
-            }
-            (Floats::F64(q), Floats::F64(k), Floats::F64(v), Floats::F64(g)) => {
-                let (a, b, c) = attend_backward(&q, &k, &v, &g, qs, ks, causal, scale);
-                vec![HostBuffer::F64(a), HostBuffer::F64(b), HostBuffer::F64(c)]
-            }
-            _ => return Err(Error::backend(op, "inputs of mixed precision")),
-        },
-    )
+    Ok(float_kernel_many!(
+        "attention_backward",
+        q.dtype(),
+        [q, k, v, g],
+        |qv, kv, vv, gv| {
+            let (dq, dk, dv) = attend_backward(qv, kv, vv, gv, qs, ks, causal, scale);
+            vec![dq, dk, dv]
+        }
+    ))
 }

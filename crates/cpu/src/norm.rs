@@ -1,8 +1,8 @@
 //! Fused row ops over the last axis: softmax, log_softmax, layer_norm, rms_norm, and RoPE.
 //! Each row is independent; rows run in parallel. f16/bf16 compute in f32.
 
-use crate::storage::{float_kernel, floats, from_f32, Floats};
-use ferrite_core::{Error, HostBuffer, Result, Tensor};
+use crate::storage::{float_kernel, float_kernel_many};
+use ferrite_core::{HostBuffer, Result, Tensor};
 use num_traits::Float;
 use rayon::prelude::*;
 
@@ -317,19 +317,16 @@ pub(crate) fn rms_norm_backward(
     g: &Tensor,
     eps: f64,
 ) -> Result<Vec<HostBuffer>> {
-    let (n, dt) = (last(x), x.dtype());
-    let op = "rms_norm_backward";
-    Ok(match (floats(x, op)?, floats(w, op)?, floats(g, op)?) {
-        (Floats::F32(x), Floats::F32(w), Floats::F32(g)) => {
-            let (dx, dw) = rms_norm_backward_rows(&x, &w, &g, n, eps);
-            vec![from_f32(dx, dt), from_f32(dw, dt)]
+    let n = last(x);
+    Ok(float_kernel_many!(
+        "rms_norm_backward",
+        x.dtype(),
+        [x, w, g],
+        |xv, wv, gv| {
+            let (dx, dw) = rms_norm_backward_rows(xv, wv, gv, n, eps);
+            vec![dx, dw]
         }
-        (Floats::F64(x), Floats::F64(w), Floats::F64(g)) => {
-            let (dx, dw) = rms_norm_backward_rows(&x, &w, &g, n, eps);
-            vec![HostBuffer::F64(dx), HostBuffer::F64(dw)]
-        }
-        _ => return Err(Error::backend(op, "inputs of mixed precision")),
-    })
+    ))
 }
 
 pub(crate) fn layer_norm_backward(
@@ -338,21 +335,14 @@ pub(crate) fn layer_norm_backward(
     g: &Tensor,
     eps: f64,
 ) -> Result<Vec<HostBuffer>> {
-    let (n, dt) = (last(x), x.dtype());
-    let op = "layer_norm_backward";
-    Ok(match (floats(x, op)?, floats(w, op)?, floats(g, op)?) {
-        (Floats::F32(x), Floats::F32(w), Floats::F32(g)) => {
-            let (dx, dw, db) = layer_norm_backward_rows(&x, &w, &g, n, eps);
-            vec![from_f32(dx, dt), from_f32(dw, dt), from_f32(db, dt)]
+    let n = last(x);
+    Ok(float_kernel_many!(
+        "layer_norm_backward",
+        x.dtype(),
+        [x, w, g],
+        |xv, wv, gv| {
+            let (dx, dw, db) = layer_norm_backward_rows(xv, wv, gv, n, eps);
+            vec![dx, dw, db]
         }
-        (Floats::F64(x), Floats::F64(w), Floats::F64(g)) => {
-            let (dx, dw, db) = layer_norm_backward_rows(&x, &w, &g, n, eps);
-            vec![
-                HostBuffer::F64(dx),
-                HostBuffer::F64(dw),
-                HostBuffer::F64(db),
-            ]
-        }
-        _ => return Err(Error::backend(op, "inputs of mixed precision")),
-    })
+    ))
 }

@@ -135,3 +135,18 @@ macro_rules! float_kernel {
     }};
 }
 pub(crate) use float_kernel;
+
+/// Like `float_kernel!`, for kernels with several outputs: the body returns a `Vec` of output
+/// vectors, each converted back to `$dtype`.
+macro_rules! float_kernel_many {
+    ($op:expr, $dtype:expr, [$($t:expr),+], |$($x:ident),+| $body:expr) => {{
+        use $crate::storage::{floats, Floats, from_f32};
+        match ($(floats($t, $op)?,)+) {
+            ($(Floats::F32($x),)+) => { $(let $x: &[f32] = &$x;)+ $body.into_iter().map(|v| from_f32(v, $dtype)).collect::<Vec<_>>() }
+            ($(Floats::F64($x),)+) => { $(let $x: &[f64] = &$x;)+ $body.into_iter().map(ferrite_core::HostBuffer::F64).collect::<Vec<_>>() }
+            #[allow(unreachable_patterns)]
+            _ => return Err(ferrite_core::Error::backend($op, "inputs of mixed precision")),
+        }
+    }};
+}
+pub(crate) use float_kernel_many;
