@@ -21,7 +21,9 @@ pub fn quantize_q8(x: &[f32], out: &mut [BlockQ8]) {
         let id = if d != 0.0 { 1.0 / d } else { 0.0 };
         let mut sum = 0i32;
         for (q, &v) in b.qs.iter_mut().zip(xb) {
-            let r = (v * id).round() as i32;
+            // Round half away from zero without a libm call (`f32::round` is one on x86-64).
+            let r = v * id;
+            let r = (r + 0.5f32.copysign(r)) as i32;
             *q = r as i8;
             sum += r;
         }
