@@ -94,8 +94,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             gen.decode_tok_s()
         );
         cached.extend_from_slice(&ids[keep..]);
-        // The session holds every generated token but the last.
-        cached.extend_from_slice(&gen.tokens[..gen.tokens.len().saturating_sub(1)]);
+        // The generated tokens the session ran (all but possibly the last).
+        let ran = session
+            .pos()
+            .saturating_sub(cached.len())
+            .min(gen.tokens.len());
+        cached.extend_from_slice(&gen.tokens[..ran]);
         history.push(Message::assistant(gen.text.trim()));
     }
     Ok(())

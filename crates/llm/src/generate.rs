@@ -59,7 +59,8 @@ pub fn check_fits(session: &Session<'_>, new_prompt: usize, max_new: usize) -> R
 /// Runs `prompt` (appended after whatever the session holds), then samples up to `max_new`
 /// tokens, calling `on_text` with each complete piece of UTF-8 text as it is produced (never
 /// half a character; control tokens print nothing; text from a stop string on is withheld).
-/// The session ends up holding the prompt and every generated token but the last.
+/// The session ends up holding the prompt and the generated tokens it ran: every one after an
+/// end-of-text token, all but the last otherwise (`Session::pos()` says how many).
 pub fn generate(
     session: &mut Session<'_>,
     tok: &Tokenizer,
