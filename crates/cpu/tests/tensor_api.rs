@@ -243,3 +243,27 @@ fn pooled_large_buffers_are_fully_overwritten() {
         assert!(yv.iter().all(|&v| v < 2.5));
     }
 }
+
+#[test]
+fn large_threaded_matmul_matches_a_naive_product() {
+    // Sizes past gemm's blocking and threading thresholds, odd on every dim.
+    let (m, k, n) = (301, 517, 263);
+    let dev = cpu();
+    let a = Tensor::rand_uniform([m, k], -1.0, 1.0, 11, DType::F32, &dev).unwrap();
+    let b = Tensor::rand_uniform([n, k], -1.0, 1.0, 12, DType::F32, &dev)
+        .unwrap()
+        .t()
+        .unwrap();
+    let c = a.matmul(&b).unwrap().to_vec::<f32>().unwrap();
+    let (av, bv) = (a.to_vec_f64().unwrap(), b.to_vec_f64().unwrap());
+    for i in (0..m).step_by(7) {
+        for j in (0..n).step_by(5) {
+            let want: f64 = (0..k).map(|p| av[i * k + p] * bv[p * n + j]).sum();
+            assert!(
+                (c[i * n + j] as f64 - want).abs() < 1e-4,
+                "[{i}, {j}]: {} vs {want}",
+                c[i * n + j]
+            );
+        }
+    }
+}

@@ -11,10 +11,7 @@ pub enum Error {
     /// The I/O error is part of the message, not a `source`, so that a chained report
     /// (`{:#}`) prints it once.
     #[error("gguf: {path}: {io}")]
-    Io {
-        path: PathBuf,
-        io: std::io::Error,
-    },
+    Io { path: PathBuf, io: std::io::Error },
 
     #[error("gguf: bad magic {found:02x?} at offset 0x0 (expected \"GGUF\" = [47, 47, 55, 46])")]
     BadMagic { found: Vec<u8> },
