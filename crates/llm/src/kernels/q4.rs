@@ -189,6 +189,9 @@ pub(crate) mod x86 {
                     let qa = _mm256_loadu_si256(b.qs.as_ptr() as *const __m256i);
                     for k in 0..4 {
                         let p = w[k].as_ptr().add(i * Q4_1_BYTES);
+                        // Prefetch 16 blocks (320 bytes) ahead in each row; a hint only, so
+                        // running past the row's end is harmless.
+                        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(16 * Q4_1_BYTES) as *const i8);
                         let q = unpack_nibbles(p.add(4));
                         let s = _mm256_cvtepi32_ps($mul(q, qa));
                         acc[k] = _mm256_fmadd_ps(_mm256_set1_ps(f16_load(p) * b.d), s, acc[k]);
