@@ -46,14 +46,20 @@ fn loss(case: &OpCase, ins: &[Tensor], weights: &[Option<Tensor>]) -> Result<Ten
     total.ok_or_else(|| format!("{}: no float output to differentiate", case.name))
 }
 
-/// Checks one case's gradients on `device`; `Ok(false)` when it has no differentiable output.
-pub fn grad_check_case(case: &OpCase, device: &Device, seed: u64) -> Result<bool, String> {
-    let mut rng = SplitMix(seed);
+/// Inputs, output weights and backward's gradients (one per input; `None` for non-float
+/// inputs) of one case on `device`; `None` when the case has no differentiable output.
+type Analytic = (Vec<Tensor>, Vec<Option<Tensor>>, Vec<Option<Tensor>>);
+
+fn analytic(
+    case: &OpCase,
+    device: &Device,
+    rng: &mut SplitMix,
+) -> Result<Option<Analytic>, String> {
     let err = |e: ferrite_core::Error| format!("{}: {e}", case.name);
     let mut base = Vec::new();
     let mut vars = Vec::new();
     for input in &case.inputs {
-        let (t, _) = make_input(input, device, &mut rng).map_err(err)?;
+        let (t, _) = make_input(input, device, rng).map_err(err)?;
         vars.push(if input.dtype.is_float() {
             Some(Var::new(&t).map_err(err)?)
         } else {
@@ -77,13 +83,13 @@ pub fn grad_check_case(case: &OpCase, device: &Device, seed: u64) -> Result<bool
                 values: Values::Uniform(-1.0, 1.0),
                 view: crate::View::Contiguous,
             };
-            Some(make_input(&w, device, &mut rng).map_err(err)?.0)
+            Some(make_input(&w, device, rng).map_err(err)?.0)
         } else {
             None
         });
     }
     if weights.iter().all(Option::is_none) {
-        return Ok(false);
+        return Ok(None);
     }
     let l = loss(case, &ins, &weights)?;
     if !l.requires_grad() {
@@ -93,8 +99,12 @@ pub fn grad_check_case(case: &OpCase, device: &Device, seed: u64) -> Result<bool
         ));
     }
     backward(&l).map_err(err)?;
+    let mut grads = Vec::new();
     for (k, (t, v)) in base.iter().zip(&vars).enumerate() {
-        let Some(v) = v else { continue };
+        let Some(v) = v else {
+            grads.push(None);
+            continue;
+        };
         let grad = match v.grad() {
             Some(g) => g,
             // No path from this input to the loss: the gradient is zero.
@@ -108,6 +118,20 @@ pub fn grad_check_case(case: &OpCase, device: &Device, seed: u64) -> Result<bool
                 t.dims()
             ));
         }
+        grads.push(Some(grad));
+    }
+    Ok(Some((base, weights, grads)))
+}
+
+/// Checks one case's gradients on `device`; `Ok(false)` when it has no differentiable output.
+pub fn grad_check_case(case: &OpCase, device: &Device, seed: u64) -> Result<bool, String> {
+    let mut rng = SplitMix(seed);
+    let err = |e: ferrite_core::Error| format!("{}: {e}", case.name);
+    let Some((base, weights, grads)) = analytic(case, device, &mut rng)? else {
+        return Ok(false);
+    };
+    for (k, (t, grad)) in base.iter().zip(&grads).enumerate() {
+        let Some(grad) = grad else { continue };
         let g = grad.to_vec_f64().map_err(err)?;
         let x = t.to_vec_f64().map_err(err)?;
         let picks: Vec<usize> = if x.len() <= SAMPLES {
@@ -148,6 +172,51 @@ pub fn grad_check_all(device: &Device) -> (usize, Vec<String>) {
     let mut failures = Vec::new();
     for (i, case) in grad_cases().iter().enumerate() {
         match grad_check_case(case, device, 5000 + i as u64) {
+            Ok(true) => checked += 1,
+            Ok(false) => {}
+            Err(e) => failures.push(e),
+        }
+    }
+    (checked, failures)
+}
+
+/// Backward of one case on `device` against backward on `oracle` (same inputs and weights):
+/// every input gradient equal within 1e-9 + 1e-7 relative (the cases run in f64).
+pub fn grad_compare_case(
+    case: &OpCase,
+    device: &Device,
+    oracle: &Device,
+    seed: u64,
+) -> Result<bool, String> {
+    let got = analytic(case, device, &mut SplitMix(seed))?;
+    let want = analytic(case, oracle, &mut SplitMix(seed))?;
+    let (Some((_, _, g)), Some((_, _, w))) = (got, want) else {
+        return Ok(false);
+    };
+    let err = |e: ferrite_core::Error| format!("{}: {e}", case.name);
+    for (k, (g, w)) in g.iter().zip(&w).enumerate() {
+        let (Some(g), Some(w)) = (g, w) else { continue };
+        let (g, w) = (g.to_vec_f64().map_err(err)?, w.to_vec_f64().map_err(err)?);
+        let tol = crate::Tol {
+            atol: 1e-9,
+            rtol: 1e-7,
+        };
+        if let Some((i, gv, wv)) = crate::compare(&g, &w, tol) {
+            return Err(format!(
+                "{}: d/d input {k}[{i}]: {gv} on the device, {wv} on the oracle",
+                case.name
+            ));
+        }
+    }
+    Ok(true)
+}
+
+/// Every gradient case on `device` against `oracle`; (compared count, failures).
+pub fn grad_compare_all(device: &Device, oracle: &Device) -> (usize, Vec<String>) {
+    let mut checked = 0;
+    let mut failures = Vec::new();
+    for (i, case) in grad_cases().iter().enumerate() {
+        match grad_compare_case(case, device, oracle, 5000 + i as u64) {
             Ok(true) => checked += 1,
             Ok(false) => {}
             Err(e) => failures.push(e),

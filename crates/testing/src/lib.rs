@@ -13,7 +13,9 @@ pub mod reference;
 
 pub use cases::cases;
 use ferrite_core::{DType, Device, HostBuffer, Result, Tensor};
-pub use gradcheck::{grad_cases, grad_check_all, grad_check_case};
+pub use gradcheck::{
+    grad_cases, grad_check_all, grad_check_case, grad_compare_all, grad_compare_case,
+};
 use std::sync::Arc;
 
 /// A dense float64 array, row-major: the reference's data type.
@@ -248,6 +250,61 @@ pub fn check_all(device: &Device) -> (usize, Vec<String>) {
     let mut failures = Vec::new();
     for (i, case) in cases().iter().enumerate() {
         match check_case(case, device, 1000 + i as u64) {
+            Ok(()) => passed += 1,
+            Err(e) => failures.push(e),
+        }
+    }
+    (passed, failures)
+}
+
+/// Runs a case on `device` and on `oracle` (the CPU) with the same inputs; every output must
+/// match the f64 reference and the oracle's output, each within the case's tolerance.
+pub fn check_case_vs(
+    case: &OpCase,
+    device: &Device,
+    oracle: &Device,
+    seed: u64,
+) -> std::result::Result<(), String> {
+    check_case(case, device, seed)?;
+    let run_on = |dev: &Device| -> std::result::Result<Vec<Vec<f64>>, String> {
+        let mut rng = SplitMix(seed);
+        let mut ts = Vec::new();
+        for input in &case.inputs {
+            let (t, _) = make_input(input, dev, &mut rng)
+                .map_err(|e| format!("{}: making inputs: {e}", case.name))?;
+            ts.push(t);
+        }
+        let outs = (case.run)(&ts).map_err(|e| format!("{}: {e}", case.name))?;
+        outs.iter()
+            .map(|o| {
+                o.to_vec_f64()
+                    .map_err(|e| format!("{}: reading: {e}", case.name))
+            })
+            .collect()
+    };
+    let got = run_on(device)?;
+    let want = run_on(oracle)?;
+    for (k, (g, w)) in got.iter().zip(&want).enumerate() {
+        let tol = case.tol.get(k).copied().unwrap_or(Tol {
+            atol: 0.0,
+            rtol: 0.0,
+        });
+        if let Some((i, gv, wv)) = compare(g, w, tol) {
+            return Err(format!(
+                "{}: output {k} element {i}: got {gv}, the oracle {wv} (atol {}, rtol {})",
+                case.name, tol.atol, tol.rtol
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Every case on `device` against the f64 reference and `oracle`; (passed, failures).
+pub fn check_all_vs(device: &Device, oracle: &Device) -> (usize, Vec<String>) {
+    let mut passed = 0;
+    let mut failures = Vec::new();
+    for (i, case) in cases().iter().enumerate() {
+        match check_case_vs(case, device, oracle, 1000 + i as u64) {
             Ok(()) => passed += 1,
             Err(e) => failures.push(e),
         }

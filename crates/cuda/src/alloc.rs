@@ -1,0 +1,343 @@
+//! The caching device allocator.
+//!
+//! Requests round up to 512 bytes. Small ones (≤ 1 MiB) are carved from 2 MiB segments; large
+//! ones from segments rounded up to 2 MiB. Free blocks are kept per pool in a set ordered by
+//! (size, address); a request takes the best fit and splits off the rest when the rest is big
+//! enough to be useful (512 B small, 1 MiB large). A freed block merges with free neighbours of
+//! its segment.
+//!
+//! Reuse is stream-ordered: every op runs on the device's compute stream, so a block freed while
+//! kernels that read it are still queued can be handed to the next op at once: that op is
+//! queued behind them. Storages last touched on another stream make the compute stream wait on
+//! their event before their block returns here (see `storage.rs`).
+//!
+//! Out of memory: the cache is emptied (after the compute stream drains) and the allocation
+//! retried once; a second failure is an error carrying the counters.
+
+use crate::driver::Check;
+use cudarc::driver::{result as dr, sys};
+use ferrite_core::{Error, Result};
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{Arc, Mutex};
+
+const ROUND: usize = 512;
+const SMALL_MAX: usize = 1 << 20;
+const SMALL_SEGMENT: usize = 2 << 20;
+const LARGE_ROUND: usize = 2 << 20;
+
+/// Allocator counters, in bytes unless named otherwise.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MemoryStats {
+    /// Bytes in blocks held by live storages (rounded sizes).
+    pub in_use: usize,
+    /// Bytes obtained from the driver and not yet returned (in use + cached).
+    pub reserved: usize,
+    /// Highest `in_use` since the last `reset_peak`.
+    pub peak_in_use: usize,
+    /// Number of `cuMemAlloc` calls that succeeded.
+    pub device_allocs: usize,
+    /// Number of segments returned with `cuMemFree`.
+    pub device_frees: usize,
+    /// Requests served from the cache.
+    pub cache_hits: usize,
+}
+
+impl std::fmt::Display for MemoryStats {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "in use {} B, reserved {} B, peak {} B, {} device allocations",
+            self.in_use, self.reserved, self.peak_in_use, self.device_allocs
+        )
+    }
+}
+
+#[derive(Clone, Copy)]
+struct Meta {
+    size: usize,
+    segment: u64,
+    free: bool,
+    small: bool,
+    prev: Option<u64>,
+    next: Option<u64>,
+}
+
+#[derive(Default)]
+struct Pool {
+    free_small: BTreeSet<(usize, u64)>,
+    free_large: BTreeSet<(usize, u64)>,
+    blocks: HashMap<u64, Meta>,
+    segments: HashMap<u64, usize>,
+    stats: MemoryStats,
+    /// Set while a CUDA graph is captured: blocks handed out then are also kept alive by the
+    /// graph (its kernels keep using their addresses on every replay).
+    capture: Option<Vec<Arc<Block>>>,
+}
+
+impl Pool {
+    fn free_set(&mut self, small: bool) -> &mut BTreeSet<(usize, u64)> {
+        if small {
+            &mut self.free_small
+        } else {
+            &mut self.free_large
+        }
+    }
+}
+
+pub(crate) struct Allocator {
+    pool: Mutex<Pool>,
+    /// The compute stream, drained before segments are returned to the driver.
+    stream: sys::CUstream,
+    pub ordinal: usize,
+    /// Test hook: fail device allocations above this many reserved bytes.
+    limit: Mutex<Option<usize>>,
+}
+
+unsafe impl Send for Allocator {}
+unsafe impl Sync for Allocator {}
+
+/// A device block; returns to the allocator's cache when dropped.
+pub struct Block {
+    pub ptr: u64,
+    alloc: Option<Arc<Allocator>>,
+}
+
+impl Drop for Block {
+    fn drop(&mut self) {
+        if let Some(a) = &self.alloc {
+            a.release(self.ptr);
+        }
+    }
+}
+
+impl Allocator {
+    pub fn new(stream: sys::CUstream, ordinal: usize) -> Allocator {
+        Allocator {
+            pool: Mutex::new(Pool::default()),
+            stream,
+            ordinal,
+            limit: Mutex::new(None),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Pool> {
+        self.pool.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn stats(&self) -> MemoryStats {
+        self.lock().stats
+    }
+
+    pub fn reset_peak(&self) {
+        let mut p = self.lock();
+        p.stats.peak_in_use = p.stats.in_use;
+    }
+
+    pub fn set_limit(&self, bytes: Option<usize>) {
+        *self.limit.lock().unwrap_or_else(|p| p.into_inner()) = bytes;
+    }
+
+    pub fn begin_capture(&self) {
+        self.lock().capture = Some(Vec::new());
+    }
+
+    pub fn end_capture(&self) -> Vec<Arc<Block>> {
+        self.lock().capture.take().unwrap_or_default()
+    }
+
+    /// A block of at least `bytes` bytes for `op`.
+    pub fn alloc(self: &Arc<Self>, bytes: usize, op: &'static str) -> Result<Arc<Block>> {
+        if bytes == 0 {
+            return Ok(Arc::new(Block {
+                ptr: 0,
+                alloc: None,
+            }));
+        }
+        let size = bytes.div_ceil(ROUND) * ROUND;
+        let small = size <= SMALL_MAX;
+        let ptr = {
+            let mut p = self.lock();
+            match take_fit(&mut p, size, small) {
+                Some(ptr) => {
+                    p.stats.cache_hits += 1;
+                    ptr
+                }
+                None => {
+                    drop(p);
+                    let seg = if small {
+                        SMALL_SEGMENT
+                    } else {
+                        size.div_ceil(LARGE_ROUND) * LARGE_ROUND
+                    };
+                    let base = match self.device_alloc(seg) {
+                        Ok(b) => b,
+                        Err(_) => {
+                            self.empty_cache()?;
+                            self.device_alloc(seg).map_err(|e| {
+                                Error::backend(
+                                    op,
+                                    format!(
+                                        "out of memory on cuda:{} allocating {bytes} bytes ({e}; {})",
+                                        self.ordinal,
+                                        self.stats()
+                                    ),
+                                )
+                            })?
+                        }
+                    };
+                    let mut p = self.lock();
+                    p.segments.insert(base, seg);
+                    p.stats.reserved += seg;
+                    p.stats.device_allocs += 1;
+                    p.blocks.insert(
+                        base,
+                        Meta {
+                            size: seg,
+                            segment: base,
+                            free: true,
+                            small,
+                            prev: None,
+                            next: None,
+                        },
+                    );
+                    p.free_set(small).insert((seg, base));
+                    take_fit(&mut p, size, small).ok_or_else(|| {
+                        Error::backend(op, "allocator: a new segment did not fit its request")
+                    })?
+                }
+            }
+        };
+        let mut p = self.lock();
+        let got = p.blocks.get(&ptr).map(|m| m.size).unwrap_or(size);
+        p.stats.in_use += got;
+        p.stats.peak_in_use = p.stats.peak_in_use.max(p.stats.in_use);
+        let block = Arc::new(Block {
+            ptr,
+            alloc: Some(self.clone()),
+        });
+        if let Some(keep) = p.capture.as_mut() {
+            keep.push(block.clone());
+        }
+        Ok(block)
+    }
+
+    fn device_alloc(&self, bytes: usize) -> std::result::Result<u64, String> {
+        let limit = *self.limit.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(l) = limit {
+            if self.lock().stats.reserved + bytes > l {
+                return Err("CUDA_ERROR_OUT_OF_MEMORY (allocator limit)".into());
+            }
+        }
+        // SAFETY: plain device allocation in the current context.
+        unsafe { dr::malloc_sync(bytes) }.map_err(|e| {
+            e.error_name()
+                .map(|c| c.to_string_lossy().into_owned())
+                .unwrap_or_else(|_| format!("{:?}", e.0))
+        })
+    }
+
+    fn release(&self, ptr: u64) {
+        let mut p = self.lock();
+        let Some(mut m) = p.blocks.get(&ptr).copied() else {
+            return;
+        };
+        p.stats.in_use -= m.size;
+        let mut start = ptr;
+        // Merge with a free next block, then with a free previous block.
+        if let Some(n) = m.next {
+            if let Some(nm) = p.blocks.get(&n).copied() {
+                if nm.free {
+                    p.free_set(nm.small).remove(&(nm.size, n));
+                    p.blocks.remove(&n);
+                    m.size += nm.size;
+                    m.next = nm.next;
+                    if let Some(nn) = nm.next {
+                        if let Some(x) = p.blocks.get_mut(&nn) {
+                            x.prev = Some(ptr);
+                        }
+                    }
+                }
+            }
+        }
+        if let Some(pv) = m.prev {
+            if let Some(pm) = p.blocks.get(&pv).copied() {
+                if pm.free {
+                    p.free_set(pm.small).remove(&(pm.size, pv));
+                    p.blocks.remove(&ptr);
+                    start = pv;
+                    m.size += pm.size;
+                    m.prev = pm.prev;
+                    if let Some(nn) = m.next {
+                        if let Some(x) = p.blocks.get_mut(&nn) {
+                            x.prev = Some(pv);
+                        }
+                    }
+                }
+            }
+        }
+        m.free = true;
+        p.blocks.insert(start, m);
+        p.free_set(m.small).insert((m.size, start));
+    }
+
+    /// Returns every wholly free segment to the driver, after the compute stream drains.
+    pub fn empty_cache(&self) -> Result<()> {
+        // SAFETY: the stream belongs to this device.
+        unsafe { dr::stream::synchronize(self.stream) }.op("empty_cache")?;
+        let mut p = self.lock();
+        let whole: Vec<(u64, usize)> = p
+            .segments
+            .iter()
+            .filter(|(base, size)| {
+                p.blocks
+                    .get(base)
+                    .is_some_and(|m| m.free && m.size == **size)
+            })
+            .map(|(b, s)| (*b, *s))
+            .collect();
+        for (base, size) in whole {
+            let small = p.blocks.get(&base).is_some_and(|m| m.small);
+            p.free_set(small).remove(&(size, base));
+            p.blocks.remove(&base);
+            p.segments.remove(&base);
+            p.stats.reserved -= size;
+            p.stats.device_frees += 1;
+            // SAFETY: the segment came from cuMemAlloc and no block of it is in use.
+            unsafe { dr::free_sync(base) }.op("empty_cache")?;
+        }
+        Ok(())
+    }
+}
+
+/// Takes the best-fitting free block of at least `size` bytes, splitting off the remainder.
+fn take_fit(p: &mut Pool, size: usize, small: bool) -> Option<u64> {
+    let &(bsize, ptr) = p.free_set(small).range((size, 0)..).next()?;
+    // A large request does not take a block more than twice its size unless it can split.
+    p.free_set(small).remove(&(bsize, ptr));
+    let mut m = p.blocks.get(&ptr).copied()?;
+    let rest = bsize - size;
+    let min_split = if small { ROUND } else { SMALL_MAX };
+    if rest >= min_split {
+        let tail = ptr + size as u64;
+        let tm = Meta {
+            size: rest,
+            segment: m.segment,
+            free: true,
+            small,
+            prev: Some(ptr),
+            next: m.next,
+        };
+        if let Some(n) = m.next {
+            if let Some(x) = p.blocks.get_mut(&n) {
+                x.prev = Some(tail);
+            }
+        }
+        p.blocks.insert(tail, tm);
+        p.free_set(small).insert((rest, tail));
+        m.size = size;
+        m.next = Some(tail);
+    }
+    m.free = false;
+    p.blocks.insert(ptr, m);
+    Some(ptr)
+}

@@ -1,0 +1,26 @@
+//! `Op::Cast` on CUDA (kernels in cast.cu): every dtype pair, Rust `as` semantics.
+
+use crate::device::CudaBackend;
+use crate::elementwise::grid;
+use crate::kernels::{suffix, Args, Idx, KernelSource};
+use ferrite_core::{DType, Result, Storage, Tensor};
+use std::sync::Arc;
+
+pub(crate) static SOURCE: KernelSource = KernelSource {
+    name: "cast",
+    src: include_str!("cast.cu"),
+};
+
+pub(crate) fn cast(dev: &CudaBackend, x: &Tensor, to: DType) -> Result<Vec<Arc<dyn Storage>>> {
+    let op = "cast";
+    let s = dev.input(x, op)?;
+    let n = x.elem_count();
+    let out = dev.alloc_out(n, to, op)?;
+    if n > 0 {
+        let ix = Idx::new(op, x.dims(), &[(x.layout().strides(), x.layout().offset())])?;
+        let args = Args::new().arg(ix).arg(s.device_ptr()).arg(out.ptr());
+        let name = format!("cast_{}_{}", suffix(x.dtype()), suffix(to));
+        dev.launch(op, &SOURCE, &name, grid(dev, n as u64, 1), args)?;
+    }
+    dev.finish_one(out)
+}

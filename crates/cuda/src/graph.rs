@@ -1,0 +1,121 @@
+//! CUDA graphs: a closure that enqueues work is captured once, with the buffer addresses it
+//! used fixed, and replayed. Inputs are updated between replays by writing into the tensors
+//! the capture read (`CudaDevice::write`); outputs are the tensors the closure returned, valid
+//! (to host reads) after each replay.
+
+use crate::alloc::Block;
+use crate::device::CudaBackend;
+use crate::driver::Check;
+use cudarc::driver::{result as dr, sys};
+use ferrite_core::{Error, Result, Tensor};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+pub struct Graph {
+    exec: sys::CUgraphExec,
+    graph: sys::CUgraph,
+    dev: Arc<CudaBackend>,
+    outputs: Vec<Tensor>,
+    /// Blocks allocated during capture: the graph's kernels use their addresses on every
+    /// replay, so they stay out of the cache until the graph is dropped.
+    _blocks: Vec<Arc<Block>>,
+    nodes: usize,
+}
+
+unsafe impl Send for Graph {}
+unsafe impl Sync for Graph {}
+
+pub(crate) fn capture<F>(dev: &Arc<CudaBackend>, f: F) -> Result<Graph>
+where
+    F: FnOnce() -> Result<Vec<Tensor>>,
+{
+    let op = "graph_capture";
+    dev.bind()?;
+    if dev.capturing.swap(true, Ordering::AcqRel) {
+        return Err(Error::backend(
+            op,
+            "a capture is already in progress on this device",
+        ));
+    }
+    dev.alloc.begin_capture();
+    // SAFETY: our compute stream; relaxed mode lets the allocator call cuMemAlloc meanwhile.
+    let begun = unsafe {
+        dr::stream::begin_capture(
+            dev.compute.0,
+            sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED,
+        )
+    }
+    .op(op);
+    let result = match begun {
+        Ok(()) => f(),
+        Err(e) => Err(e),
+    };
+    // SAFETY: ends the capture begun above (also after a failed closure).
+    let ended = unsafe { dr::stream::end_capture(dev.compute.0) }.op(op);
+    dev.capturing.store(false, Ordering::Release);
+    let blocks = dev.alloc.end_capture();
+    let outputs = result?;
+    let graph = ended?;
+    if graph.is_null() {
+        return Err(Error::backend(op, "the capture recorded no graph"));
+    }
+    let mut nodes = 0usize;
+    // SAFETY: graph is valid; a null node array asks for the count.
+    unsafe { sys::cuGraphGetNodes(graph, std::ptr::null_mut(), &mut nodes) }
+        .result()
+        .op(op)?;
+    // SAFETY: graph is valid.
+    let exec = unsafe { dr::graph::instantiate(graph, sys::CUgraphInstantiate_flags(0)) }
+        .op(op)
+        .inspect_err(|_| {
+            // SAFETY: destroyed once.
+            unsafe {
+                let _ = dr::graph::destroy(graph);
+            }
+        })?;
+    Ok(Graph {
+        exec,
+        graph,
+        dev: dev.clone(),
+        outputs,
+        _blocks: blocks,
+        nodes,
+    })
+}
+
+impl Graph {
+    /// Enqueues one replay on the device's compute stream; returns at once.
+    pub fn replay(&self) -> Result<()> {
+        self.dev.bind()?;
+        // SAFETY: exec belongs to this device's context.
+        unsafe { dr::graph::launch(self.exec, self.dev.compute.0) }.op("graph_replay")?;
+        let e = self.dev.mark()?;
+        *self
+            .dev
+            .last_replay
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = Some(e);
+        Ok(())
+    }
+
+    /// The tensors the captured closure returned.
+    pub fn outputs(&self) -> &[Tensor] {
+        &self.outputs
+    }
+
+    /// Number of nodes (kernels, copies) in the graph.
+    pub fn node_count(&self) -> usize {
+        self.nodes
+    }
+}
+
+impl Drop for Graph {
+    fn drop(&mut self) {
+        // SAFETY: created by capture, destroyed once; pending replays keep running on the
+        // stream (the driver defers the release).
+        unsafe {
+            let _ = dr::graph::exec_destroy(self.exec);
+            let _ = dr::graph::destroy(self.graph);
+        }
+    }
+}

@@ -1,0 +1,397 @@
+//! Runtime-compiled kernels: CUDA C++ sources embedded next to their Rust wrappers, compiled by
+//! NVRTC for the device's architecture at first use, cached on disk (key: sha256 of source,
+//! architecture, options and NVRTC version) and loaded once per process.
+//!
+//! Cache folder: `$FERRITE_CACHE/kernels` if `FERRITE_CACHE` is set, else
+//! `$HOME/.cache/ferrite/kernels`; without either the cache is skipped.
+
+use crate::driver::Check;
+use cudarc::driver::{result as dr, sys};
+use cudarc::nvrtc::sys as nv;
+use ferrite_core::{Error, Result};
+
+use sha2::{Digest, Sha256};
+use std::collections::HashMap;
+use std::ffi::{c_void, CStr, CString};
+use std::path::PathBuf;
+use std::sync::Mutex;
+
+/// One `.cu` file. Every source is compiled with `common.cuh` in front of it.
+pub struct KernelSource {
+    pub name: &'static str,
+    pub src: &'static str,
+}
+
+pub(crate) const COMMON: &str = include_str!("common.cuh");
+
+/// Every kernel source of the backend (the compile-all test walks this list).
+pub fn all_sources() -> Vec<&'static KernelSource> {
+    vec![
+        &crate::elementwise::SOURCE,
+        &crate::cast::SOURCE,
+        &crate::create::SOURCE,
+        &crate::reduce::SOURCE,
+        &crate::index::SOURCE,
+        &crate::scan::SOURCE,
+        &crate::norm::SOURCE,
+        &crate::attention::SOURCE,
+    ]
+}
+
+const OPTIONS: [&str; 2] = ["--std=c++17", "-default-device"];
+
+/// Whether NVRTC can be loaded in this process.
+pub fn nvrtc_present() -> bool {
+    // SAFETY: only tries to dlopen the library.
+    unsafe { nv::is_culib_present() }
+}
+
+fn nvrtc_version() -> (i32, i32) {
+    let (mut a, mut b) = (0, 0);
+    // SAFETY: out-pointers are valid.
+    unsafe { nv::nvrtcVersion(&mut a, &mut b) };
+    (a, b)
+}
+
+fn cache_dir() -> Option<PathBuf> {
+    if let Some(d) = std::env::var_os("FERRITE_CACHE").filter(|d| !d.is_empty()) {
+        return Some(PathBuf::from(d).join("kernels"));
+    }
+    std::env::var_os("HOME")
+        .filter(|d| !d.is_empty())
+        .map(|h| PathBuf::from(h).join(".cache/ferrite/kernels"))
+}
+
+fn nv_err(src: &KernelSource, what: &str, r: nv::nvrtcResult) -> Error {
+    Error::backend(
+        "nvrtc",
+        format!("kernel source {}.cu: {what} failed: {r:?}", src.name),
+    )
+}
+
+/// Compiles one source to a cubin for `arch` (e.g. "sm_90"), through the disk cache.
+pub fn compile(src: &KernelSource, arch: &str) -> Result<Vec<u8>> {
+    if !nvrtc_present() {
+        return Err(Error::backend(
+            "nvrtc",
+            "the NVRTC library (libnvrtc.so) is not installed",
+        ));
+    }
+    let full = format!("{COMMON}\n#line 1 \"{}.cu\"\n{}", src.name, src.src);
+    let arch_opt = format!("--gpu-architecture={arch}");
+    let (va, vb) = nvrtc_version();
+    let mut h = Sha256::new();
+    h.update(full.as_bytes());
+    h.update(arch_opt.as_bytes());
+    for o in OPTIONS {
+        h.update(o.as_bytes());
+    }
+    h.update(format!("nvrtc {va}.{vb}").as_bytes());
+    let key: String = h.finalize().iter().map(|b| format!("{b:02x}")).collect();
+    let cached = cache_dir().map(|d| d.join(format!("{}-{arch}-{key}.cubin", src.name)));
+    if let Some(p) = &cached {
+        if let Ok(bytes) = std::fs::read(p) {
+            if !bytes.is_empty() {
+                return Ok(bytes);
+            }
+        }
+    }
+    let cubin = nvrtc_compile(src, &full, &arch_opt)?;
+    if let Some(p) = cached {
+        if let Some(dir) = p.parent() {
+            if std::fs::create_dir_all(dir).is_ok() {
+                let tmp = p.with_extension(format!("tmp{}", std::process::id()));
+                if std::fs::write(&tmp, &cubin).is_ok() {
+                    let _ = std::fs::rename(&tmp, &p);
+                }
+            }
+        }
+    }
+    Ok(cubin)
+}
+
+fn nvrtc_compile(src: &KernelSource, full: &str, arch_opt: &str) -> Result<Vec<u8>> {
+    let code = CString::new(full).map_err(|_| {
+        nv_err(
+            src,
+            "reading source",
+            nv::nvrtcResult::NVRTC_ERROR_INVALID_INPUT,
+        )
+    })?;
+    let name = CString::new(format!("{}.cu", src.name)).unwrap_or_default();
+    let mut opts: Vec<CString> = OPTIONS
+        .iter()
+        .map(|o| CString::new(*o).unwrap_or_default())
+        .collect();
+    opts.push(CString::new(arch_opt).unwrap_or_default());
+    let opt_ptrs: Vec<*const std::ffi::c_char> = opts.iter().map(|o| o.as_ptr()).collect();
+    let mut prog: nv::nvrtcProgram = std::ptr::null_mut();
+    // SAFETY: every pointer is valid for the calls; the program is destroyed at the end.
+    unsafe {
+        let r = nv::nvrtcCreateProgram(
+            &mut prog,
+            code.as_ptr(),
+            name.as_ptr(),
+            0,
+            std::ptr::null(),
+            std::ptr::null(),
+        );
+        if r != nv::nvrtcResult::NVRTC_SUCCESS {
+            return Err(nv_err(src, "nvrtcCreateProgram", r));
+        }
+        let r = nv::nvrtcCompileProgram(prog, opt_ptrs.len() as i32, opt_ptrs.as_ptr());
+        let out = if r != nv::nvrtcResult::NVRTC_SUCCESS {
+            let mut n = 0usize;
+            nv::nvrtcGetProgramLogSize(prog, &mut n);
+            let mut log = vec![0u8; n.max(1)];
+            nv::nvrtcGetProgramLog(prog, log.as_mut_ptr().cast());
+            let log = CStr::from_bytes_until_nul(&log)
+                .map(|c| c.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            Err(Error::backend(
+                "nvrtc",
+                format!("kernel source {}.cu failed to compile:\n{log}", src.name),
+            ))
+        } else {
+            let mut n = 0usize;
+            let r = nv::nvrtcGetCUBINSize(prog, &mut n);
+            if r != nv::nvrtcResult::NVRTC_SUCCESS || n == 0 {
+                Err(nv_err(src, "nvrtcGetCUBINSize", r))
+            } else {
+                let mut bin = vec![0u8; n];
+                let r = nv::nvrtcGetCUBIN(prog, bin.as_mut_ptr().cast());
+                if r != nv::nvrtcResult::NVRTC_SUCCESS {
+                    Err(nv_err(src, "nvrtcGetCUBIN", r))
+                } else {
+                    Ok(bin)
+                }
+            }
+        };
+        nv::nvrtcDestroyProgram(&mut prog);
+        out
+    }
+}
+
+struct Module {
+    raw: sys::CUmodule,
+    funcs: HashMap<String, Func>,
+}
+
+#[derive(Clone, Copy)]
+pub(crate) struct Func {
+    pub raw: sys::CUfunction,
+    /// Dynamic shared memory the function has been allowed (above the 48 KiB default).
+    pub smem_allowed: u32,
+}
+
+/// The loaded modules of one device, by source name.
+pub(crate) struct Kernels {
+    pub arch: String,
+    modules: Mutex<HashMap<&'static str, Module>>,
+}
+
+unsafe impl Send for Kernels {}
+unsafe impl Sync for Kernels {}
+
+impl Kernels {
+    pub fn new(arch: String) -> Kernels {
+        Kernels {
+            arch,
+            modules: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The function `name` of `src`, compiling and loading the source at first use.
+    pub fn func(&self, src: &'static KernelSource, name: &str) -> Result<Func> {
+        let mut mods = self.modules.lock().unwrap_or_else(|p| p.into_inner());
+        if !mods.contains_key(src.name) {
+            let cubin = compile(src, &self.arch)?;
+            // SAFETY: the image is a cubin for this device's architecture, alive for the call.
+            let raw =
+                unsafe { dr::module::load_data(cubin.as_ptr() as *const c_void) }.op("nvrtc")?;
+            mods.insert(
+                src.name,
+                Module {
+                    raw,
+                    funcs: HashMap::new(),
+                },
+            );
+        }
+        let m = mods
+            .get_mut(src.name)
+            .ok_or_else(|| Error::backend("nvrtc", "module vanished"))?;
+        if let Some(f) = m.funcs.get(name) {
+            return Ok(*f);
+        }
+        let cname = CString::new(name).unwrap_or_default();
+        // SAFETY: the module is loaded; the name is NUL-terminated.
+        let raw = unsafe { dr::module::get_function(m.raw, cname) }.map_err(|e| {
+            Error::backend(
+                "nvrtc",
+                format!("kernel {name} not found in {}.cu: {:?}", src.name, e.0),
+            )
+        })?;
+        let f = Func {
+            raw,
+            smem_allowed: 48 << 10,
+        };
+        m.funcs.insert(name.to_string(), f);
+        Ok(f)
+    }
+
+    /// Raises a function's dynamic shared memory limit.
+    pub fn allow_smem(&self, src: &'static KernelSource, name: &str, bytes: u32) -> Result<()> {
+        let mut mods = self.modules.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(f) = mods.get_mut(src.name).and_then(|m| m.funcs.get_mut(name)) {
+            // SAFETY: valid function handle.
+            unsafe {
+                dr::function::set_function_attribute(
+                    f.raw,
+                    sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    bytes as i32,
+                )
+            }
+            .op("cuda")?;
+            f.smem_allowed = bytes;
+        }
+        Ok(())
+    }
+}
+
+/// Kernel arguments, each boxed so its address stays fixed until the launch.
+#[derive(Default)]
+pub(crate) struct Args {
+    vals: Vec<Box<dyn ArgVal>>,
+}
+
+trait ArgVal {
+    fn ptr(&mut self) -> *mut c_void;
+}
+
+impl<T: Copy + 'static> ArgVal for T {
+    fn ptr(&mut self) -> *mut c_void {
+        self as *mut T as *mut c_void
+    }
+}
+
+impl Args {
+    pub fn new() -> Args {
+        Args::default()
+    }
+    /// Appends one argument; its type must match the kernel's parameter exactly.
+    pub fn arg<T: Copy + 'static>(mut self, v: T) -> Args {
+        self.vals.push(Box::new(v));
+        self
+    }
+    pub fn ptrs(&mut self) -> Vec<*mut c_void> {
+        self.vals.iter_mut().map(|v| v.ptr()).collect()
+    }
+}
+
+/// Grid and block of a launch, plus dynamic shared memory bytes.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Cfg {
+    pub grid: (u32, u32, u32),
+    pub block: (u32, u32, u32),
+    pub smem: u32,
+}
+
+impl Cfg {
+    pub fn new(grid: (u32, u32, u32), block: (u32, u32, u32), smem: u32) -> Cfg {
+        Cfg { grid, block, smem }
+    }
+}
+
+/// The kernel-name suffix of a dtype (`FOR_ALL` in common.cuh).
+pub(crate) fn suffix(dt: ferrite_core::DType) -> &'static str {
+    use ferrite_core::DType as D;
+    match dt {
+        D::F32 => "f32",
+        D::F16 => "f16",
+        D::BF16 => "bf16",
+        D::F64 => "f64",
+        D::I32 => "i32",
+        D::I64 => "i64",
+        D::U32 => "u32",
+        D::U8 => "u8",
+        D::Bool => "bool",
+    }
+}
+
+/// Up to this many dims after coalescing (`MAX_DIMS` in common.cuh).
+pub(crate) const MAX_DIMS: usize = 8;
+
+/// A strided walk over one shape for up to three operands (`Idx` in common.cuh).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Idx {
+    pub rank: u32,
+    pub n: u64,
+    pub dims: [u64; MAX_DIMS],
+    pub st: [[i64; MAX_DIMS]; 3],
+    pub off: [i64; 3],
+}
+
+impl Idx {
+    /// The walk over `dims` for operands given as (strides, offset), in elements. Size-1
+    /// dims are dropped and dims that are contiguous for every operand merged.
+    pub fn new(op: &'static str, dims: &[usize], ops: &[(&[usize], usize)]) -> Result<Idx> {
+        let mut d: Vec<usize> = Vec::new();
+        let mut s: Vec<Vec<usize>> = vec![Vec::new(); ops.len()];
+        for (k, &n) in dims.iter().enumerate() {
+            if n == 1 {
+                continue;
+            }
+            let merge = !d.is_empty()
+                && ops.iter().enumerate().all(|(j, (st, _))| {
+                    let last = *s[j].last().unwrap_or(&0);
+                    last == st[k] * n
+                });
+            if merge {
+                let nd = d.len() - 1;
+                d[nd] *= n;
+                for (j, (st, _)) in ops.iter().enumerate() {
+                    let ns = s[j].len() - 1;
+                    s[j][ns] = st[k];
+                }
+            } else {
+                d.push(n);
+                for (j, (st, _)) in ops.iter().enumerate() {
+                    s[j].push(st[k]);
+                }
+            }
+        }
+        if d.len() > MAX_DIMS {
+            return Err(Error::backend(
+                op,
+                format!(
+                    "strided layout needs {} dims after merging; the CUDA kernels take at most {MAX_DIMS}",
+                    d.len()
+                ),
+            ));
+        }
+        let mut ix = Idx {
+            rank: d.len() as u32,
+            n: dims.iter().product::<usize>() as u64,
+            dims: [1; MAX_DIMS],
+            st: [[0; MAX_DIMS]; 3],
+            off: [0; 3],
+        };
+        for (k, &n) in d.iter().enumerate() {
+            ix.dims[k] = n as u64;
+        }
+        for (j, (_, off)) in ops.iter().enumerate() {
+            ix.off[j] = *off as i64;
+            for (k, &st) in s[j].iter().enumerate() {
+                ix.st[j][k] = st as i64;
+            }
+        }
+        Ok(ix)
+    }
+
+    /// True when each of the first `k` operands walks its storage contiguously from its
+    /// offset.
+    pub fn contiguous(&self, k: usize) -> bool {
+        self.rank == 0 || (self.rank == 1 && (0..k).all(|j| self.st[j][0] == 1))
+    }
+}

@@ -1,0 +1,261 @@
+//! ferrite-cuda: the CUDA backend (DESIGN.md, "Execution model (CUDA)").
+//!
+//! - Every op enqueues on the device's compute stream and returns at once; its output records
+//!   an event right after the producing work. Same-stream consumers need nothing; the copy
+//!   stream (uploads, host reads) waits on that event; a host read waits for exactly it.
+//! - Device memory comes from a caching allocator (`alloc.rs`) with counters.
+//! - Kernels are CUDA C++ next to their wrappers (`elementwise.cu` by `elementwise.rs`, ...),
+//!   compiled by NVRTC at first use and cached on disk (`kernels.rs`).
+//! - Matmul goes through cuBLASLt (`matmul.rs`); CUDA graphs through `graph.rs`.
+//! - The driver, NVRTC and cuBLASLt are loaded at run time: this crate builds and runs where
+//!   there is no CUDA, and asking for a device there is an error ("no CUDA device").
+
+mod alloc;
+mod attention;
+mod cast;
+mod create;
+mod device;
+mod driver;
+mod elementwise;
+mod graph;
+mod index;
+mod kernels;
+mod matmul;
+mod norm;
+mod reduce;
+mod scan;
+mod storage;
+
+pub use alloc::MemoryStats;
+pub use device::{CudaBackend, SyncStats};
+pub use driver::driver_present;
+pub use graph::Graph;
+pub use kernels::{all_sources, compile, nvrtc_present, KernelSource};
+pub use storage::CudaStorage;
+
+use ferrite_core::{
+    Backend, DType, Device, DeviceKind, Error, HostBuffer, Layout, Op, Result, Shape, Storage,
+    Tensor,
+};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+
+fn registry() -> &'static Mutex<HashMap<usize, Arc<CudaBackend>>> {
+    static R: OnceLock<Mutex<HashMap<usize, Arc<CudaBackend>>>> = OnceLock::new();
+    R.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+/// Number of CUDA devices (0 where there is no driver).
+pub fn device_count() -> usize {
+    if !driver_present() {
+        return 0;
+    }
+    if cudarc::driver::result::init().is_err() {
+        return 0;
+    }
+    cudarc::driver::result::device::get_count()
+        .map(|n| n as usize)
+        .unwrap_or(0)
+}
+
+/// Whether at least one CUDA device can be used.
+pub fn is_available() -> bool {
+    device_count() > 0
+}
+
+/// A CUDA device with the backend-specific API (memory counters, graphs, timing). One per
+/// ordinal per process; cheap to clone.
+#[derive(Clone)]
+pub struct CudaDevice(Arc<CudaBackend>);
+
+impl CudaDevice {
+    /// Device `ordinal`, initialized at first use. Errors: no driver, no device, bad index.
+    pub fn new(ordinal: usize) -> Result<CudaDevice> {
+        let mut r = registry().lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(b) = r.get(&ordinal) {
+            return Ok(CudaDevice(b.clone()));
+        }
+        let b = Arc::new(CudaBackend::new(ordinal)?);
+        r.insert(ordinal, b.clone());
+        Ok(CudaDevice(b))
+    }
+
+    /// The CUDA device behind a `Device`, if it is one.
+    pub fn from_device(d: &Device) -> Option<CudaDevice> {
+        match d.kind() {
+            DeviceKind::Cuda(i) => registry()
+                .lock()
+                .ok()
+                .and_then(|r| r.get(&i).cloned())
+                .map(CudaDevice),
+            DeviceKind::Cpu => None,
+        }
+    }
+
+    /// The generic handle ops take.
+    pub fn device(&self) -> Device {
+        Device::new(Arc::new(Handle(self.0.clone())))
+    }
+
+    pub fn backend(&self) -> &CudaBackend {
+        &self.0
+    }
+
+    pub fn name(&self) -> &str {
+        &self.0.name
+    }
+
+    /// (major, minor) compute capability.
+    pub fn compute_capability(&self) -> (i32, i32) {
+        self.0.cc
+    }
+
+    pub fn memory_stats(&self) -> MemoryStats {
+        self.0.memory_stats()
+    }
+
+    pub fn reset_peak_memory(&self) {
+        self.0.alloc.reset_peak()
+    }
+
+    /// Returns cached, unused device memory to the driver.
+    pub fn empty_cache(&self) -> Result<()> {
+        self.0.bind()?;
+        self.0.alloc.empty_cache()
+    }
+
+    /// Caps the bytes the allocator may reserve (tests of the out-of-memory path).
+    pub fn set_memory_limit(&self, bytes: Option<usize>) {
+        self.0.alloc.set_limit(bytes)
+    }
+
+    pub fn sync_stats(&self) -> SyncStats {
+        self.0.sync_stats()
+    }
+
+    /// Waits for all queued work (benchmarks only; reads already wait for what they need).
+    pub fn synchronize(&self) -> Result<()> {
+        self.0.synchronize()
+    }
+
+    /// Lets f32 matmuls use TF32 tensor cores (off by default).
+    pub fn set_tf32(&self, on: bool) {
+        self.0.tf32.store(on, std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Captures the work `f` enqueues into a CUDA graph (see `graph.rs`).
+    pub fn capture<F>(&self, f: F) -> Result<Graph>
+    where
+        F: FnOnce() -> Result<Vec<Tensor>>,
+    {
+        graph::capture(&self.0, f)
+    }
+
+    /// Writes host data into a contiguous tensor of this device, in stream order.
+    pub fn write(&self, dst: &Tensor, data: &HostBuffer) -> Result<()> {
+        self.0.write(dst, data)
+    }
+
+    /// Milliseconds the device spends on the work `f` enqueues (timed with events).
+    pub fn time_ms<F: FnOnce() -> Result<()>>(&self, f: F) -> Result<f32> {
+        self.0.bind()?;
+        let t = driver::Timer::new()?;
+        t.start(&self.0.compute)?;
+        f()?;
+        t.stop_ms(&self.0.compute)
+    }
+}
+
+/// CUDA device `ordinal` as a generic `Device`.
+pub fn cuda(ordinal: usize) -> Result<Device> {
+    Ok(CudaDevice::new(ordinal)?.device())
+}
+
+struct Handle(Arc<CudaBackend>);
+
+impl Backend for Handle {
+    fn kind(&self) -> DeviceKind {
+        DeviceKind::Cuda(self.0.ctx.ordinal)
+    }
+
+    fn upload(&self, data: HostBuffer) -> Result<Arc<dyn Storage>> {
+        self.0.upload_buffer(&data)
+    }
+
+    fn to_host(&self, storage: &dyn Storage, layout: &Layout) -> Result<HostBuffer> {
+        self.0.download(storage, layout)
+    }
+
+    fn exec(
+        &self,
+        op: &Op,
+        inputs: &[&Tensor],
+        outs: &[(Shape, DType)],
+    ) -> Result<Vec<Arc<dyn Storage>>> {
+        let dev = &*self.0;
+        dev.bind()?;
+        let name = op.name();
+        let out = |i: usize| {
+            outs.get(i)
+                .ok_or_else(|| Error::backend(name, "missing output spec"))
+        };
+        let input = |i: usize| {
+            inputs
+                .get(i)
+                .copied()
+                .ok_or_else(|| Error::backend(name, "missing input"))
+        };
+        match op {
+            Op::Unary(u) => elementwise::unary(dev, *u, input(0)?),
+            Op::Binary(b) => elementwise::binary(dev, *b, input(0)?, input(1)?),
+            Op::Cmp(c) => elementwise::cmp(dev, *c, input(0)?, input(1)?),
+            Op::Where => elementwise::where_cond(dev, input(0)?, input(1)?, input(2)?),
+            Op::Reduce { op, axes } => reduce::reduce(dev, *op, input(0)?, axes),
+            Op::Matmul => matmul::matmul(dev, input(0)?, input(1)?, &out(0)?.0),
+            Op::Cast(dt) => cast::cast(dev, input(0)?, *dt),
+            Op::Copy => elementwise::contiguous(dev, input(0)?),
+            Op::IndexSelect { axis } => index::index_select(dev, input(0)?, input(1)?, *axis),
+            Op::Gather { axis } => index::gather(dev, input(0)?, input(1)?, *axis),
+            Op::ScatterAdd { axis } => {
+                index::scatter_add(dev, input(0)?, input(1)?, input(2)?, *axis)
+            }
+            Op::Cat { axis } => index::cat(dev, inputs, *axis),
+            Op::Cumsum { axis } => scan::cumsum(dev, input(0)?, *axis),
+            Op::Sort { axis, descending } => scan::sort(dev, input(0)?, *axis, *descending),
+            Op::Softmax => norm::softmax(dev, input(0)?, false),
+            Op::LogSoftmax => norm::softmax(dev, input(0)?, true),
+            Op::LayerNorm { eps } => norm::layer_norm(dev, input(0)?, input(1)?, input(2)?, *eps),
+            Op::RmsNorm { eps } => norm::rms_norm(dev, input(0)?, input(1)?, *eps),
+            Op::Rope { interleaved } => {
+                norm::rope(dev, input(0)?, input(1)?, input(2)?, *interleaved)
+            }
+            Op::Attention { causal, scale } => {
+                attention::attention(dev, input(0)?, input(1)?, input(2)?, *causal, *scale)
+            }
+            Op::SoftmaxBackward { log } => norm::softmax_backward(dev, input(0)?, input(1)?, *log),
+            Op::RmsNormBackward { eps } => {
+                norm::rms_norm_backward(dev, input(0)?, input(1)?, input(2)?, *eps)
+            }
+            Op::LayerNormBackward { eps } => {
+                norm::layer_norm_backward(dev, input(0)?, input(1)?, input(2)?, *eps)
+            }
+            Op::AttentionBackward { causal, scale } => attention::attention_backward(
+                dev,
+                input(0)?,
+                input(1)?,
+                input(2)?,
+                input(3)?,
+                *causal,
+                *scale,
+            ),
+            Op::Fill { value } => create::fill(dev, *value, out(0)?),
+            Op::Arange { start, step } => create::arange(dev, *start, *step, out(0)?),
+            Op::RandUniform { seed, low, high } => {
+                create::rand(dev, name, *seed, *low, *high, false, out(0)?)
+            }
+            Op::RandNormal { seed, mean, std } => {
+                create::rand(dev, name, *seed, *mean, *std, true, out(0)?)
+            }
+        }
+    }
+}

@@ -1,0 +1,339 @@
+//! `Op::Matmul` through cuBLASLt: f32 (TF32 when opted in), f16, bf16 (f32 accumulate), f64;
+//! batched with one stride per operand (stride 0 for a broadcast batch), transposed views
+//! passed as transposes, never copied. Operands whose batch dims do not fold into one stride,
+//! or whose matrix has no unit stride, are copied contiguous first.
+//!
+//! cuBLASLt is column-major: the row-major product C[m, n] = A[m, k] B[k, n] is computed as
+//! C^T[n, m] = B^T[n, k] A^T[k, m], with a row-major matrix read as its column-major transpose.
+
+use crate::alloc::Block;
+use crate::device::CudaBackend;
+use crate::storage::CudaStorage;
+use cudarc::cublaslt::result as lt;
+use cudarc::cublaslt::sys as lts;
+use ferrite_core::{DType, Error, Layout, Result, Shape, Storage, Tensor};
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::sync::Arc;
+
+const WORKSPACE: usize = 32 << 20;
+
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+struct Key {
+    dtype: DType,
+    tf32: bool,
+    /// (rows, cols, ld, batch stride) of cuBLAS's A, B and D; transposes; batch; alignments.
+    a: (u64, u64, i64, i64),
+    b: (u64, u64, i64, i64),
+    ta: bool,
+    tb: bool,
+    batch: i32,
+    align: [u32; 3],
+}
+
+pub(crate) struct Blas {
+    handle: lts::cublasLtHandle_t,
+    workspace: Arc<Block>,
+    algos: HashMap<Key, lts::cublasLtMatmulAlgo_t>,
+}
+
+unsafe impl Send for Blas {}
+
+fn lt_err(e: cudarc::cublaslt::result::CublasError) -> Error {
+    Error::backend("matmul", format!("cuBLASLt error {:?}", e.0))
+}
+
+impl Blas {
+    fn new(dev: &CudaBackend) -> Result<Blas> {
+        // SAFETY: only tries to dlopen the library.
+        if !unsafe { lts::is_culib_present() } {
+            return Err(Error::backend(
+                "matmul",
+                "the cuBLASLt library (libcublasLt.so) is not installed",
+            ));
+        }
+        Ok(Blas {
+            handle: lt::create_handle().map_err(lt_err)?,
+            workspace: dev.alloc.alloc(WORKSPACE, "matmul")?,
+            algos: HashMap::new(),
+        })
+    }
+}
+
+/// One operand as a column-major cuBLAS matrix: (rows, cols, ld, transposed).
+/// `r x c` is the row-major matrix with strides (sr, sc).
+fn as_colmajor(r: usize, c: usize, sr: usize, sc: usize) -> Option<(u64, u64, i64, bool)> {
+    let sc = if c == 1 { 1 } else { sc };
+    let sr = if r == 1 { c.max(1) } else { sr };
+    if sc == 1 && sr >= c.max(1) {
+        // Row-major rows: the column-major c x r matrix with leading dim sr, untransposed.
+        Some((c as u64, r as u64, sr as i64, false))
+    } else if sr == 1 && sc >= r.max(1) {
+        // Column-major storage: the column-major r x c matrix, used transposed.
+        Some((r as u64, c as u64, sc as i64, true))
+    } else {
+        None
+    }
+}
+
+/// The single batch stride of a tensor's leading dims, if they fold into one.
+fn batch_stride(dims: &[usize], strides: &[usize]) -> Option<i64> {
+    let nb = dims.len().saturating_sub(2);
+    let live: Vec<(usize, usize)> = (0..nb)
+        .filter(|&i| dims[i] > 1)
+        .map(|i| (dims[i], strides[i]))
+        .collect();
+    for w in live.windows(2) {
+        if w[0].1 != w[1].1 * w[1].0 {
+            return None;
+        }
+    }
+    Some(live.last().map(|&(_, s)| s as i64).unwrap_or(0))
+}
+
+struct Operand {
+    ptr: u64,
+    mat: (u64, u64, i64, bool),
+    bstride: i64,
+    _keep: Option<Arc<dyn Storage>>,
+}
+
+fn operand(dev: &CudaBackend, t: &Tensor, op: &'static str) -> Result<Operand> {
+    let s = dev.input(t, op)?;
+    let dims = t.dims();
+    let st = t.layout().strides();
+    let r = dims.len();
+    let (rows, cols) = (dims[r - 2], dims[r - 1]);
+    if let (Some(mat), Some(bstride)) = (
+        as_colmajor(rows, cols, st[r - 2], st[r - 1]),
+        batch_stride(dims, st),
+    ) {
+        return Ok(Operand {
+            ptr: CudaBackend::ptr(t, s),
+            mat,
+            bstride,
+            _keep: None,
+        });
+    }
+    // Copy to contiguous: rows of `cols`, batches of rows * cols.
+    let c = crate::elementwise::copy_into(dev, s, t.layout(), op)?;
+    let keep = dev
+        .finish_one(c)?
+        .pop()
+        .ok_or_else(|| Error::backend(op, "copy produced no output"))?;
+    let ptr = keep
+        .as_any()
+        .downcast_ref::<CudaStorage>()
+        .map(|c| c.device_ptr())
+        .unwrap_or(0);
+    let lay = Layout::contiguous(t.shape().clone());
+    let cst = lay.strides();
+    Ok(Operand {
+        ptr,
+        mat: as_colmajor(rows, cols, cst[r - 2], cst[r - 1])
+            .ok_or_else(|| Error::backend(op, "contiguous operand rejected"))?,
+        bstride: (rows * cols) as i64,
+        _keep: Some(keep),
+    })
+}
+
+fn align_of(ptr: u64) -> u32 {
+    if ptr == 0 {
+        return 256;
+    }
+    (1u64 << ptr.trailing_zeros().min(8)) as u32
+}
+
+pub(crate) fn matmul(
+    dev: &CudaBackend,
+    a: &Tensor,
+    b: &Tensor,
+    out_shape: &Shape,
+) -> Result<Vec<Arc<dyn Storage>>> {
+    let op = "matmul";
+    let dt = a.dtype();
+    let (data_t, compute, scale_t) = match dt {
+        DType::F32 => (
+            lts::cudaDataType::CUDA_R_32F,
+            if dev.tf32.load(std::sync::atomic::Ordering::Relaxed) {
+                lts::cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_TF32
+            } else {
+                lts::cublasComputeType_t::CUBLAS_COMPUTE_32F
+            },
+            lts::cudaDataType::CUDA_R_32F,
+        ),
+        DType::F16 => (
+            lts::cudaDataType::CUDA_R_16F,
+            lts::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+            lts::cudaDataType::CUDA_R_32F,
+        ),
+        DType::BF16 => (
+            lts::cudaDataType::CUDA_R_16BF,
+            lts::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+            lts::cudaDataType::CUDA_R_32F,
+        ),
+        DType::F64 => (
+            lts::cudaDataType::CUDA_R_64F,
+            lts::cublasComputeType_t::CUBLAS_COMPUTE_64F,
+            lts::cudaDataType::CUDA_R_64F,
+        ),
+        other => return Err(Error::dtype(op, other, "needs a float dtype")),
+    };
+    let od = out_shape.dims();
+    let r = od.len();
+    let (m, n) = (od[r - 2], od[r - 1]);
+    let k = a.dims()[a.dims().len() - 1];
+    let batch: usize = od[..r - 2].iter().product();
+    let total = out_shape.elem_count();
+    if k == 0 {
+        return crate::create::fill(dev, 0.0, &(out_shape.clone(), dt));
+    }
+    let out = dev.alloc_out(total, dt, op)?;
+    if total == 0 {
+        return dev.finish_one(out);
+    }
+    let oa = operand(dev, a, op)?;
+    let ob = operand(dev, b, op)?;
+    let tf32 = compute == lts::cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_TF32;
+    // cuBLAS's A is our B, its B our A.
+    let key = Key {
+        dtype: dt,
+        tf32,
+        a: (ob.mat.0, ob.mat.1, ob.mat.2, ob.bstride),
+        b: (oa.mat.0, oa.mat.1, oa.mat.2, oa.bstride),
+        ta: ob.mat.3,
+        tb: oa.mat.3,
+        batch: batch as i32,
+        align: [align_of(ob.ptr), align_of(oa.ptr), align_of(out.ptr())],
+    };
+    let _ = (m, n);
+    let mut guard = dev.blas.lock().unwrap_or_else(|p| p.into_inner());
+    if guard.is_none() {
+        *guard = Some(Blas::new(dev)?);
+    }
+    let blas = guard
+        .as_mut()
+        .ok_or_else(|| Error::backend(op, "no cuBLASLt handle"))?;
+    // SAFETY: descriptors are created and destroyed here; pointers reference live device
+    // buffers ordered on the compute stream; alpha/beta live across the call.
+    unsafe {
+        let desc = lt::create_matmul_desc(compute, scale_t).map_err(lt_err)?;
+        let set_op = |attr, t: bool| {
+            let v: i32 = t as i32;
+            lt::set_matmul_desc_attribute(
+                desc,
+                attr,
+                &v as *const i32 as *const c_void,
+                std::mem::size_of::<i32>(),
+            )
+        };
+        set_op(
+            lts::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSA,
+            key.ta,
+        )
+        .map_err(lt_err)?;
+        set_op(
+            lts::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSB,
+            key.tb,
+        )
+        .map_err(lt_err)?;
+        let layout =
+            |(rows, cols, ld, bs): (u64, u64, i64, i64)| -> Result<lts::cublasLtMatrixLayout_t> {
+                let l = lt::create_matrix_layout(data_t, rows, cols, ld).map_err(lt_err)?;
+                if batch > 1 {
+                    let c = batch as i32;
+                    lt::set_matrix_layout_attribute(
+                        l,
+                        lts::cublasLtMatrixLayoutAttribute_t::CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT,
+                        &c as *const i32 as *const c_void,
+                        4,
+                    )
+                    .map_err(lt_err)?;
+                    lt::set_matrix_layout_attribute(
+                    l,
+                    lts::cublasLtMatrixLayoutAttribute_t::CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
+                    &bs as *const i64 as *const c_void,
+                    8,
+                )
+                .map_err(lt_err)?;
+                }
+                Ok(l)
+            };
+        let la = layout(key.a)?;
+        let lb = layout(key.b)?;
+        let ld = layout((n as u64, m as u64, n as i64, (m * n) as i64))?;
+        let algo = match blas.algos.get(&key) {
+            Some(a) => *a,
+            None => {
+                let pref = lt::create_matmul_pref().map_err(lt_err)?;
+                let ws = WORKSPACE as u64;
+                lt::set_matmul_pref_attribute(
+                    pref,
+                    lts::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                    &ws as *const u64 as *const c_void,
+                    8,
+                )
+                .map_err(lt_err)?;
+                use lts::cublasLtMatmulPreferenceAttributes_t as P;
+                for (attr, al) in [
+                    (P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, key.align[0]),
+                    (P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, key.align[1]),
+                    (P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, key.align[2]),
+                    (P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, key.align[2]),
+                ] {
+                    lt::set_matmul_pref_attribute(
+                        pref,
+                        attr,
+                        &al as *const u32 as *const c_void,
+                        4,
+                    )
+                    .map_err(lt_err)?;
+                }
+                let h = lt::get_matmul_algo_heuristic(blas.handle, desc, la, lb, ld, ld, pref);
+                let _ = lt::destroy_matmul_pref(pref);
+                let h = h.map_err(|e| {
+                    Error::backend(
+                        op,
+                        format!(
+                            "cuBLASLt has no algorithm for {dt} [{batch}] {m}x{k} x {k}x{n}: {:?}",
+                            e.0
+                        ),
+                    )
+                })?;
+                blas.algos.insert(key, h.algo);
+                h.algo
+            }
+        };
+        let (one32, zero32, one64, zero64) = (1.0f32, 0.0f32, 1.0f64, 0.0f64);
+        let (alpha, beta): (*const c_void, *const c_void) = if dt == DType::F64 {
+            (&one64 as *const f64 as _, &zero64 as *const f64 as _)
+        } else {
+            (&one32 as *const f32 as _, &zero32 as *const f32 as _)
+        };
+        let r = lt::matmul(
+            blas.handle,
+            desc,
+            alpha,
+            beta,
+            ob.ptr as *const c_void,
+            la,
+            oa.ptr as *const c_void,
+            lb,
+            out.ptr() as *const c_void,
+            ld,
+            out.ptr() as *mut c_void,
+            ld,
+            &algo,
+            blas.workspace.ptr as *mut c_void,
+            WORKSPACE,
+            dev.compute.0 as lts::cudaStream_t,
+        );
+        let _ = lt::destroy_matrix_layout(la);
+        let _ = lt::destroy_matrix_layout(lb);
+        let _ = lt::destroy_matrix_layout(ld);
+        let _ = lt::destroy_matmul_desc(desc);
+        r.map_err(lt_err)?;
+    }
+    drop(guard);
+    dev.finish_one(out)
+}

@@ -1,0 +1,457 @@
+//! The CUDA backend's tests. A plain binary (harness = false): where there is no CUDA device
+//! each test is reported skipped by name; on a machine with an NVIDIA GPU each runs and the
+//! binary exits non-zero on any failure. `scripts/gpu/run-tests.sh` runs it there.
+//!
+//! Usage: `cargo test -p ferrite-cuda --test cuda [-- FILTER]`.
+
+use ferrite_core::{DType, HostBuffer, Tensor};
+use ferrite_cuda::CudaDevice;
+use std::panic::AssertUnwindSafe;
+use std::time::Instant;
+
+type TestFn = fn(&CudaDevice);
+
+/// Tests that need only NVRTC (no GPU): run wherever libnvrtc loads.
+fn nvrtc_tests() -> Vec<(&'static str, fn())> {
+    vec![(
+        "every_kernel_source_compiles_for_sm_90",
+        every_kernel_source_compiles,
+    )]
+}
+
+fn gpu_tests() -> Vec<(&'static str, TestFn)> {
+    vec![
+        ("invalid_device_index_is_an_error", invalid_device_index),
+        ("upload_download_roundtrip_every_dtype", roundtrip),
+        ("op_cases_match_cpu_and_f64_reference", op_cases),
+        ("thousand_op_chain_waits_once", thousand_ops_wait_once),
+        ("allocator_reuses_splits_and_counts", allocator_counters),
+        ("out_of_memory_is_an_error_with_counters", out_of_memory),
+        ("rng_matches_cpu", rng_matches_cpu),
+        ("graph_capture_replay_and_input_update", graph_replay),
+        ("device_side_index_error_names_the_op", device_index_error),
+        ("matmul_large_and_views_match_cpu", matmul_large),
+        ("gradients_match_cpu", gradients_match_cpu),
+        ("autodiff_memory_returns_to_baseline", autodiff_memory),
+    ]
+}
+
+fn main() {
+    let filter: Option<String> = std::env::args().skip(1).find(|a| !a.starts_with('-'));
+    let wanted = |n: &str| filter.as_ref().is_none_or(|f| n.contains(f.as_str()));
+    let (mut passed, mut failed, mut skipped) = (0, Vec::new(), 0);
+    let mut run = |name: &str, f: &mut dyn FnMut()| {
+        let t = Instant::now();
+        match std::panic::catch_unwind(AssertUnwindSafe(f)) {
+            Ok(()) => {
+                println!("test {name} ... ok ({:.2} s)", t.elapsed().as_secs_f64());
+                passed += 1;
+            }
+            Err(e) => {
+                let msg = e
+                    .downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
+                    .unwrap_or_default();
+                println!("test {name} ... FAILED\n{msg}");
+                failed.push(name.to_string());
+            }
+        }
+    };
+    let name = "without_a_driver_cuda_is_a_clear_error";
+    if wanted(name) {
+        if ferrite_cuda::driver_present() {
+            println!("test {name} ... skipped: a CUDA driver is installed");
+            skipped += 1;
+        } else {
+            run(name, &mut || {
+                let msg = ferrite_cuda::cuda(0)
+                    .map(|_| ())
+                    .expect_err("cuda(0) without a driver")
+                    .to_string();
+                assert!(msg.contains("no CUDA device"), "{msg}");
+                assert_eq!(ferrite_cuda::device_count(), 0);
+            });
+        }
+    }
+    let nvrtc = ferrite_cuda::nvrtc_present();
+    for (name, f) in nvrtc_tests() {
+        if !wanted(name) {
+            continue;
+        }
+        if nvrtc {
+            run(name, &mut || f());
+        } else {
+            println!("test {name} ... skipped: NVRTC (libnvrtc.so.13) is not installed");
+            skipped += 1;
+        }
+    }
+    let dev = if ferrite_cuda::is_available() {
+        match CudaDevice::new(0) {
+            Ok(d) => Some(d),
+            Err(e) => {
+                println!("CUDA device 0 failed to start: {e}");
+                None
+            }
+        }
+    } else {
+        None
+    };
+    for (name, f) in gpu_tests() {
+        if !wanted(name) {
+            continue;
+        }
+        match &dev {
+            Some(d) => run(name, &mut || f(d)),
+            None => {
+                println!("test {name} ... skipped: no CUDA device");
+                skipped += 1;
+            }
+        }
+    }
+    if let Some(d) = &dev {
+        println!(
+            "device: {} (sm_{}{})",
+            d.name(),
+            d.compute_capability().0,
+            d.compute_capability().1
+        );
+    }
+    println!(
+        "\ncuda tests: {passed} passed, {} failed, {skipped} skipped",
+        failed.len()
+    );
+    if !failed.is_empty() {
+        println!("failed: {}", failed.join(", "));
+        std::process::exit(1);
+    }
+}
+
+fn every_kernel_source_compiles() {
+    for src in ferrite_cuda::all_sources() {
+        if let Err(e) = ferrite_cuda::compile(src, "sm_90") {
+            panic!("{e}");
+        }
+    }
+}
+
+fn invalid_device_index(_d: &CudaDevice) {
+    let n = ferrite_cuda::device_count();
+    let err = CudaDevice::new(n + 3)
+        .map(|_| ())
+        .expect_err("a device past the last one must fail");
+    let msg = err.to_string();
+    assert!(msg.contains("invalid device index"), "{msg}");
+}
+
+fn roundtrip(d: &CudaDevice) {
+    let dev = d.device();
+    for dt in DType::ALL {
+        let vals: Vec<f64> = (0..1003).map(|i| ((i * 37) % 101) as f64 - 50.0).collect();
+        let vals: Vec<f64> = if dt == DType::Bool || dt == DType::U8 || dt == DType::U32 {
+            vals.iter().map(|v| v.abs()).collect()
+        } else {
+            vals
+        };
+        let h = HostBuffer::from_f64_slice(dt, &vals);
+        let t = Tensor::from_host(h.clone(), [17, 59], &dev).unwrap();
+        assert_eq!(t.to_host().unwrap(), h, "{dt}");
+        // A strided view reads back through the copy kernel.
+        let tt = t.t().unwrap();
+        let cpu = Tensor::from_host(h, [17, 59], &ferrite_cpu::cpu())
+            .unwrap()
+            .t()
+            .unwrap();
+        assert_eq!(
+            tt.to_host().unwrap(),
+            cpu.to_host().unwrap(),
+            "{dt} transposed"
+        );
+    }
+}
+
+fn op_cases(d: &CudaDevice) {
+    let dev = d.device();
+    let (passed, failures) = ferrite_testing::check_all_vs(&dev, &ferrite_cpu::cpu());
+    let total = ferrite_testing::cases().len();
+    println!("  {passed} of {total} op cases match");
+    assert!(
+        failures.is_empty(),
+        "{} of {total} cases failed:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+    assert_eq!(passed, total);
+}
+
+fn thousand_ops_wait_once(d: &CudaDevice) {
+    let dev = d.device();
+    let mut x = Tensor::from_vec(vec![1.0f32; 4096], [4096], &dev).unwrap();
+    let one = Tensor::from_vec(vec![1.0f32; 4096], [4096], &dev).unwrap();
+    let before = d.sync_stats();
+    for _ in 0..1000 {
+        x = x.add(&one).unwrap();
+    }
+    let after_enqueue = d.sync_stats();
+    let v = x.to_vec::<f32>().unwrap();
+    let after = d.sync_stats();
+    assert!(v.iter().all(|&e| e == 1001.0), "{}", v[0]);
+    assert_eq!(
+        after_enqueue.host_waits - before.host_waits,
+        0,
+        "enqueueing waited"
+    );
+    assert_eq!(
+        after.host_waits - before.host_waits,
+        1,
+        "the read waited more than once"
+    );
+    assert_eq!(after.launches - before.launches, 1000);
+}
+
+fn allocator_counters(d: &CudaDevice) {
+    let dev = d.device();
+    d.synchronize().unwrap();
+    let s0 = d.memory_stats();
+    {
+        let a = Tensor::zeros([1 << 20], DType::F32, &dev).unwrap(); // 4 MiB: large pool
+        let s1 = d.memory_stats();
+        assert!(s1.in_use >= s0.in_use + (4 << 20), "{s1:?}");
+        assert!(s1.peak_in_use >= s1.in_use);
+        drop(a);
+    }
+    let s2 = d.memory_stats();
+    assert_eq!(s2.in_use, s0.in_use, "freed block still counted");
+    // The same size again comes from the cache: no new device allocation.
+    let b = Tensor::zeros([1 << 20], DType::F32, &dev).unwrap();
+    let s3 = d.memory_stats();
+    assert_eq!(s3.device_allocs, s2.device_allocs, "cache not reused");
+    // A smaller request splits a cached large block.
+    drop(b);
+    let c = Tensor::zeros([600_000], DType::F32, &dev).unwrap(); // 2.4 MiB
+    let d2 = Tensor::zeros([200_000], DType::F32, &dev).unwrap(); // small pool
+    let s4 = d.memory_stats();
+    assert!(s4.cache_hits > s3.cache_hits);
+    assert_eq!(c.to_vec::<f32>().unwrap()[599_999], 0.0);
+    drop((c, d2));
+    d.empty_cache().unwrap();
+    let s5 = d.memory_stats();
+    assert!(
+        s5.reserved < s4.reserved,
+        "empty_cache released nothing: {s5:?}"
+    );
+    assert!(s5.device_frees > s4.device_frees);
+}
+
+fn out_of_memory(d: &CudaDevice) {
+    let dev = d.device();
+    let reserved = d.memory_stats().reserved;
+    d.set_memory_limit(Some(reserved + (64 << 20)));
+    let err = Tensor::zeros([1usize << 28], DType::F32, &dev).err();
+    d.set_memory_limit(None);
+    let msg = err
+        .expect("1 GiB past a 64 MiB limit must fail")
+        .to_string();
+    assert!(msg.starts_with("full: out of memory"), "{msg}");
+    assert!(
+        msg.contains("in use") && msg.contains("reserved") && msg.contains("device allocations"),
+        "{msg}"
+    );
+    // The device stays usable.
+    let t = Tensor::ones([1000], DType::F32, &dev).unwrap();
+    assert_eq!(t.sum_all().unwrap().to_vec::<f32>().unwrap(), vec![1000.0]);
+    // A real out-of-memory from the driver (more than the card holds) also comes back as an error.
+    let huge = Tensor::zeros([1usize << 40], DType::F32, &dev)
+        .map(|_| ())
+        .expect_err("4 TiB must fail");
+    assert!(huge.to_string().contains("out of memory"), "{huge}");
+    let t = Tensor::ones([10], DType::F32, &dev).unwrap();
+    assert_eq!(t.to_vec::<f32>().unwrap(), vec![1.0; 10]);
+}
+
+fn rng_matches_cpu(d: &CudaDevice) {
+    let dev = d.device();
+    let cpu = ferrite_cpu::cpu();
+    for dt in [DType::F32, DType::F64, DType::F16, DType::BF16] {
+        let a = Tensor::rand_uniform([100_003], -2.0, 3.0, 42, dt, &dev).unwrap();
+        let b = Tensor::rand_uniform([100_003], -2.0, 3.0, 42, dt, &cpu).unwrap();
+        assert_eq!(
+            a.to_host().unwrap(),
+            b.to_host().unwrap(),
+            "uniform {dt}: bit-exact"
+        );
+        let a = Tensor::rand_normal([100_003], 1.0, 0.5, 7, dt, &dev)
+            .unwrap()
+            .to_vec_f64()
+            .unwrap();
+        let b = Tensor::rand_normal([100_003], 1.0, 0.5, 7, dt, &cpu)
+            .unwrap()
+            .to_vec_f64()
+            .unwrap();
+        let tol = if dt == DType::F32 || dt == DType::F64 {
+            1e-5
+        } else {
+            1e-2
+        };
+        for (i, (x, y)) in a.iter().zip(&b).enumerate() {
+            assert!(
+                (x - y).abs() <= tol * (1.0 + y.abs()),
+                "normal {dt} [{i}]: {x} vs {y}"
+            );
+        }
+    }
+}
+
+fn graph_replay(d: &CudaDevice) {
+    let dev = d.device();
+    let x = Tensor::from_vec(vec![0.0f32; 1024], [1024], &dev).unwrap();
+    let w = Tensor::rand_uniform([1024], -1.0, 1.0, 1, DType::F32, &dev).unwrap();
+    let xs = x.clone();
+    let g = d
+        .capture(move || {
+            let mut y = xs.clone();
+            for _ in 0..1000 {
+                y = y.mul(&w)?.add(&xs)?;
+            }
+            Ok(vec![y.sum_all()?])
+        })
+        .unwrap();
+    assert!(g.node_count() >= 1000, "{} nodes", g.node_count());
+    let wv = Tensor::rand_uniform([1024], -1.0, 1.0, 1, DType::F32, &ferrite_cpu::cpu())
+        .unwrap()
+        .to_vec::<f32>()
+        .unwrap();
+    for step in 0..3 {
+        let xv: Vec<f32> = (0..1024).map(|i| ((i + step) % 7) as f32 * 0.1).collect();
+        d.write(&x, &HostBuffer::F32(xv.clone())).unwrap();
+        g.replay().unwrap();
+        let got = g.outputs()[0].to_vec::<f32>().unwrap()[0] as f64;
+        let mut want = 0.0f64;
+        for i in 0..1024 {
+            let mut y = xv[i];
+            for _ in 0..1000 {
+                y = y * wv[i] + xv[i];
+            }
+            want += y as f64;
+        }
+        assert!(
+            (got - want).abs() <= 1e-3 * (1.0 + want.abs()),
+            "step {step}: {got} vs {want}"
+        );
+    }
+    // Replay cost: 1,000 small ops in one launch.
+    let ms = d
+        .time_ms(|| {
+            for _ in 0..10 {
+                g.replay()?;
+            }
+            Ok(())
+        })
+        .unwrap();
+    println!("  replay of {} nodes: {:.3} ms", g.node_count(), ms / 10.0);
+}
+
+fn device_index_error(d: &CudaDevice) {
+    let dev = d.device();
+    let x = Tensor::from_vec((0..20).map(|i| i as f32).collect(), [5, 4], &dev).unwrap();
+    let idx = Tensor::from_vec(vec![0u32, 7, 1], [3], &dev).unwrap();
+    let r = x.index_select(&idx, 0).and_then(|y| y.to_vec::<f32>());
+    let msg = r
+        .map(|_| ())
+        .expect_err("index 7 on an axis of 5 must fail")
+        .to_string();
+    assert!(
+        msg.starts_with("index_select:") && msg.contains('7'),
+        "{msg}"
+    );
+    // The device stays usable and the fault is cleared.
+    let ok = Tensor::from_vec(vec![4u32, 0], [2], &dev).unwrap();
+    let y = x.index_select(&ok, 0).unwrap().to_vec::<f32>().unwrap();
+    assert_eq!(y, vec![16.0, 17.0, 18.0, 19.0, 0.0, 1.0, 2.0, 3.0]);
+}
+
+fn matmul_large(d: &CudaDevice) {
+    let dev = d.device();
+    let cpu = ferrite_cpu::cpu();
+    for (dt, tol) in [
+        (DType::F32, 1e-4),
+        (DType::F64, 1e-10),
+        (DType::BF16, 3e-2),
+        (DType::F16, 5e-3),
+    ] {
+        for (b, m, k, n, trans_a, trans_b) in [
+            (1, 513, 257, 129, false, false),
+            (3, 64, 96, 80, true, false),
+            (2, 33, 65, 17, false, true),
+            (4, 128, 128, 128, true, true),
+        ] {
+            let mk = |r: usize, c: usize, t: bool, seed: u64| {
+                let shape = if t { [b, c, r] } else { [b, r, c] };
+                let h = Tensor::rand_uniform(shape, -1.0, 1.0, seed, dt, &cpu).unwrap();
+                let g = Tensor::from_host(h.to_host().unwrap(), shape, &dev).unwrap();
+                if t {
+                    (h.transpose(-1, -2).unwrap(), g.transpose(-1, -2).unwrap())
+                } else {
+                    (h, g)
+                }
+            };
+            let (ha, ga) = mk(m, k, trans_a, 1);
+            let (hb, gb) = mk(k, n, trans_b, 2);
+            let want = ha.matmul(&hb).unwrap().to_vec_f64().unwrap();
+            let got = ga.matmul(&gb).unwrap().to_vec_f64().unwrap();
+            for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                assert!(
+                    (g - w).abs() <= tol * (1.0 + w.abs()) * (k as f64).sqrt(),
+                    "{dt} [{b},{m},{k},{n}] t=({trans_a},{trans_b}) [{i}]: {g} vs {w}"
+                );
+            }
+        }
+    }
+}
+
+fn gradients_match_cpu(d: &CudaDevice) {
+    let dev = d.device();
+    let (checked, failures) = ferrite_testing::grad_compare_all(&dev, &ferrite_cpu::cpu());
+    println!("  {checked} gradient cases match the CPU");
+    assert!(
+        failures.is_empty(),
+        "{} failed:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+    assert!(checked > 200, "only {checked} gradient cases ran");
+}
+
+fn autodiff_memory(d: &CudaDevice) {
+    use ferrite_autodiff::{backward, Var};
+    let dev = d.device();
+    let w1 =
+        Var::new(&Tensor::rand_normal([64, 128], 0.0, 0.1, 1, DType::F32, &dev).unwrap()).unwrap();
+    let w2 =
+        Var::new(&Tensor::rand_normal([128, 10], 0.0, 0.1, 2, DType::F32, &dev).unwrap()).unwrap();
+    let x = Tensor::rand_normal([32, 64], 0.0, 1.0, 3, DType::F32, &dev).unwrap();
+    let step = || {
+        let h = x.matmul(w1.tensor()).unwrap().relu().unwrap();
+        let y = h.matmul(w2.tensor()).unwrap();
+        let l = y.square().unwrap().sum_all().unwrap();
+        backward(&l).unwrap();
+        w1.zero_grad();
+        w2.zero_grad();
+    };
+    step();
+    d.synchronize().unwrap();
+    let base = d.memory_stats().in_use;
+    for _ in 0..1000 {
+        step();
+    }
+    d.synchronize().unwrap();
+    let end = d.memory_stats();
+    assert_eq!(
+        end.in_use, base,
+        "device memory in use grew over 1,000 steps: {end:?}"
+    );
+    println!(
+        "  in use {} B before and after 1,000 steps; peak {} B",
+        base, end.peak_in_use
+    );
+}
