@@ -349,7 +349,7 @@ impl CudaBackend {
 
     /// Copies host bytes to `dst` on `stream` through the pinned ring; returns an event after
     /// the last chunk.
-    fn copy_in(&self, bytes: &[u8], dst: u64, stream: &Stream) -> Result<Event> {
+    pub(crate) fn copy_in(&self, bytes: &[u8], dst: u64, stream: &Stream) -> Result<Event> {
         let mut st = self.staging.lock().unwrap_or_else(|p| p.into_inner());
         if st.up.is_empty() {
             st.up.push(Pinned::new(CHUNK)?);
@@ -444,7 +444,19 @@ impl CudaBackend {
                     .ok_or_else(|| Error::backend(op, "copy produced a foreign storage"))?;
                 (c.block.ptr, c.ready_point(self)?, Some(t.clone()))
             };
-        let bytes = n * esz;
+        let out = self.read_after(src, n * esz, wait)?;
+        Ok(bytes_to_host(dtype, out, n))
+    }
+
+    /// Copies `bytes` bytes at `src` to the host once `wait` has passed (on the copy stream,
+    /// through the pinned staging buffer); reports device faults.
+    pub(crate) fn read_after(
+        &self,
+        src: u64,
+        bytes: usize,
+        wait: Option<Arc<Event>>,
+    ) -> Result<Vec<u8>> {
+        let op = "to_host";
         let mut out = vec![0u8; bytes];
         self.host_waits.fetch_add(1, Ordering::Relaxed);
         if let Some(e) = &wait {
@@ -483,7 +495,7 @@ impl CudaBackend {
             }
         }
         self.check_fault()?;
-        Ok(bytes_to_host(dtype, out, n))
+        Ok(out)
     }
 
     /// Records an event at the current end of the compute stream.

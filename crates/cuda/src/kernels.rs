@@ -290,7 +290,7 @@ impl Args {
 
 /// Grid and block of a launch, plus dynamic shared memory bytes.
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct Cfg {
+pub struct Cfg {
     pub grid: (u32, u32, u32),
     pub block: (u32, u32, u32),
     pub smem: u32,

@@ -22,6 +22,7 @@ mod index;
 mod kernels;
 mod matmul;
 mod norm;
+mod raw;
 mod reduce;
 mod scan;
 mod storage;
@@ -30,7 +31,8 @@ pub use alloc::MemoryStats;
 pub use device::{CudaBackend, SyncStats};
 pub use driver::driver_present;
 pub use graph::Graph;
-pub use kernels::{all_sources, compile, nvrtc_present, KernelSource};
+pub use kernels::{all_sources, compile, nvrtc_present, Cfg as LaunchConfig, KernelSource};
+pub use raw::{Buffer, KernelArgs};
 pub use storage::CudaStorage;
 
 use ferrite_core::{

@@ -1,0 +1,155 @@
+//! CUDA op benchmarks (a machine with an NVIDIA GPU): each figure next to its reference
+//! from the same run. `cargo bench -p ferrite-cuda --bench cuda_ops`; prints a table.
+//!
+//! Timing: device events around `reps` launches after a warm-up, median of 5 such samples.
+//! Bandwidth counts bytes read + written once each.
+
+use ferrite_core::{DType, Result, Tensor};
+use ferrite_cuda::CudaDevice;
+use std::time::Instant;
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+/// Median milliseconds per call of `f` over 5 samples of `reps` calls.
+fn time(d: &CudaDevice, reps: usize, mut f: impl FnMut() -> Result<()>) -> f64 {
+    for _ in 0..3 {
+        f().unwrap();
+    }
+    d.synchronize().unwrap();
+    let samples = (0..5)
+        .map(|_| {
+            d.time_ms(|| {
+                for _ in 0..reps {
+                    f()?;
+                }
+                Ok(())
+            })
+            .unwrap() as f64
+                / reps as f64
+        })
+        .collect();
+    median(samples)
+}
+
+fn main() {
+    if !ferrite_cuda::is_available() {
+        println!("cuda_ops: skipped: no CUDA device");
+        return;
+    }
+    let d = CudaDevice::new(0).unwrap();
+    let dev = d.device();
+    println!(
+        "device: {} (sm_{}{}, {} SMs)",
+        d.name(),
+        d.compute_capability().0,
+        d.compute_capability().1,
+        d.backend().sm_count
+    );
+    let mut rows: Vec<(String, String, String)> = Vec::new();
+    let gbs = |bytes: f64, ms: f64| bytes / ms / 1e6;
+
+    // Copy bandwidth (device to device, read + write): the reference for elementwise ops.
+    let n = 64usize << 20;
+    let a = Tensor::rand_uniform([n], -1.0, 1.0, 1, DType::F32, &dev).unwrap();
+    let b = Tensor::rand_uniform([n], -1.0, 1.0, 2, DType::F32, &dev).unwrap();
+    // A narrowed view is contiguous but smaller than its storage: `contiguous` copies it with
+    // one cuMemcpyDtoDAsync.
+    let an = a.narrow(0, 0, n - 1).unwrap();
+    let copy_ms = time(&d, 20, || an.contiguous().map(|_| ()));
+    let copy = gbs(2.0 * 4.0 * n as f64, copy_ms);
+    rows.push((
+        "copy 64M f32 (cuMemcpyDtoD)".into(),
+        format!("{copy:.0} GB/s"),
+        "reference".into(),
+    ));
+    let add_ms = time(&d, 20, || a.add(&b).map(|_| ()));
+    let add = gbs(3.0 * 4.0 * n as f64, add_ms);
+    rows.push((
+        "add 64M f32".into(),
+        format!("{add:.0} GB/s"),
+        format!("{:.0}% of copy", 100.0 * add / copy),
+    ));
+    let sum_ms = time(&d, 20, || a.sum_all().map(|_| ()));
+    let sum = gbs(4.0 * n as f64, sum_ms);
+    rows.push((
+        "sum 64M f32".into(),
+        format!("{sum:.0} GB/s"),
+        format!("{:.0}% of 3100 GB/s read", 100.0 * sum / 3100.0),
+    ));
+    let x = Tensor::rand_uniform([8192, 4096], -3.0, 3.0, 3, DType::F32, &dev).unwrap();
+    let w = Tensor::rand_uniform([4096], 0.5, 1.5, 4, DType::F32, &dev).unwrap();
+    let sm_ms = time(&d, 20, || x.softmax(-1).map(|_| ()));
+    let sm = gbs(2.0 * 4.0 * 8192.0 * 4096.0, sm_ms);
+    rows.push((
+        "softmax 8192x4096 f32".into(),
+        format!("{sm:.0} GB/s"),
+        format!("{:.0}% of 3100 GB/s", 100.0 * sm / 3100.0),
+    ));
+    let rms_ms = time(&d, 20, || x.rms_norm(&w, 1e-5).map(|_| ()));
+    let rms = gbs(2.0 * 4.0 * 8192.0 * 4096.0, rms_ms);
+    rows.push((
+        "rms_norm 8192x4096 f32".into(),
+        format!("{rms:.0} GB/s"),
+        format!("{:.0}% of 3100 GB/s", 100.0 * rms / 3100.0),
+    ));
+    drop((a, b, x));
+
+    // bf16 matmul 8192^3 through the wrapper.
+    let m = 8192usize;
+    let p = Tensor::rand_uniform([m, m], -1.0, 1.0, 5, DType::BF16, &dev).unwrap();
+    let q = Tensor::rand_uniform([m, m], -1.0, 1.0, 6, DType::BF16, &dev).unwrap();
+    let mm_ms = time(&d, 5, || p.matmul(&q).map(|_| ()));
+    let tflops = 2.0 * (m as f64).powi(3) / mm_ms / 1e9;
+    rows.push((
+        "matmul bf16 8192^3".into(),
+        format!("{tflops:.0} TFLOP/s"),
+        "see torch_ops.py".into(),
+    ));
+    drop((p, q));
+
+    // Host cost per op: 1,000 small adds enqueued; then the same 1,000 ops as one graph.
+    let s = Tensor::ones([256], DType::F32, &dev).unwrap();
+    let one = Tensor::ones([256], DType::F32, &dev).unwrap();
+    let mut best = f64::MAX;
+    for _ in 0..5 {
+        d.synchronize().unwrap();
+        let t = Instant::now();
+        let mut y = s.clone();
+        for _ in 0..1000 {
+            y = y.add(&one).unwrap();
+        }
+        best = best.min(t.elapsed().as_secs_f64() * 1e6 / 1000.0);
+        let v = y.to_vec::<f32>().unwrap();
+        assert_eq!(v[0], 1001.0);
+    }
+    rows.push((
+        "host cost per op (1,000 adds of 256)".into(),
+        format!("{best:.2} us"),
+        "target <= 5 us".into(),
+    ));
+    let s2 = s.clone();
+    let g = d
+        .capture(move || {
+            let mut y = s2.clone();
+            for _ in 0..1000 {
+                y = y.add(&one)?;
+            }
+            Ok(vec![y])
+        })
+        .unwrap();
+    let replay_ms = time(&d, 10, || g.replay());
+    assert_eq!(g.outputs()[0].to_vec::<f32>().unwrap()[0], 1001.0);
+    rows.push((
+        "graph replay, 1,000 adds".into(),
+        format!("{replay_ms:.3} ms"),
+        "target <= 1.5 ms".into(),
+    ));
+
+    println!("\n| benchmark | ferrite | reference / ratio |\n|---|---|---|");
+    for (a, b, c) in rows {
+        println!("| {a} | {b} | {c} |");
+    }
+}

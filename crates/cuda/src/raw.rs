@@ -1,0 +1,183 @@
+//! The low-level API for pipelines that bring their own kernels (LLM decode, fused training
+//! steps): device buffers from the caching allocator, launches of `KernelSource` kernels on
+//! the compute stream, byte copies, and tensors that view a buffer. Everything here is ordered
+//! on the device's compute stream, like the ops; host reads wait for it.
+
+use crate::alloc::Block;
+use crate::device::CudaBackend;
+use crate::kernels::{Args, Cfg, KernelSource};
+use crate::storage::CudaStorage;
+use crate::CudaDevice;
+use cudarc::driver::sys;
+use ferrite_core::{DType, Error, Layout, Result, Shape, Storage, Tensor};
+use std::sync::Arc;
+
+/// A device buffer; returns to the cache when the last clone (or tensor viewing it) drops.
+#[derive(Clone)]
+pub struct Buffer {
+    block: Arc<Block>,
+    bytes: usize,
+}
+
+impl Buffer {
+    /// Device address of byte 0.
+    pub fn ptr(&self) -> u64 {
+        self.block.ptr
+    }
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+}
+
+/// Kernel arguments in parameter order; each type must match the kernel's parameter exactly
+/// (device pointers as `u64`).
+#[derive(Default)]
+pub struct KernelArgs(Args);
+
+impl KernelArgs {
+    pub fn new() -> KernelArgs {
+        KernelArgs(Args::new())
+    }
+    pub fn arg<T: Copy + 'static>(self, v: T) -> KernelArgs {
+        KernelArgs(self.0.arg(v))
+    }
+}
+
+impl CudaDevice {
+    fn be(&self) -> &CudaBackend {
+        self.backend()
+    }
+
+    /// An uninitialized device buffer of `bytes` bytes.
+    pub fn alloc_bytes(&self, bytes: usize, op: &'static str) -> Result<Buffer> {
+        self.be().bind()?;
+        Ok(Buffer {
+            block: self.be().alloc.alloc(bytes, op)?,
+            bytes,
+        })
+    }
+
+    /// Copies host bytes into `dst` at `offset`, ordered on the compute stream (staged through
+    /// pinned memory; returns once the bytes are staged).
+    pub fn write_bytes(&self, dst: &Buffer, offset: usize, data: &[u8]) -> Result<()> {
+        if offset.checked_add(data.len()).is_none_or(|e| e > dst.bytes) {
+            return Err(Error::backend(
+                "write_bytes",
+                format!(
+                    "{} bytes at {offset} overflow a buffer of {}",
+                    data.len(),
+                    dst.bytes
+                ),
+            ));
+        }
+        self.be().bind()?;
+        self.be().copy_in_compute(data, dst.ptr() + offset as u64)
+    }
+
+    /// Reads `len` bytes at `offset`, waiting for the work queued before the call.
+    pub fn read_bytes(&self, src: &Buffer, offset: usize, len: usize) -> Result<Vec<u8>> {
+        if offset.checked_add(len).is_none_or(|e| e > src.bytes) {
+            return Err(Error::backend(
+                "read_bytes",
+                format!("{len} bytes at {offset} overflow a buffer of {}", src.bytes),
+            ));
+        }
+        self.be().bind()?;
+        self.be().read_compute(src.ptr() + offset as u64, len)
+    }
+
+    /// Fills a byte range with zeros (stream-ordered).
+    pub fn zero_bytes(&self, dst: &Buffer) -> Result<()> {
+        self.be().bind()?;
+        if dst.bytes == 0 {
+            return Ok(());
+        }
+        // SAFETY: the range lies in the buffer; ordered on the compute stream.
+        unsafe { sys::cuMemsetD8Async(dst.ptr(), 0, dst.bytes, self.be().compute.0) }
+            .result()
+            .map_err(|e| crate::driver::drv("zero_bytes", e))
+    }
+
+    /// Launches `name` from `src` (compiled at first use) on the compute stream.
+    pub fn launch(
+        &self,
+        op: &'static str,
+        src: &'static KernelSource,
+        name: &str,
+        cfg: Cfg,
+        args: KernelArgs,
+    ) -> Result<()> {
+        self.be().bind()?;
+        self.be().launch(op, src, name, cfg, args.0)
+    }
+
+    /// A tensor viewing `shape` elements of `dtype` from byte `offset` of `buf` (no copy). It
+    /// is valid after the work queued so far.
+    pub fn tensor(
+        &self,
+        buf: &Buffer,
+        offset: usize,
+        shape: &[usize],
+        dtype: DType,
+    ) -> Result<Tensor> {
+        let shape = Shape::new(shape.to_vec());
+        let n = shape.elem_count();
+        let esz = dtype.size_in_bytes();
+        if !offset.is_multiple_of(esz) || offset + n * esz > buf.bytes {
+            return Err(Error::backend(
+                "tensor",
+                format!(
+                    "{shape} {dtype} at byte {offset} does not fit a buffer of {} bytes",
+                    buf.bytes
+                ),
+            ));
+        }
+        let be = self.be();
+        be.bind()?;
+        let ready = if be.capturing.load(std::sync::atomic::Ordering::Acquire) {
+            None
+        } else {
+            Some(be.mark()?)
+        };
+        let len = buf.bytes / esz;
+        let storage = Arc::new(CudaStorage::new(
+            buf.block.clone(),
+            dtype,
+            len,
+            ready,
+            false,
+            be.compute.0,
+        ));
+        let layout = Layout::new(shape.clone(), shape.contiguous_strides(), offset / esz);
+        Ok(Tensor::from_storage(storage, layout, self.device()))
+    }
+
+    /// The buffer behind a CUDA tensor, and the byte offset of its first element.
+    pub fn buffer_of(&self, t: &Tensor) -> Result<(Buffer, usize)> {
+        let s = t
+            .storage()
+            .as_any()
+            .downcast_ref::<CudaStorage>()
+            .ok_or_else(|| Error::backend("buffer_of", "tensor is not on CUDA"))?;
+        s.ready_for_compute(self.be())?;
+        let esz = t.dtype().size_in_bytes();
+        Ok((
+            Buffer {
+                block: s.block.clone(),
+                bytes: s.len() * esz,
+            },
+            t.layout().offset() * esz,
+        ))
+    }
+}
+
+impl CudaBackend {
+    pub(crate) fn copy_in_compute(&self, data: &[u8], dst: u64) -> Result<()> {
+        self.copy_in(data, dst, &self.compute).map(|_| ())
+    }
+
+    pub(crate) fn read_compute(&self, src: u64, len: usize) -> Result<Vec<u8>> {
+        let e = self.mark()?;
+        self.read_after(src, len, Some(e))
+    }
+}

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Builds the GPU test and benchmark binaries on the build machine (which has no GPU) and
+# stages them, stripped of debug info, in .device/bin/ for a machine with an NVIDIA GPU (which
+# has no Rust toolchain). Copy the repository with .device/ there and run scripts/gpu/run.sh.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+out=.device/bin
+rm -rf "$out"
+mkdir -p "$out"
+
+# name-in-.device  cargo-args
+stage() {
+  local name=$1; shift
+  local exe
+  exe=$(cargo "$@" --message-format=json 2>/dev/null | python3 -c '
+import json, sys
+exes = [m["executable"] for m in map(json.loads, sys.stdin)
+        if m.get("reason") == "compiler-artifact" and m.get("executable")]
+print(exes[-1] if exes else "")')
+  if [ -z "$exe" ]; then echo "build.sh: no executable from: cargo $*" >&2; exit 1; fi
+  strip --strip-debug -o "$out/$name" "$exe"
+  echo "staged $out/$name ($(du -h "$out/$name" | cut -f1))"
+}
+
+stage cuda-tests test -p ferrite-cuda --test cuda --no-run
+stage cuda-ops-bench bench -p ferrite-cuda --bench cuda_ops --no-run
+if [ "${1:-}" != "--no-cli" ]; then
+  cargo build --release -p ferrite
+  strip --strip-debug -o "$out/ferrite" target/release/ferrite
+  echo "staged $out/ferrite"
+fi
+du -sh .device

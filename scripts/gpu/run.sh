@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Runs the staged GPU binaries (scripts/gpu/build.sh) on a machine with an NVIDIA GPU and
+# prints a summary. Usage: scripts/gpu/run.sh [tests|bench|all] [OUTDIR] [-- test filter]
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+mode=${1:-all}
+out=${2:-/tmp/ferrite-gpu}
+shift $(( $# < 2 ? $# : 2 ))
+mkdir -p "$out"
+export LD_LIBRARY_PATH=/usr/local/cuda/targets/x86_64-linux/lib:/usr/local/nvidia/lib64:${LD_LIBRARY_PATH:-}
+export FERRITE_CACHE=${FERRITE_CACHE:-/tmp/ferrite-cache}
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/device.txt"
+status=0
+if [ "$mode" = tests ] || [ "$mode" = all ]; then
+  .device/bin/cuda-tests "$@" 2>&1 | tee "$out/tests.log"
+  status=${PIPESTATUS[0]}
+fi
+if [ "$mode" = bench ] || [ "$mode" = all ]; then
+  .device/bin/cuda-ops-bench 2>&1 | tee "$out/bench.log"
+  python3 scripts/gpu/torch_ops.py 2>&1 | tee "$out/torch.log"
+fi
+echo "== summary"
+grep -h "cuda tests:\|^failed:" "$out/tests.log" 2>/dev/null
+grep -h "^|" "$out/bench.log" "$out/torch.log" 2>/dev/null
+exit "$status"
