@@ -18,6 +18,8 @@ fi
 if [ "$mode" = bench ] || [ "$mode" = all ]; then
   .device/bin/cuda-ops-bench 2>&1 | tee "$out/bench.log"
   python3 scripts/gpu/torch_ops.py 2>&1 | tee "$out/torch.log"
+  .device/bin/mlp-bench 2>&1 | tee -a "$out/bench.log"
+  python3 scripts/gpu/torch_mlp.py 2>&1 | tee -a "$out/torch.log"
 fi
 echo "== summary"
 grep -h "cuda tests:\|^failed:" "$out/tests.log" 2>/dev/null
