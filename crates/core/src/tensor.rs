@@ -299,6 +299,15 @@ impl Tensor {
             .ok_or_else(|| Error::backend("to_vec", "backend returned the wrong dtype"))
     }
 
+    /// This tensor on `device` (the same tensor when it is already there). Crossing devices
+    /// copies through the host and is not recorded for autodiff.
+    pub fn to_device(&self, device: &Device) -> Result<Tensor> {
+        if self.device().same(device) {
+            return Ok(self.clone());
+        }
+        Tensor::from_host(self.to_host()?, self.shape().clone(), device)
+    }
+
     /// Every element as f64, whatever the dtype.
     pub fn to_vec_f64(&self) -> Result<Vec<f64>> {
         Ok(self.to_host()?.to_f64_vec())
