@@ -30,6 +30,8 @@ enum Command {
     Bench(cmd::bench::Args),
     /// Perplexity of a model on the first --ctx tokens of a text file.
     Perplexity(cmd::perplexity::Args),
+    /// Write a GGUF with random weights in a real model's shapes (for speed work).
+    Synth(cmd::synth::Args),
 }
 
 fn main() -> std::process::ExitCode {
@@ -41,6 +43,7 @@ fn main() -> std::process::ExitCode {
         Command::Chat(args) => cmd::chat::run(args),
         Command::Bench(args) => cmd::bench::run(args),
         Command::Perplexity(args) => cmd::perplexity::run(args),
+        Command::Synth(args) => cmd::synth::run(args),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -5,3 +5,4 @@ pub mod inspect;
 pub mod llm_args;
 pub mod perplexity;
 pub mod run;
+pub mod synth;

@@ -21,7 +21,7 @@ pub use reader::{
 };
 pub use types::{GgmlType, QK_K};
 pub use value::{Array, StrArray, Value, ValueType};
-pub use writer::GgufWriter;
+pub use writer::{GgufWriter, TensorSink};
 
 /// Opens `bytes` and, if valid, touches everything a user could: every metadata value, every
 /// tensor's bytes, and the dequantization of small supported tensors. Used by the fuzz target

@@ -10,6 +10,7 @@ pub mod kv_cache;
 pub mod model;
 pub mod pool;
 pub mod sampler;
+pub mod synth;
 pub mod tokenizer;
 
 pub use error::{Error, Result};
