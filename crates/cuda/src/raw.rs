@@ -48,6 +48,18 @@ impl CudaDevice {
         self.backend()
     }
 
+    /// (free, total) bytes of device memory as the driver reports them (the allocator's
+    /// cached blocks count as used; `empty_cache` first to include them).
+    pub fn mem_info(&self) -> Result<(usize, usize)> {
+        self.be().bind()?;
+        cudarc::driver::result::mem_get_info().map_err(|e| crate::driver::drv("mem_info", e))
+    }
+
+    /// Streaming multiprocessors on the device.
+    pub fn sm_count(&self) -> u32 {
+        self.be().sm_count
+    }
+
     /// An uninitialized device buffer of `bytes` bytes.
     pub fn alloc_bytes(&self, bytes: usize, op: &'static str) -> Result<Buffer> {
         self.be().bind()?;

@@ -5,6 +5,7 @@
 pub mod chat;
 pub mod error;
 pub mod generate;
+pub mod gpu;
 pub mod kernels;
 pub mod kv_cache;
 pub mod model;

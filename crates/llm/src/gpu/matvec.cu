@@ -1,0 +1,377 @@
+#line 1 "matvec.cu"
+// Matrix-vector products over GGUF weight blocks for batch-1 decode (quant.cuh in front),
+// with a fused prologue (RMS norm of the input) and epilogues (bias, residual add,
+// SwiGLU/GeGLU, per-block argmax partials); the token embedding and the final argmax.
+//
+// matvec: one thread block computes `rpb` rows of one segment (GLU: `rpb` rows of gate and the
+// same rows of up). Its MV_T threads form NR = rpb (GLU: 2 * rpb) groups of G = MV_T / NR;
+// group k owns row slot k and splits the row's 32-element units among its threads (split-K
+// inside the block, reduced in a fixed order: results are deterministic). Columns go in
+// chunks of `chunk` elements: the block stages each of its rows' chunk bytes into shared
+// memory with 16-byte loads of the 16-byte aligned cover of the byte range (the loads of the
+// next chunk are in flight while the current one is computed), then every thread
+// dequantizes its units into registers and takes the dot product with the f32 input, which
+// the prologue put in shared memory at XPAD floats per unit (consecutive units: 16-byte reads
+// without bank conflicts).
+
+#define MV_T 128
+#define MV_LPT 4
+#define MV_STAGE (MV_T * 16 * MV_LPT)
+#define XPAD 36
+#define MV_RED 64
+
+#define MV_STORE 0
+#define MV_ADD 1
+#define MV_GLU_SILU 2
+#define MV_GLU_GELU 3
+
+// One weight matrix of a launch (layout of `MvSeg` in gpu/matvec.rs).
+struct MvSeg {
+    u64 w;          // rows x row_bytes of GGUF blocks; 16-byte aligned, readable 16 bytes past the end
+    u64 bias;       // f32 [rows] added to the products, or 0
+    u32 fmt;        // FMT_*
+    u32 rows;
+    u32 row_bytes;
+    u32 out_off;    // output element of row 0
+    u32 blocks;     // thread blocks taking this segment (plain modes: ceil(rows / rpb))
+    u32 pad;
+};
+
+// Layout of `MvArgs` in gpu/matvec.rs.
+struct MvArgs {
+    MvSeg seg[3];
+    u32 nseg;       // plain modes: 1..3 segments in grid order; GLU: seg[0] gate, seg[1] up
+    u32 mode;       // MV_*
+    u32 cols;       // elements per row (multiple of 32; of 256 when a K-quant is present)
+    u32 rpb;        // rows per block and segment; NR = rpb (GLU: 2 * rpb) divides MV_T, NR <= 32
+    u32 chunk;      // columns per staged chunk (multiple of every segment's block size)
+    u32 stride;     // staging bytes per row slot: multiple of 16, >= chunk bytes + 32; NR * stride <= MV_STAGE
+    u64 x;          // f32 [cols], 16-byte aligned
+    u64 norm;       // f32 [cols] RMS-norm weight applied to x first, or 0
+    float eps;
+    u32 pad;
+    u64 out;        // f32 output: out[out_off + row] (GLU: seg[0].out_off)
+    u64 argmax;     // if not 0: ArgPart [gridDim.x], the largest output of each block
+};
+
+struct ArgPart {
+    float v;
+    u32 i;
+};
+
+// 16 bytes of weights, read once: bypass L1.
+__device__ __forceinline__ U4 ld_stream(u64 p) {
+    U4 v;
+    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+        : "l"(p));
+    return v;
+}
+
+// dot(y[0..32], x[0..32]); x 16-byte aligned in shared memory.
+__device__ __forceinline__ float dot32(const float* y, const float* x) {
+    const F4* x4 = (const F4*)x;
+    float s = 0.f;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        F4 v = x4[i];
+        s += y[4 * i] * v.x;
+        s += y[4 * i + 1] * v.y;
+        s += y[4 * i + 2] * v.z;
+        s += y[4 * i + 3] * v.w;
+    }
+    return s;
+}
+
+// Units j, j + G, ... (< nunits) of one staged row chunk: `base` is the chunk's first block,
+// `xs` the input of its first unit.
+template <int F>
+__device__ __forceinline__ float mv_units(const u8* base, u32 nunits, u32 j, u32 G, const float* xs) {
+    constexpr u32 UPB = fmt_bs(F) / 32;
+    constexpr u32 TS = fmt_ts(F);
+    float acc = 0.f;
+    for (u32 u = j; u < nunits; u += G) {
+        float y[32];
+        deq<F>(base + (u / UPB) * TS, (int)(u % UPB), y);
+        acc += dot32(y, xs + u * XPAD);
+    }
+    return acc;
+}
+
+// Where row slot k's chunk [e0, e0 + ne) lies in global memory: start byte and length.
+__device__ __forceinline__ void chunk_range(const MvSeg& s, u32 row, u32 e0, u32 ne, u64* start, u32* len) {
+    const u32 bs = fmt_bs(s.fmt), ts = fmt_ts(s.fmt);
+    *start = s.w + (u64)row * s.row_bytes + (u64)(e0 / bs) * ts;
+    *len = (ne / bs) * ts;
+}
+
+__device__ __forceinline__ float silu_f(float x) { return x / (1.0f + expf(-x)); }
+__device__ __forceinline__ float gelu_tanh_f(float x) {
+    const float c = 0.7978846f;  // sqrt(2/pi), as the CPU's gelu_tanh
+    return 0.5f * x * (1.0f + tanhf(c * (x + 0.044715f * x * x * x)));
+}
+
+extern "C" __global__ void __launch_bounds__(MV_T) matvec(const MvArgs a) {
+    extern __shared__ __align__(16) u8 smem[];
+    const u32 tid = threadIdx.x;
+    const u32 units = a.cols >> 5;
+    float* xs = (float*)smem;                     // units * XPAD floats (a multiple of 16 bytes)
+    u8* stage = smem + units * XPAD * 4;          // MV_STAGE bytes
+    float* red = (float*)(stage + MV_STAGE);      // MV_RED floats
+
+    const bool glu = a.mode >= MV_GLU_SILU;
+    u32 bi = blockIdx.x, si = 0;
+    if (!glu && a.nseg > 1 && bi >= a.seg[0].blocks) {
+        bi -= a.seg[0].blocks;
+        si = 1;
+        if (a.nseg > 2 && bi >= a.seg[1].blocks) {
+            bi -= a.seg[1].blocks;
+            si = 2;
+        }
+    }
+    const MvSeg sa = si == 0 ? a.seg[0] : (si == 1 ? a.seg[1] : a.seg[2]);
+    const MvSeg sb = a.seg[1];
+    const u32 rpb = a.rpb;
+    const u32 nr = glu ? 2 * rpb : rpb;
+    const u32 G = MV_T / nr;
+    const u32 r0 = bi * rpb;
+
+    // Prologue: x (optionally RMS-normed) into shared memory.
+    const F4* x4 = (const F4*)a.x;
+    float ss = 0.f;
+    for (u32 i = tid; i < (a.cols >> 2); i += MV_T) {
+        F4 v = x4[i];
+        const u32 e = 4 * i;
+        *(F4*)(xs + (e >> 5) * XPAD + (e & 31)) = v;
+        ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+    }
+    if (a.norm) {
+        ss = block_sum(ss, red);
+        const float inv = 1.0f / sqrtf(ss / (float)a.cols + a.eps);
+        const F4* g4 = (const F4*)a.norm;
+        for (u32 i = tid; i < (a.cols >> 2); i += MV_T) {
+            const u32 e = 4 * i;
+            F4* p = (F4*)(xs + (e >> 5) * XPAD + (e & 31));
+            F4 v = *p, g = g4[i];
+            v.x = v.x * inv * g.x;
+            v.y = v.y * inv * g.y;
+            v.z = v.z * inv * g.z;
+            v.w = v.w * inv * g.w;
+            *p = v;
+        }
+    }
+
+    // This thread's row slot.
+    const u32 k = tid / G, j = tid % G;
+    const bool kb = glu && k >= rpb;
+    const MvSeg sk = kb ? sb : sa;
+    const u32 krow = r0 + (kb ? k - rpb : k);
+    const bool kvalid = krow < sk.rows;
+
+    const u32 slot16 = a.stride >> 4;
+    const u32 nslots = nr * slot16;
+    const u32 nchunks = (a.cols + a.chunk - 1) / a.chunk;
+
+    U4 pre[MV_LPT];
+    u32 ok = 0;
+    // Issues the loads of chunk c; bit q of the result: pre[q] holds a loaded slot.
+    auto load = [&](u32 c) -> u32 {
+        const u32 e0 = c * a.chunk;
+        const u32 ne = min(a.chunk, a.cols - e0);
+        u32 m = 0;
+#pragma unroll
+        for (int q = 0; q < MV_LPT; ++q) {
+            const u32 s = tid + q * MV_T;
+            if (s < nslots) {
+                const u32 kk = s / slot16, c16 = s % slot16;
+                const bool b2 = glu && kk >= rpb;
+                const MvSeg seg = b2 ? sb : sa;
+                const u32 row = r0 + (b2 ? kk - rpb : kk);
+                if (row < seg.rows) {
+                    u64 start;
+                    u32 len;
+                    chunk_range(seg, row, e0, ne, &start, &len);
+                    const u64 al = start & ~(u64)15;
+                    const u64 end = (start + len + 15) & ~(u64)15;
+                    const u64 p = al + 16 * (u64)c16;
+                    if (p < end) {
+                        pre[q] = ld_stream(p);
+                        m |= 1u << q;
+                    }
+                }
+            }
+        }
+        return m;
+    };
+
+    float acc = 0.f;
+    ok = load(0);
+    for (u32 c = 0; c < nchunks; ++c) {
+        __syncthreads();  // the previous chunk's readers are done (and xs is complete)
+#pragma unroll
+        for (int q = 0; q < MV_LPT; ++q) {
+            if (ok & (1u << q)) {
+                const u32 s = tid + q * MV_T;
+                *(U4*)(stage + (s / slot16) * a.stride + (s % slot16) * 16) = pre[q];
+            }
+        }
+        __syncthreads();
+        if (c + 1 < nchunks) ok = load(c + 1);
+        if (kvalid) {
+            const u32 e0 = c * a.chunk;
+            const u32 ne = min(a.chunk, a.cols - e0);
+            u64 start;
+            u32 len;
+            chunk_range(sk, krow, e0, ne, &start, &len);
+            const u8* base = stage + k * a.stride + (u32)(start & 15);
+            const float* xc = xs + (e0 >> 5) * XPAD;
+            const u32 nu = ne >> 5;
+#define MV_CALL(F) acc += mv_units<F>(base, nu, j, G, xc)
+            FMT_DISPATCH(sk.fmt, MV_CALL)
+#undef MV_CALL
+        }
+    }
+
+    // Sum over the G threads of each group, in a fixed order.
+    const u32 lane = tid & 31, warp = tid >> 5;
+    const u32 gw = G < 32 ? G : 32;
+    for (u32 o = gw >> 1; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+    float* wpart = red;        // MV_T / 32 warp sums
+    float* rowv = red + 32;    // nr row values
+    __syncthreads();
+    if (G > 32) {
+        if (lane == 0) wpart[warp] = acc;
+        __syncthreads();
+        if (j == 0) {
+            float s = 0.f;
+            for (u32 w = 0; w < G / 32; ++w) s += wpart[k * (G / 32) + w];
+            rowv[k] = s;
+        }
+    } else if (j == 0) {
+        rowv[k] = acc;
+    }
+    __syncthreads();
+
+    float* out = (float*)a.out;
+    if (tid < rpb) {
+        const u32 row = r0 + tid;
+        if (row < sa.rows) {
+            float v = rowv[tid];
+            if (sa.bias) v += ((const float*)sa.bias)[row];
+            if (glu) {
+                float u = rowv[rpb + tid];
+                if (sb.bias) u += ((const float*)sb.bias)[row];
+                v = (a.mode == MV_GLU_SILU ? silu_f(v) : gelu_tanh_f(v)) * u;
+                out[sa.out_off + row] = v;
+            } else {
+                float* o = out + sa.out_off + row;
+                if (a.mode == MV_ADD) v = *o + v;
+                *o = v;
+            }
+            rowv[tid] = v;
+        }
+    }
+    if (a.argmax) {
+        __syncthreads();
+        if (tid == 0) {
+            float best = neg_inf<float>();
+            u32 bidx = r0;
+            for (u32 t = 0; t < rpb && r0 + t < sa.rows; ++t) {
+                if (rowv[t] > best) {
+                    best = rowv[t];
+                    bidx = r0 + t;
+                }
+            }
+            ArgPart p;
+            p.v = best;
+            p.i = bidx;
+            ((ArgPart*)a.argmax)[blockIdx.x] = p;
+        }
+    }
+}
+
+// Layout of `EmbedArgs` in gpu/matvec.rs.
+struct EmbedArgs {
+    u64 w;          // rows x row_bytes of GGUF blocks
+    u64 params;     // u32 [token, pos]
+    u64 out;        // f32 [cols]
+    u32 fmt;
+    u32 row_bytes;
+    u32 cols;       // multiple of 32
+    u32 rows;
+    float scale;    // multiplies every value unless 1
+    u32 pad;
+};
+
+// out = row `token` of w, dequantized, times scale. One thread per 32-element unit.
+extern "C" __global__ void embed(const EmbedArgs a) {
+    u32 tok = ((const u32*)a.params)[0];
+    if (tok >= a.rows) tok = 0;  // validated by the host; this only keeps the reads in bounds
+    const u8* row = (const u8*)a.w + (u64)tok * a.row_bytes;
+    const u32 units = a.cols >> 5;
+    const u32 upb = fmt_bs(a.fmt) / 32, ts = fmt_ts(a.fmt);
+    for (u32 u = blockIdx.x * blockDim.x + threadIdx.x; u < units; u += gridDim.x * blockDim.x) {
+        float y[32];
+        const u8* blk = row + (u / upb) * ts;
+        const int sub = (int)(u % upb);
+#define EMB_CALL(F) deq<F>(blk, sub, y)
+        FMT_DISPATCH(a.fmt, EMB_CALL)
+#undef EMB_CALL
+        float* o = (float*)a.out + u * 32;
+        if (a.scale != 1.0f) {
+#pragma unroll
+            for (int l = 0; l < 32; ++l) o[l] = y[l] * a.scale;
+        } else {
+#pragma unroll
+            for (int l = 0; l < 32; ++l) o[l] = y[l];
+        }
+    }
+}
+
+__device__ __forceinline__ bool arg_better(float v, u32 i, float bv, u32 bi) {
+    return v > bv || (v == bv && i < bi);
+}
+
+// The index of the largest of n partials (lowest index on ties, NaN never chosen) into
+// out[0]. One block of 1024 threads.
+extern "C" __global__ void __launch_bounds__(1024) argmax_final(u64 part, u32 n, u64 out) {
+    __shared__ float sv[32];
+    __shared__ u32 si[32];
+    const ArgPart* p = (const ArgPart*)part;
+    float best = neg_inf<float>();
+    u32 bi = 0xffffffffu;
+    for (u32 i = threadIdx.x; i < n; i += blockDim.x) {
+        ArgPart q = p[i];
+        if (arg_better(q.v, q.i, best, bi)) {
+            best = q.v;
+            bi = q.i;
+        }
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+        float ov = __shfl_xor_sync(0xffffffffu, best, o);
+        u32 oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        if (arg_better(ov, oi, best, bi)) {
+            best = ov;
+            bi = oi;
+        }
+    }
+    const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+    if (lane == 0) {
+        sv[warp] = best;
+        si[warp] = bi;
+    }
+    __syncthreads();
+    if (warp == 0) {
+        best = lane < nw ? sv[lane] : neg_inf<float>();
+        bi = lane < nw ? si[lane] : 0xffffffffu;
+        for (int o = 16; o > 0; o >>= 1) {
+            float ov = __shfl_xor_sync(0xffffffffu, best, o);
+            u32 oi = __shfl_xor_sync(0xffffffffu, bi, o);
+            if (arg_better(ov, oi, best, bi)) {
+                best = ov;
+                bi = oi;
+            }
+        }
+        if (lane == 0) *(u32*)out = bi == 0xffffffffu ? 0u : bi;
+    }
+}

@@ -1,0 +1,362 @@
+//! Wrappers of `matvec.cu`: the quantized matrix-vector product with its fused prologue and
+//! epilogues, the token embedding, and the final argmax.
+//!
+//! Launch plan of a product (see the kernel's header): 128 threads per block; G threads per
+//! row, the power of two nearest half the row's 32-element units (4..=128), so each thread
+//! takes one or two units per row and short rows still fill a block with several rows
+//! (NR = 128 / G rows per block). Columns are staged in chunks that fit 8 KiB of shared
+//! memory for the block's rows; the input vector takes another cols * 4.5 bytes.
+
+use ferrite_cuda::{Buffer, CudaDevice, KernelArgs, KernelSource, LaunchConfig};
+
+use super::weights::GpuMatrix;
+use super::CudaResult;
+use crate::error::{Error, Result};
+
+pub(crate) static SOURCE: KernelSource = KernelSource {
+    name: "llm_matvec",
+    src: concat!(include_str!("quant.cuh"), include_str!("matvec.cu")),
+};
+
+/// Threads per block (`MV_T`).
+const MV_T: u32 = 128;
+/// Staging bytes per block (`MV_STAGE` = MV_T * 16 * MV_LPT).
+const MV_STAGE: usize = 128 * 16 * 4;
+/// Floats per 32-element unit of the input in shared memory (`XPAD`).
+const XPAD: usize = 36;
+/// Scratch floats (`MV_RED`).
+const MV_RED: usize = 64;
+/// Dynamic shared memory a block may have on sm_90 (227 KiB).
+pub(crate) const SMEM_MAX: usize = 227 * 1024;
+
+/// What the product does with its results (`MV_*` in matvec.cu).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// out[off + r] = W[r] . x (+ bias)
+    Store = 0,
+    /// out[off + r] += W[r] . x (+ bias): the residual add
+    Add = 1,
+    /// out[r] = silu(gate[r] . x) * (up[r] . x)
+    GluSilu = 2,
+    /// out[r] = gelu_tanh(gate[r] . x) * (up[r] . x)
+    GluGelu = 3,
+}
+
+/// `MvSeg` in matvec.cu.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct MvSeg {
+    w: u64,
+    bias: u64,
+    fmt: u32,
+    rows: u32,
+    row_bytes: u32,
+    out_off: u32,
+    blocks: u32,
+    pad: u32,
+}
+
+/// `MvArgs` in matvec.cu.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct MvArgs {
+    seg: [MvSeg; 3],
+    nseg: u32,
+    mode: u32,
+    cols: u32,
+    rpb: u32,
+    chunk: u32,
+    stride: u32,
+    x: u64,
+    norm: u64,
+    eps: f32,
+    pad: u32,
+    out: u64,
+    argmax: u64,
+}
+
+const _: () = {
+    assert!(std::mem::size_of::<MvSeg>() == 40);
+    assert!(std::mem::size_of::<MvArgs>() == 184);
+    assert!(std::mem::size_of::<EmbedArgs>() == 48);
+};
+
+/// One matrix of a product: its weights, optional bias (f32 [rows]) and the output element
+/// of its row 0.
+#[derive(Clone, Copy)]
+pub struct Seg<'a> {
+    pub w: &'a GpuMatrix,
+    pub bias: Option<&'a Buffer>,
+    pub out_off: usize,
+}
+
+/// A planned product.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct MvLaunch {
+    args: MvArgs,
+    grid: u32,
+    smem: u32,
+}
+
+fn u32_of(v: usize, what: &str) -> Result<u32> {
+    u32::try_from(v).map_err(|_| Error::Other(format!("matvec: {what} = {v} exceeds u32")))
+}
+
+fn check_len(buf: &Buffer, need: usize, what: &str) -> Result<()> {
+    if buf.bytes() < need {
+        return Err(Error::Other(format!(
+            "matvec: {what} holds {} bytes, needs {need}",
+            buf.bytes()
+        )));
+    }
+    Ok(())
+}
+
+/// Rows per block and threads per row for rows of `cols` elements.
+pub(crate) fn rows_per_block(cols: usize, glu: bool) -> (u32, u32) {
+    let units = cols / 32;
+    let g = units
+        .div_ceil(2)
+        .next_power_of_two()
+        .clamp(4, MV_T as usize) as u32;
+    let mut nr = MV_T / g;
+    if glu {
+        nr = nr.max(2);
+    }
+    let rpb = if glu { nr / 2 } else { nr };
+    (rpb, MV_T / nr)
+}
+
+/// Plans `out = W . norm(x)` over 1..=3 segments sharing the input (Store/Add), or the gated
+/// product of segs = [gate, up] (Glu modes). `norm`: RMS-norm weight (f32 [cols]) and epsilon
+/// applied to x first. `argmax`: per-block (max, index) partials, ArgPart [grid] (8 bytes each).
+pub(crate) fn plan(
+    segs: &[Seg<'_>],
+    mode: Mode,
+    x: &Buffer,
+    norm: Option<(&Buffer, f32)>,
+    out: &Buffer,
+    argmax: Option<&Buffer>,
+) -> Result<MvLaunch> {
+    let glu = matches!(mode, Mode::GluSilu | Mode::GluGelu);
+    let first = segs
+        .first()
+        .ok_or_else(|| Error::Other("matvec: no matrices".into()))?;
+    if segs.len() > 3 || (glu && segs.len() != 2) {
+        return Err(Error::Other(format!(
+            "matvec: {} matrices for {mode:?} (1..=3, or gate and up)",
+            segs.len()
+        )));
+    }
+    let cols = first.w.cols;
+    for s in segs {
+        if s.w.cols != cols {
+            return Err(Error::Other(format!(
+                "matvec: matrices of one launch share the input: {} vs {cols} columns",
+                s.w.cols
+            )));
+        }
+        if let Some(b) = s.bias {
+            check_len(b, s.w.rows * 4, "bias")?;
+        }
+        let end = s.out_off + s.w.rows;
+        check_len(out, end * 4, "output")?;
+    }
+    if glu && segs[0].w.rows != segs[1].w.rows {
+        return Err(Error::Other(format!(
+            "matvec: gate has {} rows, up {}",
+            segs[0].w.rows, segs[1].w.rows
+        )));
+    }
+    check_len(x, cols * 4, "input")?;
+    if let Some((w, _)) = norm {
+        check_len(w, cols * 4, "norm weight")?;
+    }
+    let (rpb, _g) = rows_per_block(cols, glu);
+    let nr = if glu { 2 * rpb } else { rpb } as usize;
+    let stride = MV_STAGE / nr;
+    let granule = if segs.iter().any(|s| s.w.fmt.block_elems() == 256) {
+        256
+    } else {
+        32
+    };
+    let gb = segs
+        .iter()
+        .map(|s| granule / s.w.fmt.block_elems() * s.w.fmt.block_bytes())
+        .max()
+        .unwrap_or(1);
+    // Room for the 16-byte aligned cover of a row's chunk: its bytes plus up to 30.
+    let per = (stride - 32) / gb;
+    if per == 0 {
+        return Err(Error::Other(format!(
+            "matvec: {nr} rows of {gb}-byte granules do not fit the staging buffer"
+        )));
+    }
+    let chunk = (per * granule).min(cols);
+    let units = cols / 32;
+    let smem = units * XPAD * 4 + MV_STAGE + MV_RED * 4;
+    if smem > SMEM_MAX {
+        return Err(Error::Other(format!(
+            "matvec: rows of {cols} elements need {smem} bytes of shared memory for the input; at most {SMEM_MAX}"
+        )));
+    }
+    let mut seg = [MvSeg::default(); 3];
+    let mut grid = 0u32;
+    for (i, s) in segs.iter().enumerate() {
+        let blocks = u32_of(s.w.rows.div_ceil(rpb as usize), "blocks")?;
+        seg[i] = MvSeg {
+            w: s.w.buffer().ptr(),
+            bias: s.bias.map_or(0, |b| b.ptr()),
+            fmt: s.w.fmt.code(),
+            rows: u32_of(s.w.rows, "rows")?,
+            row_bytes: u32_of(s.w.row_bytes, "row bytes")?,
+            out_off: u32_of(s.out_off, "output offset")?,
+            blocks,
+            pad: 0,
+        };
+        if !glu || i == 0 {
+            grid = grid
+                .checked_add(blocks)
+                .ok_or_else(|| Error::Other("matvec: too many blocks".into()))?;
+        }
+    }
+    if let Some(a) = argmax {
+        if segs.len() != 1 || glu {
+            return Err(Error::Other(
+                "matvec: argmax partials need a single stored matrix".into(),
+            ));
+        }
+        check_len(a, grid as usize * 8, "argmax partials")?;
+    }
+    let args = MvArgs {
+        seg,
+        nseg: segs.len() as u32,
+        mode: mode as u32,
+        cols: u32_of(cols, "columns")?,
+        rpb,
+        chunk: u32_of(chunk, "chunk")?,
+        stride: stride as u32,
+        x: x.ptr(),
+        norm: norm.map_or(0, |(b, _)| b.ptr()),
+        eps: norm.map_or(0.0, |(_, e)| e),
+        pad: 0,
+        out: out.ptr(),
+        argmax: argmax.map_or(0, |b| b.ptr()),
+    };
+    Ok(MvLaunch {
+        args,
+        grid,
+        smem: smem as u32,
+    })
+}
+
+impl MvLaunch {
+    /// Thread blocks (= argmax partials written).
+    pub(crate) fn grid(&self) -> u32 {
+        self.grid
+    }
+
+    pub(crate) fn enqueue(&self, dev: &CudaDevice) -> Result<()> {
+        let cfg = LaunchConfig::new((self.grid, 1, 1), (MV_T, 1, 1), self.smem);
+        dev.launch(
+            "matvec",
+            &SOURCE,
+            "matvec",
+            cfg,
+            KernelArgs::new().arg(self.args),
+        )
+        .gpu()
+    }
+}
+
+/// Blocks of the product of `rows` rows of `cols` elements (one matrix, Store/Add modes).
+pub(crate) fn blocks_for(rows: usize, cols: usize) -> usize {
+    rows.div_ceil(rows_per_block(cols, false).0 as usize)
+}
+
+/// `EmbedArgs` in matvec.cu.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct EmbedArgs {
+    w: u64,
+    params: u64,
+    out: u64,
+    fmt: u32,
+    row_bytes: u32,
+    cols: u32,
+    rows: u32,
+    scale: f32,
+    pad: u32,
+}
+
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct EmbedLaunch {
+    args: EmbedArgs,
+    grid: u32,
+}
+
+/// out (f32 [cols]) = row `params[0]` of `w` times `scale`.
+pub(crate) fn plan_embed(
+    w: &GpuMatrix,
+    params: &Buffer,
+    out: &Buffer,
+    scale: f32,
+) -> Result<EmbedLaunch> {
+    check_len(out, w.cols * 4, "embedding output")?;
+    check_len(params, 8, "parameters")?;
+    Ok(EmbedLaunch {
+        args: EmbedArgs {
+            w: w.buffer().ptr(),
+            params: params.ptr(),
+            out: out.ptr(),
+            fmt: w.fmt.code(),
+            row_bytes: u32_of(w.row_bytes, "row bytes")?,
+            cols: u32_of(w.cols, "columns")?,
+            rows: u32_of(w.rows, "rows")?,
+            scale,
+            pad: 0,
+        },
+        grid: u32_of((w.cols / 32).div_ceil(128).max(1), "blocks")?,
+    })
+}
+
+impl EmbedLaunch {
+    pub(crate) fn enqueue(&self, dev: &CudaDevice) -> Result<()> {
+        let cfg = LaunchConfig::new((self.grid, 1, 1), (128, 1, 1), 0);
+        dev.launch(
+            "embed",
+            &SOURCE,
+            "embed",
+            cfg,
+            KernelArgs::new().arg(self.args),
+        )
+        .gpu()
+    }
+}
+
+/// The final argmax over `n` partials (ArgPart) into a u32 at `out` (byte offset `off`).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ArgmaxLaunch {
+    part: u64,
+    n: u32,
+    out: u64,
+}
+
+pub(crate) fn plan_argmax(part: &Buffer, n: u32, out: &Buffer, off: usize) -> Result<ArgmaxLaunch> {
+    check_len(part, n as usize * 8, "argmax partials")?;
+    check_len(out, off + 4, "argmax output")?;
+    Ok(ArgmaxLaunch {
+        part: part.ptr(),
+        n,
+        out: out.ptr() + off as u64,
+    })
+}
+
+impl ArgmaxLaunch {
+    pub(crate) fn enqueue(&self, dev: &CudaDevice) -> Result<()> {
+        let cfg = LaunchConfig::new((1, 1, 1), (1024, 1, 1), 0);
+        let args = KernelArgs::new().arg(self.part).arg(self.n).arg(self.out);
+        dev.launch("argmax", &SOURCE, "argmax_final", cfg, args)
+            .gpu()
+    }
+}

@@ -1,0 +1,107 @@
+//! LLM decode on a CUDA GPU, one graph per token.
+//!
+//! - [`GpuModel`] uploads every weight matrix's GGUF block bytes once, as they are in the file
+//!   (formats without a kernel are converted to f16 at load, with a notice), after checking
+//!   that weights plus KV cache fit the free device memory.
+//! - [`GpuSession`] runs one token at a time: embedding, per layer a fused RMS-norm + QKV
+//!   product, RoPE + KV append (f16 cache preallocated to the context), split-K decode
+//!   attention with its combine, the output product with the residual add, a fused RMS-norm +
+//!   gate/up product with SwiGLU/GeGLU, the down product with the residual add; the final norm
+//!   and output product with per-block argmax partials, and the final argmax. The whole step is
+//!   captured once as a CUDA graph and replayed; between replays the host writes the token and
+//!   position (8 bytes) and reads back the greedy token id (4 bytes).
+//! - Activations stay f32 (no 8-bit activation rounding as on the CPU's fast path), so the
+//!   logits follow the CPU's exact mode (`Precision::Exact`) up to summation order and the f16
+//!   KV cache.
+//!
+//! Kernels are CUDA C++ next to their wrappers: `matvec.cu` (with `quant.cuh`, the block
+//! formats) by `matvec.rs`, `decode.cu` by `decode.rs`.
+
+mod decode;
+mod matvec;
+pub mod ops;
+mod session;
+mod weights;
+
+pub use ferrite_cuda::{device_count, is_available, Buffer, CudaDevice, KernelSource};
+pub use session::GpuSession;
+pub use weights::{Fmt, GpuMatrix, GpuModel};
+
+use crate::error::{Error, Result};
+
+/// Every kernel source of the GPU decode path (the compile-all test walks this list).
+pub fn sources() -> Vec<&'static KernelSource> {
+    vec![&matvec::SOURCE, &decode::SOURCE]
+}
+
+/// Maps a CUDA backend error into this crate's error type.
+pub(crate) fn cuda_err(e: ferrite_core::Error) -> Error {
+    Error::Other(format!("cuda: {e}"))
+}
+
+pub(crate) trait CudaResult<T> {
+    fn gpu(self) -> Result<T>;
+}
+
+impl<T> CudaResult<T> for ferrite_core::Result<T> {
+    fn gpu(self) -> Result<T> {
+        self.map_err(cuda_err)
+    }
+}
+
+/// A device buffer holding `v` (f32, little-endian).
+pub fn upload_f32(dev: &CudaDevice, v: &[f32], what: &'static str) -> Result<Buffer> {
+    let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+    upload_bytes(dev, &bytes, what)
+}
+
+/// A device buffer holding `bytes`.
+pub fn upload_bytes(dev: &CudaDevice, bytes: &[u8], what: &'static str) -> Result<Buffer> {
+    let buf = dev.alloc_bytes(bytes.len().max(16), what).gpu()?;
+    if !bytes.is_empty() {
+        dev.write_bytes(&buf, 0, bytes).gpu()?;
+    }
+    Ok(buf)
+}
+
+/// Reads `n` f32 values at the start of `buf` (waits for the queued work).
+pub fn read_f32(dev: &CudaDevice, buf: &Buffer, n: usize) -> Result<Vec<f32>> {
+    let b = dev.read_bytes(buf, 0, n * 4).gpu()?;
+    Ok(b.chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect())
+}
+
+/// A zeroed device buffer of `bytes` bytes (at least 16).
+pub fn zeros(dev: &CudaDevice, bytes: usize, what: &'static str) -> Result<Buffer> {
+    let buf = dev.alloc_bytes(bytes.max(16), what).gpu()?;
+    dev.zero_bytes(&buf).gpu()?;
+    Ok(buf)
+}
+
+/// One kernel launch of the decode step, with its arguments (rebuilt into `KernelArgs` at each
+/// enqueue: the step list is built once per session and enqueued eagerly or under capture).
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Launch {
+    Matvec(matvec::MvLaunch),
+    Embed(matvec::EmbedLaunch),
+    Argmax(matvec::ArgmaxLaunch),
+    Rope(decode::RopeLaunch),
+    Attn(decode::AttnLaunch),
+    Combine(decode::CombineLaunch),
+    Norm(decode::NormLaunch),
+}
+
+impl Launch {
+    pub(crate) fn enqueue(&self, dev: &CudaDevice) -> Result<()> {
+        match self {
+            Launch::Matvec(l) => l.enqueue(dev),
+            Launch::Embed(l) => l.enqueue(dev),
+            Launch::Argmax(l) => l.enqueue(dev),
+            Launch::Rope(l) => l.enqueue(dev),
+            Launch::Attn(l) => l.enqueue(dev),
+            Launch::Combine(l) => l.enqueue(dev),
+            Launch::Norm(l) => l.enqueue(dev),
+        }
+    }
+}

@@ -1,0 +1,119 @@
+//! The kernels of the decode step one at a time, on buffers the caller owns: for tests against
+//! the CPU references and for benchmarks. Each call plans one launch and enqueues it on the
+//! device's compute stream (reads of the outputs wait for it).
+
+use ferrite_cuda::{Buffer, CudaDevice};
+
+pub use super::decode::{AttnShape, KvLayer, RopeSpec, HD_MAX};
+pub use super::matvec::{Mode, Seg};
+
+use super::weights::GpuMatrix;
+use super::{decode, matvec, zeros, Launch};
+use crate::error::Result;
+
+/// `out[off + r] = W[r] . norm(x)` for the rows of every segment (Store/Add), or the gated
+/// product of `[gate, up]` (Glu modes). `norm`: RMS-norm weight (f32 [cols]) and epsilon.
+pub fn matvec(
+    dev: &CudaDevice,
+    segs: &[Seg<'_>],
+    mode: Mode,
+    x: &Buffer,
+    norm: Option<(&Buffer, f32)>,
+    out: &Buffer,
+) -> Result<()> {
+    matvec::plan(segs, mode, x, norm, out, None)?.enqueue(dev)
+}
+
+/// `logits = W . norm(x)` and the index of the largest logit (u32) into `token` at byte 0.
+pub fn matvec_argmax(
+    dev: &CudaDevice,
+    w: &GpuMatrix,
+    x: &Buffer,
+    norm: Option<(&Buffer, f32)>,
+    logits: &Buffer,
+    token: &Buffer,
+) -> Result<()> {
+    let part = zeros(
+        dev,
+        matvec::blocks_for(w.rows, w.cols) * 8,
+        "argmax partials",
+    )?;
+    let seg = [Seg {
+        w,
+        bias: None,
+        out_off: 0,
+    }];
+    let l = matvec::plan(&seg, Mode::Store, x, norm, logits, Some(&part))?;
+    Launch::Matvec(l).enqueue(dev)?;
+    Launch::Argmax(matvec::plan_argmax(&part, l.grid(), token, 0)?).enqueue(dev)
+}
+
+/// `out = w[params[0]] * scale` (the embedding of the token in the parameter block).
+pub fn embed(
+    dev: &CudaDevice,
+    w: &GpuMatrix,
+    params: &Buffer,
+    out: &Buffer,
+    scale: f32,
+) -> Result<()> {
+    matvec::plan_embed(w, params, out, scale)?.enqueue(dev)
+}
+
+/// `y = x / rms(x) * w` over `n` values.
+pub fn rms_norm(
+    dev: &CudaDevice,
+    x: &Buffer,
+    w: &Buffer,
+    y: &Buffer,
+    n: usize,
+    eps: f32,
+) -> Result<()> {
+    decode::plan_norm(x, y, w, n, eps, false)?.enqueue(dev)
+}
+
+/// `x += y / rms(y) * w` over `n` values.
+pub fn rms_norm_add(
+    dev: &CudaDevice,
+    x: &Buffer,
+    y: &Buffer,
+    w: &Buffer,
+    n: usize,
+    eps: f32,
+) -> Result<()> {
+    decode::plan_norm(x, y, w, n, eps, true)?.enqueue(dev)
+}
+
+/// RoPE of q and k in `qkv` (f32 [nh*hd | nkv*hd | nkv*hd]) at position `params[1]`, q in
+/// place; k and v appended to the layer's f16 cache.
+pub fn rope_kv(
+    dev: &CudaDevice,
+    shape: &AttnShape,
+    rope: &RopeSpec<'_>,
+    qkv: &Buffer,
+    kv: &KvLayer<'_>,
+    params: &Buffer,
+) -> Result<()> {
+    decode::plan_rope(shape, rope, qkv, kv, params)?.enqueue(dev)
+}
+
+/// `out` (f32 [nh * hd]) = attention of `q` (f32 [nh * hd], the first bytes of the buffer)
+/// over keys 0..=params[1] of the layer's cache (the last `window` of them if not 0), split
+/// over at most `splits` blocks per head group (default: as the decode step).
+#[allow(clippy::too_many_arguments)]
+pub fn attention(
+    dev: &CudaDevice,
+    shape: &AttnShape,
+    window: usize,
+    scale: f32,
+    q: &Buffer,
+    kv: &KvLayer<'_>,
+    params: &Buffer,
+    out: &Buffer,
+    splits: Option<usize>,
+) -> Result<()> {
+    let (ngrp, auto) = shape.splits(dev.sm_count());
+    let maxsplit = splits.unwrap_or(auto).max(1);
+    let part = zeros(dev, shape.part_bytes(maxsplit), "attention partials")?;
+    decode::plan_attn(shape, window, scale, q, kv, params, &part, ngrp, maxsplit)?.enqueue(dev)?;
+    decode::plan_combine(shape, window, &part, params, out, maxsplit)?.enqueue(dev)
+}

@@ -1,0 +1,257 @@
+#line 1 "quant.cuh"
+// GGUF weight formats on the GPU: one 32-weight unit dequantized into registers.
+//
+// A weight row is `cols` elements in GGUF blocks (BS elements, TS bytes each). F32/F16/BF16 use
+// pseudo-blocks of 32 elements, so every format is read in units of 32 elements: unit `sub`
+// of a block (K-quants have 8 units per 256-element block, the others 1).
+// Pointers into block bytes are only 2-byte aligned (18-, 22-, 34-, 210-byte blocks), so words
+// are read as two 16-bit halves. Expressions follow the CPU reference
+// (ferrite_gguf::quant::dequantize) term for term.
+
+// Format codes, shared with gpu/weights.rs (`Fmt`).
+#define FMT_F32 0
+#define FMT_F16 1
+#define FMT_BF16 2
+#define FMT_Q4_0 3
+#define FMT_Q4_1 4
+#define FMT_Q5_0 5
+#define FMT_Q5_1 6
+#define FMT_Q8_0 7
+#define FMT_Q4_K 8
+#define FMT_Q5_K 9
+#define FMT_Q6_K 10
+
+struct __align__(16) U4 { u32 x, y, z, w; };
+struct __align__(16) F4 { float x, y, z, w; };
+struct __align__(8) H4 { unsigned short x, y, z, w; };
+
+// Elements per block.
+__device__ __forceinline__ constexpr u32 fmt_bs(u32 f) { return f >= FMT_Q4_K ? 256u : 32u; }
+
+// Bytes per block.
+__device__ __forceinline__ constexpr u32 fmt_ts(u32 f) {
+    switch (f) {
+    case FMT_F32: return 128;
+    case FMT_F16: return 64;
+    case FMT_BF16: return 64;
+    case FMT_Q4_0: return 18;
+    case FMT_Q4_1: return 20;
+    case FMT_Q5_0: return 22;
+    case FMT_Q5_1: return 24;
+    case FMT_Q8_0: return 34;
+    case FMT_Q4_K: return 144;
+    case FMT_Q5_K: return 176;
+    default: return 210;  // FMT_Q6_K
+    }
+}
+
+__device__ __forceinline__ u32 ld2(const u8* p) { return *(const unsigned short*)p; }
+// 4 little-endian bytes at a 2-byte aligned address.
+__device__ __forceinline__ u32 ld4(const u8* p) { return ld2(p) | (ld2(p + 2) << 16); }
+__device__ __forceinline__ float ldh(const u8* p) {
+    f16 h;
+    h.x = (unsigned short)ld2(p);
+    return f16_to_f32(h);
+}
+__device__ __forceinline__ float h2f(u32 bits) {
+    f16 h;
+    h.x = (unsigned short)bits;
+    return f16_to_f32(h);
+}
+
+// y[0..32] = the 32 weights of unit `sub` of the block at `b`.
+template <int F> __device__ __forceinline__ void deq(const u8* b, int sub, float* y);
+
+template <> __device__ __forceinline__ void deq<FMT_F32>(const u8* b, int, float* y) {
+    const float* p = (const float*)b;  // 4-byte aligned: rows of f32 are
+#pragma unroll
+    for (int l = 0; l < 32; ++l) y[l] = p[l];
+}
+
+template <> __device__ __forceinline__ void deq<FMT_F16>(const u8* b, int, float* y) {
+#pragma unroll
+    for (int w = 0; w < 16; ++w) {
+        u32 v = ld4(b + 4 * w);
+        y[2 * w] = h2f(v & 0xffffu);
+        y[2 * w + 1] = h2f(v >> 16);
+    }
+}
+
+template <> __device__ __forceinline__ void deq<FMT_BF16>(const u8* b, int, float* y) {
+#pragma unroll
+    for (int w = 0; w < 16; ++w) {
+        u32 v = ld4(b + 4 * w);
+        y[2 * w] = __uint_as_float(v << 16);
+        y[2 * w + 1] = __uint_as_float(v & 0xffff0000u);
+    }
+}
+
+// Q4_0: d (f16), qs[16]; weight j = low nibble of qs[j], weight j+16 = high nibble; d * (q - 8).
+template <> __device__ __forceinline__ void deq<FMT_Q4_0>(const u8* b, int, float* y) {
+    const float d = ldh(b);
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+        u32 v = ld4(b + 2 + 4 * w);
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            u32 q = (v >> (8 * k)) & 0xffu;
+            y[4 * w + k] = d * (float)((int)(q & 15u) - 8);
+            y[4 * w + k + 16] = d * (float)((int)(q >> 4) - 8);
+        }
+    }
+}
+
+// Q4_1: d, m (f16), qs[16]; d * q + m.
+template <> __device__ __forceinline__ void deq<FMT_Q4_1>(const u8* b, int, float* y) {
+    const float d = ldh(b), m = ldh(b + 2);
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+        u32 v = ld4(b + 4 + 4 * w);
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            u32 q = (v >> (8 * k)) & 0xffu;
+            y[4 * w + k] = d * (float)(q & 15u) + m;
+            y[4 * w + k + 16] = d * (float)(q >> 4) + m;
+        }
+    }
+}
+
+// Q5_0: d, qh (u32: bit j = bit 4 of weight j), qs[16]; d * (q - 16).
+template <> __device__ __forceinline__ void deq<FMT_Q5_0>(const u8* b, int, float* y) {
+    const float d = ldh(b);
+    const u32 qh = ld4(b + 2);
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+        u32 v = ld4(b + 6 + 4 * w);
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            const int j = 4 * w + k;
+            u32 q = (v >> (8 * k)) & 0xffu;
+            u32 lo = (q & 15u) | (((qh >> j) & 1u) << 4);
+            u32 hi = (q >> 4) | (((qh >> (j + 16)) & 1u) << 4);
+            y[j] = d * (float)((int)lo - 16);
+            y[j + 16] = d * (float)((int)hi - 16);
+        }
+    }
+}
+
+// Q5_1: d, m, qh, qs[16]; d * q + m.
+template <> __device__ __forceinline__ void deq<FMT_Q5_1>(const u8* b, int, float* y) {
+    const float d = ldh(b), m = ldh(b + 2);
+    const u32 qh = ld4(b + 4);
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+        u32 v = ld4(b + 8 + 4 * w);
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            const int j = 4 * w + k;
+            u32 q = (v >> (8 * k)) & 0xffu;
+            u32 lo = (q & 15u) | (((qh >> j) & 1u) << 4);
+            u32 hi = (q >> 4) | (((qh >> (j + 16)) & 1u) << 4);
+            y[j] = d * (float)lo + m;
+            y[j + 16] = d * (float)hi + m;
+        }
+    }
+}
+
+// Q8_0: d, qs[32] (i8); q * d.
+template <> __device__ __forceinline__ void deq<FMT_Q8_0>(const u8* b, int, float* y) {
+    const float d = ldh(b);
+#pragma unroll
+    for (int w = 0; w < 8; ++w) {
+        u32 v = ld4(b + 2 + 4 * w);
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            y[4 * w + k] = (float)(signed char)((v >> (8 * k)) & 0xffu) * d;
+        }
+    }
+}
+
+// The 6-bit (scale, min) of group `j` (0..8) of Q4_K/Q5_K (`scale_min_k4`).
+__device__ __forceinline__ void scale_min_k4(int j, const u8* s, int* sc, int* m) {
+    if (j < 4) {
+        *sc = s[j] & 63;
+        *m = s[j + 4] & 63;
+    } else {
+        *sc = (s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4);
+        *m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+    }
+}
+
+// Q4_K: d, dmin, scales[12], qs[128]; weight 64c + 32h + l is nibble h of qs[32c + l];
+// unit g = 2c + h: d * sc[g] * q - dmin * m[g].
+template <> __device__ __forceinline__ void deq<FMT_Q4_K>(const u8* b, int g, float* y) {
+    const float d = ldh(b), dmin = ldh(b + 2);
+    int sc, mn;
+    scale_min_k4(g, b + 4, &sc, &mn);
+    const float d1 = d * (float)sc, m1 = dmin * (float)mn;
+    const u8* q = b + 16 + 32 * (g >> 1);
+    const int sh = 4 * (g & 1);
+#pragma unroll
+    for (int w = 0; w < 8; ++w) {
+        u32 v = ld4(q + 4 * w);
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            y[4 * w + k] = d1 * (float)((v >> (8 * k + sh)) & 15u) - m1;
+        }
+    }
+}
+
+// Q5_K: Q4_K plus qh[32] at byte 16 (bit g of qh[l] = bit 4 of weight 32g + l); qs at 48.
+template <> __device__ __forceinline__ void deq<FMT_Q5_K>(const u8* b, int g, float* y) {
+    const float d = ldh(b), dmin = ldh(b + 2);
+    int sc, mn;
+    scale_min_k4(g, b + 4, &sc, &mn);
+    const float d1 = d * (float)sc, m1 = dmin * (float)mn;
+    const u8* q = b + 48 + 32 * (g >> 1);
+    const u8* h = b + 16;
+    const int sh = 4 * (g & 1);
+#pragma unroll
+    for (int w = 0; w < 8; ++w) {
+        u32 v = ld4(q + 4 * w), hv = ld4(h + 4 * w);
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            u32 qq = ((v >> (8 * k + sh)) & 15u) | (((hv >> (8 * k + g)) & 1u) << 4);
+            y[4 * w + k] = d1 * (float)qq - m1;
+        }
+    }
+}
+
+// Q6_K: ql[128], qh[64], scales[16] (i8), d. Weight e = 128n + r: low 4 bits from
+// ql[64n + r % 64] >> 4 * (r / 64), high 2 from qh[32n + r % 32] >> 2 * (r / 32);
+// d * scales[e / 16] * (q - 32). Unit g covers e = 32g..32g+32 (n = g / 4, r / 32 = g % 4).
+template <> __device__ __forceinline__ void deq<FMT_Q6_K>(const u8* b, int g, float* y) {
+    const float d = ldh(b + 208);
+    const int n = g >> 2;
+    const u8* ql = b + 64 * n + 32 * (g & 1);
+    const int lsh = 4 * ((g & 3) >> 1);
+    const u8* qh = b + 128 + 32 * n;
+    const int hsh = 2 * (g & 3);
+    const signed char* sc = (const signed char*)(b + 192);
+    const float d0 = d * (float)sc[2 * g], d1 = d * (float)sc[2 * g + 1];
+#pragma unroll
+    for (int w = 0; w < 8; ++w) {
+        u32 lv = ld4(ql + 4 * w), hv = ld4(qh + 4 * w);
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            int q = (int)(((lv >> (8 * k + lsh)) & 15u) | (((hv >> (8 * k + hsh)) & 3u) << 4)) - 32;
+            y[4 * w + k] = (w < 4 ? d0 : d1) * (float)q;
+        }
+    }
+}
+
+// Expands CALL(F) with F the compile-time constant of the runtime format code `f`.
+#define FMT_DISPATCH(f, CALL) \
+    switch (f) { \
+    case FMT_F32: CALL(FMT_F32); break; \
+    case FMT_F16: CALL(FMT_F16); break; \
+    case FMT_BF16: CALL(FMT_BF16); break; \
+    case FMT_Q4_0: CALL(FMT_Q4_0); break; \
+    case FMT_Q4_1: CALL(FMT_Q4_1); break; \
+    case FMT_Q5_0: CALL(FMT_Q5_0); break; \
+    case FMT_Q5_1: CALL(FMT_Q5_1); break; \
+    case FMT_Q8_0: CALL(FMT_Q8_0); break; \
+    case FMT_Q4_K: CALL(FMT_Q4_K); break; \
+    case FMT_Q5_K: CALL(FMT_Q5_K); break; \
+    case FMT_Q6_K: CALL(FMT_Q6_K); break; \
+    }

@@ -1,0 +1,402 @@
+//! A decode session on the GPU: the KV cache (f16, preallocated to the model's context),
+//! activation buffers, and the token step as a fixed list of kernel launches, captured once
+//! as a CUDA graph and replayed.
+//!
+//! The device parameter block is u32 [token, pos, next token, 0]: the host writes the first
+//! two before each step and reads the third after it. `FERRITE_GPU_EAGER=1` launches the
+//! kernels one by one instead of replaying the graph (for debugging and profiling).
+
+use ferrite_cuda::{Buffer, CudaDevice, Graph};
+
+use super::decode::{self, AttnShape, KvLayer, RopeSpec};
+use super::matvec::{self, Mode, Seg};
+use super::weights::GpuModel;
+use super::{zeros, CudaResult, Launch};
+use crate::error::{Error, Result};
+use crate::model::{Arch, Config};
+
+/// Device bytes of a session's buffers besides the weights and the KV cache.
+pub(crate) fn scratch_bytes(c: &Config, ctx: usize, sm_count: u32) -> usize {
+    let shape = AttnShape {
+        n_head: c.n_head,
+        n_kv_head: c.n_kv_head,
+        head_dim: c.head_dim,
+        ctx,
+    };
+    let (_, split) = shape.splits(sm_count);
+    let q = c.n_head * c.head_dim;
+    let acts = 3 * c.d_model + q + 2 * c.n_kv_head * c.head_dim + q + c.n_ff + c.vocab;
+    acts * 4 + shape.part_bytes(split) + matvec::blocks_for(c.vocab, c.d_model) * 8 + 4096
+}
+
+/// Decode state of one sequence on the GPU.
+pub struct GpuSession<'g> {
+    m: &'g GpuModel,
+    dev: CudaDevice,
+    pos: usize,
+    params: Buffer,
+    logits: Buffer,
+    steps: Vec<Launch>,
+    graph: Option<Graph>,
+    eager: bool,
+    /// Buffers the launches point into (kept alive with the session).
+    _bufs: Vec<Buffer>,
+}
+
+impl<'g> GpuSession<'g> {
+    /// A session over `m` with an empty KV cache of `m.ctx()` positions.
+    pub fn new(m: &'g GpuModel) -> Result<GpuSession<'g>> {
+        let dev = m.dev.clone();
+        let c = &m.cfg;
+        let (d, hd, nh, nkv, ff) = (c.d_model, c.head_dim, c.n_head, c.n_kv_head, c.n_ff);
+        let shape = AttnShape {
+            n_head: nh,
+            n_kv_head: nkv,
+            head_dim: hd,
+            ctx: m.ctx,
+        };
+        let (ngrp, maxsplit) = shape.splits(dev.sm_count());
+        let f32s = |n: usize, what| zeros(&dev, n * 4, what);
+        let params = zeros(&dev, 16, "llm params")?;
+        let x = f32s(d, "llm activations")?;
+        let qkv = f32s((nh + 2 * nkv) * hd, "llm activations")?;
+        let att = f32s(nh * hd, "llm activations")?;
+        let hid = f32s(ff, "llm activations")?;
+        let tmp = f32s(d, "llm activations")?;
+        let logits = f32s(c.vocab, "llm logits")?;
+        let kv_bytes = c.n_layer * shape.kv_layer_bytes();
+        let kc = zeros(&dev, kv_bytes, "llm kv cache")?;
+        let vc = zeros(&dev, kv_bytes, "llm kv cache")?;
+        let part = zeros(&dev, shape.part_bytes(maxsplit), "llm attention")?;
+        let am = zeros(
+            &dev,
+            matvec::blocks_for(c.vocab, d) * 8,
+            "llm argmax partials",
+        )?;
+
+        let mut steps = vec![Launch::Embed(matvec::plan_embed(
+            &m.tok_embd,
+            &params,
+            &x,
+            c.embed_scale,
+        )?)];
+        let glu = if c.arch == Arch::Gemma3 {
+            Mode::GluGelu
+        } else {
+            Mode::GluSilu
+        };
+        for (il, l) in m.layers.iter().enumerate() {
+            let qkv_segs = [
+                Seg {
+                    w: &l.wq,
+                    bias: l.bq.as_ref(),
+                    out_off: 0,
+                },
+                Seg {
+                    w: &l.wk,
+                    bias: l.bk.as_ref(),
+                    out_off: nh * hd,
+                },
+                Seg {
+                    w: &l.wv,
+                    bias: l.bv.as_ref(),
+                    out_off: (nh + nkv) * hd,
+                },
+            ];
+            steps.push(Launch::Matvec(matvec::plan(
+                &qkv_segs,
+                Mode::Store,
+                &x,
+                Some((&l.attn_norm, c.eps)),
+                &qkv,
+                None,
+            )?));
+            let kv = KvLayer {
+                k: &kc,
+                v: &vc,
+                off: il * shape.kv_layer_bytes(),
+            };
+            let local = c.is_local(il);
+            let rope = RopeSpec {
+                inv_freq: if local {
+                    &m.inv_freq_local
+                } else {
+                    &m.inv_freq
+                },
+                rope_dim: c.rope_dim,
+                neox: c.rope_neox,
+                pos_scale: if local { 1.0 } else { 1.0 / c.rope_scale },
+                qk_norm: match (&l.q_norm, &l.k_norm) {
+                    (Some(q), Some(k)) => Some((q, k, c.eps)),
+                    _ => None,
+                },
+            };
+            steps.push(Launch::Rope(decode::plan_rope(
+                &shape, &rope, &qkv, &kv, &params,
+            )?));
+            let window = if local { c.sliding_window } else { 0 };
+            steps.push(Launch::Attn(decode::plan_attn(
+                &shape,
+                window,
+                c.attn_scale,
+                &qkv,
+                &kv,
+                &params,
+                &part,
+                ngrp,
+                maxsplit,
+            )?));
+            steps.push(Launch::Combine(decode::plan_combine(
+                &shape, window, &part, &params, &att, maxsplit,
+            )?));
+            let wo = [Seg {
+                w: &l.wo,
+                bias: None,
+                out_off: 0,
+            }];
+            match &l.post_attn_norm {
+                Some(pn) => {
+                    steps.push(Launch::Matvec(matvec::plan(
+                        &wo,
+                        Mode::Store,
+                        &att,
+                        None,
+                        &tmp,
+                        None,
+                    )?));
+                    steps.push(Launch::Norm(decode::plan_norm(
+                        &x, &tmp, pn, d, c.eps, true,
+                    )?));
+                }
+                None => steps.push(Launch::Matvec(matvec::plan(
+                    &wo,
+                    Mode::Add,
+                    &att,
+                    None,
+                    &x,
+                    None,
+                )?)),
+            }
+            let gu = [
+                Seg {
+                    w: &l.w_gate,
+                    bias: None,
+                    out_off: 0,
+                },
+                Seg {
+                    w: &l.w_up,
+                    bias: None,
+                    out_off: 0,
+                },
+            ];
+            steps.push(Launch::Matvec(matvec::plan(
+                &gu,
+                glu,
+                &x,
+                Some((&l.ffn_norm, c.eps)),
+                &hid,
+                None,
+            )?));
+            let down = [Seg {
+                w: &l.w_down,
+                bias: None,
+                out_off: 0,
+            }];
+            match &l.post_ffn_norm {
+                Some(pn) => {
+                    steps.push(Launch::Matvec(matvec::plan(
+                        &down,
+                        Mode::Store,
+                        &hid,
+                        None,
+                        &tmp,
+                        None,
+                    )?));
+                    steps.push(Launch::Norm(decode::plan_norm(
+                        &x, &tmp, pn, d, c.eps, true,
+                    )?));
+                }
+                None => steps.push(Launch::Matvec(matvec::plan(
+                    &down,
+                    Mode::Add,
+                    &hid,
+                    None,
+                    &x,
+                    None,
+                )?)),
+            }
+        }
+        let lm = matvec::plan(
+            &[Seg {
+                w: m.output_matrix(),
+                bias: None,
+                out_off: 0,
+            }],
+            Mode::Store,
+            &x,
+            Some((&m.output_norm, c.eps)),
+            &logits,
+            Some(&am),
+        )?;
+        steps.push(Launch::Matvec(lm));
+        steps.push(Launch::Argmax(matvec::plan_argmax(
+            &am,
+            lm.grid(),
+            &params,
+            8,
+        )?));
+        let eager = std::env::var("FERRITE_GPU_EAGER").is_ok_and(|v| !v.is_empty() && v != "0");
+        Ok(GpuSession {
+            m,
+            dev,
+            pos: 0,
+            params,
+            logits,
+            steps,
+            graph: None,
+            eager,
+            _bufs: vec![x, qkv, att, hid, tmp, kc, vc, part, am],
+        })
+    }
+
+    pub fn model(&self) -> &'g GpuModel {
+        self.m
+    }
+
+    /// Tokens processed so far (the position of the next token).
+    pub fn pos(&self) -> usize {
+        self.pos
+    }
+
+    /// Capacity of the KV cache in tokens.
+    pub fn ctx(&self) -> usize {
+        self.m.ctx
+    }
+
+    /// Forgets every position from `pos` on.
+    pub fn truncate(&mut self, pos: usize) {
+        self.pos = self.pos.min(pos);
+    }
+
+    /// Kernel launches per token.
+    pub fn launches_per_token(&self) -> usize {
+        self.steps.len()
+    }
+
+    /// Whether steps launch kernels one by one (`FERRITE_GPU_EAGER`) rather than replay a graph.
+    pub fn is_eager(&self) -> bool {
+        self.eager
+    }
+
+    pub fn set_eager(&mut self, eager: bool) {
+        self.eager = eager;
+    }
+
+    fn check(&self, tokens: &[u32]) -> Result<()> {
+        let vocab = self.m.cfg.vocab;
+        if let Some(&id) = tokens.iter().find(|&&t| t as usize >= vocab) {
+            return Err(Error::Token { id, vocab });
+        }
+        let need = self.pos + tokens.len();
+        if need > self.ctx() {
+            return Err(Error::Context(format!(
+                "{} tokens already in the cache plus {} new need {need} positions, but the context size is {}",
+                self.pos,
+                tokens.len(),
+                self.ctx()
+            )));
+        }
+        Ok(())
+    }
+
+    fn enqueue(&self) -> Result<()> {
+        for s in &self.steps {
+            s.enqueue(&self.dev)?;
+        }
+        Ok(())
+    }
+
+    /// Queues the step of `token` at the current position (checked by the caller).
+    fn step(&mut self, token: u32) -> Result<()> {
+        let mut p = [0u8; 8];
+        p[..4].copy_from_slice(&token.to_le_bytes());
+        p[4..].copy_from_slice(&(self.pos as u32).to_le_bytes());
+        self.dev.write_bytes(&self.params, 0, &p).gpu()?;
+        if self.eager {
+            self.enqueue()?;
+        } else if let Some(g) = &self.graph {
+            g.replay().gpu()?;
+        } else {
+            // First step: launched eagerly (compiles and loads the kernels outside the
+            // capture), then captured for the next ones.
+            self.enqueue()?;
+            let g = self
+                .dev
+                .capture(|| {
+                    self.enqueue()
+                        .map_err(|e| ferrite_core::Error::backend("llm decode", e.to_string()))?;
+                    Ok(Vec::new())
+                })
+                .gpu()?;
+            self.graph = Some(g);
+        }
+        self.pos += 1;
+        Ok(())
+    }
+
+    fn read_next(&self) -> Result<u32> {
+        let b = self.dev.read_bytes(&self.params, 8, 4).gpu()?;
+        Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+    }
+
+    /// Runs `token` at position `pos()` and returns the greedy next token (argmax of the
+    /// logits, lowest id on ties), computed on the device.
+    pub fn forward_token(&mut self, token: u32) -> Result<u32> {
+        self.check(&[token])?;
+        self.step(token)?;
+        self.read_next()
+    }
+
+    /// Runs `tokens` one decode step each (no host wait between them) and returns the greedy
+    /// token after the last one.
+    pub fn forward_tokens(&mut self, tokens: &[u32]) -> Result<u32> {
+        if tokens.is_empty() {
+            return Err(Error::Other("forward: no tokens".into()));
+        }
+        self.check(tokens)?;
+        for &t in tokens {
+            self.step(t)?;
+        }
+        self.read_next()
+    }
+
+    /// The logits of the last step (vocab values).
+    pub fn logits(&self) -> Result<Vec<f32>> {
+        super::read_f32(&self.dev, &self.logits, self.m.cfg.vocab)
+    }
+
+    /// Greedy continuation: runs `prompt`, then `n` tokens, each the argmax after the one
+    /// before; returns the `n` chosen ids (as `generate::greedy`).
+    pub fn greedy(&mut self, prompt: &[u32], n: usize) -> Result<Vec<u32>> {
+        let need = self.pos + prompt.len() + n;
+        if need > self.ctx() {
+            return Err(Error::Context(format!(
+                "prompt of {} tokens plus {n} to generate need {need} positions, but the context size is {}",
+                prompt.len(),
+                self.ctx()
+            )));
+        }
+        let mut out = Vec::with_capacity(n);
+        if n == 0 {
+            return Ok(out);
+        }
+        let mut next = self.forward_tokens(prompt)?;
+        for i in 0..n {
+            out.push(next);
+            if i + 1 < n {
+                next = self.forward_token(next)?;
+            }
+        }
+        Ok(out)
+    }
+}

@@ -1,0 +1,424 @@
+//! Weights on the device: each matrix's GGUF block bytes uploaded once, as they are in the
+//! file, into its own buffer (16-byte aligned, 16 bytes of slack for the kernels' aligned
+//! loads). Norm weights, biases and RoPE tables go up as f32.
+
+use std::borrow::Cow;
+
+use ferrite_cuda::{Buffer, CudaDevice};
+use ferrite_gguf::{GgmlType, GgufFile};
+
+use super::decode::AttnShape;
+use super::{upload_f32, CudaResult};
+use crate::error::{Error, Result};
+use crate::model::{Arch, Config, Model};
+
+/// Weight formats with a GPU kernel (`FMT_*` in quant.cuh).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[allow(non_camel_case_types)]
+pub enum Fmt {
+    F32 = 0,
+    F16 = 1,
+    BF16 = 2,
+    Q4_0 = 3,
+    Q4_1 = 4,
+    Q5_0 = 5,
+    Q5_1 = 6,
+    Q8_0 = 7,
+    Q4_K = 8,
+    Q5_K = 9,
+    Q6_K = 10,
+}
+
+impl Fmt {
+    /// The kernel format of a GGUF type, if there is one.
+    pub fn of(ty: GgmlType) -> Option<Fmt> {
+        Some(match ty {
+            GgmlType::F32 => Fmt::F32,
+            GgmlType::F16 => Fmt::F16,
+            GgmlType::BF16 => Fmt::BF16,
+            GgmlType::Q4_0 => Fmt::Q4_0,
+            GgmlType::Q4_1 => Fmt::Q4_1,
+            GgmlType::Q5_0 => Fmt::Q5_0,
+            GgmlType::Q5_1 => Fmt::Q5_1,
+            GgmlType::Q8_0 => Fmt::Q8_0,
+            GgmlType::Q4_K => Fmt::Q4_K,
+            GgmlType::Q5_K => Fmt::Q5_K,
+            GgmlType::Q6_K => Fmt::Q6_K,
+            _ => return None,
+        })
+    }
+
+    /// Elements per block as the kernels read them (F32/F16/BF16: pseudo-blocks of 32).
+    pub fn block_elems(self) -> usize {
+        match self {
+            Fmt::Q4_K | Fmt::Q5_K | Fmt::Q6_K => 256,
+            _ => 32,
+        }
+    }
+
+    /// Bytes per block.
+    pub fn block_bytes(self) -> usize {
+        match self {
+            Fmt::F32 => 128,
+            Fmt::F16 | Fmt::BF16 => 64,
+            Fmt::Q4_0 => 18,
+            Fmt::Q4_1 => 20,
+            Fmt::Q5_0 => 22,
+            Fmt::Q5_1 => 24,
+            Fmt::Q8_0 => 34,
+            Fmt::Q4_K => 144,
+            Fmt::Q5_K => 176,
+            Fmt::Q6_K => 210,
+        }
+    }
+
+    pub(crate) fn code(self) -> u32 {
+        self as u32
+    }
+}
+
+/// A `rows x cols` weight matrix on the device, in GGUF block layout (row r: `row_bytes`
+/// bytes from byte r * row_bytes).
+pub struct GpuMatrix {
+    pub fmt: Fmt,
+    pub rows: usize,
+    pub cols: usize,
+    pub row_bytes: usize,
+    buf: Buffer,
+}
+
+impl GpuMatrix {
+    /// Bytes a `rows x cols` matrix of `ty` takes on the device (after any conversion).
+    pub fn device_bytes(ty: GgmlType, rows: usize, cols: usize) -> usize {
+        let f = Fmt::of(ty).unwrap_or(Fmt::F16);
+        rows * (cols / f.block_elems()) * f.block_bytes() + 16
+    }
+
+    /// Uploads `data` (`rows x cols` of `ty`, GGUF block bytes). Types without a GPU kernel
+    /// (Q2_K, Q3_K) are dequantized and stored as f16, with a notice on stderr.
+    pub fn upload(
+        dev: &CudaDevice,
+        name: &str,
+        ty: GgmlType,
+        rows: usize,
+        cols: usize,
+        data: &[u8],
+    ) -> Result<GpuMatrix> {
+        if rows == 0 || cols == 0 || !cols.is_multiple_of(32) {
+            return Err(Error::Model(format!(
+                "tensor {name}: {rows} rows of {cols} elements; the GPU kernels need rows of a multiple of 32 elements"
+            )));
+        }
+        let (fmt, bytes): (Fmt, Cow<'_, [u8]>) = match Fmt::of(ty) {
+            Some(f) => (f, Cow::Borrowed(data)),
+            None => {
+                eprintln!("note: {name}: no GPU kernel for {ty}; converted to F16 at load");
+                let v = ferrite_gguf::quant::dequantize_to_vec(ty, data)?;
+                let b: Vec<u8> = v
+                    .iter()
+                    .flat_map(|&x| half::f16::from_f32(x).to_le_bytes())
+                    .collect();
+                (Fmt::F16, Cow::Owned(b))
+            }
+        };
+        if !cols.is_multiple_of(fmt.block_elems()) {
+            return Err(Error::Model(format!(
+                "tensor {name}: rows of {cols} elements are not whole {ty} blocks"
+            )));
+        }
+        let row_bytes = cols / fmt.block_elems() * fmt.block_bytes();
+        if Some(bytes.len()) != rows.checked_mul(row_bytes) {
+            return Err(Error::Model(format!(
+                "tensor {name}: {rows}x{cols} {ty} needs {} bytes, found {}",
+                rows.saturating_mul(row_bytes),
+                bytes.len()
+            )));
+        }
+        if u32::try_from(rows).is_err() || u32::try_from(row_bytes).is_err() {
+            return Err(Error::Model(format!(
+                "tensor {name}: {rows}x{cols} is too large for the GPU kernels"
+            )));
+        }
+        let buf = dev.alloc_bytes(bytes.len() + 16, "llm weights").gpu()?;
+        dev.write_bytes(&buf, 0, &bytes).gpu()?;
+        Ok(GpuMatrix {
+            fmt,
+            rows,
+            cols,
+            row_bytes,
+            buf,
+        })
+    }
+
+    /// Bytes of the weights (what one product reads).
+    pub fn bytes(&self) -> usize {
+        self.rows * self.row_bytes
+    }
+
+    pub fn buffer(&self) -> &Buffer {
+        &self.buf
+    }
+}
+
+/// One layer's weights on the device.
+pub(crate) struct GpuLayer {
+    pub attn_norm: Buffer,
+    pub wq: GpuMatrix,
+    pub wk: GpuMatrix,
+    pub wv: GpuMatrix,
+    pub wo: GpuMatrix,
+    pub bq: Option<Buffer>,
+    pub bk: Option<Buffer>,
+    pub bv: Option<Buffer>,
+    pub q_norm: Option<Buffer>,
+    pub k_norm: Option<Buffer>,
+    pub post_attn_norm: Option<Buffer>,
+    pub ffn_norm: Buffer,
+    pub w_gate: GpuMatrix,
+    pub w_up: GpuMatrix,
+    pub w_down: GpuMatrix,
+    pub post_ffn_norm: Option<Buffer>,
+}
+
+/// A model's weights on one CUDA device, for sessions of up to `ctx` positions.
+pub struct GpuModel {
+    pub cfg: Config,
+    pub(crate) dev: CudaDevice,
+    pub(crate) ctx: usize,
+    pub(crate) tok_embd: GpuMatrix,
+    /// None: the output projection is the embedding matrix (tied).
+    pub(crate) output: Option<GpuMatrix>,
+    pub(crate) output_norm: Buffer,
+    pub(crate) layers: Vec<GpuLayer>,
+    /// RoPE inverse frequencies of global and of sliding-window layers.
+    pub(crate) inv_freq: Buffer,
+    pub(crate) inv_freq_local: Buffer,
+    weight_bytes: usize,
+}
+
+/// Names of the matrices of layer `il`.
+const LAYER_MATS: [&str; 7] = [
+    "attn_q",
+    "attn_k",
+    "attn_v",
+    "attn_output",
+    "ffn_gate",
+    "ffn_up",
+    "ffn_down",
+];
+
+/// (rows, cols, type, bytes) of a 2-D tensor.
+fn mat_info<'f>(f: &'f GgufFile, name: &str) -> Result<(usize, usize, GgmlType, &'f [u8])> {
+    let info = f
+        .tensor(name)
+        .ok_or_else(|| Error::Model(format!("missing tensor {name}")))?;
+    if info.dims.len() != 2 {
+        return Err(Error::Model(format!(
+            "tensor {name}: expected 2 dimensions, found {:?}",
+            info.dims
+        )));
+    }
+    Ok((
+        info.dims[1] as usize,
+        info.dims[0] as usize,
+        info.ty,
+        f.tensor_data(info),
+    ))
+}
+
+fn upload_mat(dev: &CudaDevice, f: &GgufFile, name: &str) -> Result<GpuMatrix> {
+    let (rows, cols, ty, data) = mat_info(f, name)?;
+    GpuMatrix::upload(dev, name, ty, rows, cols, data)
+}
+
+fn vector(f: &GgufFile, name: &str) -> Result<Vec<f32>> {
+    let info = f
+        .tensor(name)
+        .ok_or_else(|| Error::Model(format!("missing tensor {name}")))?;
+    Ok(f.dequantize(info)?)
+}
+
+fn upload_vec(dev: &CudaDevice, f: &GgufFile, name: &str) -> Result<Buffer> {
+    upload_f32(dev, &vector(f, name)?, "llm weights")
+}
+
+fn upload_opt(dev: &CudaDevice, f: &GgufFile, name: &str) -> Result<Option<Buffer>> {
+    match f.tensor(name) {
+        Some(_) => Ok(Some(upload_vec(dev, f, name)?)),
+        None => Ok(None),
+    }
+}
+
+/// Inverse RoPE frequencies `base^(-2i/rope_dim)` divided by optional per-pair factors: the
+/// CPU model's expression, so the angles agree bit for bit.
+pub(crate) fn rope_inv_freq(rope_dim: usize, base: f32, factors: Option<&[f32]>) -> Vec<f32> {
+    (0..rope_dim / 2)
+        .map(|i| {
+            let f = 1.0 / base.powf((2 * i) as f32 / rope_dim as f32);
+            match factors {
+                Some(fs) => f / fs[i],
+                None => f,
+            }
+        })
+        .collect()
+}
+
+const MIB: f64 = 1024.0 * 1024.0;
+
+impl GpuModel {
+    /// Uploads the weights of `model` to `dev` for sessions of `ctx` positions (1..=the
+    /// model's context length). Refuses, before uploading anything, a model whose weights,
+    /// KV cache and scratch buffers exceed the device's free memory.
+    pub fn load(model: &Model, dev: &CudaDevice, ctx: usize) -> Result<GpuModel> {
+        let c = &model.cfg;
+        let f = model.gguf();
+        if ctx == 0 || ctx > c.ctx_train {
+            return Err(Error::Context(format!(
+                "context size {ctx} must be between 1 and the model's context length {}",
+                c.ctx_train
+            )));
+        }
+        let shape = AttnShape {
+            n_head: c.n_head,
+            n_kv_head: c.n_kv_head,
+            head_dim: c.head_dim,
+            ctx,
+        };
+        shape.check()?;
+        if !c.d_model.is_multiple_of(32) || !c.n_ff.is_multiple_of(32) {
+            return Err(Error::Model(format!(
+                "GPU kernels need the embedding length ({}) and feed-forward length ({}) to be multiples of 32",
+                c.d_model, c.n_ff
+            )));
+        }
+        // Memory: everything, before the first upload.
+        let mut mats: Vec<String> = vec!["token_embd.weight".into()];
+        if f.tensor("output.weight").is_some() {
+            mats.push("output.weight".into());
+        }
+        for il in 0..c.n_layer {
+            mats.extend(LAYER_MATS.iter().map(|s| format!("blk.{il}.{s}.weight")));
+        }
+        let mut weights = 0usize;
+        for name in &mats {
+            let (rows, cols, ty, _) = mat_info(f, name)?;
+            weights += GpuMatrix::device_bytes(ty, rows, cols);
+        }
+        // Norms, biases: a few vectors of d_model (or smaller) per layer.
+        weights += (c.n_layer * 8 + 4) * (c.d_model.max(c.n_head * c.head_dim) * 4 + 256);
+        let kv = c.n_layer * 2 * shape.kv_layer_bytes();
+        let scratch = super::session::scratch_bytes(c, ctx, dev.sm_count());
+        dev.empty_cache().gpu()?;
+        let (free, total) = dev.mem_info().gpu()?;
+        let need = weights + kv + scratch;
+        if need > free {
+            return Err(Error::Other(format!(
+                "the model does not fit the GPU: it needs {:.1} MiB (weights {:.1} MiB, KV cache {:.1} MiB for a context of {ctx}, scratch {:.1} MiB) but {:.1} MiB of {:.1} MiB are free; lower --ctx or use --device cpu",
+                need as f64 / MIB,
+                weights as f64 / MIB,
+                kv as f64 / MIB,
+                scratch as f64 / MIB,
+                free as f64 / MIB,
+                total as f64 / MIB
+            )));
+        }
+
+        let tok_embd = upload_mat(dev, f, "token_embd.weight")?;
+        let output = match f.tensor("output.weight") {
+            Some(_) => Some(upload_mat(dev, f, "output.weight")?),
+            None => None,
+        };
+        let mut layers = Vec::with_capacity(c.n_layer);
+        for il in 0..c.n_layer {
+            let n = |s: &str| format!("blk.{il}.{s}");
+            let gemma = c.arch == Arch::Gemma3;
+            let req_gemma = |s: &str| -> Result<Option<Buffer>> {
+                if gemma {
+                    Ok(Some(upload_vec(dev, f, &n(s))?))
+                } else {
+                    Ok(None)
+                }
+            };
+            layers.push(GpuLayer {
+                attn_norm: upload_vec(dev, f, &n("attn_norm.weight"))?,
+                wq: upload_mat(dev, f, &n("attn_q.weight"))?,
+                wk: upload_mat(dev, f, &n("attn_k.weight"))?,
+                wv: upload_mat(dev, f, &n("attn_v.weight"))?,
+                wo: upload_mat(dev, f, &n("attn_output.weight"))?,
+                bq: upload_opt(dev, f, &n("attn_q.bias"))?,
+                bk: upload_opt(dev, f, &n("attn_k.bias"))?,
+                bv: upload_opt(dev, f, &n("attn_v.bias"))?,
+                q_norm: req_gemma("attn_q_norm.weight")?,
+                k_norm: req_gemma("attn_k_norm.weight")?,
+                post_attn_norm: req_gemma("post_attention_norm.weight")?,
+                ffn_norm: upload_vec(dev, f, &n("ffn_norm.weight"))?,
+                w_gate: upload_mat(dev, f, &n("ffn_gate.weight"))?,
+                w_up: upload_mat(dev, f, &n("ffn_up.weight"))?,
+                w_down: upload_mat(dev, f, &n("ffn_down.weight"))?,
+                post_ffn_norm: req_gemma("post_ffw_norm.weight")?,
+            });
+        }
+        let factors = match f.tensor("rope_freqs.weight") {
+            Some(_) => Some(vector(f, "rope_freqs.weight")?),
+            None => None,
+        };
+        let inv = rope_inv_freq(c.rope_dim, c.rope_base, factors.as_deref());
+        let inv_local = rope_inv_freq(c.rope_dim, c.rope_base_local, factors.as_deref());
+        let mut m = GpuModel {
+            cfg: c.clone(),
+            dev: dev.clone(),
+            ctx,
+            tok_embd,
+            output,
+            output_norm: upload_vec(dev, f, "output_norm.weight")?,
+            layers,
+            inv_freq: upload_f32(dev, &inv, "llm weights")?,
+            inv_freq_local: upload_f32(dev, &inv_local, "llm weights")?,
+            weight_bytes: 0,
+        };
+        m.weight_bytes = m.matrices().map(|w| w.bytes()).sum();
+        Ok(m)
+    }
+
+    fn matrices(&self) -> impl Iterator<Item = &GpuMatrix> {
+        std::iter::once(&self.tok_embd)
+            .chain(self.output.as_ref())
+            .chain(
+                self.layers
+                    .iter()
+                    .flat_map(|l| [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down]),
+            )
+    }
+
+    /// The device the weights live on.
+    pub fn device(&self) -> &CudaDevice {
+        &self.dev
+    }
+
+    /// Positions a session of this model holds.
+    pub fn ctx(&self) -> usize {
+        self.ctx
+    }
+
+    /// Bytes of weight matrices on the device.
+    pub fn weight_bytes(&self) -> usize {
+        self.weight_bytes
+    }
+
+    /// Weight bytes one decode step reads: every layer matrix, the output projection, and one
+    /// embedding row.
+    pub fn bytes_per_token(&self) -> usize {
+        let out = self.output.as_ref().unwrap_or(&self.tok_embd);
+        self.layers
+            .iter()
+            .flat_map(|l| [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down])
+            .map(|w| w.bytes())
+            .sum::<usize>()
+            + out.bytes()
+            + self.tok_embd.row_bytes
+    }
+
+    pub(crate) fn output_matrix(&self) -> &GpuMatrix {
+        self.output.as_ref().unwrap_or(&self.tok_embd)
+    }
+}
