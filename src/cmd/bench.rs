@@ -1,16 +1,22 @@
 //! `ferrite bench [-m FILE] [-p 512] [-n 128] [-r 5] [--json]`: prompt processing (pp) and
 //! text generation (tg) speed, mean ± sd over repetitions after one warm-up, like
 //! llama-bench. pp runs `-p` tokens as one batch into an empty cache; tg generates `-n`
-//! tokens one at a time from an empty cache.
+//! tokens one at a time from an empty cache. With `--device cuda` (the default where a CUDA
+//! device is present) both run on the GPU: pp as one decode step per prompt token (no batched
+//! prefill yet), tg as decode steps each returning its greedy token; the report adds the decode
+//! bandwidth, weight bytes read per token x tok/s.
 
+use ferrite_llm::gpu::{CudaDevice, GpuModel, GpuSession};
 use ferrite_llm::{Logits, Session};
 
-use super::llm_args::ModelArgs;
+use super::llm_args::{DeviceArgs, Loaded, ModelArgs};
 
 #[derive(clap::Args)]
 pub struct Args {
     #[command(flatten)]
     pub model: ModelArgs,
+    #[command(flatten)]
+    pub device: DeviceArgs,
     /// Prompt tokens (0 skips the pp test).
     #[arg(short = 'p', long = "n-prompt", default_value_t = 512)]
     pub p: usize,
@@ -40,6 +46,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if args.p == 0 && args.n == 0 {
         anyhow::bail!("nothing to measure: -p and -n are both 0");
     }
+    let cuda = args.device.cuda()?;
     let loaded = args.model.load()?;
     let model = &loaded.model;
     let vocab = model.cfg.vocab;
@@ -50,11 +57,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             model.cfg.ctx_train
         );
     }
-    let mut session = Session::new(model, need)?;
     // Deterministic token ids spread over the vocabulary.
     let tokens: Vec<u32> = (0..need)
         .map(|i| ((i * 7919 + 13) % vocab) as u32)
         .collect();
+    if let Some(dev) = cuda {
+        return run_cuda(&args, &loaded, &dev, need, &tokens);
+    }
+    let mut session = Session::new(model, need)?;
     let threads = ferrite_llm::pool::Pool::global().threads();
     let mut results = Vec::new();
     for (name, count) in [("pp", args.p), ("tg", args.n)] {
@@ -108,5 +118,95 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
     }
     let _ = vocab;
+    Ok(())
+}
+
+fn file_name(loaded: &Loaded) -> String {
+    loaded.path.file_name().map_or_else(
+        || loaded.path.display().to_string(),
+        |n| n.to_string_lossy().into_owned(),
+    )
+}
+
+/// pp and tg on the GPU; tg also as GB/s of weights read.
+fn run_cuda(
+    args: &Args,
+    loaded: &Loaded,
+    dev: &CudaDevice,
+    need: usize,
+    tokens: &[u32],
+) -> anyhow::Result<()> {
+    let model = &loaded.model;
+    let gm = GpuModel::load(model, dev, need)?;
+    let mut session = GpuSession::new(&gm)?;
+    let per_token = gm.bytes_per_token() as f64;
+    let mut results = Vec::new();
+    for (name, count) in [("pp", args.p), ("tg", args.n)] {
+        if count == 0 {
+            continue;
+        }
+        let mut speeds = Vec::new();
+        for rep in 0..=args.r {
+            session.truncate(0);
+            let t0 = std::time::Instant::now();
+            if name == "pp" {
+                session.forward_tokens(&tokens[..count])?;
+            } else {
+                for &t in &tokens[..count] {
+                    session.forward_token(t)?;
+                }
+            }
+            let secs = t0.elapsed().as_secs_f64();
+            if rep > 0 {
+                speeds.push(count as f64 / secs);
+            }
+        }
+        let (mean, sd) = mean_sd(&speeds);
+        results.push((format!("{name}{count}"), mean, sd, speeds));
+    }
+    let name = file_name(loaded);
+    let size_mib = model.gguf().file_size() as f64 / (1024.0 * 1024.0);
+    let backend = format!("CUDA ({})", dev.name());
+    let mode = if session.is_eager() {
+        "eager launches"
+    } else {
+        "graph"
+    };
+    let gb_s = |tok_s: f64| per_token * tok_s / 1e9;
+    if args.json {
+        let tests: Vec<_> = results
+            .iter()
+            .map(|(t, m, s, v)| {
+                let mut j =
+                    serde_json::json!({"test": t, "tok_s_mean": m, "tok_s_sd": s, "samples": v});
+                if t.starts_with("tg") {
+                    j["weight_gb_s"] = serde_json::json!(gb_s(*m));
+                }
+                j
+            })
+            .collect();
+        let out = serde_json::json!({
+            "model": name, "size_mib": size_mib, "arch": model.cfg.arch_name, "backend": backend,
+            "mode": mode, "kernels_per_token": session.launches_per_token(),
+            "weight_bytes_per_token": per_token, "repetitions": args.r, "results": tests,
+        });
+        println!("{}", serde_json::to_string_pretty(&out)?);
+    } else {
+        println!("| model | size | backend | mode | test | t/s | weights GB/s |");
+        println!("| --- | ---: | --- | --- | ---: | ---: | ---: |");
+        for (t, m, s, _) in &results {
+            let bw = if t.starts_with("tg") {
+                format!("{:.0}", gb_s(*m))
+            } else {
+                "-".to_string()
+            };
+            println!("| {name} | {size_mib:.2} MiB | {backend} | {mode} | {t} | {m:.2} ± {s:.2} | {bw} |");
+        }
+        eprintln!(
+            "{} kernels per token; {:.1} MiB of weights read per token; pp runs one decode step per token (no batched prefill yet)",
+            session.launches_per_token(),
+            per_token / (1024.0 * 1024.0)
+        );
+    }
     Ok(())
 }

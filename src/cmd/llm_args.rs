@@ -84,6 +84,48 @@ impl ModelArgs {
     }
 }
 
+/// Where `run` and `bench` execute the model.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DeviceChoice {
+    Cpu,
+    Cuda(usize),
+}
+
+fn parse_device(s: &str) -> Result<DeviceChoice, String> {
+    match s {
+        "cpu" => Ok(DeviceChoice::Cpu),
+        "cuda" => Ok(DeviceChoice::Cuda(0)),
+        _ => s
+            .strip_prefix("cuda:")
+            .and_then(|n| n.parse::<usize>().ok())
+            .map(DeviceChoice::Cuda)
+            .ok_or_else(|| format!("expected cpu, cuda or cuda:N, got {s:?}")),
+    }
+}
+
+#[derive(clap::Args, Clone, Debug)]
+pub struct DeviceArgs {
+    /// cpu, cuda or cuda:N. Default: cuda (device 0) when a CUDA device is present, else cpu.
+    #[arg(long, value_parser = parse_device)]
+    pub device: Option<DeviceChoice>,
+}
+
+impl DeviceArgs {
+    /// The CUDA device to run on, or None for the CPU. Asking for CUDA where there is none
+    /// (or for a device index past the last) is an error.
+    pub fn cuda(&self) -> anyhow::Result<Option<ferrite_llm::gpu::CudaDevice>> {
+        let i = match self.device {
+            Some(DeviceChoice::Cpu) => return Ok(None),
+            Some(DeviceChoice::Cuda(i)) => i,
+            None if ferrite_llm::gpu::is_available() => 0,
+            None => return Ok(None),
+        };
+        ferrite_llm::gpu::CudaDevice::new(i)
+            .map(Some)
+            .map_err(|e| anyhow::anyhow!("--device cuda:{i}: {e}"))
+    }
+}
+
 fn parse_temp(s: &str) -> Result<f32, String> {
     let v: f32 = s.parse().map_err(|e| format!("{e}"))?;
     if !(v.is_finite() && v >= 0.0) {

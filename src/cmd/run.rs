@@ -6,7 +6,7 @@ use ferrite_llm::chat::{ChatTemplate, Message};
 use ferrite_llm::generate::generate;
 use ferrite_llm::Session;
 
-use super::llm_args::{print_flush, ModelArgs, SamplingArgs};
+use super::llm_args::{print_flush, DeviceArgs, ModelArgs, SamplingArgs};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -14,6 +14,8 @@ pub struct Args {
     pub prompt: Option<String>,
     #[command(flatten)]
     pub model: ModelArgs,
+    #[command(flatten)]
+    pub device: DeviceArgs,
     /// Tokens to generate at most.
     #[arg(short = 'n', long = "n-predict", default_value_t = 128)]
     pub n: usize,
@@ -41,6 +43,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     let sampler_args = args.sampling.clone();
     let mut sampler = sampler_args.sampler()?;
+    let cuda = args.device.cuda()?;
     let loaded = args.model.load()?;
     let (model, tok) = (&loaded.model, &loaded.tok);
     let ctx = args.model.ctx(model)?;
@@ -63,17 +66,34 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             .context("empty prompt and the model has no BOS token to start from")?;
         ids.push(bos);
     }
-    let mut session = Session::new(model, ctx)?;
+    let gen = match &cuda {
+        Some(dev) => {
+            let gm = ferrite_llm::gpu::GpuModel::load(model, dev, ctx)?;
+            let mut session = ferrite_llm::gpu::GpuSession::new(&gm)?;
+            ferrite_llm::gpu::generate(
+                &mut session,
+                tok,
+                &mut sampler,
+                &ids,
+                args.n,
+                &args.stop,
+                &mut |s| print_flush(s),
+            )?
+        }
+        None => {
+            let mut session = Session::new(model, ctx)?;
+            generate(
+                &mut session,
+                tok,
+                &mut sampler,
+                &ids,
+                args.n,
+                &args.stop,
+                &mut |s| print_flush(s),
+            )?
+        }
+    };
     let mut stderr_note = String::new();
-    let gen = generate(
-        &mut session,
-        tok,
-        &mut sampler,
-        &ids,
-        args.n,
-        &args.stop,
-        &mut |s| print_flush(s),
-    )?;
     print_flush("\n");
     stderr_note.push_str(&format!(
         "prompt: {} tokens, {:.1} tok/s | generated: {} tokens, {:.1} tok/s | stop: {:?}",

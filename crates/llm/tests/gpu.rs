@@ -2,14 +2,26 @@
 //! NVRTC, or no model file) each test is reported skipped by name; on a machine with an
 //! NVIDIA GPU each runs and the binary exits non-zero on any failure.
 //!
+//! Kernels are checked one at a time against CPU references (dequantize + f64 dot, norms,
+//! RoPE and softmax attention in f64 over the same f16-rounded KV values); whole models
+//! against the CPU model in its exact mode (f32 activations, which the GPU path also uses).
+//!
 //! Usage: `cargo test -p ferrite-llm --test gpu [-- FILTER]`.
 
 use std::panic::AssertUnwindSafe;
+use std::path::PathBuf;
 use std::time::Instant;
 
-use ferrite_llm::gpu::CudaDevice;
+use ferrite_gguf::{quant, GgmlType};
+use ferrite_llm::gpu::ops::{self, AttnShape, KvLayer, Mode, RopeSpec, Seg};
+use ferrite_llm::gpu::{read_f32, upload_bytes, upload_f32, zeros, Buffer, CudaDevice};
+use ferrite_llm::gpu::{GpuMatrix, GpuModel, GpuSession};
+use ferrite_llm::synth::{write_synthetic, SynthConfig, VocabStyle, QUANTS};
+use ferrite_llm::tokenizer::Tokenizer;
+use ferrite_llm::{Logits, Model, Precision, Session};
 
-type TestFn = fn(&CudaDevice);
+/// A test returns None when it ran, or the reason it was skipped.
+type TestFn = fn(&CudaDevice) -> Option<String>;
 
 /// Tests that need only NVRTC (no GPU).
 fn nvrtc_tests() -> Vec<(&'static str, fn())> {
@@ -20,19 +32,39 @@ fn nvrtc_tests() -> Vec<(&'static str, fn())> {
 }
 
 fn gpu_tests() -> Vec<(&'static str, TestFn)> {
-    vec![]
+    vec![
+        ("matvec_every_format_matches_cpu", matvec_every_format),
+        ("matvec_segments_bias_add_and_norm", matvec_segments),
+        ("matvec_glu_silu_and_gelu", matvec_glu),
+        ("matvec_argmax_lowest_index_on_ties", matvec_argmax),
+        ("embed_every_format_matches_cpu", embed_every_format),
+        ("rms_norm_and_norm_add_match_cpu", rms_norms),
+        ("rope_kv_matches_cpu", rope_kv),
+        ("attention_matches_cpu_gqa_splits_window", attention),
+        ("session_errors_token_and_context", session_errors),
+        ("model_that_does_not_fit_is_refused", does_not_fit),
+        ("synthetic_models_every_quant_match_cpu", synthetic_models),
+        ("graph_replay_equals_eager_launches", graph_equals_eager),
+        ("smollm2_logits_match_cpu_and_transformers", smollm2_logits),
+        ("smollm2_greedy_32_tokens_match_cpu", smollm2_greedy),
+        ("gemma3_logits_and_greedy_match_cpu", gemma3),
+    ]
 }
 
 fn main() {
     let filter: Option<String> = std::env::args().skip(1).find(|a| !a.starts_with('-'));
     let wanted = |n: &str| filter.as_ref().is_none_or(|f| n.contains(f.as_str()));
     let (mut passed, mut failed, mut skipped) = (0, Vec::new(), 0);
-    let mut run = |name: &str, f: &mut dyn FnMut()| {
+    let mut run = |name: &str, f: &mut dyn FnMut() -> Option<String>| {
         let t = Instant::now();
         match std::panic::catch_unwind(AssertUnwindSafe(f)) {
-            Ok(()) => {
+            Ok(None) => {
                 println!("test {name} ... ok ({:.2} s)", t.elapsed().as_secs_f64());
                 passed += 1;
+            }
+            Ok(Some(why)) => {
+                println!("test {name} ... skipped: {why}");
+                skipped += 1;
             }
             Err(e) => {
                 let msg = e
@@ -51,10 +83,14 @@ fn main() {
             continue;
         }
         if nvrtc {
-            run(name, &mut || f());
+            run(name, &mut || {
+                f();
+                None
+            });
         } else {
-            println!("test {name} ... skipped: NVRTC (libnvrtc.so.13) is not installed");
-            skipped += 1;
+            run(name, &mut || {
+                Some("NVRTC (libnvrtc.so.13) is not installed".into())
+            });
         }
     }
     let dev = if ferrite_llm::gpu::is_available() {
@@ -74,11 +110,16 @@ fn main() {
         }
         match &dev {
             Some(d) => run(name, &mut || f(d)),
-            None => {
-                println!("test {name} ... skipped: no CUDA device");
-                skipped += 1;
-            }
+            None => run(name, &mut || Some("no CUDA device".into())),
         }
+    }
+    if let Some(d) = &dev {
+        println!(
+            "device: {} (sm_{}{})",
+            d.name(),
+            d.compute_capability().0,
+            d.compute_capability().1
+        );
     }
     println!(
         "\nllm gpu tests: {passed} passed, {} failed, {skipped} skipped",
@@ -96,4 +137,918 @@ fn every_kernel_compiles() {
             panic!("{e}");
         }
     }
+}
+
+// ---- helpers ----
+
+/// Deterministic pseudo-random numbers (splitmix64).
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    /// Uniform in [-1, 1).
+    fn f(&mut self) -> f32 {
+        (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+    }
+    fn vec(&mut self, n: usize) -> Vec<f32> {
+        (0..n).map(|_| self.f()).collect()
+    }
+}
+
+/// A random `rows x cols` matrix of `ty` on the device, and its dequantized values (the CPU
+/// reference's weights).
+fn rand_matrix(
+    dev: &CudaDevice,
+    ty: GgmlType,
+    rows: usize,
+    cols: usize,
+    seed: u64,
+) -> (GpuMatrix, Vec<f32>) {
+    let w = Rng(seed).vec(rows * cols);
+    let bytes = quant::quantize_to_vec(ty, &w).unwrap();
+    let deq = quant::dequantize_to_vec(ty, &bytes).unwrap();
+    let m = GpuMatrix::upload(dev, "test", ty, rows, cols, &bytes).unwrap();
+    (m, deq)
+}
+
+/// Whether the GPU stores `ty` converted to f16 (no kernel of its own).
+fn converted(ty: GgmlType) -> bool {
+    ferrite_llm::gpu::Fmt::of(ty).is_none()
+}
+
+/// (W[r] . x in f64, sum |W[r][i] x[i]|) for every row.
+fn ref_matvec(w: &[f32], x: &[f32], rows: usize, cols: usize) -> Vec<(f64, f64)> {
+    (0..rows)
+        .map(|r| {
+            let row = &w[r * cols..(r + 1) * cols];
+            let mut s = 0f64;
+            let mut a = 0f64;
+            for (&wv, &xv) in row.iter().zip(x) {
+                s += wv as f64 * xv as f64;
+                a += (wv as f64 * xv as f64).abs();
+            }
+            (s, a)
+        })
+        .collect()
+}
+
+/// Relative bound of the f32 sums (chains of up to a few hundred products, then a tree),
+/// plus f16 rounding of weights for formats the GPU converts.
+fn tol(abs_sum: f64, ty: GgmlType) -> f64 {
+    let rel = if converted(ty) { 1.2e-3 } else { 2e-5 };
+    rel * abs_sum + 1e-5
+}
+
+fn rms_norm_ref(x: &[f32], w: &[f32], eps: f32) -> Vec<f32> {
+    let mut y = vec![0f32; x.len()];
+    ferrite_llm::model::rms_norm_rows(x, &mut y, w, x.len(), eps);
+    y
+}
+
+fn up(dev: &CudaDevice, v: &[f32]) -> Buffer {
+    upload_f32(dev, v, "test").unwrap()
+}
+
+fn read(dev: &CudaDevice, b: &Buffer, n: usize) -> Vec<f32> {
+    read_f32(dev, b, n).unwrap()
+}
+
+/// `FERRITE_CACHE`-or-home cache path of a reference model, if the file is there (no fetch:
+/// the GPU machine has no network).
+fn cached_model(file: &str, size: u64) -> Option<PathBuf> {
+    let p = ferrite_gguf::fetch::cache_dir().ok()?.join(file);
+    std::fs::metadata(&p)
+        .ok()
+        .filter(|m| m.len() == size)
+        .map(|_| p)
+}
+
+fn smollm2_path() -> Option<PathBuf> {
+    cached_model("SmolLM2-135M-Instruct.Q4_1.gguf", 98_362_432)
+        .and_then(|_| ferrite_gguf::fetch::smollm2_135m_instruct_q4_1().ok())
+}
+
+fn gemma3_path() -> Option<PathBuf> {
+    cached_model("gemma-3-270m-q4_k_m.gguf", 253_113_024)
+        .and_then(|_| ferrite_gguf::fetch::gemma3_270m_q4_k_m().ok())
+}
+
+/// (max |a - b|, rms(a - b), std(b)).
+fn diff_stats(a: &[f32], b: &[f32]) -> (f32, f32, f32) {
+    assert_eq!(a.len(), b.len());
+    let mut max = 0f32;
+    let mut ss = 0f64;
+    for (x, y) in a.iter().zip(b) {
+        max = max.max((x - y).abs());
+        ss += ((x - y) as f64).powi(2);
+    }
+    let n = b.len() as f64;
+    let mean = b.iter().map(|&v| v as f64).sum::<f64>() / n;
+    let var = b.iter().map(|&v| (v as f64 - mean).powi(2)).sum::<f64>() / n;
+    (max, (ss / n).sqrt() as f32, var.sqrt() as f32)
+}
+
+fn argmax(v: &[f32]) -> u32 {
+    ferrite_llm::generate::argmax(v)
+}
+
+/// Gap between the largest and second largest value.
+fn top2_margin(v: &[f32]) -> f32 {
+    let mut a = f32::NEG_INFINITY;
+    let mut b = f32::NEG_INFINITY;
+    for &x in v {
+        if x > a {
+            b = a;
+            a = x;
+        } else if x > b {
+            b = x;
+        }
+    }
+    a - b
+}
+
+// ---- kernels ----
+
+const MATVEC_TYPES: [GgmlType; 13] = [
+    GgmlType::F32,
+    GgmlType::F16,
+    GgmlType::BF16,
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
+    GgmlType::Q8_0,
+    GgmlType::Q2_K,
+    GgmlType::Q3_K,
+    GgmlType::Q4_K,
+    GgmlType::Q5_K,
+    GgmlType::Q6_K,
+];
+
+/// Every format against dequantize + f64 dot: odd row counts, rows of 1-56 K-blocks (the
+/// longest take several staged chunks and more than 48 KiB of shared memory for the input).
+fn matvec_every_format(dev: &CudaDevice) -> Option<String> {
+    for (i, ty) in MATVEC_TYPES.into_iter().enumerate() {
+        for (rows, cols) in [(33usize, 768usize), (1, 256), (97, 2304), (7, 14336)] {
+            let seed = (i * 1000 + rows) as u64;
+            let (m, w) = rand_matrix(dev, ty, rows, cols, seed);
+            let x = Rng(seed + 7).vec(cols);
+            let xb = up(dev, &x);
+            let out = up(dev, &vec![f32::NAN; rows]);
+            ops::matvec(
+                dev,
+                &[Seg {
+                    w: &m,
+                    bias: None,
+                    out_off: 0,
+                }],
+                Mode::Store,
+                &xb,
+                None,
+                &out,
+            )
+            .unwrap();
+            let got = read(dev, &out, rows);
+            for (r, (want, abs)) in ref_matvec(&w, &x, rows, cols).into_iter().enumerate() {
+                let d = (got[r] as f64 - want).abs();
+                assert!(
+                    d <= tol(abs, ty),
+                    "{ty} {rows}x{cols} row {r}: gpu {} cpu {want} (|diff| {d}, sum |wx| {abs})",
+                    got[r]
+                );
+            }
+        }
+    }
+    None
+}
+
+/// Three matrices of different formats sharing the (RMS-normed) input, with biases, into one
+/// output at offsets (the fused QKV product); and the residual-add mode.
+fn matvec_segments(dev: &CudaDevice) -> Option<String> {
+    let cols = 768;
+    let specs = [
+        (GgmlType::Q4_0, 33),
+        (GgmlType::Q6_K, 17),
+        (GgmlType::Q8_0, 5),
+    ];
+    let mats: Vec<(GpuMatrix, Vec<f32>)> = specs
+        .iter()
+        .enumerate()
+        .map(|(i, &(ty, rows))| rand_matrix(dev, ty, rows, cols, 100 + i as u64))
+        .collect();
+    let biases: Vec<Vec<f32>> = specs
+        .iter()
+        .enumerate()
+        .map(|(i, &(_, rows))| Rng(200 + i as u64).vec(rows))
+        .collect();
+    let bias_bufs: Vec<Buffer> = biases.iter().map(|b| up(dev, b)).collect();
+    let x: Vec<f32> = Rng(300).vec(cols).iter().map(|v| v * 3.0).collect();
+    let g: Vec<f32> = Rng(301).vec(cols).iter().map(|v| 1.0 + 0.5 * v).collect();
+    let eps = 1e-5;
+    let (xb, gb) = (up(dev, &x), up(dev, &g));
+    let total: usize = specs.iter().map(|s| s.1).sum();
+    let out = up(dev, &vec![f32::NAN; total]);
+    let mut offs = Vec::new();
+    let mut off = 0;
+    for s in &specs {
+        offs.push(off);
+        off += s.1;
+    }
+    let segs: Vec<Seg<'_>> = (0..3)
+        .map(|i| Seg {
+            w: &mats[i].0,
+            bias: Some(&bias_bufs[i]),
+            out_off: offs[i],
+        })
+        .collect();
+    ops::matvec(dev, &segs, Mode::Store, &xb, Some((&gb, eps)), &out).unwrap();
+    let got = read(dev, &out, total);
+    let xn = rms_norm_ref(&x, &g, eps);
+    for i in 0..3 {
+        let (ty, rows) = specs[i];
+        for (r, (want, abs)) in ref_matvec(&mats[i].1, &xn, rows, cols)
+            .into_iter()
+            .enumerate()
+        {
+            let want = want + biases[i][r] as f64;
+            let v = got[offs[i] + r] as f64;
+            assert!(
+                (v - want).abs() <= tol(abs, ty) + 1e-5 * want.abs(),
+                "segment {i} ({ty}) row {r}: gpu {v} cpu {want}"
+            );
+        }
+    }
+    // Residual add, no norm.
+    let (m, w) = rand_matrix(dev, GgmlType::Q4_1, 45, 1536, 400);
+    let x2 = Rng(401).vec(1536);
+    let res = Rng(402).vec(45);
+    let (x2b, outb) = (up(dev, &x2), up(dev, &res));
+    let seg = [Seg {
+        w: &m,
+        bias: None,
+        out_off: 0,
+    }];
+    ops::matvec(dev, &seg, Mode::Add, &x2b, None, &outb).unwrap();
+    let got = read(dev, &outb, 45);
+    for (r, (want, abs)) in ref_matvec(&w, &x2, 45, 1536).into_iter().enumerate() {
+        let want = want + res[r] as f64;
+        assert!(
+            (got[r] as f64 - want).abs() <= tol(abs, GgmlType::Q4_1) + 1e-6,
+            "add row {r}: gpu {} cpu {want}",
+            got[r]
+        );
+    }
+    None
+}
+
+/// gate and up of different formats: out = act(gate . norm(x)) * (up . norm(x)).
+fn matvec_glu(dev: &CudaDevice) -> Option<String> {
+    for (cols, gty, uty) in [
+        (768, GgmlType::Q4_K, GgmlType::Q5_0),
+        (576, GgmlType::Q4_1, GgmlType::Q4_1),
+        (4096, GgmlType::Q6_K, GgmlType::F16),
+    ] {
+        let rows = 45;
+        let (gm, gw) = rand_matrix(dev, gty, rows, cols, 500 + cols as u64);
+        let (um, uw) = rand_matrix(dev, uty, rows, cols, 600 + cols as u64);
+        let x = Rng(700).vec(cols);
+        let nw: Vec<f32> = Rng(701).vec(cols).iter().map(|v| 1.0 + 0.3 * v).collect();
+        let eps = 1e-6;
+        let (xb, nb) = (up(dev, &x), up(dev, &nw));
+        let xn = rms_norm_ref(&x, &nw, eps);
+        let rg = ref_matvec(&gw, &xn, rows, cols);
+        let ru = ref_matvec(&uw, &xn, rows, cols);
+        for mode in [Mode::GluSilu, Mode::GluGelu] {
+            let out = up(dev, &vec![f32::NAN; rows]);
+            let segs = [
+                Seg {
+                    w: &gm,
+                    bias: None,
+                    out_off: 0,
+                },
+                Seg {
+                    w: &um,
+                    bias: None,
+                    out_off: 0,
+                },
+            ];
+            ops::matvec(dev, &segs, mode, &xb, Some((&nb, eps)), &out).unwrap();
+            let got = read(dev, &out, rows);
+            for r in 0..rows {
+                let (g, ga) = rg[r];
+                let (u, ua) = ru[r];
+                let act = |v: f64| match mode {
+                    Mode::GluSilu => v / (1.0 + (-v).exp()),
+                    _ => 0.5 * v * (1.0 + (0.797_884_6 * (v + 0.044715 * v * v * v)).tanh()),
+                };
+                let want = act(g) * u;
+                // d act / dx <= 1.2 for both; errors of g and u propagate.
+                let bound = 1.2 * tol(ga, gty) * u.abs()
+                    + act(g).abs() * tol(ua, uty)
+                    + 1e-5 * want.abs()
+                    + 1e-6;
+                assert!(
+                    (got[r] as f64 - want).abs() <= bound,
+                    "{mode:?} {gty}/{uty} cols {cols} row {r}: gpu {} cpu {want}",
+                    got[r]
+                );
+            }
+        }
+    }
+    None
+}
+
+/// The fused output product + argmax: the index of the largest logit, lowest on ties (two
+/// equal best rows in different blocks).
+fn matvec_argmax(dev: &CudaDevice) -> Option<String> {
+    let (rows, cols) = (5000, 576);
+    let mut w = Rng(800).vec(rows * cols);
+    let x = Rng(801).vec(cols);
+    // Row 4321 and row 1234: the same, and the best by a clear margin.
+    let best: Vec<f32> = x.iter().map(|v| v * 0.5).collect();
+    w[1234 * cols..1235 * cols].copy_from_slice(&best);
+    w[4321 * cols..4322 * cols].copy_from_slice(&best);
+    let bytes: Vec<u8> = w.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let m = GpuMatrix::upload(dev, "test", GgmlType::F32, rows, cols, &bytes).unwrap();
+    let xb = up(dev, &x);
+    let logits = zeros(dev, rows * 4, "test").unwrap();
+    let tok = zeros(dev, 4, "test").unwrap();
+    ops::matvec_argmax(dev, &m, &xb, None, &logits, &tok).unwrap();
+    let t = dev.read_bytes(&tok, 0, 4).unwrap();
+    let t = u32::from_le_bytes([t[0], t[1], t[2], t[3]]);
+    let got = read(dev, &logits, rows);
+    assert_eq!(got[1234], got[4321], "equal rows, equal logits");
+    assert_eq!(t, 1234, "lowest index of the two best");
+    assert_eq!(t, argmax(&got));
+    // Quantized, random: the argmax of the logits the kernel wrote.
+    let (m, _) = rand_matrix(dev, GgmlType::Q8_0, 49152, 576, 802);
+    let logits = zeros(dev, 49152 * 4, "test").unwrap();
+    ops::matvec_argmax(dev, &m, &xb, None, &logits, &tok).unwrap();
+    let t = dev.read_bytes(&tok, 0, 4).unwrap();
+    let got = read(dev, &logits, 49152);
+    assert_eq!(u32::from_le_bytes([t[0], t[1], t[2], t[3]]), argmax(&got));
+    None
+}
+
+fn embed_every_format(dev: &CudaDevice) -> Option<String> {
+    for (i, ty) in MATVEC_TYPES.into_iter().enumerate() {
+        let (rows, cols) = (37, 768);
+        let (m, w) = rand_matrix(dev, ty, rows, cols, 900 + i as u64);
+        for (tok, scale) in [(0u32, 1.0f32), (36, 1.0), (17, 24.0)] {
+            let mut p = tok.to_le_bytes().to_vec();
+            p.extend_from_slice(&5u32.to_le_bytes());
+            let params = upload_bytes(dev, &p, "test").unwrap();
+            let out = up(dev, &vec![f32::NAN; cols]);
+            ops::embed(dev, &m, &params, &out, scale).unwrap();
+            let got = read(dev, &out, cols);
+            let row = &w[tok as usize * cols..(tok as usize + 1) * cols];
+            for (e, (&g, &r)) in got.iter().zip(row).enumerate() {
+                let want = if scale != 1.0 { r * scale } else { r };
+                let t = if converted(ty) {
+                    want.abs() * 1e-3 + 1e-6
+                } else {
+                    0.0
+                };
+                assert!(
+                    (g - want).abs() <= t,
+                    "{ty} token {tok} element {e}: gpu {g} cpu {want}"
+                );
+            }
+        }
+    }
+    None
+}
+
+fn rms_norms(dev: &CudaDevice) -> Option<String> {
+    for n in [32usize, 576, 640, 4096, 1000] {
+        let x: Vec<f32> = Rng(n as u64).vec(n).iter().map(|v| v * 5.0).collect();
+        let y = Rng(n as u64 + 1).vec(n);
+        let w: Vec<f32> = Rng(n as u64 + 2).vec(n).iter().map(|v| 1.0 + v).collect();
+        let eps = 1e-6;
+        let (xb, yb, wb) = (up(dev, &x), up(dev, &y), up(dev, &w));
+        let out = up(dev, &vec![f32::NAN; n]);
+        ops::rms_norm(dev, &xb, &wb, &out, n, eps).unwrap();
+        let got = read(dev, &out, n);
+        let want = rms_norm_ref(&x, &w, eps);
+        for i in 0..n {
+            assert!(
+                (got[i] - want[i]).abs() <= 2e-6 * (1.0 + want[i].abs()),
+                "rms_norm n={n} [{i}]: {} vs {}",
+                got[i],
+                want[i]
+            );
+        }
+        ops::rms_norm_add(dev, &xb, &yb, &wb, n, eps).unwrap();
+        let got = read(dev, &xb, n);
+        let yn = rms_norm_ref(&y, &w, eps);
+        for i in 0..n {
+            let want = x[i] + yn[i];
+            assert!(
+                (got[i] - want).abs() <= 2e-6 * (1.0 + want.abs()),
+                "rms_norm_add n={n} [{i}]: {} vs {want}",
+                got[i]
+            );
+        }
+    }
+    None
+}
+
+/// Rotation of `v` (one head) at `pos` as the CPU model does it, in f64 over the f32 angles.
+fn rope_ref(v: &mut [f32], inv: &[f32], pos: usize, pos_scale: f32, rope_dim: usize, neox: bool) {
+    let half = rope_dim / 2;
+    let p = pos as f32 * pos_scale;
+    let src = v.to_vec();
+    for (i, &f) in inv.iter().enumerate().take(half) {
+        let a = p * f;
+        let (c, s) = ((a as f64).cos(), (a as f64).sin());
+        let (ia, ib) = if neox {
+            (i, i + half)
+        } else {
+            (2 * i, 2 * i + 1)
+        };
+        let (x0, x1) = (src[ia] as f64, src[ib] as f64);
+        v[ia] = (x0 * c - x1 * s) as f32;
+        v[ib] = (x0 * s + x1 * c) as f32;
+    }
+}
+
+fn f16_round(v: f32) -> f32 {
+    half::f16::from_f32(v).to_f32()
+}
+
+fn read_f16(dev: &CudaDevice, b: &Buffer, off: usize, n: usize) -> Vec<f32> {
+    dev.read_bytes(b, off, n * 2)
+        .unwrap()
+        .chunks_exact(2)
+        .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
+        .collect()
+}
+
+fn rope_kv(dev: &CudaDevice) -> Option<String> {
+    for (nh, nkv, hd, rope_dim, neox, qk_norm, pos) in [
+        (9usize, 3usize, 64usize, 64usize, false, false, 0usize),
+        (9, 3, 64, 64, false, false, 1234),
+        (14, 2, 64, 64, true, false, 77),
+        (4, 1, 256, 256, true, true, 3000),
+        (8, 8, 128, 64, false, false, 9),
+    ] {
+        let ctx = 4096;
+        let shape = AttnShape {
+            n_head: nh,
+            n_kv_head: nkv,
+            head_dim: hd,
+            ctx,
+        };
+        let n = (nh + 2 * nkv) * hd;
+        let qkv: Vec<f32> = Rng(n as u64 + pos as u64).vec(n);
+        let inv: Vec<f32> = (0..rope_dim / 2)
+            .map(|i| 1.0 / 10000f32.powf((2 * i) as f32 / rope_dim as f32))
+            .collect();
+        let pos_scale = if pos == 77 { 0.25 } else { 1.0 };
+        let qn: Vec<f32> = Rng(11).vec(hd).iter().map(|v| 1.0 + 0.5 * v).collect();
+        let kn: Vec<f32> = Rng(12).vec(hd).iter().map(|v| 1.0 + 0.5 * v).collect();
+        let eps = 1e-6;
+        let (qkvb, invb, qnb, knb) = (up(dev, &qkv), up(dev, &inv), up(dev, &qn), up(dev, &kn));
+        let kc = zeros(dev, shape.kv_layer_bytes(), "test").unwrap();
+        let vc = zeros(dev, shape.kv_layer_bytes(), "test").unwrap();
+        let mut p = 3u32.to_le_bytes().to_vec();
+        p.extend_from_slice(&(pos as u32).to_le_bytes());
+        let params = upload_bytes(dev, &p, "test").unwrap();
+        let rope = RopeSpec {
+            inv_freq: &invb,
+            rope_dim,
+            neox,
+            pos_scale,
+            qk_norm: if qk_norm {
+                Some((&qnb, &knb, eps))
+            } else {
+                None
+            },
+        };
+        let kv = KvLayer {
+            k: &kc,
+            v: &vc,
+            off: 0,
+        };
+        ops::rope_kv(dev, &shape, &rope, &qkvb, &kv, &params).unwrap();
+        let got_q = read(dev, &qkvb, nh * hd);
+        for h in 0..nh + nkv {
+            let mut want = qkv[h * hd..(h + 1) * hd].to_vec();
+            if qk_norm {
+                want = rms_norm_ref(&want, if h < nh { &qn } else { &kn }, eps);
+            }
+            rope_ref(&mut want, &inv, pos, pos_scale, rope_dim, neox);
+            let got = if h < nh {
+                got_q[h * hd..(h + 1) * hd].to_vec()
+            } else {
+                let g = h - nh;
+                read_f16(dev, &kc, ((g * ctx + pos) * hd) * 2, hd)
+            };
+            for e in 0..hd {
+                let (w, g) = if h < nh {
+                    (want[e], got[e])
+                } else {
+                    (f16_round(want[e]), got[e])
+                };
+                let t = if h < nh {
+                    2e-5 * (1.0 + w.abs())
+                } else {
+                    1e-3 * w.abs() + 1e-6
+                };
+                assert!(
+                    (g - w).abs() <= t,
+                    "nh {nh} nkv {nkv} hd {hd} rope_dim {rope_dim} neox {neox} pos {pos}: head {h} [{e}] gpu {g} cpu {w}"
+                );
+            }
+        }
+        for g in 0..nkv {
+            let got = read_f16(dev, &vc, ((g * ctx + pos) * hd) * 2, hd);
+            let src = &qkv[(nh + nkv + g) * hd..(nh + nkv + g + 1) * hd];
+            for e in 0..hd {
+                assert_eq!(got[e], f16_round(src[e]), "v head {g} [{e}]");
+            }
+        }
+    }
+    None
+}
+
+/// Decode attention against softmax(q.k * scale) . v in f64 over the f16 cache values: GQA
+/// groups of 1, 3 and 12 (two blocks per KV head), head sizes 64-256, lengths 1..3000 with
+/// one and many splits, and a sliding window.
+fn attention(dev: &CudaDevice) -> Option<String> {
+    for (nh, nkv, hd) in [
+        (9usize, 3usize, 64usize),
+        (4, 4, 128),
+        (12, 1, 80),
+        (4, 1, 256),
+    ] {
+        let ctx = 3072;
+        let shape = AttnShape {
+            n_head: nh,
+            n_kv_head: nkv,
+            head_dim: hd,
+            ctx,
+        };
+        let kvals: Vec<f32> = Rng(hd as u64).vec(nkv * ctx * hd);
+        let vvals: Vec<f32> = Rng(hd as u64 + 1).vec(nkv * ctx * hd);
+        let to_f16 = |v: &[f32]| -> Vec<u8> {
+            v.iter()
+                .flat_map(|&x| half::f16::from_f32(x).to_le_bytes())
+                .collect()
+        };
+        let kc = upload_bytes(dev, &to_f16(&kvals), "test").unwrap();
+        let vc = upload_bytes(dev, &to_f16(&vvals), "test").unwrap();
+        let kr: Vec<f32> = kvals.iter().map(|&v| f16_round(v)).collect();
+        let vr: Vec<f32> = vvals.iter().map(|&v| f16_round(v)).collect();
+        let q: Vec<f32> = Rng(nh as u64 * 31)
+            .vec(nh * hd)
+            .iter()
+            .map(|v| v * 3.0)
+            .collect();
+        let qb = up(dev, &q);
+        let scale = 1.0 / (hd as f32).sqrt();
+        let kv = KvLayer {
+            k: &kc,
+            v: &vc,
+            off: 0,
+        };
+        for (pos, window, splits) in [
+            (0usize, 0usize, None),
+            (1, 0, Some(1)),
+            (63, 0, None),
+            (64, 0, Some(4)),
+            (200, 0, Some(64)),
+            (1000, 0, None),
+            (2999, 0, Some(1)),
+            (2999, 0, None),
+            (1000, 50, None),
+            (30, 50, None),
+            (2999, 512, Some(3)),
+        ] {
+            let mut p = 0u32.to_le_bytes().to_vec();
+            p.extend_from_slice(&(pos as u32).to_le_bytes());
+            let params = upload_bytes(dev, &p, "test").unwrap();
+            let out = up(dev, &vec![f32::NAN; nh * hd]);
+            ops::attention(dev, &shape, window, scale, &qb, &kv, &params, &out, splits).unwrap();
+            let got = read(dev, &out, nh * hd);
+            let lo = if window > 0 {
+                (pos + 1).saturating_sub(window)
+            } else {
+                0
+            };
+            for h in 0..nh {
+                let g = h / (nh / nkv);
+                let qh = &q[h * hd..(h + 1) * hd];
+                let scores: Vec<f64> = (lo..=pos)
+                    .map(|j| {
+                        let k = &kr[(g * ctx + j) * hd..(g * ctx + j + 1) * hd];
+                        qh.iter()
+                            .zip(k)
+                            .map(|(&a, &b)| a as f64 * b as f64)
+                            .sum::<f64>()
+                            * scale as f64
+                    })
+                    .collect();
+                let mx = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                let ps: Vec<f64> = scores.iter().map(|s| (s - mx).exp()).collect();
+                let z: f64 = ps.iter().sum();
+                for d in 0..hd {
+                    let want: f64 = ps
+                        .iter()
+                        .enumerate()
+                        .map(|(i, p)| p * vr[(g * ctx + lo + i) * hd + d] as f64)
+                        .sum::<f64>()
+                        / z;
+                    let gv = got[h * hd + d] as f64;
+                    assert!(
+                        (gv - want).abs() <= 2e-5 + 2e-5 * want.abs(),
+                        "nh {nh} nkv {nkv} hd {hd} pos {pos} window {window} splits {splits:?}: head {h} [{d}] gpu {gv} cpu {want}"
+                    );
+                }
+            }
+        }
+    }
+    None
+}
+
+// ---- models ----
+
+/// A small llama GGUF with random weights of `quant` (2 layers; K-quant-sized rows).
+fn synth_model(quant: GgmlType, dir: &std::path::Path, layers: usize, ctx: usize) -> Model {
+    let cfg = SynthConfig {
+        preset: "gpu-test",
+        n_layer: layers,
+        d_model: 512,
+        n_head: 8,
+        n_kv_head: 2,
+        n_ff: 768,
+        vocab: 1000,
+        ctx,
+        rope_base: 10000.0,
+        eps: 1e-5,
+        tied_output: quant != GgmlType::Q4_1,
+        vocab_style: VocabStyle::SmolLm2,
+    };
+    let path = dir.join(format!("synth-{}-{layers}-{ctx}.gguf", quant.name()));
+    write_synthetic(&cfg, quant, 7, &path, &mut |_, _| {}).unwrap();
+    Model::load(&path).unwrap()
+}
+
+fn tmp_dir() -> PathBuf {
+    let d = std::env::temp_dir().join(format!("ferrite-gpu-test-{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn session_errors(dev: &CudaDevice) -> Option<String> {
+    let dir = tmp_dir();
+    let model = synth_model(GgmlType::Q8_0, &dir, 1, 256);
+    let gm = GpuModel::load(&model, dev, 8).unwrap();
+    let mut s = GpuSession::new(&gm).unwrap();
+    let e = s.forward_token(1000).unwrap_err().to_string();
+    assert!(e.contains("out of range"), "{e}");
+    assert_eq!(s.pos(), 0);
+    s.forward_tokens(&[1, 2, 3, 4, 5, 6, 7, 8]).unwrap();
+    let e = s.forward_token(9).unwrap_err().to_string();
+    assert!(e.contains("context size is 8"), "{e}");
+    s.truncate(3);
+    assert_eq!(s.pos(), 3);
+    s.forward_token(9).unwrap();
+    let e = GpuModel::load(&model, dev, 257)
+        .map(|_| ())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("context"), "{e}");
+    let _ = std::fs::remove_dir_all(&dir);
+    None
+}
+
+/// A KV cache larger than any GPU: refused with the sizes, before anything is uploaded.
+fn does_not_fit(dev: &CudaDevice) -> Option<String> {
+    let dir = tmp_dir();
+    let cfg = SynthConfig {
+        preset: "gpu-test",
+        n_layer: 12,
+        d_model: 1024,
+        n_head: 8,
+        n_kv_head: 8,
+        n_ff: 256,
+        vocab: 300,
+        ctx: 4_000_000,
+        rope_base: 10000.0,
+        eps: 1e-5,
+        tied_output: true,
+        vocab_style: VocabStyle::SmolLm2,
+    };
+    let path = dir.join("huge-ctx.gguf");
+    write_synthetic(&cfg, GgmlType::Q8_0, 1, &path, &mut |_, _| {}).unwrap();
+    let model = Model::load(&path).unwrap();
+    let before = dev.memory_stats();
+    let e = GpuModel::load(&model, dev, 4_000_000)
+        .map(|_| ())
+        .unwrap_err()
+        .to_string();
+    eprintln!("{e}");
+    assert!(e.contains("does not fit") && e.contains("KV cache"), "{e}");
+    assert_eq!(dev.memory_stats().in_use, before.in_use, "nothing uploaded");
+    let _ = std::fs::remove_dir_all(&dir);
+    None
+}
+
+/// CPU (exact mode) vs GPU over `tokens`, one at a time: logits after each step within
+/// `max_tol` (max) and `rms_tol` (rms); the GPU's greedy token equals the argmax of its own
+/// logits, and the CPU's wherever the CPU's top-2 margin exceeds `margin`.
+fn compare_model(
+    label: &str,
+    model: &mut Model,
+    dev: &CudaDevice,
+    tokens: &[u32],
+    max_tol: f32,
+    rms_tol: f32,
+    margin: f32,
+) {
+    model.set_precision(Precision::Exact);
+    let gm = GpuModel::load(model, dev, 256).unwrap();
+    let mut gs = GpuSession::new(&gm).unwrap();
+    let mut cs = Session::new(model, 256).unwrap();
+    let mut worst = (0f32, 0f32);
+    for (i, &t) in tokens.iter().enumerate() {
+        let next = gs.forward_token(t).unwrap();
+        let g = gs.logits().unwrap();
+        let c = cs.forward(&[t], Logits::Last).unwrap().to_vec();
+        let (max, rms, _) = diff_stats(&g, &c);
+        worst = (worst.0.max(max), worst.1.max(rms));
+        assert!(
+            max <= max_tol && rms <= rms_tol,
+            "{label} step {i}: logits max |diff| {max}, rms {rms} (tolerances {max_tol}, {rms_tol})"
+        );
+        assert_eq!(next, argmax(&g), "{label} step {i}: device argmax");
+        if top2_margin(&c) > margin {
+            assert_eq!(next, argmax(&c), "{label} step {i}: greedy token");
+        }
+    }
+    eprintln!(
+        "{label}: {} steps, logits vs CPU exact: max |diff| {:.2e}, rms {:.2e}",
+        tokens.len(),
+        worst.0,
+        worst.1
+    );
+}
+
+/// Every quant type `ferrite synth` writes (K-quants, Q2_K/Q3_K converted to f16, f32, bf16),
+/// two layers, 24 steps: logits against the CPU's exact mode.
+fn synthetic_models(dev: &CudaDevice) -> Option<String> {
+    let dir = tmp_dir();
+    for quant in QUANTS {
+        let mut model = synth_model(quant, &dir, 2, 256);
+        let tokens: Vec<u32> = (0..24).map(|i| (i * 37 + 5) % 1000).collect();
+        // Random weights: logits of order 1; f16 KV rounding and f32 summation order (measured:
+        // max 4-6e-4, rms 1-2e-4), and f16 rounding of the weights the GPU converts.
+        let (max, rms) = if converted(quant) {
+            (5e-3, 1e-3)
+        } else {
+            (2e-3, 5e-4)
+        };
+        compare_model(
+            &format!("synthetic {quant}"),
+            &mut model,
+            dev,
+            &tokens,
+            max,
+            rms,
+            1e-2,
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    None
+}
+
+/// The same steps with the graph replayed and with kernels launched one by one: the same
+/// bits (the kernels are deterministic).
+fn graph_equals_eager(dev: &CudaDevice) -> Option<String> {
+    let dir = tmp_dir();
+    let model = synth_model(GgmlType::Q4_K, &dir, 2, 256);
+    let gm = GpuModel::load(&model, dev, 64).unwrap();
+    let tokens: Vec<u32> = (0..12).map(|i| (i * 91 + 3) % 1000).collect();
+    let mut runs = Vec::new();
+    for eager in [false, true] {
+        let mut s = GpuSession::new(&gm).unwrap();
+        s.set_eager(eager);
+        let mut out = Vec::new();
+        for &t in &tokens {
+            let n = s.forward_token(t).unwrap();
+            out.push((n, s.logits().unwrap()));
+        }
+        runs.push(out);
+    }
+    for (i, (a, b)) in runs[0].iter().zip(&runs[1]).enumerate() {
+        assert_eq!(a.0, b.0, "step {i}: token");
+        assert!(
+            a.1.iter()
+                .zip(&b.1)
+                .all(|(x, y)| x.to_bits() == y.to_bits()),
+            "step {i}: logits differ between graph replay and eager launches"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    None
+}
+
+fn fixture(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(name)
+}
+
+/// SmolLM2 over the transformers fixture prompt, one token at a time: the last logits against
+/// the CPU's exact mode and against transformers (fp32), and every step against the CPU.
+fn smollm2_logits(dev: &CudaDevice) -> Option<String> {
+    let Some(path) = smollm2_path() else {
+        return Some("SmolLM2-135M-Instruct.Q4_1.gguf is not in the model cache".into());
+    };
+    let mut model = Model::load(&path).unwrap();
+    let fx: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(fixture("smollm2.json")).unwrap()).unwrap();
+    let prompt: Vec<u32> = fx["logits"]["prompt_ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap() as u32)
+        .collect();
+    // Measured tolerances are printed; these bound f16 KV rounding over 30 layers.
+    compare_model("SmolLM2", &mut model, dev, &prompt, 0.1, 0.02, 0.2);
+    let gm = GpuModel::load(&model, dev, 64).unwrap();
+    let mut s = GpuSession::new(&gm).unwrap();
+    s.forward_tokens(&prompt).unwrap();
+    let got = s.logits().unwrap();
+    let want: Vec<f32> = std::fs::read(fixture("smollm2_logits.bin"))
+        .unwrap()
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect();
+    let (max, rms, std) = diff_stats(&got, &want);
+    eprintln!("SmolLM2 GPU vs transformers: max |diff| {max:.4}, rms {rms:.4}, std {std:.3}");
+    assert!(max < 0.1 && rms < 0.02, "max {max} rms {rms}");
+    None
+}
+
+fn smollm2_greedy(dev: &CudaDevice) -> Option<String> {
+    let Some(path) = smollm2_path() else {
+        return Some("SmolLM2-135M-Instruct.Q4_1.gguf is not in the model cache".into());
+    };
+    let mut model = Model::load(&path).unwrap();
+    let tok = Tokenizer::from_gguf(model.gguf()).unwrap();
+    let ids = tok.encode("The capital of France is", true).unwrap();
+    model.set_precision(Precision::Exact);
+    let mut cs = Session::new(&model, 64).unwrap();
+    let want = ferrite_llm::generate::greedy(&mut cs, &ids, 32).unwrap();
+    let gm = GpuModel::load(&model, dev, 64).unwrap();
+    let mut gs = GpuSession::new(&gm).unwrap();
+    let got = gs.greedy(&ids, 32).unwrap();
+    eprintln!("GPU greedy: {:?}", tok.decode(&got));
+    assert_eq!(
+        got,
+        want,
+        "GPU {:?} vs CPU {:?}",
+        tok.decode(&got),
+        tok.decode(&want)
+    );
+    assert!(
+        tok.decode(&got).starts_with(" Paris."),
+        "{}",
+        tok.decode(&got)
+    );
+    None
+}
+
+/// Gemma-3-270M (gemma3: embedding scale, q/k norms, post norms, GeGLU, sliding window with
+/// its own RoPE base; Q4_K/Q5_0/Q6_K/Q8_0 weights).
+fn gemma3(dev: &CudaDevice) -> Option<String> {
+    let Some(path) = gemma3_path() else {
+        return Some("gemma-3-270m-q4_k_m.gguf is not in the model cache".into());
+    };
+    let mut model = Model::load(&path).unwrap();
+    let tok = Tokenizer::from_gguf(model.gguf()).unwrap();
+    let ids = tok.encode("The capital of France is", true).unwrap();
+    compare_model("Gemma3", &mut model, dev, &ids, 0.15, 0.03, 0.3);
+    let mut cs = Session::new(&model, 64).unwrap();
+    let want = ferrite_llm::generate::greedy(&mut cs, &ids, 16).unwrap();
+    let gm = GpuModel::load(&model, dev, 64).unwrap();
+    let mut gs = GpuSession::new(&gm).unwrap();
+    let got = gs.greedy(&ids, 16).unwrap();
+    eprintln!("Gemma3 GPU greedy: {:?}", tok.decode(&got));
+    assert_eq!(
+        got,
+        want,
+        "{:?} vs {:?}",
+        tok.decode(&got),
+        tok.decode(&want)
+    );
+    None
 }

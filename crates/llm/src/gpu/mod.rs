@@ -18,12 +18,14 @@
 //! formats) by `matvec.rs`, `decode.cu` by `decode.rs`.
 
 mod decode;
+mod generate;
 mod matvec;
 pub mod ops;
 mod session;
 mod weights;
 
 pub use ferrite_cuda::{device_count, is_available, Buffer, CudaDevice, KernelSource};
+pub use generate::generate;
 pub use session::GpuSession;
 pub use weights::{Fmt, GpuMatrix, GpuModel};
 

@@ -81,6 +81,8 @@ impl Fmt {
 /// bytes from byte r * row_bytes).
 pub struct GpuMatrix {
     pub fmt: Fmt,
+    /// The type in the file (differs from `fmt` where the weights were converted to f16).
+    pub file_type: GgmlType,
     pub rows: usize,
     pub cols: usize,
     pub row_bytes: usize,
@@ -95,7 +97,7 @@ impl GpuMatrix {
     }
 
     /// Uploads `data` (`rows x cols` of `ty`, GGUF block bytes). Types without a GPU kernel
-    /// (Q2_K, Q3_K) are dequantized and stored as f16, with a notice on stderr.
+    /// (Q2_K, Q3_K) are dequantized and stored as f16 (`GpuModel::load` prints a notice).
     pub fn upload(
         dev: &CudaDevice,
         name: &str,
@@ -112,7 +114,6 @@ impl GpuMatrix {
         let (fmt, bytes): (Fmt, Cow<'_, [u8]>) = match Fmt::of(ty) {
             Some(f) => (f, Cow::Borrowed(data)),
             None => {
-                eprintln!("note: {name}: no GPU kernel for {ty}; converted to F16 at load");
                 let v = ferrite_gguf::quant::dequantize_to_vec(ty, data)?;
                 let b: Vec<u8> = v
                     .iter()
@@ -143,6 +144,7 @@ impl GpuMatrix {
         dev.write_bytes(&buf, 0, &bytes).gpu()?;
         Ok(GpuMatrix {
             fmt,
+            file_type: ty,
             rows,
             cols,
             row_bytes,
@@ -377,6 +379,16 @@ impl GpuModel {
             weight_bytes: 0,
         };
         m.weight_bytes = m.matrices().map(|w| w.bytes()).sum();
+        let mut converted: Vec<(GgmlType, usize)> = Vec::new();
+        for w in m.matrices().filter(|w| Fmt::of(w.file_type).is_none()) {
+            match converted.iter_mut().find(|(t, _)| *t == w.file_type) {
+                Some((_, n)) => *n += 1,
+                None => converted.push((w.file_type, 1)),
+            }
+        }
+        for (ty, n) in converted {
+            eprintln!("note: no GPU kernel for {ty}: {n} weight matrices converted to F16 at load");
+        }
         Ok(m)
     }
 

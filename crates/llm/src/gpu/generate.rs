@@ -1,0 +1,110 @@
+//! The generation loop over a [`GpuSession`]: as `crate::generate::generate`, with the greedy
+//! choice made on the device (4 bytes back per token) when sampling is greedy without
+//! penalties, and the logits read back for the host sampler otherwise.
+
+use std::time::Instant;
+
+use super::GpuSession;
+use crate::error::{Error, Result};
+use crate::generate::{Generation, StopReason};
+use crate::sampler::{Sampler, StopStrings};
+use crate::tokenizer::{StreamDecoder, TokenType, Tokenizer};
+
+/// Whether `sampler` always picks the argmax of the raw logits.
+fn device_greedy(sampler: &Sampler) -> bool {
+    let c = sampler.config();
+    let no_penalty = c.penalty_last_n == 0
+        || (c.repeat_penalty == 1.0 && c.presence_penalty == 0.0 && c.frequency_penalty == 0.0);
+    c.temperature == 0.0 && no_penalty
+}
+
+/// Runs `prompt` (after whatever the session holds), then samples up to `max_new` tokens,
+/// streaming text through `on_text` (see `crate::generate::generate`).
+pub fn generate(
+    session: &mut GpuSession<'_>,
+    tok: &Tokenizer,
+    sampler: &mut Sampler,
+    prompt: &[u32],
+    max_new: usize,
+    stops: &[String],
+    on_text: &mut dyn FnMut(&str),
+) -> Result<Generation> {
+    if prompt.is_empty() {
+        return Err(Error::Other("generate: empty prompt".into()));
+    }
+    let need = session.pos() + prompt.len() + max_new;
+    if need > session.ctx() {
+        return Err(Error::Context(format!(
+            "prompt of {} tokens plus {max_new} to generate need {need} positions, but the context size is {} (raise --ctx, up to the model's {}, or lower -n)",
+            prompt.len(),
+            session.ctx(),
+            session.model().cfg.ctx_train,
+        )));
+    }
+    let greedy = device_greedy(sampler);
+    let mut history: Vec<u32> = prompt.to_vec();
+    let t0 = Instant::now();
+    let mut next = session.forward_tokens(prompt)?;
+    let mut logits = if greedy {
+        Vec::new()
+    } else {
+        session.logits()?
+    };
+    let mut gen = Generation {
+        prompt_tokens: prompt.len(),
+        tokens: Vec::with_capacity(max_new),
+        text: String::new(),
+        stop: StopReason::MaxTokens,
+        prefill_secs: t0.elapsed().as_secs_f64(),
+        decode_secs: 0.0,
+    };
+    let mut utf8 = StreamDecoder::new();
+    let mut stop_strings = StopStrings::new(stops.iter().cloned());
+    let t1 = Instant::now();
+    let mut emit = |s: &str, gen: &mut Generation| {
+        if !s.is_empty() {
+            on_text(s);
+            gen.text.push_str(s);
+        }
+    };
+    for i in 0..max_new {
+        let id = if greedy {
+            next
+        } else {
+            sampler
+                .sample(&mut logits, &history)
+                .map_err(|e| Error::Other(e.to_string()))?
+        };
+        if tok.is_eog(id) {
+            gen.stop = StopReason::EndOfText;
+            break;
+        }
+        gen.tokens.push(id);
+        history.push(id);
+        if tok.token_type(id) != Some(TokenType::Control) {
+            let piece = utf8.push(tok.token_bytes(id));
+            let out = stop_strings.push(&piece);
+            emit(&out, &mut gen);
+            if stop_strings.stopped() {
+                gen.stop = StopReason::StopString;
+                break;
+            }
+        }
+        if i + 1 < max_new {
+            next = session.forward_token(id)?;
+            if !greedy {
+                logits = session.logits()?;
+            }
+        }
+    }
+    gen.decode_secs = t1.elapsed().as_secs_f64();
+    if gen.stop != StopReason::StopString {
+        let rest = utf8.finish();
+        let mut out = stop_strings.push(&rest);
+        if !stop_strings.stopped() {
+            out.push_str(&stop_strings.finish());
+        }
+        emit(&out, &mut gen);
+    }
+    Ok(gen)
+}
