@@ -1,2 +1,458 @@
-// attention kernels (placeholder: filled in below).
-extern "C" __global__ void attention_placeholder() {}
+// Scaled dot-product attention, forward and backward (the reference is ferrite-cpu
+// attention.rs): q [b, hq, lq, d], k [b, hkv, lk, d], v [b, hkv, lk, dv], g (upstream gradient)
+// [b, hq, lq, dv]; query head h reads kv head h / (hq / hkv). With causal, query i sees keys
+// j <= max(0, i + lk - lq), as the CPU does (a query before the first key still sees key 0);
+// only lk == 0 leaves a query no key: NaN forward, zero gradients backward. Inputs are read
+// through their strides (AttnDims, elements, per dim b, h, l, last); outputs are contiguous.
+// f16/bf16/f32 compute in f32, f64 in f64.
+
+struct AttnDims {
+    u32 b, hq, hkv, lq, lk, d, dv, causal;
+    i64 sq[4], sk[4], sv[4], sg[4];
+};
+
+// Number of keys query i sees (keys 0 .. visible - 1).
+__device__ __forceinline__ i64 visible_keys(const AttnDims& a, u32 i) {
+    if (!a.causal) return a.lk;
+    const i64 last = (i64)i + (i64)a.lk - (i64)a.lq;
+    const i64 v = (last > 0 ? last : 0) + 1;
+    return v > (i64)a.lk ? (i64)a.lk : v;
+}
+
+template <typename A> __device__ __forceinline__ A nan_of();
+template <> __device__ __forceinline__ float nan_of<float>() { return __int_as_float(0x7fc00000); }
+template <> __device__ __forceinline__ double nan_of<double>() { return __longlong_as_double(0x7ff8000000000000LL); }
+
+template <typename A> __device__ __forceinline__ A fmax_nan(A a, A b) { return (b > a || m_isnan(b)) ? b : a; }
+
+// sum_t a[t * sa] * b[t * sb] over t < n, in order.
+template <typename T>
+__device__ __forceinline__ typename Num<T>::A dot_strided(const T* a, i64 sa, const T* b, i64 sb, u32 n) {
+    typename Num<T>::A s = 0;
+    for (u32 t = 0; t < n; ++t) s += Num<T>::load(a[t * sa]) * Num<T>::load(b[t * sb]);
+    return s;
+}
+
+// ---- row kernels (any dtype and head size): one warp per query or key row ----
+//
+// Each lane takes one key (or query) of a tile of 32 and computes its full dot products; the
+// output columns are spread over the lanes (column c = c0 + lane + 32 t, t < 8), the tile's
+// probabilities broadcast by shuffles. Columns beyond 256 are done in further passes that
+// recompute the scores. Block: W = blockDim.x / 32 warps, one row each.
+
+#define ROW_COLS 256
+
+// Query rows. Rows of one (batch, kv head) are numbered hg * lq + i over the hq / hkv query
+// heads that share it; block x covers W of them: blockIdx.x = bkv * bpb + (row / W) with
+// bpb = ceil(group * lq / W).
+// mode 0: o[b, h, i, :] = softmax(q k^T scale) v, NaN where no key is visible.
+// mode 1: stats[3 row] = (max score m, sum of exp(s - m) l, D = sum_c g[c] o[c]) for the
+//         backward kernels (row = (b * hq + h) * lq + i); zeros where no key is visible.
+template <typename T>
+__device__ void attn_rows_body(const AttnDims& a, typename Num<T>::A scale, const T* q, const T* k, const T* v,
+                               const T* g, T* o, typename Num<T>::A* stats, u32 mode) {
+    typedef typename Num<T>::A A;
+    const u32 lane = threadIdx.x & 31, W = blockDim.x >> 5;
+    const u32 group = a.hq / a.hkv;
+    const u64 per = (u64)group * a.lq;
+    const u64 bpb = (per + W - 1) / W;
+    const u64 bkv = blockIdx.x / bpb;
+    const u64 rr = (blockIdx.x % bpb) * W + (threadIdx.x >> 5);
+    if (rr >= per) return;
+    const u32 bi = (u32)(bkv / a.hkv), kvh = (u32)(bkv % a.hkv);
+    const u32 h = kvh * group + (u32)(rr / a.lq), i = (u32)(rr % a.lq);
+    const u64 orow = ((u64)bi * a.hq + h) * a.lq + i;
+    const T* qr = q + bi * a.sq[0] + h * a.sq[1] + i * a.sq[2];
+    const T* gr = g + bi * a.sg[0] + h * a.sg[1] + i * a.sg[2];
+    const T* kb = k + bi * a.sk[0] + kvh * a.sk[1];
+    const T* vb = v + bi * a.sv[0] + kvh * a.sv[1];
+    const i64 vis = visible_keys(a, i);
+    if (mode == 1) {
+        A m = neg_inf<A>(), l = 0, dsum = 0;
+        for (i64 j0 = 0; j0 < vis; j0 += 32) {
+            const i64 j = j0 + lane;
+            A s = neg_inf<A>(), dp = 0;
+            if (j < vis) {
+                s = dot_strided(qr, a.sq[3], kb + j * a.sk[2], a.sk[3], a.d) * scale;
+                dp = dot_strided(gr, a.sg[3], vb + j * a.sv[2], a.sv[3], a.dv);
+            }
+            const A mn = fmax_nan(m, warp_max(s));
+            const A ref = mn == neg_inf<A>() ? (A)0 : mn;
+            const A al = m_exp(m - ref), p = m_exp(s - ref);
+            l = l * al + warp_sum(p);
+            dsum = dsum * al + warp_sum(p * dp);
+            m = mn;
+        }
+        if (lane == 0) {
+            stats[3 * orow] = vis > 0 ? m : (A)0;
+            stats[3 * orow + 1] = l;
+            stats[3 * orow + 2] = vis > 0 ? dsum / l : (A)0;
+        }
+        return;
+    }
+    T* orw = o + orow * a.dv;
+    if (vis == 0) {
+        for (u32 c = lane; c < a.dv; c += 32) orw[c] = Num<T>::store(nan_of<A>());
+        return;
+    }
+    for (u32 c0 = 0; c0 < a.dv; c0 += ROW_COLS) {
+        A m = neg_inf<A>(), l = 0, acc[8];
+#pragma unroll
+        for (int t = 0; t < 8; ++t) acc[t] = 0;
+        for (i64 j0 = 0; j0 < vis; j0 += 32) {
+            const i64 j = j0 + lane;
+            const A s = j < vis ? dot_strided(qr, a.sq[3], kb + j * a.sk[2], a.sk[3], a.d) * scale : neg_inf<A>();
+            const A mn = fmax_nan(m, warp_max(s));
+            const A ref = mn == neg_inf<A>() ? (A)0 : mn;
+            const A al = m_exp(m - ref), p = m_exp(s - ref);
+            l = l * al + warp_sum(p);
+#pragma unroll
+            for (int t = 0; t < 8; ++t) acc[t] *= al;
+            const u32 cnt = (u32)(vis - j0 < 32 ? vis - j0 : 32);
+            for (u32 u = 0; u < cnt; ++u) {
+                const A pu = __shfl_sync(0xffffffffu, p, u);
+                const T* vr = vb + (j0 + u) * a.sv[2];
+#pragma unroll
+                for (int t = 0; t < 8; ++t) {
+                    const u32 c = c0 + lane + 32 * t;
+                    if (c < a.dv) acc[t] += pu * Num<T>::load(vr[c * a.sv[3]]);
+                }
+            }
+            m = mn;
+        }
+        const A inv = (A)1 / l;
+#pragma unroll
+        for (int t = 0; t < 8; ++t) {
+            const u32 c = c0 + lane + 32 * t;
+            if (c < a.dv) orw[c] = Num<T>::store(acc[t] * inv);
+        }
+    }
+}
+
+// dq[b, h, i, :] = sum_j p_j (dp_j - D) scale k_j with p_j = exp(s_j - m) / l, dp_j = g . v_j
+// (m, l, D from attn_rows mode 1). Rows and grid as attn_rows; zeros where no key is visible.
+template <typename T>
+__device__ void attn_dq_body(const AttnDims& a, typename Num<T>::A scale, const T* q, const T* k, const T* v,
+                             const T* g, const typename Num<T>::A* stats, T* dq) {
+    typedef typename Num<T>::A A;
+    const u32 lane = threadIdx.x & 31, W = blockDim.x >> 5;
+    const u32 group = a.hq / a.hkv;
+    const u64 per = (u64)group * a.lq;
+    const u64 bpb = (per + W - 1) / W;
+    const u64 bkv = blockIdx.x / bpb;
+    const u64 rr = (blockIdx.x % bpb) * W + (threadIdx.x >> 5);
+    if (rr >= per) return;
+    const u32 bi = (u32)(bkv / a.hkv), kvh = (u32)(bkv % a.hkv);
+    const u32 h = kvh * group + (u32)(rr / a.lq), i = (u32)(rr % a.lq);
+    const u64 orow = ((u64)bi * a.hq + h) * a.lq + i;
+    const T* qr = q + bi * a.sq[0] + h * a.sq[1] + i * a.sq[2];
+    const T* gr = g + bi * a.sg[0] + h * a.sg[1] + i * a.sg[2];
+    const T* kb = k + bi * a.sk[0] + kvh * a.sk[1];
+    const T* vb = v + bi * a.sv[0] + kvh * a.sv[1];
+    const i64 vis = visible_keys(a, i);
+    const A m = stats[3 * orow], l = stats[3 * orow + 1], D = stats[3 * orow + 2];
+    T* dr = dq + orow * a.d;
+    for (u32 c0 = 0; c0 < a.d; c0 += ROW_COLS) {
+        A acc[8];
+#pragma unroll
+        for (int t = 0; t < 8; ++t) acc[t] = 0;
+        for (i64 j0 = 0; j0 < vis; j0 += 32) {
+            const i64 j = j0 + lane;
+            A ds = 0;
+            if (j < vis) {
+                const A s = dot_strided(qr, a.sq[3], kb + j * a.sk[2], a.sk[3], a.d) * scale;
+                const A p = m_exp(s - m) / l;
+                const A dp = dot_strided(gr, a.sg[3], vb + j * a.sv[2], a.sv[3], a.dv);
+                ds = p * (dp - D) * scale;
+            }
+            const u32 cnt = (u32)(vis - j0 < 32 ? vis - j0 : 32);
+            for (u32 u = 0; u < cnt; ++u) {
+                const A du = __shfl_sync(0xffffffffu, ds, u);
+                const T* kr = kb + (j0 + u) * a.sk[2];
+#pragma unroll
+                for (int t = 0; t < 8; ++t) {
+                    const u32 c = c0 + lane + 32 * t;
+                    if (c < a.d) acc[t] += du * Num<T>::load(kr[c * a.sk[3]]);
+                }
+            }
+        }
+#pragma unroll
+        for (int t = 0; t < 8; ++t) {
+            const u32 c = c0 + lane + 32 * t;
+            if (c < a.d) dr[c] = Num<T>::store(acc[t]);
+        }
+    }
+}
+
+// Key rows j of (batch, kv head): dv[j] = sum over the group's query heads and the queries i
+// that see j of p_ij g_i; dk[j] = sum of p_ij (dp_ij - D_i) scale q_i. blockIdx.x = bkv * bpb +
+// (j / W) with bpb = ceil(lk / W). Each output row is written by one warp: no atomics.
+template <typename T>
+__device__ void attn_dkv_body(const AttnDims& a, typename Num<T>::A scale, const T* q, const T* k, const T* v,
+                              const T* g, const typename Num<T>::A* stats, T* dk, T* dvo) {
+    typedef typename Num<T>::A A;
+    const u32 lane = threadIdx.x & 31, W = blockDim.x >> 5;
+    const u32 group = a.hq / a.hkv;
+    const u64 bpb = ((u64)a.lk + W - 1) / W;
+    const u64 bkv = blockIdx.x / bpb;
+    const u64 jj = (blockIdx.x % bpb) * W + (threadIdx.x >> 5);
+    if (jj >= a.lk) return;
+    const u32 j = (u32)jj;
+    const u32 bi = (u32)(bkv / a.hkv), kvh = (u32)(bkv % a.hkv);
+    const T* kr = k + bi * a.sk[0] + kvh * a.sk[1] + j * a.sk[2];
+    const T* vr = v + bi * a.sv[0] + kvh * a.sv[1] + j * a.sv[2];
+    // First query that sees key j (every query sees key 0).
+    i64 i_first = 0;
+    if (a.causal && j > 0) {
+        const i64 f = (i64)j + (i64)a.lq - (i64)a.lk;
+        i_first = f > 0 ? f : 0;
+    }
+    const u64 krow = ((u64)bi * a.hkv + kvh) * a.lk + j;
+    const u32 cols = a.d > a.dv ? a.d : a.dv;
+    for (u32 c0 = 0; c0 < cols; c0 += ROW_COLS) {
+        A ak[8], av[8];
+#pragma unroll
+        for (int t = 0; t < 8; ++t) ak[t] = av[t] = 0;
+        for (u32 hg = 0; hg < group; ++hg) {
+            const u32 h = kvh * group + hg;
+            const T* qh = q + bi * a.sq[0] + h * a.sq[1];
+            const T* gh = g + bi * a.sg[0] + h * a.sg[1];
+            const u64 row0 = ((u64)bi * a.hq + h) * a.lq;
+            for (i64 i0 = i_first; i0 < (i64)a.lq; i0 += 32) {
+                const i64 i = i0 + lane;
+                A p = 0, ds = 0;
+                if (i < (i64)a.lq) {
+                    const A* st = stats + 3 * (row0 + i);
+                    const A s = dot_strided(qh + i * a.sq[2], a.sq[3], kr, a.sk[3], a.d) * scale;
+                    p = m_exp(s - st[0]) / st[1];
+                    const A dp = dot_strided(gh + i * a.sg[2], a.sg[3], vr, a.sv[3], a.dv);
+                    ds = p * (dp - st[2]) * scale;
+                }
+                const u32 cnt = (u32)((i64)a.lq - i0 < 32 ? (i64)a.lq - i0 : 32);
+                for (u32 u = 0; u < cnt; ++u) {
+                    const A pu = __shfl_sync(0xffffffffu, p, u), du = __shfl_sync(0xffffffffu, ds, u);
+                    const T* qi = qh + (i0 + u) * a.sq[2];
+                    const T* gi = gh + (i0 + u) * a.sg[2];
+#pragma unroll
+                    for (int t = 0; t < 8; ++t) {
+                        const u32 c = c0 + lane + 32 * t;
+                        if (c < a.dv) av[t] += pu * Num<T>::load(gi[c * a.sg[3]]);
+                        if (c < a.d) ak[t] += du * Num<T>::load(qi[c * a.sq[3]]);
+                    }
+                }
+            }
+        }
+#pragma unroll
+        for (int t = 0; t < 8; ++t) {
+            const u32 c = c0 + lane + 32 * t;
+            if (c < a.d) dk[krow * a.d + c] = Num<T>::store(ak[t]);
+            if (c < a.dv) dvo[krow * a.dv + c] = Num<T>::store(av[t]);
+        }
+    }
+}
+
+// ---- tiled forward (f32/f16/bf16, d and dv <= 256) ----
+//
+// Flash-attention style: a block of 256 threads (16 x 16: tx = tid % 16, ty = tid / 16) owns
+// 64 query rows of one (batch, head), held in shared memory as f32; it walks the visible keys
+// in tiles of 64 (K and V tiles in shared memory), keeping an online softmax (running max and
+// sum per row) and the output rows in registers (f32). Thread (ty, tx) owns query rows
+// ty + 16 e and tile keys tx + 16 f (e, f < 4) of the score tile, and output columns
+// 64 qq + 4 tx + (0..3) (qq < DVC) of its rows.
+// Shared memory (floats): Q [64][ld], K [64][ld] (reused for the probability tile
+// [64][AT_PS]), V [64][64 DVC]; ld (host-chosen): d rounded up to a multiple of 4 with ld / 4
+// odd (conflict-free float4 reads across the 16 key rows) and ld >= AT_PS.
+// Grid: one block per (query tile, batch * head), blockIdx.x = yy * (b * hq) + bh, the query
+// tile counted from the last one (yy = 0 is the last tile, the most work under a causal mask).
+// Scores are kept in log2 units: sl2 = scale * log2(e).
+
+#define AT_BM 64
+#define AT_BN 64
+#define AT_PS 68
+
+extern __shared__ __align__(16) unsigned char at_smem[];
+
+__device__ __forceinline__ float f4c(const float4& v, int c) { return c == 0 ? v.x : (c == 1 ? v.y : (c == 2 ? v.z : v.w)); }
+
+template <typename T, int DVC>
+__device__ void attn_fwd_body(const AttnDims& a, u32 ld, float sl2, const T* __restrict__ q, const T* __restrict__ k,
+                              const T* __restrict__ v, T* __restrict__ o) {
+    constexpr u32 VW = DVC * 64;
+    float* Qs = (float*)at_smem;
+    float* Ks = Qs + AT_BM * ld;
+    float* Ps = Ks;
+    float* Vs = Ks + AT_BN * ld;
+    const u32 tid = threadIdx.x, tx = tid & 15, ty = tid >> 4, lane = tid & 31, warp = tid >> 5;
+    const u32 nbh = a.b * a.hq;
+    const u32 tiles = (a.lq + AT_BM - 1) / AT_BM;
+    const u32 bh = blockIdx.x % nbh, tile = tiles - 1 - blockIdx.x / nbh;
+    const u32 bi = bh / a.hq, h = bh % a.hq, kvh = h / (a.hq / a.hkv);
+    const u32 i0 = tile * AT_BM;
+    const u32 dpad = (a.d + 3) & ~3u;
+    const T* qb = q + bi * a.sq[0] + h * a.sq[1];
+    const T* kb = k + bi * a.sk[0] + kvh * a.sk[1];
+    const T* vb = v + bi * a.sv[0] + kvh * a.sv[1];
+
+    for (u32 r = warp; r < AT_BM; r += 8) {
+        const u32 i = i0 + r;
+        for (u32 c = lane; c < ld; c += 32)
+            Qs[r * ld + c] = (i < a.lq && c < a.d) ? Num<T>::load(qb[i * a.sq[2] + c * a.sq[3]]) : 0.f;
+    }
+    // Keys this block needs: those its last query sees.
+    const u32 il = i0 + AT_BM - 1 < a.lq - 1 ? i0 + AT_BM - 1 : a.lq - 1;
+    const i64 jend = visible_keys(a, il);
+    i64 lim[4];  // last key each owned row sees
+    float m[4], l[4], acc[4][DVC][4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+        lim[e] = visible_keys(a, i0 + ty + 16 * e) - 1;
+        m[e] = neg_inf<float>();
+        l[e] = 0.f;
+#pragma unroll
+        for (int qq = 0; qq < DVC; ++qq)
+#pragma unroll
+            for (int c = 0; c < 4; ++c) acc[e][qq][c] = 0.f;
+    }
+
+    for (i64 j0 = 0; j0 < jend; j0 += AT_BN) {
+        __syncthreads();  // Q is stored; the previous tile's reads of P and V are done
+        for (u32 r = warp; r < AT_BN; r += 8) {
+            const i64 j = j0 + r;
+            const bool ok = j < (i64)a.lk;
+            const T* kr = kb + j * a.sk[2];
+            const T* vr = vb + j * a.sv[2];
+            for (u32 c = lane; c < ld; c += 32) Ks[r * ld + c] = (ok && c < a.d) ? Num<T>::load(kr[c * a.sk[3]]) : 0.f;
+            for (u32 c = lane; c < VW; c += 32) Vs[r * VW + c] = (ok && c < a.dv) ? Num<T>::load(vr[c * a.sv[3]]) : 0.f;
+        }
+        __syncthreads();
+
+        float s[4][4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+#pragma unroll
+            for (int f = 0; f < 4; ++f) s[e][f] = 0.f;
+#pragma unroll 2
+        for (u32 kk = 0; kk < dpad; kk += 4) {
+            float4 qa[4], kf[4];
+#pragma unroll
+            for (int e = 0; e < 4; ++e) qa[e] = *(const float4*)&Qs[(ty + 16 * e) * ld + kk];
+#pragma unroll
+            for (int f = 0; f < 4; ++f) kf[f] = *(const float4*)&Ks[(tx + 16 * f) * ld + kk];
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+#pragma unroll
+                for (int f = 0; f < 4; ++f) {
+                    float t = s[e][f];
+                    t = fmaf(qa[e].x, kf[f].x, t);
+                    t = fmaf(qa[e].y, kf[f].y, t);
+                    t = fmaf(qa[e].z, kf[f].z, t);
+                    t = fmaf(qa[e].w, kf[f].w, t);
+                    s[e][f] = t;
+                }
+        }
+
+        // Online softmax over this tile, per owned row (16 lanes share a row).
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            float mx = neg_inf<float>();
+#pragma unroll
+            for (int f = 0; f < 4; ++f) {
+                const i64 j = j0 + tx + 16 * f;
+                s[e][f] = j <= lim[e] ? s[e][f] * sl2 : neg_inf<float>();
+                mx = fmaxf(mx, s[e][f]);
+            }
+#pragma unroll
+            for (int sh = 1; sh < 16; sh <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, sh));
+            const float mn = fmaxf(m[e], mx);
+            const float ref = mn == neg_inf<float>() ? 0.f : mn;
+            const float al = exp2f(m[e] - ref);
+            m[e] = mn;
+            l[e] *= al;
+#pragma unroll
+            for (int qq = 0; qq < DVC; ++qq)
+#pragma unroll
+                for (int c = 0; c < 4; ++c) acc[e][qq][c] *= al;
+#pragma unroll
+            for (int f = 0; f < 4; ++f) {
+                s[e][f] = exp2f(s[e][f] - ref);
+                l[e] += s[e][f];
+            }
+        }
+        __syncthreads();  // every score is computed: K's space takes the probabilities
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+#pragma unroll
+            for (int f = 0; f < 4; ++f) Ps[(ty + 16 * e) * AT_PS + tx + 16 * f] = s[e][f];
+        __syncthreads();
+
+#pragma unroll 2
+        for (u32 jj = 0; jj < AT_BN; jj += 4) {
+            float4 p[4];
+#pragma unroll
+            for (int e = 0; e < 4; ++e) p[e] = *(const float4*)&Ps[(ty + 16 * e) * AT_PS + jj];
+#pragma unroll
+            for (int u = 0; u < 4; ++u) {
+#pragma unroll
+                for (int qq = 0; qq < DVC; ++qq) {
+                    const float4 vv = *(const float4*)&Vs[(jj + u) * VW + qq * 64 + tx * 4];
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        const float pe = f4c(p[e], u);
+                        acc[e][qq][0] = fmaf(pe, vv.x, acc[e][qq][0]);
+                        acc[e][qq][1] = fmaf(pe, vv.y, acc[e][qq][1]);
+                        acc[e][qq][2] = fmaf(pe, vv.z, acc[e][qq][2]);
+                        acc[e][qq][3] = fmaf(pe, vv.w, acc[e][qq][3]);
+                    }
+                }
+            }
+        }
+    }
+
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+        float lt = l[e];
+#pragma unroll
+        for (int sh = 1; sh < 16; sh <<= 1) lt += __shfl_xor_sync(0xffffffffu, lt, sh);
+        const u32 i = i0 + ty + 16 * e;
+        if (i >= a.lq) continue;
+        // No visible key: the softmax of an empty row, NaN like the CPU.
+        const float inv = lim[e] < 0 ? nan_of<float>() : 1.f / lt;
+        T* orw = o + ((u64)bh * a.lq + i) * a.dv;
+#pragma unroll
+        for (int qq = 0; qq < DVC; ++qq)
+#pragma unroll
+            for (int c = 0; c < 4; ++c) {
+                const u32 col = qq * 64 + tx * 4 + c;
+                if (col < a.dv) orw[col] = Num<T>::store(acc[e][qq][c] * inv);
+            }
+    }
+}
+
+// ---- entry points ----
+
+#define ATTN_ROW_KERNELS(S, T)                                                                          \
+    extern "C" __global__ void attn_rows_##S(AttnDims a, Num<T>::A scale, const T* q, const T* k,      \
+                                             const T* v, const T* g, T* o, Num<T>::A* stats, u32 mode) { \
+        attn_rows_body<T>(a, scale, q, k, v, g, o, stats, mode);                                       \
+    }                                                                                                   \
+    extern "C" __global__ void attn_dq_##S(AttnDims a, Num<T>::A scale, const T* q, const T* k,        \
+                                           const T* v, const T* g, const Num<T>::A* stats, T* dq) {    \
+        attn_dq_body<T>(a, scale, q, k, v, g, stats, dq);                                              \
+    }                                                                                                   \
+    extern "C" __global__ void attn_dkv_##S(AttnDims a, Num<T>::A scale, const T* q, const T* k,       \
+                                            const T* v, const T* g, const Num<T>::A* stats, T* dk,     \
+                                            T* dv) {                                                    \
+        attn_dkv_body<T>(a, scale, q, k, v, g, stats, dk, dv);                                         \
+    }
+FOR_FLOATS(ATTN_ROW_KERNELS)
+
+#define ATTN_TILE_KERNELS(S, T)                                                                         \
+    extern "C" __global__ void __launch_bounds__(256) attn_fwd1_##S(AttnDims a, u32 ld, float sl2,     \
+        const T* q, const T* k, const T* v, T* o) { attn_fwd_body<T, 1>(a, ld, sl2, q, k, v, o); }     \
+    extern "C" __global__ void __launch_bounds__(256) attn_fwd2_##S(AttnDims a, u32 ld, float sl2,     \
+        const T* q, const T* k, const T* v, T* o) { attn_fwd_body<T, 2>(a, ld, sl2, q, k, v, o); }     \
+    extern "C" __global__ void __launch_bounds__(256) attn_fwd4_##S(AttnDims a, u32 ld, float sl2,     \
+        const T* q, const T* k, const T* v, T* o) { attn_fwd_body<T, 4>(a, ld, sl2, q, k, v, o); }
+ATTN_TILE_KERNELS(f32, float)
+ATTN_TILE_KERNELS(f16, f16)
+ATTN_TILE_KERNELS(bf16, bf16)

@@ -1,8 +1,21 @@
-//! Attention on CUDA (kernels in attention.cu): forward and backward.
+//! Attention on CUDA (kernels in attention.cu): forward and backward, with the semantics of
+//! ferrite-cpu's attention.rs (grouped-query heads; the causal mask aligned to the last key,
+//! every query seeing at least key 0; NaN rows only when there are no keys).
+//!
+//! - Forward, f32/f16/bf16 with head sizes ≤ 256: a flash-attention style tiled kernel (64
+//!   queries per block, K/V tiles of 64 keys in shared memory, online softmax, f32
+//!   accumulation). f64 and larger heads: a warp-per-query kernel.
+//! - Backward: per-query statistics (max, sum, D = g·o) by the warp-per-query kernel, then dq
+//!   by a kernel per query row and dk/dv by a kernel per key row, each recomputing the
+//!   probabilities: every output row is written by one warp, so results are deterministic
+//!   without atomics.
+//!
+//! Every kernel reads its inputs through their strides: views are never copied.
 
 use crate::device::CudaBackend;
-use crate::kernels::KernelSource;
-use ferrite_core::{Error, Result, Storage, Tensor};
+use crate::kernels::{suffix, Args, Cfg, KernelSource};
+use crate::norm::float_dtype;
+use ferrite_core::{DType, Error, Result, Storage, Tensor};
 use std::sync::Arc;
 
 pub(crate) static SOURCE: KernelSource = KernelSource {
@@ -10,24 +23,277 @@ pub(crate) static SOURCE: KernelSource = KernelSource {
     src: include_str!("attention.cu"),
 };
 
-pub(crate) fn attention(
-    _dev: &CudaBackend,
-    _q: &Tensor,
-    _k: &Tensor,
-    _v: &Tensor,
-    _causal: bool,
-    _scale: f64,
-) -> Result<Vec<Arc<dyn Storage>>> {
-    Err(Error::backend("attention", "not yet on CUDA"))
+/// Sizes and strides of the operands (`AttnDims` in attention.cu). Strides in elements, per
+/// dim (b, h, l, last).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+struct Dims {
+    b: u32,
+    hq: u32,
+    hkv: u32,
+    lq: u32,
+    lk: u32,
+    d: u32,
+    dv: u32,
+    causal: u32,
+    sq: [i64; 4],
+    sk: [i64; 4],
+    sv: [i64; 4],
+    sg: [i64; 4],
 }
-pub(crate) fn attention_backward(
-    _dev: &CudaBackend,
-    _q: &Tensor,
-    _k: &Tensor,
-    _v: &Tensor,
-    _g: &Tensor,
-    _causal: bool,
-    _scale: f64,
+
+/// Warps (rows) per block of the row kernels.
+const ROW_WARPS: usize = 4;
+/// Tile of the forward kernel: queries per block and keys per step; threads per block.
+const TILE: usize = 64;
+const TILE_THREADS: u32 = 256;
+/// Row stride of the probability tile (`AT_PS`); head sizes the tiled kernel takes.
+const TILE_PS: usize = 68;
+const TILE_MAX_HEAD: usize = 256;
+
+fn strides(t: &Tensor) -> [i64; 4] {
+    let s = t.layout().strides();
+    [s[0] as i64, s[1] as i64, s[2] as i64, s[3] as i64]
+}
+
+fn dims(
+    op: &'static str,
+    (q, k, v): (&Tensor, &Tensor, &Tensor),
+    g: Option<&Tensor>,
+    causal: bool,
+) -> Result<Dims> {
+    let bad = || {
+        Error::shape(
+            op,
+            format!(
+                "q, k, v must be [b, hq, lq, d], [b, hkv, lk, d], [b, hkv, lk, dv] with hq % hkv == 0; got {}, {}, {}",
+                q.shape(),
+                k.shape(),
+                v.shape()
+            ),
+        )
+    };
+    if q.rank() != 4 || k.rank() != 4 || v.rank() != 4 {
+        return Err(bad());
+    }
+    let (qd, kd, vd) = (q.dims(), k.dims(), v.dims());
+    if qd[0] != kd[0]
+        || kd[0] != vd[0]
+        || kd[1] != vd[1]
+        || kd[2] != vd[2]
+        || qd[3] != kd[3]
+        || kd[1] == 0
+        || !qd[1].is_multiple_of(kd[1])
+    {
+        return Err(bad());
+    }
+    if let Some(g) = g {
+        if g.dims() != [qd[0], qd[1], qd[2], vd[3]] {
+            return Err(Error::shape(
+                op,
+                format!("upstream gradient {} does not match the output", g.shape()),
+            ));
+        }
+    }
+    let small = |x: usize| {
+        u32::try_from(x).map_err(|_| {
+            Error::backend(
+                op,
+                format!("size {x} exceeds the CUDA kernels' 32-bit sizes"),
+            )
+        })
+    };
+    Ok(Dims {
+        b: small(qd[0])?,
+        hq: small(qd[1])?,
+        hkv: small(kd[1])?,
+        lq: small(qd[2])?,
+        lk: small(kd[2])?,
+        d: small(qd[3])?,
+        dv: small(vd[3])?,
+        causal: causal as u32,
+        sq: strides(q),
+        sk: strides(k),
+        sv: strides(v),
+        sg: g.map_or([0; 4], strides),
+    })
+}
+
+/// Appends a scalar in the kernels' compute type (f64 for f64, else f32).
+fn arg_compute(args: Args, dt: DType, v: f64) -> Args {
+    if dt == DType::F64 {
+        args.arg(v)
+    } else {
+        args.arg(v as f32)
+    }
+}
+
+/// Blocks of ROW_WARPS rows for `rows_per` rows in each of `groups` (batch, kv head) pairs.
+fn row_grid(op: &'static str, groups: usize, rows_per: usize) -> Result<Cfg> {
+    let blocks = groups * rows_per.div_ceil(ROW_WARPS);
+    if blocks > i32::MAX as usize {
+        return Err(Error::backend(
+            op,
+            format!("{blocks} blocks exceed the CUDA grid"),
+        ));
+    }
+    Ok(Cfg::new(
+        (blocks as u32, 1, 1),
+        ((ROW_WARPS * 32) as u32, 1, 1),
+        0,
+    ))
+}
+
+/// Row stride (floats) of the Q and K tiles for head size `d`: a multiple of 4 whose quarter
+/// is odd, at least `TILE_PS` (the probability tile reuses the K tile).
+fn tile_ld(d: usize) -> usize {
+    let mut ld = d.next_multiple_of(4);
+    if (ld / 4).is_multiple_of(2) {
+        ld += 4;
+    }
+    ld.max(TILE_PS)
+}
+
+pub(crate) fn attention(
+    dev: &CudaBackend,
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    causal: bool,
+    scale: f64,
 ) -> Result<Vec<Arc<dyn Storage>>> {
-    Err(Error::backend("attention_backward", "not yet on CUDA"))
+    let op = "attention";
+    let dt = float_dtype(op, &[q, k, v])?;
+    let a = dims(op, (q, k, v), None, causal)?;
+    let (sq, sk, sv) = (dev.input(q, op)?, dev.input(k, op)?, dev.input(v, op)?);
+    let (b, hq, hkv, lq, d, dv) = (
+        a.b as usize,
+        a.hq as usize,
+        a.hkv as usize,
+        a.lq as usize,
+        a.d as usize,
+        a.dv as usize,
+    );
+    let out = dev.alloc_out(b * hq * lq * dv, dt, op)?;
+    if b * hq * lq * dv > 0 {
+        let (qp, kp, vp) = (
+            CudaBackend::ptr(q, sq),
+            CudaBackend::ptr(k, sk),
+            CudaBackend::ptr(v, sv),
+        );
+        let blocks = b * hq * lq.div_ceil(TILE);
+        if dt != DType::F64
+            && d <= TILE_MAX_HEAD
+            && dv <= TILE_MAX_HEAD
+            && blocks <= i32::MAX as usize
+        {
+            let dvc = match dv {
+                0..=64 => 1,
+                65..=128 => 2,
+                _ => 4,
+            };
+            let ld = tile_ld(d);
+            let smem = (TILE * ld * 2 + TILE * dvc * 64) * 4;
+            let cfg = Cfg::new((blocks as u32, 1, 1), (TILE_THREADS, 1, 1), smem as u32);
+            let args = Args::new()
+                .arg(a)
+                .arg(ld as u32)
+                .arg((scale * std::f64::consts::LOG2_E) as f32)
+                .arg(qp)
+                .arg(kp)
+                .arg(vp)
+                .arg(out.ptr());
+            let name = format!("attn_fwd{dvc}_{}", suffix(dt));
+            dev.launch(op, &SOURCE, &name, cfg, args)?;
+        } else {
+            let args = arg_compute(Args::new().arg(a), dt, scale)
+                .arg(qp)
+                .arg(kp)
+                .arg(vp)
+                .arg(0u64)
+                .arg(out.ptr())
+                .arg(0u64)
+                .arg(0u32);
+            let cfg = row_grid(op, b * hkv, (hq / hkv) * lq)?;
+            let name = format!("attn_rows_{}", suffix(dt));
+            dev.launch(op, &SOURCE, &name, cfg, args)?;
+        }
+    }
+    dev.finish_one(out)
+}
+
+pub(crate) fn attention_backward(
+    dev: &CudaBackend,
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    g: &Tensor,
+    causal: bool,
+    scale: f64,
+) -> Result<Vec<Arc<dyn Storage>>> {
+    let op = "attention_backward";
+    let dt = float_dtype(op, &[q, k, v, g])?;
+    let a = dims(op, (q, k, v), Some(g), causal)?;
+    let (sq, sk, sv, sg) = (
+        dev.input(q, op)?,
+        dev.input(k, op)?,
+        dev.input(v, op)?,
+        dev.input(g, op)?,
+    );
+    let (b, hq, hkv, lq, lk, d, dv) = (
+        a.b as usize,
+        a.hq as usize,
+        a.hkv as usize,
+        a.lq as usize,
+        a.lk as usize,
+        a.d as usize,
+        a.dv as usize,
+    );
+    let group = hq / hkv;
+    let dq = dev.alloc_out(b * hq * lq * d, dt, op)?;
+    let dk = dev.alloc_out(b * hkv * lk * d, dt, op)?;
+    let dvo = dev.alloc_out(b * hkv * lk * dv, dt, op)?;
+    // Like the CPU: any empty operand makes every gradient zero.
+    if b * hkv == 0 || group * lq * d == 0 || lk * d == 0 || lk * dv == 0 {
+        for o in [&dq, &dk, &dvo] {
+            let bytes = o.len * dt.size_in_bytes();
+            if bytes > 0 {
+                // SAFETY: the range is the whole new block; ordered on the compute stream.
+                unsafe { cudarc::driver::sys::cuMemsetD8Async(o.ptr(), 0, bytes, dev.compute.0) }
+                    .result()
+                    .map_err(|e| crate::driver::drv(op, e))?;
+            }
+        }
+        return dev.finish(vec![dq, dk, dvo]);
+    }
+    let ptrs = (
+        CudaBackend::ptr(q, sq),
+        CudaBackend::ptr(k, sk),
+        CudaBackend::ptr(v, sv),
+        CudaBackend::ptr(g, sg),
+    );
+    let (qp, kp, vp, gp) = ptrs;
+    let ct = if dt == DType::F64 {
+        DType::F64
+    } else {
+        DType::F32
+    };
+    let stats = dev.alloc_out(3 * b * hq * lq, ct, op)?;
+    let sfx = suffix(dt);
+    let base = || {
+        arg_compute(Args::new().arg(a), dt, scale)
+            .arg(qp)
+            .arg(kp)
+            .arg(vp)
+            .arg(gp)
+    };
+    let rows = row_grid(op, b * hkv, group * lq)?;
+    let args = base().arg(0u64).arg(stats.ptr()).arg(1u32);
+    dev.launch(op, &SOURCE, &format!("attn_rows_{sfx}"), rows, args)?;
+    let args = base().arg(stats.ptr()).arg(dq.ptr());
+    dev.launch(op, &SOURCE, &format!("attn_dq_{sfx}"), rows, args)?;
+    let keys = row_grid(op, b * hkv, lk)?;
+    let args = base().arg(stats.ptr()).arg(dk.ptr()).arg(dvo.ptr());
+    dev.launch(op, &SOURCE, &format!("attn_dkv_{sfx}"), keys, args)?;
+    dev.finish(vec![dq, dk, dvo])
 }

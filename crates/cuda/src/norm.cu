@@ -1,2 +1,691 @@
-// norm kernels (placeholder: filled in below).
-extern "C" __global__ void norm_placeholder() {}
+// Fused row ops over the last axis (the reference is ferrite-cpu norm.rs): softmax and
+// log_softmax, layer_norm, rms_norm, their backward kernels, and RoPE.
+//
+// Row layout: `rows` rows of `n` elements; input row r starts at x + r * xs (elements) and has
+// unit inner stride; outputs are contiguous (row r at y + r * n). weight / bias are contiguous
+// [n]. `vec` (checked by the host): every row start and vector is 16-byte aligned and
+// n * sizeof(T) % 16 == 0, so a chunk moves as one 16-byte load or store.
+//
+// A row is cut into chunks of V = 16 / sizeof(T) elements; chunk c belongs to thread c % P of
+// the P threads that own the row. Three launch shapes per op (the host picks by row length):
+//   _w  a warp, or a power-of-two group of G of its lanes, per row (`warp_group`); blockDim
+//       256; chunks cached in registers, at most E_WARP per lane (n <= G * E_WARP * V)
+//   _b  one block of P threads per row (P a multiple of 32, <= 512; registers capped so two
+//       such blocks fit an SM); chunks cached in registers, at most E per thread
+//       (n <= P * E * V)
+//   _l  one block of P threads per row (P a multiple of 32, <= 1024), any n: each pass
+//       re-reads the row from memory
+// All three walk the rows grid-stride. f16/bf16 compute in f32; f32 in f32; f64 in f64.
+// Register budget (mirrored in norm.rs): E_WARP chunks per lane in _w; in _b, E_FWD chunks for
+// one-input ops and E_BWD chunks per input for two-input ops.
+#define E_WARP 4
+#define E_FWD 8
+#define E_BWD 4
+
+// ---- 16-byte chunks ----
+
+struct __align__(16) W4 { u32 w[4]; };
+
+// Element i of a chunk, as its compute type, and back; pack: a whole chunk from V values.
+template <typename T> struct Pk;
+template <> struct Pk<float> {
+    static constexpr int V = 4;
+    static __device__ __forceinline__ float get(const W4& r, int i) { return __uint_as_float(r.w[i]); }
+    static __device__ __forceinline__ void put(W4& r, int i, float x) { r.w[i] = __float_as_uint(x); }
+    static __device__ __forceinline__ W4 pack(const float (&o)[4]) {
+        W4 r;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) r.w[i] = __float_as_uint(o[i]);
+        return r;
+    }
+};
+template <> struct Pk<double> {
+    static constexpr int V = 2;
+    static __device__ __forceinline__ double get(const W4& r, int i) {
+        return __longlong_as_double((i64)(((u64)r.w[2 * i + 1] << 32) | (u64)r.w[2 * i]));
+    }
+    static __device__ __forceinline__ void put(W4& r, int i, double x) {
+        u64 b = (u64)__double_as_longlong(x);
+        r.w[2 * i] = (u32)b;
+        r.w[2 * i + 1] = (u32)(b >> 32);
+    }
+    static __device__ __forceinline__ W4 pack(const double (&o)[2]) {
+        W4 r;
+        put(r, 0, o[0]);
+        put(r, 1, o[1]);
+        return r;
+    }
+};
+__device__ __forceinline__ u32 half_bits(const W4& r, int i) { return (r.w[i >> 1] >> ((i & 1) * 16)) & 0xffffu; }
+__device__ __forceinline__ void set_half_bits(W4& r, int i, u32 h) {
+    const u32 s = (i & 1) * 16;
+    r.w[i >> 1] = (r.w[i >> 1] & ~(0xffffu << s)) | (h << s);
+}
+template <> struct Pk<f16> {
+    static constexpr int V = 8;
+    static __device__ __forceinline__ float get(const W4& r, int i) {
+        f16 h;
+        h.x = (unsigned short)half_bits(r, i);
+        return f16_to_f32(h);
+    }
+    static __device__ __forceinline__ void put(W4& r, int i, float x) { set_half_bits(r, i, f32_to_f16(x).x); }
+    static __device__ __forceinline__ W4 pack(const float (&o)[8]) {
+        W4 r;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r.w[i]) : "f"(o[2 * i + 1]), "f"(o[2 * i]));
+        return r;
+    }
+};
+template <> struct Pk<bf16> {
+    static constexpr int V = 8;
+    static __device__ __forceinline__ float get(const W4& r, int i) { return __uint_as_float(half_bits(r, i) << 16); }
+    static __device__ __forceinline__ void put(W4& r, int i, float x) { set_half_bits(r, i, f32_to_bf16(x).x); }
+    static __device__ __forceinline__ W4 pack(const float (&o)[8]) {
+        W4 r;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r.w[i]) : "f"(o[2 * i + 1]), "f"(o[2 * i]));
+        return r;
+    }
+};
+
+__device__ __forceinline__ W4 w4_zero() {
+    W4 r;
+    r.w[0] = r.w[1] = r.w[2] = r.w[3] = 0;
+    return r;
+}
+
+// Chunk c of a row of n elements (elements past n read as 0).
+template <typename T>
+__device__ __forceinline__ W4 load_chunk(const T* __restrict__ row, u32 c, u32 n, bool vec) {
+    constexpr int V = Pk<T>::V;
+    if (vec) return *(const W4*)(row + (u64)c * V);
+    W4 r = w4_zero();
+#pragma unroll
+    for (int v = 0; v < V; ++v) {
+        const u32 i = c * V + v;
+        if (i < n) Pk<T>::put(r, v, Num<T>::load(row[i]));
+    }
+    return r;
+}
+
+// Writes values o of chunk c (those that lie in the row).
+template <typename T>
+__device__ __forceinline__ void store_vals(T* __restrict__ row, u32 c, u32 n, bool vec,
+                                           const typename Num<T>::A (&o)[Pk<T>::V]) {
+    constexpr int V = Pk<T>::V;
+    if (vec) {
+        *(W4*)(row + (u64)c * V) = Pk<T>::pack(o);
+        return;
+    }
+#pragma unroll
+    for (int v = 0; v < V; ++v) {
+        const u32 i = c * V + v;
+        if (i < n) row[i] = Num<T>::store(o[v]);
+    }
+}
+
+// ---- the threads of one row ----
+
+// Threads per row in warp mode: a power of two <= 32 giving each about two chunks (several
+// short rows share a warp). The host mirrors this rule (norm.rs, `warp_group`).
+__device__ __forceinline__ u32 warp_group(u32 nc) {
+    u32 g = 1;
+    while (g < 32 && 2 * g < nc) g <<= 1;
+    return g;
+}
+
+// This thread's place: t of the P threads of its row; rows are walked by a loop uniform
+// over the warp (block) from `first` by `step`, this thread's row being base + sub. In warp
+// mode lanes of a row are G consecutive lanes; in block mode G is 32 (whole warps).
+struct Grp {
+    u32 t, P, G, sub;
+    u64 first, step;
+};
+template <bool BLOCK>
+__device__ __forceinline__ Grp grp_make(u32 nc) {
+    Grp g;
+    if constexpr (BLOCK) {
+        g.t = threadIdx.x;
+        g.P = blockDim.x;
+        g.G = 32;
+        g.sub = 0;
+        g.first = blockIdx.x;
+        g.step = gridDim.x;
+    } else {
+        const u32 G = warp_group(nc), lane = threadIdx.x & 31, rpw = 32 / G;
+        g.t = lane % G;
+        g.P = G;
+        g.G = G;
+        g.sub = lane / G;
+        g.first = ((u64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * rpw;
+        g.step = (u64)gridDim.x * (blockDim.x >> 5) * rpw;
+    }
+    return g;
+}
+
+template <typename A> __device__ __forceinline__ A sub_sum(A v, u32 G) {
+    for (u32 o = G >> 1; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+template <typename A> __device__ __forceinline__ A max_nan(A a, A b) { return (b > a || m_isnan(b)) ? b : a; }
+template <typename A> __device__ __forceinline__ A sub_max(A v, u32 G) {
+    for (u32 o = G >> 1; o > 0; o >>= 1) v = max_nan(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// Calls f(k, c) for each chunk c of this thread (k: its slot in the register cache).
+template <int E, bool CACHED, typename F>
+__device__ __forceinline__ void each_chunk(u32 t, u32 P, u32 nc, F&& f) {
+    if constexpr (CACHED) {
+#pragma unroll
+        for (int k = 0; k < E; ++k) {
+            const u32 c = k * P + t;
+            if (c < nc) f(k, c);
+        }
+    } else {
+        for (u32 c = t; c < nc; c += P) f(0, c);
+    }
+}
+
+// One input row: its chunks held in registers (CACHED) or re-read at each use.
+template <typename T, int E, bool CACHED>
+struct RowIn {
+    const T* p;
+    u32 n;
+    bool vec;
+    W4 c[CACHED ? E : 1];
+    __device__ __forceinline__ void init(const T* row, u32 n_, bool vec_, u32 t, u32 P, u32 nc) {
+        p = row;
+        n = n_;
+        vec = vec_;
+        if constexpr (CACHED) {
+            each_chunk<E, true>(t, P, nc, [&](int k, u32 ci) { c[k] = load_chunk(p, ci, n, vec); });
+        }
+    }
+    __device__ __forceinline__ W4 at(int k, u32 ci) const {
+        if constexpr (CACHED) return c[k];
+        else return load_chunk(p, ci, n, vec);
+    }
+};
+
+// Sums K values over the row's threads; every thread gets the totals. In block mode all
+// threads of the block must call it (it synchronizes).
+template <bool BLOCK, int K, typename A>
+__device__ __forceinline__ void grp_sum(A (&v)[K], u32 G) {
+#pragma unroll
+    for (int k = 0; k < K; ++k) v[k] = sub_sum(v[k], G);
+    if constexpr (BLOCK) {
+        __shared__ A sh[K][32];
+        const u32 lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+        __syncthreads();  // the previous use of sh is over
+        if (lane == 0) {
+#pragma unroll
+            for (int k = 0; k < K; ++k) sh[k][w] = v[k];
+        }
+        __syncthreads();
+#pragma unroll
+        for (int k = 0; k < K; ++k) v[k] = warp_sum(lane < nw ? sh[k][lane] : (A)0);
+    }
+}
+
+template <typename A> __device__ __forceinline__ A pos_inf() { return -neg_inf<A>(); }
+template <typename A> __device__ __forceinline__ bool finite(A x) { return m_fabs(x) < pos_inf<A>(); }
+// exp for the row kernels: one ex2 (relative error ~1e-6 in f32; results below 2^-126 flush
+// to 0); f64 exact.
+__device__ __forceinline__ float fexp(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x * 1.4426950408889634f));
+    return y;
+}
+__device__ __forceinline__ double fexp(double x) { return exp(x); }
+
+// The shift softmax subtracts: the row max, or 0 when that is infinite (the CPU's rule).
+template <typename A> __device__ __forceinline__ A max_shift(A m) { return finite(m) || m_isnan(m) ? m : (A)0; }
+
+// Max over the row's threads (NaN wins); every thread gets it. Block mode as grp_sum.
+template <bool BLOCK, typename A>
+__device__ __forceinline__ void grp_max(A& v, u32 G) {
+    v = sub_max(v, G);
+    if constexpr (BLOCK) {
+        __shared__ A sh[32];
+        const u32 lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+        __syncthreads();
+        if (lane == 0) sh[w] = v;
+        __syncthreads();
+        v = warp_max(lane < nw ? sh[lane] : neg_inf<A>());
+    }
+}
+
+// Softmax partial state: max m and sum s of exp(x - m). Infinite or NaN maxima carry the sum
+// the CPU's formula gives (0 for -inf, +inf for +inf, NaN for NaN).
+template <typename A>
+__device__ __forceinline__ void ms_merge(A& m, A& s, A m2, A s2) {
+    const A mm = max_nan(m, m2);
+    if (finite(mm)) s = s * fexp(m - mm) + s2 * fexp(m2 - mm);
+    else s = (mm == neg_inf<A>()) ? (A)0 : mm;
+    m = mm;
+}
+
+template <bool BLOCK, typename A>
+__device__ __forceinline__ void grp_ms(A& m, A& s, u32 G) {
+    for (u32 o = G >> 1; o > 0; o >>= 1) {
+        const A m2 = __shfl_xor_sync(0xffffffffu, m, o), s2 = __shfl_xor_sync(0xffffffffu, s, o);
+        ms_merge(m, s, m2, s2);
+    }
+    if constexpr (BLOCK) {
+        __shared__ A shm[32], shs[32];
+        const u32 lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+        __syncthreads();
+        if (lane == 0) {
+            shm[w] = m;
+            shs[w] = s;
+        }
+        __syncthreads();
+        m = lane < nw ? shm[lane] : neg_inf<A>();
+        s = lane < nw ? shs[lane] : (A)0;
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            const A m2 = __shfl_xor_sync(0xffffffffu, m, o), s2 = __shfl_xor_sync(0xffffffffu, s, o);
+            ms_merge(m, s, m2, s2);
+        }
+    }
+}
+
+// Common start of a row kernel body; then `for (ROWS) { ... }` walks this thread's rows: r
+// (clamped to the last row for threads of a warp with no row left: they compute on it but
+// store nothing, !live) so that every lane takes part in the shuffles.
+#define ROW_SETUP                                                   \
+    typedef typename Num<T>::A A;                                   \
+    constexpr int V = Pk<T>::V;                                     \
+    const u32 nc = (n + V - 1) / V;                                 \
+    const Grp gp = grp_make<BLOCK>(nc);                             \
+    const u32 t = gp.t, P = gp.P, G = gp.G;                         \
+    const bool vec = vec_ != 0;
+#define ROWS u64 rb = gp.first; rb < rows; rb += gp.step
+#define ROW_AT                                                      \
+    const bool live = rb + gp.sub < rows;                           \
+    const u64 r = live ? rb + gp.sub : rows - 1;
+
+// ---- forward ----
+
+// y = softmax(x) (or log_softmax with logm) over each row, shifted by the row max (by 0 when
+// the max is infinite, as the CPU does). A cached row takes the CPU's two steps (max, then
+// the shifted sum); a re-read row merges per-chunk (max, sum) pairs in one pass.
+template <typename T, bool BLOCK, int E, bool CACHED>
+__device__ void softmax_body(u64 rows, u32 n, const T* x, u64 xs, T* y, u32 vec_, u32 logm) {
+    ROW_SETUP
+    for (ROWS) {
+        ROW_AT
+        RowIn<T, E, CACHED> xr;
+        xr.init(x + r * xs, n, vec, t, P, nc);
+        A m = neg_inf<A>(), s = 0;
+        if constexpr (CACHED) {
+            each_chunk<E, true>(t, P, nc, [&](int k, u32 ci) {
+                const W4 c = xr.at(k, ci);
+#pragma unroll
+                for (int v = 0; v < V; ++v)
+                    if (ci * V + v < n) m = max_nan(m, Pk<T>::get(c, v));
+            });
+            grp_max<BLOCK>(m, G);
+            const A sh = max_shift(m);
+            A sm[1] = {0};
+            each_chunk<E, true>(t, P, nc, [&](int k, u32 ci) {
+                const W4 c = xr.at(k, ci);
+#pragma unroll
+                for (int v = 0; v < V; ++v)
+                    if (ci * V + v < n) sm[0] += fexp(Pk<T>::get(c, v) - sh);
+            });
+            grp_sum<BLOCK>(sm, G);
+            s = sm[0];
+        } else {
+            each_chunk<E, false>(t, P, nc, [&](int k, u32 ci) {
+                const W4 c = xr.at(k, ci);
+                A cm = neg_inf<A>(), cs = 0;
+#pragma unroll
+                for (int v = 0; v < V; ++v)
+                    if (ci * V + v < n) cm = max_nan(cm, Pk<T>::get(c, v));
+                if (finite(cm)) {
+#pragma unroll
+                    for (int v = 0; v < V; ++v)
+                        if (ci * V + v < n) cs += fexp(Pk<T>::get(c, v) - cm);
+                } else {
+                    cs = (cm == neg_inf<A>()) ? (A)0 : cm;
+                }
+                ms_merge(m, s, cm, cs);
+            });
+            grp_ms<BLOCK>(m, s, G);
+        }
+        const A sh = max_shift(m);
+        const A ls = m_log(s), inv = (A)1 / s;
+        T* yr = y + r * n;
+        each_chunk<E, CACHED>(t, P, nc, [&](int k, u32 ci) {
+            const W4 c = xr.at(k, ci);
+            A o[V];
+#pragma unroll
+            for (int v = 0; v < V; ++v) {
+                const A a = Pk<T>::get(c, v);
+                o[v] = logm ? a - sh - ls : fexp(a - sh) * inv;
+            }
+            if (live) store_vals(yr, ci, n, vec, o);
+        });
+    }
+}
+
+// y = x / sqrt(mean(x^2) + eps) * w.
+template <typename T, bool BLOCK, int E, bool CACHED>
+__device__ void rms_body(u64 rows, u32 n, const T* x, u64 xs, const T* w, T* y, u32 vec_, typename Num<T>::A eps) {
+    ROW_SETUP
+    for (ROWS) {
+        ROW_AT
+        RowIn<T, E, CACHED> xr;
+        xr.init(x + r * xs, n, vec, t, P, nc);
+        A ss[1] = {0};
+        each_chunk<E, CACHED>(t, P, nc, [&](int k, u32 ci) {
+            const W4 c = xr.at(k, ci);
+#pragma unroll
+            for (int v = 0; v < V; ++v) {
+                const A a = Pk<T>::get(c, v);
+                ss[0] += a * a;
+            }
+        });
+        grp_sum<BLOCK>(ss, G);
+        const A rr = (A)1 / m_sqrt(ss[0] / (A)n + eps);
+        T* yr = y + r * n;
+        each_chunk<E, CACHED>(t, P, nc, [&](int k, u32 ci) {
+            const W4 c = xr.at(k, ci), wc = load_chunk(w, ci, n, vec);
+            A o[V];
+#pragma unroll
+            for (int v = 0; v < V; ++v) o[v] = Pk<T>::get(c, v) * rr * Pk<T>::get(wc, v);
+            if (live) store_vals(yr, ci, n, vec, o);
+        });
+    }
+}
+
+// y = (x - mean) / sqrt(var + eps) * w + b, variance by two passes over the row.
+template <typename T, bool BLOCK, int E, bool CACHED>
+__device__ void ln_body(u64 rows, u32 n, const T* x, u64 xs, const T* w, const T* b, T* y, u32 vec_, typename Num<T>::A eps) {
+    ROW_SETUP
+    for (ROWS) {
+        ROW_AT
+        RowIn<T, E, CACHED> xr;
+        xr.init(x + r * xs, n, vec, t, P, nc);
+        A s1[1] = {0};
+        each_chunk<E, CACHED>(t, P, nc, [&](int k, u32 ci) {
+            const W4 c = xr.at(k, ci);
+#pragma unroll
+            for (int v = 0; v < V; ++v) s1[0] += Pk<T>::get(c, v);
+        });
+        grp_sum<BLOCK>(s1, G);
+        const A mean = s1[0] / (A)n;
+        A s2[1] = {0};
+        each_chunk<E, CACHED>(t, P, nc, [&](int k, u32 ci) {
+            const W4 c = xr.at(k, ci);
+#pragma unroll
+            for (int v = 0; v < V; ++v) {
+                if (ci * V + v < n) {
+                    const A d = Pk<T>::get(c, v) - mean;
+                    s2[0] += d * d;
+                }
+            }
+        });
+        grp_sum<BLOCK>(s2, G);
+        const A rr = (A)1 / m_sqrt(s2[0] / (A)n + eps);
+        T* yr = y + r * n;
+        each_chunk<E, CACHED>(t, P, nc, [&](int k, u32 ci) {
+            const W4 c = xr.at(k, ci), wc = load_chunk(w, ci, n, vec), bc = load_chunk(b, ci, n, vec);
+            A o[V];
+#pragma unroll
+            for (int v = 0; v < V; ++v)
+                o[v] = (Pk<T>::get(c, v) - mean) * rr * Pk<T>::get(wc, v) + Pk<T>::get(bc, v);
+            if (live) store_vals(yr, ci, n, vec, o);
+        });
+    }
+}
+
+// ---- backward ----
+
+// dx from y = softmax(x) and g = dL/dy: y (g - sum(g y)); with logm (y = log_softmax(x)):
+// g - exp(y) sum(g).
+template <typename T, bool BLOCK, int E, bool CACHED>
+__device__ void softmax_bwd_body(u64 rows, u32 n, const T* y, u64 ys, const T* g, u64 gs, T* dx, u32 vec_, u32 logm) {
+    ROW_SETUP
+    for (ROWS) {
+        ROW_AT
+        RowIn<T, E, CACHED> yr, gr;
+        yr.init(y + r * ys, n, vec, t, P, nc);
+        gr.init(g + r * gs, n, vec, t, P, nc);
+        A s[1] = {0};
+        each_chunk<E, CACHED>(t, P, nc, [&](int k, u32 ci) {
+            const W4 yc = yr.at(k, ci), gc = gr.at(k, ci);
+#pragma unroll
+            for (int v = 0; v < V; ++v) s[0] += logm ? Pk<T>::get(gc, v) : Pk<T>::get(gc, v) * Pk<T>::get(yc, v);
+        });
+        grp_sum<BLOCK>(s, G);
+        T* dr = dx + r * n;
+        each_chunk<E, CACHED>(t, P, nc, [&](int k, u32 ci) {
+            const W4 yc = yr.at(k, ci), gc = gr.at(k, ci);
+            A o[V];
+#pragma unroll
+            for (int v = 0; v < V; ++v) {
+                const A yv = Pk<T>::get(yc, v), gv = Pk<T>::get(gc, v);
+                o[v] = logm ? gv - fexp(yv) * s[0] : yv * (gv - s[0]);
+            }
+            if (live) store_vals(dr, ci, n, vec, o);
+        });
+    }
+}
+
+// dx of rms_norm: xhat = x r, r = 1 / sqrt(mean(x^2) + eps); dx = (g w - xhat mean(g w xhat)) r.
+// Writes stats[2 row] = 0, stats[2 row + 1] = r for the weight-gradient kernels.
+template <typename T, bool BLOCK, int E, bool CACHED>
+__device__ void rms_bwd_body(u64 rows, u32 n, const T* x, u64 xs, const T* w, const T* g, u64 gs, T* dx,
+                             typename Num<T>::A* stats, u32 vec_, typename Num<T>::A eps) {
+    ROW_SETUP
+    for (ROWS) {
+        ROW_AT
+        RowIn<T, E, CACHED> xr, gr;
+        xr.init(x + r * xs, n, vec, t, P, nc);
+        gr.init(g + r * gs, n, vec, t, P, nc);
+        A s[2] = {0, 0};  // sum x^2, sum g w x
+        each_chunk<E, CACHED>(t, P, nc, [&](int k, u32 ci) {
+            const W4 xc = xr.at(k, ci), gc = gr.at(k, ci), wc = load_chunk(w, ci, n, vec);
+#pragma unroll
+            for (int v = 0; v < V; ++v) {
+                const A xv = Pk<T>::get(xc, v);
+                s[0] += xv * xv;
+                s[1] += Pk<T>::get(gc, v) * Pk<T>::get(wc, v) * xv;
+            }
+        });
+        grp_sum<BLOCK>(s, G);
+        const A rr = (A)1 / m_sqrt(s[0] / (A)n + eps);
+        const A dot = s[1] * rr / (A)n;
+        if (t == 0 && live) {
+            stats[2 * r] = 0;
+            stats[2 * r + 1] = rr;
+        }
+        T* dr = dx + r * n;
+        each_chunk<E, CACHED>(t, P, nc, [&](int k, u32 ci) {
+            const W4 xc = xr.at(k, ci), gc = gr.at(k, ci), wc = load_chunk(w, ci, n, vec);
+            A o[V];
+#pragma unroll
+            for (int v = 0; v < V; ++v) {
+                const A xhat = Pk<T>::get(xc, v) * rr;
+                o[v] = (Pk<T>::get(gc, v) * Pk<T>::get(wc, v) - xhat * dot) * rr;
+            }
+            if (live) store_vals(dr, ci, n, vec, o);
+        });
+    }
+}
+
+// dx of layer_norm: xhat = (x - mean) r; dx = r (g w - mean(g w) - xhat mean(g w xhat)).
+// Writes stats[2 row] = mean, stats[2 row + 1] = r.
+template <typename T, bool BLOCK, int E, bool CACHED>
+__device__ void ln_bwd_body(u64 rows, u32 n, const T* x, u64 xs, const T* w, const T* g, u64 gs, T* dx,
+                            typename Num<T>::A* stats, u32 vec_, typename Num<T>::A eps) {
+    ROW_SETUP
+    for (ROWS) {
+        ROW_AT
+        RowIn<T, E, CACHED> xr, gr;
+        xr.init(x + r * xs, n, vec, t, P, nc);
+        gr.init(g + r * gs, n, vec, t, P, nc);
+        A s1[1] = {0};
+        each_chunk<E, CACHED>(t, P, nc, [&](int k, u32 ci) {
+            const W4 xc = xr.at(k, ci);
+#pragma unroll
+            for (int v = 0; v < V; ++v) s1[0] += Pk<T>::get(xc, v);
+        });
+        grp_sum<BLOCK>(s1, G);
+        const A mean = s1[0] / (A)n;
+        A s[3] = {0, 0, 0};  // sum (x - mean)^2, sum g w, sum g w (x - mean)
+        each_chunk<E, CACHED>(t, P, nc, [&](int k, u32 ci) {
+            const W4 xc = xr.at(k, ci), gc = gr.at(k, ci), wc = load_chunk(w, ci, n, vec);
+#pragma unroll
+            for (int v = 0; v < V; ++v) {
+                if (ci * V + v < n) {
+                    const A d = Pk<T>::get(xc, v) - mean, gw = Pk<T>::get(gc, v) * Pk<T>::get(wc, v);
+                    s[0] += d * d;
+                    s[1] += gw;
+                    s[2] += gw * d;
+                }
+            }
+        });
+        grp_sum<BLOCK>(s, G);
+        const A rr = (A)1 / m_sqrt(s[0] / (A)n + eps);
+        const A m1 = s[1] / (A)n, m2 = s[2] * rr / (A)n;
+        if (t == 0 && live) {
+            stats[2 * r] = mean;
+            stats[2 * r + 1] = rr;
+        }
+        T* dr = dx + r * n;
+        each_chunk<E, CACHED>(t, P, nc, [&](int k, u32 ci) {
+            const W4 xc = xr.at(k, ci), gc = gr.at(k, ci), wc = load_chunk(w, ci, n, vec);
+            A o[V];
+#pragma unroll
+            for (int v = 0; v < V; ++v) {
+                const A xhat = (Pk<T>::get(xc, v) - mean) * rr;
+                o[v] = (Pk<T>::get(gc, v) * Pk<T>::get(wc, v) - m1 - xhat * m2) * rr;
+            }
+            if (live) store_vals(dr, ci, n, vec, o);
+        });
+    }
+}
+
+// Weight (and bias) gradients, stage 1: column sums over one chunk of rows, no atomics.
+// part[(chunk * K + 0) * n + col] = sum_r g[r, col] (x[r, col] - stats[2r]) stats[2r + 1];
+// with bias (K = 2) also part[(chunk * 2 + 1) * n + col] = sum_r g[r, col].
+// Block (32, 8): 32 columns x 8 row lanes; grid (ceil(n / 32), chunks); chunk c covers rows
+// [c * rpc, min(rows, (c + 1) * rpc)).
+template <typename T>
+__device__ void norm_dw_part_body(u64 rows, u32 n, u64 rpc, const T* x, u64 xs, const T* g, u64 gs,
+                                  const typename Num<T>::A* stats, u32 bias, typename Num<T>::A* part) {
+    typedef typename Num<T>::A A;
+    __shared__ A sh[2][8][33];
+    const u32 tx = threadIdx.x, ty = threadIdx.y;
+    const u32 col = blockIdx.x * 32 + tx;
+    const u64 r0 = (u64)blockIdx.y * rpc;
+    const u64 r1 = r0 + rpc < rows ? r0 + rpc : rows;
+    A dw = 0, db = 0;
+    if (col < n) {
+#pragma unroll 4
+        for (u64 r = r0 + ty; r < r1; r += 8) {
+            const A gv = Num<T>::load(g[r * gs + col]);
+            dw += gv * ((Num<T>::load(x[r * xs + col]) - stats[2 * r]) * stats[2 * r + 1]);
+            db += gv;
+        }
+    }
+    sh[0][ty][tx] = dw;
+    sh[1][ty][tx] = db;
+    __syncthreads();
+    if (ty == 0 && col < n) {
+        A a = 0, b = 0;
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+            a += sh[0][k][tx];
+            b += sh[1][k][tx];
+        }
+        const u64 K = bias ? 2 : 1;
+        part[((u64)blockIdx.y * K) * n + col] = a;
+        if (bias) part[((u64)blockIdx.y * K + 1) * n + col] = b;
+    }
+}
+
+// Stage 2: dw[col] = sum over the chunks of stage 1 in order (and db with bias).
+template <typename T>
+__device__ void norm_dw_final_body(u32 n, u32 chunks, u32 bias, const typename Num<T>::A* part, T* dw, T* db) {
+    typedef typename Num<T>::A A;
+    const u64 K = bias ? 2 : 1;
+    for (u32 col = blockIdx.x * blockDim.x + threadIdx.x; col < n; col += gridDim.x * blockDim.x) {
+        A a = 0, b = 0;
+        for (u32 c = 0; c < chunks; ++c) {
+            a += part[((u64)c * K) * n + col];
+            if (bias) b += part[((u64)c * K + 1) * n + col];
+        }
+        dw[col] = Num<T>::store(a);
+        if (bias) db[col] = Num<T>::store(b);
+    }
+}
+
+// ---- RoPE ----
+
+// x rows of d = 2h elements (row r at x + r * xs, unit inner stride), position r % l;
+// cos, sin [l, h] with row strides css, sns and unit inner stride; y contiguous. Pair k is (2k, 2k + 1) when inter, else (k, k + h):
+// (a, b) -> (a cos - b sin, a sin + b cos). Block (bx, by): threadIdx.x over pairs
+// (blockIdx.y * bx + threadIdx.x), threadIdx.y over rows, grid-stride over rows along x.
+template <typename T>
+__device__ void rope_body(u64 rows, u32 h, u32 l, const T* x, u64 xs, const T* cs, u64 css, const T* sn, u64 sns,
+                          T* y, u32 inter) {
+    typedef typename Num<T>::A A;
+    const u32 k = blockIdx.y * blockDim.x + threadIdx.x;
+    if (k >= h) return;
+    const u32 ia = inter ? 2 * k : k, ib = inter ? 2 * k + 1 : k + h;
+    for (u64 r = (u64)blockIdx.x * blockDim.y + threadIdx.y; r < rows; r += (u64)gridDim.x * blockDim.y) {
+        const u64 p = r % l;
+        const A a = Num<T>::load(x[r * xs + ia]), b = Num<T>::load(x[r * xs + ib]);
+        const A c = Num<T>::load(cs[p * css + k]), s = Num<T>::load(sn[p * sns + k]);
+        T* yr = y + r * (2 * (u64)h);
+        yr[ia] = Num<T>::store(a * c - b * s);
+        yr[ib] = Num<T>::store(a * s + b * c);
+    }
+}
+
+// ---- entry points ----
+
+#define ROW_KERNELS(S, T, NAME, BODY, E, PARAMS, ARGS)                                             \
+    extern "C" __global__ void __launch_bounds__(256) NAME##_w_##S PARAMS { BODY<T, false, E_WARP, true> ARGS; } \
+    extern "C" __global__ void __launch_bounds__(512, 2) NAME##_b_##S PARAMS { BODY<T, true, E, true> ARGS; } \
+    extern "C" __global__ void __launch_bounds__(1024) NAME##_l_##S PARAMS { BODY<T, true, 1, false> ARGS; }
+
+#define NORM_KERNELS(S, T)                                                                          \
+    ROW_KERNELS(S, T, softmax, softmax_body, E_FWD,                                                 \
+        (u64 rows, u32 n, const T* x, u64 xs, T* y, u32 vec, u32 logm),                            \
+        (rows, n, x, xs, y, vec, logm))                                                             \
+    ROW_KERNELS(S, T, rms_norm, rms_body, E_FWD,                                                    \
+        (u64 rows, u32 n, const T* x, u64 xs, const T* w, T* y, u32 vec, Num<T>::A eps),           \
+        (rows, n, x, xs, w, y, vec, eps))                                                           \
+    ROW_KERNELS(S, T, layer_norm, ln_body, E_FWD,                                                   \
+        (u64 rows, u32 n, const T* x, u64 xs, const T* w, const T* b, T* y, u32 vec, Num<T>::A eps), \
+        (rows, n, x, xs, w, b, y, vec, eps))                                                        \
+    ROW_KERNELS(S, T, softmax_bwd, softmax_bwd_body, E_BWD,                                         \
+        (u64 rows, u32 n, const T* y, u64 ys, const T* g, u64 gs, T* dx, u32 vec, u32 logm),       \
+        (rows, n, y, ys, g, gs, dx, vec, logm))                                                     \
+    ROW_KERNELS(S, T, rms_norm_bwd, rms_bwd_body, E_BWD,                                            \
+        (u64 rows, u32 n, const T* x, u64 xs, const T* w, const T* g, u64 gs, T* dx,               \
+         Num<T>::A* stats, u32 vec, Num<T>::A eps),                                                 \
+        (rows, n, x, xs, w, g, gs, dx, stats, vec, eps))                                            \
+    ROW_KERNELS(S, T, layer_norm_bwd, ln_bwd_body, E_BWD,                                           \
+        (u64 rows, u32 n, const T* x, u64 xs, const T* w, const T* g, u64 gs, T* dx,               \
+         Num<T>::A* stats, u32 vec, Num<T>::A eps),                                                 \
+        (rows, n, x, xs, w, g, gs, dx, stats, vec, eps))                                            \
+    extern "C" __global__ void __launch_bounds__(256) norm_dw_part_##S(u64 rows, u32 n, u64 rpc,   \
+        const T* x, u64 xs, const T* g, u64 gs, const Num<T>::A* stats, u32 bias, Num<T>::A* part) { \
+        norm_dw_part_body<T>(rows, n, rpc, x, xs, g, gs, stats, bias, part);                       \
+    }                                                                                               \
+    extern "C" __global__ void norm_dw_final_##S(u32 n, u32 chunks, u32 bias,                      \
+        const Num<T>::A* part, T* dw, T* db) {                                                      \
+        norm_dw_final_body<T>(n, chunks, bias, part, dw, db);                                      \
+    }                                                                                               \
+    extern "C" __global__ void __launch_bounds__(256) rope_##S(u64 rows, u32 h, u32 l, const T* x, \
+        u64 xs, const T* cs, u64 css, const T* sn, u64 sns, T* y, u32 inter) {                      \
+        rope_body<T>(rows, h, l, x, xs, cs, css, sn, sns, y, inter);                               \
+    }
+FOR_FLOATS(NORM_KERNELS)

@@ -1,9 +1,19 @@
 //! Fused row ops on CUDA (kernels in norm.cu): softmax, log_softmax, layer_norm, rms_norm,
-//! RoPE, and the backward kernels of the norms and softmax.
+//! RoPE, and the backward kernels of the norms and softmax. Semantics are ferrite-cpu's
+//! norm.rs; f16/bf16 compute in f32.
+//!
+//! Inputs are read in place when their rows are one stride apart with a unit inner stride
+//! (contiguous tensors, narrowed views, broadcast rows); other views (e.g. transposed) are
+//! first copied contiguous. Each op picks one of three launch shapes by row length (see
+//! norm.cu): a warp (or a part of one) per row for short rows, a block per row with the row
+//! held in registers, or a block per row that re-reads it per pass (very long rows).
+//! Weight and bias gradients are column sums over rows: per-chunk partial sums into a
+//! temporary buffer, then one ordered sum per column (deterministic, no atomics).
 
-use crate::device::CudaBackend;
-use crate::kernels::KernelSource;
-use ferrite_core::{Error, Result, Storage, Tensor};
+use crate::device::{CudaBackend, Out};
+use crate::elementwise::copy_into;
+use crate::kernels::{suffix, Args, Cfg, KernelSource};
+use ferrite_core::{DType, Error, Result, Storage, Tensor};
 use std::sync::Arc;
 
 pub(crate) static SOURCE: KernelSource = KernelSource {
@@ -11,61 +21,462 @@ pub(crate) static SOURCE: KernelSource = KernelSource {
     src: include_str!("norm.cu"),
 };
 
-pub(crate) fn softmax(_dev: &CudaBackend, _x: &Tensor, log: bool) -> Result<Vec<Arc<dyn Storage>>> {
-    Err(Error::backend(
-        if log { "log_softmax" } else { "softmax" },
-        "not yet on CUDA",
-    ))
+/// 16-byte chunks each thread holds in registers (`E_WARP`, `E_FWD`, `E_BWD` in norm.cu): per
+/// lane in the warp shape; per thread in the block shape, one-input and two-input ops.
+const E_WARP: usize = 4;
+const E_FWD: usize = 8;
+const E_BWD: usize = 4;
+/// Largest block of the register-cached block-per-row kernels (`_b`'s launch bound).
+const MAX_CACHED_BLOCK: usize = 512;
+/// Block of the re-reading block-per-row kernels (`_l`).
+const LOOP_BLOCK: usize = 1024;
+/// Chunks per thread the block-per-row shape aims for.
+const CHUNKS_PER_THREAD: usize = 4;
+const MAX_GRID: usize = i32::MAX as usize;
+
+/// The float dtype shared by all inputs; the CPU's errors otherwise.
+pub(crate) fn float_dtype(op: &'static str, ts: &[&Tensor]) -> Result<DType> {
+    let dt = ts[0].dtype();
+    for t in ts {
+        if !t.dtype().is_float() {
+            return Err(Error::dtype(op, t.dtype(), "needs a float dtype"));
+        }
+        if t.dtype() != dt {
+            return Err(Error::backend(op, "inputs of mixed precision"));
+        }
+    }
+    Ok(dt)
 }
+
+/// (rows, n): the tensor as rows of its last dim (a scalar is one row of one element).
+fn rows_of(t: &Tensor) -> (usize, usize) {
+    match t.dims().split_last() {
+        Some((&n, lead)) => (lead.iter().product(), n),
+        None => (1, 1),
+    }
+}
+
+/// The row stride (elements) of `t` seen as rows of its last dim: its last dim has unit
+/// stride (or size 1) and its other dims, size-1 dims aside, step by one stride.
+fn row_stride(t: &Tensor) -> Option<usize> {
+    let (dims, st) = (t.dims(), t.layout().strides());
+    let Some((&n, lead)) = dims.split_last() else {
+        return Some(1);
+    };
+    if n > 1 && st[lead.len()] != 1 {
+        return None;
+    }
+    let mut stride = None;
+    let mut next = 0;
+    for k in (0..lead.len()).rev() {
+        if dims[k] == 1 {
+            continue;
+        }
+        if stride.is_some() && st[k] != next {
+            return None;
+        }
+        stride.get_or_insert(st[k]);
+        next = st[k] * dims[k];
+    }
+    Some(stride.unwrap_or(n))
+}
+
+/// One operand as rows: address of row 0, row stride in elements, and the contiguous copy
+/// the address points into when the view needed one (kept alive until the launch is queued).
+struct Rows {
+    ptr: u64,
+    stride: usize,
+    _copy: Option<Out>,
+}
+
+fn rows_in(dev: &CudaBackend, t: &Tensor, op: &'static str) -> Result<Rows> {
+    let s = dev.input(t, op)?;
+    Ok(match row_stride(t) {
+        Some(stride) => Rows {
+            ptr: CudaBackend::ptr(t, s),
+            stride,
+            _copy: None,
+        },
+        None => {
+            let c = copy_into(dev, s, t.layout(), op)?;
+            Rows {
+                ptr: c.ptr(),
+                stride: rows_of(t).1,
+                _copy: Some(c),
+            }
+        }
+    })
+}
+
+/// Whether every row start and vector is 16-byte aligned and rows are whole 16-byte chunks
+/// (the kernels' `vec`).
+fn aligned(dt: DType, rows: usize, n: usize, ins: &[&Rows], ptrs: &[u64]) -> bool {
+    let esz = dt.size_in_bytes();
+    (n * esz).is_multiple_of(16)
+        && ins
+            .iter()
+            .all(|r| r.ptr % 16 == 0 && (rows <= 1 || (r.stride * esz).is_multiple_of(16)))
+        && ptrs.iter().all(|p| p % 16 == 0)
+}
+
+/// Kernel-name infix and launch shape for `rows` rows of `n` elements, `e` cached chunks per
+/// thread in the block shape (norm.cu's `_w`, `_b`, `_l`).
+fn plan(rows: usize, n: usize, dt: DType, e: usize) -> (&'static str, Cfg) {
+    let nc = n.div_ceil(16 / dt.size_in_bytes());
+    if n <= 1024 && nc <= 32 * E_WARP {
+        let rows_per_block = 8 * (32 / warp_group(nc));
+        let grid = rows.div_ceil(rows_per_block).min(MAX_GRID) as u32;
+        return ("w", Cfg::new((grid, 1, 1), (256, 1, 1), 0));
+    }
+    let grid = rows.min(MAX_GRID) as u32;
+    let p = nc
+        .div_ceil(CHUNKS_PER_THREAD.min(e))
+        .next_multiple_of(32)
+        .min(MAX_CACHED_BLOCK);
+    if p * e >= nc {
+        ("b", Cfg::new((grid, 1, 1), (p as u32, 1, 1), 0))
+    } else {
+        ("l", Cfg::new((grid, 1, 1), (LOOP_BLOCK as u32, 1, 1), 0))
+    }
+}
+
+/// Lanes per row in the warp shape: a power of two ≤ 32 giving each lane about two chunks
+/// (`warp_group` in norm.cu).
+fn warp_group(nc: usize) -> usize {
+    let mut g = 1;
+    while g < 32 && 2 * g < nc {
+        g *= 2;
+    }
+    g
+}
+
+/// Row lengths the kernels index with 32-bit chunk numbers.
+fn check_row_len(op: &'static str, n: usize) -> Result<()> {
+    if n > i32::MAX as usize {
+        return Err(Error::backend(
+            op,
+            format!("rows of {n} elements exceed the CUDA kernels' limit of 2^31 - 1"),
+        ));
+    }
+    Ok(())
+}
+
+/// Appends a scalar in the kernels' compute type (f64 for f64, else f32).
+fn arg_compute(args: Args, dt: DType, v: f64) -> Args {
+    if dt == DType::F64 {
+        args.arg(v)
+    } else {
+        args.arg(v as f32)
+    }
+}
+
+fn compute_dtype(dt: DType) -> DType {
+    if dt == DType::F64 {
+        DType::F64
+    } else {
+        DType::F32
+    }
+}
+
+pub(crate) fn softmax(dev: &CudaBackend, x: &Tensor, log: bool) -> Result<Vec<Arc<dyn Storage>>> {
+    let op = if log { "log_softmax" } else { "softmax" };
+    let dt = float_dtype(op, &[x])?;
+    let (rows, n) = rows_of(x);
+    let xr = rows_in(dev, x, op)?;
+    let out = dev.alloc_out(rows * n, dt, op)?;
+    if rows * n > 0 {
+        check_row_len(op, n)?;
+        let vec = aligned(dt, rows, n, &[&xr], &[out.ptr()]);
+        let (shape, cfg) = plan(rows, n, dt, E_FWD);
+        let args = Args::new()
+            .arg(rows as u64)
+            .arg(n as u32)
+            .arg(xr.ptr)
+            .arg(xr.stride as u64)
+            .arg(out.ptr())
+            .arg(vec as u32)
+            .arg(log as u32);
+        let name = format!("softmax_{shape}_{}", suffix(dt));
+        dev.launch(op, &SOURCE, &name, cfg, args)?;
+    }
+    dev.finish_one(out)
+}
+
 pub(crate) fn layer_norm(
-    _dev: &CudaBackend,
-    _x: &Tensor,
-    _w: &Tensor,
-    _b: &Tensor,
-    _eps: f64,
+    dev: &CudaBackend,
+    x: &Tensor,
+    w: &Tensor,
+    b: &Tensor,
+    eps: f64,
 ) -> Result<Vec<Arc<dyn Storage>>> {
-    Err(Error::backend("layer_norm", "not yet on CUDA"))
+    let op = "layer_norm";
+    let dt = float_dtype(op, &[x, w, b])?;
+    let (rows, n) = rows_of(x);
+    let (xr, wr, br) = (
+        rows_in(dev, x, op)?,
+        rows_in(dev, w, op)?,
+        rows_in(dev, b, op)?,
+    );
+    let out = dev.alloc_out(rows * n, dt, op)?;
+    if rows * n > 0 {
+        check_row_len(op, n)?;
+        let vec = aligned(dt, rows, n, &[&xr], &[wr.ptr, br.ptr, out.ptr()]);
+        let (shape, cfg) = plan(rows, n, dt, E_FWD);
+        let args = Args::new()
+            .arg(rows as u64)
+            .arg(n as u32)
+            .arg(xr.ptr)
+            .arg(xr.stride as u64)
+            .arg(wr.ptr)
+            .arg(br.ptr)
+            .arg(out.ptr())
+            .arg(vec as u32);
+        let args = arg_compute(args, dt, eps);
+        let name = format!("layer_norm_{shape}_{}", suffix(dt));
+        dev.launch(op, &SOURCE, &name, cfg, args)?;
+    }
+    dev.finish_one(out)
 }
+
 pub(crate) fn rms_norm(
-    _dev: &CudaBackend,
-    _x: &Tensor,
-    _w: &Tensor,
-    _eps: f64,
+    dev: &CudaBackend,
+    x: &Tensor,
+    w: &Tensor,
+    eps: f64,
 ) -> Result<Vec<Arc<dyn Storage>>> {
-    Err(Error::backend("rms_norm", "not yet on CUDA"))
+    let op = "rms_norm";
+    let dt = float_dtype(op, &[x, w])?;
+    let (rows, n) = rows_of(x);
+    let (xr, wr) = (rows_in(dev, x, op)?, rows_in(dev, w, op)?);
+    let out = dev.alloc_out(rows * n, dt, op)?;
+    if rows * n > 0 {
+        check_row_len(op, n)?;
+        let vec = aligned(dt, rows, n, &[&xr], &[wr.ptr, out.ptr()]);
+        let (shape, cfg) = plan(rows, n, dt, E_FWD);
+        let args = Args::new()
+            .arg(rows as u64)
+            .arg(n as u32)
+            .arg(xr.ptr)
+            .arg(xr.stride as u64)
+            .arg(wr.ptr)
+            .arg(out.ptr())
+            .arg(vec as u32);
+        let args = arg_compute(args, dt, eps);
+        let name = format!("rms_norm_{shape}_{}", suffix(dt));
+        dev.launch(op, &SOURCE, &name, cfg, args)?;
+    }
+    dev.finish_one(out)
 }
+
 pub(crate) fn rope(
-    _dev: &CudaBackend,
-    _x: &Tensor,
-    _cos: &Tensor,
-    _sin: &Tensor,
-    _interleaved: bool,
+    dev: &CudaBackend,
+    x: &Tensor,
+    cos: &Tensor,
+    sin: &Tensor,
+    interleaved: bool,
 ) -> Result<Vec<Arc<dyn Storage>>> {
-    Err(Error::backend("rope", "not yet on CUDA"))
+    let op = "rope";
+    let dt = float_dtype(op, &[x, cos, sin])?;
+    let r = x.rank();
+    if r < 2 {
+        return Err(Error::shape(
+            op,
+            format!("x must be [..., l, d], got {}", x.shape()),
+        ));
+    }
+    let (l, d) = (x.dims()[r - 2], x.dims()[r - 1]);
+    let (rows, _) = rows_of(x);
+    let (xr, cr, sr) = (
+        rows_in(dev, x, op)?,
+        rows_in(dev, cos, op)?,
+        rows_in(dev, sin, op)?,
+    );
+    let out = dev.alloc_out(rows * d, dt, op)?;
+    let h = d / 2;
+    if rows * h > 0 {
+        check_row_len(op, d)?;
+        if l > u32::MAX as usize {
+            return Err(Error::backend(op, format!("{l} positions exceed 2^32 - 1")));
+        }
+        let bx = h.next_multiple_of(32).min(256);
+        let by = 256 / bx;
+        let grid_x = rows.div_ceil(by).min(MAX_GRID) as u32;
+        let grid_y = h.div_ceil(bx);
+        if grid_y > u16::MAX as usize {
+            return Err(Error::backend(op, format!("head dim {d} is too large")));
+        }
+        let cfg = Cfg::new((grid_x, grid_y as u32, 1), (bx as u32, by as u32, 1), 0);
+        let args = Args::new()
+            .arg(rows as u64)
+            .arg(h as u32)
+            .arg(l as u32)
+            .arg(xr.ptr)
+            .arg(xr.stride as u64)
+            .arg(cr.ptr)
+            .arg(cr.stride as u64)
+            .arg(sr.ptr)
+            .arg(sr.stride as u64)
+            .arg(out.ptr())
+            .arg(interleaved as u32);
+        dev.launch(op, &SOURCE, &format!("rope_{}", suffix(dt)), cfg, args)?;
+    }
+    dev.finish_one(out)
 }
+
 pub(crate) fn softmax_backward(
-    _dev: &CudaBackend,
-    _y: &Tensor,
-    _g: &Tensor,
-    _log: bool,
+    dev: &CudaBackend,
+    y: &Tensor,
+    g: &Tensor,
+    log: bool,
 ) -> Result<Vec<Arc<dyn Storage>>> {
-    Err(Error::backend("softmax_backward", "not yet on CUDA"))
+    let op = if log {
+        "log_softmax_backward"
+    } else {
+        "softmax_backward"
+    };
+    let dt = float_dtype(op, &[y, g])?;
+    let (rows, n) = rows_of(y);
+    let (yr, gr) = (rows_in(dev, y, op)?, rows_in(dev, g, op)?);
+    let out = dev.alloc_out(rows * n, dt, op)?;
+    if rows * n > 0 {
+        check_row_len(op, n)?;
+        let vec = aligned(dt, rows, n, &[&yr, &gr], &[out.ptr()]);
+        let (shape, cfg) = plan(rows, n, dt, E_BWD);
+        let args = Args::new()
+            .arg(rows as u64)
+            .arg(n as u32)
+            .arg(yr.ptr)
+            .arg(yr.stride as u64)
+            .arg(gr.ptr)
+            .arg(gr.stride as u64)
+            .arg(out.ptr())
+            .arg(vec as u32)
+            .arg(log as u32);
+        let name = format!("softmax_bwd_{shape}_{}", suffix(dt));
+        dev.launch(op, &SOURCE, &name, cfg, args)?;
+    }
+    dev.finish_one(out)
 }
+
 pub(crate) fn rms_norm_backward(
-    _dev: &CudaBackend,
-    _x: &Tensor,
-    _w: &Tensor,
-    _g: &Tensor,
-    _eps: f64,
+    dev: &CudaBackend,
+    x: &Tensor,
+    w: &Tensor,
+    g: &Tensor,
+    eps: f64,
 ) -> Result<Vec<Arc<dyn Storage>>> {
-    Err(Error::backend("rms_norm_backward", "not yet on CUDA"))
+    norm_backward(dev, "rms_norm_backward", x, w, g, eps, false)
 }
+
 pub(crate) fn layer_norm_backward(
-    _dev: &CudaBackend,
-    _x: &Tensor,
-    _w: &Tensor,
-    _g: &Tensor,
-    _eps: f64,
+    dev: &CudaBackend,
+    x: &Tensor,
+    w: &Tensor,
+    g: &Tensor,
+    eps: f64,
 ) -> Result<Vec<Arc<dyn Storage>>> {
-    Err(Error::backend("layer_norm_backward", "not yet on CUDA"))
+    norm_backward(dev, "layer_norm_backward", x, w, g, eps, true)
+}
+
+/// dx by a row kernel that also writes each row's (mean, 1/std) (mean 0 for rms_norm); then
+/// dweight (and dbias with `bias`) as column sums over rows in two ordered stages.
+fn norm_backward(
+    dev: &CudaBackend,
+    op: &'static str,
+    x: &Tensor,
+    w: &Tensor,
+    g: &Tensor,
+    eps: f64,
+    bias: bool,
+) -> Result<Vec<Arc<dyn Storage>>> {
+    let dt = float_dtype(op, &[x, w, g])?;
+    let (rows, n) = rows_of(x);
+    let (xr, wr, gr) = (
+        rows_in(dev, x, op)?,
+        rows_in(dev, w, op)?,
+        rows_in(dev, g, op)?,
+    );
+    let dx = dev.alloc_out(rows * n, dt, op)?;
+    let dw = dev.alloc_out(n, dt, op)?;
+    let db = if bias {
+        Some(dev.alloc_out(n, dt, op)?)
+    } else {
+        None
+    };
+    if n > 0 {
+        check_row_len(op, n)?;
+        let ct = compute_dtype(dt);
+        let stats = dev.alloc_out(2 * rows, ct, op)?;
+        if rows > 0 {
+            let vec = aligned(dt, rows, n, &[&xr, &gr], &[wr.ptr, dx.ptr()]);
+            let (shape, cfg) = plan(rows, n, dt, E_BWD);
+            let args = Args::new()
+                .arg(rows as u64)
+                .arg(n as u32)
+                .arg(xr.ptr)
+                .arg(xr.stride as u64)
+                .arg(wr.ptr)
+                .arg(gr.ptr)
+                .arg(gr.stride as u64)
+                .arg(dx.ptr())
+                .arg(stats.ptr())
+                .arg(vec as u32);
+            let args = arg_compute(args, dt, eps);
+            let kind = if bias {
+                "layer_norm_bwd"
+            } else {
+                "rms_norm_bwd"
+            };
+            let name = format!("{kind}_{shape}_{}", suffix(dt));
+            dev.launch(op, &SOURCE, &name, cfg, args)?;
+        }
+        // Stage 1: enough row chunks to fill the device, each at least 64 rows.
+        let tiles = n.div_ceil(32);
+        let target = (dev.sm_count.max(1) as usize) * 8;
+        let chunks = target
+            .div_ceil(tiles)
+            .min(rows.div_ceil(64))
+            .clamp(1, u16::MAX as usize);
+        let rpc = rows.div_ceil(chunks).max(1);
+        let k = if bias { 2 } else { 1 };
+        let part = dev.alloc_out(chunks * k * n, ct, op)?;
+        let cfg = Cfg::new(
+            (tiles.min(MAX_GRID) as u32, chunks as u32, 1),
+            (32, 8, 1),
+            0,
+        );
+        let args = Args::new()
+            .arg(rows as u64)
+            .arg(n as u32)
+            .arg(rpc as u64)
+            .arg(xr.ptr)
+            .arg(xr.stride as u64)
+            .arg(gr.ptr)
+            .arg(gr.stride as u64)
+            .arg(stats.ptr())
+            .arg(bias as u32)
+            .arg(part.ptr());
+        let name = format!("norm_dw_part_{}", suffix(dt));
+        dev.launch(op, &SOURCE, &name, cfg, args)?;
+        // Stage 2: one ordered sum per column.
+        let blocks = n.div_ceil(256).min(MAX_GRID) as u32;
+        let args = Args::new()
+            .arg(n as u32)
+            .arg(chunks as u32)
+            .arg(bias as u32)
+            .arg(part.ptr())
+            .arg(dw.ptr())
+            .arg(db.as_ref().map_or(0, |o| o.ptr()));
+        let name = format!("norm_dw_final_{}", suffix(dt));
+        dev.launch(
+            op,
+            &SOURCE,
+            &name,
+            Cfg::new((blocks, 1, 1), (256, 1, 1), 0),
+            args,
+        )?;
+    }
+    let mut outs = vec![dx, dw];
+    outs.extend(db);
+    dev.finish(outs)
 }
