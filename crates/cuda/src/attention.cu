@@ -428,6 +428,215 @@ __device__ void attn_fwd_body(const AttnDims& a, u32 ld, float sl2, const T* __r
     }
 }
 
+// ---- tensor-core forward (f16/bf16, d == dv in {64, 96, 128}) ----
+//
+// FlashAttention-2 style on mma.sync m16n8k16 (f32 accumulation): a block of 4 warps owns 64
+// query rows of one (batch, head), 16 per warp, its Q fragments in registers; K and V tiles of
+// 64 keys stream through shared memory with cp.async, double-buffered. Per tile a warp
+// computes S = Q K^T (16 x 64, f32), masks it, updates the running max and sum of its rows
+// (online softmax in log2 units, rows shared by the 4 lanes of a quad), turns the
+// probabilities into A fragments (T precision) and accumulates O += P V (16 x D, f32).
+// Requires unit last-dim strides, 16-byte aligned rows (all other strides multiples of 8
+// elements). Shared memory: Q [64][D + 8], K and V [2][64][D + 8] (T elements; the +8 makes
+// ldmatrix conflict-free). Grid and tile order as the FMA kernel above; blockDim 128.
+
+template <typename T> struct Mma;
+template <> struct Mma<f16> {
+    static __device__ __forceinline__ void mma(float (&c)[4], const u32 (&a)[4], u32 b0, u32 b1) {
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    }
+    // (lo, hi) as two halves, lo in the low 16 bits.
+    static __device__ __forceinline__ u32 pack(float lo, float hi) {
+        u32 r;
+        asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+        return r;
+    }
+};
+template <> struct Mma<bf16> {
+    static __device__ __forceinline__ void mma(float (&c)[4], const u32 (&a)[4], u32 b0, u32 b1) {
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    }
+    static __device__ __forceinline__ u32 pack(float lo, float hi) {
+        u32 r;
+        asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+        return r;
+    }
+};
+
+__device__ __forceinline__ u32 smem_addr(const void* p) { return (u32)__cvta_generic_to_shared(p); }
+__device__ __forceinline__ void cp_async16(u32 dst, const void* src, u32 bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
+template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N)); }
+__device__ __forceinline__ void ldsm_x4(u32 (&r)[4], u32 addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+__device__ __forceinline__ void ldsm_x4_t(u32 (&r)[4], u32 addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+__device__ __forceinline__ float ex2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
+// Rows [r0, r0 + 64) of a [rows, D] operand (row stride rs elements) into a [64][D + 8] tile;
+// rows past `rows` are zero-filled. All 128 threads issue copies.
+template <typename T, int D>
+__device__ __forceinline__ void mma_load_tile(T* dst, const T* base, i64 rs, i64 r0, i64 rows) {
+    constexpr int CPR = D / 8, LD = D + 8;
+    for (int c = threadIdx.x; c < 64 * CPR; c += 128) {
+        const int r = c / CPR, cc = c % CPR;
+        const bool ok = r0 + r < rows;
+        const T* src = ok ? base + (r0 + r) * rs + cc * 8 : base;
+        cp_async16(smem_addr(dst + r * LD + cc * 8), src, ok ? 16 : 0);
+    }
+}
+
+template <typename T, int D>
+__device__ void attn_mma_body(const AttnDims& a, float sl2, const T* __restrict__ q, const T* __restrict__ k,
+                              const T* __restrict__ v, T* __restrict__ o) {
+    constexpr int LD = D + 8, KS = D / 16, DT = D / 8;
+    T* Qs = (T*)at_smem;
+    T* Ks = Qs + 64 * LD;       // [2][64][LD]
+    T* Vs = Ks + 2 * 64 * LD;   // [2][64][LD]
+    const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, tq = lane & 3;
+    const u32 nbh = a.b * a.hq;
+    const u32 tiles = (a.lq + AT_BM - 1) / AT_BM;
+    const u32 bh = blockIdx.x % nbh, tile = tiles - 1 - blockIdx.x / nbh;
+    const u32 bi = bh / a.hq, h = bh % a.hq, kvh = h / (a.hq / a.hkv);
+    const u32 i0 = tile * AT_BM;
+    const T* qb = q + bi * a.sq[0] + h * a.sq[1];
+    const T* kb = k + bi * a.sk[0] + kvh * a.sk[1];
+    const T* vb = v + bi * a.sv[0] + kvh * a.sv[1];
+
+    const u32 il = i0 + AT_BM - 1 < a.lq - 1 ? i0 + AT_BM - 1 : a.lq - 1;
+    const i64 ntiles = (visible_keys(a, il) + AT_BN - 1) / AT_BN;
+    mma_load_tile<T, D>(Qs, qb, a.sq[2], i0, a.lq);
+    cp_async_commit();
+    if (ntiles > 0) {
+        mma_load_tile<T, D>(Ks, kb, a.sk[2], 0, a.lk);
+        mma_load_tile<T, D>(Vs, vb, a.sv[2], 0, a.lk);
+    }
+    cp_async_commit();
+
+    // This thread's rows (of its warp's 16): g and g + 8.
+    const u32 row0 = i0 + warp * 16 + g;
+    const i64 lim[2] = {visible_keys(a, row0) - 1, visible_keys(a, row0 + 8) - 1};
+    float m[2] = {neg_inf<float>(), neg_inf<float>()}, l[2] = {0.f, 0.f};
+    float acc[DT][4];
+#pragma unroll
+    for (int dt = 0; dt < DT; ++dt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[dt][e] = 0.f;
+
+    cp_async_wait<1>();  // Q has landed (K/V tile 0 may still be in flight)
+    __syncthreads();
+    u32 qf[KS][4];
+#pragma unroll
+    for (int kk = 0; kk < KS; ++kk) ldsm_x4(qf[kk], smem_addr(Qs + (warp * 16 + (lane & 15)) * LD + kk * 16 + (lane >> 4) * 8));
+
+    for (i64 t = 0; t < ntiles; ++t) {
+        const int buf = (int)(t & 1);
+        const T* Kc = Ks + buf * 64 * LD;
+        const T* Vc = Vs + buf * 64 * LD;
+        if (t + 1 < ntiles) {
+            mma_load_tile<T, D>(Ks + (buf ^ 1) * 64 * LD, kb, a.sk[2], (t + 1) * AT_BN, a.lk);
+            mma_load_tile<T, D>(Vs + (buf ^ 1) * 64 * LD, vb, a.sv[2], (t + 1) * AT_BN, a.lk);
+        }
+        cp_async_commit();
+        cp_async_wait<1>();  // tile t has landed
+        __syncthreads();
+
+        float s[8][4];
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) s[nt][e] = 0.f;
+#pragma unroll
+        for (int kk = 0; kk < KS; ++kk) {
+#pragma unroll
+            for (int np = 0; np < 4; ++np) {
+                u32 b[4];
+                ldsm_x4(b, smem_addr(Kc + (np * 16 + ((lane >> 4) << 3) + (lane & 7)) * LD + kk * 16 + ((lane >> 3) & 1) * 8));
+                Mma<T>::mma(s[2 * np], qf[kk], b[0], b[1]);
+                Mma<T>::mma(s[2 * np + 1], qf[kk], b[2], b[3]);
+            }
+        }
+
+        const i64 j0 = t * AT_BN;
+#pragma unroll
+        for (int rr = 0; rr < 2; ++rr) {
+            float mx = neg_inf<float>();
+#pragma unroll
+            for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+                for (int c = 0; c < 2; ++c) {
+                    const i64 j = j0 + nt * 8 + tq * 2 + c;
+                    float& x = s[nt][rr * 2 + c];
+                    x = j <= lim[rr] ? x * sl2 : neg_inf<float>();
+                    mx = fmaxf(mx, x);
+                }
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            const float mn = fmaxf(m[rr], mx);
+            const float ref = mn == neg_inf<float>() ? 0.f : mn;
+            const float al = ex2(m[rr] - ref);
+            m[rr] = mn;
+            l[rr] *= al;
+#pragma unroll
+            for (int dt = 0; dt < DT; ++dt) {
+                acc[dt][rr * 2] *= al;
+                acc[dt][rr * 2 + 1] *= al;
+            }
+#pragma unroll
+            for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+                for (int c = 0; c < 2; ++c) {
+                    float& x = s[nt][rr * 2 + c];
+                    x = ex2(x - ref);
+                    l[rr] += x;
+                }
+        }
+
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk) {
+            const u32 pa[4] = {Mma<T>::pack(s[2 * kk][0], s[2 * kk][1]), Mma<T>::pack(s[2 * kk][2], s[2 * kk][3]),
+                               Mma<T>::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                               Mma<T>::pack(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+#pragma unroll
+            for (int dp = 0; dp < DT / 2; ++dp) {
+                u32 b[4];
+                ldsm_x4_t(b, smem_addr(Vc + (kk * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)) * LD + dp * 16 + (lane >> 4) * 8));
+                Mma<T>::mma(acc[2 * dp], pa, b[0], b[1]);
+                Mma<T>::mma(acc[2 * dp + 1], pa, b[2], b[3]);
+            }
+        }
+        __syncthreads();  // every warp is done with this buffer before it is refilled
+    }
+
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+        float lt = l[rr];
+        lt += __shfl_xor_sync(0xffffffffu, lt, 1);
+        lt += __shfl_xor_sync(0xffffffffu, lt, 2);
+        const u32 i = row0 + rr * 8;
+        if (i >= a.lq) continue;
+        const float inv = lim[rr] < 0 ? nan_of<float>() : 1.f / lt;
+        T* orw = o + ((u64)bh * a.lq + i) * a.dv;
+#pragma unroll
+        for (int dt = 0; dt < DT; ++dt)
+            *(u32*)(orw + dt * 8 + tq * 2) = Mma<T>::pack(acc[dt][rr * 2] * inv, acc[dt][rr * 2 + 1] * inv);
+    }
+}
+
 // ---- entry points ----
 
 #define ATTN_ROW_KERNELS(S, T)                                                                          \
@@ -456,3 +665,13 @@ FOR_FLOATS(ATTN_ROW_KERNELS)
 ATTN_TILE_KERNELS(f32, float)
 ATTN_TILE_KERNELS(f16, f16)
 ATTN_TILE_KERNELS(bf16, bf16)
+
+#define ATTN_MMA_KERNELS(S, T)                                                                          \
+    extern "C" __global__ void __launch_bounds__(128) attn_mma64_##S(AttnDims a, float sl2, const T* q, \
+        const T* k, const T* v, T* o) { attn_mma_body<T, 64>(a, sl2, q, k, v, o); }                     \
+    extern "C" __global__ void __launch_bounds__(128) attn_mma96_##S(AttnDims a, float sl2, const T* q, \
+        const T* k, const T* v, T* o) { attn_mma_body<T, 96>(a, sl2, q, k, v, o); }                     \
+    extern "C" __global__ void __launch_bounds__(128) attn_mma128_##S(AttnDims a, float sl2, const T* q, \
+        const T* k, const T* v, T* o) { attn_mma_body<T, 128>(a, sl2, q, k, v, o); }
+ATTN_MMA_KERNELS(f16, f16)
+ATTN_MMA_KERNELS(bf16, bf16)

@@ -2,9 +2,11 @@
 //! ferrite-cpu's attention.rs (grouped-query heads; the causal mask aligned to the last key,
 //! every query seeing at least key 0; NaN rows only when there are no keys).
 //!
-//! - Forward, f32/f16/bf16 with head sizes ≤ 256: a flash-attention style tiled kernel (64
-//!   queries per block, K/V tiles of 64 keys in shared memory, online softmax, f32
-//!   accumulation). f64 and larger heads: a warp-per-query kernel.
+//! - Forward, f16/bf16 with d == dv in {64, 96, 128} and 16-byte aligned rows: a
+//!   FlashAttention-2 style kernel on tensor cores (mma.sync, f32 accumulation).
+//!   Other f32/f16/bf16 cases with head sizes ≤ 256: a flash-attention style tiled kernel on
+//!   CUDA cores (64 queries per block, K/V tiles of 64 keys in shared memory, online softmax,
+//!   f32 accumulation). f64 and larger heads: a warp-per-query kernel.
 //! - Backward: per-query statistics (max, sum, D = g·o) by the warp-per-query kernel, then dq
 //!   by a kernel per query row and dk/dv by a kernel per key row, each recomputing the
 //!   probabilities: every output row is written by one warp, so results are deterministic
@@ -144,6 +146,29 @@ fn row_grid(op: &'static str, groups: usize, rows_per: usize) -> Result<Cfg> {
     ))
 }
 
+/// Threads per block of the tensor-core forward kernel.
+const MMA_THREADS: u32 = 128;
+/// Head sizes the tensor-core forward kernel is built for (`attn_mma{64,96,128}`).
+const MMA_HEADS: [usize; 3] = [64, 96, 128];
+
+/// Head size of the tensor-core forward kernel when it applies: f16/bf16, d == dv in
+/// `MMA_HEADS`, unit last-dim strides, and every row 16-byte aligned (pointers aligned, the
+/// strides of dims larger than 1 multiples of 8 elements).
+fn mma_head(dt: DType, a: &Dims, ts: (&Tensor, &Tensor, &Tensor), ptrs: [u64; 3]) -> Option<usize> {
+    let hd = a.d as usize;
+    if !matches!(dt, DType::F16 | DType::BF16) || a.d != a.dv || !MMA_HEADS.contains(&hd) {
+        return None;
+    }
+    let rows_ok = |t: &Tensor, st: &[i64; 4]| {
+        st[3] == 1 && (0..3).all(|i| t.dims()[i] == 1 || st[i] % 8 == 0)
+    };
+    let ok = rows_ok(ts.0, &a.sq)
+        && rows_ok(ts.1, &a.sk)
+        && rows_ok(ts.2, &a.sv)
+        && ptrs.iter().all(|p| p % 16 == 0);
+    ok.then_some(hd)
+}
+
 /// Row stride (floats) of the Q and K tiles for head size `d`: a multiple of 4 whose quarter
 /// is odd, at least `TILE_PS` (the probability tile reuses the K tile).
 fn tile_ld(d: usize) -> usize {
@@ -182,7 +207,21 @@ pub(crate) fn attention(
             CudaBackend::ptr(v, sv),
         );
         let blocks = b * hq * lq.div_ceil(TILE);
-        if dt != DType::F64
+        if let Some(hd) =
+            mma_head(dt, &a, (q, k, v), [qp, kp, vp]).filter(|_| blocks <= i32::MAX as usize)
+        {
+            let smem = 5 * TILE * (hd + 8) * dt.size_in_bytes();
+            let cfg = Cfg::new((blocks as u32, 1, 1), (MMA_THREADS, 1, 1), smem as u32);
+            let args = Args::new()
+                .arg(a)
+                .arg((scale * std::f64::consts::LOG2_E) as f32)
+                .arg(qp)
+                .arg(kp)
+                .arg(vp)
+                .arg(out.ptr());
+            let name = format!("attn_mma{hd}_{}", suffix(dt));
+            dev.launch(op, &SOURCE, &name, cfg, args)?;
+        } else if dt != DType::F64
             && d <= TILE_MAX_HEAD
             && dv <= TILE_MAX_HEAD
             && blocks <= i32::MAX as usize
