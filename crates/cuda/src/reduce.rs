@@ -1,8 +1,19 @@
-//! Reductions on CUDA (kernels in reduce.cu).
+//! Reductions on CUDA (kernels in reduce.cu): sum, max, min, argmax, argmin over any set of
+//! axes of any layout.
+//!
+//! Each output reduces one run of R elements. The reduced axes must merge into one run of a
+//! single stride (they usually do; otherwise a permuted contiguous copy is made first); the
+//! kept axes are walked by an `Idx`, so any kept layout works without a copy.
+//! - stride-1 runs of at least 16 bytes: `reduce_row` (up to 1024 elements a group of 4 to
+//!   32 lanes per output, sized to the run, else a block), 16-byte loads;
+//! - other strides and shorter runs: `reduce_col` (threads over consecutive outputs, so reads coalesce when
+//!   the innermost kept axis has stride 1; a loop over the run);
+//! - few outputs and long runs: the run is split over `gridDim.y` blocks writing partial
+//!   states to a temporary buffer, combined by `reduce_fin`.
 
 use crate::device::CudaBackend;
-use crate::kernels::KernelSource;
-use ferrite_core::{Error, ReduceOp, Result, Storage, Tensor};
+use crate::kernels::{suffix, Args, Cfg, Idx, KernelSource};
+use ferrite_core::{DType, Error, ReduceOp, Result, Storage, Tensor};
 use std::sync::Arc;
 
 pub(crate) static SOURCE: KernelSource = KernelSource {
@@ -10,11 +21,210 @@ pub(crate) static SOURCE: KernelSource = KernelSource {
     src: include_str!("reduce.cu"),
 };
 
+/// Elements per thread along the run, at least, in a split `reduce_col` chunk.
+const MIN_PER_THREAD: u64 = 64;
+
+/// The (len, stride) pairs merged into one run when they form one; the order of reduced
+/// elements does not matter for any `ReduceOp` (arg ops take one axis).
+fn merge_run(mut dims: Vec<(usize, usize)>) -> Option<(usize, usize)> {
+    dims.retain(|&(d, _)| d != 1);
+    if dims.iter().any(|&(d, _)| d == 0) {
+        return Some((0, 1));
+    }
+    dims.sort_by_key(|&(_, s)| std::cmp::Reverse(s));
+    let mut run: Option<(usize, usize)> = None;
+    for (d, s) in dims {
+        run = match run {
+            None => Some((d, s)),
+            Some((rd, rs)) if rs == s * d => Some((rd * d, s)),
+            Some(_) => return None,
+        };
+    }
+    Some(run.unwrap_or((1, 1)))
+}
+
+/// Byte size of the kernels' accumulator type (`Red<T, OP>::A` in reduce.cu).
+fn acc_bytes(dt: DType) -> usize {
+    if dt.size_in_bytes() == 8 {
+        8
+    } else {
+        4
+    }
+}
+
+fn pow2_floor(n: u64) -> u64 {
+    if n == 0 {
+        1
+    } else {
+        1 << (63 - n.leading_zeros())
+    }
+}
+
 pub(crate) fn reduce(
-    _dev: &CudaBackend,
+    dev: &CudaBackend,
     op: ReduceOp,
-    _x: &Tensor,
-    _axes: &[usize],
+    x: &Tensor,
+    axes: &[usize],
 ) -> Result<Vec<Arc<dyn Storage>>> {
-    Err(Error::backend(op.name(), "not yet on CUDA"))
+    let name = op.name();
+    let dt = x.dtype();
+    if dt == DType::Bool {
+        return Err(Error::dtype(name, dt, "needs a numeric dtype"));
+    }
+    let arg = matches!(op, ReduceOp::ArgMax | ReduceOp::ArgMin);
+    let dims = x.dims();
+    let st = x.layout().strides();
+    if axes.is_empty() || axes.iter().any(|&a| a >= dims.len()) {
+        return Err(Error::backend(
+            name,
+            format!("axes {axes:?} do not fit shape {}", x.shape()),
+        ));
+    }
+    let kept: Vec<usize> = (0..dims.len()).filter(|a| !axes.contains(a)).collect();
+    let r: usize = axes.iter().map(|&a| dims[a]).product();
+    let nout: usize = kept.iter().map(|&a| dims[a]).product();
+    if arg && r > u32::MAX as usize {
+        return Err(Error::shape(
+            name,
+            format!("axis of {r} elements exceeds u32 indices"),
+        ));
+    }
+    if r == 0 && op != ReduceOp::Sum {
+        return Err(Error::shape(
+            name,
+            format!("cannot reduce an empty axis of {}", x.shape()),
+        ));
+    }
+    let s = dev.input(x, name)?;
+    let out = dev.alloc_out(nout, if arg { DType::U32 } else { dt }, name)?;
+    if nout == 0 {
+        return dev.finish_one(out);
+    }
+    let kept_dims: Vec<usize> = kept.iter().map(|&a| dims[a]).collect();
+    // (kept walk, base pointer, run, a permuted copy kept alive until the launches are queued)
+    let (ko, base, (rlen, rs), _copy) =
+        match merge_run(axes.iter().map(|&a| (dims[a], st[a])).collect()) {
+            Some(run) => {
+                let kept_st: Vec<usize> = kept.iter().map(|&a| st[a]).collect();
+                let ko = Idx::new(name, &kept_dims, &[(&kept_st, x.layout().offset())])?;
+                (ko, s.device_ptr(), run, None)
+            }
+            None => {
+                let perm: Vec<usize> = kept.iter().chain(axes).copied().collect();
+                let c = crate::elementwise::copy_into(dev, s, &x.layout().permute(&perm)?, name)?;
+                let ko = Idx::new(name, &[nout], &[(&[r], 0)])?;
+                (ko, c.ptr(), (r, 1), Some(c))
+            }
+        };
+    let (rlen, nout_u) = (rlen as u64, nout as u64);
+    let sm = dev.sm_count.max(1) as u64;
+    // Blocks of 256 threads that fill the device once.
+    let target = sm * 8;
+    // Kernel names: reduce_{row,col,fin}_{op name}_{dtype}.
+    let kname = |kind: &str| format!("reduce_{kind}_{name}_{}", suffix(dt));
+    // Elements per 16-byte word. Runs shorter than a word read better a thread per output.
+    let words = 16 / dt.size_in_bytes() as u64;
+    let row = rs == 1 && rlen >= words;
+    // Lanes per output in `reduce_row`: enough for one word each, at least a word's elements,
+    // at most a warp; 0 (a block per output) past 1024 elements.
+    let group = if rlen > 1024 {
+        0
+    } else {
+        rlen.div_ceil(words)
+            .next_power_of_two()
+            .clamp(words.max(4), 32)
+    };
+    // (first-pass config, splits S, chunk length)
+    let (cfg, splits, chunk) = if row {
+        let rpb = 256u64.checked_div(group).unwrap_or(1);
+        let blocks = nout_u.div_ceil(rpb);
+        let mut splits = 1;
+        if blocks < target && rlen >= 8192 {
+            // Chunks of at least 4096 elements: 16 per thread.
+            splits = target.div_ceil(blocks).min(rlen.div_ceil(4096));
+        }
+        let chunk = rlen.div_ceil(splits).next_multiple_of(64);
+        let splits = rlen.div_ceil(chunk);
+        let grid = (blocks.min(sm * 32) as u32, splits as u32, 1);
+        (Cfg::new(grid, (256, 1, 1), 0), splits, chunk)
+    } else {
+        let (bx, by) = if nout_u >= 32 {
+            let by = pow2_floor(rlen).clamp(1, 8);
+            (256 / by, by)
+        } else {
+            let bx = nout_u.next_power_of_two();
+            (bx, pow2_floor(rlen).clamp(1, 256 / bx))
+        };
+        let blocks = nout_u.div_ceil(bx).min(sm * 32);
+        let mut splits = 1;
+        if blocks < target && rlen >= by * MIN_PER_THREAD * 4 {
+            splits = target
+                .div_ceil(blocks)
+                .min(rlen.div_ceil(by * MIN_PER_THREAD));
+        }
+        let chunk = rlen.div_ceil(splits).max(1);
+        let splits = rlen.div_ceil(chunk).max(1);
+        let cfg = Cfg::new(
+            (blocks as u32, splits as u32, 1),
+            (bx as u32, by as u32, 1),
+            0,
+        );
+        (cfg, splits, chunk)
+    };
+    // Partial states of a split reduction: [splits, nout] values (and indices for arg ops).
+    let (pv, pi) = if splits > 1 {
+        let n = splits as usize * nout;
+        let vdt = if acc_bytes(dt) == 8 {
+            DType::F64
+        } else {
+            DType::F32
+        };
+        let pv = dev.alloc_out(n, vdt, name)?;
+        let pi = if arg {
+            Some(dev.alloc_out(n, DType::U32, name)?)
+        } else {
+            None
+        };
+        (Some(pv), pi)
+    } else {
+        (None, None)
+    };
+    let pv_ptr = pv.as_ref().map_or(0, |b| b.ptr());
+    let pi_ptr = pi.as_ref().map_or(0, |b| b.ptr());
+    if row {
+        let args = Args::new()
+            .arg(ko)
+            .arg(base)
+            .arg(rlen)
+            .arg(chunk)
+            .arg(group as u32)
+            .arg(out.ptr())
+            .arg(pv_ptr)
+            .arg(pi_ptr);
+        dev.launch(name, &SOURCE, &kname("row"), cfg, args)?;
+    } else {
+        let args = Args::new()
+            .arg(ko)
+            .arg(base)
+            .arg(rlen)
+            .arg(rs as i64)
+            .arg(chunk)
+            .arg(out.ptr())
+            .arg(pv_ptr)
+            .arg(pi_ptr);
+        dev.launch(name, &SOURCE, &kname("col"), cfg, args)?;
+    }
+    if splits > 1 {
+        let threads = splits.next_power_of_two().clamp(32, 256) as u32;
+        let blocks = nout_u.min(sm * 32) as u32;
+        let args = Args::new()
+            .arg(nout_u)
+            .arg(splits)
+            .arg(pv_ptr)
+            .arg(pi_ptr)
+            .arg(out.ptr());
+        let cfg = Cfg::new((blocks, 1, 1), (threads, 1, 1), 0);
+        dev.launch(name, &SOURCE, &kname("fin"), cfg, args)?;
+    }
+    dev.finish_one(out)
 }
