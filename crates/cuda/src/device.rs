@@ -330,6 +330,11 @@ impl CudaBackend {
         self.uploads.fetch_add(1, Ordering::Relaxed);
         let (n, dtype) = (data.len(), data.dtype());
         let out = self.alloc_out(n, dtype, "upload")?;
+        // The block may come from the cache with compute-stream kernels still reading its
+        // previous contents: the copy stream writes it only after them.
+        if n > 0 {
+            self.mark()?.wait_on(&self.copy)?;
+        }
         let bytes = host_bytes(data);
         let ev = self.copy_in(bytes, out.block.ptr, &self.copy)?;
         let capturing = self.capturing.load(Ordering::Acquire);
