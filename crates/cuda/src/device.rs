@@ -329,25 +329,26 @@ impl CudaBackend {
         self.bind()?;
         self.uploads.fetch_add(1, Ordering::Relaxed);
         let (n, dtype) = (data.len(), data.dtype());
+        if self.capturing.load(Ordering::Acquire) {
+            return Err(Error::backend(
+                "upload",
+                "cannot upload host data while a CUDA graph is being captured: create the \
+                 graph's inputs before the capture and update them with `write`",
+            ));
+        }
         let out = self.alloc_out(n, dtype, "upload")?;
         // The block may come from the cache with compute-stream kernels still reading its
         // previous contents: the copy stream writes it only after them.
         if n > 0 {
             self.mark()?.wait_on(&self.copy)?;
         }
-        let bytes = host_bytes(data);
-        let ev = self.copy_in(bytes, out.block.ptr, &self.copy)?;
-        let capturing = self.capturing.load(Ordering::Acquire);
-        if capturing {
-            // A captured stream cannot wait on work outside the capture: finish the copy now.
-            ev.synchronize()?;
-        }
+        let ev = self.copy_in(host_bytes(data), out.block.ptr, &self.copy)?;
         Ok(Arc::new(CudaStorage::new(
             out.block,
             dtype,
             n,
             Some(Arc::new(ev)),
-            !capturing,
+            true,
             self.compute.0,
         )))
     }
