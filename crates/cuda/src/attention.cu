@@ -251,20 +251,15 @@ __device__ void attn_dkv_body(const AttnDims& a, typename Num<T>::A scale, const
     }
 }
 
-// ---- tiled forward (f32/f16/bf16, d and dv <= 256) ----
+// ---- tiled kernels on CUDA cores (f32/f16/bf16, f32 arithmetic) ----
 //
-// Flash-attention style: a block of 256 threads (16 x 16: tx = tid % 16, ty = tid / 16) owns
-// 64 query rows of one (batch, head), held in shared memory as f32; it walks the visible keys
-// in tiles of 64 (K and V tiles in shared memory), keeping an online softmax (running max and
-// sum per row) and the output rows in registers (f32). Thread (ty, tx) owns query rows
-// ty + 16 e and tile keys tx + 16 f (e, f < 4) of the score tile, and output columns
-// 64 qq + 4 tx + (0..3) (qq < DVC) of its rows.
-// Shared memory (floats): Q [64][ld], K [64][ld] (reused for the probability tile
-// [64][AT_PS]), V [64][64 DVC]; ld (host-chosen): d rounded up to a multiple of 4 with ld / 4
-// odd (conflict-free float4 reads across the 16 key rows) and ld >= AT_PS.
-// Grid: one block per (query tile, batch * head), blockIdx.x = yy * (b * hq) + bh, the query
-// tile counted from the last one (yy = 0 is the last tile, the most work under a causal mask).
-// Scores are kept in log2 units: sl2 = scale * log2(e).
+// A block of 256 threads (16 x 16: tx = tid % 16, ty = tid / 16) works on 64 x 64 tiles held
+// in shared memory as f32, row-major with a row stride `ld` (host-chosen, `tile_ld`): a
+// multiple of 4 whose quarter is odd (conflict-free float4 reads across 16 rows), >= AT_PS.
+// In a 64 x 64 product thread (ty, tx) owns rows ty + 16 e and columns tx + 16 f (e, f < 4);
+// in a 64 x (64 NC) accumulation it owns rows ty + 16 e and columns 64 qq + 4 tx + (0..3).
+// Scores are kept in log2 units: sl2 = scale * log2(e). Query tiles are numbered from the last
+// one (the most work under a causal mask comes first): blockIdx.x = yy * (b * hq) + bh.
 
 #define AT_BM 64
 #define AT_BN 64
@@ -274,15 +269,115 @@ extern __shared__ __align__(16) unsigned char at_smem[];
 
 __device__ __forceinline__ float f4c(const float4& v, int c) { return c == 0 ? v.x : (c == 1 ? v.y : (c == 2 ? v.z : v.w)); }
 
-template <typename T, int DVC>
+// Rows [r0, r0 + 64) of an operand (row stride rs, column stride cs) into dst [64][ld] as f32,
+// columns [0, width); zero past `rows` rows or `cols` columns. All 256 threads take part.
+template <typename T>
+__device__ __forceinline__ void tile_load(float* dst, u32 ld, u32 width, const T* base, i64 rs, i64 cs, i64 r0,
+                                          i64 rows, u32 cols) {
+    const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    for (u32 r = warp; r < 64; r += 8) {
+        const i64 row = r0 + r;
+        const bool ok = row < rows;
+        const T* src = base + row * rs;
+        for (u32 c = lane; c < width; c += 32) dst[r * ld + c] = (ok && c < cols) ? Num<T>::load(src[c * cs]) : 0.f;
+    }
+}
+
+// s[e][f] += sum over k < kpad (a multiple of 4) of A[ty + 16 e][k] * B[tx + 16 f][k].
+__device__ __forceinline__ void tile_dot(float (&s)[4][4], const float* A, u32 lda, const float* B, u32 ldb, u32 kpad) {
+    const u32 tx = threadIdx.x & 15, ty = threadIdx.x >> 4;
+#pragma unroll 2
+    for (u32 kk = 0; kk < kpad; kk += 4) {
+        float4 x[4], y[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) x[e] = *(const float4*)&A[(ty + 16 * e) * lda + kk];
+#pragma unroll
+        for (int f = 0; f < 4; ++f) y[f] = *(const float4*)&B[(tx + 16 * f) * ldb + kk];
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+#pragma unroll
+            for (int f = 0; f < 4; ++f) {
+                float t = s[e][f];
+                t = fmaf(x[e].x, y[f].x, t);
+                t = fmaf(x[e].y, y[f].y, t);
+                t = fmaf(x[e].z, y[f].z, t);
+                t = fmaf(x[e].w, y[f].w, t);
+                s[e][f] = t;
+            }
+    }
+}
+
+// acc[e][qq][c] += sum over j < 64 of P[ty + 16 e][j] * M[j][64 qq + 4 tx + c]; P has row
+// stride AT_PS, M row stride ldm (>= 64 NC, 16-byte aligned rows).
+template <int NC>
+__device__ __forceinline__ void tile_acc(float (&acc)[4][NC][4], const float* P, const float* M, u32 ldm) {
+    const u32 tx = threadIdx.x & 15, ty = threadIdx.x >> 4;
+#pragma unroll 2
+    for (u32 jj = 0; jj < 64; jj += 4) {
+        float4 p[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) p[e] = *(const float4*)&P[(ty + 16 * e) * AT_PS + jj];
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+#pragma unroll
+            for (int qq = 0; qq < NC; ++qq) {
+                const float4 m = *(const float4*)&M[(jj + u) * ldm + qq * 64 + tx * 4];
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const float pe = f4c(p[e], u);
+                    acc[e][qq][0] = fmaf(pe, m.x, acc[e][qq][0]);
+                    acc[e][qq][1] = fmaf(pe, m.y, acc[e][qq][1]);
+                    acc[e][qq][2] = fmaf(pe, m.z, acc[e][qq][2]);
+                    acc[e][qq][3] = fmaf(pe, m.w, acc[e][qq][3]);
+                }
+            }
+        }
+    }
+}
+
+template <int NC> __device__ __forceinline__ void zero_acc(float (&acc)[4][NC][4]) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+#pragma unroll
+        for (int qq = 0; qq < NC; ++qq)
+#pragma unroll
+            for (int c = 0; c < 4; ++c) acc[e][qq][c] = 0.f;
+}
+
+// Writes acc rows (r0 + ty + 16 e < rows) into out (row stride ld), columns < cols.
+template <typename T, int NC>
+__device__ __forceinline__ void tile_store(T* out, u64 ld, u64 r0, u64 rows, u32 cols, const float (&acc)[4][NC][4]) {
+    const u32 tx = threadIdx.x & 15, ty = threadIdx.x >> 4;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+        const u64 r = r0 + ty + 16 * e;
+        if (r >= rows) continue;
+#pragma unroll
+        for (int qq = 0; qq < NC; ++qq)
+#pragma unroll
+            for (int c = 0; c < 4; ++c) {
+                const u32 col = qq * 64 + tx * 4 + c;
+                if (col < cols) out[r * ld + col] = Num<T>::store(acc[e][qq][c]);
+            }
+    }
+}
+
+// Forward, d and dv <= 256: 64 query rows of one (batch, head) per block, held in shared
+// memory; the visible keys walked in tiles of 64 (K and V tiles in shared memory) with an
+// online softmax (running max and sum per row, 16 lanes sharing a row) and the output rows
+// accumulated in registers. Shared memory (floats): Q [64][ld], K [64][ld] (then reused for
+// the probability tile [64][AT_PS]), V [64][64 DVC].
+// With STATS (the backward's first step) it writes no output but stats[3 row] = (max score in
+// log2 units, sum of 2^(s - max), D = sum_c g[c] o[c]) for row = (b * hq + h) * lq + i.
+template <typename T, int DVC, bool STATS>
 __device__ void attn_fwd_body(const AttnDims& a, u32 ld, float sl2, const T* __restrict__ q, const T* __restrict__ k,
-                              const T* __restrict__ v, T* __restrict__ o) {
+                              const T* __restrict__ v, T* __restrict__ o, const T* __restrict__ g, float* stats) {
     constexpr u32 VW = DVC * 64;
     float* Qs = (float*)at_smem;
     float* Ks = Qs + AT_BM * ld;
     float* Ps = Ks;
     float* Vs = Ks + AT_BN * ld;
-    const u32 tid = threadIdx.x, tx = tid & 15, ty = tid >> 4, lane = tid & 31, warp = tid >> 5;
+    const u32 tid = threadIdx.x, tx = tid & 15, ty = tid >> 4;
     const u32 nbh = a.b * a.hq;
     const u32 tiles = (a.lq + AT_BM - 1) / AT_BM;
     const u32 bh = blockIdx.x % nbh, tile = tiles - 1 - blockIdx.x / nbh;
@@ -293,63 +388,28 @@ __device__ void attn_fwd_body(const AttnDims& a, u32 ld, float sl2, const T* __r
     const T* kb = k + bi * a.sk[0] + kvh * a.sk[1];
     const T* vb = v + bi * a.sv[0] + kvh * a.sv[1];
 
-    for (u32 r = warp; r < AT_BM; r += 8) {
-        const u32 i = i0 + r;
-        for (u32 c = lane; c < ld; c += 32)
-            Qs[r * ld + c] = (i < a.lq && c < a.d) ? Num<T>::load(qb[i * a.sq[2] + c * a.sq[3]]) : 0.f;
-    }
+    tile_load(Qs, ld, ld, qb, a.sq[2], a.sq[3], i0, a.lq, a.d);
     // Keys this block needs: those its last query sees.
     const u32 il = i0 + AT_BM - 1 < a.lq - 1 ? i0 + AT_BM - 1 : a.lq - 1;
     const i64 jend = visible_keys(a, il);
     i64 lim[4];  // last key each owned row sees
     float m[4], l[4], acc[4][DVC][4];
+    zero_acc(acc);
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
         lim[e] = visible_keys(a, i0 + ty + 16 * e) - 1;
         m[e] = neg_inf<float>();
         l[e] = 0.f;
-#pragma unroll
-        for (int qq = 0; qq < DVC; ++qq)
-#pragma unroll
-            for (int c = 0; c < 4; ++c) acc[e][qq][c] = 0.f;
     }
 
     for (i64 j0 = 0; j0 < jend; j0 += AT_BN) {
         __syncthreads();  // Q is stored; the previous tile's reads of P and V are done
-        for (u32 r = warp; r < AT_BN; r += 8) {
-            const i64 j = j0 + r;
-            const bool ok = j < (i64)a.lk;
-            const T* kr = kb + j * a.sk[2];
-            const T* vr = vb + j * a.sv[2];
-            for (u32 c = lane; c < ld; c += 32) Ks[r * ld + c] = (ok && c < a.d) ? Num<T>::load(kr[c * a.sk[3]]) : 0.f;
-            for (u32 c = lane; c < VW; c += 32) Vs[r * VW + c] = (ok && c < a.dv) ? Num<T>::load(vr[c * a.sv[3]]) : 0.f;
-        }
+        tile_load(Ks, ld, ld, kb, a.sk[2], a.sk[3], j0, a.lk, a.d);
+        tile_load(Vs, VW, VW, vb, a.sv[2], a.sv[3], j0, a.lk, a.dv);
         __syncthreads();
 
-        float s[4][4];
-#pragma unroll
-        for (int e = 0; e < 4; ++e)
-#pragma unroll
-            for (int f = 0; f < 4; ++f) s[e][f] = 0.f;
-#pragma unroll 2
-        for (u32 kk = 0; kk < dpad; kk += 4) {
-            float4 qa[4], kf[4];
-#pragma unroll
-            for (int e = 0; e < 4; ++e) qa[e] = *(const float4*)&Qs[(ty + 16 * e) * ld + kk];
-#pragma unroll
-            for (int f = 0; f < 4; ++f) kf[f] = *(const float4*)&Ks[(tx + 16 * f) * ld + kk];
-#pragma unroll
-            for (int e = 0; e < 4; ++e)
-#pragma unroll
-                for (int f = 0; f < 4; ++f) {
-                    float t = s[e][f];
-                    t = fmaf(qa[e].x, kf[f].x, t);
-                    t = fmaf(qa[e].y, kf[f].y, t);
-                    t = fmaf(qa[e].z, kf[f].z, t);
-                    t = fmaf(qa[e].w, kf[f].w, t);
-                    s[e][f] = t;
-                }
-        }
+        float s[4][4] = {};
+        tile_dot(s, Qs, ld, Ks, ld, dpad);
 
         // Online softmax over this tile, per owned row (16 lanes share a row).
 #pragma unroll
@@ -384,28 +444,7 @@ __device__ void attn_fwd_body(const AttnDims& a, u32 ld, float sl2, const T* __r
 #pragma unroll
             for (int f = 0; f < 4; ++f) Ps[(ty + 16 * e) * AT_PS + tx + 16 * f] = s[e][f];
         __syncthreads();
-
-#pragma unroll 2
-        for (u32 jj = 0; jj < AT_BN; jj += 4) {
-            float4 p[4];
-#pragma unroll
-            for (int e = 0; e < 4; ++e) p[e] = *(const float4*)&Ps[(ty + 16 * e) * AT_PS + jj];
-#pragma unroll
-            for (int u = 0; u < 4; ++u) {
-#pragma unroll
-                for (int qq = 0; qq < DVC; ++qq) {
-                    const float4 vv = *(const float4*)&Vs[(jj + u) * VW + qq * 64 + tx * 4];
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) {
-                        const float pe = f4c(p[e], u);
-                        acc[e][qq][0] = fmaf(pe, vv.x, acc[e][qq][0]);
-                        acc[e][qq][1] = fmaf(pe, vv.y, acc[e][qq][1]);
-                        acc[e][qq][2] = fmaf(pe, vv.z, acc[e][qq][2]);
-                        acc[e][qq][3] = fmaf(pe, vv.w, acc[e][qq][3]);
-                    }
-                }
-            }
-        }
+        tile_acc(acc, Ps, Vs, VW);
     }
 
 #pragma unroll
@@ -414,18 +453,180 @@ __device__ void attn_fwd_body(const AttnDims& a, u32 ld, float sl2, const T* __r
 #pragma unroll
         for (int sh = 1; sh < 16; sh <<= 1) lt += __shfl_xor_sync(0xffffffffu, lt, sh);
         const u32 i = i0 + ty + 16 * e;
-        if (i >= a.lq) continue;
         // No visible key: the softmax of an empty row, NaN like the CPU.
         const float inv = lim[e] < 0 ? nan_of<float>() : 1.f / lt;
-        T* orw = o + ((u64)bh * a.lq + i) * a.dv;
 #pragma unroll
         for (int qq = 0; qq < DVC; ++qq)
 #pragma unroll
-            for (int c = 0; c < 4; ++c) {
-                const u32 col = qq * 64 + tx * 4 + c;
-                if (col < a.dv) orw[col] = Num<T>::store(acc[e][qq][c] * inv);
+            for (int c = 0; c < 4; ++c) acc[e][qq][c] *= inv;
+        if constexpr (STATS) {
+            const bool ok = i < a.lq;
+            const T* gr = g + bi * a.sg[0] + h * a.sg[1] + (ok ? i : 0) * a.sg[2];
+            float dsum = 0.f;
+#pragma unroll
+            for (int qq = 0; qq < DVC; ++qq)
+#pragma unroll
+                for (int c = 0; c < 4; ++c) {
+                    const u32 col = qq * 64 + tx * 4 + c;
+                    if (ok && col < a.dv) dsum += Num<T>::load(gr[col * a.sg[3]]) * acc[e][qq][c];
+                }
+#pragma unroll
+            for (int sh = 1; sh < 16; sh <<= 1) dsum += __shfl_xor_sync(0xffffffffu, dsum, sh);
+            if (ok && tx == 0) {
+                float* st = stats + 3 * ((u64)bh * a.lq + i);
+                st[0] = m[e];
+                st[1] = lt;
+                st[2] = dsum;
             }
+        }
     }
+    if constexpr (!STATS) tile_store<T, DVC>(o + (u64)bh * a.lq * a.dv, a.dv, i0, a.lq, a.dv, acc);
+}
+
+// Backward, dq, d and dv <= 128 (stats from attn_fwd_body<STATS>): per 64 query rows of one
+// (batch, head), for each visible key tile: S = Q K^T, P = 2^(S sl2 - max) / sum,
+// dP = G V^T, dS = P (dP - D) scale, dQ += dS K. Shared memory (floats): Q [64][ldq],
+// K [64][ldq], G [64][ldv], V [64][ldv] (then reused for dS [64][AT_PS]); ldq >= 64 DC,
+// ldv >= 64 and >= AT_PS. Grid as the forward.
+template <typename T, int DC>
+__device__ void attn_bdq_body(const AttnDims& a, u32 ldq, u32 ldv, float sl2, float scale, const T* __restrict__ q,
+                              const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ g,
+                              const float* __restrict__ stats, T* __restrict__ dq) {
+    float* Qs = (float*)at_smem;
+    float* Ks = Qs + 64 * ldq;
+    float* Gs = Ks + 64 * ldq;
+    float* Vs = Gs + 64 * ldv;
+    float* Ds = Vs;
+    const u32 tx = threadIdx.x & 15, ty = threadIdx.x >> 4;
+    const u32 nbh = a.b * a.hq;
+    const u32 tiles = (a.lq + AT_BM - 1) / AT_BM;
+    const u32 bh = blockIdx.x % nbh, tile = tiles - 1 - blockIdx.x / nbh;
+    const u32 bi = bh / a.hq, h = bh % a.hq, kvh = h / (a.hq / a.hkv);
+    const u32 i0 = tile * AT_BM;
+    const u32 dpad = (a.d + 3) & ~3u, dvpad = (a.dv + 3) & ~3u;
+    const T* kb = k + bi * a.sk[0] + kvh * a.sk[1];
+    const T* vb = v + bi * a.sv[0] + kvh * a.sv[1];
+    tile_load(Qs, ldq, ldq, q + bi * a.sq[0] + h * a.sq[1], a.sq[2], a.sq[3], i0, a.lq, a.d);
+    tile_load(Gs, ldv, ldv, g + bi * a.sg[0] + h * a.sg[1], a.sg[2], a.sg[3], i0, a.lq, a.dv);
+    i64 lim[4];
+    float mx[4], il[4], dd[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+        const u32 i = i0 + ty + 16 * e;
+        lim[e] = visible_keys(a, i) - 1;
+        const bool ok = i < a.lq;
+        const float* st = stats + 3 * ((u64)bh * a.lq + (ok ? i : 0));
+        mx[e] = ok ? st[0] : 0.f;
+        il[e] = ok ? 1.f / st[1] : 0.f;
+        dd[e] = ok ? st[2] : 0.f;
+    }
+    const u32 last = i0 + AT_BM - 1 < a.lq - 1 ? i0 + AT_BM - 1 : a.lq - 1;
+    const i64 jend = visible_keys(a, last);
+    float acc[4][DC][4];
+    zero_acc(acc);
+    for (i64 j0 = 0; j0 < jend; j0 += AT_BN) {
+        __syncthreads();  // Q and G are stored; the previous tile's reads of dS and K are done
+        tile_load(Ks, ldq, ldq, kb, a.sk[2], a.sk[3], j0, a.lk, a.d);
+        tile_load(Vs, ldv, ldv, vb, a.sv[2], a.sv[3], j0, a.lk, a.dv);
+        __syncthreads();
+        float s[4][4] = {}, dp[4][4] = {};
+        tile_dot(s, Qs, ldq, Ks, ldq, dpad);
+        tile_dot(dp, Gs, ldv, Vs, ldv, dvpad);
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+#pragma unroll
+            for (int f = 0; f < 4; ++f) {
+                const i64 j = j0 + tx + 16 * f;
+                const float p = j <= lim[e] ? exp2f(s[e][f] * sl2 - mx[e]) * il[e] : 0.f;
+                s[e][f] = p * (dp[e][f] - dd[e]) * scale;
+            }
+        __syncthreads();  // every product is computed: V's space takes dS
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+#pragma unroll
+            for (int f = 0; f < 4; ++f) Ds[(ty + 16 * e) * AT_PS + tx + 16 * f] = s[e][f];
+        __syncthreads();
+        tile_acc(acc, Ds, Ks, ldq);
+    }
+    tile_store<T, DC>(dq + (u64)bh * a.lq * a.d, a.d, i0, a.lq, a.d, acc);
+}
+
+// Backward, dk and dv, d and dv <= 128: per 64 key rows of one (batch, kv head), for each
+// query head of its group and each query tile that sees a key of the block:
+// S^T = K Q^T, P^T = 2^(S^T sl2 - max_i) / sum_i, dP^T = V G^T, dS^T = P^T (dP^T - D_i) scale,
+// dV += P^T G, dK += dS^T Q. Shared memory (floats): K [64][ldq], V [64][ldv], Q [64][ldq],
+// G [64][ldv], P^T and dS^T [64][AT_PS] each, the query tile's stats [64][3].
+// Grid: blockIdx.x = key tile * (b * hkv) + (b * hkv index), the first key tiles (seen by the
+// most queries) first. Each dk/dv row is written by one block: no atomics.
+template <typename T, int DC, int DVC>
+__device__ void attn_bdkv_body(const AttnDims& a, u32 ldq, u32 ldv, float sl2, float scale, const T* __restrict__ q,
+                               const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ g,
+                               const float* __restrict__ stats, T* __restrict__ dk, T* __restrict__ dvo) {
+    float* Ks = (float*)at_smem;
+    float* Vs = Ks + 64 * ldq;
+    float* Qs = Vs + 64 * ldv;
+    float* Gs = Qs + 64 * ldq;
+    float* Pt = Gs + 64 * ldv;
+    float* Dt = Pt + 64 * AT_PS;
+    float* St = Dt + 64 * AT_PS;
+    const u32 tx = threadIdx.x & 15, ty = threadIdx.x >> 4;
+    const u32 nbkv = a.b * a.hkv, group = a.hq / a.hkv;
+    const u32 bkv = blockIdx.x % nbkv, j0 = (blockIdx.x / nbkv) * AT_BN;
+    const u32 bi = bkv / a.hkv, kvh = bkv % a.hkv;
+    const u32 dpad = (a.d + 3) & ~3u, dvpad = (a.dv + 3) & ~3u;
+    tile_load(Ks, ldq, ldq, k + bi * a.sk[0] + kvh * a.sk[1], a.sk[2], a.sk[3], j0, a.lk, a.d);
+    tile_load(Vs, ldv, ldv, v + bi * a.sv[0] + kvh * a.sv[1], a.sv[2], a.sv[3], j0, a.lk, a.dv);
+    // First query that sees a key of this block (every query sees key 0).
+    i64 first = 0;
+    if (a.causal && j0 > 0) {
+        const i64 f = (i64)j0 + a.lq - a.lk;
+        first = f > 0 ? f : 0;
+    }
+    float ak[4][DC][4], av[4][DVC][4];
+    zero_acc(ak);
+    zero_acc(av);
+    for (u32 hg = 0; hg < group; ++hg) {
+        const u32 h = kvh * group + hg;
+        const u64 row0 = ((u64)bi * a.hq + h) * a.lq;
+        const T* qh = q + bi * a.sq[0] + h * a.sq[1];
+        const T* gh = g + bi * a.sg[0] + h * a.sg[1];
+        for (i64 i0 = (first / AT_BM) * AT_BM; i0 < (i64)a.lq; i0 += AT_BM) {
+            __syncthreads();  // the previous tile's reads of Q, G, P^T, dS^T and stats are done
+            tile_load(Qs, ldq, ldq, qh, a.sq[2], a.sq[3], i0, a.lq, a.d);
+            tile_load(Gs, ldv, ldv, gh, a.sg[2], a.sg[3], i0, a.lq, a.dv);
+            for (u32 r = threadIdx.x; r < 64; r += blockDim.x) {
+                const bool ok = i0 + r < a.lq;
+                const float* st = stats + 3 * (row0 + (ok ? i0 + r : 0));
+                St[3 * r] = ok ? st[0] : 0.f;
+                St[3 * r + 1] = ok ? 1.f / st[1] : 0.f;
+                St[3 * r + 2] = ok ? st[2] : 0.f;
+            }
+            __syncthreads();
+            float s[4][4] = {}, dp[4][4] = {};
+            tile_dot(s, Ks, ldq, Qs, ldq, dpad);
+            tile_dot(dp, Vs, ldv, Gs, ldv, dvpad);
+#pragma unroll
+            for (int f = 0; f < 4; ++f) {
+                const u32 r = tx + 16 * f;
+                const i64 i = i0 + r;
+                const i64 lim = i < (i64)a.lq ? visible_keys(a, (u32)i) - 1 : -1;
+                const float smax = St[3 * r], sinv = St[3 * r + 1], dd = St[3 * r + 2];
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const i64 j = (i64)j0 + ty + 16 * e;
+                    const float p = j <= lim ? exp2f(s[e][f] * sl2 - smax) * sinv : 0.f;
+                    Pt[(ty + 16 * e) * AT_PS + r] = p;
+                    Dt[(ty + 16 * e) * AT_PS + r] = p * (dp[e][f] - dd) * scale;
+                }
+            }
+            __syncthreads();
+            tile_acc(av, Pt, Gs, ldv);
+            tile_acc(ak, Dt, Qs, ldq);
+        }
+    }
+    const u64 kr0 = (u64)bkv * a.lk;
+    tile_store<T, DC>(dk + kr0 * a.d, a.d, j0, a.lk, a.d, ak);
+    tile_store<T, DVC>(dvo + kr0 * a.dv, a.dv, j0, a.lk, a.dv, av);
 }
 
 // ---- tensor-core forward (f16/bf16, d == dv in {64, 96, 128}) ----
@@ -655,13 +856,30 @@ __device__ void attn_mma_body(const AttnDims& a, float sl2, const T* __restrict_
     }
 FOR_FLOATS(ATTN_ROW_KERNELS)
 
+#define ATTN_FWD_TILE(S, T, N)                                                                          \
+    extern "C" __global__ void __launch_bounds__(256) attn_fwd##N##_##S(AttnDims a, u32 ld, float sl2,  \
+        const T* q, const T* k, const T* v, T* o) {                                                     \
+        attn_fwd_body<T, N, false>(a, ld, sl2, q, k, v, o, nullptr, nullptr);                           \
+    }
+#define ATTN_BWD_TILE(S, T, N)                                                                          \
+    extern "C" __global__ void __launch_bounds__(256) attn_fwds##N##_##S(AttnDims a, u32 ld, float sl2, \
+        const T* q, const T* k, const T* v, const T* g, float* stats) {                                 \
+        attn_fwd_body<T, N, true>(a, ld, sl2, q, k, v, nullptr, g, stats);                              \
+    }                                                                                                   \
+    extern "C" __global__ void __launch_bounds__(256) attn_bdq##N##_##S(AttnDims a, u32 ldq, u32 ldv,   \
+        float sl2, float scale, const T* q, const T* k, const T* v, const T* g, const float* stats,     \
+        T* dq) { attn_bdq_body<T, N>(a, ldq, ldv, sl2, scale, q, k, v, g, stats, dq); }
+#define ATTN_BDKV_TILE(S, T, N, M)                                                                      \
+    extern "C" __global__ void __launch_bounds__(256) attn_bdkv##N##M##_##S(AttnDims a, u32 ldq,        \
+        u32 ldv, float sl2, float scale, const T* q, const T* k, const T* v, const T* g,                \
+        const float* stats, T* dk, T* dv) {                                                             \
+        attn_bdkv_body<T, N, M>(a, ldq, ldv, sl2, scale, q, k, v, g, stats, dk, dv);                    \
+    }
 #define ATTN_TILE_KERNELS(S, T)                                                                         \
-    extern "C" __global__ void __launch_bounds__(256) attn_fwd1_##S(AttnDims a, u32 ld, float sl2,     \
-        const T* q, const T* k, const T* v, T* o) { attn_fwd_body<T, 1>(a, ld, sl2, q, k, v, o); }     \
-    extern "C" __global__ void __launch_bounds__(256) attn_fwd2_##S(AttnDims a, u32 ld, float sl2,     \
-        const T* q, const T* k, const T* v, T* o) { attn_fwd_body<T, 2>(a, ld, sl2, q, k, v, o); }     \
-    extern "C" __global__ void __launch_bounds__(256) attn_fwd4_##S(AttnDims a, u32 ld, float sl2,     \
-        const T* q, const T* k, const T* v, T* o) { attn_fwd_body<T, 4>(a, ld, sl2, q, k, v, o); }
+    ATTN_FWD_TILE(S, T, 1) ATTN_FWD_TILE(S, T, 2) ATTN_FWD_TILE(S, T, 4)                                \
+    ATTN_BWD_TILE(S, T, 1) ATTN_BWD_TILE(S, T, 2)                                                       \
+    ATTN_BDKV_TILE(S, T, 1, 1) ATTN_BDKV_TILE(S, T, 1, 2) ATTN_BDKV_TILE(S, T, 2, 1)                    \
+    ATTN_BDKV_TILE(S, T, 2, 2)
 ATTN_TILE_KERNELS(f32, float)
 ATTN_TILE_KERNELS(f16, f16)
 ATTN_TILE_KERNELS(bf16, bf16)

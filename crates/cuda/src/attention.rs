@@ -7,10 +7,11 @@
 //!   Other f32/f16/bf16 cases with head sizes ≤ 256: a flash-attention style tiled kernel on
 //!   CUDA cores (64 queries per block, K/V tiles of 64 keys in shared memory, online softmax,
 //!   f32 accumulation). f64 and larger heads: a warp-per-query kernel.
-//! - Backward: per-query statistics (max, sum, D = g·o) by the warp-per-query kernel, then dq
-//!   by a kernel per query row and dk/dv by a kernel per key row, each recomputing the
-//!   probabilities: every output row is written by one warp, so results are deterministic
-//!   without atomics.
+//! - Backward: per-query statistics (max, sum, D = g·o), then dq by query tiles and dk/dv by
+//!   key tiles, each recomputing the probabilities, so every output row has one writer and
+//!   results are deterministic without atomics. f32/f16/bf16 with head sizes ≤ 128 use tiled
+//!   CUDA-core kernels (the statistics from the tiled forward kernel); f64 and larger heads
+//!   use warp-per-row kernels (statistics by a warp per query).
 //!
 //! Every kernel reads its inputs through their strides: views are never copied.
 
@@ -52,6 +53,8 @@ const TILE_THREADS: u32 = 256;
 /// Row stride of the probability tile (`AT_PS`); head sizes the tiled kernel takes.
 const TILE_PS: usize = 68;
 const TILE_MAX_HEAD: usize = 256;
+/// Head sizes the tiled backward kernels take (larger ones use the warp-per-row kernels).
+const TILE_MAX_BWD_HEAD: usize = 128;
 
 fn strides(t: &Tensor) -> [i64; 4] {
     let s = t.layout().strides();
@@ -319,6 +322,58 @@ pub(crate) fn attention_backward(
     };
     let stats = dev.alloc_out(3 * b * hq * lq, ct, op)?;
     let sfx = suffix(dt);
+    let q_blocks = b * hq * lq.div_ceil(TILE);
+    let k_blocks = b * hkv * lk.div_ceil(TILE);
+    if dt != DType::F64
+        && d <= TILE_MAX_BWD_HEAD
+        && dv <= TILE_MAX_BWD_HEAD
+        && q_blocks.max(k_blocks) <= i32::MAX as usize
+    {
+        let (dc, dvc) = (d.div_ceil(64), dv.div_ceil(64));
+        let sl2 = (scale * std::f64::consts::LOG2_E) as f32;
+        let grid = |blocks: usize, floats: usize| {
+            Cfg::new(
+                (blocks as u32, 1, 1),
+                (TILE_THREADS, 1, 1),
+                (floats * 4) as u32,
+            )
+        };
+        // Statistics: the forward kernel with (max, sum, D) instead of its output.
+        let ld = tile_ld(d);
+        let args = Args::new()
+            .arg(a)
+            .arg(ld as u32)
+            .arg(sl2)
+            .arg(qp)
+            .arg(kp)
+            .arg(vp)
+            .arg(gp)
+            .arg(stats.ptr());
+        let cfg = grid(q_blocks, TILE * ld * 2 + TILE * dvc * 64);
+        dev.launch(op, &SOURCE, &format!("attn_fwds{dvc}_{sfx}"), cfg, args)?;
+        let (ldq, ldv) = (tile_ld(64 * dc), tile_ld(64 * dvc));
+        let tail = |args: Args| {
+            args.arg(ldq as u32)
+                .arg(ldv as u32)
+                .arg(sl2)
+                .arg(scale as f32)
+                .arg(qp)
+                .arg(kp)
+                .arg(vp)
+                .arg(gp)
+                .arg(stats.ptr())
+        };
+        let cfg = grid(q_blocks, 2 * TILE * (ldq + ldv));
+        let args = tail(Args::new().arg(a)).arg(dq.ptr());
+        dev.launch(op, &SOURCE, &format!("attn_bdq{dc}_{sfx}"), cfg, args)?;
+        let cfg = grid(
+            k_blocks,
+            2 * TILE * (ldq + ldv) + 2 * TILE * TILE_PS + 3 * TILE,
+        );
+        let args = tail(Args::new().arg(a)).arg(dk.ptr()).arg(dvo.ptr());
+        dev.launch(op, &SOURCE, &format!("attn_bdkv{dc}{dvc}_{sfx}"), cfg, args)?;
+        return dev.finish(vec![dq, dk, dvo]);
+    }
     let base = || {
         arg_compute(Args::new().arg(a), dt, scale)
             .arg(qp)
