@@ -4,7 +4,8 @@
 // j <= max(0, i + lk - lq), as the CPU does (a query before the first key still sees key 0);
 // only lk == 0 leaves a query no key: NaN forward, zero gradients backward. Inputs are read
 // through their strides (AttnDims, elements, per dim b, h, l, last); outputs are contiguous.
-// f16/bf16/f32 compute in f32, f64 in f64.
+// f16/bf16/f32 compute in f32 (the tensor-core forward rounds probabilities to the input type
+// for P V), f64 in f64.
 
 struct AttnDims {
     u32 b, hq, hkv, lq, lk, d, dv, causal;
