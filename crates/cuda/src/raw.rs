@@ -123,6 +123,56 @@ impl CudaDevice {
         self.be().launch(op, src, name, cfg, args.0)
     }
 
+    /// `launch` with programmatic dependent launch allowed (sm_90+): the kernel may be
+    /// scheduled while the kernel before it on the stream is still running, once every block
+    /// of that one has run `griddepcontrol.launch_dependents` (or exited). So it must run
+    /// `griddepcontrol.wait` before reading what earlier kernels wrote and before writing
+    /// anything they read; work before that (loading weights no kernel writes) overlaps the
+    /// previous kernel. Recorded as such in a captured graph. Not counted in `SyncStats`.
+    pub fn launch_pdl(
+        &self,
+        op: &'static str,
+        src: &'static KernelSource,
+        name: &str,
+        cfg: Cfg,
+        args: KernelArgs,
+    ) -> Result<()> {
+        let be = self.be();
+        be.bind()?;
+        let f = be.kernels.func(src, name)?;
+        if cfg.smem > f.smem_allowed {
+            be.kernels.allow_smem(src, name, cfg.smem)?;
+        }
+        let mut args = args.0;
+        let mut p = args.ptrs();
+        // SAFETY: a zeroed attribute is a valid plain-data value; id and value are set below.
+        let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+        attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+        attr.value.programmaticStreamSerializationAllowed = 1;
+        let lc = sys::CUlaunchConfig {
+            gridDimX: cfg.grid.0,
+            gridDimY: cfg.grid.1,
+            gridDimZ: cfg.grid.2,
+            blockDimX: cfg.block.0,
+            blockDimY: cfg.block.1,
+            blockDimZ: cfg.block.2,
+            sharedMemBytes: cfg.smem,
+            hStream: be.compute.0,
+            attrs: &mut attr,
+            numAttrs: 1,
+        };
+        // SAFETY: as `launch`: the arguments match the kernel's parameters (the caller keeps
+        // them in step with its source); `lc`, `attr` and `p` outlive the call.
+        unsafe { sys::cuLaunchKernelEx(&lc, f.raw, p.as_mut_ptr(), std::ptr::null_mut()) }
+            .result()
+            .map_err(|e| {
+                Error::backend(
+                    op,
+                    format!("kernel {name} failed to launch ({cfg:?}): {:?}", e.0),
+                )
+            })
+    }
+
     /// A tensor viewing `shape` elements of `dtype` from byte `offset` of `buf` (no copy). It
     /// is valid after the work queued so far.
     pub fn tensor(

@@ -1,100 +1,38 @@
 #line 1 "decode.cu"
-// The per-token kernels around the matrix products (quant.cuh in front): RoPE with the KV
-// append, decode attention split over the KV length, its combine, and RMS norms.
+// The per-token kernels around the matrix products (quant.cuh in front): the attention step
+// (RoPE, KV append, decode attention split over the KV length, and the merge of the splits,
+// in one kernel) and RMS norms.
 // The KV cache of a layer is f16 [n_kv_head][ctx][head_dim] for keys and for values (one
 // head's keys contiguous); the position comes from the device parameter block u32 [token, pos],
 // so one captured graph serves every position.
 
 #define HD_MAX 512
-
-// Layout of `RopeArgs` in gpu/decode.rs.
-struct RopeArgs {
-    u64 qkv;        // f32 [nh*hd | nkv*hd | nkv*hd] (q, k, v): q rotated in place
-    u64 kc;         // f16 keys of this layer: k rotated stored at [head][pos]
-    u64 vc;         // f16 values of this layer: v stored at [head][pos]
-    u64 params;     // u32 [token, pos]
-    u64 inv_freq;   // f32 [rope_dim / 2]: angle of pair i = (pos * pos_scale) * inv_freq[i]
-    u64 qnorm;      // f32 [hd]: per-head RMS norm of q before RoPE (gemma3), or 0
-    u64 knorm;      // same for k
-    u32 nh, nkv, hd, rope_dim;
-    u32 neox;       // pairs (i, i + rope_dim/2) if 1, (2i, 2i + 1) if 0
-    u32 ctx;
-    float pos_scale, eps;
-};
-
-// Grid: nh + 2 * nkv blocks (q heads, k heads, v heads); block: hd rounded up to 32 threads.
-extern "C" __global__ void rope_kv(const RopeArgs a) {
-    __shared__ float sh[32];
-    __shared__ float sx[HD_MAX];
-    const u32 b = blockIdx.x, t = threadIdx.x, hd = a.hd;
-    const u32 pos = ((const u32*)a.params)[1];
-    u32 kind, h;  // 0: q, 1: k, 2: v
-    if (b < a.nh) {
-        kind = 0;
-        h = b;
-    } else if (b < a.nh + a.nkv) {
-        kind = 1;
-        h = b - a.nh;
-    } else {
-        kind = 2;
-        h = b - a.nh - a.nkv;
-    }
-    float* src = (float*)a.qkv + (kind == 0 ? h * hd : a.nh * hd + (kind - 1) * a.nkv * hd + h * hd);
-    float v = t < hd ? src[t] : 0.f;
-    const u64 at = ((u64)h * a.ctx + pos) * hd + t;
-    if (kind == 2) {  // the whole block: no barrier below is skipped by part of it
-        if (t < hd) ((f16*)a.vc)[at] = f32_to_f16(v);
-        return;
-    }
-    const u64 nw = kind == 0 ? a.qnorm : a.knorm;
-    if (nw) {
-        const float ss = block_sum(v * v, sh);
-        const float inv = 1.0f / sqrtf(ss / (float)hd + a.eps);
-        if (t < hd) v = v * inv * ((const float*)nw)[t];
-    }
-    if (t < hd) sx[t] = v;
-    __syncthreads();
-    const u32 half = a.rope_dim >> 1;
-    if (t < a.rope_dim) {
-        bool first;
-        u32 i, partner;
-        if (a.neox) {
-            first = t < half;
-            i = first ? t : t - half;
-            partner = first ? t + half : t - half;
-        } else {
-            first = (t & 1) == 0;
-            i = t >> 1;
-            partner = first ? t + 1 : t - 1;
-        }
-        const float p = (float)pos * a.pos_scale;
-        const float ang = p * ((const float*)a.inv_freq)[i];
-        const float c = cosf(ang), s = sinf(ang);
-        const float other = sx[partner];
-        const float x0 = first ? v : other, x1 = first ? other : v;
-        v = first ? x0 * c - x1 * s : x0 * s + x1 * c;
-    }
-    if (t < hd) {
-        if (kind == 0) src[t] = v;
-        else ((f16*)a.kc)[at] = f32_to_f16(v);
-    }
-}
-
 #define AT_T 128
 #define AT_TILE 128   // keys per tile: one per thread for the scores
 #define AT_GMAX 8     // query heads per block (heads sharing a KV head; more go to more blocks)
 
 // Layout of `AttnArgs` in gpu/decode.rs.
 struct AttnArgs {
-    u64 q;          // f32 [nh * hd], rotated
-    u64 kc, vc;     // f16 [nkv][ctx][hd] of this layer
-    u64 params;     // u32 [token, pos]: keys 0..=pos are filled
+    u64 qkv;        // f32 [nh*hd | nkv*hd | nkv*hd]: this token's q, k, v before RoPE
+    u64 kc, vc;     // f16 [nkv][ctx][hd] of this layer: k (rotated) and v stored at pos
+    u64 params;     // u32 [token, pos]: keys 0..=pos are attended
     u64 part;       // f32 [nh][maxsplit][hd + 2]: unnormalized output, then max and sum of exps
+    u64 count;      // u32 [nkv * ngrp]: split blocks done; 0 before and after each step
+    u64 out;        // f32 [nh * hd]
+    u64 inv_freq;   // f32 [rope_dim / 2]: angle of pair i = (pos * pos_scale) * inv_freq[i]
+    u64 qnorm;      // f32 [hd]: per-head RMS norm of q before RoPE (gemma3), or 0
+    u64 knorm;      // same for k
     u32 nh, nkv, hd, ctx;
     u32 maxsplit;   // gridDim.y
     u32 window;     // sliding window: keys in (pos - window, pos]; 0: all
     u32 ngrp;       // blocks per KV head (gridDim.x = nkv * ngrp)
+    u32 rope_dim;
+    u32 neox;       // pairs (i, i + rope_dim/2) if 1, (2i, 2i + 1) if 0
+    u32 pad;
     float scale;    // multiplies q.k
+    float pos_scale;
+    float eps;      // of the q/k norms
+    float pad2;
 };
 
 // Keys lo..=pos split into nact chunks of `chunk` (a multiple of 64) over at most maxsplit
@@ -121,15 +59,63 @@ __device__ __forceinline__ void unpack8(U4 w, float* f) {
     f[7] = h2f(w.w >> 16);
 }
 
-// Block (kv head g, head subgroup, split s): the block's query heads over its chunk of keys,
-// with an online softmax over tiles of AT_TILE keys. Scores: one thread per key (16-byte key
-// loads), all the block's heads at once. Values: hd/4 threads per key row (4 dims each),
-// AT_T / (hd/4) key slices, summed in order at the end. Requires hd % 8 == 0, hd <= HD_MAX.
-extern "C" __global__ void __launch_bounds__(AT_T) attn_decode(const AttnArgs a) {
+// A float written by another block of this grid (bypasses L1).
+__device__ __forceinline__ float ld_cg(const float* p) {
+    float v;
+    asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(v) : "l"(p));
+    return v;
+}
+
+// Heads x[h * hd + d] (h < nheads) in shared memory: RMS norm of each head with weight w (if
+// not null), then RoPE at `pos`, as the CPU model (norm, then rotation of the first rope_dim
+// values). Called by all threads of the block; `tmp` holds nheads floats.
+__device__ void norm_rope(float* x, u32 nheads, u32 hd, const float* w, float eps, u32 pos,
+                          float pos_scale, const float* inv, u32 rope_dim, u32 neox, float* tmp) {
+    const u32 tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nw = blockDim.x >> 5;
+    if (w) {
+        for (u32 h = warp; h < nheads; h += nw) {
+            float ss = 0.f;
+            for (u32 d = lane; d < hd; d += 32) ss += x[h * hd + d] * x[h * hd + d];
+            ss = warp_sum(ss);
+            if (lane == 0) tmp[h] = 1.0f / sqrtf(ss / (float)hd + eps);
+        }
+        __syncthreads();
+        for (u32 i = tid; i < nheads * hd; i += blockDim.x) x[i] = x[i] * tmp[i / hd] * w[i % hd];
+        __syncthreads();
+    }
+    const u32 half = rope_dim >> 1;
+    const float p = (float)pos * pos_scale;
+    for (u32 i = tid; i < nheads * half; i += blockDim.x) {
+        const u32 h = i / half, j = i % half;
+        const u32 ia = neox ? j : 2 * j, ib = neox ? j + half : 2 * j + 1;
+        const float ang = p * inv[j];
+        const float c = cosf(ang), s = sinf(ang);
+        float* xh = x + h * hd;
+        const float x0 = xh[ia], x1 = xh[ib];
+        xh[ia] = x0 * c - x1 * s;
+        xh[ib] = x0 * s + x1 * c;
+    }
+    __syncthreads();
+}
+
+// The attention step of one layer for the token at `pos`. Block (kv head g, head subgroup,
+// split s) takes up to AT_GMAX query heads sharing KV head g and its chunk of keys:
+// 1. its q heads, normed (gemma3) and rotated, into shared memory; the block whose chunk ends
+//    at pos (the last split) also this token's k and v, which it stores into the f16 cache
+//    before reading its keys;
+// 2. online softmax over tiles of AT_TILE keys. Scores: one thread per key (16-byte loads),
+//    all the block's heads at once. Values: hd/4 threads per key row (4 dims each),
+//    AT_T / (hd/4) key slices, summed in a fixed order at the end;
+// 3. one split: the normalized output. Several: unnormalized partials; the last block of the
+//    head group to finish (a counter) merges them and resets the counter.
+// Requires hd % 8 == 0, hd <= HD_MAX.
+extern "C" __global__ void __launch_bounds__(AT_T) attn_step(const AttnArgs a) {
     __shared__ __align__(16) float qs[AT_GMAX * HD_MAX];
     __shared__ float sc[AT_GMAX][AT_TILE];
     __shared__ __align__(16) float red[AT_GMAX * 4 * AT_T];
-    __shared__ float m_s[AT_GMAX], l_s[AT_GMAX], alpha_s[AT_GMAX];
+    __shared__ __align__(16) float cur[2 * HD_MAX];
+    __shared__ float m_s[AT_GMAX], l_s[AT_GMAX], alpha_s[AT_GMAX], tmp[AT_GMAX];
+    __shared__ u32 last;
 
     const u32 tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const u32 hd = a.hd;
@@ -137,40 +123,64 @@ extern "C" __global__ void __launch_bounds__(AT_T) attn_decode(const AttnArgs a)
     const u32 group = a.nh / a.nkv;
     const u32 h0 = g * group + sub * AT_GMAX;
     const u32 nhb = min((u32)AT_GMAX, group - sub * AT_GMAX);
-    const u32 pos = ((const u32*)a.params)[1];
+    const u32 pos = ((const u32*)a.params)[1];  // written before the graph's first kernel
     u32 lo, chunk, nact;
     attn_range(pos, a.window, a.maxsplit, &lo, &chunk, &nact);
     const u32 s = blockIdx.y;
-    if (s >= nact) return;  // the whole block
+    if (s >= nact) return;  // the whole block; touches nothing
     const u32 k0 = lo + s * chunk;
     const u32 k1 = min(k0 + chunk, pos + 1);
+    const bool own = s == nact - 1;  // this chunk ends at pos
+    f16* kc = (f16*)a.kc + (u64)g * a.ctx * hd;
+    f16* vc = (f16*)a.vc + (u64)g * a.ctx * hd;
+    const u32 tpr = hd / 4;       // threads per value row
+    const u32 ks = AT_T / tpr;    // key slices
+    const u32 slice = tid / tpr, dq = tid % tpr;
 
-    for (u32 i = tid; i < nhb * hd; i += AT_T) qs[i] = ((const float*)a.q)[h0 * hd + i];
+    pdl_wait();
+    pdl_launch();
+
+    // 1. q (and this token's k, v) normed and rotated.
+    const float* qkv = (const float*)a.qkv;
+    const float* inv = (const float*)a.inv_freq;
+    for (u32 i = tid; i < nhb * hd; i += AT_T) qs[i] = qkv[h0 * hd + i];
+    if (own) {
+        for (u32 d = tid; d < hd; d += AT_T) {
+            cur[d] = qkv[a.nh * hd + g * hd + d];
+            cur[HD_MAX + d] = qkv[(a.nh + a.nkv) * hd + g * hd + d];
+        }
+    }
     if (tid < AT_GMAX) {
         m_s[tid] = neg_inf<float>();
         l_s[tid] = 0.f;
     }
-    const u32 tpr = hd / 4;       // threads per value row
-    const u32 ks = AT_T / tpr;    // key slices
-    const u32 slice = tid / tpr, dq = tid % tpr;
+    __syncthreads();
+    norm_rope(qs, nhb, hd, (const float*)a.qnorm, a.eps, pos, a.pos_scale, inv, a.rope_dim, a.neox, tmp);
+    if (own) {
+        norm_rope(cur, 1, hd, (const float*)a.knorm, a.eps, pos, a.pos_scale, inv, a.rope_dim, a.neox,
+                  tmp);
+        for (u32 d = tid; d < hd; d += AT_T) {
+            kc[(u64)pos * hd + d] = f32_to_f16(cur[d]);
+            vc[(u64)pos * hd + d] = f32_to_f16(cur[HD_MAX + d]);
+        }
+        __syncthreads();  // read back below by this block
+    }
+
     float acc[AT_GMAX][4];
 #pragma unroll
     for (int h = 0; h < AT_GMAX; ++h) acc[h][0] = acc[h][1] = acc[h][2] = acc[h][3] = 0.f;
-    const f16* kc = (const f16*)a.kc + (u64)g * a.ctx * hd;
-    const f16* vc = (const f16*)a.vc + (u64)g * a.ctx * hd;
-    __syncthreads();
 
     for (u32 t0 = k0; t0 < k1; t0 += AT_TILE) {
         const u32 nt = min((u32)AT_TILE, k1 - t0);
         if (tid < nt) {
-            const U4* kr = (const U4*)(kc + (u64)(t0 + tid) * hd);
+            const U4* krow = (const U4*)(kc + (u64)(t0 + tid) * hd);
             float d[AT_GMAX];
 #pragma unroll
             for (int h = 0; h < AT_GMAX; ++h) d[h] = 0.f;
 #pragma unroll 8
             for (u32 c = 0; c < hd / 8; ++c) {
                 float kf[8];
-                unpack8(kr[c], kf);
+                unpack8(krow[c], kf);
 #pragma unroll
                 for (int h = 0; h < AT_GMAX; ++h) {
                     if ((u32)h < nhb) {
@@ -250,6 +260,16 @@ extern "C" __global__ void __launch_bounds__(AT_T) attn_decode(const AttnArgs a)
         }
     }
     __syncthreads();
+    float* out = (float*)a.out;
+    if (nact == 1) {
+        for (u32 i = tid; i < nhb * hd; i += AT_T) {
+            const u32 h = i / hd, d = i % hd;
+            float o = 0.f;
+            for (u32 sl = 0; sl < ks; ++sl) o += red[(sl * AT_GMAX + h) * hd + d];
+            out[(h0 + h) * hd + d] = o / l_s[h];
+        }
+        return;
+    }
     float* part = (float*)a.part;
     for (u32 i = tid; i < nhb * hd; i += AT_T) {
         const u32 h = i / hd, d = i % hd;
@@ -262,39 +282,42 @@ extern "C" __global__ void __launch_bounds__(AT_T) attn_decode(const AttnArgs a)
         part[base + hd] = m_s[tid];
         part[base + hd + 1] = l_s[tid];
     }
-}
-
-// Layout of `CombineArgs` in gpu/decode.rs.
-struct CombineArgs {
-    u64 part;       // as AttnArgs
-    u64 params;
-    u64 out;        // f32 [nh * hd]
-    u32 hd, maxsplit, window, pad;
-};
-
-// out[h] = the softmax-weighted values of head h, merged over the active splits.
-// Grid: nh blocks.
-extern "C" __global__ void attn_combine(const CombineArgs a) {
-    const u32 h = blockIdx.x, hd = a.hd;
-    const u32 pos = ((const u32*)a.params)[1];
-    u32 lo, chunk, nact;
-    attn_range(pos, a.window, a.maxsplit, &lo, &chunk, &nact);
-    const float* p = (const float*)a.part + (u64)h * a.maxsplit * (hd + 2);
-    float mx = neg_inf<float>();
-    for (u32 s = 0; s < nact; ++s) mx = fmaxf(mx, p[s * (hd + 2) + hd]);
-    float l = 0.f;
-    for (u32 s = 0; s < nact; ++s) l += p[s * (hd + 2) + hd + 1] * expf(p[s * (hd + 2) + hd] - mx);
-    const float inv = 1.0f / l;
-    for (u32 d = threadIdx.x; d < hd; d += blockDim.x) {
-        float o = 0.f;
-        for (u32 s = 0; s < nact; ++s) o += p[s * (hd + 2) + d] * expf(p[s * (hd + 2) + hd] - mx);
-        ((float*)a.out)[h * hd + d] = o * inv;
+    __threadfence();
+    __syncthreads();
+    u32* count = (u32*)a.count + blockIdx.x;
+    if (tid == 0) last = atomicAdd(count, 1u) == nact - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    // The last split block of this head group merges the nact partials.
+    for (u32 h = warp; h < nhb; h += AT_T / 32) {
+        const float* ph = part + (u64)(h0 + h) * a.maxsplit * (hd + 2);
+        float mx = neg_inf<float>();
+        for (u32 t = lane; t < nact; t += 32) mx = fmaxf(mx, ld_cg(ph + t * (hd + 2) + hd));
+        mx = warp_max(mx);
+        float l = 0.f;
+        for (u32 t = lane; t < nact; t += 32) {
+            l += ld_cg(ph + t * (hd + 2) + hd + 1) * expf(ld_cg(ph + t * (hd + 2) + hd) - mx);
+        }
+        l = warp_sum(l);
+        for (u32 t = lane; t < nact; t += 32) sc[h][t] = expf(ld_cg(ph + t * (hd + 2) + hd) - mx) / l;
     }
+    __syncthreads();
+    for (u32 i = tid; i < nhb * hd; i += AT_T) {
+        const u32 h = i / hd, d = i % hd;
+        const float* ph = part + (u64)(h0 + h) * a.maxsplit * (hd + 2);
+        float o = 0.f;
+        for (u32 t = 0; t < nact; ++t) o += ld_cg(ph + t * (hd + 2) + d) * sc[h][t];
+        out[(h0 + h) * hd + d] = o;
+    }
+    if (tid == 0) *count = 0;
 }
 
 // y = x / rms(x) * w over n values (y may be x). One block.
 extern "C" __global__ void rms_norm(u64 x, u64 w, u64 y, u32 n, float eps) {
     __shared__ float sh[32];
+    pdl_wait();
+    pdl_launch();
     const float* xp = (const float*)x;
     float ss = 0.f;
     for (u32 i = threadIdx.x; i < n; i += blockDim.x) ss += xp[i] * xp[i];
@@ -308,6 +331,8 @@ extern "C" __global__ void rms_norm(u64 x, u64 w, u64 y, u32 n, float eps) {
 // x += y / rms(y) * w over n values (gemma3's post-attention and post-FFN norms). One block.
 extern "C" __global__ void rms_norm_add(u64 x, u64 y, u64 w, u32 n, float eps) {
     __shared__ float sh[32];
+    pdl_wait();
+    pdl_launch();
     const float* yp = (const float*)y;
     float ss = 0.f;
     for (u32 i = threadIdx.x; i < n; i += blockDim.x) ss += yp[i] * yp[i];

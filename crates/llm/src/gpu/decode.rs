@@ -1,9 +1,8 @@
-//! Wrappers of `decode.cu`: RoPE + KV append, split-K decode attention and its combine, RMS
-//! norms.
+//! Wrappers of `decode.cu`: the attention step (RoPE, KV append, split-K decode attention,
+//! merge of the splits) and RMS norms.
 
 use ferrite_cuda::{Buffer, CudaDevice, KernelArgs, KernelSource, LaunchConfig};
 
-use super::CudaResult;
 use crate::error::{Error, Result};
 
 pub(crate) static SOURCE: KernelSource = KernelSource {
@@ -103,36 +102,20 @@ impl KvLayer<'_> {
     }
 }
 
-/// `RopeArgs` in decode.cu.
-#[repr(C)]
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct RopeArgs {
-    qkv: u64,
-    kc: u64,
-    vc: u64,
-    params: u64,
-    inv_freq: u64,
-    qnorm: u64,
-    knorm: u64,
-    nh: u32,
-    nkv: u32,
-    hd: u32,
-    rope_dim: u32,
-    neox: u32,
-    ctx: u32,
-    pos_scale: f32,
-    eps: f32,
-}
-
 /// `AttnArgs` in decode.cu.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct AttnArgs {
-    q: u64,
+    qkv: u64,
     kc: u64,
     vc: u64,
     params: u64,
     part: u64,
+    count: u64,
+    out: u64,
+    inv_freq: u64,
+    qnorm: u64,
+    knorm: u64,
     nh: u32,
     nkv: u32,
     hd: u32,
@@ -140,27 +123,16 @@ pub(crate) struct AttnArgs {
     maxsplit: u32,
     window: u32,
     ngrp: u32,
-    scale: f32,
-}
-
-/// `CombineArgs` in decode.cu.
-#[repr(C)]
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct CombineArgs {
-    part: u64,
-    params: u64,
-    out: u64,
-    hd: u32,
-    maxsplit: u32,
-    window: u32,
+    rope_dim: u32,
+    neox: u32,
     pad: u32,
+    scale: f32,
+    pos_scale: f32,
+    eps: f32,
+    pad2: f32,
 }
 
-const _: () = {
-    assert!(std::mem::size_of::<RopeArgs>() == 88);
-    assert!(std::mem::size_of::<AttnArgs>() == 72);
-    assert!(std::mem::size_of::<CombineArgs>() == 40);
-};
+const _: () = assert!(std::mem::size_of::<AttnArgs>() == 136);
 
 /// RoPE settings of a layer.
 #[derive(Clone, Copy)]
@@ -176,22 +148,52 @@ pub struct RopeSpec<'a> {
     pub qk_norm: Option<(&'a Buffer, &'a Buffer, f32)>,
 }
 
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct RopeLaunch {
-    args: RopeArgs,
-    grid: u32,
-    block: u32,
+/// Scratch of the attention step: split partials and per-head-group counters (zeroed once;
+/// each step leaves them zero).
+pub struct AttnScratch {
+    pub part: Buffer,
+    pub count: Buffer,
+    pub ngrp: usize,
+    pub maxsplit: usize,
 }
 
-/// q and k of `qkv` (f32 [nh*hd | nkv*hd | nkv*hd]) rotated for position `params[1]` (q in
-/// place), k and v stored into the layer's cache at that position.
-pub(crate) fn plan_rope(
+impl AttnScratch {
+    /// For `shape` on a device of `sm_count` multiprocessors, or with at most `splits` splits.
+    pub fn new(dev: &CudaDevice, shape: &AttnShape, splits: Option<usize>) -> Result<AttnScratch> {
+        shape.check()?;
+        let (ngrp, auto) = shape.splits(dev.sm_count());
+        let maxsplit = splits.unwrap_or(auto).clamp(1, MAX_SPLIT);
+        Ok(AttnScratch {
+            part: super::zeros(dev, shape.part_bytes(maxsplit), "llm attention")?,
+            count: super::zeros(dev, shape.n_kv_head * ngrp * 4, "llm attention")?,
+            ngrp,
+            maxsplit,
+        })
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct AttnLaunch {
+    args: AttnArgs,
+    grid: (u32, u32),
+}
+
+/// The attention step of a layer at position `params[1]`: q and k of `qkv` (f32
+/// [nh*hd | nkv*hd | nkv*hd]) normed (if `rope.qk_norm`) and rotated, k and v stored into the
+/// layer's cache, and `out` (f32 [nh * hd]) = softmax(q.k * scale) . v over keys 0..=pos (the
+/// last `window` of them if not 0).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn plan_attn(
     shape: &AttnShape,
     rope: &RopeSpec<'_>,
+    window: usize,
+    scale: f32,
     qkv: &Buffer,
     kv: &KvLayer<'_>,
     params: &Buffer,
-) -> Result<RopeLaunch> {
+    scratch: &AttnScratch,
+    out: &Buffer,
+) -> Result<AttnLaunch> {
     shape.check()?;
     let (nh, nkv, hd) = (shape.n_head, shape.n_kv_head, shape.head_dim);
     if rope.rope_dim == 0 || !rope.rope_dim.is_multiple_of(2) || rope.rope_dim > hd {
@@ -203,149 +205,60 @@ pub(crate) fn plan_rope(
     check_len(qkv, (nh + 2 * nkv) * hd * 4, "q/k/v")?;
     check_len(rope.inv_freq, rope.rope_dim / 2 * 4, "rope frequencies")?;
     check_len(params, 8, "parameters")?;
+    check_len(out, nh * hd * 4, "attention output")?;
+    check_len(
+        &scratch.part,
+        shape.part_bytes(scratch.maxsplit),
+        "attention partials",
+    )?;
+    check_len(&scratch.count, nkv * scratch.ngrp * 4, "attention counters")?;
     if let Some((qn, kn, _)) = rope.qk_norm {
         check_len(qn, hd * 4, "q norm")?;
         check_len(kn, hd * 4, "k norm")?;
     }
     let (kc, vc) = kv.ptrs(shape)?;
-    Ok(RopeLaunch {
-        args: RopeArgs {
+    Ok(AttnLaunch {
+        args: AttnArgs {
             qkv: qkv.ptr(),
             kc,
             vc,
             params: params.ptr(),
+            part: scratch.part.ptr(),
+            count: scratch.count.ptr(),
+            out: out.ptr(),
             inv_freq: rope.inv_freq.ptr(),
             qnorm: rope.qk_norm.map_or(0, |(q, _, _)| q.ptr()),
             knorm: rope.qk_norm.map_or(0, |(_, k, _)| k.ptr()),
             nh: nh as u32,
             nkv: nkv as u32,
             hd: hd as u32,
+            ctx: shape.ctx as u32,
+            maxsplit: scratch.maxsplit as u32,
+            window: u32::try_from(window).unwrap_or(u32::MAX),
+            ngrp: scratch.ngrp as u32,
             rope_dim: rope.rope_dim as u32,
             neox: rope.neox as u32,
-            ctx: shape.ctx as u32,
+            pad: 0,
+            scale,
             pos_scale: rope.pos_scale,
             eps: rope.qk_norm.map_or(0.0, |(_, _, e)| e),
+            pad2: 0.0,
         },
-        grid: (nh + 2 * nkv) as u32,
-        block: hd.div_ceil(32) as u32 * 32,
-    })
-}
-
-impl RopeLaunch {
-    pub(crate) fn enqueue(&self, dev: &CudaDevice) -> Result<()> {
-        let cfg = LaunchConfig::new((self.grid, 1, 1), (self.block, 1, 1), 0);
-        dev.launch(
-            "rope_kv",
-            &SOURCE,
-            "rope_kv",
-            cfg,
-            KernelArgs::new().arg(self.args),
-        )
-        .gpu()
-    }
-}
-
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct AttnLaunch {
-    args: AttnArgs,
-    grid: (u32, u32),
-}
-
-/// Partial attention of q (f32 [nh * hd]) over keys 0..=params[1] of the layer's cache (or
-/// the last `window` of them) into `part` (f32 [nh][maxsplit][hd + 2]).
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn plan_attn(
-    shape: &AttnShape,
-    window: usize,
-    scale: f32,
-    q: &Buffer,
-    kv: &KvLayer<'_>,
-    params: &Buffer,
-    part: &Buffer,
-    ngrp: usize,
-    maxsplit: usize,
-) -> Result<AttnLaunch> {
-    shape.check()?;
-    check_len(q, shape.n_head * shape.head_dim * 4, "q")?;
-    check_len(part, shape.part_bytes(maxsplit), "attention partials")?;
-    check_len(params, 8, "parameters")?;
-    let (kc, vc) = kv.ptrs(shape)?;
-    Ok(AttnLaunch {
-        args: AttnArgs {
-            q: q.ptr(),
-            kc,
-            vc,
-            params: params.ptr(),
-            part: part.ptr(),
-            nh: shape.n_head as u32,
-            nkv: shape.n_kv_head as u32,
-            hd: shape.head_dim as u32,
-            ctx: shape.ctx as u32,
-            maxsplit: maxsplit as u32,
-            window: u32::try_from(window).unwrap_or(u32::MAX),
-            ngrp: ngrp as u32,
-            scale,
-        },
-        grid: ((shape.n_kv_head * ngrp) as u32, maxsplit as u32),
+        grid: ((nkv * scratch.ngrp) as u32, scratch.maxsplit as u32),
     })
 }
 
 impl AttnLaunch {
     pub(crate) fn enqueue(&self, dev: &CudaDevice) -> Result<()> {
         let cfg = LaunchConfig::new((self.grid.0, self.grid.1, 1), (AT_T, 1, 1), 0);
-        dev.launch(
+        super::launch(
+            dev,
             "attention",
             &SOURCE,
-            "attn_decode",
+            "attn_step",
             cfg,
             KernelArgs::new().arg(self.args),
         )
-        .gpu()
-    }
-}
-
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct CombineLaunch {
-    args: CombineArgs,
-    grid: u32,
-}
-
-/// out (f32 [nh * hd]) = the attention output merged from `part`.
-pub(crate) fn plan_combine(
-    shape: &AttnShape,
-    window: usize,
-    part: &Buffer,
-    params: &Buffer,
-    out: &Buffer,
-    maxsplit: usize,
-) -> Result<CombineLaunch> {
-    check_len(part, shape.part_bytes(maxsplit), "attention partials")?;
-    check_len(out, shape.n_head * shape.head_dim * 4, "attention output")?;
-    Ok(CombineLaunch {
-        args: CombineArgs {
-            part: part.ptr(),
-            params: params.ptr(),
-            out: out.ptr(),
-            hd: shape.head_dim as u32,
-            maxsplit: maxsplit as u32,
-            window: u32::try_from(window).unwrap_or(u32::MAX),
-            pad: 0,
-        },
-        grid: shape.n_head as u32,
-    })
-}
-
-impl CombineLaunch {
-    pub(crate) fn enqueue(&self, dev: &CudaDevice) -> Result<()> {
-        let cfg = LaunchConfig::new((self.grid, 1, 1), (128, 1, 1), 0);
-        dev.launch(
-            "attention",
-            &SOURCE,
-            "attn_combine",
-            cfg,
-            KernelArgs::new().arg(self.args),
-        )
-        .gpu()
     }
 }
 
@@ -394,8 +307,7 @@ impl NormLaunch {
                 .arg(self.w)
                 .arg(self.n)
                 .arg(self.eps);
-            dev.launch("rms_norm_add", &SOURCE, "rms_norm_add", cfg, args)
-                .gpu()
+            super::launch(dev, "rms_norm_add", &SOURCE, "rms_norm_add", cfg, args)
         } else {
             // rms_norm(x, w, y, n, eps)
             let args = KernelArgs::new()
@@ -404,7 +316,7 @@ impl NormLaunch {
                 .arg(self.b)
                 .arg(self.n)
                 .arg(self.eps);
-            dev.launch("rms_norm", &SOURCE, "rms_norm", cfg, args).gpu()
+            super::launch(dev, "rms_norm", &SOURCE, "rms_norm", cfg, args)
         }
     }
 }

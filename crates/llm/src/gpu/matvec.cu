@@ -49,7 +49,7 @@ struct MvArgs {
     u64 x;          // f32 [cols], 16-byte aligned
     u64 norm;       // f32 [cols] RMS-norm weight applied to x first, or 0
     float eps;
-    u32 pad;
+    u32 tiles;      // = gridDim.x: one block per rpb-row tile
     u64 out;        // f32 output: out[out_off + row] (GLU: seg[0].out_off)
     u64 argmax;     // if not 0: ArgPart [gridDim.x], the largest output of each block
 };
@@ -136,31 +136,6 @@ extern "C" __global__ void __launch_bounds__(MV_T) matvec(const MvArgs a) {
     const u32 G = MV_T / nr;
     const u32 r0 = bi * rpb;
 
-    // Prologue: x (optionally RMS-normed) into shared memory.
-    const F4* x4 = (const F4*)a.x;
-    float ss = 0.f;
-    for (u32 i = tid; i < (a.cols >> 2); i += MV_T) {
-        F4 v = x4[i];
-        const u32 e = 4 * i;
-        *(F4*)(xs + (e >> 5) * XPAD + (e & 31)) = v;
-        ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
-    }
-    if (a.norm) {
-        ss = block_sum(ss, red);
-        const float inv = 1.0f / sqrtf(ss / (float)a.cols + a.eps);
-        const F4* g4 = (const F4*)a.norm;
-        for (u32 i = tid; i < (a.cols >> 2); i += MV_T) {
-            const u32 e = 4 * i;
-            F4* p = (F4*)(xs + (e >> 5) * XPAD + (e & 31));
-            F4 v = *p, g = g4[i];
-            v.x = v.x * inv * g.x;
-            v.y = v.y * inv * g.y;
-            v.z = v.z * inv * g.z;
-            v.w = v.w * inv * g.w;
-            *p = v;
-        }
-    }
-
     // This thread's row slot.
     const u32 k = tid / G, j = tid % G;
     const bool kb = glu && k >= rpb;
@@ -204,8 +179,38 @@ extern "C" __global__ void __launch_bounds__(MV_T) matvec(const MvArgs a) {
         return m;
     };
 
-    float acc = 0.f;
+    // The first chunk's weights are in flight while the kernels before finish and the input
+    // is prepared (weights are never written: safe before pdl_wait).
     ok = load(0);
+    pdl_wait();
+    pdl_launch();
+
+    // Prologue: x (optionally RMS-normed) into shared memory.
+    const F4* x4 = (const F4*)a.x;
+    float ss = 0.f;
+    for (u32 i = tid; i < (a.cols >> 2); i += MV_T) {
+        F4 v = x4[i];
+        const u32 e = 4 * i;
+        *(F4*)(xs + (e >> 5) * XPAD + (e & 31)) = v;
+        ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+    }
+    if (a.norm) {
+        ss = block_sum(ss, red);
+        const float inv = 1.0f / sqrtf(ss / (float)a.cols + a.eps);
+        const F4* g4 = (const F4*)a.norm;
+        for (u32 i = tid; i < (a.cols >> 2); i += MV_T) {
+            const u32 e = 4 * i;
+            F4* p = (F4*)(xs + (e >> 5) * XPAD + (e & 31));
+            F4 v = *p, g = g4[i];
+            v.x = v.x * inv * g.x;
+            v.y = v.y * inv * g.y;
+            v.z = v.z * inv * g.z;
+            v.w = v.w * inv * g.w;
+            *p = v;
+        }
+    }
+
+    float acc = 0.f;
     for (u32 c = 0; c < nchunks; ++c) {
         __syncthreads();  // the previous chunk's readers are done (and xs is complete)
 #pragma unroll
@@ -305,6 +310,8 @@ struct EmbedArgs {
 
 // out = row `token` of w, dequantized, times scale. One thread per 32-element unit.
 extern "C" __global__ void embed(const EmbedArgs a) {
+    pdl_wait();
+    pdl_launch();
     u32 tok = ((const u32*)a.params)[0];
     if (tok >= a.rows) tok = 0;  // validated by the host; this only keeps the reads in bounds
     const u8* row = (const u8*)a.w + (u64)tok * a.row_bytes;
@@ -337,6 +344,8 @@ __device__ __forceinline__ bool arg_better(float v, u32 i, float bv, u32 bi) {
 extern "C" __global__ void __launch_bounds__(1024) argmax_final(u64 part, u32 n, u64 out) {
     __shared__ float sv[32];
     __shared__ u32 si[32];
+    pdl_wait();
+    pdl_launch();
     const ArgPart* p = (const ArgPart*)part;
     float best = neg_inf<float>();
     u32 bi = 0xffffffffu;

@@ -10,7 +10,6 @@
 use ferrite_cuda::{Buffer, CudaDevice, KernelArgs, KernelSource, LaunchConfig};
 
 use super::weights::GpuMatrix;
-use super::CudaResult;
 use crate::error::{Error, Result};
 
 pub(crate) static SOURCE: KernelSource = KernelSource {
@@ -70,7 +69,7 @@ pub(crate) struct MvArgs {
     x: u64,
     norm: u64,
     eps: f32,
-    pad: u32,
+    tiles: u32,
     out: u64,
     argmax: u64,
 }
@@ -129,7 +128,8 @@ pub(crate) fn rows_per_block(cols: usize, glu: bool) -> (u32, u32) {
 
 /// Plans `out = W . norm(x)` over 1..=3 segments sharing the input (Store/Add), or the gated
 /// product of segs = [gate, up] (Glu modes). `norm`: RMS-norm weight (f32 [cols]) and epsilon
-/// applied to x first. `argmax`: per-block (max, index) partials, ArgPart [grid] (8 bytes each).
+/// applied to x first. `argmax`: per-tile (max, index) partials, ArgPart [tiles] (8 bytes
+/// each); one block per tile.
 pub(crate) fn plan(
     segs: &[Seg<'_>],
     mode: Mode,
@@ -201,7 +201,7 @@ pub(crate) fn plan(
         )));
     }
     let mut seg = [MvSeg::default(); 3];
-    let mut grid = 0u32;
+    let mut tiles = 0u32;
     for (i, s) in segs.iter().enumerate() {
         let blocks = u32_of(s.w.rows.div_ceil(rpb as usize), "blocks")?;
         seg[i] = MvSeg {
@@ -215,18 +215,19 @@ pub(crate) fn plan(
             pad: 0,
         };
         if !glu || i == 0 {
-            grid = grid
+            tiles = tiles
                 .checked_add(blocks)
                 .ok_or_else(|| Error::Other("matvec: too many blocks".into()))?;
         }
     }
+    let grid = tiles;
     if let Some(a) = argmax {
         if segs.len() != 1 || glu {
             return Err(Error::Other(
                 "matvec: argmax partials need a single stored matrix".into(),
             ));
         }
-        check_len(a, grid as usize * 8, "argmax partials")?;
+        check_len(a, tiles as usize * 8, "argmax partials")?;
     }
     let args = MvArgs {
         seg,
@@ -239,7 +240,7 @@ pub(crate) fn plan(
         x: x.ptr(),
         norm: norm.map_or(0, |(b, _)| b.ptr()),
         eps: norm.map_or(0.0, |(_, e)| e),
-        pad: 0,
+        tiles,
         out: out.ptr(),
         argmax: argmax.map_or(0, |b| b.ptr()),
     };
@@ -251,25 +252,25 @@ pub(crate) fn plan(
 }
 
 impl MvLaunch {
-    /// Thread blocks (= argmax partials written).
-    pub(crate) fn grid(&self) -> u32 {
-        self.grid
+    /// Row tiles (= argmax partials written).
+    pub(crate) fn tiles(&self) -> u32 {
+        self.args.tiles
     }
 
     pub(crate) fn enqueue(&self, dev: &CudaDevice) -> Result<()> {
         let cfg = LaunchConfig::new((self.grid, 1, 1), (MV_T, 1, 1), self.smem);
-        dev.launch(
+        super::launch(
+            dev,
             "matvec",
             &SOURCE,
             "matvec",
             cfg,
             KernelArgs::new().arg(self.args),
         )
-        .gpu()
     }
 }
 
-/// Blocks of the product of `rows` rows of `cols` elements (one matrix, Store/Add modes).
+/// Tiles of the product of `rows` rows of `cols` elements (one matrix, Store/Add modes).
 pub(crate) fn blocks_for(rows: usize, cols: usize) -> usize {
     rows.div_ceil(rows_per_block(cols, false).0 as usize)
 }
@@ -323,14 +324,14 @@ pub(crate) fn plan_embed(
 impl EmbedLaunch {
     pub(crate) fn enqueue(&self, dev: &CudaDevice) -> Result<()> {
         let cfg = LaunchConfig::new((self.grid, 1, 1), (128, 1, 1), 0);
-        dev.launch(
+        super::launch(
+            dev,
             "embed",
             &SOURCE,
             "embed",
             cfg,
             KernelArgs::new().arg(self.args),
         )
-        .gpu()
     }
 }
 
@@ -356,7 +357,6 @@ impl ArgmaxLaunch {
     pub(crate) fn enqueue(&self, dev: &CudaDevice) -> Result<()> {
         let cfg = LaunchConfig::new((1, 1, 1), (1024, 1, 1), 0);
         let args = KernelArgs::new().arg(self.part).arg(self.n).arg(self.out);
-        dev.launch("argmax", &SOURCE, "argmax_final", cfg, args)
-            .gpu()
+        super::launch(dev, "argmax", &SOURCE, "argmax_final", cfg, args)
     }
 }

@@ -3,13 +3,14 @@
 //! - [`GpuModel`] uploads every weight matrix's GGUF block bytes once, as they are in the file
 //!   (formats without a kernel are converted to f16 at load, with a notice), after checking
 //!   that weights plus KV cache fit the free device memory.
-//! - [`GpuSession`] runs one token at a time: embedding, per layer a fused RMS-norm + QKV
-//!   product, RoPE + KV append (f16 cache preallocated to the context), split-K decode
-//!   attention with its combine, the output product with the residual add, a fused RMS-norm +
-//!   gate/up product with SwiGLU/GeGLU, the down product with the residual add; the final norm
-//!   and output product with per-block argmax partials, and the final argmax. The whole step is
-//!   captured once as a CUDA graph and replayed; between replays the host writes the token and
-//!   position (8 bytes) and reads back the greedy token id (4 bytes).
+//! - [`GpuSession`] runs one token at a time: embedding, then per layer five kernels: a fused
+//!   RMS-norm + QKV product; the attention step (RoPE, append to the f16 KV cache preallocated
+//!   to the context, decode attention split over the KV length, merge of the splits by the last
+//!   block); the output product with the residual add; a fused RMS-norm + gate/up product with
+//!   SwiGLU/GeGLU; the down product with the residual add. Then the final norm and output
+//!   product with per-block argmax partials, and the final argmax. The whole step is captured
+//!   once as a CUDA graph and replayed; between replays the host writes the token and position
+//!   (8 bytes) and reads back the greedy token id (4 bytes).
 //! - Activations stay f32 (no 8-bit activation rounding as on the CPU's fast path), so the
 //!   logits follow the CPU's exact mode (`Precision::Exact`) up to summation order and the f16
 //!   KV cache.
@@ -34,6 +35,31 @@ use crate::error::{Error, Result};
 /// Every kernel source of the GPU decode path (the compile-all test walks this list).
 pub fn sources() -> Vec<&'static KernelSource> {
     vec![&matvec::SOURCE, &decode::SOURCE]
+}
+
+/// Whether kernels go out with programmatic dependent launch: on sm_90+ unless
+/// `FERRITE_GPU_PDL=0`. Every kernel of the step waits for its predecessors before it touches
+/// activations (`pdl_wait` in quant.cuh), so results are the same either way.
+fn pdl(dev: &CudaDevice) -> bool {
+    static ENV: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ENV.get_or_init(|| std::env::var("FERRITE_GPU_PDL").map_or(true, |v| v != "0"))
+        && dev.compute_capability().0 >= 9
+}
+
+/// Launches one kernel of the decode path on the compute stream.
+pub(crate) fn launch(
+    dev: &CudaDevice,
+    op: &'static str,
+    src: &'static KernelSource,
+    name: &str,
+    cfg: ferrite_cuda::LaunchConfig,
+    args: ferrite_cuda::KernelArgs,
+) -> Result<()> {
+    if pdl(dev) {
+        dev.launch_pdl(op, src, name, cfg, args).gpu()
+    } else {
+        dev.launch(op, src, name, cfg, args).gpu()
+    }
 }
 
 /// Maps a CUDA backend error into this crate's error type.
@@ -88,9 +114,7 @@ pub(crate) enum Launch {
     Matvec(matvec::MvLaunch),
     Embed(matvec::EmbedLaunch),
     Argmax(matvec::ArgmaxLaunch),
-    Rope(decode::RopeLaunch),
     Attn(decode::AttnLaunch),
-    Combine(decode::CombineLaunch),
     Norm(decode::NormLaunch),
 }
 
@@ -100,9 +124,7 @@ impl Launch {
             Launch::Matvec(l) => l.enqueue(dev),
             Launch::Embed(l) => l.enqueue(dev),
             Launch::Argmax(l) => l.enqueue(dev),
-            Launch::Rope(l) => l.enqueue(dev),
             Launch::Attn(l) => l.enqueue(dev),
-            Launch::Combine(l) => l.enqueue(dev),
             Launch::Norm(l) => l.enqueue(dev),
         }
     }

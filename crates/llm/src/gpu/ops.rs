@@ -4,7 +4,7 @@
 
 use ferrite_cuda::{Buffer, CudaDevice};
 
-pub use super::decode::{AttnShape, KvLayer, RopeSpec, HD_MAX};
+pub use super::decode::{AttnScratch, AttnShape, KvLayer, RopeSpec, HD_MAX};
 pub use super::matvec::{Mode, Seg};
 
 use super::weights::GpuMatrix;
@@ -45,7 +45,7 @@ pub fn matvec_argmax(
     }];
     let l = matvec::plan(&seg, Mode::Store, x, norm, logits, Some(&part))?;
     Launch::Matvec(l).enqueue(dev)?;
-    Launch::Argmax(matvec::plan_argmax(&part, l.grid(), token, 0)?).enqueue(dev)
+    Launch::Argmax(matvec::plan_argmax(&part, l.tiles(), token, 0)?).enqueue(dev)
 }
 
 /// `out = w[params[0]] * scale` (the embedding of the token in the parameter block).
@@ -83,37 +83,24 @@ pub fn rms_norm_add(
     decode::plan_norm(x, y, w, n, eps, true)?.enqueue(dev)
 }
 
-/// RoPE of q and k in `qkv` (f32 [nh*hd | nkv*hd | nkv*hd]) at position `params[1]`, q in
-/// place; k and v appended to the layer's f16 cache.
-pub fn rope_kv(
-    dev: &CudaDevice,
-    shape: &AttnShape,
-    rope: &RopeSpec<'_>,
-    qkv: &Buffer,
-    kv: &KvLayer<'_>,
-    params: &Buffer,
-) -> Result<()> {
-    decode::plan_rope(shape, rope, qkv, kv, params)?.enqueue(dev)
-}
-
-/// `out` (f32 [nh * hd]) = attention of `q` (f32 [nh * hd], the first bytes of the buffer)
-/// over keys 0..=params[1] of the layer's cache (the last `window` of them if not 0), split
-/// over at most `splits` blocks per head group (default: as the decode step).
+/// The attention step at position `params[1]`: q and k of `qkv` (f32 [nh*hd | nkv*hd |
+/// nkv*hd]) normed (`rope.qk_norm`) and rotated, k and v stored into the layer's f16 cache at
+/// that position, and `out` (f32 [nh * hd]) = softmax(q.k * scale) . v over keys 0..=pos (the
+/// last `window` of them if not 0), split over at most `splits` blocks per head group
+/// (default: as the decode step).
 #[allow(clippy::too_many_arguments)]
 pub fn attention(
     dev: &CudaDevice,
     shape: &AttnShape,
+    rope: &RopeSpec<'_>,
     window: usize,
     scale: f32,
-    q: &Buffer,
+    qkv: &Buffer,
     kv: &KvLayer<'_>,
     params: &Buffer,
     out: &Buffer,
     splits: Option<usize>,
 ) -> Result<()> {
-    let (ngrp, auto) = shape.splits(dev.sm_count());
-    let maxsplit = splits.unwrap_or(auto).max(1);
-    let part = zeros(dev, shape.part_bytes(maxsplit), "attention partials")?;
-    decode::plan_attn(shape, window, scale, q, kv, params, &part, ngrp, maxsplit)?.enqueue(dev)?;
-    decode::plan_combine(shape, window, &part, params, out, maxsplit)?.enqueue(dev)
+    let scratch = AttnScratch::new(dev, shape, splits)?;
+    decode::plan_attn(shape, rope, window, scale, qkv, kv, params, &scratch, out)?.enqueue(dev)
 }

@@ -21,6 +21,20 @@
 #define FMT_Q5_K 9
 #define FMT_Q6_K 10
 
+// Programmatic dependent launch (sm_90+; no-ops before): every kernel of the decode step waits
+// for the kernels before it (pdl_wait) before it reads activations or writes anything, and then
+// lets the next one be scheduled (pdl_launch), whose weight loads then overlap this one.
+__device__ __forceinline__ void pdl_wait() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_launch() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 struct __align__(16) U4 { u32 x, y, z, w; };
 struct __align__(16) F4 { float x, y, z, w; };
 struct __align__(8) H4 { unsigned short x, y, z, w; };

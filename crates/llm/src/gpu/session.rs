@@ -8,7 +8,7 @@
 
 use ferrite_cuda::{Buffer, CudaDevice, Graph};
 
-use super::decode::{self, AttnShape, KvLayer, RopeSpec};
+use super::decode::{self, AttnScratch, AttnShape, KvLayer, RopeSpec};
 use super::matvec::{self, Mode, Seg};
 use super::weights::GpuModel;
 use super::{zeros, CudaResult, Launch};
@@ -26,7 +26,11 @@ pub(crate) fn scratch_bytes(c: &Config, ctx: usize, sm_count: u32) -> usize {
     let (_, split) = shape.splits(sm_count);
     let q = c.n_head * c.head_dim;
     let acts = 3 * c.d_model + q + 2 * c.n_kv_head * c.head_dim + q + c.n_ff + c.vocab;
-    acts * 4 + shape.part_bytes(split) + matvec::blocks_for(c.vocab, c.d_model) * 8 + 4096
+    acts * 4
+        + shape.part_bytes(split)
+        + c.n_head * 4
+        + matvec::blocks_for(c.vocab, c.d_model) * 8
+        + 4096
 }
 
 /// Decode state of one sequence on the GPU.
@@ -55,7 +59,6 @@ impl<'g> GpuSession<'g> {
             head_dim: hd,
             ctx: m.ctx,
         };
-        let (ngrp, maxsplit) = shape.splits(dev.sm_count());
         let f32s = |n: usize, what| zeros(&dev, n * 4, what);
         let params = zeros(&dev, 16, "llm params")?;
         let x = f32s(d, "llm activations")?;
@@ -67,7 +70,7 @@ impl<'g> GpuSession<'g> {
         let kv_bytes = c.n_layer * shape.kv_layer_bytes();
         let kc = zeros(&dev, kv_bytes, "llm kv cache")?;
         let vc = zeros(&dev, kv_bytes, "llm kv cache")?;
-        let part = zeros(&dev, shape.part_bytes(maxsplit), "llm attention")?;
+        let scratch = AttnScratch::new(&dev, &shape, None)?;
         let am = zeros(
             &dev,
             matvec::blocks_for(c.vocab, d) * 8,
@@ -131,23 +134,17 @@ impl<'g> GpuSession<'g> {
                     _ => None,
                 },
             };
-            steps.push(Launch::Rope(decode::plan_rope(
-                &shape, &rope, &qkv, &kv, &params,
-            )?));
             let window = if local { c.sliding_window } else { 0 };
             steps.push(Launch::Attn(decode::plan_attn(
                 &shape,
+                &rope,
                 window,
                 c.attn_scale,
                 &qkv,
                 &kv,
                 &params,
-                &part,
-                ngrp,
-                maxsplit,
-            )?));
-            steps.push(Launch::Combine(decode::plan_combine(
-                &shape, window, &part, &params, &att, maxsplit,
+                &scratch,
+                &att,
             )?));
             let wo = [Seg {
                 w: &l.wo,
@@ -241,7 +238,7 @@ impl<'g> GpuSession<'g> {
         steps.push(Launch::Matvec(lm));
         steps.push(Launch::Argmax(matvec::plan_argmax(
             &am,
-            lm.grid(),
+            lm.tiles(),
             &params,
             8,
         )?));
@@ -255,7 +252,18 @@ impl<'g> GpuSession<'g> {
             steps,
             graph: None,
             eager,
-            _bufs: vec![x, qkv, att, hid, tmp, kc, vc, part, am],
+            _bufs: vec![
+                x,
+                qkv,
+                att,
+                hid,
+                tmp,
+                kc,
+                vc,
+                scratch.part,
+                scratch.count,
+                am,
+            ],
         })
     }
 
