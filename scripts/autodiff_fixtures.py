@@ -2,7 +2,7 @@
 (crates/autodiff/tests/torch_reference.rs).
 
 Run: python3 scripts/autodiff_fixtures.py   (needs torch; CPU is enough)
-Writes crates/autodiff/tests/fixtures/torch_reference.json: the weights, inputs, loss and
+Writes crates/testing/fixtures/torch_reference.json: the weights, inputs, loss and
 the gradient of every weight, in float64, for
 - mlp: loss = mean((gelu(x @ w1 + b1) @ w2 + b2 - target)^2);
 - attention: a pre-norm causal attention block with grouped-query heads and RoPE (split
@@ -79,6 +79,6 @@ out["attention"] = {
     "grads": {n: flat(p.grad) for n, p in params},
 }
 
-path = pathlib.Path(__file__).resolve().parent.parent / "crates/autodiff/tests/fixtures/torch_reference.json"
+path = pathlib.Path(__file__).resolve().parent.parent / "crates/testing/fixtures/torch_reference.json"
 path.write_text(json.dumps(out))
 print(f"wrote {path} (torch {torch.__version__})")

@@ -53,9 +53,19 @@ fn main() -> Result<()> {
     samples.sort_by(|a, c| a.total_cmp(c));
     let ms = samples[2];
     let flops = 6.0 * 2.0 * (b * n * n) as f64;
-    let g = w1.grad().map(|g| g.to_vec_f64()).transpose()?.unwrap_or_default();
+    let g = w1
+        .grad()
+        .map(|g| g.to_vec_f64())
+        .transpose()?
+        .unwrap_or_default();
     let gnorm: f64 = g.iter().map(|v| v * v).sum::<f64>().sqrt();
-    println!("loss {l0:.4}, |dW1| {gnorm:.4}, peak device memory {} MiB", d.memory_stats().peak_in_use >> 20);
-    println!("| mlp 4096-4096-4096 b256 bf16 fwd+bwd | ferrite {ms:.3} ms/step ({:.0} TFLOP/s) |", flops / ms / 1e9);
+    println!(
+        "loss {l0:.4}, |dW1| {gnorm:.4}, peak device memory {} MiB",
+        d.memory_stats().peak_in_use >> 20
+    );
+    println!(
+        "| mlp 4096-4096-4096 b256 bf16 fwd+bwd | ferrite {ms:.3} ms/step ({:.0} TFLOP/s) |",
+        flops / ms / 1e9
+    );
     Ok(())
 }

@@ -33,6 +33,8 @@ fn gpu_tests() -> Vec<(&'static str, TestFn)> {
         ("matmul_large_and_views_match_cpu", matmul_large),
         ("gradients_match_cpu", gradients_match_cpu),
         ("autodiff_memory_returns_to_baseline", autodiff_memory),
+        ("mlp_and_attention_block_match_pytorch", torch_reference),
+        ("sgd_trains_an_mlp_to_a_100x_lower_loss", sgd_trains),
     ]
 }
 
@@ -454,4 +456,19 @@ fn autodiff_memory(d: &CudaDevice) {
         "  in use {} B before and after 1,000 steps; peak {} B",
         base, end.peak_in_use
     );
+}
+
+fn torch_reference(d: &CudaDevice) {
+    use ferrite_testing::torch_reference as tr;
+    let dev = d.device();
+    tr::mlp(&dev, DType::F64, 1e-12).unwrap();
+    tr::mlp(&dev, DType::F32, 1e-5).unwrap();
+    tr::attention(&dev, DType::F64, 1e-12).unwrap();
+    tr::attention(&dev, DType::F32, 1e-5).unwrap();
+}
+
+fn sgd_trains(d: &CudaDevice) {
+    let (first, last) = ferrite_testing::torch_reference::sgd_train(&d.device()).unwrap();
+    println!("  loss {first} -> {last}");
+    assert!(last < first / 100.0, "loss went from {first} to {last}");
 }
