@@ -258,33 +258,40 @@ impl Kernels {
     }
 }
 
-/// Kernel arguments, each boxed so its address stays fixed until the launch.
+/// Kernel arguments, copied into one 8-byte-aligned buffer (every parameter type here has
+/// alignment ≤ 8); `ptrs` gives each argument's address for `cuLaunchKernel`.
 #[derive(Default)]
 pub(crate) struct Args {
-    vals: Vec<Box<dyn ArgVal>>,
-}
-
-trait ArgVal {
-    fn ptr(&mut self) -> *mut c_void;
-}
-
-impl<T: Copy + 'static> ArgVal for T {
-    fn ptr(&mut self) -> *mut c_void {
-        self as *mut T as *mut c_void
-    }
+    words: Vec<u64>,
+    /// Word offset of each argument.
+    at: Vec<usize>,
 }
 
 impl Args {
     pub fn new() -> Args {
-        Args::default()
+        Args {
+            words: Vec::with_capacity(48),
+            at: Vec::with_capacity(8),
+        }
     }
     /// Appends one argument; its type must match the kernel's parameter exactly.
     pub fn arg<T: Copy + 'static>(mut self, v: T) -> Args {
-        self.vals.push(Box::new(v));
+        const { assert!(std::mem::align_of::<T>() <= 8) };
+        let n = std::mem::size_of::<T>().div_ceil(8).max(1);
+        let at = self.words.len();
+        self.words.resize(at + n, 0);
+        // SAFETY: the words at `at..at + n` hold size_of::<T>() bytes, 8-byte aligned.
+        unsafe { (self.words.as_mut_ptr().add(at) as *mut T).write(v) };
+        self.at.push(at);
         self
     }
     pub fn ptrs(&mut self) -> Vec<*mut c_void> {
-        self.vals.iter_mut().map(|v| v.ptr()).collect()
+        let base = self.words.as_mut_ptr();
+        // SAFETY: every offset lies within `words`, which is not resized after this.
+        self.at
+            .iter()
+            .map(|&a| unsafe { base.add(a) } as *mut c_void)
+            .collect()
     }
 }
 
@@ -336,55 +343,51 @@ impl Idx {
     /// The walk over `dims` for operands given as (strides, offset), in elements. Size-1
     /// dims are dropped and dims that are contiguous for every operand merged.
     pub fn new(op: &'static str, dims: &[usize], ops: &[(&[usize], usize)]) -> Result<Idx> {
-        let mut d: Vec<usize> = Vec::new();
-        let mut s: Vec<Vec<usize>> = vec![Vec::new(); ops.len()];
-        for (k, &n) in dims.iter().enumerate() {
-            if n == 1 {
-                continue;
-            }
-            let merge = !d.is_empty()
-                && ops.iter().enumerate().all(|(j, (st, _))| {
-                    let last = *s[j].last().unwrap_or(&0);
-                    last == st[k] * n
-                });
-            if merge {
-                let nd = d.len() - 1;
-                d[nd] *= n;
-                for (j, (st, _)) in ops.iter().enumerate() {
-                    let ns = s[j].len() - 1;
-                    s[j][ns] = st[k];
-                }
-            } else {
-                d.push(n);
-                for (j, (st, _)) in ops.iter().enumerate() {
-                    s[j].push(st[k]);
-                }
-            }
-        }
-        if d.len() > MAX_DIMS {
-            return Err(Error::backend(
-                op,
-                format!(
-                    "strided layout needs {} dims after merging; the CUDA kernels take at most {MAX_DIMS}",
-                    d.len()
-                ),
-            ));
-        }
         let mut ix = Idx {
-            rank: d.len() as u32,
+            rank: 0,
             n: dims.iter().product::<usize>() as u64,
             dims: [1; MAX_DIMS],
             st: [[0; MAX_DIMS]; 3],
             off: [0; 3],
         };
-        for (k, &n) in d.iter().enumerate() {
-            ix.dims[k] = n as u64;
+        let mut r = 0usize; // dims kept so far
+        let mut unmerged = 0usize; // dims needed without the MAX_DIMS cap
+        for (k, &n) in dims.iter().enumerate() {
+            if n == 1 {
+                continue;
+            }
+            let merge = r > 0
+                && ops
+                    .iter()
+                    .enumerate()
+                    .all(|(j, (st, _))| ix.st[j][r - 1] as usize == st[k] * n);
+            if merge {
+                ix.dims[r - 1] *= n as u64;
+                for (j, (st, _)) in ops.iter().enumerate() {
+                    ix.st[j][r - 1] = st[k] as i64;
+                }
+            } else {
+                unmerged += 1;
+                if r < MAX_DIMS {
+                    ix.dims[r] = n as u64;
+                    for (j, (st, _)) in ops.iter().enumerate() {
+                        ix.st[j][r] = st[k] as i64;
+                    }
+                    r += 1;
+                }
+            }
         }
+        if unmerged > MAX_DIMS {
+            return Err(Error::backend(
+                op,
+                format!(
+                    "strided layout needs {unmerged} dims after merging; the CUDA kernels take at most {MAX_DIMS}"
+                ),
+            ));
+        }
+        ix.rank = r as u32;
         for (j, (_, off)) in ops.iter().enumerate() {
             ix.off[j] = *off as i64;
-            for (k, &st) in s[j].iter().enumerate() {
-                ix.st[j][k] = st as i64;
-            }
         }
         Ok(ix)
     }
