@@ -3,8 +3,9 @@
 // with a fused prologue (RMS norm of the input) and epilogues (bias, residual add,
 // SwiGLU/GeGLU, per-block argmax partials); the token embedding and the final argmax.
 //
-// matvec: one thread block computes `rpb` rows of one segment (GLU: `rpb` rows of gate and the
-// same rows of up). Its MV_T threads form NR = rpb (GLU: 2 * rpb) groups of G = MV_T / NR;
+// matvec: a tile is `rpb` rows of one segment (GLU: `rpb` rows of gate and the same rows of
+// up); a thread block takes one tile (matvec_persist: several, see matvec_body). Its MV_T
+// threads form NR = rpb (GLU: 2 * rpb) groups of G = MV_T / NR;
 // group k owns row slot k and splits the row's 32-element units among its threads (split-K
 // inside the block, reduced in a fixed order: results are deterministic). Columns go in
 // chunks of `chunk` elements: the block stages each of its rows' chunk bytes into shared
@@ -33,7 +34,7 @@ struct MvSeg {
     u32 rows;
     u32 row_bytes;
     u32 out_off;    // output element of row 0
-    u32 blocks;     // thread blocks taking this segment (plain modes: ceil(rows / rpb))
+    u32 blocks;     // tiles of this segment: ceil(rows / rpb)
     u32 pad;
 };
 
@@ -49,9 +50,9 @@ struct MvArgs {
     u64 x;          // f32 [cols], 16-byte aligned
     u64 norm;       // f32 [cols] RMS-norm weight applied to x first, or 0
     float eps;
-    u32 tiles;      // = gridDim.x: one block per rpb-row tile
+    u32 tiles;      // rpb-row tiles: sum of seg[i].blocks (GLU: seg[0].blocks)
     u64 out;        // f32 output: out[out_off + row] (GLU: seg[0].out_off)
-    u64 argmax;     // if not 0: ArgPart [gridDim.x], the largest output of each block
+    u64 argmax;     // if not 0: ArgPart [tiles], the largest output of each tile
 };
 
 struct ArgPart {
@@ -111,7 +112,27 @@ __device__ __forceinline__ float gelu_tanh_f(float x) {
     return 0.5f * x * (1.0f + tanhf(c * (x + 0.044715f * x * x * x)));
 }
 
-extern "C" __global__ void __launch_bounds__(MV_T) matvec(const MvArgs a) {
+// Tile t of a launch: its segment (plain modes: segments in order, seg.blocks tiles each) and
+// first row.
+__device__ __forceinline__ void tile_of(const MvArgs& a, bool glu, u32 t, MvSeg* sa, u32* r0) {
+    u32 si = 0;
+    if (!glu && a.nseg > 1 && t >= a.seg[0].blocks) {
+        t -= a.seg[0].blocks;
+        si = 1;
+        if (a.nseg > 2 && t >= a.seg[1].blocks) {
+            t -= a.seg[1].blocks;
+            si = 2;
+        }
+    }
+    *sa = si == 0 ? a.seg[0] : (si == 1 ? a.seg[1] : a.seg[2]);
+    *r0 = t * a.rpb;
+}
+
+// PERSIST: at most `tiles` blocks; block b takes tiles b, b + gridDim.x, ... (the input is
+// prepared once per block, and the next tile's first weights load while a tile ends): for
+// products with more tiles than resident blocks. Otherwise one block per tile.
+template <bool PERSIST>
+__device__ __forceinline__ void matvec_body(const MvArgs& a) {
     extern __shared__ __align__(16) u8 smem[];
     const u32 tid = threadIdx.x;
     const u32 units = a.cols >> 5;
@@ -120,38 +141,28 @@ extern "C" __global__ void __launch_bounds__(MV_T) matvec(const MvArgs a) {
     float* red = (float*)(stage + MV_STAGE);      // MV_RED floats
 
     const bool glu = a.mode >= MV_GLU_SILU;
-    u32 bi = blockIdx.x, si = 0;
-    if (!glu && a.nseg > 1 && bi >= a.seg[0].blocks) {
-        bi -= a.seg[0].blocks;
-        si = 1;
-        if (a.nseg > 2 && bi >= a.seg[1].blocks) {
-            bi -= a.seg[1].blocks;
-            si = 2;
-        }
-    }
-    const MvSeg sa = si == 0 ? a.seg[0] : (si == 1 ? a.seg[1] : a.seg[2]);
     const MvSeg sb = a.seg[1];
     const u32 rpb = a.rpb;
     const u32 nr = glu ? 2 * rpb : rpb;
     const u32 G = MV_T / nr;
-    const u32 r0 = bi * rpb;
-
-    // This thread's row slot.
+    // This thread's row slot (in every tile).
     const u32 k = tid / G, j = tid % G;
     const bool kb = glu && k >= rpb;
-    const MvSeg sk = kb ? sb : sa;
-    const u32 krow = r0 + (kb ? k - rpb : k);
-    const bool kvalid = krow < sk.rows;
 
     const u32 slot16 = a.stride >> 4;
     const u32 nslots = nr * slot16;
     const u32 nchunks = (a.cols + a.chunk - 1) / a.chunk;
+    const u32 ntile = PERSIST ? (a.tiles - blockIdx.x + gridDim.x - 1) / gridDim.x : 1;
+    const u32 total = ntile * nchunks;
 
     U4 pre[MV_LPT];
-    u32 ok = 0;
-    // Issues the loads of chunk c; bit q of the result: pre[q] holds a loaded slot.
-    auto load = [&](u32 c) -> u32 {
-        const u32 e0 = c * a.chunk;
+    // Issues the loads of step `it` (tile blockIdx.x + (it / nchunks) * gridDim.x, chunk
+    // it % nchunks); bit q of the result: pre[q] holds a loaded slot.
+    auto load = [&](u32 it) -> u32 {
+        MvSeg sa;
+        u32 r0;
+        tile_of(a, glu, PERSIST ? blockIdx.x + (it / nchunks) * gridDim.x : blockIdx.x, &sa, &r0);
+        const u32 e0 = (PERSIST ? it % nchunks : it) * a.chunk;
         const u32 ne = min(a.chunk, a.cols - e0);
         u32 m = 0;
 #pragma unroll
@@ -181,12 +192,13 @@ extern "C" __global__ void __launch_bounds__(MV_T) matvec(const MvArgs a) {
 
     // The first chunk's weights are in flight while the kernels before finish and the input
     // is prepared (weights are never written: safe before pdl_wait).
-    ok = load(0);
+    u32 ok = load(0);
     pdl_wait();
     pdl_launch();
 
     // Prologue: x (optionally RMS-normed) into shared memory.
     const F4* x4 = (const F4*)a.x;
+    const F4* g4 = (const F4*)a.norm;
     float ss = 0.f;
     for (u32 i = tid; i < (a.cols >> 2); i += MV_T) {
         F4 v = x4[i];
@@ -197,7 +209,6 @@ extern "C" __global__ void __launch_bounds__(MV_T) matvec(const MvArgs a) {
     if (a.norm) {
         ss = block_sum(ss, red);
         const float inv = 1.0f / sqrtf(ss / (float)a.cols + a.eps);
-        const F4* g4 = (const F4*)a.norm;
         for (u32 i = tid; i < (a.cols >> 2); i += MV_T) {
             const u32 e = 4 * i;
             F4* p = (F4*)(xs + (e >> 5) * XPAD + (e & 31));
@@ -210,9 +221,20 @@ extern "C" __global__ void __launch_bounds__(MV_T) matvec(const MvArgs a) {
         }
     }
 
+    float* out = (float*)a.out;
+    float* wpart = red;        // MV_T / 32 warp sums
+    float* rowv = red + 32;    // nr row values
+    const u32 lane = tid & 31, warp = tid >> 5;
     float acc = 0.f;
-    for (u32 c = 0; c < nchunks; ++c) {
-        __syncthreads();  // the previous chunk's readers are done (and xs is complete)
+    for (u32 it = 0; it < total; ++it) {
+        const u32 tile = PERSIST ? blockIdx.x + (it / nchunks) * gridDim.x : blockIdx.x;
+        const u32 c = PERSIST ? it % nchunks : it;
+        MvSeg sa;
+        u32 r0;
+        tile_of(a, glu, tile, &sa, &r0);
+        const MvSeg sk = kb ? sb : sa;
+        const u32 krow = r0 + (kb ? k - rpb : k);
+        __syncthreads();  // the previous step's readers are done (and xs is complete)
 #pragma unroll
         for (int q = 0; q < MV_LPT; ++q) {
             if (ok & (1u << q)) {
@@ -221,8 +243,8 @@ extern "C" __global__ void __launch_bounds__(MV_T) matvec(const MvArgs a) {
             }
         }
         __syncthreads();
-        if (c + 1 < nchunks) ok = load(c + 1);
-        if (kvalid) {
+        if (it + 1 < total) ok = load(it + 1);
+        if (krow < sk.rows) {
             const u32 e0 = c * a.chunk;
             const u32 ne = min(a.chunk, a.cols - e0);
             u64 start;
@@ -235,65 +257,64 @@ extern "C" __global__ void __launch_bounds__(MV_T) matvec(const MvArgs a) {
             FMT_DISPATCH(sk.fmt, MV_CALL)
 #undef MV_CALL
         }
-    }
+        if (c + 1 < nchunks) continue;
 
-    // Sum over the G threads of each group, in a fixed order.
-    const u32 lane = tid & 31, warp = tid >> 5;
-    const u32 gw = G < 32 ? G : 32;
-    for (u32 o = gw >> 1; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
-    float* wpart = red;        // MV_T / 32 warp sums
-    float* rowv = red + 32;    // nr row values
-    __syncthreads();
-    if (G > 32) {
-        if (lane == 0) wpart[warp] = acc;
-        __syncthreads();
-        if (j == 0) {
-            float s = 0.f;
-            for (u32 w = 0; w < G / 32; ++w) s += wpart[k * (G / 32) + w];
-            rowv[k] = s;
-        }
-    } else if (j == 0) {
-        rowv[k] = acc;
-    }
-    __syncthreads();
-
-    float* out = (float*)a.out;
-    if (tid < rpb) {
-        const u32 row = r0 + tid;
-        if (row < sa.rows) {
-            float v = rowv[tid];
-            if (sa.bias) v += ((const float*)sa.bias)[row];
-            if (glu) {
-                float u = rowv[rpb + tid];
-                if (sb.bias) u += ((const float*)sb.bias)[row];
-                v = (a.mode == MV_GLU_SILU ? silu_f(v) : gelu_tanh_f(v)) * u;
-                out[sa.out_off + row] = v;
-            } else {
-                float* o = out + sa.out_off + row;
-                if (a.mode == MV_ADD) v = *o + v;
-                *o = v;
+        // End of a tile: sum over the G threads of each group, in a fixed order.
+        const u32 gw = G < 32 ? G : 32;
+        for (u32 o = gw >> 1; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+        if (G > 32) {
+            if (lane == 0) wpart[warp] = acc;
+            __syncthreads();
+            if (j == 0) {
+                float sum = 0.f;
+                for (u32 w = 0; w < G / 32; ++w) sum += wpart[k * (G / 32) + w];
+                rowv[k] = sum;
             }
-            rowv[tid] = v;
+        } else if (j == 0) {
+            rowv[k] = acc;
         }
-    }
-    if (a.argmax) {
+        acc = 0.f;
         __syncthreads();
-        if (tid == 0) {
-            float best = neg_inf<float>();
-            u32 bidx = r0;
-            for (u32 t = 0; t < rpb && r0 + t < sa.rows; ++t) {
-                if (rowv[t] > best) {
-                    best = rowv[t];
-                    bidx = r0 + t;
+        if (tid < rpb) {
+            const u32 row = r0 + tid;
+            if (row < sa.rows) {
+                float v = rowv[tid];
+                if (sa.bias) v += ((const float*)sa.bias)[row];
+                if (glu) {
+                    float u = rowv[rpb + tid];
+                    if (sb.bias) u += ((const float*)sb.bias)[row];
+                    v = (a.mode == MV_GLU_SILU ? silu_f(v) : gelu_tanh_f(v)) * u;
+                    out[sa.out_off + row] = v;
+                } else {
+                    float* o = out + sa.out_off + row;
+                    if (a.mode == MV_ADD) v = *o + v;
+                    *o = v;
                 }
+                rowv[tid] = v;
             }
-            ArgPart p;
-            p.v = best;
-            p.i = bidx;
-            ((ArgPart*)a.argmax)[blockIdx.x] = p;
+        }
+        if (a.argmax) {
+            __syncthreads();
+            if (tid == 0) {
+                float best = neg_inf<float>();
+                u32 bidx = r0;
+                for (u32 t = 0; t < rpb && r0 + t < sa.rows; ++t) {
+                    if (rowv[t] > best) {
+                        best = rowv[t];
+                        bidx = r0 + t;
+                    }
+                }
+                ArgPart p;
+                p.v = best;
+                p.i = bidx;
+                ((ArgPart*)a.argmax)[tile] = p;
+            }
         }
     }
 }
+
+extern "C" __global__ void __launch_bounds__(MV_T, 6) matvec(const MvArgs a) { matvec_body<false>(a); }
+extern "C" __global__ void __launch_bounds__(MV_T, 6) matvec_persist(const MvArgs a) { matvec_body<true>(a); }
 
 // Layout of `EmbedArgs` in gpu/matvec.rs.
 struct EmbedArgs {

@@ -95,7 +95,12 @@ pub(crate) struct MvLaunch {
     args: MvArgs,
     grid: u32,
     smem: u32,
+    /// `matvec_persist`: fewer blocks than tiles, each taking several.
+    persist: bool,
 }
+
+/// Blocks of the kernel one multiprocessor holds by registers (`__launch_bounds__(MV_T, 6)`).
+const MV_BLOCKS_PER_SM: usize = 6;
 
 fn u32_of(v: usize, what: &str) -> Result<u32> {
     u32::try_from(v).map_err(|_| Error::Other(format!("matvec: {what} = {v} exceeds u32")))
@@ -129,8 +134,11 @@ pub(crate) fn rows_per_block(cols: usize, glu: bool) -> (u32, u32) {
 /// Plans `out = W . norm(x)` over 1..=3 segments sharing the input (Store/Add), or the gated
 /// product of segs = [gate, up] (Glu modes). `norm`: RMS-norm weight (f32 [cols]) and epsilon
 /// applied to x first. `argmax`: per-tile (max, index) partials, ArgPart [tiles] (8 bytes
-/// each); one block per tile.
+/// each). One block per tile, or, when there are more tiles than blocks fit the `sm_count`
+/// multiprocessors at once, that many blocks each taking every grid-th tile (the input is
+/// then prepared once per block instead of once per tile).
 pub(crate) fn plan(
+    sm_count: u32,
     segs: &[Seg<'_>],
     mode: Mode,
     x: &Buffer,
@@ -220,7 +228,12 @@ pub(crate) fn plan(
                 .ok_or_else(|| Error::Other("matvec: too many blocks".into()))?;
         }
     }
-    let grid = tiles;
+    // Resident blocks: by registers and by shared memory (228 KiB per SM, 1 KiB reserved per
+    // block).
+    let per_sm = MV_BLOCKS_PER_SM.min(228 * 1024 / (smem + 1024)).max(1);
+    let resident = (per_sm * sm_count.max(1) as usize).min(u32::MAX as usize) as u32;
+    let persist = tiles > resident;
+    let grid = if persist { resident } else { tiles };
     if let Some(a) = argmax {
         if segs.len() != 1 || glu {
             return Err(Error::Other(
@@ -248,6 +261,7 @@ pub(crate) fn plan(
         args,
         grid,
         smem: smem as u32,
+        persist,
     })
 }
 
@@ -263,7 +277,11 @@ impl MvLaunch {
             dev,
             "matvec",
             &SOURCE,
-            "matvec",
+            if self.persist {
+                "matvec_persist"
+            } else {
+                "matvec"
+            },
             cfg,
             KernelArgs::new().arg(self.args),
         )

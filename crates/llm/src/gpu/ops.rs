@@ -21,7 +21,7 @@ pub fn matvec(
     norm: Option<(&Buffer, f32)>,
     out: &Buffer,
 ) -> Result<()> {
-    matvec::plan(segs, mode, x, norm, out, None)?.enqueue(dev)
+    matvec::plan(dev.sm_count(), segs, mode, x, norm, out, None)?.enqueue(dev)
 }
 
 /// `logits = W . norm(x)` and the index of the largest logit (u32) into `token` at byte 0.
@@ -43,7 +43,15 @@ pub fn matvec_argmax(
         bias: None,
         out_off: 0,
     }];
-    let l = matvec::plan(&seg, Mode::Store, x, norm, logits, Some(&part))?;
+    let l = matvec::plan(
+        dev.sm_count(),
+        &seg,
+        Mode::Store,
+        x,
+        norm,
+        logits,
+        Some(&part),
+    )?;
     Launch::Matvec(l).enqueue(dev)?;
     Launch::Argmax(matvec::plan_argmax(&part, l.tiles(), token, 0)?).enqueue(dev)
 }

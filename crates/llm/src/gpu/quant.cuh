@@ -73,6 +73,13 @@ __device__ __forceinline__ float h2f(u32 bits) {
     return f16_to_f32(h);
 }
 
+// (float)q - off for an integer 0 <= q < 2^22, exactly: the bits of 2^23 + q as a float, minus
+// 2^23 + off (one logic op and one add; an int-to-float conversion runs at a fraction of the
+// FMA rate and made the quantized products issue-bound).
+__device__ __forceinline__ float qf(u32 q, float off) {
+    return __uint_as_float(0x4B000000u | q) - (8388608.0f + off);
+}
+
 // y[0..32] = the 32 weights of unit `sub` of the block at `b`.
 template <int F> __device__ __forceinline__ void deq(const u8* b, int sub, float* y);
 
@@ -109,8 +116,8 @@ template <> __device__ __forceinline__ void deq<FMT_Q4_0>(const u8* b, int, floa
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
             u32 q = (v >> (8 * k)) & 0xffu;
-            y[4 * w + k] = d * (float)((int)(q & 15u) - 8);
-            y[4 * w + k + 16] = d * (float)((int)(q >> 4) - 8);
+            y[4 * w + k] = d * qf(q & 15u, 8.0f);
+            y[4 * w + k + 16] = d * qf(q >> 4, 8.0f);
         }
     }
 }
@@ -124,8 +131,8 @@ template <> __device__ __forceinline__ void deq<FMT_Q4_1>(const u8* b, int, floa
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
             u32 q = (v >> (8 * k)) & 0xffu;
-            y[4 * w + k] = d * (float)(q & 15u) + m;
-            y[4 * w + k + 16] = d * (float)(q >> 4) + m;
+            y[4 * w + k] = d * qf(q & 15u, 0.0f) + m;
+            y[4 * w + k + 16] = d * qf(q >> 4, 0.0f) + m;
         }
     }
 }
@@ -143,8 +150,8 @@ template <> __device__ __forceinline__ void deq<FMT_Q5_0>(const u8* b, int, floa
             u32 q = (v >> (8 * k)) & 0xffu;
             u32 lo = (q & 15u) | (((qh >> j) & 1u) << 4);
             u32 hi = (q >> 4) | (((qh >> (j + 16)) & 1u) << 4);
-            y[j] = d * (float)((int)lo - 16);
-            y[j + 16] = d * (float)((int)hi - 16);
+            y[j] = d * qf(lo, 16.0f);
+            y[j + 16] = d * qf(hi, 16.0f);
         }
     }
 }
@@ -162,8 +169,8 @@ template <> __device__ __forceinline__ void deq<FMT_Q5_1>(const u8* b, int, floa
             u32 q = (v >> (8 * k)) & 0xffu;
             u32 lo = (q & 15u) | (((qh >> j) & 1u) << 4);
             u32 hi = (q >> 4) | (((qh >> (j + 16)) & 1u) << 4);
-            y[j] = d * (float)lo + m;
-            y[j + 16] = d * (float)hi + m;
+            y[j] = d * qf(lo, 0.0f) + m;
+            y[j + 16] = d * qf(hi, 0.0f) + m;
         }
     }
 }
@@ -176,7 +183,8 @@ template <> __device__ __forceinline__ void deq<FMT_Q8_0>(const u8* b, int, floa
         u32 v = ld4(b + 2 + 4 * w);
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
-            y[4 * w + k] = (float)(signed char)((v >> (8 * k)) & 0xffu) * d;
+            // the i8 q as q + 128 (flip the sign bit), minus 128
+            y[4 * w + k] = qf(((v >> (8 * k)) & 0xffu) ^ 0x80u, 128.0f) * d;
         }
     }
 }
@@ -206,7 +214,7 @@ template <> __device__ __forceinline__ void deq<FMT_Q4_K>(const u8* b, int g, fl
         u32 v = ld4(q + 4 * w);
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
-            y[4 * w + k] = d1 * (float)((v >> (8 * k + sh)) & 15u) - m1;
+            y[4 * w + k] = d1 * qf((v >> (8 * k + sh)) & 15u, 0.0f) - m1;
         }
     }
 }
@@ -226,7 +234,7 @@ template <> __device__ __forceinline__ void deq<FMT_Q5_K>(const u8* b, int g, fl
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
             u32 qq = ((v >> (8 * k + sh)) & 15u) | (((hv >> (8 * k + g)) & 1u) << 4);
-            y[4 * w + k] = d1 * (float)qq - m1;
+            y[4 * w + k] = d1 * qf(qq, 0.0f) - m1;
         }
     }
 }
@@ -248,8 +256,8 @@ template <> __device__ __forceinline__ void deq<FMT_Q6_K>(const u8* b, int g, fl
         u32 lv = ld4(ql + 4 * w), hv = ld4(qh + 4 * w);
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
-            int q = (int)(((lv >> (8 * k + lsh)) & 15u) | (((hv >> (8 * k + hsh)) & 3u) << 4)) - 32;
-            y[4 * w + k] = (w < 4 ? d0 : d1) * (float)q;
+            const u32 q = ((lv >> (8 * k + lsh)) & 15u) | (((hv >> (8 * k + hsh)) & 3u) << 4);
+            y[4 * w + k] = (w < 4 ? d0 : d1) * qf(q, 32.0f);
         }
     }
 }

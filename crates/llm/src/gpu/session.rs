@@ -51,6 +51,7 @@ impl<'g> GpuSession<'g> {
     /// A session over `m` with an empty KV cache of `m.ctx()` positions.
     pub fn new(m: &'g GpuModel) -> Result<GpuSession<'g>> {
         let dev = m.dev.clone();
+        let sm = dev.sm_count();
         let c = &m.cfg;
         let (d, hd, nh, nkv, ff) = (c.d_model, c.head_dim, c.n_head, c.n_kv_head, c.n_ff);
         let shape = AttnShape {
@@ -107,6 +108,7 @@ impl<'g> GpuSession<'g> {
                 },
             ];
             steps.push(Launch::Matvec(matvec::plan(
+                sm,
                 &qkv_segs,
                 Mode::Store,
                 &x,
@@ -154,6 +156,7 @@ impl<'g> GpuSession<'g> {
             match &l.post_attn_norm {
                 Some(pn) => {
                     steps.push(Launch::Matvec(matvec::plan(
+                        sm,
                         &wo,
                         Mode::Store,
                         &att,
@@ -166,6 +169,7 @@ impl<'g> GpuSession<'g> {
                     )?));
                 }
                 None => steps.push(Launch::Matvec(matvec::plan(
+                    sm,
                     &wo,
                     Mode::Add,
                     &att,
@@ -187,6 +191,7 @@ impl<'g> GpuSession<'g> {
                 },
             ];
             steps.push(Launch::Matvec(matvec::plan(
+                sm,
                 &gu,
                 glu,
                 &x,
@@ -202,6 +207,7 @@ impl<'g> GpuSession<'g> {
             match &l.post_ffn_norm {
                 Some(pn) => {
                     steps.push(Launch::Matvec(matvec::plan(
+                        sm,
                         &down,
                         Mode::Store,
                         &hid,
@@ -214,6 +220,7 @@ impl<'g> GpuSession<'g> {
                     )?));
                 }
                 None => steps.push(Launch::Matvec(matvec::plan(
+                    sm,
                     &down,
                     Mode::Add,
                     &hid,
@@ -224,6 +231,7 @@ impl<'g> GpuSession<'g> {
             }
         }
         let lm = matvec::plan(
+            sm,
             &[Seg {
                 w: m.output_matrix(),
                 bias: None,
