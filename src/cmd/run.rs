@@ -41,9 +41,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         )
         .exit();
     }
+    let cuda = args.device.cuda()?;
     let sampler_args = args.sampling.clone();
     let mut sampler = sampler_args.sampler()?;
-    let cuda = args.device.cuda()?;
     let loaded = args.model.load()?;
     let (model, tok) = (&loaded.model, &loaded.tok);
     let ctx = args.model.ctx(model)?;
