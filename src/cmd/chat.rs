@@ -1,7 +1,8 @@
 //! `ferrite chat [-m FILE] [--system TEXT]`: an interactive conversation through the model's
 //! chat template. Each turn re-renders the whole history; tokens already in the KV cache
 //! (the common prefix) are not recomputed. `/reset` clears the history, `/exit` or end of
-//! input quits.
+//! input quits. `--device cpu|cuda[:N]` as `run` (the GPU prefills each turn's new tokens in
+//! batches).
 
 use std::io::BufRead;
 
@@ -9,12 +10,14 @@ use ferrite_llm::chat::{ChatTemplate, Message};
 use ferrite_llm::generate::generate;
 use ferrite_llm::Session;
 
-use super::llm_args::{print_flush, ModelArgs, SamplingArgs};
+use super::llm_args::{print_flush, DeviceArgs, ModelArgs, SamplingArgs};
 
 #[derive(clap::Args)]
 pub struct Args {
     #[command(flatten)]
     pub model: ModelArgs,
+    #[command(flatten)]
+    pub device: DeviceArgs,
     /// System message that opens the conversation.
     #[arg(long)]
     pub system: Option<String>,
@@ -31,7 +34,15 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let (model, tok) = (&loaded.model, &loaded.tok);
     let ctx = args.model.ctx(model)?;
     let tmpl = ChatTemplate::from_gguf(model.gguf(), tok)?;
-    let mut session = Session::new(model, ctx)?;
+    let cuda = args.device.cuda()?;
+    let gm = match &cuda {
+        Some(dev) => Some(ferrite_llm::gpu::GpuModel::load(model, dev, ctx)?),
+        None => None,
+    };
+    let mut session = match &gm {
+        Some(gm) => Sess::Gpu(ferrite_llm::gpu::GpuSession::new(gm)?),
+        None => Sess::Cpu(Session::new(model, ctx)?),
+    };
     // Token ids currently in the KV cache, in order.
     let mut cached: Vec<u32> = Vec::new();
     let initial: Vec<Message> = args
@@ -78,15 +89,17 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             continue;
         }
         let max_new = (args.n as usize).min(room);
-        let gen = generate(
-            &mut session,
-            tok,
-            &mut sampler,
-            &ids[keep..],
-            max_new,
-            &[],
-            &mut |s| print_flush(s),
-        )?;
+        let prompt = &ids[keep..];
+        let gen = match &mut session {
+            Sess::Cpu(s) => generate(s, tok, &mut sampler, prompt, max_new, &[], &mut |t| {
+                print_flush(t)
+            })?,
+            Sess::Gpu(s) => {
+                ferrite_llm::gpu::generate(s, tok, &mut sampler, prompt, max_new, &[], &mut |t| {
+                    print_flush(t)
+                })?
+            }
+        };
         print_flush("\n");
         eprintln!(
             "[{} tokens, {:.1} tok/s]",
@@ -103,4 +116,26 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         history.push(Message::assistant(gen.text.trim()));
     }
     Ok(())
+}
+
+/// The conversation's session on the CPU or on a CUDA device (`--device`).
+enum Sess<'m> {
+    Cpu(Session<'m>),
+    Gpu(ferrite_llm::gpu::GpuSession<'m>),
+}
+
+impl Sess<'_> {
+    fn truncate(&mut self, pos: usize) {
+        match self {
+            Sess::Cpu(s) => s.truncate(pos),
+            Sess::Gpu(s) => s.truncate(pos),
+        }
+    }
+
+    fn pos(&self) -> usize {
+        match self {
+            Sess::Cpu(s) => s.pos(),
+            Sess::Gpu(s) => s.pos(),
+        }
+    }
 }

@@ -1,7 +1,7 @@
 //! `ferrite perplexity -m FILE -f TEXT --ctx N`: perplexity over one window of the first N
 //! tokens of the text (BOS added only if the model's metadata asks for it), scoring tokens
 //! 2..N each from the tokens before it. Activations default to `q8x2` here (see
-//! `--precision`).
+//! `--precision`). With `--device cuda` the logits come from the GPU's batched prefill.
 
 use std::path::PathBuf;
 
@@ -9,12 +9,14 @@ use anyhow::Context;
 use ferrite_llm::generate::mean_nll;
 use ferrite_llm::Session;
 
-use super::llm_args::ModelArgs;
+use super::llm_args::{DeviceArgs, ModelArgs};
 
 #[derive(clap::Args)]
 pub struct Args {
     #[command(flatten)]
     pub model: ModelArgs,
+    #[command(flatten)]
+    pub device: DeviceArgs,
     /// Text file to score.
     #[arg(short = 'f', long = "file")]
     pub file: PathBuf,
@@ -49,15 +51,30 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             "note: the text has only {n_text} tokens, fewer than --ctx {ctx}; scoring all of them"
         );
     }
-    let mut session = Session::new(model, ids.len())?;
+    let cuda = args.device.cuda()?;
     let t0 = std::time::Instant::now();
-    let (nll, n) = mean_nll(&mut session, &ids)?;
+    let (nll, n) = match &cuda {
+        // All-position logits from the batched prefill (f16 products, f32 accumulation).
+        Some(dev) => {
+            let gm = ferrite_llm::gpu::GpuModel::load(model, dev, ids.len())?;
+            let mut session = ferrite_llm::gpu::GpuSession::new(&gm)?;
+            ferrite_llm::gpu::mean_nll(&mut session, &ids)?
+        }
+        None => {
+            let mut session = Session::new(model, ids.len())?;
+            mean_nll(&mut session, &ids)?
+        }
+    };
     let secs = t0.elapsed().as_secs_f64();
+    let precision = match &cuda {
+        Some(_) => "cuda".to_string(),
+        None => format!("{:?}", model.precision()),
+    };
     let ppl = nll.exp();
     if args.json {
         println!(
             "{}",
-            serde_json::json!({"model": loaded.path, "ctx": ids.len(), "scored": n, "mean_nll": nll, "ppl": ppl, "seconds": secs, "precision": format!("{:?}", model.precision())})
+            serde_json::json!({"model": loaded.path, "ctx": ids.len(), "scored": n, "mean_nll": nll, "ppl": ppl, "seconds": secs, "precision": precision})
         );
     } else {
         println!(

@@ -214,6 +214,51 @@ impl CudaDevice {
         Ok(Tensor::from_storage(storage, layout, self.device()))
     }
 
+    /// `d[m, n] = a[m, k] b[n, k]^T` (`+ d` when `accumulate`) on cuBLASLt: `a` and `b`
+    /// row-major `dt` (f16 or bf16) with row strides `lda`, `ldb` elements, `d` row-major f32
+    /// with row stride `ldd`; each operand is (buffer, byte offset, row stride). f32
+    /// accumulation; ordered on the compute stream.
+    pub fn gemm_nt_f32(
+        &self,
+        dt: DType,
+        a: (&Buffer, usize, usize),
+        b: (&Buffer, usize, usize),
+        d: (&Buffer, usize, usize),
+        (m, n, k): (usize, usize, usize),
+        accumulate: bool,
+    ) -> Result<()> {
+        let esz = dt.size_in_bytes();
+        let span = |(buf, off, ld): (&Buffer, usize, usize),
+                    rows: usize,
+                    cols: usize,
+                    es: usize| {
+            let need = off + ((rows.max(1) - 1) * ld + cols) * es;
+            if need > buf.bytes {
+                return Err(Error::backend(
+                    "gemm_nt_f32",
+                    format!(
+                        "{rows}x{cols} (row stride {ld}) at byte {off} overflows a buffer of {} bytes",
+                        buf.bytes
+                    ),
+                ));
+            }
+            Ok(buf.ptr() + off as u64)
+        };
+        let pa = span(a, m, k, esz)?;
+        let pb = span(b, n, k, esz)?;
+        let pd = span(d, m, n, 4)?;
+        self.be().bind()?;
+        crate::matmul::gemm_nt_f32(
+            self.be(),
+            dt,
+            (pa, a.2),
+            (pb, b.2),
+            (pd, d.2),
+            (m, n, k),
+            accumulate,
+        )
+    }
+
     /// The buffer behind a CUDA tensor, and the byte offset of its first element.
     pub fn buffer_of(&self, t: &Tensor) -> Result<(Buffer, usize)> {
         let s = t

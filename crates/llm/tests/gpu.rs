@@ -48,6 +48,17 @@ fn gpu_tests() -> Vec<(&'static str, TestFn)> {
         ("smollm2_logits_match_cpu_and_transformers", smollm2_logits),
         ("smollm2_greedy_32_tokens_match_cpu", smollm2_greedy),
         ("gemma3_logits_and_greedy_match_cpu", gemma3),
+        ("prefill_synthetic_models_match_cpu", prefill_synthetic),
+        ("prefill_chunk_boundaries_match_cpu", prefill_chunks),
+        (
+            "prefill_then_decode_equals_decode_only",
+            prefill_then_decode,
+        ),
+        (
+            "prefill_perplexity_synthetic_within_1pct",
+            prefill_ppl_synthetic,
+        ),
+        ("prefill_smollm2_logits_greedy_perplexity", prefill_smollm2),
     ]
 }
 
@@ -1044,6 +1055,7 @@ fn smollm2_logits(dev: &CudaDevice) -> Option<String> {
     compare_model("SmolLM2", &mut model, dev, &prompt, 0.1, 0.02, 0.2);
     let gm = GpuModel::load(&model, dev, 64).unwrap();
     let mut s = GpuSession::new(&gm).unwrap();
+    s.set_batched(false);
     s.forward_tokens(&prompt).unwrap();
     let got = s.logits().unwrap();
     let want: Vec<f32> = std::fs::read(fixture("smollm2_logits.bin"))
@@ -1108,6 +1120,200 @@ fn gemma3(dev: &CudaDevice) -> Option<String> {
         "{:?} vs {:?}",
         tok.decode(&got),
         tok.decode(&want)
+    );
+    None
+}
+
+/// GPU batched prefill (all-position logits, and the last position's through the decode
+/// step's output launches) against the CPU's exact mode over `tokens` from an empty cache;
+/// returns (max, rms) of the all-position difference.
+fn prefill_vs_cpu(model: &mut Model, dev: &CudaDevice, tokens: &[u32], chunk: usize) -> (f32, f32) {
+    model.set_precision(Precision::Exact);
+    let ctx = 256.max(tokens.len() + 8);
+    let gm = GpuModel::load(model, dev, ctx).unwrap();
+    let mut cs = Session::new(model, ctx).unwrap();
+    let want = cs.forward(tokens, Logits::All).unwrap().to_vec();
+    let mut gs = GpuSession::new(&gm).unwrap();
+    gs.set_prefill_chunk(chunk);
+    let got = gs.forward_logits(tokens).unwrap();
+    assert_eq!(gs.pos(), tokens.len());
+    assert_eq!(got.len(), want.len());
+    let (max, rms, _) = diff_stats(&got, &want);
+    // The last position again by forward_tokens (greedy token and logits() of the decode
+    // step's own output product).
+    let mut gs = GpuSession::new(&gm).unwrap();
+    gs.set_prefill_chunk(chunk);
+    let next = gs.forward_tokens(tokens).unwrap();
+    let last = gs.logits().unwrap();
+    let vocab = model.cfg.vocab;
+    let (lmax, _, _) = diff_stats(&last, &want[want.len() - vocab..]);
+    assert_eq!(next, argmax(&last), "device argmax");
+    assert!(
+        lmax <= 2.0 * max.max(1e-3),
+        "last logits {lmax} vs all-position {max}"
+    );
+    (max, rms)
+}
+
+/// Synthetic 2-layer models of several formats, a 40-token prompt in one chunk.
+fn prefill_synthetic(dev: &CudaDevice) -> Option<String> {
+    let dir = tmp_dir();
+    let tokens: Vec<u32> = (0..40).map(|i| (i * 37 + 5) % 1000).collect();
+    for quant in [
+        GgmlType::Q4_0,
+        GgmlType::Q4_1,
+        GgmlType::Q5_0,
+        GgmlType::Q8_0,
+        GgmlType::Q4_K,
+        GgmlType::Q6_K,
+        GgmlType::F16,
+    ] {
+        let mut model = synth_model(quant, &dir, 2, 256);
+        let (max, rms) = prefill_vs_cpu(&mut model, dev, &tokens, 512);
+        eprintln!("prefill synthetic {quant}: all-position logits vs CPU exact: max {max:.2e}, rms {rms:.2e}");
+        // f16 operands of the products (11-bit significands) on logits of order 1.
+        assert!(max < 3e-2 && rms < 5e-3, "{quant}: max {max} rms {rms}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    None
+}
+
+/// A prompt over several chunks (16 tokens each, 40 tokens: 16 + 16 + 8), so attention of a
+/// later chunk reads keys written by earlier ones.
+fn prefill_chunks(dev: &CudaDevice) -> Option<String> {
+    let dir = tmp_dir();
+    let tokens: Vec<u32> = (0..40).map(|i| (i * 53 + 11) % 1000).collect();
+    let mut model = synth_model(GgmlType::Q4_K, &dir, 2, 256);
+    for chunk in [16, 7, 40] {
+        let (max, rms) = prefill_vs_cpu(&mut model, dev, &tokens, chunk);
+        eprintln!("prefill chunks of {chunk}: max {max:.2e}, rms {rms:.2e}");
+        assert!(
+            max < 3e-2 && rms < 5e-3,
+            "chunk {chunk}: max {max} rms {rms}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    None
+}
+
+/// Prefill then decode steps vs decode steps only, teacher-forced on the same tokens: logits
+/// of every decode step after the prompt agree (the batched path left the same KV cache, up
+/// to f16 rounding), and the greedy tokens agree wherever the margin is clear.
+fn prefill_then_decode(dev: &CudaDevice) -> Option<String> {
+    let dir = tmp_dir();
+    let model = synth_model(GgmlType::Q4_0, &dir, 2, 256);
+    let gm = GpuModel::load(&model, dev, 128).unwrap();
+    let prompt: Vec<u32> = (0..33).map(|i| (i * 29 + 7) % 1000).collect();
+    let cont: Vec<u32> = (0..16).map(|i| (i * 71 + 2) % 1000).collect();
+    let mut a = GpuSession::new(&gm).unwrap();
+    let mut b = GpuSession::new(&gm).unwrap();
+    b.set_batched(false);
+    a.set_prefill_chunk(16);
+    let (ta, tb) = (
+        a.forward_tokens(&prompt).unwrap(),
+        b.forward_tokens(&prompt).unwrap(),
+    );
+    let mut worst = diff_stats(&a.logits().unwrap(), &b.logits().unwrap()).0;
+    if top2_margin(&b.logits().unwrap()) > 1e-2 {
+        assert_eq!(ta, tb, "first token");
+    }
+    for (i, &t) in cont.iter().enumerate() {
+        let (na, nb) = (a.forward_token(t).unwrap(), b.forward_token(t).unwrap());
+        let (la, lb) = (a.logits().unwrap(), b.logits().unwrap());
+        let (max, _, _) = diff_stats(&la, &lb);
+        worst = worst.max(max);
+        assert!(max < 3e-2, "step {i}: max {max}");
+        if top2_margin(&lb) > 1e-2 {
+            assert_eq!(na, nb, "step {i}");
+        }
+    }
+    eprintln!("prefill then decode vs decode only: max |diff| {worst:.2e}");
+    let _ = std::fs::remove_dir_all(&dir);
+    None
+}
+
+fn cpu_ppl(model: &mut Model, ids: &[u32]) -> f64 {
+    model.set_precision(Precision::Exact);
+    let mut cs = Session::new(model, ids.len()).unwrap();
+    ferrite_llm::generate::mean_nll(&mut cs, ids)
+        .unwrap()
+        .0
+        .exp()
+}
+
+fn gpu_ppl(model: &Model, dev: &CudaDevice, ids: &[u32], chunk: usize) -> f64 {
+    let gm = GpuModel::load(model, dev, ids.len()).unwrap();
+    let mut gs = GpuSession::new(&gm).unwrap();
+    gs.set_prefill_chunk(chunk);
+    ferrite_llm::gpu::mean_nll(&mut gs, ids).unwrap().0.exp()
+}
+
+fn prefill_ppl_synthetic(dev: &CudaDevice) -> Option<String> {
+    let dir = tmp_dir();
+    let mut model = synth_model(GgmlType::Q4_1, &dir, 2, 256);
+    let ids: Vec<u32> = (0..200).map(|i| (i * i * 7 + 3) % 1000).collect();
+    let c = cpu_ppl(&mut model, &ids);
+    let g = gpu_ppl(&model, dev, &ids, 64);
+    eprintln!("synthetic Q4_1 perplexity: CPU {c:.4}, GPU {g:.4}");
+    assert!((g / c - 1.0).abs() < 0.01, "CPU {c} GPU {g}");
+    let _ = std::fs::remove_dir_all(&dir);
+    None
+}
+
+/// SmolLM2: the fixture prompt's all-position logits vs the CPU (exact) and the last vs
+/// transformers; greedy 32 tokens after a batched prompt equal the decode-only path's; the
+/// perplexity of a text (two chunks) within 1% of the CPU's.
+fn prefill_smollm2(dev: &CudaDevice) -> Option<String> {
+    let Some(path) = smollm2_path() else {
+        return Some("SmolLM2-135M-Instruct.Q4_1.gguf is not in the model cache".into());
+    };
+    let mut model = Model::load(&path).unwrap();
+    let fx: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(fixture("smollm2.json")).unwrap()).unwrap();
+    let prompt: Vec<u32> = fx["logits"]["prompt_ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap() as u32)
+        .collect();
+    let (max, rms) = prefill_vs_cpu(&mut model, dev, &prompt, 512);
+    eprintln!("SmolLM2 prefill, all positions vs CPU exact: max {max:.4}, rms {rms:.4}");
+    let gm = GpuModel::load(&model, dev, 512).unwrap();
+    let mut s = GpuSession::new(&gm).unwrap();
+    s.forward_tokens(&prompt).unwrap();
+    let got = s.logits().unwrap();
+    let want: Vec<f32> = std::fs::read(fixture("smollm2_logits.bin"))
+        .unwrap()
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect();
+    let (tmax, trms, std) = diff_stats(&got, &want);
+    eprintln!(
+        "SmolLM2 prefill last logits vs transformers: max {tmax:.4}, rms {trms:.4} (std {std:.3})"
+    );
+    let tok = Tokenizer::from_gguf(model.gguf()).unwrap();
+    let ids = tok.encode("The capital of France is", true).unwrap();
+    let mut a = GpuSession::new(&gm).unwrap();
+    let ga = a.greedy(&ids, 32).unwrap();
+    let mut b = GpuSession::new(&gm).unwrap();
+    b.set_batched(false);
+    let gb = b.greedy(&ids, 32).unwrap();
+    eprintln!("SmolLM2 prefill+decode greedy: {:?}", tok.decode(&ga));
+    let text = std::fs::read_to_string(fixture("genesis_1.txt")).unwrap();
+    let mut pids = tok.encode(&text, true).unwrap();
+    pids.truncate(400);
+    let c = cpu_ppl(&mut model, &pids);
+    let g = gpu_ppl(&model, dev, &pids, 256);
+    eprintln!(
+        "SmolLM2 perplexity over {} tokens: CPU exact {c:.4}, GPU prefill {g:.4}",
+        pids.len()
+    );
+    assert_eq!(ga, gb, "{:?} vs {:?}", tok.decode(&ga), tok.decode(&gb));
+    assert!((g / c - 1.0).abs() < 0.01, "CPU {c} GPU {g}");
+    assert!(max < 0.3 && rms < 0.06, "vs CPU: max {max} rms {rms}");
+    assert!(
+        tmax < 0.3 && trms < 0.06,
+        "vs transformers: max {tmax} rms {trms}"
     );
     None
 }

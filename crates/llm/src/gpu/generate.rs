@@ -108,3 +108,35 @@ pub fn generate(
     }
     Ok(gen)
 }
+
+/// Mean negative log-likelihood of `ids[1..]`, each token scored from the ones before it, by
+/// the batched prefill's all-position logits (as `crate::generate::mean_nll` on the CPU):
+/// (mean NLL in nats, tokens scored). Starts from an empty cache.
+pub fn mean_nll(session: &mut GpuSession<'_>, ids: &[u32]) -> Result<(f64, usize)> {
+    if ids.len() < 2 {
+        return Err(Error::Other(format!(
+            "perplexity needs at least 2 tokens, got {}",
+            ids.len()
+        )));
+    }
+    session.truncate(0);
+    let vocab = session.model().cfg.vocab;
+    let inputs = &ids[..ids.len() - 1];
+    let chunk = session.prefill_chunk();
+    let mut nll = 0f64;
+    for (c, piece) in inputs.chunks(chunk).enumerate() {
+        let logits = session.forward_logits(piece)?;
+        for (i, row) in logits.chunks_exact(vocab).enumerate() {
+            let target = ids[c * chunk + i + 1];
+            let max = row.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v)) as f64;
+            let lse = row
+                .iter()
+                .map(|&v| (v as f64 - max).exp())
+                .sum::<f64>()
+                .ln()
+                + max;
+            nll += lse - row[target as usize] as f64;
+        }
+    }
+    Ok((nll / inputs.len() as f64, inputs.len()))
+}

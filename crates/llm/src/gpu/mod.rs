@@ -15,6 +15,10 @@
 //!   logits follow the CPU's exact mode (`Precision::Exact`) up to summation order and the f16
 //!   KV cache.
 //!
+//! - Prompts of two or more tokens go through the batched prefill (`prefill.rs`): chunks of up
+//!   to 512 tokens, dequantized f16 weights x tensor-core products, the CUDA flash attention op
+//!   over the KV cache written in place.
+//!
 //! Kernels are CUDA C++ next to their wrappers: `matvec.cu` (with `quant.cuh`, the block
 //! formats) by `matvec.rs`, `decode.cu` by `decode.rs`.
 
@@ -22,11 +26,13 @@ mod decode;
 mod generate;
 mod matvec;
 pub mod ops;
+mod prefill;
 mod session;
 mod weights;
 
 pub use ferrite_cuda::{device_count, is_available, Buffer, CudaDevice, KernelSource};
-pub use generate::generate;
+pub use generate::{generate, mean_nll};
+pub use prefill::CHUNK as PREFILL_CHUNK;
 pub use session::GpuSession;
 pub use weights::{Fmt, GpuMatrix, GpuModel};
 
@@ -34,7 +40,7 @@ use crate::error::{Error, Result};
 
 /// Every kernel source of the GPU decode path (the compile-all test walks this list).
 pub fn sources() -> Vec<&'static KernelSource> {
-    vec![&matvec::SOURCE, &decode::SOURCE]
+    vec![&matvec::SOURCE, &decode::SOURCE, &prefill::SOURCE]
 }
 
 /// Whether kernels go out with programmatic dependent launch: on sm_90+ unless

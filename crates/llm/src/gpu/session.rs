@@ -10,6 +10,7 @@ use ferrite_cuda::{Buffer, CudaDevice, Graph};
 
 use super::decode::{self, AttnScratch, AttnShape, KvLayer, RopeSpec};
 use super::matvec::{self, Mode, Seg};
+use super::prefill::{self, Prefill};
 use super::weights::GpuModel;
 use super::{zeros, CudaResult, Launch};
 use crate::error::{Error, Result};
@@ -43,6 +44,17 @@ pub struct GpuSession<'g> {
     steps: Vec<Launch>,
     graph: Option<Graph>,
     eager: bool,
+    /// The decode step's input row (f32 [d]) and the KV cache.
+    x: Buffer,
+    kc: Buffer,
+    vc: Buffer,
+    /// Batched prefill buffers (at the first prompt of two or more tokens).
+    pf: Option<Prefill>,
+    batched: bool,
+    chunk: usize,
+    /// Prompt positions the batched path covers: the smallest sliding window, if any layer
+    /// has one (the attention op has no window).
+    batch_end: usize,
     /// Buffers the launches point into (kept alive with the session).
     _bufs: Vec<Buffer>,
 }
@@ -251,7 +263,20 @@ impl<'g> GpuSession<'g> {
             8,
         )?));
         let eager = std::env::var("FERRITE_GPU_EAGER").is_ok_and(|v| !v.is_empty() && v != "0");
+        let batched = std::env::var("FERRITE_GPU_PREFILL").map_or(true, |v| v != "0");
+        let batch_end = (0..c.n_layer)
+            .filter(|&il| c.is_local(il) && c.sliding_window > 0)
+            .map(|_| c.sliding_window)
+            .min()
+            .unwrap_or(usize::MAX);
         Ok(GpuSession {
+            x: x.clone(),
+            kc: kc.clone(),
+            vc: vc.clone(),
+            pf: None,
+            batched,
+            chunk: prefill::CHUNK.min(m.ctx),
+            batch_end,
             m,
             dev,
             pos: 0,
@@ -373,17 +398,97 @@ impl<'g> GpuSession<'g> {
         self.read_next()
     }
 
-    /// Runs `tokens` one decode step each (no host wait between them) and returns the greedy
-    /// token after the last one.
+    /// Runs `tokens` and returns the greedy token after the last one: two or more tokens by
+    /// the batched prefill (chunks of up to `PREFILL_CHUNK`), unless `set_batched(false)` or
+    /// `FERRITE_GPU_PREFILL=0`; otherwise one decode step each (no host wait between them).
     pub fn forward_tokens(&mut self, tokens: &[u32]) -> Result<u32> {
         if tokens.is_empty() {
             return Err(Error::Other("forward: no tokens".into()));
         }
         self.check(tokens)?;
+        if self.batched && tokens.len() >= 2 {
+            return self.prefill(tokens, false).map(|(t, _)| t);
+        }
         for &t in tokens {
             self.step(t)?;
         }
         self.read_next()
+    }
+
+    /// Whether prompts of two or more tokens go through the batched prefill.
+    pub fn is_batched(&self) -> bool {
+        self.batched
+    }
+
+    pub fn set_batched(&mut self, batched: bool) {
+        self.batched = batched;
+    }
+
+    /// Tokens per prefill chunk (at most).
+    pub fn prefill_chunk(&self) -> usize {
+        self.chunk
+    }
+
+    /// Sets the prefill chunk (1..=`PREFILL_CHUNK`; buffers are sized at the first prefill).
+    pub fn set_prefill_chunk(&mut self, chunk: usize) {
+        if self.pf.is_none() {
+            self.chunk = chunk.clamp(1, prefill::CHUNK).min(self.ctx());
+        }
+    }
+
+    /// Runs `tokens` through the batched path and returns the logits of every position
+    /// (f32 [tokens][vocab], row i the distribution after token i), for perplexity. Positions
+    /// the batched path does not cover (past a sliding window) run as decode steps.
+    pub fn forward_logits(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
+        if tokens.is_empty() {
+            return Err(Error::Other("forward: no tokens".into()));
+        }
+        self.check(tokens)?;
+        self.prefill(tokens, true).map(|(_, l)| l)
+    }
+
+    /// The batched prefill of `tokens` (checked): the greedy token after the last one (the
+    /// last position's logits left in `logits()`), and with `all` every position's logits.
+    fn prefill(&mut self, tokens: &[u32], all: bool) -> Result<(u32, Vec<f32>)> {
+        if self.pf.is_none() {
+            self.pf = Some(Prefill::new(self.m, self.chunk)?);
+        }
+        let vocab = self.m.cfg.vocab;
+        let mut out = Vec::with_capacity(if all { tokens.len() * vocab } else { 0 });
+        let mut batched_last = false;
+        for ch in tokens.chunks(self.chunk) {
+            let p0 = self.pos;
+            if p0 + ch.len() <= self.batch_end {
+                let pf = self.pf.as_mut().expect("allocated above");
+                pf.run(self.m, &self.kc, &self.vc, ch, p0)?;
+                if all {
+                    out.extend(pf.logits(self.m, ch.len())?);
+                }
+                self.pos += ch.len();
+                batched_last = true;
+            } else {
+                for &t in ch {
+                    self.step(t)?;
+                    if all {
+                        out.extend(self.logits()?);
+                    }
+                }
+                batched_last = false;
+            }
+        }
+        if batched_last {
+            // The last position's logits and greedy token by the decode step's own launches.
+            let pf = self.pf.as_ref().expect("allocated above");
+            let n = tokens.len().min(self.chunk);
+            let last = (tokens.len() - 1) % self.chunk;
+            debug_assert!(last < n);
+            pf.copy_row(&self.dev, last, self.m.cfg.d_model, &self.x)?;
+            let k = self.steps.len();
+            for s in &self.steps[k - 2..] {
+                s.enqueue(&self.dev)?;
+            }
+        }
+        Ok((self.read_next()?, out))
     }
 
     /// The logits of the last step (vocab values).
