@@ -30,6 +30,10 @@ fn gpu_tests() -> Vec<(&'static str, TestFn)> {
         ("rng_matches_cpu", rng_matches_cpu),
         ("graph_capture_replay_and_input_update", graph_replay),
         ("device_side_index_error_names_the_op", device_index_error),
+        (
+            "launch_failure_and_compile_error_name_the_op",
+            launch_failure,
+        ),
         ("matmul_large_and_views_match_cpu", matmul_large),
         ("gradients_match_cpu", gradients_match_cpu),
         ("autodiff_memory_returns_to_baseline", autodiff_memory),
@@ -471,4 +475,60 @@ fn sgd_trains(d: &CudaDevice) {
     let (first, last) = ferrite_testing::torch_reference::sgd_train(&d.device()).unwrap();
     println!("  loss {first} -> {last}");
     assert!(last < first / 100.0, "loss went from {first} to {last}");
+}
+
+static BAD_LAUNCH: ferrite_cuda::KernelSource = ferrite_cuda::KernelSource {
+    name: "test_launch",
+    src: "extern \"C\" __global__ void fill_one(float* y) { y[threadIdx.x] = 1.0f; }",
+};
+
+static BAD_SOURCE: ferrite_cuda::KernelSource = ferrite_cuda::KernelSource {
+    name: "test_bad_source",
+    src: "extern \"C\" __global__ void broken(float* y) { y[0] = undefined_name; }",
+};
+
+fn launch_failure(d: &CudaDevice) {
+    use ferrite_cuda::{KernelArgs, LaunchConfig};
+    let buf = d.alloc_bytes(4096, "test").unwrap();
+    // 4,096 threads in a block is over the limit of 1,024: the launch itself fails.
+    let err = d
+        .launch(
+            "my_op",
+            &BAD_LAUNCH,
+            "fill_one",
+            LaunchConfig::new((1, 1, 1), (4096, 1, 1), 0),
+            KernelArgs::new().arg(buf.ptr()),
+        )
+        .expect_err("a block of 4,096 threads must fail");
+    let msg = err.to_string();
+    assert!(
+        msg.starts_with("my_op: kernel fill_one failed to launch"),
+        "{msg}"
+    );
+    // A source that does not compile: the error names the source and carries NVRTC's log.
+    let err = d
+        .launch(
+            "my_op",
+            &BAD_SOURCE,
+            "broken",
+            LaunchConfig::new((1, 1, 1), (32, 1, 1), 0),
+            KernelArgs::new().arg(buf.ptr()),
+        )
+        .expect_err("a broken source must fail");
+    let msg = err.to_string();
+    assert!(
+        msg.contains("test_bad_source.cu failed to compile") && msg.contains("undefined_name"),
+        "{msg}"
+    );
+    // The device stays usable.
+    d.launch(
+        "my_op",
+        &BAD_LAUNCH,
+        "fill_one",
+        LaunchConfig::new((1, 1, 1), (1024, 1, 1), 0),
+        KernelArgs::new().arg(buf.ptr()),
+    )
+    .unwrap();
+    let t = d.tensor(&buf, 0, &[1024], DType::F32).unwrap();
+    assert!(t.to_vec::<f32>().unwrap().iter().all(|&v| v == 1.0));
 }
