@@ -27,32 +27,60 @@ pub enum GradOp {
     View(ViewOp),
 }
 
+/// A node's inputs: up to three inline (every op but `Cat` and attention backward), the rest
+/// on the heap. Recording allocates once per op (the node) rather than twice.
+#[derive(Clone, Default)]
+struct Inputs {
+    inline: [Option<Tensor>; 3],
+    more: Vec<Tensor>,
+}
+
+impl Inputs {
+    fn new(ts: &[&Tensor]) -> Inputs {
+        let mut i = Inputs::default();
+        for (k, t) in ts.iter().enumerate() {
+            match i.inline.get_mut(k) {
+                Some(slot) => *slot = Some((*t).clone()),
+                None => i.more.push((*t).clone()),
+            }
+        }
+        i
+    }
+
+    fn into_stack(self, stack: &mut Vec<Tensor>) {
+        stack.extend(self.inline.into_iter().flatten());
+        stack.extend(self.more);
+    }
+}
+
 /// An op application in the recorded graph. Its inputs are held until backward has used them.
 pub struct Node {
     pub op: GradOp,
     /// Which output of a multi-output op this tensor is.
     pub output: usize,
-    inputs: Mutex<Option<Vec<Tensor>>>,
+    inputs: Mutex<Option<Inputs>>,
 }
 
 impl Node {
     /// The inputs, or an error when a backward pass has already released them.
     pub fn inputs(&self) -> Result<Vec<Tensor>> {
-        self.inputs
+        let g = self
+            .inputs
             .lock()
-            .map_err(|_| Error::backend("backward", "graph lock poisoned"))?
-            .clone()
-            .ok_or_else(|| {
-                Error::backend("backward", "this graph was already released by an earlier backward(); run the forward pass again")
-            })
+            .map_err(|_| Error::backend("backward", "graph lock poisoned"))?;
+        let i = g.as_ref().ok_or_else(|| {
+            Error::backend("backward", "this graph was already released by an earlier backward(); run the forward pass again")
+        })?;
+        let mut v = Vec::with_capacity(3 + i.more.len());
+        i.clone().into_stack(&mut v);
+        Ok(v)
     }
 
-    pub(crate) fn take_inputs(&mut self) -> Vec<Tensor> {
-        self.inputs
-            .get_mut()
-            .ok()
-            .and_then(|i| i.take())
-            .unwrap_or_default()
+    /// Moves the inputs onto `stack` (for dropping without recursion).
+    pub(crate) fn take_inputs_into(&mut self, stack: &mut Vec<Tensor>) {
+        if let Some(i) = self.inputs.get_mut().ok().and_then(|i| i.take()) {
+            i.into_stack(stack);
+        }
     }
 
     /// Drops the inputs (and with them what they keep alive).
@@ -67,12 +95,10 @@ impl Node {
 /// with this one are moved onto a local stack and dropped iteratively.
 impl Drop for Node {
     fn drop(&mut self) {
-        let mut stack = match self.inputs.get_mut() {
-            Ok(i) => i.take().unwrap_or_default(),
-            Err(_) => return,
-        };
+        let mut stack = Vec::new();
+        self.take_inputs_into(&mut stack);
         while let Some(t) = stack.pop() {
-            stack.extend(t.take_unique_inputs());
+            t.take_unique_inputs_into(&mut stack);
         }
     }
 }
@@ -156,10 +182,10 @@ pub fn differentiable_output(op: &Op, k: usize, dtype: crate::DType) -> bool {
     }
 }
 
-pub(crate) fn node(op: GradOp, output: usize, inputs: Vec<Tensor>) -> Grad {
+pub(crate) fn node(op: GradOp, output: usize, inputs: &[&Tensor]) -> Grad {
     Grad::Node(Arc::new(Node {
         op,
         output,
-        inputs: Mutex::new(Some(inputs)),
+        inputs: Mutex::new(Some(Inputs::new(inputs))),
     }))
 }

@@ -44,7 +44,7 @@ impl Tensor {
 
     fn view(&self, layout: Layout, kind: ViewOp) -> Tensor {
         let grad = match self.requires_grad() && graph::is_recording() {
-            true => Some(graph::node(GradOp::View(kind), 0, vec![self.clone()])),
+            true => Some(graph::node(GradOp::View(kind), 0, &[self])),
             false => None,
         };
         Tensor(Arc::new(Inner {
@@ -60,15 +60,14 @@ impl Tensor {
 
     /// When this handle is the last one to its tensor and that tensor's graph node, takes the
     /// node's inputs (so that the caller can drop them without recursion); else nothing.
-    pub(crate) fn take_unique_inputs(mut self) -> Vec<Tensor> {
+    pub(crate) fn take_unique_inputs_into(mut self, stack: &mut Vec<Tensor>) {
         if let Some(inner) = Arc::get_mut(&mut self.0) {
             if let Some(Grad::Node(mut n)) = inner.grad.take() {
                 if let Some(node) = Arc::get_mut(&mut n) {
-                    return node.take_inputs();
+                    node.take_inputs_into(stack);
                 }
             }
         }
-        Vec::new()
     }
 
     /// Whether a gradient flows to this tensor.
@@ -542,13 +541,8 @@ impl Tensor {
             .zip(outs)
             .enumerate()
             .map(|(k, (storage, (shape, dtype)))| {
-                let grad = (record && graph::differentiable_output(&op, k, dtype)).then(|| {
-                    graph::node(
-                        GradOp::Op(op.clone()),
-                        k,
-                        inputs.iter().map(|&t| t.clone()).collect(),
-                    )
-                });
+                let grad = (record && graph::differentiable_output(&op, k, dtype))
+                    .then(|| graph::node(GradOp::Op(op.clone()), k, inputs));
                 Tensor(Arc::new(Inner {
                     dtype: storage.dtype(),
                     storage,

@@ -1,4 +1,4 @@
-//! Output buffers. Buffers of dropped storages (from 64 KiB up) go to a pool keyed by dtype and
+//! Output buffers. Buffers of dropped storages (from 256 bytes up) go to a pool keyed by dtype and
 //! capacity, and an op that needs the same size takes one back (DESIGN.md "pooled memory"):
 //! training and decode loops allocate the same shapes every step, and a fresh buffer costs
 //! page faults and a zeroing pass on first touch, which for a fast op cost more than the op.
@@ -9,8 +9,10 @@ use std::collections::HashMap;
 use std::mem::MaybeUninit;
 use std::sync::{LazyLock, Mutex};
 
-/// Smallest buffer the pool keeps (below, the system allocator reuses memory well).
-const POOL_MIN: usize = 64 << 10;
+/// Smallest buffer the pool keeps (below, the system allocator reuses memory well). Small
+/// buffers are pooled too: a recorded forward keeps every activation alive, and freeing them
+/// en masse sends malloc down its slow consolidating paths.
+const POOL_MIN: usize = 256;
 /// At most this many bytes of idle buffers are kept.
 const POOL_BYTES: usize = 512 << 20;
 
