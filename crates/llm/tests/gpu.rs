@@ -16,6 +16,7 @@ use ferrite_gguf::{quant, GgmlType};
 use ferrite_llm::gpu::ops::{self, AttnShape, KvLayer, Mode, RopeSpec, Seg};
 use ferrite_llm::gpu::{read_f32, upload_bytes, upload_f32, zeros, Buffer, CudaDevice};
 use ferrite_llm::gpu::{GpuMatrix, GpuModel, GpuSession};
+use ferrite_llm::sampler::{Sampler, SamplerConfig};
 use ferrite_llm::synth::{write_synthetic, SynthConfig, VocabStyle, QUANTS};
 use ferrite_llm::tokenizer::Tokenizer;
 use ferrite_llm::{Logits, Model, Precision, Session};
@@ -59,6 +60,15 @@ fn gpu_tests() -> Vec<(&'static str, TestFn)> {
             prefill_ppl_synthetic,
         ),
         ("prefill_smollm2_logits_greedy_perplexity", prefill_smollm2),
+        (
+            "sampler_distribution_matches_cpu_probabilities",
+            sampler_distribution,
+        ),
+        ("sampler_same_seed_same_tokens", sampler_seed),
+        (
+            "sampled_generation_in_graph_reads_back_only_ids",
+            sampled_generation,
+        ),
     ]
 }
 
@@ -1315,5 +1325,379 @@ fn prefill_smollm2(dev: &CudaDevice) -> Option<String> {
         tmax < 0.3 && trms < 0.06,
         "vs transformers: max {tmax} rms {trms}"
     );
+    None
+}
+
+// ---- device sampler ----
+
+/// The CPU sampler's probabilities (crate::sampler's documented order: penalties, argmax at
+/// temperature 0, temperature, top-k, top-p, min-p, renormalized), in f64.
+fn cpu_probs(cfg: &SamplerConfig, logits: &[f32], history: &[u32]) -> Vec<f64> {
+    let mut l = logits.to_vec();
+    let pen = cfg.penalty_last_n > 0
+        && (cfg.repeat_penalty != 1.0
+            || cfg.presence_penalty != 0.0
+            || cfg.frequency_penalty != 0.0);
+    if pen {
+        let w = &history[history.len().saturating_sub(cfg.penalty_last_n)..];
+        let mut seen = std::collections::BTreeMap::new();
+        for &t in w {
+            *seen.entry(t).or_insert(0u32) += 1;
+        }
+        for (&t, &n) in &seen {
+            let v = &mut l[t as usize];
+            if *v > 0.0 {
+                *v /= cfg.repeat_penalty;
+            } else {
+                *v *= cfg.repeat_penalty;
+            }
+            *v -= n as f32 * cfg.frequency_penalty + cfg.presence_penalty;
+        }
+    }
+    let mut p = vec![0f64; l.len()];
+    if cfg.temperature == 0.0 {
+        p[argmax(&l) as usize] = 1.0;
+        return p;
+    }
+    let inv_t = 1.0 / cfg.temperature;
+    let mut c: Vec<(f32, u32)> = l
+        .iter()
+        .enumerate()
+        .filter(|(_, v)| v.is_finite())
+        .map(|(i, &v)| (v * inv_t, i as u32))
+        .collect();
+    c.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+    if cfg.top_k > 0 {
+        c.truncate(cfg.top_k);
+    }
+    let max = f64::from(c[0].0);
+    let z: f64 = c.iter().map(|&(v, _)| (f64::from(v) - max).exp()).sum();
+    let mut keep = c.len();
+    let mut cum = 0.0;
+    for (i, &(v, _)) in c.iter().enumerate() {
+        let q = (f64::from(v) - max).exp() / z;
+        if q < f64::from(cfg.min_p) / z {
+            keep = i.max(1);
+            break;
+        }
+        cum += q;
+        if cum >= f64::from(cfg.top_p) {
+            keep = i + 1;
+            break;
+        }
+    }
+    let kept = &c[..keep];
+    let t: f64 = kept.iter().map(|&(v, _)| (f64::from(v) - max).exp()).sum();
+    for &(v, id) in kept {
+        p[id as usize] = (f64::from(v) - max).exp() / t;
+    }
+    p
+}
+
+fn histogram(ids: &[u32], vocab: usize) -> Vec<f64> {
+    let mut h = vec![0f64; vocab];
+    for &t in ids {
+        h[t as usize] += 1.0;
+    }
+    h.iter_mut().for_each(|v| *v /= ids.len() as f64);
+    h
+}
+
+/// Draws `draws` tokens on the device and checks them against `cpu_probs`: no token outside
+/// the CPU's kept set, and every frequency within `tol` of its probability. Returns the max
+/// abs difference. Also checks the reference against the CPU sampler's own draws.
+fn check_sampler(
+    dev: &CudaDevice,
+    name: &str,
+    cfg: &SamplerConfig,
+    logits: &[f32],
+    history: &[u32],
+    draws: usize,
+    tol: f64,
+) -> f64 {
+    let vocab = logits.len();
+    let p = cpu_probs(cfg, logits, history);
+    let ids = ferrite_llm::gpu::sample_many(dev, cfg, logits, history, draws).unwrap();
+    for &t in &ids {
+        assert!(
+            p[t as usize] > 0.0,
+            "{name}: drew token {t}, outside the CPU's kept set"
+        );
+    }
+    let h = histogram(&ids, vocab);
+    let gpu_max = h
+        .iter()
+        .zip(&p)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0, f64::max);
+    // The reference against the CPU sampler itself.
+    let mut cpu = Sampler::new(cfg.clone()).unwrap();
+    let cpu_ids: Vec<u32> = (0..draws)
+        .map(|_| cpu.sample(&mut logits.to_vec(), history).unwrap())
+        .collect();
+    let hc = histogram(&cpu_ids, vocab);
+    let cpu_max = hc
+        .iter()
+        .zip(&p)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0, f64::max);
+    let kept = p.iter().filter(|&&v| v > 0.0).count();
+    eprintln!(
+        "sampler {name}: {kept} kept of {vocab}, {draws} draws: max |freq - p| GPU {gpu_max:.4}, CPU sampler {cpu_max:.4}"
+    );
+    assert!(
+        cpu_max < tol,
+        "{name}: the reference disagrees with the CPU sampler: {cpu_max}"
+    );
+    assert!(gpu_max < tol, "{name}: GPU frequencies off by {gpu_max}");
+    gpu_max
+}
+
+fn sampler_distribution(dev: &CudaDevice) -> Option<String> {
+    let mut rng = Rng(11);
+    let vocab = 64;
+    let logits: Vec<f32> = rng.vec(vocab).iter().map(|v| v * 3.0).collect();
+    let raw_top = argmax(&logits);
+    let base = SamplerConfig {
+        temperature: 1.0,
+        top_k: 0,
+        top_p: 1.0,
+        min_p: 0.0,
+        repeat_penalty: 1.0,
+        presence_penalty: 0.0,
+        frequency_penalty: 0.0,
+        penalty_last_n: 64,
+        seed: 5,
+    };
+    let history: Vec<u32> = vec![raw_top, 3, 9, raw_top, 17, 3, raw_top, 40];
+    let sets: Vec<(&str, SamplerConfig)> = vec![
+        (
+            "full softmax t=0.8",
+            SamplerConfig {
+                temperature: 0.8,
+                ..base.clone()
+            },
+        ),
+        (
+            "defaults (t 0.8, k 40, p 0.95, min-p 0.05)",
+            SamplerConfig {
+                seed: 5,
+                ..SamplerConfig::default()
+            },
+        ),
+        (
+            "top-k 5, t 1.5",
+            SamplerConfig {
+                temperature: 1.5,
+                top_k: 5,
+                ..base.clone()
+            },
+        ),
+        (
+            "top-p 0.5",
+            SamplerConfig {
+                top_p: 0.5,
+                ..base.clone()
+            },
+        ),
+        (
+            "min-p 0.2",
+            SamplerConfig {
+                min_p: 0.2,
+                ..base.clone()
+            },
+        ),
+        (
+            "top-k 10 + top-p 0.8 + min-p 0.1",
+            SamplerConfig {
+                top_k: 10,
+                top_p: 0.8,
+                min_p: 0.1,
+                ..base.clone()
+            },
+        ),
+        (
+            "penalties (repeat 1.5, presence 0.5, frequency 0.3, last 6), t 0.7",
+            SamplerConfig {
+                temperature: 0.7,
+                repeat_penalty: 1.5,
+                presence_penalty: 0.5,
+                frequency_penalty: 0.3,
+                penalty_last_n: 6,
+                ..base.clone()
+            },
+        ),
+    ];
+    for (name, cfg) in &sets {
+        check_sampler(dev, name, cfg, &logits, &history, 40_000, 0.01);
+    }
+    // top-k 1 is the argmax (lowest id on ties).
+    let mut tied = logits.clone();
+    tied[50] = tied[raw_top as usize];
+    let lo = raw_top.min(50);
+    let k1 = SamplerConfig {
+        top_k: 1,
+        ..base.clone()
+    };
+    let ids = ferrite_llm::gpu::sample_many(dev, &k1, &tied, &[], 200).unwrap();
+    assert!(
+        ids.iter().all(|&t| t == lo),
+        "top-k 1: {ids:?} (argmax {lo})"
+    );
+    // Penalties that change the argmax, at temperature 0 (deterministic) and sampled.
+    let pen = SamplerConfig {
+        temperature: 0.0,
+        repeat_penalty: 3.0,
+        presence_penalty: 2.0,
+        ..base.clone()
+    };
+    let want = Sampler::new(pen.clone())
+        .unwrap()
+        .sample(&mut logits.clone(), &history)
+        .unwrap();
+    assert_ne!(want, raw_top, "the penalties should move the argmax");
+    let ids = ferrite_llm::gpu::sample_many(dev, &pen, &logits, &history, 50).unwrap();
+    assert!(
+        ids.iter().all(|&t| t == want),
+        "greedy with penalties: {ids:?}, CPU {want}"
+    );
+    let pen_k1 = SamplerConfig {
+        temperature: 1.0,
+        top_k: 1,
+        ..pen.clone()
+    };
+    let ids = ferrite_llm::gpu::sample_many(dev, &pen_k1, &logits, &history, 50).unwrap();
+    assert!(
+        ids.iter().all(|&t| t == want),
+        "top-k 1 with penalties: {ids:?}, CPU {want}"
+    );
+    // A SmolLM2-sized vocabulary (radix passes over many keys, large kept sets).
+    let big: Vec<f32> = rng.vec(49_152).iter().map(|v| v * 4.0).collect();
+    let bh: Vec<u32> = (0..64).map(|i| (i * 769) % 49_152).collect();
+    for (name, cfg) in [
+        (
+            "49152: defaults",
+            SamplerConfig {
+                seed: 9,
+                ..SamplerConfig::default()
+            },
+        ),
+        (
+            "49152: top-p 0.9 alone (large kept set)",
+            SamplerConfig {
+                top_p: 0.9,
+                ..base.clone()
+            },
+        ),
+        (
+            "49152: top-k 200, min-p 0.3, penalties",
+            SamplerConfig {
+                top_k: 200,
+                min_p: 0.3,
+                repeat_penalty: 1.3,
+                frequency_penalty: 0.2,
+                ..base.clone()
+            },
+        ),
+    ] {
+        check_sampler(dev, name, &cfg, &big, &bh, 4_000, 0.03);
+    }
+    None
+}
+
+fn sampler_seed(dev: &CudaDevice) -> Option<String> {
+    let logits: Vec<f32> = Rng(3).vec(1000).iter().map(|v| v * 2.0).collect();
+    let cfg = SamplerConfig {
+        seed: 42,
+        ..SamplerConfig::default()
+    };
+    let a = ferrite_llm::gpu::sample_many(dev, &cfg, &logits, &[1, 2, 3], 300).unwrap();
+    let b = ferrite_llm::gpu::sample_many(dev, &cfg, &logits, &[1, 2, 3], 300).unwrap();
+    assert_eq!(a, b, "same seed, different tokens");
+    let c = ferrite_llm::gpu::sample_many(
+        dev,
+        &SamplerConfig { seed: 43, ..cfg },
+        &logits,
+        &[1, 2, 3],
+        300,
+    )
+    .unwrap();
+    assert_ne!(a, c, "another seed, the same 300 tokens");
+    None
+}
+
+/// Sampled decoding on a synthetic model: the graph replays with the sampler as its last
+/// kernel, one host wait per token; graph and eager launches give the same tokens; the same
+/// seed gives the same tokens; penalties keep recent tokens out.
+fn sampled_generation(dev: &CudaDevice) -> Option<String> {
+    let dir = tmp_dir();
+    let model = synth_model(GgmlType::Q4_0, &dir, 2, 256);
+    let gm = GpuModel::load(&model, dev, 160).unwrap();
+    let prompt: Vec<u32> = (0..9).map(|i| (i * 37 + 5) % 1000).collect();
+    let cfg = SamplerConfig {
+        temperature: 1.5,
+        top_k: 0,
+        top_p: 0.98,
+        min_p: 0.0,
+        seed: 7,
+        ..SamplerConfig::default()
+    };
+    let n = 64;
+    let run = |eager: bool, cfg: &SamplerConfig| -> (Vec<u32>, u64) {
+        let mut s = GpuSession::new(&gm).unwrap();
+        s.set_eager(eager);
+        s.set_sampler(Some(cfg)).unwrap();
+        assert!(s.is_sampling());
+        s.set_history(&prompt).unwrap();
+        let mut out = vec![s.forward_tokens(&prompt).unwrap()];
+        let w0 = dev.sync_stats().host_waits;
+        for i in 0..n - 1 {
+            let t = s.forward_token(out[i]).unwrap();
+            out.push(t);
+        }
+        (out, dev.sync_stats().host_waits - w0)
+    };
+    let (a, waits) = run(false, &cfg);
+    assert_eq!(
+        waits,
+        (n - 1) as u64,
+        "host waits for {} sampled tokens",
+        n - 1
+    );
+    let (b, _) = run(true, &cfg);
+    assert_eq!(a, b, "graph replay vs eager launches");
+    let (c, _) = run(false, &cfg);
+    assert_eq!(a, c, "same seed");
+    let distinct = a.iter().collect::<std::collections::BTreeSet<_>>().len();
+    assert!(
+        distinct > 8,
+        "sampling at t 1.5 gave {distinct} distinct tokens: {a:?}"
+    );
+    // A strong presence penalty over the whole history: no token repeats a recent one.
+    let pen = SamplerConfig {
+        presence_penalty: 1e4,
+        penalty_last_n: 256,
+        ..cfg.clone()
+    };
+    let (d, _) = run(false, &pen);
+    for (i, t) in d.iter().enumerate() {
+        assert!(
+            !prompt.contains(t) && !d[..i].contains(t),
+            "token {i} ({t}) repeats: {d:?}"
+        );
+    }
+    // Greedy restores the argmax: the same tokens as the session's greedy path.
+    let mut s = GpuSession::new(&gm).unwrap();
+    s.set_sampler(Some(&cfg)).unwrap();
+    s.set_sampler(Some(&SamplerConfig::greedy())).unwrap();
+    assert!(!s.is_sampling());
+    let g1 = s.greedy(&prompt, 8).unwrap();
+    let g2 = GpuSession::new(&gm).unwrap().greedy(&prompt, 8).unwrap();
+    assert_eq!(g1, g2);
+    eprintln!(
+        "sampled generation: {n} tokens, {distinct} distinct, {waits} host waits for {} replays",
+        n - 1
+    );
+    let _ = std::fs::remove_dir_all(&dir);
     None
 }

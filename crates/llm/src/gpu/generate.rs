@@ -1,6 +1,7 @@
-//! The generation loop over a [`GpuSession`]: as `crate::generate::generate`, with the greedy
-//! choice made on the device (4 bytes back per token) when sampling is greedy without
-//! penalties, and the logits read back for the host sampler otherwise.
+//! The generation loop over a [`GpuSession`]: as `crate::generate::generate`, with every token
+//! chosen on the device (4 bytes back per token): the step's argmax when sampling is greedy
+//! without penalties, the device sampler (`GpuSession::set_sampler`) otherwise. Sampled tokens
+//! follow the CPU sampler's distribution but not its random stream.
 
 use std::time::Instant;
 
@@ -9,14 +10,6 @@ use crate::error::{Error, Result};
 use crate::generate::{Generation, StopReason};
 use crate::sampler::{Sampler, StopStrings};
 use crate::tokenizer::{StreamDecoder, TokenType, Tokenizer};
-
-/// Whether `sampler` always picks the argmax of the raw logits.
-fn device_greedy(sampler: &Sampler) -> bool {
-    let c = sampler.config();
-    let no_penalty = c.penalty_last_n == 0
-        || (c.repeat_penalty == 1.0 && c.presence_penalty == 0.0 && c.frequency_penalty == 0.0);
-    c.temperature == 0.0 && no_penalty
-}
 
 /// Runs `prompt` (after whatever the session holds), then samples up to `max_new` tokens,
 /// streaming text through `on_text` (see `crate::generate::generate`).
@@ -41,15 +34,11 @@ pub fn generate(
             session.model().cfg.ctx_train,
         )));
     }
-    let greedy = device_greedy(sampler);
-    let mut history: Vec<u32> = prompt.to_vec();
+    // The host `sampler` gives only its settings; the device keeps the state.
+    session.set_sampler(Some(sampler.config()))?;
+    session.set_history(prompt)?;
     let t0 = Instant::now();
     let mut next = session.forward_tokens(prompt)?;
-    let mut logits = if greedy {
-        Vec::new()
-    } else {
-        session.logits()?
-    };
     let mut gen = Generation {
         prompt_tokens: prompt.len(),
         tokens: Vec::with_capacity(max_new),
@@ -68,19 +57,12 @@ pub fn generate(
         }
     };
     for i in 0..max_new {
-        let id = if greedy {
-            next
-        } else {
-            sampler
-                .sample(&mut logits, &history)
-                .map_err(|e| Error::Other(e.to_string()))?
-        };
+        let id = next;
         if tok.is_eog(id) {
             gen.stop = StopReason::EndOfText;
             break;
         }
         gen.tokens.push(id);
-        history.push(id);
         if tok.token_type(id) != Some(TokenType::Control) {
             let piece = utf8.push(tok.token_bytes(id));
             let out = stop_strings.push(&piece);
@@ -92,9 +74,6 @@ pub fn generate(
         }
         if i + 1 < max_new {
             next = session.forward_token(id)?;
-            if !greedy {
-                logits = session.logits()?;
-            }
         }
     }
     gen.decode_secs = t1.elapsed().as_secs_f64();

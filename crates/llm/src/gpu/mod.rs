@@ -10,7 +10,9 @@
 //!   SwiGLU/GeGLU; the down product with the residual add. Then the final norm and output
 //!   product with per-block argmax partials, and the final argmax. The whole step is captured
 //!   once as a CUDA graph and replayed; between replays the host writes the token and position
-//!   (8 bytes) and reads back the greedy token id (4 bytes).
+//!   (8 bytes) and reads back the greedy token id (4 bytes). With a sampler set
+//!   (`GpuSession::set_sampler`), the last kernel is the full sampler (`sample.rs`) instead of
+//!   the argmax: still one token id back per step.
 //! - Activations stay f32 (no 8-bit activation rounding as on the CPU's fast path), so the
 //!   logits follow the CPU's exact mode (`Precision::Exact`) up to summation order and the f16
 //!   KV cache.
@@ -27,12 +29,14 @@ mod generate;
 mod matvec;
 pub mod ops;
 mod prefill;
+mod sample;
 mod session;
 mod weights;
 
 pub use ferrite_cuda::{device_count, is_available, Buffer, CudaDevice, KernelSource};
 pub use generate::{generate, mean_nll};
 pub use prefill::CHUNK as PREFILL_CHUNK;
+pub use sample::{sample_many, sample_once};
 pub use session::GpuSession;
 pub use weights::{Fmt, GpuMatrix, GpuModel};
 
@@ -40,7 +44,12 @@ use crate::error::{Error, Result};
 
 /// Every kernel source of the GPU decode path (the compile-all test walks this list).
 pub fn sources() -> Vec<&'static KernelSource> {
-    vec![&matvec::SOURCE, &decode::SOURCE, &prefill::SOURCE]
+    vec![
+        &matvec::SOURCE,
+        &decode::SOURCE,
+        &prefill::SOURCE,
+        &sample::SOURCE,
+    ]
 }
 
 /// Whether kernels go out with programmatic dependent launch: on sm_90+ unless
@@ -122,6 +131,7 @@ pub(crate) enum Launch {
     Argmax(matvec::ArgmaxLaunch),
     Attn(decode::AttnLaunch),
     Norm(decode::NormLaunch),
+    Sample(sample::SampleLaunch),
 }
 
 impl Launch {
@@ -132,6 +142,7 @@ impl Launch {
             Launch::Argmax(l) => l.enqueue(dev),
             Launch::Attn(l) => l.enqueue(dev),
             Launch::Norm(l) => l.enqueue(dev),
+            Launch::Sample(l) => l.enqueue(dev),
         }
     }
 }

@@ -2,8 +2,11 @@
 //! activation buffers, and the token step as a fixed list of kernel launches, captured once
 //! as a CUDA graph and replayed.
 //!
-//! The device parameter block is u32 [token, pos, next token, 0]: the host writes the first
-//! two before each step and reads the third after it. `FERRITE_GPU_EAGER=1` launches the
+//! The device parameter block is u32 [token, pos, next token, sample]: the host writes the
+//! first two (and `sample`: whether the step's last kernel picks a token) before each step and
+//! reads the third after it. The last kernel is the argmax, or with a sampler set
+//! (`set_sampler`) the device sampler (`sample.rs`), whose settings, history and draw counter
+//! stay on the device. `FERRITE_GPU_EAGER=1` launches the
 //! kernels one by one instead of replaying the graph (for debugging and profiling).
 
 use ferrite_cuda::{Buffer, CudaDevice, Graph};
@@ -11,10 +14,12 @@ use ferrite_cuda::{Buffer, CudaDevice, Graph};
 use super::decode::{self, AttnScratch, AttnShape, KvLayer, RopeSpec};
 use super::matvec::{self, Mode, Seg};
 use super::prefill::{self, Prefill};
+use super::sample::GpuSampler;
 use super::weights::GpuModel;
 use super::{zeros, CudaResult, Launch};
 use crate::error::{Error, Result};
 use crate::model::{Arch, Config};
+use crate::sampler::SamplerConfig;
 
 /// Device bytes of a session's buffers besides the weights and the KV cache.
 pub(crate) fn scratch_bytes(c: &Config, ctx: usize, sm_count: u32) -> usize {
@@ -55,6 +60,10 @@ pub struct GpuSession<'g> {
     /// Prompt positions the batched path covers: the smallest sliding window, if any layer
     /// has one (the attention op has no window).
     batch_end: usize,
+    /// The device sampler, when set: its launch replaces the argmax (`steps[lm_at + 1]`).
+    sampler: Option<GpuSampler>,
+    argmax: Launch,
+    lm_at: usize,
     /// Buffers the launches point into (kept alive with the session).
     _bufs: Vec<Buffer>,
 }
@@ -255,13 +264,10 @@ impl<'g> GpuSession<'g> {
             &logits,
             Some(&am),
         )?;
+        let lm_at = steps.len();
         steps.push(Launch::Matvec(lm));
-        steps.push(Launch::Argmax(matvec::plan_argmax(
-            &am,
-            lm.tiles(),
-            &params,
-            8,
-        )?));
+        let argmax = Launch::Argmax(matvec::plan_argmax(&am, lm.tiles(), &params, 8)?);
+        steps.push(argmax);
         let eager = std::env::var("FERRITE_GPU_EAGER").is_ok_and(|v| !v.is_empty() && v != "0");
         let batched = std::env::var("FERRITE_GPU_PREFILL").map_or(true, |v| v != "0");
         let batch_end = (0..c.n_layer)
@@ -285,6 +291,9 @@ impl<'g> GpuSession<'g> {
             steps,
             graph: None,
             eager,
+            sampler: None,
+            argmax,
+            lm_at,
             _bufs: vec![
                 x,
                 qkv,
@@ -357,11 +366,58 @@ impl<'g> GpuSession<'g> {
         Ok(())
     }
 
-    /// Queues the step of `token` at the current position (checked by the caller).
-    fn step(&mut self, token: u32) -> Result<()> {
-        let mut p = [0u8; 8];
+    /// Sets the device sampler: later steps that pick a token (`forward_token`, the last of
+    /// `forward_tokens`) sample with `cfg` on the device instead of taking the argmax, reading
+    /// back only the token id. `None`, or a greedy `cfg` without penalties, restores the argmax.
+    /// Setting the config already set keeps the sampler's state (history, draw counter);
+    /// another starts a new one (draw counter 0). The penalties change `logits()` in place, as
+    /// the CPU sampler does. Sampled tokens follow the CPU sampler's distribution, not its
+    /// random stream (see `sample.rs`).
+    pub fn set_sampler(&mut self, cfg: Option<&SamplerConfig>) -> Result<()> {
+        let cfg = cfg.filter(|c| !device_greedy(c));
+        match (cfg, &self.sampler) {
+            (None, None) => return Ok(()),
+            (Some(c), Some(s)) if *c == s.cfg => return Ok(()),
+            _ => {}
+        }
+        let k = self.lm_at + 1;
+        match cfg {
+            None => {
+                self.sampler = None;
+                self.steps[k] = self.argmax;
+            }
+            Some(c) => {
+                let s = GpuSampler::new(&self.dev, c, self.m.cfg.vocab, self.m.ctx)?;
+                self.steps[k] =
+                    Launch::Sample(s.plan(&self.logits, self.m.cfg.vocab, &self.params)?);
+                self.sampler = Some(s);
+            }
+        }
+        self.graph = None;
+        Ok(())
+    }
+
+    /// Whether a device sampler is set (see `set_sampler`).
+    pub fn is_sampling(&self) -> bool {
+        self.sampler.is_some()
+    }
+
+    /// Replaces the device sampler's token history (the penalties' window looks at its last
+    /// `penalty_last_n`); each sampled token is appended on the device. No-op without a sampler.
+    pub fn set_history(&mut self, tokens: &[u32]) -> Result<()> {
+        match &self.sampler {
+            Some(s) => s.set_history(&self.dev, tokens),
+            None => Ok(()),
+        }
+    }
+
+    /// Queues the step of `token` at the current position (checked by the caller); `pick`:
+    /// whether the step ends by choosing the next token (the sampler samples only then).
+    fn step(&mut self, token: u32, pick: bool) -> Result<()> {
+        let mut p = [0u8; 16];
         p[..4].copy_from_slice(&token.to_le_bytes());
-        p[4..].copy_from_slice(&(self.pos as u32).to_le_bytes());
+        p[4..8].copy_from_slice(&(self.pos as u32).to_le_bytes());
+        p[12..].copy_from_slice(&u32::from(pick).to_le_bytes());
         self.dev.write_bytes(&self.params, 0, &p).gpu()?;
         if self.eager {
             self.enqueue()?;
@@ -391,10 +447,10 @@ impl<'g> GpuSession<'g> {
     }
 
     /// Runs `token` at position `pos()` and returns the greedy next token (argmax of the
-    /// logits, lowest id on ties), computed on the device.
+    /// logits, lowest id on ties), or with a sampler set the sampled one, computed on the device.
     pub fn forward_token(&mut self, token: u32) -> Result<u32> {
         self.check(&[token])?;
-        self.step(token)?;
+        self.step(token, true)?;
         self.read_next()
     }
 
@@ -409,8 +465,8 @@ impl<'g> GpuSession<'g> {
         if self.batched && tokens.len() >= 2 {
             return self.prefill(tokens, false).map(|(t, _)| t);
         }
-        for &t in tokens {
-            self.step(t)?;
+        for (i, &t) in tokens.iter().enumerate() {
+            self.step(t, i + 1 == tokens.len())?;
         }
         self.read_next()
     }
@@ -456,6 +512,7 @@ impl<'g> GpuSession<'g> {
         let vocab = self.m.cfg.vocab;
         let mut out = Vec::with_capacity(if all { tokens.len() * vocab } else { 0 });
         let mut batched_last = false;
+        let mut left = tokens.len();
         for ch in tokens.chunks(self.chunk) {
             let p0 = self.pos;
             if p0 + ch.len() <= self.batch_end {
@@ -465,10 +522,12 @@ impl<'g> GpuSession<'g> {
                     out.extend(pf.logits(self.m, ch.len())?);
                 }
                 self.pos += ch.len();
+                left -= ch.len();
                 batched_last = true;
             } else {
                 for &t in ch {
-                    self.step(t)?;
+                    left -= 1;
+                    self.step(t, left == 0)?;
                     if all {
                         out.extend(self.logits()?);
                     }
@@ -483,8 +542,10 @@ impl<'g> GpuSession<'g> {
             let last = (tokens.len() - 1) % self.chunk;
             debug_assert!(last < n);
             pf.copy_row(&self.dev, last, self.m.cfg.d_model, &self.x)?;
-            let k = self.steps.len();
-            for s in &self.steps[k - 2..] {
+            self.dev
+                .write_bytes(&self.params, 12, &1u32.to_le_bytes())
+                .gpu()?;
+            for s in &self.steps[self.lm_at..] {
                 s.enqueue(&self.dev)?;
             }
         }
@@ -496,7 +557,7 @@ impl<'g> GpuSession<'g> {
         super::read_f32(&self.dev, &self.logits, self.m.cfg.vocab)
     }
 
-    /// Greedy continuation: runs `prompt`, then `n` tokens, each the argmax after the one
+    /// Greedy continuation (sampled, with a sampler set): runs `prompt`, then `n` tokens, each the argmax after the one
     /// before; returns the `n` chosen ids (as `generate::greedy`).
     pub fn greedy(&mut self, prompt: &[u32], n: usize) -> Result<Vec<u32>> {
         let need = self.pos + prompt.len() + n;
@@ -520,4 +581,11 @@ impl<'g> GpuSession<'g> {
         }
         Ok(out)
     }
+}
+
+/// Whether `c` always picks the argmax of the raw logits (the step's own argmax does).
+pub(crate) fn device_greedy(c: &SamplerConfig) -> bool {
+    let no_penalty = c.penalty_last_n == 0
+        || (c.repeat_penalty == 1.0 && c.presence_penalty == 0.0 && c.frequency_penalty == 0.0);
+    c.temperature == 0.0 && no_penalty
 }

@@ -1,0 +1,210 @@
+//! The CPU sampler (`crate::sampler`) on the device: the last kernel of the decode step when a
+//! session samples (`GpuSession::set_sampler`), so a sampled step reads back one token id.
+//!
+//! State on the device: `SampleParams` (64 bytes: the settings, the history length and the draw
+//! counter, both advanced by the kernel), the token history (u32, one per context position:
+//! the prompt written by the host, each sampled token appended by the kernel), and a u64 scratch
+//! per vocabulary entry. Same seed, same settings, same logits: the same tokens (the kernel is
+//! deterministic).
+//!
+//! The random numbers are not the CPU sampler's stream (xoshiro256**): draw `i` uses
+//! SplitMix64 of (seed, i), a counter-based generator, so a replayed graph needs no host
+//! state. The distribution is the CPU's: the same penalties, temperature, top-k, top-p and min-p
+//! cuts in the same order (candidates ordered by logit, then id), and a draw proportional to
+//! exp(s - max). Probabilities are held as fixed-point masses round(exp(s - max) * 2^40), so a
+//! token under 2^-41 of the top one's probability is never drawn, and the top-p cut may differ
+//! from the CPU's f64 sum where the cumulative probability lies within ~1e-12 of `top_p`.
+
+use ferrite_cuda::{Buffer, CudaDevice, KernelArgs, KernelSource, LaunchConfig};
+
+use super::{zeros, CudaResult};
+use crate::error::{Error, Result};
+use crate::sampler::SamplerConfig;
+
+pub(crate) static SOURCE: KernelSource = KernelSource {
+    name: "llm_sample",
+    src: concat!(include_str!("quant.cuh"), include_str!("sample.cu")),
+};
+
+/// Bytes of `SampleParams` (sample.cu).
+const PARAMS_BYTES: usize = 64;
+/// Byte offset of `hist_len` in `SampleParams`.
+const HIST_LEN_OFF: usize = 36;
+
+/// `SampleParams` of `cfg`, with an empty history of `hist_cap` tokens and draw counter 0.
+fn params_bytes(cfg: &SamplerConfig, hist_cap: usize) -> [u8; PARAMS_BYTES] {
+    let mut b = [0u8; PARAMS_BYTES];
+    let greedy = cfg.temperature == 0.0;
+    let inv_t = if greedy { 1.0 } else { 1.0 / cfg.temperature };
+    let f = [
+        inv_t,
+        cfg.top_p,
+        cfg.min_p,
+        cfg.repeat_penalty,
+        cfg.presence_penalty,
+        cfg.frequency_penalty,
+    ];
+    for (i, v) in f.iter().enumerate() {
+        b[i * 4..i * 4 + 4].copy_from_slice(&v.to_le_bytes());
+    }
+    let clamp = |v: usize| v.min(u32::MAX as usize) as u32;
+    let u = [
+        clamp(cfg.top_k),
+        clamp(cfg.penalty_last_n),
+        u32::from(greedy),
+        0,
+        clamp(hist_cap),
+        0,
+    ];
+    for (i, v) in u.iter().enumerate() {
+        b[24 + i * 4..28 + i * 4].copy_from_slice(&v.to_le_bytes());
+    }
+    b[48..56].copy_from_slice(&cfg.seed.to_le_bytes());
+    b
+}
+
+/// The sampler state of a session on the device.
+pub(crate) struct GpuSampler {
+    pub(crate) cfg: SamplerConfig,
+    params: Buffer,
+    hist: Buffer,
+    scratch: Buffer,
+    hist_cap: usize,
+}
+
+impl GpuSampler {
+    /// Validates `cfg` and allocates the state for `vocab` logits and `hist_cap` history tokens.
+    pub(crate) fn new(
+        dev: &CudaDevice,
+        cfg: &SamplerConfig,
+        vocab: usize,
+        hist_cap: usize,
+    ) -> Result<GpuSampler> {
+        cfg.validate().map_err(|e| Error::Other(e.to_string()))?;
+        let params = zeros(dev, PARAMS_BYTES, "llm sampler params")?;
+        dev.write_bytes(&params, 0, &params_bytes(cfg, hist_cap))
+            .gpu()?;
+        let hist = zeros(dev, hist_cap * 4, "llm sampler history")?;
+        let scratch = zeros(dev, vocab * 8, "llm sampler scratch")?;
+        Ok(GpuSampler {
+            cfg: cfg.clone(),
+            params,
+            hist,
+            scratch,
+            hist_cap,
+        })
+    }
+
+    /// Replaces the history with `tokens` (their last `hist_cap` if longer); the draw counter
+    /// keeps counting.
+    pub(crate) fn set_history(&self, dev: &CudaDevice, tokens: &[u32]) -> Result<()> {
+        let t = &tokens[tokens.len().saturating_sub(self.hist_cap)..];
+        if !t.is_empty() {
+            let b: Vec<u8> = t.iter().flat_map(|v| v.to_le_bytes()).collect();
+            dev.write_bytes(&self.hist, 0, &b).gpu()?;
+        }
+        dev.write_bytes(&self.params, HIST_LEN_OFF, &(t.len() as u32).to_le_bytes())
+            .gpu()
+    }
+
+    /// The launch that samples from `logits` (f32 [vocab]) into the step parameter block.
+    pub(crate) fn plan(
+        &self,
+        logits: &Buffer,
+        vocab: usize,
+        step: &Buffer,
+    ) -> Result<SampleLaunch> {
+        if logits.bytes() < vocab * 4 || self.scratch.bytes() < vocab * 8 || step.bytes() < 16 {
+            return Err(Error::Other("sample: buffers too small".into()));
+        }
+        Ok(SampleLaunch {
+            params: self.params.ptr(),
+            hist: self.hist.ptr(),
+            logits: logits.ptr(),
+            n: vocab as u32,
+            scratch: self.scratch.ptr(),
+            out: step.ptr(),
+        })
+    }
+}
+
+/// One launch of `sample` (a single block of 1024 threads).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct SampleLaunch {
+    params: u64,
+    hist: u64,
+    logits: u64,
+    n: u32,
+    scratch: u64,
+    out: u64,
+}
+
+impl SampleLaunch {
+    pub(crate) fn enqueue(&self, dev: &CudaDevice) -> Result<()> {
+        let cfg = LaunchConfig::new((1, 1, 1), (1024, 1, 1), 0);
+        let args = KernelArgs::new()
+            .arg(self.params)
+            .arg(self.hist)
+            .arg(self.logits)
+            .arg(self.n)
+            .arg(self.scratch)
+            .arg(self.out);
+        super::launch(dev, "sample", &SOURCE, "sample", cfg, args)
+    }
+}
+
+/// Samples one token from `logits` (f32 [vocab] on the device; penalized in place) with the
+/// device sampler, as a decode step would: `history` is the token history, `step` the draw
+/// counter (the random number of draw `step` for `cfg.seed`). For tests of the kernel against
+/// the CPU sampler: each call allocates the sampler's state and reads back the token.
+pub fn sample_once(
+    dev: &CudaDevice,
+    cfg: &SamplerConfig,
+    logits: &Buffer,
+    vocab: usize,
+    history: &[u32],
+    step: u64,
+) -> Result<u32> {
+    let s = GpuSampler::new(dev, cfg, vocab, history.len().max(1))?;
+    s.set_history(dev, history)?;
+    dev.write_bytes(&s.params, 56, &step.to_le_bytes()).gpu()?;
+    let out = zeros(dev, 16, "llm sample step")?;
+    dev.write_bytes(&out, 12, &1u32.to_le_bytes()).gpu()?;
+    s.plan(logits, vocab, &out)?.enqueue(dev)?;
+    let b = dev.read_bytes(&out, 8, 4).gpu()?;
+    Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+}
+
+/// Draws `draws` tokens from the same `logits` (f32 [vocab], host), draw counters 0, 1, ...,
+/// reading back once at the end (tests: the empirical distribution of the device sampler).
+/// The logits are uploaded again before each draw (the penalties change them in place), and
+/// the history is reset to `history` each time.
+pub fn sample_many(
+    dev: &CudaDevice,
+    cfg: &SamplerConfig,
+    logits: &[f32],
+    history: &[u32],
+    draws: usize,
+) -> Result<Vec<u32>> {
+    let vocab = logits.len();
+    let s = GpuSampler::new(dev, cfg, vocab, history.len() + 1)?;
+    let lbytes: Vec<u8> = logits.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let lbuf = super::upload_bytes(dev, &lbytes, "llm sample logits")?;
+    let out = zeros(dev, draws.max(1) * 16, "llm sample steps")?;
+    for i in 0..draws {
+        dev.write_bytes(&lbuf, 0, &lbytes).gpu()?;
+        s.set_history(dev, history)?;
+        let mut step = [0u8; 16];
+        step[12..].copy_from_slice(&1u32.to_le_bytes());
+        dev.write_bytes(&out, i * 16, &step).gpu()?;
+        let l = SampleLaunch {
+            out: out.ptr() + (i * 16) as u64,
+            ..s.plan(&lbuf, vocab, &out)?
+        };
+        l.enqueue(dev)?;
+    }
+    let b = dev.read_bytes(&out, 0, draws * 16).gpu()?;
+    Ok(b.chunks_exact(16)
+        .map(|c| u32::from_le_bytes([c[8], c[9], c[10], c[11]]))
+        .collect())
+}
