@@ -167,11 +167,15 @@ fn run_cuda(
     let name = file_name(loaded);
     let size_mib = model.gguf().file_size() as f64 / (1024.0 * 1024.0);
     let backend = format!("CUDA ({})", dev.name());
-    let mode = if session.is_eager() {
-        "eager launches"
-    } else {
-        "graph"
-    };
+    let mode = format!(
+        "{}, {} activations",
+        if session.is_eager() {
+            "eager launches"
+        } else {
+            "graph"
+        },
+        if session.is_q8() { "q8" } else { "f32" }
+    );
     let gb_s = |tok_s: f64| per_token * tok_s / 1e9;
     if args.json {
         let tests: Vec<_> = results

@@ -35,6 +35,10 @@ fn nvrtc_tests() -> Vec<(&'static str, fn())> {
 fn gpu_tests() -> Vec<(&'static str, TestFn)> {
     vec![
         ("matvec_every_format_matches_cpu", matvec_every_format),
+        (
+            "matvec_q8_every_format_matches_cpu_q8",
+            matvec_q8_every_format,
+        ),
         ("matvec_segments_bias_add_and_norm", matvec_segments),
         ("matvec_glu_silu_and_gelu", matvec_glu),
         ("matvec_argmax_lowest_index_on_ties", matvec_argmax),
@@ -45,9 +49,11 @@ fn gpu_tests() -> Vec<(&'static str, TestFn)> {
         ("session_errors_token_and_context", session_errors),
         ("model_that_does_not_fit_is_refused", does_not_fit),
         ("synthetic_models_every_quant_match_cpu", synthetic_models),
+        ("synthetic_models_q8_match_cpu_q8", synthetic_models_q8),
         ("graph_replay_equals_eager_launches", graph_equals_eager),
         ("smollm2_logits_match_cpu_and_transformers", smollm2_logits),
         ("smollm2_greedy_32_tokens_match_cpu", smollm2_greedy),
+        ("smollm2_q8_greedy_and_logits_match_cpu_q8", smollm2_q8),
         ("gemma3_logits_and_greedy_match_cpu", gemma3),
         ("prefill_synthetic_models_match_cpu", prefill_synthetic),
         ("prefill_chunk_boundaries_match_cpu", prefill_chunks),
@@ -352,6 +358,82 @@ fn matvec_every_format(dev: &CudaDevice) -> Option<String> {
                 );
             }
         }
+    }
+    None
+}
+
+/// The formats with an 8-bit activation kernel (the CPU's Q8 mode takes 8-bit activations for
+/// the same ones).
+const Q8_TYPES: [GgmlType; 7] = [
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
+    GgmlType::Q8_0,
+    GgmlType::Q4_K,
+    GgmlType::Q6_K,
+];
+
+/// The fast mode's product against dequantized weights x the input quantized as the CPU's
+/// `quantize_q8` (the GPU quantizes to the same bytes; integer sums are exact, so only the f32
+/// scaling and summation differ): the same sizes as `matvec_every_format`. Formats without an
+/// integer kernel are refused by `ops::matvec_q8`.
+fn matvec_q8_every_format(dev: &CudaDevice) -> Option<String> {
+    use ferrite_llm::kernels::q8::{quantize_q8, BlockQ8};
+    for (i, ty) in Q8_TYPES.into_iter().enumerate() {
+        for (rows, cols) in [
+            (33usize, 768usize),
+            (1, 256),
+            (97, 2304),
+            (7, 14336),
+            (12001, 512),
+        ] {
+            let seed = (i * 1000 + rows) as u64 + 77;
+            let (m, w) = rand_matrix(dev, ty, rows, cols, seed);
+            // spread magnitudes across units, with a rounding tie (0.5 of a step) in unit 0
+            let mut x: Vec<f32> = Rng(seed + 7)
+                .vec(cols)
+                .iter()
+                .enumerate()
+                .map(|(k, v)| v * (1.0 + (k / 32 % 5) as f32))
+                .collect();
+            x[0] = 127.0;
+            x[1] = 0.5;
+            let mut qb = vec![BlockQ8::default(); cols / 32];
+            quantize_q8(&x, &mut qb);
+            let xq: Vec<f32> = qb
+                .iter()
+                .flat_map(|b| b.qs.iter().map(move |&q| b.d * q as f32))
+                .collect();
+            let xb = up(dev, &x);
+            let out = up(dev, &vec![f32::NAN; rows]);
+            let seg = [Seg {
+                w: &m,
+                bias: None,
+                out_off: 0,
+            }];
+            ops::matvec_q8(dev, &seg, Mode::Store, &xb, None, &out).unwrap();
+            let got = read(dev, &out, rows);
+            for (r, (want, abs)) in ref_matvec(&w, &xq, rows, cols).into_iter().enumerate() {
+                let d = (got[r] as f64 - want).abs();
+                assert!(
+                    d <= 1e-5 * abs + 1e-5,
+                    "q8 {ty} {rows}x{cols} row {r}: gpu {} cpu {want} (|diff| {d}, sum |wx| {abs})",
+                    got[r]
+                );
+            }
+        }
+    }
+    for ty in [GgmlType::F16, GgmlType::Q5_K] {
+        let (m, _) = rand_matrix(dev, ty, 4, 256, 1);
+        let xb = up(dev, &vec![0.5; 256]);
+        let out = up(dev, &[0.0; 4]);
+        let seg = [Seg {
+            w: &m,
+            bias: None,
+            out_off: 0,
+        }];
+        assert!(ops::matvec_q8(dev, &seg, Mode::Store, &xb, None, &out).is_err());
     }
     None
 }
@@ -953,7 +1035,28 @@ fn compare_model(
     rms_tol: f32,
     margin: f32,
 ) {
-    model.set_precision(Precision::Exact);
+    compare_model_at(
+        label,
+        model,
+        Precision::Exact,
+        dev,
+        tokens,
+        (max_tol, rms_tol),
+        margin,
+    );
+}
+
+/// `compare_model` with both the CPU and the GPU at `precision` (Q8: the GPU's fast mode).
+fn compare_model_at(
+    label: &str,
+    model: &mut Model,
+    precision: Precision,
+    dev: &CudaDevice,
+    tokens: &[u32],
+    (max_tol, rms_tol): (f32, f32),
+    margin: f32,
+) {
+    model.set_precision(precision);
     let gm = GpuModel::load(model, dev, 256).unwrap();
     let mut gs = GpuSession::new(&gm).unwrap();
     let mut cs = Session::new(model, 256).unwrap();
@@ -974,7 +1077,7 @@ fn compare_model(
         }
     }
     eprintln!(
-        "{label}: {} steps, logits vs CPU exact: max |diff| {:.2e}, rms {:.2e}",
+        "{label}: {} steps, logits vs CPU {precision:?}: max |diff| {:.2e}, rms {:.2e}",
         tokens.len(),
         worst.0,
         worst.1
@@ -1004,6 +1107,60 @@ fn synthetic_models(dev: &CudaDevice) -> Option<String> {
             rms,
             1e-2,
         );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    None
+}
+
+/// GPU logits of `tokens` (one decode step each) at `precision`.
+fn gpu_logits(
+    model: &mut Model,
+    precision: Precision,
+    dev: &CudaDevice,
+    tokens: &[u32],
+) -> Vec<Vec<f32>> {
+    model.set_precision(precision);
+    let gm = GpuModel::load(model, dev, 256).unwrap();
+    let mut s = GpuSession::new(&gm).unwrap();
+    assert_eq!(s.is_q8(), precision == Precision::Q8);
+    tokens
+        .iter()
+        .map(|&t| {
+            s.forward_token(t).unwrap();
+            s.logits().unwrap()
+        })
+        .collect()
+}
+
+/// The fast mode (8-bit activations) against the CPU's Q8 mode, which quantizes the same
+/// way: synthetic models of the formats with an integer kernel, 24 steps; also prints the
+/// fast mode's distance from the GPU's exact mode.
+fn synthetic_models_q8(dev: &CudaDevice) -> Option<String> {
+    let dir = tmp_dir();
+    for quant in Q8_TYPES.into_iter().filter(|q| QUANTS.contains(q)) {
+        let mut model = synth_model(quant, &dir, 2, 256);
+        let tokens: Vec<u32> = (0..24).map(|i| (i * 37 + 5) % 1000).collect();
+        // Not the same 8-bit inputs: the GPU's and the CPU's f32 differences in attention (f16
+        // KV cache), norms and activations move some inputs across a rounding edge, and each
+        // such flip moves a product by a whole step of 8-bit scale (measured on Q4_0: max
+        // 0.021, rms 0.006 at step 0, against 5e-4 between the exact modes).
+        compare_model_at(
+            &format!("synthetic {quant} q8"),
+            &mut model,
+            Precision::Q8,
+            dev,
+            &tokens,
+            (0.1, 0.025),
+            0.2,
+        );
+        let e = gpu_logits(&mut model, Precision::Exact, dev, &tokens);
+        let q = gpu_logits(&mut model, Precision::Q8, dev, &tokens);
+        let (mut max, mut rms, mut sd) = (0f32, 0f32, 0f32);
+        for (a, b) in q.iter().zip(&e) {
+            let (m, r, s) = diff_stats(a, b);
+            (max, rms, sd) = (max.max(m), rms.max(r), sd.max(s));
+        }
+        eprintln!("synthetic {quant}: GPU q8 vs GPU exact: max {max:.2e}, rms {rms:.2e} (logit std {sd:.3})");
     }
     let _ = std::fs::remove_dir_all(&dir);
     None
@@ -1104,6 +1261,61 @@ fn smollm2_greedy(dev: &CudaDevice) -> Option<String> {
         tok.decode(&got).starts_with(" Paris."),
         "{}",
         tok.decode(&got)
+    );
+    None
+}
+
+/// SmolLM2 in the fast mode: greedy 32 tokens against the CPU's default (Q8) mode, and the
+/// logits of every step of that sequence (teacher-forced) against the CPU's Q8 mode (greedy
+/// tokens must agree wherever the CPU's top-2 margin is clear); the distance of the fast
+/// mode's logits from the CPU's exact mode is printed.
+fn smollm2_q8(dev: &CudaDevice) -> Option<String> {
+    let Some(path) = smollm2_path() else {
+        return Some("SmolLM2-135M-Instruct.Q4_1.gguf is not in the model cache".into());
+    };
+    let mut model = Model::load(&path).unwrap();
+    assert_eq!(model.precision(), Precision::Q8, "the CPU's default");
+    let tok = Tokenizer::from_gguf(model.gguf()).unwrap();
+    let ids = tok.encode("The capital of France is", true).unwrap();
+    let mut cs = Session::new(&model, 64).unwrap();
+    let want = ferrite_llm::generate::greedy(&mut cs, &ids, 32).unwrap();
+    let gm = GpuModel::load(&model, dev, 64).unwrap();
+    let mut gs = GpuSession::new(&gm).unwrap();
+    assert!(gs.is_q8());
+    let got = gs.greedy(&ids, 32).unwrap();
+    eprintln!(
+        "SmolLM2 q8 greedy: GPU {:?}, CPU q8 {:?}: {}",
+        tok.decode(&got),
+        tok.decode(&want),
+        if got == want { "identical" } else { "DIFFER" }
+    );
+    let mut seq = ids.clone();
+    seq.extend(&want);
+    compare_model_at(
+        "SmolLM2 q8",
+        &mut model,
+        Precision::Q8,
+        dev,
+        &seq,
+        (2.0, 0.5),
+        1.0,
+    );
+    let e = {
+        model.set_precision(Precision::Exact);
+        let mut cs = Session::new(&model, 64).unwrap();
+        seq.iter()
+            .map(|&t| cs.forward(&[t], Logits::Last).unwrap().to_vec())
+            .collect::<Vec<_>>()
+    };
+    let q = gpu_logits(&mut model, Precision::Q8, dev, &seq);
+    let (mut max, mut rms) = (0f32, 0f32);
+    for (a, b) in q.iter().zip(&e) {
+        let (m, r, _) = diff_stats(a, b);
+        (max, rms) = (max.max(m), rms.max(r));
+    }
+    eprintln!(
+        "SmolLM2 GPU q8 vs CPU exact, {} steps: max {max:.3}, rms {rms:.3}",
+        seq.len()
     );
     None
 }
@@ -1211,7 +1423,8 @@ fn prefill_chunks(dev: &CudaDevice) -> Option<String> {
 /// to f16 rounding), and the greedy tokens agree wherever the margin is clear.
 fn prefill_then_decode(dev: &CudaDevice) -> Option<String> {
     let dir = tmp_dir();
-    let model = synth_model(GgmlType::Q4_0, &dir, 2, 256);
+    let mut model = synth_model(GgmlType::Q4_0, &dir, 2, 256);
+    model.set_precision(Precision::Exact);
     let gm = GpuModel::load(&model, dev, 128).unwrap();
     let prompt: Vec<u32> = (0..33).map(|i| (i * 29 + 7) % 1000).collect();
     let cont: Vec<u32> = (0..16).map(|i| (i * 71 + 2) % 1000).collect();

@@ -99,6 +99,141 @@ __device__ __forceinline__ float mv_units(const u8* base, u32 nunits, u32 j, u32
     return acc;
 }
 
+// ---- 8-bit activations (fast mode) ----
+// The input of a product quantized once (kernel quantize_q8) into units of Q8U bytes: qs[32]
+// (i8), d (f32), s = d * sum(qs) (f32), 8 bytes of padding (48-byte units: 16-byte reads of
+// consecutive units without bank conflicts). x[i] ~= d * qs[i], as the CPU's quantize_q8
+// (scale max|x| / 127, round half away from zero). Weight units are then dotted with __dp4a
+// on packed 4/5/6/8-bit integers and scaled once per unit by the two scales.
+#define Q8U 48
+
+// Bytes 4w..4w+3 of a unit's qs as an int (16-byte aligned unit in shared memory).
+__device__ __forceinline__ int q8w(const u8* xq, int w) { return ((const int*)xq)[w]; }
+
+// Bit 4 of bytes 0..3 from bits 0..3 of h.
+__device__ __forceinline__ int bits4(u32 h) {
+    return (int)(((h << 4) & 0x10u) | ((h << 11) & 0x1000u) | ((h << 18) & 0x100000u) | ((h << 25) & 0x10000000u));
+}
+
+// dot(weights of unit `sub` of the block at b, activations of the q8 unit at xq).
+template <int F> __device__ __forceinline__ float dq8(const u8* b, int sub, const u8* xq);
+
+template <> __device__ __forceinline__ float dq8<FMT_Q4_0>(const u8* b, int, const u8* xq) {
+    const float2 ds = *(const float2*)(xq + 32);
+    int acc = 0;
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+        const u32 v = ld4(b + 2 + 4 * w);
+        acc = __dp4a((int)(v & 0x0f0f0f0fu), q8w(xq, w), acc);
+        acc = __dp4a((int)((v >> 4) & 0x0f0f0f0fu), q8w(xq, w + 4), acc);
+    }
+    return ldh(b) * (ds.x * (float)acc - 8.0f * ds.y);
+}
+
+template <> __device__ __forceinline__ float dq8<FMT_Q4_1>(const u8* b, int, const u8* xq) {
+    const float2 ds = *(const float2*)(xq + 32);
+    int acc = 0;
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+        const u32 v = ld4(b + 4 + 4 * w);
+        acc = __dp4a((int)(v & 0x0f0f0f0fu), q8w(xq, w), acc);
+        acc = __dp4a((int)((v >> 4) & 0x0f0f0f0fu), q8w(xq, w + 4), acc);
+    }
+    return ldh(b) * ds.x * (float)acc + ldh(b + 2) * ds.y;
+}
+
+template <> __device__ __forceinline__ float dq8<FMT_Q5_0>(const u8* b, int, const u8* xq) {
+    const float2 ds = *(const float2*)(xq + 32);
+    const u32 qh = ld4(b + 2);
+    int acc = 0;
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+        const u32 v = ld4(b + 6 + 4 * w);
+        acc = __dp4a((int)(v & 0x0f0f0f0fu) | bits4(qh >> (4 * w)), q8w(xq, w), acc);
+        acc = __dp4a((int)((v >> 4) & 0x0f0f0f0fu) | bits4(qh >> (16 + 4 * w)), q8w(xq, w + 4), acc);
+    }
+    return ldh(b) * (ds.x * (float)acc - 16.0f * ds.y);
+}
+
+template <> __device__ __forceinline__ float dq8<FMT_Q5_1>(const u8* b, int, const u8* xq) {
+    const float2 ds = *(const float2*)(xq + 32);
+    const u32 qh = ld4(b + 4);
+    int acc = 0;
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+        const u32 v = ld4(b + 8 + 4 * w);
+        acc = __dp4a((int)(v & 0x0f0f0f0fu) | bits4(qh >> (4 * w)), q8w(xq, w), acc);
+        acc = __dp4a((int)((v >> 4) & 0x0f0f0f0fu) | bits4(qh >> (16 + 4 * w)), q8w(xq, w + 4), acc);
+    }
+    return ldh(b) * ds.x * (float)acc + ldh(b + 2) * ds.y;
+}
+
+template <> __device__ __forceinline__ float dq8<FMT_Q8_0>(const u8* b, int, const u8* xq) {
+    const float dx = *(const float*)(xq + 32);
+    int acc = 0;
+#pragma unroll
+    for (int w = 0; w < 8; ++w) acc = __dp4a((int)ld4(b + 2 + 4 * w), q8w(xq, w), acc);
+    return ldh(b) * dx * (float)acc;
+}
+
+template <> __device__ __forceinline__ float dq8<FMT_Q4_K>(const u8* b, int g, const u8* xq) {
+    const float2 ds = *(const float2*)(xq + 32);
+    int sc, mn;
+    scale_min_k4(g, b + 4, &sc, &mn);
+    const u8* q = b + 16 + 32 * (g >> 1);
+    const int sh = 4 * (g & 1);
+    int acc = 0;
+#pragma unroll
+    for (int w = 0; w < 8; ++w) acc = __dp4a((int)((ld4(q + 4 * w) >> sh) & 0x0f0f0f0fu), q8w(xq, w), acc);
+    return ldh(b) * (float)sc * ds.x * (float)acc - ldh(b + 2) * (float)mn * ds.y;
+}
+
+template <> __device__ __forceinline__ float dq8<FMT_Q6_K>(const u8* b, int g, const u8* xq) {
+    const float dx = *(const float*)(xq + 32);
+    const int n = g >> 2;
+    const u8* ql = b + 64 * n + 32 * (g & 1);
+    const int lsh = 4 * ((g & 3) >> 1);
+    const u8* qh = b + 128 + 32 * n;
+    const int hsh = 2 * (g & 3);
+    const signed char* sc = (const signed char*)(b + 192);
+    int a0 = 0, a1 = 0;
+#pragma unroll
+    for (int w = 0; w < 8; ++w) {
+        const u32 q = ((ld4(ql + 4 * w) >> lsh) & 0x0f0f0f0fu) | (((ld4(qh + 4 * w) >> hsh) & 0x03030303u) << 4);
+        const int x = q8w(xq, w);
+        // sum (q - 32) x = sum q x - 32 sum x
+        if (w < 4) {
+            a0 = __dp4a((int)q, x, a0);
+            a0 = __dp4a((int)0xe0e0e0e0u, x, a0);  // bytes of -32
+        } else {
+            a1 = __dp4a((int)q, x, a1);
+            a1 = __dp4a((int)0xe0e0e0e0u, x, a1);
+        }
+    }
+    return ldh(b + 208) * dx * ((float)sc[2 * g] * (float)a0 + (float)sc[2 * g + 1] * (float)a1);
+}
+
+#define FMT_DISPATCH_Q8(f, CALL) \
+    switch (f) { \
+    case FMT_Q4_0: CALL(FMT_Q4_0); break; \
+    case FMT_Q4_1: CALL(FMT_Q4_1); break; \
+    case FMT_Q5_0: CALL(FMT_Q5_0); break; \
+    case FMT_Q5_1: CALL(FMT_Q5_1); break; \
+    case FMT_Q8_0: CALL(FMT_Q8_0); break; \
+    case FMT_Q4_K: CALL(FMT_Q4_K); break; \
+    case FMT_Q6_K: CALL(FMT_Q6_K); break; \
+    }
+
+// mv_units over q8 activations: `xq` the q8 unit of the chunk's first unit.
+template <int F>
+__device__ __forceinline__ float mv_units_q8(const u8* base, u32 nunits, u32 j, u32 G, const u8* xq) {
+    constexpr u32 UPB = fmt_bs(F) / 32;
+    constexpr u32 TS = fmt_ts(F);
+    float acc = 0.f;
+    for (u32 u = j; u < nunits; u += G) acc += dq8<F>(base + (u / UPB) * TS, (int)(u % UPB), xq + u * Q8U);
+    return acc;
+}
+
 // Where row slot k's chunk [e0, e0 + ne) lies in global memory: start byte and length.
 __device__ __forceinline__ void chunk_range(const MvSeg& s, u32 row, u32 e0, u32 ne, u64* start, u32* len) {
     const u32 bs = fmt_bs(s.fmt), ts = fmt_ts(s.fmt);
@@ -131,13 +266,13 @@ __device__ __forceinline__ void tile_of(const MvArgs& a, bool glu, u32 t, MvSeg*
 // PERSIST: at most `tiles` blocks; block b takes tiles b, b + gridDim.x, ... (the input is
 // prepared once per block, and the next tile's first weights load while a tile ends): for
 // products with more tiles than resident blocks. Otherwise one block per tile.
-template <bool PERSIST>
+template <bool PERSIST, bool Q8>
 __device__ __forceinline__ void matvec_body(const MvArgs& a) {
     extern __shared__ __align__(16) u8 smem[];
     const u32 tid = threadIdx.x;
     const u32 units = a.cols >> 5;
     float* xs = (float*)smem;                     // units * XPAD floats (a multiple of 16 bytes)
-    u8* stage = smem + units * XPAD * 4;          // MV_STAGE bytes
+    u8* stage = smem + (Q8 ? units * Q8U : units * XPAD * 4);  // MV_STAGE bytes
     float* red = (float*)(stage + MV_STAGE);      // MV_RED floats
 
     const bool glu = a.mode >= MV_GLU_SILU;
@@ -196,7 +331,11 @@ __device__ __forceinline__ void matvec_body(const MvArgs& a) {
     pdl_wait();
     pdl_launch();
 
-    // Prologue: x (optionally RMS-normed) into shared memory.
+    // Prologue: x (optionally RMS-normed) into shared memory; Q8: the quantized input.
+    if (Q8) {
+        const U4* q4 = (const U4*)a.x;
+        for (u32 i = tid; i < units * (Q8U / 16); i += MV_T) ((U4*)smem)[i] = q4[i];
+    } else {
     const F4* x4 = (const F4*)a.x;
     const F4* g4 = (const F4*)a.norm;
     float ss = 0.f;
@@ -219,6 +358,7 @@ __device__ __forceinline__ void matvec_body(const MvArgs& a) {
             v.w = v.w * inv * g.w;
             *p = v;
         }
+    }
     }
 
     float* out = (float*)a.out;
@@ -253,9 +393,15 @@ __device__ __forceinline__ void matvec_body(const MvArgs& a) {
             const u8* base = stage + k * a.stride + (u32)(start & 15);
             const float* xc = xs + (e0 >> 5) * XPAD;
             const u32 nu = ne >> 5;
-#define MV_CALL(F) acc += mv_units<F>(base, nu, j, G, xc)
-            FMT_DISPATCH(sk.fmt, MV_CALL)
+            if (Q8) {
+#define MV_CALL(F) acc += mv_units_q8<F>(base, nu, j, G, smem + (e0 >> 5) * Q8U)
+                FMT_DISPATCH_Q8(sk.fmt, MV_CALL)
 #undef MV_CALL
+            } else {
+#define MV_CALL(F) acc += mv_units<F>(base, nu, j, G, xc)
+                FMT_DISPATCH(sk.fmt, MV_CALL)
+#undef MV_CALL
+            }
         }
         if (c + 1 < nchunks) continue;
 
@@ -313,8 +459,51 @@ __device__ __forceinline__ void matvec_body(const MvArgs& a) {
     }
 }
 
-extern "C" __global__ void __launch_bounds__(MV_T, 6) matvec(const MvArgs a) { matvec_body<false>(a); }
-extern "C" __global__ void __launch_bounds__(MV_T, 6) matvec_persist(const MvArgs a) { matvec_body<true>(a); }
+extern "C" __global__ void __launch_bounds__(MV_T, 6) matvec(const MvArgs a) { matvec_body<false, false>(a); }
+extern "C" __global__ void __launch_bounds__(MV_T, 6) matvec_persist(const MvArgs a) { matvec_body<true, false>(a); }
+// a.x: the q8 units of the input (quantize_q8), a.norm unused.
+extern "C" __global__ void __launch_bounds__(MV_T, 6) matvec_q8(const MvArgs a) { matvec_body<false, true>(a); }
+extern "C" __global__ void __launch_bounds__(MV_T, 6) matvec_q8_persist(const MvArgs a) { matvec_body<true, true>(a); }
+
+// out (cols / 32 units of Q8U bytes) = x (f32 [cols], 16-byte aligned), RMS-normed first by
+// `norm` (f32 [cols]) if not 0, quantized as the CPU's quantize_q8 (IEEE division and no
+// contraction, so the same bytes for the same input). One warp per unit, a lane per element;
+// with a norm every block sums the squares of the whole row (fixed order: blocks agree).
+extern "C" __global__ void __launch_bounds__(256) quantize_q8(u64 x, u64 norm, float eps, u32 cols, u64 out) {
+    __shared__ float red[32];
+    pdl_wait();
+    pdl_launch();
+    const float* xf = (const float*)x;
+    const float* g = (const float*)norm;
+    float inv = 1.0f;
+    if (norm) {
+        float ss = 0.f;
+        for (u32 i = threadIdx.x; i < (cols >> 2); i += blockDim.x) {
+            const F4 v = ((const F4*)x)[i];
+            ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+        }
+        ss = block_sum(ss, red);
+        inv = 1.0f / sqrtf(ss / (float)cols + eps);
+    }
+    const u32 lane = threadIdx.x & 31, warps = blockDim.x >> 5;
+    for (u32 u = blockIdx.x * warps + (threadIdx.x >> 5); u < (cols >> 5); u += gridDim.x * warps) {
+        float v = xf[32 * u + lane];
+        if (norm) v = __fmul_rn(__fmul_rn(v, inv), g[32 * u + lane]);
+        // |v| >= 0: its bits order as the values
+        const float amax = __int_as_float((int)__reduce_max_sync(0xffffffffu, (u32)__float_as_int(fabsf(v))));
+        const float d = __fdiv_rn(amax, 127.0f);
+        const float id = d != 0.0f ? __fdiv_rn(1.0f, d) : 0.0f;
+        const float r = __fmul_rn(v, id);
+        const int q = (int)__fadd_rn(r, copysignf(0.5f, r));
+        const int sum = __reduce_add_sync(0xffffffffu, q);
+        u8* o = (u8*)out + (u64)u * Q8U;
+        o[lane] = (u8)(q & 0xff);
+        if (lane == 0) {
+            ((float*)(o + 32))[0] = d;
+            ((float*)(o + 32))[1] = __fmul_rn(d, (float)sum);
+        }
+    }
+}
 
 // Layout of `EmbedArgs` in gpu/matvec.rs.
 struct EmbedArgs {

@@ -5,11 +5,12 @@
 //! row, the power of two nearest half the row's 32-element units (4..=128), so each thread
 //! takes one or two units per row and short rows still fill a block with several rows
 //! (NR = 128 / G rows per block). Columns are staged in chunks that fit 8 KiB of shared
-//! memory for the block's rows; the input vector takes another cols * 4.5 bytes.
+//! memory for the block's rows; the input vector takes another cols * 4.5 bytes (fast mode:
+//! cols * 1.5 bytes of 8-bit units, quantized beforehand by `quantize_q8`; see `with_q8`).
 
 use ferrite_cuda::{Buffer, CudaDevice, KernelArgs, KernelSource, LaunchConfig};
 
-use super::weights::GpuMatrix;
+use super::weights::{Fmt, GpuMatrix};
 use crate::error::{Error, Result};
 
 pub(crate) static SOURCE: KernelSource = KernelSource {
@@ -97,7 +98,42 @@ pub(crate) struct MvLaunch {
     smem: u32,
     /// `matvec_persist`: fewer blocks than tiles, each taking several.
     persist: bool,
+    /// Fast mode: the input is first quantized to 8-bit units (`quantize_q8`), and the
+    /// product takes integer dot products (`matvec_q8*`).
+    q8: Option<QuantLaunch>,
 }
+
+/// `quantize_q8` in matvec.cu: x (f32 [cols], optionally RMS-normed) into cols / 32 units of
+/// `Q8_UNIT` bytes.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct QuantLaunch {
+    x: u64,
+    norm: u64,
+    eps: f32,
+    cols: u32,
+    out: u64,
+    grid: u32,
+}
+
+/// Bytes per 32-element unit of a quantized input (`Q8U`).
+pub(crate) const Q8_UNIT: usize = 48;
+
+/// Bytes of the quantized input of rows of `cols` elements (the fast mode's scratch).
+pub(crate) fn q8_bytes(cols: usize) -> usize {
+    cols / 32 * Q8_UNIT
+}
+
+/// The formats the fast mode has an integer kernel for (`FMT_DISPATCH_Q8`): those the CPU's
+/// Q8 mode takes 8-bit activations for.
+const Q8_FMTS: [Fmt; 7] = [
+    Fmt::Q4_0,
+    Fmt::Q4_1,
+    Fmt::Q5_0,
+    Fmt::Q5_1,
+    Fmt::Q8_0,
+    Fmt::Q4_K,
+    Fmt::Q6_K,
+];
 
 /// Blocks of the kernel one multiprocessor holds by registers (`__launch_bounds__(MV_T, 6)`).
 const MV_BLOCKS_PER_SM: usize = 6;
@@ -116,13 +152,23 @@ fn check_len(buf: &Buffer, need: usize, what: &str) -> Result<()> {
     Ok(())
 }
 
+/// The most threads per row (`FERRITE_GPU_MV_G`, a power of two 4..=128; default 128): fewer
+/// give more rows per block, so more bytes per staged chunk (loads in flight) on wide rows.
+fn g_max() -> usize {
+    static G: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *G.get_or_init(|| {
+        std::env::var("FERRITE_GPU_MV_G")
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+            .filter(|g| g.is_power_of_two() && (4..=MV_T as usize).contains(g))
+            .unwrap_or(MV_T as usize)
+    })
+}
+
 /// Rows per block and threads per row for rows of `cols` elements.
 pub(crate) fn rows_per_block(cols: usize, glu: bool) -> (u32, u32) {
     let units = cols / 32;
-    let g = units
-        .div_ceil(2)
-        .next_power_of_two()
-        .clamp(4, MV_T as usize) as u32;
+    let g = units.div_ceil(2).next_power_of_two().clamp(4, g_max()) as u32;
     let mut nr = MV_T / g;
     if glu {
         nr = nr.max(2);
@@ -228,12 +274,7 @@ pub(crate) fn plan(
                 .ok_or_else(|| Error::Other("matvec: too many blocks".into()))?;
         }
     }
-    // Resident blocks: by registers and by shared memory (228 KiB per SM, 1 KiB reserved per
-    // block).
-    let per_sm = MV_BLOCKS_PER_SM.min(228 * 1024 / (smem + 1024)).max(1);
-    let resident = (per_sm * sm_count.max(1) as usize).min(u32::MAX as usize) as u32;
-    let persist = tiles > resident;
-    let grid = if persist { resident } else { tiles };
+    let (grid, persist) = grid_for(sm_count, smem, tiles);
     if let Some(a) = argmax {
         if segs.len() != 1 || glu {
             return Err(Error::Other(
@@ -262,7 +303,21 @@ pub(crate) fn plan(
         grid,
         smem: smem as u32,
         persist,
+        q8: None,
     })
+}
+
+/// Blocks of a launch of `tiles` tiles, and whether they persist (take several tiles each):
+/// when there are more tiles than blocks fit the multiprocessors at once, by registers and by
+/// shared memory (228 KiB per SM, 1 KiB reserved per block).
+fn grid_for(sm_count: u32, smem: usize, tiles: u32) -> (u32, bool) {
+    let per_sm = MV_BLOCKS_PER_SM.min(228 * 1024 / (smem + 1024)).max(1);
+    let resident = (per_sm * sm_count.max(1) as usize).min(u32::MAX as usize) as u32;
+    if tiles > resident {
+        (resident, true)
+    } else {
+        (tiles, false)
+    }
 }
 
 impl MvLaunch {
@@ -271,17 +326,72 @@ impl MvLaunch {
         self.args.tiles
     }
 
+    /// The same product in the fast mode, if every segment's format is `q8_capable` (else
+    /// unchanged): a `quantize_q8` launch puts norm(x) as 8-bit units into `scratch` (at least
+    /// `q8_bytes(cols)`), from which `matvec_q8` takes integer dot products.
+    pub(crate) fn with_q8(mut self, sm_count: u32, scratch: &Buffer) -> Result<MvLaunch> {
+        let a = self.args;
+        let capable = a.seg[..a.nseg as usize]
+            .iter()
+            .all(|s| Q8_FMTS.iter().any(|f| f.code() == s.fmt));
+        if !capable || self.q8.is_some() {
+            return Ok(self);
+        }
+        let cols = a.cols as usize;
+        check_len(scratch, q8_bytes(cols), "quantized input")?;
+        let units = cols / 32;
+        let smem = units * Q8_UNIT + MV_STAGE + MV_RED * 4;
+        let (grid, persist) = grid_for(sm_count, smem, a.tiles);
+        self.q8 = Some(QuantLaunch {
+            x: a.x,
+            norm: a.norm,
+            eps: a.eps,
+            cols: a.cols,
+            out: scratch.ptr(),
+            // one warp per unit, 8 per block
+            grid: u32_of(units.div_ceil(8).max(1), "blocks")?,
+        });
+        self.args.x = scratch.ptr();
+        self.args.norm = 0;
+        self.smem = smem as u32;
+        self.grid = grid;
+        self.persist = persist;
+        Ok(self)
+    }
+
+    /// Whether the product runs in the fast mode (8-bit activations).
+    pub(crate) fn is_q8(&self) -> bool {
+        self.q8.is_some()
+    }
+
+    /// Kernel launches of `enqueue` (2 in the fast mode: the quantization, then the product).
+    pub(crate) fn kernels(&self) -> usize {
+        1 + self.q8.is_some() as usize
+    }
+
     pub(crate) fn enqueue(&self, dev: &CudaDevice) -> Result<()> {
+        if let Some(q) = &self.q8 {
+            let cfg = LaunchConfig::new((q.grid, 1, 1), (256, 1, 1), 0);
+            let args = KernelArgs::new()
+                .arg(q.x)
+                .arg(q.norm)
+                .arg(q.eps)
+                .arg(q.cols)
+                .arg(q.out);
+            super::launch(dev, "matvec", &SOURCE, "quantize_q8", cfg, args)?;
+        }
         let cfg = LaunchConfig::new((self.grid, 1, 1), (MV_T, 1, 1), self.smem);
+        let name = match (self.q8.is_some(), self.persist) {
+            (false, false) => "matvec",
+            (false, true) => "matvec_persist",
+            (true, false) => "matvec_q8",
+            (true, true) => "matvec_q8_persist",
+        };
         super::launch(
             dev,
             "matvec",
             &SOURCE,
-            if self.persist {
-                "matvec_persist"
-            } else {
-                "matvec"
-            },
+            name,
             cfg,
             KernelArgs::new().arg(self.args),
         )

@@ -13,9 +13,10 @@
 //!   (8 bytes) and reads back the greedy token id (4 bytes). With a sampler set
 //!   (`GpuSession::set_sampler`), the last kernel is the full sampler (`sample.rs`) instead of
 //!   the argmax: still one token id back per step.
-//! - Activations stay f32 (no 8-bit activation rounding as on the CPU's fast path), so the
-//!   logits follow the CPU's exact mode (`Precision::Exact`) up to summation order and the f16
-//!   KV cache.
+//! - Activations follow the CPU model's `Precision` at load: `Q8` (the llama default) quantizes
+//!   each product's input to 8-bit units as the CPU does and takes `__dp4a` integer dot
+//!   products (the fast mode, `matvec.cu`); `Exact` (and `Q8x2`) keep f32 activations, so the
+//!   logits follow the CPU's exact mode up to summation order and the f16 KV cache.
 //!
 //! - Prompts of two or more tokens go through the batched prefill (`prefill.rs`): chunks of up
 //!   to 512 tokens, dequantized f16 weights x tensor-core products, the CUDA flash attention op

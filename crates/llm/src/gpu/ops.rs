@@ -24,6 +24,32 @@ pub fn matvec(
     matvec::plan(dev.sm_count(), segs, mode, x, norm, out, None)?.enqueue(dev)
 }
 
+/// `matvec` in the fast mode: norm(x) quantized to 8-bit units (32 values, a scale and their
+/// sum: the CPU's `quantize_q8`), then integer dot products per unit scaled by the weight's
+/// and the unit's scales. An error for formats without an integer kernel (F32, F16, BF16,
+/// Q5_K and the formats stored as f16).
+pub fn matvec_q8(
+    dev: &CudaDevice,
+    segs: &[Seg<'_>],
+    mode: Mode,
+    x: &Buffer,
+    norm: Option<(&Buffer, f32)>,
+    out: &Buffer,
+) -> Result<()> {
+    let cols = segs.first().map_or(0, |s| s.w.cols);
+    let scratch = zeros(dev, matvec::q8_bytes(cols), "quantized input")?;
+    let l = matvec::plan(dev.sm_count(), segs, mode, x, norm, out, None)?
+        .with_q8(dev.sm_count(), &scratch)?;
+    if !l.is_q8() {
+        return Err(crate::error::Error::Other(
+            "matvec_q8: a format without an 8-bit activation kernel".into(),
+        ));
+    }
+    l.enqueue(dev)?;
+    // the scratch is freed at return: wait for the launch that reads it
+    dev.synchronize().map_err(super::cuda_err)
+}
+
 /// `logits = W . norm(x)` and the index of the largest logit (u32) into `token` at byte 0.
 pub fn matvec_argmax(
     dev: &CudaDevice,

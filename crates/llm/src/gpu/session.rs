@@ -36,6 +36,7 @@ pub(crate) fn scratch_bytes(c: &Config, ctx: usize, sm_count: u32) -> usize {
         + shape.part_bytes(split)
         + c.n_head * 4
         + matvec::blocks_for(c.vocab, c.d_model) * 8
+        + matvec::q8_bytes(c.d_model.max(c.n_ff).max(q))
         + 4096
 }
 
@@ -268,6 +269,22 @@ impl<'g> GpuSession<'g> {
         steps.push(Launch::Matvec(lm));
         let argmax = Launch::Argmax(matvec::plan_argmax(&am, lm.tiles(), &params, 8)?);
         steps.push(argmax);
+        // Fast mode (the CPU's Q8 precision): products over formats with an integer kernel
+        // take their input quantized to 8-bit units (one scratch: the products run in order).
+        let mut q8buf = None;
+        if m.precision == crate::Precision::Q8 {
+            let q = zeros(
+                &dev,
+                matvec::q8_bytes(d.max(ff).max(nh * hd)),
+                "llm q8 input",
+            )?;
+            for s in steps.iter_mut() {
+                if let Launch::Matvec(l) = s {
+                    *l = l.with_q8(sm, &q)?;
+                }
+            }
+            q8buf = Some(q);
+        }
         let eager = std::env::var("FERRITE_GPU_EAGER").is_ok_and(|v| !v.is_empty() && v != "0");
         let batched = std::env::var("FERRITE_GPU_PREFILL").map_or(true, |v| v != "0");
         let batch_end = (0..c.n_layer)
@@ -305,7 +322,10 @@ impl<'g> GpuSession<'g> {
                 scratch.part,
                 scratch.count,
                 am,
-            ],
+            ]
+            .into_iter()
+            .chain(q8buf)
+            .collect(),
         })
     }
 
@@ -330,7 +350,21 @@ impl<'g> GpuSession<'g> {
 
     /// Kernel launches per token.
     pub fn launches_per_token(&self) -> usize {
-        self.steps.len()
+        self.steps
+            .iter()
+            .map(|s| match s {
+                Launch::Matvec(l) => l.kernels(),
+                _ => 1,
+            })
+            .sum()
+    }
+
+    /// Whether the products take 8-bit activations (the model's precision was `Q8` when the
+    /// session was created; see `GpuModel::set_precision`).
+    pub fn is_q8(&self) -> bool {
+        self.steps
+            .iter()
+            .any(|s| matches!(s, Launch::Matvec(l) if l.is_q8()))
     }
 
     /// Whether steps launch kernels one by one (`FERRITE_GPU_EAGER`) rather than replay a graph.

@@ -196,6 +196,9 @@ pub struct GpuModel {
     pub(crate) inv_freq: Buffer,
     pub(crate) inv_freq_local: Buffer,
     weight_bytes: usize,
+    /// Activations of the decode step's products: the CPU model's precision at load
+    /// (`Q8`: 8-bit, the fast mode; `Exact` and `Q8x2`: f32).
+    pub(crate) precision: crate::Precision,
 }
 
 /// Names of the matrices of layer `il`.
@@ -268,6 +271,17 @@ pub(crate) fn rope_inv_freq(rope_dim: usize, base: f32, factors: Option<&[f32]>)
 const MIB: f64 = 1024.0 * 1024.0;
 
 impl GpuModel {
+    /// Activation precision of the decode step's products in sessions created from now on:
+    /// `Q8` quantizes each product's input to 8-bit units and takes integer dot products (as
+    /// the CPU's Q8 mode); `Exact` and `Q8x2` keep f32 activations.
+    pub fn precision(&self) -> crate::Precision {
+        self.precision
+    }
+
+    pub fn set_precision(&mut self, p: crate::Precision) {
+        self.precision = p;
+    }
+
     /// Uploads the weights of `model` to `dev` for sessions of `ctx` positions (1..=the
     /// model's context length). Refuses, before uploading anything, a model whose weights,
     /// KV cache and scratch buffers exceed the device's free memory.
@@ -377,6 +391,7 @@ impl GpuModel {
             inv_freq: upload_f32(dev, &inv, "llm weights")?,
             inv_freq_local: upload_f32(dev, &inv_local, "llm weights")?,
             weight_bytes: 0,
+            precision: model.precision(),
         };
         m.weight_bytes = m.matrices().map(|w| w.bytes()).sum();
         let mut converted: Vec<(GgmlType, usize)> = Vec::new();
