@@ -178,8 +178,18 @@ pub fn mean_nll(session: &mut Session<'_>, ids: &[u32]) -> Result<(f64, usize)> 
     let mut nll = 0f64;
     for (c, piece) in inputs.chunks(chunk).enumerate() {
         let logits = session.forward(piece, Logits::All)?;
-        for (i, row) in logits.chunks_exact(vocab).enumerate() {
-            let target = ids[c * chunk + i + 1];
+        nll += chunk_nll(logits, vocab, &ids[c * chunk + 1..]);
+    }
+    Ok((nll / inputs.len() as f64, inputs.len()))
+}
+
+/// Sum over the rows of `logits` ([rows, vocab]) of -log softmax(row)[target], row i's
+/// target being `targets[i]`; computed in f64 with the row max subtracted.
+pub fn chunk_nll(logits: &[f32], vocab: usize, targets: &[u32]) -> f64 {
+    logits
+        .chunks_exact(vocab)
+        .zip(targets)
+        .map(|(row, &target)| {
             let max = row.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v)) as f64;
             let lse = row
                 .iter()
@@ -187,8 +197,7 @@ pub fn mean_nll(session: &mut Session<'_>, ids: &[u32]) -> Result<(f64, usize)> 
                 .sum::<f64>()
                 .ln()
                 + max;
-            nll += lse - row[target as usize] as f64;
-        }
-    }
-    Ok((nll / inputs.len() as f64, inputs.len()))
+            lse - row[target as usize] as f64
+        })
+        .sum()
 }

@@ -105,17 +105,7 @@ pub fn mean_nll(session: &mut GpuSession<'_>, ids: &[u32]) -> Result<(f64, usize
     let mut nll = 0f64;
     for (c, piece) in inputs.chunks(chunk).enumerate() {
         let logits = session.forward_logits(piece)?;
-        for (i, row) in logits.chunks_exact(vocab).enumerate() {
-            let target = ids[c * chunk + i + 1];
-            let max = row.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v)) as f64;
-            let lse = row
-                .iter()
-                .map(|&v| (v as f64 - max).exp())
-                .sum::<f64>()
-                .ln()
-                + max;
-            nll += lse - row[target as usize] as f64;
-        }
+        nll += crate::generate::chunk_nll(&logits, vocab, &ids[c * chunk + 1..]);
     }
     Ok((nll / inputs.len() as f64, inputs.len()))
 }
