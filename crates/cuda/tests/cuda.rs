@@ -6,8 +6,7 @@
 
 use ferrite_core::{DType, HostBuffer, Tensor};
 use ferrite_cuda::CudaDevice;
-use std::panic::AssertUnwindSafe;
-use std::time::Instant;
+use ferrite_testing::runner::Runner;
 
 type TestFn = fn(&CudaDevice);
 
@@ -43,53 +42,31 @@ fn gpu_tests() -> Vec<(&'static str, TestFn)> {
 }
 
 fn main() {
-    let filter: Option<String> = std::env::args().skip(1).find(|a| !a.starts_with('-'));
-    let wanted = |n: &str| filter.as_ref().is_none_or(|f| n.contains(f.as_str()));
-    let (mut passed, mut failed, mut skipped) = (0, Vec::new(), 0);
-    let mut run = |name: &str, f: &mut dyn FnMut()| {
-        let t = Instant::now();
-        match std::panic::catch_unwind(AssertUnwindSafe(f)) {
-            Ok(()) => {
-                println!("test {name} ... ok ({:.2} s)", t.elapsed().as_secs_f64());
-                passed += 1;
-            }
-            Err(e) => {
-                let msg = e
-                    .downcast_ref::<String>()
-                    .cloned()
-                    .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
-                    .unwrap_or_default();
-                println!("test {name} ... FAILED\n{msg}");
-                failed.push(name.to_string());
-            }
-        }
-    };
-    let name = "without_a_driver_cuda_is_a_clear_error";
-    if wanted(name) {
-        if ferrite_cuda::driver_present() {
-            println!("test {name} ... skipped: a CUDA driver is installed");
-            skipped += 1;
-        } else {
-            run(name, &mut || {
-                let msg = ferrite_cuda::cuda(0)
-                    .map(|_| ())
-                    .expect_err("cuda(0) without a driver")
-                    .to_string();
-                assert!(msg.contains("no CUDA device"), "{msg}");
-                assert_eq!(ferrite_cuda::device_count(), 0);
-            });
-        }
+    let mut r = Runner::from_args();
+    if ferrite_cuda::driver_present() {
+        r.skip(
+            "without_a_driver_cuda_is_a_clear_error",
+            "a CUDA driver is installed",
+        );
+    } else {
+        r.run("without_a_driver_cuda_is_a_clear_error", || {
+            let msg = ferrite_cuda::cuda(0)
+                .map(|_| ())
+                .expect_err("cuda(0) without a driver")
+                .to_string();
+            assert!(msg.contains("no CUDA device"), "{msg}");
+            assert_eq!(ferrite_cuda::device_count(), 0);
+            None
+        });
     }
     let nvrtc = ferrite_cuda::nvrtc_present();
     for (name, f) in nvrtc_tests() {
-        if !wanted(name) {
-            continue;
-        }
-        if nvrtc {
-            run(name, &mut || f());
-        } else {
-            println!("test {name} ... skipped: NVRTC (libnvrtc.so.13) is not installed");
-            skipped += 1;
+        match nvrtc {
+            true => r.run(name, || {
+                f();
+                None
+            }),
+            false => r.skip(name, "NVRTC (libnvrtc.so.13) is not installed"),
         }
     }
     let dev = if ferrite_cuda::is_available() {
@@ -104,15 +81,12 @@ fn main() {
         None
     };
     for (name, f) in gpu_tests() {
-        if !wanted(name) {
-            continue;
-        }
         match &dev {
-            Some(d) => run(name, &mut || f(d)),
-            None => {
-                println!("test {name} ... skipped: no CUDA device");
-                skipped += 1;
-            }
+            Some(d) => r.run(name, || {
+                f(d);
+                None
+            }),
+            None => r.skip(name, "no CUDA device"),
         }
     }
     if let Some(d) = &dev {
@@ -123,14 +97,7 @@ fn main() {
             d.compute_capability().1
         );
     }
-    println!(
-        "\ncuda tests: {passed} passed, {} failed, {skipped} skipped",
-        failed.len()
-    );
-    if !failed.is_empty() {
-        println!("failed: {}", failed.join(", "));
-        std::process::exit(1);
-    }
+    r.finish("cuda tests");
 }
 
 fn every_kernel_source_compiles() {

@@ -8,9 +8,9 @@
 //!
 //! Usage: `cargo test -p ferrite-llm --test gpu [-- FILTER]`.
 
-use std::panic::AssertUnwindSafe;
 use std::path::PathBuf;
-use std::time::Instant;
+
+use ferrite_testing::runner::Runner;
 
 use ferrite_gguf::{quant, GgmlType};
 use ferrite_llm::gpu::ops::{self, AttnShape, KvLayer, Mode, RopeSpec, Seg};
@@ -79,45 +79,15 @@ fn gpu_tests() -> Vec<(&'static str, TestFn)> {
 }
 
 fn main() {
-    let filter: Option<String> = std::env::args().skip(1).find(|a| !a.starts_with('-'));
-    let wanted = |n: &str| filter.as_ref().is_none_or(|f| n.contains(f.as_str()));
-    let (mut passed, mut failed, mut skipped) = (0, Vec::new(), 0);
-    let mut run = |name: &str, f: &mut dyn FnMut() -> Option<String>| {
-        let t = Instant::now();
-        match std::panic::catch_unwind(AssertUnwindSafe(f)) {
-            Ok(None) => {
-                println!("test {name} ... ok ({:.2} s)", t.elapsed().as_secs_f64());
-                passed += 1;
-            }
-            Ok(Some(why)) => {
-                println!("test {name} ... skipped: {why}");
-                skipped += 1;
-            }
-            Err(e) => {
-                let msg = e
-                    .downcast_ref::<String>()
-                    .cloned()
-                    .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
-                    .unwrap_or_default();
-                println!("test {name} ... FAILED\n{msg}");
-                failed.push(name.to_string());
-            }
-        }
-    };
+    let mut r = Runner::from_args();
     let nvrtc = ferrite_cuda::nvrtc_present();
     for (name, f) in nvrtc_tests() {
-        if !wanted(name) {
-            continue;
-        }
-        if nvrtc {
-            run(name, &mut || {
+        match nvrtc {
+            true => r.run(name, || {
                 f();
                 None
-            });
-        } else {
-            run(name, &mut || {
-                Some("NVRTC (libnvrtc.so.13) is not installed".into())
-            });
+            }),
+            false => r.skip(name, "NVRTC (libnvrtc.so.13) is not installed"),
         }
     }
     let dev = if ferrite_llm::gpu::is_available() {
@@ -132,12 +102,9 @@ fn main() {
         None
     };
     for (name, f) in gpu_tests() {
-        if !wanted(name) {
-            continue;
-        }
         match &dev {
-            Some(d) => run(name, &mut || f(d)),
-            None => run(name, &mut || Some("no CUDA device".into())),
+            Some(d) => r.run(name, || f(d)),
+            None => r.skip(name, "no CUDA device"),
         }
     }
     if let Some(d) = &dev {
@@ -148,14 +115,7 @@ fn main() {
             d.compute_capability().1
         );
     }
-    println!(
-        "\nllm gpu tests: {passed} passed, {} failed, {skipped} skipped",
-        failed.len()
-    );
-    if !failed.is_empty() {
-        println!("failed: {}", failed.join(", "));
-        std::process::exit(1);
-    }
+    r.finish("llm gpu tests");
 }
 
 fn every_kernel_compiles() {
