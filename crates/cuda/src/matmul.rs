@@ -41,6 +41,69 @@ pub(crate) struct Blas {
 
 unsafe impl Send for Blas {}
 
+impl Blas {
+    /// The device's handle, created at first use.
+    fn get<'a>(
+        dev: &CudaBackend,
+        slot: &'a mut Option<Blas>,
+        op: &'static str,
+    ) -> Result<&'a mut Blas> {
+        if slot.is_none() {
+            *slot = Some(Blas::new(dev)?);
+        }
+        slot.as_mut()
+            .ok_or_else(|| Error::backend(op, "no cuBLASLt handle"))
+    }
+
+    /// cuBLASLt's first heuristic pick for this problem (workspace and operand alignments
+    /// from `key`), cached per key.
+    ///
+    /// # Safety
+    /// The descriptors must be valid and describe the problem `key` stands for.
+    unsafe fn algo(
+        &mut self,
+        key: Key,
+        desc: lts::cublasLtMatmulDesc_t,
+        la: lts::cublasLtMatrixLayout_t,
+        lb: lts::cublasLtMatrixLayout_t,
+        ld: lts::cublasLtMatrixLayout_t,
+    ) -> std::result::Result<lts::cublasLtMatmulAlgo_t, cudarc::cublaslt::result::CublasError> {
+        if let Some(a) = self.algos.get(&key) {
+            return Ok(*a);
+        }
+        // SAFETY: the preference is created and destroyed here; the caller vouches for the
+        // descriptors; attribute buffers live across each call.
+        unsafe {
+            let pref = lt::create_matmul_pref()?;
+            let ws = WORKSPACE as u64;
+            use lts::cublasLtMatmulPreferenceAttributes_t as P;
+            let mut r = lt::set_matmul_pref_attribute(
+                pref,
+                P::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                &ws as *const u64 as *const c_void,
+                8,
+            );
+            for (attr, al) in [
+                (P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, key.align[0]),
+                (P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, key.align[1]),
+                (P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, key.align[2]),
+                (P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, key.align[2]),
+            ] {
+                r = r.and_then(|()| {
+                    lt::set_matmul_pref_attribute(pref, attr, &al as *const u32 as *const c_void, 4)
+                });
+            }
+            let h = r.and_then(|()| {
+                lt::get_matmul_algo_heuristic(self.handle, desc, la, lb, ld, ld, pref)
+            });
+            let _ = lt::destroy_matmul_pref(pref);
+            let algo = h?.algo;
+            self.algos.insert(key, algo);
+            Ok(algo)
+        }
+    }
+}
+
 fn lt_err(e: cudarc::cublaslt::result::CublasError) -> Error {
     Error::backend("matmul", format!("cuBLASLt error {:?}", e.0))
 }
@@ -211,12 +274,7 @@ pub(crate) fn matmul(
     };
     let _ = (m, n);
     let mut guard = dev.blas.lock().unwrap_or_else(|p| p.into_inner());
-    if guard.is_none() {
-        *guard = Some(Blas::new(dev)?);
-    }
-    let blas = guard
-        .as_mut()
-        .ok_or_else(|| Error::backend(op, "no cuBLASLt handle"))?;
+    let blas = Blas::get(dev, &mut guard, op)?;
     // SAFETY: descriptors are created and destroyed here; pointers reference live device
     // buffers ordered on the compute stream; alpha/beta live across the call.
     unsafe {
@@ -265,48 +323,15 @@ pub(crate) fn matmul(
         let la = layout(key.a)?;
         let lb = layout(key.b)?;
         let ld = layout((n as u64, m as u64, n as i64, (m * n) as i64))?;
-        let algo = match blas.algos.get(&key) {
-            Some(a) => *a,
-            None => {
-                let pref = lt::create_matmul_pref().map_err(lt_err)?;
-                let ws = WORKSPACE as u64;
-                lt::set_matmul_pref_attribute(
-                    pref,
-                    lts::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                    &ws as *const u64 as *const c_void,
-                    8,
-                )
-                .map_err(lt_err)?;
-                use lts::cublasLtMatmulPreferenceAttributes_t as P;
-                for (attr, al) in [
-                    (P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, key.align[0]),
-                    (P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, key.align[1]),
-                    (P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, key.align[2]),
-                    (P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, key.align[2]),
-                ] {
-                    lt::set_matmul_pref_attribute(
-                        pref,
-                        attr,
-                        &al as *const u32 as *const c_void,
-                        4,
-                    )
-                    .map_err(lt_err)?;
-                }
-                let h = lt::get_matmul_algo_heuristic(blas.handle, desc, la, lb, ld, ld, pref);
-                let _ = lt::destroy_matmul_pref(pref);
-                let h = h.map_err(|e| {
-                    Error::backend(
-                        op,
-                        format!(
-                            "cuBLASLt has no algorithm for {dt} [{batch}] {m}x{k} x {k}x{n}: {:?}",
-                            e.0
-                        ),
-                    )
-                })?;
-                blas.algos.insert(key, h.algo);
-                h.algo
-            }
-        };
+        let algo = blas.algo(key, desc, la, lb, ld).map_err(|e| {
+            Error::backend(
+                op,
+                format!(
+                    "cuBLASLt has no algorithm for {dt} [{batch}] {m}x{k} x {k}x{n}: {:?}",
+                    e.0
+                ),
+            )
+        })?;
         let (one32, zero32, one64, zero64) = (1.0f32, 0.0f32, 1.0f64, 0.0f64);
         let (alpha, beta): (*const c_void, *const c_void) = if dt == DType::F64 {
             (&one64 as *const f64 as _, &zero64 as *const f64 as _)
@@ -386,12 +411,7 @@ pub(crate) fn gemm_nt_f32(
         out32: true,
     };
     let mut guard = dev.blas.lock().unwrap_or_else(|p| p.into_inner());
-    if guard.is_none() {
-        *guard = Some(Blas::new(dev)?);
-    }
-    let blas = guard
-        .as_mut()
-        .ok_or_else(|| Error::backend(op, "no cuBLASLt handle"))?;
+    let blas = Blas::get(dev, &mut guard, op)?;
     // SAFETY: descriptors are created and destroyed here; the caller passes live device
     // addresses covering the operands, ordered on the compute stream; alpha/beta live across
     // the call.
@@ -420,50 +440,15 @@ pub(crate) fn gemm_nt_f32(
             ldd as i64,
         )
         .map_err(lt_err)?;
-        let algo = match blas.algos.get(&key) {
-            Some(a) => Ok(*a),
-            None => {
-                let pref = lt::create_matmul_pref().map_err(lt_err)?;
-                let ws = WORKSPACE as u64;
-                lt::set_matmul_pref_attribute(
-                    pref,
-                    lts::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                    &ws as *const u64 as *const c_void,
-                    8,
-                )
-                .map_err(lt_err)?;
-                use lts::cublasLtMatmulPreferenceAttributes_t as P;
-                for (attr, al) in [
-                    (P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, key.align[0]),
-                    (P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, key.align[1]),
-                    (P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, key.align[2]),
-                    (P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, key.align[2]),
-                ] {
-                    lt::set_matmul_pref_attribute(
-                        pref,
-                        attr,
-                        &al as *const u32 as *const c_void,
-                        4,
-                    )
-                    .map_err(lt_err)?;
-                }
-                let h = lt::get_matmul_algo_heuristic(blas.handle, desc, la, lb, ld, ld, pref);
-                let _ = lt::destroy_matmul_pref(pref);
-                h.map(|h| {
-                    blas.algos.insert(key, h.algo);
-                    h.algo
-                })
-                .map_err(|e| {
-                    Error::backend(
-                        op,
-                        format!(
-                            "cuBLASLt has no algorithm for {dt} {m}x{k} x {k}x{n} -> f32: {:?}",
-                            e.0
-                        ),
-                    )
-                })
-            }
-        };
+        let algo = blas.algo(key, desc, la, lb, ld).map_err(|e| {
+            Error::backend(
+                op,
+                format!(
+                    "cuBLASLt has no algorithm for {dt} {m}x{k} x {k}x{n} -> f32: {:?}",
+                    e.0
+                ),
+            )
+        });
         let (one, zero) = (1.0f32, 0.0f32);
         let beta: *const c_void = if accumulate {
             &one as *const f32 as _
