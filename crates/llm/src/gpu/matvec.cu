@@ -9,15 +9,17 @@
 // group k owns row slot k and splits the row's 32-element units among its threads (split-K
 // inside the block, reduced in a fixed order: results are deterministic). Columns go in
 // chunks of `chunk` elements: the block stages each of its rows' chunk bytes into shared
-// memory with 16-byte loads of the 16-byte aligned cover of the byte range (the loads of the
-// next chunk are in flight while the current one is computed), then every thread
+// memory with 16-byte asynchronous copies of the 16-byte aligned cover of the byte range, in a
+// ring of MV_S stages (the copies of the next MV_S - 1 steps are in flight while one step is
+// computed: enough bytes in flight per multiprocessor to stream HBM), then every thread
 // dequantizes its units into registers and takes the dot product with the f32 input, which
 // the prologue put in shared memory at XPAD floats per unit (consecutive units: 16-byte reads
 // without bank conflicts).
 
 #define MV_T 128
-#define MV_LPT 4
-#define MV_STAGE (MV_T * 16 * MV_LPT)
+#define MV_LPT 8
+#define MV_STAGE (MV_T * 16 * MV_LPT)  // bytes of one stage
+#define MV_S 3                           // stages in the ring
 #define XPAD 36
 #define MV_RED 64
 
@@ -46,7 +48,10 @@ struct MvArgs {
     u32 cols;       // elements per row (multiple of 32; of 256 when a K-quant is present)
     u32 rpb;        // rows per block and segment; NR = rpb (GLU: 2 * rpb) divides MV_T, NR <= 32
     u32 chunk;      // columns per staged chunk (multiple of every segment's block size)
-    u32 stride;     // staging bytes per row slot: multiple of 16, >= chunk bytes + 32; NR * stride <= MV_STAGE
+    u32 stride;     // staging bytes per row slot: multiple of 16, >= chunk bytes + 32; NR * stride <= MV_STAGE;
+                    // 0: packed (chunk == cols): a tile's rows of a matrix are contiguous in
+                    // memory and staged as one copy, rpb * row_bytes + 16 <= MV_STAGE (GLU:
+                    // MV_STAGE / 2, gate rows in the first half of the stage, up rows in the second)
     u64 x;          // f32 [cols], 16-byte aligned
     u64 norm;       // f32 [cols] RMS-norm weight applied to x first, or 0
     float eps;
@@ -67,6 +72,28 @@ __device__ __forceinline__ U4 ld_stream(u64 p) {
         : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
         : "l"(p));
     return v;
+}
+
+// 16 bytes from global (read once: L2 only) to shared memory, asynchronously where the
+// architecture has cp.async (sm_80+; completed by cp_wait), else through registers.
+__device__ __forceinline__ void cp16(u8* dst, u64 src) {
+#if __CUDA_ARCH__ >= 800
+    const u32 d = (u32)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(src) : "memory");
+#else
+    *(U4*)dst = ld_stream(src);
+#endif
+}
+__device__ __forceinline__ void cp_commit() {
+#if __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.commit_group;" ::: "memory");
+#endif
+}
+// Waits until at most N of this thread's committed groups are pending.
+template <int N> __device__ __forceinline__ void cp_wait() {
+#if __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+#endif
 }
 
 // dot(y[0..32], x[0..32]); x 16-byte aligned in shared memory.
@@ -272,8 +299,8 @@ __device__ __forceinline__ void matvec_body(const MvArgs& a) {
     const u32 tid = threadIdx.x;
     const u32 units = a.cols >> 5;
     float* xs = (float*)smem;                     // units * XPAD floats (a multiple of 16 bytes)
-    u8* stage = smem + (Q8 ? units * Q8U : units * XPAD * 4);  // MV_STAGE bytes
-    float* red = (float*)(stage + MV_STAGE);      // MV_RED floats
+    u8* stage = smem + (Q8 ? units * Q8U : units * XPAD * 4);  // MV_S * MV_STAGE bytes
+    float* red = (float*)(stage + MV_S * MV_STAGE);      // MV_RED floats
 
     const bool glu = a.mode >= MV_GLU_SILU;
     const MvSeg sb = a.seg[1];
@@ -290,44 +317,64 @@ __device__ __forceinline__ void matvec_body(const MvArgs& a) {
     const u32 ntile = PERSIST ? (a.tiles - blockIdx.x + gridDim.x - 1) / gridDim.x : 1;
     const u32 total = ntile * nchunks;
 
-    U4 pre[MV_LPT];
-    // Issues the loads of step `it` (tile blockIdx.x + (it / nchunks) * gridDim.x, chunk
-    // it % nchunks); bit q of the result: pre[q] holds a loaded slot.
-    auto load = [&](u32 it) -> u32 {
-        MvSeg sa;
-        u32 r0;
-        tile_of(a, glu, PERSIST ? blockIdx.x + (it / nchunks) * gridDim.x : blockIdx.x, &sa, &r0);
-        const u32 e0 = (PERSIST ? it % nchunks : it) * a.chunk;
-        const u32 ne = min(a.chunk, a.cols - e0);
-        u32 m = 0;
+    // Copies the weights of step `it` (tile blockIdx.x + (it / nchunks) * gridDim.x, chunk
+    // it % nchunks) into stage it % MV_S; then commits a group (empty past the last step, so
+    // that every step is one group).
+    auto issue = [&](u32 it) {
+        if (it < total) {
+            MvSeg sa;
+            u32 r0;
+            tile_of(a, glu, PERSIST ? blockIdx.x + (it / nchunks) * gridDim.x : blockIdx.x, &sa, &r0);
+            const u32 e0 = (PERSIST ? it % nchunks : it) * a.chunk;
+            const u32 ne = min(a.chunk, a.cols - e0);
+            u8* st = stage + (it % MV_S) * MV_STAGE;
+            if (a.stride == 0) {
+                // One 16-byte aligned cover of rows r0.. of sa (GLU: and of sb) per copy.
+                const u32 nm = glu ? 2 : 1;
+                const u32 cap16 = MV_STAGE / 16 / nm;
 #pragma unroll
-        for (int q = 0; q < MV_LPT; ++q) {
-            const u32 s = tid + q * MV_T;
-            if (s < nslots) {
-                const u32 kk = s / slot16, c16 = s % slot16;
-                const bool b2 = glu && kk >= rpb;
-                const MvSeg seg = b2 ? sb : sa;
-                const u32 row = r0 + (b2 ? kk - rpb : kk);
-                if (row < seg.rows) {
-                    u64 start;
-                    u32 len;
-                    chunk_range(seg, row, e0, ne, &start, &len);
+                for (u32 m = 0; m < nm; ++m) {
+                    const MvSeg seg = m ? sb : sa;
+                    const u64 start = seg.w + (u64)r0 * seg.row_bytes;
                     const u64 al = start & ~(u64)15;
-                    const u64 end = (start + len + 15) & ~(u64)15;
-                    const u64 p = al + 16 * (u64)c16;
-                    if (p < end) {
-                        pre[q] = ld_stream(p);
-                        m |= 1u << q;
+                    const u64 end = start + (u64)min(rpb, seg.rows - r0) * seg.row_bytes;
+                    const u32 n16 = (u32)((end - al + 15) >> 4);
+#pragma unroll
+                    for (int q = 0; q < MV_LPT; ++q) {
+                        const u32 s = tid + q * MV_T;
+                        if (s < n16 && s < cap16) cp16(st + m * (MV_STAGE / 2) + 16 * s, al + 16 * (u64)s);
+                    }
+                }
+                cp_commit();
+                return;
+            }
+#pragma unroll
+            for (int q = 0; q < MV_LPT; ++q) {
+                const u32 s = tid + q * MV_T;
+                if (s < nslots) {
+                    const u32 kk = s / slot16, c16 = s % slot16;
+                    const bool b2 = glu && kk >= rpb;
+                    const MvSeg seg = b2 ? sb : sa;
+                    const u32 row = r0 + (b2 ? kk - rpb : kk);
+                    if (row < seg.rows) {
+                        u64 start;
+                        u32 len;
+                        chunk_range(seg, row, e0, ne, &start, &len);
+                        const u64 al = start & ~(u64)15;
+                        const u64 end = (start + len + 15) & ~(u64)15;
+                        const u64 p = al + 16 * (u64)c16;
+                        if (p < end) cp16(st + kk * a.stride + c16 * 16, p);
                     }
                 }
             }
         }
-        return m;
+        cp_commit();
     };
 
-    // The first chunk's weights are in flight while the kernels before finish and the input
-    // is prepared (weights are never written: safe before pdl_wait).
-    u32 ok = load(0);
+    // The first MV_S - 1 steps' weights are in flight while the kernels before finish and the
+    // input is prepared (weights are never written: safe before pdl_wait).
+#pragma unroll
+    for (u32 q = 0; q + 1 < MV_S; ++q) issue(q);
     pdl_wait();
     pdl_launch();
 
@@ -374,23 +421,22 @@ __device__ __forceinline__ void matvec_body(const MvArgs& a) {
         tile_of(a, glu, tile, &sa, &r0);
         const MvSeg sk = kb ? sb : sa;
         const u32 krow = r0 + (kb ? k - rpb : k);
-        __syncthreads();  // the previous step's readers are done (and xs is complete)
-#pragma unroll
-        for (int q = 0; q < MV_LPT; ++q) {
-            if (ok & (1u << q)) {
-                const u32 s = tid + q * MV_T;
-                *(U4*)(stage + (s / slot16) * a.stride + (s % slot16) * 16) = pre[q];
-            }
-        }
+        cp_wait<MV_S - 2>();  // this thread's copies of step it have landed
+        // Every thread's copies of step it are visible, xs is complete, and step it - 1's
+        // readers are done with the stage that step it + MV_S - 1 refills.
         __syncthreads();
-        if (it + 1 < total) ok = load(it + 1);
+        issue(it + MV_S - 1);
+        const u8* st = stage + (it % MV_S) * MV_STAGE;
         if (krow < sk.rows) {
             const u32 e0 = c * a.chunk;
             const u32 ne = min(a.chunk, a.cols - e0);
             u64 start;
             u32 len;
             chunk_range(sk, krow, e0, ne, &start, &len);
-            const u8* base = stage + k * a.stride + (u32)(start & 15);
+            const u32 kk = kb ? k - rpb : k;
+            const u8* base = a.stride ? st + k * a.stride + (u32)(start & 15)
+                                      : st + (kb ? MV_STAGE / 2 : 0) + (u32)((sk.w + (u64)r0 * sk.row_bytes) & 15) +
+                                            kk * sk.row_bytes;
             const float* xc = xs + (e0 >> 5) * XPAD;
             const u32 nu = ne >> 5;
             if (Q8) {

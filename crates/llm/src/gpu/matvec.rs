@@ -21,7 +21,9 @@ pub(crate) static SOURCE: KernelSource = KernelSource {
 /// Threads per block (`MV_T`).
 const MV_T: u32 = 128;
 /// Staging bytes per block (`MV_STAGE` = MV_T * 16 * MV_LPT).
-const MV_STAGE: usize = 128 * 16 * 4;
+const MV_STAGE: usize = 128 * 16 * 8;
+/// Stages in the ring of staged weights (`MV_S`).
+const MV_S: usize = 3;
 /// Floats per 32-element unit of the input in shared memory (`XPAD`).
 const XPAD: usize = 36;
 /// Scratch floats (`MV_RED`).
@@ -152,37 +154,49 @@ fn check_len(buf: &Buffer, need: usize, what: &str) -> Result<()> {
     Ok(())
 }
 
-/// The most threads per row (`FERRITE_GPU_MV_G`, a power of two 4..=128; default 128): fewer
-/// give more rows per block, so more bytes per staged chunk (loads in flight) on wide rows.
-fn g_max() -> usize {
-    static G: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *G.get_or_init(|| {
-        std::env::var("FERRITE_GPU_MV_G")
+/// Units (32 elements) per thread that a tile aims at (`FERRITE_GPU_MV_UPT`, 1..=64; default
+/// 8): more give larger tiles, so fewer steps (each with a fixed cost) per byte streamed.
+fn units_per_thread() -> usize {
+    static U: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *U.get_or_init(|| {
+        std::env::var("FERRITE_GPU_MV_UPT")
             .ok()
             .and_then(|v| v.parse::<usize>().ok())
-            .filter(|g| g.is_power_of_two() && (4..=MV_T as usize).contains(g))
-            .unwrap_or(MV_T as usize)
+            .filter(|u| (1..=64).contains(u))
+            .unwrap_or(8)
     })
 }
 
-/// Rows per block and threads per row for rows of `cols` elements.
-pub(crate) fn rows_per_block(cols: usize, glu: bool) -> (u32, u32) {
+/// Rows per tile (GLU: of gate and of up each) for matrices of `rows` rows (GLU: gate rows; a
+/// multi-matrix launch: all rows) of `cols` elements, at most `row_bytes` bytes a row, and
+/// whether the tiles are packed (whole rows staged in one copy per matrix). About
+/// units_per_thread() units per thread, whole rows in a stage where they fit, and at least
+/// `sm_count` tiles where the rows allow.
+pub(crate) fn tile_rows(
+    cols: usize,
+    row_bytes: usize,
+    rows: usize,
+    glu: bool,
+    sm_count: u32,
+) -> (u32, bool) {
     let units = cols / 32;
-    let g = units.div_ceil(2).next_power_of_two().clamp(4, g_max()) as u32;
-    let mut nr = MV_T / g;
-    if glu {
-        nr = nr.max(2);
+    let g = units
+        .div_ceil(units_per_thread())
+        .next_power_of_two()
+        .clamp(4, MV_T as usize);
+    let m = if glu { 2 } else { 1 };
+    let mut per = (MV_T as usize / g).max(m) / m;
+    let cap = MV_STAGE / m;
+    while per > 1 && per * row_bytes + 16 > cap {
+        per /= 2;
     }
-    let rpb = if glu { nr / 2 } else { nr };
-    (rpb, MV_T / nr)
+    let packed = per * row_bytes + 16 <= cap;
+    while per > 1 && rows.div_ceil(per) < sm_count as usize {
+        per /= 2;
+    }
+    (per as u32, packed)
 }
 
-/// Plans `out = W . norm(x)` over 1..=3 segments sharing the input (Store/Add), or the gated
-/// product of segs = [gate, up] (Glu modes). `norm`: RMS-norm weight (f32 [cols]) and epsilon
-/// applied to x first. `argmax`: per-tile (max, index) partials, ArgPart [tiles] (8 bytes
-/// each). One block per tile, or, when there are more tiles than blocks fit the `sm_count`
-/// multiprocessors at once, that many blocks each taking every grid-th tile (the input is
-/// then prepared once per block instead of once per tile).
 pub(crate) fn plan(
     sm_count: u32,
     segs: &[Seg<'_>],
@@ -226,7 +240,13 @@ pub(crate) fn plan(
     if let Some((w, _)) = norm {
         check_len(w, cols * 4, "norm weight")?;
     }
-    let (rpb, _g) = rows_per_block(cols, glu);
+    let max_rb = segs.iter().map(|s| s.w.row_bytes).max().unwrap_or(0);
+    let rows = if glu {
+        first.w.rows
+    } else {
+        segs.iter().map(|s| s.w.rows).sum()
+    };
+    let (rpb, packed) = tile_rows(cols, max_rb, rows, glu, sm_count);
     let nr = if glu { 2 * rpb } else { rpb } as usize;
     let stride = MV_STAGE / nr;
     let granule = if segs.iter().any(|s| s.w.fmt.block_elems() == 256) {
@@ -246,9 +266,13 @@ pub(crate) fn plan(
             "matvec: {nr} rows of {gb}-byte granules do not fit the staging buffer"
         )));
     }
-    let chunk = (per * granule).min(cols);
+    let chunk = if packed {
+        cols
+    } else {
+        (per * granule).min(cols)
+    };
     let units = cols / 32;
-    let smem = units * XPAD * 4 + MV_STAGE + MV_RED * 4;
+    let smem = units * XPAD * 4 + MV_S * MV_STAGE + MV_RED * 4;
     if smem > SMEM_MAX {
         return Err(Error::Other(format!(
             "matvec: rows of {cols} elements need {smem} bytes of shared memory for the input; at most {SMEM_MAX}"
@@ -290,7 +314,7 @@ pub(crate) fn plan(
         cols: u32_of(cols, "columns")?,
         rpb,
         chunk: u32_of(chunk, "chunk")?,
-        stride: stride as u32,
+        stride: if packed { 0 } else { stride as u32 },
         x: x.ptr(),
         norm: norm.map_or(0, |(b, _)| b.ptr()),
         eps: norm.map_or(0.0, |(_, e)| e),
@@ -340,7 +364,7 @@ impl MvLaunch {
         let cols = a.cols as usize;
         check_len(scratch, q8_bytes(cols), "quantized input")?;
         let units = cols / 32;
-        let smem = units * Q8_UNIT + MV_STAGE + MV_RED * 4;
+        let smem = units * Q8_UNIT + MV_S * MV_STAGE + MV_RED * 4;
         let (grid, persist) = grid_for(sm_count, smem, a.tiles);
         self.q8 = Some(QuantLaunch {
             x: a.x,
@@ -398,9 +422,10 @@ impl MvLaunch {
     }
 }
 
-/// Tiles of the product of `rows` rows of `cols` elements (one matrix, Store/Add modes).
-pub(crate) fn blocks_for(rows: usize, cols: usize) -> usize {
-    rows.div_ceil(rows_per_block(cols, false).0 as usize)
+/// Most tiles of the product of `rows` rows (one matrix, Store/Add modes): room for its argmax
+/// partials.
+pub(crate) fn blocks_for(rows: usize) -> usize {
+    rows
 }
 
 /// `EmbedArgs` in matvec.cu.

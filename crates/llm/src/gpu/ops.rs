@@ -59,11 +59,7 @@ pub fn matvec_argmax(
     logits: &Buffer,
     token: &Buffer,
 ) -> Result<()> {
-    let part = zeros(
-        dev,
-        matvec::blocks_for(w.rows, w.cols) * 8,
-        "argmax partials",
-    )?;
+    let part = zeros(dev, matvec::blocks_for(w.rows) * 8, "argmax partials")?;
     let seg = [Seg {
         w,
         bias: None,

@@ -35,7 +35,7 @@ pub(crate) fn scratch_bytes(c: &Config, ctx: usize, sm_count: u32) -> usize {
     acts * 4
         + shape.part_bytes(split)
         + c.n_head * 4
-        + matvec::blocks_for(c.vocab, c.d_model) * 8
+        + matvec::blocks_for(c.vocab) * 8
         + matvec::q8_bytes(c.d_model.max(c.n_ff).max(q))
         + 4096
 }
@@ -94,11 +94,7 @@ impl<'g> GpuSession<'g> {
         let kc = zeros(&dev, kv_bytes, "llm kv cache")?;
         let vc = zeros(&dev, kv_bytes, "llm kv cache")?;
         let scratch = AttnScratch::new(&dev, &shape, None)?;
-        let am = zeros(
-            &dev,
-            matvec::blocks_for(c.vocab, d) * 8,
-            "llm argmax partials",
-        )?;
+        let am = zeros(&dev, matvec::blocks_for(c.vocab) * 8, "llm argmax partials")?;
 
         let mut steps = vec![Launch::Embed(matvec::plan_embed(
             &m.tok_embd,
