@@ -8,37 +8,50 @@ __device__ __forceinline__ unsigned short to_h(float v, u32 bf) {
     return bf ? f32_to_bf16(v).x : f32_to_f16(v).x;
 }
 
-// 32 values as 16-bit halves into 4 16-byte stores at `o` (64-byte aligned).
-__device__ __forceinline__ void store32(unsigned short* o, const float* y, u32 bf) {
-    U4* o4 = (U4*)o;
-#pragma unroll
-    for (int q = 0; q < 4; ++q) {
-        U4 v;
-        v.x = to_h(y[8 * q], bf) | ((u32)to_h(y[8 * q + 1], bf) << 16);
-        v.y = to_h(y[8 * q + 2], bf) | ((u32)to_h(y[8 * q + 3], bf) << 16);
-        v.z = to_h(y[8 * q + 4], bf) | ((u32)to_h(y[8 * q + 5], bf) << 16);
-        v.w = to_h(y[8 * q + 6], bf) | ((u32)to_h(y[8 * q + 7], bf) << 16);
-        o4[q] = v;
-    }
-}
-
-// out[r][c] (16-bit, row-major rows x cols) = weight r, c of the GGUF matrix at w. One thread
-// per 32-element unit.
-extern "C" __global__ void pf_dequant(u64 w, u32 fmt, u32 row_bytes, u32 cols, u32 rows, u64 out,
-                                      u32 bf) {
-    const u32 upr = cols >> 5;
-    const u64 units = (u64)rows * upr;
+// out[r][c] (16-bit, row-major rows x cols) = weight r, c of the GGUF matrix at w (rows
+// packed: row_bytes = cols / block size * block bytes, so unit u = r * cols / 32 + c / 32 of
+// the matrix is unit u of the flat block sequence, and its 32 outputs are out[32u .. 32u + 32)).
+// A block of PFD_T threads takes PFD_T consecutive units: their block bytes (one contiguous
+// range) staged into shared memory with 16-byte loads, a unit per thread dequantized into
+// shared memory, then written out with coalesced 16-byte stores.
+#define PFD_T 128
+#define PFD_WB (PFD_T * 128 + 32)  // staged weight bytes: 128 bytes a unit at most (f32), + alignment
+extern "C" __global__ void __launch_bounds__(PFD_T) pf_dequant(u64 w, u32 fmt, u32 row_bytes, u32 cols,
+                                                               u32 rows, u64 out, u32 bf) {
+    __shared__ __align__(16) u8 wsm[PFD_WB];
+    __shared__ __align__(16) U4 osm[PFD_T * 4];  // chunk q of unit t at 4t + ((q + t) & 3)
+    const u32 tid = threadIdx.x;
+    const u64 units = (u64)rows * (cols >> 5);
     const u32 upb = fmt_bs(fmt) / 32, ts = fmt_ts(fmt);
-    for (u64 u = (u64)blockIdx.x * blockDim.x + threadIdx.x; u < units;
-         u += (u64)gridDim.x * blockDim.x) {
-        const u32 r = (u32)(u / upr), c = (u32)(u % upr);
-        const u8* blk = (const u8*)w + (u64)r * row_bytes + (c / upb) * ts;
-        const int sub = (int)(c % upb);
-        float y[32];
-#define PF_DEQ(F) deq<F>(blk, sub, y)
-        FMT_DISPATCH(fmt, PF_DEQ)
+    for (u64 u0 = (u64)blockIdx.x * PFD_T; u0 < units; u0 += (u64)gridDim.x * PFD_T) {
+        const u32 n = (u32)min((u64)PFD_T, units - u0);
+        const u64 b0 = u0 / upb, b1 = (u0 + n - 1) / upb + 1;
+        const u64 start = w + b0 * ts;
+        const u64 al = start & ~(u64)15;
+        const u32 n16 = (u32)((w + b1 * ts - al + 15) >> 4);  // weights readable 16 bytes past the end
+        for (u32 i = tid; i < n16; i += PFD_T) ((U4*)wsm)[i] = ld_stream(al + 16 * (u64)i);
+        __syncthreads();
+        if (tid < n) {
+            const u64 u = u0 + tid;
+            const u8* blk = wsm + (u32)(start - al) + (u32)(u / upb - b0) * ts;
+            float y[32];
+#define PF_DEQ(F) deq<F>(blk, (int)(u % upb), y)
+            FMT_DISPATCH(fmt, PF_DEQ)
 #undef PF_DEQ
-        store32((unsigned short*)out + (u64)r * cols + c * 32, y, bf);
+#pragma unroll
+            for (int q = 0; q < 4; ++q) {
+                U4 v;
+                v.x = to_h(y[8 * q], bf) | ((u32)to_h(y[8 * q + 1], bf) << 16);
+                v.y = to_h(y[8 * q + 2], bf) | ((u32)to_h(y[8 * q + 3], bf) << 16);
+                v.z = to_h(y[8 * q + 4], bf) | ((u32)to_h(y[8 * q + 5], bf) << 16);
+                v.w = to_h(y[8 * q + 6], bf) | ((u32)to_h(y[8 * q + 7], bf) << 16);
+                osm[4 * tid + ((q + tid) & 3)] = v;
+            }
+        }
+        __syncthreads();
+        U4* o = (U4*)out + u0 * 4;
+        for (u32 i = tid; i < 4 * n; i += PFD_T) o[i] = osm[(i & ~3u) + (((i & 3) + (i >> 2)) & 3)];
+        __syncthreads();  // wsm and osm are refilled by the next round
     }
 }
 

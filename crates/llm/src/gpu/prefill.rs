@@ -157,7 +157,12 @@ impl Prefill {
             .arg(rows as u32)
             .arg(self.w.ptr() + (at * mat.cols * 2) as u64)
             .arg(self.bf());
-        launch(dev, "pf_dequant", flat(dev, rows * mat.cols / 32), args)
+        // PFD_T = 128 units per block and round
+        let blocks = (rows * mat.cols / 32)
+            .div_ceil(128)
+            .clamp(1, dev.sm_count() as usize * 16);
+        let cfg = LaunchConfig::new((blocks as u32, 1, 1), (128, 1, 1), 0);
+        launch(dev, "pf_dequant", cfg, args)
     }
 
     /// out[n rows][w_rows] (f32, row stride ldo, from byte `off`) (+)= in[n][k] . scratch^T.

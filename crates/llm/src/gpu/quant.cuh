@@ -37,6 +37,37 @@ __device__ __forceinline__ void pdl_launch() {
 
 struct __align__(16) U4 { u32 x, y, z, w; };
 struct __align__(16) F4 { float x, y, z, w; };
+
+// 16 bytes of weights, read once: bypass L1.
+__device__ __forceinline__ U4 ld_stream(u64 p) {
+    U4 v;
+    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+        : "l"(p));
+    return v;
+}
+
+// 16 bytes from global (read once: L2 only) to shared memory, asynchronously where the
+// architecture has cp.async (sm_80+; completed by cp_wait), else through registers.
+__device__ __forceinline__ void cp16(u8* dst, u64 src) {
+#if __CUDA_ARCH__ >= 800
+    const u32 d = (u32)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(src) : "memory");
+#else
+    *(U4*)dst = ld_stream(src);
+#endif
+}
+__device__ __forceinline__ void cp_commit() {
+#if __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.commit_group;" ::: "memory");
+#endif
+}
+// Waits until at most N of this thread's committed groups are pending.
+template <int N> __device__ __forceinline__ void cp_wait() {
+#if __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+#endif
+}
 struct __align__(8) H4 { unsigned short x, y, z, w; };
 
 // Elements per block.
