@@ -182,6 +182,7 @@ fn llama3_shapes_one_layer_load_with_untied_output_and_bos() {
         (GgmlType::Q4_0, vec![14336, 4096])
     );
     assert_eq!(f.get_f32("llama.rope.freq_base").unwrap(), 500000.0);
+    assert_eq!(f.get_usize("llama.context_length").unwrap(), 131072);
     let tok = Tokenizer::from_gguf(&f).unwrap();
     assert_eq!(tok.vocab_size(), 1024);
     assert_eq!(

@@ -31,6 +31,8 @@ pub struct Args {
     pub json: bool,
 }
 
+const MIB: f64 = 1024.0 * 1024.0;
+
 fn mean_sd(v: &[f64]) -> (f64, f64) {
     let n = v.len() as f64;
     let mean = v.iter().sum::<f64>() / n;
@@ -137,6 +139,8 @@ fn run_cuda(
     tokens: &[u32],
 ) -> anyhow::Result<()> {
     let model = &loaded.model;
+    dev.reset_peak_memory();
+    let free0 = dev.mem_info()?.0;
     let gm = GpuModel::load(model, dev, need)?;
     let mut session = GpuSession::new(&gm)?;
     let per_token = gm.bytes_per_token() as f64;
@@ -164,8 +168,15 @@ fn run_cuda(
         let (mean, sd) = mean_sd(&speeds);
         results.push((format!("{name}{count}"), mean, sd, speeds));
     }
+    // Device memory: the allocator's peak (weights, KV cache, activations, prefill scratch),
+    // and what the process took from the driver since before the load (adds the kernels'
+    // modules, cuBLASLt's workspace and the graph), against weights + KV cache + 10% + 256 MiB.
+    let mem = dev.memory_stats();
+    let taken = free0.saturating_sub(dev.mem_info()?.0);
+    let (wb, kvb) = (gm.weight_bytes(), session.kv_bytes());
+    let bound = (wb + kvb) as f64 * 1.1 + 256.0 * MIB;
     let name = file_name(loaded);
-    let size_mib = model.gguf().file_size() as f64 / (1024.0 * 1024.0);
+    let size_mib = model.gguf().file_size() as f64 / MIB;
     let backend = format!("CUDA ({})", dev.name());
     let mode = format!(
         "{}, {} activations",
@@ -193,6 +204,8 @@ fn run_cuda(
             "model": name, "size_mib": size_mib, "arch": model.cfg.arch_name, "backend": backend,
             "mode": mode, "kernels_per_token": session.launches_per_token(),
             "weight_bytes_per_token": per_token, "repetitions": args.r, "results": tests,
+            "memory": {"peak_in_use": mem.peak_in_use, "reserved": mem.reserved,
+                       "taken_from_driver": taken, "weights": wb, "kv_cache": kvb, "bound": bound},
         });
         println!("{}", serde_json::to_string_pretty(&out)?);
     } else {
@@ -209,7 +222,7 @@ fn run_cuda(
         eprintln!(
             "{} kernels per decode token; {:.1} MiB of weights read per token; pp: {}",
             session.launches_per_token(),
-            per_token / (1024.0 * 1024.0),
+            per_token / MIB,
             if session.is_batched() {
                 format!(
                     "batched prefill, chunks of {} tokens",
@@ -218,6 +231,16 @@ fn run_cuda(
             } else {
                 "one decode step per token (FERRITE_GPU_PREFILL=0)".to_string()
             }
+        );
+        eprintln!(
+            "device memory: peak {:.1} MiB allocated ({:.1} MiB reserved), {:.1} MiB taken from the driver; weights {:.1} MiB + KV cache {:.1} MiB ({} positions): bound (+10% + 256 MiB) {:.1} MiB",
+            mem.peak_in_use as f64 / MIB,
+            mem.reserved as f64 / MIB,
+            taken as f64 / MIB,
+            wb as f64 / MIB,
+            kvb as f64 / MIB,
+            session.ctx(),
+            bound / MIB
         );
     }
     Ok(())

@@ -57,7 +57,8 @@ pub const PRESETS: [&str; 2] = ["smollm2-135m", "llama3-8b"];
 
 impl SynthConfig {
     /// `smollm2-135m`: SmolLM2-135M exactly. `llama3-8b`: Llama-3-8B's shapes with a 49152-token
-    /// vocabulary (the anchor benchmark's; the real one has 128256).
+    /// vocabulary (the anchor benchmark's; the real one has 128256) and Llama-3.1's context
+    /// length, 131072 (same weight shapes as Llama-3's 8192; long-context runs need it).
     pub fn preset(name: &str) -> Result<SynthConfig> {
         match name {
             "smollm2-135m" => Ok(SynthConfig {
@@ -82,7 +83,7 @@ impl SynthConfig {
                 n_kv_head: 8,
                 n_ff: 14336,
                 vocab: 49152,
-                ctx: 8192,
+                ctx: 131072,
                 rope_base: 500_000.0,
                 eps: 1e-5,
                 tied_output: false,

@@ -103,8 +103,29 @@ __device__ __forceinline__ float mv_units(const u8* base, u32 nunits, u32 j, u32
 // on packed 4/5/6/8-bit integers and scaled once per unit by the two scales.
 #define Q8U 48
 
-// Bytes 4w..4w+3 of a unit's qs as an int (16-byte aligned unit in shared memory).
-__device__ __forceinline__ int q8w(const u8* xq, int w) { return ((const int*)xq)[w]; }
+// A unit's qs as 8 ints (16-byte aligned unit in shared memory: two 16-byte loads).
+struct Q8W {
+    int w[8];
+};
+__device__ __forceinline__ Q8W q8ld(const u8* xq) {
+    const int4 a = ((const int4*)xq)[0], b = ((const int4*)xq)[1];
+    Q8W r;
+    r.w[0] = a.x, r.w[1] = a.y, r.w[2] = a.z, r.w[3] = a.w;
+    r.w[4] = b.x, r.w[5] = b.y, r.w[6] = b.z, r.w[7] = b.w;
+    return r;
+}
+
+// 16 bytes at p (2-byte aligned, in shared memory) as 4 words: 4-byte aligned loads joined by
+// funnel shifts (may read up to 3 bytes past p + 16).
+__device__ __forceinline__ void ld16_a2(const u8* p, u32* v) {
+    const u32* a = (const u32*)((size_t)p & ~(size_t)3);
+    const u32 sh = ((u32)(size_t)p & 3u) * 8u;
+    const u32 w0 = a[0], w1 = a[1], w2 = a[2], w3 = a[3], w4 = a[4];
+    v[0] = __funnelshift_r(w0, w1, sh);
+    v[1] = __funnelshift_r(w1, w2, sh);
+    v[2] = __funnelshift_r(w2, w3, sh);
+    v[3] = __funnelshift_r(w3, w4, sh);
+}
 
 // Bit 4 of bytes 0..3 from bits 0..3 of h.
 __device__ __forceinline__ int bits4(u32 h) {
@@ -115,64 +136,74 @@ __device__ __forceinline__ int bits4(u32 h) {
 template <int F> __device__ __forceinline__ float dq8(const u8* b, int sub, const u8* xq);
 
 template <> __device__ __forceinline__ float dq8<FMT_Q4_0>(const u8* b, int, const u8* xq) {
+    const Q8W xv = q8ld(xq);
     const float2 ds = *(const float2*)(xq + 32);
+    u32 q[4];
+    ld16_a2(b + 2, q);
     int acc = 0;
 #pragma unroll
     for (int w = 0; w < 4; ++w) {
-        const u32 v = ld4(b + 2 + 4 * w);
-        acc = __dp4a((int)(v & 0x0f0f0f0fu), q8w(xq, w), acc);
-        acc = __dp4a((int)((v >> 4) & 0x0f0f0f0fu), q8w(xq, w + 4), acc);
+        acc = __dp4a((int)(q[w] & 0x0f0f0f0fu), xv.w[w], acc);
+        acc = __dp4a((int)((q[w] >> 4) & 0x0f0f0f0fu), xv.w[w + 4], acc);
     }
     return ldh(b) * (ds.x * (float)acc - 8.0f * ds.y);
 }
 
 template <> __device__ __forceinline__ float dq8<FMT_Q4_1>(const u8* b, int, const u8* xq) {
+    const Q8W xv = q8ld(xq);
     const float2 ds = *(const float2*)(xq + 32);
     int acc = 0;
 #pragma unroll
     for (int w = 0; w < 4; ++w) {
         const u32 v = ld4(b + 4 + 4 * w);
-        acc = __dp4a((int)(v & 0x0f0f0f0fu), q8w(xq, w), acc);
-        acc = __dp4a((int)((v >> 4) & 0x0f0f0f0fu), q8w(xq, w + 4), acc);
+        acc = __dp4a((int)(v & 0x0f0f0f0fu), xv.w[w], acc);
+        acc = __dp4a((int)((v >> 4) & 0x0f0f0f0fu), xv.w[w + 4], acc);
     }
     return ldh(b) * ds.x * (float)acc + ldh(b + 2) * ds.y;
 }
 
 template <> __device__ __forceinline__ float dq8<FMT_Q5_0>(const u8* b, int, const u8* xq) {
+    const Q8W xv = q8ld(xq);
     const float2 ds = *(const float2*)(xq + 32);
     const u32 qh = ld4(b + 2);
     int acc = 0;
 #pragma unroll
     for (int w = 0; w < 4; ++w) {
         const u32 v = ld4(b + 6 + 4 * w);
-        acc = __dp4a((int)(v & 0x0f0f0f0fu) | bits4(qh >> (4 * w)), q8w(xq, w), acc);
-        acc = __dp4a((int)((v >> 4) & 0x0f0f0f0fu) | bits4(qh >> (16 + 4 * w)), q8w(xq, w + 4), acc);
+        acc = __dp4a((int)(v & 0x0f0f0f0fu) | bits4(qh >> (4 * w)), xv.w[w], acc);
+        acc = __dp4a((int)((v >> 4) & 0x0f0f0f0fu) | bits4(qh >> (16 + 4 * w)), xv.w[w + 4], acc);
     }
     return ldh(b) * (ds.x * (float)acc - 16.0f * ds.y);
 }
 
 template <> __device__ __forceinline__ float dq8<FMT_Q5_1>(const u8* b, int, const u8* xq) {
+    const Q8W xv = q8ld(xq);
     const float2 ds = *(const float2*)(xq + 32);
     const u32 qh = ld4(b + 4);
     int acc = 0;
 #pragma unroll
     for (int w = 0; w < 4; ++w) {
         const u32 v = ld4(b + 8 + 4 * w);
-        acc = __dp4a((int)(v & 0x0f0f0f0fu) | bits4(qh >> (4 * w)), q8w(xq, w), acc);
-        acc = __dp4a((int)((v >> 4) & 0x0f0f0f0fu) | bits4(qh >> (16 + 4 * w)), q8w(xq, w + 4), acc);
+        acc = __dp4a((int)(v & 0x0f0f0f0fu) | bits4(qh >> (4 * w)), xv.w[w], acc);
+        acc = __dp4a((int)((v >> 4) & 0x0f0f0f0fu) | bits4(qh >> (16 + 4 * w)), xv.w[w + 4], acc);
     }
     return ldh(b) * ds.x * (float)acc + ldh(b + 2) * ds.y;
 }
 
 template <> __device__ __forceinline__ float dq8<FMT_Q8_0>(const u8* b, int, const u8* xq) {
+    const Q8W xv = q8ld(xq);
     const float dx = *(const float*)(xq + 32);
     int acc = 0;
+    u32 q[8];
+    ld16_a2(b + 2, q);
+    ld16_a2(b + 18, q + 4);
 #pragma unroll
-    for (int w = 0; w < 8; ++w) acc = __dp4a((int)ld4(b + 2 + 4 * w), q8w(xq, w), acc);
+    for (int w = 0; w < 8; ++w) acc = __dp4a((int)q[w], xv.w[w], acc);
     return ldh(b) * dx * (float)acc;
 }
 
 template <> __device__ __forceinline__ float dq8<FMT_Q4_K>(const u8* b, int g, const u8* xq) {
+    const Q8W xv = q8ld(xq);
     const float2 ds = *(const float2*)(xq + 32);
     int sc, mn;
     scale_min_k4(g, b + 4, &sc, &mn);
@@ -180,11 +211,12 @@ template <> __device__ __forceinline__ float dq8<FMT_Q4_K>(const u8* b, int g, c
     const int sh = 4 * (g & 1);
     int acc = 0;
 #pragma unroll
-    for (int w = 0; w < 8; ++w) acc = __dp4a((int)((ld4(q + 4 * w) >> sh) & 0x0f0f0f0fu), q8w(xq, w), acc);
+    for (int w = 0; w < 8; ++w) acc = __dp4a((int)((ld4(q + 4 * w) >> sh) & 0x0f0f0f0fu), xv.w[w], acc);
     return ldh(b) * (float)sc * ds.x * (float)acc - ldh(b + 2) * (float)mn * ds.y;
 }
 
 template <> __device__ __forceinline__ float dq8<FMT_Q6_K>(const u8* b, int g, const u8* xq) {
+    const Q8W xv = q8ld(xq);
     const float dx = *(const float*)(xq + 32);
     const int n = g >> 2;
     const u8* ql = b + 64 * n + 32 * (g & 1);
@@ -196,7 +228,7 @@ template <> __device__ __forceinline__ float dq8<FMT_Q6_K>(const u8* b, int g, c
 #pragma unroll
     for (int w = 0; w < 8; ++w) {
         const u32 q = ((ld4(ql + 4 * w) >> lsh) & 0x0f0f0f0fu) | (((ld4(qh + 4 * w) >> hsh) & 0x03030303u) << 4);
-        const int x = q8w(xq, w);
+        const int x = xv.w[w];
         // sum (q - 32) x = sum q x - 32 sum x
         if (w < 4) {
             a0 = __dp4a((int)q, x, a0);

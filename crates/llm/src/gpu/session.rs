@@ -339,6 +339,11 @@ impl<'g> GpuSession<'g> {
         self.m.ctx
     }
 
+    /// Bytes of the KV cache (keys and values, every layer, `ctx` positions).
+    pub fn kv_bytes(&self) -> usize {
+        self.kc.bytes() + self.vc.bytes()
+    }
+
     /// Forgets every position from `pos` on.
     pub fn truncate(&mut self, pos: usize) {
         self.pos = self.pos.min(pos);
