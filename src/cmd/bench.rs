@@ -52,13 +52,18 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let loaded = args.model.load()?;
     let model = &loaded.model;
     let vocab = model.cfg.vocab;
-    let need = args.p.max(args.n).max(1);
-    if need > model.cfg.ctx_train {
+    let tests = args.p.max(args.n).max(1);
+    if tests > model.cfg.ctx_train {
         anyhow::bail!(
-            "{need} tokens exceed the model's context length {}",
+            "{tests} tokens exceed the model's context length {}",
             model.cfg.ctx_train
         );
     }
+    // The KV cache holds the longest test, or `--ctx` positions if given (at least the test).
+    let need = match args.model.ctx {
+        Some(_) => args.model.ctx(model)?.max(tests),
+        None => tests,
+    };
     // Deterministic token ids spread over the vocabulary.
     let tokens: Vec<u32> = (0..need)
         .map(|i| ((i * 7919 + 13) % vocab) as u32)
