@@ -140,20 +140,6 @@ const Q8_FMTS: [Fmt; 7] = [
 /// Blocks of the kernel one multiprocessor holds by registers (`__launch_bounds__(MV_T, 6)`).
 const MV_BLOCKS_PER_SM: usize = 6;
 
-/// The most persistent blocks per multiprocessor (`FERRITE_GPU_MV_BLOCKS`, 1..=6; default 6,
-/// which shared memory usually caps first): fewer leave room for the next kernel's blocks to
-/// start their weight loads while this one ends.
-fn blocks_per_sm_max() -> usize {
-    static B: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *B.get_or_init(|| {
-        std::env::var("FERRITE_GPU_MV_BLOCKS")
-            .ok()
-            .and_then(|v| v.parse::<usize>().ok())
-            .filter(|b| (1..=MV_BLOCKS_PER_SM).contains(b))
-            .unwrap_or(MV_BLOCKS_PER_SM)
-    })
-}
-
 fn u32_of(v: usize, what: &str) -> Result<u32> {
     u32::try_from(v).map_err(|_| Error::Other(format!("matvec: {what} = {v} exceeds u32")))
 }
@@ -349,7 +335,7 @@ pub(crate) fn plan(
 /// when there are more tiles than blocks fit the multiprocessors at once, by registers and by
 /// shared memory (228 KiB per SM, 1 KiB reserved per block).
 fn grid_for(sm_count: u32, smem: usize, tiles: u32) -> (u32, bool) {
-    let per_sm = blocks_per_sm_max().min(228 * 1024 / (smem + 1024)).max(1);
+    let per_sm = MV_BLOCKS_PER_SM.min(228 * 1024 / (smem + 1024)).max(1);
     let resident = (per_sm * sm_count.max(1) as usize).min(u32::MAX as usize) as u32;
     if tiles > resident {
         (resident, true)
