@@ -51,13 +51,13 @@ pub fn backward_with(out: &Tensor, grad: &Tensor) -> Result<()> {
         }
         stack.push((g.clone(), true));
         if let Grad::Node(n) = &g {
-            for t in n.inputs()? {
-                if let Some(ig) = t.grad_info() {
+            n.with_inputs(|inputs| {
+                for ig in inputs.iter().filter_map(|s| s.grad_info()) {
                     if !seen.contains(&ig.id()) {
                         stack.push((ig.clone(), false));
                     }
                 }
-            }
+            })?;
         }
     }
     let mut grads: HashMap<usize, Tensor> = HashMap::new();
@@ -78,7 +78,8 @@ pub fn backward_with(out: &Tensor, grad: &Tensor) -> Result<()> {
                 });
             }
             Grad::Node(n) => {
-                let inputs = n.inputs()?;
+                // Taking the saved inputs releases them: activations are freed as backward goes.
+                let inputs = n.take_inputs()?;
                 let gs = no_grad(|| vjp(&n.op, n.output, &inputs, &up))?;
                 for (t, gi) in inputs.iter().zip(gs) {
                     if let (Some(ig), Some(gi)) = (t.grad_info(), gi) {
@@ -89,7 +90,6 @@ pub fn backward_with(out: &Tensor, grad: &Tensor) -> Result<()> {
                         grads.insert(ig.id(), acc);
                     }
                 }
-                n.release();
             }
         }
     }

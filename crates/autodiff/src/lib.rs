@@ -1,11 +1,12 @@
 //! ferrite-autodiff: reverse-mode automatic differentiation over ferrite tensors.
 //!
 //! Every op on a tensor that requires a gradient is recorded (by `ferrite-core`, see
-//! `ferrite_core::graph`); `backward` walks that graph from a scalar in reverse topological
-//! order, applying the rules in `rules.rs` (one exhaustive match over the ops), and
-//! accumulates gradients into the trainable leaves (`Var`). Each op application's saved inputs
-//! are released as soon as its rule has run; a second backward through the same graph is an
-//! error. Recording costs nothing when no input requires a gradient, and `no_grad` turns it off.
+//! `ferrite_core::graph`), keeping of its inputs only what its backward rule reads;
+//! `backward` walks that graph from a scalar in reverse topological order, applying the rules
+//! in `rules.rs` (one exhaustive match over the ops), and accumulates gradients into the
+//! trainable leaves (`Var`). Each op application's saved inputs are released as soon as its
+//! rule has run; a second backward through the same graph is an error. Recording costs nothing
+//! when no input requires a gradient, and `no_grad` turns it off.
 
 mod engine;
 mod rules;

@@ -1,8 +1,11 @@
 //! Backward rules: one exhaustive match over every recorded op. Each rule maps the upstream
 //! gradient `g` of one output to a gradient per input (`None` where none flows: integer
 //! inputs, indices, conditions). Inputs are as the op received them (broadcasting happened in
-//! recorded views, so binary rules see equal shapes). Outputs needed by a rule are recomputed
-//! from the inputs; nothing else is saved.
+//! recorded views, so binary rules see equal shapes). Recording keeps of each input only what
+//! its rule reads (`ferrite_core::graph::keeps`: the values, the dims and dtype, or just the
+//! graph edge), so a rule reads nothing more, and computes no gradient for an input that does
+//! not require one. exp, sqrt, tanh, sigmoid, softmax and log-softmax read their kept output
+//! (`graph::keeps_output`); other outputs a rule needs are recomputed from the inputs.
 //!
 //! Fused ops have dedicated backward kernels (`Op::*Backward`); RoPE with trainable angles
 //! takes the vector-Jacobian product of its composition.
@@ -11,7 +14,7 @@
 //! (0 at 0); relu has 0 at 0. Ties: `maximum`/`minimum` give the gradient to the first operand;
 //! `max`/`min` reductions split it equally among all tied elements.
 
-use ferrite_core::graph::{enable_grad, GradOp, ViewOp};
+use ferrite_core::graph::{enable_grad, GradOp, Inputs, Saved, ViewOp};
 use ferrite_core::{composed, BinaryOp, Op, ReduceOp, Result, Tensor, UnaryOp};
 
 type Grads = Vec<Option<Tensor>>;
@@ -20,16 +23,24 @@ fn one(t: Tensor) -> Result<Grads> {
     Ok(vec![Some(t)])
 }
 
-pub(crate) fn vjp(op: &GradOp, output: usize, x: &[Tensor], g: &Tensor) -> Result<Grads> {
+/// The gradient of input `x` when it requires one: `f()`; else `None` (nothing computed).
+fn when(x: &Saved, f: impl FnOnce() -> Result<Tensor>) -> Result<Option<Tensor>> {
+    match x.requires_grad() {
+        true => f().map(Some),
+        false => Ok(None),
+    }
+}
+
+pub(crate) fn vjp(op: &GradOp, output: usize, x: &Inputs, g: &Tensor) -> Result<Grads> {
     match op {
         GradOp::View(v) => view(v, &x[0], g),
         GradOp::Op(op) => primitive(op, output, x, g),
     }
 }
 
-fn view(v: &ViewOp, x: &Tensor, g: &Tensor) -> Result<Grads> {
+fn view(v: &ViewOp, x: &Saved, g: &Tensor) -> Result<Grads> {
     match v {
-        ViewOp::Reshape => one(g.reshape(x.shape())?),
+        ViewOp::Reshape => one(g.reshape(x.shape()?)?),
         ViewOp::Permute(perm) => {
             let mut inv = vec![0; perm.len()];
             for (i, &p) in perm.iter().enumerate() {
@@ -39,7 +50,7 @@ fn view(v: &ViewOp, x: &Tensor, g: &Tensor) -> Result<Grads> {
         }
         ViewOp::Narrow { axis, start } => {
             // Zeros around the narrowed range.
-            let full = x.dims()[*axis];
+            let full = x.dims()?[*axis];
             let len = g.dims()[*axis];
             let pad = |n: usize| -> Result<Tensor> {
                 let mut d = g.dims().to_vec();
@@ -49,7 +60,7 @@ fn view(v: &ViewOp, x: &Tensor, g: &Tensor) -> Result<Grads> {
             let (before, after) = (pad(*start)?, pad(full - start - len)?);
             one(Tensor::cat(&[&before, g, &after], *axis as isize)?)
         }
-        ViewOp::Broadcast => one(unbroadcast(g, x.dims())?),
+        ViewOp::Broadcast => one(unbroadcast(g, x.dims()?)?),
     }
 }
 
@@ -66,31 +77,47 @@ fn unbroadcast(g: &Tensor, dims: &[usize]) -> Result<Tensor> {
     g.sum(&axes, true)?.reshape(dims)
 }
 
+/// Zeros with the (kept) dims and dtype of input `x`, on `g`'s device.
+fn zeros_as(x: &Saved, g: &Tensor) -> Result<Tensor> {
+    Tensor::zeros(x.shape()?, x.dtype()?, g.device())
+}
+
 fn mask(cond: &Tensor, g: &Tensor) -> Result<Tensor> {
     Tensor::where_cond(cond, g, &g.zeros_like()?)
 }
 
-fn unary(op: UnaryOp, x: &Tensor, g: &Tensor) -> Result<Tensor> {
+fn unary(op: UnaryOp, x: &Inputs, g: &Tensor) -> Result<Tensor> {
     let zero = || g.zeros_like();
+    // The output, for the ops whose derivative is a function of it (`graph::keeps_output`;
+    // their input was not kept).
+    let y = || x.output(g);
+    let x = || x[0].value();
     match op {
         UnaryOp::Neg => g.neg(),
-        UnaryOp::Abs => g.mul(&x.sign()?),
         UnaryOp::Sign | UnaryOp::Floor | UnaryOp::Ceil | UnaryOp::Round => zero(),
-        UnaryOp::Exp => g.mul(&x.exp()?),
-        UnaryOp::Log => g.div(x),
-        UnaryOp::Sqrt => g.div(&x.sqrt()?.mul_scalar(2.0)?),
-        UnaryOp::Rsqrt => g.mul(&x.rsqrt()?.div(x)?.mul_scalar(-0.5)?),
-        UnaryOp::Recip => g.neg()?.div(&x.square()?),
-        UnaryOp::Square => g.mul(&x.mul_scalar(2.0)?),
-        UnaryOp::Sin => g.mul(&x.cos()?),
-        UnaryOp::Cos => g.mul(&x.sin()?.neg()?),
-        UnaryOp::Tanh => g.mul(&x.tanh()?.square()?.neg()?.add_scalar(1.0)?),
+        UnaryOp::Abs => g.mul(&x()?.sign()?),
+        UnaryOp::Exp => g.mul(&y()?),
+        UnaryOp::Log => g.div(x()?),
+        UnaryOp::Sqrt => g.div(&y()?.mul_scalar(2.0)?),
+        UnaryOp::Rsqrt => {
+            let x = x()?;
+            g.mul(&x.rsqrt()?.div(x)?.mul_scalar(-0.5)?)
+        }
+        UnaryOp::Recip => g.neg()?.div(&x()?.square()?),
+        UnaryOp::Square => g.mul(&x()?.mul_scalar(2.0)?),
+        UnaryOp::Sin => g.mul(&x()?.cos()?),
+        UnaryOp::Cos => g.mul(&x()?.sin()?.neg()?),
+        UnaryOp::Tanh => g.mul(&y()?.square()?.neg()?.add_scalar(1.0)?),
         UnaryOp::Sigmoid => {
-            let s = x.sigmoid()?;
+            let s = y()?;
             g.mul(&s.mul(&s.neg()?.add_scalar(1.0)?)?)
         }
-        UnaryOp::Relu => mask(&x.gt(&x.scalar_like(0.0)?)?, g),
+        UnaryOp::Relu => {
+            let x = x()?;
+            mask(&x.gt(&x.scalar_like(0.0)?)?, g)
+        }
         UnaryOp::GeluErf => {
+            let x = x()?;
             // Φ(x) + x φ(x), with Φ(x) = gelu(x) / x (0.5 at x = 0).
             let is0 = x.eq(&x.scalar_like(0.0)?)?;
             let safe = Tensor::where_cond(&is0, &x.ones_like()?, x)?;
@@ -103,6 +130,7 @@ fn unary(op: UnaryOp, x: &Tensor, g: &Tensor) -> Result<Tensor> {
             g.mul(&cdf.add(&x.mul(&pdf)?)?)
         }
         UnaryOp::GeluTanh => {
+            let x = x()?;
             let c = (2.0 / std::f64::consts::PI).sqrt();
             let x2 = x.square()?;
             let t = x
@@ -122,6 +150,7 @@ fn unary(op: UnaryOp, x: &Tensor, g: &Tensor) -> Result<Tensor> {
             g.mul(&d)
         }
         UnaryOp::Silu => {
+            let x = x()?;
             let s = x.sigmoid()?;
             let d = s.add(&x.mul(&s)?.mul(&s.neg()?.add_scalar(1.0)?)?)?;
             g.mul(&d)
@@ -129,24 +158,42 @@ fn unary(op: UnaryOp, x: &Tensor, g: &Tensor) -> Result<Tensor> {
     }
 }
 
-fn binary(op: BinaryOp, a: &Tensor, b: &Tensor, g: &Tensor) -> Result<Grads> {
+fn binary(op: BinaryOp, a: &Saved, b: &Saved, g: &Tensor) -> Result<Grads> {
     let (ga, gb) = match op {
-        BinaryOp::Add => (g.clone(), g.clone()),
-        BinaryOp::Sub => (g.clone(), g.neg()?),
-        BinaryOp::Mul => (g.mul(b)?, g.mul(a)?),
-        BinaryOp::Div => (g.div(b)?, g.neg()?.mul(a)?.div(&b.square()?)?),
+        BinaryOp::Add => (when(a, || Ok(g.clone()))?, when(b, || Ok(g.clone()))?),
+        BinaryOp::Sub => (when(a, || Ok(g.clone()))?, when(b, || g.neg())?),
+        BinaryOp::Mul => (
+            when(a, || g.mul(b.value()?))?,
+            when(b, || g.mul(a.value()?))?,
+        ),
+        BinaryOp::Div => (
+            when(a, || g.div(b.value()?))?,
+            when(b, || {
+                let (a, b) = (a.value()?, b.value()?);
+                g.neg()?.mul(a)?.div(&b.square()?)
+            })?,
+        ),
         BinaryOp::Pow => {
-            let y = a.pow(b)?;
-            let ga = g.mul(b)?.mul(&a.pow(&b.add_scalar(-1.0)?)?)?;
+            let (av, bv) = (a.value()?, b.value()?);
+            let ga = when(a, || g.mul(bv)?.mul(&av.pow(&bv.add_scalar(-1.0)?)?))?;
             // d/db a^b = a^b ln a, taken as 0 where a <= 0.
-            let pos = a.gt(&a.scalar_like(0.0)?)?;
-            let safe = Tensor::where_cond(&pos, a, &a.ones_like()?)?;
-            (ga, mask(&pos, &g.mul(&y)?.mul(&safe.log()?)?)?)
+            let gb = when(b, || {
+                let pos = av.gt(&av.scalar_like(0.0)?)?;
+                let safe = Tensor::where_cond(&pos, av, &av.ones_like()?)?;
+                mask(&pos, &g.mul(&av.pow(bv)?)?.mul(&safe.log()?)?)
+            })?;
+            (ga, gb)
         }
-        BinaryOp::Maximum => (mask(&a.ge(b)?, g)?, mask(&a.lt(b)?, g)?),
-        BinaryOp::Minimum => (mask(&a.le(b)?, g)?, mask(&a.gt(b)?, g)?),
+        BinaryOp::Maximum | BinaryOp::Minimum => {
+            let (av, bv) = (a.value()?, b.value()?);
+            let max = op == BinaryOp::Maximum;
+            (
+                when(a, || mask(&if max { av.ge(bv)? } else { av.le(bv)? }, g))?,
+                when(b, || mask(&if max { av.lt(bv)? } else { av.gt(bv)? }, g))?,
+            )
+        }
     };
-    Ok(vec![Some(ga), Some(gb)])
+    Ok(vec![ga, gb])
 }
 
 /// Fused ops: the vector-Jacobian product of their composition from primitives.
@@ -180,27 +227,31 @@ fn through_composition(
     })
 }
 
-fn primitive(op: &Op, output: usize, x: &[Tensor], g: &Tensor) -> Result<Grads> {
+fn primitive(op: &Op, output: usize, x: &Inputs, g: &Tensor) -> Result<Grads> {
     match op {
-        Op::Unary(u) => one(unary(*u, &x[0], g)?),
+        Op::Unary(u) => one(unary(*u, x, g)?),
         Op::Binary(b) => binary(*b, &x[0], &x[1], g),
-        Op::Where => Ok(vec![
-            None,
-            Some(mask(&x[0], g)?),
-            Some(Tensor::where_cond(&x[0], &g.zeros_like()?, g)?),
-        ]),
+        Op::Where => {
+            let c = x[0].value()?;
+            Ok(vec![
+                None,
+                when(&x[1], || mask(c, g))?,
+                when(&x[2], || Tensor::where_cond(c, &g.zeros_like()?, g))?,
+            ])
+        }
         Op::Reduce { op, axes } => {
             let axes: Vec<isize> = axes.iter().map(|&a| a as isize).collect();
-            let xs = x[0].shape();
+            let xs = x[0].shape()?;
             match op {
                 ReduceOp::Sum => one(g.broadcast_to(xs)?),
                 ReduceOp::Max | ReduceOp::Min => {
+                    let x0 = x[0].value()?;
                     let y = if *op == ReduceOp::Max {
-                        x[0].max(&axes, true)?
+                        x0.max(&axes, true)?
                     } else {
-                        x[0].min(&axes, true)?
+                        x0.min(&axes, true)?
                     };
-                    let hit = x[0].eq(&y)?;
+                    let hit = x0.eq(&y)?;
                     let count = hit.cast(g.dtype())?.sum(&axes, true)?;
                     one(mask(&hit, &g.div(&count)?.broadcast_to(xs)?)?)
                 }
@@ -208,34 +259,41 @@ fn primitive(op: &Op, output: usize, x: &[Tensor], g: &Tensor) -> Result<Grads> 
             }
         }
         Op::Matmul => Ok(vec![
-            Some(g.matmul(&x[1].t()?)?),
-            Some(x[0].t()?.matmul(g)?),
+            when(&x[0], || g.matmul(&x[1].value()?.t()?))?,
+            when(&x[1], || x[0].value()?.t()?.matmul(g))?,
         ]),
-        Op::Cast(_) => Ok(vec![match x[0].dtype().is_float() {
-            true => Some(g.cast(x[0].dtype())?),
-            false => None,
-        }]),
+        Op::Cast(_) => {
+            let dt = x[0].dtype()?;
+            Ok(vec![match dt.is_float() {
+                true => Some(g.cast(dt)?),
+                false => None,
+            }])
+        }
         Op::Copy => one(g.clone()),
         Op::IndexSelect { axis } => {
+            let index = x[1].value()?;
             let mut shape = vec![1; g.rank()];
-            shape[*axis] = x[1].elem_count();
-            let idx = x[1].reshape(shape)?.broadcast_to(g.shape())?;
+            shape[*axis] = index.elem_count();
+            let idx = index.reshape(shape)?.broadcast_to(g.shape())?;
             Ok(vec![
-                Some(x[0].zeros_like()?.scatter_add(&idx, g, *axis as isize)?),
+                Some(zeros_as(&x[0], g)?.scatter_add(&idx, g, *axis as isize)?),
                 None,
             ])
         }
         Op::Gather { axis } => Ok(vec![
-            Some(x[0].zeros_like()?.scatter_add(&x[1], g, *axis as isize)?),
+            Some(zeros_as(&x[0], g)?.scatter_add(x[1].value()?, g, *axis as isize)?),
             None,
         ]),
         Op::ScatterAdd { axis } => Ok(vec![
-            Some(g.clone()),
+            when(&x[0], || Ok(g.clone()))?,
             None,
-            Some(g.gather(&x[1], *axis as isize)?),
+            when(&x[2], || g.gather(x[1].value()?, *axis as isize))?,
         ]),
         Op::Cat { axis } => {
-            let sizes: Vec<usize> = x.iter().map(|t| t.dims()[*axis]).collect();
+            let sizes = x
+                .iter()
+                .map(|t| Ok(t.dims()?[*axis]))
+                .collect::<Result<Vec<usize>>>()?;
             Ok(g.split(&sizes, *axis as isize)?
                 .into_iter()
                 .map(Some)
@@ -248,30 +306,43 @@ fn primitive(op: &Op, output: usize, x: &[Tensor], g: &Tensor) -> Result<Grads> 
         }
         Op::Sort { axis, descending } => {
             debug_assert_eq!(output, 0, "only sorted values carry a gradient");
-            let (_, idx) = x[0].sort(*axis as isize, *descending)?;
-            one(x[0].zeros_like()?.scatter_add(&idx, g, *axis as isize)?)
+            let x0 = x[0].value()?;
+            let (_, idx) = x0.sort(*axis as isize, *descending)?;
+            one(x0.zeros_like()?.scatter_add(&idx, g, *axis as isize)?)
         }
-        Op::Softmax => one(Tensor::softmax_backward(&x[0].softmax(-1)?, g, false)?),
-        Op::LogSoftmax => one(Tensor::softmax_backward(&x[0].log_softmax(-1)?, g, true)?),
+        // The output was kept (`graph::keeps_output`).
+        Op::Softmax => one(Tensor::softmax_backward(&x.output(g)?, g, false)?),
+        Op::LogSoftmax => one(Tensor::softmax_backward(&x.output(g)?, g, true)?),
         Op::LayerNorm { eps } => {
-            let (dx, dw, db) = Tensor::layer_norm_backward(&x[0], &x[1], g, *eps)?;
+            let (dx, dw, db) = Tensor::layer_norm_backward(x[0].value()?, x[1].value()?, g, *eps)?;
             Ok(vec![Some(dx), Some(dw), Some(db)])
         }
         Op::RmsNorm { eps } => {
-            let (dx, dw) = Tensor::rms_norm_backward(&x[0], &x[1], g, *eps)?;
+            let (dx, dw) = Tensor::rms_norm_backward(x[0].value()?, x[1].value()?, g, *eps)?;
             Ok(vec![Some(dx), Some(dw)])
         }
         // The rotation is orthogonal: its transpose rotates by -θ, i.e. sin -> -sin.
         Op::Rope { interleaved } if !x[1].requires_grad() && !x[2].requires_grad() => Ok(vec![
-            Some(g.rope(&x[1], &x[2].neg()?, *interleaved)?),
+            Some(g.rope(x[1].value()?, &x[2].value()?.neg()?, *interleaved)?),
             None,
             None,
         ]),
         Op::Rope { interleaved } => {
-            through_composition(x, g, |t| composed::rope(&t[0], &t[1], &t[2], *interleaved))
+            let x = x
+                .iter()
+                .map(|s| s.value().cloned())
+                .collect::<Result<Vec<Tensor>>>()?;
+            through_composition(&x, g, |t| composed::rope(&t[0], &t[1], &t[2], *interleaved))
         }
         Op::Attention { causal, scale } => {
-            let (dq, dk, dv) = Tensor::attention_backward(&x[0], &x[1], &x[2], g, *causal, *scale)?;
+            let (dq, dk, dv) = Tensor::attention_backward(
+                x[0].value()?,
+                x[1].value()?,
+                x[2].value()?,
+                g,
+                *causal,
+                *scale,
+            )?;
             Ok(vec![Some(dq), Some(dk), Some(dv)])
         }
         // Backward kernels are not differentiated again (they carry no graph node).

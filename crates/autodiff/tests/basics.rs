@@ -162,6 +162,18 @@ fn long_chains_drop_and_backward_without_deep_recursion() {
                 y = y.mul_scalar(1.0).unwrap();
             }
             drop(y);
+            // Inputs kept whole (square), by dims only (sum), as an output (tanh).
+            for op in [
+                |t: &Tensor| t.square(),
+                |t: &Tensor| t.sum(&[0], true),
+                |t: &Tensor| t.tanh(),
+            ] {
+                let mut y = x.tensor().clone();
+                for _ in 0..100_000 {
+                    y = op(&y).unwrap();
+                }
+                drop(y);
+            }
             let mut y = x.tensor().clone();
             for _ in 0..100_000 {
                 y = y.add_scalar(0.0).unwrap();

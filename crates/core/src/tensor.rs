@@ -44,7 +44,7 @@ impl Tensor {
 
     fn view(&self, layout: Layout, kind: ViewOp) -> Tensor {
         let grad = match self.requires_grad() && graph::is_recording() {
-            true => Some(graph::node(GradOp::View(kind), 0, &[self])),
+            true => Some(graph::node(GradOp::View(kind), 0, &[self], None)),
             false => None,
         };
         Tensor(Arc::new(Inner {
@@ -58,15 +58,12 @@ impl Tensor {
 
     // ---- autodiff ----
 
-    /// When this handle is the last one to its tensor and that tensor's graph node, takes the
-    /// node's inputs (so that the caller can drop them without recursion); else nothing.
-    pub(crate) fn take_unique_inputs_into(mut self, stack: &mut Vec<Tensor>) {
-        if let Some(inner) = Arc::get_mut(&mut self.0) {
-            if let Some(Grad::Node(mut n)) = inner.grad.take() {
-                if let Some(node) = Arc::get_mut(&mut n) {
-                    node.take_inputs_into(stack);
-                }
-            }
+    /// Drops this handle; when it was the last one to its tensor, returns the tensor's graph
+    /// node (so that the caller can drop the node without recursion).
+    pub(crate) fn into_unique_node(self) -> Option<graph::NodeRef> {
+        match Arc::into_inner(self.0)?.grad.take()? {
+            Grad::Node(n) => Some(n),
+            Grad::Leaf(_) => None,
         }
     }
 
@@ -535,14 +532,14 @@ impl Tensor {
                 "backend returned the wrong number of outputs",
             ));
         }
-        let record = graph::is_recording() && inputs.iter().any(|t| t.requires_grad());
+        let record = inputs.iter().any(|t| t.requires_grad()) && graph::is_recording();
         Ok(storages
             .into_iter()
             .zip(outs)
             .enumerate()
             .map(|(k, (storage, (shape, dtype)))| {
                 let grad = (record && graph::differentiable_output(&op, k, dtype))
-                    .then(|| graph::node(GradOp::Op(op.clone()), k, inputs));
+                    .then(|| graph::node(GradOp::Op(op.clone()), k, inputs, Some(&storage)));
                 Tensor(Arc::new(Inner {
                     dtype: storage.dtype(),
                     storage,

@@ -54,13 +54,14 @@ fn analytic(
     case: &OpCase,
     device: &Device,
     rng: &mut SplitMix,
+    trainable: impl Fn(usize) -> bool,
 ) -> Result<Option<Analytic>, String> {
     let err = |e: ferrite_core::Error| format!("{}: {e}", case.name);
     let mut base = Vec::new();
     let mut vars = Vec::new();
-    for input in &case.inputs {
+    for (k, input) in case.inputs.iter().enumerate() {
         let (t, _) = make_input(input, device, rng).map_err(err)?;
-        vars.push(if input.dtype.is_float() {
+        vars.push(if input.dtype.is_float() && trainable(k) {
             Some(Var::new(&t).map_err(err)?)
         } else {
             None
@@ -127,7 +128,7 @@ fn analytic(
 pub fn grad_check_case(case: &OpCase, device: &Device, seed: u64) -> Result<bool, String> {
     let mut rng = SplitMix(seed);
     let err = |e: ferrite_core::Error| format!("{}: {e}", case.name);
-    let Some((base, weights, grads)) = analytic(case, device, &mut rng)? else {
+    let Some((base, weights, grads)) = analytic(case, device, &mut rng, |_| true)? else {
         return Ok(false);
     };
     for (k, (t, grad)) in base.iter().zip(&grads).enumerate() {
@@ -188,20 +189,14 @@ pub fn grad_compare_case(
     oracle: &Device,
     seed: u64,
 ) -> Result<bool, String> {
-    let got = analytic(case, device, &mut SplitMix(seed))?;
-    let want = analytic(case, oracle, &mut SplitMix(seed))?;
+    let got = analytic(case, device, &mut SplitMix(seed), |_| true)?;
+    let want = analytic(case, oracle, &mut SplitMix(seed), |_| true)?;
     let (Some((_, _, g)), Some((_, _, w))) = (got, want) else {
         return Ok(false);
     };
-    let err = |e: ferrite_core::Error| format!("{}: {e}", case.name);
     for (k, (g, w)) in g.iter().zip(&w).enumerate() {
         let (Some(g), Some(w)) = (g, w) else { continue };
-        let (g, w) = (g.to_vec_f64().map_err(err)?, w.to_vec_f64().map_err(err)?);
-        let tol = crate::Tol {
-            atol: 1e-9,
-            rtol: 1e-7,
-        };
-        if let Some((i, gv, wv)) = crate::compare(&g, &w, tol) {
+        if let Some((i, gv, wv)) = differ(case, g, w)? {
             return Err(format!(
                 "{}: d/d input {k}[{i}]: {gv} on the device, {wv} on the oracle",
                 case.name
@@ -209,6 +204,62 @@ pub fn grad_compare_case(
         }
     }
     Ok(true)
+}
+
+/// The first element where two gradients differ by more than 1e-9 + 1e-7 relative.
+fn differ(case: &OpCase, g: &Tensor, w: &Tensor) -> Result<Option<(usize, f64, f64)>, String> {
+    let err = |e: ferrite_core::Error| format!("{}: {e}", case.name);
+    let (g, w) = (g.to_vec_f64().map_err(err)?, w.to_vec_f64().map_err(err)?);
+    let tol = crate::Tol {
+        atol: 1e-9,
+        rtol: 1e-7,
+    };
+    Ok(crate::compare(&g, &w, tol))
+}
+
+/// Backward of one case with one float input trainable at a time, against backward with all
+/// of them trainable (same inputs and weights). Recording keeps of each input only what the
+/// op's rule reads given which inputs require a gradient (`ferrite_core::graph::keeps`), so
+/// this runs every rule under the other patterns too. Returns how many inputs were checked.
+pub fn grad_single_input_case(case: &OpCase, device: &Device, seed: u64) -> Result<usize, String> {
+    let floats: Vec<usize> = (0..case.inputs.len())
+        .filter(|&k| case.inputs[k].dtype.is_float())
+        .collect();
+    if floats.len() < 2 {
+        return Ok(0);
+    }
+    let Some((_, _, all)) = analytic(case, device, &mut SplitMix(seed), |_| true)? else {
+        return Ok(0);
+    };
+    for &k in &floats {
+        let one = analytic(case, device, &mut SplitMix(seed), |i| i == k)?;
+        let (Some((_, _, one)), Some(want)) = (one, &all[k]) else {
+            return Err(format!("{}: no gradient for input {k} alone", case.name));
+        };
+        let got = one[k]
+            .as_ref()
+            .ok_or_else(|| format!("{}: no gradient for input {k} alone", case.name))?;
+        if let Some((i, gv, wv)) = differ(case, got, want)? {
+            return Err(format!(
+                "{}: d/d input {k}[{i}]: {gv} with only it trainable, {wv} with all",
+                case.name
+            ));
+        }
+    }
+    Ok(floats.len())
+}
+
+/// `grad_single_input_case` over every gradient case; (inputs checked, failures).
+pub fn grad_single_input_all(device: &Device) -> (usize, Vec<String>) {
+    let mut checked = 0;
+    let mut failures = Vec::new();
+    for (i, case) in grad_cases().iter().enumerate() {
+        match grad_single_input_case(case, device, 5000 + i as u64) {
+            Ok(n) => checked += n,
+            Err(e) => failures.push(e),
+        }
+    }
+    (checked, failures)
 }
 
 /// Every gradient case on `device` against `oracle`; (compared count, failures).

@@ -5,7 +5,8 @@
 //!
 //! Modes: `check_case` / `check_all` (a backend against the f64 reference; any backend runs
 //! the same list) and `grad_check_case` / `grad_check_all` (backward through
-//! `ferrite-autodiff` against float64 finite differences, on the same cases' `run` closures).
+//! `ferrite-autodiff` against float64 finite differences, on the same cases' `run` closures;
+//! `grad_single_input_all`: each float input trainable alone against all of them trainable).
 
 mod cases;
 mod gradcheck;
@@ -17,6 +18,7 @@ pub use cases::cases;
 use ferrite_core::{DType, Device, HostBuffer, Result, Tensor};
 pub use gradcheck::{
     grad_cases, grad_check_all, grad_check_case, grad_compare_all, grad_compare_case,
+    grad_single_input_all, grad_single_input_case,
 };
 use std::sync::Arc;
 
