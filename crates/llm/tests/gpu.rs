@@ -157,11 +157,34 @@ fn rand_matrix(
     cols: usize,
     seed: u64,
 ) -> (GpuMatrix, Vec<f32>) {
+    rand_matrix_with(dev, ty, rows, cols, seed, false)
+}
+
+/// `rand_matrix`, in the split layout if `split`.
+fn rand_matrix_with(
+    dev: &CudaDevice,
+    ty: GgmlType,
+    rows: usize,
+    cols: usize,
+    seed: u64,
+    split: bool,
+) -> (GpuMatrix, Vec<f32>) {
     let w = Rng(seed).vec(rows * cols);
     let bytes = quant::quantize_to_vec(ty, &w).unwrap();
     let deq = quant::dequantize_to_vec(ty, &bytes).unwrap();
-    let m = GpuMatrix::upload(dev, "test", ty, rows, cols, &bytes).unwrap();
+    let m = GpuMatrix::upload_with(dev, "test", ty, rows, cols, &bytes, split).unwrap();
+    assert_eq!(m.split, split);
     (m, deq)
+}
+
+/// The layouts a `ty` matrix of `cols` columns can take on the device: GGUF, and split rows
+/// where the format has them.
+fn layouts(ty: GgmlType, cols: usize) -> Vec<bool> {
+    if GpuMatrix::splittable(ty, cols) {
+        vec![false, true]
+    } else {
+        vec![false]
+    }
 }
 
 /// Whether the GPU stores `ty` converted to f16 (no kernel of its own).
@@ -290,32 +313,34 @@ fn matvec_every_format(dev: &CudaDevice) -> Option<String> {
             (7, 14336),
             (12001, 512),
         ] {
-            let seed = (i * 1000 + rows) as u64;
-            let (m, w) = rand_matrix(dev, ty, rows, cols, seed);
-            let x = Rng(seed + 7).vec(cols);
-            let xb = up(dev, &x);
-            let out = up(dev, &vec![f32::NAN; rows]);
-            ops::matvec(
-                dev,
-                &[Seg {
-                    w: &m,
-                    bias: None,
-                    out_off: 0,
-                }],
-                Mode::Store,
-                &xb,
-                None,
-                &out,
-            )
-            .unwrap();
-            let got = read(dev, &out, rows);
-            for (r, (want, abs)) in ref_matvec(&w, &x, rows, cols).into_iter().enumerate() {
-                let d = (got[r] as f64 - want).abs();
-                assert!(
+            for split in layouts(ty, cols) {
+                let seed = (i * 1000 + rows) as u64;
+                let (m, w) = rand_matrix_with(dev, ty, rows, cols, seed, split);
+                let x = Rng(seed + 7).vec(cols);
+                let xb = up(dev, &x);
+                let out = up(dev, &vec![f32::NAN; rows]);
+                ops::matvec(
+                    dev,
+                    &[Seg {
+                        w: &m,
+                        bias: None,
+                        out_off: 0,
+                    }],
+                    Mode::Store,
+                    &xb,
+                    None,
+                    &out,
+                )
+                .unwrap();
+                let got = read(dev, &out, rows);
+                for (r, (want, abs)) in ref_matvec(&w, &x, rows, cols).into_iter().enumerate() {
+                    let d = (got[r] as f64 - want).abs();
+                    assert!(
                     d <= tol(abs, ty),
-                    "{ty} {rows}x{cols} row {r}: gpu {} cpu {want} (|diff| {d}, sum |wx| {abs})",
+                    "{ty} {rows}x{cols} split {split} row {r}: gpu {} cpu {want} (|diff| {d}, sum |wx| {abs})",
                     got[r]
                 );
+                }
             }
         }
     }
@@ -348,39 +373,41 @@ fn matvec_q8_every_format(dev: &CudaDevice) -> Option<String> {
             (7, 14336),
             (12001, 512),
         ] {
-            let seed = (i * 1000 + rows) as u64 + 77;
-            let (m, w) = rand_matrix(dev, ty, rows, cols, seed);
-            // spread magnitudes across units, with a rounding tie (0.5 of a step) in unit 0
-            let mut x: Vec<f32> = Rng(seed + 7)
-                .vec(cols)
-                .iter()
-                .enumerate()
-                .map(|(k, v)| v * (1.0 + (k / 32 % 5) as f32))
-                .collect();
-            x[0] = 127.0;
-            x[1] = 0.5;
-            let mut qb = vec![BlockQ8::default(); cols / 32];
-            quantize_q8(&x, &mut qb);
-            let xq: Vec<f32> = qb
-                .iter()
-                .flat_map(|b| b.qs.iter().map(move |&q| b.d * q as f32))
-                .collect();
-            let xb = up(dev, &x);
-            let out = up(dev, &vec![f32::NAN; rows]);
-            let seg = [Seg {
-                w: &m,
-                bias: None,
-                out_off: 0,
-            }];
-            ops::matvec_q8(dev, &seg, Mode::Store, &xb, None, &out).unwrap();
-            let got = read(dev, &out, rows);
-            for (r, (want, abs)) in ref_matvec(&w, &xq, rows, cols).into_iter().enumerate() {
-                let d = (got[r] as f64 - want).abs();
-                assert!(
+            for split in layouts(ty, cols) {
+                let seed = (i * 1000 + rows) as u64 + 77;
+                let (m, w) = rand_matrix_with(dev, ty, rows, cols, seed, split);
+                // spread magnitudes across units, with a rounding tie (0.5 of a step) in unit 0
+                let mut x: Vec<f32> = Rng(seed + 7)
+                    .vec(cols)
+                    .iter()
+                    .enumerate()
+                    .map(|(k, v)| v * (1.0 + (k / 32 % 5) as f32))
+                    .collect();
+                x[0] = 127.0;
+                x[1] = 0.5;
+                let mut qb = vec![BlockQ8::default(); cols / 32];
+                quantize_q8(&x, &mut qb);
+                let xq: Vec<f32> = qb
+                    .iter()
+                    .flat_map(|b| b.qs.iter().map(move |&q| b.d * q as f32))
+                    .collect();
+                let xb = up(dev, &x);
+                let out = up(dev, &vec![f32::NAN; rows]);
+                let seg = [Seg {
+                    w: &m,
+                    bias: None,
+                    out_off: 0,
+                }];
+                ops::matvec_q8(dev, &seg, Mode::Store, &xb, None, &out).unwrap();
+                let got = read(dev, &out, rows);
+                for (r, (want, abs)) in ref_matvec(&w, &xq, rows, cols).into_iter().enumerate() {
+                    let d = (got[r] as f64 - want).abs();
+                    assert!(
                     d <= 1e-5 * abs + 1e-5,
-                    "q8 {ty} {rows}x{cols} row {r}: gpu {} cpu {want} (|diff| {d}, sum |wx| {abs})",
+                    "q8 {ty} {rows}x{cols} split {split} row {r}: gpu {} cpu {want} (|diff| {d}, sum |wx| {abs})",
                     got[r]
                 );
+                }
             }
         }
     }
@@ -401,16 +428,75 @@ fn matvec_q8_every_format(dev: &CudaDevice) -> Option<String> {
 /// Three matrices of different formats sharing the (RMS-normed) input, with biases, into one
 /// output at offsets (the fused QKV product); and the residual-add mode.
 fn matvec_segments(dev: &CudaDevice) -> Option<String> {
-    let cols = 768;
-    let specs = [
+    let mixed = [
         (GgmlType::Q4_0, 33),
         (GgmlType::Q6_K, 17),
         (GgmlType::Q8_0, 5),
     ];
+    let split = [
+        (GgmlType::Q4_0, 33),
+        (GgmlType::Q4_0, 17),
+        (GgmlType::Q4_0, 5),
+    ];
+    for (specs, split) in [(mixed, false), (split, true)] {
+        for q8 in [false, true] {
+            matvec_segments_case(dev, &specs, split, q8);
+        }
+    }
+    // Split rows and GGUF rows do not share a launch.
+    let (a, _) = rand_matrix_with(dev, GgmlType::Q4_0, 8, 768, 1, true);
+    let (b, _) = rand_matrix(dev, GgmlType::Q4_0, 8, 768, 2);
+    let xb = up(dev, &vec![0.5; 768]);
+    let out = up(dev, &[0.0; 16]);
+    let segs = [
+        Seg {
+            w: &a,
+            bias: None,
+            out_off: 0,
+        },
+        Seg {
+            w: &b,
+            bias: None,
+            out_off: 8,
+        },
+    ];
+    let e = ops::matvec(dev, &segs, Mode::Store, &xb, None, &out).unwrap_err();
+    assert!(e.to_string().contains("split rows"), "{e}");
+
+    // Residual add, no norm, each layout.
+    for split in [false, true] {
+        let (m, w) = rand_matrix_with(dev, GgmlType::Q4_1, 45, 1536, 400, split);
+        let x2 = Rng(401).vec(1536);
+        let res = Rng(402).vec(45);
+        let (x2b, outb) = (up(dev, &x2), up(dev, &res));
+        let seg = [Seg {
+            w: &m,
+            bias: None,
+            out_off: 0,
+        }];
+        ops::matvec(dev, &seg, Mode::Add, &x2b, None, &outb).unwrap();
+        let got = read(dev, &outb, 45);
+        for (r, (want, abs)) in ref_matvec(&w, &x2, 45, 1536).into_iter().enumerate() {
+            let want = want + res[r] as f64;
+            assert!(
+                (got[r] as f64 - want).abs() <= tol(abs, GgmlType::Q4_1) + 1e-6,
+                "add split {split} row {r}: gpu {} cpu {want}",
+                got[r]
+            );
+        }
+    }
+    None
+}
+
+/// Three matrices of one launch (`specs`: format and rows of each), with biases and the input
+/// RMS-normed first; `q8`: the fast mode (checked against the input quantized as the CPU does).
+fn matvec_segments_case(dev: &CudaDevice, specs: &[(GgmlType, usize); 3], split: bool, q8: bool) {
+    use ferrite_llm::kernels::q8::{quantize_q8, BlockQ8};
+    let cols = 768;
     let mats: Vec<(GpuMatrix, Vec<f32>)> = specs
         .iter()
         .enumerate()
-        .map(|(i, &(ty, rows))| rand_matrix(dev, ty, rows, cols, 100 + i as u64))
+        .map(|(i, &(ty, rows))| rand_matrix_with(dev, ty, rows, cols, 100 + i as u64, split))
         .collect();
     let biases: Vec<Vec<f32>> = specs
         .iter()
@@ -426,7 +512,7 @@ fn matvec_segments(dev: &CudaDevice) -> Option<String> {
     let out = up(dev, &vec![f32::NAN; total]);
     let mut offs = Vec::new();
     let mut off = 0;
-    for s in &specs {
+    for s in specs {
         offs.push(off);
         off += s.1;
     }
@@ -437,9 +523,19 @@ fn matvec_segments(dev: &CudaDevice) -> Option<String> {
             out_off: offs[i],
         })
         .collect();
-    ops::matvec(dev, &segs, Mode::Store, &xb, Some((&gb, eps)), &out).unwrap();
+    let mut xn = rms_norm_ref(&x, &g, eps);
+    if q8 {
+        ops::matvec_q8(dev, &segs, Mode::Store, &xb, Some((&gb, eps)), &out).unwrap();
+        let mut qb = vec![BlockQ8::default(); cols / 32];
+        quantize_q8(&xn, &mut qb);
+        xn = qb
+            .iter()
+            .flat_map(|b| b.qs.iter().map(move |&q| b.d * q as f32))
+            .collect();
+    } else {
+        ops::matvec(dev, &segs, Mode::Store, &xb, Some((&gb, eps)), &out).unwrap();
+    }
     let got = read(dev, &out, total);
-    let xn = rms_norm_ref(&x, &g, eps);
     for i in 0..3 {
         let (ty, rows) = specs[i];
         for (r, (want, abs)) in ref_matvec(&mats[i].1, &xn, rows, cols)
@@ -448,44 +544,27 @@ fn matvec_segments(dev: &CudaDevice) -> Option<String> {
         {
             let want = want + biases[i][r] as f64;
             let v = got[offs[i] + r] as f64;
+            // q8: the GPU's norm may round differently from the CPU's before quantizing
+            let t = if q8 { 1e-3 * abs + 1e-4 } else { tol(abs, ty) };
             assert!(
-                (v - want).abs() <= tol(abs, ty) + 1e-5 * want.abs(),
-                "segment {i} ({ty}) row {r}: gpu {v} cpu {want}"
+                (v - want).abs() <= t + 1e-5 * want.abs(),
+                "segment {i} ({ty}, split {split}, q8 {q8}) row {r}: gpu {v} cpu {want}"
             );
         }
     }
-    // Residual add, no norm.
-    let (m, w) = rand_matrix(dev, GgmlType::Q4_1, 45, 1536, 400);
-    let x2 = Rng(401).vec(1536);
-    let res = Rng(402).vec(45);
-    let (x2b, outb) = (up(dev, &x2), up(dev, &res));
-    let seg = [Seg {
-        w: &m,
-        bias: None,
-        out_off: 0,
-    }];
-    ops::matvec(dev, &seg, Mode::Add, &x2b, None, &outb).unwrap();
-    let got = read(dev, &outb, 45);
-    for (r, (want, abs)) in ref_matvec(&w, &x2, 45, 1536).into_iter().enumerate() {
-        let want = want + res[r] as f64;
-        assert!(
-            (got[r] as f64 - want).abs() <= tol(abs, GgmlType::Q4_1) + 1e-6,
-            "add row {r}: gpu {} cpu {want}",
-            got[r]
-        );
-    }
-    None
 }
 
 /// gate and up of different formats: out = act(gate . norm(x)) * (up . norm(x)).
 fn matvec_glu(dev: &CudaDevice) -> Option<String> {
-    for (cols, gty, uty, rows) in [
-        (768, GgmlType::Q4_K, GgmlType::Q5_0, 45),
-        (576, GgmlType::Q4_1, GgmlType::Q4_1, 3001),
-        (4096, GgmlType::Q6_K, GgmlType::F16, 45),
+    for (cols, gty, uty, rows, split) in [
+        (768, GgmlType::Q4_K, GgmlType::Q5_0, 45, false),
+        (576, GgmlType::Q4_1, GgmlType::Q4_1, 3001, false),
+        (4096, GgmlType::Q6_K, GgmlType::F16, 45, false),
+        (768, GgmlType::Q4_0, GgmlType::Q4_0, 45, true),
+        (1024, GgmlType::Q5_1, GgmlType::Q5_1, 3001, true),
     ] {
-        let (gm, gw) = rand_matrix(dev, gty, rows, cols, 500 + cols as u64);
-        let (um, uw) = rand_matrix(dev, uty, rows, cols, 600 + cols as u64);
+        let (gm, gw) = rand_matrix_with(dev, gty, rows, cols, 500 + cols as u64, split);
+        let (um, uw) = rand_matrix_with(dev, uty, rows, cols, 600 + cols as u64, split);
         let x = Rng(700).vec(cols);
         let nw: Vec<f32> = Rng(701).vec(cols).iter().map(|v| 1.0 + 0.3 * v).collect();
         let eps = 1e-6;
@@ -524,7 +603,7 @@ fn matvec_glu(dev: &CudaDevice) -> Option<String> {
                     + 1e-6;
                 assert!(
                     (got[r] as f64 - want).abs() <= bound,
-                    "{mode:?} {gty}/{uty} cols {cols} row {r}: gpu {} cpu {want}",
+                    "{mode:?} {gty}/{uty} cols {cols} split {split} row {r}: gpu {} cpu {want}",
                     got[r]
                 );
             }
@@ -536,32 +615,34 @@ fn matvec_glu(dev: &CudaDevice) -> Option<String> {
 /// The fused output product + argmax: the index of the largest logit, lowest on ties (two
 /// equal best rows in different blocks).
 fn matvec_argmax(dev: &CudaDevice) -> Option<String> {
-    let (rows, cols) = (5000, 576);
-    let mut w = Rng(800).vec(rows * cols);
-    let x = Rng(801).vec(cols);
-    // Row 4321 and row 1234: the same, and the best by a clear margin.
-    let best: Vec<f32> = x.iter().map(|v| v * 0.5).collect();
-    w[1234 * cols..1235 * cols].copy_from_slice(&best);
-    w[4321 * cols..4322 * cols].copy_from_slice(&best);
-    let bytes: Vec<u8> = w.iter().flat_map(|v| v.to_le_bytes()).collect();
-    let m = GpuMatrix::upload(dev, "test", GgmlType::F32, rows, cols, &bytes).unwrap();
-    let xb = up(dev, &x);
-    let logits = zeros(dev, rows * 4, "test").unwrap();
-    let tok = zeros(dev, 4, "test").unwrap();
-    ops::matvec_argmax(dev, &m, &xb, None, &logits, &tok).unwrap();
-    let t = dev.read_bytes(&tok, 0, 4).unwrap();
-    let t = u32::from_le_bytes([t[0], t[1], t[2], t[3]]);
-    let got = read(dev, &logits, rows);
-    assert_eq!(got[1234], got[4321], "equal rows, equal logits");
-    assert_eq!(t, 1234, "lowest index of the two best");
-    assert_eq!(t, argmax(&got));
-    // Quantized, random: the argmax of the logits the kernel wrote.
-    let (m, _) = rand_matrix(dev, GgmlType::Q8_0, 49152, 576, 802);
-    let logits = zeros(dev, 49152 * 4, "test").unwrap();
-    ops::matvec_argmax(dev, &m, &xb, None, &logits, &tok).unwrap();
-    let t = dev.read_bytes(&tok, 0, 4).unwrap();
-    let got = read(dev, &logits, 49152);
-    assert_eq!(u32::from_le_bytes([t[0], t[1], t[2], t[3]]), argmax(&got));
+    for (ty, cols, split) in [(GgmlType::F32, 576, false), (GgmlType::Q8_0, 512, true)] {
+        let rows = 5000;
+        let mut w = Rng(800).vec(rows * cols);
+        let x = Rng(801).vec(cols);
+        // Row 4321 and row 1234: the same, and the best by a clear margin.
+        let best: Vec<f32> = x.iter().map(|v| v * 0.5).collect();
+        w[1234 * cols..1235 * cols].copy_from_slice(&best);
+        w[4321 * cols..4322 * cols].copy_from_slice(&best);
+        let bytes = quant::quantize_to_vec(ty, &w).unwrap();
+        let m = GpuMatrix::upload_with(dev, "test", ty, rows, cols, &bytes, split).unwrap();
+        let xb = up(dev, &x);
+        let logits = zeros(dev, rows * 4, "test").unwrap();
+        let tok = zeros(dev, 4, "test").unwrap();
+        ops::matvec_argmax(dev, &m, &xb, None, &logits, &tok).unwrap();
+        let t = dev.read_bytes(&tok, 0, 4).unwrap();
+        let t = u32::from_le_bytes([t[0], t[1], t[2], t[3]]);
+        let got = read(dev, &logits, rows);
+        assert_eq!(got[1234], got[4321], "{ty}: equal rows, equal logits");
+        assert_eq!(t, 1234, "{ty}: lowest index of the two best");
+        assert_eq!(t, argmax(&got));
+        // Quantized, random: the argmax of the logits the kernel wrote.
+        let (m, _) = rand_matrix_with(dev, GgmlType::Q8_0, 49152, cols, 802, split);
+        let logits = zeros(dev, 49152 * 4, "test").unwrap();
+        ops::matvec_argmax(dev, &m, &xb, None, &logits, &tok).unwrap();
+        let t = dev.read_bytes(&tok, 0, 4).unwrap();
+        let got = read(dev, &logits, 49152);
+        assert_eq!(u32::from_le_bytes([t[0], t[1], t[2], t[3]]), argmax(&got));
+    }
     None
 }
 
@@ -591,6 +672,12 @@ fn embed_every_format(dev: &CudaDevice) -> Option<String> {
             }
         }
     }
+    // The embedding kernels read the GGUF layout only.
+    let (m, _) = rand_matrix_with(dev, GgmlType::Q4_0, 4, 256, 1, true);
+    let params = upload_bytes(dev, &[0u8; 8], "test").unwrap();
+    let out = up(dev, &[0.0; 256]);
+    let e = ops::embed(dev, &m, &params, &out, 1.0).unwrap_err();
+    assert!(e.to_string().contains("split"), "{e}");
     None
 }
 

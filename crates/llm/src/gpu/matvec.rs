@@ -7,6 +7,11 @@
 //! (NR = 128 / G rows per block). Columns are staged in chunks that fit 8 KiB of shared
 //! memory for the block's rows; the input vector takes another cols * 4.5 bytes (fast mode:
 //! cols * 1.5 bytes of 8-bit units, quantized beforehand by `quantize_q8`; see `with_q8`).
+//!
+//! Matrices in the split layout (`GpuMatrix::split`) go to the `mvr*` kernels instead: no
+//! staging, each warp takes `MVR_NS` row streams (2 rows; GLU a row of gate and one of up),
+//! loading its blocks straight into registers, 4 warps a block; in the fast mode the 8-bit
+//! input is read from global memory, so those launches need no shared memory at all.
 
 use ferrite_cuda::{Buffer, CudaDevice, KernelArgs, KernelSource, LaunchConfig};
 
@@ -103,6 +108,8 @@ pub(crate) struct MvLaunch {
     /// Fast mode: the input is first quantized to 8-bit units (`quantize_q8`), and the
     /// product takes integer dot products (`matvec_q8*`).
     q8: Option<QuantLaunch>,
+    /// Split rows: kernels `mvr*` (else the staged `matvec*`).
+    split: bool,
 }
 
 /// `quantize_q8` in matvec.cu: x (f32 [cols], optionally RMS-normed) into cols / 32 units of
@@ -240,12 +247,24 @@ pub(crate) fn plan(
     if let Some((w, _)) = norm {
         check_len(w, cols * 4, "norm weight")?;
     }
-    let max_rb = segs.iter().map(|s| s.w.row_bytes).max().unwrap_or(0);
     let rows = if glu {
         first.w.rows
     } else {
         segs.iter().map(|s| s.w.rows).sum()
     };
+    if segs.iter().any(|s| s.w.split) {
+        if !segs
+            .iter()
+            .all(|s| s.w.split && s.w.fmt == first.w.fmt && s.w.cols == cols)
+        {
+            return Err(Error::Other(
+                "matvec: the matrices of a launch on split rows must all be split rows of one format"
+                    .into(),
+            ));
+        }
+        return plan_split(segs, mode, glu, x, norm, out, argmax);
+    }
+    let max_rb = segs.iter().map(|s| s.w.row_bytes).max().unwrap_or(0);
     let (rpb, packed) = tile_rows(cols, max_rb, rows, glu, sm_count);
     let nr = if glu { 2 * rpb } else { rpb } as usize;
     let stride = MV_STAGE / nr;
@@ -285,7 +304,7 @@ pub(crate) fn plan(
         seg[i] = MvSeg {
             w: s.w.buffer().ptr(),
             bias: s.bias.map_or(0, |b| b.ptr()),
-            fmt: s.w.fmt.code(),
+            fmt: s.w.kernel_fmt(),
             rows: u32_of(s.w.rows, "rows")?,
             row_bytes: u32_of(s.w.row_bytes, "row bytes")?,
             out_off: u32_of(s.out_off, "output offset")?,
@@ -328,6 +347,84 @@ pub(crate) fn plan(
         smem: smem as u32,
         persist,
         q8: None,
+        split: false,
+    })
+}
+
+/// Warps per block of the split-row kernels (`MVR_W`).
+const MVR_W: u32 = 4;
+/// Row streams per warp of the split-row kernels (`MVR_NS`).
+const MVR_NS: usize = 2;
+
+/// `plan` for matrices in the split layout, all of one format (kernels `mvr_*`).
+#[allow(clippy::too_many_arguments)]
+fn plan_split(
+    segs: &[Seg<'_>],
+    mode: Mode,
+    glu: bool,
+    x: &Buffer,
+    norm: Option<(&Buffer, f32)>,
+    out: &Buffer,
+    argmax: Option<&Buffer>,
+) -> Result<MvLaunch> {
+    let cols = segs[0].w.cols;
+    let rpb = if glu { MVR_NS / 2 } else { MVR_NS };
+    let smem = cols / 32 * XPAD * 4 + MV_RED * 4;
+    if smem > SMEM_MAX {
+        return Err(Error::Other(format!(
+            "matvec: rows of {cols} elements need {smem} bytes of shared memory for the input; at most {SMEM_MAX}"
+        )));
+    }
+    let mut seg = [MvSeg::default(); 3];
+    let mut tiles = 0u32;
+    for (i, s) in segs.iter().enumerate() {
+        let blocks = u32_of(s.w.rows.div_ceil(rpb), "tiles")?;
+        seg[i] = MvSeg {
+            w: s.w.buffer().ptr(),
+            bias: s.bias.map_or(0, |b| b.ptr()),
+            fmt: s.w.kernel_fmt(),
+            rows: u32_of(s.w.rows, "rows")?,
+            row_bytes: u32_of(s.w.row_bytes, "row bytes")?,
+            out_off: u32_of(s.out_off, "output offset")?,
+            blocks,
+            pad: 0,
+        };
+        if !glu || i == 0 {
+            tiles = tiles
+                .checked_add(blocks)
+                .ok_or_else(|| Error::Other("matvec: too many tiles".into()))?;
+        }
+    }
+    if let Some(a) = argmax {
+        if segs.len() != 1 || glu {
+            return Err(Error::Other(
+                "matvec: argmax partials need a single stored matrix".into(),
+            ));
+        }
+        check_len(a, tiles as usize * 8, "argmax partials")?;
+    }
+    let args = MvArgs {
+        seg,
+        nseg: segs.len() as u32,
+        mode: mode as u32,
+        cols: u32_of(cols, "columns")?,
+        rpb: rpb as u32,
+        chunk: 0,
+        stride: 0,
+        x: x.ptr(),
+        norm: norm.map_or(0, |(b, _)| b.ptr()),
+        eps: norm.map_or(0.0, |(_, e)| e),
+        tiles,
+        out: out.ptr(),
+        argmax: argmax.map_or(0, |b| b.ptr()),
+    };
+    Ok(MvLaunch {
+        args,
+        grid: tiles.div_ceil(MVR_W),
+        smem: smem as u32,
+        persist: false,
+        q8: None,
+        split: true,
     })
 }
 
@@ -357,15 +454,21 @@ impl MvLaunch {
         let a = self.args;
         let capable = a.seg[..a.nseg as usize]
             .iter()
-            .all(|s| Q8_FMTS.iter().any(|f| f.code() == s.fmt));
+            .all(|s| Q8_FMTS.iter().any(|f| f.code() == s.fmt & 15));
         if !capable || self.q8.is_some() {
             return Ok(self);
         }
         let cols = a.cols as usize;
         check_len(scratch, q8_bytes(cols), "quantized input")?;
         let units = cols / 32;
-        let smem = units * Q8_UNIT + MV_S * MV_STAGE + MV_RED * 4;
-        let (grid, persist) = grid_for(sm_count, smem, a.tiles);
+        let (smem, grid, persist) = if self.split {
+            // the q8 units are read from global memory
+            (0, self.grid, false)
+        } else {
+            let smem = units * Q8_UNIT + MV_S * MV_STAGE + MV_RED * 4;
+            let (grid, persist) = grid_for(sm_count, smem, a.tiles);
+            (smem, grid, persist)
+        };
         self.q8 = Some(QuantLaunch {
             x: a.x,
             norm: a.norm,
@@ -405,11 +508,13 @@ impl MvLaunch {
             super::launch(dev, "matvec", &SOURCE, "quantize_q8", cfg, args)?;
         }
         let cfg = LaunchConfig::new((self.grid, 1, 1), (MV_T, 1, 1), self.smem);
-        let name = match (self.q8.is_some(), self.persist) {
-            (false, false) => "matvec",
-            (false, true) => "matvec_persist",
-            (true, false) => "matvec_q8",
-            (true, true) => "matvec_q8_persist",
+        let name = match (self.split, self.q8.is_some(), self.persist) {
+            (true, false, _) => "mvr",
+            (true, true, _) => "mvr_q8",
+            (false, false, false) => "matvec",
+            (false, false, true) => "matvec_persist",
+            (false, true, false) => "matvec_q8",
+            (false, true, true) => "matvec_q8_persist",
         };
         super::launch(
             dev,
@@ -456,6 +561,11 @@ pub(crate) fn plan_embed(
     out: &Buffer,
     scale: f32,
 ) -> Result<EmbedLaunch> {
+    if w.split {
+        return Err(Error::Other(
+            "embed: the embedding matrix must be in GGUF layout, not split rows".into(),
+        ));
+    }
     check_len(out, w.cols * 4, "embedding output")?;
     check_len(params, 8, "parameters")?;
     Ok(EmbedLaunch {
@@ -463,7 +573,7 @@ pub(crate) fn plan_embed(
             w: w.buffer().ptr(),
             params: params.ptr(),
             out: out.ptr(),
-            fmt: w.fmt.code(),
+            fmt: w.kernel_fmt(),
             row_bytes: u32_of(w.row_bytes, "row bytes")?,
             cols: u32_of(w.cols, "columns")?,
             rows: u32_of(w.rows, "rows")?,

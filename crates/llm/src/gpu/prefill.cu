@@ -12,8 +12,9 @@ __device__ __forceinline__ unsigned short to_h(float v, u32 bf) {
 // packed: row_bytes = cols / block size * block bytes, so unit u = r * cols / 32 + c / 32 of
 // the matrix is unit u of the flat block sequence, and its 32 outputs are out[32u .. 32u + 32)).
 // A block of PFD_T threads takes PFD_T consecutive units: their block bytes (one contiguous
-// range) staged into shared memory with 16-byte loads, a unit per thread dequantized into
-// shared memory, then written out with coalesced 16-byte stores.
+// range) staged into shared memory with 16-byte loads (split rows, `fmt` with FMT_SPLIT: read
+// straight from the row), a unit per thread dequantized into shared memory, then written out
+// with coalesced 16-byte stores.
 #define PFD_T 128
 #define PFD_WB (PFD_T * 128 + 32)  // staged weight bytes: 128 bytes a unit at most (f32), + alignment
 extern "C" __global__ void __launch_bounds__(PFD_T) pf_dequant(u64 w, u32 fmt, u32 row_bytes, u32 cols,
@@ -22,22 +23,35 @@ extern "C" __global__ void __launch_bounds__(PFD_T) pf_dequant(u64 w, u32 fmt, u
     __shared__ __align__(16) U4 osm[PFD_T * 4];  // chunk q of unit t at 4t + ((q + t) & 3)
     const u32 tid = threadIdx.x;
     const u64 units = (u64)rows * (cols >> 5);
+    const bool split = fmt & FMT_SPLIT;
+    fmt &= 15;
     const u32 upb = fmt_bs(fmt) / 32, ts = fmt_ts(fmt);
     for (u64 u0 = (u64)blockIdx.x * PFD_T; u0 < units; u0 += (u64)gridDim.x * PFD_T) {
         const u32 n = (u32)min((u64)PFD_T, units - u0);
-        const u64 b0 = u0 / upb, b1 = (u0 + n - 1) / upb + 1;
-        const u64 start = w + b0 * ts;
-        const u64 al = start & ~(u64)15;
-        const u32 n16 = (u32)((w + b1 * ts - al + 15) >> 4);  // weights readable 16 bytes past the end
-        for (u32 i = tid; i < n16; i += PFD_T) ((U4*)wsm)[i] = ld_stream(al + 16 * (u64)i);
-        __syncthreads();
+        if (!split) {
+            const u64 b0 = u0 / upb, b1 = (u0 + n - 1) / upb + 1;
+            const u64 al = (w + b0 * ts) & ~(u64)15;
+            const u32 n16 = (u32)((w + b1 * ts - al + 15) >> 4);  // weights readable 16 bytes past the end
+            for (u32 i = tid; i < n16; i += PFD_T) ((U4*)wsm)[i] = ld_stream(al + 16 * (u64)i);
+            __syncthreads();
+        }
         if (tid < n) {
             const u64 u = u0 + tid;
-            const u8* blk = wsm + (u32)(start - al) + (u32)(u / upb - b0) * ts;
             float y[32];
+            if (split) {
+                // split rows: 32-element blocks read straight from the row (aligned loads)
+                const u32 nb = cols >> 5;
+                const u64 row = w + (u / nb) * row_bytes;
+#define PF_SP(F) sp_deq<F>(sp_load<F>(row, nb, (u32)(u % nb)), y)
+                FMT_DISPATCH_SPLIT(fmt, PF_SP)
+#undef PF_SP
+            } else {
+                const u64 b0 = u0 / upb;
+                const u8* blk = wsm + (u32)((w + b0 * ts) & 15) + (u32)(u / upb - b0) * ts;
 #define PF_DEQ(F) deq<F>(blk, (int)(u % upb), y)
-            FMT_DISPATCH(fmt, PF_DEQ)
+                FMT_DISPATCH(fmt, PF_DEQ)
 #undef PF_DEQ
+            }
 #pragma unroll
             for (int q = 0; q < 4; ++q) {
                 U4 v;

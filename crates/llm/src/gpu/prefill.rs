@@ -151,7 +151,7 @@ impl Prefill {
         }
         let args = KernelArgs::new()
             .arg(mat.buffer().ptr() + (r0 * mat.row_bytes) as u64)
-            .arg(mat.fmt.code())
+            .arg(mat.kernel_fmt())
             .arg(mat.row_bytes as u32)
             .arg(mat.cols as u32)
             .arg(rows as u32)

@@ -308,3 +308,108 @@ template <> __device__ __forceinline__ void deq<FMT_Q6_K>(const u8* b, int g, fl
     case FMT_Q5_K: CALL(FMT_Q5_K); break; \
     case FMT_Q6_K: CALL(FMT_Q6_K); break; \
     }
+
+// ---- Split rows ----
+// Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 matrices whose rows are a multiple of 16 bytes are
+// rearranged at upload (gpu/weights.rs, `split_rows`), each row of n blocks as
+//   [quants: n x SQ bytes][qh: n x 4 bytes, Q5_0/Q5_1 only][d, or d and m: n x SH bytes]
+// (every field's bytes as in the block; SQ = 16, 32 for Q8_0; SH = 2, 4 for Q4_1/Q5_1), so a
+// block's quants are one or two aligned 16-byte loads and its other fields aligned loads too.
+// A format code with FMT_SPLIT set names such a matrix.
+#define FMT_SPLIT 16
+
+template <int F> __device__ __forceinline__ constexpr u32 sp_q() { return F == FMT_Q8_0 ? 32u : 16u; }
+template <int F> __device__ __forceinline__ constexpr u32 sp_qh() {
+    return (F == FMT_Q5_0 || F == FMT_Q5_1) ? 4u : 0u;
+}
+template <int F> __device__ __forceinline__ constexpr u32 sp_h() {
+    return (F == FMT_Q4_1 || F == FMT_Q5_1) ? 4u : 2u;
+}
+
+__device__ __forceinline__ u32 ld_nc16(u64 p) {
+    unsigned short v;
+    asm("ld.global.nc.L1::no_allocate.u16 %0, [%1];" : "=h"(v) : "l"(p));
+    return v;
+}
+__device__ __forceinline__ u32 ld_nc32(u64 p) {
+    u32 v;
+    asm("ld.global.nc.L1::no_allocate.u32 %0, [%1];" : "=r"(v) : "l"(p));
+    return v;
+}
+
+// One block of a split row in registers: quant words q0 (q1: Q8_0's second 16 bytes), h = d
+// (bits 0..16) and m (bits 16..32), qh.
+struct SpUnit {
+    U4 q0, q1;
+    u32 h, qh;
+};
+
+__device__ __forceinline__ u32 sp_word(const SpUnit& s, int w) {
+    const U4& v = w < 4 ? s.q0 : s.q1;
+    switch (w & 3) {
+    case 0: return v.x;
+    case 1: return v.y;
+    case 2: return v.z;
+    default: return v.w;
+    }
+}
+
+// Block b of the split row at `row` (16-byte aligned) of n blocks.
+template <int F> __device__ __forceinline__ SpUnit sp_load(u64 row, u32 n, u32 b) {
+    SpUnit s;
+    s.q0 = ld_stream(row + (u64)b * sp_q<F>());
+    if (F == FMT_Q8_0) s.q1 = ld_stream(row + (u64)b * 32 + 16);
+    if (sp_qh<F>()) s.qh = ld_nc32(row + (u64)n * 16 + 4 * (u64)b);
+    const u64 hp = row + (u64)n * (sp_q<F>() + sp_qh<F>()) + (u64)b * sp_h<F>();
+    s.h = sp_h<F>() == 4 ? ld_nc32(hp) : ld_nc16(hp);
+    return s;
+}
+
+// y[0..32] = the weights of a split block: deq<F> term for term.
+template <int F> __device__ __forceinline__ void sp_deq(const SpUnit& s, float* y) {
+    const float d = h2f(s.h & 0xffffu);
+    const float m = h2f(s.h >> 16);
+    if (F == FMT_Q8_0) {
+#pragma unroll
+        for (int w = 0; w < 8; ++w) {
+            const u32 v = sp_word(s, w);
+#pragma unroll
+            for (int k = 0; k < 4; ++k) y[4 * w + k] = qf(((v >> (8 * k)) & 0xffu) ^ 0x80u, 128.0f) * d;
+        }
+        return;
+    }
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+        const u32 v = sp_word(s, w);
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            const int j = 4 * w + k;
+            const u32 q = (v >> (8 * k)) & 0xffu;
+            u32 lo = q & 15u, hi = q >> 4;
+            if (sp_qh<F>()) {
+                lo |= ((s.qh >> j) & 1u) << 4;
+                hi |= ((s.qh >> (j + 16)) & 1u) << 4;
+            }
+            if (F == FMT_Q4_0) {
+                y[j] = d * qf(lo, 8.0f);
+                y[j + 16] = d * qf(hi, 8.0f);
+            } else if (F == FMT_Q5_0) {
+                y[j] = d * qf(lo, 16.0f);
+                y[j + 16] = d * qf(hi, 16.0f);
+            } else {  // Q4_1, Q5_1
+                y[j] = d * qf(lo, 0.0f) + m;
+                y[j + 16] = d * qf(hi, 0.0f) + m;
+            }
+        }
+    }
+}
+
+// CALL(F) for the base format of a split format code (f & 15).
+#define FMT_DISPATCH_SPLIT(f, CALL) \
+    switch (f) { \
+    case FMT_Q4_0: CALL(FMT_Q4_0); break; \
+    case FMT_Q4_1: CALL(FMT_Q4_1); break; \
+    case FMT_Q5_0: CALL(FMT_Q5_0); break; \
+    case FMT_Q5_1: CALL(FMT_Q5_1); break; \
+    case FMT_Q8_0: CALL(FMT_Q8_0); break; \
+    }

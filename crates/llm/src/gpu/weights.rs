@@ -77,8 +77,9 @@ impl Fmt {
     }
 }
 
-/// A `rows x cols` weight matrix on the device, in GGUF block layout (row r: `row_bytes`
-/// bytes from byte r * row_bytes).
+/// A `rows x cols` weight matrix on the device (row r: `row_bytes` bytes from byte
+/// r * row_bytes), in GGUF block layout or, where `split`, each row's blocks rearranged so
+/// that the decode products load them straight into registers (`split_rows`).
 pub struct GpuMatrix {
     pub fmt: Fmt,
     /// The type in the file (differs from `fmt` where the weights were converted to f16).
@@ -86,7 +87,46 @@ pub struct GpuMatrix {
     pub rows: usize,
     pub cols: usize,
     pub row_bytes: usize,
+    /// Rows in the split layout (`FMT_SPLIT` in quant.cuh).
+    pub split: bool,
     buf: Buffer,
+}
+
+/// Bytes of a block's quants, of its `qh` word and of its scale (and min) fields, for the formats
+/// that have a split layout.
+fn split_fields(fmt: Fmt) -> Option<(usize, usize, usize)> {
+    Some(match fmt {
+        Fmt::Q4_0 => (16, 0, 2),
+        Fmt::Q4_1 => (16, 0, 4),
+        Fmt::Q5_0 => (16, 4, 2),
+        Fmt::Q5_1 => (16, 4, 4),
+        Fmt::Q8_0 => (32, 0, 2),
+        _ => return None,
+    })
+}
+
+/// Rows of `n` blocks of `fmt` (GGUF bytes, `data`) in the split layout: each row as
+/// [quants of every block][qh of every block (Q5_0, Q5_1)][scale (and min) of every block], each
+/// field's bytes as in the block (which holds scale (and min), then qh, then quants).
+pub fn split_rows(fmt: Fmt, n: usize, data: &[u8]) -> Option<Vec<u8>> {
+    use rayon::prelude::*;
+    let (q, qh, h) = split_fields(fmt)?;
+    let ts = fmt.block_bytes();
+    let row_bytes = n * ts;
+    if row_bytes == 0 || !data.len().is_multiple_of(row_bytes) {
+        return None;
+    }
+    let mut out = vec![0u8; data.len()];
+    out.par_chunks_mut(row_bytes)
+        .zip(data.par_chunks(row_bytes))
+        .for_each(|(dst, src)| {
+            for (b, blk) in src.chunks_exact(ts).enumerate() {
+                dst[b * q..(b + 1) * q].copy_from_slice(&blk[h + qh..]);
+                dst[n * q + b * qh..n * q + (b + 1) * qh].copy_from_slice(&blk[h..h + qh]);
+                dst[n * (q + qh) + b * h..n * (q + qh) + (b + 1) * h].copy_from_slice(&blk[..h]);
+            }
+        });
+    Some(out)
 }
 
 impl GpuMatrix {
@@ -96,8 +136,19 @@ impl GpuMatrix {
         rows * (cols / f.block_elems()) * f.block_bytes() + 16
     }
 
-    /// Uploads `data` (`rows x cols` of `ty`, GGUF block bytes). Types without a GPU kernel
-    /// (Q2_K, Q3_K) are dequantized and stored as f16 (`GpuModel::load` prints a notice).
+    /// Whether rows of `cols` elements of `ty` can take the split layout: a format with one
+    /// (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) and rows of a multiple of 16 bytes.
+    pub fn splittable(ty: GgmlType, cols: usize) -> bool {
+        Fmt::of(ty).is_some_and(|f| {
+            split_fields(f).is_some()
+                && cols.is_multiple_of(32)
+                && (cols / 32 * f.block_bytes()).is_multiple_of(16)
+        })
+    }
+
+    /// Uploads `data` (`rows x cols` of `ty`, GGUF block bytes) in GGUF layout. Types without a
+    /// GPU kernel (Q2_K, Q3_K) are dequantized and stored as f16 (`GpuModel::load` prints a
+    /// notice).
     pub fn upload(
         dev: &CudaDevice,
         name: &str,
@@ -106,6 +157,24 @@ impl GpuMatrix {
         cols: usize,
         data: &[u8],
     ) -> Result<GpuMatrix> {
+        Self::upload_with(dev, name, ty, rows, cols, data, false)
+    }
+
+    /// `upload`, in the split layout if `split` (which needs `splittable(ty, cols)`).
+    pub fn upload_with(
+        dev: &CudaDevice,
+        name: &str,
+        ty: GgmlType,
+        rows: usize,
+        cols: usize,
+        data: &[u8],
+        split: bool,
+    ) -> Result<GpuMatrix> {
+        if split && !Self::splittable(ty, cols) {
+            return Err(Error::Model(format!(
+                "tensor {name}: rows of {cols} {ty} elements have no split layout"
+            )));
+        }
         if rows == 0 || cols == 0 || !cols.is_multiple_of(32) {
             return Err(Error::Model(format!(
                 "tensor {name}: {rows} rows of {cols} elements; the GPU kernels need rows of a multiple of 32 elements"
@@ -140,6 +209,13 @@ impl GpuMatrix {
                 "tensor {name}: {rows}x{cols} is too large for the GPU kernels"
             )));
         }
+        let bytes = match split {
+            true => Cow::Owned(
+                split_rows(fmt, cols / 32, &bytes)
+                    .ok_or_else(|| Error::Model(format!("tensor {name}: cannot split its rows")))?,
+            ),
+            false => bytes,
+        };
         let buf = dev.alloc_bytes(bytes.len() + 16, "llm weights").gpu()?;
         dev.write_bytes(&buf, 0, &bytes).gpu()?;
         Ok(GpuMatrix {
@@ -148,8 +224,14 @@ impl GpuMatrix {
             rows,
             cols,
             row_bytes,
+            split,
             buf,
         })
+    }
+
+    /// The format code the kernels take (`FMT_*`, with `FMT_SPLIT` for split rows).
+    pub(crate) fn kernel_fmt(&self) -> u32 {
+        self.fmt.code() | if self.split { 16 } else { 0 }
     }
 
     /// Bytes of the weights (what one product reads).
@@ -232,8 +314,34 @@ fn mat_info<'f>(f: &'f GgufFile, name: &str) -> Result<(usize, usize, GgmlType, 
 }
 
 fn upload_mat(dev: &CudaDevice, f: &GgufFile, name: &str) -> Result<GpuMatrix> {
-    let (rows, cols, ty, data) = mat_info(f, name)?;
-    GpuMatrix::upload(dev, name, ty, rows, cols, data)
+    upload_group(dev, f, &[name]).map(|mut v| v.remove(0))
+}
+
+/// Whether decode products use split rows where they can (`FERRITE_GPU_SPLIT=0`: never, to
+/// compare with the GGUF layout).
+fn split_enabled() -> bool {
+    std::env::var("FERRITE_GPU_SPLIT").map_or(true, |v| v != "0")
+}
+
+/// Matrices that one decode product reads together (they share a kernel, so a layout): split
+/// where all are of one splittable format.
+fn upload_group(dev: &CudaDevice, f: &GgufFile, names: &[&str]) -> Result<Vec<GpuMatrix>> {
+    let infos = names
+        .iter()
+        .map(|n| mat_info(f, n))
+        .collect::<Result<Vec<_>>>()?;
+    let (_, cols0, ty0, _) = infos[0];
+    let split = split_enabled()
+        && infos
+            .iter()
+            .all(|&(_, cols, ty, _)| ty == ty0 && cols == cols0 && GpuMatrix::splittable(ty, cols));
+    names
+        .iter()
+        .zip(infos)
+        .map(|(name, (rows, cols, ty, data))| {
+            GpuMatrix::upload_with(dev, name, ty, rows, cols, data, split)
+        })
+        .collect()
 }
 
 fn vector(f: &GgufFile, name: &str) -> Result<Vec<f32>> {
@@ -339,7 +447,9 @@ impl GpuModel {
             )));
         }
 
-        let tok_embd = upload_mat(dev, f, "token_embd.weight")?;
+        // The embedding rows are read by the embedding kernels, which take the GGUF layout.
+        let (rows, cols, ty, data) = mat_info(f, "token_embd.weight")?;
+        let tok_embd = GpuMatrix::upload(dev, "token_embd.weight", ty, rows, cols, data)?;
         let output = match f.tensor("output.weight") {
             Some(_) => Some(upload_mat(dev, f, "output.weight")?),
             None => None,
@@ -355,11 +465,26 @@ impl GpuModel {
                     Ok(None)
                 }
             };
+            let [wq, wk, wv]: [GpuMatrix; 3] = upload_group(
+                dev,
+                f,
+                &[
+                    &n("attn_q.weight"),
+                    &n("attn_k.weight"),
+                    &n("attn_v.weight"),
+                ],
+            )?
+            .try_into()
+            .map_err(|_| Error::Other("upload: three matrices expected".into()))?;
+            let [w_gate, w_up]: [GpuMatrix; 2] =
+                upload_group(dev, f, &[&n("ffn_gate.weight"), &n("ffn_up.weight")])?
+                    .try_into()
+                    .map_err(|_| Error::Other("upload: two matrices expected".into()))?;
             layers.push(GpuLayer {
                 attn_norm: upload_vec(dev, f, &n("attn_norm.weight"))?,
-                wq: upload_mat(dev, f, &n("attn_q.weight"))?,
-                wk: upload_mat(dev, f, &n("attn_k.weight"))?,
-                wv: upload_mat(dev, f, &n("attn_v.weight"))?,
+                wq,
+                wk,
+                wv,
                 wo: upload_mat(dev, f, &n("attn_output.weight"))?,
                 bq: upload_opt(dev, f, &n("attn_q.bias"))?,
                 bk: upload_opt(dev, f, &n("attn_k.bias"))?,
@@ -368,8 +493,8 @@ impl GpuModel {
                 k_norm: req_gemma("attn_k_norm.weight")?,
                 post_attn_norm: req_gemma("post_attention_norm.weight")?,
                 ffn_norm: upload_vec(dev, f, &n("ffn_norm.weight"))?,
-                w_gate: upload_mat(dev, f, &n("ffn_gate.weight"))?,
-                w_up: upload_mat(dev, f, &n("ffn_up.weight"))?,
+                w_gate,
+                w_up,
                 w_down: upload_mat(dev, f, &n("ffn_down.weight"))?,
                 post_ffn_norm: req_gemma("post_ffw_norm.weight")?,
             });
@@ -447,5 +572,46 @@ impl GpuModel {
 
     pub(crate) fn output_matrix(&self) -> &GpuMatrix {
         self.output.as_ref().unwrap_or(&self.tok_embd)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every field of every block lands where quant.cuh's `sp_load` reads it.
+    #[test]
+    fn split_rows_places_every_field() {
+        for fmt in [Fmt::Q4_0, Fmt::Q4_1, Fmt::Q5_0, Fmt::Q5_1, Fmt::Q8_0] {
+            let (q, qh, h) = split_fields(fmt).unwrap();
+            let ts = fmt.block_bytes();
+            assert_eq!(q + qh + h, ts, "{fmt:?}");
+            let (rows, n) = (3, 8);
+            let data: Vec<u8> = (0..rows * n * ts).map(|i| (i * 7 % 251) as u8).collect();
+            let out = split_rows(fmt, n, &data).unwrap();
+            assert_eq!(out.len(), data.len());
+            for r in 0..rows {
+                let row = &out[r * n * ts..(r + 1) * n * ts];
+                for b in 0..n {
+                    let blk = &data[(r * n + b) * ts..(r * n + b + 1) * ts];
+                    assert_eq!(&row[b * q..(b + 1) * q], &blk[h + qh..], "{fmt:?} quants");
+                    assert_eq!(&row[n * q + b * qh..n * q + (b + 1) * qh], &blk[h..h + qh]);
+                    let hs = n * (q + qh) + b * h;
+                    assert_eq!(&row[hs..hs + h], &blk[..h], "{fmt:?} scales");
+                }
+            }
+        }
+        assert!(split_rows(Fmt::Q4_K, 1, &[0; 144]).is_none());
+        assert!(split_rows(Fmt::Q4_0, 8, &[0; 100]).is_none());
+    }
+
+    #[test]
+    fn splittable_needs_a_format_and_16_byte_rows() {
+        assert!(GpuMatrix::splittable(GgmlType::Q4_0, 4096));
+        assert!(GpuMatrix::splittable(GgmlType::Q8_0, 512));
+        assert!(!GpuMatrix::splittable(GgmlType::Q8_0, 576)); // 18 blocks of 34 bytes
+        assert!(!GpuMatrix::splittable(GgmlType::Q4_1, 576)); // 360 bytes
+        assert!(!GpuMatrix::splittable(GgmlType::Q4_K, 4096));
+        assert!(!GpuMatrix::splittable(GgmlType::F16, 4096));
     }
 }
