@@ -43,6 +43,10 @@ fn gpu_tests() -> Vec<(&'static str, TestFn)> {
         ("matvec_glu_silu_and_gelu", matvec_glu),
         ("matvec_argmax_lowest_index_on_ties", matvec_argmax),
         ("embed_every_format_matches_cpu", embed_every_format),
+        (
+            "prefill_dequant_every_format_matches_cpu",
+            dequant_every_format,
+        ),
         ("rms_norm_and_norm_add_match_cpu", rms_norms),
         ("attention_step_stores_rotated_k_and_v", rope_kv),
         ("attention_step_matches_cpu_gqa_splits_window", attention),
@@ -678,6 +682,51 @@ fn embed_every_format(dev: &CudaDevice) -> Option<String> {
     let out = up(dev, &[0.0; 256]);
     let e = ops::embed(dev, &m, &params, &out, 1.0).unwrap_err();
     assert!(e.to_string().contains("split"), "{e}");
+    None
+}
+
+/// The batched prefill's weight operand (`pf_dequant`): every format, both layouts, f16 and
+/// bf16, odd row counts and long rows, bit for bit against the CPU's dequantized values
+/// rounded to nearest even (as `cvt.rn`). The tensor-core products take these operands
+/// (cuBLASLt, tested in ferrite-cuda), so this and the synthetic-model prefill tests cover
+/// the quantized matmul of every format.
+fn dequant_every_format(dev: &CudaDevice) -> Option<String> {
+    use half::{bf16, f16};
+    for (i, ty) in MATVEC_TYPES.into_iter().enumerate() {
+        for (rows, cols) in [(33usize, 768usize), (1, 256), (7, 14336), (97, 2304)] {
+            for split in layouts(ty, cols) {
+                let seed = (i * 100 + rows) as u64 + 3;
+                let (m, w) = rand_matrix_with(dev, ty, rows, cols, seed, split);
+                let out = zeros(dev, rows * cols * 2, "test").unwrap();
+                for bf in [false, true] {
+                    ops::dequant(dev, &m, &out, bf).unwrap();
+                    let got = dev.read_bytes(&out, 0, rows * cols * 2).unwrap();
+                    for (e, &v) in w.iter().enumerate() {
+                        // what the device holds: converted formats as f16
+                        let held = if converted(ty) {
+                            f16::from_f32(v).to_f32()
+                        } else {
+                            v
+                        };
+                        let want = if bf {
+                            bf16::from_f32(held).to_bits()
+                        } else {
+                            f16::from_f32(held).to_bits()
+                        };
+                        let g = u16::from_le_bytes([got[2 * e], got[2 * e + 1]]);
+                        assert_eq!(
+                            g, want,
+                            "{ty} {rows}x{cols} split {split} bf16 {bf}: element {e} ({v})"
+                        );
+                    }
+                }
+            }
+        }
+    }
+    // Too small an output is refused.
+    let (m, _) = rand_matrix(dev, GgmlType::Q4_0, 4, 256, 1);
+    let small = zeros(dev, 4 * 256, "test").unwrap();
+    assert!(ops::dequant(dev, &m, &small, false).is_err());
     None
 }
 
@@ -1442,8 +1491,10 @@ fn prefill_synthetic(dev: &CudaDevice) -> Option<String> {
         GgmlType::Q4_0,
         GgmlType::Q4_1,
         GgmlType::Q5_0,
+        GgmlType::Q5_1,
         GgmlType::Q8_0,
         GgmlType::Q4_K,
+        GgmlType::Q5_K,
         GgmlType::Q6_K,
         GgmlType::F16,
     ] {

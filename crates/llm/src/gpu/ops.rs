@@ -11,6 +11,19 @@ use super::weights::GpuMatrix;
 use super::{decode, matvec, zeros, Launch};
 use crate::error::Result;
 
+/// `out` (16-bit [w.rows][w.cols], row-major; bf16 if `bf16`, else f16) = the weights of `w`
+/// dequantized: the batched prefill's weight operand of its tensor-core products.
+pub fn dequant(dev: &CudaDevice, w: &GpuMatrix, out: &Buffer, bf16: bool) -> Result<()> {
+    if out.bytes() < w.rows * w.cols * 2 {
+        return Err(crate::error::Error::Other(format!(
+            "pf_dequant: output holds {} bytes, needs {}",
+            out.bytes(),
+            w.rows * w.cols * 2
+        )));
+    }
+    super::prefill::dequant_rows(dev, w, 0, w.rows, out.ptr(), bf16)
+}
+
 /// `out[off + r] = W[r] . norm(x)` for the rows of every segment (Store/Add), or the gated
 /// product of `[gate, up]` (Glu modes). `norm`: RMS-norm weight (f32 [cols]) and epsilon.
 pub fn matvec(

@@ -64,6 +64,39 @@ fn launch(dev: &CudaDevice, name: &str, cfg: LaunchConfig, args: KernelArgs) -> 
     dev.launch("llm prefill", &SOURCE, name, cfg, args).gpu()
 }
 
+/// Rows [r0, r0 + rows) of `mat` dequantized into 16-bit values (bf16 if `bf`, else f16),
+/// row-major, at device address `out` (room for rows x mat.cols values).
+pub(crate) fn dequant_rows(
+    dev: &CudaDevice,
+    mat: &GpuMatrix,
+    r0: usize,
+    rows: usize,
+    out: u64,
+    bf: bool,
+) -> Result<()> {
+    if r0 + rows > mat.rows {
+        return Err(Error::Other(format!(
+            "pf_dequant: rows {r0}..{} of a {}-row matrix",
+            r0 + rows,
+            mat.rows
+        )));
+    }
+    let args = KernelArgs::new()
+        .arg(mat.buffer().ptr() + (r0 * mat.row_bytes) as u64)
+        .arg(mat.kernel_fmt())
+        .arg(mat.row_bytes as u32)
+        .arg(mat.cols as u32)
+        .arg(rows as u32)
+        .arg(out)
+        .arg(bf as u32);
+    // PFD_T = 128 units per block and round
+    let blocks = (rows * mat.cols / 32)
+        .div_ceil(128)
+        .clamp(1, dev.sm_count() as usize * 16);
+    let cfg = LaunchConfig::new((blocks as u32, 1, 1), (128, 1, 1), 0);
+    launch(dev, "pf_dequant", cfg, args)
+}
+
 /// Grid for `n` independent items, 256 threads a block.
 fn flat(dev: &CudaDevice, n: usize) -> LaunchConfig {
     let blocks = n.div_ceil(256).clamp(1, dev.sm_count() as usize * 16);
@@ -146,23 +179,17 @@ impl Prefill {
         rows: usize,
         at: usize,
     ) -> Result<()> {
-        if (at + rows) * mat.cols > self.w_elems || r0 + rows > mat.rows {
+        if (at + rows) * mat.cols > self.w_elems {
             return Err(Error::Other("prefill: weight scratch overflow".into()));
         }
-        let args = KernelArgs::new()
-            .arg(mat.buffer().ptr() + (r0 * mat.row_bytes) as u64)
-            .arg(mat.kernel_fmt())
-            .arg(mat.row_bytes as u32)
-            .arg(mat.cols as u32)
-            .arg(rows as u32)
-            .arg(self.w.ptr() + (at * mat.cols * 2) as u64)
-            .arg(self.bf());
-        // PFD_T = 128 units per block and round
-        let blocks = (rows * mat.cols / 32)
-            .div_ceil(128)
-            .clamp(1, dev.sm_count() as usize * 16);
-        let cfg = LaunchConfig::new((blocks as u32, 1, 1), (128, 1, 1), 0);
-        launch(dev, "pf_dequant", cfg, args)
+        dequant_rows(
+            dev,
+            mat,
+            r0,
+            rows,
+            self.w.ptr() + (at * mat.cols * 2) as u64,
+            self.bf() != 0,
+        )
     }
 
     /// out[n rows][w_rows] (f32, row stride ldo, from byte `off`) (+)= in[n][k] . scratch^T.
