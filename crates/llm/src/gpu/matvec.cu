@@ -275,6 +275,24 @@ __device__ __forceinline__ float gelu_tanh_f(float x) {
     return 0.5f * x * (1.0f + tanhf(c * (x + 0.044715f * x * x * x)));
 }
 
+// Row `row` of segment sa (GLU: and of sb) from its product v (GLU: gate v, up u): bias,
+// activation, residual add; stores it and returns the stored value.
+__device__ __forceinline__ float mv_epilogue(const MvArgs& a, const MvSeg& sa, const MvSeg& sb, u32 row,
+                                             float v, float u) {
+    float* out = (float*)a.out;
+    if (sa.bias) v += ((const float*)sa.bias)[row];
+    if (a.mode >= MV_GLU_SILU) {
+        if (sb.bias) u += ((const float*)sb.bias)[row];
+        v = (a.mode == MV_GLU_SILU ? silu_f(v) : gelu_tanh_f(v)) * u;
+        out[sa.out_off + row] = v;
+    } else {
+        float* o = out + sa.out_off + row;
+        if (a.mode == MV_ADD) v = *o + v;
+        *o = v;
+    }
+    return v;
+}
+
 // Tile t of a launch: its segment (plain modes: segments in order, seg.blocks tiles each) and
 // first row.
 __device__ __forceinline__ void tile_of(const MvArgs& a, bool glu, u32 t, MvSeg* sa, u32* r0) {
@@ -417,7 +435,6 @@ __device__ __forceinline__ void matvec_body(const MvArgs& a) {
         stage_x(a, xs, red);
     }
 
-    float* out = (float*)a.out;
     float* wpart = red;        // MV_T / 32 warp sums
     float* rowv = red + 32;    // nr row values
     const u32 lane = tid & 31, warp = tid >> 5;
@@ -478,21 +495,7 @@ __device__ __forceinline__ void matvec_body(const MvArgs& a) {
         __syncthreads();
         if (tid < rpb) {
             const u32 row = r0 + tid;
-            if (row < sa.rows) {
-                float v = rowv[tid];
-                if (sa.bias) v += ((const float*)sa.bias)[row];
-                if (glu) {
-                    float u = rowv[rpb + tid];
-                    if (sb.bias) u += ((const float*)sb.bias)[row];
-                    v = (a.mode == MV_GLU_SILU ? silu_f(v) : gelu_tanh_f(v)) * u;
-                    out[sa.out_off + row] = v;
-                } else {
-                    float* o = out + sa.out_off + row;
-                    if (a.mode == MV_ADD) v = *o + v;
-                    *o = v;
-                }
-                rowv[tid] = v;
-            }
+            if (row < sa.rows) rowv[tid] = mv_epilogue(a, sa, sb, row, rowv[tid], glu ? rowv[rpb + tid] : 0.f);
         }
         if (a.argmax) {
             __syncthreads();
@@ -656,19 +659,7 @@ __device__ __forceinline__ void mvr_run(const MvArgs& a) {
     }
     const u32 row = r0 + lane;
     const bool mine = lane < R && row < sa.rows;
-    if (mine) {
-        if (sa.bias) v += ((const float*)sa.bias)[row];
-        float* out = (float*)a.out;
-        if (glu) {
-            if (sb.bias) u += ((const float*)sb.bias)[row];
-            v = (a.mode == MV_GLU_SILU ? silu_f(v) : gelu_tanh_f(v)) * u;
-            out[sa.out_off + row] = v;
-        } else {
-            float* o = out + sa.out_off + row;
-            if (a.mode == MV_ADD) v = *o + v;
-            *o = v;
-        }
-    }
+    if (mine) v = mv_epilogue(a, sa, sb, row, v, u);
     if (a.argmax) {
         float best = mine ? v : neg_inf<float>();
         u32 bi = mine ? row : r0;

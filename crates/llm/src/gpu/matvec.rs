@@ -297,35 +297,8 @@ pub(crate) fn plan(
             "matvec: rows of {cols} elements need {smem} bytes of shared memory for the input; at most {SMEM_MAX}"
         )));
     }
-    let mut seg = [MvSeg::default(); 3];
-    let mut tiles = 0u32;
-    for (i, s) in segs.iter().enumerate() {
-        let blocks = u32_of(s.w.rows.div_ceil(rpb as usize), "blocks")?;
-        seg[i] = MvSeg {
-            w: s.w.buffer().ptr(),
-            bias: s.bias.map_or(0, |b| b.ptr()),
-            fmt: s.w.kernel_fmt(),
-            rows: u32_of(s.w.rows, "rows")?,
-            row_bytes: u32_of(s.w.row_bytes, "row bytes")?,
-            out_off: u32_of(s.out_off, "output offset")?,
-            blocks,
-            pad: 0,
-        };
-        if !glu || i == 0 {
-            tiles = tiles
-                .checked_add(blocks)
-                .ok_or_else(|| Error::Other("matvec: too many blocks".into()))?;
-        }
-    }
+    let (seg, tiles) = segments(segs, rpb as usize, glu, argmax)?;
     let (grid, persist) = grid_for(sm_count, smem, tiles);
-    if let Some(a) = argmax {
-        if segs.len() != 1 || glu {
-            return Err(Error::Other(
-                "matvec: argmax partials need a single stored matrix".into(),
-            ));
-        }
-        check_len(a, tiles as usize * 8, "argmax partials")?;
-    }
     let args = MvArgs {
         seg,
         nseg: segs.len() as u32,
@@ -351,30 +324,14 @@ pub(crate) fn plan(
     })
 }
 
-/// Warps per block of the split-row kernels (`MVR_W`).
-const MVR_W: u32 = 4;
-/// Row streams per warp of the split-row kernels (`MVR_NS`).
-const MVR_NS: usize = 2;
-
-/// `plan` for matrices in the split layout, all of one format (kernels `mvr_*`).
-#[allow(clippy::too_many_arguments)]
-fn plan_split(
+/// The kernel's view of `segs` in tiles of `rpb` rows, and the launch's tiles (GLU: gate's);
+/// checks that `argmax` (one partial a tile) suits the launch.
+fn segments(
     segs: &[Seg<'_>],
-    mode: Mode,
+    rpb: usize,
     glu: bool,
-    x: &Buffer,
-    norm: Option<(&Buffer, f32)>,
-    out: &Buffer,
     argmax: Option<&Buffer>,
-) -> Result<MvLaunch> {
-    let cols = segs[0].w.cols;
-    let rpb = if glu { MVR_NS / 2 } else { MVR_NS };
-    let smem = cols / 32 * XPAD * 4 + MV_RED * 4;
-    if smem > SMEM_MAX {
-        return Err(Error::Other(format!(
-            "matvec: rows of {cols} elements need {smem} bytes of shared memory for the input; at most {SMEM_MAX}"
-        )));
-    }
+) -> Result<([MvSeg; 3], u32)> {
     let mut seg = [MvSeg::default(); 3];
     let mut tiles = 0u32;
     for (i, s) in segs.iter().enumerate() {
@@ -403,6 +360,34 @@ fn plan_split(
         }
         check_len(a, tiles as usize * 8, "argmax partials")?;
     }
+    Ok((seg, tiles))
+}
+
+/// Warps per block of the split-row kernels (`MVR_W`).
+const MVR_W: u32 = 4;
+/// Row streams per warp of the split-row kernels (`MVR_NS`).
+const MVR_NS: usize = 2;
+
+/// `plan` for matrices in the split layout, all of one format (kernels `mvr_*`).
+#[allow(clippy::too_many_arguments)]
+fn plan_split(
+    segs: &[Seg<'_>],
+    mode: Mode,
+    glu: bool,
+    x: &Buffer,
+    norm: Option<(&Buffer, f32)>,
+    out: &Buffer,
+    argmax: Option<&Buffer>,
+) -> Result<MvLaunch> {
+    let cols = segs[0].w.cols;
+    let rpb = if glu { MVR_NS / 2 } else { MVR_NS };
+    let smem = cols / 32 * XPAD * 4 + MV_RED * 4;
+    if smem > SMEM_MAX {
+        return Err(Error::Other(format!(
+            "matvec: rows of {cols} elements need {smem} bytes of shared memory for the input; at most {SMEM_MAX}"
+        )));
+    }
+    let (seg, tiles) = segments(segs, rpb, glu, argmax)?;
     let args = MvArgs {
         seg,
         nseg: segs.len() as u32,
