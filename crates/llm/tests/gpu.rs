@@ -565,6 +565,7 @@ fn matvec_glu(dev: &CudaDevice) -> Option<String> {
         (576, GgmlType::Q4_1, GgmlType::Q4_1, 3001, false),
         (4096, GgmlType::Q6_K, GgmlType::F16, 45, false),
         (768, GgmlType::Q4_0, GgmlType::Q4_0, 45, true),
+        (1024, GgmlType::Q4_K, GgmlType::Q4_K, 77, true),
         (1024, GgmlType::Q5_1, GgmlType::Q5_1, 3001, true),
     ] {
         let (gm, gw) = rand_matrix_with(dev, gty, rows, cols, 500 + cols as u64, split);

@@ -523,11 +523,12 @@ extern "C" __global__ void __launch_bounds__(MV_T, 6) matvec_persist(const MvArg
 extern "C" __global__ void __launch_bounds__(MV_T, 6) matvec_q8(const MvArgs a) { matvec_body<false, true>(a); }
 extern "C" __global__ void __launch_bounds__(MV_T, 6) matvec_q8_persist(const MvArgs a) { matvec_body<true, true>(a); }
 
-// ---- Split rows: weights straight into registers ----
-// Products over split rows (quant.cuh; every segment of a launch in one split format): no
-// staging. A block's MVR_W warps each take one tile of R = a.rpb rows of a segment (GLU: R rows
-// of gate and the same rows of up), NS row streams (R, GLU 2R). Lane l takes blocks l, l + 32,
-// ... of each of its rows, K of them a step; the next step's weights load while one step is
+// ---- Register kernels: weights straight into registers ----
+// Products over split rows (quant.cuh) or Q4_K rows (as in the file), every segment of a launch
+// in one format (Mvr<F> below): no staging. A block's MVR_W warps each take one tile of
+// R = a.rpb rows of a segment (GLU: R rows of gate and the same rows of up), NS row streams (R,
+// GLU 2R). Lane l takes items (Mvr<F>: a block, or half a Q4_K block) l, l + 32, ... of each of
+// its rows, K of them a step; the next step's weights load while one step is
 // computed (two register buffers), and the first step's before pdl_wait. Each row's sum is
 // reduced over the warp in a fixed order (deterministic). Q8: the input's q8 units are read from
 // global memory through L1 (the block's warps share them); else x, RMS-normed, is staged in
@@ -568,15 +569,87 @@ __device__ __forceinline__ bool arg_better(float v, u32 i, float bv, u32 bi) {
     return v > bv || (v == bv && i < bi);
 }
 
+// What the register kernels read of a row of format F: items of UPI 32-element units, K items
+// a step per lane. Split formats: an item is a block (SpUnit). Q4_K (GGUF layout: its
+// 144-byte blocks keep 16-byte alignment): an item is half a block, 4 units, loaded as the
+// block's 16-byte header and the 64 quant bytes of those units.
+template <int F> struct Mvr {
+    static constexpr int UPI = 1;
+    static constexpr int K = F == FMT_Q8_0 ? 1 : 2;
+    typedef SpUnit Item;
+    static __device__ __forceinline__ Item load(u64 row, u32 units, u32 t) { return sp_load<F>(row, units, t); }
+    static __device__ __forceinline__ float q8(const Item& it, int, const Q8W& xv, float2 ds) {
+        return sp_dq8<F>(it, xv, ds);
+    }
+    static __device__ __forceinline__ void f32(const Item& it, int, float* y) { sp_deq<F>(it, y); }
+};
+
+struct K4Item {
+    U4 h;     // d, dmin (f16), scales[12]
+    U4 q[4];  // qs[64 hh .. 64 hh + 64)
+    u32 hh;   // which half of the block
+};
+
+template <> struct Mvr<FMT_Q4_K> {
+    static constexpr int UPI = 4;
+    static constexpr int K = 1;
+    typedef K4Item Item;
+    static __device__ __forceinline__ Item load(u64 row, u32, u32 t) {
+        Item it;
+        const u64 b = row + (u64)(t >> 1) * 144;
+        it.hh = t & 1;
+        it.h = ld_stream(b);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) it.q[i] = ld_stream(b + 16 + 64 * it.hh + 16 * i);
+        return it;
+    }
+    // Unit g = 4 hh + i of the block: scale_min_k4 on the header words; its quants are nibble
+    // (i & 1) of q[2 (i >> 1)], q[2 (i >> 1) + 1].
+    static __device__ __forceinline__ void scale_min(const Item& it, int i, int* sc, int* mn) {
+        const u32 lo = (it.h.y >> (8 * i)) & 0xffu, mid = (it.h.z >> (8 * i)) & 0xffu, hi = (it.h.w >> (8 * i)) & 0xffu;
+        *sc = (int)(it.hh ? (hi & 0xFu) | ((lo >> 6) << 4) : lo & 63u);
+        *mn = (int)(it.hh ? (hi >> 4) | ((mid >> 6) << 4) : mid & 63u);
+    }
+    static __device__ __forceinline__ u32 word(const Item& it, int i, int w) {
+        const U4& v = it.q[2 * (i >> 1) + (w >> 2)];
+        const u32 x = (w & 3) == 0 ? v.x : (w & 3) == 1 ? v.y : (w & 3) == 2 ? v.z : v.w;
+        return x >> (4 * (i & 1));
+    }
+    // dq8<FMT_Q4_K> term for term.
+    static __device__ __forceinline__ float q8(const Item& it, int i, const Q8W& xv, float2 ds) {
+        int sc, mn;
+        scale_min(it, i, &sc, &mn);
+        int acc = 0;
+#pragma unroll
+        for (int w = 0; w < 8; ++w) acc = __dp4a((int)(word(it, i, w) & 0x0f0f0f0fu), xv.w[w], acc);
+        return h2f(it.h.x & 0xffffu) * (float)sc * ds.x * (float)acc - h2f(it.h.x >> 16) * (float)mn * ds.y;
+    }
+    // deq<FMT_Q4_K> term for term.
+    static __device__ __forceinline__ void f32(const Item& it, int i, float* y) {
+        int sc, mn;
+        scale_min(it, i, &sc, &mn);
+        const float d1 = h2f(it.h.x & 0xffffu) * (float)sc, m1 = h2f(it.h.x >> 16) * (float)mn;
+#pragma unroll
+        for (int w = 0; w < 8; ++w) {
+            const u32 v = word(it, i, w);
+#pragma unroll
+            for (int k = 0; k < 4; ++k) y[4 * w + k] = d1 * qf((v >> (8 * k)) & 15u, 0.0f) - m1;
+        }
+    }
+};
+
 template <bool Q8, int NS, int F>
 __device__ __forceinline__ void mvr_run(const MvArgs& a) {
     extern __shared__ __align__(16) u8 smem[];
-    constexpr int K = F == FMT_Q8_0 ? 1 : 2;
+    typedef Mvr<F> M;
+    constexpr int K = M::K, UPI = M::UPI;
+    typedef typename M::Item Item;
     const u32 lane = threadIdx.x & 31;
     const u32 tile = blockIdx.x * MVR_W + (threadIdx.x >> 5);
     const bool live = tile < a.tiles;
     const bool glu = a.mode >= MV_GLU_SILU;
-    const u32 n = a.cols >> 5;
+    const u32 units = a.cols >> 5;
+    const u32 n = units / UPI;  // items a row
     const u32 R = a.rpb;
     MvSeg sa;
     u32 r0;
@@ -592,14 +665,14 @@ __device__ __forceinline__ void mvr_run(const MvArgs& a) {
     }
     const u32 steps = live ? (n + 32 * K - 1) / (32 * K) : 0;
 
-    SpUnit wa[K][NS], wb[K][NS];
-    auto load = [&](SpUnit (&w)[K][NS], u32 st) {
+    Item wa[K][NS], wb[K][NS];
+    auto load = [&](Item (&w)[K][NS], u32 st) {
 #pragma unroll
         for (int k = 0; k < K; ++k) {
-            const u32 b = (st * K + k) * 32 + lane;
-            if (b < n) {
+            const u32 t = (st * K + k) * 32 + lane;
+            if (t < n) {
 #pragma unroll
-                for (int s = 0; s < NS; ++s) w[k][s] = sp_load<F>(rp[s], n, b);
+                for (int s = 0; s < NS; ++s) w[k][s] = M::load(rp[s], units, t);
             }
         }
     };
@@ -607,26 +680,30 @@ __device__ __forceinline__ void mvr_run(const MvArgs& a) {
 #pragma unroll
     for (int s = 0; s < NS; ++s) acc[s] = 0.f;
     const float* xs = (const float*)smem;
-    auto comp = [&](const SpUnit (&w)[K][NS], u32 st) {
+    auto comp = [&](const Item (&w)[K][NS], u32 st) {
 #pragma unroll
         for (int k = 0; k < K; ++k) {
-            const u32 b = (st * K + k) * 32 + lane;
-            if (b < n) {
-                if (Q8) {
-                    const int4* xq = (const int4*)(a.x + (u64)b * Q8U);
-                    const int4 lo = __ldg(xq), hi = __ldg(xq + 1);
-                    const float2 ds = __ldg((const float2*)(xq + 2));
-                    Q8W xv;
-                    xv.w[0] = lo.x, xv.w[1] = lo.y, xv.w[2] = lo.z, xv.w[3] = lo.w;
-                    xv.w[4] = hi.x, xv.w[5] = hi.y, xv.w[6] = hi.z, xv.w[7] = hi.w;
+            const u32 t = (st * K + k) * 32 + lane;
+            if (t < n) {
 #pragma unroll
-                    for (int s = 0; s < NS; ++s) acc[s] += sp_dq8<F>(w[k][s], xv, ds);
-                } else {
+                for (int i = 0; i < UPI; ++i) {
+                    const u32 u = t * UPI + i;
+                    if (Q8) {
+                        const int4* xq = (const int4*)(a.x + (u64)u * Q8U);
+                        const int4 lo = __ldg(xq), hi = __ldg(xq + 1);
+                        const float2 ds = __ldg((const float2*)(xq + 2));
+                        Q8W xv;
+                        xv.w[0] = lo.x, xv.w[1] = lo.y, xv.w[2] = lo.z, xv.w[3] = lo.w;
+                        xv.w[4] = hi.x, xv.w[5] = hi.y, xv.w[6] = hi.z, xv.w[7] = hi.w;
 #pragma unroll
-                    for (int s = 0; s < NS; ++s) {
-                        float y[32];
-                        sp_deq<F>(w[k][s], y);
-                        acc[s] += dot32(y, xs + b * XPAD);
+                        for (int s = 0; s < NS; ++s) acc[s] += M::q8(w[k][s], i, xv, ds);
+                    } else {
+#pragma unroll
+                        for (int s = 0; s < NS; ++s) {
+                            float y[32];
+                            M::f32(w[k][s], i, y);
+                            acc[s] += dot32(y, xs + u * XPAD);
+                        }
                     }
                 }
             }
@@ -683,8 +760,13 @@ __device__ __forceinline__ void mvr_run(const MvArgs& a) {
 
 template <bool Q8, int NS>
 __device__ __forceinline__ void mvr_body(const MvArgs& a) {
+    const u32 f = a.seg[0].fmt & 15u;
+    if (f == FMT_Q4_K) {
+        mvr_run<Q8, NS, FMT_Q4_K>(a);
+        return;
+    }
 #define MVR_CALL(F) mvr_run<Q8, NS, F>(a)
-    FMT_DISPATCH_SPLIT(a.seg[0].fmt & 15u, MVR_CALL)
+    FMT_DISPATCH_SPLIT(f, MVR_CALL)
 #undef MVR_CALL
 }
 

@@ -8,8 +8,9 @@
 //! memory for the block's rows; the input vector takes another cols * 4.5 bytes (fast mode:
 //! cols * 1.5 bytes of 8-bit units, quantized beforehand by `quantize_q8`; see `with_q8`).
 //!
-//! Matrices in the split layout (`GpuMatrix::split`) go to the `mvr*` kernels instead: no
-//! staging, each warp takes `MVR_NS` row streams (2 rows; GLU a row of gate and one of up),
+//! Matrices for the register kernels (`GpuMatrix::split`: split rows, or Q4_K rows) go to the
+//! `mvr*` kernels instead: no staging, each warp takes `MVR_NS` row streams (2 rows; GLU a row
+//! of gate and one of up),
 //! loading its blocks straight into registers, 4 warps a block; in the fast mode the 8-bit
 //! input is read from global memory, so those launches need no shared memory at all.
 
@@ -363,12 +364,12 @@ fn segments(
     Ok((seg, tiles))
 }
 
-/// Warps per block of the split-row kernels (`MVR_W`).
+/// Warps per block of the register kernels (`MVR_W`).
 const MVR_W: u32 = 4;
-/// Row streams per warp of the split-row kernels (`MVR_NS`).
+/// Row streams per warp of the register kernels (`MVR_NS`).
 const MVR_NS: usize = 2;
 
-/// `plan` for matrices in the split layout, all of one format (kernels `mvr_*`).
+/// `plan` for matrices read by the register kernels, all of one format (`mvr*`).
 #[allow(clippy::too_many_arguments)]
 fn plan_split(
     segs: &[Seg<'_>],

@@ -87,7 +87,9 @@ pub struct GpuMatrix {
     pub rows: usize,
     pub cols: usize,
     pub row_bytes: usize,
-    /// Rows in the split layout (`FMT_SPLIT` in quant.cuh).
+    /// Rows read by the register kernels (`mvr*` in matvec.cu): Q4_0, Q4_1, Q5_0, Q5_1 and
+    /// Q8_0 rearranged by `split_rows` (`FMT_SPLIT` in quant.cuh); Q4_K as in the file (its
+    /// 144-byte blocks are 16-byte aligned already).
     pub split: bool,
     buf: Buffer,
 }
@@ -136,13 +138,14 @@ impl GpuMatrix {
         rows * (cols / f.block_elems()) * f.block_bytes() + 16
     }
 
-    /// Whether rows of `cols` elements of `ty` can take the split layout: a format with one
-    /// (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) and rows of a multiple of 16 bytes.
+    /// Whether rows of `cols` elements of `ty` can be read by the register kernels: Q4_K, or a
+    /// format with a split layout (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) in rows of a multiple of 16
+    /// bytes.
     pub fn splittable(ty: GgmlType, cols: usize) -> bool {
         Fmt::of(ty).is_some_and(|f| {
-            split_fields(f).is_some()
-                && cols.is_multiple_of(32)
-                && (cols / 32 * f.block_bytes()).is_multiple_of(16)
+            (split_fields(f).is_some() || f == Fmt::Q4_K)
+                && cols.is_multiple_of(f.block_elems())
+                && (cols / f.block_elems() * f.block_bytes()).is_multiple_of(16)
         })
     }
 
@@ -209,7 +212,7 @@ impl GpuMatrix {
                 "tensor {name}: {rows}x{cols} is too large for the GPU kernels"
             )));
         }
-        let bytes = match split {
+        let bytes = match split && fmt != Fmt::Q4_K {
             true => Cow::Owned(
                 split_rows(fmt, cols / 32, &bytes)
                     .ok_or_else(|| Error::Model(format!("tensor {name}: cannot split its rows")))?,
@@ -229,9 +232,10 @@ impl GpuMatrix {
         })
     }
 
-    /// The format code the kernels take (`FMT_*`, with `FMT_SPLIT` for split rows).
+    /// The format code the kernels take (`FMT_*`, with `FMT_SPLIT` for rearranged rows).
     pub(crate) fn kernel_fmt(&self) -> u32 {
-        self.fmt.code() | if self.split { 16 } else { 0 }
+        let rearranged = self.split && self.fmt != Fmt::Q4_K;
+        self.fmt.code() | if rearranged { 16 } else { 0 }
     }
 
     /// Bytes of the weights (what one product reads).
@@ -317,14 +321,14 @@ fn upload_mat(dev: &CudaDevice, f: &GgufFile, name: &str) -> Result<GpuMatrix> {
     upload_group(dev, f, &[name]).map(|mut v| v.remove(0))
 }
 
-/// Whether decode products use split rows where they can (`FERRITE_GPU_SPLIT=0`: never, to
-/// compare with the GGUF layout).
+/// Whether decode products use the register kernels where they can (`FERRITE_GPU_SPLIT=0`:
+/// never, to compare with the staged kernel on GGUF rows).
 fn split_enabled() -> bool {
     std::env::var("FERRITE_GPU_SPLIT").map_or(true, |v| v != "0")
 }
 
 /// Matrices that one decode product reads together (they share a kernel, so a layout): split
-/// where all are of one splittable format.
+/// (for the register kernels) where all are of one splittable format.
 fn upload_group(dev: &CudaDevice, f: &GgufFile, names: &[&str]) -> Result<Vec<GpuMatrix>> {
     let infos = names
         .iter()
@@ -611,7 +615,8 @@ mod tests {
         assert!(GpuMatrix::splittable(GgmlType::Q8_0, 512));
         assert!(!GpuMatrix::splittable(GgmlType::Q8_0, 576)); // 18 blocks of 34 bytes
         assert!(!GpuMatrix::splittable(GgmlType::Q4_1, 576)); // 360 bytes
-        assert!(!GpuMatrix::splittable(GgmlType::Q4_K, 4096));
+        assert!(GpuMatrix::splittable(GgmlType::Q4_K, 4096));
+        assert!(!GpuMatrix::splittable(GgmlType::Q6_K, 4096)); // 210-byte blocks
         assert!(!GpuMatrix::splittable(GgmlType::F16, 4096));
     }
 }
