@@ -713,7 +713,7 @@ __device__ __forceinline__ void mvr_run(const MvArgs& a) {
     if (steps) load(wa, 0);  // weights are never written: safe before pdl_wait
     pdl_wait();
     pdl_launch();
-    if (!Q8) stage_x(a, (float*)smem, (float*)(smem + n * XPAD * 4));
+    if (!Q8) stage_x(a, (float*)smem, (float*)(smem + units * XPAD * 4));
     for (u32 st = 0; st < steps; st += 2) {
         if (st + 1 < steps) load(wb, st + 1);
         comp(wa, st);
