@@ -316,6 +316,7 @@ fn matvec_every_format(dev: &CudaDevice) -> Option<String> {
             (97, 2304),
             (7, 14336),
             (12001, 512),
+            (33, 2048),
         ] {
             for split in layouts(ty, cols) {
                 let seed = (i * 1000 + rows) as u64;
@@ -376,6 +377,7 @@ fn matvec_q8_every_format(dev: &CudaDevice) -> Option<String> {
             (97, 2304),
             (7, 14336),
             (12001, 512),
+            (33, 2048),
         ] {
             for split in layouts(ty, cols) {
                 let seed = (i * 1000 + rows) as u64 + 77;
@@ -442,9 +444,19 @@ fn matvec_segments(dev: &CudaDevice) -> Option<String> {
         (GgmlType::Q4_0, 17),
         (GgmlType::Q4_0, 5),
     ];
-    for (specs, split) in [(mixed, false), (split, true)] {
+    // Q4_K_M's Q/K/V: formats differ between the matrices of one launch
+    let split_mixed = [
+        (GgmlType::Q4_K, 33),
+        (GgmlType::Q6_K, 17),
+        (GgmlType::Q8_0, 5),
+    ];
+    for (specs, split, cols) in [
+        (mixed, false, 768),
+        (split, true, 768),
+        (split_mixed, true, 2048),
+    ] {
         for q8 in [false, true] {
-            matvec_segments_case(dev, &specs, split, q8);
+            matvec_segments_case(dev, &specs, cols, split, q8);
         }
     }
     // Split rows and GGUF rows do not share a launch.
@@ -466,6 +478,22 @@ fn matvec_segments(dev: &CudaDevice) -> Option<String> {
     ];
     let e = ops::matvec(dev, &segs, Mode::Store, &xb, None, &out).unwrap_err();
     assert!(e.to_string().contains("split rows"), "{e}");
+    // Gate and up on split rows share a format.
+    let (c, _) = rand_matrix_with(dev, GgmlType::Q8_0, 8, 768, 3, true);
+    let glu = [
+        Seg {
+            w: &a,
+            bias: None,
+            out_off: 0,
+        },
+        Seg {
+            w: &c,
+            bias: None,
+            out_off: 0,
+        },
+    ];
+    let e = ops::matvec(dev, &glu, Mode::GluSilu, &xb, None, &out).unwrap_err();
+    assert!(e.to_string().contains("share a format"), "{e}");
 
     // Residual add, no norm, each layout.
     for split in [false, true] {
@@ -494,9 +522,14 @@ fn matvec_segments(dev: &CudaDevice) -> Option<String> {
 
 /// Three matrices of one launch (`specs`: format and rows of each), with biases and the input
 /// RMS-normed first; `q8`: the fast mode (checked against the input quantized as the CPU does).
-fn matvec_segments_case(dev: &CudaDevice, specs: &[(GgmlType, usize); 3], split: bool, q8: bool) {
+fn matvec_segments_case(
+    dev: &CudaDevice,
+    specs: &[(GgmlType, usize); 3],
+    cols: usize,
+    split: bool,
+    q8: bool,
+) {
     use ferrite_llm::kernels::q8::{quantize_q8, BlockQ8};
-    let cols = 768;
     let mats: Vec<(GpuMatrix, Vec<f32>)> = specs
         .iter()
         .enumerate()
@@ -566,6 +599,7 @@ fn matvec_glu(dev: &CudaDevice) -> Option<String> {
         (4096, GgmlType::Q6_K, GgmlType::F16, 45, false),
         (768, GgmlType::Q4_0, GgmlType::Q4_0, 45, true),
         (1024, GgmlType::Q4_K, GgmlType::Q4_K, 77, true),
+        (4096, GgmlType::Q6_K, GgmlType::Q6_K, 45, true),
         (1024, GgmlType::Q5_1, GgmlType::Q5_1, 3001, true),
     ] {
         let (gm, gw) = rand_matrix_with(dev, gty, rows, cols, 500 + cols as u64, split);
@@ -694,7 +728,13 @@ fn embed_every_format(dev: &CudaDevice) -> Option<String> {
 fn dequant_every_format(dev: &CudaDevice) -> Option<String> {
     use half::{bf16, f16};
     for (i, ty) in MATVEC_TYPES.into_iter().enumerate() {
-        for (rows, cols) in [(33usize, 768usize), (1, 256), (7, 14336), (97, 2304)] {
+        for (rows, cols) in [
+            (33usize, 768usize),
+            (1, 256),
+            (7, 14336),
+            (97, 2304),
+            (5, 2048),
+        ] {
             for split in layouts(ty, cols) {
                 let seed = (i * 100 + rows) as u64 + 3;
                 let (m, w) = rand_matrix_with(dev, ty, rows, cols, seed, split);

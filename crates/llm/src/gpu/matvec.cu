@@ -524,8 +524,8 @@ extern "C" __global__ void __launch_bounds__(MV_T, 6) matvec_q8(const MvArgs a) 
 extern "C" __global__ void __launch_bounds__(MV_T, 6) matvec_q8_persist(const MvArgs a) { matvec_body<true, true>(a); }
 
 // ---- Register kernels: weights straight into registers ----
-// Products over split rows (quant.cuh) or Q4_K rows (as in the file), every segment of a launch
-// in one format (Mvr<F> below): no staging. A block's MVR_W warps each take one tile of
+// Products over split rows (quant.cuh) or Q4_K rows (as in the file), gate and up of one format
+// (Mvr<F> below): no staging. A block's MVR_W warps each take one tile of
 // R = a.rpb rows of a segment (GLU: R rows of gate and the same rows of up), NS row streams (R,
 // GLU 2R). Lane l takes items (Mvr<F>: a block, or half a Q4_K block) l, l + 32, ... of each of
 // its rows, K of them a step; the next step's weights load while one step is
@@ -570,7 +570,7 @@ __device__ __forceinline__ bool arg_better(float v, u32 i, float bv, u32 bi) {
 }
 
 // What the register kernels read of a row of format F: items of UPI 32-element units, K items
-// a step per lane. Split formats: an item is a block (SpUnit). Q4_K (GGUF layout: its
+// a step per lane. 32-element split formats: an item is a block (SpUnit). Q4_K (GGUF layout: its
 // 144-byte blocks keep 16-byte alignment): an item is half a block, 4 units, loaded as the
 // block's 16-byte header and the 64 quant bytes of those units.
 template <int F> struct Mvr {
@@ -638,6 +638,39 @@ template <> struct Mvr<FMT_Q4_K> {
     }
 };
 
+// Q6_K split rows: an item is half a block, 4 units (quant.cuh, Q6Item).
+template <> struct Mvr<FMT_Q6_K> {
+    static constexpr int UPI = 4;
+    static constexpr int K = 1;
+    typedef Q6Item Item;
+    static __device__ __forceinline__ Item load(u64 row, u32 units, u32 t) {
+        return q6s_load(row, units >> 3, t >> 1, t & 1);
+    }
+    // dq8<FMT_Q6_K> term for term.
+    static __device__ __forceinline__ float q8(const Item& it, int i, const Q8W& xv, float2 ds) {
+        int s0, s1;
+        q6s_scales(it, i, &s0, &s1);
+        int a0 = 0, a1 = 0;
+#pragma unroll
+        for (int w = 0; w < 8; ++w) {
+            const int q = (int)q6s_word(it, i, w);
+            // sum (q - 32) x = sum q x - 32 sum x
+            if (w < 4) {
+                a0 = __dp4a(q, xv.w[w], a0);
+                a0 = __dp4a((int)0xe0e0e0e0u, xv.w[w], a0);
+            } else {
+                a1 = __dp4a(q, xv.w[w], a1);
+                a1 = __dp4a((int)0xe0e0e0e0u, xv.w[w], a1);
+            }
+        }
+        return h2f(it.d) * ds.x * ((float)s0 * (float)a0 + (float)s1 * (float)a1);
+    }
+    static __device__ __forceinline__ void f32(const Item& it, int i, float* y) { q6s_deq(it, i, y); }
+};
+
+// F32: the caller has waited for the kernels before (pdl_wait) and staged x (stage_x: a
+// block-wide step, taken once before a launch's warps go their formats' ways). Q8: the first
+// step's weights load before pdl_wait.
 template <bool Q8, int NS, int F>
 __device__ __forceinline__ void mvr_run(const MvArgs& a) {
     extern __shared__ __align__(16) u8 smem[];
@@ -711,9 +744,10 @@ __device__ __forceinline__ void mvr_run(const MvArgs& a) {
     };
 
     if (steps) load(wa, 0);  // weights are never written: safe before pdl_wait
-    pdl_wait();
-    pdl_launch();
-    if (!Q8) stage_x(a, (float*)smem, (float*)(smem + units * XPAD * 4));
+    if (Q8) {
+        pdl_wait();
+        pdl_launch();
+    }
     for (u32 st = 0; st < steps; st += 2) {
         if (st + 1 < steps) load(wb, st + 1);
         comp(wa, st);
@@ -758,16 +792,29 @@ __device__ __forceinline__ void mvr_run(const MvArgs& a) {
     }
 }
 
+// The segments of a launch may differ in format (not gate and up): each warp runs its tile's.
 template <bool Q8, int NS>
 __device__ __forceinline__ void mvr_body(const MvArgs& a) {
-    const u32 f = a.seg[0].fmt & 15u;
+    extern __shared__ __align__(16) u8 smem[];
+    if (!Q8) {
+        pdl_wait();
+        pdl_launch();
+        stage_x(a, (float*)smem, (float*)(smem + (a.cols >> 5) * XPAD * 4));
+    }
+    const u32 tile = blockIdx.x * MVR_W + (threadIdx.x >> 5);
+    MvSeg sa;
+    u32 r0;
+    tile_of(a, a.mode >= MV_GLU_SILU, tile < a.tiles ? tile : 0, &sa, &r0);
+    const u32 f = sa.fmt & 15u;
     if (f == FMT_Q4_K) {
         mvr_run<Q8, NS, FMT_Q4_K>(a);
-        return;
-    }
+    } else if (f == FMT_Q6_K) {
+        mvr_run<Q8, NS, FMT_Q6_K>(a);
+    } else {
 #define MVR_CALL(F) mvr_run<Q8, NS, F>(a)
-    FMT_DISPATCH_SPLIT(f, MVR_CALL)
+        FMT_DISPATCH_SPLIT(f, MVR_CALL)
 #undef MVR_CALL
+    }
 }
 
 extern "C" __global__ void __launch_bounds__(MVR_W * 32) mvr(const MvArgs a) { mvr_body<false, MVR_NS>(a); }

@@ -254,14 +254,17 @@ pub(crate) fn plan(
         segs.iter().map(|s| s.w.rows).sum()
     };
     if segs.iter().any(|s| s.w.split) {
-        if !segs
-            .iter()
-            .all(|s| s.w.split && s.w.fmt == first.w.fmt && s.w.cols == cols)
-        {
+        if !segs.iter().all(|s| s.w.split) {
             return Err(Error::Other(
-                "matvec: the matrices of a launch on split rows must all be split rows of one format"
+                "matvec: split rows and GGUF rows in one launch (the matrices of a launch take one layout)"
                     .into(),
             ));
+        }
+        if glu && segs[0].w.fmt != segs[1].w.fmt {
+            return Err(Error::Other(format!(
+                "matvec: gate ({:?}) and up ({:?}) on split rows must share a format",
+                segs[0].w.fmt, segs[1].w.fmt
+            )));
         }
         return plan_split(segs, mode, glu, x, norm, out, argmax);
     }
@@ -369,7 +372,7 @@ const MVR_W: u32 = 4;
 /// Row streams per warp of the register kernels (`MVR_NS`).
 const MVR_NS: usize = 2;
 
-/// `plan` for matrices read by the register kernels, all of one format (`mvr*`).
+/// `plan` for matrices read by the register kernels (`mvr*`).
 #[allow(clippy::too_many_arguments)]
 fn plan_split(
     segs: &[Seg<'_>],

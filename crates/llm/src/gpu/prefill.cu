@@ -40,11 +40,16 @@ extern "C" __global__ void __launch_bounds__(PFD_T) pf_dequant(u64 w, u32 fmt, u
             float y[32];
             if (split) {
                 // split rows: 32-element blocks read straight from the row (aligned loads)
-                const u32 nb = cols >> 5;
-                const u64 row = w + (u / nb) * row_bytes;
-#define PF_SP(F) sp_deq<F>(sp_load<F>(row, nb, (u32)(u % nb)), y)
-                FMT_DISPATCH_SPLIT(fmt, PF_SP)
+                const u32 nu = cols >> 5;
+                const u64 row = w + (u / nu) * row_bytes;
+                const u32 c = (u32)(u % nu);
+                if (fmt == FMT_Q6_K) {
+                    q6s_deq(q6s_load(row, nu >> 3, c >> 3, (c >> 2) & 1), c & 3, y);
+                } else {
+#define PF_SP(F) sp_deq<F>(sp_load<F>(row, nu, c), y)
+                    FMT_DISPATCH_SPLIT(fmt, PF_SP)
 #undef PF_SP
+                }
             } else {
                 const u64 b0 = u0 / upb;
                 const u8* blk = wsm + (u32)((w + b0 * ts) & 15) + (u32)(u / upb - b0) * ts;

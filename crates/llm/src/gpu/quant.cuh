@@ -310,12 +310,13 @@ template <> __device__ __forceinline__ void deq<FMT_Q6_K>(const u8* b, int g, fl
     }
 
 // ---- Split rows ----
-// Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 matrices whose rows are a multiple of 16 bytes are
+// Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and Q6_K matrices whose rows are a multiple of 16 bytes are
 // rearranged at upload (gpu/weights.rs, `split_rows`), each row of n blocks as
 //   [quants: n x SQ bytes][qh: n x 4 bytes, Q5_0/Q5_1 only][d, or d and m: n x SH bytes]
-// (every field's bytes as in the block; SQ = 16, 32 for Q8_0; SH = 2, 4 for Q4_1/Q5_1), so a
-// block's quants are one or two aligned 16-byte loads and its other fields aligned loads too.
-// A format code with FMT_SPLIT set names such a matrix.
+// (every field's bytes as in the block; SQ = 16, 32 for Q8_0, 208 for Q6_K (ql, qh and
+// scales); SH = 2, 4 for Q4_1/Q5_1), so a block's quants are one or more aligned 16-byte loads
+// and its other fields aligned loads too. A format code with FMT_SPLIT set names such a
+// matrix.
 #define FMT_SPLIT 16
 
 template <int F> __device__ __forceinline__ constexpr u32 sp_q() { return F == FMT_Q8_0 ? 32u : 16u; }
@@ -413,3 +414,57 @@ template <int F> __device__ __forceinline__ void sp_deq(const SpUnit& s, float* 
     case FMT_Q5_1: CALL(FMT_Q5_1); break; \
     case FMT_Q8_0: CALL(FMT_Q8_0); break; \
     }
+
+// Half `hh` of block b of a split Q6_K row (units 4 hh .. 4 hh + 4): ql[64 hh .. + 64),
+// qh[32 hh .. + 32), scales[8 hh .. + 8) (i8) and d.
+struct Q6Item {
+    U4 ql[4], qh[2];
+    u32 sc0, sc1;  // scales 8 hh + 0..4, 8 hh + 4..8
+    u32 d;
+};
+
+__device__ __forceinline__ Q6Item q6s_load(u64 row, u32 nb, u32 b, u32 hh) {
+    Q6Item it;
+    const u64 base = row + (u64)b * 208;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) it.ql[i] = ld_stream(base + 64 * hh + 16 * i);
+#pragma unroll
+    for (int i = 0; i < 2; ++i) it.qh[i] = ld_stream(base + 128 + 32 * hh + 16 * i);
+    const u64 sp = base + 192 + 8 * hh;
+    asm("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];" : "=r"(it.sc0), "=r"(it.sc1) : "l"(sp));
+    it.d = ld_nc16(row + (u64)nb * 208 + 2 * (u64)b);
+    return it;
+}
+
+__device__ __forceinline__ u32 u4_word(const U4& v, int w) {
+    return w == 0 ? v.x : w == 1 ? v.y : w == 2 ? v.z : v.w;
+}
+
+// Unit i (0..4) of a Q6_K half block: word w (0..8) of its 6-bit quants, 4 to a word, and its
+// two scales (weights 0..16 and 16..32 of the unit). Unit g = 4 hh + i of the block reads ql
+// from 32 (g & 1) in the half's 64 bytes, shifted by 4 ((g & 3) >> 1), and qh shifted by 2 (g & 3).
+__device__ __forceinline__ u32 q6s_word(const Q6Item& it, int i, int w) {
+    const u32 lv = u4_word(it.ql[2 * (i & 1) + (w >> 2)], w & 3);
+    const u32 hv = u4_word(it.qh[w >> 2], w & 3);
+    return ((lv >> (4 * (i >> 1))) & 0x0f0f0f0fu) | (((hv >> (2 * i)) & 0x03030303u) << 4);
+}
+__device__ __forceinline__ void q6s_scales(const Q6Item& it, int i, int* s0, int* s1) {
+    const u32 v = i < 2 ? it.sc0 : it.sc1;
+    const int sh = 16 * (i & 1);
+    *s0 = (int)(signed char)((v >> sh) & 0xffu);
+    *s1 = (int)(signed char)((v >> (sh + 8)) & 0xffu);
+}
+
+// y[0..32] = unit i of the half block: deq<FMT_Q6_K> term for term.
+__device__ __forceinline__ void q6s_deq(const Q6Item& it, int i, float* y) {
+    const float d = h2f(it.d);
+    int s0, s1;
+    q6s_scales(it, i, &s0, &s1);
+    const float d0 = d * (float)s0, d1 = d * (float)s1;
+#pragma unroll
+    for (int w = 0; w < 8; ++w) {
+        const u32 q = q6s_word(it, i, w);
+#pragma unroll
+        for (int k = 0; k < 4; ++k) y[4 * w + k] = (w < 4 ? d0 : d1) * qf((q >> (8 * k)) & 0xffu, 32.0f);
+    }
+}

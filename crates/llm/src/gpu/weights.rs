@@ -87,32 +87,35 @@ pub struct GpuMatrix {
     pub rows: usize,
     pub cols: usize,
     pub row_bytes: usize,
-    /// Rows read by the register kernels (`mvr*` in matvec.cu): Q4_0, Q4_1, Q5_0, Q5_1 and
-    /// Q8_0 rearranged by `split_rows` (`FMT_SPLIT` in quant.cuh); Q4_K as in the file (its
+    /// Rows read by the register kernels (`mvr*` in matvec.cu): Q4_0, Q4_1, Q5_0, Q5_1, Q8_0
+    /// and Q6_K rearranged by `split_rows` (`FMT_SPLIT` in quant.cuh); Q4_K as in the file (its
     /// 144-byte blocks are 16-byte aligned already).
     pub split: bool,
     buf: Buffer,
 }
 
-/// Bytes of a block's quants, of its `qh` word and of its scale (and min) fields, for the formats
-/// that have a split layout.
-fn split_fields(fmt: Fmt) -> Option<(usize, usize, usize)> {
+/// Where the split layout takes each region of a row from a block of `fmt`: the byte ranges
+/// of the block's quants, of its `qh` word (Q5_0, Q5_1; empty elsewhere) and of its scale
+/// fields (d, or d and m; Q6_K: d), for the formats that have a split layout.
+fn split_fields(fmt: Fmt) -> Option<[std::ops::Range<usize>; 3]> {
     Some(match fmt {
-        Fmt::Q4_0 => (16, 0, 2),
-        Fmt::Q4_1 => (16, 0, 4),
-        Fmt::Q5_0 => (16, 4, 2),
-        Fmt::Q5_1 => (16, 4, 4),
-        Fmt::Q8_0 => (32, 0, 2),
+        Fmt::Q4_0 => [2..18, 0..0, 0..2],
+        Fmt::Q4_1 => [4..20, 0..0, 0..4],
+        Fmt::Q5_0 => [6..22, 2..6, 0..2],
+        Fmt::Q5_1 => [8..24, 4..8, 0..4],
+        Fmt::Q8_0 => [2..34, 0..0, 0..2],
+        // ql, qh and scales stay together (208 bytes); d apart
+        Fmt::Q6_K => [0..208, 0..0, 208..210],
         _ => return None,
     })
 }
 
 /// Rows of `n` blocks of `fmt` (GGUF bytes, `data`) in the split layout: each row as
-/// [quants of every block][qh of every block (Q5_0, Q5_1)][scale (and min) of every block], each
-/// field's bytes as in the block (which holds scale (and min), then qh, then quants).
+/// [quants of every block][qh of every block (Q5_0, Q5_1)][scale fields of every block], each
+/// field's bytes as in the block (`split_fields`).
 pub fn split_rows(fmt: Fmt, n: usize, data: &[u8]) -> Option<Vec<u8>> {
     use rayon::prelude::*;
-    let (q, qh, h) = split_fields(fmt)?;
+    let fields = split_fields(fmt)?;
     let ts = fmt.block_bytes();
     let row_bytes = n * ts;
     if row_bytes == 0 || !data.len().is_multiple_of(row_bytes) {
@@ -122,10 +125,13 @@ pub fn split_rows(fmt: Fmt, n: usize, data: &[u8]) -> Option<Vec<u8>> {
     out.par_chunks_mut(row_bytes)
         .zip(data.par_chunks(row_bytes))
         .for_each(|(dst, src)| {
-            for (b, blk) in src.chunks_exact(ts).enumerate() {
-                dst[b * q..(b + 1) * q].copy_from_slice(&blk[h + qh..]);
-                dst[n * q + b * qh..n * q + (b + 1) * qh].copy_from_slice(&blk[h..h + qh]);
-                dst[n * (q + qh) + b * h..n * (q + qh) + (b + 1) * h].copy_from_slice(&blk[..h]);
+            let mut start = 0;
+            for f in &fields {
+                let len = f.len();
+                for (b, blk) in src.chunks_exact(ts).enumerate() {
+                    dst[start + b * len..start + (b + 1) * len].copy_from_slice(&blk[f.clone()]);
+                }
+                start += n * len;
             }
         });
     Some(out)
@@ -139,8 +145,8 @@ impl GpuMatrix {
     }
 
     /// Whether rows of `cols` elements of `ty` can be read by the register kernels: Q4_K, or a
-    /// format with a split layout (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) in rows of a multiple of 16
-    /// bytes.
+    /// format with a split layout (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q6_K) in rows of a multiple
+    /// of 16 bytes.
     pub fn splittable(ty: GgmlType, cols: usize) -> bool {
         Fmt::of(ty).is_some_and(|f| {
             (split_fields(f).is_some() || f == Fmt::Q4_K)
@@ -318,7 +324,7 @@ fn mat_info<'f>(f: &'f GgufFile, name: &str) -> Result<(usize, usize, GgmlType, 
 }
 
 fn upload_mat(dev: &CudaDevice, f: &GgufFile, name: &str, layout: Layout) -> Result<GpuMatrix> {
-    upload_group(dev, f, &[name], layout).map(|mut v| v.remove(0))
+    upload_group(dev, f, &[name], layout, true).map(|mut v| v.remove(0))
 }
 
 /// How `GpuModel::load_with` lays out the weight matrices of the decode products.
@@ -335,7 +341,8 @@ pub enum Layout {
 }
 
 /// Matrices that one decode product reads together (they share a kernel, so a layout): split
-/// (for the register kernels) where all are of one splittable format and they have rows enough
+/// (for the register kernels) where all are splittable (and of one format if `one_format`:
+/// gate and up) and they have rows enough
 /// to fill the device: a warp takes two rows, and with fewer than 8 warps per multiprocessor the
 /// staged kernel (which splits rows over threads) is faster (Gemma-3-270M's 640-row products:
 /// 818 tok/s split, 928 staged).
@@ -344,6 +351,7 @@ fn upload_group(
     f: &GgufFile,
     names: &[&str],
     layout: Layout,
+    one_format: bool,
 ) -> Result<Vec<GpuMatrix>> {
     let infos = names
         .iter()
@@ -360,9 +368,9 @@ fn upload_group(
         }
     };
     let split = wanted
-        && infos
-            .iter()
-            .all(|&(_, cols, ty, _)| ty == ty0 && cols == cols0 && GpuMatrix::splittable(ty, cols));
+        && infos.iter().all(|&(_, cols, ty, _)| {
+            (ty == ty0 || !one_format) && cols == cols0 && GpuMatrix::splittable(ty, cols)
+        });
     names
         .iter()
         .zip(infos)
@@ -512,6 +520,7 @@ impl GpuModel {
                     &n("attn_v.weight"),
                 ],
                 layout,
+                false,
             )?
             .try_into()
             .map_err(|_| Error::Other("upload: three matrices expected".into()))?;
@@ -520,6 +529,7 @@ impl GpuModel {
                 f,
                 &[&n("ffn_gate.weight"), &n("ffn_up.weight")],
                 layout,
+                true,
             )?
             .try_into()
             .map_err(|_| Error::Other("upload: two matrices expected".into()))?;
@@ -622,28 +632,48 @@ impl GpuModel {
 mod tests {
     use super::*;
 
-    /// Every field of every block lands where quant.cuh's `sp_load` reads it.
+    /// Every field of every block lands where quant.cuh's `sp_load` / `q6s_load` read it.
     #[test]
     fn split_rows_places_every_field() {
-        for fmt in [Fmt::Q4_0, Fmt::Q4_1, Fmt::Q5_0, Fmt::Q5_1, Fmt::Q8_0] {
-            let (q, qh, h) = split_fields(fmt).unwrap();
+        for fmt in [
+            Fmt::Q4_0,
+            Fmt::Q4_1,
+            Fmt::Q5_0,
+            Fmt::Q5_1,
+            Fmt::Q8_0,
+            Fmt::Q6_K,
+        ] {
+            let [q, qh, h] = split_fields(fmt).unwrap();
             let ts = fmt.block_bytes();
-            assert_eq!(q + qh + h, ts, "{fmt:?}");
+            assert_eq!(q.len() + qh.len() + h.len(), ts, "{fmt:?}");
             let (rows, n) = (3, 8);
             let data: Vec<u8> = (0..rows * n * ts).map(|i| (i * 7 % 251) as u8).collect();
             let out = split_rows(fmt, n, &data).unwrap();
             assert_eq!(out.len(), data.len());
+            let (ql, qhl, hl) = (q.len(), qh.len(), h.len());
             for r in 0..rows {
                 let row = &out[r * n * ts..(r + 1) * n * ts];
                 for b in 0..n {
                     let blk = &data[(r * n + b) * ts..(r * n + b + 1) * ts];
-                    assert_eq!(&row[b * q..(b + 1) * q], &blk[h + qh..], "{fmt:?} quants");
-                    assert_eq!(&row[n * q + b * qh..n * q + (b + 1) * qh], &blk[h..h + qh]);
-                    let hs = n * (q + qh) + b * h;
-                    assert_eq!(&row[hs..hs + h], &blk[..h], "{fmt:?} scales");
+                    assert_eq!(
+                        &row[b * ql..(b + 1) * ql],
+                        &blk[q.clone()],
+                        "{fmt:?} quants"
+                    );
+                    let qs = n * ql + b * qhl;
+                    assert_eq!(&row[qs..qs + qhl], &blk[qh.clone()], "{fmt:?} qh");
+                    let hs = n * (ql + qhl) + b * hl;
+                    assert_eq!(&row[hs..hs + hl], &blk[h.clone()], "{fmt:?} scales");
                 }
             }
         }
+        // Q6_K: ql, qh and scales of block 1 follow block 0's 208 bytes; d of block 1 at
+        // n * 208 + 2.
+        let data: Vec<u8> = (0..2 * 210).map(|i| (i % 256) as u8).collect();
+        let out = split_rows(Fmt::Q6_K, 2, &data).unwrap();
+        assert_eq!(&out[208..416], &data[210..418]);
+        assert_eq!(&out[418..420], &data[418..420]);
+        assert_eq!(&out[416..418], &data[208..210]);
         assert!(split_rows(Fmt::Q4_K, 1, &[0; 144]).is_none());
         assert!(split_rows(Fmt::Q4_0, 8, &[0; 100]).is_none());
     }
@@ -655,7 +685,9 @@ mod tests {
         assert!(!GpuMatrix::splittable(GgmlType::Q8_0, 576)); // 18 blocks of 34 bytes
         assert!(!GpuMatrix::splittable(GgmlType::Q4_1, 576)); // 360 bytes
         assert!(GpuMatrix::splittable(GgmlType::Q4_K, 4096));
-        assert!(!GpuMatrix::splittable(GgmlType::Q6_K, 4096)); // 210-byte blocks
+        assert!(GpuMatrix::splittable(GgmlType::Q6_K, 4096)); // 16 x 210 bytes
+        assert!(!GpuMatrix::splittable(GgmlType::Q6_K, 768)); // 3 x 210 bytes
+        assert!(!GpuMatrix::splittable(GgmlType::Q5_K, 4096));
         assert!(!GpuMatrix::splittable(GgmlType::F16, 4096));
     }
 }
