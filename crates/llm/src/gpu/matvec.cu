@@ -817,8 +817,33 @@ __device__ __forceinline__ void mvr_body(const MvArgs& a) {
     }
 }
 
-extern "C" __global__ void __launch_bounds__(MVR_W * 32) mvr(const MvArgs a) { mvr_body<false, MVR_NS>(a); }
-extern "C" __global__ void __launch_bounds__(MVR_W * 32) mvr_q8(const MvArgs a) { mvr_body<true, MVR_NS>(a); }
+// Launches of one format take that format's kernel (registers as that format needs: one kernel
+// holding every format's path takes the most any needs, and the Q4_0 products lost 13% that
+// way); launches mixing formats take mvr_mixed / mvr_q8_mixed.
+template <bool Q8, int F>
+__device__ __forceinline__ void mvr_one(const MvArgs& a) {
+    extern __shared__ __align__(16) u8 smem[];
+    if (!Q8) {
+        pdl_wait();
+        pdl_launch();
+        stage_x(a, (float*)smem, (float*)(smem + (a.cols >> 5) * XPAD * 4));
+    }
+    mvr_run<Q8, MVR_NS, F>(a);
+}
+
+#define MVR_KERNELS(F, NAME) \
+    extern "C" __global__ void __launch_bounds__(MVR_W * 32) mvr_##NAME(const MvArgs a) { mvr_one<false, F>(a); } \
+    extern "C" __global__ void __launch_bounds__(MVR_W * 32) mvr_q8_##NAME(const MvArgs a) { mvr_one<true, F>(a); }
+MVR_KERNELS(FMT_Q4_0, q4_0)
+MVR_KERNELS(FMT_Q4_1, q4_1)
+MVR_KERNELS(FMT_Q5_0, q5_0)
+MVR_KERNELS(FMT_Q5_1, q5_1)
+MVR_KERNELS(FMT_Q8_0, q8_0)
+MVR_KERNELS(FMT_Q4_K, q4_k)
+MVR_KERNELS(FMT_Q6_K, q6_k)
+#undef MVR_KERNELS
+extern "C" __global__ void __launch_bounds__(MVR_W * 32) mvr_mixed(const MvArgs a) { mvr_body<false, MVR_NS>(a); }
+extern "C" __global__ void __launch_bounds__(MVR_W * 32) mvr_q8_mixed(const MvArgs a) { mvr_body<true, MVR_NS>(a); }
 
 // out (cols / 32 units of Q8U bytes) = x (f32 [cols], 16-byte aligned), RMS-normed first by
 // `norm` (f32 [cols]) if not 0, quantized as the CPU's quantize_q8 (IEEE division and no

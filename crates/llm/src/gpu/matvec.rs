@@ -109,8 +109,10 @@ pub(crate) struct MvLaunch {
     /// Fast mode: the input is first quantized to 8-bit units (`quantize_q8`), and the
     /// product takes integer dot products (`matvec_q8*`).
     q8: Option<QuantLaunch>,
-    /// Split rows: kernels `mvr*` (else the staged `matvec*`).
+    /// Register kernels (`mvr*`, else the staged `matvec*`): the one of this format (None: of
+    /// mixed formats).
     split: bool,
+    regs_fmt: Option<Fmt>,
 }
 
 /// `quantize_q8` in matvec.cu: x (f32 [cols], optionally RMS-normed) into cols / 32 units of
@@ -325,6 +327,7 @@ pub(crate) fn plan(
         persist,
         q8: None,
         split: false,
+        regs_fmt: None,
     })
 }
 
@@ -414,6 +417,10 @@ fn plan_split(
         persist: false,
         q8: None,
         split: true,
+        regs_fmt: segs
+            .iter()
+            .all(|s| s.w.fmt == segs[0].w.fmt)
+            .then_some(segs[0].w.fmt),
     })
 }
 
@@ -497,9 +504,9 @@ impl MvLaunch {
             super::launch(dev, "matvec", &SOURCE, "quantize_q8", cfg, args)?;
         }
         let cfg = LaunchConfig::new((self.grid, 1, 1), (MV_T, 1, 1), self.smem);
-        let name = match (self.split, self.q8.is_some(), self.persist) {
-            (true, false, _) => "mvr",
-            (true, true, _) => "mvr_q8",
+        let q8 = self.q8.is_some();
+        let name = match (self.split, q8, self.persist) {
+            (true, _, _) => mvr_kernel(self.regs_fmt, q8),
             (false, false, false) => "matvec",
             (false, false, true) => "matvec_persist",
             (false, true, false) => "matvec_q8",
@@ -513,6 +520,25 @@ impl MvLaunch {
             cfg,
             KernelArgs::new().arg(self.args),
         )
+    }
+}
+
+/// The register kernel for matrices of `fmt` (None: of mixed formats), f32 or q8 input.
+fn mvr_kernel(fmt: Option<Fmt>, q8: bool) -> &'static str {
+    let (f32_name, q8_name) = match fmt {
+        Some(Fmt::Q4_0) => ("mvr_q4_0", "mvr_q8_q4_0"),
+        Some(Fmt::Q4_1) => ("mvr_q4_1", "mvr_q8_q4_1"),
+        Some(Fmt::Q5_0) => ("mvr_q5_0", "mvr_q8_q5_0"),
+        Some(Fmt::Q5_1) => ("mvr_q5_1", "mvr_q8_q5_1"),
+        Some(Fmt::Q8_0) => ("mvr_q8_0", "mvr_q8_q8_0"),
+        Some(Fmt::Q4_K) => ("mvr_q4_k", "mvr_q8_q4_k"),
+        Some(Fmt::Q6_K) => ("mvr_q6_k", "mvr_q8_q6_k"),
+        _ => ("mvr_mixed", "mvr_q8_mixed"),
+    };
+    if q8 {
+        q8_name
+    } else {
+        f32_name
     }
 }
 

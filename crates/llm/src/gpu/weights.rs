@@ -220,7 +220,7 @@ impl GpuMatrix {
         }
         let bytes = match split && fmt != Fmt::Q4_K {
             true => Cow::Owned(
-                split_rows(fmt, cols / 32, &bytes)
+                split_rows(fmt, cols / fmt.block_elems(), &bytes)
                     .ok_or_else(|| Error::Model(format!("tensor {name}: cannot split its rows")))?,
             ),
             false => bytes,
