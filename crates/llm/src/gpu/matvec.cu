@@ -575,7 +575,9 @@ __device__ __forceinline__ bool arg_better(float v, u32 i, float bv, u32 bi) {
 // block's 16-byte header and the 64 quant bytes of those units.
 template <int F> struct Mvr {
     static constexpr int UPI = 1;
-    static constexpr int K = F == FMT_Q8_0 ? 1 : 2;
+    // Blocks a lane loads a step (double-buffered): 1 is fastest for 8B-shaped Q4_0 decode on an
+    // H100 (tok/s at K = 1, 2, 3, 4: 418, 403, 388, 410); Q4_K's 4-unit items at K = 2: 293 vs 337.
+    static constexpr int K = 1;
     typedef SpUnit Item;
     static __device__ __forceinline__ Item load(u64 row, u32 units, u32 t) { return sp_load<F>(row, units, t); }
     static __device__ __forceinline__ float q8(const Item& it, int, const Q8W& xv, float2 ds) {
