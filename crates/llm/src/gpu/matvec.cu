@@ -794,15 +794,19 @@ __device__ __forceinline__ void mvr_run(const MvArgs& a) {
     }
 }
 
+// F32 mode, before the warps of a block go their formats' ways: wait for the kernels before,
+// then stage x (a block-wide step).
+__device__ __forceinline__ void mvr_stage_f32(const MvArgs& a) {
+    extern __shared__ __align__(16) u8 smem[];
+    pdl_wait();
+    pdl_launch();
+    stage_x(a, (float*)smem, (float*)(smem + (a.cols >> 5) * XPAD * 4));
+}
+
 // The segments of a launch may differ in format (not gate and up): each warp runs its tile's.
 template <bool Q8, int NS>
 __device__ __forceinline__ void mvr_body(const MvArgs& a) {
-    extern __shared__ __align__(16) u8 smem[];
-    if (!Q8) {
-        pdl_wait();
-        pdl_launch();
-        stage_x(a, (float*)smem, (float*)(smem + (a.cols >> 5) * XPAD * 4));
-    }
+    if (!Q8) mvr_stage_f32(a);
     const u32 tile = blockIdx.x * MVR_W + (threadIdx.x >> 5);
     MvSeg sa;
     u32 r0;
@@ -824,12 +828,7 @@ __device__ __forceinline__ void mvr_body(const MvArgs& a) {
 // way); launches mixing formats take mvr_mixed / mvr_q8_mixed.
 template <bool Q8, int F>
 __device__ __forceinline__ void mvr_one(const MvArgs& a) {
-    extern __shared__ __align__(16) u8 smem[];
-    if (!Q8) {
-        pdl_wait();
-        pdl_launch();
-        stage_x(a, (float*)smem, (float*)(smem + (a.cols >> 5) * XPAD * 4));
-    }
+    if (!Q8) mvr_stage_f32(a);
     mvr_run<Q8, MVR_NS, F>(a);
 }
 
