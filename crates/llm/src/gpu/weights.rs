@@ -218,7 +218,8 @@ impl GpuMatrix {
                 "tensor {name}: {rows}x{cols} is too large for the GPU kernels"
             )));
         }
-        let bytes = match split && fmt != Fmt::Q4_K {
+        // Q4_K: read as in the file
+        let bytes = match split && split_fields(fmt).is_some() {
             true => Cow::Owned(
                 split_rows(fmt, cols / fmt.block_elems(), &bytes)
                     .ok_or_else(|| Error::Model(format!("tensor {name}: cannot split its rows")))?,
@@ -240,7 +241,7 @@ impl GpuMatrix {
 
     /// The format code the kernels take (`FMT_*`, with `FMT_SPLIT` for rearranged rows).
     pub(crate) fn kernel_fmt(&self) -> u32 {
-        let rearranged = self.split && self.fmt != Fmt::Q4_K;
+        let rearranged = self.split && split_fields(self.fmt).is_some();
         self.fmt.code() | if rearranged { 16 } else { 0 }
     }
 
