@@ -191,6 +191,17 @@ fn layouts(ty: GgmlType, cols: usize) -> Vec<bool> {
     }
 }
 
+/// `x` as the fast mode sees it: quantized to 8-bit units by the CPU's `quantize_q8`, then
+/// scaled back.
+fn q8_values(x: &[f32]) -> Vec<f32> {
+    use ferrite_llm::kernels::q8::{quantize_q8, BlockQ8};
+    let mut qb = vec![BlockQ8::default(); x.len() / 32];
+    quantize_q8(x, &mut qb);
+    qb.iter()
+        .flat_map(|b| b.qs.iter().map(move |&q| b.d * q as f32))
+        .collect()
+}
+
 /// Whether the GPU stores `ty` converted to f16 (no kernel of its own).
 fn converted(ty: GgmlType) -> bool {
     ferrite_llm::gpu::Fmt::of(ty).is_none()
@@ -369,7 +380,6 @@ const Q8_TYPES: [GgmlType; 7] = [
 /// scaling and summation differ): the same sizes as `matvec_every_format`. Formats without an
 /// integer kernel are refused by `ops::matvec_q8`.
 fn matvec_q8_every_format(dev: &CudaDevice) -> Option<String> {
-    use ferrite_llm::kernels::q8::{quantize_q8, BlockQ8};
     for (i, ty) in Q8_TYPES.into_iter().enumerate() {
         for (rows, cols) in [
             (33usize, 768usize),
@@ -391,12 +401,7 @@ fn matvec_q8_every_format(dev: &CudaDevice) -> Option<String> {
                     .collect();
                 x[0] = 127.0;
                 x[1] = 0.5;
-                let mut qb = vec![BlockQ8::default(); cols / 32];
-                quantize_q8(&x, &mut qb);
-                let xq: Vec<f32> = qb
-                    .iter()
-                    .flat_map(|b| b.qs.iter().map(move |&q| b.d * q as f32))
-                    .collect();
+                let xq = q8_values(&x);
                 let xb = up(dev, &x);
                 let out = up(dev, &vec![f32::NAN; rows]);
                 let seg = [Seg {
@@ -529,7 +534,6 @@ fn matvec_segments_case(
     split: bool,
     q8: bool,
 ) {
-    use ferrite_llm::kernels::q8::{quantize_q8, BlockQ8};
     let mats: Vec<(GpuMatrix, Vec<f32>)> = specs
         .iter()
         .enumerate()
@@ -563,12 +567,7 @@ fn matvec_segments_case(
     let mut xn = rms_norm_ref(&x, &g, eps);
     if q8 {
         ops::matvec_q8(dev, &segs, Mode::Store, &xb, Some((&gb, eps)), &out).unwrap();
-        let mut qb = vec![BlockQ8::default(); cols / 32];
-        quantize_q8(&xn, &mut qb);
-        xn = qb
-            .iter()
-            .flat_map(|b| b.qs.iter().map(move |&q| b.d * q as f32))
-            .collect();
+        xn = q8_values(&xn);
     } else {
         ops::matvec(dev, &segs, Mode::Store, &xb, Some((&gb, eps)), &out).unwrap();
     }

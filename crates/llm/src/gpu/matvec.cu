@@ -811,16 +811,10 @@ __device__ __forceinline__ void mvr_body(const MvArgs& a) {
     MvSeg sa;
     u32 r0;
     tile_of(a, a.mode >= MV_GLU_SILU, tile < a.tiles ? tile : 0, &sa, &r0);
-    const u32 f = sa.fmt & 15u;
-    if (f == FMT_Q4_K) {
-        mvr_run<Q8, NS, FMT_Q4_K>(a);
-    } else if (f == FMT_Q6_K) {
-        mvr_run<Q8, NS, FMT_Q6_K>(a);
-    } else {
+    // the register kernels' formats are the fast mode's
 #define MVR_CALL(F) mvr_run<Q8, NS, F>(a)
-        FMT_DISPATCH_SPLIT(f, MVR_CALL)
+    FMT_DISPATCH_Q8(sa.fmt & 15u, MVR_CALL)
 #undef MVR_CALL
-    }
 }
 
 // Launches of one format take that format's kernel (registers as that format needs: one kernel

@@ -306,19 +306,10 @@ pub(crate) fn plan(
     let (seg, tiles) = segments(segs, rpb as usize, glu, argmax)?;
     let (grid, persist) = grid_for(sm_count, smem, tiles);
     let args = MvArgs {
-        seg,
-        nseg: segs.len() as u32,
-        mode: mode as u32,
-        cols: u32_of(cols, "columns")?,
         rpb,
         chunk: u32_of(chunk, "chunk")?,
         stride: if packed { 0 } else { stride as u32 },
-        x: x.ptr(),
-        norm: norm.map_or(0, |(b, _)| b.ptr()),
-        eps: norm.map_or(0.0, |(_, e)| e),
-        tiles,
-        out: out.ptr(),
-        argmax: argmax.map_or(0, |b| b.ptr()),
+        ..args_of(seg, tiles, segs.len(), mode, cols, x, norm, out, argmax)?
     };
     Ok(MvLaunch {
         args,
@@ -370,6 +361,36 @@ fn segments(
     Ok((seg, tiles))
 }
 
+/// The launch arguments both kernels share (rpb, chunk and stride 0: the caller's to set).
+#[allow(clippy::too_many_arguments)]
+fn args_of(
+    seg: [MvSeg; 3],
+    tiles: u32,
+    nseg: usize,
+    mode: Mode,
+    cols: usize,
+    x: &Buffer,
+    norm: Option<(&Buffer, f32)>,
+    out: &Buffer,
+    argmax: Option<&Buffer>,
+) -> Result<MvArgs> {
+    Ok(MvArgs {
+        seg,
+        nseg: nseg as u32,
+        mode: mode as u32,
+        cols: u32_of(cols, "columns")?,
+        rpb: 0,
+        chunk: 0,
+        stride: 0,
+        x: x.ptr(),
+        norm: norm.map_or(0, |(b, _)| b.ptr()),
+        eps: norm.map_or(0.0, |(_, e)| e),
+        tiles,
+        out: out.ptr(),
+        argmax: argmax.map_or(0, |b| b.ptr()),
+    })
+}
+
 /// Warps per block of the register kernels (`MVR_W`).
 const MVR_W: u32 = 4;
 /// Row streams per warp of the register kernels (`MVR_NS`).
@@ -396,19 +417,8 @@ fn plan_split(
     }
     let (seg, tiles) = segments(segs, rpb, glu, argmax)?;
     let args = MvArgs {
-        seg,
-        nseg: segs.len() as u32,
-        mode: mode as u32,
-        cols: u32_of(cols, "columns")?,
         rpb: rpb as u32,
-        chunk: 0,
-        stride: 0,
-        x: x.ptr(),
-        norm: norm.map_or(0, |(b, _)| b.ptr()),
-        eps: norm.map_or(0.0, |(_, e)| e),
-        tiles,
-        out: out.ptr(),
-        argmax: argmax.map_or(0, |b| b.ptr()),
+        ..args_of(seg, tiles, segs.len(), mode, cols, x, norm, out, argmax)?
     };
     Ok(MvLaunch {
         args,
