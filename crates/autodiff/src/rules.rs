@@ -345,7 +345,35 @@ fn primitive(op: &Op, output: usize, x: &Inputs, g: &Tensor) -> Result<Grads> {
             )?;
             Ok(vec![Some(dq), Some(dk), Some(dv)])
         }
+        Op::Conv2d(p) => Ok(vec![
+            when(&x[0], || {
+                Tensor::conv2d_backward_input(g, x[1].value()?, p, x[0].dims()?)
+            })?,
+            when(&x[1], || {
+                Tensor::conv2d_backward_weight(x[0].value()?, g, p, x[1].dims()?)
+            })?,
+        ]),
+        // conv_transpose2d(x, w) is the adjoint of conv2d(·, w): dx = conv2d(g, w) and
+        // dw is conv2d's weight gradient with input g and upstream gradient x.
+        Op::ConvTranspose2d(p) => Ok(vec![
+            when(&x[0], || g.conv2d_raw(x[1].value()?, p))?,
+            when(&x[1], || {
+                Tensor::conv2d_backward_weight(g, x[0].value()?, p, x[1].dims()?)
+            })?,
+        ]),
+        Op::MaxPool2d(p) => {
+            debug_assert_eq!(output, 0, "only pooled values carry a gradient");
+            let x0 = x[0].value()?;
+            let (_, idx) = x0.max_pool2d_raw(p)?;
+            let d = x0.dims();
+            let plane = |t: &Tensor, len: usize| t.reshape([d[0], d[1], len]);
+            let flat_g = plane(&g.contiguous()?, g.dims()[2] * g.dims()[3])?;
+            let flat_i = plane(&idx, g.dims()[2] * g.dims()[3])?;
+            let z = Tensor::zeros([d[0], d[1], d[2] * d[3]], g.dtype(), g.device())?;
+            one(z.scatter_add(&flat_i, &flat_g, 2)?.reshape(d)?)
+        }
         // Backward kernels are not differentiated again (they carry no graph node).
+        Op::Conv2dBackwardWeight(_) => Ok(vec![None; x.len()]),
         Op::SoftmaxBackward { .. }
         | Op::RmsNormBackward { .. }
         | Op::LayerNormBackward { .. }

@@ -101,6 +101,14 @@ pub fn keeps(op: &GradOp, k: usize, requires_grad: impl Fn(usize) -> bool) -> Ke
         },
         Op::ScatterAdd { .. } => value_if(k == 1),
         Op::Sort { .. } | Op::RmsNorm { .. } | Op::Attention { .. } => Keep::Value,
+        // dx reads w's values and x's dims; dw reads x's values and w's dims (same for the
+        // transposed convolution, its adjoint).
+        Op::Conv2d(_) | Op::ConvTranspose2d(_) => match requires_grad(1 - k) {
+            true => Keep::Value,
+            false => Keep::Meta,
+        },
+        // The rule recomputes the indices from x.
+        Op::MaxPool2d(_) => Keep::Value,
         // The bias is not needed for the gradients.
         Op::LayerNorm { .. } => value_if(k < 2),
         // x only when the angles are trained (the rule differentiates the composition).
@@ -112,6 +120,7 @@ pub fn keeps(op: &GradOp, k: usize, requires_grad: impl Fn(usize) -> bool) -> Ke
         | Op::RmsNormBackward { .. }
         | Op::LayerNormBackward { .. }
         | Op::AttentionBackward { .. }
+        | Op::Conv2dBackwardWeight(_)
         | Op::Cmp(_)
         | Op::Fill { .. }
         | Op::Arange { .. }
@@ -556,8 +565,9 @@ pub fn differentiable_output(op: &Op, k: usize, dtype: crate::DType) -> bool {
         Op::SoftmaxBackward { .. }
         | Op::RmsNormBackward { .. }
         | Op::LayerNormBackward { .. }
-        | Op::AttentionBackward { .. } => false,
-        Op::Sort { .. } => k == 0,
+        | Op::AttentionBackward { .. }
+        | Op::Conv2dBackwardWeight(_) => false,
+        Op::Sort { .. } | Op::MaxPool2d(_) => k == 0,
         _ => true,
     }
 }

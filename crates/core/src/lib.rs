@@ -5,6 +5,7 @@
 
 mod backend;
 pub mod composed;
+mod conv;
 mod dtype;
 mod error;
 pub mod graph;
@@ -20,6 +21,7 @@ pub use error::{Error, Result};
 pub use graph::no_grad;
 pub use half::{bf16, f16};
 pub use host::HostBuffer;
-pub use op::{BinaryOp, CmpOp, Op, ReduceOp, UnaryOp};
+pub use conv::{ConvArgs, ConvTransposeArgs, Padding, PoolArgs};
+pub use op::{BinaryOp, CmpOp, Conv2dParams, Op, Pool2dParams, ReduceOp, UnaryOp};
 pub use shape::{Layout, Shape, StridedIndex};
 pub use tensor::Tensor;

@@ -252,6 +252,63 @@ impl ReduceOp {
     }
 }
 
+/// Geometry of a 2-d convolution (PyTorch's semantics; padding is zeros on both sides).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Conv2dParams {
+    pub stride: [usize; 2],
+    pub padding: [usize; 2],
+    pub dilation: [usize; 2],
+    pub groups: usize,
+}
+
+impl Conv2dParams {
+    /// Output length along axis `a` (0: height, 1: width) of a convolution over `len` input
+    /// elements with a kernel of `k`; `None` when the dilated kernel exceeds the padded input.
+    pub fn out_len(&self, a: usize, len: usize, k: usize) -> Option<usize> {
+        let span = self.dilation[a] * (k.max(1) - 1) + 1;
+        let padded = len + 2 * self.padding[a];
+        (padded >= span && self.stride[a] > 0).then(|| (padded - span) / self.stride[a] + 1)
+    }
+}
+
+/// Geometry of a 2-d max pooling window (PyTorch's `max_pool2d`; padding is -inf).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Pool2dParams {
+    pub kernel: [usize; 2],
+    pub stride: [usize; 2],
+    pub padding: [usize; 2],
+    pub dilation: [usize; 2],
+    pub ceil_mode: bool,
+}
+
+impl Pool2dParams {
+    /// Output length along axis `a` for `len` input elements: PyTorch's formula, where in ceil
+    /// mode the last window must start inside the input or its left padding.
+    pub fn out_len(&self, a: usize, len: usize) -> Option<usize> {
+        let (k, s, p, d) = (
+            self.kernel[a],
+            self.stride[a],
+            self.padding[a],
+            self.dilation[a],
+        );
+        let span = d * (k.max(1) - 1) + 1;
+        let padded = len + 2 * p;
+        if k == 0 || s == 0 || padded < span {
+            return None;
+        }
+        let num = padded - span;
+        let mut out = if self.ceil_mode {
+            num.div_ceil(s) + 1
+        } else {
+            num / s + 1
+        };
+        if self.ceil_mode && (out - 1) * s >= len + p {
+            out -= 1;
+        }
+        Some(out)
+    }
+}
+
 /// A primitive op. Input order and output specs are documented per variant.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Op {
@@ -313,6 +370,21 @@ pub enum Op {
     LayerNormBackward { eps: f64 },
     /// Backward of `Attention`: (q, k, v, g [b, hq, lq, dv]) -> (dq, dk, dv) shaped as q, k, v.
     AttentionBackward { causal: bool, scale: f64 },
+    /// (x [n, c, h, w], w [o, c/groups, kh, kw]) -> y [n, o, oh, ow] with
+    /// y[n, o, i, j] = sum over (c', di, dj) of w[o, c', di, dj] x[n, g c/groups + c',
+    /// i stride - pad + di dil, j stride - pad + dj dil] (zero outside), g = o / (o/groups).
+    Conv2d(Conv2dParams),
+    /// The adjoint of `Conv2d` in its input: (x [n, o, oh, ow], w [o, c/groups, kh, kw]) ->
+    /// [n, c, h, w], h and w from the output spec (they fix what integer division lost).
+    /// It is `conv_transpose2d` and the input gradient of `Conv2d`.
+    ConvTranspose2d(Conv2dParams),
+    /// The weight gradient of `Conv2d`: (x [n, c, h, w], g [n, o, oh, ow])
+    /// -> dw [o, c/groups, kh, kw] (kernel size from the output spec).
+    Conv2dBackwardWeight(Conv2dParams),
+    /// (x [n, c, h, w]) -> (values [n, c, oh, ow], indices: u32 [n, c, oh, ow]): the max of each
+    /// window (padding never wins) and its first position as `row * w + col` in its plane.
+    /// NaN counts as the maximum.
+    MaxPool2d(Pool2dParams),
     /// () -> every element `value`.
     Fill { value: f64 },
     /// () -> element i is start + i * step.
@@ -351,6 +423,10 @@ impl Op {
             Op::RmsNormBackward { .. } => "rms_norm_backward",
             Op::LayerNormBackward { .. } => "layer_norm_backward",
             Op::AttentionBackward { .. } => "attention_backward",
+            Op::Conv2d(_) => "conv2d",
+            Op::ConvTranspose2d(_) => "conv_transpose2d",
+            Op::Conv2dBackwardWeight(_) => "conv2d_backward_weight",
+            Op::MaxPool2d(_) => "max_pool2d",
             Op::Fill { .. } => "full",
             Op::Arange { .. } => "arange",
             Op::RandUniform { .. } => "rand_uniform",

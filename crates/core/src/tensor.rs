@@ -522,7 +522,12 @@ impl Tensor {
         Ok(())
     }
 
-    fn run(&self, op: Op, inputs: &[&Tensor], outs: Vec<(Shape, DType)>) -> Result<Vec<Tensor>> {
+    pub(crate) fn run(
+        &self,
+        op: Op,
+        inputs: &[&Tensor],
+        outs: Vec<(Shape, DType)>,
+    ) -> Result<Vec<Tensor>> {
         Tensor::check_same_device(op.name(), inputs)?;
         let dev = self.device();
         let storages = dev.backend().exec(&op, inputs, &outs)?;
@@ -551,7 +556,7 @@ impl Tensor {
             .collect())
     }
 
-    fn run1(&self, op: Op, inputs: &[&Tensor], shape: Shape, dtype: DType) -> Result<Tensor> {
+    pub(crate) fn run1(&self, op: Op, inputs: &[&Tensor], shape: Shape, dtype: DType) -> Result<Tensor> {
         let name = op.name();
         self.run(op, inputs, vec![(shape, dtype)])?
             .pop()

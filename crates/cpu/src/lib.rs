@@ -5,11 +5,13 @@
 mod alloc;
 mod attention;
 mod cast;
+mod conv;
 mod create;
 mod elementwise;
 mod index;
 mod matmul;
 mod norm;
+mod pool;
 mod reduce;
 mod scan;
 mod storage;
@@ -136,6 +138,20 @@ impl Backend for CpuBackend {
                 *causal,
                 *scale,
             )?),
+            Op::Conv2d(p) => one(conv::conv2d(input(0)?, input(1)?, p, &out(0)?.0)?),
+            Op::ConvTranspose2d(p) => one(conv::conv_transpose2d(
+                input(0)?,
+                input(1)?,
+                p,
+                &out(0)?.0,
+            )?),
+            Op::Conv2dBackwardWeight(p) => one(conv::conv2d_backward_weight(
+                input(0)?,
+                input(1)?,
+                p,
+                &out(0)?.0,
+            )?),
+            Op::MaxPool2d(p) => many(pool::max_pool2d(input(0)?, p, &out(0)?.0)?),
             Op::Fill { value } => one(create::fill(*value, out(0)?)),
             Op::Arange { start, step } => one(create::arange(*start, *step, out(0)?)),
             Op::RandUniform { seed, low, high } => {

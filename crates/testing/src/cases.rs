@@ -882,6 +882,291 @@ fn fused_cases(b: &mut B) {
     }
 }
 
+fn conv_ref(stride: [usize; 2], padding: [usize; 2], dilation: [usize; 2], groups: usize) -> r::ConvRef {
+    r::ConvRef {
+        stride,
+        padding,
+        dilation,
+        groups,
+    }
+}
+
+/// Adds bias [o] along dim 1 of a reference output.
+fn ref_bias(y: Ref, b: &Ref) -> Ref {
+    let o = b.data.len();
+    let per = y.data.len() / y.shape[0].max(1) / o.max(1);
+    let data = y
+        .data
+        .iter()
+        .enumerate()
+        .map(|(i, v)| v + b.data[(i / per) % o])
+        .collect();
+    Ref::new(y.shape, data)
+}
+
+/// conv1d's reference through conv2d's on a height-1 view.
+fn ref_1d(x: &Ref) -> Ref {
+    let mut s = x.shape.clone();
+    s.insert(2, 1);
+    Ref::new(s, x.data.clone())
+}
+
+fn ref_squeeze2(y: Ref) -> Ref {
+    let mut s = y.shape.clone();
+    s.remove(2);
+    Ref::new(s, y.data)
+}
+
+/// conv2d / conv1d / conv_transpose2d over strides, padding (incl. 'same'), dilation, groups
+/// (incl. depthwise), 1x1 kernels, bias, odd sizes and non-contiguous inputs.
+fn conv_cases(b: &mut B) {
+    use ferrite_core::{ConvArgs, ConvTransposeArgs, Padding};
+    type Conv2 = (&'static str, [usize; 4], [usize; 4], View, [usize; 2], [usize; 2], [usize; 2], usize, bool);
+    let convs: [Conv2; 6] = [
+        ("conv2d", [2, 3, 7, 9], [4, 3, 3, 3], View::Narrowed, [1, 1], [1, 1], [1, 1], 1, true),
+        ("conv2d_strided", [1, 4, 11, 13], [6, 4, 3, 2], View::Transposed, [2, 3], [1, 2], [2, 1], 1, false),
+        ("conv2d_groups", [2, 4, 6, 5], [6, 2, 3, 3], View::Contiguous, [2, 1], [0, 0], [1, 1], 2, true),
+        ("conv2d_depthwise", [1, 6, 8, 8], [6, 1, 3, 3], View::Narrowed, [1, 1], [1, 1], [1, 1], 6, true),
+        ("conv2d_1x1", [2, 33, 5, 4], [31, 33, 1, 1], View::Contiguous, [1, 1], [0, 0], [1, 1], 1, false),
+        ("conv2d_1x1_strided", [1, 5, 7, 6], [3, 5, 1, 1], View::Transposed, [2, 2], [0, 0], [1, 1], 1, false),
+    ];
+    for dt in FLOATS {
+        let tol = scaled(default_tol(dt), 8.0);
+        for (name, xs, ws, view, stride, padding, dilation, groups, bias) in convs {
+            let mut ins = vec![
+                inp(&xs, dt, u(-1.0, 1.0), view),
+                inp(&ws, dt, u(-1.0, 1.0), View::Contiguous),
+            ];
+            if bias {
+                ins.push(inp(&[ws[0]], dt, u(-1.0, 1.0), View::Contiguous));
+            }
+            let args = ConvArgs {
+                stride,
+                padding: Padding::Zeros(padding),
+                dilation,
+                groups,
+            };
+            let p = conv_ref(stride, padding, dilation, groups);
+            b.add(
+                name,
+                dt,
+                ins,
+                vec![tol],
+                true,
+                move |x| Ok(vec![x[0].conv2d(&x[1], x.get(2), &args)?]),
+                move |x| {
+                    let y = r::conv2d(&x[0], &x[1], &p);
+                    vec![match x.get(2) {
+                        Some(bias) => ref_bias(y, bias),
+                        None => y,
+                    }]
+                },
+            );
+        }
+        // 'same' with an even kernel and an odd dilated extent: the extra pad goes right.
+        b.add(
+            "conv2d_same",
+            dt,
+            vec![
+                inp(&[1, 2, 7, 6], dt, u(-1.0, 1.0), View::Contiguous),
+                inp(&[3, 2, 4, 3], dt, u(-1.0, 1.0), View::Contiguous),
+            ],
+            vec![tol],
+            true,
+            |x| {
+                let args = ConvArgs {
+                    padding: Padding::Same,
+                    dilation: [1, 3],
+                    ..ConvArgs::default()
+                };
+                Ok(vec![x[0].conv2d(&x[1], None, &args)?])
+            },
+            |x| {
+                // Total padding [3, 6]: [1 left + 2 right, 3 + 3]; pad the reference input.
+                let [n, c, h, w] = [x[0].shape[0], x[0].shape[1], x[0].shape[2], x[0].shape[3]];
+                let (hp, wp) = (h + 3, w + 6);
+                let mut d = vec![0.0; n * c * hp * wp];
+                for pl in 0..n * c {
+                    for i in 0..h {
+                        for j in 0..w {
+                            d[(pl * hp + i + 1) * wp + j + 3] = x[0].data[(pl * h + i) * w + j];
+                        }
+                    }
+                }
+                let xp = Ref::new(vec![n, c, hp, wp], d);
+                vec![r::conv2d(&xp, &x[1], &conv_ref([1, 1], [0, 0], [1, 3], 1))]
+            },
+        );
+        b.add(
+            "conv1d",
+            dt,
+            vec![
+                inp(&[2, 3, 31], dt, u(-1.0, 1.0), View::Narrowed),
+                inp(&[5, 3, 4], dt, u(-1.0, 1.0), View::Contiguous),
+                inp(&[5], dt, u(-1.0, 1.0), View::Contiguous),
+            ],
+            vec![tol],
+            true,
+            |x| {
+                let args = ConvArgs {
+                    stride: [2],
+                    padding: Padding::Zeros([1]),
+                    dilation: [2],
+                    groups: 1,
+                };
+                Ok(vec![x[0].conv1d(&x[1], Some(&x[2]), &args)?])
+            },
+            |x| {
+                let p = conv_ref([1, 2], [0, 1], [1, 2], 1);
+                vec![ref_bias(
+                    ref_squeeze2(r::conv2d(&ref_1d(&x[0]), &ref_1d(&x[1]), &p)),
+                    &x[2],
+                )]
+            },
+        );
+        type Tr = ([usize; 4], [usize; 4], View, [usize; 2], [usize; 2], [usize; 2], [usize; 2], usize, bool);
+        let trs: [Tr; 3] = [
+            ([2, 4, 5, 6], [4, 3, 3, 3], View::Narrowed, [2, 2], [1, 1], [1, 1], [1, 1], 1, true),
+            ([1, 4, 4, 3], [4, 2, 2, 3], View::Transposed, [2, 3], [0, 1], [1, 2], [2, 1], 2, false),
+            ([1, 3, 1, 1], [3, 2, 1, 1], View::Contiguous, [1, 1], [0, 0], [0, 0], [1, 1], 1, false),
+        ];
+        for (xs, ws, view, stride, padding, output_padding, dilation, groups, bias) in trs {
+            let mut ins = vec![
+                inp(&xs, dt, u(-1.0, 1.0), view),
+                inp(&ws, dt, u(-1.0, 1.0), View::Contiguous),
+            ];
+            if bias {
+                ins.push(inp(&[ws[1] * groups], dt, u(-1.0, 1.0), View::Contiguous));
+            }
+            let args = ConvTransposeArgs {
+                stride,
+                padding,
+                output_padding,
+                dilation,
+                groups,
+            };
+            let p = conv_ref(stride, padding, dilation, groups);
+            b.add(
+                "conv_transpose2d",
+                dt,
+                ins,
+                vec![tol],
+                true,
+                move |x| Ok(vec![x[0].conv_transpose2d(&x[1], x.get(2), &args)?]),
+                move |x| {
+                    let y = r::conv_transpose2d(&x[0], &x[1], &p, output_padding);
+                    vec![match x.get(2) {
+                        Some(bias) => ref_bias(y, bias),
+                        None => y,
+                    }]
+                },
+            );
+        }
+    }
+}
+
+/// Max (with indices), average and adaptive average pooling, 2-d and 1-d.
+fn pool_cases(b: &mut B) {
+    use ferrite_core::PoolArgs;
+    type P = ([usize; 4], View, [usize; 2], [usize; 2], [usize; 2], [usize; 2], bool, bool);
+    let pools: [P; 4] = [
+        ([2, 3, 9, 10], View::Narrowed, [3, 3], [2, 2], [1, 1], [1, 1], false, true),
+        ([1, 2, 31, 33], View::Contiguous, [2, 2], [2, 2], [0, 0], [1, 1], true, true),
+        ([1, 2, 8, 7], View::Transposed, [3, 2], [2, 2], [1, 1], [2, 1], true, false),
+        ([1, 1, 1, 1], View::Contiguous, [1, 1], [1, 1], [0, 0], [1, 1], false, true),
+    ];
+    for dt in FLOATS {
+        let tol = scaled(default_tol(dt), 4.0);
+        let exact = Tol { atol: 0.0, rtol: 0.0 };
+        for (xs, view, kernel, stride, padding, dilation, ceil_mode, count_include_pad) in pools {
+            let a = PoolArgs {
+                kernel,
+                stride,
+                padding,
+                dilation,
+                ceil_mode,
+                count_include_pad,
+            };
+            let p = r::PoolRef {
+                kernel,
+                stride,
+                padding,
+                dilation,
+                ceil_mode,
+                count_include_pad,
+            };
+            b.add(
+                "max_pool2d",
+                dt,
+                vec![inp(&xs, dt, u(-2.0, 2.0), view)],
+                vec![exact, exact],
+                true,
+                move |x| {
+                    let (v, i) = x[0].max_pool2d_with_indices(&a)?;
+                    Ok(vec![v, i])
+                },
+                move |x| {
+                    let (v, i) = r::max_pool2d(&x[0], &p);
+                    vec![v, i]
+                },
+            );
+            if dilation == [1, 1] {
+                b.add(
+                    "avg_pool2d",
+                    dt,
+                    vec![inp(&xs, dt, u(-2.0, 2.0), view)],
+                    vec![tol],
+                    true,
+                    move |x| Ok(vec![x[0].avg_pool2d(&a)?]),
+                    move |x| vec![r::avg_pool2d(&x[0], &p)],
+                );
+            }
+        }
+        let mut a1 = PoolArgs::new([3]);
+        a1.stride = [2];
+        a1.padding = [1];
+        a1.ceil_mode = true;
+        a1.count_include_pad = false;
+        let p1 = r::PoolRef {
+            kernel: [1, 3],
+            stride: [1, 2],
+            padding: [0, 1],
+            dilation: [1, 1],
+            ceil_mode: true,
+            count_include_pad: false,
+        };
+        b.add(
+            "max_pool1d",
+            dt,
+            vec![inp(&[2, 3, 33], dt, u(-2.0, 2.0), View::Narrowed)],
+            vec![exact],
+            true,
+            move |x| Ok(vec![x[0].max_pool1d(&a1)?]),
+            move |x| vec![ref_squeeze2(r::max_pool2d(&ref_1d(&x[0]), &p1).0)],
+        );
+        b.add(
+            "avg_pool1d",
+            dt,
+            vec![inp(&[2, 3, 33], dt, u(-2.0, 2.0), View::Narrowed)],
+            vec![tol],
+            true,
+            move |x| Ok(vec![x[0].avg_pool1d(&a1)?]),
+            move |x| vec![ref_squeeze2(r::avg_pool2d(&ref_1d(&x[0]), &p1))],
+        );
+        for (xs, o) in [([1, 3, 7, 10], [3, 4]), ([2, 2, 5, 5], [1, 1]), ([1, 2, 3, 2], [5, 3])] {
+            b.add(
+                "adaptive_avg_pool2d",
+                dt,
+                vec![inp(&xs, dt, u(-2.0, 2.0), View::Contiguous)],
+                vec![tol],
+                true,
+                move |x| Ok(vec![x[0].adaptive_avg_pool2d(o)?]),
+                move |x| vec![r::adaptive_avg_pool2d(&x[0], o[0], o[1])],
+            );
+        }
+    }
+}
+
 /// Every op case. Names are unique.
 pub fn cases() -> Vec<OpCase> {
     let mut b = B { out: Vec::new() };
@@ -893,5 +1178,7 @@ pub fn cases() -> Vec<OpCase> {
     index_cases(&mut b);
     scan_cases(&mut b);
     fused_cases(&mut b);
+    conv_cases(&mut b);
+    pool_cases(&mut b);
     b.out
 }

@@ -399,3 +399,218 @@ pub fn attention(q: &Ref, k: &Ref, v: &Ref, causal: bool, scale: f64) -> Ref {
     }
     Ref::new(vec![b, hq, lq, dv], out)
 }
+
+/// Convolution geometry for the references: stride, padding, dilation per axis, and groups.
+#[derive(Clone, Copy, Debug)]
+pub struct ConvRef {
+    pub stride: [usize; 2],
+    pub padding: [usize; 2],
+    pub dilation: [usize; 2],
+    pub groups: usize,
+}
+
+/// x coordinate read by output index `o` with tap `t` along axis `a`, if inside [0, len).
+fn conv_src(p: &ConvRef, a: usize, o: usize, t: usize, len: usize) -> Option<usize> {
+    let i = (o * p.stride[a] + t * p.dilation[a]) as isize - p.padding[a] as isize;
+    (i >= 0 && (i as usize) < len).then_some(i as usize)
+}
+
+/// conv2d(x [n, c, h, w], w [o, c/g, kh, kw]) by its definition.
+pub fn conv2d(x: &Ref, w: &Ref, p: &ConvRef) -> Ref {
+    let [n, c, h, wd] = [x.shape[0], x.shape[1], x.shape[2], x.shape[3]];
+    let [o, cg, kh, kw] = [w.shape[0], w.shape[1], w.shape[2], w.shape[3]];
+    let og = o / p.groups;
+    let out_len = |a: usize, len: usize, k: usize| {
+        (len + 2 * p.padding[a] - p.dilation[a] * (k - 1) - 1) / p.stride[a] + 1
+    };
+    let (oh, ow) = (out_len(0, h, kh), out_len(1, wd, kw));
+    let mut out = vec![0.0; n * o * oh * ow];
+    for ni in 0..n {
+        for oc in 0..o {
+            let g = oc / og;
+            for i in 0..oh {
+                for j in 0..ow {
+                    let mut s = 0.0;
+                    for ci in 0..cg {
+                        for a in 0..kh {
+                            for b in 0..kw {
+                                if let (Some(y), Some(z)) =
+                                    (conv_src(p, 0, i, a, h), conv_src(p, 1, j, b, wd))
+                                {
+                                    s += w.data[((oc * cg + ci) * kh + a) * kw + b]
+                                        * x.data[((ni * c + g * cg + ci) * h + y) * wd + z];
+                                }
+                            }
+                        }
+                    }
+                    out[((ni * o + oc) * oh + i) * ow + j] = s;
+                }
+            }
+        }
+    }
+    Ref::new(vec![n, o, oh, ow], out)
+}
+
+/// conv_transpose2d(x [n, cin, h, w], w [cin, cout/g, kh, kw]) by scattering every input
+/// element through the kernel, PyTorch's definition.
+pub fn conv_transpose2d(x: &Ref, w: &Ref, p: &ConvRef, output_padding: [usize; 2]) -> Ref {
+    let [n, cin, h, wd] = [x.shape[0], x.shape[1], x.shape[2], x.shape[3]];
+    let [_, cog, kh, kw] = [w.shape[0], w.shape[1], w.shape[2], w.shape[3]];
+    let cig = cin / p.groups;
+    let cout = cog * p.groups;
+    let full = |a: usize, len: usize, k: usize| {
+        (len - 1) * p.stride[a] + p.dilation[a] * (k - 1) + output_padding[a] + 1
+    };
+    let (oh, ow) = (
+        full(0, h, kh) - 2 * p.padding[0],
+        full(1, wd, kw) - 2 * p.padding[1],
+    );
+    let mut out = vec![0.0; n * cout * oh * ow];
+    for ni in 0..n {
+        for ci in 0..cin {
+            let g = ci / cig;
+            for i in 0..h {
+                for j in 0..wd {
+                    let v = x.data[((ni * cin + ci) * h + i) * wd + j];
+                    for co in 0..cog {
+                        for a in 0..kh {
+                            for b in 0..kw {
+                                let y = (i * p.stride[0] + a * p.dilation[0]) as isize
+                                    - p.padding[0] as isize;
+                                let z = (j * p.stride[1] + b * p.dilation[1]) as isize
+                                    - p.padding[1] as isize;
+                                if y < 0 || z < 0 || y as usize >= oh || z as usize >= ow {
+                                    continue;
+                                }
+                                let oc = g * cog + co;
+                                out[((ni * cout + oc) * oh + y as usize) * ow + z as usize] +=
+                                    v * w.data[((ci * cog + co) * kh + a) * kw + b];
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    Ref::new(vec![n, cout, oh, ow], out)
+}
+
+/// Pooling geometry for the references.
+#[derive(Clone, Copy, Debug)]
+pub struct PoolRef {
+    pub kernel: [usize; 2],
+    pub stride: [usize; 2],
+    pub padding: [usize; 2],
+    pub dilation: [usize; 2],
+    pub ceil_mode: bool,
+    pub count_include_pad: bool,
+}
+
+impl PoolRef {
+    /// PyTorch's `pooling_output_shape`.
+    pub fn out_len(&self, a: usize, len: usize) -> usize {
+        let (k, s, p, d) = (
+            self.kernel[a] as isize,
+            self.stride[a] as isize,
+            self.padding[a] as isize,
+            self.dilation[a] as isize,
+        );
+        let num = len as isize + 2 * p - d * (k - 1) - 1 + if self.ceil_mode { s - 1 } else { 0 };
+        let mut out = num.div_euclid(s) + 1;
+        if self.ceil_mode && (out - 1) * s >= len as isize + p {
+            out -= 1;
+        }
+        out as usize
+    }
+}
+
+/// max_pool2d -> (values, indices as f64), first maximum wins, NaN counts as the maximum.
+pub fn max_pool2d(x: &Ref, p: &PoolRef) -> (Ref, Ref) {
+    let [n, c, h, w] = [x.shape[0], x.shape[1], x.shape[2], x.shape[3]];
+    let (oh, ow) = (p.out_len(0, h), p.out_len(1, w));
+    let (mut vals, mut idx) = (Vec::new(), Vec::new());
+    for pl in 0..n * c {
+        for i in 0..oh {
+            for j in 0..ow {
+                let mut best: Option<(f64, usize)> = None;
+                for a in 0..p.kernel[0] {
+                    for b in 0..p.kernel[1] {
+                        let y = (i * p.stride[0] + a * p.dilation[0]) as isize - p.padding[0] as isize;
+                        let z = (j * p.stride[1] + b * p.dilation[1]) as isize - p.padding[1] as isize;
+                        if y < 0 || z < 0 || y as usize >= h || z as usize >= w {
+                            continue;
+                        }
+                        let at = y as usize * w + z as usize;
+                        let v = x.data[pl * h * w + at];
+                        best = match best {
+                            Some((bv, _)) if !(v > bv || (v.is_nan() && !bv.is_nan())) => best,
+                            _ => Some((v, at)),
+                        };
+                    }
+                }
+                let (v, at) = best.unwrap_or((f64::NEG_INFINITY, 0));
+                vals.push(v);
+                idx.push(at as f64);
+            }
+        }
+    }
+    (
+        Ref::new(vec![n, c, oh, ow], vals),
+        Ref::new(vec![n, c, oh, ow], idx),
+    )
+}
+
+/// avg_pool2d with PyTorch's divisor (dilation 1).
+pub fn avg_pool2d(x: &Ref, p: &PoolRef) -> Ref {
+    let [n, c, h, w] = [x.shape[0], x.shape[1], x.shape[2], x.shape[3]];
+    let (oh, ow) = (p.out_len(0, h), p.out_len(1, w));
+    let mut out = Vec::new();
+    for pl in 0..n * c {
+        for i in 0..oh {
+            for j in 0..ow {
+                let hs = (i * p.stride[0]) as isize - p.padding[0] as isize;
+                let ws = (j * p.stride[1]) as isize - p.padding[1] as isize;
+                let he = (hs + p.kernel[0] as isize).min((h + p.padding[0]) as isize);
+                let we = (ws + p.kernel[1] as isize).min((w + p.padding[1]) as isize);
+                let pool = (he - hs) * (we - ws);
+                let (hs, ws) = (hs.max(0), ws.max(0));
+                let (he, we) = (he.min(h as isize), we.min(w as isize));
+                let mut s = 0.0;
+                for y in hs..he {
+                    for z in ws..we {
+                        s += x.data[pl * h * w + y as usize * w + z as usize];
+                    }
+                }
+                let div = if p.count_include_pad {
+                    pool
+                } else {
+                    (he - hs) * (we - ws)
+                };
+                out.push(s / div as f64);
+            }
+        }
+    }
+    Ref::new(vec![n, c, oh, ow], out)
+}
+
+/// adaptive_avg_pool2d with PyTorch's windows [floor(i len / o), ceil((i + 1) len / o)).
+pub fn adaptive_avg_pool2d(x: &Ref, oh: usize, ow: usize) -> Ref {
+    let [n, c, h, w] = [x.shape[0], x.shape[1], x.shape[2], x.shape[3]];
+    let mut out = Vec::new();
+    for pl in 0..n * c {
+        for i in 0..oh {
+            let (hs, he) = (i * h / oh, ((i + 1) * h).div_ceil(oh));
+            for j in 0..ow {
+                let (ws, we) = (j * w / ow, ((j + 1) * w).div_ceil(ow));
+                let mut s = 0.0;
+                for y in hs..he {
+                    for z in ws..we {
+                        s += x.data[pl * h * w + y * w + z];
+                    }
+                }
+                out.push(s / ((he - hs) * (we - ws)) as f64);
+            }
+        }
+    }
+    Ref::new(vec![n, c, oh, ow], out)
+}

@@ -98,6 +98,19 @@ fn case_list_covers_every_op_kind() {
         "rope_interleaved/",
         "rope_halves/",
         "attention_causal/",
+        "conv2d/",
+        "conv2d_strided/",
+        "conv2d_groups/",
+        "conv2d_depthwise/",
+        "conv2d_1x1/",
+        "conv2d_same/",
+        "conv1d/",
+        "conv_transpose2d/",
+        "max_pool2d/",
+        "max_pool1d/",
+        "avg_pool2d/",
+        "avg_pool1d/",
+        "adaptive_avg_pool2d/",
     ] {
         assert!(names.iter().any(|n| n.starts_with(op)), "no case for {op}");
     }

@@ -1,0 +1,380 @@
+//! Convolutions as im2col + gemm, per batch item and group (f16/bf16 compute in f32):
+//! - conv2d: y[n, g] [o/g, oh ow] = w[g] [o/g, K] · cols(x[n, g]) [K, oh ow], K = c/g kh kw;
+//! - conv_transpose2d (conv2d's input gradient): cols = w[g]ᵀ · x[n, g], then col2im adds
+//!   every column entry back into the pixel it was read from;
+//! - conv2d_backward_weight: dw[g] = Σ_n g[n, g] · cols(x[n, g])ᵀ.
+//!
+//! A 1x1 kernel with stride 1 and no padding reads x as its own columns. Batch items run in
+//! parallel with single-threaded gemm calls when there are at least as many as threads; else
+//! each gemm call uses every thread.
+
+use crate::storage::float_kernel;
+use ferrite_core::{Conv2dParams, Error, HostBuffer, Result, Shape, Tensor};
+use gemm::Parallelism;
+use num_traits::Float;
+use rayon::prelude::*;
+
+/// Sizes of one convolution: x [n, c, h, w], w [o, c/g, kh, kw], y [n, o, oh, ow].
+#[derive(Clone, Copy, Debug)]
+struct Geo {
+    n: usize,
+    c: usize,
+    h: usize,
+    w: usize,
+    o: usize,
+    kh: usize,
+    kw: usize,
+    oh: usize,
+    ow: usize,
+    p: Conv2dParams,
+}
+
+impl Geo {
+    fn new(x: &[usize], w: &[usize], y: &[usize], p: Conv2dParams) -> Geo {
+        Geo {
+            n: x[0],
+            c: x[1],
+            h: x[2],
+            w: x[3],
+            o: w[0],
+            kh: w[2],
+            kw: w[3],
+            oh: y[2],
+            ow: y[3],
+            p,
+        }
+    }
+    fn cg(&self) -> usize {
+        self.c / self.p.groups
+    }
+    fn og(&self) -> usize {
+        self.o / self.p.groups
+    }
+    /// Rows of the column matrix.
+    fn k(&self) -> usize {
+        self.cg() * self.kh * self.kw
+    }
+    /// Output pixels per plane (columns of the column matrix).
+    fn pix(&self) -> usize {
+        self.oh * self.ow
+    }
+    /// Whether x[n, g] is its own column matrix.
+    fn direct(&self) -> bool {
+        self.kh == 1
+            && self.kw == 1
+            && self.p.stride == [1, 1]
+            && self.p.padding == [0, 0]
+            && self.oh == self.h
+            && self.ow == self.w
+    }
+    fn per_item(&self) -> bool {
+        self.n >= rayon::current_num_threads()
+    }
+}
+
+/// Input coordinate of output index `o` and kernel tap `t` along axis `a`, if inside.
+fn src(g: &Geo, a: usize, o: usize, t: usize, len: usize) -> Option<usize> {
+    let i = (o * g.p.stride[a] + t * g.p.dilation[a]).checked_sub(g.p.padding[a])?;
+    (i < len).then_some(i)
+}
+
+/// cols [K, oh ow] of the planes x[n, g] (`xg`: c/g planes of h w).
+fn im2col<F: Float>(g: &Geo, xg: &[F], cols: &mut [F]) {
+    let (pix, hw) = (g.pix(), g.h * g.w);
+    for c in 0..g.cg() {
+        let plane = &xg[c * hw..(c + 1) * hw];
+        for ki in 0..g.kh {
+            for kj in 0..g.kw {
+                let r = (c * g.kh + ki) * g.kw + kj;
+                let row = &mut cols[r * pix..(r + 1) * pix];
+                for oi in 0..g.oh {
+                    let dst = &mut row[oi * g.ow..(oi + 1) * g.ow];
+                    let Some(ih) = src(g, 0, oi, ki, g.h) else {
+                        dst.fill(F::zero());
+                        continue;
+                    };
+                    let line = &plane[ih * g.w..(ih + 1) * g.w];
+                    if g.p.stride[1] == 1 && g.p.padding[1] == 0 {
+                        let off = kj * g.p.dilation[1];
+                        let n = g.ow.min(g.w.saturating_sub(off));
+                        dst[..n].copy_from_slice(&line[off..off + n]);
+                        dst[n..].fill(F::zero());
+                        continue;
+                    }
+                    for (oj, d) in dst.iter_mut().enumerate() {
+                        *d = src(g, 1, oj, kj, g.w).map_or(F::zero(), |iw| line[iw]);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Adds cols [K, oh ow] into the planes dx[n, g] (the adjoint of `im2col`).
+fn col2im<F: Float>(g: &Geo, cols: &[F], dxg: &mut [F]) {
+    let (pix, hw) = (g.pix(), g.h * g.w);
+    for c in 0..g.cg() {
+        let plane = &mut dxg[c * hw..(c + 1) * hw];
+        for ki in 0..g.kh {
+            for kj in 0..g.kw {
+                let r = (c * g.kh + ki) * g.kw + kj;
+                let row = &cols[r * pix..(r + 1) * pix];
+                for oi in 0..g.oh {
+                    let Some(ih) = src(g, 0, oi, ki, g.h) else {
+                        continue;
+                    };
+                    let line = &mut plane[ih * g.w..(ih + 1) * g.w];
+                    for (oj, &v) in row[oi * g.ow..(oi + 1) * g.ow].iter().enumerate() {
+                        if let Some(iw) = src(g, 1, oj, kj, g.w) {
+                            line[iw] = line[iw] + v;
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// A matrix operand: data with its row and column strides (elements).
+struct Mat<'a, F> {
+    d: &'a [F],
+    rs: usize,
+    cs: usize,
+}
+
+/// dst [m, n] (row-major, contiguous) = a [m, k] · b [k, n], or += when `acc`.
+fn mm<F: Float + 'static>(
+    m: usize,
+    n: usize,
+    k: usize,
+    dst: &mut [F],
+    acc: bool,
+    a: Mat<F>,
+    b: Mat<F>,
+    par: Parallelism,
+) {
+    if m == 0 || n == 0 {
+        return;
+    }
+    if k == 0 {
+        if !acc {
+            dst[..m * n].fill(F::zero());
+        }
+        return;
+    }
+    let last = |r: usize, c: usize, mat: &Mat<F>| (r - 1) * mat.rs + (c - 1) * mat.cs;
+    assert!(dst.len() >= m * n && a.d.len() > last(m, k, &a) && b.d.len() > last(k, n, &b));
+    // SAFETY: the assert above bounds the largest offset each operand is read at (strides
+    // are non-negative), and `dst` is an exclusive m x n row-major buffer.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            dst.as_mut_ptr(),
+            1,
+            n as isize,
+            acc,
+            a.d.as_ptr(),
+            a.cs as isize,
+            a.rs as isize,
+            b.d.as_ptr(),
+            b.cs as isize,
+            b.rs as isize,
+            F::one(),
+            F::one(),
+            false,
+            false,
+            false,
+            par,
+        );
+    }
+}
+
+fn conv2d_typed<F: Float + ferrite_core::WithDType + Send + Sync + 'static>(g: &Geo, x: &[F], w: &[F]) -> Vec<F> {
+    let (pix, k, og, cg, hw) = (g.pix(), g.k(), g.og(), g.cg(), g.h * g.w);
+    let mut y = crate::alloc::full(g.n * g.o * pix, F::zero());
+    let item = |ni: usize, yn: &mut [F], cols: &mut Vec<F>, par: Parallelism| {
+        for gi in 0..g.p.groups {
+            let xg = &x[(ni * g.c + gi * cg) * hw..(ni * g.c + (gi + 1) * cg) * hw];
+            let cols: &[F] = if g.direct() {
+                xg
+            } else {
+                cols.resize(k * pix, F::zero());
+                im2col(g, xg, cols);
+                cols
+            };
+            let a = Mat {
+                d: &w[gi * og * k..],
+                rs: k,
+                cs: 1,
+            };
+            let b = Mat {
+                d: cols,
+                rs: pix,
+                cs: 1,
+            };
+            mm(og, pix, k, &mut yn[gi * og * pix..(gi + 1) * og * pix], false, a, b, par);
+        }
+    };
+    let plane = g.o * pix;
+    if plane == 0 {
+        return y;
+    }
+    if g.per_item() {
+        y.par_chunks_mut(plane)
+            .enumerate()
+            .for_each_init(Vec::new, |cols, (ni, yn)| item(ni, yn, cols, Parallelism::None));
+    } else {
+        let mut cols = Vec::new();
+        for (ni, yn) in y.chunks_mut(plane).enumerate() {
+            item(ni, yn, &mut cols, Parallelism::Rayon(0));
+        }
+    }
+    y
+}
+
+/// `gy` [n, o, oh, ow] -> dx [n, c, h, w].
+fn conv_transpose2d_typed<F: Float + ferrite_core::WithDType + Send + Sync + 'static>(g: &Geo, gy: &[F], w: &[F]) -> Vec<F> {
+    let (pix, k, og, cg, hw) = (g.pix(), g.k(), g.og(), g.cg(), g.h * g.w);
+    let mut dx = crate::alloc::full(g.n * g.c * hw, F::zero());
+    let item = |ni: usize, dxn: &mut [F], cols: &mut Vec<F>, par: Parallelism| {
+        for gi in 0..g.p.groups {
+            let gyg = &gy[(ni * g.o + gi * og) * pix..];
+            // w[g]ᵀ: [K, o/g] with row stride 1 and column stride K.
+            let a = Mat {
+                d: &w[gi * og * k..],
+                rs: 1,
+                cs: k,
+            };
+            let b = Mat {
+                d: gyg,
+                rs: pix,
+                cs: 1,
+            };
+            let dxg = &mut dxn[gi * cg * hw..(gi + 1) * cg * hw];
+            if g.direct() {
+                mm(k, pix, og, dxg, false, a, b, par);
+            } else {
+                cols.resize(k * pix, F::zero());
+                mm(k, pix, og, cols, false, a, b, par);
+                col2im(g, cols, dxg);
+            }
+        }
+    };
+    let plane = g.c * hw;
+    if plane == 0 {
+        return dx;
+    }
+    if g.per_item() {
+        dx.par_chunks_mut(plane)
+            .enumerate()
+            .for_each_init(Vec::new, |cols, (ni, dxn)| {
+                item(ni, dxn, cols, Parallelism::None)
+            });
+    } else {
+        let mut cols = Vec::new();
+        for (ni, dxn) in dx.chunks_mut(plane).enumerate() {
+            item(ni, dxn, &mut cols, Parallelism::Rayon(0));
+        }
+    }
+    dx
+}
+
+/// (x [n, c, h, w], gy [n, o, oh, ow]) -> dw [o, c/g, kh, kw].
+fn conv2d_backward_weight_typed<F: Float + ferrite_core::WithDType + Send + Sync + 'static>(
+    g: &Geo,
+    x: &[F],
+    gy: &[F],
+) -> Vec<F> {
+    let (pix, k, og, cg, hw) = (g.pix(), g.k(), g.og(), g.cg(), g.h * g.w);
+    let len = g.o * k;
+    // Accumulates batch item ni into acc [o, K].
+    let item = |ni: usize, acc: &mut [F], cols: &mut Vec<F>, par: Parallelism| {
+        for gi in 0..g.p.groups {
+            let xg = &x[(ni * g.c + gi * cg) * hw..(ni * g.c + (gi + 1) * cg) * hw];
+            let cols: &[F] = if g.direct() {
+                xg
+            } else {
+                cols.resize(k * pix, F::zero());
+                im2col(g, xg, cols);
+                cols
+            };
+            let a = Mat {
+                d: &gy[(ni * g.o + gi * og) * pix..],
+                rs: pix,
+                cs: 1,
+            };
+            // colsᵀ: [oh ow, K].
+            let b = Mat {
+                d: cols,
+                rs: 1,
+                cs: pix,
+            };
+            mm(og, k, pix, &mut acc[gi * og * k..(gi + 1) * og * k], true, a, b, par);
+        }
+    };
+    if len == 0 || g.n == 0 {
+        return crate::alloc::full(len, F::zero());
+    }
+    if g.per_item() {
+        (0..g.n)
+            .into_par_iter()
+            .fold(
+                || (vec![F::zero(); len], Vec::new()),
+                |(mut acc, mut cols), ni| {
+                    item(ni, &mut acc, &mut cols, Parallelism::None);
+                    (acc, cols)
+                },
+            )
+            .map(|(acc, _)| acc)
+            .reduce_with(|mut a, b| {
+                a.iter_mut().zip(&b).for_each(|(p, &q)| *p = *p + q);
+                a
+            })
+            .unwrap_or_else(|| vec![F::zero(); len])
+    } else {
+        let mut acc = crate::alloc::full(len, F::zero());
+        let mut cols = Vec::new();
+        for ni in 0..g.n {
+            item(ni, &mut acc, &mut cols, Parallelism::Rayon(0));
+        }
+        acc
+    }
+}
+
+pub(crate) fn conv2d(x: &Tensor, w: &Tensor, p: &Conv2dParams, out: &Shape) -> Result<HostBuffer> {
+    let op = "conv2d";
+    let g = Geo::new(x.dims(), w.dims(), out.dims(), *p);
+    Ok(float_kernel!(op, x.dtype(), [x, w], |xs, ws| conv2d_typed(&g, xs, ws)))
+}
+
+/// The op's input `x` plays the output gradient of a conv2d from `out`'s shape.
+pub(crate) fn conv_transpose2d(
+    x: &Tensor,
+    w: &Tensor,
+    p: &Conv2dParams,
+    out: &Shape,
+) -> Result<HostBuffer> {
+    let op = "conv_transpose2d";
+    let g = Geo::new(out.dims(), w.dims(), x.dims(), *p);
+    Ok(float_kernel!(op, x.dtype(), [x, w], |xs, ws| {
+        conv_transpose2d_typed(&g, xs, ws)
+    }))
+}
+
+pub(crate) fn conv2d_backward_weight(
+    x: &Tensor,
+    gy: &Tensor,
+    p: &Conv2dParams,
+    out: &Shape,
+) -> Result<HostBuffer> {
+    let op = "conv2d_backward_weight";
+    if out.dims().len() != 4 {
+        return Err(Error::backend(op, "weight spec must be rank 4"));
+    }
+    let g = Geo::new(x.dims(), out.dims(), gy.dims(), *p);
+    Ok(float_kernel!(op, x.dtype(), [x, gy], |xs, gs| {
+        conv2d_backward_weight_typed(&g, xs, gs)
+    }))
+}
