@@ -144,7 +144,11 @@ fn conv2d_out(op: &'static str, x: &Tensor, w: &Tensor, p: &Conv2dParams) -> Res
     if !wd[0].is_multiple_of(g) {
         return Err(Error::shape(
             op,
-            format!("groups {g} does not divide the {} output channels of weight {}", wd[0], w.shape()),
+            format!(
+                "groups {g} does not divide the {} output channels of weight {}",
+                wd[0],
+                w.shape()
+            ),
         ));
     }
     if xd[1] != wd[1] * g {
@@ -180,7 +184,12 @@ fn conv2d_out(op: &'static str, x: &Tensor, w: &Tensor, p: &Conv2dParams) -> Res
 impl Tensor {
     /// 2-d convolution of `x [n, c, h, w]` with `weight [o, c/groups, kh, kw]` plus an
     /// optional `bias [o]` -> `[n, o, oh, ow]`.
-    pub fn conv2d(&self, weight: &Tensor, bias: Option<&Tensor>, args: &ConvArgs<2>) -> Result<Tensor> {
+    pub fn conv2d(
+        &self,
+        weight: &Tensor,
+        bias: Option<&Tensor>,
+        args: &ConvArgs<2>,
+    ) -> Result<Tensor> {
         let op = "conv2d";
         let (padding, trim) = match args.padding {
             Padding::Zeros(p) => (p, [false; 2]),
@@ -194,7 +203,10 @@ impl Tensor {
                 if weight.rank() != 4 {
                     return Err(Error::shape(
                         op,
-                        format!("expected weight [o, c/groups, kh, kw], got {}", weight.shape()),
+                        format!(
+                            "expected weight [o, c/groups, kh, kw], got {}",
+                            weight.shape()
+                        ),
                     ));
                 }
                 // Total padding d (k - 1); an odd total pads one more on both sides and
@@ -228,7 +240,12 @@ impl Tensor {
 
     /// 1-d convolution of `x [n, c, l]` with `weight [o, c/groups, k]` plus an optional
     /// `bias [o]` -> `[n, o, ol]`.
-    pub fn conv1d(&self, weight: &Tensor, bias: Option<&Tensor>, args: &ConvArgs<1>) -> Result<Tensor> {
+    pub fn conv1d(
+        &self,
+        weight: &Tensor,
+        bias: Option<&Tensor>,
+        args: &ConvArgs<1>,
+    ) -> Result<Tensor> {
         if self.rank() != 3 || weight.rank() != 3 {
             return Err(Error::shape(
                 "conv1d",
@@ -305,17 +322,20 @@ impl Tensor {
                 + args.dilation[a] * (wd[2 + a].max(1) - 1)
                 + op_a
                 + 1;
-            hw[a] = full.checked_sub(2 * args.padding[a]).filter(|_| xd[2 + a] > 0 && wd[2 + a] > 0).ok_or_else(|| {
-                Error::shape(
-                    op,
-                    format!(
-                        "padding {:?} leaves no output for input {} and weight {}",
-                        args.padding,
-                        self.shape(),
-                        weight.shape()
-                    ),
-                )
-            })?;
+            hw[a] = full
+                .checked_sub(2 * args.padding[a])
+                .filter(|_| xd[2 + a] > 0 && wd[2 + a] > 0)
+                .ok_or_else(|| {
+                    Error::shape(
+                        op,
+                        format!(
+                            "padding {:?} leaves no output for input {} and weight {}",
+                            args.padding,
+                            self.shape(),
+                            weight.shape()
+                        ),
+                    )
+                })?;
         }
         let out = Shape::new([xd[0], wd[1] * p.groups, hw[0], hw[1]]);
         let y = self.run1(Op::ConvTranspose2d(p), &[self, weight], out, self.dtype())?;
@@ -339,7 +359,8 @@ impl Tensor {
             && x_dims[1] == w.dims()[1] * p.groups
             && g.dims()[0] == x_dims[0]
             && g.dims()[1] == w.dims()[0]
-            && (0..2).all(|a| p.out_len(a, x_dims[2 + a], w.dims()[2 + a]) == Some(g.dims()[2 + a]));
+            && (0..2)
+                .all(|a| p.out_len(a, x_dims[2 + a], w.dims()[2 + a]) == Some(g.dims()[2 + a]));
         if !ok {
             return Err(Error::shape(
                 op,
@@ -370,7 +391,8 @@ impl Tensor {
             && w_dims[0].is_multiple_of(p.groups)
             && g.dims()[0] == x.dims()[0]
             && g.dims()[1] == w_dims[0]
-            && (0..2).all(|a| p.out_len(a, x.dims()[2 + a], w_dims[2 + a]) == Some(g.dims()[2 + a]));
+            && (0..2)
+                .all(|a| p.out_len(a, x.dims()[2 + a], w_dims[2 + a]) == Some(g.dims()[2 + a]));
         if !ok {
             return Err(Error::shape(
                 op,
@@ -383,7 +405,11 @@ impl Tensor {
         x.run1(Op::Conv2dBackwardWeight(*p), &[x, g], probe, x.dtype())
     }
 
-    fn pool2d_params(&self, op: &'static str, a: &PoolArgs<2>) -> Result<(Pool2dParams, [usize; 2])> {
+    fn pool2d_params(
+        &self,
+        op: &'static str,
+        a: &PoolArgs<2>,
+    ) -> Result<(Pool2dParams, [usize; 2])> {
         if self.rank() != 4 {
             return Err(Error::shape(
                 op,
@@ -416,8 +442,8 @@ impl Tensor {
             ));
         }
         let mut out = [0; 2];
-        for i in 0..2 {
-            out[i] = p.out_len(i, self.dims()[2 + i]).ok_or_else(|| {
+        for (i, o) in out.iter_mut().enumerate() {
+            *o = p.out_len(i, self.dims()[2 + i]).ok_or_else(|| {
                 Error::shape(
                     op,
                     format!(
@@ -467,7 +493,9 @@ impl Tensor {
                 format!("expected input [n, c, l], got {}", self.shape()),
             ));
         }
-        let (v, i) = self.unsqueeze(2)?.max_pool2d_with_indices(&pool1_to_2(args))?;
+        let (v, i) = self
+            .unsqueeze(2)?
+            .max_pool2d_with_indices(&pool1_to_2(args))?;
         Ok((v.squeeze(2)?, i.squeeze(2)?))
     }
 
@@ -495,7 +523,12 @@ impl Tensor {
         let mut x = self.clone();
         let mut div: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
         for a in 0..2 {
-            let (k, s, p, len) = (args.kernel[a], args.stride[a], args.padding[a], self.dims()[2 + a]);
+            let (k, s, p, len) = (
+                args.kernel[a],
+                args.stride[a],
+                args.padding[a],
+                self.dims()[2 + a],
+            );
             let extra = ((o[a] - 1) * s + k).saturating_sub(len + 2 * p);
             if extra > 0 {
                 let mut d = x.dims().to_vec();
@@ -509,11 +542,19 @@ impl Tensor {
                     let end = (start + k as isize).min((len + p) as isize);
                     let padded = end - start;
                     let (cs, ce) = (start.max(0), end.min(len as isize));
-                    (if args.count_include_pad { padded } else { ce - cs }) as f64
+                    (if args.count_include_pad {
+                        padded
+                    } else {
+                        ce - cs
+                    }) as f64
                 })
                 .collect();
         }
-        let ones = Tensor::ones([c, 1, args.kernel[0], args.kernel[1]], x.dtype(), x.device())?;
+        let ones = Tensor::ones(
+            [c, 1, args.kernel[0], args.kernel[1]],
+            x.dtype(),
+            x.device(),
+        )?;
         let sums = x.conv2d(
             &ones,
             None,

@@ -16,12 +16,12 @@ mod shape;
 mod tensor;
 
 pub use backend::{Backend, Device, DeviceKind, Storage};
+pub use conv::{ConvArgs, ConvTransposeArgs, Padding, PoolArgs};
 pub use dtype::{DType, WithDType};
 pub use error::{Error, Result};
 pub use graph::no_grad;
 pub use half::{bf16, f16};
 pub use host::HostBuffer;
-pub use conv::{ConvArgs, ConvTransposeArgs, Padding, PoolArgs};
 pub use op::{BinaryOp, CmpOp, Conv2dParams, Op, Pool2dParams, ReduceOp, UnaryOp};
 pub use shape::{Layout, Shape, StridedIndex};
 pub use tensor::Tensor;

@@ -120,6 +120,10 @@ impl Tensor {
     pub fn storage(&self) -> &dyn Storage {
         &*self.0.storage
     }
+    /// The shared storage handle (a backend that builds an op from other ops returns it).
+    pub fn storage_arc(&self) -> &Arc<dyn Storage> {
+        &self.0.storage
+    }
     pub fn is_contiguous(&self) -> bool {
         self.0.layout.is_contiguous()
     }
@@ -556,7 +560,13 @@ impl Tensor {
             .collect())
     }
 
-    pub(crate) fn run1(&self, op: Op, inputs: &[&Tensor], shape: Shape, dtype: DType) -> Result<Tensor> {
+    pub(crate) fn run1(
+        &self,
+        op: Op,
+        inputs: &[&Tensor],
+        shape: Shape,
+        dtype: DType,
+    ) -> Result<Tensor> {
         let name = op.name();
         self.run(op, inputs, vec![(shape, dtype)])?
             .pop()

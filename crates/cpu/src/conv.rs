@@ -144,9 +144,7 @@ struct Mat<'a, F> {
 
 /// dst [m, n] (row-major, contiguous) = a [m, k] · b [k, n], or += when `acc`.
 fn mm<F: Float + 'static>(
-    m: usize,
-    n: usize,
-    k: usize,
+    (m, n, k): (usize, usize, usize),
     dst: &mut [F],
     acc: bool,
     a: Mat<F>,
@@ -191,7 +189,11 @@ fn mm<F: Float + 'static>(
     }
 }
 
-fn conv2d_typed<F: Float + ferrite_core::WithDType + Send + Sync + 'static>(g: &Geo, x: &[F], w: &[F]) -> Vec<F> {
+fn conv2d_typed<F: Float + ferrite_core::WithDType + Send + Sync + 'static>(
+    g: &Geo,
+    x: &[F],
+    w: &[F],
+) -> Vec<F> {
     let (pix, k, og, cg, hw) = (g.pix(), g.k(), g.og(), g.cg(), g.h * g.w);
     let mut y = crate::alloc::full(g.n * g.o * pix, F::zero());
     let item = |ni: usize, yn: &mut [F], cols: &mut Vec<F>, par: Parallelism| {
@@ -214,7 +216,14 @@ fn conv2d_typed<F: Float + ferrite_core::WithDType + Send + Sync + 'static>(g: &
                 rs: pix,
                 cs: 1,
             };
-            mm(og, pix, k, &mut yn[gi * og * pix..(gi + 1) * og * pix], false, a, b, par);
+            mm(
+                (og, pix, k),
+                &mut yn[gi * og * pix..(gi + 1) * og * pix],
+                false,
+                a,
+                b,
+                par,
+            );
         }
     };
     let plane = g.o * pix;
@@ -224,7 +233,9 @@ fn conv2d_typed<F: Float + ferrite_core::WithDType + Send + Sync + 'static>(g: &
     if g.per_item() {
         y.par_chunks_mut(plane)
             .enumerate()
-            .for_each_init(Vec::new, |cols, (ni, yn)| item(ni, yn, cols, Parallelism::None));
+            .for_each_init(Vec::new, |cols, (ni, yn)| {
+                item(ni, yn, cols, Parallelism::None)
+            });
     } else {
         let mut cols = Vec::new();
         for (ni, yn) in y.chunks_mut(plane).enumerate() {
@@ -235,7 +246,11 @@ fn conv2d_typed<F: Float + ferrite_core::WithDType + Send + Sync + 'static>(g: &
 }
 
 /// `gy` [n, o, oh, ow] -> dx [n, c, h, w].
-fn conv_transpose2d_typed<F: Float + ferrite_core::WithDType + Send + Sync + 'static>(g: &Geo, gy: &[F], w: &[F]) -> Vec<F> {
+fn conv_transpose2d_typed<F: Float + ferrite_core::WithDType + Send + Sync + 'static>(
+    g: &Geo,
+    gy: &[F],
+    w: &[F],
+) -> Vec<F> {
     let (pix, k, og, cg, hw) = (g.pix(), g.k(), g.og(), g.cg(), g.h * g.w);
     let mut dx = crate::alloc::full(g.n * g.c * hw, F::zero());
     let item = |ni: usize, dxn: &mut [F], cols: &mut Vec<F>, par: Parallelism| {
@@ -254,10 +269,10 @@ fn conv_transpose2d_typed<F: Float + ferrite_core::WithDType + Send + Sync + 'st
             };
             let dxg = &mut dxn[gi * cg * hw..(gi + 1) * cg * hw];
             if g.direct() {
-                mm(k, pix, og, dxg, false, a, b, par);
+                mm((k, pix, og), dxg, false, a, b, par);
             } else {
                 cols.resize(k * pix, F::zero());
-                mm(k, pix, og, cols, false, a, b, par);
+                mm((k, pix, og), cols, false, a, b, par);
                 col2im(g, cols, dxg);
             }
         }
@@ -311,7 +326,14 @@ fn conv2d_backward_weight_typed<F: Float + ferrite_core::WithDType + Send + Sync
                 rs: 1,
                 cs: pix,
             };
-            mm(og, k, pix, &mut acc[gi * og * k..(gi + 1) * og * k], true, a, b, par);
+            mm(
+                (og, k, pix),
+                &mut acc[gi * og * k..(gi + 1) * og * k],
+                true,
+                a,
+                b,
+                par,
+            );
         }
     };
     if len == 0 || g.n == 0 {
@@ -346,7 +368,9 @@ fn conv2d_backward_weight_typed<F: Float + ferrite_core::WithDType + Send + Sync
 pub(crate) fn conv2d(x: &Tensor, w: &Tensor, p: &Conv2dParams, out: &Shape) -> Result<HostBuffer> {
     let op = "conv2d";
     let g = Geo::new(x.dims(), w.dims(), out.dims(), *p);
-    Ok(float_kernel!(op, x.dtype(), [x, w], |xs, ws| conv2d_typed(&g, xs, ws)))
+    Ok(float_kernel!(op, x.dtype(), [x, w], |xs, ws| conv2d_typed(
+        &g, xs, ws
+    )))
 }
 
 /// The op's input `x` plays the output gradient of a conv2d from `out`'s shape.

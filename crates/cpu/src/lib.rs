@@ -139,12 +139,9 @@ impl Backend for CpuBackend {
                 *scale,
             )?),
             Op::Conv2d(p) => one(conv::conv2d(input(0)?, input(1)?, p, &out(0)?.0)?),
-            Op::ConvTranspose2d(p) => one(conv::conv_transpose2d(
-                input(0)?,
-                input(1)?,
-                p,
-                &out(0)?.0,
-            )?),
+            Op::ConvTranspose2d(p) => {
+                one(conv::conv_transpose2d(input(0)?, input(1)?, p, &out(0)?.0)?)
+            }
             Op::Conv2dBackwardWeight(p) => one(conv::conv2d_backward_weight(
                 input(0)?,
                 input(1)?,

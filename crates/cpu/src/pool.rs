@@ -9,11 +9,7 @@ use rayon::prelude::*;
 /// Window taps along one axis for output `o`: input indices inside [0, len).
 fn taps(p: &Pool2dParams, a: usize, o: usize, len: usize) -> impl Iterator<Item = usize> {
     let (k, s, pad, d) = (p.kernel[a], p.stride[a], p.padding[a], p.dilation[a]);
-    (0..k).filter_map(move |t| {
-        (o * s + t * d)
-            .checked_sub(pad)
-            .filter(|&i| i < len)
-    })
+    (0..k).filter_map(move |t| (o * s + t * d).checked_sub(pad).filter(|&i| i < len))
 }
 
 fn max_pool_typed<F: Float + ferrite_core::WithDType + Send + Sync>(

@@ -267,3 +267,84 @@ fn large_threaded_matmul_matches_a_naive_product() {
         }
     }
 }
+
+/// Convolution and pooling refuse bad shapes and geometry with errors naming the op and the
+/// shapes involved.
+#[test]
+fn conv_and_pool_errors_name_the_op_and_shapes() {
+    use ferrite_core::{ConvArgs, ConvTransposeArgs, Padding, PoolArgs};
+    let dev = ferrite_cpu::cpu();
+    let t = |s: &[usize]| Tensor::zeros(s, DType::F32, &dev).unwrap();
+    let msg = |r: ferrite_core::Result<Tensor>| r.err().map(|e| e.to_string()).unwrap_or_default();
+
+    let e = msg(t(&[8, 32, 56, 56]).conv2d(&t(&[64, 64, 3, 3]), None, &ConvArgs::default()));
+    assert!(e.starts_with("conv2d: expected 64 input channels"), "{e}");
+    assert!(e.contains("got 32 in input [8, 32, 56, 56]"), "{e}");
+
+    let bad_groups = ConvArgs {
+        groups: 3,
+        ..ConvArgs::default()
+    };
+    let e = msg(t(&[1, 6, 5, 5]).conv2d(&t(&[4, 2, 3, 3]), None, &bad_groups));
+    assert!(
+        e.contains("groups 3 does not divide the 4 output channels"),
+        "{e}"
+    );
+
+    let e = msg(t(&[1, 3, 4, 4]).conv2d(&t(&[2, 3, 5, 5]), None, &ConvArgs::default()));
+    assert!(e.contains("larger than input [1, 3, 4, 4]"), "{e}");
+
+    let strided_same = ConvArgs {
+        stride: [2, 2],
+        padding: Padding::Same,
+        ..ConvArgs::default()
+    };
+    let e = msg(t(&[1, 3, 8, 8]).conv2d(&t(&[2, 3, 3, 3]), None, &strided_same));
+    assert!(e.contains("'same' needs stride 1"), "{e}");
+
+    let e = msg(t(&[1, 2, 4, 4]).conv2d(&t(&[3, 2, 3, 3]), Some(&t(&[4])), &ConvArgs::default()));
+    assert!(e.contains("bias must be [3]"), "{e}");
+
+    let op_pad = ConvTransposeArgs {
+        stride: [2, 2],
+        output_padding: [2, 0],
+        ..ConvTransposeArgs::default()
+    };
+    let e = msg(t(&[1, 2, 4, 4]).conv_transpose2d(&t(&[2, 3, 3, 3]), None, &op_pad));
+    assert!(
+        e.starts_with("conv_transpose2d: output_padding [2, 0]"),
+        "{e}"
+    );
+
+    let mut pool = PoolArgs::new([2, 2]);
+    pool.padding = [2, 0];
+    let e = msg(t(&[1, 1, 8, 8]).max_pool2d(&pool));
+    assert!(
+        e.contains("padding [2, 0] must be at most half of kernel [2, 2]"),
+        "{e}"
+    );
+    let e = msg(t(&[1, 1, 2, 2]).avg_pool2d(&PoolArgs::new([3, 3])));
+    assert!(e.starts_with("avg_pool2d: kernel [3, 3]"), "{e}");
+    let e = msg(t(&[1, 2, 3]).conv2d(&t(&[1, 2, 1, 1]), None, &ConvArgs::default()));
+    assert!(e.contains("expected input [n, c, h, w]"), "{e}");
+}
+
+/// 'same' padding keeps the size, with the odd extra element on the right as PyTorch does:
+/// the result equals an explicit pad of (1 left, 2 right) through cat.
+#[test]
+fn conv2d_same_pads_the_extra_element_on_the_right() {
+    use ferrite_core::{ConvArgs, Padding};
+    let dev = ferrite_cpu::cpu();
+    let x = Tensor::rand_uniform([1, 2, 6, 7], -1.0, 1.0, 1, DType::F64, &dev).unwrap();
+    let w = Tensor::rand_uniform([3, 2, 4, 1], -1.0, 1.0, 2, DType::F64, &dev).unwrap();
+    let same = ConvArgs {
+        padding: Padding::Same,
+        ..ConvArgs::default()
+    };
+    let y = x.conv2d(&w, None, &same).unwrap();
+    assert_eq!(y.dims(), [1, 3, 6, 7]);
+    let z = |n: usize| Tensor::zeros([1, 2, n, 7], DType::F64, &dev).unwrap();
+    let xp = Tensor::cat(&[&z(1), &x, &z(2)], 2).unwrap();
+    let want = xp.conv2d(&w, None, &ConvArgs::default()).unwrap();
+    assert_eq!(y.to_vec_f64().unwrap(), want.to_vec_f64().unwrap());
+}

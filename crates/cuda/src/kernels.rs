@@ -35,6 +35,7 @@ pub fn all_sources() -> Vec<&'static KernelSource> {
         &crate::scan::SOURCE,
         &crate::norm::SOURCE,
         &crate::attention::SOURCE,
+        &crate::conv::SOURCE,
     ]
 }
 

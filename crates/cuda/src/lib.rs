@@ -13,6 +13,7 @@
 mod alloc;
 mod attention;
 mod cast;
+mod conv;
 mod create;
 mod device;
 mod driver;
@@ -250,6 +251,14 @@ impl Backend for Handle {
                 *causal,
                 *scale,
             ),
+            Op::Conv2d(p) => conv::conv2d(dev, input(0)?, input(1)?, p, &out(0)?.0),
+            Op::ConvTranspose2d(p) => {
+                conv::conv_transpose2d(dev, input(0)?, input(1)?, p, &out(0)?.0)
+            }
+            Op::Conv2dBackwardWeight(p) => {
+                conv::conv2d_backward_weight(dev, input(0)?, input(1)?, p, &out(0)?.0)
+            }
+            Op::MaxPool2d(p) => conv::max_pool2d(dev, input(0)?, p, &out(0)?.0),
             Op::Fill { value } => create::fill(dev, *value, out(0)?),
             Op::Arange { start, step } => create::arange(dev, *start, *step, out(0)?),
             Op::RandUniform { seed, low, high } => {

@@ -882,7 +882,12 @@ fn fused_cases(b: &mut B) {
     }
 }
 
-fn conv_ref(stride: [usize; 2], padding: [usize; 2], dilation: [usize; 2], groups: usize) -> r::ConvRef {
+fn conv_ref(
+    stride: [usize; 2],
+    padding: [usize; 2],
+    dilation: [usize; 2],
+    groups: usize,
+) -> r::ConvRef {
     r::ConvRef {
         stride,
         padding,
@@ -921,14 +926,84 @@ fn ref_squeeze2(y: Ref) -> Ref {
 /// (incl. depthwise), 1x1 kernels, bias, odd sizes and non-contiguous inputs.
 fn conv_cases(b: &mut B) {
     use ferrite_core::{ConvArgs, ConvTransposeArgs, Padding};
-    type Conv2 = (&'static str, [usize; 4], [usize; 4], View, [usize; 2], [usize; 2], [usize; 2], usize, bool);
+    type Conv2 = (
+        &'static str,
+        [usize; 4],
+        [usize; 4],
+        View,
+        [usize; 2],
+        [usize; 2],
+        [usize; 2],
+        usize,
+        bool,
+    );
     let convs: [Conv2; 6] = [
-        ("conv2d", [2, 3, 7, 9], [4, 3, 3, 3], View::Narrowed, [1, 1], [1, 1], [1, 1], 1, true),
-        ("conv2d_strided", [1, 4, 11, 13], [6, 4, 3, 2], View::Transposed, [2, 3], [1, 2], [2, 1], 1, false),
-        ("conv2d_groups", [2, 4, 6, 5], [6, 2, 3, 3], View::Contiguous, [2, 1], [0, 0], [1, 1], 2, true),
-        ("conv2d_depthwise", [1, 6, 8, 8], [6, 1, 3, 3], View::Narrowed, [1, 1], [1, 1], [1, 1], 6, true),
-        ("conv2d_1x1", [2, 33, 5, 4], [31, 33, 1, 1], View::Contiguous, [1, 1], [0, 0], [1, 1], 1, false),
-        ("conv2d_1x1_strided", [1, 5, 7, 6], [3, 5, 1, 1], View::Transposed, [2, 2], [0, 0], [1, 1], 1, false),
+        (
+            "conv2d",
+            [2, 3, 7, 9],
+            [4, 3, 3, 3],
+            View::Narrowed,
+            [1, 1],
+            [1, 1],
+            [1, 1],
+            1,
+            true,
+        ),
+        (
+            "conv2d_strided",
+            [1, 4, 11, 13],
+            [6, 4, 3, 2],
+            View::Transposed,
+            [2, 3],
+            [1, 2],
+            [2, 1],
+            1,
+            false,
+        ),
+        (
+            "conv2d_groups",
+            [2, 4, 6, 5],
+            [6, 2, 3, 3],
+            View::Contiguous,
+            [2, 1],
+            [0, 0],
+            [1, 1],
+            2,
+            true,
+        ),
+        (
+            "conv2d_depthwise",
+            [1, 6, 8, 8],
+            [6, 1, 3, 3],
+            View::Narrowed,
+            [1, 1],
+            [1, 1],
+            [1, 1],
+            6,
+            true,
+        ),
+        (
+            "conv2d_1x1",
+            [2, 33, 5, 4],
+            [31, 33, 1, 1],
+            View::Contiguous,
+            [1, 1],
+            [0, 0],
+            [1, 1],
+            1,
+            false,
+        ),
+        (
+            "conv2d_1x1_strided",
+            [1, 5, 7, 6],
+            [3, 5, 1, 1],
+            View::Transposed,
+            [2, 2],
+            [0, 0],
+            [1, 1],
+            1,
+            false,
+        ),
     ];
     for dt in FLOATS {
         let tol = scaled(default_tol(dt), 8.0);
@@ -1024,11 +1099,51 @@ fn conv_cases(b: &mut B) {
                 )]
             },
         );
-        type Tr = ([usize; 4], [usize; 4], View, [usize; 2], [usize; 2], [usize; 2], [usize; 2], usize, bool);
+        type Tr = (
+            [usize; 4],
+            [usize; 4],
+            View,
+            [usize; 2],
+            [usize; 2],
+            [usize; 2],
+            [usize; 2],
+            usize,
+            bool,
+        );
         let trs: [Tr; 3] = [
-            ([2, 4, 5, 6], [4, 3, 3, 3], View::Narrowed, [2, 2], [1, 1], [1, 1], [1, 1], 1, true),
-            ([1, 4, 4, 3], [4, 2, 2, 3], View::Transposed, [2, 3], [0, 1], [1, 2], [2, 1], 2, false),
-            ([1, 3, 1, 1], [3, 2, 1, 1], View::Contiguous, [1, 1], [0, 0], [0, 0], [1, 1], 1, false),
+            (
+                [2, 4, 5, 6],
+                [4, 3, 3, 3],
+                View::Narrowed,
+                [2, 2],
+                [1, 1],
+                [1, 1],
+                [1, 1],
+                1,
+                true,
+            ),
+            (
+                [1, 4, 4, 3],
+                [4, 2, 2, 3],
+                View::Transposed,
+                [2, 3],
+                [0, 1],
+                [1, 2],
+                [2, 1],
+                2,
+                false,
+            ),
+            (
+                [1, 3, 1, 1],
+                [3, 2, 1, 1],
+                View::Contiguous,
+                [1, 1],
+                [0, 0],
+                [0, 0],
+                [1, 1],
+                1,
+                false,
+            ),
         ];
         for (xs, ws, view, stride, padding, output_padding, dilation, groups, bias) in trs {
             let mut ins = vec![
@@ -1068,16 +1183,64 @@ fn conv_cases(b: &mut B) {
 /// Max (with indices), average and adaptive average pooling, 2-d and 1-d.
 fn pool_cases(b: &mut B) {
     use ferrite_core::PoolArgs;
-    type P = ([usize; 4], View, [usize; 2], [usize; 2], [usize; 2], [usize; 2], bool, bool);
+    type P = (
+        [usize; 4],
+        View,
+        [usize; 2],
+        [usize; 2],
+        [usize; 2],
+        [usize; 2],
+        bool,
+        bool,
+    );
     let pools: [P; 4] = [
-        ([2, 3, 9, 10], View::Narrowed, [3, 3], [2, 2], [1, 1], [1, 1], false, true),
-        ([1, 2, 31, 33], View::Contiguous, [2, 2], [2, 2], [0, 0], [1, 1], true, true),
-        ([1, 2, 8, 7], View::Transposed, [3, 2], [2, 2], [1, 1], [2, 1], true, false),
-        ([1, 1, 1, 1], View::Contiguous, [1, 1], [1, 1], [0, 0], [1, 1], false, true),
+        (
+            [2, 3, 9, 10],
+            View::Narrowed,
+            [3, 3],
+            [2, 2],
+            [1, 1],
+            [1, 1],
+            false,
+            true,
+        ),
+        (
+            [1, 2, 31, 33],
+            View::Contiguous,
+            [2, 2],
+            [2, 2],
+            [0, 0],
+            [1, 1],
+            true,
+            true,
+        ),
+        (
+            [1, 2, 8, 7],
+            View::Transposed,
+            [3, 2],
+            [2, 2],
+            [1, 1],
+            [2, 1],
+            true,
+            false,
+        ),
+        (
+            [1, 1, 1, 1],
+            View::Contiguous,
+            [1, 1],
+            [1, 1],
+            [0, 0],
+            [1, 1],
+            false,
+            true,
+        ),
     ];
     for dt in FLOATS {
         let tol = scaled(default_tol(dt), 4.0);
-        let exact = Tol { atol: 0.0, rtol: 0.0 };
+        let exact = Tol {
+            atol: 0.0,
+            rtol: 0.0,
+        };
         for (xs, view, kernel, stride, padding, dilation, ceil_mode, count_include_pad) in pools {
             let a = PoolArgs {
                 kernel,
@@ -1153,7 +1316,11 @@ fn pool_cases(b: &mut B) {
             move |x| Ok(vec![x[0].avg_pool1d(&a1)?]),
             move |x| vec![ref_squeeze2(r::avg_pool2d(&ref_1d(&x[0]), &p1))],
         );
-        for (xs, o) in [([1, 3, 7, 10], [3, 4]), ([2, 2, 5, 5], [1, 1]), ([1, 2, 3, 2], [5, 3])] {
+        for (xs, o) in [
+            ([1, 3, 7, 10], [3, 4]),
+            ([2, 2, 5, 5], [1, 1]),
+            ([1, 2, 3, 2], [5, 3]),
+        ] {
             b.add(
                 "adaptive_avg_pool2d",
                 dt,

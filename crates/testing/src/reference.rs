@@ -535,8 +535,10 @@ pub fn max_pool2d(x: &Ref, p: &PoolRef) -> (Ref, Ref) {
                 let mut best: Option<(f64, usize)> = None;
                 for a in 0..p.kernel[0] {
                     for b in 0..p.kernel[1] {
-                        let y = (i * p.stride[0] + a * p.dilation[0]) as isize - p.padding[0] as isize;
-                        let z = (j * p.stride[1] + b * p.dilation[1]) as isize - p.padding[1] as isize;
+                        let y =
+                            (i * p.stride[0] + a * p.dilation[0]) as isize - p.padding[0] as isize;
+                        let z =
+                            (j * p.stride[1] + b * p.dilation[1]) as isize - p.padding[1] as isize;
                         if y < 0 || z < 0 || y as usize >= h || z as usize >= w {
                             continue;
                         }

@@ -1,0 +1,354 @@
+//! Convolutions and max pooling on CUDA (kernels in conv.cu).
+//!
+//! Convolutions are im2col + cuBLASLt matmul, so f16/bf16 run on tensor cores (f32 as the
+//! device's matmul runs it, TF32 when enabled):
+//! - conv2d: cols [n, g, K, oh ow] (K = c/g kh kw), then w [g, o/g, K] (broadcast over n) ·
+//!   cols -> [n, g, o/g, oh ow], which is y [n, o, oh, ow] as it lies;
+//! - conv_transpose2d (conv2d's input gradient): cols = wᵀ · x, then col2im;
+//! - conv2d_backward_weight: cols [g, K, n oh ow] and g [g, o/g, n oh ow], then
+//!   dw [g, o/g, K] = g · colsᵀ, one GEMM per group reducing over the batch too.
+//!
+//! A 1x1 kernel with stride 1 and no padding reads x as its own columns (no im2col), and
+//! its transposed form writes the matmul result as dx. The matmuls go through the `Tensor`
+//! API on this device (graph recording off), intermediates return to the pool when dropped.
+//! cuDNN is not used: see docs/gpu.md ("Convolution").
+
+use crate::device::CudaBackend;
+use crate::elementwise::grid;
+use crate::kernels::{suffix, Args, KernelSource};
+use ferrite_core::{
+    no_grad, Conv2dParams, DType, Error, Layout, Pool2dParams, Result, Shape, Storage, Tensor,
+};
+use std::sync::Arc;
+
+pub(crate) static SOURCE: KernelSource = KernelSource {
+    name: "conv",
+    src: include_str!("conv.cu"),
+};
+
+/// `ConvGeo` in conv.cu.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+struct ConvGeo {
+    n: i64,
+    c: i64,
+    h: i64,
+    w: i64,
+    oh: i64,
+    ow: i64,
+    kh: i64,
+    kw: i64,
+    s0: i64,
+    s1: i64,
+    p0: i64,
+    p1: i64,
+    d0: i64,
+    d1: i64,
+    cg: i64,
+}
+
+/// `PoolGeo` in conv.cu.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+struct PoolGeo {
+    planes: i64,
+    h: i64,
+    w: i64,
+    oh: i64,
+    ow: i64,
+    k0: i64,
+    k1: i64,
+    s0: i64,
+    s1: i64,
+    p0: i64,
+    p1: i64,
+    d0: i64,
+    d1: i64,
+}
+
+/// Sizes of x [n, c, h, w], w [o, c/g, kh, kw], y [n, o, oh, ow].
+#[derive(Clone, Copy, Debug)]
+struct Geo {
+    n: usize,
+    c: usize,
+    h: usize,
+    w: usize,
+    o: usize,
+    kh: usize,
+    kw: usize,
+    oh: usize,
+    ow: usize,
+    p: Conv2dParams,
+}
+
+impl Geo {
+    fn new(x: &[usize], w: &[usize], y: &[usize], p: Conv2dParams) -> Geo {
+        Geo {
+            n: x[0],
+            c: x[1],
+            h: x[2],
+            w: x[3],
+            o: w[0],
+            kh: w[2],
+            kw: w[3],
+            oh: y[2],
+            ow: y[3],
+            p,
+        }
+    }
+    fn g(&self) -> usize {
+        self.p.groups
+    }
+    fn k(&self) -> usize {
+        self.c / self.g() * self.kh * self.kw
+    }
+    fn pix(&self) -> usize {
+        self.oh * self.ow
+    }
+    fn direct(&self) -> bool {
+        self.kh == 1
+            && self.kw == 1
+            && self.p.stride == [1, 1]
+            && self.p.padding == [0, 0]
+            && self.oh == self.h
+            && self.ow == self.w
+    }
+    fn kernel_geo(&self) -> ConvGeo {
+        let i = |v: usize| v as i64;
+        ConvGeo {
+            n: i(self.n),
+            c: i(self.c),
+            h: i(self.h),
+            w: i(self.w),
+            oh: i(self.oh),
+            ow: i(self.ow),
+            kh: i(self.kh),
+            kw: i(self.kw),
+            s0: i(self.p.stride[0]),
+            s1: i(self.p.stride[1]),
+            p0: i(self.p.padding[0]),
+            p1: i(self.p.padding[1]),
+            d0: i(self.p.dilation[0]),
+            d1: i(self.p.dilation[1]),
+            cg: i(self.c / self.g()),
+        }
+    }
+}
+
+/// A contiguous tensor on this device over a fresh storage.
+fn wrap(x: &Tensor, storage: Arc<dyn Storage>, dims: Vec<usize>) -> Tensor {
+    Tensor::from_storage(
+        storage,
+        Layout::contiguous(Shape::new(dims)),
+        x.device().clone(),
+    )
+}
+
+/// The storage of `t` when it is exactly a contiguous tensor of `dims` (else a copy's).
+fn storage_of(t: Tensor, dims: &[usize]) -> Result<Vec<Arc<dyn Storage>>> {
+    let t = t.reshape(dims.to_vec())?.contiguous()?;
+    Ok(vec![t.storage_arc().clone()])
+}
+
+fn float_suffix(op: &'static str, dt: DType) -> Result<&'static str> {
+    match dt {
+        DType::F32 | DType::F64 | DType::F16 | DType::BF16 => Ok(suffix(dt)),
+        other => Err(Error::dtype(op, other, "needs a float dtype")),
+    }
+}
+
+/// cols of contiguous `x` with element (n, g, k, p) at n sn + g sg + k sk + p.
+fn im2col(
+    dev: &CudaBackend,
+    op: &'static str,
+    x: &Tensor,
+    geo: &Geo,
+    strides: [usize; 3],
+    dims: Vec<usize>,
+) -> Result<Tensor> {
+    let sfx = float_suffix(op, x.dtype())?;
+    let total = geo.n * geo.g() * geo.k() * geo.pix();
+    let out = dev.alloc_out(total, x.dtype(), op)?;
+    if total > 0 {
+        let sx = dev.input(x, op)?;
+        let args = Args::new()
+            .arg(geo.kernel_geo())
+            .arg(CudaBackend::ptr(x, sx))
+            .arg(out.ptr())
+            .arg(strides[0] as i64)
+            .arg(strides[1] as i64)
+            .arg(strides[2] as i64);
+        dev.launch(
+            op,
+            &SOURCE,
+            &format!("im2col_{sfx}"),
+            grid(dev, total as u64, 1),
+            args,
+        )?;
+    }
+    let s = dev.finish_one(out)?.pop();
+    let s = s.ok_or_else(|| Error::backend(op, "no output"))?;
+    Ok(wrap(x, s, dims))
+}
+
+pub(crate) fn conv2d(
+    dev: &CudaBackend,
+    x: &Tensor,
+    w: &Tensor,
+    p: &Conv2dParams,
+    out: &Shape,
+) -> Result<Vec<Arc<dyn Storage>>> {
+    let op = "conv2d";
+    let geo = Geo::new(x.dims(), w.dims(), out.dims(), *p);
+    let (n, g, k, pix) = (geo.n, geo.g(), geo.k(), geo.pix());
+    no_grad(|| {
+        let x = x.contiguous()?;
+        let cols = if geo.direct() {
+            x.reshape([n, g, k, pix])?
+        } else {
+            im2col(
+                dev,
+                op,
+                &x,
+                &geo,
+                [g * k * pix, k * pix, pix],
+                vec![n, g, k, pix],
+            )?
+        };
+        let wg = w
+            .reshape([1, g, geo.o / g, k])?
+            .broadcast_to([n, g, geo.o / g, k])?;
+        storage_of(wg.matmul(&cols)?, out.dims())
+    })
+}
+
+/// `x` [n, o, oh, ow] plays conv2d's output gradient; `out` is the input's shape.
+pub(crate) fn conv_transpose2d(
+    dev: &CudaBackend,
+    x: &Tensor,
+    w: &Tensor,
+    p: &Conv2dParams,
+    out: &Shape,
+) -> Result<Vec<Arc<dyn Storage>>> {
+    let op = "conv_transpose2d";
+    let sfx = float_suffix(op, x.dtype())?;
+    let geo = Geo::new(out.dims(), w.dims(), x.dims(), *p);
+    let (n, g, k, pix) = (geo.n, geo.g(), geo.k(), geo.pix());
+    let og = geo.o / g;
+    no_grad(|| {
+        let gy = x.reshape([n, g, og, pix])?;
+        let wt = w
+            .reshape([1, g, og, k])?
+            .broadcast_to([n, g, og, k])?
+            .transpose(-1, -2)?;
+        let cols = wt.matmul(&gy)?.contiguous()?;
+        if geo.direct() {
+            return storage_of(cols, out.dims());
+        }
+        let total = out.elem_count();
+        let dx = dev.alloc_out(total, x.dtype(), op)?;
+        if total > 0 {
+            let sc = dev.input(&cols, op)?;
+            let args = Args::new()
+                .arg(geo.kernel_geo())
+                .arg(CudaBackend::ptr(&cols, sc))
+                .arg(dx.ptr())
+                .arg((g * k * pix) as i64)
+                .arg((k * pix) as i64)
+                .arg(pix as i64);
+            dev.launch(
+                op,
+                &SOURCE,
+                &format!("col2im_{sfx}"),
+                grid(dev, total as u64, 1),
+                args,
+            )?;
+        }
+        dev.finish_one(dx)
+    })
+}
+
+/// (x [n, c, h, w], gy [n, o, oh, ow]) -> dw of shape `out` [o, c/g, kh, kw].
+pub(crate) fn conv2d_backward_weight(
+    dev: &CudaBackend,
+    x: &Tensor,
+    gy: &Tensor,
+    p: &Conv2dParams,
+    out: &Shape,
+) -> Result<Vec<Arc<dyn Storage>>> {
+    let op = "conv2d_backward_weight";
+    let geo = Geo::new(x.dims(), out.dims(), gy.dims(), *p);
+    let (n, g, k, pix) = (geo.n, geo.g(), geo.k(), geo.pix());
+    let og = geo.o / g;
+    no_grad(|| {
+        let x = x.contiguous()?;
+        // cols [g, K, n, pix] and gy as [g, o/g, n, pix]: one reduction over n pix per group.
+        let cols = im2col(
+            dev,
+            op,
+            &x,
+            &geo,
+            [pix, k * n * pix, n * pix],
+            vec![g, k, n * pix],
+        )?;
+        let gyt = gy
+            .reshape([n, g, og, pix])?
+            .permute(&[1, 2, 0, 3])?
+            .contiguous()?
+            .reshape([g, og, n * pix])?;
+        storage_of(gyt.matmul(&cols.transpose(-1, -2)?)?, out.dims())
+    })
+}
+
+pub(crate) fn max_pool2d(
+    dev: &CudaBackend,
+    x: &Tensor,
+    p: &Pool2dParams,
+    out: &Shape,
+) -> Result<Vec<Arc<dyn Storage>>> {
+    let op = "max_pool2d";
+    let sfx = float_suffix(op, x.dtype())?;
+    let d = x.dims();
+    if d[2] * d[3] > u32::MAX as usize {
+        return Err(Error::shape(
+            op,
+            format!("planes of {} do not fit u32 indices", x.shape()),
+        ));
+    }
+    let x = no_grad(|| x.contiguous())?;
+    let total = out.elem_count();
+    let vals = dev.alloc_out(total, x.dtype(), op)?;
+    let idx = dev.alloc_out(total, DType::U32, op)?;
+    if total > 0 {
+        let i = |v: usize| v as i64;
+        let geo = PoolGeo {
+            planes: i(d[0] * d[1]),
+            h: i(d[2]),
+            w: i(d[3]),
+            oh: i(out.dims()[2]),
+            ow: i(out.dims()[3]),
+            k0: i(p.kernel[0]),
+            k1: i(p.kernel[1]),
+            s0: i(p.stride[0]),
+            s1: i(p.stride[1]),
+            p0: i(p.padding[0]),
+            p1: i(p.padding[1]),
+            d0: i(p.dilation[0]),
+            d1: i(p.dilation[1]),
+        };
+        let sx = dev.input(&x, op)?;
+        let args = Args::new()
+            .arg(geo)
+            .arg(CudaBackend::ptr(&x, sx))
+            .arg(vals.ptr())
+            .arg(idx.ptr());
+        dev.launch(
+            op,
+            &SOURCE,
+            &format!("max_pool2d_{sfx}"),
+            grid(dev, total as u64, 1),
+            args,
+        )?;
+    }
+    dev.finish(vec![vals, idx])
+}
