@@ -361,10 +361,16 @@ fn primitive(op: &Op, output: usize, x: &Inputs, g: &Tensor) -> Result<Grads> {
                 Tensor::conv2d_backward_weight(g, x[0].value()?, p, x[1].dims()?)
             })?,
         ]),
-        Op::MaxPool2d(p) => {
+        Op::MaxPool2d(_) | Op::AdaptiveMaxPool2d => {
             debug_assert_eq!(output, 0, "only pooled values carry a gradient");
             let x0 = x[0].value()?;
-            let (_, idx) = x0.max_pool2d_raw(p)?;
+            let idx = match op {
+                Op::MaxPool2d(p) => x0.max_pool2d_raw(p)?.1,
+                _ => {
+                    x0.adaptive_max_pool2d_with_indices([g.dims()[2], g.dims()[3]])?
+                        .1
+                }
+            };
             let d = x0.dims();
             let plane = |t: &Tensor, len: usize| t.reshape([d[0], d[1], len]);
             let flat_g = plane(&g.contiguous()?, g.dims()[2] * g.dims()[3])?;
@@ -372,8 +378,20 @@ fn primitive(op: &Op, output: usize, x: &Inputs, g: &Tensor) -> Result<Grads> {
             let z = Tensor::zeros([d[0], d[1], d[2] * d[3]], g.dtype(), g.device())?;
             one(z.scatter_add(&flat_i, &flat_g, 2)?.reshape(d)?)
         }
+        Op::BatchNorm { eps } => {
+            debug_assert_eq!(output, 0, "only the normalized output carries a gradient");
+            let (dx, dw, db) = Tensor::batch_norm_backward(x[0].value()?, x[1].value()?, g, *eps)?;
+            Ok(vec![Some(dx), Some(dw), Some(db)])
+        }
+        Op::GroupNorm { groups, eps } => {
+            let (dx, dw, db) =
+                Tensor::group_norm_backward(x[0].value()?, x[1].value()?, g, *groups, *eps)?;
+            Ok(vec![Some(dx), Some(dw), Some(db)])
+        }
         // Backward kernels are not differentiated again (they carry no graph node).
-        Op::Conv2dBackwardWeight(_) => Ok(vec![None; x.len()]),
+        Op::Conv2dBackwardWeight(_)
+        | Op::BatchNormBackward { .. }
+        | Op::GroupNormBackward { .. } => Ok(vec![None; x.len()]),
         Op::SoftmaxBackward { .. }
         | Op::RmsNormBackward { .. }
         | Op::LayerNormBackward { .. }

@@ -620,6 +620,42 @@ impl Tensor {
     }
 }
 
+impl Tensor {
+    /// Adaptive max pooling of `x [n, c, h, w]` -> (values `[n, c, oh, ow]`, u32 indices in
+    /// the plane), over the windows of `adaptive_avg_pool2d`.
+    pub fn adaptive_max_pool2d_with_indices(&self, out: [usize; 2]) -> Result<(Tensor, Tensor)> {
+        let op = "adaptive_max_pool2d";
+        if !self.dtype().is_float() {
+            return Err(Error::dtype(op, self.dtype(), "needs a float dtype"));
+        }
+        if self.rank() != 4 || out.contains(&0) || self.dims()[2] == 0 || self.dims()[3] == 0 {
+            return Err(Error::shape(
+                op,
+                format!(
+                    "expected input [n, c, h, w] with h, w > 0 and an output size > 0, got input {} and output {:?}",
+                    self.shape(),
+                    out
+                ),
+            ));
+        }
+        let d = self.dims();
+        let shape = Shape::new([d[0], d[1], out[0], out[1]]);
+        let mut o = self.run(
+            Op::AdaptiveMaxPool2d,
+            &[self],
+            vec![(shape.clone(), self.dtype()), (shape, DType::U32)],
+        )?;
+        match (o.pop(), o.pop()) {
+            (Some(i), Some(v)) => Ok((v, i)),
+            _ => Err(Error::backend(op, "backend returned too few outputs")),
+        }
+    }
+
+    pub fn adaptive_max_pool2d(&self, out: [usize; 2]) -> Result<Tensor> {
+        Ok(self.adaptive_max_pool2d_with_indices(out)?.0)
+    }
+}
+
 /// `y [n, o, ...] + bias [o]` broadcast over the other dims.
 fn add_channel_bias(op: &'static str, y: Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
     let Some(b) = bias else { return Ok(y) };

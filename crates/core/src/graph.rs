@@ -108,7 +108,9 @@ pub fn keeps(op: &GradOp, k: usize, requires_grad: impl Fn(usize) -> bool) -> Ke
             false => Keep::Meta,
         },
         // The rule recomputes the indices from x.
-        Op::MaxPool2d(_) => Keep::Value,
+        Op::MaxPool2d(_) | Op::AdaptiveMaxPool2d => Keep::Value,
+        // The bias is not needed for the gradients.
+        Op::BatchNorm { .. } | Op::GroupNorm { .. } => value_if(k < 2),
         // The bias is not needed for the gradients.
         Op::LayerNorm { .. } => value_if(k < 2),
         // x only when the angles are trained (the rule differentiates the composition).
@@ -121,6 +123,8 @@ pub fn keeps(op: &GradOp, k: usize, requires_grad: impl Fn(usize) -> bool) -> Ke
         | Op::LayerNormBackward { .. }
         | Op::AttentionBackward { .. }
         | Op::Conv2dBackwardWeight(_)
+        | Op::BatchNormBackward { .. }
+        | Op::GroupNormBackward { .. }
         | Op::Cmp(_)
         | Op::Fill { .. }
         | Op::Arange { .. }
@@ -566,8 +570,11 @@ pub fn differentiable_output(op: &Op, k: usize, dtype: crate::DType) -> bool {
         | Op::RmsNormBackward { .. }
         | Op::LayerNormBackward { .. }
         | Op::AttentionBackward { .. }
-        | Op::Conv2dBackwardWeight(_) => false,
-        Op::Sort { .. } | Op::MaxPool2d(_) => k == 0,
+        | Op::Conv2dBackwardWeight(_)
+        | Op::BatchNormBackward { .. }
+        | Op::GroupNormBackward { .. } => false,
+        // Indices and batch statistics carry no gradient.
+        Op::Sort { .. } | Op::MaxPool2d(_) | Op::AdaptiveMaxPool2d | Op::BatchNorm { .. } => k == 0,
         _ => true,
     }
 }

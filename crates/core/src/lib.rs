@@ -4,6 +4,7 @@
 //! Backends live in their own crates (`ferrite-cpu`, ...); a `Device` is a handle to one.
 
 mod backend;
+mod channel_norm;
 pub mod composed;
 mod conv;
 mod dtype;

@@ -385,6 +385,21 @@ pub enum Op {
     /// window (padding never wins) and its first position as `row * w + col` in its plane.
     /// NaN counts as the maximum.
     MaxPool2d(Pool2dParams),
+    /// (x [n, c, h, w], indices) like `MaxPool2d` over PyTorch's adaptive windows: output
+    /// (i, j) of `[n, c, oh, ow]` (sizes from the output spec) covers rows
+    /// floor(i h / oh) .. ceil((i + 1) h / oh) and likewise columns.
+    AdaptiveMaxPool2d,
+    /// Batch norm with batch statistics: (x [n, c, ...], weight [c], bias [c]) ->
+    /// (y, mean [c], var [c]) over every axis but 1; var is biased (divides by n * ...), as
+    /// used to normalize. Only y carries a gradient.
+    BatchNorm { eps: f64 },
+    /// Backward of `BatchNorm`'s y: (x, weight, g) -> (dx, dweight [c], dbias [c]).
+    BatchNormBackward { eps: f64 },
+    /// Group norm: (x [n, c, ...], weight [c], bias [c]) -> y, normalized over each
+    /// (sample, group of c / groups channels), then scaled and shifted per channel.
+    GroupNorm { groups: usize, eps: f64 },
+    /// Backward of `GroupNorm`: (x, weight, g) -> (dx, dweight [c], dbias [c]).
+    GroupNormBackward { groups: usize, eps: f64 },
     /// () -> every element `value`.
     Fill { value: f64 },
     /// () -> element i is start + i * step.
@@ -427,6 +442,11 @@ impl Op {
             Op::ConvTranspose2d(_) => "conv_transpose2d",
             Op::Conv2dBackwardWeight(_) => "conv2d_backward_weight",
             Op::MaxPool2d(_) => "max_pool2d",
+            Op::AdaptiveMaxPool2d => "adaptive_max_pool2d",
+            Op::BatchNorm { .. } => "batch_norm",
+            Op::BatchNormBackward { .. } => "batch_norm_backward",
+            Op::GroupNorm { .. } => "group_norm",
+            Op::GroupNormBackward { .. } => "group_norm_backward",
             Op::Fill { .. } => "full",
             Op::Arange { .. } => "arange",
             Op::RandUniform { .. } => "rand_uniform",

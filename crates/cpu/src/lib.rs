@@ -5,6 +5,7 @@
 mod alloc;
 mod attention;
 mod cast;
+mod channel_norm;
 mod conv;
 mod create;
 mod elementwise;
@@ -148,7 +149,34 @@ impl Backend for CpuBackend {
                 p,
                 &out(0)?.0,
             )?),
-            Op::MaxPool2d(p) => many(pool::max_pool2d(input(0)?, p, &out(0)?.0)?),
+            Op::MaxPool2d(p) => many(pool::max_pool2d(input(0)?, Some(p), &out(0)?.0)?),
+            Op::AdaptiveMaxPool2d => many(pool::max_pool2d(input(0)?, None, &out(0)?.0)?),
+            Op::BatchNorm { eps } => many(channel_norm::batch_norm(
+                input(0)?,
+                input(1)?,
+                input(2)?,
+                *eps,
+            )?),
+            Op::BatchNormBackward { eps } => many(channel_norm::batch_norm_backward(
+                input(0)?,
+                input(1)?,
+                input(2)?,
+                *eps,
+            )?),
+            Op::GroupNorm { groups, eps } => many(channel_norm::group_norm(
+                input(0)?,
+                input(1)?,
+                input(2)?,
+                *groups,
+                *eps,
+            )?),
+            Op::GroupNormBackward { groups, eps } => many(channel_norm::group_norm_backward(
+                input(0)?,
+                input(1)?,
+                input(2)?,
+                *groups,
+                *eps,
+            )?),
             Op::Fill { value } => one(create::fill(*value, out(0)?)),
             Op::Arange { start, step } => one(create::arange(*start, *step, out(0)?)),
             Op::RandUniform { seed, low, high } => {

@@ -1,4 +1,4 @@
-//! 2-d max pooling with indices; planes (n, c) run in parallel. f16/bf16 go through f32
+//! 2-d max pooling (fixed or adaptive windows) with indices; planes (n, c) run in parallel. f16/bf16 go through f32
 //! (exact for a maximum).
 
 use crate::storage::{floats, from_f32, Floats};
@@ -12,13 +12,24 @@ fn taps(p: &Pool2dParams, a: usize, o: usize, len: usize) -> impl Iterator<Item 
     (0..k).filter_map(move |t| (o * s + t * d).checked_sub(pad).filter(|&i| i < len))
 }
 
-fn max_pool_typed<F: Float + ferrite_core::WithDType + Send + Sync>(
+/// Window taps of output `o` of `n` over `len` inputs (PyTorch's adaptive windows).
+fn adaptive(o: usize, n: usize, len: usize) -> std::ops::Range<usize> {
+    (o * len / n)..((o + 1) * len).div_ceil(n)
+}
+
+/// Max pooling where `rows(oi)` and `cols(oj)` list each window's input rows and columns.
+fn max_windows<F: Float + ferrite_core::WithDType + Send + Sync, R, C>(
     x: &[F],
     planes: usize,
     (h, w): (usize, usize),
     (oh, ow): (usize, usize),
-    p: &Pool2dParams,
-) -> (Vec<F>, Vec<u32>) {
+    rows: impl Fn(usize) -> R + Sync,
+    cols: impl Fn(usize) -> C + Sync,
+) -> (Vec<F>, Vec<u32>)
+where
+    R: Iterator<Item = usize>,
+    C: Iterator<Item = usize>,
+{
     let mut vals = crate::alloc::full(planes * oh * ow, F::zero());
     let mut idx = crate::alloc::full(planes * oh * ow, 0u32);
     if oh * ow == 0 {
@@ -33,8 +44,8 @@ fn max_pool_typed<F: Float + ferrite_core::WithDType + Send + Sync>(
                 for oj in 0..ow {
                     let mut best = F::neg_infinity();
                     let mut at: Option<usize> = None;
-                    for ih in taps(p, 0, oi, h) {
-                        for iw in taps(p, 1, oj, w) {
+                    for ih in rows(oi) {
+                        for iw in cols(oj) {
                             let val = src[ih * w + iw];
                             let better = match at {
                                 None => true,
@@ -54,8 +65,58 @@ fn max_pool_typed<F: Float + ferrite_core::WithDType + Send + Sync>(
     (vals, idx)
 }
 
-pub(crate) fn max_pool2d(x: &Tensor, p: &Pool2dParams, out: &Shape) -> Result<Vec<HostBuffer>> {
-    let op = "max_pool2d";
+fn max_pool_typed<F: Float + ferrite_core::WithDType + Send + Sync>(
+    x: &[F],
+    planes: usize,
+    hw: (usize, usize),
+    ohw: (usize, usize),
+    p: &Pool2dParams,
+) -> (Vec<F>, Vec<u32>) {
+    let (h, w) = hw;
+    max_windows(
+        x,
+        planes,
+        hw,
+        ohw,
+        |oi| taps(p, 0, oi, h),
+        |oj| taps(p, 1, oj, w),
+    )
+}
+
+fn pool_any<F: Float + ferrite_core::WithDType + Send + Sync>(
+    x: &[F],
+    planes: usize,
+    hw: (usize, usize),
+    ohw: (usize, usize),
+    p: Option<&Pool2dParams>,
+) -> (Vec<F>, Vec<u32>) {
+    match p {
+        Some(p) => max_pool_typed(x, planes, hw, ohw, p),
+        None => {
+            let ((h, w), (oh, ow)) = (hw, ohw);
+            max_windows(
+                x,
+                planes,
+                hw,
+                ohw,
+                |oi| adaptive(oi, oh, h),
+                |oj| adaptive(oj, ow, w),
+            )
+        }
+    }
+}
+
+/// `p` = None: adaptive windows.
+pub(crate) fn max_pool2d(
+    x: &Tensor,
+    p: Option<&Pool2dParams>,
+    out: &Shape,
+) -> Result<Vec<HostBuffer>> {
+    let op = if p.is_some() {
+        "max_pool2d"
+    } else {
+        "adaptive_max_pool2d"
+    };
     let d = x.dims();
     let planes = d[0] * d[1];
     let (hw, ohw) = ((d[2], d[3]), (out.dims()[2], out.dims()[3]));
@@ -67,11 +128,11 @@ pub(crate) fn max_pool2d(x: &Tensor, p: &Pool2dParams, out: &Shape) -> Result<Ve
     }
     let (v, i) = match floats(x, op)? {
         Floats::F32(xs) => {
-            let (v, i) = max_pool_typed(&xs, planes, hw, ohw, p);
+            let (v, i) = pool_any(&xs, planes, hw, ohw, p);
             (from_f32(v, x.dtype()), i)
         }
         Floats::F64(xs) => {
-            let (v, i) = max_pool_typed(&xs, planes, hw, ohw, p);
+            let (v, i) = pool_any(&xs, planes, hw, ohw, p);
             (HostBuffer::F64(v), i)
         }
     };

@@ -67,6 +67,7 @@ __device__ void col2im_impl(ConvGeo g, const T* cols, T* dx, i64 sn, i64 sg, i64
 struct PoolGeo {
     i64 planes, h, w, oh, ow;
     i64 k0, k1, s0, s1, p0, p1, d0, d1;
+    i64 adaptive;   // nonzero: PyTorch's adaptive windows (the fields above but sizes unused)
 };
 
 // One thread per output: the first maximum of the window (NaN wins) and its index in the plane.
@@ -82,11 +83,21 @@ __device__ void max_pool2d_impl(PoolGeo g, const T* x, T* y, u32* idx) {
         const T* src = x + pl * g.h * g.w;
         A best = neg_inf<A>();
         i64 at = -1;
-        for (i64 a = 0; a < g.k0; ++a) {
-            i64 ih = oi * g.s0 - g.p0 + a * g.d0;
+        // Window rows r0 + a d0 for a < k0 (likewise columns); adaptive windows are dense.
+        i64 r0 = oi * g.s0 - g.p0, c0 = oj * g.s1 - g.p1, k0 = g.k0, k1 = g.k1, d0 = g.d0, d1 = g.d1;
+        if (g.adaptive) {
+            r0 = oi * g.h / g.oh;
+            c0 = oj * g.w / g.ow;
+            k0 = ((oi + 1) * g.h + g.oh - 1) / g.oh - r0;
+            k1 = ((oj + 1) * g.w + g.ow - 1) / g.ow - c0;
+            d0 = 1;
+            d1 = 1;
+        }
+        for (i64 a = 0; a < k0; ++a) {
+            i64 ih = r0 + a * d0;
             if (ih < 0 || ih >= g.h) continue;
-            for (i64 b = 0; b < g.k1; ++b) {
-                i64 iw = oj * g.s1 - g.p1 + b * g.d1;
+            for (i64 b = 0; b < k1; ++b) {
+                i64 iw = c0 + b * d1;
                 if (iw < 0 || iw >= g.w) continue;
                 A v = Num<T>::load(src[ih * g.w + iw]);
                 if (at < 0 || v > best || (m_isnan(v) && !m_isnan(best))) {

@@ -64,6 +64,7 @@ struct PoolGeo {
     p1: i64,
     d0: i64,
     d1: i64,
+    adaptive: i64,
 }
 
 /// Sizes of x [n, c, h, w], w [o, c/g, kh, kw], y [n, o, oh, ow].
@@ -300,13 +301,27 @@ pub(crate) fn conv2d_backward_weight(
     })
 }
 
+/// Fixed windows `Some(p)`, or PyTorch's adaptive windows for `None`.
 pub(crate) fn max_pool2d(
     dev: &CudaBackend,
     x: &Tensor,
-    p: &Pool2dParams,
+    p: Option<&Pool2dParams>,
     out: &Shape,
 ) -> Result<Vec<Arc<dyn Storage>>> {
-    let op = "max_pool2d";
+    let op = if p.is_some() {
+        "max_pool2d"
+    } else {
+        "adaptive_max_pool2d"
+    };
+    let unit = Pool2dParams {
+        kernel: [1, 1],
+        stride: [1, 1],
+        padding: [0, 0],
+        dilation: [1, 1],
+        ceil_mode: false,
+    };
+    let adaptive = p.is_none();
+    let p = p.unwrap_or(&unit);
     let sfx = float_suffix(op, x.dtype())?;
     let d = x.dims();
     if d[2] * d[3] > u32::MAX as usize {
@@ -335,6 +350,7 @@ pub(crate) fn max_pool2d(
             p1: i(p.padding[1]),
             d0: i(p.dilation[0]),
             d1: i(p.dilation[1]),
+            adaptive: adaptive as i64,
         };
         let sx = dev.input(&x, op)?;
         let args = Args::new()

@@ -36,6 +36,7 @@ pub fn all_sources() -> Vec<&'static KernelSource> {
         &crate::norm::SOURCE,
         &crate::attention::SOURCE,
         &crate::conv::SOURCE,
+        &crate::channel_norm::SOURCE,
     ]
 }
 

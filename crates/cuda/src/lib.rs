@@ -13,6 +13,7 @@
 mod alloc;
 mod attention;
 mod cast;
+mod channel_norm;
 mod conv;
 mod create;
 mod device;
@@ -258,7 +259,25 @@ impl Backend for Handle {
             Op::Conv2dBackwardWeight(p) => {
                 conv::conv2d_backward_weight(dev, input(0)?, input(1)?, p, &out(0)?.0)
             }
-            Op::MaxPool2d(p) => conv::max_pool2d(dev, input(0)?, p, &out(0)?.0),
+            Op::MaxPool2d(p) => conv::max_pool2d(dev, input(0)?, Some(p), &out(0)?.0),
+            Op::AdaptiveMaxPool2d => conv::max_pool2d(dev, input(0)?, None, &out(0)?.0),
+            Op::BatchNorm { eps } => {
+                channel_norm::batch_norm(dev, input(0)?, input(1)?, input(2)?, *eps)
+            }
+            Op::BatchNormBackward { eps } => {
+                channel_norm::batch_norm_backward(dev, input(0)?, input(1)?, input(2)?, *eps)
+            }
+            Op::GroupNorm { groups, eps } => {
+                channel_norm::group_norm(dev, input(0)?, input(1)?, input(2)?, *groups, *eps)
+            }
+            Op::GroupNormBackward { groups, eps } => channel_norm::group_norm_backward(
+                dev,
+                input(0)?,
+                input(1)?,
+                input(2)?,
+                *groups,
+                *eps,
+            ),
             Op::Fill { value } => create::fill(dev, *value, out(0)?),
             Op::Arange { start, step } => create::arange(dev, *start, *step, out(0)?),
             Op::RandUniform { seed, low, high } => {

@@ -1334,6 +1334,153 @@ fn pool_cases(b: &mut B) {
     }
 }
 
+/// Batch norm (batch statistics, and given statistics), group norm, adaptive max pooling and
+/// dropout masks.
+fn channel_cases(b: &mut B) {
+    for dt in FLOATS {
+        let tol = scaled(default_tol(dt), 4.0);
+        let exact = Tol {
+            atol: 0.0,
+            rtol: 0.0,
+        };
+        for (shape, view) in [
+            (vec![4, 3, 5, 7], View::Narrowed),
+            (vec![2, 33, 31], View::Contiguous),
+            (vec![3, 2], View::Transposed),
+        ] {
+            let c = shape[1];
+            let bn_inputs = || {
+                vec![
+                    inp(&shape, dt, u(-2.0, 3.0), view),
+                    inp(&[c], dt, u(0.5, 1.5), View::Contiguous),
+                    inp(&[c], dt, u(-1.0, 1.0), View::Contiguous),
+                ]
+            };
+            // The statistics carry no gradient: the gradient mode sees y alone.
+            b.add(
+                "batch_norm",
+                dt,
+                bn_inputs(),
+                vec![tol],
+                true,
+                |x| Ok(vec![x[0].batch_norm_train(&x[1], &x[2], 1e-5)?.0]),
+                |x| vec![r::batch_norm(&x[0], &x[1], &x[2], 1e-5).0],
+            );
+            b.add(
+                "batch_norm_stats",
+                dt,
+                bn_inputs(),
+                vec![tol, tol, tol],
+                false,
+                |x| {
+                    let (y, m, v) = x[0].batch_norm_train(&x[1], &x[2], 1e-5)?;
+                    Ok(vec![y, m, v])
+                },
+                |x| {
+                    let (y, m, v) = r::batch_norm(&x[0], &x[1], &x[2], 1e-5);
+                    vec![y, m, v]
+                },
+            );
+            b.add(
+                "batch_norm_eval",
+                dt,
+                vec![
+                    inp(&shape, dt, u(-2.0, 3.0), view),
+                    inp(&[c], dt, u(-1.0, 1.0), View::Contiguous),
+                    inp(&[c], dt, u(0.5, 2.0), View::Contiguous),
+                    inp(&[c], dt, u(0.5, 1.5), View::Contiguous),
+                    inp(&[c], dt, u(-1.0, 1.0), View::Contiguous),
+                ],
+                vec![tol],
+                true,
+                |x| {
+                    Ok(vec![x[0].batch_norm_eval(
+                        &x[1],
+                        &x[2],
+                        Some(&x[3]),
+                        Some(&x[4]),
+                        1e-5,
+                    )?])
+                },
+                |x| {
+                    let c = x[1].data.len();
+                    let s = x[0].data.len() / x[0].shape[0] / c;
+                    let data = x[0]
+                        .data
+                        .iter()
+                        .enumerate()
+                        .map(|(i, v)| {
+                            let ch = (i / s) % c;
+                            (v - x[1].data[ch]) / (x[2].data[ch] + 1e-5).sqrt() * x[3].data[ch]
+                                + x[4].data[ch]
+                        })
+                        .collect();
+                    vec![Ref::new(x[0].shape.clone(), data)]
+                },
+            );
+        }
+        for (shape, view, groups) in [
+            (vec![2, 6, 5, 7], View::Narrowed, 3),
+            (vec![1, 4, 33], View::Transposed, 4),
+            (vec![3, 5, 2, 2], View::Contiguous, 1),
+        ] {
+            let c = shape[1];
+            b.add(
+                &format!("group_norm{groups}"),
+                dt,
+                vec![
+                    inp(&shape, dt, u(-2.0, 3.0), view),
+                    inp(&[c], dt, u(0.5, 1.5), View::Contiguous),
+                    inp(&[c], dt, u(-1.0, 1.0), View::Contiguous),
+                ],
+                vec![tol],
+                true,
+                move |x| Ok(vec![x[0].group_norm(groups, &x[1], &x[2], 1e-5)?]),
+                move |x| vec![r::group_norm(&x[0], groups, &x[1], &x[2], 1e-5)],
+            );
+        }
+        for (shape, view, o) in [
+            ([1, 3, 7, 10], View::Narrowed, [3, 4]),
+            ([2, 2, 5, 5], View::Transposed, [1, 1]),
+            ([1, 2, 3, 2], View::Contiguous, [5, 3]),
+        ] {
+            b.add(
+                "adaptive_max_pool2d",
+                dt,
+                vec![inp(&shape, dt, u(-2.0, 2.0), view)],
+                vec![exact, exact],
+                true,
+                move |x| {
+                    let (v, i) = x[0].adaptive_max_pool2d_with_indices(o)?;
+                    Ok(vec![v, i])
+                },
+                move |x| {
+                    let (v, i) = r::adaptive_max_pool2d(&x[0], o[0], o[1]);
+                    vec![v, i]
+                },
+            );
+        }
+        b.add(
+            "dropout",
+            dt,
+            vec![inp(&[3, 33, 31], dt, u(-2.0, 2.0), View::Narrowed)],
+            vec![tol],
+            true,
+            |x| Ok(vec![x[0].dropout(0.3, 7)?]),
+            |x| vec![r::dropout(&x[0], 0.3, 7, &[3, 33, 31])],
+        );
+        b.add(
+            "dropout2d",
+            dt,
+            vec![inp(&[4, 9, 5, 3], dt, u(-2.0, 2.0), View::Transposed)],
+            vec![tol],
+            true,
+            |x| Ok(vec![x[0].dropout2d(0.5, 11)?]),
+            |x| vec![r::dropout(&x[0], 0.5, 11, &[4, 9, 1, 1])],
+        );
+    }
+}
+
 /// Every op case. Names are unique.
 pub fn cases() -> Vec<OpCase> {
     let mut b = B { out: Vec::new() };
@@ -1347,5 +1494,6 @@ pub fn cases() -> Vec<OpCase> {
     fused_cases(&mut b);
     conv_cases(&mut b);
     pool_cases(&mut b);
+    channel_cases(&mut b);
     b.out
 }

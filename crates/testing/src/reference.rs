@@ -616,3 +616,102 @@ pub fn adaptive_avg_pool2d(x: &Ref, oh: usize, ow: usize) -> Ref {
     }
     Ref::new(vec![n, c, oh, ow], out)
 }
+
+/// Batch norm with batch statistics over x [n, c, ...] -> (y, mean, biased var).
+pub fn batch_norm(x: &Ref, w: &Ref, b: &Ref, eps: f64) -> (Ref, Ref, Ref) {
+    let (n, c) = (x.shape[0], x.shape[1]);
+    let s: usize = x.shape[2..].iter().product();
+    let at = |ni: usize, ch: usize, j: usize| (ni * c + ch) * s + j;
+    let mut y = vec![0.0; x.data.len()];
+    let (mut means, mut vars) = (Vec::new(), Vec::new());
+    for ch in 0..c {
+        let vals: Vec<f64> = (0..n)
+            .flat_map(|ni| (0..s).map(move |j| (ni, j)))
+            .map(|(ni, j)| x.data[at(ni, ch, j)])
+            .collect();
+        let (m, v) = (mean(&vals), var(&vals, false));
+        for ni in 0..n {
+            for j in 0..s {
+                let k = at(ni, ch, j);
+                y[k] = (x.data[k] - m) / (v + eps).sqrt() * w.data[ch] + b.data[ch];
+            }
+        }
+        means.push(m);
+        vars.push(v);
+    }
+    (
+        Ref::new(x.shape.clone(), y),
+        Ref::new(vec![c], means),
+        Ref::new(vec![c], vars),
+    )
+}
+
+/// Group norm over x [n, c, ...] with per-channel affine parameters.
+pub fn group_norm(x: &Ref, groups: usize, w: &Ref, b: &Ref, eps: f64) -> Ref {
+    let (n, c) = (x.shape[0], x.shape[1]);
+    let s: usize = x.shape[2..].iter().product();
+    let cg = c / groups;
+    let mut y = vec![0.0; x.data.len()];
+    for ni in 0..n {
+        for gi in 0..groups {
+            let base = (ni * c + gi * cg) * s;
+            let vals = &x.data[base..base + cg * s];
+            let (m, v) = (mean(vals), var(vals, false));
+            for (j, val) in vals.iter().enumerate() {
+                let ch = gi * cg + j / s;
+                y[base + j] = (val - m) / (v + eps).sqrt() * w.data[ch] + b.data[ch];
+            }
+        }
+    }
+    Ref::new(x.shape.clone(), y)
+}
+
+/// adaptive_max_pool2d -> (values, indices as f64), first maximum wins.
+pub fn adaptive_max_pool2d(x: &Ref, oh: usize, ow: usize) -> (Ref, Ref) {
+    let [n, c, h, w] = [x.shape[0], x.shape[1], x.shape[2], x.shape[3]];
+    let (mut vals, mut idx) = (Vec::new(), Vec::new());
+    for pl in 0..n * c {
+        for i in 0..oh {
+            for j in 0..ow {
+                let mut best: Option<(f64, usize)> = None;
+                for y in i * h / oh..((i + 1) * h).div_ceil(oh) {
+                    for z in j * w / ow..((j + 1) * w).div_ceil(ow) {
+                        let v = x.data[pl * h * w + y * w + z];
+                        if best.is_none_or(|(bv, _)| v > bv) {
+                            best = Some((v, y * w + z));
+                        }
+                    }
+                }
+                let (v, at) = best.unwrap_or((f64::NEG_INFINITY, 0));
+                vals.push(v);
+                idx.push(at as f64);
+            }
+        }
+    }
+    (
+        Ref::new(vec![n, c, oh, ow], vals),
+        Ref::new(vec![n, c, oh, ow], idx),
+    )
+}
+
+/// Inverted dropout with the mask `uniform(seed, i) >= p` of element i of `mask_shape`
+/// (broadcast over x), from the RNG's definition in `ferrite_core::rng`.
+pub fn dropout(x: &Ref, p: f64, seed: u64, mask_shape: &[usize]) -> Ref {
+    let data = (0..x.data.len())
+        .map(|i| {
+            let c = unravel(i, &x.shape);
+            let mc: Vec<usize> = c
+                .iter()
+                .zip(mask_shape)
+                .map(|(&ci, &m)| if m == 1 { 0 } else { ci })
+                .collect();
+            let u = ferrite_core::rng::uniform(seed, ravel(&mc, mask_shape) as u64, 0.0, 1.0);
+            if u as f64 >= p as f32 as f64 {
+                x.data[i] / (1.0 - p)
+            } else {
+                0.0
+            }
+        })
+        .collect();
+    Ref::new(x.shape.clone(), data)
+}

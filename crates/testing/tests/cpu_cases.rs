@@ -111,6 +111,12 @@ fn case_list_covers_every_op_kind() {
         "avg_pool2d/",
         "avg_pool1d/",
         "adaptive_avg_pool2d/",
+        "adaptive_max_pool2d/",
+        "batch_norm/",
+        "batch_norm_eval/",
+        "group_norm3/",
+        "dropout/",
+        "dropout2d/",
     ] {
         assert!(names.iter().any(|n| n.starts_with(op)), "no case for {op}");
     }
