@@ -38,6 +38,10 @@ fn gpu_tests() -> Vec<(&'static str, TestFn)> {
         ("autodiff_memory_returns_to_baseline", autodiff_memory),
         ("mlp_and_attention_block_match_pytorch", torch_reference),
         ("sgd_trains_an_mlp_to_a_100x_lower_loss", sgd_trains),
+        (
+            "conv_layers_of_resnet_size_match_cpu_forward_and_backward",
+            conv_resnet_sizes,
+        ),
     ]
 }
 
@@ -393,6 +397,66 @@ fn gradients_match_cpu(d: &CudaDevice) {
         failures.join("\n")
     );
     assert!(checked > 200, "only {checked} gradient cases ran");
+}
+
+/// Convolutions at ResNet sizes (3x3 stride 2, 1x1, 7x7 stem; grouped), forward and both
+/// gradients, f32 and bf16, against the CPU: the im2col + cuBLASLt path beyond the small
+/// harness shapes, where the GEMMs take tensor-core tiles.
+fn conv_resnet_sizes(d: &CudaDevice) {
+    use ferrite_autodiff::{backward_with, Var};
+    use ferrite_core::{ConvArgs, Padding};
+    let dev = d.device();
+    let cpu = ferrite_cpu::cpu();
+    // (x, w, stride, padding, groups)
+    type Conv = ([usize; 4], [usize; 4], usize, usize, usize);
+    let shapes: [Conv; 4] = [
+        ([4, 64, 28, 28], [128, 64, 3, 3], 2, 1, 1),
+        ([4, 256, 14, 14], [64, 256, 1, 1], 1, 0, 1),
+        ([2, 3, 64, 64], [64, 3, 7, 7], 2, 3, 1),
+        ([2, 128, 14, 14], [128, 4, 3, 3], 1, 1, 32),
+    ];
+    for dt in [DType::F32, DType::BF16] {
+        for (xs, ws, stride, pad, groups) in shapes {
+            let args = ConvArgs {
+                stride: [stride; 2],
+                padding: Padding::Zeros([pad; 2]),
+                dilation: [1, 1],
+                groups,
+            };
+            let run = |device: &ferrite_core::Device| -> Vec<Vec<f64>> {
+                let x = Tensor::rand_normal(xs, 0.0, 1.0, 1, DType::F32, device)
+                    .and_then(|t| t.cast(dt))
+                    .unwrap();
+                let w = Tensor::rand_normal(ws, 0.0, 0.1, 2, DType::F32, device)
+                    .and_then(|t| t.cast(dt))
+                    .unwrap();
+                let (xv, wv) = (Var::new(&x).unwrap(), Var::new(&w).unwrap());
+                let y = xv.tensor().conv2d(wv.tensor(), None, &args).unwrap();
+                let g = Tensor::rand_normal(y.dims(), 0.0, 1.0, 3, DType::F32, device)
+                    .and_then(|t| t.cast(dt))
+                    .unwrap();
+                backward_with(&y, &g).unwrap();
+                [y, xv.grad().unwrap(), wv.grad().unwrap()]
+                    .iter()
+                    .map(|t| t.to_vec_f64().unwrap())
+                    .collect()
+            };
+            let (got, want) = (run(&dev), run(&cpu));
+            let tol = if dt == DType::BF16 { 3e-2 } else { 2e-3 };
+            for (k, name) in ["y", "dx", "dw"].iter().enumerate() {
+                let scale = want[k].iter().fold(0f64, |a, v| a.max(v.abs())).max(1e-6);
+                let worst = got[k]
+                    .iter()
+                    .zip(&want[k])
+                    .fold(0f64, |a, (g, w)| a.max((g - w).abs()));
+                assert!(
+                    worst <= tol * scale,
+                    "{dt} x {xs:?} w {ws:?}: {name} differs by {worst} (scale {scale})"
+                );
+            }
+        }
+    }
+    println!("  conv2d at ResNet sizes matches the CPU (f32, bf16)");
 }
 
 fn autodiff_memory(d: &CudaDevice) {
