@@ -10,6 +10,7 @@ mod conv;
 mod create;
 mod elementwise;
 mod index;
+mod machine;
 mod matmul;
 mod norm;
 mod pool;
@@ -23,6 +24,7 @@ use ferrite_core::{
 };
 use std::sync::{Arc, OnceLock};
 
+pub use machine::{gemm_isa, machine_summary};
 pub use storage::{bytes_in_use, CpuStorage};
 
 /// The CPU device (one per process).
