@@ -43,6 +43,7 @@ fn gpu_tests() -> Vec<(&'static str, TestFn)> {
             "conv_layers_of_resnet_size_match_cpu_forward_and_backward",
             conv_resnet_sizes,
         ),
+        ("conv_pool_norm_layers_match_pytorch", torch_layers),
     ]
 }
 
@@ -518,6 +519,14 @@ fn conv_resnet_sizes(d: &CudaDevice) {
         }
     }
     println!("  conv2d at ResNet sizes matches the CPU (f32, bf16)");
+}
+
+/// The nn layers over the convolution, pooling and channel-norm ops against PyTorch's
+/// fixtures (outputs, input and parameter gradients, running statistics, eval outputs).
+fn torch_layers(d: &CudaDevice) {
+    let (checked, failures) = ferrite_testing::torch_layers::check_all(&d.device());
+    println!("  {checked} layer cases match PyTorch");
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
 fn autodiff_memory(d: &CudaDevice) {

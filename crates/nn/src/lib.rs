@@ -15,6 +15,13 @@ mod module;
 mod parameter;
 
 pub use container::{ModuleDict, ModuleList, Sequential};
+pub use layers::conv::{Conv1d, Conv2d, ConvTranspose2d};
 pub use layers::linear::{linear, Linear};
+pub use layers::norm2d::{
+    BatchNorm, BatchNorm1d, BatchNorm2d, Dropout2d, GroupNorm, InstanceNorm2d,
+};
+pub use layers::pool::{
+    AdaptiveAvgPool2d, AdaptiveMaxPool2d, AvgPool1d, AvgPool2d, MaxPool1d, MaxPool2d,
+};
 pub use module::{forward_child, in_child, Members, MembersMut, Module, ModuleExt};
 pub use parameter::{Buffer, Parameter};

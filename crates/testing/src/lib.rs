@@ -12,6 +12,7 @@ mod cases;
 mod gradcheck;
 pub mod reference;
 pub mod runner;
+pub mod torch_layers;
 pub mod torch_reference;
 
 pub use cases::cases;

@@ -1,3 +1,6 @@
 //! Layers, one file per family.
 
+pub mod conv;
 pub mod linear;
+pub mod norm2d;
+pub mod pool;
