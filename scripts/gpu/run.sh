@@ -22,6 +22,8 @@ if [ "$mode" = bench ] || [ "$mode" = all ]; then
   python3 scripts/gpu/torch_ops.py 2>&1 | tee "$out/torch.log"
   .device/bin/mlp-bench 2>&1 | tee -a "$out/bench.log"
   python3 scripts/gpu/torch_mlp.py 2>&1 | tee -a "$out/torch.log"
+  .device/bin/conv-bench 2>&1 | tee -a "$out/bench.log"
+  python3 scripts/gpu/torch_conv.py 2>&1 | tee -a "$out/torch.log"
 fi
 echo "== summary"
 grep -h "cuda tests:\|gpu tests:\|^failed:" "$out/tests.log" "$out/llm-tests.log" 2>/dev/null

@@ -8,6 +8,7 @@
 //! `ferrite-autodiff` against float64 finite differences, on the same cases' `run` closures;
 //! `grad_single_input_all`: each float input trainable alone against all of them trainable).
 
+pub mod bench_shapes;
 mod cases;
 mod gradcheck;
 pub mod reference;

@@ -1,0 +1,66 @@
+//! conv2d forward and backward (input and weight gradients) over ResNet-50's 23 distinct
+//! convolution shapes at batch 64, bf16, on CUDA (im2col/col2im kernels + cuBLASLt). Timed
+//! with CUDA events around 10 repetitions after a warm-up, median of 5 (ms per call).
+//! `scripts/gpu/torch_conv.py` prints the same table for PyTorch (cuDNN, benchmark mode).
+//!
+//! Run: `cargo bench -p ferrite-cuda --bench conv_resnet50` (optional argument: batch size).
+
+use ferrite_core::{Conv2dParams, DType, Result, Tensor};
+use ferrite_cuda::CudaDevice;
+use ferrite_testing::bench_shapes::RESNET50_CONVS;
+
+fn main() -> Result<()> {
+    if !ferrite_cuda::is_available() {
+        println!("conv_resnet50: skipped: no CUDA device");
+        return Ok(());
+    }
+    let batch: usize = std::env::args()
+        .skip(1)
+        .find_map(|a| a.parse().ok())
+        .unwrap_or(64);
+    let d = CudaDevice::new(0)?;
+    let dev = d.device();
+    let time = |f: &dyn Fn() -> Result<()>| -> Result<f64> {
+        f()?;
+        let mut s = Vec::new();
+        for _ in 0..5 {
+            let ms = d.time_ms(|| {
+                for _ in 0..10 {
+                    f()?;
+                }
+                Ok(())
+            })?;
+            s.push(ms as f64 / 10.0);
+        }
+        s.sort_by(f64::total_cmp);
+        Ok(s[2])
+    };
+    println!("ferrite conv2d bf16, batch {batch}, median of 5 (ms)");
+    println!("| layer | fwd | bwd (input + weight) | fwd + bwd |");
+    println!("|---|---|---|---|");
+    let (mut tf, mut tb) = (0.0, 0.0);
+    for (i, s) in RESNET50_CONVS.iter().enumerate() {
+        let p = Conv2dParams {
+            stride: [s.stride; 2],
+            padding: [s.pad; 2],
+            dilation: [1, 1],
+            groups: 1,
+        };
+        let seed = 3 * i as u64;
+        let bf = DType::BF16;
+        let x = Tensor::rand_normal([batch, s.cin, s.hw, s.hw], 0.0, 1.0, seed, bf, &dev)?;
+        let w = Tensor::rand_normal([s.cout, s.cin, s.k, s.k], 0.0, 0.05, seed + 1, bf, &dev)?;
+        let y = x.conv2d_raw(&w, &p)?;
+        let g = Tensor::rand_normal(y.dims(), 0.0, 1.0, seed + 2, bf, &dev)?;
+        let f = time(&|| x.conv2d_raw(&w, &p).map(drop))?;
+        let b = time(&|| {
+            Tensor::conv2d_backward_input(&g, &w, &p, x.dims())?;
+            Tensor::conv2d_backward_weight(&x, &g, &p, w.dims()).map(drop)
+        })?;
+        tf += f;
+        tb += b;
+        println!("| {} | {f:.3} | {b:.3} | {:.3} |", s.name, f + b);
+    }
+    println!("| total | {tf:.2} | {tb:.2} | {:.2} |", tf + tb);
+    Ok(())
+}
