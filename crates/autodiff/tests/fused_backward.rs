@@ -102,6 +102,93 @@ fn attention_backward_grouped_causal() {
 }
 
 #[test]
+fn channel_norms_backward() {
+    for (dt, tol) in [(DType::F64, 1e-12), (DType::F32, 5e-5)] {
+        for shape in [[4usize, 6, 5, 7], [2, 6, 33, 1], [1, 6, 1, 1]] {
+            let x = rand(&shape, 11, dt).mul_scalar(2.0).unwrap();
+            let (w, b) = (rand(&[6], 12, dt), rand(&[6], 13, dt));
+            let g = rand(&shape, 14, dt);
+            let ins = [x, w, b];
+            if shape[0] * shape[2] * shape[3] > 1 {
+                let fused = grads(&ins, &g, |t| {
+                    Ok(t[0].batch_norm_train(&t[1], &t[2], 1e-5)?.0)
+                });
+                let slow = grads(&ins, &g, |t| {
+                    composed::batch_norm(&t[0], &t[1], &t[2], 1e-5)
+                });
+                assert_close(&fused, &slow, tol);
+            }
+            for groups in [1, 3, 6] {
+                let fused = grads(&ins, &g, |t| t[0].group_norm(groups, &t[1], &t[2], 1e-5));
+                let slow = grads(&ins, &g, |t| {
+                    composed::group_norm(&t[0], groups, &t[1], &t[2], 1e-5)
+                });
+                assert_close(&fused, &slow, tol);
+            }
+        }
+    }
+}
+
+/// Convolution gradients (conv_transpose2d for the input, the weight-gradient op) against
+/// autodiff through im2col written with primitives: pad by cat, gather taps by narrow,
+/// contract by matmul.
+#[test]
+fn conv2d_backward_matches_a_composition() {
+    use ferrite_core::{ConvArgs, Padding};
+    for (dt, tol) in [(DType::F64, 1e-12), (DType::F32, 5e-5)] {
+        let (n, c, h, wd, o, k, s, p) = (
+            2usize, 4usize, 9usize, 8usize, 6usize, 3usize, 2usize, 1usize,
+        );
+        let x = rand(&[n, c, h, wd], 15, dt);
+        let w = rand(&[o, c, k, k], 16, dt);
+        let args = ConvArgs {
+            stride: [s, s],
+            padding: Padding::Zeros([p, p]),
+            ..ConvArgs::default()
+        };
+        let oh = (h + 2 * p - k) / s + 1;
+        let ow = (wd + 2 * p - k) / s + 1;
+        let g = rand(&[n, o, oh, ow], 17, dt);
+        let ins = [x, w];
+        let fused = grads(&ins, &g, |t| t[0].conv2d(&t[1], None, &args));
+        let slow = grads(&ins, &g, |t| {
+            let (x, w) = (&t[0], &t[1]);
+            let zr = Tensor::zeros([n, c, p, wd], dt, x.device())?;
+            let xp = Tensor::cat(&[&zr, x, &zr], 2)?;
+            let zc = Tensor::zeros([n, c, h + 2 * p, p], dt, x.device())?;
+            let xp = Tensor::cat(&[&zc, &xp, &zc], 3)?;
+            let mut y: Option<Tensor> = None;
+            for i in 0..k {
+                for j in 0..k {
+                    // Taps (i, j) of every output: rows i, i + s, ... and likewise columns.
+                    let mut rows = Vec::new();
+                    for r in 0..oh {
+                        let mut cols = Vec::new();
+                        for q in 0..ow {
+                            cols.push(xp.narrow(2, r * s + i, 1)?.narrow(3, q * s + j, 1)?);
+                        }
+                        let refs: Vec<&Tensor> = cols.iter().collect();
+                        rows.push(Tensor::cat(&refs, 3)?);
+                    }
+                    let refs: Vec<&Tensor> = rows.iter().collect();
+                    let taps = Tensor::cat(&refs, 2)?; // [n, c, oh, ow]
+                    let wij = w.narrow(2, i, 1)?.narrow(3, j, 1)?.reshape([o, c])?;
+                    let term = wij
+                        .matmul(&taps.reshape([n, c, oh * ow])?)?
+                        .reshape([n, o, oh, ow])?;
+                    y = Some(match y {
+                        Some(acc) => acc.add(&term)?,
+                        None => term,
+                    });
+                }
+            }
+            y.ok_or_else(|| ferrite_core::Error::backend("test", "no taps"))
+        });
+        assert_close(&fused, &slow, tol);
+    }
+}
+
+#[test]
 fn backward_kernels_validate_their_inputs() {
     let x = rand(&[3, 4], 1, DType::F32);
     let e = Tensor::rms_norm_backward(&x, &rand(&[5], 2, DType::F32), &x, 1e-6)

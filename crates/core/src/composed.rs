@@ -23,6 +23,41 @@ pub fn layer_norm(x: &Tensor, weight: &Tensor, bias: &Tensor, eps: f64) -> Resul
         .add(bias)
 }
 
+/// `t [c]` as `[1, c, 1, ...]` broadcast to `x`'s shape.
+fn per_channel(t: &Tensor, x: &Tensor) -> Result<Tensor> {
+    let mut d = vec![1; x.rank()];
+    d[1] = x.dims()[1];
+    t.reshape(d)?.broadcast_to(x.shape().clone())
+}
+
+/// Batch norm of `x [n, c, ...]` with the batch's statistics (biased variance).
+pub fn batch_norm(x: &Tensor, weight: &Tensor, bias: &Tensor, eps: f64) -> Result<Tensor> {
+    let axes: Vec<isize> = (0..x.rank() as isize).filter(|&a| a != 1).collect();
+    let c = x.sub(&x.mean(&axes, true)?)?;
+    let var = c.square()?.mean(&axes, true)?;
+    c.mul(&var.add_scalar(eps)?.rsqrt()?)?
+        .mul(&per_channel(weight, x)?)?
+        .add(&per_channel(bias, x)?)
+}
+
+/// Group norm of `x [n, c, ...]` over `groups` groups of channels per sample.
+pub fn group_norm(
+    x: &Tensor,
+    groups: usize,
+    weight: &Tensor,
+    bias: &Tensor,
+    eps: f64,
+) -> Result<Tensor> {
+    let n = x.dims()[0];
+    let g = x.reshape([n, groups, x.elem_count() / n.max(1) / groups])?;
+    let c = g.sub(&g.mean(&[-1], true)?)?;
+    let var = c.square()?.mean(&[-1], true)?;
+    c.mul(&var.add_scalar(eps)?.rsqrt()?)?
+        .reshape(x.shape())?
+        .mul(&per_channel(weight, x)?)?
+        .add(&per_channel(bias, x)?)
+}
+
 /// RMS norm over the last axis.
 pub fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64) -> Result<Tensor> {
     x.mul(&x.square()?.mean(&[-1], true)?.add_scalar(eps)?.rsqrt()?)?
