@@ -135,56 +135,62 @@ fn channel_norms_backward() {
 #[test]
 fn conv2d_backward_matches_a_composition() {
     use ferrite_core::{ConvArgs, Padding};
-    for (dt, tol) in [(DType::F64, 1e-12), (DType::F32, 5e-5)] {
-        let (n, c, h, wd, o, k, s, p) = (
+    // A small plane (whole-batch GEMMs on the CPU) and one of >= 256 pixels (per item).
+    let configs = [
+        (
             2usize, 4usize, 9usize, 8usize, 6usize, 3usize, 2usize, 1usize,
-        );
-        let x = rand(&[n, c, h, wd], 15, dt);
-        let w = rand(&[o, c, k, k], 16, dt);
-        let args = ConvArgs {
-            stride: [s, s],
-            padding: Padding::Zeros([p, p]),
-            ..ConvArgs::default()
-        };
-        let oh = (h + 2 * p - k) / s + 1;
-        let ow = (wd + 2 * p - k) / s + 1;
-        let g = rand(&[n, o, oh, ow], 17, dt);
-        let ins = [x, w];
-        let fused = grads(&ins, &g, |t| t[0].conv2d(&t[1], None, &args));
-        let slow = grads(&ins, &g, |t| {
-            let (x, w) = (&t[0], &t[1]);
-            let zr = Tensor::zeros([n, c, p, wd], dt, x.device())?;
-            let xp = Tensor::cat(&[&zr, x, &zr], 2)?;
-            let zc = Tensor::zeros([n, c, h + 2 * p, p], dt, x.device())?;
-            let xp = Tensor::cat(&[&zc, &xp, &zc], 3)?;
-            let mut y: Option<Tensor> = None;
-            for i in 0..k {
-                for j in 0..k {
-                    // Taps (i, j) of every output: rows i, i + s, ... and likewise columns.
-                    let mut rows = Vec::new();
-                    for r in 0..oh {
-                        let mut cols = Vec::new();
-                        for q in 0..ow {
-                            cols.push(xp.narrow(2, r * s + i, 1)?.narrow(3, q * s + j, 1)?);
+        ),
+        (2, 2, 17, 16, 3, 3, 1, 1),
+    ];
+    for (dt, tol) in [(DType::F64, 1e-12), (DType::F32, 5e-5)] {
+        for (n, c, h, wd, o, k, s, p) in configs {
+            let x = rand(&[n, c, h, wd], 15, dt);
+            let w = rand(&[o, c, k, k], 16, dt);
+            let args = ConvArgs {
+                stride: [s, s],
+                padding: Padding::Zeros([p, p]),
+                ..ConvArgs::default()
+            };
+            let oh = (h + 2 * p - k) / s + 1;
+            let ow = (wd + 2 * p - k) / s + 1;
+            let g = rand(&[n, o, oh, ow], 17, dt);
+            let ins = [x, w];
+            let fused = grads(&ins, &g, |t| t[0].conv2d(&t[1], None, &args));
+            let slow = grads(&ins, &g, |t| {
+                let (x, w) = (&t[0], &t[1]);
+                let zr = Tensor::zeros([n, c, p, wd], dt, x.device())?;
+                let xp = Tensor::cat(&[&zr, x, &zr], 2)?;
+                let zc = Tensor::zeros([n, c, h + 2 * p, p], dt, x.device())?;
+                let xp = Tensor::cat(&[&zc, &xp, &zc], 3)?;
+                let mut y: Option<Tensor> = None;
+                for i in 0..k {
+                    for j in 0..k {
+                        // Taps (i, j) of every output: rows i, i + s, ... and likewise columns.
+                        let mut rows = Vec::new();
+                        for r in 0..oh {
+                            let mut cols = Vec::new();
+                            for q in 0..ow {
+                                cols.push(xp.narrow(2, r * s + i, 1)?.narrow(3, q * s + j, 1)?);
+                            }
+                            let refs: Vec<&Tensor> = cols.iter().collect();
+                            rows.push(Tensor::cat(&refs, 3)?);
                         }
-                        let refs: Vec<&Tensor> = cols.iter().collect();
-                        rows.push(Tensor::cat(&refs, 3)?);
+                        let refs: Vec<&Tensor> = rows.iter().collect();
+                        let taps = Tensor::cat(&refs, 2)?; // [n, c, oh, ow]
+                        let wij = w.narrow(2, i, 1)?.narrow(3, j, 1)?.reshape([o, c])?;
+                        let term = wij
+                            .matmul(&taps.reshape([n, c, oh * ow])?)?
+                            .reshape([n, o, oh, ow])?;
+                        y = Some(match y {
+                            Some(acc) => acc.add(&term)?,
+                            None => term,
+                        });
                     }
-                    let refs: Vec<&Tensor> = rows.iter().collect();
-                    let taps = Tensor::cat(&refs, 2)?; // [n, c, oh, ow]
-                    let wij = w.narrow(2, i, 1)?.narrow(3, j, 1)?.reshape([o, c])?;
-                    let term = wij
-                        .matmul(&taps.reshape([n, c, oh * ow])?)?
-                        .reshape([n, o, oh, ow])?;
-                    y = Some(match y {
-                        Some(acc) => acc.add(&term)?,
-                        None => term,
-                    });
                 }
-            }
-            y.ok_or_else(|| ferrite_core::Error::backend("test", "no taps"))
-        });
-        assert_close(&fused, &slow, tol);
+                y.ok_or_else(|| ferrite_core::Error::backend("test", "no taps"))
+            });
+            assert_close(&fused, &slow, tol);
+        }
     }
 }
 

@@ -6,7 +6,8 @@
 //!
 //! A 1x1 kernel with stride 1 and no padding reads x as its own columns. Batch items run in
 //! parallel with single-threaded gemm calls when there are at least as many as threads; else
-//! each gemm call uses every thread.
+//! each gemm call uses every thread. For small planes (< 256 output pixels) both gradients
+//! run one threaded GEMM over the whole batch, columns of all items side by side.
 
 use crate::storage::float_kernel;
 use ferrite_core::{Conv2dParams, Error, HostBuffer, Result, Shape, Tensor};
@@ -78,15 +79,16 @@ fn src(g: &Geo, a: usize, o: usize, t: usize, len: usize) -> Option<usize> {
     (i < len).then_some(i)
 }
 
-/// cols [K, oh ow] of the planes x[n, g] (`xg`: c/g planes of h w).
-fn im2col<F: Float>(g: &Geo, xg: &[F], cols: &mut [F]) {
+/// cols [K, oh ow] of the planes x[n, g] (`xg`: c/g planes of h w); row r of cols starts
+/// at `r * ld` (ld ≥ oh ow: several items' columns side by side).
+fn im2col<F: Float>(g: &Geo, xg: &[F], cols: &mut [F], ld: usize) {
     let (pix, hw) = (g.pix(), g.h * g.w);
     for c in 0..g.cg() {
         let plane = &xg[c * hw..(c + 1) * hw];
         for ki in 0..g.kh {
             for kj in 0..g.kw {
                 let r = (c * g.kh + ki) * g.kw + kj;
-                let row = &mut cols[r * pix..(r + 1) * pix];
+                let row = &mut cols[r * ld..r * ld + pix];
                 for oi in 0..g.oh {
                     let dst = &mut row[oi * g.ow..(oi + 1) * g.ow];
                     let Some(ih) = src(g, 0, oi, ki, g.h) else {
@@ -110,15 +112,16 @@ fn im2col<F: Float>(g: &Geo, xg: &[F], cols: &mut [F]) {
     }
 }
 
-/// Adds cols [K, oh ow] into the planes dx[n, g] (the adjoint of `im2col`).
-fn col2im<F: Float>(g: &Geo, cols: &[F], dxg: &mut [F]) {
+/// Adds cols [K, oh ow] (row r at `r * ld`) into the planes dx[n, g] (the adjoint of
+/// `im2col`).
+fn col2im<F: Float>(g: &Geo, cols: &[F], dxg: &mut [F], ld: usize) {
     let (pix, hw) = (g.pix(), g.h * g.w);
     for c in 0..g.cg() {
         let plane = &mut dxg[c * hw..(c + 1) * hw];
         for ki in 0..g.kh {
             for kj in 0..g.kw {
                 let r = (c * g.kh + ki) * g.kw + kj;
-                let row = &cols[r * pix..(r + 1) * pix];
+                let row = &cols[r * ld..r * ld + pix];
                 for oi in 0..g.oh {
                     let Some(ih) = src(g, 0, oi, ki, g.h) else {
                         continue;
@@ -189,6 +192,45 @@ fn mm<F: Float + 'static>(
     }
 }
 
+/// Below this many output pixels per plane, the backward passes run one GEMM over the whole
+/// batch (columns of every item side by side) instead of one per item: per-item GEMMs of
+/// such planes re-pack a large weight (input gradient) or re-read a large accumulator (weight
+/// gradient) for a reduction only oh ow deep.
+const WHOLE_BATCH_PIX: usize = 256;
+
+/// `t` [n, o, pix] as [o, n pix] (item ni at columns ni pix..).
+fn channels_first<F: Float + ferrite_core::WithDType + Send + Sync>(
+    t: &[F],
+    n: usize,
+    o: usize,
+    pix: usize,
+) -> Vec<F> {
+    let mut out = crate::alloc::full(o * n * pix, F::zero());
+    if pix == 0 {
+        return out;
+    }
+    out.par_chunks_mut(n * pix)
+        .enumerate()
+        .for_each(|(oc, row)| {
+            for (ni, dst) in row.chunks_mut(pix).enumerate() {
+                dst.copy_from_slice(&t[(ni * o + oc) * pix..(ni * o + oc + 1) * pix]);
+            }
+        });
+    out
+}
+
+/// Column matrices of group `gi` of every item side by side: [K, n pix].
+fn im2col_batch<F: Float + ferrite_core::WithDType>(g: &Geo, x: &[F], gi: usize) -> Vec<F> {
+    let (pix, k, cg, hw) = (g.pix(), g.k(), g.cg(), g.h * g.w);
+    let ld = g.n * pix;
+    let mut cols = crate::alloc::full(k * ld, F::zero());
+    for ni in 0..g.n {
+        let xg = &x[(ni * g.c + gi * cg) * hw..(ni * g.c + (gi + 1) * cg) * hw];
+        im2col(g, xg, &mut cols[ni * pix..], ld);
+    }
+    cols
+}
+
 fn conv2d_typed<F: Float + ferrite_core::WithDType + Send + Sync + 'static>(
     g: &Geo,
     x: &[F],
@@ -203,7 +245,7 @@ fn conv2d_typed<F: Float + ferrite_core::WithDType + Send + Sync + 'static>(
                 xg
             } else {
                 cols.resize(k * pix, F::zero());
-                im2col(g, xg, cols);
+                im2col(g, xg, cols, pix);
                 cols
             };
             let a = Mat {
@@ -273,12 +315,35 @@ fn conv_transpose2d_typed<F: Float + ferrite_core::WithDType + Send + Sync + 'st
             } else {
                 cols.resize(k * pix, F::zero());
                 mm((k, pix, og), cols, false, a, b, par);
-                col2im(g, cols, dxg);
+                col2im(g, cols, dxg, pix);
             }
         }
     };
     let plane = g.c * hw;
     if plane == 0 {
+        return dx;
+    }
+    if pix < WHOLE_BATCH_PIX && pix > 0 {
+        let ld = g.n * pix;
+        let gyb = channels_first(gy, g.n, g.o, pix);
+        let mut cols = crate::alloc::full(k * ld, F::zero());
+        for gi in 0..g.p.groups {
+            let a = Mat {
+                d: &w[gi * og * k..],
+                rs: 1,
+                cs: k,
+            };
+            let b = Mat {
+                d: &gyb[gi * og * ld..],
+                rs: ld,
+                cs: 1,
+            };
+            mm((k, ld, og), &mut cols, false, a, b, Parallelism::Rayon(0));
+            dx.par_chunks_mut(plane).enumerate().for_each(|(ni, dxn)| {
+                let dxg = &mut dxn[gi * cg * hw..(gi + 1) * cg * hw];
+                col2im(g, &cols[ni * pix..], dxg, ld);
+            });
+        }
         return dx;
     }
     if g.per_item() {
@@ -312,7 +377,7 @@ fn conv2d_backward_weight_typed<F: Float + ferrite_core::WithDType + Send + Sync
                 xg
             } else {
                 cols.resize(k * pix, F::zero());
-                im2col(g, xg, cols);
+                im2col(g, xg, cols, pix);
                 cols
             };
             let a = Mat {
@@ -338,6 +403,28 @@ fn conv2d_backward_weight_typed<F: Float + ferrite_core::WithDType + Send + Sync
     };
     if len == 0 || g.n == 0 {
         return crate::alloc::full(len, F::zero());
+    }
+    if pix < WHOLE_BATCH_PIX && pix > 0 {
+        let ld = g.n * pix;
+        let gyb = channels_first(gy, g.n, g.o, pix);
+        let mut dw = crate::alloc::full(len, F::zero());
+        for gi in 0..g.p.groups {
+            let cols = im2col_batch(g, x, gi);
+            let a = Mat {
+                d: &gyb[gi * og * ld..],
+                rs: ld,
+                cs: 1,
+            };
+            // colsᵀ: [n pix, K].
+            let b = Mat {
+                d: &cols,
+                rs: 1,
+                cs: ld,
+            };
+            let dst = &mut dw[gi * og * k..(gi + 1) * og * k];
+            mm((og, k, ld), dst, false, a, b, Parallelism::Rayon(0));
+        }
+        return dw;
     }
     if g.per_item() {
         (0..g.n)

@@ -937,7 +937,9 @@ fn conv_cases(b: &mut B) {
         usize,
         bool,
     );
-    let convs: [Conv2; 6] = [
+    // Planes of >= 256 output pixels take the CPU's per-item backward path, smaller ones its
+    // whole-batch GEMMs.
+    let convs: [Conv2; 8] = [
         (
             "conv2d",
             [2, 3, 7, 9],
@@ -1002,6 +1004,28 @@ fn conv_cases(b: &mut B) {
             [0, 0],
             [1, 1],
             1,
+            false,
+        ),
+        (
+            "conv2d_large_plane",
+            [2, 2, 17, 17],
+            [3, 2, 3, 3],
+            View::Narrowed,
+            [1, 1],
+            [1, 1],
+            [1, 1],
+            1,
+            true,
+        ),
+        (
+            "conv2d_large_plane",
+            [1, 4, 16, 20],
+            [4, 2, 3, 3],
+            View::Contiguous,
+            [1, 1],
+            [1, 1],
+            [1, 1],
+            2,
             false,
         ),
     ];
