@@ -6,8 +6,9 @@
 //!
 //! A 1x1 kernel with stride 1 and no padding reads x as its own columns. Batch items run in
 //! parallel with single-threaded gemm calls when there are at least as many as threads; else
-//! each gemm call uses every thread. For small planes (< 256 output pixels) both gradients
-//! run one threaded GEMM over the whole batch, columns of all items side by side.
+//! each gemm call uses every thread. For small planes (< 256 output pixels) the forward pass
+//! and both gradients run one threaded GEMM over the whole batch, columns of all items side
+//! by side.
 
 use crate::storage::float_kernel;
 use ferrite_core::{Conv2dParams, Error, HostBuffer, Result, Shape, Tensor};
@@ -192,10 +193,10 @@ fn mm<F: Float + 'static>(
     }
 }
 
-/// Below this many output pixels per plane, the backward passes run one GEMM over the whole
-/// batch (columns of every item side by side) instead of one per item: per-item GEMMs of
-/// such planes re-pack a large weight (input gradient) or re-read a large accumulator (weight
-/// gradient) for a reduction only oh ow deep.
+/// Below this many output pixels per plane, each pass runs one GEMM over the whole batch
+/// (columns of every item side by side) instead of one per item: per-item GEMMs of such
+/// planes re-pack a large weight (forward, input gradient) or re-read a large accumulator
+/// (weight gradient) for only oh ow columns or reduction steps.
 const WHOLE_BATCH_PIX: usize = 256;
 
 /// `t` [n, o, pix] as [o, n pix] (item ni at columns ni pix..).
@@ -270,6 +271,32 @@ fn conv2d_typed<F: Float + ferrite_core::WithDType + Send + Sync + 'static>(
     };
     let plane = g.o * pix;
     if plane == 0 {
+        return y;
+    }
+    if pix < WHOLE_BATCH_PIX {
+        // One GEMM per group over the batch, [o/g, n pix], then back to [n, o, pix].
+        let ld = g.n * pix;
+        let mut yb = crate::alloc::full(g.o * ld, F::zero());
+        for gi in 0..g.p.groups {
+            let cols = im2col_batch(g, x, gi);
+            let a = Mat {
+                d: &w[gi * og * k..],
+                rs: k,
+                cs: 1,
+            };
+            let b = Mat {
+                d: &cols,
+                rs: ld,
+                cs: 1,
+            };
+            let dst = &mut yb[gi * og * ld..(gi + 1) * og * ld];
+            mm((og, ld, k), dst, false, a, b, Parallelism::Rayon(0));
+        }
+        y.par_chunks_mut(plane).enumerate().for_each(|(ni, yn)| {
+            for (oc, dst) in yn.chunks_mut(pix).enumerate() {
+                dst.copy_from_slice(&yb[oc * ld + ni * pix..oc * ld + (ni + 1) * pix]);
+            }
+        });
         return y;
     }
     if g.per_item() {
