@@ -9,7 +9,10 @@
 //!   dw [g, o/g, K] = g · colsᵀ, one GEMM per group reducing over the batch too.
 //!
 //! A 1x1 kernel with stride 1 and no padding reads x as its own columns (no im2col), and
-//! its transposed form writes the matmul result as dx. The matmuls go through the `Tensor`
+//! its transposed form writes the matmul result as dx. Planes under 256 output pixels use
+//! the `[g, K, n oh ow]` column layout for the forward pass and the input gradient too: one
+//! GEMM per group over the batch, then a permuting copy (forward) or col2im with those
+//! strides (input gradient). The matmuls go through the `Tensor`
 //! API on this device (graph recording off), intermediates return to the pool when dropped.
 //! cuDNN is not used: see docs/gpu.md ("Convolution").
 
@@ -20,6 +23,11 @@ use ferrite_core::{
     no_grad, Conv2dParams, DType, Error, Layout, Pool2dParams, Result, Shape, Storage, Tensor,
 };
 use std::sync::Arc;
+
+/// Below this many output pixels per plane, conv2d and its input gradient run one GEMM per
+/// group over the whole batch (columns of all items side by side) rather than a batched GEMM
+/// of oh ow columns per item, which fills few tensor-core tiles.
+const WHOLE_BATCH_PIX: usize = 256;
 
 pub(crate) static SOURCE: KernelSource = KernelSource {
     name: "conv",
@@ -204,6 +212,23 @@ pub(crate) fn conv2d(
     let (n, g, k, pix) = (geo.n, geo.g(), geo.k(), geo.pix());
     no_grad(|| {
         let x = x.contiguous()?;
+        if pix < WHOLE_BATCH_PIX {
+            // cols [g, K, n pix]; one GEMM per group, then [g, o/g, n, pix] -> [n, o, pix].
+            let cols = im2col(
+                dev,
+                op,
+                &x,
+                &geo,
+                [pix, k * n * pix, n * pix],
+                vec![g, k, n * pix],
+            )?;
+            let yb = w.reshape([g, geo.o / g, k])?.matmul(&cols)?;
+            let y = yb
+                .reshape([g, geo.o / g, n, pix])?
+                .permute(&[2, 0, 1, 3])?
+                .contiguous()?;
+            return storage_of(y, out.dims());
+        }
         let cols = if geo.direct() {
             x.reshape([n, g, k, pix])?
         } else {
@@ -237,6 +262,17 @@ pub(crate) fn conv_transpose2d(
     let (n, g, k, pix) = (geo.n, geo.g(), geo.k(), geo.pix());
     let og = geo.o / g;
     no_grad(|| {
+        if pix < WHOLE_BATCH_PIX && pix > 0 {
+            // gy as [g, o/g, n pix]; cols [g, K, n pix] = w[g]ᵀ · gy[g], then col2im.
+            let gyb = x
+                .reshape([n, g, og, pix])?
+                .permute(&[1, 2, 0, 3])?
+                .contiguous()?
+                .reshape([g, og, n * pix])?;
+            let wt = w.reshape([g, og, k])?.transpose(-1, -2)?;
+            let cols = wt.matmul(&gyb)?;
+            return col2im(dev, op, sfx, &cols, &geo, [pix, k * n * pix, n * pix], out);
+        }
         let gy = x.reshape([n, g, og, pix])?;
         let wt = w
             .reshape([1, g, og, k])?
@@ -246,27 +282,42 @@ pub(crate) fn conv_transpose2d(
         if geo.direct() {
             return storage_of(cols, out.dims());
         }
-        let total = out.elem_count();
-        let dx = dev.alloc_out(total, x.dtype(), op)?;
-        if total > 0 {
-            let sc = dev.input(&cols, op)?;
-            let args = Args::new()
-                .arg(geo.kernel_geo())
-                .arg(CudaBackend::ptr(&cols, sc))
-                .arg(dx.ptr())
-                .arg((g * k * pix) as i64)
-                .arg((k * pix) as i64)
-                .arg(pix as i64);
-            dev.launch(
-                op,
-                &SOURCE,
-                &format!("col2im_{sfx}"),
-                grid(dev, total as u64, 1),
-                args,
-            )?;
-        }
-        dev.finish_one(dx)
+        col2im(dev, op, sfx, &cols, &geo, [g * k * pix, k * pix, pix], out)
     })
+}
+
+/// dx of shape `out` from `cols` with element (n, g, k, p) at n sn + g sg + k sk + p once
+/// contiguous.
+fn col2im(
+    dev: &CudaBackend,
+    op: &'static str,
+    sfx: &str,
+    cols: &Tensor,
+    geo: &Geo,
+    strides: [usize; 3],
+    out: &Shape,
+) -> Result<Vec<Arc<dyn Storage>>> {
+    let total = out.elem_count();
+    let dx = dev.alloc_out(total, cols.dtype(), op)?;
+    if total > 0 {
+        let cols = cols.contiguous()?;
+        let sc = dev.input(&cols, op)?;
+        let args = Args::new()
+            .arg(geo.kernel_geo())
+            .arg(CudaBackend::ptr(&cols, sc))
+            .arg(dx.ptr())
+            .arg(strides[0] as i64)
+            .arg(strides[1] as i64)
+            .arg(strides[2] as i64);
+        dev.launch(
+            op,
+            &SOURCE,
+            &format!("col2im_{sfx}"),
+            grid(dev, total as u64, 1),
+            args,
+        )?;
+    }
+    dev.finish_one(dx)
 }
 
 /// (x [n, c, h, w], gy [n, o, oh, ow]) -> dw of shape `out` [o, c/g, kh, kw].
