@@ -1,3 +1,8 @@
 //! Layers, one file per family.
 
+pub mod activation;
+pub mod dropout;
+pub mod embedding;
 pub mod linear;
+pub mod norm;
+pub mod reshape;
