@@ -53,6 +53,7 @@ pub fn keeps_output(op: &GradOp) -> bool {
             Op::Unary(UnaryOp::Exp | UnaryOp::Sqrt | UnaryOp::Tanh | UnaryOp::Sigmoid)
                 | Op::Softmax
                 | Op::LogSoftmax
+                | Op::CrossEntropy { .. }
         )
     )
 }
@@ -63,7 +64,8 @@ pub fn keeps_output(op: &GradOp) -> bool {
 pub fn keeps(op: &GradOp, k: usize, requires_grad: impl Fn(usize) -> bool) -> Keep {
     use crate::{BinaryOp, ReduceOp};
     let value_if = |c: bool| if c { Keep::Value } else { Keep::Edge };
-    if keeps_output(op) {
+    // Cross-entropy's rule reads its output (lse) and its inputs.
+    if keeps_output(op) && !matches!(op, GradOp::Op(Op::CrossEntropy { .. })) {
         return Keep::Edge;
     }
     let op = match op {
@@ -101,6 +103,7 @@ pub fn keeps(op: &GradOp, k: usize, requires_grad: impl Fn(usize) -> bool) -> Ke
         },
         Op::ScatterAdd { .. } => value_if(k == 1),
         Op::Sort { .. } | Op::RmsNorm { .. } | Op::Attention { .. } => Keep::Value,
+        Op::CrossEntropy { .. } => Keep::Value,
         // The bias is not needed for the gradients.
         Op::LayerNorm { .. } => value_if(k < 2),
         // x only when the angles are trained (the rule differentiates the composition).
@@ -109,6 +112,7 @@ pub fn keeps(op: &GradOp, k: usize, requires_grad: impl Fn(usize) -> bool) -> Ke
         Op::Softmax
         | Op::LogSoftmax
         | Op::SoftmaxBackward { .. }
+        | Op::CrossEntropyBackward { .. }
         | Op::RmsNormBackward { .. }
         | Op::LayerNormBackward { .. }
         | Op::AttentionBackward { .. }
@@ -554,6 +558,7 @@ pub fn differentiable_output(op: &Op, k: usize, dtype: crate::DType) -> bool {
         | Op::RandNormal { .. } => false,
         // Backward kernels are not differentiated again (no second-order gradients).
         Op::SoftmaxBackward { .. }
+        | Op::CrossEntropyBackward { .. }
         | Op::RmsNormBackward { .. }
         | Op::LayerNormBackward { .. }
         | Op::AttentionBackward { .. } => false,

@@ -6,12 +6,13 @@
 //! - `Parameter` and `Buffer`: tensors that own one buffer for life, written in place
 //!   (`parameter.rs`);
 //! - containers: `Sequential`, `ModuleList`, `ModuleDict` (`container.rs`);
-//! - layers (`layers/`), initialization (`init.rs`);
+//! - layers (`layers/`), losses (`loss.rs`), initialization (`init.rs`);
 //! - state dicts (`state_dict.rs`) stored as safetensors (`safetensors.rs`, validated reader).
 
 mod container;
 pub mod init;
 pub mod layers;
+pub mod loss;
 mod module;
 mod parameter;
 pub mod safetensors;
