@@ -12,8 +12,14 @@ use serde_json::Value;
 use std::collections::HashMap;
 use std::path::PathBuf;
 
+/// The fixture folder: under the crate where it was built, else relative to the repository
+/// root (staged GPU binaries run from a copy of the repository elsewhere).
 pub fn fixtures() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
+    let built = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+    match built.exists() {
+        true => built,
+        false => PathBuf::from("crates/nn/tests/fixtures"),
+    }
 }
 
 fn red(cfg: &Value) -> Reduction {
