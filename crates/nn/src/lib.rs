@@ -7,7 +7,8 @@
 //!   (`parameter.rs`);
 //! - containers: `Sequential`, `ModuleList`, `ModuleDict` (`container.rs`);
 //! - layers (`layers/`), losses (`loss.rs`), initialization (`init.rs`);
-//! - state dicts (`state_dict.rs`) stored as safetensors (`safetensors.rs`, validated reader).
+//! - state dicts (`state_dict.rs`) stored as safetensors (`safetensors.rs`, validated reader);
+//! - model summaries (`summary.rs`).
 
 mod container;
 pub mod init;
@@ -17,6 +18,7 @@ mod module;
 mod parameter;
 pub mod safetensors;
 mod state_dict;
+mod summary;
 
 pub use container::{ModuleDict, ModuleList, Sequential};
 pub use layers::activation::{
@@ -43,3 +45,4 @@ pub use parameter::{Buffer, Parameter};
 pub use state_dict::{
     load_state_dict, load_state_dict_file, save_state_dict, state_dict, LoadReport,
 };
+pub use summary::{summary, Summary, SummaryRow};
