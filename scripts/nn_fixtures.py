@@ -77,6 +77,34 @@ for i, (n, d, pad, ids) in enumerate([(10, 4, None, [[1, 2, 3], [9, 0, 2]]), (10
     add_case(f"embedding_{i}", "Embedding", {"num": n, "dim": d, "padding_idx": pad},
              {"ids": torch.tensor(ids, dtype=torch.int64)}, lambda t, m=m: m(t["ids"]), m)
 
+rnn_configs = [
+    ("RNN", dict(nonlinearity="tanh"), 3, 4, 1, True, False, False, False),
+    ("RNN", dict(nonlinearity="relu"), 3, 4, 2, False, True, True, True),
+    ("LSTM", {}, 3, 5, 1, True, False, False, True),
+    ("LSTM", {}, 2, 3, 2, True, True, True, False),
+    ("GRU", {}, 3, 4, 1, True, False, True, True),
+    ("GRU", {}, 2, 3, 2, False, True, False, False),
+]
+for i, (kind, extra, fi, hs, layers, bias, batch_first, bidir, with_state) in enumerate(rnn_configs):
+    cls = getattr(torch.nn, kind)
+    m = cls(fi, hs, num_layers=layers, bias=bias, batch_first=batch_first, bidirectional=bidir, **extra).double()
+    T, B = 4, 2
+    xs = (B, T, fi) if batch_first else (T, B, fi)
+    ins = {"x": rnd(*xs)}
+    dirs = 2 if bidir else 1
+    if with_state:
+        ins["h0"] = rnd(layers * dirs, B, hs, lo=-1, hi=1)
+        if kind == "LSTM":
+            ins["c0"] = rnd(layers * dirs, B, hs, lo=-1, hi=1)
+
+    def f(t, m=m, kind=kind):
+        if "h0" in t:
+            st = (t["h0"], t["c0"]) if kind == "LSTM" else t["h0"]
+            return m(t["x"], st)[0]
+        return m(t["x"])[0]
+    cfg = {"input": fi, "hidden": hs, "layers": layers, "bias": bias, "batch_first": batch_first, "bidirectional": bidir, "relu": extra.get("nonlinearity") == "relu"}
+    add_case(f"rnn_{i}_{kind}", kind, cfg, ins, f, m)
+
 acts = [
     ("ReLU", {}, F.relu), ("LeakyReLU", {"slope": 0.1}, lambda x: F.leaky_relu(x, 0.1)),
     ("LeakyReLU", {"slope": 0.01}, lambda x: F.leaky_relu(x)),

@@ -30,6 +30,7 @@ pub use layers::embedding::Embedding;
 pub use layers::linear::{linear, Bilinear, Linear};
 pub use layers::norm::{LayerNorm, RMSNorm};
 pub use layers::reshape::{Flatten, Unflatten};
+pub use layers::rnn::{Recurrent, RnnConfig, RnnMode, GRU, LSTM, RNN};
 
 /// Functional forms of the layers (PyTorch's `torch.nn.functional`).
 pub mod functional {

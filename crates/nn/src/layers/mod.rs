@@ -6,3 +6,4 @@ pub mod embedding;
 pub mod linear;
 pub mod norm;
 pub mod reshape;
+pub mod rnn;

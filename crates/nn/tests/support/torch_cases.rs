@@ -251,6 +251,40 @@ pub fn run_all(dev: &Device, dt: DType, atol: f64, rtol: f64) -> Vec<String> {
             Err(m) => Some(format!("{name} ({kind}): {what}: {m}")),
         };
         let result = (|| -> Result<(Tensor, Option<Box<dyn Module>>)> {
+            if matches!(kind, "RNN" | "LSTM" | "GRU") {
+                let u = |k: &str| cfg[k].as_u64().unwrap() as usize;
+                let bl = |k: &str| cfg[k].as_bool().unwrap();
+                let rc = RnnConfig {
+                    input_size: u("input"),
+                    hidden_size: u("hidden"),
+                    num_layers: u("layers"),
+                    bias: bl("bias"),
+                    batch_first: bl("batch_first"),
+                    dropout: 0.0,
+                    bidirectional: bl("bidirectional"),
+                };
+                let mode = match kind {
+                    "LSTM" => RnnMode::Lstm,
+                    "GRU" => RnnMode::Gru,
+                    _ if bl("relu") => RnnMode::Relu,
+                    _ => RnnMode::Tanh,
+                };
+                let m = Recurrent::new(mode, rc, dt, dev)?;
+                let state: Vec<(String, Tensor)> = case["params"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|p| {
+                        let p = p.as_str().unwrap();
+                        (p.to_string(), load(&format!("{name}/param.{p}")))
+                    })
+                    .collect();
+                load_state_dict(&m, &state, true)?;
+                let out = m
+                    .forward_with_state(&ins["x"], ins.get("h0"), ins.get("c0"))?
+                    .0;
+                return Ok((out, Some(Box::new(m))));
+            }
             if kind == "Bilinear" {
                 let u = |k: &str| cfg[k].as_u64().unwrap() as usize;
                 let m = Bilinear::new(
