@@ -105,6 +105,50 @@ for i, (kind, extra, fi, hs, layers, bias, batch_first, bidir, with_state) in en
     cfg = {"input": fi, "hidden": hs, "layers": layers, "bias": bias, "batch_first": batch_first, "bidirectional": bidir, "relu": extra.get("nonlinearity") == "relu"}
     add_case(f"rnn_{i}_{kind}", kind, cfg, ins, f, m)
 
+mha_configs = [
+    (8, 2, True, False, False, False, 5, 5), (8, 4, True, True, True, True, 4, 4),
+    (6, 3, False, False, False, False, 3, 5), (8, 2, True, False, True, False, 4, 4),
+]
+for i, (e, h, bias, batch_first, causal, padmask, L, S) in enumerate(mha_configs):
+    m = torch.nn.MultiheadAttention(e, h, bias=bias, batch_first=batch_first).double()
+    with torch.no_grad():
+        for p in m.parameters():
+            if p.dim() == 1:
+                p.copy_(rnd(*p.shape, lo=-0.5, hi=0.5))
+    B = 2
+    qs, ks = ((B, L, e), (B, S, e)) if batch_first else ((L, B, e), (S, B, e))
+    ins = {"q": rnd(*qs), "k": rnd(*ks), "v": rnd(*ks)}
+    if padmask:
+        mk = torch.zeros(B, S, dtype=torch.bool)
+        mk[0, -1] = True
+        mk[1, 1] = True
+        ins["mask"] = mk
+
+    def f(t, m=m, causal=causal, L=L, S=S):
+        am = torch.triu(torch.ones(L, S, dtype=torch.bool), diagonal=1 + S - L) if causal else None
+        return m(t["q"], t["k"], t["v"], key_padding_mask=t.get("mask"), attn_mask=am, need_weights=False)[0]
+    add_case(f"mha_{i}", "MultiheadAttention", {"embed": e, "heads": h, "bias": bias, "batch_first": batch_first, "causal": causal}, ins, f, m)
+
+enc_configs = [(8, 2, 16, False, False, False, False, False), (8, 4, 12, True, True, True, True, True)]
+for i, (d, h, ff, gelu, norm_first, batch_first, causal, padmask) in enumerate(enc_configs):
+    m = torch.nn.TransformerEncoderLayer(d, h, dim_feedforward=ff, dropout=0.0, activation="gelu" if gelu else "relu",
+                                         batch_first=batch_first, norm_first=norm_first).double()
+    with torch.no_grad():
+        for p in m.parameters():
+            if p.dim() == 1:
+                p.copy_(rnd(*p.shape, lo=-0.5, hi=0.5))
+    B, L = 2, 5
+    ins = {"x": rnd(*((B, L, d) if batch_first else (L, B, d)))}
+    if padmask:
+        mk = torch.zeros(B, L, dtype=torch.bool)
+        mk[1, -2:] = True
+        ins["mask"] = mk
+
+    def f(t, m=m, causal=causal, L=L):
+        am = torch.triu(torch.ones(L, L, dtype=torch.bool), diagonal=1) if causal else None
+        return m(t["x"], src_mask=am, src_key_padding_mask=t.get("mask"))
+    add_case(f"encoder_{i}", "TransformerEncoderLayer", {"d_model": d, "nhead": h, "ff": ff, "gelu": gelu, "norm_first": norm_first, "batch_first": batch_first, "causal": causal}, ins, f, m)
+
 acts = [
     ("ReLU", {}, F.relu), ("LeakyReLU", {"slope": 0.1}, lambda x: F.leaky_relu(x, 0.1)),
     ("LeakyReLU", {"slope": 0.01}, lambda x: F.leaky_relu(x)),

@@ -1,6 +1,7 @@
 //! Layers, one file per family.
 
 pub mod activation;
+pub mod attention;
 pub mod dropout;
 pub mod embedding;
 pub mod linear;

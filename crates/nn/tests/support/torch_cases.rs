@@ -285,6 +285,53 @@ pub fn run_all(dev: &Device, dt: DType, atol: f64, rtol: f64) -> Vec<String> {
                     .0;
                 return Ok((out, Some(Box::new(m))));
             }
+            let load_params = |m: &dyn Module| -> Result<()> {
+                let state: Vec<(String, Tensor)> = case["params"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|p| {
+                        let p = p.as_str().unwrap();
+                        (p.to_string(), load(&format!("{name}/param.{p}")))
+                    })
+                    .collect();
+                load_state_dict(m, &state, true).map(|_| ())
+            };
+            let bl = |k: &str| cfg[k].as_bool().unwrap();
+            let u = |k: &str| cfg[k].as_u64().unwrap() as usize;
+            if kind == "MultiheadAttention" {
+                let m = MultiheadAttention::new(
+                    u("embed"),
+                    u("heads"),
+                    bl("bias"),
+                    bl("batch_first"),
+                    dt,
+                    dev,
+                )?;
+                load_params(&m)?;
+                let out = m.attend(
+                    &ins["q"],
+                    &ins["k"],
+                    &ins["v"],
+                    ins.get("mask"),
+                    bl("causal"),
+                )?;
+                return Ok((out, Some(Box::new(m))));
+            }
+            if kind == "TransformerEncoderLayer" {
+                let c = EncoderConfig {
+                    dim_feedforward: u("ff"),
+                    dropout: 0.0,
+                    gelu: bl("gelu"),
+                    batch_first: bl("batch_first"),
+                    norm_first: bl("norm_first"),
+                    ..EncoderConfig::new(u("d_model"), u("nhead"))
+                };
+                let m = TransformerEncoderLayer::new(c, dt, dev)?;
+                load_params(&m)?;
+                let out = m.forward_masked(&ins["x"], ins.get("mask"), bl("causal"))?;
+                return Ok((out, Some(Box::new(m))));
+            }
             if kind == "Bilinear" {
                 let u = |k: &str| cfg[k].as_u64().unwrap() as usize;
                 let m = Bilinear::new(
