@@ -149,6 +149,26 @@ for i, (d, h, ff, gelu, norm_first, batch_first, causal, padmask) in enumerate(e
         return m(t["x"], src_mask=am, src_key_padding_mask=t.get("mask"))
     add_case(f"encoder_{i}", "TransformerEncoderLayer", {"d_model": d, "nhead": h, "ff": ff, "gelu": gelu, "norm_first": norm_first, "batch_first": batch_first, "causal": causal}, ins, f, m)
 
+dec_configs = [(8, 2, 16, False, False, False, True, False), (8, 4, 12, True, True, True, True, True)]
+for i, (d, h, ff, gelu, norm_first, batch_first, causal, padmask) in enumerate(dec_configs):
+    m = torch.nn.TransformerDecoderLayer(d, h, dim_feedforward=ff, dropout=0.0, activation="gelu" if gelu else "relu",
+                                         batch_first=batch_first, norm_first=norm_first).double()
+    with torch.no_grad():
+        for p in m.parameters():
+            if p.dim() == 1:
+                p.copy_(rnd(*p.shape, lo=-0.5, hi=0.5))
+    B, L, S = 2, 4, 6
+    ins = {"tgt": rnd(*((B, L, d) if batch_first else (L, B, d))), "memory": rnd(*((B, S, d) if batch_first else (S, B, d)))}
+    if padmask:
+        mk = torch.zeros(B, S, dtype=torch.bool)
+        mk[0, -3:] = True
+        ins["mask"] = mk
+
+    def f(t, m=m, causal=causal, L=L):
+        am = torch.triu(torch.ones(L, L, dtype=torch.bool), diagonal=1) if causal else None
+        return m(t["tgt"], t["memory"], tgt_mask=am, memory_key_padding_mask=t.get("mask"))
+    add_case(f"decoder_{i}", "TransformerDecoderLayer", {"d_model": d, "nhead": h, "ff": ff, "gelu": gelu, "norm_first": norm_first, "batch_first": batch_first, "causal": causal}, ins, f, m)
+
 acts = [
     ("ReLU", {}, F.relu), ("LeakyReLU", {"slope": 0.1}, lambda x: F.leaky_relu(x, 0.1)),
     ("LeakyReLU", {"slope": 0.01}, lambda x: F.leaky_relu(x)),

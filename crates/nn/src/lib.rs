@@ -25,7 +25,10 @@ pub use layers::activation::{
     Hardsigmoid, Hardswish, Identity, LeakyReLU, LogSoftmax, Mish, ReLU, SiLU, Sigmoid, Softmax,
     Softplus, Softsign, Swish, Tanh, ELU, GELU,
 };
-pub use layers::attention::{EncoderConfig, MultiheadAttention, TransformerEncoderLayer};
+pub use layers::attention::{
+    DecoderConfig, EncoderConfig, MultiheadAttention, TransformerDecoderLayer,
+    TransformerEncoderLayer,
+};
 pub use layers::dropout::{dropout, Dropout};
 pub use layers::embedding::Embedding;
 pub use layers::linear::{linear, Bilinear, Linear};

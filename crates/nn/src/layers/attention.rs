@@ -368,3 +368,159 @@ impl Module for TransformerEncoderLayer {
         }
     }
 }
+
+/// Hyperparameters of `TransformerDecoderLayer` (the encoder layer's).
+pub type DecoderConfig = EncoderConfig;
+
+/// `TransformerDecoderLayer`: self-attention, cross-attention over `memory`, feed-forward;
+/// pre- or post-norm. Takes two inputs: `forward_decoder`.
+pub struct TransformerDecoderLayer {
+    pub self_attn: MultiheadAttention,
+    pub multihead_attn: MultiheadAttention,
+    pub linear1: Linear,
+    pub dropout: Dropout,
+    pub linear2: Linear,
+    pub norm1: LayerNorm,
+    pub norm2: LayerNorm,
+    pub norm3: LayerNorm,
+    pub dropout1: Dropout,
+    pub dropout2: Dropout,
+    pub dropout3: Dropout,
+    gelu: bool,
+    norm_first: bool,
+}
+
+impl TransformerDecoderLayer {
+    pub fn new(c: DecoderConfig, dtype: DType, dev: &Device) -> Result<TransformerDecoderLayer> {
+        let ln = || LayerNorm::new(&[c.d_model], c.layer_norm_eps, true, c.bias, dtype, dev);
+        let mha = |name: &str| {
+            MultiheadAttention::new(c.d_model, c.nhead, c.bias, c.batch_first, dtype, dev)
+                .map_err(|e| in_child(e, name, "MultiheadAttention"))
+        };
+        Ok(TransformerDecoderLayer {
+            self_attn: mha("self_attn")?,
+            multihead_attn: mha("multihead_attn")?,
+            linear1: Linear::new(c.d_model, c.dim_feedforward, c.bias, dtype, dev)?,
+            dropout: Dropout::new(c.dropout)?,
+            linear2: Linear::new(c.dim_feedforward, c.d_model, c.bias, dtype, dev)?,
+            norm1: ln()?,
+            norm2: ln()?,
+            norm3: ln()?,
+            dropout1: Dropout::new(c.dropout)?,
+            dropout2: Dropout::new(c.dropout)?,
+            dropout3: Dropout::new(c.dropout)?,
+            gelu: c.gelu,
+            norm_first: c.norm_first,
+        })
+    }
+
+    fn sa(&self, x: &Tensor, mask: Option<&Tensor>, causal: bool) -> Result<Tensor> {
+        let y = self
+            .self_attn
+            .attend(x, x, x, mask, causal)
+            .map_err(|e| in_child(e, "self_attn", "MultiheadAttention"))?;
+        forward_child("dropout1", &self.dropout1, &y)
+    }
+
+    fn ca(&self, x: &Tensor, mem: &Tensor, mask: Option<&Tensor>) -> Result<Tensor> {
+        let y = self
+            .multihead_attn
+            .attend(x, mem, mem, mask, false)
+            .map_err(|e| in_child(e, "multihead_attn", "MultiheadAttention"))?;
+        forward_child("dropout2", &self.dropout2, &y)
+    }
+
+    fn ff(&self, x: &Tensor) -> Result<Tensor> {
+        let h = forward_child("linear1", &self.linear1, x)?;
+        let h = if self.gelu {
+            gelu(&h, false)?
+        } else {
+            relu(&h)?
+        };
+        let h = forward_child("dropout", &self.dropout, &h)?;
+        let h = forward_child("linear2", &self.linear2, &h)?;
+        forward_child("dropout3", &self.dropout3, &h)
+    }
+
+    /// `tgt` attends to itself (causally when `tgt_causal`, with an optional key-padding mask)
+    /// and to `memory` (with an optional memory key-padding mask).
+    pub fn forward_decoder(
+        &self,
+        tgt: &Tensor,
+        memory: &Tensor,
+        tgt_causal: bool,
+        tgt_key_padding_mask: Option<&Tensor>,
+        memory_key_padding_mask: Option<&Tensor>,
+    ) -> Result<Tensor> {
+        let (tm, mm) = (tgt_key_padding_mask, memory_key_padding_mask);
+        if self.norm_first {
+            let x =
+                tgt.add(&self.sa(&forward_child("norm1", &self.norm1, tgt)?, tm, tgt_causal)?)?;
+            let x = x.add(&self.ca(&forward_child("norm2", &self.norm2, &x)?, memory, mm)?)?;
+            x.add(&self.ff(&forward_child("norm3", &self.norm3, &x)?)?)
+        } else {
+            let x = forward_child(
+                "norm1",
+                &self.norm1,
+                &tgt.add(&self.sa(tgt, tm, tgt_causal)?)?,
+            )?;
+            let x = forward_child("norm2", &self.norm2, &x.add(&self.ca(&x, memory, mm)?)?)?;
+            forward_child("norm3", &self.norm3, &x.add(&self.ff(&x)?)?)
+        }
+    }
+}
+
+impl Module for TransformerDecoderLayer {
+    fn type_name(&self) -> &'static str {
+        "TransformerDecoderLayer"
+    }
+
+    /// The decoder takes (tgt, memory): an error pointing to `forward_decoder`.
+    fn forward(&self, _x: &Tensor) -> Result<Tensor> {
+        Err(Error::module(
+            "TransformerDecoderLayer",
+            "takes two inputs: call forward_decoder(tgt, memory, ...)",
+        ))
+    }
+
+    fn members(&self) -> Members<'_> {
+        Members {
+            children: vec![
+                ("self_attn".to_string(), &self.self_attn as &dyn Module),
+                ("multihead_attn".to_string(), &self.multihead_attn),
+                ("linear1".to_string(), &self.linear1),
+                ("dropout".to_string(), &self.dropout),
+                ("linear2".to_string(), &self.linear2),
+                ("norm1".to_string(), &self.norm1),
+                ("norm2".to_string(), &self.norm2),
+                ("norm3".to_string(), &self.norm3),
+                ("dropout1".to_string(), &self.dropout1),
+                ("dropout2".to_string(), &self.dropout2),
+                ("dropout3".to_string(), &self.dropout3),
+            ],
+            ..Members::default()
+        }
+    }
+
+    fn members_mut(&mut self) -> MembersMut<'_> {
+        MembersMut {
+            children: vec![
+                (
+                    "self_attn".to_string(),
+                    &mut self.self_attn as &mut dyn Module,
+                ),
+                ("multihead_attn".to_string(), &mut self.multihead_attn),
+                ("linear1".to_string(), &mut self.linear1),
+                ("dropout".to_string(), &mut self.dropout),
+                ("linear2".to_string(), &mut self.linear2),
+                ("norm1".to_string(), &mut self.norm1),
+                ("norm2".to_string(), &mut self.norm2),
+                ("norm3".to_string(), &mut self.norm3),
+                ("dropout1".to_string(), &mut self.dropout1),
+                ("dropout2".to_string(), &mut self.dropout2),
+                ("dropout3".to_string(), &mut self.dropout3),
+            ],
+            ..MembersMut::default()
+        }
+    }
+}

@@ -332,6 +332,26 @@ pub fn run_all(dev: &Device, dt: DType, atol: f64, rtol: f64) -> Vec<String> {
                 let out = m.forward_masked(&ins["x"], ins.get("mask"), bl("causal"))?;
                 return Ok((out, Some(Box::new(m))));
             }
+            if kind == "TransformerDecoderLayer" {
+                let c = DecoderConfig {
+                    dim_feedforward: u("ff"),
+                    dropout: 0.0,
+                    gelu: bl("gelu"),
+                    batch_first: bl("batch_first"),
+                    norm_first: bl("norm_first"),
+                    ..DecoderConfig::new(u("d_model"), u("nhead"))
+                };
+                let m = TransformerDecoderLayer::new(c, dt, dev)?;
+                load_params(&m)?;
+                let out = m.forward_decoder(
+                    &ins["tgt"],
+                    &ins["memory"],
+                    bl("causal"),
+                    None,
+                    ins.get("mask"),
+                )?;
+                return Ok((out, Some(Box::new(m))));
+            }
             if kind == "Bilinear" {
                 let u = |k: &str| cfg[k].as_u64().unwrap() as usize;
                 let m = Bilinear::new(
