@@ -221,6 +221,33 @@ fn malformed() -> Vec<(&'static str, Vec<u8>, &'static str)> {
             "invalid JSON",
         ),
         (
+            "huge_tensor_claim",
+            file(
+                r#"{"a":{"dtype":"U8","shape":[2305843009213693951],"data_offsets":[0,2305843009213693951]}}"#,
+                &[0; 8],
+            ),
+            "incomplete metadata",
+        ),
+        (
+            "sub_byte_dtype_misaligned",
+            file(
+                r#"{"a":{"dtype":"F4","shape":[3],"data_offsets":[0,2]}}"#,
+                &[0; 2],
+            ),
+            "byte boundary",
+        ),
+        (
+            "tensor_count_overflow_offsets",
+            file(
+                &two(
+                    &t("U8", "[18446744073709551615]", 0, 18446744073709551615),
+                    &t("U8", "[1]", 18446744073709551615, 0),
+                ),
+                &[0; 1],
+            ),
+            "overflow",
+        ),
+        (
             "offsets_beyond_u64",
             file(
                 r#"{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,99999999999999999999999]}}"#,
