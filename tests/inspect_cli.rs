@@ -58,6 +58,10 @@ fn inspect_reports_a_valid_file_as_text_and_json() {
 }
 
 fn check_malformed(path: &Path) -> bool {
+    check_malformed_as(path, "gguf: ")
+}
+
+fn check_malformed_as(path: &Path, reader: &str) -> bool {
     let start = Instant::now();
     let out = ferrite().arg("inspect").arg(path).output().unwrap();
     let elapsed = start.elapsed();
@@ -77,7 +81,7 @@ fn check_malformed(path: &Path) -> bool {
                 "{}: {stderr}",
                 path.display()
             );
-            assert!(stderr.contains("gguf: "), "{}: {stderr}", path.display());
+            assert!(stderr.contains(reader), "{}: {stderr}", path.display());
             true
         }
         c => panic!("{}: exit code {c:?}: {stderr}", path.display()),
@@ -96,4 +100,40 @@ fn inspect_rejects_malformed_files_with_one_error_line() {
     assert!(rejected >= 40, "only {rejected} files rejected");
     let missing = root().join("no/such/file.gguf");
     assert!(check_malformed(&missing));
+}
+
+#[test]
+fn inspect_reports_safetensors_and_rejects_malformed_ones() {
+    let dir = root().join("fuzz/corpus/safetensors_parse");
+    let mut rejected = 0;
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        if check_malformed_as(&entry.unwrap().path(), "safetensors: ") {
+            rejected += 1;
+        }
+    }
+    assert!(rejected >= 20, "only {rejected} files rejected");
+    let valid = dir.join("valid_all_dtypes.safetensors");
+    let out = ferrite().arg("inspect").arg(&valid).output().unwrap();
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        text.contains("safetensors, ") && text.contains("11 tensors"),
+        "{text}"
+    );
+    assert!(text.contains("bf16    BF16    [1, 2]"), "{text}");
+    let out = ferrite()
+        .args(["inspect", "--json"])
+        .arg(&valid)
+        .output()
+        .unwrap();
+    let j: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(j["tensor_count"], 11);
+    let f64t = j["tensors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["name"] == "f64")
+        .unwrap();
+    assert_eq!(f64t["shape"], serde_json::json!([2, 1]));
+    assert_eq!(f64t["bytes"], 16);
 }

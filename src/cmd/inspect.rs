@@ -1,5 +1,7 @@
 //! `ferrite inspect FILE [--json]`: a GGUF file's metadata (long arrays and strings
-//! summarized), its tensor table (name, type, shape, bytes, offset) and totals per type.
+//! summarized), its tensor table (name, type, shape, bytes, offset) and totals per type; for a
+//! `.safetensors` file, its tensor table
+//! (name, dtype, shape, bytes) and totals.
 //! A malformed file is one `error:` line and exit code 1 (from `main`).
 
 use std::collections::BTreeMap;
@@ -13,7 +15,8 @@ use serde_json::{json, Value as Json};
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// The .gguf file (for a split model, any of its name-0000K-of-0000N.gguf shards).
+    /// The .gguf file (for a split model, any of its name-0000K-of-0000N.gguf shards), or a
+    /// .safetensors file.
     pub file: PathBuf,
     /// Print JSON instead of text.
     #[arg(long)]
@@ -25,7 +28,80 @@ const ARRAY_HEAD: usize = 8;
 /// Characters of a string value shown before the rest is summarized as a length.
 const STRING_HEAD: usize = 160;
 
+/// Whether `path` names a safetensors file (by its extension; anything else is read as GGUF).
+fn is_safetensors(path: &std::path::Path) -> bool {
+    path.extension().is_some_and(|e| e == "safetensors")
+}
+
+fn safetensors_report(path: &std::path::Path, as_json: bool) -> anyhow::Result<String> {
+    use ferrite_nn::safetensors::SafetensorsFile;
+    let f = SafetensorsFile::open(path).with_context(|| format!("inspect {}", path.display()))?;
+    let size = std::fs::metadata(path)?.len();
+    let elems = |s: &[usize]| s.iter().product::<usize>();
+    if as_json {
+        let tensors: Vec<Json> = f
+            .entries()
+            .iter()
+            .map(|e| {
+                json!({"name": e.name, "dtype": e.dtype, "shape": e.shape,
+                       "elements": elems(&e.shape), "bytes": e.bytes(), "offset": e.start})
+            })
+            .collect();
+        return Ok(serde_json::to_string_pretty(&json!({
+            "format": "safetensors",
+            "file": path.display().to_string(),
+            "file_size": size,
+            "tensor_count": tensors.len(),
+            "total_bytes": f.entries().iter().map(|e| e.bytes()).sum::<usize>(),
+            "tensors": tensors,
+        }))?);
+    }
+    let mut o = String::new();
+    let _ = writeln!(
+        o,
+        "{}: safetensors, {} bytes, {} tensors",
+        path.display(),
+        size,
+        f.entries().len()
+    );
+    let names: Vec<String> = f.entries().iter().map(|e| short_name(&e.name)).collect();
+    let name_w = names
+        .iter()
+        .map(|n| n.chars().count())
+        .max()
+        .unwrap_or(4)
+        .max(4);
+    let _ = writeln!(
+        o,
+        "\n  {:name_w$}  {:6}  {:20}  {:>12}",
+        "name", "dtype", "shape", "bytes"
+    );
+    let (mut e_all, mut b_all) = (0usize, 0usize);
+    for (e, name) in f.entries().iter().zip(&names) {
+        let dims: Vec<u64> = e.shape.iter().map(|&d| d as u64).collect();
+        let _ = writeln!(
+            o,
+            "  {:name_w$}  {:6}  {:20}  {:>12}",
+            name,
+            e.dtype,
+            shape(&dims),
+            e.bytes()
+        );
+        e_all += elems(&e.shape);
+        b_all += e.bytes();
+    }
+    let _ = write!(o, "\ntotal: {e_all} elements, {b_all} bytes");
+    Ok(o)
+}
+
 pub fn run(args: Args) -> anyhow::Result<()> {
+    if is_safetensors(&args.file) {
+        let out = safetensors_report(&args.file, args.json)?;
+        return match writeln!(std::io::stdout().lock(), "{out}") {
+            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+            r => Ok(r?),
+        };
+    }
     let f =
         GgufFile::open(&args.file).with_context(|| format!("inspect {}", args.file.display()))?;
     let out = if args.json {

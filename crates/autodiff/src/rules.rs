@@ -15,7 +15,7 @@
 //! `max`/`min` reductions split it equally among all tied elements.
 
 use ferrite_core::graph::{enable_grad, GradOp, Inputs, Saved, ViewOp};
-use ferrite_core::{composed, BinaryOp, Op, ReduceOp, Result, Tensor, UnaryOp};
+use ferrite_core::{composed, BinaryOp, Error, Op, ReduceOp, Result, Tensor, UnaryOp};
 
 type Grads = Vec<Option<Tensor>>;
 
@@ -313,6 +313,27 @@ fn primitive(op: &Op, output: usize, x: &Inputs, g: &Tensor) -> Result<Grads> {
         // The output was kept (`graph::keeps_output`).
         Op::Softmax => one(Tensor::softmax_backward(&x.output(g)?, g, false)?),
         Op::LogSoftmax => one(Tensor::softmax_backward(&x.output(g)?, g, true)?),
+        Op::CrossEntropy {
+            ignore_index,
+            label_smoothing,
+        } => {
+            if x[2].requires_grad() {
+                return Err(Error::backend(
+                    "cross_entropy",
+                    "class weights carry no gradient: detach them",
+                ));
+            }
+            let d = Tensor::cross_entropy_backward(
+                x[0].value()?,
+                x[1].value()?,
+                x[2].value()?,
+                &x.output(g)?,
+                g,
+                *ignore_index,
+                *label_smoothing,
+            )?;
+            Ok(vec![Some(d), None, None])
+        }
         Op::LayerNorm { eps } => {
             let (dx, dw, db) = Tensor::layer_norm_backward(x[0].value()?, x[1].value()?, g, *eps)?;
             Ok(vec![Some(dx), Some(dw), Some(db)])
@@ -393,6 +414,7 @@ fn primitive(op: &Op, output: usize, x: &Inputs, g: &Tensor) -> Result<Grads> {
         | Op::BatchNormBackward { .. }
         | Op::GroupNormBackward { .. } => Ok(vec![None; x.len()]),
         Op::SoftmaxBackward { .. }
+        | Op::CrossEntropyBackward { .. }
         | Op::RmsNormBackward { .. }
         | Op::LayerNormBackward { .. }
         | Op::AttentionBackward { .. } => Ok(vec![None; x.len()]),

@@ -53,6 +53,7 @@ pub fn keeps_output(op: &GradOp) -> bool {
             Op::Unary(UnaryOp::Exp | UnaryOp::Sqrt | UnaryOp::Tanh | UnaryOp::Sigmoid)
                 | Op::Softmax
                 | Op::LogSoftmax
+                | Op::CrossEntropy { .. }
         )
     )
 }
@@ -63,7 +64,8 @@ pub fn keeps_output(op: &GradOp) -> bool {
 pub fn keeps(op: &GradOp, k: usize, requires_grad: impl Fn(usize) -> bool) -> Keep {
     use crate::{BinaryOp, ReduceOp};
     let value_if = |c: bool| if c { Keep::Value } else { Keep::Edge };
-    if keeps_output(op) {
+    // Cross-entropy's rule reads its output (lse) and its inputs.
+    if keeps_output(op) && !matches!(op, GradOp::Op(Op::CrossEntropy { .. })) {
         return Keep::Edge;
     }
     let op = match op {
@@ -111,6 +113,7 @@ pub fn keeps(op: &GradOp, k: usize, requires_grad: impl Fn(usize) -> bool) -> Ke
         Op::MaxPool2d(_) | Op::AdaptiveMaxPool2d => Keep::Value,
         // The bias is not needed for the gradients.
         Op::BatchNorm { .. } | Op::GroupNorm { .. } => value_if(k < 2),
+        Op::CrossEntropy { .. } => Keep::Value,
         // The bias is not needed for the gradients.
         Op::LayerNorm { .. } => value_if(k < 2),
         // x only when the angles are trained (the rule differentiates the composition).
@@ -119,6 +122,7 @@ pub fn keeps(op: &GradOp, k: usize, requires_grad: impl Fn(usize) -> bool) -> Ke
         Op::Softmax
         | Op::LogSoftmax
         | Op::SoftmaxBackward { .. }
+        | Op::CrossEntropyBackward { .. }
         | Op::RmsNormBackward { .. }
         | Op::LayerNormBackward { .. }
         | Op::AttentionBackward { .. }
@@ -567,6 +571,7 @@ pub fn differentiable_output(op: &Op, k: usize, dtype: crate::DType) -> bool {
         | Op::RandNormal { .. } => false,
         // Backward kernels are not differentiated again (no second-order gradients).
         Op::SoftmaxBackward { .. }
+        | Op::CrossEntropyBackward { .. }
         | Op::RmsNormBackward { .. }
         | Op::LayerNormBackward { .. }
         | Op::AttentionBackward { .. }

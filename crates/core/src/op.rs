@@ -360,6 +360,23 @@ pub enum Op {
     /// hq % hkv == 0, query head h reads kv head h / (hq / hkv). With `causal`, query i sees
     /// keys j ≤ i + lk - lq.
     Attention { causal: bool, scale: f64 },
+    /// Fused log-softmax + NLL over class indices, never materializing probabilities:
+    /// (logits [n, c] float, target [n] int, weight [c] logits' dtype) -> [n, 2] of logits'
+    /// dtype, per row (loss, lse) with lse = logsumexp(x) and, ε = `label_smoothing`,
+    /// loss = (1 - ε) w[t] (lse - x[t]) + (ε / c) Σ_j w[j] (lse - x[j]); rows whose target is
+    /// `ignore_index` give (0, lse); any other target outside [0, c) is an error.
+    CrossEntropy {
+        ignore_index: i64,
+        label_smoothing: f64,
+    },
+    /// Backward of `CrossEntropy`: (logits, target, weight, out [n, 2] (its output), g [n, 2])
+    /// -> dlogits [n, c] = g[i, 0] ((1 - ε) w[t] (p - onehot(t)) + (ε / c) (p Σ_j w[j] - w)),
+    /// p = exp(x - lse); zero on ignored rows. Only column 0 of g is read (lse carries no
+    /// gradient).
+    CrossEntropyBackward {
+        ignore_index: i64,
+        label_smoothing: f64,
+    },
     /// Backward of softmax over the last axis: (y = softmax(x), g = dL/dy) -> dL/dx
     /// = y (g - sum(g y)); with `log`, y = log_softmax(x) and dL/dx = g - exp(y) sum(g).
     SoftmaxBackward { log: bool },
@@ -433,6 +450,8 @@ impl Op {
             Op::RmsNorm { .. } => "rms_norm",
             Op::Rope { .. } => "rope",
             Op::Attention { .. } => "attention",
+            Op::CrossEntropy { .. } => "cross_entropy",
+            Op::CrossEntropyBackward { .. } => "cross_entropy_backward",
             Op::SoftmaxBackward { log: false } => "softmax_backward",
             Op::SoftmaxBackward { log: true } => "log_softmax_backward",
             Op::RmsNormBackward { .. } => "rms_norm_backward",

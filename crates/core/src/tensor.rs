@@ -1430,6 +1430,114 @@ impl Tensor {
         }
     }
 
+    /// Checks the operands of the fused cross-entropy ops; returns (n, c).
+    fn check_cross_entropy(
+        op: &'static str,
+        logits: &Tensor,
+        target: &Tensor,
+        weight: &Tensor,
+        label_smoothing: f64,
+    ) -> Result<(usize, usize)> {
+        float_only(op, logits.dtype())?;
+        let (n, c) = match logits.dims() {
+            [n, c] => (*n, *c),
+            _ => {
+                return Err(Error::shape(
+                    op,
+                    format!("logits must be [n, classes], got {}", logits.shape()),
+                ))
+            }
+        };
+        if !target.dtype().is_int() || target.dims() != [n] {
+            return Err(Error::shape(
+                op,
+                format!(
+                    "target must be integer [{n}] for logits {}, got {} {}",
+                    logits.shape(),
+                    target.dtype(),
+                    target.shape()
+                ),
+            ));
+        }
+        if weight.dims() != [c] || weight.dtype() != logits.dtype() {
+            return Err(Error::shape(
+                op,
+                format!(
+                    "weight must be {} [{c}], got {} {}",
+                    logits.dtype(),
+                    weight.dtype(),
+                    weight.shape()
+                ),
+            ));
+        }
+        if !(0.0..=1.0).contains(&label_smoothing) {
+            return Err(Error::shape(
+                op,
+                format!("label_smoothing must be in [0, 1], got {label_smoothing}"),
+            ));
+        }
+        Ok((n, c))
+    }
+
+    /// Fused log-softmax + NLL over class indices (`Op::CrossEntropy`): per row (loss, lse)
+    /// as an [n, 2] tensor; the gradient flows to `logits` only.
+    pub fn cross_entropy_rows(
+        logits: &Tensor,
+        target: &Tensor,
+        weight: &Tensor,
+        ignore_index: i64,
+        label_smoothing: f64,
+    ) -> Result<Tensor> {
+        let op = "cross_entropy";
+        let (n, _) = Tensor::check_cross_entropy(op, logits, target, weight, label_smoothing)?;
+        logits.run1(
+            Op::CrossEntropy {
+                ignore_index,
+                label_smoothing,
+            },
+            &[logits, target, weight],
+            Shape::from(vec![n, 2]),
+            logits.dtype(),
+        )
+    }
+
+    /// dlogits of `cross_entropy_rows` given its output `out` and upstream gradient `g`
+    /// (both [n, 2]; only g's column 0 is read).
+    pub fn cross_entropy_backward(
+        logits: &Tensor,
+        target: &Tensor,
+        weight: &Tensor,
+        out: &Tensor,
+        g: &Tensor,
+        ignore_index: i64,
+        label_smoothing: f64,
+    ) -> Result<Tensor> {
+        let op = "cross_entropy_backward";
+        let (n, _) = Tensor::check_cross_entropy(op, logits, target, weight, label_smoothing)?;
+        for t in [out, g] {
+            if t.dims() != [n, 2] || t.dtype() != logits.dtype() {
+                return Err(Error::shape(
+                    op,
+                    format!(
+                        "expected {} [{n}, 2], got {} {}",
+                        logits.dtype(),
+                        t.dtype(),
+                        t.shape()
+                    ),
+                ));
+            }
+        }
+        logits.run1(
+            Op::CrossEntropyBackward {
+                ignore_index,
+                label_smoothing,
+            },
+            &[logits, target, weight, out, g],
+            logits.shape().clone(),
+            logits.dtype(),
+        )
+    }
+
     /// (dq, dk, dv) of `attention(q, k, v, causal, scale)` for upstream gradient `g`.
     pub fn attention_backward(
         q: &Tensor,

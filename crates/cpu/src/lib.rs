@@ -8,6 +8,7 @@ mod cast;
 mod channel_norm;
 mod conv;
 mod create;
+mod cross_entropy;
 mod elementwise;
 mod index;
 mod machine;
@@ -152,6 +153,24 @@ impl Backend for CpuBackend {
             }
             Op::Softmax => one(norm::softmax(input(0)?, false)?),
             Op::LogSoftmax => one(norm::softmax(input(0)?, true)?),
+            Op::CrossEntropy {
+                ignore_index,
+                label_smoothing,
+            } => one(cross_entropy::cross_entropy(
+                input(0)?,
+                input(1)?,
+                input(2)?,
+                *ignore_index,
+                *label_smoothing,
+            )?),
+            Op::CrossEntropyBackward {
+                ignore_index,
+                label_smoothing,
+            } => one(cross_entropy::cross_entropy_backward(
+                [input(0)?, input(1)?, input(2)?, input(3)?, input(4)?],
+                *ignore_index,
+                *label_smoothing,
+            )?),
             Op::LayerNorm { eps } => one(norm::layer_norm(input(0)?, input(1)?, input(2)?, *eps)?),
             Op::RmsNorm { eps } => one(norm::rms_norm(input(0)?, input(1)?, *eps)?),
             Op::Rope { interleaved } => {

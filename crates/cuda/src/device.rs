@@ -30,6 +30,7 @@ pub(crate) mod fault {
     pub const GATHER: u32 = 2;
     pub const SCATTER_ADD: u32 = 3;
     pub const INT_DIV_ZERO: u32 = 4;
+    pub const CROSS_ENTROPY: u32 = 5;
 }
 
 struct Pinned {
@@ -227,6 +228,13 @@ impl CudaBackend {
                 "scatter_add",
                 format!(
                     "index {} out of range for an axis of size {} (found on the device)",
+                    f.a, f.b
+                ),
+            ),
+            fault::CROSS_ENTROPY => Error::backend(
+                "cross_entropy",
+                format!(
+                    "target {} out of range for {} classes (found on the device)",
                     f.a, f.b
                 ),
             ),

@@ -34,6 +34,7 @@ pub fn all_sources() -> Vec<&'static KernelSource> {
         &crate::index::SOURCE,
         &crate::scan::SOURCE,
         &crate::norm::SOURCE,
+        &crate::cross_entropy::SOURCE,
         &crate::attention::SOURCE,
         &crate::conv::SOURCE,
         &crate::channel_norm::SOURCE,

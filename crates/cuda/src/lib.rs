@@ -16,6 +16,7 @@ mod cast;
 mod channel_norm;
 mod conv;
 mod create;
+mod cross_entropy;
 mod device;
 mod driver;
 mod elementwise;
@@ -233,6 +234,24 @@ impl Backend for Handle {
             Op::Sort { axis, descending } => scan::sort(dev, input(0)?, *axis, *descending),
             Op::Softmax => norm::softmax(dev, input(0)?, false),
             Op::LogSoftmax => norm::softmax(dev, input(0)?, true),
+            Op::CrossEntropy {
+                ignore_index,
+                label_smoothing,
+            } => cross_entropy::cross_entropy(
+                dev,
+                [input(0)?, input(1)?, input(2)?],
+                *ignore_index,
+                *label_smoothing,
+            ),
+            Op::CrossEntropyBackward {
+                ignore_index,
+                label_smoothing,
+            } => cross_entropy::cross_entropy_backward(
+                dev,
+                [input(0)?, input(1)?, input(2)?, input(3)?, input(4)?],
+                *ignore_index,
+                *label_smoothing,
+            ),
             Op::LayerNorm { eps } => norm::layer_norm(dev, input(0)?, input(1)?, input(2)?, *eps),
             Op::RmsNorm { eps } => norm::rms_norm(dev, input(0)?, input(1)?, *eps),
             Op::Rope { interleaved } => {

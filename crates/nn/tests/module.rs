@@ -284,3 +284,59 @@ fn boxed_modules_walk_like_concrete_ones() {
     assert_eq!(b.named_parameters().len(), 3);
     assert_eq!(b.type_name(), "Sequential");
 }
+
+#[test]
+fn recurrent_layers_use_pytorch_names_and_check_hyperparameters() {
+    use ferrite_nn::{Recurrent, RnnConfig, RnnMode};
+    let cfg = RnnConfig {
+        num_layers: 2,
+        bidirectional: true,
+        ..RnnConfig::new(3, 4)
+    };
+    let m = Recurrent::lstm(cfg, DType::F32, &cpu()).unwrap();
+    let names: Vec<_> = m.named_parameters().into_iter().map(|(n, _)| n).collect();
+    assert_eq!(names.len(), 16);
+    assert_eq!(
+        &names[..8],
+        [
+            "weight_ih_l0",
+            "weight_hh_l0",
+            "bias_ih_l0",
+            "bias_hh_l0",
+            "weight_ih_l0_reverse",
+            "weight_hh_l0_reverse",
+            "bias_ih_l0_reverse",
+            "bias_hh_l0_reverse"
+        ]
+    );
+    // Layer 1 takes both directions of layer 0; LSTM gates are 4 x hidden.
+    assert_eq!(m.named_parameters()[8].1.dims(), [16, 8]);
+    let y = m
+        .forward(&Tensor::zeros([5, 2, 3], DType::F32, &cpu()).unwrap())
+        .unwrap();
+    assert_eq!(y.dims(), [5, 2, 8]);
+    let e = m
+        .forward(&Tensor::zeros([5, 2, 4], DType::F32, &cpu()).unwrap())
+        .unwrap_err()
+        .to_string();
+    assert!(e.starts_with("LSTM: expected input [T, B, 3]"), "{e}");
+    let bad = RnnConfig {
+        dropout: 1.0,
+        ..RnnConfig::new(3, 4)
+    };
+    assert!(Recurrent::new(RnnMode::Gru, bad, DType::F32, &cpu()).is_err());
+    // Dropout between layers acts in training only.
+    let cfg = RnnConfig {
+        num_layers: 2,
+        dropout: 0.5,
+        ..RnnConfig::new(3, 4)
+    };
+    let mut g = Recurrent::gru(cfg, DType::F64, &cpu()).unwrap();
+    let x = Tensor::ones([3, 1, 3], DType::F64, &cpu()).unwrap();
+    let a = g.forward(&x).unwrap().to_vec::<f64>().unwrap();
+    let b = g.forward(&x).unwrap().to_vec::<f64>().unwrap();
+    assert_ne!(a, b);
+    g.eval();
+    let c = g.forward(&x).unwrap().to_vec::<f64>().unwrap();
+    assert_eq!(c, g.forward(&x).unwrap().to_vec::<f64>().unwrap());
+}

@@ -127,3 +127,131 @@ impl Module for Linear {
         }
     }
 }
+
+/// `Bilinear(in1_features, in2_features, out_features, bias=True)`: weight
+/// `[out, in1, in2]`, bias `[out]`, both U(-1/√in1, 1/√in1). Takes two inputs: use
+/// `forward2`.
+pub struct Bilinear {
+    pub weight: Parameter,
+    pub bias: Option<Parameter>,
+}
+
+impl Bilinear {
+    pub fn new(
+        in1: usize,
+        in2: usize,
+        out: usize,
+        bias: bool,
+        dtype: DType,
+        dev: &Device,
+    ) -> Result<Bilinear> {
+        if in1 == 0 || in2 == 0 || out == 0 {
+            return Err(Error::module(
+                "Bilinear",
+                format!("feature counts must be positive, got in1 {in1}, in2 {in2}, out {out}"),
+            ));
+        }
+        let bound = 1.0 / (in1 as f64).sqrt();
+        Ok(Bilinear {
+            weight: Parameter::new(&init::uniform([out, in1, in2], -bound, bound, dtype, dev)?)?,
+            bias: match bias {
+                true => Some(Parameter::new(&init::uniform(
+                    [out],
+                    -bound,
+                    bound,
+                    dtype,
+                    dev,
+                )?)?),
+                false => None,
+            },
+        })
+    }
+
+    /// x1 `[..., in1]`, x2 `[..., in2]` with equal leading dims -> `[..., out]`.
+    pub fn forward2(&self, x1: &Tensor, x2: &Tensor) -> Result<Tensor> {
+        let (out, in1, in2) = match self.weight.dims() {
+            [o, a, b] => (*o, *a, *b),
+            d => {
+                return Err(Error::module(
+                    "Bilinear",
+                    format!("weight must be [out, in1, in2], got {d:?}"),
+                ))
+            }
+        };
+        let r1 = x1.rank();
+        let r2 = x2.rank();
+        if r1 == 0
+            || r2 == 0
+            || x1.dims()[r1 - 1] != in1
+            || x2.dims()[r2 - 1] != in2
+            || x1.dims()[..r1 - 1] != x2.dims()[..r2 - 1]
+        {
+            return Err(Error::module(
+                "Bilinear",
+                format!(
+                    "expected inputs [..., {in1}] and [..., {in2}] with equal leading dims, got {} and {}",
+                    x1.shape(),
+                    x2.shape()
+                ),
+            ));
+        }
+        let lead = x1.dims()[..r1 - 1].to_vec();
+        let n: usize = lead.iter().product();
+        let a = x1.reshape([n, in1])?;
+        let b = x2.reshape([n, in2])?;
+        // [in1, out * in2]: column (o, j) holds W[o, :, j].
+        let w = self
+            .weight
+            .tensor()
+            .permute(&[1, 0, 2])?
+            .reshape([in1, out * in2])?;
+        let y = a
+            .matmul(&w)?
+            .reshape([n, out, in2])?
+            .mul(&b.unsqueeze(1)?)?
+            .sum(&[-1], false)?;
+        let y = match &self.bias {
+            Some(bias) => y.add(&bias.tensor())?,
+            None => y,
+        };
+        let mut dims = lead;
+        dims.push(out);
+        y.reshape(dims)
+    }
+}
+
+impl Module for Bilinear {
+    fn type_name(&self) -> &'static str {
+        "Bilinear"
+    }
+
+    /// Bilinear takes two inputs: an error pointing to `forward2`.
+    fn forward(&self, _x: &Tensor) -> Result<Tensor> {
+        Err(Error::module(
+            "Bilinear",
+            "takes two inputs: call forward2(x1, x2)",
+        ))
+    }
+
+    fn members(&self) -> Members<'_> {
+        let mut params = vec![("weight".to_string(), &self.weight)];
+        if let Some(b) = &self.bias {
+            params.push(("bias".to_string(), b));
+        }
+        Members {
+            params,
+            ..Members::default()
+        }
+    }
+
+    fn members_mut(&mut self) -> MembersMut<'_> {
+        let mut params = vec![("weight".to_string(), &mut self.weight)];
+        if let Some(b) = &mut self.bias {
+            params.push(("bias".to_string(), b));
+        }
+        MembersMut {
+            params,
+            ..MembersMut::default()
+        }
+    }
+}

@@ -1,0 +1,526 @@
+//! `MultiheadAttention` and `TransformerEncoderLayer` as in PyTorch (packed `in_proj_weight`
+//! `[3E, E]`, `out_proj` a Linear; `need_weights=False` semantics). Without a key-padding
+//! mask, attention runs through the fused `attention` op (causal masking included); with one,
+//! through its composition (scores, additive -inf mask, softmax, product), since the fused op
+//! takes no mask input yet. There is no attention-weight dropout (PyTorch's default p = 0;
+//! the fused op has none).
+
+use crate::layers::activation::{gelu, relu};
+use crate::module::{forward_child, in_child};
+use crate::{init, Dropout, LayerNorm, Linear, Members, MembersMut, Module, Parameter};
+use ferrite_core::{DType, Device, Error, Result, Tensor};
+
+pub struct MultiheadAttention {
+    pub in_proj_weight: Parameter,
+    pub in_proj_bias: Option<Parameter>,
+    pub out_proj: Linear,
+    embed_dim: usize,
+    num_heads: usize,
+    batch_first: bool,
+}
+
+impl MultiheadAttention {
+    /// `MultiheadAttention(embed_dim, num_heads, dropout=0.0, bias=True, batch_first)`:
+    /// in_proj_weight xavier_uniform, biases zero, out_proj.weight Linear's default.
+    pub fn new(
+        embed_dim: usize,
+        num_heads: usize,
+        bias: bool,
+        batch_first: bool,
+        dtype: DType,
+        dev: &Device,
+    ) -> Result<MultiheadAttention> {
+        if embed_dim == 0 || num_heads == 0 || !embed_dim.is_multiple_of(num_heads) {
+            return Err(Error::module(
+                "MultiheadAttention",
+                format!(
+                    "embed_dim {embed_dim} must be a positive multiple of num_heads {num_heads}"
+                ),
+            ));
+        }
+        let mut out_proj = Linear::new(embed_dim, embed_dim, bias, dtype, dev)?;
+        if let Some(b) = &mut out_proj.bias {
+            b.copy_(&Tensor::zeros([embed_dim], dtype, dev)?)?;
+        }
+        Ok(MultiheadAttention {
+            in_proj_weight: Parameter::new(&init::xavier_uniform(
+                [3 * embed_dim, embed_dim],
+                1.0,
+                dtype,
+                dev,
+            )?)?,
+            in_proj_bias: match bias {
+                true => Some(Parameter::new(&Tensor::zeros(
+                    [3 * embed_dim],
+                    dtype,
+                    dev,
+                )?)?),
+                false => None,
+            },
+            out_proj,
+            embed_dim,
+            num_heads,
+            batch_first,
+        })
+    }
+
+    /// Attention of `query` [L, B, E] over `key`/`value` [S, B, E] ([B, L, E] with
+    /// batch_first). `key_padding_mask`: bool [B, S], true where a key is padding. `causal`:
+    /// query i sees keys j ≤ i + S - L. Returns [L, B, E] (or [B, L, E]).
+    pub fn attend(
+        &self,
+        query: &Tensor,
+        key: &Tensor,
+        value: &Tensor,
+        key_padding_mask: Option<&Tensor>,
+        causal: bool,
+    ) -> Result<Tensor> {
+        let (e, h) = (self.embed_dim, self.num_heads);
+        let d = e / h;
+        let to_lbe = |t: &Tensor| {
+            if self.batch_first {
+                t.transpose(0, 1)
+            } else {
+                Ok(t.clone())
+            }
+        };
+        let (q, k, v) = (to_lbe(query)?, to_lbe(key)?, to_lbe(value)?);
+        for (what, t) in [("query", &q), ("key", &k), ("value", &v)] {
+            if t.rank() != 3 || t.dims()[2] != e {
+                return Err(Error::module(
+                    "MultiheadAttention",
+                    format!("expected {what} [len, batch, {e}] (batch_first: [batch, len, {e}]), got {}", t.shape()),
+                ));
+            }
+        }
+        let (l, b, s) = (q.dims()[0], q.dims()[1], k.dims()[0]);
+        if k.dims()[1] != b || v.dims()[..2] != k.dims()[..2] {
+            return Err(Error::module(
+                "MultiheadAttention",
+                format!(
+                    "query {}, key {} and value {} do not agree",
+                    q.shape(),
+                    k.shape(),
+                    v.shape()
+                ),
+            ));
+        }
+        let w = self.in_proj_weight.tensor();
+        let bias = self.in_proj_bias.as_ref().map(|p| p.tensor());
+        // [len, B, E] -> [B, h, len, d]
+        let project = |x: &Tensor, i: usize| -> Result<Tensor> {
+            let wi = w.narrow(0, i * e, e)?;
+            let mut y = x.matmul(&wi.t()?)?;
+            if let Some(bb) = &bias {
+                y = y.add(&bb.narrow(0, i * e, e)?)?;
+            }
+            let len = x.dims()[0];
+            y.reshape([len, b, h, d])?.permute(&[1, 2, 0, 3])
+        };
+        let (qh, kh, vh) = (project(&q, 0)?, project(&k, 1)?, project(&v, 2)?);
+        let scale = 1.0 / (d as f64).sqrt();
+        let o = match key_padding_mask {
+            None => Tensor::attention(
+                &qh.contiguous()?,
+                &kh.contiguous()?,
+                &vh.contiguous()?,
+                causal,
+                Some(scale),
+            )?,
+            Some(mask) => {
+                if mask.dims() != [b, s] || mask.dtype() != DType::Bool {
+                    return Err(Error::module(
+                        "MultiheadAttention",
+                        format!(
+                            "key_padding_mask must be bool [{b}, {s}], got {} {}",
+                            mask.dtype(),
+                            mask.shape()
+                        ),
+                    ));
+                }
+                let mut scores = qh.matmul(&kh.transpose(2, 3)?)?.mul_scalar(scale)?;
+                let ninf = scores.scalar_like(f64::NEG_INFINITY)?;
+                let mut masked = mask.reshape([b, 1, 1, s])?;
+                if causal {
+                    let dev = q.device();
+                    let i = Tensor::arange(0.0, l as f64, 1.0, DType::I64, dev)?.reshape([l, 1])?;
+                    let j = Tensor::arange(0.0, s as f64, 1.0, DType::I64, dev)?.reshape([1, s])?;
+                    let future = j
+                        .gt(&i.add_scalar(s as f64 - l as f64)?)?
+                        .reshape([1, 1, l, s])?;
+                    let (a, c) = Tensor::broadcast_pair(
+                        "attention",
+                        &masked.cast(DType::U8)?,
+                        &future.cast(DType::U8)?,
+                    )?;
+                    masked = a.maximum(&c)?.cast(DType::Bool)?;
+                }
+                scores = Tensor::where_cond(&masked, &ninf, &scores)?;
+                scores.softmax(-1)?.matmul(&vh)?
+            }
+        };
+        // [B, h, L, d] -> [L, B, E]
+        let o = o.permute(&[2, 0, 1, 3])?.reshape([l, b, e])?;
+        let y = forward_child("out_proj", &self.out_proj, &o)?;
+        if self.batch_first {
+            y.transpose(0, 1)
+        } else {
+            Ok(y)
+        }
+    }
+}
+
+impl Module for MultiheadAttention {
+    fn type_name(&self) -> &'static str {
+        "MultiheadAttention"
+    }
+
+    /// Self-attention of `x` (query = key = value), no masks.
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        self.attend(x, x, x, None, false)
+    }
+
+    fn members(&self) -> Members<'_> {
+        let mut params = vec![("in_proj_weight".to_string(), &self.in_proj_weight)];
+        if let Some(b) = &self.in_proj_bias {
+            params.push(("in_proj_bias".to_string(), b));
+        }
+        Members {
+            params,
+            children: vec![("out_proj".to_string(), &self.out_proj as &dyn Module)],
+            ..Members::default()
+        }
+    }
+
+    fn members_mut(&mut self) -> MembersMut<'_> {
+        let mut params = vec![("in_proj_weight".to_string(), &mut self.in_proj_weight)];
+        if let Some(b) = &mut self.in_proj_bias {
+            params.push(("in_proj_bias".to_string(), b));
+        }
+        MembersMut {
+            params,
+            children: vec![(
+                "out_proj".to_string(),
+                &mut self.out_proj as &mut dyn Module,
+            )],
+            ..MembersMut::default()
+        }
+    }
+}
+
+/// `TransformerEncoderLayer(d_model, nhead, dim_feedforward, dropout, activation
+/// ("relu" | "gelu"), layer_norm_eps, batch_first, norm_first, bias)`.
+pub struct TransformerEncoderLayer {
+    pub self_attn: MultiheadAttention,
+    pub linear1: Linear,
+    pub dropout: Dropout,
+    pub linear2: Linear,
+    pub norm1: LayerNorm,
+    pub norm2: LayerNorm,
+    pub dropout1: Dropout,
+    pub dropout2: Dropout,
+    gelu: bool,
+    norm_first: bool,
+}
+
+/// Hyperparameters of `TransformerEncoderLayer` (PyTorch's defaults from `new`).
+#[derive(Clone, Copy, Debug)]
+pub struct EncoderConfig {
+    pub d_model: usize,
+    pub nhead: usize,
+    pub dim_feedforward: usize,
+    pub dropout: f64,
+    pub gelu: bool,
+    pub layer_norm_eps: f64,
+    pub batch_first: bool,
+    pub norm_first: bool,
+    pub bias: bool,
+}
+
+impl EncoderConfig {
+    pub fn new(d_model: usize, nhead: usize) -> EncoderConfig {
+        EncoderConfig {
+            d_model,
+            nhead,
+            dim_feedforward: 2048,
+            dropout: 0.1,
+            gelu: false,
+            layer_norm_eps: 1e-5,
+            batch_first: false,
+            norm_first: false,
+            bias: true,
+        }
+    }
+}
+
+impl TransformerEncoderLayer {
+    pub fn new(c: EncoderConfig, dtype: DType, dev: &Device) -> Result<TransformerEncoderLayer> {
+        let ln =
+            |dev: &Device| LayerNorm::new(&[c.d_model], c.layer_norm_eps, true, c.bias, dtype, dev);
+        Ok(TransformerEncoderLayer {
+            self_attn: MultiheadAttention::new(
+                c.d_model,
+                c.nhead,
+                c.bias,
+                c.batch_first,
+                dtype,
+                dev,
+            )
+            .map_err(|e| in_child(e, "self_attn", "MultiheadAttention"))?,
+            linear1: Linear::new(c.d_model, c.dim_feedforward, c.bias, dtype, dev)?,
+            dropout: Dropout::new(c.dropout)?,
+            linear2: Linear::new(c.dim_feedforward, c.d_model, c.bias, dtype, dev)?,
+            norm1: ln(dev)?,
+            norm2: ln(dev)?,
+            dropout1: Dropout::new(c.dropout)?,
+            dropout2: Dropout::new(c.dropout)?,
+            gelu: c.gelu,
+            norm_first: c.norm_first,
+        })
+    }
+
+    fn sa(&self, x: &Tensor, mask: Option<&Tensor>, causal: bool) -> Result<Tensor> {
+        let y = self
+            .self_attn
+            .attend(x, x, x, mask, causal)
+            .map_err(|e| in_child(e, "self_attn", "MultiheadAttention"))?;
+        forward_child("dropout1", &self.dropout1, &y)
+    }
+
+    fn ff(&self, x: &Tensor) -> Result<Tensor> {
+        let h = forward_child("linear1", &self.linear1, x)?;
+        let h = if self.gelu {
+            gelu(&h, false)?
+        } else {
+            relu(&h)?
+        };
+        let h = forward_child("dropout", &self.dropout, &h)?;
+        let h = forward_child("linear2", &self.linear2, &h)?;
+        forward_child("dropout2", &self.dropout2, &h)
+    }
+
+    /// The layer with an optional key-padding mask (bool [B, S]) and causal self-attention.
+    pub fn forward_masked(
+        &self,
+        x: &Tensor,
+        key_padding_mask: Option<&Tensor>,
+        causal: bool,
+    ) -> Result<Tensor> {
+        if self.norm_first {
+            let x = x.add(&self.sa(
+                &forward_child("norm1", &self.norm1, x)?,
+                key_padding_mask,
+                causal,
+            )?)?;
+            x.add(&self.ff(&forward_child("norm2", &self.norm2, &x)?)?)
+        } else {
+            let x = forward_child(
+                "norm1",
+                &self.norm1,
+                &x.add(&self.sa(x, key_padding_mask, causal)?)?,
+            )?;
+            forward_child("norm2", &self.norm2, &x.add(&self.ff(&x)?)?)
+        }
+    }
+}
+
+impl Module for TransformerEncoderLayer {
+    fn type_name(&self) -> &'static str {
+        "TransformerEncoderLayer"
+    }
+
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        self.forward_masked(x, None, false)
+    }
+
+    fn members(&self) -> Members<'_> {
+        Members {
+            children: vec![
+                ("self_attn".to_string(), &self.self_attn as &dyn Module),
+                ("linear1".to_string(), &self.linear1),
+                ("dropout".to_string(), &self.dropout),
+                ("linear2".to_string(), &self.linear2),
+                ("norm1".to_string(), &self.norm1),
+                ("norm2".to_string(), &self.norm2),
+                ("dropout1".to_string(), &self.dropout1),
+                ("dropout2".to_string(), &self.dropout2),
+            ],
+            ..Members::default()
+        }
+    }
+
+    fn members_mut(&mut self) -> MembersMut<'_> {
+        MembersMut {
+            children: vec![
+                (
+                    "self_attn".to_string(),
+                    &mut self.self_attn as &mut dyn Module,
+                ),
+                ("linear1".to_string(), &mut self.linear1),
+                ("dropout".to_string(), &mut self.dropout),
+                ("linear2".to_string(), &mut self.linear2),
+                ("norm1".to_string(), &mut self.norm1),
+                ("norm2".to_string(), &mut self.norm2),
+                ("dropout1".to_string(), &mut self.dropout1),
+                ("dropout2".to_string(), &mut self.dropout2),
+            ],
+            ..MembersMut::default()
+        }
+    }
+}
+
+/// Hyperparameters of `TransformerDecoderLayer` (the encoder layer's).
+pub type DecoderConfig = EncoderConfig;
+
+/// `TransformerDecoderLayer`: self-attention, cross-attention over `memory`, feed-forward;
+/// pre- or post-norm. Takes two inputs: `forward_decoder`.
+pub struct TransformerDecoderLayer {
+    pub self_attn: MultiheadAttention,
+    pub multihead_attn: MultiheadAttention,
+    pub linear1: Linear,
+    pub dropout: Dropout,
+    pub linear2: Linear,
+    pub norm1: LayerNorm,
+    pub norm2: LayerNorm,
+    pub norm3: LayerNorm,
+    pub dropout1: Dropout,
+    pub dropout2: Dropout,
+    pub dropout3: Dropout,
+    gelu: bool,
+    norm_first: bool,
+}
+
+impl TransformerDecoderLayer {
+    pub fn new(c: DecoderConfig, dtype: DType, dev: &Device) -> Result<TransformerDecoderLayer> {
+        let ln = || LayerNorm::new(&[c.d_model], c.layer_norm_eps, true, c.bias, dtype, dev);
+        let mha = |name: &str| {
+            MultiheadAttention::new(c.d_model, c.nhead, c.bias, c.batch_first, dtype, dev)
+                .map_err(|e| in_child(e, name, "MultiheadAttention"))
+        };
+        Ok(TransformerDecoderLayer {
+            self_attn: mha("self_attn")?,
+            multihead_attn: mha("multihead_attn")?,
+            linear1: Linear::new(c.d_model, c.dim_feedforward, c.bias, dtype, dev)?,
+            dropout: Dropout::new(c.dropout)?,
+            linear2: Linear::new(c.dim_feedforward, c.d_model, c.bias, dtype, dev)?,
+            norm1: ln()?,
+            norm2: ln()?,
+            norm3: ln()?,
+            dropout1: Dropout::new(c.dropout)?,
+            dropout2: Dropout::new(c.dropout)?,
+            dropout3: Dropout::new(c.dropout)?,
+            gelu: c.gelu,
+            norm_first: c.norm_first,
+        })
+    }
+
+    fn sa(&self, x: &Tensor, mask: Option<&Tensor>, causal: bool) -> Result<Tensor> {
+        let y = self
+            .self_attn
+            .attend(x, x, x, mask, causal)
+            .map_err(|e| in_child(e, "self_attn", "MultiheadAttention"))?;
+        forward_child("dropout1", &self.dropout1, &y)
+    }
+
+    fn ca(&self, x: &Tensor, mem: &Tensor, mask: Option<&Tensor>) -> Result<Tensor> {
+        let y = self
+            .multihead_attn
+            .attend(x, mem, mem, mask, false)
+            .map_err(|e| in_child(e, "multihead_attn", "MultiheadAttention"))?;
+        forward_child("dropout2", &self.dropout2, &y)
+    }
+
+    fn ff(&self, x: &Tensor) -> Result<Tensor> {
+        let h = forward_child("linear1", &self.linear1, x)?;
+        let h = if self.gelu {
+            gelu(&h, false)?
+        } else {
+            relu(&h)?
+        };
+        let h = forward_child("dropout", &self.dropout, &h)?;
+        let h = forward_child("linear2", &self.linear2, &h)?;
+        forward_child("dropout3", &self.dropout3, &h)
+    }
+
+    /// `tgt` attends to itself (causally when `tgt_causal`, with an optional key-padding mask)
+    /// and to `memory` (with an optional memory key-padding mask).
+    pub fn forward_decoder(
+        &self,
+        tgt: &Tensor,
+        memory: &Tensor,
+        tgt_causal: bool,
+        tgt_key_padding_mask: Option<&Tensor>,
+        memory_key_padding_mask: Option<&Tensor>,
+    ) -> Result<Tensor> {
+        let (tm, mm) = (tgt_key_padding_mask, memory_key_padding_mask);
+        if self.norm_first {
+            let x =
+                tgt.add(&self.sa(&forward_child("norm1", &self.norm1, tgt)?, tm, tgt_causal)?)?;
+            let x = x.add(&self.ca(&forward_child("norm2", &self.norm2, &x)?, memory, mm)?)?;
+            x.add(&self.ff(&forward_child("norm3", &self.norm3, &x)?)?)
+        } else {
+            let x = forward_child(
+                "norm1",
+                &self.norm1,
+                &tgt.add(&self.sa(tgt, tm, tgt_causal)?)?,
+            )?;
+            let x = forward_child("norm2", &self.norm2, &x.add(&self.ca(&x, memory, mm)?)?)?;
+            forward_child("norm3", &self.norm3, &x.add(&self.ff(&x)?)?)
+        }
+    }
+}
+
+impl Module for TransformerDecoderLayer {
+    fn type_name(&self) -> &'static str {
+        "TransformerDecoderLayer"
+    }
+
+    /// The decoder takes (tgt, memory): an error pointing to `forward_decoder`.
+    fn forward(&self, _x: &Tensor) -> Result<Tensor> {
+        Err(Error::module(
+            "TransformerDecoderLayer",
+            "takes two inputs: call forward_decoder(tgt, memory, ...)",
+        ))
+    }
+
+    fn members(&self) -> Members<'_> {
+        Members {
+            children: vec![
+                ("self_attn".to_string(), &self.self_attn as &dyn Module),
+                ("multihead_attn".to_string(), &self.multihead_attn),
+                ("linear1".to_string(), &self.linear1),
+                ("dropout".to_string(), &self.dropout),
+                ("linear2".to_string(), &self.linear2),
+                ("norm1".to_string(), &self.norm1),
+                ("norm2".to_string(), &self.norm2),
+                ("norm3".to_string(), &self.norm3),
+                ("dropout1".to_string(), &self.dropout1),
+                ("dropout2".to_string(), &self.dropout2),
+                ("dropout3".to_string(), &self.dropout3),
+            ],
+            ..Members::default()
+        }
+    }
+
+    fn members_mut(&mut self) -> MembersMut<'_> {
+        MembersMut {
+            children: vec![
+                (
+                    "self_attn".to_string(),
+                    &mut self.self_attn as &mut dyn Module,
+                ),
+                ("multihead_attn".to_string(), &mut self.multihead_attn),
+                ("linear1".to_string(), &mut self.linear1),
+                ("dropout".to_string(), &mut self.dropout),
+                ("linear2".to_string(), &mut self.linear2),
+                ("norm1".to_string(), &mut self.norm1),
+                ("norm2".to_string(), &mut self.norm2),
+                ("norm3".to_string(), &mut self.norm3),
+                ("dropout1".to_string(), &mut self.dropout1),
+                ("dropout2".to_string(), &mut self.dropout2),
+                ("dropout3".to_string(), &mut self.dropout3),
+            ],
+            ..MembersMut::default()
+        }
+    }
+}
