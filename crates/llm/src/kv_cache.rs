@@ -559,7 +559,11 @@ mod tests {
         // its hash is dropped until it is full again).
         assert_eq!(kv.add_seq(2, &prompt).unwrap(), 7);
         assert_eq!(kv.table(2), &first[..2]);
-        assert_eq!(kv.taken(2), 2, "reviving cached blocks takes them from the pool");
+        assert_eq!(
+            kv.taken(2),
+            2,
+            "reviving cached blocks takes them from the pool"
+        );
         assert_eq!(kv.stats().prefix_hit_positions, 7);
         // A third sequence shares the first block while 2 holds it.
         let mut p3 = prompt[..4].to_vec();

@@ -93,6 +93,19 @@ pub(crate) mod x86 {
         _mm_cvtss_f32(s)
     }
 
+    /// `((v0 + v1) + (v2 + v3)) + ((v4 + v5) + (v6 + v7))`: the order in which the four-row
+    /// kernels' `hadd` reduction sums each row, for single-row kernels that must match them.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub fn hsum_tree(v: __m256) -> f32 {
+        let h = _mm256_hadd_ps(v, v);
+        let h = _mm256_hadd_ps(h, h);
+        _mm_cvtss_f32(_mm_add_ss(
+            _mm256_castps256_ps128(h),
+            _mm256_extractf128_ps(h, 1),
+        ))
+    }
+
     /// 16 bytes at `p` -> 32 u8 lanes: lanes 0..16 the low nibbles, lanes 16..32 the high.
     ///
     /// # Safety

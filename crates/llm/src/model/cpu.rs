@@ -164,7 +164,13 @@ impl Kernels for CpuKernels<'_> {
                 .iter()
                 .flat_map(|s| (0..s.rows.len()).map(move |i| s.pos + i))
         };
-        rope_table(&self.inv_freq, positions(), scale, &mut self.cos, &mut self.sin);
+        rope_table(
+            &self.inv_freq,
+            positions(),
+            scale,
+            &mut self.cos,
+            &mut self.sin,
+        );
         if c.sliding_window > 0 {
             rope_table(
                 &self.inv_freq_local,
@@ -194,7 +200,13 @@ impl Kernels for CpuKernels<'_> {
         let src: &[f32] = match norm {
             Some(n) => {
                 let w = self.norm_w(n);
-                rms_norm_rows(&self.bufs[idx(x)], &mut self.xb[..t * cols], w, cols, m.cfg.eps);
+                rms_norm_rows(
+                    &self.bufs[idx(x)],
+                    &mut self.xb[..t * cols],
+                    w,
+                    cols,
+                    m.cfg.eps,
+                );
                 &self.xb[..t * cols]
             }
             None => &self.bufs[idx(x)],
