@@ -328,7 +328,8 @@ pub const MAX_BATCH: usize = 256;
 pub struct Session<'m> {
     model: &'m Model,
     ctx: usize,
-    kv: PagedKv,
+    // Boxed: keeps a session near a GPU session's size (the CLI holds either in one enum).
+    kv: Box<PagedKv>,
     store: CpuKvStore,
     k: CpuKernels<'m>,
     batch: Batch,
@@ -355,7 +356,7 @@ impl<'m> Session<'m> {
         Ok(Session {
             model,
             ctx,
-            kv,
+            kv: Box::new(kv),
             store,
             k: CpuKernels::new(model),
             batch: Batch::default(),
