@@ -385,3 +385,81 @@ fn per_request_sampling_is_independent_of_the_batch() {
         assert_eq!(got, toks, "{id}");
     }
 }
+
+/// A random mix of requests (shared prefixes, queueing, cancellations) on a cache small
+/// enough to force waiting and the eviction of cached prefixes: no step fails, the block
+/// counters always add up, and every request that was not cancelled gets its alone tokens.
+#[test]
+fn random_traffic_keeps_the_books_and_the_tokens() {
+    let m = tiny();
+    let vocab = m.cfg.vocab;
+    let mut eng = Engine::new(
+        &m,
+        EngineConfig {
+            ctx: 80,
+            kv_blocks: 10,
+            max_seqs: 3,
+            step_tokens: 20,
+        },
+    )
+    .unwrap();
+    let mut rng = ferrite_llm::sampler::Rng::new(5);
+    let mut below = |n: u64| (rng.next_u64() % n) as usize;
+    let stems: Vec<Vec<u32>> = (0..3).map(|s| tokens(40, 20 + s, vocab)).collect();
+    let mut want: HashMap<RequestId, Vec<u32>> = HashMap::new();
+    let mut got: HashMap<RequestId, Vec<u32>> = HashMap::new();
+    let mut cancelled = Vec::new();
+    let mut finished = 0;
+    let (mut max_waiting, mut full_of_cache) = (0, false);
+    for round in 0..60 {
+        if round < 40 && below(2) == 0 {
+            // A prompt: a stem's prefix (shared with others) plus a few tokens of its own.
+            let mut p = stems[below(3)][..below(40) + 1].to_vec();
+            p.extend(tokens(below(6), 100 + round, vocab));
+            let n = below(8) + 1;
+            let mut r = Request::greedy(p.clone(), n);
+            r.queue = true;
+            let id = eng.add_request(r).unwrap();
+            want.insert(id, alone(&m, &p, n).0);
+        }
+        if below(7) == 0 && !want.is_empty() {
+            let ids: Vec<RequestId> = want.keys().copied().collect();
+            let id = ids[below(ids.len() as u64)];
+            if eng.cancel(id) {
+                cancelled.push(id);
+            }
+        }
+        for o in eng.step().unwrap() {
+            got.entry(o.id).or_default().extend(o.token);
+            finished += usize::from(o.finish.is_some());
+        }
+        let st = eng.stats();
+        assert_eq!(
+            st.kv.blocks_used + st.kv.blocks_cached + st.kv.blocks_free,
+            st.kv.blocks_total
+        );
+        assert!(st.running <= 3);
+        max_waiting = max_waiting.max(st.waiting);
+        full_of_cache |= st.kv.blocks_free == 0 && st.kv.blocks_cached > 0;
+    }
+    while eng.has_work() {
+        for o in eng.step().unwrap() {
+            got.entry(o.id).or_default().extend(o.token);
+            finished += usize::from(o.finish.is_some());
+        }
+    }
+    let st = eng.stats();
+    assert_eq!(st.kv.blocks_used, 0);
+    assert!(st.kv.prefix_hit_positions > 0, "prefixes were shared");
+    assert!(max_waiting > 0, "requests had to wait");
+    assert!(
+        full_of_cache,
+        "new blocks came from evicting cached prefixes"
+    );
+    assert_eq!(finished + cancelled.len(), want.len());
+    for (id, toks) in &want {
+        if !cancelled.contains(id) {
+            assert_eq!(got.get(id).map_or(&[][..], |v| v), &toks[..], "{id}");
+        }
+    }
+}
