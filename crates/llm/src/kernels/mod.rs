@@ -342,6 +342,20 @@ pub fn matmul(isa: Isa, acts: &Acts, ops: &mut [MatOut<'_, '_>]) {
         let a = |ti: usize| &acts.q8[ti * nb..(ti + 1) * nb];
         let lo = |ti: usize| &acts.q8_lo[ti * nb..(ti + 1) * nb];
         let mut t0 = 0;
+        if w.ty == GgmlType::Q8_0 && !x2 {
+            // Four activation rows per pass share each weight block.
+            while t0 + 4 <= t {
+                for r in r0..r1 {
+                    let v =
+                        q8_0::dot_q8_0_x4(isa, w.row(r), [a(t0), a(t0 + 1), a(t0 + 2), a(t0 + 3)]);
+                    for (k, &vk) in v.iter().enumerate() {
+                        // SAFETY: as above.
+                        unsafe { *out.0.add((t0 + k) * w.rows + r) = vk };
+                    }
+                }
+                t0 += 4;
+            }
+        }
         if w.ty == GgmlType::Q4_1 {
             // Four activation rows per pass share each unpacked weight block.
             while t0 + 4 <= t {
