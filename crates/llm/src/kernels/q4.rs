@@ -142,8 +142,9 @@ pub(crate) mod x86 {
     /// avx2, fma and f16c must be available; `w` holds at least `a.len()` Q4_1 blocks.
     ///
     /// The same float operations in the same order as each row of [`dot_q4_1_rows4`] and
-    /// [`dot_q4_1_x4`] (one accumulator, `hsum_tree`, the offsets multiplied then added), so
-    /// a row's result does not depend on which kernel a batch sends it through.
+    /// [`dot_q4_1_x4`] (one accumulator, `hsum_tree` = their `reduce4`, the offsets summed
+    /// with fused multiply-adds), so a row's result does not depend on which kernel a batch
+    /// sends it through.
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn dot_q4_1(w: &[u8], a: &[BlockQ8]) -> f32 {
         let mut acc = _mm256_setzero_ps();
@@ -156,10 +157,24 @@ pub(crate) mod x86 {
                 let qa = _mm256_loadu_si256(b.qs.as_ptr() as *const __m256i);
                 let s = _mm256_cvtepi32_ps(mul_u8_i8(q, qa));
                 acc = _mm256_fmadd_ps(_mm256_set1_ps(f16_load(p) * b.d), s, acc);
-                offs += f16_load(p.add(2)) * b.s;
+                offs = f16_load(p.add(2)).mul_add(b.s, offs);
             }
         }
         hsum_tree(acc) + offs
+    }
+
+    /// Lane k: the sum of the 8 lanes of `acc[k]`, in `hsum_tree`'s order.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn reduce4(acc: [__m256; 4]) -> [f32; 4] {
+        let h01 = _mm256_hadd_ps(acc[0], acc[1]);
+        let h23 = _mm256_hadd_ps(acc[2], acc[3]);
+        let h = _mm256_hadd_ps(h01, h23);
+        let r = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+        let mut o = [0f32; 4];
+        // SAFETY: o holds 4 f32.
+        unsafe { _mm_storeu_ps(o.as_mut_ptr(), r) };
+        o
     }
 
     /// The body of the four-row Q4_1 kernel; `$mul` sums u8 x i8 products into 8 i32 lanes.
@@ -180,18 +195,11 @@ pub(crate) mod x86 {
                         let q = unpack_nibbles(p.add(4));
                         let s = _mm256_cvtepi32_ps($mul(q, qa));
                         acc[k] = _mm256_fmadd_ps(_mm256_set1_ps(f16_load(p) * b.d), s, acc[k]);
-                        offs[k] += f16_load(p.add(2)) * b.s;
+                        offs[k] = f16_load(p.add(2)).mul_add(b.s, offs[k]);
                     }
                 }
             }
-            // Reduce the four accumulators together: lane k of the result is row k's sum.
-            let h01 = _mm256_hadd_ps(acc[0], acc[1]);
-            let h23 = _mm256_hadd_ps(acc[2], acc[3]);
-            let h = _mm256_hadd_ps(h01, h23);
-            let r = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
-            let mut o = [0f32; 4];
-            // SAFETY: o holds 4 f32.
-            unsafe { _mm_storeu_ps(o.as_mut_ptr(), r) };
+            let o = reduce4(acc);
             [
                 o[0] + offs[0],
                 o[1] + offs[1],
@@ -226,7 +234,7 @@ pub(crate) mod x86 {
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn dot_q4_1_x4(w: &[u8], a: [&[BlockQ8]; 4]) -> [f32; 4] {
         let mut acc = [_mm256_setzero_ps(); 4];
-        let mut offs = [0f32; 4];
+        let mut offs = _mm_setzero_ps();
         for i in 0..a[0].len() {
             // SAFETY: block i lies within w and within every activation row.
             unsafe {
@@ -244,17 +252,14 @@ pub(crate) mod x86 {
                     let s = _mm256_cvtepi32_ps(mul_u8_i8(q, qa));
                     acc[k] = _mm256_fmadd_ps(_mm256_set1_ps(d * b.d), s, acc[k]);
                 }
-                for (k, b) in [b0, b1, b2, b3].into_iter().enumerate() {
-                    offs[k] += m * b.s;
-                }
+                offs = _mm_fmadd_ps(_mm_set1_ps(m), _mm_setr_ps(b0.s, b1.s, b2.s, b3.s), offs);
             }
         }
-        [
-            hsum_tree(acc[0]) + offs[0],
-            hsum_tree(acc[1]) + offs[1],
-            hsum_tree(acc[2]) + offs[2],
-            hsum_tree(acc[3]) + offs[3],
-        ]
+        let mut o = [0f32; 4];
+        // SAFETY: o holds 4 f32.
+        unsafe { _mm_storeu_ps(o.as_mut_ptr(), offs) };
+        let r = reduce4(acc);
+        [r[0] + o[0], r[1] + o[1], r[2] + o[2], r[3] + o[3]]
     }
 }
 
