@@ -7,7 +7,10 @@
 //! each row and take an f32 dot product. Rows are split across the thread pool in chunks;
 //! each chunk runs every activation row, so a chunk of weights stays in cache for the batch.
 //!
-//! Every SIMD kernel has a scalar reference in the same file and a test comparing them.
+//! Every SIMD kernel has a scalar reference in the same file and a test comparing them. The
+//! multi-row kernels (Q4_1 and Q8_0 over four activation rows, Q4_1 over four weight rows)
+//! give each row the same bits as the one-row kernel, so a row's product never depends on the
+//! rows batched with it (the engine's batched logits equal the single-sequence ones).
 
 pub mod float;
 pub mod k_quants;
