@@ -4,7 +4,8 @@
 //! tokens one at a time from an empty cache. With `--device cuda` (the default where a CUDA
 //! device is present) both run on the GPU: pp as the batched prefill (chunks of up to 512
 //! tokens: dequantized 16-bit weights x tensor-core products, flash attention), tg as decode steps each returning its greedy token; the report adds the decode
-//! bandwidth, weight bytes read per token x tok/s.
+//! bandwidth, weight bytes read per token x tok/s. `--batch B` (CPU) runs B sequences
+//! through the engine at once and reports aggregate and per-sequence speeds.
 
 use ferrite_llm::gpu::{CudaDevice, GpuModel, GpuSession};
 use ferrite_llm::{Logits, Session};
@@ -29,6 +30,10 @@ pub struct Args {
     /// Print JSON instead of a table.
     #[arg(long)]
     pub json: bool,
+    /// Sequences decoded together through the engine (CPU): each gets a `-p`-token prompt
+    /// and generates `-n` tokens; reports aggregate and per-sequence decode tok/s and pp.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=256))]
+    pub batch: Option<u32>,
 }
 
 const MIB: f64 = 1024.0 * 1024.0;
@@ -68,6 +73,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let tokens: Vec<u32> = (0..need)
         .map(|i| ((i * 7919 + 13) % vocab) as u32)
         .collect();
+    if let Some(b) = args.batch {
+        if cuda.is_some() {
+            anyhow::bail!(
+                "--batch runs the engine, which has no CUDA kernel set yet; add --device cpu"
+            );
+        }
+        return run_batch(&args, &loaded, b as usize);
+    }
     if let Some(dev) = cuda {
         return run_cuda(&args, &loaded, &dev, need, &tokens);
     }
@@ -246,6 +259,98 @@ fn run_cuda(
             kvb as f64 / MIB,
             session.ctx(),
             bound / MIB
+        );
+    }
+    Ok(())
+}
+
+/// `--batch B` on the CPU engine: B requests of `-p` prompt tokens (different per sequence)
+/// and `-n` generated tokens each (greedy, no stop token), added at once. pp: prompt tokens
+/// of all sequences over the time until every sequence has its first token (chunked prefill,
+/// the engine's step budget); tg: tokens generated after the first ones over the time from
+/// there to the end, in aggregate and per sequence.
+fn run_batch(args: &Args, loaded: &Loaded, b: usize) -> anyhow::Result<()> {
+    use ferrite_llm::engine::{Engine, EngineConfig, Request};
+    let model = &loaded.model;
+    let vocab = model.cfg.vocab;
+    if args.p == 0 || args.n == 0 {
+        anyhow::bail!("--batch needs -p and -n of at least 1");
+    }
+    let ctx = args.p + args.n;
+    if ctx > model.cfg.ctx_train {
+        anyhow::bail!(
+            "-p {} plus -n {} exceed the model's context length {}",
+            args.p,
+            args.n,
+            model.cfg.ctx_train
+        );
+    }
+    let mut engine = Engine::new(model, EngineConfig::new(ctx, b))?;
+    let mut runs = Vec::new();
+    for rep in 0..=args.r {
+        let start = std::time::Instant::now();
+        for s in 0..b {
+            // Distinct prompts: no prefix is shared between sequences or repetitions.
+            let prompt: Vec<u32> = (0..args.p)
+                .map(|i| {
+                    ((i * 7919 + (s + 1) * 104_729 + rep as usize * 15_485_863) % vocab) as u32
+                })
+                .collect();
+            engine.add_request(Request::greedy(prompt, args.n))?;
+        }
+        let mut started = std::collections::HashSet::new();
+        let mut t_first = None;
+        let mut generated = 0usize;
+        while engine.has_work() {
+            for o in engine.step()? {
+                generated += usize::from(o.token.is_some());
+                started.insert(o.id);
+            }
+            if t_first.is_none() && started.len() == b {
+                t_first = Some(start.elapsed().as_secs_f64());
+            }
+        }
+        let total = start.elapsed().as_secs_f64();
+        let pp_secs = t_first.unwrap_or(total);
+        let tg_tokens = generated.saturating_sub(b);
+        if rep > 0 {
+            runs.push((
+                (b * args.p) as f64 / pp_secs,
+                tg_tokens as f64 / (total - pp_secs).max(1e-9),
+            ));
+        }
+    }
+    let pp: Vec<f64> = runs.iter().map(|r| r.0).collect();
+    let tg: Vec<f64> = runs.iter().map(|r| r.1).collect();
+    let per_seq: Vec<f64> = tg.iter().map(|v| v / b as f64).collect();
+    let ((ppm, pps), (tgm, tgs), (psm, pss)) = (mean_sd(&pp), mean_sd(&tg), mean_sd(&per_seq));
+    let name = file_name(loaded);
+    let threads = ferrite_llm::pool::Pool::global().threads();
+    if args.json {
+        let out = serde_json::json!({
+            "model": name, "arch": model.cfg.arch_name, "backend": "CPU engine",
+            "threads": threads, "isa": format!("{:?}", model.isa()),
+            "precision": format!("{:?}", model.precision()), "batch": b,
+            "n_prompt": args.p, "n_gen": args.n, "repetitions": args.r,
+            "results": [
+                {"test": format!("pp{}", args.p), "tok_s_mean": ppm, "tok_s_sd": pps, "samples": pp},
+                {"test": format!("tg{}", args.n), "tok_s_mean": tgm, "tok_s_sd": tgs, "samples": tg,
+                 "per_sequence_tok_s_mean": psm, "per_sequence_tok_s_sd": pss},
+            ],
+        });
+        println!("{}", serde_json::to_string_pretty(&out)?);
+    } else {
+        println!("| model | backend | threads | batch | test | aggregate t/s | per sequence t/s |");
+        println!("| --- | --- | ---: | ---: | ---: | ---: | ---: |");
+        println!(
+            "| {name} | CPU engine ({:?}) | {threads} | {b} | pp{} | {ppm:.2} ± {pps:.2} | - |",
+            model.isa(),
+            args.p
+        );
+        println!(
+            "| {name} | CPU engine ({:?}) | {threads} | {b} | tg{} | {tgm:.2} ± {tgs:.2} | {psm:.2} ± {pss:.2} |",
+            model.isa(),
+            args.n
         );
     }
     Ok(())

@@ -1,8 +1,10 @@
-//! LLM inference on the CPU from GGUF files: model graphs (llama family, gemma3), quantized
-//! kernels that compute directly on GGUF blocks, the KV cache, tokenizer, chat templates,
-//! sampler and the generation loop.
+//! LLM inference from GGUF files: one model definition (llama family, qwen2, gemma3) over a
+//! kernel set (the CPU's here: quantized kernels that compute directly on GGUF blocks), the
+//! paged KV cache, the engine (batched steps over many requests), tokenizer, chat templates,
+//! sampler and the generation loop. `gpu` is the CUDA pipeline, still a model of its own.
 
 pub mod chat;
+pub mod engine;
 pub mod error;
 pub mod generate;
 pub mod gpu;

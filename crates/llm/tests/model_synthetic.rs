@@ -338,3 +338,46 @@ fn absurd_hyperparameters_are_rejected_before_allocation() {
     }));
     assert!(e.contains("out of range"), "{e}");
 }
+
+/// The same receptive field across KV block boundaries (blocks of 16 positions): position 35
+/// sees 29..=35 through two local layers (window 4), keys from blocks 1 and 2; and the
+/// whole prompt at once equals one token at a time.
+#[test]
+fn gemma3_sliding_window_across_block_boundaries() {
+    let mut m = tiny("gemma3", |_| {}).unwrap();
+    m.set_precision(Precision::Exact);
+    let base: Vec<u32> = (0..36).map(|i| i * 5 % 90 + 2).collect();
+    let run = |toks: &[u32]| {
+        let mut s = Session::new(&m, 48).unwrap();
+        s.forward(toks, Logits::Last).unwrap().to_vec()
+    };
+    let max_diff = |a: &[f32], b: &[f32]| {
+        a.iter()
+            .zip(b)
+            .map(|(x, y)| (x - y).abs())
+            .fold(0f32, f32::max)
+    };
+    let want = run(&base);
+    let mut far = base.clone();
+    far[28] = 61;
+    far[3] = 62;
+    assert!(
+        max_diff(&run(&far), &want) < 1e-5,
+        "a token outside the window mattered"
+    );
+    let mut near = base.clone();
+    near[30] = 61;
+    assert!(
+        max_diff(&run(&near), &want) > 1e-3,
+        "a token inside the window did not matter"
+    );
+    let mut s = Session::new(&m, 48).unwrap();
+    let mut last = Vec::new();
+    for &t in &base {
+        last = s.forward(&[t], Logits::Last).unwrap().to_vec();
+    }
+    assert!(
+        max_diff(&last, &want) < 1e-4,
+        "one at a time differs from all at once"
+    );
+}

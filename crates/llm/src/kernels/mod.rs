@@ -7,7 +7,10 @@
 //! each row and take an f32 dot product. Rows are split across the thread pool in chunks;
 //! each chunk runs every activation row, so a chunk of weights stays in cache for the batch.
 //!
-//! Every SIMD kernel has a scalar reference in the same file and a test comparing them.
+//! Every SIMD kernel has a scalar reference in the same file and a test comparing them. The
+//! multi-row kernels (Q4_1 and Q8_0 over four activation rows, Q4_1 over four weight rows)
+//! give each row the same bits as the one-row kernel, so a row's product never depends on the
+//! rows batched with it (the engine's batched logits equal the single-sequence ones).
 
 pub mod float;
 pub mod k_quants;
@@ -91,6 +94,19 @@ pub(crate) mod x86 {
         let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
         let s = _mm_add_ss(s, _mm_movehdup_ps(s));
         _mm_cvtss_f32(s)
+    }
+
+    /// `((v0 + v1) + (v2 + v3)) + ((v4 + v5) + (v6 + v7))`: the order in which the four-row
+    /// kernels' `hadd` reduction sums each row, for single-row kernels that must match them.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub fn hsum_tree(v: __m256) -> f32 {
+        let h = _mm256_hadd_ps(v, v);
+        let h = _mm256_hadd_ps(h, h);
+        _mm_cvtss_f32(_mm_add_ss(
+            _mm256_castps256_ps128(h),
+            _mm256_extractf128_ps(h, 1),
+        ))
     }
 
     /// 16 bytes at `p` -> 32 u8 lanes: lanes 0..16 the low nibbles, lanes 16..32 the high.
@@ -329,6 +345,20 @@ pub fn matmul(isa: Isa, acts: &Acts, ops: &mut [MatOut<'_, '_>]) {
         let a = |ti: usize| &acts.q8[ti * nb..(ti + 1) * nb];
         let lo = |ti: usize| &acts.q8_lo[ti * nb..(ti + 1) * nb];
         let mut t0 = 0;
+        if w.ty == GgmlType::Q8_0 && !x2 {
+            // Four activation rows per pass share each weight block.
+            while t0 + 4 <= t {
+                for r in r0..r1 {
+                    let v =
+                        q8_0::dot_q8_0_x4(isa, w.row(r), [a(t0), a(t0 + 1), a(t0 + 2), a(t0 + 3)]);
+                    for (k, &vk) in v.iter().enumerate() {
+                        // SAFETY: as above.
+                        unsafe { *out.0.add((t0 + k) * w.rows + r) = vk };
+                    }
+                }
+                t0 += 4;
+            }
+        }
         if w.ty == GgmlType::Q4_1 {
             // Four activation rows per pass share each unpacked weight block.
             while t0 + 4 <= t {

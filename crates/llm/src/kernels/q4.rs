@@ -105,7 +105,7 @@ pub(crate) mod x86 {
     use std::arch::x86_64::*;
 
     use super::super::q8::BlockQ8;
-    use super::super::x86::{f16_load, hsum_ps, unpack_nibbles};
+    use super::super::x86::{f16_load, hsum_ps, hsum_tree, unpack_nibbles};
     use super::{Q4_0_BYTES, Q4_1_BYTES};
 
     /// Sum over 32 lanes of u8 `q` times i8 `a`, as 8 i32 lanes.
@@ -140,41 +140,41 @@ pub(crate) mod x86 {
 
     /// # Safety
     /// avx2, fma and f16c must be available; `w` holds at least `a.len()` Q4_1 blocks.
+    ///
+    /// The same float operations in the same order as each row of [`dot_q4_1_rows4`] and
+    /// [`dot_q4_1_x4`] (one accumulator, `hsum_tree` = their `reduce4`, the offsets summed
+    /// with fused multiply-adds), so a row's result does not depend on which kernel a batch
+    /// sends it through.
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn dot_q4_1(w: &[u8], a: &[BlockQ8]) -> f32 {
-        let mut acc0 = _mm256_setzero_ps();
-        let mut acc1 = _mm256_setzero_ps();
+        let mut acc = _mm256_setzero_ps();
         let mut offs = 0f32;
-        let n = a.len();
-        let mut i = 0;
-        // SAFETY: every block index < a.len() lies within w (caller's contract).
-        unsafe {
-            while i + 1 < n {
-                let p0 = w.as_ptr().add(i * Q4_1_BYTES);
-                let p1 = p0.add(Q4_1_BYTES);
-                let (b0, b1) = (&a[i], &a[i + 1]);
-                let q0 = unpack_nibbles(p0.add(4));
-                let q1 = unpack_nibbles(p1.add(4));
-                let a0 = _mm256_loadu_si256(b0.qs.as_ptr() as *const __m256i);
-                let a1 = _mm256_loadu_si256(b1.qs.as_ptr() as *const __m256i);
-                let s0 = _mm256_cvtepi32_ps(mul_u8_i8(q0, a0));
-                let s1 = _mm256_cvtepi32_ps(mul_u8_i8(q1, a1));
-                acc0 = _mm256_fmadd_ps(_mm256_set1_ps(f16_load(p0) * b0.d), s0, acc0);
-                acc1 = _mm256_fmadd_ps(_mm256_set1_ps(f16_load(p1) * b1.d), s1, acc1);
-                offs += f16_load(p0.add(2)) * b0.s + f16_load(p1.add(2)) * b1.s;
-                i += 2;
-            }
-            if i < n {
+        for (i, b) in a.iter().enumerate() {
+            // SAFETY: block i lies within w (caller's contract).
+            unsafe {
                 let p = w.as_ptr().add(i * Q4_1_BYTES);
-                let b = &a[i];
                 let q = unpack_nibbles(p.add(4));
                 let qa = _mm256_loadu_si256(b.qs.as_ptr() as *const __m256i);
                 let s = _mm256_cvtepi32_ps(mul_u8_i8(q, qa));
-                acc0 = _mm256_fmadd_ps(_mm256_set1_ps(f16_load(p) * b.d), s, acc0);
-                offs += f16_load(p.add(2)) * b.s;
+                acc = _mm256_fmadd_ps(_mm256_set1_ps(f16_load(p) * b.d), s, acc);
+                offs = f16_load(p.add(2)).mul_add(b.s, offs);
             }
         }
-        hsum_ps(_mm256_add_ps(acc0, acc1)) + offs
+        hsum_tree(acc) + offs
+    }
+
+    /// Lane k: the sum of the 8 lanes of `acc[k]`, in `hsum_tree`'s order.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn reduce4(acc: [__m256; 4]) -> [f32; 4] {
+        let h01 = _mm256_hadd_ps(acc[0], acc[1]);
+        let h23 = _mm256_hadd_ps(acc[2], acc[3]);
+        let h = _mm256_hadd_ps(h01, h23);
+        let r = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+        let mut o = [0f32; 4];
+        // SAFETY: o holds 4 f32.
+        unsafe { _mm_storeu_ps(o.as_mut_ptr(), r) };
+        o
     }
 
     /// The body of the four-row Q4_1 kernel; `$mul` sums u8 x i8 products into 8 i32 lanes.
@@ -195,18 +195,11 @@ pub(crate) mod x86 {
                         let q = unpack_nibbles(p.add(4));
                         let s = _mm256_cvtepi32_ps($mul(q, qa));
                         acc[k] = _mm256_fmadd_ps(_mm256_set1_ps(f16_load(p) * b.d), s, acc[k]);
-                        offs[k] += f16_load(p.add(2)) * b.s;
+                        offs[k] = f16_load(p.add(2)).mul_add(b.s, offs[k]);
                     }
                 }
             }
-            // Reduce the four accumulators together: lane k of the result is row k's sum.
-            let h01 = _mm256_hadd_ps(acc[0], acc[1]);
-            let h23 = _mm256_hadd_ps(acc[2], acc[3]);
-            let h = _mm256_hadd_ps(h01, h23);
-            let r = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
-            let mut o = [0f32; 4];
-            // SAFETY: o holds 4 f32.
-            unsafe { _mm_storeu_ps(o.as_mut_ptr(), r) };
+            let o = reduce4(acc);
             [
                 o[0] + offs[0],
                 o[1] + offs[1],
@@ -265,12 +258,8 @@ pub(crate) mod x86 {
         let mut o = [0f32; 4];
         // SAFETY: o holds 4 f32.
         unsafe { _mm_storeu_ps(o.as_mut_ptr(), offs) };
-        [
-            hsum_ps(acc[0]) + o[0],
-            hsum_ps(acc[1]) + o[1],
-            hsum_ps(acc[2]) + o[2],
-            hsum_ps(acc[3]) + o[3],
-        ]
+        let r = reduce4(acc);
+        [r[0] + o[0], r[1] + o[1], r[2] + o[2], r[3] + o[3]]
     }
 }
 
@@ -332,6 +321,32 @@ mod tests {
                     assert!(
                         (got[k] - want).abs() <= 1e-4 * (1.0 + want.abs()),
                         "{isa:?} nb={nb} k={k}"
+                    );
+                }
+            }
+        }
+    }
+
+    /// A batch row's product must not depend on the kernel the batch sends it through (the
+    /// engine's batched logits equal the single-sequence ones): bit for bit.
+    #[test]
+    fn q4_1_kernels_agree_bit_for_bit() {
+        for nb in [1usize, 3, 18, 33] {
+            let acts: Vec<Vec<BlockQ8>> = (0..4).map(|k| acts_q8(nb, 40 + k + nb as u64)).collect();
+            let ws: Vec<Vec<u8>> = (0..4)
+                .map(|k| rand_blocks(nb, Q4_1_BYTES, &[0, 2], 60 + k + nb as u64))
+                .collect();
+            for isa in Isa::available() {
+                let x4 = dot_q4_1_x4(isa, &ws[1], [&acts[0], &acts[1], &acts[2], &acts[3]]);
+                let r4 = dot_q4_1_rows4(isa, [&ws[0], &ws[1], &ws[2], &ws[3]], &acts[2]);
+                for k in 0..4 {
+                    let one = dot_q4_1(isa, &ws[1], &acts[k]);
+                    assert_eq!(x4[k].to_bits(), one.to_bits(), "{isa:?} nb={nb} x4 row {k}");
+                    let one = dot_q4_1(isa, &ws[k], &acts[2]);
+                    assert_eq!(
+                        r4[k].to_bits(),
+                        one.to_bits(),
+                        "{isa:?} nb={nb} rows4 row {k}"
                     );
                 }
             }

@@ -17,6 +17,21 @@ pub fn dot_q8_0(isa: Isa, w: &[u8], a: &[BlockQ8]) -> f32 {
     dot_q8_0_scalar(w, a)
 }
 
+/// Dot products of one Q8_0 row with four activation rows (each weight block is loaded once
+/// for the four): `[dot(w, a[0]), .., dot(w, a[3])]`, each bit for bit what [`dot_q8_0`]
+/// gives (same float operations in the same order).
+pub fn dot_q8_0_x4(isa: Isa, w: &[u8], a: [&[BlockQ8]; 4]) -> [f32; 4] {
+    let nb = a[0].len();
+    assert!(a.iter().all(|x| x.len() == nb) && w.len() >= nb * Q8_0_BYTES);
+    #[cfg(target_arch = "x86_64")]
+    if isa.avx2() {
+        // SAFETY: Isa::Avx2 implies runtime-detected avx2/fma/f16c; lengths checked above.
+        return unsafe { x86::dot_q8_0_x4(w, a) };
+    }
+    let _ = isa;
+    a.map(|ai| dot_q8_0_scalar(w, ai))
+}
+
 pub fn dot_q8_0_scalar(w: &[u8], a: &[BlockQ8]) -> f32 {
     let mut sum = 0f32;
     for (i, b) in a.iter().enumerate() {
@@ -83,6 +98,62 @@ pub(crate) mod x86 {
         }
         hsum_ps(_mm256_add_ps(acc0, acc1))
     }
+
+    /// # Safety
+    /// avx2, fma and f16c must be available; `w` holds at least `a[k].len()` Q8_0 blocks and
+    /// the four activation rows have equal length.
+    ///
+    /// Row k's operations are those of [`dot_q8_0`] on `a[k]`, in the same order (even and odd
+    /// blocks in two accumulators, `hsum_ps` of their sum).
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn dot_q8_0_x4(w: &[u8], a: [&[BlockQ8]; 4]) -> [f32; 4] {
+        let mut acc0 = [_mm256_setzero_ps(); 4];
+        let mut acc1 = [_mm256_setzero_ps(); 4];
+        let n = a[0].len();
+        let mut i = 0;
+        // SAFETY: every block index < n lies within w and every activation row.
+        unsafe {
+            while i + 1 < n {
+                let p0 = w.as_ptr().add(i * Q8_0_BYTES);
+                let p1 = p0.add(Q8_0_BYTES);
+                let q0 = _mm256_loadu_si256(p0.add(2) as *const __m256i);
+                let q1 = _mm256_loadu_si256(p1.add(2) as *const __m256i);
+                let (d0, d1) = (f16_load(p0), f16_load(p1));
+                let (aq0, aq1) = (_mm256_sign_epi8(q0, q0), _mm256_sign_epi8(q1, q1));
+                for k in 0..4 {
+                    let (b0, b1) = (a[k].get_unchecked(i), a[k].get_unchecked(i + 1));
+                    let x0 = _mm256_loadu_si256(b0.qs.as_ptr() as *const __m256i);
+                    let x1 = _mm256_loadu_si256(b1.qs.as_ptr() as *const __m256i);
+                    let s0 = _mm256_cvtepi32_ps(mul_abs(aq0, q0, x0));
+                    let s1 = _mm256_cvtepi32_ps(mul_abs(aq1, q1, x1));
+                    acc0[k] = _mm256_fmadd_ps(_mm256_set1_ps(d0 * b0.d), s0, acc0[k]);
+                    acc1[k] = _mm256_fmadd_ps(_mm256_set1_ps(d1 * b1.d), s1, acc1[k]);
+                }
+                i += 2;
+            }
+            if i < n {
+                let p = w.as_ptr().add(i * Q8_0_BYTES);
+                let q = _mm256_loadu_si256(p.add(2) as *const __m256i);
+                let d = f16_load(p);
+                let aq = _mm256_sign_epi8(q, q);
+                for k in 0..4 {
+                    let b = a[k].get_unchecked(i);
+                    let x = _mm256_loadu_si256(b.qs.as_ptr() as *const __m256i);
+                    let s = _mm256_cvtepi32_ps(mul_abs(aq, q, x));
+                    acc0[k] = _mm256_fmadd_ps(_mm256_set1_ps(d * b.d), s, acc0[k]);
+                }
+            }
+        }
+        [0, 1, 2, 3].map(|k| hsum_ps(_mm256_add_ps(acc0[k], acc1[k])))
+    }
+
+    /// [`mul_i8_i8`]`(x, y)` with `ax = |x|` computed once by the caller.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn mul_abs(ax: __m256i, x: __m256i, y: __m256i) -> __m256i {
+        let sy = _mm256_sign_epi8(y, x);
+        _mm256_madd_epi16(_mm256_maddubs_epi16(ax, sy), _mm256_set1_epi16(1))
+    }
 }
 
 #[cfg(test)]
@@ -101,6 +172,22 @@ mod tests {
                     (r - s).abs() <= 1e-4 * (1.0 + s.abs()),
                     "{isa:?} nb={nb}: {r} {s}"
                 );
+            }
+        }
+    }
+
+    /// A batch row's product must not depend on the kernel the batch sends it through.
+    #[test]
+    fn x4_equals_single_bit_for_bit() {
+        for nb in [1usize, 2, 3, 18, 21] {
+            let acts: Vec<Vec<BlockQ8>> = (0..4).map(|k| acts_q8(nb, 50 + k + nb as u64)).collect();
+            let w = rand_blocks(nb, Q8_0_BYTES, &[0], 51 + nb as u64);
+            for isa in Isa::available() {
+                let got = dot_q8_0_x4(isa, &w, [&acts[0], &acts[1], &acts[2], &acts[3]]);
+                for k in 0..4 {
+                    let one = dot_q8_0(isa, &w, &acts[k]);
+                    assert_eq!(got[k].to_bits(), one.to_bits(), "{isa:?} nb={nb} row {k}");
+                }
             }
         }
     }

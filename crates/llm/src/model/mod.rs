@@ -1,19 +1,23 @@
-//! The transformer graph for the llama family and gemma3, over quantized GGUF weights that
-//! stay memory-mapped in their blocks.
+//! Models of the llama family, qwen2 and gemma3 over quantized GGUF weights that stay
+//! memory-mapped in their blocks.
 //!
-//! [`Model`] holds the file and validated weight descriptions; a [`Session`] holds the KV
-//! cache and scratch buffers and runs batches of tokens (prefill) or one token (decode).
+//! [`Model`] holds the file and validated weight descriptions; [`step`] is the model
+//! definition (one batched step over a kernel set), [`cpu`] the CPU kernel set. A [`Session`]
+//! runs one sequence through them; [`crate::engine`] runs many.
 
 mod config;
+pub mod cpu;
+pub mod step;
 
 pub use config::{Arch, Config};
+pub use cpu::CpuKernels;
+pub use step::{Batch, Out};
 
 use ferrite_gguf::{GgmlType, GgufFile, TensorInfo};
 
 use crate::error::{Error, Result};
-use crate::kernels::float::{axpy, dot_f32};
-use crate::kernels::{self, ActFormat, Acts, Isa, MatOut, QMat};
-use crate::kv_cache::KvCache;
+use crate::kernels::{self, ActFormat, Isa, QMat};
+use crate::kv_cache::{CpuKvStore, PagedKv, BLOCK_SIZE};
 
 /// A validated `rows x cols` weight in the file.
 #[derive(Clone, Debug)]
@@ -318,34 +322,22 @@ pub enum Logits {
 /// Largest number of tokens run through the layers at once; longer inputs go in pieces.
 pub const MAX_BATCH: usize = 256;
 
-/// Scratch buffers for a batch of up to `cap` tokens; grown on demand, never shrunk.
-#[derive(Default)]
-struct Scratch {
-    cap: usize,
-    x: Vec<f32>,
-    xb: Vec<f32>,
-    q: Vec<f32>,
-    k: Vec<f32>,
-    v: Vec<f32>,
-    att: Vec<f32>,
-    tmp: Vec<f32>,
-    gate: Vec<f32>,
-    up: Vec<f32>,
-    scores: Vec<f32>,
-    cos: Vec<f32>,
-    sin: Vec<f32>,
-    cos_local: Vec<f32>,
-    sin_local: Vec<f32>,
-    acts: Acts,
-}
-
-/// Inference state over one model: the KV cache (`ctx` positions) and scratch space.
+/// One sequence over one model on the CPU: its paged KV cache (`ctx` positions) and the
+/// kernels' scratch; runs batches of tokens (prefill) or one token (decode) through the
+/// model definition ([`step::forward`]), as a batch of one sequence.
 pub struct Session<'m> {
     model: &'m Model,
-    kv: KvCache,
-    s: Scratch,
+    ctx: usize,
+    // Boxed: keeps a session near a GPU session's size (the CLI holds either in one enum).
+    kv: Box<PagedKv>,
+    store: CpuKvStore,
+    k: CpuKernels<'m>,
+    batch: Batch,
     logits: Vec<f32>,
 }
+
+/// The sequence id of a session's only sequence.
+const SEQ: u64 = 0;
 
 impl<'m> Session<'m> {
     /// A session whose KV cache holds `ctx` positions (1..=the model's context length).
@@ -357,11 +349,17 @@ impl<'m> Session<'m> {
                 c.ctx_train
             )));
         }
-        let kv = KvCache::new(c.n_layer, c.n_kv_head, c.head_dim, ctx)?;
+        let blocks = ctx.div_ceil(BLOCK_SIZE);
+        let store = CpuKvStore::new(c.n_layer, c.n_kv_head, c.head_dim, BLOCK_SIZE, blocks)?;
+        let mut kv = PagedKv::new(blocks, BLOCK_SIZE)?;
+        kv.add_seq(SEQ, &[])?;
         Ok(Session {
             model,
-            kv,
-            s: Scratch::default(),
+            ctx,
+            kv: Box::new(kv),
+            store,
+            k: CpuKernels::new(model),
+            batch: Batch::default(),
             logits: Vec::new(),
         })
     }
@@ -372,17 +370,17 @@ impl<'m> Session<'m> {
 
     /// Tokens processed so far (the position of the next token).
     pub fn pos(&self) -> usize {
-        self.kv.len()
+        self.kv.len(SEQ)
     }
 
     /// Capacity of the KV cache in tokens.
     pub fn ctx(&self) -> usize {
-        self.kv.capacity()
+        self.ctx
     }
 
     /// Forgets every position from `pos` on (`pos <= self.pos()`).
     pub fn truncate(&mut self, pos: usize) {
-        self.kv.truncate(pos);
+        self.kv.truncate(SEQ, pos);
     }
 
     /// Runs `tokens` at positions `pos()..pos() + tokens.len()`, appending them to the KV
@@ -405,203 +403,32 @@ impl<'m> Session<'m> {
         if let Some(&id) = tokens.iter().find(|&&t| t as usize >= vocab) {
             return Err(Error::Token { id, vocab });
         }
-        let n_out = if which == Logits::All {
-            tokens.len()
+        let n_chunks = tokens.len().div_ceil(MAX_BATCH);
+        if which == Logits::All && n_chunks > 1 {
+            self.logits.clear();
+        }
+        for (i, chunk) in tokens.chunks(MAX_BATCH).enumerate() {
+            let last = i + 1 == n_chunks;
+            let out = match which {
+                Logits::All => Out::All,
+                Logits::Last if last => Out::Last,
+                Logits::Last => Out::None,
+            };
+            let pos = self.pos();
+            self.kv.prepare(SEQ, chunk.len(), &mut self.store)?;
+            self.batch.clear();
+            self.batch.push(chunk, pos, self.kv.table(SEQ), out);
+            step::forward(&self.model.cfg, &mut self.k, &mut self.store, &self.batch)?;
+            self.kv.commit(SEQ, chunk)?;
+            if which == Logits::All && n_chunks > 1 {
+                self.logits.extend_from_slice(self.k.logits());
+            }
+        }
+        if which == Logits::All && n_chunks > 1 {
+            Ok(&self.logits)
         } else {
-            1
-        };
-        self.logits.resize(n_out * vocab, 0.0);
-        let mut done = 0;
-        for chunk in tokens.chunks(MAX_BATCH) {
-            let last = done + chunk.len() == tokens.len();
-            let out_rows = match which {
-                Logits::All => Some(done * vocab),
-                Logits::Last if last => Some(0),
-                Logits::Last => None,
-            };
-            self.forward_batch(chunk, out_rows, which == Logits::All)?;
-            done += chunk.len();
+            Ok(self.k.logits())
         }
-        Ok(&self.logits)
-    }
-
-    /// One batch through every layer. With `out_at = Some(off)`, writes logits at
-    /// `self.logits[off..]`: for every token when `all`, else for the last one.
-    fn forward_batch(&mut self, tokens: &[u32], out_at: Option<usize>, all: bool) -> Result<()> {
-        let m = self.model;
-        let c = &m.cfg;
-        let isa = m.isa;
-        let t = tokens.len();
-        let p0 = self.kv.len();
-        let (d, hd, nh, nkv, ff) = (c.d_model, c.head_dim, c.n_head, c.n_kv_head, c.n_ff);
-        let s = &mut self.s;
-        if s.cap < t {
-            s.cap = t;
-            s.x.resize(t * d, 0.0);
-            s.xb.resize(t * d, 0.0);
-            s.q.resize(t * nh * hd, 0.0);
-            s.k.resize(t * nkv * hd, 0.0);
-            s.v.resize(t * nkv * hd, 0.0);
-            s.att.resize(t * nh * hd, 0.0);
-            s.tmp.resize(t * d, 0.0);
-            s.gate.resize(t * ff, 0.0);
-            s.up.resize(t * ff, 0.0);
-        }
-        if s.scores.len() < nh * self.kv.capacity() {
-            s.scores.resize(nh * self.kv.capacity(), 0.0);
-        }
-        for (i, &tok) in tokens.iter().enumerate() {
-            m.embed(tok, &mut s.x[i * d..(i + 1) * d])?;
-        }
-        let freq = |base: f32| rope_inv_freq(c.rope_dim, base, m.rope_freq_factors.as_deref());
-        rope_table(
-            &freq(c.rope_base),
-            p0,
-            t,
-            1.0 / c.rope_scale,
-            &mut s.cos,
-            &mut s.sin,
-        );
-        if c.sliding_window > 0 {
-            rope_table(
-                &freq(c.rope_base_local),
-                p0,
-                t,
-                1.0,
-                &mut s.cos_local,
-                &mut s.sin_local,
-            );
-        }
-        let (x, xb) = (&mut s.x[..t * d], &mut s.xb[..t * d]);
-        let (q, k, v) = (
-            &mut s.q[..t * nh * hd],
-            &mut s.k[..t * nkv * hd],
-            &mut s.v[..t * nkv * hd],
-        );
-        let (att, tmp) = (&mut s.att[..t * nh * hd], &mut s.tmp[..t * d]);
-        let (gate, up) = (&mut s.gate[..t * ff], &mut s.up[..t * ff]);
-        for (il, l) in m.layers.iter().enumerate() {
-            rms_norm_rows(x, xb, &l.attn_norm, d, c.eps);
-            let (wq, wk, wv) = (m.mat(&l.wq), m.mat(&l.wk), m.mat(&l.wv));
-            s.acts.quantize(xb, t, d, &m.formats(&[&wq, &wk, &wv]));
-            kernels::matmul(
-                isa,
-                &s.acts,
-                &mut [
-                    MatOut {
-                        w: wq,
-                        out: &mut *q,
-                    },
-                    MatOut {
-                        w: wk,
-                        out: &mut *k,
-                    },
-                    MatOut {
-                        w: wv,
-                        out: &mut *v,
-                    },
-                ],
-            );
-            add_bias(q, l.bq.as_deref());
-            add_bias(k, l.bk.as_deref());
-            add_bias(v, l.bv.as_deref());
-            if let (Some(qn), Some(kn)) = (&l.q_norm, &l.k_norm) {
-                rms_norm_in_place(q, qn, hd, c.eps);
-                rms_norm_in_place(k, kn, hd, c.eps);
-            }
-            let local = c.is_local(il);
-            let (cos, sin) = if local {
-                (&s.cos_local, &s.sin_local)
-            } else {
-                (&s.cos, &s.sin)
-            };
-            rope(q, nh, hd, c.rope_dim, c.rope_neox, cos, sin);
-            rope(k, nkv, hd, c.rope_dim, c.rope_neox, cos, sin);
-            self.kv.store(il, p0, k, v);
-            let window = if local { c.sliding_window } else { 0 };
-            attention(
-                isa,
-                &self.kv,
-                il,
-                p0,
-                t,
-                q,
-                att,
-                &mut s.scores,
-                nh,
-                nkv,
-                hd,
-                c.attn_scale,
-                window,
-            );
-
-            let wo = m.mat(&l.wo);
-            s.acts.quantize(att, t, nh * hd, &m.formats(&[&wo]));
-            kernels::matmul(
-                isa,
-                &s.acts,
-                &mut [MatOut {
-                    w: wo,
-                    out: &mut *tmp,
-                }],
-            );
-            if let Some(pn) = &l.post_attn_norm {
-                rms_norm_in_place(tmp, pn, d, c.eps);
-            }
-            x.iter_mut().zip(tmp.iter()).for_each(|(a, b)| *a += b);
-
-            rms_norm_rows(x, xb, &l.ffn_norm, d, c.eps);
-            let (wg, wu) = (m.mat(&l.w_gate), m.mat(&l.w_up));
-            s.acts.quantize(xb, t, d, &m.formats(&[&wg, &wu]));
-            kernels::matmul(
-                isa,
-                &s.acts,
-                &mut [
-                    MatOut {
-                        w: wg,
-                        out: &mut *gate,
-                    },
-                    MatOut {
-                        w: wu,
-                        out: &mut *up,
-                    },
-                ],
-            );
-            if c.arch == Arch::Gemma3 {
-                gate.iter_mut()
-                    .zip(up.iter())
-                    .for_each(|(g, u)| *g = gelu_tanh(*g) * u);
-            } else {
-                gate.iter_mut()
-                    .zip(up.iter())
-                    .for_each(|(g, u)| *g = silu(*g) * u);
-            }
-            let wd = m.mat(&l.w_down);
-            s.acts.quantize(gate, t, ff, &m.formats(&[&wd]));
-            kernels::matmul(
-                isa,
-                &s.acts,
-                &mut [MatOut {
-                    w: wd,
-                    out: &mut *tmp,
-                }],
-            );
-            if let Some(pn) = &l.post_ffn_norm {
-                rms_norm_in_place(tmp, pn, d, c.eps);
-            }
-            x.iter_mut().zip(tmp.iter()).for_each(|(a, b)| *a += b);
-        }
-        self.kv.advance(t);
-        let Some(off) = out_at else { return Ok(()) };
-        let (first, n) = if all { (0, t) } else { (t - 1, 1) };
-        let xs = &x[first * d..(first + n) * d];
-        let xo = &mut xb[..n * d];
-        rms_norm_rows(xs, xo, &m.output_norm, d, c.eps);
-        let wout = m.mat(&m.output);
-        s.acts.quantize(xo, n, d, &m.formats(&[&wout]));
-        let out = &mut self.logits[off..off + n * c.vocab];
-        kernels::matmul(isa, &s.acts, &mut [MatOut { w: wout, out }]);
-        Ok(())
     }
 }
 
@@ -619,14 +446,6 @@ impl Model {
                 _ => q8,
             })
             .collect()
-    }
-}
-
-fn add_bias(x: &mut [f32], b: Option<&[f32]>) {
-    if let Some(b) = b {
-        for row in x.chunks_exact_mut(b.len()) {
-            row.iter_mut().zip(b).for_each(|(a, b)| *a += b);
-        }
     }
 }
 
@@ -658,156 +477,4 @@ pub fn silu(x: f32) -> f32 {
 pub fn gelu_tanh(x: f32) -> f32 {
     const C: f32 = 0.797_884_6; // sqrt(2/pi)
     0.5 * x * (1.0 + (C * (x + 0.044715 * x * x * x)).tanh())
-}
-
-/// Inverse frequencies `base^(-2i/rope_dim)` (f32, as transformers computes them), divided by
-/// the optional per-pair factors.
-fn rope_inv_freq(rope_dim: usize, base: f32, factors: Option<&[f32]>) -> Vec<f32> {
-    (0..rope_dim / 2)
-        .map(|i| {
-            let f = 1.0 / base.powf((2 * i) as f32 / rope_dim as f32);
-            match factors {
-                Some(fs) => f / fs[i],
-                None => f,
-            }
-        })
-        .collect()
-}
-
-/// cos/sin tables `[t][rope_dim/2]` for positions p0..p0+t (each position times `pos_scale`).
-fn rope_table(
-    inv: &[f32],
-    p0: usize,
-    t: usize,
-    pos_scale: f32,
-    cos: &mut Vec<f32>,
-    sin: &mut Vec<f32>,
-) {
-    cos.clear();
-    sin.clear();
-    for i in 0..t {
-        let p = (p0 + i) as f32 * pos_scale;
-        for &f in inv {
-            let a = p * f;
-            cos.push(a.cos());
-            sin.push(a.sin());
-        }
-    }
-}
-
-/// Rotates the first `rope_dim` values of each of the `n_heads` heads of every token row of
-/// `x` (`[t][n_heads * hd]`) by the angles of the token's row in `cos`/`sin`.
-fn rope(
-    x: &mut [f32],
-    n_heads: usize,
-    hd: usize,
-    rope_dim: usize,
-    neox: bool,
-    cos: &[f32],
-    sin: &[f32],
-) {
-    let half = rope_dim / 2;
-    for (ti, row) in x.chunks_exact_mut(n_heads * hd).enumerate() {
-        let (c, s) = (
-            &cos[ti * half..(ti + 1) * half],
-            &sin[ti * half..(ti + 1) * half],
-        );
-        for h in row.chunks_exact_mut(hd) {
-            for i in 0..half {
-                let (a, b) = if neox {
-                    (i, i + half)
-                } else {
-                    (2 * i, 2 * i + 1)
-                };
-                let (x0, x1) = (h[a], h[b]);
-                h[a] = x0 * c[i] - x1 * s[i];
-                h[b] = x0 * s[i] + x1 * c[i];
-            }
-        }
-    }
-}
-
-#[derive(Clone, Copy)]
-struct SendPtr(*mut f32);
-// SAFETY: attention tasks write disjoint (head) slices of the buffer, which outlives them.
-unsafe impl Send for SendPtr {}
-// SAFETY: as above.
-unsafe impl Sync for SendPtr {}
-
-impl SendPtr {
-    fn get(self) -> *mut f32 {
-        self.0
-    }
-}
-
-/// Causal attention for `t` queries at positions p0..p0+t over the cached keys/values of
-/// layer `il`. q: `[t][nh * hd]`; out: `[t][nh * hd]`; scores: scratch of nh * ctx. With
-/// `window > 0`, query p sees keys in (p - window, p].
-#[allow(clippy::too_many_arguments)]
-fn attention(
-    isa: Isa,
-    kv: &KvCache,
-    il: usize,
-    p0: usize,
-    t: usize,
-    q: &[f32],
-    out: &mut [f32],
-    scores: &mut [f32],
-    nh: usize,
-    nkv: usize,
-    hd: usize,
-    scale: f32,
-    window: usize,
-) {
-    let ctx = kv.capacity();
-    let group = nh / nkv;
-    let outp = SendPtr(out.as_mut_ptr());
-    let work = |(h, sc): (usize, &mut [f32])| {
-        let g = h / group;
-        let (keys, vals) = (kv.keys(il, g), kv.values(il, g));
-        for ti in 0..t {
-            let p = p0 + ti;
-            let lo = if window > 0 {
-                (p + 1).saturating_sub(window)
-            } else {
-                0
-            };
-            let qh = &q[ti * nh * hd + h * hd..ti * nh * hd + (h + 1) * hd];
-            let sc = &mut sc[lo..=p];
-            let mut max = f32::NEG_INFINITY;
-            for (j, s) in sc.iter_mut().enumerate() {
-                let kj = &keys[(lo + j) * hd..(lo + j + 1) * hd];
-                *s = dot_f32(isa, qh, kj) * scale;
-                max = max.max(*s);
-            }
-            let mut sum = 0f32;
-            for s in sc.iter_mut() {
-                *s = (*s - max).exp();
-                sum += *s;
-            }
-            // SAFETY: this task alone writes head h of every token row; the slice lies
-            // inside `out` (t x nh*hd).
-            let o = unsafe {
-                std::slice::from_raw_parts_mut(outp.get().add(ti * nh * hd + h * hd), hd)
-            };
-            o.fill(0.0);
-            let inv = 1.0 / sum;
-            for (j, &s) in sc.iter().enumerate() {
-                axpy(isa, s * inv, &vals[(lo + j) * hd..(lo + j + 1) * hd], o);
-            }
-        }
-    };
-    if t * (p0 + t) * nh * hd < 32 * 1024 {
-        scores[..nh * ctx]
-            .chunks_mut(ctx)
-            .enumerate()
-            .for_each(work);
-    } else {
-        let sp = SendPtr(scores.as_mut_ptr());
-        crate::pool::Pool::global().run(nh, &|h| {
-            // SAFETY: task h alone uses scores[h * ctx..(h + 1) * ctx], inside `scores`.
-            let sc = unsafe { std::slice::from_raw_parts_mut(sp.get().add(h * ctx), ctx) };
-            work((h, sc));
-        });
-    }
 }

@@ -1,0 +1,424 @@
+//! The engine: requests in, tokens out, many sequences advanced per step.
+//!
+//! A caller adds requests (prompt tokens, sampling settings, limits) and calls [`Engine::step`]
+//! repeatedly; each step runs one batch through the model definition ([`crate::model::step`])
+//! and returns the new token (or the end) of every request that produced one. Scheduling:
+//! every running sequence whose next input is one token (a decode step, or the last token of
+//! its prompt) gets it; prompt chunks of the others fill the rest of the step's token budget
+//! in arrival order (chunked prefill), so a long prompt never stalls the decoding sequences.
+//!
+//! Admission: a request may use up to `prompt + max_new` positions, which must fit the
+//! context; it is admitted when the KV cache can hold the blocks it may need on top of what
+//! the running sequences may still need (so a running sequence never finds the cache full),
+//! else refused, or queued if it asked for that. Prompt prefixes already in the cache (blocks
+//! of running sequences or of finished ones) are shared, not recomputed.
+
+use std::collections::VecDeque;
+
+use crate::error::{Error, Result};
+use crate::kv_cache::{CpuKvStore, KvStats, PagedKv, BLOCK_SIZE};
+use crate::model::step::{self, Batch, Out};
+use crate::model::{CpuKernels, Model};
+use crate::sampler::{Sampler, SamplerConfig};
+
+/// Names a request for its whole life (never reused by an engine).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RequestId(pub u64);
+
+impl std::fmt::Display for RequestId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "request {}", self.0)
+    }
+}
+
+/// What to generate.
+#[derive(Clone, Debug)]
+pub struct Request {
+    /// At least one token, each inside the vocabulary.
+    pub prompt: Vec<u32>,
+    pub sampling: SamplerConfig,
+    /// Most tokens to generate (>= 1).
+    pub max_new: usize,
+    /// Tokens that end the request when sampled (end-of-text ids); not returned as output.
+    pub stop_tokens: Vec<u32>,
+    /// Wait for room when the cache cannot take the request now, instead of a refusal.
+    pub queue: bool,
+}
+
+impl Request {
+    /// Greedy, `max_new` tokens, no stop tokens, refused when it does not fit now.
+    pub fn greedy(prompt: Vec<u32>, max_new: usize) -> Request {
+        Request {
+            prompt,
+            sampling: SamplerConfig::greedy(),
+            max_new,
+            stop_tokens: Vec::new(),
+            queue: false,
+        }
+    }
+}
+
+/// Why a request ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FinishReason {
+    /// This stop token was sampled (not part of the output).
+    StopToken(u32),
+    /// `max_new` tokens were generated.
+    MaxTokens,
+}
+
+/// One request's news from a step: a new token, the end, or both (the last token).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StepOutput {
+    pub id: RequestId,
+    pub token: Option<u32>,
+    pub finish: Option<FinishReason>,
+}
+
+/// Engine sizes.
+#[derive(Clone, Copy, Debug)]
+pub struct EngineConfig {
+    /// Most positions (prompt + generated) of one sequence; at most the model's context.
+    pub ctx: usize,
+    /// Blocks of [`BLOCK_SIZE`] positions in the KV cache, shared by all sequences.
+    pub kv_blocks: usize,
+    /// Most sequences in one step.
+    pub max_seqs: usize,
+    /// Most tokens in one step (decode tokens plus prompt chunks); >= `max_seqs`.
+    pub step_tokens: usize,
+}
+
+impl EngineConfig {
+    /// `max_seqs` sequences of up to `ctx` positions each, all of them at once.
+    pub fn new(ctx: usize, max_seqs: usize) -> EngineConfig {
+        EngineConfig {
+            ctx,
+            kv_blocks: max_seqs * (ctx.div_ceil(BLOCK_SIZE) + 1),
+            max_seqs,
+            step_tokens: 512.max(max_seqs),
+        }
+    }
+}
+
+/// Counters (for a server's `/metrics`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EngineStats {
+    pub running: usize,
+    pub waiting: usize,
+    pub kv: KvStats,
+}
+
+struct Seq {
+    id: RequestId,
+    /// Prompt, then the generated tokens.
+    tokens: Vec<u32>,
+    prompt_len: usize,
+    /// Positions whose keys and values are in the cache.
+    computed: usize,
+    max_new: usize,
+    stop_tokens: Vec<u32>,
+    sampler: Sampler,
+    /// Blocks it may take from the pool over its life.
+    need_blocks: usize,
+}
+
+impl Seq {
+    fn pending(&self) -> usize {
+        self.tokens.len() - self.computed
+    }
+}
+
+/// The CPU engine over one model (see the module docs).
+pub struct Engine<'m> {
+    model: &'m Model,
+    cfg: EngineConfig,
+    kv: PagedKv,
+    store: CpuKvStore,
+    k: CpuKernels<'m>,
+    batch: Batch,
+    running: Vec<Seq>,
+    waiting: VecDeque<Seq>,
+    next_id: u64,
+    /// (index into `running`, tokens fed) of the current step.
+    plan: Vec<(usize, usize)>,
+    /// The logit row of each request that sampled in the last step.
+    sampled: Vec<(RequestId, usize)>,
+}
+
+impl<'m> Engine<'m> {
+    pub fn new(model: &'m Model, cfg: EngineConfig) -> Result<Engine<'m>> {
+        let c = &model.cfg;
+        if cfg.ctx == 0 || cfg.ctx > c.ctx_train {
+            return Err(Error::Context(format!(
+                "engine: context {} must be between 1 and the model's context length {}",
+                cfg.ctx, c.ctx_train
+            )));
+        }
+        if cfg.max_seqs == 0 || cfg.step_tokens < cfg.max_seqs {
+            return Err(Error::Other(format!(
+                "engine: max_seqs {} must be >= 1 and at most step_tokens {}",
+                cfg.max_seqs, cfg.step_tokens
+            )));
+        }
+        let kv = PagedKv::new(cfg.kv_blocks, BLOCK_SIZE)?;
+        let store = CpuKvStore::new(
+            c.n_layer,
+            c.n_kv_head,
+            c.head_dim,
+            BLOCK_SIZE,
+            cfg.kv_blocks,
+        )?;
+        Ok(Engine {
+            model,
+            cfg,
+            kv,
+            store,
+            k: CpuKernels::new(model),
+            batch: Batch::default(),
+            running: Vec::new(),
+            waiting: VecDeque::new(),
+            next_id: 0,
+            plan: Vec::new(),
+            sampled: Vec::new(),
+        })
+    }
+
+    pub fn model(&self) -> &'m Model {
+        self.model
+    }
+
+    pub fn config(&self) -> &EngineConfig {
+        &self.cfg
+    }
+
+    pub fn stats(&self) -> EngineStats {
+        EngineStats {
+            running: self.running.len(),
+            waiting: self.waiting.len(),
+            kv: self.kv.stats(),
+        }
+    }
+
+    /// Whether any request is running or waiting.
+    pub fn has_work(&self) -> bool {
+        !self.running.is_empty() || !self.waiting.is_empty()
+    }
+
+    /// Validates and admits (or queues) a request. Errors, before any work: an empty prompt,
+    /// a token or stop-token id outside the vocabulary, `max_new == 0`, sampler settings out
+    /// of range, prompt + `max_new` over the context or over the whole cache, or (unless
+    /// `queue`) over what the cache can take now; each names the numbers.
+    pub fn add_request(&mut self, req: Request) -> Result<RequestId> {
+        let vocab = self.model.cfg.vocab;
+        if req.prompt.is_empty() {
+            return Err(Error::Other("engine: empty prompt".into()));
+        }
+        if let Some(&id) = req
+            .prompt
+            .iter()
+            .chain(&req.stop_tokens)
+            .find(|&&t| t as usize >= vocab)
+        {
+            return Err(Error::Token { id, vocab });
+        }
+        if req.max_new == 0 {
+            return Err(Error::Other(
+                "engine: max_new must be at least 1, got 0".into(),
+            ));
+        }
+        let sampler = Sampler::new(req.sampling).map_err(|e| Error::Other(e.to_string()))?;
+        let (p, n) = (req.prompt.len(), req.max_new);
+        let positions = p.saturating_add(n);
+        if positions > self.cfg.ctx {
+            return Err(Error::Context(format!(
+                "prompt of {p} tokens plus up to {n} generated need {positions} positions, but the context is {}",
+                self.cfg.ctx
+            )));
+        }
+        let need = self.kv.blocks_needed(positions);
+        let total = self.kv.n_blocks();
+        if need > total {
+            return Err(Error::Context(format!(
+                "prompt of {p} tokens plus up to {n} generated need {need} KV blocks of {BLOCK_SIZE} positions, but the cache has {total}"
+            )));
+        }
+        let id = RequestId(self.next_id);
+        self.next_id += 1;
+        let seq = Seq {
+            id,
+            tokens: req.prompt,
+            prompt_len: p,
+            computed: 0,
+            max_new: n,
+            stop_tokens: req.stop_tokens,
+            sampler,
+            need_blocks: need,
+        };
+        if self.waiting.is_empty() && self.fits_now(need) {
+            self.start(seq)?;
+        } else if req.queue {
+            self.waiting.push_back(seq);
+        } else if self.running.len() >= self.cfg.max_seqs {
+            return Err(Error::Context(format!(
+                "engine: {} sequences are running, the most at once",
+                self.cfg.max_seqs
+            )));
+        } else {
+            return Err(Error::Context(format!(
+                "prompt of {p} tokens plus up to {n} generated need {need} KV blocks of {BLOCK_SIZE} positions, but {} of {total} are free now",
+                self.free_now()
+            )));
+        }
+        Ok(id)
+    }
+
+    /// Blocks not promised to running sequences.
+    fn free_now(&self) -> usize {
+        let promised: usize = self
+            .running
+            .iter()
+            .map(|s| s.need_blocks.saturating_sub(self.kv.taken(s.id.0)))
+            .sum();
+        self.kv.available().saturating_sub(promised)
+    }
+
+    fn fits_now(&self, need: usize) -> bool {
+        self.running.len() < self.cfg.max_seqs && need <= self.free_now()
+    }
+
+    fn start(&mut self, mut seq: Seq) -> Result<()> {
+        seq.computed = self.kv.add_seq(seq.id.0, &seq.tokens)?;
+        self.running.push(seq);
+        Ok(())
+    }
+
+    /// Ends a request now, freeing its blocks; an unknown or finished id is a no-op.
+    /// Returns whether a request was running or waiting.
+    pub fn cancel(&mut self, id: RequestId) -> bool {
+        if let Some(i) = self.running.iter().position(|s| s.id == id) {
+            self.running.remove(i);
+            self.kv.remove(id.0);
+            true
+        } else if let Some(i) = self.waiting.iter().position(|s| s.id == id) {
+            self.waiting.remove(i);
+            true
+        } else {
+            false
+        }
+    }
+
+    /// Runs one step over every running sequence (after admitting waiting requests that fit)
+    /// and returns what each request that sampled produced. No work: an empty list.
+    pub fn step(&mut self) -> Result<Vec<StepOutput>> {
+        while let Some(s) = self.waiting.front() {
+            if !self.fits_now(s.need_blocks) {
+                break;
+            }
+            let s = self.waiting.pop_front().unwrap_or_else(|| unreachable!());
+            self.start(s)?;
+        }
+        let mut outputs = Vec::new();
+        self.sampled.clear();
+        if self.running.is_empty() {
+            return Ok(outputs);
+        }
+        // Decode tokens (and last prompt tokens) first, then prompt chunks in arrival order.
+        self.plan.clear();
+        let mut budget = self.cfg.step_tokens;
+        for (i, s) in self.running.iter().enumerate() {
+            if s.pending() == 1 {
+                self.plan.push((i, 1));
+                budget -= 1;
+            }
+        }
+        for (i, s) in self.running.iter().enumerate() {
+            if s.pending() > 1 && budget > 0 {
+                let n = s.pending().min(budget);
+                self.plan.push((i, n));
+                budget -= n;
+            }
+        }
+        self.batch.clear();
+        for &(i, n) in &self.plan {
+            let s = &self.running[i];
+            self.kv.prepare(s.id.0, n, &mut self.store)?;
+            let out = if s.computed + n == s.tokens.len() {
+                Out::Last
+            } else {
+                Out::None
+            };
+            let toks = &s.tokens[s.computed..s.computed + n];
+            self.batch
+                .push(toks, s.computed, self.kv.table(s.id.0), out);
+        }
+        step::forward(&self.model.cfg, &mut self.k, &mut self.store, &self.batch)?;
+        let vocab = self.model.cfg.vocab;
+        let mut row = 0;
+        let mut done = Vec::new();
+        for &(i, n) in &self.plan {
+            let s = &mut self.running[i];
+            self.kv
+                .commit(s.id.0, &s.tokens[s.computed..s.computed + n])?;
+            s.computed += n;
+            if s.computed < s.tokens.len() {
+                continue;
+            }
+            let logits = &mut self.k.logits_mut()[row * vocab..(row + 1) * vocab];
+            self.sampled.push((s.id, row));
+            row += 1;
+            let tok = s
+                .sampler
+                .sample(logits, &s.tokens)
+                .map_err(|e| Error::Other(format!("engine: {}: {e}", s.id)))?;
+            let out = if s.stop_tokens.contains(&tok) {
+                StepOutput {
+                    id: s.id,
+                    token: None,
+                    finish: Some(FinishReason::StopToken(tok)),
+                }
+            } else {
+                s.tokens.push(tok);
+                let finished = s.tokens.len() - s.prompt_len >= s.max_new;
+                StepOutput {
+                    id: s.id,
+                    token: Some(tok),
+                    finish: finished.then_some(FinishReason::MaxTokens),
+                }
+            };
+            if out.finish.is_some() {
+                done.push(s.id);
+            }
+            outputs.push(out);
+        }
+        for id in done {
+            self.cancel(id);
+        }
+        Ok(outputs)
+    }
+
+    /// The logits request `id` sampled from in the last step (after the sampler's
+    /// penalties, if it has any), or None if it did not sample then.
+    pub fn last_logits(&self, id: RequestId) -> Option<&[f32]> {
+        let vocab = self.model.cfg.vocab;
+        let &(_, row) = self.sampled.iter().find(|(r, _)| *r == id)?;
+        Some(&self.k.logits()[row * vocab..(row + 1) * vocab])
+    }
+
+    /// Steps until every request has ended; returns each request's generated tokens and
+    /// finish reason, by id.
+    pub fn run_to_end(&mut self) -> Result<Vec<(RequestId, Vec<u32>, FinishReason)>> {
+        let mut acc: std::collections::BTreeMap<RequestId, Vec<u32>> = Default::default();
+        let mut out = Vec::new();
+        while self.has_work() {
+            for o in self.step()? {
+                let toks = acc.entry(o.id).or_default();
+                toks.extend(o.token);
+                if let Some(f) = o.finish {
+                    out.push((o.id, acc.remove(&o.id).unwrap_or_default(), f));
+                }
+            }
+        }
+        out.sort_by_key(|(id, _, _)| *id);
+        Ok(out)
+    }
+}

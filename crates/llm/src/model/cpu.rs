@@ -1,0 +1,555 @@
+//! The CPU kernel set of the model definition ([`super::step`]): f32 activations, quantized
+//! products on the GGUF blocks ([`crate::kernels::matmul`]: every weight row is read once for
+//! all rows of the step), f32 KV blocks ([`CpuKvStore`]).
+
+use super::config::Config;
+use super::step::{Batch, Buf, Glu, Kernels, Mat, Norm};
+use super::{gelu_tanh, rms_norm_in_place, rms_norm_rows, silu, Model};
+use crate::error::Result;
+use crate::kernels::float::{axpy, dot_f32};
+use crate::kernels::{self, Acts, Isa, MatOut};
+use crate::kv_cache::{BlockId, CpuKvStore};
+
+const N_BUFS: usize = 8;
+
+fn idx(b: Buf) -> usize {
+    b as usize
+}
+
+/// One sequence of the current step, as the attention needs it.
+#[derive(Clone, Debug)]
+struct SeqRows {
+    r0: usize,
+    n: usize,
+    pos: usize,
+    blocks: std::ops::Range<usize>,
+}
+
+/// Scratch and the current batch's layout; grown on demand, never shrunk.
+pub struct CpuKernels<'m> {
+    m: &'m Model,
+    bufs: [Vec<f32>; N_BUFS],
+    /// Normalized activations, and the gathered final rows.
+    xb: Vec<f32>,
+    acts: Acts,
+    tokens: Vec<u32>,
+    seqs: Vec<SeqRows>,
+    blocks: Vec<BlockId>,
+    out_rows: Vec<usize>,
+    /// RoPE angles `[row][rope_dim/2]` for global and (gemma3) local layers.
+    cos: Vec<f32>,
+    sin: Vec<f32>,
+    cos_local: Vec<f32>,
+    sin_local: Vec<f32>,
+    inv_freq: Vec<f32>,
+    inv_freq_local: Vec<f32>,
+    scores: Vec<f32>,
+    logits: Vec<f32>,
+}
+
+impl<'m> CpuKernels<'m> {
+    pub fn new(m: &'m Model) -> CpuKernels<'m> {
+        let c = &m.cfg;
+        let factors = m.rope_freq_factors.as_deref();
+        CpuKernels {
+            m,
+            bufs: Default::default(),
+            xb: Vec::new(),
+            acts: Acts::default(),
+            tokens: Vec::new(),
+            seqs: Vec::new(),
+            blocks: Vec::new(),
+            out_rows: Vec::new(),
+            cos: Vec::new(),
+            sin: Vec::new(),
+            cos_local: Vec::new(),
+            sin_local: Vec::new(),
+            inv_freq: rope_inv_freq(c.rope_dim, c.rope_base, factors),
+            inv_freq_local: rope_inv_freq(c.rope_dim, c.rope_base_local, factors),
+            scores: Vec::new(),
+            logits: Vec::new(),
+        }
+    }
+
+    /// Logits of the last step, `[out rows][vocab]` (see [`Batch::out_rows`]).
+    pub fn logits(&self) -> &[f32] {
+        &self.logits
+    }
+
+    pub fn logits_mut(&mut self) -> &mut [f32] {
+        &mut self.logits
+    }
+
+    fn width(&self, b: Buf) -> usize {
+        let c = &self.m.cfg;
+        match b {
+            Buf::X | Buf::Tmp => c.d_model,
+            Buf::Q | Buf::Att => c.n_head * c.head_dim,
+            Buf::K | Buf::V => c.n_kv_head * c.head_dim,
+            Buf::Gate | Buf::Up => c.n_ff,
+        }
+    }
+
+    fn rows(&self) -> usize {
+        self.tokens.len()
+    }
+
+    fn norm_w(&self, n: Norm) -> &'m [f32] {
+        let ls = &self.m.layers;
+        let v = match n {
+            Norm::Attn(il) => Some(&ls[il].attn_norm),
+            Norm::Ffn(il) => Some(&ls[il].ffn_norm),
+            Norm::PostAttn(il) => ls[il].post_attn_norm.as_ref(),
+            Norm::PostFfn(il) => ls[il].post_ffn_norm.as_ref(),
+            Norm::QHead(il) => ls[il].q_norm.as_ref(),
+            Norm::KHead(il) => ls[il].k_norm.as_ref(),
+        };
+        // The definition asks only for norms its architecture has, checked at load.
+        v.map_or(&[], |v| v.as_slice())
+    }
+
+    fn mat(&self, w: Mat) -> (kernels::QMat<'m>, Option<&'m [f32]>) {
+        let m = self.m;
+        let ls = &m.layers;
+        let (w, b) = match w {
+            Mat::Q(il) => (&ls[il].wq, ls[il].bq.as_deref()),
+            Mat::K(il) => (&ls[il].wk, ls[il].bk.as_deref()),
+            Mat::V(il) => (&ls[il].wv, ls[il].bv.as_deref()),
+            Mat::O(il) => (&ls[il].wo, None),
+            Mat::Gate(il) => (&ls[il].w_gate, None),
+            Mat::Up(il) => (&ls[il].w_up, None),
+            Mat::Down(il) => (&ls[il].w_down, None),
+        };
+        (m.mat(w), b)
+    }
+}
+
+impl Kernels for CpuKernels<'_> {
+    type Kv = CpuKvStore;
+
+    fn begin(&mut self, batch: &Batch) -> Result<()> {
+        let c: &Config = &self.m.cfg;
+        let t = batch.rows();
+        self.tokens.clear();
+        self.tokens.extend_from_slice(&batch.tokens);
+        self.blocks.clear();
+        self.blocks.extend_from_slice(&batch.blocks);
+        self.seqs.clear();
+        self.seqs.extend(batch.seqs.iter().map(|s| SeqRows {
+            r0: s.rows.start,
+            n: s.rows.len(),
+            pos: s.pos,
+            blocks: s.blocks.clone(),
+        }));
+        self.out_rows.clear();
+        self.out_rows.extend(batch.out_row_ids());
+        for b in [
+            Buf::X,
+            Buf::Q,
+            Buf::K,
+            Buf::V,
+            Buf::Att,
+            Buf::Tmp,
+            Buf::Gate,
+            Buf::Up,
+        ] {
+            let n = t * self.width(b);
+            self.bufs[idx(b)].resize(n, 0.0);
+        }
+        self.xb.resize(t * c.d_model, 0.0);
+        let scale = 1.0 / c.rope_scale;
+        let positions = || {
+            batch
+                .seqs
+                .iter()
+                .flat_map(|s| (0..s.rows.len()).map(move |i| s.pos + i))
+        };
+        rope_table(
+            &self.inv_freq,
+            positions(),
+            scale,
+            &mut self.cos,
+            &mut self.sin,
+        );
+        if c.sliding_window > 0 {
+            rope_table(
+                &self.inv_freq_local,
+                positions(),
+                1.0,
+                &mut self.cos_local,
+                &mut self.sin_local,
+            );
+        }
+        let n_out = batch.out_rows();
+        self.logits.resize(n_out * c.vocab, 0.0);
+        Ok(())
+    }
+
+    fn embed(&mut self, out: Buf) -> Result<()> {
+        let d = self.m.cfg.d_model;
+        let x = &mut self.bufs[idx(out)];
+        for (row, &tok) in x.chunks_exact_mut(d).zip(&self.tokens) {
+            self.m.embed(tok, row)?;
+        }
+        Ok(())
+    }
+
+    fn norm_matmul(&mut self, x: Buf, norm: Option<Norm>, outs: &[(Mat, Buf)]) {
+        let (t, cols) = (self.rows(), self.width(x));
+        let m = self.m;
+        let src: &[f32] = match norm {
+            Some(n) => {
+                let w = self.norm_w(n);
+                rms_norm_rows(
+                    &self.bufs[idx(x)],
+                    &mut self.xb[..t * cols],
+                    w,
+                    cols,
+                    m.cfg.eps,
+                );
+                &self.xb[..t * cols]
+            }
+            None => &self.bufs[idx(x)],
+        };
+        let mats: Vec<_> = outs.iter().map(|&(w, _)| self.mat(w)).collect();
+        let qs: Vec<&kernels::QMat<'_>> = mats.iter().map(|(q, _)| q).collect();
+        self.acts.quantize(src, t, cols, &m.formats(&qs));
+        // Take the output buffers out so that each product borrows its own.
+        let mut taken: Vec<Vec<f32>> = outs
+            .iter()
+            .map(|&(_, b)| std::mem::take(&mut self.bufs[idx(b)]))
+            .collect();
+        {
+            let mut ops: Vec<MatOut<'_, '_>> = mats
+                .iter()
+                .zip(taken.iter_mut())
+                .map(|((w, _), out)| MatOut { w: *w, out })
+                .collect();
+            kernels::matmul(m.isa, &self.acts, &mut ops);
+        }
+        for (((_, b), (_, bias)), buf) in outs.iter().zip(&mats).zip(taken) {
+            let mut buf = buf;
+            if let Some(bias) = bias {
+                for row in buf.chunks_exact_mut(bias.len()) {
+                    row.iter_mut().zip(*bias).for_each(|(a, b)| *a += b);
+                }
+            }
+            self.bufs[idx(*b)] = buf;
+        }
+    }
+
+    fn head_norm(&mut self, x: Buf, norm: Norm) {
+        let w = self.norm_w(norm);
+        let c = &self.m.cfg;
+        rms_norm_in_place(&mut self.bufs[idx(x)], w, c.head_dim, c.eps);
+    }
+
+    fn rope_attention(&mut self, kv: &mut CpuKvStore, il: usize, q: Buf, k: Buf, v: Buf, out: Buf) {
+        let c = &self.m.cfg;
+        let (hd, nh, nkv) = (c.head_dim, c.n_head, c.n_kv_head);
+        let local = c.is_local(il);
+        let (cos, sin) = if local {
+            (&self.cos_local, &self.sin_local)
+        } else {
+            (&self.cos, &self.sin)
+        };
+        let mut qb = std::mem::take(&mut self.bufs[idx(q)]);
+        let mut kb = std::mem::take(&mut self.bufs[idx(k)]);
+        rope(&mut qb, nh, hd, c.rope_dim, c.rope_neox, cos, sin);
+        rope(&mut kb, nkv, hd, c.rope_dim, c.rope_neox, cos, sin);
+        let bs = kv.block_size();
+        let kvw = nkv * hd;
+        {
+            let vb = &self.bufs[idx(v)];
+            for s in &self.seqs {
+                let table = &self.blocks[s.blocks.clone()];
+                for i in 0..s.n {
+                    let (p, r) = (s.pos + i, s.r0 + i);
+                    kv.store(
+                        table[p / bs],
+                        il,
+                        p % bs,
+                        &kb[r * kvw..(r + 1) * kvw],
+                        &vb[r * kvw..(r + 1) * kvw],
+                    );
+                }
+            }
+        }
+        let window = if local { c.sliding_window } else { 0 };
+        let mut ob = std::mem::take(&mut self.bufs[idx(out)]);
+        attention(
+            self.m.isa,
+            kv,
+            il,
+            &self.seqs,
+            &self.blocks,
+            &qb,
+            &mut ob,
+            &mut self.scores,
+            (nh, nkv, hd),
+            c.attn_scale,
+            window,
+        );
+        self.bufs[idx(q)] = qb;
+        self.bufs[idx(k)] = kb;
+        self.bufs[idx(out)] = ob;
+    }
+
+    fn glu(&mut self, gate: Buf, up: Buf, act: Glu) {
+        let ub = std::mem::take(&mut self.bufs[idx(up)]);
+        let g = &mut self.bufs[idx(gate)];
+        match act {
+            Glu::GeluTanh => g
+                .iter_mut()
+                .zip(&ub)
+                .for_each(|(g, u)| *g = gelu_tanh(*g) * u),
+            Glu::Silu => g.iter_mut().zip(&ub).for_each(|(g, u)| *g = silu(*g) * u),
+        }
+        self.bufs[idx(up)] = ub;
+    }
+
+    fn residual(&mut self, x: Buf, y: Buf, post_norm: Option<Norm>) {
+        let mut yb = std::mem::take(&mut self.bufs[idx(y)]);
+        if let Some(n) = post_norm {
+            let c = &self.m.cfg;
+            rms_norm_in_place(&mut yb, self.norm_w(n), c.d_model, c.eps);
+        }
+        self.bufs[idx(x)]
+            .iter_mut()
+            .zip(&yb)
+            .for_each(|(a, b)| *a += b);
+        self.bufs[idx(y)] = yb;
+    }
+
+    fn logits(&mut self, x: Buf) {
+        let m = self.m;
+        let d = m.cfg.d_model;
+        let n = self.out_rows.len();
+        if n == 0 {
+            return;
+        }
+        // `Tmp` is free once the layers are done: the final rows are gathered into it.
+        let mut gathered = std::mem::take(&mut self.bufs[idx(Buf::Tmp)]);
+        gathered.clear();
+        let xs = &self.bufs[idx(x)];
+        for &r in &self.out_rows {
+            gathered.extend_from_slice(&xs[r * d..(r + 1) * d]);
+        }
+        let xo = &mut self.xb[..n * d];
+        rms_norm_rows(&gathered, xo, &m.output_norm, d, m.cfg.eps);
+        let wout = m.mat(&m.output);
+        self.acts.quantize(xo, n, d, &m.formats(&[&wout]));
+        kernels::matmul(
+            m.isa,
+            &self.acts,
+            &mut [MatOut {
+                w: wout,
+                out: &mut self.logits[..n * m.cfg.vocab],
+            }],
+        );
+        self.bufs[idx(Buf::Tmp)] = gathered;
+    }
+}
+
+/// Inverse frequencies `base^(-2i/rope_dim)` (f32, as transformers computes them), divided by
+/// the optional per-pair factors.
+fn rope_inv_freq(rope_dim: usize, base: f32, factors: Option<&[f32]>) -> Vec<f32> {
+    (0..rope_dim / 2)
+        .map(|i| {
+            let f = 1.0 / base.powf((2 * i) as f32 / rope_dim as f32);
+            match factors {
+                Some(fs) => f / fs[i],
+                None => f,
+            }
+        })
+        .collect()
+}
+
+/// cos/sin tables `[row][rope_dim/2]` for the rows' positions (each times `pos_scale`).
+fn rope_table(
+    inv: &[f32],
+    positions: impl Iterator<Item = usize>,
+    pos_scale: f32,
+    cos: &mut Vec<f32>,
+    sin: &mut Vec<f32>,
+) {
+    cos.clear();
+    sin.clear();
+    for p in positions {
+        let p = p as f32 * pos_scale;
+        for &f in inv {
+            let a = p * f;
+            cos.push(a.cos());
+            sin.push(a.sin());
+        }
+    }
+}
+
+/// Rotates the first `rope_dim` values of each of the `n_heads` heads of every row of `x`
+/// (`[rows][n_heads * hd]`) by the angles of the row in `cos`/`sin`.
+fn rope(
+    x: &mut [f32],
+    n_heads: usize,
+    hd: usize,
+    rope_dim: usize,
+    neox: bool,
+    cos: &[f32],
+    sin: &[f32],
+) {
+    let half = rope_dim / 2;
+    for (ti, row) in x.chunks_exact_mut(n_heads * hd).enumerate() {
+        let (c, s) = (
+            &cos[ti * half..(ti + 1) * half],
+            &sin[ti * half..(ti + 1) * half],
+        );
+        for h in row.chunks_exact_mut(hd) {
+            for i in 0..half {
+                let (a, b) = if neox {
+                    (i, i + half)
+                } else {
+                    (2 * i, 2 * i + 1)
+                };
+                let (x0, x1) = (h[a], h[b]);
+                h[a] = x0 * c[i] - x1 * s[i];
+                h[b] = x0 * s[i] + x1 * c[i];
+            }
+        }
+    }
+}
+
+#[derive(Clone, Copy)]
+struct SendPtr(*mut f32);
+// SAFETY: attention tasks write disjoint (sequence, head) slices of the buffer, which
+// outlives them.
+unsafe impl Send for SendPtr {}
+// SAFETY: as above.
+unsafe impl Sync for SendPtr {}
+
+impl SendPtr {
+    fn get(self) -> *mut f32 {
+        self.0
+    }
+}
+
+/// Causal attention of every sequence's rows over its cached positions (through its block
+/// table) in layer `il`. q, out: `[rows][nh * hd]`; a row at position p sees keys 0..=p, or
+/// (p - window, p] with `window > 0`. One task per (sequence, head).
+#[allow(clippy::too_many_arguments)]
+fn attention(
+    isa: Isa,
+    kv: &CpuKvStore,
+    il: usize,
+    seqs: &[SeqRows],
+    blocks: &[BlockId],
+    q: &[f32],
+    out: &mut [f32],
+    scores: &mut Vec<f32>,
+    (nh, nkv, hd): (usize, usize, usize),
+    scale: f32,
+    window: usize,
+) {
+    let bs = kv.block_size();
+    let group = nh / nkv;
+    let max_len = seqs.iter().map(|s| s.pos + s.n).max().unwrap_or(0);
+    let n_tasks = seqs.len() * nh;
+    if scores.len() < n_tasks * max_len {
+        scores.resize(n_tasks * max_len, 0.0);
+    }
+    let outp = SendPtr(out.as_mut_ptr());
+    let w = nh * hd;
+    let work = |task: usize, sc: &mut [f32]| {
+        let (s, h) = (&seqs[task / nh], task % nh);
+        let g = h / group;
+        let table = &blocks[s.blocks.clone()];
+        for i in 0..s.n {
+            let (p, r) = (s.pos + i, s.r0 + i);
+            let lo = if window > 0 {
+                (p + 1).saturating_sub(window)
+            } else {
+                0
+            };
+            let qh = &q[r * w + h * hd..r * w + (h + 1) * hd];
+            let sc = &mut sc[..p + 1 - lo];
+            let mut max = f32::NEG_INFINITY;
+            let mut j = lo;
+            while j <= p {
+                let (blk, slot0) = (table[j / bs], j % bs);
+                let end = (p + 1).min((j / bs + 1) * bs);
+                let keys = kv.keys(blk, il, g);
+                for jj in j..end {
+                    let o = (jj - j + slot0) * hd;
+                    let v = dot_f32(isa, qh, &keys[o..o + hd]) * scale;
+                    sc[jj - lo] = v;
+                    max = max.max(v);
+                }
+                j = end;
+            }
+            let mut sum = 0f32;
+            for v in sc.iter_mut() {
+                *v = (*v - max).exp();
+                sum += *v;
+            }
+            // SAFETY: this task alone writes head h of its sequence's rows; the slice lies
+            // inside `out` (rows x nh*hd).
+            let o = unsafe { std::slice::from_raw_parts_mut(outp.get().add(r * w + h * hd), hd) };
+            o.fill(0.0);
+            let inv = 1.0 / sum;
+            let mut j = lo;
+            while j <= p {
+                let (blk, slot0) = (table[j / bs], j % bs);
+                let end = (p + 1).min((j / bs + 1) * bs);
+                let vals = kv.values(blk, il, g);
+                for jj in j..end {
+                    let off = (jj - j + slot0) * hd;
+                    axpy(isa, sc[jj - lo] * inv, &vals[off..off + hd], o);
+                }
+                j = end;
+            }
+        }
+    };
+    let work_size: usize = seqs.iter().map(|s| s.n * (s.pos + s.n)).sum::<usize>() * nh * hd;
+    if work_size < 32 * 1024 || n_tasks == 1 {
+        for (task, sc) in scores[..n_tasks * max_len]
+            .chunks_mut(max_len.max(1))
+            .enumerate()
+        {
+            work(task, sc);
+        }
+    } else {
+        let sp = SendPtr(scores.as_mut_ptr());
+        crate::pool::Pool::global().run(n_tasks, &|task| {
+            // SAFETY: task `task` alone uses scores[task * max_len..(task + 1) * max_len],
+            // inside `scores` (resized above).
+            let sc =
+                unsafe { std::slice::from_raw_parts_mut(sp.get().add(task * max_len), max_len) };
+            work(task, sc);
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::step::Out;
+    use super::*;
+
+    #[test]
+    fn rope_angles_follow_each_rows_position() {
+        let inv = rope_inv_freq(4, 10000.0, None);
+        let (mut c, mut s) = (Vec::new(), Vec::new());
+        rope_table(&inv, [5usize, 0, 7].into_iter(), 1.0, &mut c, &mut s);
+        assert_eq!(c.len(), 6);
+        assert_eq!(c[2], 1.0);
+        assert!((c[0] - 5f32.cos()).abs() < 1e-6);
+        assert!((s[5] - (7.0 * inv[1]).sin()).abs() < 1e-6);
+    }
+
+    #[test]
+    fn out_is_listed_per_sequence() {
+        let mut b = Batch::default();
+        b.push(&[1, 2, 3], 0, &[0], Out::Last);
+        b.push(&[4], 9, &[1], Out::None);
+        b.push(&[5, 6], 2, &[2], Out::All);
+        assert_eq!(b.out_rows(), 3);
+        assert_eq!(b.out_row_ids().collect::<Vec<_>>(), vec![2, 4, 5]);
+    }
+}

@@ -1,0 +1,105 @@
+//! `ferrite bench --batch B` on a small synthetic model: the JSON report names the batch and
+//! gives aggregate and per-sequence speeds (per sequence = aggregate / B); bad combinations
+//! are clean errors.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+fn ferrite(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_ferrite"))
+        .args(args)
+        .output()
+        .expect("run ferrite")
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// A synthetic 1-layer SmolLM2-shaped model in the temp dir, removed when dropped.
+struct Synth(PathBuf);
+
+impl Synth {
+    fn new() -> Synth {
+        let p =
+            std::env::temp_dir().join(format!("ferrite-bench-batch-{}.gguf", std::process::id()));
+        let o = ferrite(&[
+            "synth",
+            "--preset",
+            "smollm2-135m",
+            "--layers",
+            "1",
+            "--vocab",
+            "1024",
+            "-o",
+            p.to_str().unwrap(),
+        ]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        Synth(p)
+    }
+    fn s(&self) -> &str {
+        self.0.to_str().unwrap()
+    }
+}
+
+impl Drop for Synth {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+#[test]
+fn bench_batch_reports_aggregate_and_per_sequence_speeds() {
+    let m = Synth::new();
+    let o = ferrite(&[
+        "bench",
+        "--device",
+        "cpu",
+        "-m",
+        m.s(),
+        "-p",
+        "20",
+        "-n",
+        "5",
+        "-r",
+        "1",
+        "--batch",
+        "3",
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let j: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(j["batch"], 3);
+    assert_eq!(j["backend"], "CPU engine");
+    let r = j["results"].as_array().unwrap();
+    assert_eq!(r[0]["test"], "pp20");
+    assert_eq!(r[1]["test"], "tg5");
+    let pp = r[0]["tok_s_mean"].as_f64().unwrap();
+    let tg = r[1]["tok_s_mean"].as_f64().unwrap();
+    let per = r[1]["per_sequence_tok_s_mean"].as_f64().unwrap();
+    assert!(pp > 0.0 && tg > 0.0, "{j}");
+    assert!((per * 3.0 / tg - 1.0).abs() < 1e-9, "{per} x 3 vs {tg}");
+
+    let o = ferrite(&[
+        "bench",
+        "--device",
+        "cpu",
+        "-m",
+        m.s(),
+        "-p",
+        "0",
+        "-n",
+        "5",
+        "--batch",
+        "2",
+    ]);
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains("--batch needs -p and -n of at least 1"),
+        "{}",
+        stderr(&o)
+    );
+    let o = ferrite(&["bench", "-m", m.s(), "--batch", "0"]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("--batch"), "{}", stderr(&o));
+}
