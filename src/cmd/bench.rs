@@ -109,7 +109,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             .collect();
         let out = serde_json::json!({
             "model": name, "size_mib": size_mib, "arch": model.cfg.arch_name, "threads": threads,
-            "isa": format!("{:?}", model.isa()), "precision": format!("{:?}", model.precision()),
+            "isa": format!("{:?}", model.isa()), "precision": model.precision().to_string(),
             "repetitions": args.r, "results": tests,
         });
         println!("{}", serde_json::to_string_pretty(&out)?);
@@ -118,7 +118,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         println!("| --- | ---: | --- | ---: | --- | ---: | ---: |");
         for (t, m, s, _) in &results {
             println!(
-                "| {name} | {size_mib:.2} MiB | CPU ({:?}) | {threads} | {:?} | {t} | {m:.2} ± {s:.2} |",
+                "| {name} | {size_mib:.2} MiB | CPU ({:?}) | {threads} | {} | {t} | {m:.2} ± {s:.2} |",
                 model.isa(),
                 model.precision()
             );

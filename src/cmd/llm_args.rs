@@ -24,19 +24,17 @@ pub struct ModelArgs {
     /// Worker threads. Default: one per core ($FERRITE_THREADS also sets it).
     #[arg(short = 't', long, value_parser = clap::value_parser!(u32).range(1..=1024))]
     pub threads: Option<u32>,
-    /// Activation precision of the quantized products: q8 (fastest), q8x2 (8-bit plus 8-bit
-    /// residual) or exact (f32; slow reference). Default: q8x2 for gemma3, q8 otherwise.
+    /// Activation precision of the quantized products: q8x2 (8-bit plus an 8-bit residual,
+    /// ~16 bits: the exact path's answers at ~90% of q8's CPU speed), q8 (8-bit, as
+    /// llama.cpp: fastest, but changes answers of small models) or exact (f32 activations;
+    /// slow on the CPU). Default: q8x2 on the CPU; on a GPU f32 activations for weights up to
+    /// 1 GiB, q8 above ($FERRITE_PRECISION also sets it).
     #[arg(long, value_parser = parse_precision)]
     pub precision: Option<Precision>,
 }
 
 fn parse_precision(s: &str) -> Result<Precision, String> {
-    match s {
-        "q8" => Ok(Precision::Q8),
-        "q8x2" => Ok(Precision::Q8x2),
-        "exact" => Ok(Precision::Exact),
-        _ => Err(format!("expected q8, q8x2 or exact, got {s:?}")),
-    }
+    s.parse()
 }
 
 pub struct Loaded {

@@ -1,7 +1,6 @@
 //! `ferrite perplexity -m FILE -f TEXT --ctx N`: perplexity over one window of the first N
 //! tokens of the text (BOS added only if the model's metadata asks for it), scoring tokens
-//! 2..N each from the tokens before it. Activations default to `q8x2` here (see
-//! `--precision`). With `--device cuda` the logits come from the GPU's batched prefill.
+//! 2..N each from the tokens before it (activations: `--precision`, default q8x2). With `--device cuda` the logits come from the GPU's batched prefill.
 
 use std::path::PathBuf;
 
@@ -28,12 +27,7 @@ pub struct Args {
 pub fn run(args: Args) -> anyhow::Result<()> {
     let text = std::fs::read_to_string(&args.file)
         .with_context(|| format!("reading {}", args.file.display()))?;
-    let mut loaded = args.model.load()?;
-    if args.model.precision.is_none() {
-        // A quality measurement: default to the accurate activations (8-bit noise alone moves
-        // a short window's perplexity by ~1%).
-        loaded.model.set_precision(ferrite_llm::Precision::Q8x2);
-    }
+    let loaded = args.model.load()?;
     let (model, tok) = (&loaded.model, &loaded.tok);
     let ctx = args.model.ctx(model)?;
     let mut ids = tok.encode(&text, true)?;
@@ -68,7 +62,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let secs = t0.elapsed().as_secs_f64();
     let precision = match &cuda {
         Some(_) => "cuda".to_string(),
-        None => format!("{:?}", model.precision()),
+        None => model.precision().to_string(),
     };
     let ppl = nll.exp();
     if args.json {

@@ -15,4 +15,4 @@ pub mod synth;
 pub mod tokenizer;
 
 pub use error::{Error, Result};
-pub use model::{Config, Logits, Model, Precision, Session};
+pub use model::{Config, Logits, Model, Precision, PrecisionPlan, Product, Session};

@@ -39,7 +39,7 @@ pub use generate::{generate, mean_nll};
 pub use prefill::CHUNK as PREFILL_CHUNK;
 pub use sample::{sample_many, sample_once};
 pub use session::GpuSession;
-pub use weights::{Fmt, GpuMatrix, GpuModel, Layout};
+pub use weights::{default_precision, Fmt, GpuMatrix, GpuModel, Layout, F32_ACTS_MAX_WEIGHT_BYTES};
 
 use crate::error::{Error, Result};
 

@@ -357,11 +357,11 @@ pub fn matmul(isa: Isa, acts: &Acts, ops: &mut [MatOut<'_, '_>]) {
                 // Four weight rows per pass share each activation block.
                 while r + 4 <= r1 {
                     let rows = [w.row(r), w.row(r + 1), w.row(r + 2), w.row(r + 3)];
-                    let mut v = q4::dot_q4_1_rows4(isa, rows, a(ti));
-                    if x2 {
-                        let l = q4::dot_q4_1_rows4(isa, rows, lo(ti));
-                        v.iter_mut().zip(l).for_each(|(v, l)| *v += l);
-                    }
+                    let v = if x2 {
+                        q4::dot_q4_1_rows4_x2(isa, rows, a(ti), lo(ti))
+                    } else {
+                        q4::dot_q4_1_rows4(isa, rows, a(ti))
+                    };
                     for (k, &vk) in v.iter().enumerate() {
                         // SAFETY: as above.
                         unsafe { *out.0.add(ti * w.rows + r + k) = vk };
@@ -370,10 +370,11 @@ pub fn matmul(isa: Isa, acts: &Acts, ops: &mut [MatOut<'_, '_>]) {
                 }
             }
             for r in r..r1 {
-                let mut v = dot_row(isa, w, r, a(ti));
-                if x2 {
-                    v += dot_row(isa, w, r, &acts.q8_lo[ti * nb..(ti + 1) * nb]);
-                }
+                let v = if x2 {
+                    dot_row_x2(isa, w, r, a(ti), lo(ti))
+                } else {
+                    dot_row(isa, w, r, a(ti))
+                };
                 // SAFETY: as above.
                 unsafe { *out.0.add(ti * w.rows + r) = v };
             }
@@ -399,6 +400,17 @@ fn dot_row(isa: Isa, w: &QMat<'_>, r: usize, a: &[BlockQ8]) -> f32 {
         GgmlType::Q4_K => k_quants::dot_q4_k(isa, row, a),
         GgmlType::Q6_K => k_quants::dot_q6_k(isa, row, a),
         other => unreachable!("dot_row: {other} has no integer kernel (ActFormat::for_weight)"),
+    }
+}
+
+/// dot(w[r], hi + lo) for q8x2 activations: one fused pass where the type has a fused
+/// kernel, else two passes of `dot_row`.
+#[inline]
+fn dot_row_x2(isa: Isa, w: &QMat<'_>, r: usize, hi: &[BlockQ8], lo: &[BlockQ8]) -> f32 {
+    match w.ty {
+        GgmlType::Q4_1 => q4::dot_q4_1_x2(isa, w.row(r), hi, lo),
+        GgmlType::Q8_0 => q8_0::dot_q8_0_x2(isa, w.row(r), hi, lo),
+        _ => dot_row(isa, w, r, hi) + dot_row(isa, w, r, lo),
     }
 }
 
