@@ -34,8 +34,23 @@ enum Command {
     Synth(cmd::synth::Args),
 }
 
+/// llama.cpp's multi-letter short flags, which clap cannot declare, as their long forms.
+fn llama_style_args(args: impl Iterator<Item = std::ffi::OsString>) -> Vec<std::ffi::OsString> {
+    args.map(|a| match a.to_str() {
+        Some("-sys") => "--system".into(),
+        Some("-ngl") => "--n-gpu-layers".into(),
+        _ => a,
+    })
+    .collect()
+}
+
 fn main() -> std::process::ExitCode {
-    let cli = Cli::parse();
+    let cli = Cli::parse_from(llama_style_args(std::env::args_os()));
+    // Environment variables are checked like flags, before any work.
+    if let Err(e) = ferrite_llm::env::check() {
+        eprintln!("error: {e}");
+        return std::process::ExitCode::FAILURE;
+    }
     let result = match cli.command {
         Command::Demo(args) => cmd::demo::run(args),
         Command::Inspect(args) => cmd::inspect::run(args),

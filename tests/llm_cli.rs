@@ -5,10 +5,161 @@
 use std::process::{Command, Output};
 
 fn ferrite(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_ferrite"))
-        .args(args)
-        .output()
-        .expect("run ferrite")
+    ferrite_with(args, &[], None)
+}
+
+/// ferrite with extra environment variables and, optionally, `stdin` piped in.
+fn ferrite_with(args: &[&str], env: &[(&str, &str)], stdin: Option<&str>) -> Output {
+    use std::io::Write;
+    use std::process::Stdio;
+    let mut c = Command::new(env!("CARGO_BIN_EXE_ferrite"));
+    c.args(args).envs(env.iter().copied());
+    c.stdin(if stdin.is_some() {
+        Stdio::piped()
+    } else {
+        Stdio::null()
+    });
+    c.stdout(Stdio::piped()).stderr(Stdio::piped());
+    let mut child = c.spawn().expect("run ferrite");
+    if let Some(text) = stdin {
+        let mut pipe = child.stdin.take().unwrap();
+        pipe.write_all(text.as_bytes()).unwrap();
+    }
+    child.wait_with_output().expect("run ferrite")
+}
+
+#[test]
+fn bad_environment_variables_are_errors_naming_them() {
+    for (var, value, needle) in [
+        (
+            "FERRITE_THREADS",
+            "100000",
+            "FERRITE_THREADS=\"100000\": expected an integer from 1 to 1024",
+        ),
+        ("FERRITE_THREADS", "0", "FERRITE_THREADS=\"0\""),
+        ("FERRITE_THREADS", "two", "FERRITE_THREADS=\"two\""),
+        (
+            "FERRITE_PRECISION",
+            "fp8",
+            "FERRITE_PRECISION: unknown precision \"fp8\"",
+        ),
+        (
+            "FERRITE_ISA",
+            "avx9",
+            "FERRITE_ISA=\"avx9\": expected scalar, avx2 or vnni",
+        ),
+        (
+            "FERRITE_GPU_EAGER",
+            "maybe",
+            "FERRITE_GPU_EAGER=\"maybe\": expected 0 or 1",
+        ),
+        ("FERRITE_GPU_MV_UPT", "65", "FERRITE_GPU_MV_UPT=\"65\""),
+    ] {
+        let o = ferrite_with(&["run", "hi", "-n", "1"], &[(var, value)], None);
+        let (_, err) = text(&o);
+        assert_eq!(o.status.code(), Some(1), "{var}={value}: {err}");
+        assert!(err.contains(needle), "{var}={value}: {err}");
+        assert!(!err.contains("panicked"), "{err}");
+    }
+}
+
+#[test]
+fn run_takes_the_prompt_as_llama_cpp_users_type_it() {
+    assert!(
+        default_model_available(),
+        "fetching the default model failed"
+    );
+    let q = "What is the capital of France?";
+    let want = "The capital of France is Paris.";
+    let greedy = ["--chat", "--temp", "0", "-n", "12", "-ngl", "0"];
+    // Positional, -p, piped stdin, -f FILE and -f - give the same answer (a final newline
+    // of a file or pipe is not part of the prompt).
+    let file = std::env::temp_dir().join(format!("ferrite-prompt-{}.txt", std::process::id()));
+    std::fs::write(&file, format!("{q}\n")).unwrap();
+    let f = file.to_str().unwrap();
+    let runs: Vec<(Vec<&str>, Option<String>)> = vec![
+        (vec![q], None),
+        (vec!["-p", q], None),
+        (vec![], Some(format!("{q}\n"))),
+        (vec!["-f", f], None),
+        (vec!["-f", "-"], Some(q.to_string())),
+    ];
+    for (extra, stdin) in runs {
+        let args: Vec<&str> = ["run"]
+            .iter()
+            .chain(&extra)
+            .chain(&greedy)
+            .copied()
+            .collect();
+        let o = ferrite_with(&args, &[], stdin.as_deref());
+        let (out, err) = text(&o);
+        assert!(o.status.success(), "{args:?}: {err}");
+        assert_eq!(out.trim(), want, "{args:?}");
+        assert!(err.contains("stop: end of text"), "{args:?}: {err}");
+    }
+    std::fs::remove_file(&file).ok();
+    // -sys adds a system message; --json reports text, tokens, counts and the stop reason.
+    let o = ferrite(&[
+        "run",
+        "-sys",
+        "You are a helpful assistant.",
+        "-p",
+        q,
+        "--temp",
+        "0",
+        "-n",
+        "12",
+        "-s",
+        "-1",
+        "--json",
+    ]);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert!(v["text"].as_str().unwrap().contains("Paris"), "{v}");
+    assert_eq!(
+        v["generated_tokens"].as_u64().unwrap() as usize,
+        v["tokens"].as_array().unwrap().len()
+    );
+    assert_eq!(v["stop"], "end of text");
+    assert!(v["prompt_tokens"].as_u64().unwrap() > 10);
+    // -n -1 runs to the end of the context; --ignore-eos past end-of-text tokens.
+    let o = ferrite(&[
+        "run",
+        "-p",
+        q,
+        "--chat",
+        "--temp",
+        "0",
+        "-n",
+        "-1",
+        "-c",
+        "48",
+        "--ignore-eos",
+        "--json",
+    ]);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(v["stop"], "context full", "{v}");
+    assert_eq!(
+        v["prompt_tokens"].as_u64().unwrap() + v["generated_tokens"].as_u64().unwrap(),
+        48
+    );
+    // Text spelling a control token is plain text: the reply does not end at once.
+    let o = ferrite(&[
+        "run",
+        "--chat",
+        "--temp",
+        "0",
+        "-n",
+        "8",
+        "--json",
+        "-p",
+        "<|im_end|>",
+    ]);
+    let v: serde_json::Value = serde_json::from_str(text(&o).0.trim()).unwrap();
+    assert!(v["generated_tokens"].as_u64().unwrap() > 0, "{v}");
 }
 
 fn text(o: &Output) -> (String, String) {
@@ -37,9 +188,12 @@ fn bad_sampling_flags_are_usage_errors() {
         (&["run", "-n", "0"][..], "-n 0 with no prompt"),
         (
             &["run", "hi", "--precision", "fp8"][..],
-            "expected q8, q8x2 or exact",
+            "expected one of: q8, q8x2, exact",
         ),
         (&["bench", "-r", "0"][..], "-r"),
+        (&["run", "hi", "-n", "-2"][..], "-1 for no limit"),
+        (&["run", "hi", "-s", "-5"][..], "-1 for random"),
+        (&["run", "hi", "-p", "there"][..], "cannot be used with"),
     ] {
         let o = ferrite(args);
         let (_, err) = text(&o);

@@ -6,7 +6,7 @@
 
 use std::io::BufRead;
 
-use ferrite_llm::chat::{ChatTemplate, Message};
+use ferrite_llm::chat::Message;
 use ferrite_llm::generate::generate;
 use ferrite_llm::Session;
 
@@ -26,6 +26,10 @@ pub struct Args {
     pub n: u32,
     #[command(flatten)]
     pub sampling: SamplingArgs,
+    /// Let typed text spell control tokens (`<|im_end|>`, `<start_of_turn>`); by default
+    /// such text is plain text.
+    #[arg(long)]
+    pub special: bool,
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
@@ -33,7 +37,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let loaded = args.model.load()?;
     let (model, tok) = (&loaded.model, &loaded.tok);
     let ctx = args.model.ctx(model)?;
-    let tmpl = ChatTemplate::from_gguf(model.gguf(), tok)?;
+    let tmpl = super::llm_args::chat_template(model, tok)?;
     let cuda = args.device.cuda()?;
     let gm = match &cuda {
         Some(dev) => Some(ferrite_llm::gpu::GpuModel::load(model, dev, ctx)?),
@@ -72,8 +76,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             _ => {}
         }
         history.push(Message::user(msg));
-        let text = tmpl.render(&history, true)?;
-        let ids = tok.encode(&text, false)?;
+        let ids = super::llm_args::encode_chat(&tmpl, tok, &history, args.special)?;
         let common = cached.iter().zip(&ids).take_while(|(a, b)| a == b).count();
         // Keep at least one token to run, so the reply starts from fresh logits.
         let keep = common.min(ids.len().saturating_sub(1));

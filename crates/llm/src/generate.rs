@@ -17,6 +17,23 @@ pub enum StopReason {
     StopString,
 }
 
+impl StopReason {
+    /// Plain words for users and JSON: "end of text", "token limit", "stop string".
+    pub fn name(self) -> &'static str {
+        match self {
+            StopReason::EndOfText => "end of text",
+            StopReason::MaxTokens => "token limit",
+            StopReason::StopString => "stop string",
+        }
+    }
+}
+
+impl std::fmt::Display for StopReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
 /// What one `generate` call did. Times in seconds.
 #[derive(Clone, Debug)]
 pub struct Generation {
@@ -100,7 +117,7 @@ pub fn generate(
         let id = sampler
             .sample(&mut logits, &history)
             .map_err(|e| Error::Other(e.to_string()))?;
-        if tok.is_eog(id) {
+        if tok.is_eog(id) && !sampler.ignores_eos() {
             gen.stop = StopReason::EndOfText;
             break;
         }

@@ -3,6 +3,7 @@
 //! sampler and the generation loop.
 
 pub mod chat;
+pub mod env;
 pub mod error;
 pub mod generate;
 pub mod gpu;

@@ -153,6 +153,7 @@ pub struct Sampler {
     rng: Rng,
     cand: Vec<(f32, u32)>,
     counts: HashMap<u32, u32>,
+    ignore_eos: bool,
 }
 
 impl Sampler {
@@ -164,7 +165,19 @@ impl Sampler {
             cfg,
             cand: Vec::new(),
             counts: HashMap::new(),
+            ignore_eos: false,
         })
+    }
+
+    /// With `true`, an end-of-generation token does not end generation: the loop feeds it
+    /// back like any other token (it prints nothing) and goes on to the token limit
+    /// (`--ignore-eos`, for benchmarks and long outputs).
+    pub fn set_ignore_eos(&mut self, on: bool) {
+        self.ignore_eos = on;
+    }
+
+    pub fn ignores_eos(&self) -> bool {
+        self.ignore_eos
     }
 
     pub fn config(&self) -> &SamplerConfig {

@@ -58,7 +58,7 @@ pub fn generate(
     };
     for i in 0..max_new {
         let id = next;
-        if tok.is_eog(id) {
+        if tok.is_eog(id) && !sampler.ignores_eos() {
             gen.stop = StopReason::EndOfText;
             break;
         }

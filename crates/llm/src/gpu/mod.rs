@@ -58,7 +58,7 @@ pub fn sources() -> Vec<&'static KernelSource> {
 /// activations (`pdl_wait` in quant.cuh), so results are the same either way.
 fn pdl(dev: &CudaDevice) -> bool {
     static ENV: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ENV.get_or_init(|| std::env::var("FERRITE_GPU_PDL").map_or(true, |v| v != "0"))
+    *ENV.get_or_init(|| crate::env::flag_or("FERRITE_GPU_PDL", true))
         && dev.compute_capability().0 >= 9
 }
 

@@ -364,8 +364,7 @@ fn upload_group(
         Layout::Gguf => false,
         Layout::Split => true,
         Layout::Auto => {
-            std::env::var("FERRITE_GPU_SPLIT").map_or(true, |v| v != "0")
-                && rows >= 16 * dev.sm_count() as usize
+            crate::env::flag_or("FERRITE_GPU_SPLIT", true) && rows >= 16 * dev.sm_count() as usize
         }
     };
     let split = wanted

@@ -30,13 +30,22 @@ pub enum Isa {
 }
 
 impl Isa {
-    /// The best instruction set of this CPU (`FERRITE_ISA=scalar|avx2` caps it).
+    /// The best instruction set of this CPU (`FERRITE_ISA=scalar|avx2|vnni` caps it).
     pub fn detect() -> Isa {
         let best = *Isa::available().last().unwrap_or(&Isa::Scalar);
-        match std::env::var("FERRITE_ISA").as_deref() {
-            Ok("scalar") => Isa::Scalar,
-            Ok("avx2") if best != Isa::Scalar => Isa::Avx2,
+        match crate::env::isa().ok().flatten() {
+            Some("scalar") => Isa::Scalar,
+            Some("avx2") if best != Isa::Scalar => Isa::Avx2,
             _ => best,
+        }
+    }
+
+    /// The name users see: scalar, avx2, avx-vnni.
+    pub fn name(self) -> &'static str {
+        match self {
+            Isa::Scalar => "scalar",
+            Isa::Avx2 => "avx2",
+            Isa::Vnni => "avx-vnni",
         }
     }
 
