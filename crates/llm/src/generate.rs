@@ -15,6 +15,8 @@ pub enum StopReason {
     EndOfText,
     MaxTokens,
     StopString,
+    /// The sampler's cancel flag was set (Ctrl-C in `ferrite chat`).
+    Interrupted,
 }
 
 impl StopReason {
@@ -24,6 +26,7 @@ impl StopReason {
             StopReason::EndOfText => "end of text",
             StopReason::MaxTokens => "token limit",
             StopReason::StopString => "stop string",
+            StopReason::Interrupted => "interrupted",
         }
     }
 }
@@ -114,6 +117,10 @@ pub fn generate(
         }
     };
     for i in 0..max_new {
+        if sampler.cancelled() {
+            gen.stop = StopReason::Interrupted;
+            break;
+        }
         let id = sampler
             .sample(&mut logits, &history)
             .map_err(|e| Error::Other(e.to_string()))?;

@@ -57,6 +57,10 @@ pub fn generate(
         }
     };
     for i in 0..max_new {
+        if sampler.cancelled() {
+            gen.stop = StopReason::Interrupted;
+            break;
+        }
         let id = next;
         if tok.is_eog(id) && !sampler.ignores_eos() {
             gen.stop = StopReason::EndOfText;
