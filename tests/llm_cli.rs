@@ -246,7 +246,16 @@ fn perplexity_and_bench_with_the_default_model() {
         env!("CARGO_MANIFEST_DIR"),
         "/crates/llm/tests/fixtures/genesis_1.txt"
     );
-    let o = ferrite(&["perplexity", "-f", text_file, "--ctx", "128", "--json"]);
+    let o = ferrite(&[
+        "perplexity",
+        "-f",
+        text_file,
+        "--ctx",
+        "128",
+        "--chunks",
+        "1",
+        "--json",
+    ]);
     let (out, err) = text(&o);
     assert!(o.status.success(), "{err}");
     let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
@@ -254,6 +263,38 @@ fn perplexity_and_bench_with_the_default_model() {
     // transformers: 3.8684 on the same 128 tokens (crates/llm/tests/fixtures/smollm2.json).
     assert!((ppl / 3.8684 - 1.0).abs() < 0.01, "{ppl}");
     assert_eq!(v["scored"], 127);
+    // The whole file in windows of 128 every 64 tokens: every token after the first scored
+    // once, with its uncertainty.
+    let o = ferrite(&["perplexity", "-f", text_file, "-c", "128", "--json"]);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(
+        v["scored"].as_u64().unwrap() + 1,
+        v["text_tokens"].as_u64().unwrap()
+    );
+    assert!(v["windows"].as_u64().unwrap() > 1, "{v}");
+    let (ppl, err_ppl) = (
+        v["ppl"].as_f64().unwrap(),
+        v["ppl_uncertainty"].as_f64().unwrap(),
+    );
+    assert!(
+        ppl > 1.5 && ppl < 10.0 && err_ppl > 0.0 && err_ppl < 0.5 * ppl,
+        "{v}"
+    );
+    // Too little text blames the file.
+    let short = std::env::temp_dir().join(format!("ferrite-ppl-{}.txt", std::process::id()));
+    std::fs::write(&short, "a").unwrap();
+    let o = ferrite(&["perplexity", "-f", short.to_str().unwrap()]);
+    std::fs::remove_file(&short).ok();
+    let (_, err) = text(&o);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        err.contains(
+            "holds 1 token after tokenization; perplexity needs at least 2 tokens of text"
+        ),
+        "{err}"
+    );
     let o = ferrite(&["bench", "-p", "16", "-n", "4", "-r", "1", "--json"]);
     let (out, err) = text(&o);
     assert!(o.status.success(), "{err}");
