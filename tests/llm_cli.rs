@@ -306,4 +306,27 @@ fn perplexity_and_bench_with_the_default_model() {
         .map(|r| r["test"].as_str().unwrap())
         .collect();
     assert_eq!(tests, ["pp16", "tg4"]);
+    assert_eq!(v["n_prompt"], 16);
+    assert_eq!(v["n_gen"], 4);
+    assert_eq!(v["results"][0]["n_prompt"], 16);
+    assert_eq!(v["results"][1]["n_gen"], 4);
+    assert_eq!(v["backend"], "cpu");
+    assert_eq!(v["version"], env!("CARGO_PKG_VERSION"));
+    assert!(v["device"].as_str().unwrap().starts_with("CPU ("), "{v}");
+    let path = v["model"].as_str().unwrap();
+    assert!(
+        std::path::Path::new(path).is_absolute() && path.ends_with(".gguf"),
+        "{v}"
+    );
+    // --ctx-size sizes the KV cache, and must hold the longest test.
+    let o = ferrite(&[
+        "bench", "-p", "16", "-n", "4", "-r", "1", "-c", "64", "--json",
+    ]);
+    let v: serde_json::Value = serde_json::from_str(&text(&o).0).unwrap();
+    assert_eq!(v["ctx"], 64);
+    let o = ferrite(&["bench", "-p", "64", "-n", "4", "-r", "1", "-c", "32"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(text(&o)
+        .1
+        .contains("--ctx-size 32 is smaller than the longest test"));
 }

@@ -67,6 +67,8 @@ impl ModelArgs {
         }
         let tok = Tokenizer::from_gguf(model.gguf())
             .with_context(|| format!("tokenizer of {}", path.display()))?;
+        // Reports (bench, run --json) name the file by its full path.
+        let path = std::fs::canonicalize(&path).unwrap_or(path);
         Ok(Loaded { model, tok, path })
     }
 
