@@ -145,3 +145,22 @@ fn system_message_that_cannot_fit_is_an_error_at_start() {
         "{err}"
     );
 }
+
+#[test]
+fn chat_says_when_a_reply_is_cut_by_the_full_context() {
+    // 64 positions: the prompt takes ~35, the reply (end-of-text ignored) runs into the end.
+    let mut p = chat(&["-n", "500", "-c", "64", "--ignore-eos"]);
+    p.send_line("What is the capital of France?").unwrap();
+    p.exp_string("(reply cut: the context of 64 tokens is full")
+        .unwrap();
+    p.exp_string("> ").unwrap();
+    // The next message still gets a reply: the oldest turns make room.
+    p.send_line("And of Japan?").unwrap();
+    let (before, _) = p.exp_regex(r"\[\d+ tokens?, [0-9.]+ tok/s\]").unwrap();
+    assert!(
+        before.contains("(context full: dropped the oldest 2 messages)"),
+        "{before}"
+    );
+    p.send_control('d').unwrap();
+    p.exp_eof().unwrap();
+}
