@@ -9,7 +9,9 @@
 # Defaults: the default model (SmolLM2-135M-Instruct Q4_1, fetched by ferrite), -t 2, -p 128,
 # -n 64, -r 3, ferrite's default precision. Environment: LLAMA_TGZ (the tarball),
 # FERRITE (the ferrite binary; default: built here with cargo build --release), JOBS (build
-# parallelism, default 1: the build machine is shared).
+# parallelism, default 1: the build machine is shared), LLAMA_CMAKE_FLAGS (extra cmake flags,
+# e.g. "-DGGML_NATIVE=OFF" for a portable build; the default is a native build, which uses
+# AVX-512 where the CPU has it; set LLAMA_OUT to keep builds with different flags apart).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 model="" threads=2 np=128 ng=64 reps=3 precision=()
@@ -25,7 +27,7 @@ while [ $# -gt 0 ]; do
     esac
 done
 tgz="${LLAMA_TGZ:-/work/shared/reference/llama.cpp-2025-02-20.tgz}"
-out=dev/out/llama.cpp
+out="${LLAMA_OUT:-dev/out/llama.cpp}"
 bench="$out/build/bin/llama-bench"
 if [ ! -x "$bench" ]; then
     command -v cmake >/dev/null || { echo "cmake is needed (apt-get install -y cmake)" >&2; exit 1; }
@@ -33,7 +35,7 @@ if [ ! -x "$bench" ]; then
     [ -f "$out/src/CMakeLists.txt" ] || { mkdir -p "$out/src"; tar xzf "$tgz" -C "$out/src" --strip-components=1; }
     cmake -S "$out/src" -B "$out/build" -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=OFF \
         -DGGML_METAL=OFF -DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF \
-        -DLLAMA_BUILD_SERVER=OFF >"$out/build.log" 2>&1
+        -DLLAMA_BUILD_SERVER=OFF ${LLAMA_CMAKE_FLAGS:-} >"$out/build.log" 2>&1
     cmake --build "$out/build" --target llama-bench -j "${JOBS:-1}" >>"$out/build.log" 2>&1 \
         || { echo "llama.cpp build failed; see $out/build.log" >&2; exit 1; }
 fi
