@@ -342,16 +342,13 @@ pub fn matmul(isa: Isa, acts: &Acts, ops: &mut [MatOut<'_, '_>]) {
             // Four activation rows per pass share each unpacked weight block.
             while t0 + 4 <= t {
                 for r in r0..r1 {
-                    let mut v =
-                        q4::dot_q4_1_x4(isa, w.row(r), [a(t0), a(t0 + 1), a(t0 + 2), a(t0 + 3)]);
-                    if x2 {
-                        let l = q4::dot_q4_1_x4(
-                            isa,
-                            w.row(r),
-                            [lo(t0), lo(t0 + 1), lo(t0 + 2), lo(t0 + 3)],
-                        );
-                        v.iter_mut().zip(l).for_each(|(v, l)| *v += l);
-                    }
+                    let rows = [a(t0), a(t0 + 1), a(t0 + 2), a(t0 + 3)];
+                    let v = if x2 {
+                        let l = [lo(t0), lo(t0 + 1), lo(t0 + 2), lo(t0 + 3)];
+                        q4::dot_q4_1_x4_x2(isa, w.row(r), rows, l)
+                    } else {
+                        q4::dot_q4_1_x4(isa, w.row(r), rows)
+                    };
                     for (k, &vk) in v.iter().enumerate() {
                         // SAFETY: as above.
                         unsafe { *out.0.add((t0 + k) * w.rows + r) = vk };

@@ -49,6 +49,23 @@ pub fn dot_q4_1_x4(isa: Isa, w: &[u8], a: [&[BlockQ8]; 4]) -> [f32; 4] {
     a.map(|ai| dot_q4_1_scalar(w, ai))
 }
 
+/// `dot_q4_1_x4` with q8x2 activations (`hi[k]` and `lo[k]` per activation row, see
+/// `dot_q4_1_x2`), in one pass over the weights.
+pub fn dot_q4_1_x4_x2(isa: Isa, w: &[u8], hi: [&[BlockQ8]; 4], lo: [&[BlockQ8]; 4]) -> [f32; 4] {
+    let nb = hi[0].len();
+    assert!(
+        hi.iter().chain(&lo).all(|x| x.len() == nb) && w.len() >= nb * Q4_1_BYTES,
+        "dot_q4_1_x4_x2: activation rows of unequal length or a short weight row"
+    );
+    #[cfg(target_arch = "x86_64")]
+    if isa.avx2() {
+        // SAFETY: as in dot_q4_0; all eight activation rows have nb blocks.
+        return unsafe { x86::dot_q4_1_x4_x2(w, hi, lo) };
+    }
+    let _ = isa;
+    [0, 1, 2, 3].map(|k| dot_q4_1_scalar(w, hi[k]) + dot_q4_1_scalar(w, lo[k]))
+}
+
 /// Dot products of four Q4_1 rows with one activation row (each activation block is loaded
 /// once for the four rows): `[dot(w[0], a), .., dot(w[3], a)]`.
 pub fn dot_q4_1_rows4(isa: Isa, w: [&[u8]; 4], a: &[BlockQ8]) -> [f32; 4] {
@@ -335,6 +352,40 @@ pub(crate) mod x86 {
     }
 
     /// # Safety
+    /// avx2, fma and f16c must be available; `w` holds at least `hi[k].len()` Q4_1 blocks and
+    /// the eight activation rows have equal length.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn dot_q4_1_x4_x2(w: &[u8], hi: [&[BlockQ8]; 4], lo: [&[BlockQ8]; 4]) -> [f32; 4] {
+        let mut acc = [_mm256_setzero_ps(); 4];
+        let mut offs = [0f32; 4];
+        for i in 0..hi[0].len() {
+            // SAFETY: block i lies within w and within every activation row.
+            unsafe {
+                let p = w.as_ptr().add(i * Q4_1_BYTES);
+                let (d, m) = (f16_load(p), f16_load(p.add(2)));
+                let q = unpack_nibbles(p.add(4));
+                for k in 0..4 {
+                    let (b, l) = (hi[k].get_unchecked(i), lo[k].get_unchecked(i));
+                    let qh = _mm256_loadu_si256(b.qs.as_ptr() as *const __m256i);
+                    let ql = _mm256_loadu_si256(l.qs.as_ptr() as *const __m256i);
+                    // 256 * sum(q hi) + sum(q lo): as in rows4_x2_body.
+                    let s =
+                        _mm256_add_epi32(_mm256_slli_epi32(mul_u8_i8(q, qh), 8), mul_u8_i8(q, ql));
+                    let s = _mm256_cvtepi32_ps(s);
+                    acc[k] = _mm256_fmadd_ps(_mm256_set1_ps(d * b.d * (1.0 / 256.0)), s, acc[k]);
+                    offs[k] += m * (b.s + l.s);
+                }
+            }
+        }
+        [
+            hsum_ps(acc[0]) + offs[0],
+            hsum_ps(acc[1]) + offs[1],
+            hsum_ps(acc[2]) + offs[2],
+            hsum_ps(acc[3]) + offs[3],
+        ]
+    }
+
+    /// # Safety
     /// avx2, fma and f16c must be available; `w` holds at least `a[k].len()` Q4_1 blocks and
     /// the four activation rows have equal length.
     #[target_feature(enable = "avx2,fma,f16c")]
@@ -438,7 +489,8 @@ mod tests {
                 for k in 0..4 {
                     let want = dot_q4_1_scalar(&ws[k], &hi) + dot_q4_1_scalar(&ws[k], &lo);
                     let one = dot_q4_1_x2(isa, &ws[k], &hi, &lo);
-                    for v in [got[k], one] {
+                    let x4 = dot_q4_1_x4_x2(isa, &ws[k], [&hi; 4], [&lo; 4])[k];
+                    for v in [got[k], one, x4] {
                         assert!(
                             (v - want).abs() <= 1e-4 * (1.0 + want.abs()),
                             "{isa:?} nb={nb} k={k}: {v} vs {want}"
