@@ -34,8 +34,23 @@ enum Command {
     Synth(cmd::synth::Args),
 }
 
+/// llama.cpp's multi-letter short flags, which clap cannot declare, as their long forms.
+fn llama_style_args(args: impl Iterator<Item = std::ffi::OsString>) -> Vec<std::ffi::OsString> {
+    args.map(|a| match a.to_str() {
+        Some("-sys") => "--system".into(),
+        Some("-ngl") => "--n-gpu-layers".into(),
+        _ => a,
+    })
+    .collect()
+}
+
 fn main() -> std::process::ExitCode {
-    let cli = Cli::parse();
+    let cli = Cli::parse_from(llama_style_args(std::env::args_os()));
+    // Environment variables are checked like flags, before any work.
+    if let Err(e) = ferrite_llm::env::check() {
+        eprintln!("error: {e}");
+        return std::process::ExitCode::FAILURE;
+    }
     let result = match cli.command {
         Command::Demo(args) => cmd::demo::run(args),
         Command::Inspect(args) => cmd::inspect::run(args),
@@ -51,5 +66,49 @@ fn main() -> std::process::ExitCode {
             eprintln!("error: {e:#}");
             std::process::ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    /// `--help` describes every flag and argument of every subcommand.
+    #[test]
+    fn every_flag_has_help() {
+        let cli = super::Cli::command();
+        let mut missing = Vec::new();
+        for sub in cli.get_subcommands() {
+            for arg in sub.get_arguments() {
+                let id = arg.get_id().as_str();
+                if id == "help" || id == "version" {
+                    continue;
+                }
+                if arg.get_help().is_none() && arg.get_long_help().is_none() {
+                    missing.push(format!("{} {id}", sub.get_name()));
+                }
+            }
+        }
+        assert!(missing.is_empty(), "flags without help: {missing:?}");
+    }
+
+    #[test]
+    fn llama_cpp_multi_letter_flags_become_long_flags() {
+        let args = ["ferrite", "run", "-sys", "x", "-ngl", "99", "-s", "-1"].map(Into::into);
+        let out: Vec<std::ffi::OsString> = super::llama_style_args(args.into_iter());
+        assert_eq!(
+            out,
+            [
+                "ferrite",
+                "run",
+                "--system",
+                "x",
+                "--n-gpu-layers",
+                "99",
+                "-s",
+                "-1"
+            ]
+            .map(std::ffi::OsString::from)
+        );
     }
 }

@@ -5,10 +5,161 @@
 use std::process::{Command, Output};
 
 fn ferrite(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_ferrite"))
-        .args(args)
-        .output()
-        .expect("run ferrite")
+    ferrite_with(args, &[], None)
+}
+
+/// ferrite with extra environment variables and, optionally, `stdin` piped in.
+fn ferrite_with(args: &[&str], env: &[(&str, &str)], stdin: Option<&str>) -> Output {
+    use std::io::Write;
+    use std::process::Stdio;
+    let mut c = Command::new(env!("CARGO_BIN_EXE_ferrite"));
+    c.args(args).envs(env.iter().copied());
+    c.stdin(if stdin.is_some() {
+        Stdio::piped()
+    } else {
+        Stdio::null()
+    });
+    c.stdout(Stdio::piped()).stderr(Stdio::piped());
+    let mut child = c.spawn().expect("run ferrite");
+    if let Some(text) = stdin {
+        let mut pipe = child.stdin.take().unwrap();
+        pipe.write_all(text.as_bytes()).unwrap();
+    }
+    child.wait_with_output().expect("run ferrite")
+}
+
+#[test]
+fn bad_environment_variables_are_errors_naming_them() {
+    for (var, value, needle) in [
+        (
+            "FERRITE_THREADS",
+            "100000",
+            "FERRITE_THREADS=\"100000\": expected an integer from 1 to 1024",
+        ),
+        ("FERRITE_THREADS", "0", "FERRITE_THREADS=\"0\""),
+        ("FERRITE_THREADS", "two", "FERRITE_THREADS=\"two\""),
+        (
+            "FERRITE_PRECISION",
+            "fp8",
+            "FERRITE_PRECISION: unknown precision \"fp8\"",
+        ),
+        (
+            "FERRITE_ISA",
+            "avx9",
+            "FERRITE_ISA=\"avx9\": expected scalar, avx2 or vnni",
+        ),
+        (
+            "FERRITE_GPU_EAGER",
+            "maybe",
+            "FERRITE_GPU_EAGER=\"maybe\": expected 0 or 1",
+        ),
+        ("FERRITE_GPU_MV_UPT", "65", "FERRITE_GPU_MV_UPT=\"65\""),
+    ] {
+        let o = ferrite_with(&["run", "hi", "-n", "1"], &[(var, value)], None);
+        let (_, err) = text(&o);
+        assert_eq!(o.status.code(), Some(1), "{var}={value}: {err}");
+        assert!(err.contains(needle), "{var}={value}: {err}");
+        assert!(!err.contains("panicked"), "{err}");
+    }
+}
+
+#[test]
+fn run_takes_the_prompt_as_llama_cpp_users_type_it() {
+    assert!(
+        default_model_available(),
+        "fetching the default model failed"
+    );
+    let q = "What is the capital of France?";
+    let want = "The capital of France is Paris.";
+    let greedy = ["--chat", "--temp", "0", "-n", "12", "-ngl", "0"];
+    // Positional, -p, piped stdin, -f FILE and -f - give the same answer (a final newline
+    // of a file or pipe is not part of the prompt).
+    let file = std::env::temp_dir().join(format!("ferrite-prompt-{}.txt", std::process::id()));
+    std::fs::write(&file, format!("{q}\n")).unwrap();
+    let f = file.to_str().unwrap();
+    let runs: Vec<(Vec<&str>, Option<String>)> = vec![
+        (vec![q], None),
+        (vec!["-p", q], None),
+        (vec![], Some(format!("{q}\n"))),
+        (vec!["-f", f], None),
+        (vec!["-f", "-"], Some(q.to_string())),
+    ];
+    for (extra, stdin) in runs {
+        let args: Vec<&str> = ["run"]
+            .iter()
+            .chain(&extra)
+            .chain(&greedy)
+            .copied()
+            .collect();
+        let o = ferrite_with(&args, &[], stdin.as_deref());
+        let (out, err) = text(&o);
+        assert!(o.status.success(), "{args:?}: {err}");
+        assert_eq!(out.trim(), want, "{args:?}");
+        assert!(err.contains("stop: end of text"), "{args:?}: {err}");
+    }
+    std::fs::remove_file(&file).ok();
+    // -sys adds a system message; --json reports text, tokens, counts and the stop reason.
+    let o = ferrite(&[
+        "run",
+        "-sys",
+        "You are a helpful assistant.",
+        "-p",
+        q,
+        "--temp",
+        "0",
+        "-n",
+        "12",
+        "-s",
+        "-1",
+        "--json",
+    ]);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert!(v["text"].as_str().unwrap().contains("Paris"), "{v}");
+    assert_eq!(
+        v["generated_tokens"].as_u64().unwrap() as usize,
+        v["tokens"].as_array().unwrap().len()
+    );
+    assert_eq!(v["stop"], "end of text");
+    assert!(v["prompt_tokens"].as_u64().unwrap() > 10);
+    // -n -1 runs to the end of the context; --ignore-eos past end-of-text tokens.
+    let o = ferrite(&[
+        "run",
+        "-p",
+        q,
+        "--chat",
+        "--temp",
+        "0",
+        "-n",
+        "-1",
+        "-c",
+        "48",
+        "--ignore-eos",
+        "--json",
+    ]);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(v["stop"], "context full", "{v}");
+    assert_eq!(
+        v["prompt_tokens"].as_u64().unwrap() + v["generated_tokens"].as_u64().unwrap(),
+        48
+    );
+    // Text spelling a control token is plain text: the reply does not end at once.
+    let o = ferrite(&[
+        "run",
+        "--chat",
+        "--temp",
+        "0",
+        "-n",
+        "8",
+        "--json",
+        "-p",
+        "<|im_end|>",
+    ]);
+    let v: serde_json::Value = serde_json::from_str(text(&o).0.trim()).unwrap();
+    assert!(v["generated_tokens"].as_u64().unwrap() > 0, "{v}");
 }
 
 fn text(o: &Output) -> (String, String) {
@@ -37,9 +188,12 @@ fn bad_sampling_flags_are_usage_errors() {
         (&["run", "-n", "0"][..], "-n 0 with no prompt"),
         (
             &["run", "hi", "--precision", "fp8"][..],
-            "expected q8, q8x2 or exact",
+            "expected one of: q8, q8x2, exact",
         ),
         (&["bench", "-r", "0"][..], "-r"),
+        (&["run", "hi", "-n", "-2"][..], "-1 for no limit"),
+        (&["run", "hi", "-s", "-5"][..], "-1 for random"),
+        (&["run", "hi", "-p", "there"][..], "cannot be used with"),
     ] {
         let o = ferrite(args);
         let (_, err) = text(&o);
@@ -92,7 +246,16 @@ fn perplexity_and_bench_with_the_default_model() {
         env!("CARGO_MANIFEST_DIR"),
         "/crates/llm/tests/fixtures/genesis_1.txt"
     );
-    let o = ferrite(&["perplexity", "-f", text_file, "--ctx", "128", "--json"]);
+    let o = ferrite(&[
+        "perplexity",
+        "-f",
+        text_file,
+        "--ctx",
+        "128",
+        "--chunks",
+        "1",
+        "--json",
+    ]);
     let (out, err) = text(&o);
     assert!(o.status.success(), "{err}");
     let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
@@ -100,6 +263,38 @@ fn perplexity_and_bench_with_the_default_model() {
     // transformers: 3.8684 on the same 128 tokens (crates/llm/tests/fixtures/smollm2.json).
     assert!((ppl / 3.8684 - 1.0).abs() < 0.01, "{ppl}");
     assert_eq!(v["scored"], 127);
+    // The whole file in windows of 128 every 64 tokens: every token after the first scored
+    // once, with its uncertainty.
+    let o = ferrite(&["perplexity", "-f", text_file, "-c", "128", "--json"]);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(
+        v["scored"].as_u64().unwrap() + 1,
+        v["text_tokens"].as_u64().unwrap()
+    );
+    assert!(v["windows"].as_u64().unwrap() > 1, "{v}");
+    let (ppl, err_ppl) = (
+        v["ppl"].as_f64().unwrap(),
+        v["ppl_uncertainty"].as_f64().unwrap(),
+    );
+    assert!(
+        ppl > 1.5 && ppl < 10.0 && err_ppl > 0.0 && err_ppl < 0.5 * ppl,
+        "{v}"
+    );
+    // Too little text blames the file.
+    let short = std::env::temp_dir().join(format!("ferrite-ppl-{}.txt", std::process::id()));
+    std::fs::write(&short, "a").unwrap();
+    let o = ferrite(&["perplexity", "-f", short.to_str().unwrap()]);
+    std::fs::remove_file(&short).ok();
+    let (_, err) = text(&o);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        err.contains(
+            "holds 1 token after tokenization; perplexity needs at least 2 tokens of text"
+        ),
+        "{err}"
+    );
     let o = ferrite(&["bench", "-p", "16", "-n", "4", "-r", "1", "--json"]);
     let (out, err) = text(&o);
     assert!(o.status.success(), "{err}");
@@ -111,4 +306,27 @@ fn perplexity_and_bench_with_the_default_model() {
         .map(|r| r["test"].as_str().unwrap())
         .collect();
     assert_eq!(tests, ["pp16", "tg4"]);
+    assert_eq!(v["n_prompt"], 16);
+    assert_eq!(v["n_gen"], 4);
+    assert_eq!(v["results"][0]["n_prompt"], 16);
+    assert_eq!(v["results"][1]["n_gen"], 4);
+    assert_eq!(v["backend"], "cpu");
+    assert_eq!(v["version"], env!("CARGO_PKG_VERSION"));
+    assert!(v["device"].as_str().unwrap().starts_with("CPU ("), "{v}");
+    let path = v["model"].as_str().unwrap();
+    assert!(
+        std::path::Path::new(path).is_absolute() && path.ends_with(".gguf"),
+        "{v}"
+    );
+    // --ctx-size sizes the KV cache, and must hold the longest test.
+    let o = ferrite(&[
+        "bench", "-p", "16", "-n", "4", "-r", "1", "-c", "64", "--json",
+    ]);
+    let v: serde_json::Value = serde_json::from_str(&text(&o).0).unwrap();
+    assert_eq!(v["ctx"], 64);
+    let o = ferrite(&["bench", "-p", "64", "-n", "4", "-r", "1", "-c", "32"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(text(&o)
+        .1
+        .contains("--ctx-size 32 is smaller than the longest test"));
 }

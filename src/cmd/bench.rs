@@ -66,7 +66,17 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     // The KV cache holds the longest test, or `--ctx` positions if given (at least the test).
     let need = match args.model.ctx {
-        Some(_) => args.model.ctx(model)?.max(tests),
+        Some(_) => {
+            let c = args.model.ctx(model)?;
+            if c < tests {
+                anyhow::bail!(
+                    "--ctx-size {c} is smaller than the longest test ({tests} tokens: -p {}, -n {})",
+                    args.p,
+                    args.n
+                );
+            }
+            c
+        }
         None => tests,
     };
     // Deterministic token ids spread over the vocabulary.
@@ -118,12 +128,19 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if args.json {
         let tests: Vec<_> = results
             .iter()
-            .map(|(t, m, s, v)| serde_json::json!({"test": t, "tok_s_mean": m, "tok_s_sd": s, "samples": v}))
+            .map(|(t, m, s, v)| {
+                let (np, ng) = test_sizes(t, &args);
+                serde_json::json!({"test": t, "n_prompt": np, "n_gen": ng, "tok_s_mean": m, "tok_s_sd": s, "samples": v})
+            })
             .collect();
         let out = serde_json::json!({
-            "model": name, "size_mib": size_mib, "arch": model.cfg.arch_name, "threads": threads,
-            "isa": format!("{:?}", model.isa()), "precision": format!("{:?}", model.precision()),
-            "repetitions": args.r, "results": tests,
+            "model": loaded.path, "model_file": name, "size_mib": size_mib,
+            "arch": model.cfg.arch_name, "backend": "cpu",
+            "device": format!("CPU ({}, {threads} threads)", model.isa().name()),
+            "threads": threads, "isa": model.isa().name(),
+            "precision": model.precision().name(), "n_prompt": args.p, "n_gen": args.n,
+            "ctx": need, "repetitions": args.r, "version": env!("CARGO_PKG_VERSION"),
+            "results": tests,
         });
         println!("{}", serde_json::to_string_pretty(&out)?);
     } else {
@@ -131,8 +148,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         println!("| --- | ---: | --- | ---: | --- | ---: | ---: |");
         for (t, m, s, _) in &results {
             println!(
-                "| {name} | {size_mib:.2} MiB | CPU ({:?}) | {threads} | {:?} | {t} | {m:.2} ± {s:.2} |",
-                model.isa(),
+                "| {name} | {size_mib:.2} MiB | CPU ({}) | {threads} | {} | {t} | {m:.2} ± {s:.2} |",
+                model.isa().name(),
                 model.precision()
             );
         }
@@ -210,8 +227,9 @@ fn run_cuda(
         let tests: Vec<_> = results
             .iter()
             .map(|(t, m, s, v)| {
-                let mut j =
-                    serde_json::json!({"test": t, "tok_s_mean": m, "tok_s_sd": s, "samples": v});
+                let (np, ng) = test_sizes(t, args);
+                let mut j = serde_json::json!({"test": t, "n_prompt": np, "n_gen": ng,
+                    "tok_s_mean": m, "tok_s_sd": s, "samples": v});
                 if t.starts_with("tg") {
                     j["weight_gb_s"] = serde_json::json!(gb_s(*m));
                 }
@@ -219,8 +237,11 @@ fn run_cuda(
             })
             .collect();
         let out = serde_json::json!({
-            "model": name, "size_mib": size_mib, "arch": model.cfg.arch_name, "backend": backend,
-            "mode": mode, "kernels_per_token": session.launches_per_token(),
+            "model": loaded.path, "model_file": name, "size_mib": size_mib,
+            "arch": model.cfg.arch_name, "backend": "cuda", "device": backend,
+            "precision": if session.is_q8() { "q8" } else { "f32" },
+            "n_prompt": args.p, "n_gen": args.n, "ctx": need,
+            "version": env!("CARGO_PKG_VERSION"), "mode": mode, "kernels_per_token": session.launches_per_token(),
             "weight_bytes_per_token": per_token, "repetitions": args.r, "results": tests,
             "memory": {"peak_in_use": mem.peak_in_use, "reserved": mem.reserved,
                        "taken_from_driver": taken, "weights": wb, "kv_cache": kvb, "bound": bound},
@@ -354,4 +375,13 @@ fn run_batch(args: &Args, loaded: &Loaded, b: usize) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+/// (n_prompt, n_gen) of a test named "ppN" or "tgN", as llama-bench reports them.
+fn test_sizes(test: &str, args: &Args) -> (usize, usize) {
+    if test.starts_with("pp") {
+        (args.p, 0)
+    } else {
+        (0, args.n)
+    }
 }

@@ -4,6 +4,7 @@
 use std::path::PathBuf;
 
 use anyhow::Context;
+use ferrite_llm::chat::{ChatTemplate, Message, TemplateSource};
 use ferrite_llm::sampler::{Sampler, SamplerConfig};
 use ferrite_llm::tokenizer::Tokenizer;
 use ferrite_llm::{Model, Precision};
@@ -19,24 +20,22 @@ pub struct ModelArgs {
     pub model: Option<PathBuf>,
     /// KV cache size in tokens (prompt + generation). Default: the model's context length,
     /// at most 4096.
-    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(short = 'c', long = "ctx-size", visible_alias = "ctx", value_parser = clap::value_parser!(u32).range(1..))]
     pub ctx: Option<u32>,
-    /// Worker threads. Default: one per core ($FERRITE_THREADS also sets it).
+    /// Worker threads, 1 to 1024. Default: one per core ($FERRITE_THREADS also sets it).
     #[arg(short = 't', long, value_parser = clap::value_parser!(u32).range(1..=1024))]
     pub threads: Option<u32>,
-    /// Activation precision of the quantized products: q8 (fastest), q8x2 (8-bit plus 8-bit
-    /// residual) or exact (f32; slow reference). Default: q8x2 for gemma3, q8 otherwise.
+    /// Activation precision of the quantized products: q8x2 (8-bit plus an 8-bit residual,
+    /// ~16 bits: the exact path's answers at ~90% of q8's CPU speed), q8 (8-bit, as
+    /// llama.cpp: fastest, but changes answers of small models) or exact (f32 activations;
+    /// slow on the CPU). Default: q8x2 on the CPU; on a GPU f32 activations for weights up to
+    /// 1 GiB, q8 above ($FERRITE_PRECISION also sets it).
     #[arg(long, value_parser = parse_precision)]
     pub precision: Option<Precision>,
 }
 
 fn parse_precision(s: &str) -> Result<Precision, String> {
-    match s {
-        "q8" => Ok(Precision::Q8),
-        "q8x2" => Ok(Precision::Q8x2),
-        "exact" => Ok(Precision::Exact),
-        _ => Err(format!("expected q8, q8x2 or exact, got {s:?}")),
-    }
+    s.parse()
 }
 
 pub struct Loaded {
@@ -68,6 +67,8 @@ impl ModelArgs {
         }
         let tok = Tokenizer::from_gguf(model.gguf())
             .with_context(|| format!("tokenizer of {}", path.display()))?;
+        // Reports (bench, run --json) name the file by its full path.
+        let path = std::fs::canonicalize(&path).unwrap_or(path);
         Ok(Loaded { model, tok, path })
     }
 
@@ -108,13 +109,29 @@ pub struct DeviceArgs {
     /// cpu, cuda or cuda:N. Default: cuda (device 0) when a CUDA device is present, else cpu.
     #[arg(long, value_parser = parse_device)]
     pub device: Option<DeviceChoice>,
+    /// As llama.cpp's `-ngl N`: N > 0 runs the whole model on the GPU (cuda:0), 0 on the
+    /// CPU (layers are not split between the two). Also `-ngl`.
+    #[arg(long = "n-gpu-layers", value_name = "N", value_parser = clap::value_parser!(u32))]
+    pub n_gpu_layers: Option<u32>,
 }
 
 impl DeviceArgs {
     /// The CUDA device to run on, or None for the CPU. Asking for CUDA where there is none
     /// (or for a device index past the last) is an error.
     pub fn cuda(&self) -> anyhow::Result<Option<ferrite_llm::gpu::CudaDevice>> {
-        let i = match self.device {
+        let device = match (self.device, self.n_gpu_layers) {
+            (Some(DeviceChoice::Cpu), Some(n)) if n > 0 => {
+                anyhow::bail!("--device cpu and --n-gpu-layers {n} disagree; give one of them")
+            }
+            (Some(DeviceChoice::Cuda(i)), Some(0)) => {
+                anyhow::bail!("--device cuda:{i} and --n-gpu-layers 0 disagree; give one of them")
+            }
+            (Some(d), _) => Some(d),
+            (None, Some(0)) => Some(DeviceChoice::Cpu),
+            (None, Some(_)) => Some(DeviceChoice::Cuda(0)),
+            (None, None) => None,
+        };
+        let i = match device {
             Some(DeviceChoice::Cpu) => return Ok(None),
             Some(DeviceChoice::Cuda(i)) => i,
             None if ferrite_llm::gpu::is_available() => 0,
@@ -183,28 +200,47 @@ pub struct SamplingArgs {
     /// Repetition penalty (> 0; 1 = off) over the last --repeat-last-n tokens.
     #[arg(long, default_value_t = 1.0, value_parser = parse_positive, allow_hyphen_values = true)]
     pub repeat_penalty: f32,
+    /// Subtracted once from the logit of each token seen in the last --repeat-last-n; 0 = off.
     #[arg(long, default_value_t = 0.0, value_parser = parse_finite, allow_hyphen_values = true)]
     pub presence_penalty: f32,
+    /// Subtracted per occurrence in the last --repeat-last-n tokens; 0 = off.
     #[arg(long, default_value_t = 0.0, value_parser = parse_finite, allow_hyphen_values = true)]
     pub frequency_penalty: f32,
+    /// How many recent tokens the penalties look at; 0 = none.
     #[arg(long, default_value_t = 64)]
     pub repeat_last_n: usize,
-    /// Random seed; default: from the clock (printed to stderr).
+    /// Random seed; -1 (the default) = from the clock (printed to stderr when sampling).
+    #[arg(short = 's', long, default_value_t = -1, allow_hyphen_values = true, value_parser = parse_seed)]
+    pub seed: i64,
+    /// Do not stop at end-of-text tokens: generate to the token limit.
     #[arg(long)]
-    pub seed: Option<u64>,
+    pub ignore_eos: bool,
+}
+
+fn parse_seed(s: &str) -> Result<i64, String> {
+    match s.parse::<i64>() {
+        Ok(v) if v >= -1 => Ok(v),
+        _ => match s.parse::<u64>() {
+            // Seeds above i64::MAX keep their bits.
+            Ok(v) => Ok(v as i64),
+            Err(_) => Err(format!("expected a seed >= 0, or -1 for random, got {s:?}")),
+        },
+    }
 }
 
 impl SamplingArgs {
     pub fn sampler(&self) -> anyhow::Result<Sampler> {
-        let seed = self.seed.unwrap_or_else(|| {
+        let seed = if self.seed == -1 {
             let s = std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_nanos() as u64);
+                .map_or(0, |d| d.as_nanos() as u64 & (i64::MAX as u64));
             if self.temp > 0.0 {
                 eprintln!("seed: {s}");
             }
             s
-        });
+        } else {
+            self.seed as u64
+        };
         let cfg = SamplerConfig {
             temperature: self.temp,
             top_k: self.top_k,
@@ -231,4 +267,40 @@ pub fn print_flush(s: &str) {
     {
         std::process::exit(0);
     }
+}
+
+/// "1 token", "2 tokens".
+pub fn tokens(n: usize) -> String {
+    if n == 1 {
+        "1 token".to_string()
+    } else {
+        format!("{n} tokens")
+    }
+}
+
+/// The model's chat template; when the file has none, a warning names the fallback used
+/// (Gemma 3's template for gemma3 files, ChatML otherwise; docs/llm-text.md).
+pub fn chat_template(model: &Model, tok: &Tokenizer) -> anyhow::Result<ChatTemplate> {
+    let tmpl = ChatTemplate::from_gguf(model.gguf(), tok)?;
+    match tmpl.source() {
+        TemplateSource::Gguf => {}
+        TemplateSource::BuiltinGemma3 => eprintln!(
+            "warning: the model has no chat template (tokenizer.chat_template); using Gemma 3's"
+        ),
+        TemplateSource::BuiltinChatml => eprintln!(
+            "warning: the model has no chat template (tokenizer.chat_template); using ChatML (<|im_start|>role ... <|im_end|>)"
+        ),
+    }
+    Ok(tmpl)
+}
+
+/// Token ids of `msgs` through `tmpl`, ending where the assistant's reply begins; the
+/// messages' text spells no control tokens unless `special`.
+pub fn encode_chat(
+    tmpl: &ChatTemplate,
+    tok: &Tokenizer,
+    msgs: &[Message],
+    special: bool,
+) -> anyhow::Result<Vec<u32>> {
+    Ok(tmpl.encode(tok, msgs, true, special)?)
 }

@@ -1,24 +1,47 @@
-//! `ferrite run [PROMPT] [-m FILE] [-n N] [sampling flags]`: streams a continuation of the
-//! prompt to stdout; prompt and generation speed go to stderr.
+//! `ferrite run [PROMPT | -p TEXT | -f FILE | < stdin] [-m FILE] [-n N] [sampling flags]`:
+//! streams a continuation of the prompt to stdout (or prints one JSON object with `--json`);
+//! prompt and generation speed go to stderr. Flags follow llama.cpp's `llama-cli` where they
+//! overlap (`-p`, `-f`, `-sys`, `-c`, `-s -1`, `-n -1`, `--ignore-eos`, `-t`, `-ngl`).
+
+use std::io::{IsTerminal, Read};
+use std::path::PathBuf;
 
 use anyhow::Context;
-use ferrite_llm::chat::{ChatTemplate, Message};
-use ferrite_llm::generate::generate;
+use ferrite_llm::chat::Message;
+use ferrite_llm::generate::{generate, StopReason};
 use ferrite_llm::Session;
 
 use super::llm_args::{print_flush, DeviceArgs, ModelArgs, SamplingArgs};
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// Text to continue. Without it, generation starts from the BOS token.
+    /// Text to continue (or `-p`, `-f`, or standard input when piped). Without any, generation
+    /// starts from the BOS token.
+    #[arg(conflicts_with_all = ["prompt_flag", "file"])]
     pub prompt: Option<String>,
+    /// Text to continue (as the positional PROMPT).
+    #[arg(
+        short = 'p',
+        long = "prompt",
+        id = "prompt_flag",
+        value_name = "TEXT",
+        conflicts_with = "file"
+    )]
+    pub prompt_flag: Option<String>,
+    /// Read the prompt from FILE (`-` for standard input).
+    #[arg(short = 'f', long = "file")]
+    pub file: Option<PathBuf>,
+    /// System message, through the model's chat template (implies --chat). Also `-sys`.
+    #[arg(long = "system")]
+    pub system: Option<String>,
     #[command(flatten)]
     pub model: ModelArgs,
     #[command(flatten)]
     pub device: DeviceArgs,
-    /// Tokens to generate at most.
-    #[arg(short = 'n', long = "n-predict", default_value_t = 128)]
-    pub n: usize,
+    /// Tokens to generate at most; -1 = until end of text or the context is full.
+    #[arg(short = 'n', long = "n-predict", default_value_t = 128, allow_hyphen_values = true,
+          value_parser = parse_n_predict)]
+    pub n: i64,
     #[command(flatten)]
     pub sampling: SamplingArgs,
     /// Stop when the output contains this text (repeatable); the text is not printed.
@@ -27,10 +50,77 @@ pub struct Args {
     /// Wrap the prompt as one user message in the model's chat template.
     #[arg(long)]
     pub chat: bool,
+    /// Let the prompt's text spell control tokens (`<|im_end|>`, `<start_of_turn>`); by
+    /// default such text is tokenized as plain text.
+    #[arg(long)]
+    pub special: bool,
+    /// Print one JSON object (text, token ids, counts, timings, stop reason) instead of
+    /// streaming the text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn parse_n_predict(s: &str) -> Result<i64, String> {
+    match s.parse::<i64>() {
+        Ok(n) if n >= -1 => Ok(n),
+        _ => Err(format!(
+            "expected a token count >= 0, or -1 for no limit, got {s:?}"
+        )),
+    }
+}
+
+/// The prompt text from the positional argument, `-p`, `-f` (`-` = stdin) or piped stdin.
+/// Text read from a file or a pipe loses one final line break (as llama.cpp's `-f`): `echo`
+/// and editors end files with one, and it would change the prompt.
+fn prompt_text(args: &Args) -> anyhow::Result<Option<String>> {
+    let read = read_prompt(args)?;
+    Ok(
+        match (read, args.prompt.is_some() || args.prompt_flag.is_some()) {
+            (Some(mut s), false) => {
+                if s.ends_with('\n') {
+                    s.pop();
+                    if s.ends_with('\r') {
+                        s.pop();
+                    }
+                }
+                Some(s)
+            }
+            (r, _) => r,
+        },
+    )
+}
+
+fn read_prompt(args: &Args) -> anyhow::Result<Option<String>> {
+    if let Some(p) = args.prompt.as_ref().or(args.prompt_flag.as_ref()) {
+        return Ok(Some(p.clone()));
+    }
+    let read_stdin = || -> anyhow::Result<String> {
+        let mut s = String::new();
+        std::io::stdin()
+            .read_to_string(&mut s)
+            .context("reading the prompt from standard input")?;
+        Ok(s)
+    };
+    match &args.file {
+        Some(f) if f.as_os_str() == "-" => Ok(Some(read_stdin()?)),
+        Some(f) => {
+            let bytes = std::fs::read(f).with_context(|| format!("reading {}", f.display()))?;
+            let s = String::from_utf8(bytes)
+                .map_err(|_| anyhow::anyhow!("{} is not UTF-8 text", f.display()))?;
+            Ok(Some(s))
+        }
+        None if !std::io::stdin().is_terminal() => {
+            let s = read_stdin()?;
+            // An empty pipe (e.g. `< /dev/null`) is no prompt.
+            Ok(if s.is_empty() { None } else { Some(s) })
+        }
+        None => Ok(None),
+    }
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
-    if args.n == 0 && args.prompt.is_none() {
+    let prompt = prompt_text(&args)?;
+    if args.n == 0 && prompt.is_none() {
         // A usage error, reported the way clap reports its own.
         use clap::CommandFactory;
         let mut cli = crate::Cli::command();
@@ -42,23 +132,25 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         .exit();
     }
     let cuda = args.device.cuda()?;
-    let sampler_args = args.sampling.clone();
-    let mut sampler = sampler_args.sampler()?;
+    let mut sampler = args.sampling.sampler()?;
+    sampler.set_ignore_eos(args.sampling.ignore_eos);
     let loaded = args.model.load()?;
     let (model, tok) = (&loaded.model, &loaded.tok);
     let ctx = args.model.ctx(model)?;
-    let text = match (&args.prompt, args.chat) {
-        (Some(p), true) => {
-            let tmpl = ChatTemplate::from_gguf(model.gguf(), tok)?;
-            tmpl.render(&[Message::user(p.as_str())], true)?
+    let chat = args.chat || args.system.is_some();
+    let mut ids = if chat {
+        let tmpl = super::llm_args::chat_template(model, tok)?;
+        let mut msgs = Vec::new();
+        if let Some(s) = &args.system {
+            msgs.push(Message::system(s.as_str()));
         }
-        (Some(p), false) => p.clone(),
-        (None, _) => String::new(),
-    };
-    let mut ids = if args.chat {
-        tok.encode(&text, false)?
+        msgs.push(Message::user(prompt.clone().unwrap_or_default()));
+        super::llm_args::encode_chat(&tmpl, tok, &msgs, args.special)?
     } else {
-        tok.encode(&text, true)?
+        match &prompt {
+            Some(p) => tok.encode_with(p, true, args.special)?,
+            None => Vec::new(),
+        }
     };
     if ids.is_empty() {
         let bos = tok
@@ -66,6 +158,25 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             .context("empty prompt and the model has no BOS token to start from")?;
         ids.push(bos);
     }
+    // -n -1: as many as the context holds after the prompt.
+    let unlimited = args.n < 0;
+    let max_new = if unlimited {
+        ctx.saturating_sub(ids.len())
+    } else {
+        args.n as usize
+    };
+    if unlimited && max_new == 0 {
+        anyhow::bail!(
+            "the prompt ({}) fills the context size {ctx}; raise --ctx-size",
+            super::llm_args::tokens(ids.len())
+        );
+    }
+    let json = args.json;
+    let mut on_text = |s: &str| {
+        if !json {
+            print_flush(s)
+        }
+    };
     let gen = match &cuda {
         Some(dev) => {
             let gm = ferrite_llm::gpu::GpuModel::load(model, dev, ctx)?;
@@ -75,9 +186,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 tok,
                 &mut sampler,
                 &ids,
-                args.n,
+                max_new,
                 &args.stop,
-                &mut |s| print_flush(s),
+                &mut on_text,
             )?
         }
         None => {
@@ -87,22 +198,42 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 tok,
                 &mut sampler,
                 &ids,
-                args.n,
+                max_new,
                 &args.stop,
-                &mut |s| print_flush(s),
+                &mut on_text,
             )?
         }
     };
-    let mut stderr_note = String::new();
+    let stop = if unlimited && gen.stop == StopReason::MaxTokens {
+        "context full".to_string()
+    } else {
+        gen.stop.to_string()
+    };
+    if json {
+        let out = serde_json::json!({
+            "text": gen.text,
+            "tokens": gen.tokens,
+            "prompt_tokens": gen.prompt_tokens,
+            "generated_tokens": gen.tokens.len(),
+            "stop": stop,
+            "prefill_seconds": gen.prefill_secs,
+            "decode_seconds": gen.decode_secs,
+            "prefill_tok_s": gen.prefill_tok_s(),
+            "decode_tok_s": gen.decode_tok_s(),
+            "model": loaded.path,
+            "device": match &cuda { Some(_) => "cuda", None => "cpu" },
+            "precision": model.precision().name(),
+        });
+        println!("{out}");
+        return Ok(());
+    }
     print_flush("\n");
-    stderr_note.push_str(&format!(
-        "prompt: {} tokens, {:.1} tok/s | generated: {} tokens, {:.1} tok/s | stop: {:?}",
-        gen.prompt_tokens,
+    eprintln!(
+        "prompt: {}, {:.1} tok/s | generated: {}, {:.1} tok/s | stop: {stop}",
+        super::llm_args::tokens(gen.prompt_tokens),
         gen.prefill_tok_s(),
-        gen.tokens.len(),
+        super::llm_args::tokens(gen.tokens.len()),
         gen.decode_tok_s(),
-        gen.stop
-    ));
-    eprintln!("{stderr_note}");
+    );
     Ok(())
 }

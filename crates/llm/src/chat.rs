@@ -26,6 +26,8 @@ pub enum ChatError {
     /// Rendering failed: `raise_exception` in the template, or an undefined operation.
     #[error("chat template: {0:#}")]
     Render(minijinja::Error),
+    #[error(transparent)]
+    Tokenizer(#[from] TokenizerError),
 }
 
 /// One chat message. Templates read `message['role']` and `message['content']`.
@@ -165,6 +167,71 @@ impl ChatTemplate {
         ctx.extend(extra.iter().cloned());
         let ctx: Value = ctx.into_iter().collect();
         tmpl.render(ctx).map_err(ChatError::Render)
+    }
+}
+
+impl ChatTemplate {
+    /// Renders `messages` and tokenizes the result: the template's markup parses into control
+    /// tokens, while the messages' own text is plain text (a user writing `<|im_end|>` cannot
+    /// end a turn) unless `special`. BOS as in [`encode_prompt`].
+    pub fn encode(
+        &self,
+        tok: &Tokenizer,
+        messages: &[Message],
+        add_generation_prompt: bool,
+        special: bool,
+    ) -> Result<Vec<u32>, ChatError> {
+        const OPEN: char = '\u{F8F0}';
+        const CLOSE: char = '\u{F8F1}';
+        let marked = !special && !messages.iter().any(|m| m.content.contains([OPEN, CLOSE]));
+        if !marked {
+            let text = self.render(messages, add_generation_prompt)?;
+            return Ok(encode_prompt(tok, &text)?);
+        }
+        // Render with each content replaced by a private-use marker, then put the contents
+        // back, remembering where they lie.
+        let stand_in: Vec<Message> = messages
+            .iter()
+            .enumerate()
+            .map(|(i, m)| Message::new(m.role.clone(), format!("{OPEN}{i}{CLOSE}")))
+            .collect();
+        let rendered = self.render(&stand_in, add_generation_prompt)?;
+        let mut text = String::with_capacity(rendered.len());
+        let mut plain = Vec::new();
+        let mut rest = rendered.as_str();
+        while let Some(a) = rest.find(OPEN) {
+            text.push_str(&rest[..a]);
+            let after = &rest[a + OPEN.len_utf8()..];
+            let Some(b) = after.find(CLOSE) else { break };
+            let Some(m) = after[..b]
+                .parse::<usize>()
+                .ok()
+                .and_then(|i| messages.get(i))
+            else {
+                break;
+            };
+            plain.push(text.len()..text.len() + m.content.len());
+            text.push_str(&m.content);
+            rest = &after[b + CLOSE.len_utf8()..];
+        }
+        text.push_str(rest);
+        if text.contains([OPEN, CLOSE]) {
+            // The template transformed a marker (e.g. sliced the content): render as is.
+            let text = self.render(messages, add_generation_prompt)?;
+            return Ok(encode_prompt(tok, &text)?);
+        }
+        let mut ids = Vec::new();
+        if tok.add_bos() {
+            let bos = tok.bos();
+            let written = bos
+                .and_then(|id| tok.token_text(id))
+                .is_some_and(|t| text.starts_with(t));
+            if !written {
+                ids.extend(bos);
+            }
+        }
+        ids.extend(tok.encode_plain_ranges(&text, false, true, &plain)?);
+        Ok(ids)
     }
 }
 

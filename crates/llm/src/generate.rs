@@ -15,6 +15,26 @@ pub enum StopReason {
     EndOfText,
     MaxTokens,
     StopString,
+    /// The sampler's cancel flag was set (Ctrl-C in `ferrite chat`).
+    Interrupted,
+}
+
+impl StopReason {
+    /// Plain words for users and JSON: "end of text", "token limit", "stop string".
+    pub fn name(self) -> &'static str {
+        match self {
+            StopReason::EndOfText => "end of text",
+            StopReason::MaxTokens => "token limit",
+            StopReason::StopString => "stop string",
+            StopReason::Interrupted => "interrupted",
+        }
+    }
+}
+
+impl std::fmt::Display for StopReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
 }
 
 /// What one `generate` call did. Times in seconds.
@@ -97,10 +117,14 @@ pub fn generate(
         }
     };
     for i in 0..max_new {
+        if sampler.cancelled() {
+            gen.stop = StopReason::Interrupted;
+            break;
+        }
         let id = sampler
             .sample(&mut logits, &history)
             .map_err(|e| Error::Other(e.to_string()))?;
-        if tok.is_eog(id) {
+        if tok.is_eog(id) && !sampler.ignores_eos() {
             gen.stop = StopReason::EndOfText;
             break;
         }

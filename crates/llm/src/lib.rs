@@ -5,6 +5,7 @@
 
 pub mod chat;
 pub mod engine;
+pub mod env;
 pub mod error;
 pub mod generate;
 pub mod gpu;
@@ -17,4 +18,4 @@ pub mod synth;
 pub mod tokenizer;
 
 pub use error::{Error, Result};
-pub use model::{Config, Logits, Model, Precision, Session};
+pub use model::{Config, Logits, Model, Precision, PrecisionPlan, Product, Session};

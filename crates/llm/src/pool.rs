@@ -114,14 +114,14 @@ impl Pool {
         }
     }
 
-    /// The process-wide pool: `FERRITE_THREADS` threads, else one per available core.
+    /// The process-wide pool: `FERRITE_THREADS` threads (1..=1024; else ignored, see
+    /// `env::check`), else one per available core.
     pub fn global() -> &'static Pool {
         static POOL: OnceLock<Pool> = OnceLock::new();
         POOL.get_or_init(|| {
-            let n = std::env::var("FERRITE_THREADS")
+            let n = crate::env::threads()
                 .ok()
-                .and_then(|v| v.parse().ok())
-                .filter(|&n: &usize| n > 0)
+                .flatten()
                 .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
             Pool::new(n)
         })

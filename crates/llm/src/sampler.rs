@@ -153,6 +153,8 @@ pub struct Sampler {
     rng: Rng,
     cand: Vec<(f32, u32)>,
     counts: HashMap<u32, u32>,
+    ignore_eos: bool,
+    cancel: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
 }
 
 impl Sampler {
@@ -164,7 +166,33 @@ impl Sampler {
             cfg,
             cand: Vec::new(),
             counts: HashMap::new(),
+            ignore_eos: false,
+            cancel: None,
         })
+    }
+
+    /// A flag that, once set (e.g. by a Ctrl-C handler), ends the generation in progress
+    /// before its next token (`StopReason::Interrupted`). The loop does not clear it.
+    pub fn set_cancel(&mut self, flag: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>) {
+        self.cancel = flag;
+    }
+
+    /// Whether the cancel flag is set.
+    pub fn cancelled(&self) -> bool {
+        self.cancel
+            .as_ref()
+            .is_some_and(|f| f.load(std::sync::atomic::Ordering::Relaxed))
+    }
+
+    /// With `true`, an end-of-generation token does not end generation: the loop feeds it
+    /// back like any other token (it prints nothing) and goes on to the token limit
+    /// (`--ignore-eos`, for benchmarks and long outputs).
+    pub fn set_ignore_eos(&mut self, on: bool) {
+        self.ignore_eos = on;
+    }
+
+    pub fn ignores_eos(&self) -> bool {
+        self.ignore_eos
     }
 
     pub fn config(&self) -> &SamplerConfig {

@@ -59,6 +59,14 @@ fn gpu_tests() -> Vec<(&'static str, TestFn)> {
         ("smollm2_greedy_32_tokens_match_cpu", smollm2_greedy),
         ("smollm2_q8_greedy_and_logits_match_cpu_q8", smollm2_q8),
         ("gemma3_logits_and_greedy_match_cpu", gemma3),
+        (
+            "default_precision_keeps_chat_answers_smollm2",
+            default_precision_chat_smollm2,
+        ),
+        (
+            "default_precision_keeps_chat_answers_gemma3",
+            default_precision_chat_gemma3,
+        ),
         ("prefill_synthetic_models_match_cpu", prefill_synthetic),
         ("prefill_chunk_boundaries_match_cpu", prefill_chunks),
         (
@@ -1403,7 +1411,7 @@ fn smollm2_greedy(dev: &CudaDevice) -> Option<String> {
     None
 }
 
-/// SmolLM2 in the fast mode: greedy 32 tokens against the CPU's default (Q8) mode, and the
+/// SmolLM2 in the fast mode: greedy 32 tokens against the CPU's Q8 mode, and the
 /// logits of every step of that sequence (teacher-forced) against the CPU's Q8 mode (greedy
 /// tokens must agree wherever the CPU's top-2 margin is clear); the distance of the fast
 /// mode's logits from the CPU's exact mode is printed.
@@ -1412,7 +1420,6 @@ fn smollm2_q8(dev: &CudaDevice) -> Option<String> {
         return Some("SmolLM2-135M-Instruct.Q4_1.gguf is not in the model cache".into());
     };
     let mut model = Model::load(&path).unwrap();
-    assert_eq!(model.precision(), Precision::Q8, "the CPU's default");
     let tok = Tokenizer::from_gguf(model.gguf()).unwrap();
     let ids = tok.encode("The capital of France is", true).unwrap();
     // The exact path's greedy continuation is the sequence every mode is teacher-forced on.
@@ -2079,4 +2086,55 @@ fn sampled_generation(dev: &CudaDevice) -> Option<String> {
     );
     let _ = std::fs::remove_dir_all(&dir);
     None
+}
+
+fn default_precision_chat_smollm2(dev: &CudaDevice) -> Option<String> {
+    let Some(path) = smollm2_path() else {
+        return Some("SmolLM2-135M-Instruct.Q4_1.gguf is not in the model cache".into());
+    };
+    default_precision_chat("SmolLM2", &path, dev);
+    None
+}
+
+fn default_precision_chat_gemma3(dev: &CudaDevice) -> Option<String> {
+    let Some(path) = gemma3_path() else {
+        return Some("gemma-3-270m-q4_k_m.gguf is not in the model cache".into());
+    };
+    default_precision_chat("Gemma3", &path, dev);
+    None
+}
+
+/// The GPU with its default precision (none chosen): the greedy answer to each question of
+/// `fixtures/chat_questions.txt` equals the CPU exact path's over its first 12 tokens (the
+/// twin of the CPU test `default_precision_keeps_chat_answers`).
+fn default_precision_chat(label: &str, path: &std::path::Path, dev: &CudaDevice) {
+    use ferrite_llm::chat::{encode_prompt, ChatTemplate, Message};
+    let mut model = Model::load(path).unwrap();
+    let tok = Tokenizer::from_gguf(model.gguf()).unwrap();
+    let tmpl = ChatTemplate::from_gguf(model.gguf(), &tok).unwrap();
+    let questions = std::fs::read_to_string(fixture("chat_questions.txt")).unwrap();
+    let gm = GpuModel::load(&model, dev, 256).unwrap();
+    eprintln!("{label}: GPU default precision {}", gm.precision());
+    model.set_precision(Precision::Exact);
+    let cut = |mut g: Vec<u32>| {
+        if let Some(e) = g.iter().position(|&t| tok.is_eog(t)) {
+            g.truncate(e + 1);
+        }
+        g
+    };
+    for q in questions.lines().filter(|l| !l.trim().is_empty()) {
+        let text = tmpl.render(&[Message::user(q)], true).unwrap();
+        let ids = encode_prompt(&tok, &text).unwrap();
+        let mut cs = Session::new(&model, ids.len() + 12).unwrap();
+        let want = cut(ferrite_llm::generate::greedy(&mut cs, &ids, 12).unwrap());
+        let mut gs = GpuSession::new(&gm).unwrap();
+        let got = cut(gs.greedy(&ids, 12).unwrap());
+        assert_eq!(
+            got,
+            want,
+            "{label}: {q:?}: GPU {:?} vs CPU exact {:?}",
+            tok.decode(&got),
+            tok.decode(&want)
+        );
+    }
 }

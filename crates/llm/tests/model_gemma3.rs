@@ -34,3 +34,8 @@ fn perplexity_within_one_percent() {
 fn perplexity_exact_mode_matches_closely() {
     model_support::perplexity_exact_mode_matches_closely(&MODEL);
 }
+
+#[test]
+fn default_precision_keeps_chat_answers() {
+    model_support::default_precision_keeps_chat_answers(&MODEL);
+}

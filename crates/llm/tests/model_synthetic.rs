@@ -381,3 +381,64 @@ fn gemma3_sliding_window_across_block_boundaries() {
         "one at a time differs from all at once"
     );
 }
+
+#[test]
+fn non_finite_or_out_of_range_metadata_is_refused_naming_the_key() {
+    let cases: Vec<(&str, Value, &str)> = vec![
+        (
+            "llama.rope.freq_base",
+            Value::F32(f32::NAN),
+            "llama.rope.freq_base = NaN",
+        ),
+        (
+            "llama.rope.freq_base",
+            Value::F32(0.0),
+            "llama.rope.freq_base = 0",
+        ),
+        (
+            "llama.rope.freq_base",
+            Value::F32(f32::INFINITY),
+            "llama.rope.freq_base = inf",
+        ),
+        (
+            "llama.attention.layer_norm_rms_epsilon",
+            Value::F32(f32::NAN),
+            "llama.attention.layer_norm_rms_epsilon = NaN",
+        ),
+        (
+            "llama.attention.layer_norm_rms_epsilon",
+            Value::F32(0.0),
+            "llama.attention.layer_norm_rms_epsilon = 0",
+        ),
+        (
+            "llama.attention.layer_norm_rms_epsilon",
+            Value::F32(-1e-5),
+            "llama.attention.layer_norm_rms_epsilon = -0.00001",
+        ),
+        (
+            "llama.attention.head_count",
+            Value::U32(0),
+            "llama.attention.head_count = 0",
+        ),
+        (
+            "llama.attention.key_length",
+            Value::U32(0),
+            "llama.attention.key_length = 0",
+        ),
+        (
+            "llama.rope.scaling.factor",
+            Value::F32(f32::NAN),
+            "llama.rope.scaling.factor = NaN",
+        ),
+    ];
+    for (key, value, want) in cases {
+        let e = err_text(tiny("llama", |w| {
+            if key == "llama.rope.scaling.factor" {
+                w.set("llama.rope.scaling.type", Value::String("linear".into()))
+                    .unwrap();
+            }
+            w.set(key, value.clone()).unwrap();
+        }));
+        assert!(e.contains(want), "{key}: {e}");
+    }
+}

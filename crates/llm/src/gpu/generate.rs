@@ -57,8 +57,12 @@ pub fn generate(
         }
     };
     for i in 0..max_new {
+        if sampler.cancelled() {
+            gen.stop = StopReason::Interrupted;
+            break;
+        }
         let id = next;
-        if tok.is_eog(id) {
+        if tok.is_eog(id) && !sampler.ignores_eos() {
             gen.stop = StopReason::EndOfText;
             break;
         }

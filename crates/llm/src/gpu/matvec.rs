@@ -169,10 +169,9 @@ fn check_len(buf: &Buffer, need: usize, what: &str) -> Result<()> {
 fn units_per_thread() -> usize {
     static U: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *U.get_or_init(|| {
-        std::env::var("FERRITE_GPU_MV_UPT")
+        crate::env::int("FERRITE_GPU_MV_UPT", 1, 64)
             .ok()
-            .and_then(|v| v.parse::<usize>().ok())
-            .filter(|u| (1..=64).contains(u))
+            .flatten()
             .unwrap_or(8)
     })
 }

@@ -39,7 +39,7 @@ pub use generate::{generate, mean_nll};
 pub use prefill::CHUNK as PREFILL_CHUNK;
 pub use sample::{sample_many, sample_once};
 pub use session::GpuSession;
-pub use weights::{Fmt, GpuMatrix, GpuModel, Layout};
+pub use weights::{default_precision, Fmt, GpuMatrix, GpuModel, Layout, F32_ACTS_MAX_WEIGHT_BYTES};
 
 use crate::error::{Error, Result};
 
@@ -58,7 +58,7 @@ pub fn sources() -> Vec<&'static KernelSource> {
 /// activations (`pdl_wait` in quant.cuh), so results are the same either way.
 fn pdl(dev: &CudaDevice) -> bool {
     static ENV: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ENV.get_or_init(|| std::env::var("FERRITE_GPU_PDL").map_or(true, |v| v != "0"))
+    *ENV.get_or_init(|| crate::env::flag_or("FERRITE_GPU_PDL", true))
         && dev.compute_capability().0 >= 9
 }
 

@@ -132,8 +132,7 @@ impl Prefill {
         let dev = &m.dev;
         let c = &m.cfg;
         let (d, hd, nh, nkv, ff) = (c.d_model, c.head_dim, c.n_head, c.n_kv_head, c.n_ff);
-        let bf = c.arch == Arch::Gemma3
-            || std::env::var("FERRITE_GPU_PREFILL_BF16").is_ok_and(|v| !v.is_empty() && v != "0");
+        let bf = c.arch == Arch::Gemma3 || crate::env::flag_or("FERRITE_GPU_PREFILL_BF16", false);
         let dt = if bf { DType::BF16 } else { DType::F16 };
         let qkv = (nh + 2 * nkv) * hd;
         let w_elems = m

@@ -281,8 +281,8 @@ impl<'g> GpuSession<'g> {
             }
             q8buf = Some(q);
         }
-        let eager = std::env::var("FERRITE_GPU_EAGER").is_ok_and(|v| !v.is_empty() && v != "0");
-        let batched = std::env::var("FERRITE_GPU_PREFILL").map_or(true, |v| v != "0");
+        let eager = crate::env::flag_or("FERRITE_GPU_EAGER", false);
+        let batched = crate::env::flag_or("FERRITE_GPU_PREFILL", true);
         let batch_end = (0..c.n_layer)
             .filter(|&il| c.is_local(il) && c.sliding_window > 0)
             .map(|_| c.sliding_window)

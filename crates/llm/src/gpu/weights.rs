@@ -364,8 +364,7 @@ fn upload_group(
         Layout::Gguf => false,
         Layout::Split => true,
         Layout::Auto => {
-            std::env::var("FERRITE_GPU_SPLIT").map_or(true, |v| v != "0")
-                && rows >= 16 * dev.sm_count() as usize
+            crate::env::flag_or("FERRITE_GPU_SPLIT", true) && rows >= 16 * dev.sm_count() as usize
         }
     };
     let split = wanted
@@ -401,6 +400,23 @@ fn upload_opt(dev: &CudaDevice, f: &GgufFile, name: &str) -> Result<Option<Buffe
 
 /// Inverse RoPE frequencies `base^(-2i/rope_dim)` divided by optional per-pair factors: the
 /// CPU model's expression, so the angles agree bit for bit.
+/// Weights up to this size decode with f32 activations by default; larger ones with 8-bit
+/// (dp4a) activations.
+pub const F32_ACTS_MAX_WEIGHT_BYTES: usize = 1 << 30;
+
+/// The GPU's precision when none was chosen, by the bytes of the weight matrices. The GPU has
+/// two activation modes, f32 and 8-bit (dp4a); `Q8x2` and `Exact` both mean f32. Small models
+/// decode at the same speed in either (SmolLM2 1,194 vs 1,200 tok/s on an H100: launches and
+/// latency decide, not bandwidth), so they take f32 and keep the exact path's answers; above
+/// 1 GiB bandwidth decides (8B Q4_0: 417 vs 261 tok/s) and the 8-bit mode stays.
+pub fn default_precision(weight_bytes: usize) -> crate::Precision {
+    if weight_bytes <= F32_ACTS_MAX_WEIGHT_BYTES {
+        crate::Precision::Exact
+    } else {
+        crate::Precision::Q8
+    }
+}
+
 pub(crate) fn rope_inv_freq(rope_dim: usize, base: f32, factors: Option<&[f32]>) -> Vec<f32> {
     (0..rope_dim / 2)
         .map(|i| {
@@ -572,7 +588,11 @@ impl GpuModel {
             weight_bytes: 0,
             precision: model.precision(),
         };
+
         m.weight_bytes = m.matrices().map(|w| w.bytes()).sum();
+        if !model.precision_is_explicit() {
+            m.precision = default_precision(m.weight_bytes);
+        }
         let mut converted: Vec<(GgmlType, usize)> = Vec::new();
         for w in m.matrices().filter(|w| Fmt::of(w.file_type).is_none()) {
             match converted.iter_mut().find(|(t, _)| *t == w.file_type) {

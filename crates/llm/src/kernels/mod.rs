@@ -33,13 +33,22 @@ pub enum Isa {
 }
 
 impl Isa {
-    /// The best instruction set of this CPU (`FERRITE_ISA=scalar|avx2` caps it).
+    /// The best instruction set of this CPU (`FERRITE_ISA=scalar|avx2|vnni` caps it).
     pub fn detect() -> Isa {
         let best = *Isa::available().last().unwrap_or(&Isa::Scalar);
-        match std::env::var("FERRITE_ISA").as_deref() {
-            Ok("scalar") => Isa::Scalar,
-            Ok("avx2") if best != Isa::Scalar => Isa::Avx2,
+        match crate::env::isa().ok().flatten() {
+            Some("scalar") => Isa::Scalar,
+            Some("avx2") if best != Isa::Scalar => Isa::Avx2,
             _ => best,
+        }
+    }
+
+    /// The name users see: scalar, avx2, avx-vnni.
+    pub fn name(self) -> &'static str {
+        match self {
+            Isa::Scalar => "scalar",
+            Isa::Avx2 => "avx2",
+            Isa::Vnni => "avx-vnni",
         }
     }
 
@@ -363,16 +372,13 @@ pub fn matmul(isa: Isa, acts: &Acts, ops: &mut [MatOut<'_, '_>]) {
             // Four activation rows per pass share each unpacked weight block.
             while t0 + 4 <= t {
                 for r in r0..r1 {
-                    let mut v =
-                        q4::dot_q4_1_x4(isa, w.row(r), [a(t0), a(t0 + 1), a(t0 + 2), a(t0 + 3)]);
-                    if x2 {
-                        let l = q4::dot_q4_1_x4(
-                            isa,
-                            w.row(r),
-                            [lo(t0), lo(t0 + 1), lo(t0 + 2), lo(t0 + 3)],
-                        );
-                        v.iter_mut().zip(l).for_each(|(v, l)| *v += l);
-                    }
+                    let rows = [a(t0), a(t0 + 1), a(t0 + 2), a(t0 + 3)];
+                    let v = if x2 {
+                        let l = [lo(t0), lo(t0 + 1), lo(t0 + 2), lo(t0 + 3)];
+                        q4::dot_q4_1_x4_x2(isa, w.row(r), rows, l)
+                    } else {
+                        q4::dot_q4_1_x4(isa, w.row(r), rows)
+                    };
                     for (k, &vk) in v.iter().enumerate() {
                         // SAFETY: as above.
                         unsafe { *out.0.add((t0 + k) * w.rows + r) = vk };
@@ -387,11 +393,11 @@ pub fn matmul(isa: Isa, acts: &Acts, ops: &mut [MatOut<'_, '_>]) {
                 // Four weight rows per pass share each activation block.
                 while r + 4 <= r1 {
                     let rows = [w.row(r), w.row(r + 1), w.row(r + 2), w.row(r + 3)];
-                    let mut v = q4::dot_q4_1_rows4(isa, rows, a(ti));
-                    if x2 {
-                        let l = q4::dot_q4_1_rows4(isa, rows, lo(ti));
-                        v.iter_mut().zip(l).for_each(|(v, l)| *v += l);
-                    }
+                    let v = if x2 {
+                        q4::dot_q4_1_rows4_x2(isa, rows, a(ti), lo(ti))
+                    } else {
+                        q4::dot_q4_1_rows4(isa, rows, a(ti))
+                    };
                     for (k, &vk) in v.iter().enumerate() {
                         // SAFETY: as above.
                         unsafe { *out.0.add(ti * w.rows + r + k) = vk };
@@ -400,10 +406,11 @@ pub fn matmul(isa: Isa, acts: &Acts, ops: &mut [MatOut<'_, '_>]) {
                 }
             }
             for r in r..r1 {
-                let mut v = dot_row(isa, w, r, a(ti));
-                if x2 {
-                    v += dot_row(isa, w, r, &acts.q8_lo[ti * nb..(ti + 1) * nb]);
-                }
+                let v = if x2 {
+                    dot_row_x2(isa, w, r, a(ti), lo(ti))
+                } else {
+                    dot_row(isa, w, r, a(ti))
+                };
                 // SAFETY: as above.
                 unsafe { *out.0.add(ti * w.rows + r) = v };
             }
@@ -429,6 +436,17 @@ fn dot_row(isa: Isa, w: &QMat<'_>, r: usize, a: &[BlockQ8]) -> f32 {
         GgmlType::Q4_K => k_quants::dot_q4_k(isa, row, a),
         GgmlType::Q6_K => k_quants::dot_q6_k(isa, row, a),
         other => unreachable!("dot_row: {other} has no integer kernel (ActFormat::for_weight)"),
+    }
+}
+
+/// dot(w[r], hi + lo) for q8x2 activations: one fused pass where the type has a fused
+/// kernel, else two passes of `dot_row`.
+#[inline]
+fn dot_row_x2(isa: Isa, w: &QMat<'_>, r: usize, hi: &[BlockQ8], lo: &[BlockQ8]) -> f32 {
+    match w.ty {
+        GgmlType::Q4_1 => q4::dot_q4_1_x2(isa, w.row(r), hi, lo),
+        GgmlType::Q8_0 => q8_0::dot_q8_0_x2(isa, w.row(r), hi, lo),
+        _ => dot_row(isa, w, r, hi) + dot_row(isa, w, r, lo),
     }
 }
 

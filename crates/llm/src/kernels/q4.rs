@@ -49,6 +49,23 @@ pub fn dot_q4_1_x4(isa: Isa, w: &[u8], a: [&[BlockQ8]; 4]) -> [f32; 4] {
     a.map(|ai| dot_q4_1_scalar(w, ai))
 }
 
+/// `dot_q4_1_x4` with q8x2 activations (`hi[k]` and `lo[k]` per activation row, see
+/// `dot_q4_1_x2`), in one pass over the weights.
+pub fn dot_q4_1_x4_x2(isa: Isa, w: &[u8], hi: [&[BlockQ8]; 4], lo: [&[BlockQ8]; 4]) -> [f32; 4] {
+    let nb = hi[0].len();
+    assert!(
+        hi.iter().chain(&lo).all(|x| x.len() == nb) && w.len() >= nb * Q4_1_BYTES,
+        "dot_q4_1_x4_x2: activation rows of unequal length or a short weight row"
+    );
+    #[cfg(target_arch = "x86_64")]
+    if isa.avx2() {
+        // SAFETY: as in dot_q4_0; all eight activation rows have nb blocks.
+        return unsafe { x86::dot_q4_1_x4_x2(w, hi, lo) };
+    }
+    let _ = isa;
+    [0, 1, 2, 3].map(|k| dot_q4_1_scalar(w, hi[k]) + dot_q4_1_scalar(w, lo[k]))
+}
+
 /// Dot products of four Q4_1 rows with one activation row (each activation block is loaded
 /// once for the four rows): `[dot(w[0], a), .., dot(w[3], a)]`.
 pub fn dot_q4_1_rows4(isa: Isa, w: [&[u8]; 4], a: &[BlockQ8]) -> [f32; 4] {
@@ -65,6 +82,38 @@ pub fn dot_q4_1_rows4(isa: Isa, w: [&[u8]; 4], a: &[BlockQ8]) -> [f32; 4] {
     }
     let _ = isa;
     w.map(|r| dot_q4_1_scalar(r, a))
+}
+
+/// `dot_q4_1` with q8x2 activations (`hi` and its residual `lo`, `lo[i].d == hi[i].d / 256`
+/// as `quantize_q8x2` writes them) in one pass over the weights: each block's integer sums
+/// combine as `256 * sum(q * hi) + sum(q * lo)` before one float scaling.
+pub fn dot_q4_1_x2(isa: Isa, w: &[u8], hi: &[BlockQ8], lo: &[BlockQ8]) -> f32 {
+    assert!(w.len() >= hi.len() * Q4_1_BYTES && lo.len() == hi.len());
+    #[cfg(target_arch = "x86_64")]
+    if isa.avx2() {
+        // SAFETY: as in dot_q4_0; lengths checked above.
+        let [r, ..] = unsafe { x86::dot_q4_1_rows4_x2([w, w, w, w], hi, lo) };
+        return r;
+    }
+    let _ = isa;
+    dot_q4_1_scalar(w, hi) + dot_q4_1_scalar(w, lo)
+}
+
+/// `dot_q4_1_rows4` with q8x2 activations, in one pass (see `dot_q4_1_x2`).
+pub fn dot_q4_1_rows4_x2(isa: Isa, w: [&[u8]; 4], hi: &[BlockQ8], lo: &[BlockQ8]) -> [f32; 4] {
+    assert!(w.iter().all(|r| r.len() >= hi.len() * Q4_1_BYTES) && lo.len() == hi.len());
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Vnni {
+        // SAFETY: Isa::Vnni implies runtime-detected avx2/fma/f16c/avxvnni; lengths checked.
+        return unsafe { x86::dot_q4_1_rows4_x2_vnni(w, hi, lo) };
+    }
+    #[cfg(target_arch = "x86_64")]
+    if isa.avx2() {
+        // SAFETY: as in dot_q4_0; lengths checked above.
+        return unsafe { x86::dot_q4_1_rows4_x2(w, hi, lo) };
+    }
+    let _ = isa;
+    w.map(|r| dot_q4_1_scalar(r, hi) + dot_q4_1_scalar(r, lo))
 }
 
 pub fn dot_q4_0_scalar(w: &[u8], a: &[BlockQ8]) -> f32 {
@@ -228,6 +277,107 @@ pub(crate) mod x86 {
         ))
     }
 
+    /// The body of the four-row Q4_1 kernel over q8x2 activations; `$mul2(q, hi, lo)` gives
+    /// `256 * sum(q * hi) + sum(q * lo)` as 8 i32 lanes (at most 4 * 15 * 127 * 257 per lane:
+    /// no overflow).
+    macro_rules! rows4_x2_body {
+        ($w:expr, $hi:expr, $lo:expr, $mul2:expr) => {{
+            let (w, hi, lo) = ($w, $hi, $lo);
+            let mut acc = [_mm256_setzero_ps(); 4];
+            let mut offs = [0f32; 4];
+            for (i, (b, l)) in hi.iter().zip(lo.iter()).enumerate() {
+                // SAFETY: block i lies within every row (caller's contract).
+                unsafe {
+                    let qh = _mm256_loadu_si256(b.qs.as_ptr() as *const __m256i);
+                    let ql = _mm256_loadu_si256(l.qs.as_ptr() as *const __m256i);
+                    let (dx, sx) = (b.d * (1.0 / 256.0), b.s + l.s);
+                    for k in 0..4 {
+                        let p = w[k].as_ptr().add(i * Q4_1_BYTES);
+                        // A hint only, as in rows4_body.
+                        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(16 * Q4_1_BYTES) as *const i8);
+                        let q = unpack_nibbles(p.add(4));
+                        let s = _mm256_cvtepi32_ps($mul2(q, qh, ql));
+                        acc[k] = _mm256_fmadd_ps(_mm256_set1_ps(f16_load(p) * dx), s, acc[k]);
+                        offs[k] += f16_load(p.add(2)) * sx;
+                    }
+                }
+            }
+            let h01 = _mm256_hadd_ps(acc[0], acc[1]);
+            let h23 = _mm256_hadd_ps(acc[2], acc[3]);
+            let h = _mm256_hadd_ps(h01, h23);
+            let r = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+            let mut o = [0f32; 4];
+            // SAFETY: o holds 4 f32.
+            unsafe { _mm_storeu_ps(o.as_mut_ptr(), r) };
+            [
+                o[0] + offs[0],
+                o[1] + offs[1],
+                o[2] + offs[2],
+                o[3] + offs[3],
+            ]
+        }};
+    }
+
+    /// # Safety
+    /// avx2, fma and f16c must be available; every row holds at least `hi.len()` blocks and
+    /// `lo` is as long as `hi`.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn dot_q4_1_rows4_x2(w: [&[u8]; 4], hi: &[BlockQ8], lo: &[BlockQ8]) -> [f32; 4] {
+        rows4_x2_body!(w, hi, lo, |q, h, l| _mm256_add_epi32(
+            _mm256_slli_epi32(mul_u8_i8(q, h), 8),
+            mul_u8_i8(q, l)
+        ))
+    }
+
+    /// # Safety
+    /// avx2, fma, f16c and avxvnni must be available; lengths as in `dot_q4_1_rows4_x2`.
+    #[target_feature(enable = "avx2,fma,f16c,avxvnni")]
+    pub unsafe fn dot_q4_1_rows4_x2_vnni(
+        w: [&[u8]; 4],
+        hi: &[BlockQ8],
+        lo: &[BlockQ8],
+    ) -> [f32; 4] {
+        rows4_x2_body!(w, hi, lo, |q, h, l| _mm256_dpbusd_avx_epi32(
+            _mm256_slli_epi32(_mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), q, h), 8),
+            q,
+            l
+        ))
+    }
+
+    /// # Safety
+    /// avx2, fma and f16c must be available; `w` holds at least `hi[k].len()` Q4_1 blocks and
+    /// the eight activation rows have equal length.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn dot_q4_1_x4_x2(w: &[u8], hi: [&[BlockQ8]; 4], lo: [&[BlockQ8]; 4]) -> [f32; 4] {
+        let mut acc = [_mm256_setzero_ps(); 4];
+        let mut offs = [0f32; 4];
+        for i in 0..hi[0].len() {
+            // SAFETY: block i lies within w and within every activation row.
+            unsafe {
+                let p = w.as_ptr().add(i * Q4_1_BYTES);
+                let (d, m) = (f16_load(p), f16_load(p.add(2)));
+                let q = unpack_nibbles(p.add(4));
+                for k in 0..4 {
+                    let (b, l) = (hi[k].get_unchecked(i), lo[k].get_unchecked(i));
+                    let qh = _mm256_loadu_si256(b.qs.as_ptr() as *const __m256i);
+                    let ql = _mm256_loadu_si256(l.qs.as_ptr() as *const __m256i);
+                    // 256 * sum(q hi) + sum(q lo): as in rows4_x2_body.
+                    let s =
+                        _mm256_add_epi32(_mm256_slli_epi32(mul_u8_i8(q, qh), 8), mul_u8_i8(q, ql));
+                    let s = _mm256_cvtepi32_ps(s);
+                    acc[k] = _mm256_fmadd_ps(_mm256_set1_ps(d * b.d * (1.0 / 256.0)), s, acc[k]);
+                    offs[k] += m * (b.s + l.s);
+                }
+            }
+        }
+        [
+            hsum_ps(acc[0]) + offs[0],
+            hsum_ps(acc[1]) + offs[1],
+            hsum_ps(acc[2]) + offs[2],
+            hsum_ps(acc[3]) + offs[3],
+        ]
+    }
+
     /// # Safety
     /// avx2, fma and f16c must be available; `w` holds at least `a[k].len()` Q4_1 blocks and
     /// the four activation rows have equal length.
@@ -304,6 +454,37 @@ mod tests {
                         (got[k] - want).abs() <= 1e-4 * (1.0 + want.abs()),
                         "{isa:?} nb={nb} k={k}"
                     );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn x2_kernels_match_two_scalar_passes() {
+        use crate::kernels::q8::quantize_q8x2;
+        for nb in [1usize, 2, 18, 33] {
+            let x: Vec<f32> = crate::kernels::test_util::rand_f32(nb * 32, 60 + nb as u64)
+                .iter()
+                .enumerate()
+                .map(|(i, v)| if i % 29 == 3 { v * 40.0 } else { *v })
+                .collect();
+            let (mut hi, mut lo) = (vec![BlockQ8::default(); nb], vec![BlockQ8::default(); nb]);
+            quantize_q8x2(&x, &mut hi, &mut lo);
+            let ws: Vec<Vec<u8>> = (0..4)
+                .map(|k| rand_blocks(nb, Q4_1_BYTES, &[0, 2], 50 + k + nb as u64))
+                .collect();
+            for isa in Isa::available() {
+                let got = dot_q4_1_rows4_x2(isa, [&ws[0], &ws[1], &ws[2], &ws[3]], &hi, &lo);
+                for k in 0..4 {
+                    let want = dot_q4_1_scalar(&ws[k], &hi) + dot_q4_1_scalar(&ws[k], &lo);
+                    let one = dot_q4_1_x2(isa, &ws[k], &hi, &lo);
+                    let x4 = dot_q4_1_x4_x2(isa, &ws[k], [&hi; 4], [&lo; 4])[k];
+                    for v in [got[k], one, x4] {
+                        assert!(
+                            (v - want).abs() <= 1e-4 * (1.0 + want.abs()),
+                            "{isa:?} nb={nb} k={k}: {v} vs {want}"
+                        );
+                    }
                 }
             }
         }

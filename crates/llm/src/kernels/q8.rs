@@ -33,17 +33,26 @@ pub fn quantize_q8(x: &[f32], out: &mut [BlockQ8]) {
 }
 
 /// Quantizes `x` twice: `hi` as `quantize_q8`, then `lo` the rounding residual
-/// `x - hi.d * hi.qs` (also 8-bit per block). `hi + lo` carries ~15 bits per value and every
-/// dot product is linear in the activations, so `dot(w, hi) + dot(w, lo)` is the product
-/// with that finer x, using the same integer kernels twice.
+/// `x - hi.d * hi.qs` in steps of exactly `hi.d / 256` (|residual| <= hi.d / 2, so the 8-bit
+/// range holds it; the rare value at +128 is clamped to 127). `hi + lo` carries ~16 bits per
+/// value and every dot product is linear in the activations, so `dot(w, hi) + dot(w, lo)` is
+/// the product with that finer x: two passes of the plain kernels, or one pass of a fused
+/// kernel that sums `256 * sum(w * hi) + sum(w * lo)` in integers (the fixed ratio is what
+/// makes that possible).
 pub fn quantize_q8x2(x: &[f32], hi: &mut [BlockQ8], lo: &mut [BlockQ8]) {
     quantize_q8(x, hi);
-    let mut r = [0f32; 32];
     for ((xb, h), l) in x.chunks_exact(32).zip(hi.iter()).zip(lo.iter_mut()) {
-        for ((ri, &xi), &q) in r.iter_mut().zip(xb).zip(&h.qs) {
-            *ri = xi - h.d * q as f32;
+        let d = h.d * (1.0 / 256.0);
+        let id = if h.d != 0.0 { 256.0 / h.d } else { 0.0 };
+        let mut sum = 0i32;
+        for ((q, &xi), &qh) in l.qs.iter_mut().zip(xb).zip(&h.qs) {
+            let r = (xi - h.d * qh as f32) * id;
+            let r = ((r + 0.5f32.copysign(r)) as i32).clamp(-127, 127);
+            *q = r as i8;
+            sum += r;
         }
-        quantize_q8(&r, std::slice::from_mut(l));
+        l.d = d;
+        l.s = d * sum as f32;
     }
 }
 
@@ -78,7 +87,7 @@ mod tests {
             let (h, l) = (&hi[i / 32], &lo[i / 32]);
             let r = h.d * h.qs[i % 32] as f32 + l.d * l.qs[i % 32] as f32;
             assert!(
-                (r - v).abs() <= h.d / 254.0 * 1.01 + 1e-7,
+                (r - v).abs() <= h.d / 256.0 * 1.01 + 1e-7 && l.d == h.d / 256.0,
                 "{i}: {r} vs {v}"
             );
         }

@@ -32,6 +32,24 @@ pub fn dot_q8_0_x4(isa: Isa, w: &[u8], a: [&[BlockQ8]; 4]) -> [f32; 4] {
     a.map(|ai| dot_q8_0_scalar(w, ai))
 }
 
+/// `dot_q8_0` with q8x2 activations (`lo[i].d == hi[i].d / 256`, as `quantize_q8x2` writes
+/// them) in one pass over the weights: `256 * sum(w * hi) + sum(w * lo)` per block in integers.
+pub fn dot_q8_0_x2(isa: Isa, w: &[u8], hi: &[BlockQ8], lo: &[BlockQ8]) -> f32 {
+    assert!(w.len() >= hi.len() * Q8_0_BYTES && lo.len() == hi.len());
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Vnni {
+        // SAFETY: Isa::Vnni implies runtime-detected avx2/fma/f16c/avxvnni; lengths checked.
+        return unsafe { x86::dot_q8_0_x2_vnni(w, hi, lo) };
+    }
+    #[cfg(target_arch = "x86_64")]
+    if isa.avx2() {
+        // SAFETY: Isa::Avx2 implies runtime-detected avx2/fma/f16c; lengths checked above.
+        return unsafe { x86::dot_q8_0_x2(w, hi, lo) };
+    }
+    let _ = isa;
+    dot_q8_0_scalar(w, hi) + dot_q8_0_scalar(w, lo)
+}
+
 pub fn dot_q8_0_scalar(w: &[u8], a: &[BlockQ8]) -> f32 {
     let mut sum = 0f32;
     for (i, b) in a.iter().enumerate() {
@@ -63,6 +81,54 @@ pub(crate) mod x86 {
         let ax = _mm256_sign_epi8(x, x);
         let sy = _mm256_sign_epi8(y, x);
         _mm256_madd_epi16(_mm256_maddubs_epi16(ax, sy), _mm256_set1_epi16(1))
+    }
+
+    /// The q8x2 Q8_0 kernel; `$mul(ax, sy)` sums u8 `ax` x i8 `sy` into 8 i32 lanes. Per
+    /// lane at most 4 * 128 * 127 * 257: no overflow.
+    macro_rules! x2_body {
+        ($w:expr, $hi:expr, $lo:expr, $mul:expr) => {{
+            let (w, hi, lo) = ($w, $hi, $lo);
+            let mut acc = _mm256_setzero_ps();
+            for (i, (b, l)) in hi.iter().zip(lo.iter()).enumerate() {
+                // SAFETY: block i lies within w (caller's contract).
+                unsafe {
+                    let p = w.as_ptr().add(i * Q8_0_BYTES);
+                    let q = _mm256_loadu_si256(p.add(2) as *const __m256i);
+                    let qh = _mm256_loadu_si256(b.qs.as_ptr() as *const __m256i);
+                    let ql = _mm256_loadu_si256(l.qs.as_ptr() as *const __m256i);
+                    // Sign moved onto the activations so the weights are the unsigned operand.
+                    let aq = _mm256_sign_epi8(q, q);
+                    let sh = $mul(aq, _mm256_sign_epi8(qh, q));
+                    let sl = $mul(aq, _mm256_sign_epi8(ql, q));
+                    let s = _mm256_cvtepi32_ps(_mm256_add_epi32(_mm256_slli_epi32(sh, 8), sl));
+                    let d = f16_load(p) * b.d * (1.0 / 256.0);
+                    acc = _mm256_fmadd_ps(_mm256_set1_ps(d), s, acc);
+                }
+            }
+            hsum_ps(acc)
+        }};
+    }
+
+    /// # Safety
+    /// avx2, fma and f16c must be available; `w` holds at least `hi.len()` Q8_0 blocks and
+    /// `lo` is as long as `hi`.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn dot_q8_0_x2(w: &[u8], hi: &[BlockQ8], lo: &[BlockQ8]) -> f32 {
+        x2_body!(w, hi, lo, |a, b| _mm256_madd_epi16(
+            _mm256_maddubs_epi16(a, b),
+            _mm256_set1_epi16(1)
+        ))
+    }
+
+    /// # Safety
+    /// avx2, fma, f16c and avxvnni must be available; lengths as in `dot_q8_0_x2`.
+    #[target_feature(enable = "avx2,fma,f16c,avxvnni")]
+    pub unsafe fn dot_q8_0_x2_vnni(w: &[u8], hi: &[BlockQ8], lo: &[BlockQ8]) -> f32 {
+        x2_body!(w, hi, lo, |a, b| _mm256_dpbusd_avx_epi32(
+            _mm256_setzero_si256(),
+            a,
+            b
+        ))
     }
 
     /// # Safety
@@ -188,6 +254,29 @@ mod tests {
                     let one = dot_q8_0(isa, &w, &acts[k]);
                     assert_eq!(got[k].to_bits(), one.to_bits(), "{isa:?} nb={nb} row {k}");
                 }
+            }
+        }
+    }
+
+    #[test]
+    fn x2_matches_two_scalar_passes() {
+        use crate::kernels::q8::quantize_q8x2;
+        for nb in [1usize, 2, 3, 18, 21] {
+            let x: Vec<f32> = crate::kernels::test_util::rand_f32(nb * 32, 80 + nb as u64)
+                .iter()
+                .enumerate()
+                .map(|(i, v)| if i % 31 == 7 { v * 50.0 } else { *v })
+                .collect();
+            let (mut hi, mut lo) = (vec![BlockQ8::default(); nb], vec![BlockQ8::default(); nb]);
+            quantize_q8x2(&x, &mut hi, &mut lo);
+            let w = rand_blocks(nb, Q8_0_BYTES, &[0], 81 + nb as u64);
+            let want = dot_q8_0_scalar(&w, &hi) + dot_q8_0_scalar(&w, &lo);
+            for isa in Isa::available() {
+                let got = dot_q8_0_x2(isa, &w, &hi, &lo);
+                assert!(
+                    (got - want).abs() <= 1e-4 * (1.0 + want.abs()),
+                    "{isa:?} nb={nb}: {got} vs {want}"
+                );
             }
         }
     }

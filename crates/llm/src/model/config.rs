@@ -77,7 +77,12 @@ impl Config {
         } else {
             n_head
         };
-        if n_head == 0 || n_kv_head == 0 || n_head % n_kv_head != 0 {
+        if n_head == 0 {
+            return Err(model_err(format!(
+                "{a}.attention.head_count = 0 is out of range (must be > 0)"
+            )));
+        }
+        if n_kv_head == 0 || n_head % n_kv_head != 0 {
             return Err(model_err(format!(
                 "inconsistent head counts: {n_head} query heads ({a}.attention.head_count) is not a positive multiple of {n_kv_head} key/value heads ({a}.attention.head_count_kv)"
             )));
@@ -93,6 +98,11 @@ impl Config {
                 d_model / n_head
             }
         };
+        if head_dim == 0 {
+            return Err(model_err(format!(
+                "{a}.attention.key_length = 0 is out of range (must be > 0)"
+            )));
+        }
         if f.get(&key("attention.value_length")).is_some() {
             let v = f.get_usize(&key("attention.value_length"))?;
             if v != head_dim {
@@ -134,7 +144,12 @@ impl Config {
         }
         if !(rope_scale > 0.0 && rope_scale.is_finite()) {
             return Err(model_err(format!(
-                "rope scaling factor {rope_scale} must be positive"
+                "{a}.rope.scaling.factor = {rope_scale} is out of range (must be finite and > 0)"
+            )));
+        }
+        if !(rope_base.is_finite() && rope_base > 1.0) {
+            return Err(model_err(format!(
+                "{a}.rope.freq_base = {rope_base} is out of range (must be finite and > 1)"
             )));
         }
         let (sliding_window, swa_pattern) = match arch {
@@ -202,7 +217,9 @@ impl Config {
             }
         }
         if !(eps > 0.0 && eps < 1.0) {
-            return Err(model_err(format!("rms norm epsilon {eps} out of range")));
+            return Err(model_err(format!(
+                "{a}.attention.layer_norm_rms_epsilon = {eps} is out of range (must be in (0, 1))"
+            )));
         }
         Ok(cfg)
     }

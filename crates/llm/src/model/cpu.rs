@@ -4,7 +4,7 @@
 
 use super::config::Config;
 use super::step::{Batch, Buf, Glu, Kernels, Mat, Norm};
-use super::{gelu_tanh, rms_norm_in_place, rms_norm_rows, silu, Model};
+use super::{gelu_tanh, rms_norm_in_place, rms_norm_rows, silu, Model, Product};
 use crate::error::Result;
 use crate::kernels::float::{axpy, dot_f32};
 use crate::kernels::{self, Acts, Isa, MatOut};
@@ -213,7 +213,16 @@ impl Kernels for CpuKernels<'_> {
         };
         let mats: Vec<_> = outs.iter().map(|&(w, _)| self.mat(w)).collect();
         let qs: Vec<&kernels::QMat<'_>> = mats.iter().map(|(q, _)| q).collect();
-        self.acts.quantize(src, t, cols, &m.formats(&qs));
+        // The precision plan's activation format for this product (all matrices of one
+        // launch belong to the same product).
+        let fmt = match outs.first().map(|&(w, _)| w) {
+            Some(Mat::Q(il) | Mat::K(il) | Mat::V(il)) => m.plan().layers[il][Product::Qkv as usize],
+            Some(Mat::O(il)) => m.plan().layers[il][Product::AttnOut as usize],
+            Some(Mat::Gate(il) | Mat::Up(il)) => m.plan().layers[il][Product::GateUp as usize],
+            Some(Mat::Down(il)) => m.plan().layers[il][Product::Down as usize],
+            None => m.plan().output,
+        };
+        self.acts.quantize(src, t, cols, &m.formats(&qs, fmt));
         // Take the output buffers out so that each product borrows its own.
         let mut taken: Vec<Vec<f32>> = outs
             .iter()
@@ -338,7 +347,7 @@ impl Kernels for CpuKernels<'_> {
         let xo = &mut self.xb[..n * d];
         rms_norm_rows(&gathered, xo, &m.output_norm, d, m.cfg.eps);
         let wout = m.mat(&m.output);
-        self.acts.quantize(xo, n, d, &m.formats(&[&wout]));
+        self.acts.quantize(xo, n, d, &m.formats(&[&wout], m.plan().output));
         kernels::matmul(
             m.isa,
             &self.acts,

@@ -58,6 +58,40 @@ pub struct Model {
     rope_freq_factors: Option<Vec<f32>>,
     isa: Isa,
     precision: Precision,
+    /// Activation format of each product, derived from `precision` (or set directly).
+    plan: PrecisionPlan,
+    precision_explicit: bool,
+}
+
+/// The quantized products of one layer, in graph order (index into a [`PrecisionPlan`] row).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Product {
+    /// q, k and v projections (one activation row shared).
+    Qkv = 0,
+    /// Attention output projection.
+    AttnOut = 1,
+    /// FFN gate and up projections.
+    GateUp = 2,
+    /// FFN down projection.
+    Down = 3,
+}
+
+/// Activation format of every quantized product: `layers[il][Product as usize]` and the
+/// output head. Products whose weight has no integer kernel take f32 whatever is asked.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PrecisionPlan {
+    pub layers: Vec<[ActFormat; 4]>,
+    pub output: ActFormat,
+}
+
+impl PrecisionPlan {
+    /// Every product in `f`.
+    pub fn uniform(n_layer: usize, f: ActFormat) -> PrecisionPlan {
+        PrecisionPlan {
+            layers: vec![[f; 4]; n_layer],
+            output: f,
+        }
+    }
 }
 
 /// How activations enter the quantized matrix products.
@@ -67,11 +101,58 @@ pub enum Precision {
     /// SmolLM2's logits by ~0.4-0.5 rms and its perplexity by up to ~1-2% either way on short
     /// windows (which way depends on rounding details, not on a bias).
     Q8,
-    /// 8-bit plus an 8-bit residual per block, two integer passes (~15-bit activations):
-    /// twice the integer work; logits within ~0.005 of f32, perplexity within 0.01%.
+    /// 8-bit plus an 8-bit residual in steps of 1/256 of the first (~16-bit activations),
+    /// summed in one integer pass by the fused Q4_1/Q8_0 kernels (two passes for other
+    /// formats); logits within ~0.01 of f32, perplexity within 0.01%. The default.
     Q8x2,
     /// f32 activations, each weight row dequantized: slow; a reference mode.
     Exact,
+}
+
+impl Precision {
+    /// Every precision, in the order `--help` lists them.
+    pub const ALL: [Precision; 3] = [Precision::Q8, Precision::Q8x2, Precision::Exact];
+
+    /// The name `--precision` takes and output shows.
+    pub fn name(self) -> &'static str {
+        match self {
+            Precision::Q8 => "q8",
+            Precision::Q8x2 => "q8x2",
+            Precision::Exact => "exact",
+        }
+    }
+
+    /// The activation format of each product of a model with `cfg` under this precision.
+    pub fn plan(self, cfg: &Config) -> PrecisionPlan {
+        match self {
+            Precision::Q8 => PrecisionPlan::uniform(cfg.n_layer, ActFormat::Q8),
+            Precision::Q8x2 => PrecisionPlan::uniform(cfg.n_layer, ActFormat::Q8x2),
+            Precision::Exact => PrecisionPlan::uniform(cfg.n_layer, ActFormat::F32),
+        }
+    }
+}
+
+impl std::fmt::Display for Precision {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for Precision {
+    type Err = String;
+
+    fn from_str(s: &str) -> std::result::Result<Precision, String> {
+        Precision::ALL
+            .into_iter()
+            .find(|p| p.name() == s)
+            .ok_or_else(|| {
+                let names: Vec<_> = Precision::ALL.iter().map(|p| p.name()).collect();
+                format!(
+                    "unknown precision \"{s}\" (expected one of: {})",
+                    names.join(", ")
+                )
+            })
+    }
 }
 
 impl Model {
@@ -158,9 +239,12 @@ impl Model {
             layers,
             rope_freq_factors,
             isa: Isa::detect(),
-            precision: Precision::Q8,
+            precision: Precision::Q8x2,
+            plan: PrecisionPlan::uniform(0, ActFormat::Q8),
+            precision_explicit: std::env::var_os("FERRITE_PRECISION").is_some(),
         };
-        m.precision = m.default_precision();
+        m.precision = Model::default_precision()?;
+        m.plan = m.precision.plan(&m.cfg);
         Ok(m)
     }
 
@@ -168,21 +252,29 @@ impl Model {
         &self.file
     }
 
-    /// The precision used unless set: `Q8x2` for gemma3 (its activations carry outliers that
-    /// cost 1.4% perplexity at 8 bits), `Q8` otherwise.
-    /// `FERRITE_PRECISION=q8|q8x2|exact` overrides it.
-    pub fn default_precision(&self) -> Precision {
-        match std::env::var("FERRITE_PRECISION").as_deref() {
-            Ok("q8") => return Precision::Q8,
-            Ok("q8x2") => return Precision::Q8x2,
-            Ok("exact") => return Precision::Exact,
-            _ => {}
+    /// The precision used unless set: `FERRITE_PRECISION` when given (checked: an unknown
+    /// name is an error naming the variable), else `Q8x2` for every model. Plain 8-bit
+    /// activations (llama.cpp's scheme) move SmolLM2's logits by 0.27 rms and change the
+    /// greedy answer to 7 of 24 simple chat questions (among them "What is the capital of
+    /// France?"); `Q8x2` keeps all 24 equal to the exact path's (logits within 0.008) at
+    /// ~11% of the decode time on the CPU with the fused kernels. Measurements:
+    /// docs/benchmarks.md, "Default precision".
+    pub fn default_precision() -> Result<Precision> {
+        match std::env::var("FERRITE_PRECISION") {
+            Ok(v) => v
+                .parse()
+                .map_err(|e| Error::Other(format!("FERRITE_PRECISION: {e}"))),
+            Err(std::env::VarError::NotPresent) => Ok(Precision::Q8x2),
+            Err(std::env::VarError::NotUnicode(_)) => {
+                Err(Error::Other("FERRITE_PRECISION is not valid UTF-8".into()))
+            }
         }
-        if self.cfg.arch == Arch::Gemma3 {
-            Precision::Q8x2
-        } else {
-            Precision::Q8
-        }
+    }
+
+    /// Whether the precision was chosen (`set_precision`, `FERRITE_PRECISION`) rather than
+    /// left at the default; the GPU picks its own default when it was not.
+    pub fn precision_is_explicit(&self) -> bool {
+        self.precision_explicit
     }
 
     pub fn precision(&self) -> Precision {
@@ -191,6 +283,27 @@ impl Model {
 
     pub fn set_precision(&mut self, p: Precision) {
         self.precision = p;
+        self.precision_explicit = true;
+        self.plan = p.plan(&self.cfg);
+    }
+
+    /// The activation format of each product.
+    pub fn plan(&self) -> &PrecisionPlan {
+        &self.plan
+    }
+
+    /// Sets the activation format of each product directly (measurements); `precision()`
+    /// keeps its last value. The plan must have one row per layer.
+    pub fn set_plan(&mut self, plan: PrecisionPlan) -> Result<()> {
+        if plan.layers.len() != self.cfg.n_layer {
+            return Err(Error::Other(format!(
+                "set_plan: {} layer rows for a model of {} layers",
+                plan.layers.len(),
+                self.cfg.n_layer
+            )));
+        }
+        self.plan = plan;
+        Ok(())
     }
 
     /// Instruction set the kernels use.
@@ -433,17 +546,13 @@ impl<'m> Session<'m> {
 }
 
 impl Model {
-    /// Activation formats for products over `ws`.
-    fn formats(&self, ws: &[&QMat<'_>]) -> Vec<ActFormat> {
-        let q8 = match self.precision {
-            Precision::Exact => return vec![ActFormat::F32],
-            Precision::Q8x2 => ActFormat::Q8x2,
-            Precision::Q8 => ActFormat::Q8,
-        };
+    /// Activation formats for products over `ws` taking `f` (f32 where a weight has no
+    /// integer kernel).
+    fn formats(&self, ws: &[&QMat<'_>], f: ActFormat) -> Vec<ActFormat> {
         ws.iter()
             .map(|w| match ActFormat::for_weight(w.ty) {
                 ActFormat::F32 => ActFormat::F32,
-                _ => q8,
+                _ => f,
             })
             .collect()
     }

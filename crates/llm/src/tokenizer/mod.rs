@@ -431,13 +431,27 @@ impl Tokenizer {
         add_special: bool,
         parse_special: bool,
     ) -> Result<Vec<u32>> {
+        self.encode_plain_ranges(text, add_special, parse_special, &[])
+    }
+
+    /// `encode_with` where control tokens are matched only outside the byte ranges `plain`
+    /// (a rendered chat prompt: the template's own markup parses, the messages' text stays
+    /// plain text even where it spells `<|im_end|>`). A control token that would start
+    /// before a plain range and end inside it is not matched either.
+    pub fn encode_plain_ranges(
+        &self,
+        text: &str,
+        add_special: bool,
+        parse_special: bool,
+        plain: &[std::ops::Range<usize>],
+    ) -> Result<Vec<u32>> {
         let mut out = Vec::with_capacity(text.len() / 3 + 2);
         if add_special && self.add_bos {
             out.extend(self.bos);
         }
         // SentencePiece puts a space before text at the start and after each special token.
         let mut prev_special = true;
-        for frag in self.partition(text, parse_special) {
+        for frag in self.partition(text, parse_special, plain) {
             match frag {
                 Frag::Token(id) => {
                     out.push(id);
@@ -492,13 +506,25 @@ impl Tokenizer {
     }
 
     /// Splits `text` into raw-text fragments and whole special tokens, leftmost-longest.
-    fn partition<'a>(&self, text: &'a str, parse_special: bool) -> Vec<Frag<'a>> {
+    fn partition<'a>(
+        &self,
+        text: &'a str,
+        parse_special: bool,
+        plain: &[std::ops::Range<usize>],
+    ) -> Vec<Frag<'a>> {
         let mut out = Vec::new();
         let bytes = text.as_bytes();
         let mut start = 0;
         let mut i = 0;
         while i < bytes.len() {
-            match self.specials.longest_at(&bytes[i..], parse_special) {
+            let ps = parse_special && !plain.iter().any(|r| r.contains(&i));
+            let mut found = self.specials.longest_at(&bytes[i..], ps);
+            if let Some((len, _)) = found {
+                if ps && plain.iter().any(|r| i < r.start && i + len > r.start) {
+                    found = self.specials.longest_at(&bytes[i..], false);
+                }
+            }
+            match found {
                 Some((len, id)) => {
                     if start < i {
                         out.push(Frag::Text(&text[start..i]));

@@ -4,7 +4,9 @@
 ///
 /// Contract: `push` returns the longest prefix of everything pushed so far (and not yet
 /// returned) that is complete UTF-8; an incomplete sequence at the end waits for more bytes.
-/// Bytes that can never become valid UTF-8 are returned as U+FFFD. `finish` returns the rest.
+/// Bytes that can never become valid UTF-8 are returned as U+FFFD. `finish` drops what is
+/// left: only ever the start of a char that generation cut off, which a reader must not see
+/// as U+FFFD.
 #[derive(Debug, Default)]
 pub struct StreamDecoder {
     pending: Vec<u8>,
@@ -54,11 +56,13 @@ impl StreamDecoder {
         &self.pending
     }
 
-    /// Returns what is left (an unfinished char becomes U+FFFD) and resets.
+    /// Ends the stream: the held-back start of an unfinished char is dropped (so a reply cut
+    /// by a token limit never ends in U+FFFD); returns the text still to show (always empty:
+    /// `push` hands out everything else at once) and resets.
     pub fn finish(&mut self) -> String {
-        let out = String::from_utf8_lossy(&self.pending).into_owned();
+        // `push` leaves only an incomplete sequence here, never a complete char.
         self.pending.clear();
-        out
+        String::new()
     }
 }
 
@@ -83,7 +87,11 @@ mod tests {
         let mut d = StreamDecoder::new();
         assert_eq!(d.push(&[b'x', 0xFF, b'y']), "x\u{FFFD}y");
         assert_eq!(d.push(&[0xE6, 0x97]), "");
-        assert_eq!(d.finish(), "\u{FFFD}");
+        // A char cut at the end of the stream is dropped, not shown as U+FFFD.
+        assert_eq!(d.finish(), "");
         assert_eq!(d.push(b"z"), "z");
+        assert_eq!(d.push(&[0xF0, 0x9F, 0xA6]), "");
+        assert_eq!(d.finish(), "");
+        assert!(d.pending().is_empty());
     }
 }

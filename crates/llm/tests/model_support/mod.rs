@@ -162,3 +162,68 @@ pub fn perplexity_exact_mode_matches_closely(r: &RealModel) {
         );
     }
 }
+
+/// Simple chat questions (capitals, arithmetic, definitions, short facts), one per line: the
+/// set behind the default precision (docs/benchmarks.md, "Default precision").
+pub fn chat_questions() -> Vec<String> {
+    std::fs::read_to_string(fixtures_dir().join("chat_questions.txt"))
+        .unwrap()
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(String::from)
+        .collect()
+}
+
+/// Greedy answer of up to `n` tokens, ending after an end-of-generation token.
+pub fn chat_answer(
+    model: &Model,
+    tok: &ferrite_llm::tokenizer::Tokenizer,
+    prompt: &[u32],
+    n: usize,
+) -> Vec<u32> {
+    let mut s = Session::new(model, prompt.len() + n).unwrap();
+    let mut g = greedy(&mut s, prompt, n).unwrap();
+    if let Some(e) = g.iter().position(|&t| tok.is_eog(t)) {
+        g.truncate(e + 1);
+    }
+    g
+}
+
+/// With the default precision, the greedy answer to every chat question equals the exact
+/// (f32) path's over its first 12 tokens.
+pub fn default_precision_keeps_chat_answers(r: &RealModel) {
+    use ferrite_llm::chat::{encode_prompt, ChatTemplate, Message};
+    let mut m = (r.load)();
+    let tok = ferrite_llm::tokenizer::Tokenizer::from_gguf(m.gguf()).unwrap();
+    let tmpl = ChatTemplate::from_gguf(m.gguf(), &tok).unwrap();
+    let default = m.precision();
+    if std::env::var_os("FERRITE_PRECISION").is_none() {
+        assert_eq!(default, Precision::Q8x2, "the default precision");
+    }
+    let prompts: Vec<Vec<u32>> = chat_questions()
+        .iter()
+        .map(|q| {
+            encode_prompt(
+                &tok,
+                &tmpl.render(&[Message::user(q.as_str())], true).unwrap(),
+            )
+            .unwrap()
+        })
+        .collect();
+    let answers: Vec<Vec<u32>> = prompts
+        .iter()
+        .map(|p| chat_answer(&m, &tok, p, 12))
+        .collect();
+    m.set_precision(Precision::Exact);
+    for ((q, p), got) in chat_questions().iter().zip(&prompts).zip(&answers) {
+        let want = chat_answer(&m, &tok, p, 12);
+        assert_eq!(
+            got,
+            &want,
+            "{}: {q:?}: {default} answers {:?}, exact {:?}",
+            r.label,
+            tok.decode(got),
+            tok.decode(&want)
+        );
+    }
+}

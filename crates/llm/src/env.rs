@@ -1,0 +1,94 @@
+//! The environment variables the LLM engine reads, each parsed and checked in one place.
+//! [`check`] validates all of them (the CLI calls it first, so a bad value is an error naming
+//! the variable, as a bad flag is); the readers below fall back to the default on a value
+//! `check` would refuse, so library users never see a panic from the environment.
+
+use crate::error::{Error, Result};
+
+/// Largest `FERRITE_THREADS` (as `--threads`).
+pub const MAX_THREADS: usize = 1024;
+
+/// Every variable, what it takes, for `check` and the docs.
+pub const VARIABLES: &[(&str, &str)] = &[
+    ("FERRITE_THREADS", "worker threads, 1 to 1024"),
+    ("FERRITE_PRECISION", "q8x2, q8 or exact"),
+    ("FERRITE_ISA", "scalar, avx2 or vnni (caps the CPU kernels)"),
+    (
+        "FERRITE_GPU_MV_UPT",
+        "units per thread of the GPU products, 1 to 64",
+    ),
+    ("FERRITE_GPU_EAGER", "0 or 1"),
+    ("FERRITE_GPU_PREFILL", "0 or 1"),
+    ("FERRITE_GPU_PREFILL_BF16", "0 or 1"),
+    ("FERRITE_GPU_SPLIT", "0 or 1"),
+    ("FERRITE_GPU_PDL", "0 or 1"),
+];
+
+/// The variable's value; None when unset. Not UTF-8 is an error.
+fn raw(name: &str) -> Result<Option<String>> {
+    match std::env::var(name) {
+        Ok(v) => Ok(Some(v)),
+        Err(std::env::VarError::NotPresent) => Ok(None),
+        Err(std::env::VarError::NotUnicode(_)) => {
+            Err(Error::Other(format!("{name} is not valid UTF-8")))
+        }
+    }
+}
+
+fn bad(name: &str, v: &str, want: &str) -> Error {
+    Error::Other(format!("{name}={v:?}: expected {want}"))
+}
+
+/// An integer variable in `lo..=hi`; None when unset.
+pub fn int(name: &str, lo: usize, hi: usize) -> Result<Option<usize>> {
+    let Some(v) = raw(name)? else { return Ok(None) };
+    match v.trim().parse::<usize>() {
+        Ok(n) if (lo..=hi).contains(&n) => Ok(Some(n)),
+        _ => Err(bad(name, &v, &format!("an integer from {lo} to {hi}"))),
+    }
+}
+
+/// A switch: 0/1, false/true, no/yes, off/on (any case); None when unset.
+pub fn flag(name: &str) -> Result<Option<bool>> {
+    let Some(v) = raw(name)? else { return Ok(None) };
+    match v.trim().to_ascii_lowercase().as_str() {
+        "1" | "true" | "yes" | "on" => Ok(Some(true)),
+        "0" | "false" | "no" | "off" => Ok(Some(false)),
+        _ => Err(bad(name, &v, "0 or 1")),
+    }
+}
+
+/// A switch read by the engine: its value, or `default` when unset or invalid.
+pub fn flag_or(name: &str, default: bool) -> bool {
+    flag(name).ok().flatten().unwrap_or(default)
+}
+
+/// `FERRITE_THREADS`, checked.
+pub fn threads() -> Result<Option<usize>> {
+    int("FERRITE_THREADS", 1, MAX_THREADS)
+}
+
+/// `FERRITE_ISA`, checked: the instruction-set cap by name.
+pub fn isa() -> Result<Option<&'static str>> {
+    let Some(v) = raw("FERRITE_ISA")? else {
+        return Ok(None);
+    };
+    match v.trim() {
+        "scalar" => Ok(Some("scalar")),
+        "avx2" => Ok(Some("avx2")),
+        "vnni" => Ok(Some("vnni")),
+        _ => Err(bad("FERRITE_ISA", &v, "scalar, avx2 or vnni")),
+    }
+}
+
+/// Checks every variable of [`VARIABLES`]; the first bad one is the error.
+pub fn check() -> Result<()> {
+    threads()?;
+    crate::Model::default_precision()?;
+    isa()?;
+    int("FERRITE_GPU_MV_UPT", 1, 64)?;
+    for (name, _) in VARIABLES.iter().filter(|(_, w)| *w == "0 or 1") {
+        flag(name)?;
+    }
+    Ok(())
+}
