@@ -1,0 +1,9 @@
+//! Training: learning-rate schedulers with PyTorch's semantics (`lr_scheduler`). Optimizers,
+//! mixed precision, data loading, metrics and the Trainer (DESIGN.md "Training") build on this
+//! crate.
+
+pub mod error;
+pub mod lr_scheduler;
+
+pub use error::{Error, Result};
+pub use lr_scheduler::{LrGroups, LrScheduler, ParamGroups, Plateau, ReduceLROnPlateau, Schedule};
