@@ -10,6 +10,13 @@ pub enum Error {
     /// not allow (stepping OneCycleLR past its total steps).
     #[error("{what}: {msg}")]
     State { what: &'static str, msg: String },
+    /// Data that cannot be read or used: names the file (and line or byte offset) or the
+    /// dataset and what was wrong.
+    #[error("{what}: {msg}")]
+    Data { what: &'static str, msg: String },
+    /// An error from a tensor op (uploading a batch, computing a metric).
+    #[error(transparent)]
+    Tensor(#[from] ferrite_core::Error),
 }
 
 pub type Result<T> = std::result::Result<T, Error>;
@@ -17,6 +24,13 @@ pub type Result<T> = std::result::Result<T, Error>;
 impl Error {
     pub fn config(what: &'static str, msg: impl Into<String>) -> Error {
         Error::Config {
+            what,
+            msg: msg.into(),
+        }
+    }
+
+    pub fn data(what: &'static str, msg: impl Into<String>) -> Error {
+        Error::Data {
             what,
             msg: msg.into(),
         }

@@ -2,8 +2,10 @@
 //! mixed precision, data loading, metrics and the Trainer (DESIGN.md "Training") build on this
 //! crate.
 
+pub mod data;
 pub mod error;
 pub mod lr_scheduler;
+pub mod metrics;
 
 pub use error::{Error, Result};
 pub use lr_scheduler::{LrGroups, LrScheduler, ParamGroups, Plateau, ReduceLROnPlateau, Schedule};
