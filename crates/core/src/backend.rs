@@ -20,8 +20,10 @@ impl std::fmt::Display for DeviceKind {
     }
 }
 
-/// A buffer owned by a backend. Immutable once an op has produced it, so tensors share it
-/// freely; the backend downcasts through `as_any`.
+/// A buffer owned by a backend. Ops never modify their inputs, so tensors share storages
+/// freely; the one exception is `Backend::write_into` (`Tensor::copy_`), the in-place write
+/// behind parameters and buffers that must keep their address for life. The backend downcasts
+/// through `as_any`.
 pub trait Storage: Any + Send + Sync {
     fn dtype(&self) -> DType;
     /// Number of elements.
@@ -49,6 +51,15 @@ pub trait Backend: Send + Sync + 'static {
         inputs: &[&Tensor],
         outs: &[(Shape, DType)],
     ) -> Result<Vec<Arc<dyn Storage>>>;
+    /// Writes `src`'s elements (any layout) into `dst`'s existing buffer, in place: `dst`'s
+    /// storage keeps its address. Validated by `Tensor::copy_`: both on this device, equal
+    /// shapes and dtypes, `dst` contiguous, and the two never share a storage.
+    ///
+    /// Ordering contract: the write happens after every op already enqueued that reads
+    /// `dst` (CPU: ops run to completion and a write waits for readers on other threads;
+    /// CUDA: the copy is ordered on the compute stream) and before every later op or host
+    /// read of `dst`. Tensors that view `dst`'s storage see the new values.
+    fn write_into(&self, dst: &Tensor, src: &Tensor) -> Result<()>;
 }
 
 /// A handle to a backend; cheap to clone. Two handles are the same device when their kinds are

@@ -40,9 +40,24 @@ pub enum Error {
     },
     #[error("{op}: {msg}")]
     Backend { op: &'static str, msg: String },
+    /// An error in a layer (`ferrite-nn`): `path` is its dotted place in the model (empty at
+    /// the root), `module` its type: `features.3 (Conv2d): expected 64 input channels, ...`.
+    #[error("{}", module_message(path, module, msg))]
+    Module {
+        path: String,
+        module: &'static str,
+        msg: String,
+    },
 }
 
 pub type Result<T> = std::result::Result<T, Error>;
+
+fn module_message(path: &str, module: &str, msg: &str) -> String {
+    match path.is_empty() {
+        true => format!("{module}: {msg}"),
+        false => format!("{path} ({module}): {msg}"),
+    }
+}
 
 impl Error {
     pub fn shape(op: &'static str, msg: impl Into<String>) -> Error {
@@ -56,6 +71,15 @@ impl Error {
         Error::DType {
             op,
             found,
+            msg: msg.into(),
+        }
+    }
+
+    /// An error of a layer of type `module` at the model's root (containers prefix the path).
+    pub fn module(module: &'static str, msg: impl Into<String>) -> Error {
+        Error::Module {
+            path: String::new(),
+            module,
             msg: msg.into(),
         }
     }

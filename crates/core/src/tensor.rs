@@ -494,6 +494,62 @@ impl Tensor {
         ))
     }
 
+    /// A contiguous copy in a new buffer of its own (PyTorch's `clone()`); recorded for
+    /// autodiff like any op.
+    pub fn copy(&self) -> Result<Tensor> {
+        self.run1(Op::Copy, &[self], self.shape().clone(), self.dtype())
+    }
+
+    /// Writes `src` into this tensor's buffer in place (PyTorch's `copy_`): the storage keeps
+    /// its address, so CUDA graphs that captured it stay valid, and every tensor viewing it
+    /// sees the new values. `src` broadcasts to this shape and is cast to this dtype; this
+    /// tensor must be contiguous. Not recorded for autodiff (a write, not an op); a graph that
+    /// saved this storage for its backward reads the new values.
+    pub fn copy_(&self, src: &Tensor) -> Result<()> {
+        let op = "copy_";
+        Tensor::check_same_device(op, &[self, src])?;
+        if !self.is_contiguous() {
+            return Err(Error::shape(
+                op,
+                format!(
+                    "destination {} must be contiguous (strides {:?})",
+                    self.shape(),
+                    self.layout().strides()
+                ),
+            ));
+        }
+        let src = graph::no_grad(|| -> Result<Tensor> {
+            let mut s = src.detach();
+            if s.shape() != self.shape() {
+                s = s.broadcast_to(self.shape().clone()).map_err(|_| {
+                    Error::shape(
+                        op,
+                        format!(
+                            "source {} does not broadcast to destination {}",
+                            src.shape(),
+                            self.shape()
+                        ),
+                    )
+                })?;
+            }
+            if s.dtype() != self.dtype() {
+                s = s.cast(self.dtype())?;
+            }
+            if s.shares_storage(self) {
+                if s.layout() == self.layout() {
+                    return Ok(s);
+                }
+                // Overlapping read and write: read through a copy.
+                s = s.run1(Op::Copy, &[&s], s.shape().clone(), s.dtype())?;
+            }
+            Ok(s)
+        })?;
+        if src.shares_storage(self) || self.elem_count() == 0 {
+            return Ok(());
+        }
+        self.device().backend().write_into(self, &src)
+    }
+
     /// The same tensor, contiguous; copies only when the layout is not already contiguous.
     pub fn contiguous(&self) -> Result<Tensor> {
         if self.is_contiguous()

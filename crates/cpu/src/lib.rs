@@ -42,8 +42,50 @@ impl Backend for CpuBackend {
     }
 
     fn to_host(&self, storage: &dyn Storage, layout: &Layout) -> Result<HostBuffer> {
+        let s = storage
+            .as_any()
+            .downcast_ref::<CpuStorage>()
+            .ok_or_else(|| Error::backend("to_host", "storage is not on the CPU"))?;
+        let _g = s.read();
         let buf = storage::host(storage, "to_host")?;
         Ok(elementwise::materialize(buf, layout))
+    }
+
+    fn write_into(&self, dst: &Tensor, src: &Tensor) -> Result<()> {
+        let op = "copy_";
+        let d = dst
+            .storage()
+            .as_any()
+            .downcast_ref::<CpuStorage>()
+            .ok_or_else(|| Error::backend(op, "destination is not on the CPU"))?;
+        if dst.shares_storage(src) || !dst.is_contiguous() || dst.dtype() != src.dtype() {
+            return Err(Error::backend(
+                op,
+                "source and destination must be distinct storages of one dtype, destination contiguous",
+            ));
+        }
+        let data = {
+            let _g = storage::guards(&[src]);
+            elementwise::materialize(storage::host(src.storage(), op)?, src.layout())
+        };
+        let (off, n) = (dst.layout().offset(), dst.elem_count());
+        if off + n > d.len() || data.len() != n {
+            return Err(Error::backend(op, "destination range outside its storage"));
+        }
+        d.write(|buf| {
+            macro_rules! put {
+                ($($v:ident),*) => {
+                    match (buf, &data) {
+                        $((HostBuffer::$v(b), HostBuffer::$v(x)) => {
+                            b[off..off + n].copy_from_slice(x);
+                            Ok(())
+                        })*
+                        _ => Err(Error::backend(op, "dtypes differ")),
+                    }
+                };
+            }
+            put!(F32, F64, F16, BF16, I32, I64, U32, U8, Bool)
+        })
     }
 
     fn exec(
@@ -53,6 +95,8 @@ impl Backend for CpuBackend {
         outs: &[(Shape, DType)],
     ) -> Result<Vec<Arc<dyn Storage>>> {
         let name = op.name();
+        // Inputs are read under their storages' guards (in-place writes wait for them).
+        let _guards = storage::guards(inputs);
         let out = |i: usize| {
             outs.get(i)
                 .ok_or_else(|| Error::backend(name, "missing output spec"))

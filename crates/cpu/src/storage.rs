@@ -3,11 +3,29 @@
 use ferrite_core::{DType, Error, HostBuffer, Result, Storage, Tensor, WithDType};
 use std::any::Any;
 use std::borrow::Cow;
+use std::cell::UnsafeCell;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// A host buffer owned by a tensor storage. Construct with `CpuStorage::new` so that
 /// `bytes_in_use` counts it.
-pub struct CpuStorage(HostBuffer);
+///
+/// The buffer changes only through `CpuBackend::write_into` (in-place parameter writes). Every
+/// read of it (an op's inputs in `exec`, `to_host`) happens while a `ReadGuard` on the storage
+/// is held, and a write takes the storage exclusively, so no read overlaps a write.
+pub struct CpuStorage {
+    buf: UnsafeCell<HostBuffer>,
+    /// The buffer's dtype and length, fixed for life (writes replace elements only).
+    dtype: DType,
+    len: usize,
+    /// Readers holding the storage; `WRITING` while a write runs.
+    readers: AtomicUsize,
+}
+
+const WRITING: usize = usize::MAX;
+
+// SAFETY: `buf` is only mutated under the exclusive state of `readers` (see `write`), and
+// only read while a `ReadGuard` holds it.
+unsafe impl Sync for CpuStorage {}
 
 static IN_USE: AtomicUsize = AtomicUsize::new(0);
 
@@ -18,11 +36,89 @@ fn bytes(b: &HostBuffer) -> usize {
 impl CpuStorage {
     pub fn new(b: HostBuffer) -> CpuStorage {
         IN_USE.fetch_add(bytes(&b), Ordering::Relaxed);
-        CpuStorage(b)
+        CpuStorage {
+            dtype: b.dtype(),
+            len: b.len(),
+            buf: UnsafeCell::new(b),
+            readers: AtomicUsize::new(0),
+        }
     }
 
-    pub fn buffer(&self) -> &HostBuffer {
-        &self.0
+    /// Address of element 0 (stable for the storage's life: in-place writes reuse it).
+    pub fn as_ptr(&self) -> usize {
+        let _g = self.read();
+        // SAFETY: read under a guard.
+        host_ptr(unsafe { &*self.buf.get() })
+    }
+
+    /// Holds the storage for reading until the guard drops; waits while a write runs.
+    /// Readers never wait for each other (nested reads on one thread cannot deadlock).
+    pub(crate) fn read(&self) -> ReadGuard<'_> {
+        let mut n = self.readers.load(Ordering::Acquire);
+        loop {
+            if n == WRITING {
+                std::thread::yield_now();
+                n = self.readers.load(Ordering::Acquire);
+                continue;
+            }
+            match self
+                .readers
+                .compare_exchange_weak(n, n + 1, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => return ReadGuard(self),
+                Err(m) => n = m,
+            }
+        }
+    }
+
+    /// Runs `f` on the buffer with exclusive access (waits for current readers).
+    pub(crate) fn write<R>(&self, f: impl FnOnce(&mut HostBuffer) -> R) -> R {
+        while self
+            .readers
+            .compare_exchange_weak(0, WRITING, Ordering::AcqRel, Ordering::Acquire)
+            .is_err()
+        {
+            std::thread::yield_now();
+        }
+        struct Release<'a>(&'a AtomicUsize);
+        impl Drop for Release<'_> {
+            fn drop(&mut self) {
+                self.0.store(0, Ordering::Release);
+            }
+        }
+        let _r = Release(&self.readers);
+        // SAFETY: the state is WRITING, so no reader or other writer holds the buffer.
+        f(unsafe { &mut *self.buf.get() })
+    }
+
+    /// The buffer without a guard: only for code running under a `ReadGuard` of this storage
+    /// (`exec`, `to_host`).
+    fn buffer_unguarded(&self) -> &HostBuffer {
+        // SAFETY: callers hold a ReadGuard (module contract), so no write runs.
+        unsafe { &*self.buf.get() }
+    }
+}
+
+fn host_ptr(b: &HostBuffer) -> usize {
+    match b {
+        HostBuffer::F32(v) => v.as_ptr() as usize,
+        HostBuffer::F64(v) => v.as_ptr() as usize,
+        HostBuffer::F16(v) => v.as_ptr() as usize,
+        HostBuffer::BF16(v) => v.as_ptr() as usize,
+        HostBuffer::I32(v) => v.as_ptr() as usize,
+        HostBuffer::I64(v) => v.as_ptr() as usize,
+        HostBuffer::U32(v) => v.as_ptr() as usize,
+        HostBuffer::U8(v) => v.as_ptr() as usize,
+        HostBuffer::Bool(v) => v.as_ptr() as usize,
+    }
+}
+
+/// A storage held for reading (see `CpuStorage::read`).
+pub(crate) struct ReadGuard<'a>(&'a CpuStorage);
+
+impl Drop for ReadGuard<'_> {
+    fn drop(&mut self) {
+        self.0.readers.fetch_sub(1, Ordering::Release);
     }
 }
 
@@ -33,27 +129,38 @@ pub fn bytes_in_use() -> usize {
 
 impl Drop for CpuStorage {
     fn drop(&mut self) {
-        IN_USE.fetch_sub(bytes(&self.0), Ordering::Relaxed);
-        crate::alloc::recycle(std::mem::replace(&mut self.0, HostBuffer::U8(Vec::new())));
+        let b = std::mem::replace(self.buf.get_mut(), HostBuffer::U8(Vec::new()));
+        IN_USE.fetch_sub(bytes(&b), Ordering::Relaxed);
+        crate::alloc::recycle(b);
     }
 }
 
 impl Storage for CpuStorage {
     fn dtype(&self) -> DType {
-        self.0.dtype()
+        self.dtype
     }
     fn len(&self) -> usize {
-        self.0.len()
+        self.len
     }
     fn as_any(&self) -> &dyn Any {
         self
     }
 }
 
+/// Read guards on the CPU storages of `tensors` (held while an op reads them).
+pub(crate) fn guards<'a>(tensors: &[&'a Tensor]) -> Vec<ReadGuard<'a>> {
+    tensors
+        .iter()
+        .filter_map(|t| t.storage().as_any().downcast_ref::<CpuStorage>())
+        .map(|s| s.read())
+        .collect()
+}
+
+/// The buffer of a storage; callers run under a guard of it (`guards`, `CpuStorage::read`).
 pub(crate) fn host<'a>(s: &'a dyn Storage, op: &'static str) -> Result<&'a HostBuffer> {
     s.as_any()
         .downcast_ref::<CpuStorage>()
-        .map(|c| &c.0)
+        .map(|c| c.buffer_unguarded())
         .ok_or_else(|| Error::backend(op, "input is not on the CPU"))
 }
 

@@ -414,7 +414,11 @@ impl CudaBackend {
         }
         let s = self.input(dst, op)?;
         let ptr = Self::ptr(dst, s);
-        self.copy_in(host_bytes(data), ptr, &self.compute)?;
+        let ev = self.copy_in(host_bytes(data), ptr, &self.compute)?;
+        // Host reads of `dst` wait for this write, not only for its producer.
+        if !self.capturing.load(Ordering::Acquire) {
+            s.rewritten(Some(Arc::new(ev)));
+        }
         Ok(())
     }
 

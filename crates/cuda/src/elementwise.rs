@@ -213,9 +213,23 @@ pub(crate) fn copy_into(
     layout: &Layout,
     op: &'static str,
 ) -> Result<Out> {
+    let n = layout.shape().elem_count();
+    let out = dev.alloc_out(n, s.dtype(), op)?;
+    copy_to(dev, s, layout, out.ptr(), op)?;
+    Ok(out)
+}
+
+/// Enqueues a copy of the elements `layout` selects from `s` into the contiguous range at
+/// `dst` (which must hold them, in a live block of `s`'s dtype), on the compute stream.
+pub(crate) fn copy_to(
+    dev: &CudaBackend,
+    s: &CudaStorage,
+    layout: &Layout,
+    dst: u64,
+    op: &'static str,
+) -> Result<()> {
     let dt = s.dtype();
     let n = layout.shape().elem_count();
-    let out = dev.alloc_out(n, dt, op)?;
     if n > 0 {
         let ix = Idx::new(op, layout.dims(), &[(layout.strides(), layout.offset())])?;
         if ix.contiguous(1) {
@@ -223,12 +237,12 @@ pub(crate) fn copy_into(
             let src = s.device_ptr() + (layout.offset() * dt.size_in_bytes()) as u64;
             // SAFETY: both ranges lie in live device blocks; ordered on the compute stream.
             unsafe {
-                cudarc::driver::sys::cuMemcpyDtoDAsync_v2(out.ptr(), src, bytes, dev.compute.0)
+                cudarc::driver::sys::cuMemcpyDtoDAsync_v2(dst, src, bytes, dev.compute.0)
                     .result()
                     .map_err(|e| crate::driver::drv(op, e))?;
             }
         } else {
-            let args = Args::new().arg(ix).arg(s.device_ptr()).arg(out.ptr());
+            let args = Args::new().arg(ix).arg(s.device_ptr()).arg(dst);
             let cfg = grid(dev, n as u64, 1);
             dev.launch(
                 op,
@@ -239,7 +253,32 @@ pub(crate) fn copy_into(
             )?;
         }
     }
-    Ok(out)
+    Ok(())
+}
+
+/// `CudaBackend::write_into`: `src` copied into `dst`'s block in place (see
+/// `Backend::write_into`); host reads of `dst` then wait for this copy.
+pub(crate) fn write_into(dev: &CudaBackend, dst: &Tensor, src: &Tensor) -> Result<()> {
+    let op = "copy_";
+    let d = dev.input(dst, op)?;
+    let s = dev.input(src, op)?;
+    if dst.shares_storage(src) || !dst.is_contiguous() || dst.dtype() != src.dtype() {
+        return Err(Error::backend(
+            op,
+            "source and destination must be distinct storages of one dtype, destination contiguous",
+        ));
+    }
+    if dst.layout().offset() + dst.elem_count() > d.len() || src.elem_count() != dst.elem_count() {
+        return Err(Error::backend(op, "destination range outside its storage"));
+    }
+    copy_to(dev, s, src.layout(), CudaBackend::ptr(dst, d), op)?;
+    let ready = if dev.capturing.load(std::sync::atomic::Ordering::Acquire) {
+        None
+    } else {
+        Some(dev.mark()?)
+    };
+    d.rewritten(ready);
+    Ok(())
 }
 
 /// `Op::Copy`: a contiguous copy of a tensor.

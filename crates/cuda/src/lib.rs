@@ -188,6 +188,11 @@ impl Backend for Handle {
         self.0.download(storage, layout)
     }
 
+    fn write_into(&self, dst: &Tensor, src: &Tensor) -> Result<()> {
+        self.0.bind()?;
+        elementwise::write_into(&self.0, dst, src)
+    }
+
     fn exec(
         &self,
         op: &Op,

@@ -7,15 +7,16 @@ use cudarc::driver::sys;
 use ferrite_core::{DType, Error, Result, Storage};
 use std::any::Any;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 pub struct CudaStorage {
     pub(crate) block: Arc<Block>,
     dtype: DType,
     len: usize,
-    /// Recorded right after the producing work. `None`: produced while a graph was captured;
-    /// valid after that graph's replay.
-    ready: Option<Arc<Event>>,
+    /// Recorded right after the latest work that wrote the block (its producer, or an
+    /// in-place `write_into`). `None`: written while a graph was captured; valid after that
+    /// graph's replay.
+    ready: Mutex<Option<Arc<Event>>>,
     /// Produced on the copy stream: the compute stream must wait on `ready` before reading it.
     on_copy_stream: AtomicBool,
     compute: sys::CUstream,
@@ -38,7 +39,7 @@ impl CudaStorage {
             block,
             dtype,
             len,
-            ready,
+            ready: Mutex::new(ready),
             on_copy_stream: AtomicBool::new(on_copy_stream),
             compute,
         }
@@ -53,7 +54,7 @@ impl CudaStorage {
     /// producers: stream order already holds).
     pub(crate) fn ready_for_compute(&self, dev: &CudaBackend) -> Result<()> {
         if self.on_copy_stream.load(Ordering::Acquire) {
-            if let Some(e) = &self.ready {
+            if let Some(e) = &self.ready() {
                 if dev.capturing.load(Ordering::Acquire) {
                     e.synchronize()?;
                 } else {
@@ -66,8 +67,19 @@ impl CudaStorage {
     }
 
     /// The event a host read must wait for.
+    fn ready(&self) -> Option<Arc<Event>> {
+        self.ready.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Marks the block as rewritten in place on the compute stream up to `ready` (`None`
+    /// inside a graph capture). The caller has ordered the compute stream after any copy-stream
+    /// producer (`ready_for_compute`).
+    pub(crate) fn rewritten(&self, ready: Option<Arc<Event>>) {
+        *self.ready.lock().unwrap_or_else(|p| p.into_inner()) = ready;
+    }
+
     pub(crate) fn ready_point(&self, dev: &CudaBackend) -> Result<Option<Arc<Event>>> {
-        match &self.ready {
+        match &self.ready() {
             Some(e) => Ok(Some(e.clone())),
             None => match dev
                 .last_replay
@@ -90,7 +102,7 @@ impl Drop for CudaStorage {
         // A block last written on the copy stream: order the compute stream after that copy
         // before the block returns to the (compute-stream ordered) cache.
         if self.on_copy_stream.load(Ordering::Acquire) {
-            if let Some(e) = &self.ready {
+            if let Some(e) = &self.ready() {
                 // SAFETY: both handles are alive (the device outlives its storages).
                 unsafe {
                     let _ = cudarc::driver::result::stream::wait_event(

@@ -28,6 +28,7 @@ fn gpu_tests() -> Vec<(&'static str, TestFn)> {
         ("out_of_memory_is_an_error_with_counters", out_of_memory),
         ("rng_matches_cpu", rng_matches_cpu),
         ("graph_capture_replay_and_input_update", graph_replay),
+        ("copy_writes_in_place_eager_and_in_a_graph", copy_in_place),
         ("device_side_index_error_names_the_op", device_index_error),
         (
             "launch_failure_and_compile_error_name_the_op",
@@ -322,6 +323,66 @@ fn graph_replay(d: &CudaDevice) {
         })
         .unwrap();
     println!("  replay of {} nodes: {:.3} ms", g.node_count(), ms / 10.0);
+}
+
+fn cuda_addr(t: &Tensor) -> u64 {
+    t.storage()
+        .as_any()
+        .downcast_ref::<ferrite_cuda::CudaStorage>()
+        .expect("a CUDA tensor")
+        .device_ptr()
+}
+
+/// `Tensor::copy_` keeps the buffer's address, host reads wait for the write (not only for
+/// the producer), views see it, and a write captured in a graph updates on every replay.
+fn copy_in_place(d: &CudaDevice) {
+    let dev = d.device();
+    let n = 1 << 20;
+    let p = Tensor::zeros([n], DType::F32, &dev).unwrap();
+    let before = cuda_addr(&p);
+    let view = p.narrow(0, n - 2, 2).unwrap();
+    for k in 1..4 {
+        let src = Tensor::full(k as f64, [n], DType::F32, &dev).unwrap();
+        p.copy_(&src).unwrap();
+        assert_eq!(cuda_addr(&p), before);
+        assert!(p.to_vec::<f32>().unwrap().iter().all(|&v| v == k as f32));
+        assert_eq!(view.to_vec::<f32>().unwrap(), [k as f32; 2]);
+    }
+    // Uploaded (copy-stream) source and destination, strided source, dtype cast.
+    let host: Vec<f32> = (0..6).map(|i| i as f32).collect();
+    let q = Tensor::from_vec(host.clone(), [2, 3], &dev).unwrap();
+    let qa = cuda_addr(&q);
+    let src = Tensor::from_vec(
+        host.iter().map(|&v| v as f64 * 2.0).collect::<Vec<f64>>(),
+        [3, 2],
+        &dev,
+    )
+    .unwrap()
+    .t()
+    .unwrap();
+    q.copy_(&src).unwrap();
+    assert_eq!(cuda_addr(&q), qa);
+    assert_eq!(q.to_vec::<f32>().unwrap(), [0., 4., 8., 2., 6., 10.]);
+    // An SGD-like update captured once and replayed: the parameter moves each replay.
+    let w = Tensor::full(1.0, [256], DType::F32, &dev).unwrap();
+    let wa = cuda_addr(&w);
+    let wc = w.clone();
+    let g = d
+        .capture(move || {
+            wc.copy_(&wc.mul_scalar(0.5)?)?;
+            Ok(vec![])
+        })
+        .unwrap();
+    for step in 1..=3 {
+        g.replay().unwrap();
+        let v = w.to_vec::<f32>().unwrap();
+        assert!(
+            v.iter().all(|&x| x == 0.5f32.powi(step)),
+            "step {step}: {}",
+            v[0]
+        );
+    }
+    assert_eq!(cuda_addr(&w), wa);
 }
 
 fn device_index_error(d: &CudaDevice) {

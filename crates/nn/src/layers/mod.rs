@@ -1,0 +1,3 @@
+//! Layers, one file per family.
+
+pub mod linear;
