@@ -16,6 +16,8 @@ if [ "$mode" = tests ] || [ "$mode" = all ]; then
   status=${PIPESTATUS[0]}
   .device/bin/llm-gpu-tests "$@" 2>&1 | tee "$out/llm-tests.log"
   [ "${PIPESTATUS[0]}" = 0 ] || status=1
+  .device/bin/train-gpu-tests "$@" 2>&1 | tee "$out/train-tests.log"
+  [ "${PIPESTATUS[0]}" = 0 ] || status=1
 fi
 if [ "$mode" = bench ] || [ "$mode" = all ]; then
   .device/bin/cuda-ops-bench 2>&1 | tee "$out/bench.log"
@@ -24,6 +26,6 @@ if [ "$mode" = bench ] || [ "$mode" = all ]; then
   python3 scripts/gpu/torch_mlp.py 2>&1 | tee -a "$out/torch.log"
 fi
 echo "== summary"
-grep -h "cuda tests:\|gpu tests:\|^failed:" "$out/tests.log" "$out/llm-tests.log" 2>/dev/null
+grep -h "cuda tests:\|gpu tests:\|^failed:" "$out/tests.log" "$out/llm-tests.log" "$out/train-tests.log" 2>/dev/null
 grep -h "^|" "$out/bench.log" "$out/torch.log" 2>/dev/null
 exit "$status"

@@ -6,6 +6,8 @@ pub mod data;
 pub mod error;
 pub mod lr_scheduler;
 pub mod metrics;
+pub mod optim;
 
 pub use error::{Error, Result};
 pub use lr_scheduler::{LrGroups, LrScheduler, ParamGroups, Plateau, ReduceLROnPlateau, Schedule};
+pub use optim::{Clip, Optimizer, ParamGroup, Rule};
