@@ -7,6 +7,7 @@ pub mod error;
 pub mod lr_scheduler;
 pub mod metrics;
 pub mod optim;
+pub mod trainer;
 
 pub use error::{Error, Result};
 pub use lr_scheduler::{LrGroups, LrScheduler, ParamGroups, Plateau, ReduceLROnPlateau, Schedule};

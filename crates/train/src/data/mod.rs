@@ -7,6 +7,7 @@
 //! staging on the copy stream, so the next batch crosses while the current step runs.
 
 mod csv;
+mod digits;
 mod idx;
 mod image;
 mod loader;
@@ -15,6 +16,7 @@ mod text;
 
 pub use self::csv::{CsvDataset, CsvOptions, CsvTarget};
 pub use self::image::{ImageFolder, Transform};
+pub use digits::MnistDigits;
 pub use idx::{IdxDataset, IdxFile};
 pub use loader::{Batch, DataLoader, DataLoaderConfig, EpochIter, LoaderState};
 pub use sampler::{epoch_order, Sampler};
