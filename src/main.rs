@@ -32,6 +32,8 @@ enum Command {
     Perplexity(cmd::perplexity::Args),
     /// Write a GGUF with random weights in a real model's shapes (for speed work).
     Synth(cmd::synth::Args),
+    /// Train a model from a recipe (mnist-mlp, csv); logs and checkpoints go to --out.
+    Train(cmd::train::Args),
 }
 
 /// llama.cpp's multi-letter short flags, which clap cannot declare, as their long forms.
@@ -59,6 +61,7 @@ fn main() -> std::process::ExitCode {
         Command::Bench(args) => cmd::bench::run(args),
         Command::Perplexity(args) => cmd::perplexity::run(args),
         Command::Synth(args) => cmd::synth::run(args),
+        Command::Train(args) => cmd::train::run(args),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -6,3 +6,4 @@ pub mod llm_args;
 pub mod perplexity;
 pub mod run;
 pub mod synth;
+pub mod train;

@@ -1,0 +1,119 @@
+//! The training layer on CUDA (harness = false: each test is reported skipped by name where
+//! there is no CUDA device; `scripts/gpu/run.sh` runs it on a machine with an NVIDIA GPU):
+//! optimizers against the PyTorch fixture, metrics and the data loader against the CPU.
+
+mod common;
+
+use ferrite_core::{DType, Device, Tensor};
+use ferrite_testing::runner::Runner;
+use ferrite_train::data::{DataLoader, DataLoaderConfig, Dataset, DrawContext, HostTensor};
+use ferrite_train::metrics::{Accuracy, AucRoc, Average, Classification, Metric, Score};
+use std::sync::Arc;
+
+fn optimizers_follow_pytorch(dev: &Device) {
+    let worst = common::check_all(dev);
+    println!("largest relative difference from PyTorch on CUDA: {worst:e}");
+}
+
+fn metrics_match_cpu(dev: &Device) {
+    let cpu = ferrite_cpu::cpu();
+    let n = 1000;
+    let c = 7;
+    let logits = Tensor::rand_normal([n, c], 0.0, 1.0, 3, DType::F32, &cpu).expect("logits");
+    let targets: Vec<i64> = (0..n).map(|i| ((i * 37 + 11) % c) as i64).collect();
+    let t = Tensor::from_vec(targets, [n], &cpu).expect("targets");
+    let mut on_cpu: Vec<Box<dyn Metric>> = vec![
+        Box::new(Accuracy::top_k(3)),
+        Box::new(Classification::new(Score::F1, Average::Macro, c)),
+        Box::new(Classification::new(Score::MeanIoU, Average::Weighted, c)),
+        Box::new(AucRoc::new()),
+    ];
+    let mut on_gpu: Vec<Box<dyn Metric>> = vec![
+        Box::new(Accuracy::top_k(3)),
+        Box::new(Classification::new(Score::F1, Average::Macro, c)),
+        Box::new(Classification::new(Score::MeanIoU, Average::Weighted, c)),
+        Box::new(AucRoc::new()),
+    ];
+    let probs = logits.softmax(-1).expect("softmax");
+    let (lg, tg, pg) = (
+        logits.to_device(dev).expect("up"),
+        t.to_device(dev).expect("up"),
+        probs.to_device(dev).expect("up"),
+    );
+    for (i, (a, b)) in on_cpu.iter_mut().zip(on_gpu.iter_mut()).enumerate() {
+        let (pc, pgpu) = if i == 3 {
+            (&probs, &pg)
+        } else {
+            (&logits, &lg)
+        };
+        a.update(pc, &t).expect("cpu update");
+        b.update(pgpu, &tg).expect("gpu update");
+        let (x, y) = (a.compute().expect("cpu"), b.compute().expect("gpu"));
+        assert!(
+            (x - y).abs() <= 1e-6 * x.abs().max(1.0),
+            "{}: cpu {x}, cuda {y}",
+            a.name()
+        );
+    }
+}
+
+struct Rows(usize);
+impl Dataset for Rows {
+    fn len(&self) -> usize {
+        self.0
+    }
+    fn get(&self, i: usize, _: DrawContext) -> ferrite_train::Result<Vec<HostTensor>> {
+        Ok(vec![HostTensor::new(
+            ferrite_core::HostBuffer::F32(vec![i as f32; 64]),
+            vec![64],
+        )?])
+    }
+}
+
+fn loader_uploads_in_order(dev: &Device) {
+    let mut cfg = DataLoaderConfig::new(32).shuffle(5);
+    cfg.num_workers = 4;
+    let mut l = DataLoader::new(Arc::new(Rows(1000)), cfg.clone()).expect("loader");
+    cfg.num_workers = 0;
+    let mut r = DataLoader::new(Arc::new(Rows(1000)), cfg).expect("loader");
+    let cpu = ferrite_cpu::cpu();
+    for (a, b) in l.iter(dev).zip(r.iter(&cpu)) {
+        let (a, b) = (a.expect("gpu batch"), b.expect("cpu batch"));
+        assert_eq!(
+            a.fields[0].to_vec::<f32>().expect("a"),
+            b.fields[0].to_vec::<f32>().expect("b")
+        );
+    }
+}
+
+type GpuTest = fn(&Device);
+
+fn main() {
+    let mut r = Runner::from_args();
+    let tests: [(&str, GpuTest); 3] = [
+        (
+            "optimizers_follow_pytorch_for_100_steps_on_cuda",
+            optimizers_follow_pytorch,
+        ),
+        ("metrics_on_cuda_match_cpu", metrics_match_cpu),
+        (
+            "loader_uploads_batches_in_order_on_cuda",
+            loader_uploads_in_order,
+        ),
+    ];
+    let dev = if ferrite_cuda::is_available() {
+        ferrite_cuda::cuda(0).ok()
+    } else {
+        None
+    };
+    for (name, f) in tests {
+        match &dev {
+            Some(d) => r.run(name, || {
+                f(d);
+                None
+            }),
+            None => r.skip(name, "no CUDA device"),
+        }
+    }
+    r.finish("train gpu tests");
+}
