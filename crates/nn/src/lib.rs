@@ -21,13 +21,6 @@ mod state_dict;
 mod summary;
 
 pub use container::{ModuleDict, ModuleList, Sequential};
-pub use layers::conv::{Conv1d, Conv2d, ConvTranspose2d};
-pub use layers::norm2d::{
-    BatchNorm, BatchNorm1d, BatchNorm2d, Dropout2d, GroupNorm, InstanceNorm2d,
-};
-pub use layers::pool::{
-    AdaptiveAvgPool2d, AdaptiveMaxPool2d, AvgPool1d, AvgPool2d, MaxPool1d, MaxPool2d,
-};
 pub use layers::activation::{
     Hardsigmoid, Hardswish, Identity, LeakyReLU, LogSoftmax, Mish, ReLU, SiLU, Sigmoid, Softmax,
     Softplus, Softsign, Swish, Tanh, ELU, GELU,
@@ -36,10 +29,17 @@ pub use layers::attention::{
     DecoderConfig, EncoderConfig, MultiheadAttention, TransformerDecoderLayer,
     TransformerEncoderLayer,
 };
+pub use layers::conv::{Conv1d, Conv2d, ConvTranspose2d};
 pub use layers::dropout::{dropout, Dropout};
 pub use layers::embedding::Embedding;
 pub use layers::linear::{linear, Bilinear, Linear};
 pub use layers::norm::{LayerNorm, RMSNorm};
+pub use layers::norm2d::{
+    BatchNorm, BatchNorm1d, BatchNorm2d, Dropout2d, GroupNorm, InstanceNorm2d,
+};
+pub use layers::pool::{
+    AdaptiveAvgPool2d, AdaptiveMaxPool2d, AvgPool1d, AvgPool2d, MaxPool1d, MaxPool2d,
+};
 pub use layers::reshape::{Flatten, Unflatten};
 pub use layers::rnn::{Recurrent, RnnConfig, RnnMode, GRU, LSTM, RNN};
 

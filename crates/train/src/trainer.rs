@@ -124,11 +124,28 @@ pub struct EarlyStopping {
 }
 
 impl EarlyStopping {
-    pub fn new(monitor: &str, mode: Mode, patience: usize, min_delta: f64, restore_best: bool) -> Result<EarlyStopping> {
+    pub fn new(
+        monitor: &str,
+        mode: Mode,
+        patience: usize,
+        min_delta: f64,
+        restore_best: bool,
+    ) -> Result<EarlyStopping> {
         if !(min_delta.is_finite() && min_delta >= 0.0) {
-            return Err(Error::config("EarlyStopping", format!("min_delta must be finite and >= 0, got {min_delta}")));
+            return Err(Error::config(
+                "EarlyStopping",
+                format!("min_delta must be finite and >= 0, got {min_delta}"),
+            ));
         }
-        Ok(EarlyStopping { monitor: monitor.into(), mode, patience, min_delta, restore_best, best: None, wait: 0 })
+        Ok(EarlyStopping {
+            monitor: monitor.into(),
+            mode,
+            patience,
+            min_delta,
+            restore_best,
+            best: None,
+            wait: 0,
+        })
     }
 }
 
@@ -147,7 +164,11 @@ impl Callback for EarlyStopping {
         if better {
             self.best = Some(v);
             self.wait = 0;
-            return Ok(if self.restore_best { vec![Action::KeepWeights] } else { vec![] });
+            return Ok(if self.restore_best {
+                vec![Action::KeepWeights]
+            } else {
+                vec![]
+            });
         }
         self.wait += 1;
         if self.wait >= self.patience {
@@ -182,7 +203,13 @@ pub struct ModelCheckpoint {
 
 impl ModelCheckpoint {
     pub fn new(monitor: &str, mode: Mode, top_k: usize, save_last: bool) -> ModelCheckpoint {
-        ModelCheckpoint { monitor: monitor.into(), mode, top_k, save_last, kept: Vec::new() }
+        ModelCheckpoint {
+            monitor: monitor.into(),
+            mode,
+            top_k,
+            save_last,
+            kept: Vec::new(),
+        }
     }
 
     /// Checkpoints kept, best first.
@@ -207,7 +234,12 @@ impl Callback for ModelCheckpoint {
                 Mode::Min => a.0.total_cmp(&b.0),
                 Mode::Max => b.0.total_cmp(&a.0),
             });
-            if self.kept.iter().position(|(_, n)| *n == name).is_some_and(|i| i < self.top_k) {
+            if self
+                .kept
+                .iter()
+                .position(|(_, n)| *n == name)
+                .is_some_and(|i| i < self.top_k)
+            {
                 actions.push(Action::Save(name));
             }
             while self.kept.len() > self.top_k {
@@ -306,10 +338,22 @@ pub struct Trainer {
 fn summary(model: &(dyn Module + 'static)) -> String {
     let params = model.named_parameters();
     let total: usize = params.iter().map(|(_, p)| p.elem_count()).sum();
-    let trainable: usize = params.iter().filter(|(_, p)| p.requires_grad()).map(|(_, p)| p.elem_count()).sum();
-    let mut s = format!("{}: {} parameter tensors\n", model.type_name(), params.len());
+    let trainable: usize = params
+        .iter()
+        .filter(|(_, p)| p.requires_grad())
+        .map(|(_, p)| p.elem_count())
+        .sum();
+    let mut s = format!(
+        "{}: {} parameter tensors\n",
+        model.type_name(),
+        params.len()
+    );
     for (name, p) in &params {
-        s.push_str(&format!("  {name:<40} {:<18} {:>12}\n", format!("{:?}", p.dims()), p.elem_count()));
+        s.push_str(&format!(
+            "  {name:<40} {:<18} {:>12}\n",
+            format!("{:?}", p.dims()),
+            p.elem_count()
+        ));
     }
     s.push_str(&format!("  trainable parameters: {trainable} of {total}\n"));
     s
@@ -324,9 +368,21 @@ fn fmt_logs(logs: &Logs) -> String {
 }
 
 impl Trainer {
-    pub fn new(model: Box<dyn Module>, optimizer: Optimizer, loss: LossFn, device: &Device, cfg: TrainerConfig) -> Result<Trainer> {
+    pub fn new(
+        model: Box<dyn Module>,
+        optimizer: Optimizer,
+        loss: LossFn,
+        device: &Device,
+        cfg: TrainerConfig,
+    ) -> Result<Trainer> {
         if cfg.log_every == 0 || cfg.grad_accum == 0 {
-            return Err(Error::config("Trainer", format!("log_every and grad_accum must be at least 1, got {} and {}", cfg.log_every, cfg.grad_accum)));
+            return Err(Error::config(
+                "Trainer",
+                format!(
+                    "log_every and grad_accum must be at least 1, got {} and {}",
+                    cfg.log_every, cfg.grad_accum
+                ),
+            ));
         }
         Ok(Trainer {
             model,
@@ -357,20 +413,29 @@ impl Trainer {
     }
 
     fn log_line(&self, record: Value) -> Result<()> {
-        let Some(dir) = &self.cfg.out_dir else { return Ok(()) };
+        let Some(dir) = &self.cfg.out_dir else {
+            return Ok(());
+        };
         let path = dir.join("log.jsonl");
         let mut f = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(&path)
             .map_err(|e| Error::data("Trainer", format!("cannot write {}: {e}", path.display())))?;
-        writeln!(f, "{record}").map_err(|e| Error::data("Trainer", format!("cannot write {}: {e}", path.display())))
+        writeln!(f, "{record}")
+            .map_err(|e| Error::data("Trainer", format!("cannot write {}: {e}", path.display())))
     }
 
     /// Trains for the configured epochs (or steps), validating after each epoch.
-    pub fn fit(&mut self, train: &mut DataLoader, mut val: Option<&mut DataLoader>) -> Result<FitOutcome> {
+    pub fn fit(
+        &mut self,
+        train: &mut DataLoader,
+        mut val: Option<&mut DataLoader>,
+    ) -> Result<FitOutcome> {
         if let Some(dir) = &self.cfg.out_dir {
-            std::fs::create_dir_all(dir).map_err(|e| Error::data("Trainer", format!("cannot create {}: {e}", dir.display())))?;
+            std::fs::create_dir_all(dir).map_err(|e| {
+                Error::data("Trainer", format!("cannot create {}: {e}", dir.display()))
+            })?;
         }
         if let Some(s) = self.resume_loader.take() {
             train.load_state(s)?;
@@ -385,7 +450,8 @@ impl Trainer {
             }
             let epoch = self.epoch;
             self.model.train();
-            let mut train_metrics: Vec<Box<dyn Metric>> = self.metrics.iter().map(|f| f()).collect();
+            let mut train_metrics: Vec<Box<dyn Metric>> =
+                self.metrics.iter().map(|f| f()).collect();
             let batches = train.len();
             let bar = self.progress_bar(batches, epoch);
             let started = Instant::now();
@@ -410,19 +476,23 @@ impl Trainer {
                     Some(s) => s.add(&loss)?,
                     None => loss.clone(),
                 });
-                if micro % self.cfg.grad_accum == 0 {
+                if micro.is_multiple_of(self.cfg.grad_accum) {
                     self.optimizer_step()?;
-                    if self.step % self.cfg.log_every == 0 {
+                    if self.step.is_multiple_of(self.cfg.log_every) {
                         let l = loss.to_vec_f64()?[0];
                         self.check_loss(l)?;
                         self.step_losses.push((self.step, l));
                         let dt = last_log.0.elapsed().as_secs_f64().max(1e-9);
                         let rate = (samples - last_log.1) as f64 / dt;
                         last_log = (Instant::now(), samples);
-                        let wait = it.data_wait().as_secs_f64() / started.elapsed().as_secs_f64().max(1e-9);
+                        let wait = it.data_wait().as_secs_f64()
+                            / started.elapsed().as_secs_f64().max(1e-9);
                         self.log_line(json!({"kind": "step", "epoch": epoch, "step": self.step, "loss": l, "lr": self.optimizer.lr(0), "samples_per_s": rate, "data_wait": wait}))?;
                         if let Some(b) = &bar {
-                            b.set_message(format!("loss {l:.4} | {rate:.0} samples/s | data wait {:.0}%", wait * 100.0));
+                            b.set_message(format!(
+                                "loss {l:.4} | {rate:.0} samples/s | data wait {:.0}%",
+                                wait * 100.0
+                            ));
                         }
                     }
                     if STOP.load(Ordering::SeqCst) {
@@ -473,7 +543,13 @@ impl Trainer {
             self.epoch += 1;
             self.after_epoch(&logs)?;
             if self.cfg.progress {
-                eprintln!("epoch {}/{} - {:.1}s - {}", self.epoch, self.cfg.epochs, secs, fmt_logs(&logs));
+                eprintln!(
+                    "epoch {}/{} - {:.1}s - {}",
+                    self.epoch,
+                    self.cfg.epochs,
+                    secs,
+                    fmt_logs(&logs)
+                );
             }
             let mut record = json!({"kind": "epoch", "epoch": epoch, "step": self.step});
             for (k, v) in &logs {
@@ -525,8 +601,10 @@ impl Trainer {
             return None;
         }
         let b = indicatif::ProgressBar::new(len as u64);
-        let style = indicatif::ProgressStyle::with_template("epoch {prefix} [{bar:30}] {pos}/{len} {msg} (eta {eta})")
-            .map(|s| s.progress_chars("=> "));
+        let style = indicatif::ProgressStyle::with_template(
+            "epoch {prefix} [{bar:30}] {pos}/{len} {msg} (eta {eta})",
+        )
+        .map(|s| s.progress_chars("=> "));
         if let Ok(s) = style {
             b.set_style(s);
         }
@@ -535,11 +613,20 @@ impl Trainer {
     }
 
     /// Forward, loss and backward of one micro-batch; returns the (unscaled) loss.
-    fn train_batch(&mut self, batch: &Batch, metrics: &mut [Box<dyn Metric>], _micro: usize) -> Result<Tensor> {
+    fn train_batch(
+        &mut self,
+        batch: &Batch,
+        metrics: &mut [Box<dyn Metric>],
+        _micro: usize,
+    ) -> Result<Tensor> {
         let (x, y) = split(batch)?;
         let preds = self.model.forward(x)?;
         let loss = (self.loss)(&preds, y)?;
-        let scaled = if self.cfg.grad_accum > 1 { loss.mul_scalar(1.0 / self.cfg.grad_accum as f64)? } else { loss.clone() };
+        let scaled = if self.cfg.grad_accum > 1 {
+            loss.mul_scalar(1.0 / self.cfg.grad_accum as f64)?
+        } else {
+            loss.clone()
+        };
         ferrite_autodiff::backward(&scaled)?;
         let p = preds.detach();
         for m in metrics.iter_mut() {
@@ -576,11 +663,20 @@ impl Trainer {
         } else {
             let kept = match &self.cfg.out_dir {
                 Some(d) if d.join("checkpoints").join("last").exists() => {
-                    format!("; the last good checkpoint is {}", d.join("checkpoints").join("last").display())
+                    format!(
+                        "; the last good checkpoint is {}",
+                        d.join("checkpoints").join("last").display()
+                    )
                 }
                 _ => String::new(),
             };
-            Err(Error::state("Trainer", format!("the loss is {l} at step {}: training stopped{kept}", self.step)))
+            Err(Error::state(
+                "Trainer",
+                format!(
+                    "the loss is {l} at step {}: training stopped{kept}",
+                    self.step
+                ),
+            ))
         }
     }
 
@@ -595,11 +691,12 @@ impl Trainer {
         for batch in loader.iter(&self.device) {
             let batch = batch?;
             let (x, y) = split(&batch)?;
-            let (preds, loss) = ferrite_core::no_grad(|| -> ferrite_core::Result<(Tensor, Tensor)> {
-                let p = model.forward(x)?;
-                let l = loss_fn(&p, y)?;
-                Ok((p, l))
-            })?;
+            let (preds, loss) =
+                ferrite_core::no_grad(|| -> ferrite_core::Result<(Tensor, Tensor)> {
+                    let p = model.forward(x)?;
+                    let l = loss_fn(&p, y)?;
+                    Ok((p, l))
+                })?;
             for m in metrics.iter_mut() {
                 m.update(&preds, y)?;
             }
@@ -626,7 +723,10 @@ impl Trainer {
         let mut out = Vec::new();
         for batch in loader.iter(&self.device) {
             let batch = batch?;
-            let x = batch.fields.first().ok_or_else(|| Error::data("Trainer", "a batch has no fields"))?;
+            let x = batch
+                .fields
+                .first()
+                .ok_or_else(|| Error::data("Trainer", "a batch has no fields"))?;
             out.push(ferrite_core::no_grad(|| self.model.forward(x))?);
         }
         self.model.train();
@@ -650,7 +750,9 @@ impl Trainer {
         let root = out.join("checkpoints");
         let dir = root.join(name);
         let tmp = root.join(format!(".{name}.tmp"));
-        let io = |e: std::io::Error, p: &Path| Error::data("Trainer", format!("checkpoint {}: {e}", p.display()));
+        let io = |e: std::io::Error, p: &Path| {
+            Error::data("Trainer", format!("checkpoint {}: {e}", p.display()))
+        };
         let _ = std::fs::remove_dir_all(&tmp);
         std::fs::create_dir_all(&tmp).map_err(|e| io(e, &tmp))?;
         ferrite_nn::save_state_dict(&*self.model, tmp.join("model.safetensors"))?;
@@ -676,7 +778,8 @@ impl Trainer {
             "step_losses": self.step_losses,
         });
         let tj = tmp.join("trainer.json");
-        std::fs::write(&tj, serde_json::to_vec_pretty(&state).unwrap_or_default()).map_err(|e| io(e, &tj))?;
+        std::fs::write(&tj, serde_json::to_vec_pretty(&state).unwrap_or_default())
+            .map_err(|e| io(e, &tj))?;
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::rename(&tmp, &dir).map_err(|e| io(e, &dir))?;
         Ok(dir)
@@ -688,30 +791,61 @@ impl Trainer {
     pub fn resume(&mut self, dir: &Path) -> Result<()> {
         let what = "Trainer::resume";
         let tj = dir.join("trainer.json");
-        let text = std::fs::read(&tj).map_err(|e| Error::data(what, format!("cannot read {}: {e}", tj.display())))?;
-        let state: Value = serde_json::from_slice(&text).map_err(|e| Error::data(what, format!("{}: not a trainer state: {e}", tj.display())))?;
+        let text = std::fs::read(&tj)
+            .map_err(|e| Error::data(what, format!("cannot read {}: {e}", tj.display())))?;
+        let state: Value = serde_json::from_slice(&text).map_err(|e| {
+            Error::data(what, format!("{}: not a trainer state: {e}", tj.display()))
+        })?;
         if state.get("format").and_then(Value::as_str) != Some("ferrite-checkpoint-1") {
-            return Err(Error::data(what, format!("{} is not a ferrite checkpoint", tj.display())));
+            return Err(Error::data(
+                what,
+                format!("{} is not a ferrite checkpoint", tj.display()),
+            ));
         }
         let saved_model = state.get("model").and_then(Value::as_str).unwrap_or("?");
         if saved_model != self.model.type_name() {
-            return Err(Error::state(what, format!("checkpoint holds a {saved_model}, this model is a {}", self.model.type_name())));
+            return Err(Error::state(
+                what,
+                format!(
+                    "checkpoint holds a {saved_model}, this model is a {}",
+                    self.model.type_name()
+                ),
+            ));
         }
-        let report = ferrite_nn::load_state_dict_file(&*self.model, dir.join("model.safetensors"), false)?;
+        let report =
+            ferrite_nn::load_state_dict_file(&*self.model, dir.join("model.safetensors"), false)?;
         if !report.is_clean() {
-            return Err(Error::state(what, format!("the checkpoint's model differs: {report}")));
+            return Err(Error::state(
+                what,
+                format!("the checkpoint's model differs: {report}"),
+            ));
         }
         let f = ferrite_nn::safetensors::SafetensorsFile::open(dir.join("optimizer.safetensors"))?;
         let tensors: BTreeMap<String, Tensor> = f.load_all(&self.device)?.into_iter().collect();
-        self.optimizer.load_state_dict(&tensors, &state["optimizer"])?;
+        self.optimizer
+            .load_state_dict(&tensors, &state["optimizer"])?;
         match (&mut self.schedule, &state["schedule"]) {
             (Some(Schedule::Lr(s, _)), v) if !v.is_null() => s.load_state_dict(v)?,
             (Some(Schedule::Plateau(s, _)), v) if !v.is_null() => s.load_state_dict(v)?,
             (None, Value::Null) => {}
-            (Some(_), _) => return Err(Error::state(what, "the checkpoint has no schedule state, this run has a schedule")),
-            (None, _) => return Err(Error::state(what, "the checkpoint has a schedule, this run has none")),
+            (Some(_), _) => {
+                return Err(Error::state(
+                    what,
+                    "the checkpoint has no schedule state, this run has a schedule",
+                ))
+            }
+            (None, _) => {
+                return Err(Error::state(
+                    what,
+                    "the checkpoint has a schedule, this run has none",
+                ))
+            }
         }
-        let cbs = state.get("callbacks").and_then(Value::as_array).cloned().unwrap_or_default();
+        let cbs = state
+            .get("callbacks")
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default();
         for (cb, saved) in self.callbacks.iter_mut().zip(&cbs) {
             if saved.get("name").and_then(Value::as_str) == Some(cb.name()) {
                 cb.load_state(&saved["state"])?;
@@ -733,7 +867,13 @@ impl Trainer {
 fn split(batch: &Batch) -> Result<(&Tensor, &Tensor)> {
     match batch.fields.as_slice() {
         [x, y, ..] => Ok((x, y)),
-        _ => Err(Error::data("Trainer", format!("a batch needs (input, target) fields, got {}", batch.fields.len()))),
+        _ => Err(Error::data(
+            "Trainer",
+            format!(
+                "a batch needs (input, target) fields, got {}",
+                batch.fields.len()
+            ),
+        )),
     }
 }
 
@@ -763,7 +903,10 @@ pub struct RunOptions {
 
 impl RunOptions {
     /// The optimizer named by `optimizer` over `params` at `lr`, with PyTorch's defaults.
-    pub fn make_optimizer(&self, params: Vec<(String, ferrite_nn::Parameter)>) -> Result<Optimizer> {
+    pub fn make_optimizer(
+        &self,
+        params: Vec<(String, ferrite_nn::Parameter)>,
+    ) -> Result<Optimizer> {
         use crate::optim::Rule;
         let rule = match self.optimizer.as_str() {
             "sgd" => Rule::sgd(),

@@ -216,7 +216,9 @@ impl Kernels for CpuKernels<'_> {
         // The precision plan's activation format for this product (all matrices of one
         // launch belong to the same product).
         let fmt = match outs.first().map(|&(w, _)| w) {
-            Some(Mat::Q(il) | Mat::K(il) | Mat::V(il)) => m.plan().layers[il][Product::Qkv as usize],
+            Some(Mat::Q(il) | Mat::K(il) | Mat::V(il)) => {
+                m.plan().layers[il][Product::Qkv as usize]
+            }
             Some(Mat::O(il)) => m.plan().layers[il][Product::AttnOut as usize],
             Some(Mat::Gate(il) | Mat::Up(il)) => m.plan().layers[il][Product::GateUp as usize],
             Some(Mat::Down(il)) => m.plan().layers[il][Product::Down as usize],
@@ -347,7 +349,8 @@ impl Kernels for CpuKernels<'_> {
         let xo = &mut self.xb[..n * d];
         rms_norm_rows(&gathered, xo, &m.output_norm, d, m.cfg.eps);
         let wout = m.mat(&m.output);
-        self.acts.quantize(xo, n, d, &m.formats(&[&wout], m.plan().output));
+        self.acts
+            .quantize(xo, n, d, &m.formats(&[&wout], m.plan().output));
         kernels::matmul(
             m.isa,
             &self.acts,

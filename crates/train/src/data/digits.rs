@@ -43,13 +43,26 @@ impl MnistDigits {
             if data.len() % 784 != 0 {
                 return Err(Error::data(
                     WHAT,
-                    format!("{}: {} values is not a whole number of 784-pixel images", p.display(), data.len()),
+                    format!(
+                        "{}: {} values is not a whole number of 784-pixel images",
+                        p.display(),
+                        data.len()
+                    ),
                 ));
             }
             for (i, x) in data.iter().enumerate() {
-                let f = x.as_f64().filter(|f| (0.0..=1.0).contains(f)).ok_or_else(|| {
-                    Error::data(WHAT, format!("{}: value {i} is {x}, expected a number in [0, 1]", p.display()))
-                })?;
+                let f = x
+                    .as_f64()
+                    .filter(|f| (0.0..=1.0).contains(f))
+                    .ok_or_else(|| {
+                        Error::data(
+                            WHAT,
+                            format!(
+                                "{}: value {i} is {x}, expected a number in [0, 1]",
+                                p.display()
+                            ),
+                        )
+                    })?;
                 pixels.push(f as f32);
             }
             labels.extend(std::iter::repeat_n(d, data.len() / 784));
@@ -59,11 +72,18 @@ impl MnistDigits {
 
     /// (train, test): every fifth image (index % 5 == 4) goes to the test set.
     pub fn split(self) -> (MnistDigits, MnistDigits) {
-        let mut a = MnistDigits { pixels: Vec::new(), labels: Vec::new() };
-        let mut b = MnistDigits { pixels: Vec::new(), labels: Vec::new() };
+        let mut a = MnistDigits {
+            pixels: Vec::new(),
+            labels: Vec::new(),
+        };
+        let mut b = MnistDigits {
+            pixels: Vec::new(),
+            labels: Vec::new(),
+        };
         for (i, &l) in self.labels.iter().enumerate() {
             let dst = if i % 5 == 4 { &mut b } else { &mut a };
-            dst.pixels.extend_from_slice(&self.pixels[i * 784..(i + 1) * 784]);
+            dst.pixels
+                .extend_from_slice(&self.pixels[i * 784..(i + 1) * 784]);
             dst.labels.push(l);
         }
         (a, b)
@@ -76,11 +96,23 @@ impl Dataset for MnistDigits {
     }
 
     fn get(&self, index: usize, _ctx: DrawContext) -> Result<Vec<HostTensor>> {
-        let px = self.pixels.get(index * 784..(index + 1) * 784).ok_or_else(|| {
-            Error::data(WHAT, format!("index {index} out of range for {} images", self.labels.len()))
-        })?;
+        let px = self
+            .pixels
+            .get(index * 784..(index + 1) * 784)
+            .ok_or_else(|| {
+                Error::data(
+                    WHAT,
+                    format!(
+                        "index {index} out of range for {} images",
+                        self.labels.len()
+                    ),
+                )
+            })?;
         Ok(vec![
-            HostTensor { data: HostBuffer::F32(px.to_vec()), shape: vec![1, 28, 28] },
+            HostTensor {
+                data: HostBuffer::F32(px.to_vec()),
+                shape: vec![1, 28, 28],
+            },
             HostTensor::scalar(HostBuffer::I64(vec![self.labels[index] as i64])),
         ])
     }
