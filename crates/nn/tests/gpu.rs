@@ -266,7 +266,19 @@ fn init_dropout_match_cpu(d: &CudaDevice) {
     let (a0, b0, y0, z0) = w(&cpu);
     let (a1, b1, y1, z1) = w(&dev);
     assert_eq!(a0.to_vec::<f32>().unwrap(), a1.to_vec::<f32>().unwrap());
-    assert_eq!(b0.to_vec::<f32>().unwrap(), b1.to_vec::<f32>().unwrap());
+    // Normal draws go through the device's logf/sqrtf/cosf (rng.rs, create.cu): equal to the
+    // CPU's within a few ulp, not bit for bit (seen on an H100: at most 1 ulp).
+    for (x, y) in b0
+        .to_vec::<f32>()
+        .unwrap()
+        .iter()
+        .zip(b1.to_vec::<f32>().unwrap())
+    {
+        assert!(
+            (x - y).abs() <= 5e-7 * x.abs().max(1e-3),
+            "xavier_normal: cpu {x}, cuda {y}"
+        );
+    }
     assert_eq!(y0.to_vec::<f32>().unwrap(), y1.to_vec::<f32>().unwrap());
     assert_eq!(z1.to_vec::<f32>().unwrap(), vec![1.0; 1000]);
     assert_eq!(z0.to_vec::<f32>().unwrap(), vec![1.0; 1000]);
