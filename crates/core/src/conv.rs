@@ -696,3 +696,64 @@ impl Tensor {
         })
     }
 }
+
+/// Sizes of one 2-d convolution as backends lay it out: x [n, c, h, w], w [o, c/g, kh, kw],
+/// y [n, o, oh, ow], with the op's parameters. Shapes come validated from `Tensor::conv2d`.
+#[derive(Clone, Copy, Debug)]
+pub struct ConvGeometry {
+    pub n: usize,
+    pub c: usize,
+    pub h: usize,
+    pub w: usize,
+    pub o: usize,
+    pub kh: usize,
+    pub kw: usize,
+    pub oh: usize,
+    pub ow: usize,
+    pub p: crate::Conv2dParams,
+}
+
+impl ConvGeometry {
+    pub fn new(x: &[usize], w: &[usize], y: &[usize], p: crate::Conv2dParams) -> ConvGeometry {
+        ConvGeometry {
+            n: x[0],
+            c: x[1],
+            h: x[2],
+            w: x[3],
+            o: w[0],
+            kh: w[2],
+            kw: w[3],
+            oh: y[2],
+            ow: y[3],
+            p,
+        }
+    }
+    pub fn groups(&self) -> usize {
+        self.p.groups
+    }
+    /// Input channels per group.
+    pub fn cg(&self) -> usize {
+        self.c / self.p.groups
+    }
+    /// Output channels per group.
+    pub fn og(&self) -> usize {
+        self.o / self.p.groups
+    }
+    /// Rows of the column (im2col) matrix.
+    pub fn k(&self) -> usize {
+        self.cg() * self.kh * self.kw
+    }
+    /// Output pixels per plane (columns of the column matrix).
+    pub fn pix(&self) -> usize {
+        self.oh * self.ow
+    }
+    /// Whether x[n, g] is its own column matrix (1x1, stride 1, no padding).
+    pub fn direct(&self) -> bool {
+        self.kh == 1
+            && self.kw == 1
+            && self.p.stride == [1, 1]
+            && self.p.padding == [0, 0]
+            && self.oh == self.h
+            && self.ow == self.w
+    }
+}

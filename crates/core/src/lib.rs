@@ -17,7 +17,7 @@ mod shape;
 mod tensor;
 
 pub use backend::{Backend, Device, DeviceKind, Storage};
-pub use conv::{ConvArgs, ConvTransposeArgs, Padding, PoolArgs};
+pub use conv::{ConvArgs, ConvGeometry, ConvTransposeArgs, Padding, PoolArgs};
 pub use dtype::{DType, WithDType};
 pub use error::{Error, Result};
 pub use graph::no_grad;

@@ -16,62 +16,12 @@ use gemm::Parallelism;
 use num_traits::Float;
 use rayon::prelude::*;
 
-/// Sizes of one convolution: x [n, c, h, w], w [o, c/g, kh, kw], y [n, o, oh, ow].
-#[derive(Clone, Copy, Debug)]
-struct Geo {
-    n: usize,
-    c: usize,
-    h: usize,
-    w: usize,
-    o: usize,
-    kh: usize,
-    kw: usize,
-    oh: usize,
-    ow: usize,
-    p: Conv2dParams,
-}
+type Geo = ferrite_core::ConvGeometry;
 
-impl Geo {
-    fn new(x: &[usize], w: &[usize], y: &[usize], p: Conv2dParams) -> Geo {
-        Geo {
-            n: x[0],
-            c: x[1],
-            h: x[2],
-            w: x[3],
-            o: w[0],
-            kh: w[2],
-            kw: w[3],
-            oh: y[2],
-            ow: y[3],
-            p,
-        }
-    }
-    fn cg(&self) -> usize {
-        self.c / self.p.groups
-    }
-    fn og(&self) -> usize {
-        self.o / self.p.groups
-    }
-    /// Rows of the column matrix.
-    fn k(&self) -> usize {
-        self.cg() * self.kh * self.kw
-    }
-    /// Output pixels per plane (columns of the column matrix).
-    fn pix(&self) -> usize {
-        self.oh * self.ow
-    }
-    /// Whether x[n, g] is its own column matrix.
-    fn direct(&self) -> bool {
-        self.kh == 1
-            && self.kw == 1
-            && self.p.stride == [1, 1]
-            && self.p.padding == [0, 0]
-            && self.oh == self.h
-            && self.ow == self.w
-    }
-    fn per_item(&self) -> bool {
-        self.n >= rayon::current_num_threads()
-    }
+/// Whether to run one product per batch item (enough items for every thread) rather than one
+/// over the whole batch.
+fn per_item(g: &Geo) -> bool {
+    g.n >= rayon::current_num_threads()
 }
 
 /// Input coordinate of output index `o` and kernel tap `t` along axis `a`, if inside.
@@ -299,7 +249,7 @@ fn conv2d_typed<F: Float + ferrite_core::WithDType + Send + Sync + 'static>(
         });
         return y;
     }
-    if g.per_item() {
+    if per_item(g) {
         y.par_chunks_mut(plane)
             .enumerate()
             .for_each_init(Vec::new, |cols, (ni, yn)| {
@@ -373,7 +323,7 @@ fn conv_transpose2d_typed<F: Float + ferrite_core::WithDType + Send + Sync + 'st
         }
         return dx;
     }
-    if g.per_item() {
+    if per_item(g) {
         dx.par_chunks_mut(plane)
             .enumerate()
             .for_each_init(Vec::new, |cols, (ni, dxn)| {
@@ -453,7 +403,7 @@ fn conv2d_backward_weight_typed<F: Float + ferrite_core::WithDType + Send + Sync
         }
         return dw;
     }
-    if g.per_item() {
+    if per_item(g) {
         (0..g.n)
             .into_par_iter()
             .fold(

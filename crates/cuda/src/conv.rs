@@ -75,72 +75,27 @@ struct PoolGeo {
     adaptive: i64,
 }
 
-/// Sizes of x [n, c, h, w], w [o, c/g, kh, kw], y [n, o, oh, ow].
-#[derive(Clone, Copy, Debug)]
-struct Geo {
-    n: usize,
-    c: usize,
-    h: usize,
-    w: usize,
-    o: usize,
-    kh: usize,
-    kw: usize,
-    oh: usize,
-    ow: usize,
-    p: Conv2dParams,
-}
+type Geo = ferrite_core::ConvGeometry;
 
-impl Geo {
-    fn new(x: &[usize], w: &[usize], y: &[usize], p: Conv2dParams) -> Geo {
-        Geo {
-            n: x[0],
-            c: x[1],
-            h: x[2],
-            w: x[3],
-            o: w[0],
-            kh: w[2],
-            kw: w[3],
-            oh: y[2],
-            ow: y[3],
-            p,
-        }
-    }
-    fn g(&self) -> usize {
-        self.p.groups
-    }
-    fn k(&self) -> usize {
-        self.c / self.g() * self.kh * self.kw
-    }
-    fn pix(&self) -> usize {
-        self.oh * self.ow
-    }
-    fn direct(&self) -> bool {
-        self.kh == 1
-            && self.kw == 1
-            && self.p.stride == [1, 1]
-            && self.p.padding == [0, 0]
-            && self.oh == self.h
-            && self.ow == self.w
-    }
-    fn kernel_geo(&self) -> ConvGeo {
-        let i = |v: usize| v as i64;
-        ConvGeo {
-            n: i(self.n),
-            c: i(self.c),
-            h: i(self.h),
-            w: i(self.w),
-            oh: i(self.oh),
-            ow: i(self.ow),
-            kh: i(self.kh),
-            kw: i(self.kw),
-            s0: i(self.p.stride[0]),
-            s1: i(self.p.stride[1]),
-            p0: i(self.p.padding[0]),
-            p1: i(self.p.padding[1]),
-            d0: i(self.p.dilation[0]),
-            d1: i(self.p.dilation[1]),
-            cg: i(self.c / self.g()),
-        }
+/// The geometry as the kernels take it (`ConvGeo` in conv.cu).
+fn kernel_geo(g: &Geo) -> ConvGeo {
+    let i = |v: usize| v as i64;
+    ConvGeo {
+        n: i(g.n),
+        c: i(g.c),
+        h: i(g.h),
+        w: i(g.w),
+        oh: i(g.oh),
+        ow: i(g.ow),
+        kh: i(g.kh),
+        kw: i(g.kw),
+        s0: i(g.p.stride[0]),
+        s1: i(g.p.stride[1]),
+        p0: i(g.p.padding[0]),
+        p1: i(g.p.padding[1]),
+        d0: i(g.p.dilation[0]),
+        d1: i(g.p.dilation[1]),
+        cg: i(g.cg()),
     }
 }
 
@@ -176,12 +131,12 @@ fn im2col(
     dims: Vec<usize>,
 ) -> Result<Tensor> {
     let sfx = float_suffix(op, x.dtype())?;
-    let total = geo.n * geo.g() * geo.k() * geo.pix();
+    let total = geo.n * geo.groups() * geo.k() * geo.pix();
     let out = dev.alloc_out(total, x.dtype(), op)?;
     if total > 0 {
         let sx = dev.input(x, op)?;
         let args = Args::new()
-            .arg(geo.kernel_geo())
+            .arg(kernel_geo(geo))
             .arg(CudaBackend::ptr(x, sx))
             .arg(out.ptr())
             .arg(strides[0] as i64)
@@ -209,7 +164,7 @@ pub(crate) fn conv2d(
 ) -> Result<Vec<Arc<dyn Storage>>> {
     let op = "conv2d";
     let geo = Geo::new(x.dims(), w.dims(), out.dims(), *p);
-    let (n, g, k, pix) = (geo.n, geo.g(), geo.k(), geo.pix());
+    let (n, g, k, pix) = (geo.n, geo.groups(), geo.k(), geo.pix());
     no_grad(|| {
         let x = x.contiguous()?;
         if pix < WHOLE_BATCH_PIX {
@@ -259,7 +214,7 @@ pub(crate) fn conv_transpose2d(
     let op = "conv_transpose2d";
     let sfx = float_suffix(op, x.dtype())?;
     let geo = Geo::new(out.dims(), w.dims(), x.dims(), *p);
-    let (n, g, k, pix) = (geo.n, geo.g(), geo.k(), geo.pix());
+    let (n, g, k, pix) = (geo.n, geo.groups(), geo.k(), geo.pix());
     let og = geo.o / g;
     no_grad(|| {
         if pix < WHOLE_BATCH_PIX && pix > 0 {
@@ -303,7 +258,7 @@ fn col2im(
         let cols = cols.contiguous()?;
         let sc = dev.input(&cols, op)?;
         let args = Args::new()
-            .arg(geo.kernel_geo())
+            .arg(kernel_geo(geo))
             .arg(CudaBackend::ptr(&cols, sc))
             .arg(dx.ptr())
             .arg(strides[0] as i64)
@@ -330,7 +285,7 @@ pub(crate) fn conv2d_backward_weight(
 ) -> Result<Vec<Arc<dyn Storage>>> {
     let op = "conv2d_backward_weight";
     let geo = Geo::new(x.dims(), out.dims(), gy.dims(), *p);
-    let (n, g, k, pix) = (geo.n, geo.g(), geo.k(), geo.pix());
+    let (n, g, k, pix) = (geo.n, geo.groups(), geo.k(), geo.pix());
     let og = geo.o / g;
     no_grad(|| {
         let x = x.contiguous()?;
