@@ -468,7 +468,7 @@ impl Trainer {
             let mut interrupted = false;
             while let Some(batch) = it.next() {
                 let batch = batch?;
-                let loss = self.train_batch(&batch, &mut train_metrics, micro)?;
+                let loss = self.train_batch(&batch, &mut train_metrics)?;
                 micro += 1;
                 samples += batch.size;
                 loss_count += 1;
@@ -613,12 +613,7 @@ impl Trainer {
     }
 
     /// Forward, loss and backward of one micro-batch; returns the (unscaled) loss.
-    fn train_batch(
-        &mut self,
-        batch: &Batch,
-        metrics: &mut [Box<dyn Metric>],
-        _micro: usize,
-    ) -> Result<Tensor> {
+    fn train_batch(&mut self, batch: &Batch, metrics: &mut [Box<dyn Metric>]) -> Result<Tensor> {
         let (x, y) = split(batch)?;
         let preds = self.model.forward(x)?;
         let loss = (self.loss)(&preds, y)?;
