@@ -16,10 +16,65 @@
 use std::collections::VecDeque;
 
 use crate::error::{Error, Result};
-use crate::kv_cache::{CpuKvStore, KvStats, PagedKv, BLOCK_SIZE};
-use crate::model::step::{self, Batch, Out};
-use crate::model::{CpuKernels, Model};
+use crate::gpu::GpuModel;
+use crate::kv_cache::{CpuKvStore, KvStats, KvStore, PagedKv, BLOCK_SIZE};
+use crate::model::step::{self, Batch, Kernels, Out};
+use crate::model::{Config, CpuKernels, CudaKernels, CudaKvStore, CudaLimits, Model};
 use crate::sampler::{Sampler, SamplerConfig};
+
+/// What the engine needs of a kernel set besides the model definition's kernels: its KV
+/// storage, and the results of a step (greedy tokens where the kernel set picks them itself,
+/// else the logits on the host).
+pub trait EngineKernels: Kernels<Kv: KvStore> {
+    /// Storage for `n_blocks` blocks of [`BLOCK_SIZE`] positions.
+    fn new_store(&self, n_blocks: usize) -> Result<Self::Kv>;
+    /// The greedy token (largest logit, lowest id on ties) of each logit row of the last
+    /// step, where the kernel set computes them (CUDA); None: the engine samples from
+    /// [`EngineKernels::host_logits`].
+    fn greedy_tokens(&mut self) -> Result<Option<Vec<u32>>>;
+    /// The last step's logits on the host, `[logit rows][vocab]` (the sampler's penalties
+    /// change them in place).
+    fn host_logits(&mut self) -> Result<&mut [f32]>;
+    /// The host logits of the last step, if `host_logits` produced them.
+    fn last_host_logits(&self) -> Option<&[f32]>;
+}
+
+impl EngineKernels for CpuKernels<'_> {
+    fn new_store(&self, n_blocks: usize) -> Result<CpuKvStore> {
+        let c = &self.model().cfg;
+        CpuKvStore::new(c.n_layer, c.n_kv_head, c.head_dim, BLOCK_SIZE, n_blocks)
+    }
+
+    fn greedy_tokens(&mut self) -> Result<Option<Vec<u32>>> {
+        Ok(None)
+    }
+
+    fn host_logits(&mut self) -> Result<&mut [f32]> {
+        Ok(self.logits_mut())
+    }
+
+    fn last_host_logits(&self) -> Option<&[f32]> {
+        Some(self.logits())
+    }
+}
+
+impl EngineKernels for CudaKernels<'_> {
+    fn new_store(&self, n_blocks: usize) -> Result<CudaKvStore> {
+        CudaKvStore::new(self.model(), n_blocks)
+    }
+
+    fn greedy_tokens(&mut self) -> Result<Option<Vec<u32>>> {
+        self.read_tokens().map(Some)
+    }
+
+    fn host_logits(&mut self) -> Result<&mut [f32]> {
+        self.fetch_logits()
+    }
+
+    fn last_host_logits(&self) -> Option<&[f32]> {
+        self.fetched_logits()
+    }
+}
 
 /// Names a request for its whole life (never reused by an engine).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -128,13 +183,17 @@ impl Seq {
     }
 }
 
-/// The CPU engine over one model (see the module docs).
-pub struct Engine<'m> {
-    model: &'m Model,
+/// The engine over one model and a kernel set (see the module docs): `Engine<'m>` runs on
+/// the CPU ([`Engine::new`]), `Engine<'m, CudaKernels<'m>>` on a CUDA device
+/// ([`Engine::cuda`]).
+pub struct Engine<'m, K: EngineKernels = CpuKernels<'m>> {
+    mcfg: &'m Config,
     cfg: EngineConfig,
     kv: PagedKv,
-    store: CpuKvStore,
-    k: CpuKernels<'m>,
+    store: K::Kv,
+    k: K,
+    /// Read every step's logits to the host even where the kernel set picks greedy tokens.
+    keep_logits: bool,
     batch: Batch,
     running: Vec<Seq>,
     waiting: VecDeque<Seq>,
@@ -146,8 +205,41 @@ pub struct Engine<'m> {
 }
 
 impl<'m> Engine<'m> {
+    /// An engine on the CPU.
     pub fn new(model: &'m Model, cfg: EngineConfig) -> Result<Engine<'m>> {
-        let c = &model.cfg;
+        Engine::with_kernels(&model.cfg, cfg, CpuKernels::new(model))
+    }
+
+    pub fn model(&self) -> &'m Model {
+        self.k.model()
+    }
+}
+
+impl<'g> Engine<'g, CudaKernels<'g>> {
+    /// An engine on the CUDA device holding `m` (scratch for `cfg.step_tokens` rows, a
+    /// device KV cache of `cfg.kv_blocks` blocks).
+    pub fn cuda(m: &'g GpuModel, cfg: EngineConfig) -> Result<Engine<'g, CudaKernels<'g>>> {
+        let lim = CudaLimits {
+            max_rows: cfg.step_tokens,
+            max_out: cfg.max_seqs,
+            max_table: cfg.max_seqs.saturating_mul(cfg.ctx.div_ceil(BLOCK_SIZE)),
+            ctx: cfg.ctx,
+        };
+        Self::check(&m.cfg, &cfg)?;
+        Engine::with_kernels(&m.cfg, cfg, CudaKernels::new(m, lim)?)
+    }
+
+    pub fn kernels(&self) -> &CudaKernels<'g> {
+        &self.k
+    }
+
+    pub fn kernels_mut(&mut self) -> &mut CudaKernels<'g> {
+        &mut self.k
+    }
+}
+
+impl<'m, K: EngineKernels> Engine<'m, K> {
+    fn check(c: &Config, cfg: &EngineConfig) -> Result<()> {
         if cfg.ctx == 0 || cfg.ctx > c.ctx_train {
             return Err(Error::Context(format!(
                 "engine: context {} must be between 1 and the model's context length {}",
@@ -160,20 +252,21 @@ impl<'m> Engine<'m> {
                 cfg.max_seqs, cfg.step_tokens
             )));
         }
+        Ok(())
+    }
+
+    /// An engine over the kernel set `k` of a model of configuration `mcfg`.
+    pub fn with_kernels(mcfg: &'m Config, cfg: EngineConfig, k: K) -> Result<Engine<'m, K>> {
+        Self::check(mcfg, &cfg)?;
         let kv = PagedKv::new(cfg.kv_blocks, BLOCK_SIZE)?;
-        let store = CpuKvStore::new(
-            c.n_layer,
-            c.n_kv_head,
-            c.head_dim,
-            BLOCK_SIZE,
-            cfg.kv_blocks,
-        )?;
+        let store = k.new_store(cfg.kv_blocks)?;
         Ok(Engine {
-            model,
+            mcfg,
             cfg,
             kv,
             store,
-            k: CpuKernels::new(model),
+            k,
+            keep_logits: false,
             batch: Batch::default(),
             running: Vec::new(),
             waiting: VecDeque::new(),
@@ -183,8 +276,10 @@ impl<'m> Engine<'m> {
         })
     }
 
-    pub fn model(&self) -> &'m Model {
-        self.model
+    /// Read every step's logits to the host (for [`Engine::last_logits`]) even where the
+    /// kernel set picks greedy tokens itself (CUDA). Off by default.
+    pub fn set_keep_logits(&mut self, on: bool) {
+        self.keep_logits = on;
     }
 
     pub fn config(&self) -> &EngineConfig {
@@ -209,7 +304,7 @@ impl<'m> Engine<'m> {
     /// of range, prompt + `max_new` over the context or over the whole cache, or (unless
     /// `queue`) over what the cache can take now; each names the numbers.
     pub fn add_request(&mut self, req: Request) -> Result<RequestId> {
-        let vocab = self.model.cfg.vocab;
+        let vocab = self.mcfg.vocab;
         if req.prompt.is_empty() {
             return Err(Error::Other("engine: empty prompt".into()));
         }
@@ -351,8 +446,17 @@ impl<'m> Engine<'m> {
             self.batch
                 .push(toks, s.computed, self.kv.table(s.id.0), out);
         }
-        step::forward(&self.model.cfg, &mut self.k, &mut self.store, &self.batch)?;
-        let vocab = self.model.cfg.vocab;
+        step::forward(self.mcfg, &mut self.k, &mut self.store, &self.batch)?;
+        let vocab = self.mcfg.vocab;
+        let host = self.keep_logits
+            || self.plan.iter().any(|&(i, n)| {
+                let s = &self.running[i];
+                s.computed + n == s.tokens.len() && !crate::gpu::device_greedy(s.sampler.config())
+            });
+        let greedy = if host { None } else { self.k.greedy_tokens()? };
+        if greedy.is_none() {
+            self.k.host_logits()?;
+        }
         let mut row = 0;
         let mut done = Vec::new();
         for &(i, n) in &self.plan {
@@ -363,13 +467,17 @@ impl<'m> Engine<'m> {
             if s.computed < s.tokens.len() {
                 continue;
             }
-            let logits = &mut self.k.logits_mut()[row * vocab..(row + 1) * vocab];
             self.sampled.push((s.id, row));
+            let tok = match &greedy {
+                Some(t) => t[row],
+                None => {
+                    let logits = &mut self.k.host_logits()?[row * vocab..(row + 1) * vocab];
+                    s.sampler
+                        .sample(logits, &s.tokens)
+                        .map_err(|e| Error::Other(format!("engine: {}: {e}", s.id)))?
+                }
+            };
             row += 1;
-            let tok = s
-                .sampler
-                .sample(logits, &s.tokens)
-                .map_err(|e| Error::Other(format!("engine: {}: {e}", s.id)))?;
             let out = if s.stop_tokens.contains(&tok) {
                 StepOutput {
                     id: s.id,
@@ -398,10 +506,14 @@ impl<'m> Engine<'m> {
 
     /// The logits request `id` sampled from in the last step (after the sampler's
     /// penalties, if it has any), or None if it did not sample then.
+    /// On CUDA only where the step read its logits (a sampling request was in it, or
+    /// [`Engine::set_keep_logits`]).
     pub fn last_logits(&self, id: RequestId) -> Option<&[f32]> {
-        let vocab = self.model.cfg.vocab;
+        let vocab = self.mcfg.vocab;
         let &(_, row) = self.sampled.iter().find(|(r, _)| *r == id)?;
-        Some(&self.k.logits()[row * vocab..(row + 1) * vocab])
+        self.k
+            .last_host_logits()
+            .and_then(|l| l.get(row * vocab..(row + 1) * vocab))
     }
 
     /// Steps until every request has ended; returns each request's generated tokens and

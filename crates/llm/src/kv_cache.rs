@@ -37,9 +37,10 @@ pub struct KvStats {
     pub prefix_hit_positions: u64,
 }
 
-/// What a backend's storage does for the bookkeeping: copy all layers of one block.
+/// What a backend's storage does for the bookkeeping: copy all layers of one block (a device
+/// store queues the copy before the step that writes `dst`).
 pub trait KvStore {
-    fn copy_block(&mut self, src: BlockId, dst: BlockId);
+    fn copy_block(&mut self, src: BlockId, dst: BlockId) -> Result<()>;
 }
 
 /// One sequence's blocks.
@@ -275,9 +276,10 @@ impl PagedKv {
             if self.refs[b as usize] > 1 {
                 let nb = self.take()?;
                 s.taken += 1;
-                store.copy_block(b, nb);
+                let copied = store.copy_block(b, nb);
                 self.release(b);
                 s.table[first] = nb;
+                copied?;
             } else {
                 self.unregister(b);
             }
@@ -445,11 +447,12 @@ impl CpuKvStore {
 }
 
 impl KvStore for CpuKvStore {
-    fn copy_block(&mut self, src: BlockId, dst: BlockId) {
+    fn copy_block(&mut self, src: BlockId, dst: BlockId) -> Result<()> {
         let n = self.block_len();
         let (s, d) = (src as usize * n, dst as usize * n);
         self.k.copy_within(s..s + n, d);
         self.v.copy_within(s..s + n, d);
+        Ok(())
     }
 }
 
@@ -460,8 +463,9 @@ struct Copies(Vec<(BlockId, BlockId)>);
 
 #[cfg(test)]
 impl KvStore for Copies {
-    fn copy_block(&mut self, src: BlockId, dst: BlockId) {
+    fn copy_block(&mut self, src: BlockId, dst: BlockId) -> Result<()> {
         self.0.push((src, dst));
+        Ok(())
     }
 }
 
@@ -694,7 +698,7 @@ mod tests {
         s.store(1, 1, 2, &k, &v);
         assert_eq!(&s.keys(1, 1, 1)[2 * hd..3 * hd], &k[4..8]);
         assert_eq!(&s.values(1, 1, 0)[2 * hd..3 * hd], &v[0..4]);
-        s.copy_block(1, 2);
+        s.copy_block(1, 2).unwrap();
         assert_eq!(s.keys(2, 1, 1), s.keys(1, 1, 1));
         assert_eq!(s.values(2, 1, 0), s.values(1, 1, 0));
         assert!(s.keys(0, 1, 1).iter().all(|&x| x == 0.0));

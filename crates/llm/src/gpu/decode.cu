@@ -313,11 +313,13 @@ extern "C" __global__ void __launch_bounds__(AT_T) attn_step(const AttnArgs a) {
     if (tid == 0) *count = 0;
 }
 
-// y = x / rms(x) * w over n values (y may be x). One block.
+// y = x / rms(x) * w over n values (y may be x). One block per row of n values.
 extern "C" __global__ void rms_norm(u64 x, u64 w, u64 y, u32 n, float eps) {
     __shared__ float sh[32];
     pdl_wait();
     pdl_launch();
+    x += (u64)blockIdx.x * n * 4;
+    y += (u64)blockIdx.x * n * 4;
     const float* xp = (const float*)x;
     float ss = 0.f;
     for (u32 i = threadIdx.x; i < n; i += blockDim.x) ss += xp[i] * xp[i];
@@ -328,11 +330,14 @@ extern "C" __global__ void rms_norm(u64 x, u64 w, u64 y, u32 n, float eps) {
     }
 }
 
-// x += y / rms(y) * w over n values (gemma3's post-attention and post-FFN norms). One block.
+// x += y / rms(y) * w over n values (gemma3's post-attention and post-FFN norms). One block
+// per row of n values.
 extern "C" __global__ void rms_norm_add(u64 x, u64 y, u64 w, u32 n, float eps) {
     __shared__ float sh[32];
     pdl_wait();
     pdl_launch();
+    x += (u64)blockIdx.x * n * 4;
+    y += (u64)blockIdx.x * n * 4;
     const float* yp = (const float*)y;
     float ss = 0.f;
     for (u32 i = threadIdx.x; i < n; i += blockDim.x) ss += yp[i] * yp[i];

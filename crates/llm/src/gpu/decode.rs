@@ -271,6 +271,8 @@ pub(crate) struct NormLaunch {
     n: u32,
     eps: f32,
     add: bool,
+    /// Rows of n values (one block each).
+    rows: u32,
 }
 
 /// add = false: y = rms_norm(x) * w. add = true: x += rms_norm(y) * w.
@@ -293,12 +295,20 @@ pub(crate) fn plan_norm(
         n,
         eps,
         add,
+        rows: 1,
     })
 }
 
 impl NormLaunch {
+    /// The same norm over `rows` consecutive rows of n values of x and y (buffers checked by
+    /// the caller).
+    pub(crate) fn with_rows(mut self, rows: u32) -> NormLaunch {
+        self.rows = rows.max(1);
+        self
+    }
+
     pub(crate) fn enqueue(&self, dev: &CudaDevice) -> Result<()> {
-        let cfg = LaunchConfig::new((1, 1, 1), (512, 1, 1), 0);
+        let cfg = LaunchConfig::new((self.rows, 1, 1), (512, 1, 1), 0);
         if self.add {
             // rms_norm_add(x, y, w, n, eps)
             let args = KernelArgs::new()

@@ -58,7 +58,14 @@ struct MvArgs {
     u32 tiles;      // rpb-row tiles: sum of seg[i].blocks (GLU: seg[0].blocks)
     u64 out;        // f32 output: out[out_off + row] (GLU: seg[0].out_off)
     u64 argmax;     // if not 0: ArgPart [tiles], the largest output of each tile
+    u32 xstride;    // bytes between the inputs of consecutive rows of the batch (blockIdx.y)
+    u32 ostride;    // bytes between their outputs
 };
+
+// Row `blockIdx.y` of a batch of inputs (one launch computes the product for gridDim.y input
+// rows, each block for one of them: the weights are read once per row, through L2).
+__device__ __forceinline__ u64 x_row(const MvArgs& a) { return a.x + (u64)blockIdx.y * a.xstride; }
+__device__ __forceinline__ u64 out_row(const MvArgs& a) { return a.out + (u64)blockIdx.y * a.ostride; }
 
 struct ArgPart {
     float v;
@@ -279,7 +286,7 @@ __device__ __forceinline__ float gelu_tanh_f(float x) {
 // activation, residual add; stores it and returns the stored value.
 __device__ __forceinline__ float mv_epilogue(const MvArgs& a, const MvSeg& sa, const MvSeg& sb, u32 row,
                                              float v, float u) {
-    float* out = (float*)a.out;
+    float* out = (float*)out_row(a);
     if (sa.bias) v += ((const float*)sa.bias)[row];
     if (a.mode >= MV_GLU_SILU) {
         if (sb.bias) u += ((const float*)sb.bias)[row];
@@ -313,7 +320,7 @@ __device__ __forceinline__ void tile_of(const MvArgs& a, bool glu, u32 t, MvSeg*
 // Every thread of the block (MV_T) takes part; red: MV_RED floats of scratch.
 __device__ __forceinline__ void stage_x(const MvArgs& a, float* xs, float* red) {
     const u32 tid = threadIdx.x;
-    const F4* x4 = (const F4*)a.x;
+    const F4* x4 = (const F4*)x_row(a);
     const F4* g4 = (const F4*)a.norm;
     float ss = 0.f;
     for (u32 i = tid; i < (a.cols >> 2); i += MV_T) {
@@ -429,7 +436,7 @@ __device__ __forceinline__ void matvec_body(const MvArgs& a) {
 
     // Prologue: x (optionally RMS-normed) into shared memory; Q8: the quantized input.
     if (Q8) {
-        const U4* q4 = (const U4*)a.x;
+        const U4* q4 = (const U4*)x_row(a);
         for (u32 i = tid; i < units * (Q8U / 16); i += MV_T) ((U4*)smem)[i] = q4[i];
     } else {
         stage_x(a, xs, red);
@@ -724,7 +731,7 @@ __device__ __forceinline__ void mvr_run(const MvArgs& a) {
                 for (int i = 0; i < UPI; ++i) {
                     const u32 u = t * UPI + i;
                     if (Q8) {
-                        const int4* xq = (const int4*)(a.x + (u64)u * Q8U);
+                        const int4* xq = (const int4*)(x_row(a) + (u64)u * Q8U);
                         const int4 lo = __ldg(xq), hi = __ldg(xq + 1);
                         const float2 ds = __ldg((const float2*)(xq + 2));
                         Q8W xv;
@@ -843,11 +850,15 @@ extern "C" __global__ void __launch_bounds__(MVR_W * 32) mvr_q8_mixed(const MvAr
 // out (cols / 32 units of Q8U bytes) = x (f32 [cols], 16-byte aligned), RMS-normed first by
 // `norm` (f32 [cols]) if not 0, quantized as the CPU's quantize_q8 (IEEE division and no
 // contraction, so the same bytes for the same input). One warp per unit, a lane per element;
+// blockIdx.y: the row of a batch of inputs (f32 [rows][cols] into [rows][cols / 32] units);
 // with a norm every block sums the squares of the whole row (fixed order: blocks agree).
 extern "C" __global__ void __launch_bounds__(256) quantize_q8(u64 x, u64 norm, float eps, u32 cols, u64 out) {
     __shared__ float red[32];
     pdl_wait();
     pdl_launch();
+    // row blockIdx.y of a batch: x rows of cols floats, out rows of cols / 32 units
+    x += (u64)blockIdx.y * cols * 4;
+    out += (u64)blockIdx.y * (cols >> 5) * Q8U;
     const float* xf = (const float*)x;
     const float* g = (const float*)norm;
     float inv = 1.0f;
@@ -894,10 +905,11 @@ struct EmbedArgs {
 };
 
 // out = row `token` of w, dequantized, times scale. One thread per 32-element unit.
+// blockIdx.y: the row of a batch (params: u32 tokens [rows], out: f32 [rows][cols]).
 extern "C" __global__ void embed(const EmbedArgs a) {
     pdl_wait();
     pdl_launch();
-    u32 tok = ((const u32*)a.params)[0];
+    u32 tok = ((const u32*)a.params)[blockIdx.y];
     if (tok >= a.rows) tok = 0;  // validated by the host; this only keeps the reads in bounds
     const u8* row = (const u8*)a.w + (u64)tok * a.row_bytes;
     const u32 units = a.cols >> 5;
@@ -909,7 +921,7 @@ extern "C" __global__ void embed(const EmbedArgs a) {
 #define EMB_CALL(F) deq<F>(blk, sub, y)
         FMT_DISPATCH(a.fmt, EMB_CALL)
 #undef EMB_CALL
-        float* o = (float*)a.out + u * 32;
+        float* o = (float*)a.out + (u64)blockIdx.y * a.cols + u * 32;
         if (a.scale != 1.0f) {
 #pragma unroll
             for (int l = 0; l < 32; ++l) o[l] = y[l] * a.scale;

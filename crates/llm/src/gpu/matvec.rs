@@ -81,11 +81,14 @@ pub(crate) struct MvArgs {
     tiles: u32,
     out: u64,
     argmax: u64,
+    /// Bytes between the inputs, and between the outputs, of consecutive rows of a batch.
+    xstride: u32,
+    ostride: u32,
 }
 
 const _: () = {
     assert!(std::mem::size_of::<MvSeg>() == 40);
-    assert!(std::mem::size_of::<MvArgs>() == 184);
+    assert!(std::mem::size_of::<MvArgs>() == 192);
     assert!(std::mem::size_of::<EmbedArgs>() == 48);
 };
 
@@ -113,6 +116,8 @@ pub(crate) struct MvLaunch {
     /// mixed formats).
     split: bool,
     regs_fmt: Option<Fmt>,
+    /// Input rows of the batch (gridDim.y), each multiplied by the same weights.
+    rows: u32,
 }
 
 /// `quantize_q8` in matvec.cu: x (f32 [cols], optionally RMS-normed) into cols / 32 units of
@@ -318,6 +323,7 @@ pub(crate) fn plan(
         q8: None,
         split: false,
         regs_fmt: None,
+        rows: 1,
     })
 }
 
@@ -387,6 +393,8 @@ fn args_of(
         tiles,
         out: out.ptr(),
         argmax: argmax.map_or(0, |b| b.ptr()),
+        xstride: 0,
+        ostride: 0,
     })
 }
 
@@ -430,6 +438,7 @@ fn plan_split(
             .iter()
             .all(|s| s.w.fmt == segs[0].w.fmt)
             .then_some(segs[0].w.fmt),
+        rows: 1,
     })
 }
 
@@ -483,11 +492,50 @@ impl MvLaunch {
             // one warp per unit, 8 per block
             grid: u32_of(units.div_ceil(8).max(1), "blocks")?,
         });
+        check_len(
+            scratch,
+            q8_bytes(cols) * self.rows as usize,
+            "quantized input",
+        )?;
+        if self.rows > 1 && a.xstride as usize != cols * 4 {
+            return Err(Error::Other(format!(
+                "matvec: the fast mode quantizes packed input rows ({} bytes apart), not rows {} bytes apart",
+                cols * 4,
+                a.xstride
+            )));
+        }
         self.args.x = scratch.ptr();
+        self.args.xstride = u32_of(q8_bytes(cols), "quantized row stride")?;
         self.args.norm = 0;
         self.smem = smem as u32;
         self.grid = grid;
         self.persist = persist;
+        Ok(self)
+    }
+
+    /// The same product for `rows` input rows: row i reads its input `xstride` bytes after
+    /// row i - 1's (f32 rows; in the fast mode the quantized rows follow each other) and
+    /// writes its outputs `ostride` bytes after row i - 1's. The caller sized the buffers for
+    /// `rows` rows. Call before `with_q8`.
+    pub(crate) fn with_rows(
+        mut self,
+        rows: usize,
+        xstride: usize,
+        ostride: usize,
+    ) -> Result<MvLaunch> {
+        if self.q8.is_some() {
+            return Err(Error::Other(
+                "matvec: with_rows must come before with_q8".into(),
+            ));
+        }
+        if self.args.argmax != 0 && rows > 1 {
+            return Err(Error::Other(
+                "matvec: argmax partials are for one row".into(),
+            ));
+        }
+        self.rows = u32_of(rows.max(1), "rows")?;
+        self.args.xstride = u32_of(xstride, "input row stride")?;
+        self.args.ostride = u32_of(ostride, "output row stride")?;
         Ok(self)
     }
 
@@ -503,7 +551,7 @@ impl MvLaunch {
 
     pub(crate) fn enqueue(&self, dev: &CudaDevice) -> Result<()> {
         if let Some(q) = &self.q8 {
-            let cfg = LaunchConfig::new((q.grid, 1, 1), (256, 1, 1), 0);
+            let cfg = LaunchConfig::new((q.grid, self.rows, 1), (256, 1, 1), 0);
             let args = KernelArgs::new()
                 .arg(q.x)
                 .arg(q.norm)
@@ -512,7 +560,7 @@ impl MvLaunch {
                 .arg(q.out);
             super::launch(dev, "matvec", &SOURCE, "quantize_q8", cfg, args)?;
         }
-        let cfg = LaunchConfig::new((self.grid, 1, 1), (MV_T, 1, 1), self.smem);
+        let cfg = LaunchConfig::new((self.grid, self.rows, 1), (MV_T, 1, 1), self.smem);
         let q8 = self.q8.is_some();
         let name = match (self.split, q8, self.persist) {
             (true, _, _) => mvr_kernel(self.regs_fmt, q8),
@@ -576,6 +624,8 @@ pub(crate) struct EmbedArgs {
 pub(crate) struct EmbedLaunch {
     args: EmbedArgs,
     grid: u32,
+    /// Rows of a batch: tokens `params[0..rows]`, outputs `[rows][cols]`.
+    rows: u32,
 }
 
 /// out (f32 [cols]) = row `params[0]` of `w` times `scale`.
@@ -605,12 +655,20 @@ pub(crate) fn plan_embed(
             pad: 0,
         },
         grid: u32_of((w.cols / 32).div_ceil(128).max(1), "blocks")?,
+        rows: 1,
     })
 }
 
 impl EmbedLaunch {
+    /// The embedding of `rows` tokens (`params`: u32 [rows], output f32 [rows][cols]; sized by
+    /// the caller).
+    pub(crate) fn with_rows(mut self, rows: u32) -> EmbedLaunch {
+        self.rows = rows.max(1);
+        self
+    }
+
     pub(crate) fn enqueue(&self, dev: &CudaDevice) -> Result<()> {
-        let cfg = LaunchConfig::new((self.grid, 1, 1), (128, 1, 1), 0);
+        let cfg = LaunchConfig::new((self.grid, self.rows, 1), (128, 1, 1), 0);
         super::launch(
             dev,
             "embed",

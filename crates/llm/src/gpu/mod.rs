@@ -25,19 +25,21 @@
 //! Kernels are CUDA C++ next to their wrappers: `matvec.cu` (with `quant.cuh`, the block
 //! formats) by `matvec.rs`, `decode.cu` by `decode.rs`.
 
-mod decode;
+pub(crate) mod decode;
 mod generate;
-mod matvec;
+pub(crate) mod matvec;
 pub mod ops;
+pub(crate) mod paged;
 mod prefill;
 mod sample;
 mod session;
-mod weights;
+pub(crate) mod weights;
 
 pub use ferrite_cuda::{device_count, is_available, Buffer, CudaDevice, KernelSource};
 pub use generate::{generate, mean_nll};
 pub use prefill::CHUNK as PREFILL_CHUNK;
 pub use sample::{sample_many, sample_once};
+pub(crate) use session::device_greedy;
 pub use session::GpuSession;
 pub use weights::{default_precision, Fmt, GpuMatrix, GpuModel, Layout, F32_ACTS_MAX_WEIGHT_BYTES};
 
@@ -50,6 +52,7 @@ pub fn sources() -> Vec<&'static KernelSource> {
         &decode::SOURCE,
         &prefill::SOURCE,
         &sample::SOURCE,
+        &paged::SOURCE,
     ]
 }
 
@@ -133,6 +136,7 @@ pub(crate) enum Launch {
     Attn(decode::AttnLaunch),
     Norm(decode::NormLaunch),
     Sample(sample::SampleLaunch),
+    Paged(paged::PagedLaunch),
 }
 
 impl Launch {
@@ -144,6 +148,7 @@ impl Launch {
             Launch::Attn(l) => l.enqueue(dev),
             Launch::Norm(l) => l.enqueue(dev),
             Launch::Sample(l) => l.enqueue(dev),
+            Launch::Paged(l) => l.enqueue(dev),
         }
     }
 }

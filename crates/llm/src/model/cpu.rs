@@ -71,6 +71,10 @@ impl<'m> CpuKernels<'m> {
         }
     }
 
+    pub fn model(&self) -> &'m Model {
+        self.m
+    }
+
     /// Logits of the last step, `[out rows][vocab]` (see [`Batch::out_rows`]).
     pub fn logits(&self) -> &[f32] {
         &self.logits
@@ -194,7 +198,7 @@ impl Kernels for CpuKernels<'_> {
         Ok(())
     }
 
-    fn norm_matmul(&mut self, x: Buf, norm: Option<Norm>, outs: &[(Mat, Buf)]) {
+    fn norm_matmul(&mut self, x: Buf, norm: Option<Norm>, outs: &[(Mat, Buf)]) -> Result<()> {
         let (t, cols) = (self.rows(), self.width(x));
         let m = self.m;
         let src: &[f32] = match norm {
@@ -247,15 +251,25 @@ impl Kernels for CpuKernels<'_> {
             }
             self.bufs[idx(*b)] = buf;
         }
+        Ok(())
     }
 
-    fn head_norm(&mut self, x: Buf, norm: Norm) {
+    fn head_norm(&mut self, x: Buf, norm: Norm) -> Result<()> {
         let w = self.norm_w(norm);
         let c = &self.m.cfg;
         rms_norm_in_place(&mut self.bufs[idx(x)], w, c.head_dim, c.eps);
+        Ok(())
     }
 
-    fn rope_attention(&mut self, kv: &mut CpuKvStore, il: usize, q: Buf, k: Buf, v: Buf, out: Buf) {
+    fn rope_attention(
+        &mut self,
+        kv: &mut CpuKvStore,
+        il: usize,
+        q: Buf,
+        k: Buf,
+        v: Buf,
+        out: Buf,
+    ) -> Result<()> {
         let c = &self.m.cfg;
         let (hd, nh, nkv) = (c.head_dim, c.n_head, c.n_kv_head);
         let local = c.is_local(il);
@@ -304,8 +318,37 @@ impl Kernels for CpuKernels<'_> {
         self.bufs[idx(q)] = qb;
         self.bufs[idx(k)] = kb;
         self.bufs[idx(out)] = ob;
+        Ok(())
     }
 
+    fn norm_glu(
+        &mut self,
+        x: Buf,
+        norm: Norm,
+        gate: Mat,
+        up: Mat,
+        out: Buf,
+        act: Glu,
+    ) -> Result<()> {
+        self.norm_matmul(x, Some(norm), &[(gate, out), (up, Buf::Up)])?;
+        self.glu(out, Buf::Up, act);
+        Ok(())
+    }
+
+    fn matmul_residual(&mut self, x: Buf, w: Mat, y: Buf, post_norm: Option<Norm>) -> Result<()> {
+        self.norm_matmul(x, None, &[(w, Buf::Tmp)])?;
+        self.residual(y, Buf::Tmp, post_norm);
+        Ok(())
+    }
+
+    fn logits(&mut self, x: Buf) -> Result<()> {
+        self.final_logits(x);
+        Ok(())
+    }
+}
+
+impl CpuKernels<'_> {
+    /// `gate = act(gate) * up`.
     fn glu(&mut self, gate: Buf, up: Buf, act: Glu) {
         let ub = std::mem::take(&mut self.bufs[idx(up)]);
         let g = &mut self.bufs[idx(gate)];
@@ -319,6 +362,7 @@ impl Kernels for CpuKernels<'_> {
         self.bufs[idx(up)] = ub;
     }
 
+    /// `x += post_norm(y)` (or `x += y`).
     fn residual(&mut self, x: Buf, y: Buf, post_norm: Option<Norm>) {
         let mut yb = std::mem::take(&mut self.bufs[idx(y)]);
         if let Some(n) = post_norm {
@@ -332,7 +376,7 @@ impl Kernels for CpuKernels<'_> {
         self.bufs[idx(y)] = yb;
     }
 
-    fn logits(&mut self, x: Buf) {
+    fn final_logits(&mut self, x: Buf) {
         let m = self.m;
         let d = m.cfg.d_model;
         let n = self.out_rows.len();

@@ -7,10 +7,12 @@
 
 mod config;
 pub mod cpu;
+pub mod cuda;
 pub mod step;
 
 pub use config::{Arch, Config};
 pub use cpu::CpuKernels;
+pub use cuda::{CudaKernels, CudaKvStore, CudaLimits};
 pub use step::{Batch, Out};
 
 use ferrite_gguf::{GgmlType, GgufFile, TensorInfo};

@@ -139,7 +139,8 @@ pub enum Glu {
 }
 
 /// The fused LLM kernels a backend implements. Every method works on all rows of the batch
-/// given to `begin`.
+/// given to `begin`; a backend may queue the work and run it at `logits` (the last call of a
+/// step), so results are readable only after the step.
 pub trait Kernels {
     /// The backend's KV storage (blocks addressed through the batch's block tables).
     type Kv;
@@ -151,19 +152,37 @@ pub trait Kernels {
     fn embed(&mut self, out: Buf) -> Result<()>;
     /// `outs[i].1 = norm(x) @ outs[i].0^T (+ the matrix's bias)`, all products sharing one
     /// pass over the (normalized, quantized) activations; no norm when `norm` is None.
-    fn norm_matmul(&mut self, x: Buf, norm: Option<Norm>, outs: &[(Mat, Buf)]);
+    fn norm_matmul(&mut self, x: Buf, norm: Option<Norm>, outs: &[(Mat, Buf)]) -> Result<()>;
     /// RMS norm of each head (head_dim values) of every row, in place.
-    fn head_norm(&mut self, x: Buf, norm: Norm);
+    fn head_norm(&mut self, x: Buf, norm: Norm) -> Result<()>;
     /// RoPE on q and k (each row at its position; the layer's local or global angles),
     /// k and v appended to the KV cache through the block tables, then causal attention
     /// (sliding-window for local layers) of q over each sequence's cached positions.
-    fn rope_attention(&mut self, kv: &mut Self::Kv, layer: usize, q: Buf, k: Buf, v: Buf, out: Buf);
-    /// `gate = act(gate) * up`.
-    fn glu(&mut self, gate: Buf, up: Buf, act: Glu);
-    /// `x += post_norm(y)` (or `x += y`).
-    fn residual(&mut self, x: Buf, y: Buf, post_norm: Option<Norm>);
-    /// Final norm and output product of the rows the batch asks logits for.
-    fn logits(&mut self, x: Buf);
+    fn rope_attention(
+        &mut self,
+        kv: &mut Self::Kv,
+        layer: usize,
+        q: Buf,
+        k: Buf,
+        v: Buf,
+        out: Buf,
+    ) -> Result<()>;
+    /// `out = act(norm(x) @ gate^T) * (norm(x) @ up^T)`: the gated unit, its two products
+    /// sharing one pass over the activations (`Buf::Up` may serve as scratch).
+    fn norm_glu(
+        &mut self,
+        x: Buf,
+        norm: Norm,
+        gate: Mat,
+        up: Mat,
+        out: Buf,
+        act: Glu,
+    ) -> Result<()>;
+    /// `y += post_norm(x @ w^T)` (or `y += x @ w^T`): a product onto the residual stream
+    /// (`Buf::Tmp` may serve as scratch).
+    fn matmul_residual(&mut self, x: Buf, w: Mat, y: Buf, post_norm: Option<Norm>) -> Result<()>;
+    /// Final norm and output product of the rows the batch asks logits for; ends the step.
+    fn logits(&mut self, x: Buf) -> Result<()>;
 }
 
 /// One step of the model over `batch`: the whole transformer, written once.
@@ -181,23 +200,32 @@ pub fn forward<K: Kernels>(cfg: &Config, k: &mut K, kv: &mut K::Kv, batch: &Batc
                 (Mat::K(il), Buf::K),
                 (Mat::V(il), Buf::V),
             ],
-        );
+        )?;
         if gemma {
-            k.head_norm(Buf::Q, Norm::QHead(il));
-            k.head_norm(Buf::K, Norm::KHead(il));
+            k.head_norm(Buf::Q, Norm::QHead(il))?;
+            k.head_norm(Buf::K, Norm::KHead(il))?;
         }
-        k.rope_attention(kv, il, Buf::Q, Buf::K, Buf::V, Buf::Att);
-        k.norm_matmul(Buf::Att, None, &[(Mat::O(il), Buf::Tmp)]);
-        k.residual(Buf::X, Buf::Tmp, gemma.then_some(Norm::PostAttn(il)));
-        k.norm_matmul(
+        k.rope_attention(kv, il, Buf::Q, Buf::K, Buf::V, Buf::Att)?;
+        k.matmul_residual(
+            Buf::Att,
+            Mat::O(il),
             Buf::X,
-            Some(Norm::Ffn(il)),
-            &[(Mat::Gate(il), Buf::Gate), (Mat::Up(il), Buf::Up)],
-        );
-        k.glu(Buf::Gate, Buf::Up, act);
-        k.norm_matmul(Buf::Gate, None, &[(Mat::Down(il), Buf::Tmp)]);
-        k.residual(Buf::X, Buf::Tmp, gemma.then_some(Norm::PostFfn(il)));
+            gemma.then_some(Norm::PostAttn(il)),
+        )?;
+        k.norm_glu(
+            Buf::X,
+            Norm::Ffn(il),
+            Mat::Gate(il),
+            Mat::Up(il),
+            Buf::Gate,
+            act,
+        )?;
+        k.matmul_residual(
+            Buf::Gate,
+            Mat::Down(il),
+            Buf::X,
+            gemma.then_some(Norm::PostFfn(il)),
+        )?;
     }
-    k.logits(Buf::X);
-    Ok(())
+    k.logits(Buf::X)
 }

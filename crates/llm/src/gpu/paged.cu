@@ -1,0 +1,353 @@
+#line 1 "paged.cu"
+// The engine's batched kernels around the products (quant.cuh and decode.cu in front): one
+// launch serves every row of a step, each row a token of some sequence at its own position.
+//
+// Paged KV cache: keys and values are f16 [block][n_layer][n_kv_head][KV_BS][head_dim] (two
+// buffers); a sequence's position p lies in block tables[toff + p / KV_BS], slot p % KV_BS.
+// Row metadata (u32 [rows][2]): the row's position (PAD_ROW: a padding row of a graph bucket,
+// skipped) and the offset of its sequence's block table in `tables`.
+
+#define KV_BS 16
+#define PAD_ROW 0xffffffffu
+
+// Element offset of (block, layer, kv head g, slot) in the key or value buffer.
+__device__ __forceinline__ u64 kv_at(u32 blk, u32 layer, u32 n_layer, u32 nkv, u32 g, u32 slot, u32 hd) {
+    return ((((u64)blk * n_layer + layer) * nkv + g) * KV_BS + slot) * hd;
+}
+
+// Layout of `RopeStoreArgs` in gpu/paged.rs.
+struct RopeStoreArgs {
+    u64 qkv;        // f32 [rows][qkv_w]: q (nh*hd) | k (nkv*hd) | v (nkv*hd) of each row
+    u64 kc, vc;     // the paged cache
+    u64 rows;       // u32 [rows][2]: pos, table offset
+    u64 tables;     // u32 block ids
+    u64 inv_freq;   // f32 [rope_dim / 2]
+    u32 nh, nkv, hd, layer;
+    u32 n_layer, rope_dim, neox, qkv_w;
+    float pos_scale;
+    u32 pad;
+};
+
+// Row blockIdx.x: q and k rotated at the row's position (q in place), k and v stored as f16
+// into the row's slot of the cache. Dynamic shared memory: (nh + nkv) * (hd + 1) floats.
+extern "C" __global__ void __launch_bounds__(128) rope_store(const RopeStoreArgs a) {
+    extern __shared__ __align__(16) float rs_sm[];
+    pdl_wait();
+    pdl_launch();
+    const u32 r = blockIdx.x;
+    const u32 pos = ((const u32*)a.rows)[2 * r];
+    if (pos == PAD_ROW) return;  // the whole block
+    const u32 toff = ((const u32*)a.rows)[2 * r + 1];
+    const u32 nq = a.nh * a.hd, nk = a.nkv * a.hd;
+    float* row = (float*)a.qkv + (u64)r * a.qkv_w;
+    float* x = rs_sm;
+    float* tmp = rs_sm + nq + nk;
+    for (u32 i = threadIdx.x; i < nq + nk; i += blockDim.x) x[i] = row[i];
+    __syncthreads();
+    norm_rope(x, a.nh + a.nkv, a.hd, nullptr, 0.f, pos, a.pos_scale, (const float*)a.inv_freq, a.rope_dim,
+              a.neox, tmp);
+    for (u32 i = threadIdx.x; i < nq; i += blockDim.x) row[i] = x[i];
+    const u32 blk = ((const u32*)a.tables)[toff + pos / KV_BS];
+    const u32 slot = pos % KV_BS;
+    for (u32 i = threadIdx.x; i < nk; i += blockDim.x) {
+        const u32 g = i / a.hd, d = i % a.hd;
+        const u64 at = kv_at(blk, a.layer, a.n_layer, a.nkv, g, slot, a.hd) + d;
+        ((f16*)a.kc)[at] = f32_to_f16(x[nq + i]);
+        ((f16*)a.vc)[at] = f32_to_f16(row[nq + nk + i]);
+    }
+}
+
+// Layout of `PagedAttnArgs` in gpu/paged.rs.
+struct PagedAttnArgs {
+    u64 q;          // f32, row r's q heads at q + r * q_stride floats (rotated by rope_store)
+    u64 kc, vc;
+    u64 rows, tables;
+    u64 part;       // f32 [rows][nh][maxsplit][hd + 2]
+    u64 count;      // u32 [rows][nkv * ngrp]: 0 before and after each launch
+    u64 out;        // f32 [rows][nh * hd]
+    u32 nh, nkv, hd, layer;
+    u32 n_layer, maxsplit, window, ngrp;
+    u32 q_stride;
+    float scale;
+};
+
+// Causal attention of row blockIdx.z (at position pos) over its sequence's keys lo..=pos in
+// layer `layer`, read through the block table: attn_step's split scheme (decode.cu) with keys
+// and values addressed by block. Block (kv head g, head subgroup, split s = blockIdx.y). The
+// splits of a row depend only on its position and maxsplit (fixed per engine), so a row's
+// result does not depend on the other rows of the step. Requires hd % 8 == 0, hd <= HD_MAX.
+extern "C" __global__ void __launch_bounds__(AT_T) paged_attn(const PagedAttnArgs a) {
+    __shared__ __align__(16) float qs[AT_GMAX * HD_MAX];
+    __shared__ float sc[AT_GMAX][AT_TILE];
+    __shared__ __align__(16) float red[AT_GMAX * 4 * AT_T];
+    __shared__ float m_s[AT_GMAX], l_s[AT_GMAX], alpha_s[AT_GMAX];
+    __shared__ u32 last;
+
+    const u32 tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const u32 hd = a.hd;
+    const u32 r = blockIdx.z;
+    const u32 g = blockIdx.x / a.ngrp, sub = blockIdx.x % a.ngrp;
+    const u32 group = a.nh / a.nkv;
+    const u32 h0 = g * group + sub * AT_GMAX;
+    const u32 nhb = min((u32)AT_GMAX, group - sub * AT_GMAX);
+    pdl_wait();
+    pdl_launch();
+    const u32 pos = ((const u32*)a.rows)[2 * r];
+    if (pos == PAD_ROW) return;
+    const u32* tab = (const u32*)a.tables + ((const u32*)a.rows)[2 * r + 1];
+    u32 lo, chunk, nact;
+    attn_range(pos, a.window, a.maxsplit, &lo, &chunk, &nact);
+    const u32 s = blockIdx.y;
+    if (s >= nact) return;
+    const u32 k0 = lo + s * chunk;
+    const u32 k1 = min(k0 + chunk, pos + 1);
+    const f16* kc = (const f16*)a.kc;
+    const f16* vc = (const f16*)a.vc;
+    const u32 tpr = hd / 4;
+    const u32 ks = AT_T / tpr;
+    const u32 slice = tid / tpr, dq = tid % tpr;
+
+    const float* q = (const float*)a.q + (u64)r * a.q_stride;
+    for (u32 i = tid; i < nhb * hd; i += AT_T) qs[i] = q[h0 * hd + i];
+    if (tid < AT_GMAX) {
+        m_s[tid] = neg_inf<float>();
+        l_s[tid] = 0.f;
+    }
+    __syncthreads();
+
+    float acc[AT_GMAX][4];
+#pragma unroll
+    for (int h = 0; h < AT_GMAX; ++h) acc[h][0] = acc[h][1] = acc[h][2] = acc[h][3] = 0.f;
+
+    for (u32 t0 = k0; t0 < k1; t0 += AT_TILE) {
+        const u32 nt = min((u32)AT_TILE, k1 - t0);
+        if (tid < nt) {
+            const u32 j = t0 + tid;
+            const U4* krow = (const U4*)(kc + kv_at(tab[j / KV_BS], a.layer, a.n_layer, a.nkv, g, j % KV_BS, hd));
+            float d[AT_GMAX];
+#pragma unroll
+            for (int h = 0; h < AT_GMAX; ++h) d[h] = 0.f;
+#pragma unroll 8
+            for (u32 c = 0; c < hd / 8; ++c) {
+                float kf[8];
+                unpack8(krow[c], kf);
+#pragma unroll
+                for (int h = 0; h < AT_GMAX; ++h) {
+                    if ((u32)h < nhb) {
+                        const float* qh = qs + h * hd + 8 * c;
+#pragma unroll
+                        for (int e = 0; e < 8; ++e) d[h] += qh[e] * kf[e];
+                    }
+                }
+            }
+#pragma unroll
+            for (int h = 0; h < AT_GMAX; ++h) {
+                if ((u32)h < nhb) sc[h][tid] = d[h] * a.scale;
+            }
+        }
+        __syncthreads();
+        for (u32 h = warp; h < nhb; h += AT_T / 32) {
+            float mx = neg_inf<float>();
+            for (u32 i = lane; i < nt; i += 32) mx = fmaxf(mx, sc[h][i]);
+            mx = warp_max(mx);
+            const float mold = m_s[h];
+            const float mnew = fmaxf(mold, mx);
+            float sum = 0.f;
+            for (u32 i = lane; i < nt; i += 32) {
+                const float p = expf(sc[h][i] - mnew);
+                sc[h][i] = p;
+                sum += p;
+            }
+            sum = warp_sum(sum);
+            if (lane == 0) {
+                const float al = expf(mold - mnew);
+                alpha_s[h] = al;
+                l_s[h] = l_s[h] * al + sum;
+                m_s[h] = mnew;
+            }
+        }
+        __syncthreads();
+        if (slice < ks) {
+#pragma unroll
+            for (int h = 0; h < AT_GMAX; ++h) {
+                if ((u32)h < nhb) {
+                    const float al = alpha_s[h];
+                    acc[h][0] *= al;
+                    acc[h][1] *= al;
+                    acc[h][2] *= al;
+                    acc[h][3] *= al;
+                }
+            }
+#pragma unroll 4
+            for (u32 i = slice; i < nt; i += ks) {
+                const u32 j = t0 + i;
+                const u64 at = kv_at(tab[j / KV_BS], a.layer, a.n_layer, a.nkv, g, j % KV_BS, hd);
+                const H4 w = *(const H4*)(vc + at + 4 * dq);
+                const float v0 = h2f(w.x), v1 = h2f(w.y), v2 = h2f(w.z), v3 = h2f(w.w);
+#pragma unroll
+                for (int h = 0; h < AT_GMAX; ++h) {
+                    if ((u32)h < nhb) {
+                        const float p = sc[h][i];
+                        acc[h][0] += p * v0;
+                        acc[h][1] += p * v1;
+                        acc[h][2] += p * v2;
+                        acc[h][3] += p * v3;
+                    }
+                }
+            }
+        }
+        __syncthreads();
+    }
+
+    if (slice < ks) {
+#pragma unroll
+        for (int h = 0; h < AT_GMAX; ++h) {
+            if ((u32)h < nhb) {
+                float* rr = red + (slice * AT_GMAX + h) * hd + 4 * dq;
+                rr[0] = acc[h][0];
+                rr[1] = acc[h][1];
+                rr[2] = acc[h][2];
+                rr[3] = acc[h][3];
+            }
+        }
+    }
+    __syncthreads();
+    float* out = (float*)a.out + (u64)r * a.nh * hd;
+    if (nact == 1) {
+        for (u32 i = tid; i < nhb * hd; i += AT_T) {
+            const u32 h = i / hd, d = i % hd;
+            float o = 0.f;
+            for (u32 sl = 0; sl < ks; ++sl) o += red[(sl * AT_GMAX + h) * hd + d];
+            out[(h0 + h) * hd + d] = o / l_s[h];
+        }
+        return;
+    }
+    float* part = (float*)a.part + (u64)r * a.nh * a.maxsplit * (hd + 2);
+    for (u32 i = tid; i < nhb * hd; i += AT_T) {
+        const u32 h = i / hd, d = i % hd;
+        float o = 0.f;
+        for (u32 sl = 0; sl < ks; ++sl) o += red[(sl * AT_GMAX + h) * hd + d];
+        part[((u64)(h0 + h) * a.maxsplit + s) * (hd + 2) + d] = o;
+    }
+    if (tid < nhb) {
+        const u64 base = ((u64)(h0 + tid) * a.maxsplit + s) * (hd + 2);
+        part[base + hd] = m_s[tid];
+        part[base + hd + 1] = l_s[tid];
+    }
+    __threadfence();
+    __syncthreads();
+    u32* count = (u32*)a.count + (u64)r * gridDim.x + blockIdx.x;
+    if (tid == 0) last = atomicAdd(count, 1u) == nact - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    for (u32 h = warp; h < nhb; h += AT_T / 32) {
+        const float* ph = part + (u64)(h0 + h) * a.maxsplit * (hd + 2);
+        float mx = neg_inf<float>();
+        for (u32 t = lane; t < nact; t += 32) mx = fmaxf(mx, ld_cg(ph + t * (hd + 2) + hd));
+        mx = warp_max(mx);
+        float l = 0.f;
+        for (u32 t = lane; t < nact; t += 32) {
+            l += ld_cg(ph + t * (hd + 2) + hd + 1) * expf(ld_cg(ph + t * (hd + 2) + hd) - mx);
+        }
+        l = warp_sum(l);
+        for (u32 t = lane; t < nact; t += 32) sc[h][t] = expf(ld_cg(ph + t * (hd + 2) + hd) - mx) / l;
+    }
+    __syncthreads();
+    for (u32 i = tid; i < nhb * hd; i += AT_T) {
+        const u32 h = i / hd, d = i % hd;
+        const float* ph = part + (u64)(h0 + h) * a.maxsplit * (hd + 2);
+        float o = 0.f;
+        for (u32 t = 0; t < nact; ++t) o += ld_cg(ph + t * (hd + 2) + d) * sc[h][t];
+        out[(h0 + h) * hd + d] = o;
+    }
+    if (tid == 0) *count = 0;
+}
+
+// RMS norm of each of the `heads` heads (hd values) of every row, in place: row r's heads at
+// x + r * stride floats (gemma3's q and k norms). One warp per (row, head): block blockIdx.x
+// takes (row blockIdx.x / heads, head blockIdx.x % heads).
+extern "C" __global__ void __launch_bounds__(32) head_norm_rows(u64 x, u64 w, u32 stride, u32 heads, u32 hd,
+                                                               float eps) {
+    pdl_wait();
+    pdl_launch();
+    const u32 r = blockIdx.x / heads, h = blockIdx.x % heads;
+    float* p = (float*)x + (u64)r * stride + (u64)h * hd;
+    float ss = 0.f;
+    for (u32 d = threadIdx.x; d < hd; d += 32) ss += p[d] * p[d];
+    ss = warp_sum(ss);
+    const float inv = 1.0f / sqrtf(ss / (float)hd + eps);
+    for (u32 d = threadIdx.x; d < hd; d += 32) p[d] = p[d] * inv * ((const float*)w)[d];
+}
+
+// dst row i (width floats) = src row ids[i]. Block blockIdx.x copies row i.
+extern "C" __global__ void gather_rows(u64 src, u64 dst, u64 ids, u32 width) {
+    pdl_wait();
+    pdl_launch();
+    const u32 i = blockIdx.x;
+    const float* s = (const float*)src + (u64)((const u32*)ids)[i] * width;
+    float* d = (float*)dst + (u64)i * width;
+    for (u32 c = threadIdx.x; c < width; c += blockDim.x) d[c] = s[c];
+}
+
+// out[r] = the index of the largest of row r's n logits (lowest index on ties; NaN and -inf
+// never chosen, 0 if every logit is): the CPU sampler's greedy pick. One block of 1024 per row.
+extern "C" __global__ void __launch_bounds__(1024) argmax_rows(u64 logits, u32 n, u64 out) {
+    __shared__ float sv[32];
+    __shared__ u32 si[32];
+    pdl_wait();
+    pdl_launch();
+    const float* p = (const float*)logits + (u64)blockIdx.x * n;
+    float best = neg_inf<float>();
+    u32 bi = 0xffffffffu;
+    for (u32 i = threadIdx.x; i < n; i += blockDim.x) {
+        const float v = p[i];
+        if (v > best) {  // false for NaN; i rises, so ties keep the lowest
+            best = v;
+            bi = i;
+        }
+    }
+    const u32 lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+    for (int o = 16; o > 0; o >>= 1) {
+        const float ov = __shfl_xor_sync(0xffffffffu, best, o);
+        const u32 oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        if (ov > best || (ov == best && oi < bi)) {
+            best = ov;
+            bi = oi;
+        }
+    }
+    if (lane == 0) {
+        sv[wid] = best;
+        si[wid] = bi;
+    }
+    __syncthreads();
+    if (wid == 0) {
+        const u32 nw = blockDim.x >> 5;
+        best = lane < nw ? sv[lane] : neg_inf<float>();
+        bi = lane < nw ? si[lane] : 0xffffffffu;
+        for (int o = 16; o > 0; o >>= 1) {
+            const float ov = __shfl_xor_sync(0xffffffffu, best, o);
+            const u32 oi = __shfl_xor_sync(0xffffffffu, bi, o);
+            if (ov > best || (ov == best && oi < bi)) {
+                best = ov;
+                bi = oi;
+            }
+        }
+        if (lane == 0) ((u32*)out)[blockIdx.x] = bi == 0xffffffffu ? 0u : bi;
+    }
+}
+
+// Copies block `src` of the key and value buffers onto block `dst` (n16: 16-byte words per
+// block per buffer): copy-on-write of a shared block.
+extern "C" __global__ void kv_copy_block(u64 kc, u64 vc, u32 src, u32 dst, u64 n16) {
+    pdl_wait();
+    pdl_launch();
+    const U4* ks = (const U4*)kc + (u64)src * n16;
+    const U4* vs = (const U4*)vc + (u64)src * n16;
+    U4* kd = (U4*)kc + (u64)dst * n16;
+    U4* vd = (U4*)vc + (u64)dst * n16;
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n16; i += (u64)gridDim.x * blockDim.x) {
+        kd[i] = ks[i];
+        vd[i] = vs[i];
+    }
+}

@@ -1,0 +1,235 @@
+//! Wrappers of `paged.cu`: the engine's batched kernels over the paged KV cache (RoPE + KV
+//! append, attention through block tables, per-head norms, row gather, per-row argmax, block
+//! copy). Each launch serves every row of a step; row metadata and block tables are device
+//! buffers the host writes before the step, so a captured step replays for any positions.
+
+use ferrite_cuda::{Buffer, CudaDevice, KernelArgs, KernelSource, LaunchConfig};
+
+use super::decode::HD_MAX;
+use crate::error::{Error, Result};
+
+pub(crate) static SOURCE: KernelSource = KernelSource {
+    name: "llm_paged",
+    src: concat!(
+        include_str!("quant.cuh"),
+        include_str!("decode.cu"),
+        include_str!("paged.cu")
+    ),
+};
+
+/// Positions per KV block (`KV_BS`).
+pub const KV_BS: usize = 16;
+/// Row position of a padding row (`PAD_ROW`): the kernels skip it.
+pub const PAD_ROW: u32 = u32::MAX;
+const AT_T: u32 = 128;
+/// Query heads per attention block (`AT_GMAX`).
+const AT_GMAX: usize = 8;
+
+const _: () = assert!(KV_BS == crate::kv_cache::BLOCK_SIZE);
+
+/// `RopeStoreArgs` in paged.cu.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct RopeStoreArgs {
+    pub qkv: u64,
+    pub kc: u64,
+    pub vc: u64,
+    pub rows: u64,
+    pub tables: u64,
+    pub inv_freq: u64,
+    pub nh: u32,
+    pub nkv: u32,
+    pub hd: u32,
+    pub layer: u32,
+    pub n_layer: u32,
+    pub rope_dim: u32,
+    pub neox: u32,
+    pub qkv_w: u32,
+    pub pos_scale: f32,
+    pub pad: u32,
+}
+
+/// `PagedAttnArgs` in paged.cu.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct PagedAttnArgs {
+    pub q: u64,
+    pub kc: u64,
+    pub vc: u64,
+    pub rows: u64,
+    pub tables: u64,
+    pub part: u64,
+    pub count: u64,
+    pub out: u64,
+    pub nh: u32,
+    pub nkv: u32,
+    pub hd: u32,
+    pub layer: u32,
+    pub n_layer: u32,
+    pub maxsplit: u32,
+    pub window: u32,
+    pub ngrp: u32,
+    pub q_stride: u32,
+    pub scale: f32,
+}
+
+const _: () = {
+    assert!(std::mem::size_of::<RopeStoreArgs>() == 88);
+    assert!(std::mem::size_of::<PagedAttnArgs>() == 104);
+};
+
+/// Head-group blocks per KV head of the attention (`ngrp`).
+pub(crate) fn head_groups(n_head: usize, n_kv_head: usize) -> usize {
+    (n_head / n_kv_head).div_ceil(AT_GMAX)
+}
+
+/// Checks the attention shape the kernels take.
+pub(crate) fn check_shape(n_head: usize, n_kv_head: usize, hd: usize) -> Result<()> {
+    if n_kv_head == 0
+        || !n_head.is_multiple_of(n_kv_head)
+        || hd == 0
+        || !hd.is_multiple_of(8)
+        || hd > HD_MAX
+    {
+        return Err(Error::Model(format!(
+            "paged attention needs head_dim a multiple of 8 up to {HD_MAX} and query heads a multiple of KV heads; found {n_head} heads, {n_kv_head} KV heads, head_dim {hd}"
+        )));
+    }
+    Ok(())
+}
+
+/// One launch of the engine's batched kernels.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum PagedLaunch {
+    /// Row blockIdx.x of `rows`; dynamic shared memory `smem`.
+    RopeStore {
+        args: RopeStoreArgs,
+        rows: u32,
+        smem: u32,
+    },
+    Attn {
+        args: PagedAttnArgs,
+        rows: u32,
+    },
+    HeadNorm {
+        x: u64,
+        w: u64,
+        stride: u32,
+        heads: u32,
+        hd: u32,
+        eps: f32,
+        rows: u32,
+    },
+    Gather {
+        src: u64,
+        dst: u64,
+        ids: u64,
+        width: u32,
+        rows: u32,
+    },
+    Argmax {
+        logits: u64,
+        n: u32,
+        out: u64,
+        rows: u32,
+    },
+}
+
+impl PagedLaunch {
+    pub(crate) fn enqueue(&self, dev: &CudaDevice) -> Result<()> {
+        match *self {
+            PagedLaunch::RopeStore { args, rows, smem } => {
+                let cfg = LaunchConfig::new((rows, 1, 1), (128, 1, 1), smem);
+                super::launch(
+                    dev,
+                    "rope_store",
+                    &SOURCE,
+                    "rope_store",
+                    cfg,
+                    KernelArgs::new().arg(args),
+                )
+            }
+            PagedLaunch::Attn { args, rows } => {
+                let grid = (args.nkv * args.ngrp, args.maxsplit, rows);
+                let cfg = LaunchConfig::new(grid, (AT_T, 1, 1), 0);
+                super::launch(
+                    dev,
+                    "paged_attn",
+                    &SOURCE,
+                    "paged_attn",
+                    cfg,
+                    KernelArgs::new().arg(args),
+                )
+            }
+            PagedLaunch::HeadNorm {
+                x,
+                w,
+                stride,
+                heads,
+                hd,
+                eps,
+                rows,
+            } => {
+                let cfg = LaunchConfig::new((rows * heads, 1, 1), (32, 1, 1), 0);
+                let a = KernelArgs::new()
+                    .arg(x)
+                    .arg(w)
+                    .arg(stride)
+                    .arg(heads)
+                    .arg(hd)
+                    .arg(eps);
+                super::launch(dev, "head_norm", &SOURCE, "head_norm_rows", cfg, a)
+            }
+            PagedLaunch::Gather {
+                src,
+                dst,
+                ids,
+                width,
+                rows,
+            } => {
+                let cfg = LaunchConfig::new((rows, 1, 1), (256, 1, 1), 0);
+                let a = KernelArgs::new().arg(src).arg(dst).arg(ids).arg(width);
+                super::launch(dev, "gather_rows", &SOURCE, "gather_rows", cfg, a)
+            }
+            PagedLaunch::Argmax {
+                logits,
+                n,
+                out,
+                rows,
+            } => {
+                let cfg = LaunchConfig::new((rows, 1, 1), (1024, 1, 1), 0);
+                let a = KernelArgs::new().arg(logits).arg(n).arg(out);
+                super::launch(dev, "argmax_rows", &SOURCE, "argmax_rows", cfg, a)
+            }
+        }
+    }
+}
+
+/// Copies block `src` onto block `dst` in the key and value buffers (`block_bytes` each, a
+/// multiple of 16), ordered on the compute stream.
+pub(crate) fn copy_block(
+    dev: &CudaDevice,
+    kc: &Buffer,
+    vc: &Buffer,
+    src: u32,
+    dst: u32,
+    block_bytes: usize,
+) -> Result<()> {
+    let end = (src.max(dst) as usize + 1) * block_bytes;
+    if !block_bytes.is_multiple_of(16) || kc.bytes() < end || vc.bytes() < end {
+        return Err(Error::Other(format!(
+            "kv_copy_block: blocks {src} -> {dst} of {block_bytes} bytes outside the cache of {} bytes",
+            kc.bytes().min(vc.bytes())
+        )));
+    }
+    let n16 = (block_bytes / 16) as u64;
+    let blocks = n16.div_ceil(256).clamp(1, 1024) as u32;
+    let cfg = LaunchConfig::new((blocks, 1, 1), (256, 1, 1), 0);
+    let a = KernelArgs::new()
+        .arg(kc.ptr())
+        .arg(vc.ptr())
+        .arg(src)
+        .arg(dst)
+        .arg(n16);
+    super::launch(dev, "kv_copy_block", &SOURCE, "kv_copy_block", cfg, a)
+}

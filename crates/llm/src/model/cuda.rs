@@ -1,0 +1,796 @@
+//! The CUDA kernel set of the model definition ([`super::step`]): a thin wrapper that plans
+//! the launches of `crate::gpu` (`matvec.cu` products, `paged.cu` attention and friends) over
+//! scratch buffers allocated once for the largest step, so every launch of a step has fixed
+//! addresses and a decode step can be captured as a CUDA graph.
+//!
+//! A step's data (tokens, each row's position and block-table offset, the logit rows, the
+//! block tables) goes to the device in one write at `begin`; the kernel calls of the
+//! definition only plan launches; `logits` (the last call) runs them: eagerly, or for a
+//! decode-only step (one row per sequence) through the graph of its batch-size bucket (1, 2,
+//! 4, ... 64 rows; padding rows are skipped by the attention and ignored elsewhere), captured
+//! the second time the bucket is seen (the first run compiles the kernels) and replayed after.
+//!
+//! Every row is computed independently of the others by every kernel (the products read
+//! the weights once per row and sum in a fixed order; the attention splits a row's keys by
+//! its own position), so a sequence's logits do not depend on what else is in the batch.
+//!
+//! The kernels stay in `crates/llm/src/gpu` rather than in `ferrite-cuda` (where DESIGN.md
+//! puts backend kernels): they work on `GpuMatrix`, the GGUF block layouts of this crate,
+//! which become a quantized tensor type of the backend crates only with the `qmatmul` op.
+
+use std::collections::{HashMap, HashSet};
+
+use ferrite_cuda::{Buffer, CudaDevice, Graph};
+
+use super::step::{Batch, Buf, Glu, Kernels, Mat, Norm};
+use crate::error::{Error, Result};
+use crate::gpu::decode::{self, AttnShape};
+use crate::gpu::matvec::{self, Mode, Seg};
+use crate::gpu::paged::{self, PagedAttnArgs, PagedLaunch, RopeStoreArgs, KV_BS, PAD_ROW};
+use crate::gpu::weights::{GpuMatrix, GpuModel};
+use crate::gpu::{zeros, CudaResult, Launch};
+use crate::kv_cache::{BlockId, KvStore};
+
+/// Largest batch-size bucket with a captured graph.
+pub const MAX_GRAPH_ROWS: usize = 64;
+
+/// The graph bucket of a decode-only step of `rows` rows: the next power of two, if it is
+/// at most `MAX_GRAPH_ROWS` and `cap` (the rows the scratch holds).
+pub fn bucket(rows: usize, cap: usize) -> Option<usize> {
+    let b = rows.max(1).next_power_of_two();
+    (rows > 0 && b <= MAX_GRAPH_ROWS && b <= cap).then_some(b)
+}
+
+/// Where the sections of the step metadata (u32s) start in the device buffer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MetaLayout {
+    /// tokens [max_rows]
+    pub tokens: usize,
+    /// [max_rows][2]: position (PAD_ROW for a padding row), offset of the block table
+    pub rows: usize,
+    /// [max_out]: the batch row of each logit row
+    pub out: usize,
+    /// block tables, back to back
+    pub tables: usize,
+    pub len: usize,
+}
+
+impl MetaLayout {
+    pub fn new(max_rows: usize, max_out: usize, max_table: usize) -> MetaLayout {
+        MetaLayout {
+            tokens: 0,
+            rows: max_rows,
+            out: 3 * max_rows,
+            tables: 3 * max_rows + max_out,
+            len: 3 * max_rows + max_out + max_table,
+        }
+    }
+}
+
+/// The metadata of `batch` launched as `rows` rows (>= batch.rows(); the rest padding) with
+/// `out_rows` logit rows (>= batch.out_rows(); the rest repeat row i's id, i < rows), into
+/// `meta` (resized to the used length: up to the end of the tables).
+pub fn pack_meta(batch: &Batch, rows: usize, out_rows: usize, l: &MetaLayout, meta: &mut Vec<u32>) {
+    meta.clear();
+    meta.resize(l.tables + batch.blocks.len(), 0);
+    for (i, &t) in batch.tokens.iter().enumerate() {
+        meta[l.tokens + i] = t;
+    }
+    for i in batch.rows()..rows {
+        meta[l.rows + 2 * i] = PAD_ROW;
+    }
+    for s in &batch.seqs {
+        for (k, r) in s.rows.clone().enumerate() {
+            meta[l.rows + 2 * r] = (s.pos + k) as u32;
+            meta[l.rows + 2 * r + 1] = s.blocks.start as u32;
+        }
+    }
+    let n_out = batch.out_rows();
+    for (i, r) in batch.out_row_ids().enumerate() {
+        meta[l.out + i] = r as u32;
+    }
+    for i in n_out..out_rows {
+        meta[l.out + i] = i.min(rows.saturating_sub(1)) as u32;
+    }
+    meta[l.tables..].copy_from_slice(&batch.blocks);
+}
+
+/// Keys and values of the paged cache on the device: f16
+/// `[block][layer][kv_head][BLOCK_SIZE][head_dim]` each (one block, all layers, is one range).
+pub struct CudaKvStore {
+    dev: CudaDevice,
+    kc: Buffer,
+    vc: Buffer,
+    n_blocks: usize,
+    block_bytes: usize,
+}
+
+impl CudaKvStore {
+    /// `n_blocks` blocks for `m`'s layers, zeroed.
+    pub fn new(m: &GpuModel, n_blocks: usize) -> Result<CudaKvStore> {
+        let c = &m.cfg;
+        paged::check_shape(c.n_head, c.n_kv_head, c.head_dim)?;
+        let block_bytes = c.n_layer * c.n_kv_head * KV_BS * c.head_dim * 2;
+        let total = block_bytes
+            .checked_mul(n_blocks)
+            .filter(|&t| n_blocks > 0 && n_blocks <= u32::MAX as usize && t < (1 << 46))
+            .ok_or_else(|| {
+                Error::Context(format!(
+                    "KV cache: {n_blocks} blocks of {block_bytes} bytes is not a valid size"
+                ))
+            })?;
+        let dev = m.device().clone();
+        let kc = zeros(&dev, total, "llm paged kv cache")?;
+        let vc = zeros(&dev, total, "llm paged kv cache")?;
+        Ok(CudaKvStore {
+            dev,
+            kc,
+            vc,
+            n_blocks,
+            block_bytes,
+        })
+    }
+
+    pub fn n_blocks(&self) -> usize {
+        self.n_blocks
+    }
+
+    /// Device bytes of keys and values together.
+    pub fn bytes(&self) -> usize {
+        2 * self.n_blocks * self.block_bytes
+    }
+}
+
+impl KvStore for CudaKvStore {
+    fn copy_block(&mut self, src: BlockId, dst: BlockId) -> Result<()> {
+        paged::copy_block(&self.dev, &self.kc, &self.vc, src, dst, self.block_bytes)
+    }
+}
+
+/// Sizes of a [`CudaKernels`]' scratch.
+#[derive(Clone, Copy, Debug)]
+pub struct CudaLimits {
+    /// Most rows (tokens) in one step.
+    pub max_rows: usize,
+    /// Most logit rows in one step.
+    pub max_out: usize,
+    /// Most block-table entries in one step (all sequences together).
+    pub max_table: usize,
+    /// Longest sequence (positions): sets the attention's splits.
+    pub ctx: usize,
+}
+
+/// The CUDA kernel set (see the module docs).
+pub struct CudaKernels<'g> {
+    m: &'g GpuModel,
+    dev: CudaDevice,
+    sm: u32,
+    q8: bool,
+    lim: CudaLimits,
+    layout: MetaLayout,
+    x: Buffer,
+    qkv: Buffer,
+    att: Buffer,
+    gate: Buffer,
+    up: Buffer,
+    tmp: Buffer,
+    xo: Buffer,
+    logits: Buffer,
+    q8buf: Buffer,
+    meta: Buffer,
+    tokens_out: Buffer,
+    part: Buffer,
+    count: Buffer,
+    ngrp: usize,
+    maxsplit: usize,
+    meta_host: Vec<u32>,
+    /// Rows and logit rows launched this step (bucket-padded for a graph step), logit rows
+    /// asked for.
+    rows: usize,
+    launch_out: usize,
+    n_out: usize,
+    bucket: Option<usize>,
+    plan: Vec<Launch>,
+    /// Graphs by (bucket, key buffer address); buckets run eagerly once.
+    graphs: HashMap<(usize, u64), Graph>,
+    warm: HashSet<(usize, u64)>,
+    kv_key: u64,
+    eager: bool,
+    graphs_on: bool,
+    replays: usize,
+    /// The last step's logits, once read (`fetch_logits`).
+    host_logits: Vec<f32>,
+    fetched: bool,
+}
+
+fn u32_of(v: usize, what: &str) -> Result<u32> {
+    u32::try_from(v).map_err(|_| Error::Other(format!("cuda kernels: {what} = {v} exceeds u32")))
+}
+
+impl<'g> CudaKernels<'g> {
+    /// Scratch for steps within `lim` over the weights of `m`.
+    pub fn new(m: &'g GpuModel, lim: CudaLimits) -> Result<CudaKernels<'g>> {
+        let c = &m.cfg;
+        let dev = m.device().clone();
+        let sm = dev.sm_count();
+        if lim.max_rows == 0 || lim.max_out == 0 || lim.max_out > lim.max_rows || lim.ctx == 0 {
+            return Err(Error::Other(format!(
+                "cuda kernels: {lim:?} is not a valid size (rows >= logit rows >= 1, ctx >= 1)"
+            )));
+        }
+        paged::check_shape(c.n_head, c.n_kv_head, c.head_dim)?;
+        let (d, hd, nh, nkv, ff) = (c.d_model, c.head_dim, c.n_head, c.n_kv_head, c.n_ff);
+        let r = lim.max_rows;
+        let f32s = |n: usize, what| zeros(&dev, n * 4, what);
+        let shape = AttnShape {
+            n_head: nh,
+            n_kv_head: nkv,
+            head_dim: hd,
+            ctx: lim.ctx,
+        };
+        let (_, maxsplit) = shape.splits(sm);
+        let ngrp = paged::head_groups(nh, nkv);
+        let layout = MetaLayout::new(r, lim.max_out, lim.max_table);
+        let qkv_w = (nh + 2 * nkv) * hd;
+        Ok(CudaKernels {
+            m,
+            sm,
+            q8: m.precision == crate::Precision::Q8,
+            x: f32s(r * d, "llm engine activations")?,
+            qkv: f32s(r * qkv_w, "llm engine activations")?,
+            att: f32s(r * nh * hd, "llm engine activations")?,
+            gate: f32s(r * ff, "llm engine activations")?,
+            up: f32s(r * ff, "llm engine activations")?,
+            tmp: f32s(r * d, "llm engine activations")?,
+            xo: f32s(lim.max_out * d, "llm engine activations")?,
+            logits: f32s(lim.max_out * c.vocab, "llm engine logits")?,
+            q8buf: zeros(
+                &dev,
+                r * matvec::q8_bytes(d.max(ff).max(nh * hd)),
+                "llm engine q8 input",
+            )?,
+            meta: zeros(&dev, layout.len.max(1) * 4, "llm engine step data")?,
+            tokens_out: zeros(&dev, lim.max_out * 4, "llm engine tokens")?,
+            part: f32s(r * nh * maxsplit * (hd + 2), "llm engine attention")?,
+            count: zeros(&dev, r * nkv * ngrp * 4, "llm engine attention")?,
+            ngrp,
+            maxsplit,
+            layout,
+            lim,
+            dev,
+            meta_host: Vec::new(),
+            rows: 0,
+            launch_out: 0,
+            n_out: 0,
+            bucket: None,
+            plan: Vec::new(),
+            graphs: HashMap::new(),
+            warm: HashSet::new(),
+            kv_key: 0,
+            eager: crate::env::flag_or("FERRITE_GPU_EAGER", false),
+            graphs_on: true,
+            replays: 0,
+            host_logits: Vec::new(),
+            fetched: false,
+        })
+    }
+
+    pub fn model(&self) -> &'g GpuModel {
+        self.m
+    }
+
+    pub fn limits(&self) -> &CudaLimits {
+        &self.lim
+    }
+
+    /// Whether decode-only steps go through per-bucket graphs (default; off with
+    /// `FERRITE_GPU_EAGER=1` or `set_graphs(false)`).
+    pub fn set_graphs(&mut self, on: bool) {
+        self.graphs_on = on;
+    }
+
+    /// Graphs captured so far, and replays run.
+    pub fn graph_stats(&self) -> (usize, usize) {
+        (self.graphs.len(), self.replays)
+    }
+
+    /// Logit rows of the last step.
+    pub fn out_rows(&self) -> usize {
+        self.n_out
+    }
+
+    /// The greedy token (largest logit, lowest id on ties) of each logit row of the last
+    /// step (waits for the step).
+    pub fn read_tokens(&self) -> Result<Vec<u32>> {
+        let b = self
+            .dev
+            .read_bytes(&self.tokens_out, 0, self.n_out * 4)
+            .gpu()?;
+        Ok(b.chunks_exact(4)
+            .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect())
+    }
+
+    /// The logits of the last step, `[out rows][vocab]` (waits for the step).
+    pub fn read_logits(&self) -> Result<Vec<f32>> {
+        crate::gpu::read_f32(&self.dev, &self.logits, self.n_out * self.m.cfg.vocab)
+    }
+
+    /// The last step's logits on the host (read once per step, then kept).
+    pub fn fetch_logits(&mut self) -> Result<&mut [f32]> {
+        if !self.fetched {
+            self.host_logits = self.read_logits()?;
+            self.fetched = true;
+        }
+        Ok(&mut self.host_logits)
+    }
+
+    /// The logits `fetch_logits` read in the last step, if it did.
+    pub fn fetched_logits(&self) -> Option<&[f32]> {
+        self.fetched.then_some(self.host_logits.as_slice())
+    }
+
+    /// (buffer, first column, row stride, width) of a named activation, in f32 elements.
+    fn view(&self, b: Buf) -> (&Buffer, usize, usize, usize) {
+        let c = &self.m.cfg;
+        let (d, hd, nh, nkv, ff) = (c.d_model, c.head_dim, c.n_head, c.n_kv_head, c.n_ff);
+        let w = (nh + 2 * nkv) * hd;
+        match b {
+            Buf::X => (&self.x, 0, d, d),
+            Buf::Q => (&self.qkv, 0, w, nh * hd),
+            Buf::K => (&self.qkv, nh * hd, w, nkv * hd),
+            Buf::V => (&self.qkv, (nh + nkv) * hd, w, nkv * hd),
+            Buf::Att => (&self.att, 0, nh * hd, nh * hd),
+            Buf::Tmp => (&self.tmp, 0, d, d),
+            Buf::Gate => (&self.gate, 0, ff, ff),
+            Buf::Up => (&self.up, 0, ff, ff),
+        }
+    }
+
+    /// A packed input (rows of exactly its width) for a product.
+    fn input(&self, b: Buf) -> Result<&Buffer> {
+        let (buf, off, stride, width) = self.view(b);
+        if off != 0 || stride != width {
+            return Err(Error::Other(format!(
+                "cuda kernels: {b:?} is a view inside a wider row and cannot be a product's input"
+            )));
+        }
+        Ok(buf)
+    }
+
+    fn mat(&self, w: Mat) -> (&'g GpuMatrix, Option<&'g Buffer>) {
+        let ls = &self.m.layers;
+        match w {
+            Mat::Q(il) => (&ls[il].wq, ls[il].bq.as_ref()),
+            Mat::K(il) => (&ls[il].wk, ls[il].bk.as_ref()),
+            Mat::V(il) => (&ls[il].wv, ls[il].bv.as_ref()),
+            Mat::O(il) => (&ls[il].wo, None),
+            Mat::Gate(il) => (&ls[il].w_gate, None),
+            Mat::Up(il) => (&ls[il].w_up, None),
+            Mat::Down(il) => (&ls[il].w_down, None),
+        }
+    }
+
+    fn norm_w(&self, n: Norm) -> Result<&'g Buffer> {
+        let ls = &self.m.layers;
+        let v = match n {
+            Norm::Attn(il) => Some(&ls[il].attn_norm),
+            Norm::Ffn(il) => Some(&ls[il].ffn_norm),
+            Norm::PostAttn(il) => ls[il].post_attn_norm.as_ref(),
+            Norm::PostFfn(il) => ls[il].post_ffn_norm.as_ref(),
+            Norm::QHead(il) => ls[il].q_norm.as_ref(),
+            Norm::KHead(il) => ls[il].k_norm.as_ref(),
+        };
+        v.ok_or_else(|| Error::Model(format!("cuda kernels: the model has no norm {n:?}")))
+    }
+
+    /// Plans one product over the step's rows: `segs` into `out` (row stride `ostride`
+    /// floats), input `x` (packed rows), optional norm; fast mode where the model runs it.
+    #[allow(clippy::too_many_arguments)]
+    fn product(
+        &mut self,
+        segs: &[Seg<'_>],
+        mode: Mode,
+        x: &Buffer,
+        norm: Option<(&Buffer, f32)>,
+        out: &Buffer,
+        ostride: usize,
+        rows: usize,
+    ) -> Result<()> {
+        let cols = segs.first().map_or(0, |s| s.w.cols);
+        let mut l = matvec::plan(self.sm, segs, mode, x, norm, out, None)?.with_rows(
+            rows,
+            cols * 4,
+            ostride * 4,
+        )?;
+        if self.q8 {
+            l = l.with_q8(self.sm, &self.q8buf)?;
+        }
+        self.plan.push(Launch::Matvec(l));
+        Ok(())
+    }
+
+    fn meta_ptr(&self, section: usize) -> u64 {
+        self.meta.ptr() + section as u64 * 4
+    }
+
+    /// Runs the planned step: through the bucket's graph where there is one, else eagerly.
+    fn run(&mut self) -> Result<()> {
+        let key = self.bucket.map(|b| (b, self.kv_key));
+        match key {
+            Some(k) if self.graphs_on && !self.eager => {
+                if !self.graphs.contains_key(&k) {
+                    if !self.warm.contains(&k) {
+                        // First run of this bucket: compiles and loads the kernels outside a
+                        // capture.
+                        self.warm.insert(k);
+                        return self.enqueue();
+                    }
+                    let g = self
+                        .dev
+                        .capture(|| {
+                            self.enqueue().map_err(|e| {
+                                ferrite_core::Error::backend("llm engine step", e.to_string())
+                            })?;
+                            Ok(Vec::new())
+                        })
+                        .gpu()?;
+                    self.graphs.insert(k, g);
+                }
+                if let Some(g) = self.graphs.get(&k) {
+                    g.replay().gpu()?;
+                    self.replays += 1;
+                }
+                Ok(())
+            }
+            _ => self.enqueue(),
+        }
+    }
+
+    fn enqueue(&self) -> Result<()> {
+        for l in &self.plan {
+            l.enqueue(&self.dev)?;
+        }
+        Ok(())
+    }
+}
+
+impl Kernels for CudaKernels<'_> {
+    type Kv = CudaKvStore;
+
+    fn begin(&mut self, batch: &Batch) -> Result<()> {
+        let (rows, n_out) = (batch.rows(), batch.out_rows());
+        if rows == 0 || rows > self.lim.max_rows || n_out > self.lim.max_out {
+            return Err(Error::Other(format!(
+                "cuda kernels: a step of {rows} rows and {n_out} logit rows; this kernel set holds 1..={} rows and {} logit rows",
+                self.lim.max_rows, self.lim.max_out
+            )));
+        }
+        if batch.blocks.len() > self.lim.max_table {
+            return Err(Error::Other(format!(
+                "cuda kernels: {} block-table entries in one step; at most {}",
+                batch.blocks.len(),
+                self.lim.max_table
+            )));
+        }
+        for s in &batch.seqs {
+            let end = s.pos + s.rows.len();
+            if s.blocks.len() * KV_BS < end || end > self.lim.ctx {
+                return Err(Error::Other(format!(
+                    "cuda kernels: a sequence at positions {}..{end} with {} blocks (context {})",
+                    s.pos,
+                    s.blocks.len(),
+                    self.lim.ctx
+                )));
+            }
+        }
+        let decode_only = batch.seqs.iter().all(|s| s.rows.len() == 1) && n_out == rows;
+        self.bucket = if decode_only {
+            bucket(rows, self.lim.max_out)
+        } else {
+            None
+        };
+        self.rows = self.bucket.unwrap_or(rows);
+        self.launch_out = self.bucket.unwrap_or(n_out);
+        self.n_out = n_out;
+        self.fetched = false;
+        pack_meta(
+            batch,
+            self.rows,
+            self.launch_out,
+            &self.layout,
+            &mut self.meta_host,
+        );
+        let bytes: Vec<u8> = self
+            .meta_host
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect();
+        self.dev.write_bytes(&self.meta, 0, &bytes).gpu()?;
+        self.plan.clear();
+        Ok(())
+    }
+
+    fn embed(&mut self, out: Buf) -> Result<()> {
+        let o = self.input(out)?;
+        let l = matvec::plan_embed(&self.m.tok_embd, &self.meta, o, self.m.cfg.embed_scale)?
+            .with_rows(u32_of(self.rows, "rows")?);
+        self.plan.push(Launch::Embed(l));
+        Ok(())
+    }
+
+    fn norm_matmul(&mut self, x: Buf, norm: Option<Norm>, outs: &[(Mat, Buf)]) -> Result<()> {
+        let xb = self.input(x)?.clone();
+        let nb = match norm {
+            Some(n) => Some(self.norm_w(n)?),
+            None => None,
+        };
+        let eps = self.m.cfg.eps;
+        let rows = self.rows;
+        let first = outs
+            .first()
+            .map(|&(_, b)| self.view(b).0.ptr())
+            .unwrap_or(0);
+        let shared = outs.iter().all(|&(_, b)| self.view(b).0.ptr() == first) && outs.len() <= 3;
+        let groups: Vec<&[(Mat, Buf)]> = if shared {
+            vec![outs]
+        } else {
+            outs.chunks(1).collect()
+        };
+        for g in groups {
+            let (ob, _, stride, _) = self.view(g[0].1);
+            let ob = ob.clone();
+            let segs: Vec<Seg<'_>> = g
+                .iter()
+                .map(|&(w, b)| {
+                    let (m, bias) = self.mat(w);
+                    Seg {
+                        w: m,
+                        bias,
+                        out_off: self.view(b).1,
+                    }
+                })
+                .collect();
+            self.product(
+                &segs,
+                Mode::Store,
+                &xb,
+                nb.map(|n| (n, eps)),
+                &ob,
+                stride,
+                rows,
+            )?;
+        }
+        Ok(())
+    }
+
+    fn head_norm(&mut self, x: Buf, norm: Norm) -> Result<()> {
+        let w = self.norm_w(norm)?;
+        let hd = self.m.cfg.head_dim;
+        let (buf, off, stride, width) = self.view(x);
+        self.plan.push(Launch::Paged(PagedLaunch::HeadNorm {
+            x: buf.ptr() + off as u64 * 4,
+            w: w.ptr(),
+            stride: u32_of(stride, "row stride")?,
+            heads: u32_of(width / hd, "heads")?,
+            hd: u32_of(hd, "head_dim")?,
+            eps: self.m.cfg.eps,
+            rows: u32_of(self.rows, "rows")?,
+        }));
+        Ok(())
+    }
+
+    fn rope_attention(
+        &mut self,
+        kv: &mut CudaKvStore,
+        il: usize,
+        q: Buf,
+        k: Buf,
+        v: Buf,
+        out: Buf,
+    ) -> Result<()> {
+        if (q, k, v) != (Buf::Q, Buf::K, Buf::V) {
+            return Err(Error::Other(format!(
+                "cuda kernels: attention reads q, k, v from the Q/K/V rows, not {q:?}, {k:?}, {v:?}"
+            )));
+        }
+        let c = &self.m.cfg;
+        let (hd, nh, nkv) = (c.head_dim, c.n_head, c.n_kv_head);
+        let local = c.is_local(il);
+        let inv = if local {
+            &self.m.inv_freq_local
+        } else {
+            &self.m.inv_freq
+        };
+        let smem = ((nh + nkv) * hd + nh + nkv) * 4;
+        if smem > 48 * 1024 {
+            return Err(Error::Model(format!(
+                "rope_store: {nh} + {nkv} heads of {hd} need {smem} bytes of shared memory; at most 49152"
+            )));
+        }
+        let qkv_w = (nh + 2 * nkv) * hd;
+        let rows = u32_of(self.rows, "rows")?;
+        self.kv_key = kv.kc.ptr();
+        let rs = RopeStoreArgs {
+            qkv: self.qkv.ptr(),
+            kc: kv.kc.ptr(),
+            vc: kv.vc.ptr(),
+            rows: self.meta_ptr(self.layout.rows),
+            tables: self.meta_ptr(self.layout.tables),
+            inv_freq: inv.ptr(),
+            nh: nh as u32,
+            nkv: nkv as u32,
+            hd: hd as u32,
+            layer: u32_of(il, "layer")?,
+            n_layer: u32_of(c.n_layer, "layers")?,
+            rope_dim: u32_of(c.rope_dim, "rope_dim")?,
+            neox: u32::from(c.rope_neox),
+            qkv_w: u32_of(qkv_w, "qkv width")?,
+            pos_scale: if local { 1.0 } else { 1.0 / c.rope_scale },
+            pad: 0,
+        };
+        self.plan.push(Launch::Paged(PagedLaunch::RopeStore {
+            args: rs,
+            rows,
+            smem: smem as u32,
+        }));
+        let (ob, ooff, ostride, owidth) = self.view(out);
+        if ooff != 0 || ostride != nh * hd || owidth != nh * hd {
+            return Err(Error::Other(format!(
+                "cuda kernels: attention output {out:?} must be packed rows of {} values",
+                nh * hd
+            )));
+        }
+        let at = PagedAttnArgs {
+            q: self.qkv.ptr(),
+            kc: kv.kc.ptr(),
+            vc: kv.vc.ptr(),
+            rows: self.meta_ptr(self.layout.rows),
+            tables: self.meta_ptr(self.layout.tables),
+            part: self.part.ptr(),
+            count: self.count.ptr(),
+            out: ob.ptr(),
+            nh: nh as u32,
+            nkv: nkv as u32,
+            hd: hd as u32,
+            layer: il as u32,
+            n_layer: c.n_layer as u32,
+            maxsplit: u32_of(self.maxsplit, "splits")?,
+            window: u32_of(if local { c.sliding_window } else { 0 }, "window")?,
+            ngrp: u32_of(self.ngrp, "head groups")?,
+            q_stride: qkv_w as u32,
+            scale: c.attn_scale,
+        };
+        self.plan
+            .push(Launch::Paged(PagedLaunch::Attn { args: at, rows }));
+        Ok(())
+    }
+
+    fn norm_glu(
+        &mut self,
+        x: Buf,
+        norm: Norm,
+        gate: Mat,
+        up: Mat,
+        out: Buf,
+        act: Glu,
+    ) -> Result<()> {
+        let xb = self.input(x)?.clone();
+        let nw = self.norm_w(norm)?;
+        let ob = self.input(out)?.clone();
+        let (g, _) = self.mat(gate);
+        let (u, _) = self.mat(up);
+        let segs = [
+            Seg {
+                w: g,
+                bias: None,
+                out_off: 0,
+            },
+            Seg {
+                w: u,
+                bias: None,
+                out_off: 0,
+            },
+        ];
+        let mode = match act {
+            Glu::Silu => Mode::GluSilu,
+            Glu::GeluTanh => Mode::GluGelu,
+        };
+        let (eps, rows, ff) = (self.m.cfg.eps, self.rows, g.rows);
+        self.product(&segs, mode, &xb, Some((nw, eps)), &ob, ff, rows)
+    }
+
+    fn matmul_residual(&mut self, x: Buf, w: Mat, y: Buf, post_norm: Option<Norm>) -> Result<()> {
+        let xb = self.input(x)?.clone();
+        let yb = self.input(y)?.clone();
+        let (m, bias) = self.mat(w);
+        let seg = [Seg {
+            w: m,
+            bias,
+            out_off: 0,
+        }];
+        let (d, rows, eps) = (self.m.cfg.d_model, self.rows, self.m.cfg.eps);
+        match post_norm {
+            None => self.product(&seg, Mode::Add, &xb, None, &yb, d, rows),
+            Some(n) => {
+                let pn = self.norm_w(n)?;
+                let tmp = self.tmp.clone();
+                self.product(&seg, Mode::Store, &xb, None, &tmp, d, rows)?;
+                let l = decode::plan_norm(&yb, &tmp, pn, d, eps, true)?
+                    .with_rows(u32_of(rows, "rows")?);
+                self.plan.push(Launch::Norm(l));
+                Ok(())
+            }
+        }
+    }
+
+    fn logits(&mut self, x: Buf) -> Result<()> {
+        let xb = self.input(x)?.clone();
+        let c = &self.m.cfg;
+        let (d, vocab, eps) = (c.d_model, c.vocab, c.eps);
+        let o = self.launch_out;
+        if o > 0 {
+            self.plan.push(Launch::Paged(PagedLaunch::Gather {
+                src: xb.ptr(),
+                dst: self.xo.ptr(),
+                ids: self.meta_ptr(self.layout.out),
+                width: u32_of(d, "d_model")?,
+                rows: u32_of(o, "logit rows")?,
+            }));
+            let seg = [Seg {
+                w: self.m.output_matrix(),
+                bias: None,
+                out_off: 0,
+            }];
+            let (xo, lg, on) = (
+                self.xo.clone(),
+                self.logits.clone(),
+                self.m.output_norm.clone(),
+            );
+            self.product(&seg, Mode::Store, &xo, Some((&on, eps)), &lg, vocab, o)?;
+            self.plan.push(Launch::Paged(PagedLaunch::Argmax {
+                logits: self.logits.ptr(),
+                n: u32_of(vocab, "vocab")?,
+                out: self.tokens_out.ptr(),
+                rows: u32_of(o, "logit rows")?,
+            }));
+        }
+        self.run()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::step::Out;
+    use super::*;
+
+    #[test]
+    fn buckets_are_powers_of_two_up_to_64_and_the_scratch() {
+        assert_eq!(bucket(1, 64), Some(1));
+        assert_eq!(bucket(3, 64), Some(4));
+        assert_eq!(bucket(33, 64), Some(64));
+        assert_eq!(bucket(64, 64), Some(64));
+        assert_eq!(bucket(65, 512), None);
+        assert_eq!(bucket(5, 6), None);
+        assert_eq!(bucket(0, 64), None);
+    }
+
+    #[test]
+    fn meta_lists_tokens_positions_tables_and_padding() {
+        let mut b = Batch::default();
+        b.push(&[7, 8, 9], 16, &[4, 5], Out::Last);
+        b.push(&[3], 40, &[1, 2, 6], Out::All);
+        let l = MetaLayout::new(8, 4, 16);
+        assert_eq!((l.rows, l.out, l.tables, l.len), (8, 24, 28, 44));
+        let mut m = Vec::new();
+        pack_meta(&b, 6, 3, &l, &mut m);
+        assert_eq!(m.len(), 28 + 5);
+        assert_eq!(&m[0..4], &[7, 8, 9, 3]);
+        // rows: (pos, table offset); 4 and 5 are padding
+        assert_eq!(&m[8..16], &[16, 0, 17, 0, 18, 0, 40, 2]);
+        assert_eq!(&m[16..20], &[PAD_ROW, 0, PAD_ROW, 0]);
+        // logit rows: row 2 (last of the first), row 3, then padding row 2 -> its own index
+        assert_eq!(&m[24..27], &[2, 3, 2]);
+        assert_eq!(&m[28..], &[4, 5, 1, 2, 6]);
+    }
+}
