@@ -2303,10 +2303,12 @@ fn engine_vs(
     name: &str,
     model: &'static Model,
     dev: &CudaDevice,
+    layout: Layout,
     n_new: usize,
     tol: f32,
 ) -> (f32, usize) {
-    let gm = leak(GpuModel::load(model, dev, engine_cfg().ctx).unwrap());
+    let name = &format!("{name} ({layout:?} layout)");
+    let gm = leak(GpuModel::load_with(model, dev, engine_cfg().ctx, layout).unwrap());
     let vocab = model.cfg.vocab;
     let mut cuda = || Engine::cuda(gm, engine_cfg()).unwrap();
     let batched = run_scenario(&mut cuda, vocab, n_new, false);
@@ -2355,11 +2357,15 @@ fn engine_synthetic(dev: &CudaDevice) -> Option<String> {
         // f16 KV cache and summation order (the decode tests measure 4-6e-4 absolute on
         // logits of order 1), plus f16 rounding of formats the GPU converts.
         let tol = if converted(quant) { 5e-3 } else { 2e-3 };
-        let (_, same) = engine_vs(&format!("synthetic {quant}"), model, dev, 6, tol);
-        assert!(
-            same >= 4,
-            "synthetic {quant}: only {same}/6 requests with all tokens as the CPU's"
-        );
+        // GGUF rows (staged kernels) and split rows (register kernels) where the format has them
+        for layout in [Layout::Gguf, Layout::Split] {
+            let name = format!("synthetic {quant}");
+            let (_, same) = engine_vs(&name, model, dev, layout, 6, tol);
+            assert!(
+                same >= 4,
+                "{name}: only {same}/6 requests with all tokens as the CPU's"
+            );
+        }
     }
     let _ = std::fs::remove_dir_all(&dir);
     None
@@ -2374,13 +2380,11 @@ fn engine_synthetic_q8(dev: &CudaDevice) -> Option<String> {
         model.set_precision(Precision::Q8);
         let model = leak(model);
         let spread = 4.0; // |logit| reaches ~4 on these models
-        engine_vs(
-            &format!("synthetic {quant} q8"),
-            model,
-            dev,
-            6,
-            0.1 / spread,
-        );
+                          // split rows: the batched register kernels (8 rows a block, steps of up to 12 rows)
+        for layout in [Layout::Gguf, Layout::Split] {
+            let name = format!("synthetic {quant} q8");
+            engine_vs(&name, model, dev, layout, 6, 0.1 / spread);
+        }
     }
     let _ = std::fs::remove_dir_all(&dir);
     None
@@ -2392,7 +2396,7 @@ fn engine_smollm2(dev: &CudaDevice) -> Option<String> {
     };
     let mut model = Model::load(&path).unwrap();
     model.set_precision(Precision::Exact);
-    let (d, same) = engine_vs("SmolLM2 exact", leak(model), dev, 12, 2e-2);
+    let (d, same) = engine_vs("SmolLM2 exact", leak(model), dev, Layout::Auto, 12, 2e-2);
     assert!(
         same >= 5,
         "SmolLM2: {same}/6 requests with all tokens as the CPU's (max diff {d:.2e})"
@@ -2401,7 +2405,7 @@ fn engine_smollm2(dev: &CudaDevice) -> Option<String> {
     model.set_precision(Precision::Q8);
     // The CPU docs put its own Q8 mode 0.4-0.5 rms from exact; the GPU's q8 inputs differ
     // from the CPU's by rounding flips, so only batched = alone is strict here.
-    engine_vs("SmolLM2 q8", leak(model), dev, 12, 0.1);
+    engine_vs("SmolLM2 q8", leak(model), dev, Layout::Split, 12, 0.1);
     None
 }
 
@@ -2412,7 +2416,7 @@ fn engine_gemma3(dev: &CudaDevice) -> Option<String> {
     let mut model = Model::load(&path).unwrap();
     model.set_precision(Precision::Exact);
     // The decode test's tolerance (0.15 absolute on Gemma-3's large logits).
-    engine_vs("Gemma3 exact", leak(model), dev, 8, 2e-2);
+    engine_vs("Gemma3 exact", leak(model), dev, Layout::Auto, 8, 2e-2);
     None
 }
 
@@ -2421,7 +2425,8 @@ fn engine_gemma3(dev: &CudaDevice) -> Option<String> {
 fn engine_graphs(dev: &CudaDevice) -> Option<String> {
     let dir = tmp_dir();
     let model = leak(synth_model(GgmlType::Q4_0, &dir, 2, 256));
-    let gm = leak(GpuModel::load(model, dev, 96).unwrap());
+    // split rows: the batched register kernels, q8 (the llama default precision)
+    let gm = leak(GpuModel::load_with(model, dev, 96, Layout::Split).unwrap());
     let vocab = model.cfg.vocab;
     let go = |graphs: bool| {
         let mut e = Engine::cuda(gm, engine_cfg()).unwrap();

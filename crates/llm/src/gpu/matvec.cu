@@ -58,14 +58,22 @@ struct MvArgs {
     u32 tiles;      // rpb-row tiles: sum of seg[i].blocks (GLU: seg[0].blocks)
     u64 out;        // f32 output: out[out_off + row] (GLU: seg[0].out_off)
     u64 argmax;     // if not 0: ArgPart [tiles], the largest output of each tile
-    u32 xstride;    // bytes between the inputs of consecutive rows of the batch (blockIdx.y)
+    u32 xstride;    // bytes between the inputs of consecutive rows of the batch
     u32 ostride;    // bytes between their outputs
+    u32 nrows;      // input rows of the batch (>= 1), each multiplied by the same weights
+    u32 rpg;        // rows per group: a block computes its tile for `rpg` consecutive rows
 };
 
-// Row `blockIdx.y` of a batch of inputs (one launch computes the product for gridDim.y input
-// rows, each block for one of them: the weights are read once per row, through L2).
-__device__ __forceinline__ u64 x_row(const MvArgs& a) { return a.x + (u64)blockIdx.y * a.xstride; }
-__device__ __forceinline__ u64 out_row(const MvArgs& a) { return a.out + (u64)blockIdx.y * a.ostride; }
+// A batch of input rows: the launch has gridDim.x = (blocks of one row) x (row groups), the
+// row group fastest, so the blocks of one weight tile for every group run side by side and
+// read the tile from DRAM once (the others from L2). mv_bx / mv_gx: the block index and grid
+// size of the one-row launch; mv_row0: the first row of this block's group.
+__device__ __forceinline__ u32 mv_groups(const MvArgs& a) { return (a.nrows + a.rpg - 1) / a.rpg; }
+__device__ __forceinline__ u32 mv_bx(const MvArgs& a) { return blockIdx.x / mv_groups(a); }
+__device__ __forceinline__ u32 mv_gx(const MvArgs& a) { return gridDim.x / mv_groups(a); }
+__device__ __forceinline__ u32 mv_row0(const MvArgs& a) { return (blockIdx.x % mv_groups(a)) * a.rpg; }
+__device__ __forceinline__ u64 x_row(const MvArgs& a) { return a.x + (u64)mv_row0(a) * a.xstride; }
+__device__ __forceinline__ u64 out_row(const MvArgs& a) { return a.out + (u64)mv_row0(a) * a.ostride; }
 
 struct ArgPart {
     float v;
@@ -285,8 +293,8 @@ __device__ __forceinline__ float gelu_tanh_f(float x) {
 // Row `row` of segment sa (GLU: and of sb) from its product v (GLU: gate v, up u): bias,
 // activation, residual add; stores it and returns the stored value.
 __device__ __forceinline__ float mv_epilogue(const MvArgs& a, const MvSeg& sa, const MvSeg& sb, u32 row,
-                                             float v, float u) {
-    float* out = (float*)out_row(a);
+                                             float v, float u, u64 out_base) {
+    float* out = (float*)out_base;
     if (sa.bias) v += ((const float*)sa.bias)[row];
     if (a.mode >= MV_GLU_SILU) {
         if (sb.bias) u += ((const float*)sb.bias)[row];
@@ -370,17 +378,18 @@ __device__ __forceinline__ void matvec_body(const MvArgs& a) {
     const u32 slot16 = a.stride >> 4;
     const u32 nslots = nr * slot16;
     const u32 nchunks = (a.cols + a.chunk - 1) / a.chunk;
-    const u32 ntile = PERSIST ? (a.tiles - blockIdx.x + gridDim.x - 1) / gridDim.x : 1;
+    const u32 bx = mv_bx(a), gx = mv_gx(a);
+    const u32 ntile = PERSIST ? (a.tiles - bx + gx - 1) / gx : 1;
     const u32 total = ntile * nchunks;
 
-    // Copies the weights of step `it` (tile blockIdx.x + (it / nchunks) * gridDim.x, chunk
+    // Copies the weights of step `it` (tile bx + (it / nchunks) * gx, chunk
     // it % nchunks) into stage it % MV_S; then commits a group (empty past the last step, so
     // that every step is one group).
     auto issue = [&](u32 it) {
         if (it < total) {
             MvSeg sa;
             u32 r0;
-            tile_of(a, glu, PERSIST ? blockIdx.x + (it / nchunks) * gridDim.x : blockIdx.x, &sa, &r0);
+            tile_of(a, glu, PERSIST ? bx + (it / nchunks) * gx : bx, &sa, &r0);
             const u32 e0 = (PERSIST ? it % nchunks : it) * a.chunk;
             const u32 ne = min(a.chunk, a.cols - e0);
             u8* st = stage + (it % MV_S) * MV_STAGE;
@@ -447,7 +456,7 @@ __device__ __forceinline__ void matvec_body(const MvArgs& a) {
     const u32 lane = tid & 31, warp = tid >> 5;
     float acc = 0.f;
     for (u32 it = 0; it < total; ++it) {
-        const u32 tile = PERSIST ? blockIdx.x + (it / nchunks) * gridDim.x : blockIdx.x;
+        const u32 tile = PERSIST ? bx + (it / nchunks) * gx : bx;
         const u32 c = PERSIST ? it % nchunks : it;
         MvSeg sa;
         u32 r0;
@@ -502,7 +511,7 @@ __device__ __forceinline__ void matvec_body(const MvArgs& a) {
         __syncthreads();
         if (tid < rpb) {
             const u32 row = r0 + tid;
-            if (row < sa.rows) rowv[tid] = mv_epilogue(a, sa, sb, row, rowv[tid], glu ? rowv[rpb + tid] : 0.f);
+            if (row < sa.rows) rowv[tid] = mv_epilogue(a, sa, sb, row, rowv[tid], glu ? rowv[rpb + tid] : 0.f, out_row(a));
         }
         if (a.argmax) {
             __syncthreads();
@@ -680,14 +689,19 @@ template <> struct Mvr<FMT_Q6_K> {
 // F32: the caller has waited for the kernels before (pdl_wait) and staged x (stage_x: a
 // block-wide step, taken once before a launch's warps go their formats' ways). Q8: the first
 // step's weights load before pdl_wait.
-template <bool Q8, int NS, int F>
+// NB > 1 (Q8 only): the block's warps take their tiles for up to NB input rows of the batch
+// (a.rpg rows from mv_row0), each weight item loaded once for all of them; every row's sum
+// takes the same terms in the same order as with NB = 1 (bit for bit the one-row result).
+template <bool Q8, int NS, int F, int NB>
 __device__ __forceinline__ void mvr_run(const MvArgs& a) {
     extern __shared__ __align__(16) u8 smem[];
     typedef Mvr<F> M;
     constexpr int K = M::K, UPI = M::UPI;
     typedef typename M::Item Item;
     const u32 lane = threadIdx.x & 31;
-    const u32 tile = blockIdx.x * MVR_W + (threadIdx.x >> 5);
+    const u32 tile = mv_bx(a) * MVR_W + (threadIdx.x >> 5);
+    const u32 nb = NB == 1 ? 1u : min((u32)NB, a.nrows - mv_row0(a));
+    const u64 xbase = x_row(a);
     const bool live = tile < a.tiles;
     const bool glu = a.mode >= MV_GLU_SILU;
     const u32 units = a.cols >> 5;
@@ -718,9 +732,12 @@ __device__ __forceinline__ void mvr_run(const MvArgs& a) {
             }
         }
     };
-    float acc[NS];
+    float acc[NB][NS];
 #pragma unroll
-    for (int s = 0; s < NS; ++s) acc[s] = 0.f;
+    for (int b = 0; b < NB; ++b) {
+#pragma unroll
+        for (int s = 0; s < NS; ++s) acc[b][s] = 0.f;
+    }
     const float* xs = (const float*)smem;
     auto comp = [&](const Item (&w)[K][NS], u32 st) {
 #pragma unroll
@@ -731,20 +748,25 @@ __device__ __forceinline__ void mvr_run(const MvArgs& a) {
                 for (int i = 0; i < UPI; ++i) {
                     const u32 u = t * UPI + i;
                     if (Q8) {
-                        const int4* xq = (const int4*)(x_row(a) + (u64)u * Q8U);
-                        const int4 lo = __ldg(xq), hi = __ldg(xq + 1);
-                        const float2 ds = __ldg((const float2*)(xq + 2));
-                        Q8W xv;
-                        xv.w[0] = lo.x, xv.w[1] = lo.y, xv.w[2] = lo.z, xv.w[3] = lo.w;
-                        xv.w[4] = hi.x, xv.w[5] = hi.y, xv.w[6] = hi.z, xv.w[7] = hi.w;
 #pragma unroll
-                        for (int s = 0; s < NS; ++s) acc[s] += M::q8(w[k][s], i, xv, ds);
+                        for (int b = 0; b < NB; ++b) {
+                            if ((u32)b < nb) {
+                                const int4* xq = (const int4*)(xbase + (u64)b * a.xstride + (u64)u * Q8U);
+                                const int4 lo = __ldg(xq), hi = __ldg(xq + 1);
+                                const float2 ds = __ldg((const float2*)(xq + 2));
+                                Q8W xv;
+                                xv.w[0] = lo.x, xv.w[1] = lo.y, xv.w[2] = lo.z, xv.w[3] = lo.w;
+                                xv.w[4] = hi.x, xv.w[5] = hi.y, xv.w[6] = hi.z, xv.w[7] = hi.w;
+#pragma unroll
+                                for (int s = 0; s < NS; ++s) acc[b][s] += M::q8(w[k][s], i, xv, ds);
+                            }
+                        }
                     } else {
 #pragma unroll
                         for (int s = 0; s < NS; ++s) {
                             float y[32];
                             M::f32(w[k][s], i, y);
-                            acc[s] += dot32(y, xs + u * XPAD);
+                            acc[0][s] += dot32(y, xs + u * XPAD);
                         }
                     }
                 }
@@ -765,22 +787,28 @@ __device__ __forceinline__ void mvr_run(const MvArgs& a) {
     }
     if (!live) return;
 
-#pragma unroll
-    for (int s = 0; s < NS; ++s) {
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) acc[s] += __shfl_xor_sync(0xffffffffu, acc[s], o);
-    }
-    // Lane i < R finishes row r0 + i.
-    float v = 0.f, u = 0.f;
-#pragma unroll
-    for (int s = 0; s < NS; ++s) {
-        if ((u32)s == lane) v = acc[s];
-        if (glu && (u32)s == lane + R) u = acc[s];
-    }
     const u32 row = r0 + lane;
     const bool mine = lane < R && row < sa.rows;
-    if (mine) v = mv_epilogue(a, sa, sb, row, v, u);
-    if (a.argmax) {
+    float v = 0.f;
+#pragma unroll
+    for (int b = 0; b < NB; ++b) {
+        if ((u32)b >= nb) break;
+#pragma unroll
+        for (int s = 0; s < NS; ++s) {
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) acc[b][s] += __shfl_xor_sync(0xffffffffu, acc[b][s], o);
+        }
+        // Lane i < R finishes row r0 + i.
+        float u = 0.f;
+        v = 0.f;
+#pragma unroll
+        for (int s = 0; s < NS; ++s) {
+            if ((u32)s == lane) v = acc[b][s];
+            if (glu && (u32)s == lane + R) u = acc[b][s];
+        }
+        if (mine) v = mv_epilogue(a, sa, sb, row, v, u, out_row(a) + (u64)b * a.ostride);
+    }
+    if (a.argmax) {  // one-row launches only
         float best = mine ? v : neg_inf<float>();
         u32 bi = mine ? row : r0;
 #pragma unroll
@@ -811,15 +839,15 @@ __device__ __forceinline__ void mvr_stage_f32(const MvArgs& a) {
 }
 
 // The segments of a launch may differ in format (not gate and up): each warp runs its tile's.
-template <bool Q8, int NS>
+template <bool Q8, int NS, int NB>
 __device__ __forceinline__ void mvr_body(const MvArgs& a) {
     if (!Q8) mvr_stage_f32(a);
-    const u32 tile = blockIdx.x * MVR_W + (threadIdx.x >> 5);
+    const u32 tile = mv_bx(a) * MVR_W + (threadIdx.x >> 5);
     MvSeg sa;
     u32 r0;
     tile_of(a, a.mode >= MV_GLU_SILU, tile < a.tiles ? tile : 0, &sa, &r0);
     // the register kernels' formats are the fast mode's
-#define MVR_CALL(F) mvr_run<Q8, NS, F>(a)
+#define MVR_CALL(F) mvr_run<Q8, NS, F, NB>(a)
     FMT_DISPATCH_Q8(sa.fmt & 15u, MVR_CALL)
 #undef MVR_CALL
 }
@@ -827,15 +855,20 @@ __device__ __forceinline__ void mvr_body(const MvArgs& a) {
 // Launches of one format take that format's kernel (registers as that format needs: one kernel
 // holding every format's path takes the most any needs, and the Q4_0 products lost 13% that
 // way); launches mixing formats take mvr_mixed / mvr_q8_mixed.
-template <bool Q8, int F>
+template <bool Q8, int F, int NB>
 __device__ __forceinline__ void mvr_one(const MvArgs& a) {
     if (!Q8) mvr_stage_f32(a);
-    mvr_run<Q8, MVR_NS, F>(a);
+    mvr_run<Q8, MVR_NS, F, NB>(a);
 }
 
+// Input rows per block of the batched register kernels (mvrb_q8_*: fast mode, 2..MVR_NB rows
+// a group).
+#define MVR_NB 8
+
 #define MVR_KERNELS(F, NAME) \
-    extern "C" __global__ void __launch_bounds__(MVR_W * 32) mvr_##NAME(const MvArgs a) { mvr_one<false, F>(a); } \
-    extern "C" __global__ void __launch_bounds__(MVR_W * 32) mvr_q8_##NAME(const MvArgs a) { mvr_one<true, F>(a); }
+    extern "C" __global__ void __launch_bounds__(MVR_W * 32) mvr_##NAME(const MvArgs a) { mvr_one<false, F, 1>(a); } \
+    extern "C" __global__ void __launch_bounds__(MVR_W * 32) mvr_q8_##NAME(const MvArgs a) { mvr_one<true, F, 1>(a); } \
+    extern "C" __global__ void __launch_bounds__(MVR_W * 32) mvrb_q8_##NAME(const MvArgs a) { mvr_one<true, F, MVR_NB>(a); }
 MVR_KERNELS(FMT_Q4_0, q4_0)
 MVR_KERNELS(FMT_Q4_1, q4_1)
 MVR_KERNELS(FMT_Q5_0, q5_0)
@@ -844,8 +877,9 @@ MVR_KERNELS(FMT_Q8_0, q8_0)
 MVR_KERNELS(FMT_Q4_K, q4_k)
 MVR_KERNELS(FMT_Q6_K, q6_k)
 #undef MVR_KERNELS
-extern "C" __global__ void __launch_bounds__(MVR_W * 32) mvr_mixed(const MvArgs a) { mvr_body<false, MVR_NS>(a); }
-extern "C" __global__ void __launch_bounds__(MVR_W * 32) mvr_q8_mixed(const MvArgs a) { mvr_body<true, MVR_NS>(a); }
+extern "C" __global__ void __launch_bounds__(MVR_W * 32) mvr_mixed(const MvArgs a) { mvr_body<false, MVR_NS, 1>(a); }
+extern "C" __global__ void __launch_bounds__(MVR_W * 32) mvr_q8_mixed(const MvArgs a) { mvr_body<true, MVR_NS, 1>(a); }
+extern "C" __global__ void __launch_bounds__(MVR_W * 32) mvrb_q8_mixed(const MvArgs a) { mvr_body<true, MVR_NS, MVR_NB>(a); }
 
 // out (cols / 32 units of Q8U bytes) = x (f32 [cols], 16-byte aligned), RMS-normed first by
 // `norm` (f32 [cols]) if not 0, quantized as the CPU's quantize_q8 (IEEE division and no

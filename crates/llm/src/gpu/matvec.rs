@@ -84,11 +84,15 @@ pub(crate) struct MvArgs {
     /// Bytes between the inputs, and between the outputs, of consecutive rows of a batch.
     xstride: u32,
     ostride: u32,
+    /// Input rows of the batch, and rows per block group (`MVR_NB` for the batched register
+    /// kernels, else 1).
+    nrows: u32,
+    rpg: u32,
 }
 
 const _: () = {
     assert!(std::mem::size_of::<MvSeg>() == 40);
-    assert!(std::mem::size_of::<MvArgs>() == 192);
+    assert!(std::mem::size_of::<MvArgs>() == 200);
     assert!(std::mem::size_of::<EmbedArgs>() == 48);
 };
 
@@ -395,6 +399,8 @@ fn args_of(
         argmax: argmax.map_or(0, |b| b.ptr()),
         xstride: 0,
         ostride: 0,
+        nrows: 1,
+        rpg: 1,
     })
 }
 
@@ -402,6 +408,8 @@ fn args_of(
 const MVR_W: u32 = 4;
 /// Row streams per warp of the register kernels (`MVR_NS`).
 const MVR_NS: usize = 2;
+/// Input rows per block of the batched register kernels (`MVR_NB`).
+const MVR_NB: u32 = 8;
 
 /// `plan` for matrices read by the register kernels (`mvr*`).
 #[allow(clippy::too_many_arguments)]
@@ -506,6 +514,10 @@ impl MvLaunch {
         }
         self.args.x = scratch.ptr();
         self.args.xstride = u32_of(q8_bytes(cols), "quantized row stride")?;
+        if self.split && self.rows > 1 {
+            // the batched register kernels: each weight item once for MVR_NB rows
+            self.args.rpg = MVR_NB;
+        }
         self.args.norm = 0;
         self.smem = smem as u32;
         self.grid = grid;
@@ -534,6 +546,7 @@ impl MvLaunch {
             ));
         }
         self.rows = u32_of(rows.max(1), "rows")?;
+        self.args.nrows = self.rows;
         self.args.xstride = u32_of(xstride, "input row stride")?;
         self.args.ostride = u32_of(ostride, "output row stride")?;
         Ok(self)
@@ -560,10 +573,15 @@ impl MvLaunch {
                 .arg(q.out);
             super::launch(dev, "matvec", &SOURCE, "quantize_q8", cfg, args)?;
         }
-        let cfg = LaunchConfig::new((self.grid, self.rows, 1), (MV_T, 1, 1), self.smem);
+        let groups = self.args.nrows.div_ceil(self.args.rpg);
+        let grid = self
+            .grid
+            .checked_mul(groups)
+            .ok_or_else(|| Error::Other("matvec: too many blocks".into()))?;
+        let cfg = LaunchConfig::new((grid, 1, 1), (MV_T, 1, 1), self.smem);
         let q8 = self.q8.is_some();
         let name = match (self.split, q8, self.persist) {
-            (true, _, _) => mvr_kernel(self.regs_fmt, q8),
+            (true, _, _) => mvr_kernel(self.regs_fmt, q8, self.args.rpg > 1),
             (false, false, false) => "matvec",
             (false, false, true) => "matvec_persist",
             (false, true, false) => "matvec_q8",
@@ -580,22 +598,23 @@ impl MvLaunch {
     }
 }
 
-/// The register kernel for matrices of `fmt` (None: of mixed formats), f32 or q8 input.
-fn mvr_kernel(fmt: Option<Fmt>, q8: bool) -> &'static str {
-    let (f32_name, q8_name) = match fmt {
-        Some(Fmt::Q4_0) => ("mvr_q4_0", "mvr_q8_q4_0"),
-        Some(Fmt::Q4_1) => ("mvr_q4_1", "mvr_q8_q4_1"),
-        Some(Fmt::Q5_0) => ("mvr_q5_0", "mvr_q8_q5_0"),
-        Some(Fmt::Q5_1) => ("mvr_q5_1", "mvr_q8_q5_1"),
-        Some(Fmt::Q8_0) => ("mvr_q8_0", "mvr_q8_q8_0"),
-        Some(Fmt::Q4_K) => ("mvr_q4_k", "mvr_q8_q4_k"),
-        Some(Fmt::Q6_K) => ("mvr_q6_k", "mvr_q8_q6_k"),
-        _ => ("mvr_mixed", "mvr_q8_mixed"),
+/// The register kernel for matrices of `fmt` (None: of mixed formats), f32 or q8 input,
+/// one row or `MVR_NB` rows per block (`batched`, q8 only).
+fn mvr_kernel(fmt: Option<Fmt>, q8: bool, batched: bool) -> &'static str {
+    let (f32_name, q8_name, batched_name) = match fmt {
+        Some(Fmt::Q4_0) => ("mvr_q4_0", "mvr_q8_q4_0", "mvrb_q8_q4_0"),
+        Some(Fmt::Q4_1) => ("mvr_q4_1", "mvr_q8_q4_1", "mvrb_q8_q4_1"),
+        Some(Fmt::Q5_0) => ("mvr_q5_0", "mvr_q8_q5_0", "mvrb_q8_q5_0"),
+        Some(Fmt::Q5_1) => ("mvr_q5_1", "mvr_q8_q5_1", "mvrb_q8_q5_1"),
+        Some(Fmt::Q8_0) => ("mvr_q8_0", "mvr_q8_q8_0", "mvrb_q8_q8_0"),
+        Some(Fmt::Q4_K) => ("mvr_q4_k", "mvr_q8_q4_k", "mvrb_q8_q4_k"),
+        Some(Fmt::Q6_K) => ("mvr_q6_k", "mvr_q8_q6_k", "mvrb_q8_q6_k"),
+        _ => ("mvr_mixed", "mvr_q8_mixed", "mvrb_q8_mixed"),
     };
-    if q8 {
-        q8_name
-    } else {
-        f32_name
+    match (q8, batched) {
+        (true, true) => batched_name,
+        (true, false) => q8_name,
+        (false, _) => f32_name,
     }
 }
 
