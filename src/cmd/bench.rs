@@ -4,8 +4,9 @@
 //! tokens one at a time from an empty cache. With `--device cuda` (the default where a CUDA
 //! device is present) both run on the GPU: pp as the batched prefill (chunks of up to 512
 //! tokens: dequantized 16-bit weights x tensor-core products, flash attention), tg as decode steps each returning its greedy token; the report adds the decode
-//! bandwidth, weight bytes read per token x tok/s. `--batch B` (CPU) runs B sequences
-//! through the engine at once and reports aggregate and per-sequence speeds.
+//! bandwidth, weight bytes read per token x tok/s. `--batch B` runs B sequences through the
+//! engine at once (on the CPU or, with `--device cuda`, the CUDA kernel set of the same model
+//! definition) and reports aggregate and per-sequence speeds.
 
 use ferrite_llm::gpu::{CudaDevice, GpuModel, GpuSession};
 use ferrite_llm::{Logits, Session};
@@ -30,8 +31,8 @@ pub struct Args {
     /// Print JSON instead of a table.
     #[arg(long)]
     pub json: bool,
-    /// Sequences decoded together through the engine (CPU): each gets a `-p`-token prompt
-    /// and generates `-n` tokens; reports aggregate and per-sequence decode tok/s and pp.
+    /// Sequences decoded together through the engine (CPU or CUDA): each gets a `-p`-token
+    /// prompt and generates `-n` tokens; reports aggregate and per-sequence decode tok/s and pp.
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=256))]
     pub batch: Option<u32>,
 }
@@ -84,12 +85,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         .map(|i| ((i * 7919 + 13) % vocab) as u32)
         .collect();
     if let Some(b) = args.batch {
-        if cuda.is_some() {
-            anyhow::bail!(
-                "--batch runs the engine, which has no CUDA kernel set yet; add --device cpu"
-            );
-        }
-        return run_batch(&args, &loaded, b as usize);
+        return run_batch(&args, &loaded, b as usize, cuda.as_ref());
     }
     if let Some(dev) = cuda {
         return run_cuda(&args, &loaded, &dev, need, &tokens);
@@ -285,15 +281,19 @@ fn run_cuda(
     Ok(())
 }
 
-/// `--batch B` on the CPU engine: B requests of `-p` prompt tokens (different per sequence)
-/// and `-n` generated tokens each (greedy, no stop token), added at once. pp: prompt tokens
-/// of all sequences over the time until every sequence has its first token (chunked prefill,
-/// the engine's step budget); tg: tokens generated after the first ones over the time from
-/// there to the end, in aggregate and per sequence.
-fn run_batch(args: &Args, loaded: &Loaded, b: usize) -> anyhow::Result<()> {
-    use ferrite_llm::engine::{Engine, EngineConfig, Request};
+/// `--batch B` on the engine (CPU, or CUDA with a device): B requests of `-p` prompt tokens
+/// (different per sequence) and `-n` generated tokens each (greedy, no stop token), added at
+/// once. pp: prompt tokens of all sequences over the time until every sequence has its first
+/// token (chunked prefill, the engine's step budget); tg: tokens generated after the first
+/// ones over the time from there to the end, in aggregate and per sequence.
+fn run_batch(
+    args: &Args,
+    loaded: &Loaded,
+    b: usize,
+    cuda: Option<&CudaDevice>,
+) -> anyhow::Result<()> {
+    use ferrite_llm::engine::{Engine, EngineConfig};
     let model = &loaded.model;
-    let vocab = model.cfg.vocab;
     if args.p == 0 || args.n == 0 {
         anyhow::bail!("--batch needs -p and -n of at least 1");
     }
@@ -306,7 +306,74 @@ fn run_batch(args: &Args, loaded: &Loaded, b: usize) -> anyhow::Result<()> {
             model.cfg.ctx_train
         );
     }
-    let mut engine = Engine::new(model, EngineConfig::new(ctx, b))?;
+    let (runs, backend, detail) = match cuda {
+        Some(dev) => {
+            let gm = GpuModel::load(model, dev, ctx)?;
+            let mut engine = Engine::cuda(&gm, EngineConfig::new(ctx, b))?;
+            let runs = engine_runs(&mut engine, args, b, model.cfg.vocab)?;
+            let (graphs, replays) = engine.kernels().graph_stats();
+            let q8 = gm.precision() == ferrite_llm::Precision::Q8;
+            (
+                runs,
+                format!("CUDA engine ({})", dev.name()),
+                format!(
+                    "{} activations, {graphs} graphs, {replays} replays",
+                    if q8 { "q8" } else { "f32" }
+                ),
+            )
+        }
+        None => {
+            let mut engine = Engine::new(model, EngineConfig::new(ctx, b))?;
+            let runs = engine_runs(&mut engine, args, b, model.cfg.vocab)?;
+            let threads = ferrite_llm::pool::Pool::global().threads();
+            (
+                runs,
+                format!("CPU engine ({:?})", model.isa()),
+                format!("{threads} threads"),
+            )
+        }
+    };
+    let pp: Vec<f64> = runs.iter().map(|r| r.0).collect();
+    let tg: Vec<f64> = runs.iter().map(|r| r.1).collect();
+    let per_seq: Vec<f64> = tg.iter().map(|v| v / b as f64).collect();
+    let ((ppm, pps), (tgm, tgs), (psm, pss)) = (mean_sd(&pp), mean_sd(&tg), mean_sd(&per_seq));
+    let name = file_name(loaded);
+    if args.json {
+        let out = serde_json::json!({
+            "model": name, "arch": model.cfg.arch_name, "backend": backend, "detail": detail,
+            "isa": format!("{:?}", model.isa()),
+            "precision": format!("{:?}", model.precision()), "batch": b,
+            "n_prompt": args.p, "n_gen": args.n, "repetitions": args.r,
+            "results": [
+                {"test": format!("pp{}", args.p), "tok_s_mean": ppm, "tok_s_sd": pps, "samples": pp},
+                {"test": format!("tg{}", args.n), "tok_s_mean": tgm, "tok_s_sd": tgs, "samples": tg,
+                 "per_sequence_tok_s_mean": psm, "per_sequence_tok_s_sd": pss},
+            ],
+        });
+        println!("{}", serde_json::to_string_pretty(&out)?);
+    } else {
+        println!("| model | backend | detail | batch | test | aggregate t/s | per sequence t/s |");
+        println!("| --- | --- | --- | ---: | ---: | ---: | ---: |");
+        println!(
+            "| {name} | {backend} | {detail} | {b} | pp{} | {ppm:.2} ± {pps:.2} | - |",
+            args.p
+        );
+        println!(
+            "| {name} | {backend} | {detail} | {b} | tg{} | {tgm:.2} ± {tgs:.2} | {psm:.2} ± {pss:.2} |",
+            args.n
+        );
+    }
+    Ok(())
+}
+
+/// (pp tok/s, tg tok/s) of each repetition after the warm-up (see `run_batch`).
+fn engine_runs<K: ferrite_llm::engine::EngineKernels>(
+    engine: &mut ferrite_llm::engine::Engine<'_, K>,
+    args: &Args,
+    b: usize,
+    vocab: usize,
+) -> anyhow::Result<Vec<(f64, f64)>> {
+    use ferrite_llm::engine::Request;
     let mut runs = Vec::new();
     for rep in 0..=args.r {
         let start = std::time::Instant::now();
@@ -341,40 +408,7 @@ fn run_batch(args: &Args, loaded: &Loaded, b: usize) -> anyhow::Result<()> {
             ));
         }
     }
-    let pp: Vec<f64> = runs.iter().map(|r| r.0).collect();
-    let tg: Vec<f64> = runs.iter().map(|r| r.1).collect();
-    let per_seq: Vec<f64> = tg.iter().map(|v| v / b as f64).collect();
-    let ((ppm, pps), (tgm, tgs), (psm, pss)) = (mean_sd(&pp), mean_sd(&tg), mean_sd(&per_seq));
-    let name = file_name(loaded);
-    let threads = ferrite_llm::pool::Pool::global().threads();
-    if args.json {
-        let out = serde_json::json!({
-            "model": name, "arch": model.cfg.arch_name, "backend": "CPU engine",
-            "threads": threads, "isa": format!("{:?}", model.isa()),
-            "precision": format!("{:?}", model.precision()), "batch": b,
-            "n_prompt": args.p, "n_gen": args.n, "repetitions": args.r,
-            "results": [
-                {"test": format!("pp{}", args.p), "tok_s_mean": ppm, "tok_s_sd": pps, "samples": pp},
-                {"test": format!("tg{}", args.n), "tok_s_mean": tgm, "tok_s_sd": tgs, "samples": tg,
-                 "per_sequence_tok_s_mean": psm, "per_sequence_tok_s_sd": pss},
-            ],
-        });
-        println!("{}", serde_json::to_string_pretty(&out)?);
-    } else {
-        println!("| model | backend | threads | batch | test | aggregate t/s | per sequence t/s |");
-        println!("| --- | --- | ---: | ---: | ---: | ---: | ---: |");
-        println!(
-            "| {name} | CPU engine ({:?}) | {threads} | {b} | pp{} | {ppm:.2} ± {pps:.2} | - |",
-            model.isa(),
-            args.p
-        );
-        println!(
-            "| {name} | CPU engine ({:?}) | {threads} | {b} | tg{} | {tgm:.2} ± {tgs:.2} | {psm:.2} ± {pss:.2} |",
-            model.isa(),
-            args.n
-        );
-    }
-    Ok(())
+    Ok(runs)
 }
 
 /// (n_prompt, n_gen) of a test named "ppN" or "tgN", as llama-bench reports them.
