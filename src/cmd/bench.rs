@@ -87,6 +87,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if let Some(b) = args.batch {
         return run_batch(&args, &loaded, b as usize, cuda.as_ref());
     }
+    if cuda.is_some() && ferrite_llm::env::flag_or("FERRITE_ENGINE", false) {
+        // the engine's CUDA kernel set at batch 1 instead of the launch plan
+        return run_batch(&args, &loaded, 1, cuda.as_ref());
+    }
     if let Some(dev) = cuda {
         return run_cuda(&args, &loaded, &dev, need, &tokens);
     }

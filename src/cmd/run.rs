@@ -178,6 +178,22 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
     };
     let gen = match &cuda {
+        Some(dev) if ferrite_llm::env::flag_or("FERRITE_ENGINE", false) => {
+            // The engine's CUDA kernel set (one sequence); the launch plan below stays the
+            // default until the engine is measured against it.
+            use ferrite_llm::engine::{Engine, EngineConfig};
+            let gm = ferrite_llm::gpu::GpuModel::load(model, dev, ctx)?;
+            let mut engine = Engine::cuda(&gm, EngineConfig::new(ctx, 1))?;
+            ferrite_llm::generate::generate_engine(
+                &mut engine,
+                tok,
+                &sampler,
+                &ids,
+                max_new,
+                &args.stop,
+                &mut on_text,
+            )?
+        }
         Some(dev) => {
             let gm = ferrite_llm::gpu::GpuModel::load(model, dev, ctx)?;
             let mut session = ferrite_llm::gpu::GpuSession::new(&gm)?;

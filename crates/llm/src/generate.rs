@@ -225,3 +225,87 @@ pub fn chunk_nll(logits: &[f32], vocab: usize, targets: &[u32]) -> f64 {
         })
         .sum()
 }
+
+/// `generate` through the engine (any kernel set): the prompt as one request with the
+/// sampler's settings (the engine's own sampler, seeded the same), stepped until a stop
+/// condition; an end-of-generation token, a stop string or the cancel flag cancels the
+/// request. Text streaming and stop strings as `generate`.
+pub fn generate_engine<K: crate::engine::EngineKernels>(
+    engine: &mut crate::engine::Engine<'_, K>,
+    tok: &Tokenizer,
+    sampler: &Sampler,
+    prompt: &[u32],
+    max_new: usize,
+    stops: &[String],
+    on_text: &mut dyn FnMut(&str),
+) -> Result<Generation> {
+    use crate::engine::Request;
+    let t0 = Instant::now();
+    let id = engine.add_request(Request {
+        prompt: prompt.to_vec(),
+        sampling: sampler.config().clone(),
+        max_new: max_new.max(1),
+        stop_tokens: Vec::new(),
+        queue: false,
+    })?;
+    let mut gen = Generation {
+        prompt_tokens: prompt.len(),
+        tokens: Vec::with_capacity(max_new),
+        text: String::new(),
+        stop: StopReason::MaxTokens,
+        prefill_secs: 0.0,
+        decode_secs: 0.0,
+    };
+    let mut utf8 = StreamDecoder::new();
+    let mut stop_strings = StopStrings::new(stops.iter().cloned());
+    let mut t1 = None;
+    let mut emit = |s: &str, gen: &mut Generation| {
+        if !s.is_empty() {
+            on_text(s);
+            gen.text.push_str(s);
+        }
+    };
+    'run: while engine.has_work() && max_new > 0 {
+        if sampler.cancelled() {
+            gen.stop = StopReason::Interrupted;
+            engine.cancel(id);
+            break;
+        }
+        for o in engine.step()? {
+            if o.id != id {
+                continue;
+            }
+            let Some(t) = o.token else { continue };
+            if t1.is_none() {
+                gen.prefill_secs = t0.elapsed().as_secs_f64();
+                t1 = Some(Instant::now());
+            }
+            if tok.is_eog(t) && !sampler.ignores_eos() {
+                gen.stop = StopReason::EndOfText;
+                engine.cancel(id);
+                break 'run;
+            }
+            gen.tokens.push(t);
+            if tok.token_type(t) != Some(TokenType::Control) {
+                let piece = utf8.push(tok.token_bytes(t));
+                let out = stop_strings.push(&piece);
+                emit(&out, &mut gen);
+                if stop_strings.stopped() {
+                    gen.stop = StopReason::StopString;
+                    engine.cancel(id);
+                    break 'run;
+                }
+            }
+        }
+    }
+    gen.decode_secs = t1.map_or(0.0, |t| t.elapsed().as_secs_f64());
+    if gen.stop != StopReason::StopString {
+        let rest = utf8.finish();
+        let mut out = stop_strings.push(&rest);
+        if !stop_strings.stopped() {
+            out.push_str(&stop_strings.finish());
+        }
+        emit(&out, &mut gen);
+    }
+    Ok(gen)
+}

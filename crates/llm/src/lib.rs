@@ -1,7 +1,10 @@
 //! LLM inference from GGUF files: one model definition (llama family, qwen2, gemma3) over a
 //! kernel set (the CPU's here: quantized kernels that compute directly on GGUF blocks), the
 //! paged KV cache, the engine (batched steps over many requests), tokenizer, chat templates,
-//! sampler and the generation loop. `gpu` is the CUDA pipeline, still a model of its own.
+//! sampler and the generation loop. `model::cuda` is the CUDA kernel set of the same model
+//! definition (its kernels in `gpu`); `gpu` also holds the older CUDA launch plan
+//! (`GpuSession`), still a model of its own and the default on CUDA until the engine is
+//! measured against it.
 
 pub mod chat;
 pub mod engine;

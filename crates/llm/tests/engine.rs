@@ -464,3 +464,49 @@ fn random_traffic_keeps_the_books_and_the_tokens() {
         }
     }
 }
+
+/// `generate_engine` (the loop of `ferrite run` with FERRITE_ENGINE=1) gives what `generate`
+/// over a `Session` gives: the same tokens and text, greedy and seeded sampling, ending at the
+/// token limit, at end of text and at a stop string.
+#[test]
+fn generate_through_the_engine_equals_the_session_loop() {
+    use ferrite_llm::generate::{generate, generate_engine, StopReason};
+    use ferrite_llm::tokenizer::Tokenizer;
+    let m = Model::load(ferrite_gguf::fetch::smollm2_135m_instruct_q4_1().expect("fetch SmolLM2"))
+        .unwrap();
+    let tok = Tokenizer::from_gguf(m.gguf()).unwrap();
+    let ids = tok.encode("The capital of France is", true).unwrap();
+    let sampled = SamplerConfig {
+        temperature: 0.8,
+        seed: 5,
+        ..SamplerConfig::greedy()
+    };
+    let mut stops_seen = 0;
+    for (cfg, stops) in [
+        (SamplerConfig::greedy(), vec![]),
+        (sampled, vec![]),
+        (
+            SamplerConfig::greedy(),
+            vec![" Paris".to_string(), ".".to_string()],
+        ),
+    ] {
+        let mut s = Session::new(&m, 64).unwrap();
+        let mut sampler = Sampler::new(cfg.clone()).unwrap();
+        let want = generate(&mut s, &tok, &mut sampler, &ids, 12, &stops, &mut |_| {}).unwrap();
+        let mut e = Engine::new(&m, EngineConfig::new(64, 1)).unwrap();
+        let sampler = Sampler::new(cfg).unwrap();
+        let mut streamed = String::new();
+        let got = generate_engine(&mut e, &tok, &sampler, &ids, 12, &stops, &mut |t| {
+            streamed.push_str(t)
+        })
+        .unwrap();
+        assert_eq!(got.tokens, want.tokens);
+        assert_eq!(got.text, want.text);
+        assert_eq!(streamed, want.text);
+        assert_eq!(got.stop, want.stop);
+        stops_seen += usize::from(got.stop == StopReason::StopString);
+        assert!(!e.has_work(), "the request ended");
+        assert_eq!(e.stats().kv.blocks_used, 0);
+    }
+    assert_eq!(stops_seen, 1, "the stop-string case stops at one");
+}

@@ -2471,6 +2471,7 @@ fn engine_cancel(dev: &CudaDevice) -> Option<String> {
     let gm = leak(GpuModel::load(model, dev, 96).unwrap());
     let vocab = model.cfg.vocab;
     let mut e = Engine::cuda(gm, engine_cfg()).unwrap();
+    e.set_keep_logits(true);
     let long = e
         .add_request(Request::greedy(prompt(40, 5, vocab), 20))
         .unwrap();
