@@ -108,6 +108,10 @@ fn gpu_tests() -> Vec<(&'static str, TestFn)> {
         ),
         ("engine_cuda_graph_buckets_equal_eager", engine_graphs),
         ("engine_cuda_cancel_frees_blocks", engine_cancel),
+        (
+            "engine_cuda_tensor_core_steps_match_cpu",
+            engine_tensor_core,
+        ),
     ]
 }
 
@@ -2307,12 +2311,35 @@ fn engine_vs(
     n_new: usize,
     tol: f32,
 ) -> (f32, usize) {
-    let name = &format!("{name} ({layout:?} layout)");
+    engine_vs_tc(name, model, dev, layout, n_new, tol, None)
+}
+
+/// `engine_vs`; with `tc`, steps of at least that many rows take the tensor-core products
+/// (then a request's logits depend on its step, so batched = alone is not checked).
+fn engine_vs_tc(
+    name: &str,
+    model: &'static Model,
+    dev: &CudaDevice,
+    layout: Layout,
+    n_new: usize,
+    tol: f32,
+    tc: Option<usize>,
+) -> (f32, usize) {
+    let name = &format!("{name} ({layout:?} layout, tensor-core rows {tc:?})");
     let gm = leak(GpuModel::load_with(model, dev, engine_cfg().ctx, layout).unwrap());
     let vocab = model.cfg.vocab;
-    let mut cuda = || Engine::cuda(gm, engine_cfg()).unwrap();
+    let mut cuda = || {
+        let mut e = Engine::cuda(gm, engine_cfg()).unwrap();
+        e.kernels_mut()
+            .set_tensor_core_rows(tc.unwrap_or(usize::MAX));
+        e
+    };
     let batched = run_scenario(&mut cuda, vocab, n_new, false);
-    let alone = run_scenario(&mut cuda, vocab, n_new, true);
+    let alone = if tc.is_none() {
+        run_scenario(&mut cuda, vocab, n_new, true)
+    } else {
+        Vec::new()
+    };
     for (i, (b, a)) in batched.iter().zip(&alone).enumerate() {
         assert_eq!(
             b.0, a.0,
@@ -2501,6 +2528,28 @@ fn engine_cancel(dev: &CudaDevice) -> Option<String> {
     let got: Vec<u32> = runs.get(&short).map(|r| r.0.clone()).unwrap_or_default();
     // the short request's first tokens came out before the drain
     assert!(want[0].1.ends_with(&got), "{got:?} vs {:?}", want[0].1);
+    let _ = std::fs::remove_dir_all(&dir);
+    None
+}
+
+/// Steps of many rows through the tensor-core products (16-bit operands, cuBLASLt): here
+/// every step of 8 rows or more (prompt chunks beside decode rows), against the CPU engine.
+/// f16 rounding of activations and weights: the old batched prefill's tolerance class.
+fn engine_tensor_core(dev: &CudaDevice) -> Option<String> {
+    let dir = tmp_dir();
+    for quant in [
+        GgmlType::Q4_0,
+        GgmlType::Q4_K,
+        GgmlType::Q8_0,
+        GgmlType::F16,
+    ] {
+        for precision in [Precision::Exact, Precision::Q8] {
+            let mut model = synth_model(quant, &dir, 2, 256);
+            model.set_precision(precision);
+            let name = format!("synthetic {quant} {precision:?}");
+            engine_vs_tc(&name, leak(model), dev, Layout::Auto, 6, 3e-2, Some(8));
+        }
+    }
     let _ = std::fs::remove_dir_all(&dir);
     None
 }

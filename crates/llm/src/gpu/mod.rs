@@ -30,7 +30,7 @@ mod generate;
 pub(crate) mod matvec;
 pub mod ops;
 pub(crate) mod paged;
-mod prefill;
+pub(crate) mod prefill;
 mod sample;
 mod session;
 pub(crate) mod weights;

@@ -351,3 +351,51 @@ extern "C" __global__ void kv_copy_block(u64 kc, u64 vc, u32 src, u32 dst, u64 n
         vd[i] = vs[i];
     }
 }
+
+// ---- Large steps (many prompt rows): tensor-core products on dequantized weights ----
+
+// out row r (16-bit: bf16 if bf, else f16; n values) = row r of x (f32 [rows][n]), RMS-normed
+// with weight w first if w is not 0. One block per row.
+extern "C" __global__ void rows_to_h(u64 x, u64 w, u32 n, float eps, u64 out, u32 bf) {
+    __shared__ float sh[32];
+    pdl_wait();
+    pdl_launch();
+    const float* xp = (const float*)x + (u64)blockIdx.x * n;
+    float inv = 1.0f;
+    if (w) {
+        float ss = 0.f;
+        for (u32 i = threadIdx.x; i < n; i += blockDim.x) ss += xp[i] * xp[i];
+        ss = block_sum(ss, sh);
+        inv = 1.0f / sqrtf(ss / (float)n + eps);
+    }
+    unsigned short* o = (unsigned short*)out + (u64)blockIdx.x * n;
+    for (u32 i = threadIdx.x; i < n; i += blockDim.x) {
+        const float v = w ? xp[i] * inv * ((const float*)w)[i] : xp[i];
+        o[i] = bf ? f32_to_bf16(v).x : f32_to_f16(v).x;
+    }
+}
+
+// out[r * stride + off + j] += bias[j] for j < n. One block per row.
+extern "C" __global__ void bias_rows(u64 out, u64 bias, u32 stride, u32 off, u32 n) {
+    pdl_wait();
+    pdl_launch();
+    float* o = (float*)out + (u64)blockIdx.x * stride + off;
+    for (u32 j = threadIdx.x; j < n; j += blockDim.x) o[j] += ((const float*)bias)[j];
+}
+
+__device__ __forceinline__ float glu_act(float g, u32 gelu) {
+    if (gelu) {
+        const float c = 0.7978846f;  // sqrt(2/pi), as the CPU's gelu_tanh
+        return 0.5f * g * (1.0f + tanhf(c * (g + 0.044715f * g * g * g)));
+    }
+    return g / (1.0f + expf(-g));
+}
+
+// out[i] = act(gate[i]) * up[i] over n values (out may be gate).
+extern "C" __global__ void glu_rows(u64 gate, u64 up, u64 out, u64 n, u32 gelu) {
+    pdl_wait();
+    pdl_launch();
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) {
+        ((float*)out)[i] = glu_act(((const float*)gate)[i], gelu) * ((const float*)up)[i];
+    }
+}

@@ -133,6 +133,33 @@ pub(crate) enum PagedLaunch {
         out: u64,
         rows: u32,
     },
+    /// Rows of f32 (optionally RMS-normed by `w`) into 16-bit rows (bf16 if `bf`).
+    ToHalf {
+        x: u64,
+        w: u64,
+        n: u32,
+        eps: f32,
+        out: u64,
+        bf: u32,
+        rows: u32,
+    },
+    /// `out[r * stride + off + j] += bias[j]`, j < n.
+    Bias {
+        out: u64,
+        bias: u64,
+        stride: u32,
+        off: u32,
+        n: u32,
+        rows: u32,
+    },
+    /// `out = act(gate) * up` over n values.
+    Glu {
+        gate: u64,
+        up: u64,
+        out: u64,
+        n: u64,
+        gelu: u32,
+    },
 }
 
 impl PagedLaunch {
@@ -200,6 +227,59 @@ impl PagedLaunch {
                 let cfg = LaunchConfig::new((rows, 1, 1), (1024, 1, 1), 0);
                 let a = KernelArgs::new().arg(logits).arg(n).arg(out);
                 super::launch(dev, "argmax_rows", &SOURCE, "argmax_rows", cfg, a)
+            }
+            PagedLaunch::ToHalf {
+                x,
+                w,
+                n,
+                eps,
+                out,
+                bf,
+                rows,
+            } => {
+                let cfg = LaunchConfig::new((rows, 1, 1), (256, 1, 1), 0);
+                let a = KernelArgs::new()
+                    .arg(x)
+                    .arg(w)
+                    .arg(n)
+                    .arg(eps)
+                    .arg(out)
+                    .arg(bf);
+                super::launch(dev, "rows_to_h", &SOURCE, "rows_to_h", cfg, a)
+            }
+            PagedLaunch::Bias {
+                out,
+                bias,
+                stride,
+                off,
+                n,
+                rows,
+            } => {
+                let cfg = LaunchConfig::new((rows, 1, 1), (256, 1, 1), 0);
+                let a = KernelArgs::new()
+                    .arg(out)
+                    .arg(bias)
+                    .arg(stride)
+                    .arg(off)
+                    .arg(n);
+                super::launch(dev, "bias_rows", &SOURCE, "bias_rows", cfg, a)
+            }
+            PagedLaunch::Glu {
+                gate,
+                up,
+                out,
+                n,
+                gelu,
+            } => {
+                let blocks = n.div_ceil(256).clamp(1, 16 * dev.sm_count() as u64) as u32;
+                let cfg = LaunchConfig::new((blocks, 1, 1), (256, 1, 1), 0);
+                let a = KernelArgs::new()
+                    .arg(gate)
+                    .arg(up)
+                    .arg(out)
+                    .arg(n)
+                    .arg(gelu);
+                super::launch(dev, "glu_rows", &SOURCE, "glu_rows", cfg, a)
             }
         }
     }

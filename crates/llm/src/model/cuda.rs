@@ -201,7 +201,19 @@ pub struct CudaKernels<'g> {
     /// The last step's logits, once read (`fetch_logits`).
     host_logits: Vec<f32>,
     fetched: bool,
+    /// Steps of at least this many rows (not graph steps) take the tensor-core products:
+    /// 16-bit activations x weights dequantized to 16 bits, cuBLASLt (as the old prefill).
+    tc_rows: usize,
+    tc: bool,
+    /// bf16 rather than f16 operands there (Gemma-3, or FERRITE_GPU_PREFILL_BF16=1).
+    bf: bool,
+    /// Their scratch (at the first such step): 16-bit activations, dequantized weights.
+    h16: Option<Buffer>,
+    w16: Option<Buffer>,
 }
+
+/// Rows from which a step takes the tensor-core products (`CudaKernels::set_tensor_core_rows`).
+pub const TENSOR_CORE_ROWS: usize = 128;
 
 fn u32_of(v: usize, what: &str) -> Result<u32> {
     u32::try_from(v).map_err(|_| Error::Other(format!("cuda kernels: {what} = {v} exceeds u32")))
@@ -272,6 +284,16 @@ impl<'g> CudaKernels<'g> {
             replays: 0,
             host_logits: Vec::new(),
             fetched: false,
+            tc_rows: if crate::env::flag_or("FERRITE_GPU_PREFILL", true) {
+                TENSOR_CORE_ROWS
+            } else {
+                usize::MAX
+            },
+            tc: false,
+            bf: c.arch == crate::model::Arch::Gemma3
+                || crate::env::flag_or("FERRITE_GPU_PREFILL_BF16", false),
+            h16: None,
+            w16: None,
         })
     }
 
@@ -287,6 +309,14 @@ impl<'g> CudaKernels<'g> {
     /// `FERRITE_GPU_EAGER=1` or `set_graphs(false)`).
     pub fn set_graphs(&mut self, on: bool) {
         self.graphs_on = on;
+    }
+
+    /// Steps of at least `rows` rows (that are not decode-only graph steps) take the
+    /// tensor-core products (default `TENSOR_CORE_ROWS`; `usize::MAX`: never). Their results
+    /// differ from the row kernels' by 16-bit rounding of the operands, so a sequence's logits
+    /// then depend on the step it is in (within that rounding).
+    pub fn set_tensor_core_rows(&mut self, rows: usize) {
+        self.tc_rows = rows.max(1);
     }
 
     /// Graphs captured so far, and replays run.
@@ -406,7 +436,107 @@ impl<'g> CudaKernels<'g> {
         if self.q8 {
             l = l.with_q8(self.sm, &self.q8buf)?;
         }
-        self.plan.push(Launch::Matvec(l));
+        self.push(Launch::Matvec(l))?;
+        Ok(())
+    }
+
+    /// Queues `l` for the graph of a bucketed step, else launches it now.
+    fn push(&mut self, l: Launch) -> Result<()> {
+        if self.bucket.is_some() {
+            self.plan.push(l);
+            Ok(())
+        } else {
+            l.enqueue(&self.dev)
+        }
+    }
+
+    /// The tensor-core scratch, allocated at the first step that needs it.
+    fn tc_scratch(&mut self) -> Result<(Buffer, Buffer)> {
+        if self.h16.is_none() {
+            let c = &self.m.cfg;
+            let widest = c.d_model.max(c.n_ff).max(c.n_head * c.head_dim);
+            let most = self
+                .m
+                .layers
+                .iter()
+                .flat_map(|l| [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down])
+                .map(|w| w.rows * w.cols)
+                .max()
+                .unwrap_or(0);
+            self.h16 = Some(zeros(
+                &self.dev,
+                self.lim.max_rows * widest * 2,
+                "llm engine 16-bit activations",
+            )?);
+            self.w16 = Some(zeros(
+                &self.dev,
+                most * 2 + 64,
+                "llm engine 16-bit weights",
+            )?);
+        }
+        match (&self.h16, &self.w16) {
+            (Some(h), Some(w)) => Ok((h.clone(), w.clone())),
+            _ => Err(Error::Other(
+                "cuda kernels: tensor-core scratch missing".into(),
+            )),
+        }
+    }
+
+    /// The step's rows of `x` (`cols` wide, RMS-normed by `norm` if given) as 16-bit rows.
+    fn half_rows(&mut self, x: &Buffer, norm: Option<&Buffer>, cols: usize) -> Result<Buffer> {
+        let (h, _) = self.tc_scratch()?;
+        self.push(Launch::Paged(PagedLaunch::ToHalf {
+            x: x.ptr(),
+            w: norm.map_or(0, |w| w.ptr()),
+            n: u32_of(cols, "columns")?,
+            eps: self.m.cfg.eps,
+            out: h.ptr(),
+            bf: u32::from(self.bf),
+            rows: u32_of(self.rows, "rows")?,
+        }))?;
+        Ok(h)
+    }
+
+    /// `out[r][off..off + w.rows]` (row stride `stride` floats) (+)= h[r] . w^T (+ bias) for
+    /// the step's rows, on tensor cores.
+    #[allow(clippy::too_many_arguments)]
+    fn tc_product(
+        &mut self,
+        h: &Buffer,
+        w: &GpuMatrix,
+        bias: Option<&Buffer>,
+        out: &Buffer,
+        off: usize,
+        stride: usize,
+        acc: bool,
+    ) -> Result<()> {
+        let (_, w16) = self.tc_scratch()?;
+        crate::gpu::prefill::dequant_rows(&self.dev, w, 0, w.rows, w16.ptr(), self.bf)?;
+        let dt = if self.bf {
+            ferrite_core::DType::BF16
+        } else {
+            ferrite_core::DType::F16
+        };
+        self.dev
+            .gemm_nt_f32(
+                dt,
+                (h, 0, w.cols),
+                (&w16, 0, w.cols),
+                (out, off * 4, stride),
+                (self.rows, w.rows, w.cols),
+                acc,
+            )
+            .gpu()?;
+        if let Some(b) = bias {
+            self.push(Launch::Paged(PagedLaunch::Bias {
+                out: out.ptr(),
+                bias: b.ptr(),
+                stride: u32_of(stride, "row stride")?,
+                off: u32_of(off, "column")?,
+                n: u32_of(w.rows, "rows")?,
+                rows: u32_of(self.rows, "rows")?,
+            }))?;
+        }
         Ok(())
     }
 
@@ -494,6 +624,7 @@ impl Kernels for CudaKernels<'_> {
         self.launch_out = self.bucket.unwrap_or(n_out);
         self.n_out = n_out;
         self.fetched = false;
+        self.tc = self.bucket.is_none() && rows >= self.tc_rows;
         pack_meta(
             batch,
             self.rows,
@@ -515,7 +646,7 @@ impl Kernels for CudaKernels<'_> {
         let o = self.input(out)?;
         let l = matvec::plan_embed(&self.m.tok_embd, &self.meta, o, self.m.cfg.embed_scale)?
             .with_rows(u32_of(self.rows, "rows")?);
-        self.plan.push(Launch::Embed(l));
+        self.push(Launch::Embed(l))?;
         Ok(())
     }
 
@@ -527,6 +658,17 @@ impl Kernels for CudaKernels<'_> {
         };
         let eps = self.m.cfg.eps;
         let rows = self.rows;
+        if self.tc {
+            let cols = self.view(x).3;
+            let h = self.half_rows(&xb, nb, cols)?;
+            for &(w, b) in outs {
+                let (m, bias) = self.mat(w);
+                let (ob, off, stride, _) = self.view(b);
+                let ob = ob.clone();
+                self.tc_product(&h, m, bias, &ob, off, stride, false)?;
+            }
+            return Ok(());
+        }
         let first = outs
             .first()
             .map(|&(_, b)| self.view(b).0.ptr())
@@ -568,7 +710,7 @@ impl Kernels for CudaKernels<'_> {
         let w = self.norm_w(norm)?;
         let hd = self.m.cfg.head_dim;
         let (buf, off, stride, width) = self.view(x);
-        self.plan.push(Launch::Paged(PagedLaunch::HeadNorm {
+        self.push(Launch::Paged(PagedLaunch::HeadNorm {
             x: buf.ptr() + off as u64 * 4,
             w: w.ptr(),
             stride: u32_of(stride, "row stride")?,
@@ -576,7 +718,7 @@ impl Kernels for CudaKernels<'_> {
             hd: u32_of(hd, "head_dim")?,
             eps: self.m.cfg.eps,
             rows: u32_of(self.rows, "rows")?,
-        }));
+        }))?;
         Ok(())
     }
 
@@ -629,11 +771,11 @@ impl Kernels for CudaKernels<'_> {
             pos_scale: if local { 1.0 } else { 1.0 / c.rope_scale },
             pad: 0,
         };
-        self.plan.push(Launch::Paged(PagedLaunch::RopeStore {
+        self.push(Launch::Paged(PagedLaunch::RopeStore {
             args: rs,
             rows,
             smem: smem as u32,
-        }));
+        }))?;
         let (ob, ooff, ostride, owidth) = self.view(out);
         if ooff != 0 || ostride != nh * hd || owidth != nh * hd {
             return Err(Error::Other(format!(
@@ -661,8 +803,7 @@ impl Kernels for CudaKernels<'_> {
             q_stride: qkv_w as u32,
             scale: c.attn_scale,
         };
-        self.plan
-            .push(Launch::Paged(PagedLaunch::Attn { args: at, rows }));
+        self.push(Launch::Paged(PagedLaunch::Attn { args: at, rows }))?;
         Ok(())
     }
 
@@ -697,6 +838,19 @@ impl Kernels for CudaKernels<'_> {
             Glu::GeluTanh => Mode::GluGelu,
         };
         let (eps, rows, ff) = (self.m.cfg.eps, self.rows, g.rows);
+        if self.tc {
+            let h = self.half_rows(&xb, Some(nw), g.cols)?;
+            let (gb, ub) = (self.gate.clone(), self.up.clone());
+            self.tc_product(&h, g, None, &gb, 0, ff, false)?;
+            self.tc_product(&h, u, None, &ub, 0, ff, false)?;
+            return self.push(Launch::Paged(PagedLaunch::Glu {
+                gate: gb.ptr(),
+                up: ub.ptr(),
+                out: ob.ptr(),
+                n: (rows * ff) as u64,
+                gelu: u32::from(act == Glu::GeluTanh),
+            }));
+        }
         self.product(&segs, mode, &xb, Some((nw, eps)), &ob, ff, rows)
     }
 
@@ -710,15 +864,26 @@ impl Kernels for CudaKernels<'_> {
             out_off: 0,
         }];
         let (d, rows, eps) = (self.m.cfg.d_model, self.rows, self.m.cfg.eps);
+        let h = if self.tc {
+            Some(self.half_rows(&xb, None, m.cols)?)
+        } else {
+            None
+        };
         match post_norm {
-            None => self.product(&seg, Mode::Add, &xb, None, &yb, d, rows),
+            None => match &h {
+                Some(h) => self.tc_product(h, m, bias, &yb, 0, d, true),
+                None => self.product(&seg, Mode::Add, &xb, None, &yb, d, rows),
+            },
             Some(n) => {
                 let pn = self.norm_w(n)?;
                 let tmp = self.tmp.clone();
-                self.product(&seg, Mode::Store, &xb, None, &tmp, d, rows)?;
+                match &h {
+                    Some(h) => self.tc_product(h, m, bias, &tmp, 0, d, false)?,
+                    None => self.product(&seg, Mode::Store, &xb, None, &tmp, d, rows)?,
+                }
                 let l = decode::plan_norm(&yb, &tmp, pn, d, eps, true)?
                     .with_rows(u32_of(rows, "rows")?);
-                self.plan.push(Launch::Norm(l));
+                self.push(Launch::Norm(l))?;
                 Ok(())
             }
         }
@@ -730,13 +895,13 @@ impl Kernels for CudaKernels<'_> {
         let (d, vocab, eps) = (c.d_model, c.vocab, c.eps);
         let o = self.launch_out;
         if o > 0 {
-            self.plan.push(Launch::Paged(PagedLaunch::Gather {
+            self.push(Launch::Paged(PagedLaunch::Gather {
                 src: xb.ptr(),
                 dst: self.xo.ptr(),
                 ids: self.meta_ptr(self.layout.out),
                 width: u32_of(d, "d_model")?,
                 rows: u32_of(o, "logit rows")?,
-            }));
+            }))?;
             let seg = [Seg {
                 w: self.m.output_matrix(),
                 bias: None,
@@ -748,12 +913,12 @@ impl Kernels for CudaKernels<'_> {
                 self.m.output_norm.clone(),
             );
             self.product(&seg, Mode::Store, &xo, Some((&on, eps)), &lg, vocab, o)?;
-            self.plan.push(Launch::Paged(PagedLaunch::Argmax {
+            self.push(Launch::Paged(PagedLaunch::Argmax {
                 logits: self.logits.ptr(),
                 n: u32_of(vocab, "vocab")?,
                 out: self.tokens_out.ptr(),
                 rows: u32_of(o, "logit rows")?,
-            }));
+            }))?;
         }
         self.run()
     }
