@@ -205,6 +205,8 @@ pub struct CudaKernels<'g> {
     /// 16-bit activations x weights dequantized to 16 bits, cuBLASLt (as the old prefill).
     tc_rows: usize,
     tc: bool,
+    /// Every row of the step (padding included) is a logit row, in order.
+    all_rows_out: bool,
     /// bf16 rather than f16 operands there (Gemma-3, or FERRITE_GPU_PREFILL_BF16=1).
     bf: bool,
     /// Their scratch (at the first such step): 16-bit activations, dequantized weights.
@@ -290,6 +292,7 @@ impl<'g> CudaKernels<'g> {
                 usize::MAX
             },
             tc: false,
+            all_rows_out: false,
             bf: c.arch == crate::model::Arch::Gemma3
                 || crate::env::flag_or("FERRITE_GPU_PREFILL_BF16", false),
             h16: None,
@@ -625,6 +628,7 @@ impl Kernels for CudaKernels<'_> {
         self.n_out = n_out;
         self.fetched = false;
         self.tc = self.bucket.is_none() && rows >= self.tc_rows;
+        self.all_rows_out = decode_only;
         pack_meta(
             batch,
             self.rows,
@@ -895,24 +899,26 @@ impl Kernels for CudaKernels<'_> {
         let (d, vocab, eps) = (c.d_model, c.vocab, c.eps);
         let o = self.launch_out;
         if o > 0 {
-            self.push(Launch::Paged(PagedLaunch::Gather {
-                src: xb.ptr(),
-                dst: self.xo.ptr(),
-                ids: self.meta_ptr(self.layout.out),
-                width: u32_of(d, "d_model")?,
-                rows: u32_of(o, "logit rows")?,
-            }))?;
+            // A decode-only step wants every row's logits, in order: no gather.
+            let src = if self.all_rows_out {
+                xb.clone()
+            } else {
+                self.push(Launch::Paged(PagedLaunch::Gather {
+                    src: xb.ptr(),
+                    dst: self.xo.ptr(),
+                    ids: self.meta_ptr(self.layout.out),
+                    width: u32_of(d, "d_model")?,
+                    rows: u32_of(o, "logit rows")?,
+                }))?;
+                self.xo.clone()
+            };
             let seg = [Seg {
                 w: self.m.output_matrix(),
                 bias: None,
                 out_off: 0,
             }];
-            let (xo, lg, on) = (
-                self.xo.clone(),
-                self.logits.clone(),
-                self.m.output_norm.clone(),
-            );
-            self.product(&seg, Mode::Store, &xo, Some((&on, eps)), &lg, vocab, o)?;
+            let (lg, on) = (self.logits.clone(), self.m.output_norm.clone());
+            self.product(&seg, Mode::Store, &src, Some((&on, eps)), &lg, vocab, o)?;
             self.push(Launch::Paged(PagedLaunch::Argmax {
                 logits: self.logits.ptr(),
                 n: u32_of(vocab, "vocab")?,
