@@ -69,6 +69,13 @@ struct PagedAttnArgs {
     u32 n_layer, maxsplit, window, ngrp;
     u32 q_stride;
     float scale;
+    // fused (decode-only steps: one row per sequence): q is the row's unrotated q | k | v;
+    // each block rotates its q heads, and the block whose split ends at pos rotates k and
+    // stores k and v first (attn_step's scheme), so no rope_store launch is needed.
+    u64 inv_freq;
+    u32 rope_dim, neox;
+    float pos_scale;
+    u32 fused;
 };
 
 // Causal attention of row blockIdx.z (at position pos) over its sequence's keys lo..=pos in
@@ -80,7 +87,8 @@ extern "C" __global__ void __launch_bounds__(AT_T) paged_attn(const PagedAttnArg
     __shared__ __align__(16) float qs[AT_GMAX * HD_MAX];
     __shared__ float sc[AT_GMAX][AT_TILE];
     __shared__ __align__(16) float red[AT_GMAX * 4 * AT_T];
-    __shared__ float m_s[AT_GMAX], l_s[AT_GMAX], alpha_s[AT_GMAX];
+    __shared__ float m_s[AT_GMAX], l_s[AT_GMAX], alpha_s[AT_GMAX], tmp[AT_GMAX];
+    __shared__ __align__(16) float cur[2 * HD_MAX];
     __shared__ u32 last;
 
     const u32 tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -109,11 +117,31 @@ extern "C" __global__ void __launch_bounds__(AT_T) paged_attn(const PagedAttnArg
 
     const float* q = (const float*)a.q + (u64)r * a.q_stride;
     for (u32 i = tid; i < nhb * hd; i += AT_T) qs[i] = q[h0 * hd + i];
+    const bool own = a.fused && s == nact - 1;
+    if (own) {
+        for (u32 d = tid; d < hd; d += AT_T) {
+            cur[d] = q[a.nh * hd + g * hd + d];
+            cur[HD_MAX + d] = q[(a.nh + a.nkv) * hd + g * hd + d];
+        }
+    }
     if (tid < AT_GMAX) {
         m_s[tid] = neg_inf<float>();
         l_s[tid] = 0.f;
     }
     __syncthreads();
+    if (a.fused) {
+        const float* inv = (const float*)a.inv_freq;
+        norm_rope(qs, nhb, hd, nullptr, 0.f, pos, a.pos_scale, inv, a.rope_dim, a.neox, tmp);
+        if (own) {
+            norm_rope(cur, 1, hd, nullptr, 0.f, pos, a.pos_scale, inv, a.rope_dim, a.neox, tmp);
+            const u64 at = kv_at(tab[pos / KV_BS], a.layer, a.n_layer, a.nkv, g, pos % KV_BS, hd);
+            for (u32 d = tid; d < hd; d += AT_T) {
+                ((f16*)a.kc)[at + d] = f32_to_f16(cur[d]);
+                ((f16*)a.vc)[at + d] = f32_to_f16(cur[HD_MAX + d]);
+            }
+            __syncthreads();  // read back below by this block
+        }
+    }
 
     float acc[AT_GMAX][4];
 #pragma unroll

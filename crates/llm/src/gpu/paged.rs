@@ -71,11 +71,16 @@ pub(crate) struct PagedAttnArgs {
     pub ngrp: u32,
     pub q_stride: u32,
     pub scale: f32,
+    pub inv_freq: u64,
+    pub rope_dim: u32,
+    pub neox: u32,
+    pub pos_scale: f32,
+    pub fused: u32,
 }
 
 const _: () = {
     assert!(std::mem::size_of::<RopeStoreArgs>() == 88);
-    assert!(std::mem::size_of::<PagedAttnArgs>() == 104);
+    assert!(std::mem::size_of::<PagedAttnArgs>() == 128);
 };
 
 /// Head-group blocks per KV head of the attention (`ngrp`).

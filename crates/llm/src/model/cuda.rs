@@ -775,11 +775,16 @@ impl Kernels for CudaKernels<'_> {
             pos_scale: if local { 1.0 } else { 1.0 / c.rope_scale },
             pad: 0,
         };
-        self.push(Launch::Paged(PagedLaunch::RopeStore {
-            args: rs,
-            rows,
-            smem: smem as u32,
-        }))?;
+        // A decode-only step (one row per sequence) rotates and stores inside the attention;
+        // a step with prompt chunks stores every row's keys before any row attends.
+        let fused = self.all_rows_out;
+        if !fused {
+            self.push(Launch::Paged(PagedLaunch::RopeStore {
+                args: rs,
+                rows,
+                smem: smem as u32,
+            }))?;
+        }
         let (ob, ooff, ostride, owidth) = self.view(out);
         if ooff != 0 || ostride != nh * hd || owidth != nh * hd {
             return Err(Error::Other(format!(
@@ -806,6 +811,11 @@ impl Kernels for CudaKernels<'_> {
             ngrp: u32_of(self.ngrp, "head groups")?,
             q_stride: qkv_w as u32,
             scale: c.attn_scale,
+            inv_freq: rs.inv_freq,
+            rope_dim: rs.rope_dim,
+            neox: rs.neox,
+            pos_scale: rs.pos_scale,
+            fused: u32::from(fused),
         };
         self.push(Launch::Paged(PagedLaunch::Attn { args: at, rows }))?;
         Ok(())
