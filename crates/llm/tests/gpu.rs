@@ -107,6 +107,10 @@ fn gpu_tests() -> Vec<(&'static str, TestFn)> {
             engine_gemma3,
         ),
         ("engine_cuda_graph_buckets_equal_eager", engine_graphs),
+        (
+            "matvec_rows_equal_one_row_launches",
+            matvec_rows_equal_one_row_launches,
+        ),
         ("engine_cuda_cancel_frees_blocks", engine_cancel),
         (
             "engine_cuda_tensor_core_steps_match_cpu",
@@ -2552,5 +2556,83 @@ fn engine_tensor_core(dev: &CudaDevice) -> Option<String> {
         }
     }
     let _ = std::fs::remove_dir_all(&dir);
+    None
+}
+
+/// The engine's batched product (`ops::matvec_rows`: a launch over R input rows, 8 rows per
+/// block in the fast mode's register kernels) equals R one-row launches bit for bit, for
+/// every mode (store, add, GLU), both weight layouts, f32 and q8 activations, with the RMS
+/// norm and biases, at row counts around the 8-row groups.
+fn matvec_rows_equal_one_row_launches(dev: &CudaDevice) -> Option<String> {
+    for (i, ty) in Q8_TYPES.into_iter().chain([GgmlType::F16]).enumerate() {
+        let (rows_w, cols) = (96usize, 512usize);
+        for split in layouts(ty, cols) {
+            let seed = 900 + i as u64;
+            let (g, _) = rand_matrix_with(dev, ty, rows_w, cols, seed, split);
+            let (u, _) = rand_matrix_with(dev, ty, rows_w, cols, seed + 1, split);
+            let bias = up(dev, &Rng(seed + 2).vec(rows_w));
+            let norm = up(dev, &Rng(seed + 3).vec(cols));
+            let q8s: &[bool] = if ty == GgmlType::F16 {
+                &[false]
+            } else {
+                &[false, true]
+            };
+            for &q8 in q8s {
+                for n in [1usize, 3, 8, 9, 17] {
+                    let x: Vec<f32> = Rng(seed + 4 + n as u64).vec(n * cols);
+                    let xb = up(dev, &x);
+                    for mode in [Mode::Store, Mode::Add, Mode::GluSilu] {
+                        let glu = mode == Mode::GluSilu;
+                        let segs: Vec<Seg<'_>> = if glu {
+                            vec![
+                                Seg {
+                                    w: &g,
+                                    bias: None,
+                                    out_off: 0,
+                                },
+                                Seg {
+                                    w: &u,
+                                    bias: None,
+                                    out_off: 0,
+                                },
+                            ]
+                        } else {
+                            vec![
+                                Seg {
+                                    w: &g,
+                                    bias: Some(&bias),
+                                    out_off: 0,
+                                },
+                                Seg {
+                                    w: &u,
+                                    bias: None,
+                                    out_off: rows_w,
+                                },
+                            ]
+                        };
+                        let ostride = if glu { rows_w } else { 2 * rows_w } + 5;
+                        let init: Vec<f32> = Rng(seed + 9).vec(n * ostride);
+                        let batched = up(dev, &init);
+                        let nb = Some((&norm, 1e-5f32));
+                        ops::matvec_rows(dev, &segs, mode, &xb, nb, &batched, n, ostride, q8)
+                            .unwrap();
+                        let got = read(dev, &batched, n * ostride);
+                        for r in 0..n {
+                            let xr = up(dev, &x[r * cols..(r + 1) * cols]);
+                            let one = up(dev, &init[r * ostride..(r + 1) * ostride]);
+                            ops::matvec_rows(dev, &segs, mode, &xr, nb, &one, 1, ostride, q8)
+                                .unwrap();
+                            let want = read(dev, &one, ostride);
+                            let row = &got[r * ostride..(r + 1) * ostride];
+                            assert!(
+                                row.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()),
+                                "{ty} split {split} q8 {q8} {mode:?} rows {n}: row {r} differs from its one-row launch"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
     None
 }

@@ -63,6 +63,49 @@ pub fn matvec_q8(
     dev.synchronize().map_err(super::cuda_err)
 }
 
+/// `matvec` (`q8`: `matvec_q8`) for `rows` input rows at once, the engine's batched product:
+/// row i reads `x` from element i * cols and writes `out` from element i * ostride (offsets
+/// of the segments inside each output row). In the fast mode on split rows this is the
+/// batched register kernel (8 rows per block).
+#[allow(clippy::too_many_arguments)]
+pub fn matvec_rows(
+    dev: &CudaDevice,
+    segs: &[Seg<'_>],
+    mode: Mode,
+    x: &Buffer,
+    norm: Option<(&Buffer, f32)>,
+    out: &Buffer,
+    rows: usize,
+    ostride: usize,
+    q8: bool,
+) -> Result<()> {
+    let cols = segs.first().map_or(0, |s| s.w.cols);
+    let need = |n: usize| n * 4;
+    if x.bytes() < need(rows * cols) || out.bytes() < need(rows * ostride) {
+        return Err(crate::error::Error::Other(format!(
+            "matvec_rows: buffers of {} and {} bytes for {rows} rows of {cols} in, {ostride} out",
+            x.bytes(),
+            out.bytes()
+        )));
+    }
+    let mut l = matvec::plan(dev.sm_count(), segs, mode, x, norm, out, None)?.with_rows(
+        rows,
+        cols * 4,
+        ostride * 4,
+    )?;
+    let scratch = zeros(dev, matvec::q8_bytes(cols) * rows, "quantized input")?;
+    if q8 {
+        l = l.with_q8(dev.sm_count(), &scratch)?;
+        if !l.is_q8() {
+            return Err(crate::error::Error::Other(
+                "matvec_rows: a format without an 8-bit activation kernel".into(),
+            ));
+        }
+    }
+    l.enqueue(dev)?;
+    dev.synchronize().map_err(super::cuda_err)
+}
+
 /// `logits = W . norm(x)` and the index of the largest logit (u32) into `token` at byte 0.
 pub fn matvec_argmax(
     dev: &CudaDevice,
