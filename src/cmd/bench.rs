@@ -310,7 +310,7 @@ fn run_batch(
             model.cfg.ctx_train
         );
     }
-    let (runs, backend, detail) = match cuda {
+    let (runs, backend, device, detail) = match cuda {
         Some(dev) => {
             let gm = GpuModel::load(model, dev, ctx)?;
             let mut engine = Engine::cuda(&gm, EngineConfig::new(ctx, b))?;
@@ -319,7 +319,8 @@ fn run_batch(
             let q8 = gm.precision() == ferrite_llm::Precision::Q8;
             (
                 runs,
-                format!("CUDA engine ({})", dev.name()),
+                "CUDA engine",
+                dev.name().to_string(),
                 format!(
                     "{} activations, {graphs} graphs, {replays} replays",
                     if q8 { "q8" } else { "f32" }
@@ -332,7 +333,8 @@ fn run_batch(
             let threads = ferrite_llm::pool::Pool::global().threads();
             (
                 runs,
-                format!("CPU engine ({:?})", model.isa()),
+                "CPU engine",
+                format!("CPU ({:?})", model.isa()),
                 format!("{threads} threads"),
             )
         }
@@ -344,7 +346,8 @@ fn run_batch(
     let name = file_name(loaded);
     if args.json {
         let out = serde_json::json!({
-            "model": name, "arch": model.cfg.arch_name, "backend": backend, "detail": detail,
+            "model": name, "arch": model.cfg.arch_name, "backend": backend, "device": device,
+            "detail": detail, "threads": ferrite_llm::pool::Pool::global().threads(),
             "isa": format!("{:?}", model.isa()),
             "precision": format!("{:?}", model.precision()), "batch": b,
             "n_prompt": args.p, "n_gen": args.n, "repetitions": args.r,
@@ -359,11 +362,11 @@ fn run_batch(
         println!("| model | backend | detail | batch | test | aggregate t/s | per sequence t/s |");
         println!("| --- | --- | --- | ---: | ---: | ---: | ---: |");
         println!(
-            "| {name} | {backend} | {detail} | {b} | pp{} | {ppm:.2} ± {pps:.2} | - |",
+            "| {name} | {backend} ({device}) | {detail} | {b} | pp{} | {ppm:.2} ± {pps:.2} | - |",
             args.p
         );
         println!(
-            "| {name} | {backend} | {detail} | {b} | tg{} | {tgm:.2} ± {tgs:.2} | {psm:.2} ± {pss:.2} |",
+            "| {name} | {backend} ({device}) | {detail} | {b} | tg{} | {tgm:.2} ± {tgs:.2} | {psm:.2} ± {pss:.2} |",
             args.n
         );
     }

@@ -241,13 +241,6 @@ pub fn generate_engine<K: crate::engine::EngineKernels>(
 ) -> Result<Generation> {
     use crate::engine::Request;
     let t0 = Instant::now();
-    let id = engine.add_request(Request {
-        prompt: prompt.to_vec(),
-        sampling: sampler.config().clone(),
-        max_new: max_new.max(1),
-        stop_tokens: Vec::new(),
-        queue: false,
-    })?;
     let mut gen = Generation {
         prompt_tokens: prompt.len(),
         tokens: Vec::with_capacity(max_new),
@@ -256,6 +249,16 @@ pub fn generate_engine<K: crate::engine::EngineKernels>(
         prefill_secs: 0.0,
         decode_secs: 0.0,
     };
+    if max_new == 0 {
+        return Ok(gen);
+    }
+    let id = engine.add_request(Request {
+        prompt: prompt.to_vec(),
+        sampling: sampler.config().clone(),
+        max_new,
+        stop_tokens: Vec::new(),
+        queue: false,
+    })?;
     let mut utf8 = StreamDecoder::new();
     let mut stop_strings = StopStrings::new(stops.iter().cloned());
     let mut t1 = None;
@@ -265,7 +268,7 @@ pub fn generate_engine<K: crate::engine::EngineKernels>(
             gen.text.push_str(s);
         }
     };
-    'run: while engine.has_work() && max_new > 0 {
+    'run: while engine.has_work() {
         if sampler.cancelled() {
             gen.stop = StopReason::Interrupted;
             engine.cancel(id);
