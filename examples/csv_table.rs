@@ -147,5 +147,6 @@ fn main() -> anyhow::Result<()> {
         regression: false,
         max_steps: None,
         progress: true,
+        plot: false,
     })
 }

@@ -91,6 +91,7 @@ fn main() -> anyhow::Result<()> {
         regression: false,
         max_steps: None,
         progress: true,
+        plot: false,
     };
     recipe(&o, Path::new(&dir))
 }

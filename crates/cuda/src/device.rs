@@ -93,6 +93,10 @@ pub struct CudaBackend {
     pub(crate) alloc: Arc<Allocator>,
     pub(crate) kernels: Kernels,
     pub(crate) blas: Mutex<Option<crate::matmul::Blas>>,
+    pub(crate) cudnn: Mutex<Option<crate::cudnn::Cudnn>>,
+    pub(crate) conv: Mutex<crate::cudnn::ConvSettings>,
+    pub(crate) conv_cudnn_calls: AtomicU64,
+    pub(crate) conv_im2col_calls: AtomicU64,
     pub(crate) tf32: AtomicBool,
     pub(crate) capturing: AtomicBool,
     pub(crate) last_replay: Mutex<Option<Arc<Event>>>,
@@ -113,6 +117,7 @@ unsafe impl Sync for CudaBackend {}
 
 impl CudaBackend {
     pub(crate) fn new(ordinal: usize) -> Result<CudaBackend> {
+        let conv = crate::cudnn::ConvSettings::from_env()?;
         let ctx = Context::new(ordinal)?;
         use sys::CUdevice_attribute as A;
         let major = ctx.attribute(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?;
@@ -149,6 +154,10 @@ impl CudaBackend {
             events: Arc::new(EventPool::default()),
             alloc,
             blas: Mutex::new(None),
+            cudnn: Mutex::new(None),
+            conv: Mutex::new(conv),
+            conv_cudnn_calls: AtomicU64::new(0),
+            conv_im2col_calls: AtomicU64::new(0),
             tf32: AtomicBool::new(false),
             capturing: AtomicBool::new(false),
             last_replay: Mutex::new(None),
@@ -162,6 +171,10 @@ impl CudaBackend {
             sm_count,
             cc: (major, minor),
         })
+    }
+
+    pub(crate) fn conv_settings(&self) -> crate::cudnn::ConvSettings {
+        *self.conv.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     pub(crate) fn bind(&self) -> Result<()> {

@@ -17,6 +17,7 @@ mod channel_norm;
 mod conv;
 mod create;
 mod cross_entropy;
+mod cudnn;
 mod device;
 mod driver;
 mod elementwise;
@@ -31,6 +32,7 @@ mod scan;
 mod storage;
 
 pub use alloc::MemoryStats;
+pub use cudnn::{cudnn_version, ConvImpl, ConvStats};
 pub use device::{CudaBackend, SyncStats};
 pub use driver::driver_present;
 pub use graph::Graph;
@@ -146,6 +148,25 @@ impl CudaDevice {
     /// Lets f32 matmuls use TF32 tensor cores (off by default).
     pub fn set_tf32(&self, on: bool) {
         self.0.tf32.store(on, std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Which convolution implementation conv2d and its gradients use from now on
+    /// (initially `FERRITE_CONV`: `auto`, `cudnn` or `im2col`; see docs/gpu.md).
+    pub fn set_conv_impl(&self, imp: ConvImpl) {
+        self.0.conv.lock().unwrap_or_else(|e| e.into_inner()).imp = imp;
+    }
+
+    pub fn conv_impl(&self) -> ConvImpl {
+        self.0.conv_settings().imp
+    }
+
+    /// Convolution calls (conv2d and both gradients) by the path that ran them.
+    pub fn conv_stats(&self) -> ConvStats {
+        use std::sync::atomic::Ordering::Relaxed;
+        ConvStats {
+            cudnn: self.0.conv_cudnn_calls.load(Relaxed),
+            im2col: self.0.conv_im2col_calls.load(Relaxed),
+        }
     }
 
     /// Captures the work `f` enqueues into a CUDA graph (see `graph.rs`).

@@ -47,6 +47,21 @@ fn gpu_tests() -> Vec<(&'static str, TestFn)> {
     ]
 }
 
+/// Tests that need cuDNN besides a GPU.
+fn cudnn_tests() -> Vec<(&'static str, TestFn)> {
+    vec![
+        (
+            "cudnn_conv_matches_im2col_and_cpu_f32_bf16_f16_f64",
+            cudnn_vs_im2col,
+        ),
+        ("cudnn_conv_in_a_captured_graph_matches_eager", cudnn_graph),
+        (
+            "op_cases_match_cpu_with_conv_forced_to_im2col",
+            op_cases_im2col,
+        ),
+    ]
+}
+
 fn main() {
     let mut r = Runner::from_args();
     if ferrite_cuda::driver_present() {
@@ -65,6 +80,10 @@ fn main() {
             None
         });
     }
+    r.run("conv_impl_env_is_validated", || {
+        conv_impl_env();
+        None
+    });
     let nvrtc = ferrite_cuda::nvrtc_present();
     for (name, f) in nvrtc_tests() {
         match nvrtc {
@@ -95,7 +114,25 @@ fn main() {
             None => r.skip(name, "no CUDA device"),
         }
     }
+    let cudnn = ferrite_cuda::cudnn_version();
+    for (name, f) in cudnn_tests() {
+        match (&dev, &cudnn) {
+            (Some(d), Ok(_)) => r.run(name, || {
+                f(d);
+                None
+            }),
+            (None, _) => r.skip(name, "no CUDA device"),
+            (Some(_), Err(why)) => r.skip(name, why),
+        }
+    }
     if let Some(d) = &dev {
+        println!(
+            "cuDNN: {}",
+            match &cudnn {
+                Ok(v) => format!("{v}"),
+                Err(e) => e.clone(),
+            }
+        );
         println!(
             "device: {} (sm_{}{})",
             d.name(),
@@ -632,4 +669,194 @@ fn launch_failure(d: &CudaDevice) {
     .unwrap();
     let t = d.tensor(&buf, 0, &[1024], DType::F32).unwrap();
     assert!(t.to_vec::<f32>().unwrap().iter().all(|&v| v == 1.0));
+}
+
+/// `FERRITE_CONV` accepts auto, cudnn and im2col, and refuses anything else by name.
+fn conv_impl_env() {
+    use ferrite_cuda::ConvImpl;
+    assert_eq!(ConvImpl::parse("auto").unwrap(), ConvImpl::Auto);
+    assert_eq!(ConvImpl::parse("").unwrap(), ConvImpl::Auto);
+    assert_eq!(ConvImpl::parse("cudnn").unwrap(), ConvImpl::Cudnn);
+    assert_eq!(ConvImpl::parse("im2col").unwrap(), ConvImpl::Im2col);
+    for bad in ["CUDNN", "gemm", "im2col "] {
+        let msg = ConvImpl::parse(bad).unwrap_err().to_string();
+        assert!(
+            msg.contains("FERRITE_CONV") && msg.contains("auto, cudnn or im2col"),
+            "{msg}"
+        );
+    }
+}
+
+/// The convolution problems cuDNN and im2col are compared over: (x, w, stride, padding,
+/// dilation, groups). Odd sizes, every parameter, depthwise, 1x1, the ResNet stem.
+type ConvCase = ([usize; 4], [usize; 4], usize, usize, usize, usize);
+const CUDNN_CASES: [ConvCase; 9] = [
+    ([2, 3, 31, 33], [5, 3, 3, 3], 1, 1, 1, 1),
+    ([1, 4, 17, 9], [6, 4, 3, 2], 2, 0, 1, 1),
+    ([2, 8, 15, 15], [8, 2, 3, 3], 1, 2, 2, 4),
+    ([3, 16, 12, 12], [16, 1, 3, 3], 1, 1, 1, 16),
+    ([2, 32, 9, 9], [64, 32, 1, 1], 1, 0, 1, 1),
+    ([2, 32, 9, 9], [16, 32, 1, 1], 2, 0, 1, 1),
+    ([4, 64, 28, 28], [128, 64, 3, 3], 2, 1, 1, 1),
+    ([2, 3, 64, 64], [64, 3, 7, 7], 2, 3, 1, 1),
+    ([2, 128, 14, 14], [128, 4, 3, 3], 1, 1, 1, 32),
+];
+
+/// (y, dx, dw) of a convolution with its gradients for output gradient g, on `device`.
+fn conv_fwd_bwd(case: &ConvCase, dt: DType, device: &ferrite_core::Device) -> [Vec<f64>; 3] {
+    use ferrite_core::Conv2dParams;
+    let (xs, ws, stride, pad, dil, groups) = *case;
+    let p = Conv2dParams {
+        stride: [stride; 2],
+        padding: [pad; 2],
+        dilation: [dil; 2],
+        groups,
+    };
+    let mk = |dims: [usize; 4], std: f64, seed: u64| {
+        Tensor::rand_normal(dims, 0.0, std, seed, DType::F32, device)
+            .and_then(|t| t.cast(dt))
+            .unwrap()
+    };
+    let x = mk(xs, 1.0, 11);
+    let w = mk(ws, 0.2, 12);
+    let y = x.conv2d_raw(&w, &p).unwrap();
+    let g = mk(
+        [y.dims()[0], y.dims()[1], y.dims()[2], y.dims()[3]],
+        1.0,
+        13,
+    );
+    let dx = Tensor::conv2d_backward_input(&g, &w, &p, x.dims()).unwrap();
+    let dw = Tensor::conv2d_backward_weight(&x, &g, &p, w.dims()).unwrap();
+    [y, dx, dw].map(|t| t.to_vec_f64().unwrap())
+}
+
+/// Largest |got - want| relative to want's largest magnitude.
+fn rel_err(got: &[f64], want: &[f64]) -> f64 {
+    assert_eq!(got.len(), want.len());
+    let scale = want.iter().fold(0f64, |a, v| a.max(v.abs())).max(1e-12);
+    got.iter()
+        .zip(want)
+        .fold(0f64, |a, (g, w)| a.max((g - w).abs()))
+        / scale
+}
+
+/// conv2d, its input gradient and its weight gradient through cuDNN and through im2col,
+/// each against the CPU (the f64 CPU result as the reference), in f32, bf16, f16 and f64;
+/// checks that cuDNN really ran the cuDNN side (`conv_stats`).
+fn cudnn_vs_im2col(d: &CudaDevice) {
+    use ferrite_cuda::ConvImpl;
+    let dev = d.device();
+    let cpu = ferrite_cpu::cpu();
+    let before = d.conv_stats();
+    for dt in [DType::F32, DType::BF16, DType::F16, DType::F64] {
+        let tol = match dt {
+            DType::F64 => 1e-12,
+            DType::F32 => 1e-5,
+            _ => 2e-2,
+        };
+        for case in &CUDNN_CASES {
+            let want = conv_fwd_bwd(case, dt, &cpu);
+            d.set_conv_impl(ConvImpl::Cudnn);
+            let s0 = d.conv_stats();
+            let cudnn = conv_fwd_bwd(case, dt, &dev);
+            let s1 = d.conv_stats();
+            d.set_conv_impl(ConvImpl::Im2col);
+            let im2col = conv_fwd_bwd(case, dt, &dev);
+            let s2 = d.conv_stats();
+            d.set_conv_impl(ConvImpl::Auto);
+            assert_eq!(s1.cudnn - s0.cudnn, 3, "{dt} {case:?}: cuDNN did not run");
+            assert_eq!(
+                s1.im2col, s0.im2col,
+                "{dt} {case:?}: im2col ran in cudnn mode"
+            );
+            assert_eq!(s2.im2col - s1.im2col, 3, "{dt} {case:?}");
+            for (k, name) in ["y", "dx", "dw"].iter().enumerate() {
+                for (path, got) in [("cudnn", &cudnn[k]), ("im2col", &im2col[k])] {
+                    let e = rel_err(got, &want[k]);
+                    assert!(
+                        e <= tol,
+                        "{dt} {case:?} {name}: {path} vs CPU {e:e} > {tol:e}"
+                    );
+                }
+                let e = rel_err(&cudnn[k], &im2col[k]);
+                assert!(
+                    e <= 2.0 * tol,
+                    "{dt} {case:?} {name}: cudnn vs im2col {e:e}"
+                );
+            }
+        }
+    }
+    let after = d.conv_stats();
+    println!(
+        "  {} cuDNN and {} im2col convolution calls match the CPU",
+        after.cudnn - before.cudnn,
+        after.im2col - before.im2col
+    );
+}
+
+/// A conv2d forward and both gradients captured into a CUDA graph (cuDNN picks by
+/// heuristic while capturing) replay to the eager results.
+fn cudnn_graph(d: &CudaDevice) {
+    use ferrite_core::Conv2dParams;
+    use ferrite_cuda::ConvImpl;
+    let dev = d.device();
+    d.set_conv_impl(ConvImpl::Cudnn);
+    let p = Conv2dParams {
+        stride: [1, 1],
+        padding: [1, 1],
+        dilation: [1, 1],
+        groups: 1,
+    };
+    // A shape no other test used, so the capture meets an uncached problem.
+    let x = Tensor::rand_normal([3, 24, 13, 11], 0.0, 1.0, 21, DType::BF16, &dev).unwrap();
+    let w = Tensor::rand_normal([40, 24, 3, 3], 0.0, 0.1, 22, DType::BF16, &dev).unwrap();
+    let g = Tensor::rand_normal([3, 40, 13, 11], 0.0, 1.0, 23, DType::BF16, &dev).unwrap();
+    let (xc, wc, gc) = (x.clone(), w.clone(), g.clone());
+    let graph = d
+        .capture(move || {
+            let y = xc.conv2d_raw(&wc, &p)?;
+            let dx = Tensor::conv2d_backward_input(&gc, &wc, &p, xc.dims())?;
+            let dw = Tensor::conv2d_backward_weight(&xc, &gc, &p, wc.dims())?;
+            Ok(vec![y, dx, dw])
+        })
+        .unwrap();
+    let xv = Tensor::rand_normal(
+        [3, 24, 13, 11],
+        0.0,
+        1.0,
+        24,
+        DType::BF16,
+        &ferrite_cpu::cpu(),
+    )
+    .unwrap()
+    .to_vec_f64()
+    .unwrap();
+    let xh = HostBuffer::from_f64_slice(DType::BF16, &xv);
+    d.write(&x, &xh).unwrap();
+    graph.replay().unwrap();
+    let got: Vec<Vec<f64>> = graph
+        .outputs()
+        .iter()
+        .map(|t| t.to_vec_f64().unwrap())
+        .collect();
+    let y = x.conv2d_raw(&w, &p).unwrap();
+    let dx = Tensor::conv2d_backward_input(&g, &w, &p, x.dims()).unwrap();
+    let dw = Tensor::conv2d_backward_weight(&x, &g, &p, w.dims()).unwrap();
+    d.set_conv_impl(ConvImpl::Auto);
+    for (k, want) in [y, dx, dw].iter().enumerate() {
+        let e = rel_err(&got[k], &want.to_vec_f64().unwrap());
+        assert!(e <= 2e-2, "output {k}: replay vs eager {e:e}");
+    }
+    println!("  a captured cuDNN conv2d + gradients replays to the eager results");
+}
+
+/// The op-case harness with convolutions on the im2col path (the default run uses cuDNN).
+fn op_cases_im2col(d: &CudaDevice) {
+    use ferrite_cuda::ConvImpl;
+    d.set_conv_impl(ConvImpl::Im2col);
+    let cpu = ferrite_cpu::cpu();
+    let (checked, failures) = ferrite_testing::check_all_vs(&d.device(), &cpu);
+    d.set_conv_impl(ConvImpl::Auto);
+    println!("  {checked} op cases match with conv on im2col");
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
 }

@@ -18,6 +18,17 @@ pub fn manual_seed(seed: u64) {
     SEED.with(|s| s.set((seed, 0)));
 }
 
+/// This thread's initialization stream as (seed, draws so far): what a checkpoint keeps so
+/// that a resumed run draws the same seeds (Dropout2d takes one per forward).
+pub fn rng_state() -> (u64, u64) {
+    SEED.with(|s| s.get())
+}
+
+/// Restores a state returned by `rng_state`.
+pub fn set_rng_state(state: (u64, u64)) {
+    SEED.with(|s| s.set(state));
+}
+
 /// The next seed of this thread's stream (splitmix64 of seed and counter).
 pub fn next_seed() -> u64 {
     SEED.with(|s| {

@@ -8,12 +8,14 @@
 //! - containers: `Sequential`, `ModuleList`, `ModuleDict` (`container.rs`);
 //! - layers (`layers/`), losses (`loss.rs`), initialization (`init.rs`);
 //! - state dicts (`state_dict.rs`) stored as safetensors (`safetensors.rs`, validated reader);
-//! - model summaries (`summary.rs`).
+//! - model summaries (`summary.rs`);
+//! - whole models in PyTorch's layouts: ResNet (torchvision), TransformerEncoder (`models.rs`).
 
 mod container;
 pub mod init;
 pub mod layers;
 pub mod loss;
+pub mod models;
 mod module;
 mod parameter;
 pub mod safetensors;

@@ -5,6 +5,7 @@
 
 use crate::{Buffer, Parameter};
 use ferrite_core::{DType, Device, Error, Result, Tensor};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// A module's own members, in registration order (PyTorch's `_parameters`, `_buffers`,
 /// `_modules`); names are local (`weight`, `0`, `attn`).
@@ -15,6 +16,9 @@ pub struct Members<'a> {
     pub children: Vec<(String, &'a dyn Module)>,
     /// The module's train/eval flag, for modules whose forward depends on it.
     pub training: Option<bool>,
+    /// The draw counter of a module whose random masks come from a stream of its own
+    /// (Dropout, RNN dropout): checkpoints keep it so a resumed run draws the same masks.
+    pub rng_calls: Option<&'a AtomicU64>,
 }
 
 /// Mutable access to a module's own members (same names and order as `Members`).
@@ -98,6 +102,46 @@ pub trait ModuleExt: Module {
     fn zero_grad(&self) {
         for p in self.parameters() {
             p.zero_grad();
+        }
+    }
+
+    /// The random-draw state of every module that owns a mask stream, by path (its draw
+    /// count); with `init::rng_state`, what makes a resumed run with dropout bit-exact.
+    fn rng_states(&self) -> Vec<(String, u64)> {
+        let mut out = Vec::new();
+        walk(self.as_dyn(), "", &mut |path, m| {
+            if let Some(c) = m.rng_calls {
+                out.push((path.to_string(), c.load(Ordering::Relaxed)));
+            }
+        });
+        out
+    }
+
+    /// Restores `rng_states`; a path naming no module with a mask stream is an error listing
+    /// every such path.
+    fn load_rng_states(&self, states: &[(String, u64)]) -> Result<()> {
+        let mut found = vec![false; states.len()];
+        walk(self.as_dyn(), "", &mut |path, m| {
+            if let Some(c) = m.rng_calls {
+                if let Some(i) = states.iter().position(|(p, _)| p == path) {
+                    c.store(states[i].1, Ordering::Relaxed);
+                    found[i] = true;
+                }
+            }
+        });
+        let unknown: Vec<&str> = states
+            .iter()
+            .zip(&found)
+            .filter(|(_, f)| !**f)
+            .map(|((p, _), _)| p.as_str())
+            .collect();
+        if unknown.is_empty() {
+            Ok(())
+        } else {
+            Err(Error::module(
+                self.type_name(),
+                format!("load_rng_states: no module with a mask stream at {unknown:?}"),
+            ))
         }
     }
 

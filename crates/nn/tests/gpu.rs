@@ -5,6 +5,8 @@
 //!
 //! Usage: `cargo test -p ferrite-nn --test gpu [-- FILTER]`.
 
+#[path = "support/models.rs"]
+mod models;
 #[path = "support/torch_cases.rs"]
 mod torch_cases;
 
@@ -32,6 +34,14 @@ fn tests() -> Vec<(&'static str, TestFn)> {
             param_graph,
         ),
         ("nn_init_and_dropout_match_cpu", init_dropout_match_cpu),
+        (
+            "nn_resnet18_and_encoder_match_pytorch_f64_f32",
+            models_match_pytorch,
+        ),
+        (
+            "nn_resnet18_and_encoder_match_pytorch_with_conv_on_im2col",
+            models_match_pytorch_im2col,
+        ),
     ]
 }
 
@@ -284,4 +294,24 @@ fn init_dropout_match_cpu(d: &CudaDevice) {
     assert_eq!(z0.to_vec::<f32>().unwrap(), vec![1.0; 1000]);
     let _ = HostBuffer::F32(vec![]);
     let _ = Reduction::Mean;
+}
+
+/// The narrow ResNet-18 and the 2-layer TransformerEncoder against PyTorch on CUDA (the
+/// device's default convolution path: cuDNN where it loads), f64 and f32.
+fn models_match_pytorch(d: &CudaDevice) {
+    for (dt, tol) in [(DType::F64, 1e-8), (DType::F32, 2e-3)] {
+        let (checked, failures) = models::check_all(&d.device(), dt, tol);
+        println!("  {checked} tensors match PyTorch ({dt}, tolerance {tol:e})");
+        assert!(failures.is_empty(), "{}", failures.join("\n"));
+    }
+}
+
+/// The same with convolutions forced onto the im2col path.
+fn models_match_pytorch_im2col(d: &CudaDevice) {
+    d.set_conv_impl(ferrite_cuda::ConvImpl::Im2col);
+    let r = models::check_all(&d.device(), DType::F32, 2e-3);
+    d.set_conv_impl(ferrite_cuda::ConvImpl::Auto);
+    let (checked, failures) = r;
+    println!("  {checked} tensors match PyTorch (f32, im2col)");
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
 }

@@ -122,3 +122,30 @@ fn dropout_masks_scale_and_stop_in_eval() {
         );
     }
 }
+
+/// The mask streams' state (`rng_states` + `init::rng_state`) round-trips: restoring it makes
+/// the next masks those drawn after it was taken; an unknown path is an error.
+#[test]
+fn dropout_rng_state_restores_the_next_masks() {
+    use ferrite_nn::{Dropout, Dropout2d, ModuleExt, Sequential};
+    let dev = ferrite_cpu::cpu();
+    ferrite_nn::init::manual_seed(5);
+    let m = Sequential::new()
+        .with(Dropout::new(0.5).unwrap())
+        .with(Dropout2d::new(0.5).unwrap());
+    let x = ferrite_core::Tensor::ones([2, 8, 3, 3], ferrite_core::DType::F32, &dev).unwrap();
+    let run = || m.forward(&x).unwrap().to_vec::<f32>().unwrap();
+    run();
+    let (modules, init) = (m.rng_states(), ferrite_nn::init::rng_state());
+    assert_eq!(modules, vec![("0".to_string(), 1)]);
+    let next = run();
+    assert_ne!(run(), next, "masks change from call to call");
+    m.load_rng_states(&modules).unwrap();
+    ferrite_nn::init::set_rng_state(init);
+    assert_eq!(run(), next, "the restored state draws the same masks");
+    let e = m
+        .load_rng_states(&[("1".to_string(), 3)])
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("no module with a mask stream at [\"1\"]"), "{e}");
+}

@@ -7,6 +7,7 @@ pub mod error;
 pub mod lr_scheduler;
 pub mod metrics;
 pub mod optim;
+pub mod plot;
 pub mod trainer;
 
 pub use error::{Error, Result};

@@ -289,6 +289,9 @@ pub struct TrainerConfig {
     pub progress: bool,
     /// Write `checkpoints/last` at the end of every epoch.
     pub checkpoint_every_epoch: bool,
+    /// Rewrite PNG curves of every logged quantity in `<out_dir>/plots/` after each epoch
+    /// (`plot.rs`).
+    pub plot: bool,
 }
 
 impl TrainerConfig {
@@ -301,6 +304,7 @@ impl TrainerConfig {
             out_dir: None,
             progress: true,
             checkpoint_every_epoch: true,
+            plot: false,
         }
     }
 }
@@ -557,6 +561,9 @@ impl Trainer {
             }
             self.log_line(record)?;
             self.history.push(logs.clone());
+            if let (true, Some(dir)) = (self.cfg.plot, &self.cfg.out_dir) {
+                crate::plot::write_plots(&self.history, dir)?;
+            }
             let mut stop = false;
             let mut actions = Vec::new();
             for cb in &mut self.callbacks {
@@ -771,6 +778,10 @@ impl Trainer {
             "callbacks": self.callbacks.iter().map(|c| json!({"name": c.name(), "state": c.state()})).collect::<Vec<_>>(),
             "history": self.history,
             "step_losses": self.step_losses,
+            "rng": {
+                "init": ferrite_nn::init::rng_state(),
+                "modules": self.model.rng_states(),
+            },
         });
         let tj = tmp.join("trainer.json");
         std::fs::write(&tj, serde_json::to_vec_pretty(&state).unwrap_or_default())
@@ -854,6 +865,16 @@ impl Trainer {
             batch: state["loader"]["batch"].as_u64().unwrap_or(0) as usize,
         });
         self.history = serde_json::from_value(state["history"].clone()).unwrap_or_default();
+        if let Some(rng) = state.get("rng").filter(|v| !v.is_null()) {
+            let bad = |e: serde_json::Error| {
+                Error::data(what, format!("{}: rng state: {e}", tj.display()))
+            };
+            let modules: Vec<(String, u64)> =
+                serde_json::from_value(rng["modules"].clone()).map_err(bad)?;
+            let init: (u64, u64) = serde_json::from_value(rng["init"].clone()).map_err(bad)?;
+            self.model.load_rng_states(&modules)?;
+            ferrite_nn::init::set_rng_state(init);
+        }
         self.step_losses = serde_json::from_value(state["step_losses"].clone()).unwrap_or_default();
         Ok(())
     }
@@ -894,6 +915,8 @@ pub struct RunOptions {
     pub max_steps: Option<usize>,
     /// Progress bars and epoch lines on standard error.
     pub progress: bool,
+    /// PNG loss and metric curves in `<out>/plots/`, rewritten each epoch.
+    pub plot: bool,
 }
 
 impl RunOptions {
@@ -928,6 +951,7 @@ impl RunOptions {
             max_steps: self.max_steps,
             out_dir: self.out.clone(),
             progress: self.progress,
+            plot: self.plot,
             ..TrainerConfig::new(self.epochs)
         }
     }

@@ -84,6 +84,7 @@ impl Module for Dropout {
     fn members(&self) -> Members<'_> {
         Members {
             training: Some(self.training),
+            rng_calls: Some(&self.calls),
             ..Members::default()
         }
     }

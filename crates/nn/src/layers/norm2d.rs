@@ -308,6 +308,7 @@ impl Module for BatchNorm {
                 .unwrap_or_default(),
             children: Vec::new(),
             training: Some(self.training),
+            rng_calls: None,
         }
     }
 
@@ -515,6 +516,7 @@ impl Module for InstanceNorm2d {
                 .unwrap_or_default(),
             children: Vec::new(),
             training: Some(self.training),
+            rng_calls: None,
         }
     }
 

@@ -339,6 +339,7 @@ impl Module for Recurrent {
         Members {
             params,
             training: Some(self.training),
+            rng_calls: Some(&self.calls),
             ..Members::default()
         }
     }
