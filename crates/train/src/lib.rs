@@ -11,4 +11,4 @@ pub mod trainer;
 
 pub use error::{Error, Result};
 pub use lr_scheduler::{LrGroups, LrScheduler, ParamGroups, Plateau, ReduceLROnPlateau, Schedule};
-pub use optim::{Clip, Optimizer, ParamGroup, Rule};
+pub use optim::{Clip, Implementation, Optimizer, ParamGroup, Rule};

@@ -6,8 +6,12 @@
 //! State lives on the device beside the parameters ([`ferrite_nn::Buffer`]s written in place),
 //! and so do the learning rate and step count of each group (f64 device scalars): a step
 //! reads the host nothing and waits for nothing; a scheduler's `set_lr` writes the scalar.
-//! Each update is composed from tensor ops on whatever device the parameters live (this is
-//! the reference path; fused multi-tensor kernels are to be checked against it).
+//! By default an update is fused ([`Implementation::Fused`]): per parameter group and dtype
+//! one multi-tensor kernel (`ferrite_core::optim::fused_update`: chunked CUDA launches over
+//! many tensors, or a threaded CPU loop) updates parameters and state in place, after one
+//! multi-tensor sum of squares for the global gradient norm. [`Implementation::Composed`]
+//! builds the same update from tensor ops (10-20 small ops per parameter): the slow reference
+//! the fused kernels are tested against.
 //!
 //! Non-finite gradients: each step computes the global gradient norm on the device; when it
 //! is not finite the step leaves parameters and state untouched and records the step number
@@ -15,6 +19,7 @@
 
 use crate::lr_scheduler::ParamGroups;
 use crate::{Error, Result};
+use ferrite_core::optim::{FusedUpdate, UpdateClip, UpdateRule};
 use ferrite_core::{DType, Device, Tensor};
 use ferrite_nn::{Buffer, Parameter};
 use serde_json::{json, Value};
@@ -287,6 +292,15 @@ pub enum Clip {
     Value(f64),
 }
 
+/// How [`Optimizer::step`] runs the update.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Implementation {
+    /// One multi-tensor kernel per parameter group and dtype (the default).
+    Fused,
+    /// Composed from tensor ops, per parameter: the reference.
+    Composed,
+}
+
 /// Named parameters with one learning rate and rule.
 pub struct ParamGroup {
     pub params: Vec<(String, Parameter)>,
@@ -313,6 +327,7 @@ pub struct Optimizer {
     device: Device,
     clip: Option<Clip>,
     steps: u64,
+    implementation: Implementation,
     /// f64 device scalars: the global gradient norm of the last step, and the first step
     /// (1-based) whose gradients were not finite (0: none).
     grad_norm: Tensor,
@@ -377,6 +392,7 @@ impl Optimizer {
             device,
             clip: None,
             steps: 0,
+            implementation: Implementation::Fused,
         })
     }
 
@@ -391,6 +407,16 @@ impl Optimizer {
         }
         self.clip = clip;
         Ok(())
+    }
+
+    /// Fused (the default) or composed updates; both give the same trajectory (bit for bit on
+    /// the CPU in f32) and share the state, so this may change between steps.
+    pub fn set_implementation(&mut self, implementation: Implementation) {
+        self.implementation = implementation;
+    }
+
+    pub fn implementation(&self) -> Implementation {
+        self.implementation
     }
 
     /// Steps taken.
@@ -429,6 +455,95 @@ impl Optimizer {
 
     /// One update of every parameter that has a gradient.
     pub fn step(&mut self) -> Result<()> {
+        match self.implementation {
+            Implementation::Fused => self.step_fused(),
+            Implementation::Composed => self.step_composed(),
+        }
+    }
+
+    /// Keeps the global norm, flags the step when it is not finite; returns the "finite"
+    /// boolean device scalar.
+    fn note_norm(&mut self, norm: &Tensor) -> Result<Tensor> {
+        let dev = self.device.clone();
+        self.grad_norm.copy_(norm)?;
+        // finite ⇔ norm - norm == 0 (NaN for inf and NaN).
+        let finite = norm.sub(norm)?.eq(&scalar(0.0, &dev)?)?;
+        let bad_now = finite.cast(DType::F64)?.neg()?.add_scalar(1.0)?;
+        let unset = self
+            .first_nonfinite
+            .eq(&scalar(0.0, &dev)?)?
+            .cast(DType::F64)?;
+        let mark = bad_now.mul(&unset)?.mul_scalar(self.steps as f64)?;
+        let flag = self.first_nonfinite.add(&mark)?;
+        self.first_nonfinite.copy_(&flag)?;
+        Ok(finite)
+    }
+
+    fn step_fused(&mut self) -> Result<()> {
+        self.steps += 1;
+        let dev = self.device.clone();
+        let mut grads: Vec<Vec<Option<Tensor>>> = Vec::with_capacity(self.groups.len());
+        for g in &self.groups {
+            let mut v = Vec::with_capacity(g.params.len());
+            for (_, p) in &g.params {
+                v.push(p.grad().map(|t| t.contiguous()).transpose()?);
+            }
+            grads.push(v);
+        }
+        let all: Vec<Tensor> = grads.iter().flatten().flatten().cloned().collect();
+        let sq = ferrite_core::optim::sum_squares(&all, &dev)?;
+        let finite = self.note_norm(&sq.sqrt()?)?;
+        let clip = match self.clip {
+            None => UpdateClip::None,
+            Some(Clip::Norm(m)) => UpdateClip::Norm(m),
+            Some(Clip::Value(v)) => UpdateClip::Value(v),
+        };
+        for (g, gr) in self.groups.iter_mut().zip(grads) {
+            let step = g.step_t.add_scalar(1.0)?;
+            g.step_t
+                .copy_(&Tensor::where_cond(&finite, &step, &g.step_t)?)?;
+            // Per dtype: the parameters with a gradient, their state and first-step flags.
+            let mut buckets: Vec<(DType, Bucket)> = Vec::new();
+            for (i, grad) in gr.into_iter().enumerate() {
+                let Some(grad) = grad else { continue };
+                let p = g.params[i].1.clone();
+                let first = g.state[i].is_empty();
+                if first {
+                    g.state[i] = init_state(&g.rule, &p)?;
+                }
+                let at = match buckets.iter().position(|(d, _)| *d == p.dtype()) {
+                    Some(k) => k,
+                    None => {
+                        buckets.push((p.dtype(), Bucket::default()));
+                        buckets.len() - 1
+                    }
+                };
+                let b = &mut buckets[at].1;
+                b.params.push(p.tensor().detach());
+                b.grads.push(grad);
+                b.states
+                    .push(g.state[i].iter().map(|s| s.tensor().clone()).collect());
+                b.first.push(first);
+            }
+            let rule = update_rule(&g.rule);
+            for (_, b) in &buckets {
+                ferrite_core::optim::fused_update(&FusedUpdate {
+                    rule,
+                    params: &b.params,
+                    grads: &b.grads,
+                    states: &b.states,
+                    first: &b.first,
+                    lr: &g.lr_t,
+                    step: &g.step_t,
+                    grad_sq: &sq,
+                    clip,
+                })?;
+            }
+        }
+        Ok(())
+    }
+
+    fn step_composed(&mut self) -> Result<()> {
         self.steps += 1;
         let dev = self.device.clone();
         // Global norm over every gradient (f32 partial sums, accumulated in f64).
@@ -442,17 +557,7 @@ impl Optimizer {
             }
         }
         let norm = sq.sqrt()?;
-        self.grad_norm.copy_(&norm)?;
-        // finite ⇔ norm - norm == 0 (NaN for inf and NaN).
-        let finite = norm.sub(&norm)?.eq(&scalar(0.0, &dev)?)?;
-        let bad_now = finite.cast(DType::F64)?.neg()?.add_scalar(1.0)?;
-        let unset = self
-            .first_nonfinite
-            .eq(&scalar(0.0, &dev)?)?
-            .cast(DType::F64)?;
-        let mark = bad_now.mul(&unset)?.mul_scalar(self.steps as f64)?;
-        let flag = self.first_nonfinite.add(&mark)?;
-        self.first_nonfinite.copy_(&flag)?;
+        let finite = self.note_norm(&norm)?;
         let coef = match self.clip {
             Some(Clip::Norm(max)) => Some(
                 scalar(max, &dev)?
@@ -491,6 +596,87 @@ impl Optimizer {
             }
         }
         Ok(())
+    }
+}
+
+/// One fused launch's tensors (one group, one dtype).
+#[derive(Default)]
+struct Bucket {
+    params: Vec<Tensor>,
+    grads: Vec<Tensor>,
+    states: Vec<Vec<Tensor>>,
+    first: Vec<bool>,
+}
+
+/// The kernel's form of a rule (Adagrad's initial accumulator is `init_state`'s).
+fn update_rule(rule: &Rule) -> UpdateRule {
+    match *rule {
+        Rule::Sgd {
+            momentum,
+            dampening,
+            nesterov,
+            weight_decay,
+        } => UpdateRule::Sgd {
+            momentum,
+            dampening,
+            nesterov,
+            weight_decay,
+        },
+        Rule::Adam {
+            betas: (beta1, beta2),
+            eps,
+            weight_decay,
+            amsgrad,
+            decoupled,
+        } => UpdateRule::Adam {
+            beta1,
+            beta2,
+            eps,
+            weight_decay,
+            amsgrad,
+            decoupled,
+        },
+        Rule::RmsProp {
+            alpha,
+            eps,
+            weight_decay,
+            momentum,
+            centered,
+        } => UpdateRule::RmsProp {
+            alpha,
+            eps,
+            weight_decay,
+            momentum,
+            centered,
+        },
+        Rule::Adagrad {
+            lr_decay,
+            weight_decay,
+            eps,
+            ..
+        } => UpdateRule::Adagrad {
+            lr_decay,
+            weight_decay,
+            eps,
+        },
+        Rule::Lion {
+            betas: (beta1, beta2),
+            weight_decay,
+        } => UpdateRule::Lion {
+            beta1,
+            beta2,
+            weight_decay,
+        },
+        Rule::Lamb {
+            betas: (beta1, beta2),
+            eps,
+            weight_decay,
+        } => UpdateRule::Lamb {
+            beta1,
+            beta2,
+            eps,
+            weight_decay,
+        },
     }
 }
 
