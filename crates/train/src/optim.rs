@@ -332,10 +332,14 @@ pub struct Optimizer {
     /// (1-based) whose gradients were not finite (0: none).
     grad_norm: Tensor,
     first_nonfinite: Tensor,
+    /// Steps taken, as an f64 device scalar (what the non-finite flag records).
+    steps_t: Tensor,
 }
 
+/// An f64 device scalar, filled by a kernel (not uploaded: a step may run inside a CUDA graph
+/// capture, where uploads are refused).
 fn scalar(v: f64, dev: &Device) -> Result<Tensor> {
-    Ok(Tensor::scalar(v, dev)?)
+    Ok(Tensor::full(v, (), DType::F64, dev)?)
 }
 
 impl Optimizer {
@@ -388,6 +392,7 @@ impl Optimizer {
         Ok(Optimizer {
             grad_norm: scalar(0.0, &device)?,
             first_nonfinite: scalar(0.0, &device)?,
+            steps_t: scalar(0.0, &device)?,
             groups: out,
             device,
             clip: None,
@@ -473,7 +478,11 @@ impl Optimizer {
             .first_nonfinite
             .eq(&scalar(0.0, &dev)?)?
             .cast(DType::F64)?;
-        let mark = bad_now.mul(&unset)?.mul_scalar(self.steps as f64)?;
+        // The step number from the device counter (a captured step replays with the count of
+        // the moment, not the one at capture).
+        let steps = self.steps_t.add_scalar(1.0)?;
+        self.steps_t.copy_(&steps)?;
+        let mark = bad_now.mul(&unset)?.mul(&steps)?;
         let flag = self.first_nonfinite.add(&mark)?;
         self.first_nonfinite.copy_(&flag)?;
         Ok(finite)
@@ -1054,6 +1063,8 @@ impl Optimizer {
             self.first_nonfinite.copy_(t)?;
         }
         self.steps = meta.get("steps").and_then(Value::as_u64).unwrap_or(0);
+        self.steps_t
+            .copy_(&scalar(self.steps as f64, &self.device)?)?;
         Ok(())
     }
 }
