@@ -110,6 +110,9 @@ pub struct FusedUpdate<'a> {
     /// f64 scalar on the device: the sum of squares of all gradients of the optimizer (from
     /// [`sum_squares`]). When its square root is not finite the update changes nothing.
     pub grad_sq: &'a Tensor,
+    /// An f64 device scalar every gradient is multiplied by first (a loss scaler's 1 / scale);
+    /// `grad_sq` is then of the gradients before it, and its root is scaled likewise.
+    pub grad_scale: Option<&'a Tensor>,
     pub clip: UpdateClip,
 }
 
@@ -193,6 +196,9 @@ pub fn fused_update(u: &FusedUpdate<'_>) -> Result<()> {
     f64_scalar(op, "the learning rate", u.lr, &dev)?;
     f64_scalar(op, "the step count", u.step, &dev)?;
     f64_scalar(op, "the gradient sum of squares", u.grad_sq, &dev)?;
+    if let Some(t) = u.grad_scale {
+        f64_scalar(op, "the gradient scale", t, &dev)?;
+    }
     let k = u.rule.num_states();
     for (i, ((p, g), st)) in u.params.iter().zip(u.grads).zip(u.states).enumerate() {
         let mut all = vec![(p, "parameter"), (g, "gradient")];
@@ -246,7 +252,12 @@ pub fn fused_update(u: &FusedUpdate<'_>) -> Result<()> {
             ));
         }
     }
-    for t in u.grads.iter().chain([u.lr, u.step, u.grad_sq]) {
+    for t in u
+        .grads
+        .iter()
+        .chain([u.lr, u.step, u.grad_sq])
+        .chain(u.grad_scale)
+    {
         if written.contains(&key(t)) {
             return Err(Error::shape(
                 op,

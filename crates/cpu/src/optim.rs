@@ -172,6 +172,8 @@ struct K<C> {
     bc2: C,
     /// Adagrad's lr / (1 + (step - 1) lr_decay).
     clr: C,
+    /// The loss scaler's 1 / scale, applied to each gradient first.
+    unscale: Option<C>,
     coef: Option<C>,
     clip_value: Option<C>,
 }
@@ -180,6 +182,7 @@ fn consts<C: Compute>(
     rule: UpdateRule,
     lr: f64,
     step: f64,
+    unscale: Option<f64>,
     coef: Option<f64>,
     clip: UpdateClip,
 ) -> K<C> {
@@ -201,6 +204,7 @@ fn consts<C: Compute>(
         bc1: z,
         bc2: z,
         clr: z,
+        unscale: unscale.map(C::of),
         coef: coef.map(C::of),
         clip_value: match clip {
             UpdateClip::Value(v) => Some(C::of(v)),
@@ -292,6 +296,9 @@ fn consts<C: Compute>(
 /// The clipped gradient.
 #[inline(always)]
 fn clip_grad<C: Compute>(k: &K<C>, mut g: C) -> C {
+    if let Some(u) = k.unscale {
+        g = g * u;
+    }
     if let Some(c) = k.coef {
         g = g * c;
     }
@@ -482,8 +489,12 @@ fn for_chunks<T: Elem, R: Send>(
         .collect()
 }
 
-fn run<T: Elem>(u: &FusedUpdate<'_>, ptrs: &[Ptrs], lr: f64, step: f64, coef: Option<f64>) {
-    let k = consts::<T::C>(u.rule, lr, step, coef, u.clip);
+fn run<T: Elem>(
+    u: &FusedUpdate<'_>,
+    ptrs: &[Ptrs],
+    (lr, step, unscale, coef): (f64, f64, Option<f64>, Option<f64>),
+) {
+    let k = consts::<T::C>(u.rule, lr, step, unscale, coef, u.clip);
     if let UpdateRule::Lamb { .. } = u.rule {
         // Pass 1: the moments, and each chunk's sums of w² and r² (f64).
         let parts = for_chunks::<T, (f64, f64)>(ptrs, |_, w, g, [m, v, _]| {
@@ -560,7 +571,11 @@ pub(crate) fn fused_update(u: &FusedUpdate<'_>) -> Result<()> {
         read_scalar(u.step, op)?,
         read_scalar(u.grad_sq, op)?,
     );
-    let norm = sq.sqrt();
+    let inv = match u.grad_scale {
+        Some(t) => Some(read_scalar(t, op)?),
+        None => None,
+    };
+    let norm = sq.sqrt() * inv.unwrap_or(1.0);
     if !norm.is_finite() {
         return Ok(());
     }
@@ -568,6 +583,7 @@ pub(crate) fn fused_update(u: &FusedUpdate<'_>) -> Result<()> {
         UpdateClip::Norm(max) => Some((max / (norm + 1e-6)).min(1.0)),
         _ => None,
     };
+    let scalars = (lr, step, inv, coef);
     // Hold every buffer for the whole update: gradients for reading, the rest exclusively.
     let grads: Vec<&Tensor> = u.grads.iter().collect();
     let _reads: Vec<ReadGuard<'_>> = storage::guards(&grads);
@@ -593,10 +609,10 @@ pub(crate) fn fused_update(u: &FusedUpdate<'_>) -> Result<()> {
         });
     }
     match p0.dtype() {
-        DType::F32 => run::<f32>(u, &ptrs, lr, step, coef),
-        DType::F64 => run::<f64>(u, &ptrs, lr, step, coef),
-        DType::F16 => run::<f16>(u, &ptrs, lr, step, coef),
-        DType::BF16 => run::<bf16>(u, &ptrs, lr, step, coef),
+        DType::F32 => run::<f32>(u, &ptrs, scalars),
+        DType::F64 => run::<f64>(u, &ptrs, scalars),
+        DType::F16 => run::<f16>(u, &ptrs, scalars),
+        DType::BF16 => run::<bf16>(u, &ptrs, scalars),
         dt => return Err(Error::dtype(op, dt, "parameters need a float dtype")),
     }
     drop(writes);

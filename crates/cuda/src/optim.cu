@@ -2,7 +2,8 @@
 // launchers in optim.rs). Like PyTorch's multi_tensor_apply: a launch covers up to MT_MAX
 // tensors, whose addresses and sizes travel by value in the kernel parameters (TensorList),
 // and each block takes one CHUNK-element chunk of one tensor. The learning rate, step count
-// and gradient sum of squares are read from device scalars, so a captured update replays
+// gradient sum of squares and the optional gradient scale (gs: a loss scaler's 1 / scale,
+// null for none) are read from device scalars, so a captured update replays
 // with the values of the moment.
 //
 // Arithmetic mirrors the composed reference op for op (ferrite-train `update`) with explicitly
@@ -56,17 +57,20 @@ __device__ __forceinline__ double r_sqrt(double a) { return __dsqrt_rn(a); }
 
 // Per-launch constants, rounded to the compute type A as the composed ops round scalars.
 template <typename A> struct K {
-    A lr, wd, decay, a, oma, b, omb, mom, damp1, eps, step_size, bc2_sqrt, bc1, bc2, clr, coef, clipv;
-    bool has_coef, has_clipv, skip;
+    A lr, wd, decay, a, oma, b, omb, mom, damp1, eps, step_size, bc2_sqrt, bc1, bc2, clr, coef, clipv, unscale;
+    bool has_coef, has_clipv, has_unscale, skip;
     u32 rule, flags;
     bool has_mom;
 };
 
 template <typename A>
-__device__ K<A> consts(const Hyper& hp, const double* lr_p, const double* step_p, const double* sq_p) {
+__device__ K<A> consts(const Hyper& hp, const double* lr_p, const double* step_p, const double* sq_p, const double* gs_p) {
     K<A> k;
     double lr = *lr_p, step = *step_p, sq = *sq_p;
-    double norm = sqrt(sq);
+    double inv = gs_p ? *gs_p : 1.0;
+    k.has_unscale = gs_p != 0;
+    k.unscale = (A)inv;
+    double norm = sqrt(sq) * inv;
     k.skip = !(norm - norm == 0.0); // not finite
     k.rule = hp.rule;
     k.flags = hp.flags;
@@ -115,6 +119,7 @@ __device__ K<A> consts(const Hyper& hp, const double* lr_p, const double* step_p
 }
 
 template <typename A> __device__ __forceinline__ A clip_grad(const K<A>& k, A g) {
+    if (k.has_unscale) g = r_mul(g, k.unscale);
     if (k.has_coef) g = r_mul(g, k.coef);
     if (k.has_clipv) {
         g = (m_isnan(g) || g > -k.clipv) ? g : -k.clipv;
@@ -221,9 +226,9 @@ __device__ __forceinline__ void locate(const TensorList& tl, u32* t_out, u64* lo
 }
 
 template <typename T>
-__device__ void fused_update_impl(TensorList tl, Hyper hp, const double* lr, const double* step, const double* sq) {
+__device__ void fused_update_impl(TensorList tl, Hyper hp, const double* lr, const double* step, const double* sq, const double* gs) {
     typedef typename Num<T>::A A;
-    K<A> k = consts<A>(hp, lr, step, sq);
+    K<A> k = consts<A>(hp, lr, step, sq, gs);
     if (k.skip) return;
     u32 t; u64 lo, hi;
     locate(tl, &t, &lo, &hi);
@@ -262,10 +267,10 @@ __device__ void fused_update_impl(TensorList tl, Hyper hp, const double* lr, con
 
 // LAMB pass 1: new moments (stored), and this chunk's sums of w² and r² in part[2 c], [2 c + 1].
 template <typename T>
-__device__ void lamb_moments_impl(TensorList tl, Hyper hp, const double* lr, const double* step, const double* sq, double* part) {
+__device__ void lamb_moments_impl(TensorList tl, Hyper hp, const double* lr, const double* step, const double* sq, const double* gs, double* part) {
     typedef typename Num<T>::A A;
     __shared__ double sh[32];
-    K<A> k = consts<A>(hp, lr, step, sq);
+    K<A> k = consts<A>(hp, lr, step, sq, gs);
     if (k.skip) return;
     u32 t; u64 lo, hi;
     locate(tl, &t, &lo, &hi);
@@ -297,10 +302,10 @@ __device__ void lamb_moments_impl(TensorList tl, Hyper hp, const double* lr, con
 // LAMB pass 2: the tensor's norms from its chunks' sums (fixed order), then
 // w -= r × (trust × lr) with r recomputed from the stored moments.
 template <typename T>
-__device__ void lamb_apply_impl(TensorList tl, Hyper hp, const double* lr, const double* step, const double* sq, const double* part) {
+__device__ void lamb_apply_impl(TensorList tl, Hyper hp, const double* lr, const double* step, const double* sq, const double* gs, const double* part) {
     typedef typename Num<T>::A A;
     __shared__ double sh[32];
-    K<A> k = consts<A>(hp, lr, step, sq);
+    K<A> k = consts<A>(hp, lr, step, sq, gs);
     if (k.skip) return;
     u32 t; u64 lo, hi;
     locate(tl, &t, &lo, &hi);
@@ -351,8 +356,8 @@ extern "C" __global__ void sum_squares_finish(const double* part, u64 n, double*
 }
 
 #define OPTIM_KERNELS(S, T) \
-extern "C" __global__ void __launch_bounds__(THREADS) fused_update_##S(TensorList tl, Hyper hp, const double* lr, const double* step, const double* sq) { fused_update_impl<T>(tl, hp, lr, step, sq); } \
-extern "C" __global__ void __launch_bounds__(THREADS) lamb_moments_##S(TensorList tl, Hyper hp, const double* lr, const double* step, const double* sq, double* part) { lamb_moments_impl<T>(tl, hp, lr, step, sq, part); } \
-extern "C" __global__ void __launch_bounds__(THREADS) lamb_apply_##S(TensorList tl, Hyper hp, const double* lr, const double* step, const double* sq, const double* part) { lamb_apply_impl<T>(tl, hp, lr, step, sq, part); } \
+extern "C" __global__ void __launch_bounds__(THREADS) fused_update_##S(TensorList tl, Hyper hp, const double* lr, const double* step, const double* sq, const double* gs) { fused_update_impl<T>(tl, hp, lr, step, sq, gs); } \
+extern "C" __global__ void __launch_bounds__(THREADS) lamb_moments_##S(TensorList tl, Hyper hp, const double* lr, const double* step, const double* sq, const double* gs, double* part) { lamb_moments_impl<T>(tl, hp, lr, step, sq, gs, part); } \
+extern "C" __global__ void __launch_bounds__(THREADS) lamb_apply_##S(TensorList tl, Hyper hp, const double* lr, const double* step, const double* sq, const double* gs, const double* part) { lamb_apply_impl<T>(tl, hp, lr, step, sq, gs, part); } \
 extern "C" __global__ void __launch_bounds__(THREADS) sum_squares_##S(TensorList tl, double* part) { sum_squares_impl<T>(tl, part); }
 FOR_FLOATS(OPTIM_KERNELS)

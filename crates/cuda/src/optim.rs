@@ -229,6 +229,11 @@ pub(crate) fn fused_update(dev: &CudaBackend, u: &FusedUpdate<'_>) -> Result<()>
     let dt = p0.dtype();
     let scalar = |t: &Tensor| -> Result<u64> { Ok(CudaBackend::ptr(t, dev.input(t, op)?)) };
     let (lr, step, sq) = (scalar(u.lr)?, scalar(u.step)?, scalar(u.grad_sq)?);
+    // A null pointer: no gradient scale.
+    let gs = match u.grad_scale {
+        Some(t) => scalar(t)?,
+        None => 0,
+    };
     let mut written: Vec<&CudaStorage> = Vec::new();
     let mut entries = Vec::with_capacity(u.params.len());
     for (i, (p, g)) in u.params.iter().zip(u.grads).enumerate() {
@@ -261,6 +266,7 @@ pub(crate) fn fused_update(dev: &CudaBackend, u: &FusedUpdate<'_>) -> Result<()>
                 .arg(lr)
                 .arg(step)
                 .arg(sq)
+                .arg(gs)
                 .arg(part.ptr());
             dev.launch(op, &SOURCE, &format!("lamb_moments_{sfx}"), cfg(*c), args)?;
         }
@@ -271,13 +277,20 @@ pub(crate) fn fused_update(dev: &CudaBackend, u: &FusedUpdate<'_>) -> Result<()>
                 .arg(lr)
                 .arg(step)
                 .arg(sq)
+                .arg(gs)
                 .arg(part.ptr());
             dev.launch(op, &SOURCE, &format!("lamb_apply_{sfx}"), cfg(*c), args)?;
         }
         drop(part);
     } else {
         for (tl, c) in &tabs {
-            let args = Args::new().arg(*tl).arg(hp).arg(lr).arg(step).arg(sq);
+            let args = Args::new()
+                .arg(*tl)
+                .arg(hp)
+                .arg(lr)
+                .arg(step)
+                .arg(sq)
+                .arg(gs);
             dev.launch(op, &SOURCE, &format!("fused_update_{sfx}"), cfg(*c), args)?;
         }
     }

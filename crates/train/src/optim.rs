@@ -460,19 +460,46 @@ impl Optimizer {
 
     /// One update of every parameter that has a gradient.
     pub fn step(&mut self) -> Result<()> {
+        self.step_scaled(None).map(|_| ())
+    }
+
+    /// One update with every gradient first multiplied by `grad_scale` (an f64 device scalar:
+    /// a loss scaler's 1 / scale). A step whose gradients are not finite changes nothing, and
+    /// with a scale it is not reported by `check_finite` (overflow is what the scaler expects
+    /// and handles). Returns the step's "gradients were finite" boolean device scalar.
+    pub fn step_scaled(&mut self, grad_scale: Option<&Tensor>) -> Result<Tensor> {
+        if let Some(t) = grad_scale {
+            if t.dtype() != DType::F64 || t.elem_count() != 1 || !t.device().same(&self.device) {
+                return Err(Error::config(
+                    "Optimizer",
+                    format!(
+                        "the gradient scale must be an f64 scalar on {}, got {} {} on {}",
+                        self.device,
+                        t.dtype(),
+                        t.shape(),
+                        t.device()
+                    ),
+                ));
+            }
+        }
         match self.implementation {
-            Implementation::Fused => self.step_fused(),
-            Implementation::Composed => self.step_composed(),
+            Implementation::Fused => self.step_fused(grad_scale),
+            Implementation::Composed => self.step_composed(grad_scale),
         }
     }
 
-    /// Keeps the global norm, flags the step when it is not finite; returns the "finite"
-    /// boolean device scalar.
-    fn note_norm(&mut self, norm: &Tensor) -> Result<Tensor> {
+    /// Keeps the global norm, flags the step when it is not finite (unless `scaled`); returns
+    /// the "finite" boolean device scalar.
+    fn note_norm(&mut self, norm: &Tensor, scaled: bool) -> Result<Tensor> {
         let dev = self.device.clone();
         self.grad_norm.copy_(norm)?;
         // finite ⇔ norm - norm == 0 (NaN for inf and NaN).
         let finite = norm.sub(norm)?.eq(&scalar(0.0, &dev)?)?;
+        let steps = self.steps_t.add_scalar(1.0)?;
+        self.steps_t.copy_(&steps)?;
+        if scaled {
+            return Ok(finite);
+        }
         let bad_now = finite.cast(DType::F64)?.neg()?.add_scalar(1.0)?;
         let unset = self
             .first_nonfinite
@@ -480,15 +507,13 @@ impl Optimizer {
             .cast(DType::F64)?;
         // The step number from the device counter (a captured step replays with the count of
         // the moment, not the one at capture).
-        let steps = self.steps_t.add_scalar(1.0)?;
-        self.steps_t.copy_(&steps)?;
         let mark = bad_now.mul(&unset)?.mul(&steps)?;
         let flag = self.first_nonfinite.add(&mark)?;
         self.first_nonfinite.copy_(&flag)?;
         Ok(finite)
     }
 
-    fn step_fused(&mut self) -> Result<()> {
+    fn step_fused(&mut self, grad_scale: Option<&Tensor>) -> Result<Tensor> {
         self.steps += 1;
         let dev = self.device.clone();
         let mut grads: Vec<Vec<Option<Tensor>>> = Vec::with_capacity(self.groups.len());
@@ -501,7 +526,11 @@ impl Optimizer {
         }
         let all: Vec<Tensor> = grads.iter().flatten().flatten().cloned().collect();
         let sq = ferrite_core::optim::sum_squares(&all, &dev)?;
-        let finite = self.note_norm(&sq.sqrt()?)?;
+        let norm = match grad_scale {
+            Some(s) => sq.sqrt()?.mul(s)?,
+            None => sq.sqrt()?,
+        };
+        let finite = self.note_norm(&norm, grad_scale.is_some())?;
         let clip = match self.clip {
             None => UpdateClip::None,
             Some(Clip::Norm(m)) => UpdateClip::Norm(m),
@@ -545,28 +574,36 @@ impl Optimizer {
                     lr: &g.lr_t,
                     step: &g.step_t,
                     grad_sq: &sq,
+                    grad_scale,
                     clip,
                 })?;
             }
         }
-        Ok(())
+        Ok(finite)
     }
 
-    fn step_composed(&mut self) -> Result<()> {
+    fn step_composed(&mut self, grad_scale: Option<&Tensor>) -> Result<Tensor> {
         self.steps += 1;
         let dev = self.device.clone();
+        let unscale = |gr: Tensor| -> Result<Tensor> {
+            Ok(match grad_scale {
+                Some(s) => gr.mul(&s.cast(gr.dtype())?)?,
+                None => gr,
+            })
+        };
         // Global norm over every gradient (f32 partial sums, accumulated in f64).
         let mut sq = scalar(0.0, &dev)?;
         for g in &self.groups {
             for (_, p) in &g.params {
                 if let Some(gr) = p.grad() {
+                    let gr = unscale(gr)?;
                     let s = gr.cast(DType::F32)?.square()?.sum_all()?.cast(DType::F64)?;
                     sq = sq.add(&s)?;
                 }
             }
         }
         let norm = sq.sqrt()?;
-        let finite = self.note_norm(&norm)?;
+        let finite = self.note_norm(&norm, grad_scale.is_some())?;
         let coef = match self.clip {
             Some(Clip::Norm(max)) => Some(
                 scalar(max, &dev)?
@@ -581,7 +618,8 @@ impl Optimizer {
                 .copy_(&Tensor::where_cond(&finite, &step, &g.step_t)?)?;
             for i in 0..g.params.len() {
                 let p = g.params[i].1.clone();
-                let Some(mut grad) = p.grad() else { continue };
+                let Some(grad) = p.grad() else { continue };
+                let mut grad = unscale(grad)?;
                 if let Some(c) = &coef {
                     grad = grad.mul(&c.cast(grad.dtype())?)?;
                 }
@@ -604,7 +642,7 @@ impl Optimizer {
                 }
             }
         }
-        Ok(())
+        Ok(finite)
     }
 }
 

@@ -77,6 +77,21 @@ fn captured_optimizer_step_matches_eager(dev: &Device) {
     }
 }
 
+/// fp16 training through the dynamic loss scaler on CUDA (the scale and skip decided on the
+/// device, a forced overflow skipped and recovered from), fused and composed.
+fn grad_scaler_on_cuda(dev: &Device) {
+    for imp in [Implementation::Fused, Implementation::Composed] {
+        let l = common::loss_scaled_training(dev, imp);
+        assert!(
+            l[59] < 0.02 * l[0] && l[59] < l[18],
+            "{imp:?}: losses {} -> {} -> {}",
+            l[0],
+            l[18],
+            l[59]
+        );
+    }
+}
+
 fn metrics_match_cpu(dev: &Device) {
     let cpu = ferrite_cpu::cpu();
     let n = 1000;
@@ -152,7 +167,7 @@ type GpuTest = fn(&Device);
 
 fn main() {
     let mut r = Runner::from_args();
-    let tests: [(&str, GpuTest); 5] = [
+    let tests: [(&str, GpuTest); 6] = [
         (
             "optimizers_follow_pytorch_for_100_steps_on_cuda",
             optimizers_follow_pytorch,
@@ -164,6 +179,10 @@ fn main() {
         (
             "captured_optimizer_step_matches_eager_bit_for_bit",
             captured_optimizer_step_matches_eager,
+        ),
+        (
+            "grad_scaler_recovers_from_a_forced_overflow_on_cuda",
+            grad_scaler_on_cuda,
         ),
         ("metrics_on_cuda_match_cpu", metrics_match_cpu),
         (

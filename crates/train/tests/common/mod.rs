@@ -2,9 +2,11 @@
 //! by the CPU tests (`optim.rs`) and the GPU tests (`gpu.rs`).
 #![allow(dead_code)]
 
-use ferrite_core::{Device, Tensor};
+use ferrite_core::{DType, Device, Tensor};
 use ferrite_nn::Parameter;
-use ferrite_train::{Clip, Implementation, Optimizer, ParamGroup, Rule};
+use ferrite_train::{
+    Clip, GradScaler, GradScalerConfig, Implementation, Optimizer, ParamGroup, Rule,
+};
 use serde_json::Value;
 
 const SHAPES: [&[usize]; 3] = [&[5, 4], &[4], &[3, 2, 2]];
@@ -273,4 +275,102 @@ pub fn fused_matches_composed(dev: &Device, exact_tol: f64) -> f64 {
         }
     }
     worst
+}
+
+/// Linear regression y = x · w* + 0.5 on 64 rows of 16 features, fp16 parameters and data,
+/// the loss in f32, Adam through a `GradScaler` (growth interval 5) for 60 steps, the 20th
+/// forced to overflow. Checks at every step, against a host model of the scaler fed the
+/// skips the device reports, that a skipped step changed nothing and a finite one changed
+/// the parameters, and that the device's scale is the model's. Returns the losses.
+pub fn loss_scaled_training(dev: &Device, imp: Implementation) -> Vec<f64> {
+    let dev = dev.clone();
+    let (n, d) = (64usize, 16usize);
+    let xs: Vec<f32> = (0..n * d)
+        .map(|i| (0.7 * (i as f64 * 0.37).sin()) as f32)
+        .collect();
+    let w_true: Vec<f32> = (0..d).map(|j| 0.3 * ((j % 5) as f32 - 2.0)).collect();
+    let ys: Vec<f32> = (0..n)
+        .map(|r| (0..d).map(|j| xs[r * d + j] * w_true[j]).sum::<f32>() + 0.5)
+        .collect();
+    let x = Tensor::from_vec(xs, [n, d], &dev)
+        .and_then(|t| t.cast(DType::F16))
+        .expect("x");
+    let y = Tensor::from_vec(ys, [n], &dev).expect("y");
+    let w = Parameter::new(&Tensor::zeros([d], DType::F16, &dev).expect("w")).expect("w");
+    let b = Parameter::new(&Tensor::zeros([1], DType::F16, &dev).expect("b")).expect("b");
+    let ps = vec![("w".to_string(), w.clone()), ("b".to_string(), b.clone())];
+    let mut opt = Optimizer::new(ps, 0.05, Rule::adam()).expect("adam");
+    opt.set_implementation(imp);
+    let cfg = GradScalerConfig {
+        init_scale: 65536.0,
+        growth_factor: 2.0,
+        backoff_factor: 0.5,
+        growth_interval: 5,
+    };
+    let mut scaler = GradScaler::new(cfg, &dev).expect("scaler");
+    // The host model of the scale, fed the skips the device reports.
+    let (mut scale, mut count, mut skipped) = (65536.0f64, 0u64, 0u64);
+    let mut losses = Vec::new();
+    let forced = 20;
+    for step in 1..=60 {
+        opt.zero_grad();
+        let pred = x
+            .mul(&w.tensor())
+            .and_then(|t| t.sum(&[-1], false))
+            .and_then(|t| t.add(&b.tensor()))
+            .and_then(|t| t.cast(DType::F32))
+            .expect("forward");
+        let mut loss = pred
+            .sub(&y)
+            .and_then(|t| t.square())
+            .and_then(|t| t.mean(&[0], false))
+            .expect("loss");
+        losses.push(loss.item::<f32>().expect("loss") as f64);
+        if step == forced {
+            // Gradients far beyond fp16's range: every one overflows to inf.
+            loss = loss.mul_scalar(1e30).expect("force");
+        }
+        ferrite_autodiff::backward(&scaler.scale(&loss).expect("scale")).expect("backward");
+        let before = (
+            w.tensor().to_vec_f64().expect("w"),
+            b.tensor().to_vec_f64().expect("b"),
+        );
+        scaler.step(&mut opt).expect("step");
+        let after = (
+            w.tensor().to_vec_f64().expect("w"),
+            b.tensor().to_vec_f64().expect("b"),
+        );
+        let (dev_scale, dev_skipped) = scaler.read().expect("read");
+        let skipped_now = dev_skipped > skipped;
+        if step == forced {
+            assert!(
+                skipped_now,
+                "{imp:?}: the forced overflow at step {step} was not found"
+            );
+        }
+        if skipped_now {
+            assert_eq!(
+                before, after,
+                "{imp:?}: step {step} overflowed but changed parameters"
+            );
+            scale *= 0.5;
+            count = 0;
+        } else {
+            assert_ne!(
+                before, after,
+                "{imp:?}: step {step} was finite but changed nothing"
+            );
+            assert!(after.0.iter().all(|v| v.is_finite()));
+            count += 1;
+            if count == 5 {
+                scale *= 2.0;
+                count = 0;
+            }
+        }
+        skipped = dev_skipped;
+        assert_eq!(dev_scale, scale, "{imp:?}: scale after step {step}");
+    }
+    // Overflow is the scaler's business, not an error of the optimizer.
+    opt.check_finite().expect("no non-finite report");
+    losses
 }
