@@ -319,6 +319,9 @@ struct Group {
     /// Per parameter: its state tensors in `rule.state_names()` order (created at the first
     /// step that has a gradient, as PyTorch's lazy state).
     state: Vec<Vec<Buffer>>,
+    /// Per parameter: its f32 master copy, when master weights are on and the parameter is
+    /// f16/bf16 (created with the state).
+    master: Vec<Option<Buffer>>,
 }
 
 /// An optimizer over parameter groups on one device.
@@ -328,6 +331,7 @@ pub struct Optimizer {
     clip: Option<Clip>,
     steps: u64,
     implementation: Implementation,
+    master_weights: bool,
     /// f64 device scalars: the global gradient norm of the last step, and the first step
     /// (1-based) whose gradients were not finite (0: none).
     grad_norm: Tensor,
@@ -381,6 +385,7 @@ impl Optimizer {
             }
             out.push(Group {
                 state: vec![Vec::new(); g.params.len()],
+                master: vec![None; g.params.len()],
                 lr_t: scalar(g.lr, &device)?,
                 step_t: scalar(0.0, &device)?,
                 params: g.params,
@@ -398,6 +403,7 @@ impl Optimizer {
             clip: None,
             steps: 0,
             implementation: Implementation::Fused,
+            master_weights: false,
         })
     }
 
@@ -422,6 +428,15 @@ impl Optimizer {
 
     pub fn implementation(&self) -> Implementation {
         self.implementation
+    }
+
+    /// fp32 master weights for f16/bf16 parameters: from each such parameter's first step on,
+    /// the update (and its state) runs on an f32 copy, and the parameter receives the copy
+    /// rounded to its dtype after every step, so updates smaller than the half-precision
+    /// spacing accumulate instead of rounding away. Off by default; switch it on before the
+    /// first step (a parameter keeps the mode of its first step).
+    pub fn set_master_weights(&mut self, on: bool) {
+        self.master_weights = on;
     }
 
     /// Steps taken.
@@ -547,17 +562,21 @@ impl Optimizer {
                 let p = g.params[i].1.clone();
                 let first = g.state[i].is_empty();
                 if first {
-                    g.state[i] = init_state(&g.rule, &p)?;
+                    start_state(g, i, self.master_weights)?;
                 }
-                let at = match buckets.iter().position(|(d, _)| *d == p.dtype()) {
+                let (w, grad) = match &g.master[i] {
+                    Some(m) => (m.tensor().clone(), grad.cast(DType::F32)?),
+                    None => (p.tensor().detach(), grad),
+                };
+                let at = match buckets.iter().position(|(d, _)| *d == w.dtype()) {
                     Some(k) => k,
                     None => {
-                        buckets.push((p.dtype(), Bucket::default()));
+                        buckets.push((w.dtype(), Bucket::default()));
                         buckets.len() - 1
                     }
                 };
                 let b = &mut buckets[at].1;
-                b.params.push(p.tensor().detach());
+                b.params.push(w);
                 b.grads.push(grad);
                 b.states
                     .push(g.state[i].iter().map(|s| s.tensor().clone()).collect());
@@ -578,6 +597,7 @@ impl Optimizer {
                     clip,
                 })?;
             }
+            write_back_masters(g)?;
         }
         Ok(finite)
     }
@@ -630,17 +650,24 @@ impl Optimizer {
                 // (SGD's momentum buffer then starts as that gradient).
                 let first = g.state[i].is_empty();
                 if first {
-                    g.state[i] = init_state(&g.rule, &p)?;
+                    start_state(g, i, self.master_weights)?;
                 }
-                let w = p.tensor().detach();
+                let w = match &g.master[i] {
+                    Some(m) => {
+                        grad = grad.cast(DType::F32)?;
+                        m.tensor().clone()
+                    }
+                    None => p.tensor().detach(),
+                };
                 let (new_w, new_state) =
                     update(&g.rule, &w, &grad, &g.state[i], &g.lr_t, &g.step_t, first)?;
-                p.copy_(&Tensor::where_cond(&finite, &new_w, &w)?)?;
+                w.copy_(&Tensor::where_cond(&finite, &new_w, &w)?)?;
                 for (buf, v) in g.state[i].iter().zip(new_state) {
                     buf.tensor()
                         .copy_(&Tensor::where_cond(&finite, &v, buf.tensor())?)?;
                 }
             }
+            write_back_masters(g)?;
         }
         Ok(finite)
     }
@@ -727,8 +754,35 @@ fn update_rule(rule: &Rule) -> UpdateRule {
     }
 }
 
-fn init_state(rule: &Rule, p: &Parameter) -> Result<Vec<Buffer>> {
-    let t = p.tensor().detach();
+/// A parameter's first step: its f32 master copy when `master` is on and it is f16/bf16, and
+/// its state (f32 beside a master copy, else of the parameter's dtype).
+fn start_state(g: &mut Group, i: usize, master: bool) -> Result<()> {
+    let p = &g.params[i].1;
+    if master && g.master[i].is_none() && matches!(p.dtype(), DType::F16 | DType::BF16) {
+        g.master[i] = Some(Buffer::new(&p.tensor().detach().cast(DType::F32)?)?);
+    }
+    let like = match &g.master[i] {
+        Some(m) => m.tensor().clone(),
+        None => p.tensor().detach(),
+    };
+    g.state[i] = init_state(&g.rule, &like)?;
+    Ok(())
+}
+
+/// Parameters with a master copy receive it rounded to their dtype (a skipped step leaves the
+/// copy, so the parameter, unchanged).
+fn write_back_masters(g: &Group) -> Result<()> {
+    for ((_, p), m) in g.params.iter().zip(&g.master) {
+        if let Some(m) = m {
+            if p.grad().is_some() {
+                p.copy_(&m.tensor().cast(p.dtype())?)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+fn init_state(rule: &Rule, t: &Tensor) -> Result<Vec<Buffer>> {
     let fill = match rule {
         Rule::Adagrad {
             initial_accumulator_value,
@@ -994,6 +1048,9 @@ impl Optimizer {
                 for (k, b) in g.state[i].iter().enumerate() {
                     tensors.insert(format!("{pname}.{}", names[k]), b.tensor().clone());
                 }
+                if let Some(m) = &g.master[i] {
+                    tensors.insert(format!("{pname}.master"), m.tensor().clone());
+                }
             }
             tensors.insert(format!("group{gi}.step"), g.step_t.clone());
             groups.push(json!({
@@ -1075,16 +1132,27 @@ impl Optimizer {
         for (gi, (g, m)) in self.groups.iter_mut().zip(groups).enumerate() {
             let names = g.rule.state_names();
             for (i, (pname, p)) in g.params.iter().enumerate() {
+                if let Some(mt) = tensors.get(&format!("{pname}.master")) {
+                    let mt = mt.cast(DType::F32)?;
+                    match &g.master[i] {
+                        Some(m) => m.tensor().copy_(&mt)?,
+                        None => g.master[i] = Some(Buffer::new(&mt)?),
+                    }
+                }
                 let found: Vec<Option<&Tensor>> = names
                     .iter()
                     .map(|s| tensors.get(&format!("{pname}.{s}")))
                     .collect();
                 if found.iter().all(Option::is_some) && !names.is_empty() {
                     if g.state[i].is_empty() {
-                        g.state[i] = init_state(&g.rule, p)?;
+                        let like = match &g.master[i] {
+                            Some(m) => m.tensor().clone(),
+                            None => p.tensor().detach(),
+                        };
+                        g.state[i] = init_state(&g.rule, &like)?;
                     }
                     for (b, t) in g.state[i].iter().zip(found.into_iter().flatten()) {
-                        b.tensor().copy_(t)?;
+                        b.tensor().copy_(&t.cast(b.tensor().dtype())?)?;
                     }
                 }
             }

@@ -92,6 +92,13 @@ fn grad_scaler_on_cuda(dev: &Device) {
     }
 }
 
+/// bf16 parameters with fp32 master weights on CUDA (see `common::master_weights_check`).
+fn master_weights_on_cuda(dev: &Device) {
+    for imp in [Implementation::Fused, Implementation::Composed] {
+        common::master_weights_check(dev, imp);
+    }
+}
+
 fn metrics_match_cpu(dev: &Device) {
     let cpu = ferrite_cpu::cpu();
     let n = 1000;
@@ -167,7 +174,7 @@ type GpuTest = fn(&Device);
 
 fn main() {
     let mut r = Runner::from_args();
-    let tests: [(&str, GpuTest); 6] = [
+    let tests: [(&str, GpuTest); 7] = [
         (
             "optimizers_follow_pytorch_for_100_steps_on_cuda",
             optimizers_follow_pytorch,
@@ -183,6 +190,10 @@ fn main() {
         (
             "grad_scaler_recovers_from_a_forced_overflow_on_cuda",
             grad_scaler_on_cuda,
+        ),
+        (
+            "master_weights_keep_bf16_updates_on_cuda",
+            master_weights_on_cuda,
         ),
         ("metrics_on_cuda_match_cpu", metrics_match_cpu),
         (

@@ -19,6 +19,13 @@ fn optimizers_follow_pytorch_for_100_steps_on_cpu() {
 }
 
 #[test]
+fn master_weights_keep_updates_that_bf16_rounds_away() {
+    for imp in [Implementation::Fused, Implementation::Composed] {
+        common::master_weights_check(&ferrite_cpu::cpu(), imp);
+    }
+}
+
+#[test]
 fn fused_updates_equal_composed_bit_for_bit_on_cpu() {
     let worst = common::fused_matches_composed(&ferrite_cpu::cpu(), 0.0);
     eprintln!("largest relative difference fused vs composed (clipped, LAMB): {worst:e}");
