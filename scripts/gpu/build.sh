@@ -30,6 +30,7 @@ stage mlp-bench bench -p ferrite-cuda --bench mlp_bf16 --no-run
 stage conv-bench bench -p ferrite-cuda --bench conv_resnet50 --no-run
 stage nn-gpu-tests test -p ferrite-nn --test gpu --no-run
 stage ce-bench bench -p ferrite-nn --bench cross_entropy_gpu --no-run
+stage optim-bench bench -p ferrite-train --bench optim_step --no-run
 if [ "${1:-}" != "--no-cli" ]; then
   cargo build --release -p ferrite
   strip --strip-debug -o "$out/ferrite" target/release/ferrite

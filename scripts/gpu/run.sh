@@ -30,6 +30,8 @@ if [ "$mode" = bench ] || [ "$mode" = all ]; then
   python3 scripts/gpu/torch_conv.py 2>&1 | tee -a "$out/torch.log"
   .device/bin/ce-bench 2>&1 | tee -a "$out/bench.log"
   python3 scripts/gpu/torch_cross_entropy.py 2>&1 | tee -a "$out/torch.log"
+  .device/bin/optim-bench 2>&1 | tee -a "$out/bench.log"
+  python3 scripts/gpu/torch_optim_step.py 2>&1 | tee -a "$out/torch.log"
 fi
 echo "== summary"
 grep -h "cuda tests:\|gpu tests:\|^failed:" "$out/tests.log" "$out/llm-tests.log" "$out/nn-tests.log" "$out/train-tests.log" 2>/dev/null

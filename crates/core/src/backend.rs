@@ -1,5 +1,6 @@
 //! The interface between `Tensor` and the devices that run ops.
 
+use crate::optim::FusedUpdate;
 use crate::{DType, HostBuffer, Layout, Op, Result, Shape, Tensor};
 use std::any::Any;
 use std::sync::Arc;
@@ -60,6 +61,13 @@ pub trait Backend: Send + Sync + 'static {
     /// CUDA: the copy is ordered on the compute stream) and before every later op or host
     /// read of `dst`. Tensors that view `dst`'s storage see the new values.
     fn write_into(&self, dst: &Tensor, src: &Tensor) -> Result<()>;
+    /// The sum of squares of every element of `tensors` (validated by `optim::sum_squares`:
+    /// contiguous floats on this device), accumulated in f64 in an order fixed by the sizes
+    /// alone: one f64 element.
+    fn sum_squares(&self, tensors: &[Tensor]) -> Result<Arc<dyn Storage>>;
+    /// One fused optimizer update, in place (validated by `optim::fused_update`); the same
+    /// ordering contract as `write_into` for every parameter and state tensor it writes.
+    fn fused_update(&self, update: &FusedUpdate<'_>) -> Result<()>;
 }
 
 /// A handle to a backend; cheap to clone. Two handles are the same device when their kinds are

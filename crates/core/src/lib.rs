@@ -12,6 +12,7 @@ mod error;
 pub mod graph;
 mod host;
 pub mod op;
+pub mod optim;
 pub mod rng;
 mod shape;
 mod tensor;

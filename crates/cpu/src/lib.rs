@@ -14,6 +14,7 @@ mod index;
 mod machine;
 mod matmul;
 mod norm;
+mod optim;
 mod pool;
 mod reduce;
 mod scan;
@@ -92,6 +93,14 @@ impl Backend for CpuBackend {
             }
             put!(F32, F64, F16, BF16, I32, I64, U32, U8, Bool)
         })
+    }
+
+    fn sum_squares(&self, tensors: &[Tensor]) -> Result<Arc<dyn Storage>> {
+        optim::sum_squares(tensors)
+    }
+
+    fn fused_update(&self, update: &ferrite_core::optim::FusedUpdate<'_>) -> Result<()> {
+        optim::fused_update(update)
     }
 
     fn exec(

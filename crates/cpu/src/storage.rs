@@ -73,6 +73,12 @@ impl CpuStorage {
 
     /// Runs `f` on the buffer with exclusive access (waits for current readers).
     pub(crate) fn write<R>(&self, f: impl FnOnce(&mut HostBuffer) -> R) -> R {
+        let mut g = self.lock_write();
+        f(g.buffer())
+    }
+
+    /// Holds the storage exclusively until the guard drops (waits for current readers).
+    pub(crate) fn lock_write(&self) -> WriteGuard<'_> {
         while self
             .readers
             .compare_exchange_weak(0, WRITING, Ordering::AcqRel, Ordering::Acquire)
@@ -80,15 +86,7 @@ impl CpuStorage {
         {
             std::thread::yield_now();
         }
-        struct Release<'a>(&'a AtomicUsize);
-        impl Drop for Release<'_> {
-            fn drop(&mut self) {
-                self.0.store(0, Ordering::Release);
-            }
-        }
-        let _r = Release(&self.readers);
-        // SAFETY: the state is WRITING, so no reader or other writer holds the buffer.
-        f(unsafe { &mut *self.buf.get() })
+        WriteGuard(self)
     }
 
     /// The buffer without a guard: only for code running under a `ReadGuard` of this storage
@@ -110,6 +108,23 @@ fn host_ptr(b: &HostBuffer) -> usize {
         HostBuffer::U32(v) => v.as_ptr() as usize,
         HostBuffer::U8(v) => v.as_ptr() as usize,
         HostBuffer::Bool(v) => v.as_ptr() as usize,
+    }
+}
+
+/// A storage held exclusively (see `CpuStorage::lock_write`).
+pub(crate) struct WriteGuard<'a>(&'a CpuStorage);
+
+impl WriteGuard<'_> {
+    pub(crate) fn buffer(&mut self) -> &mut HostBuffer {
+        // SAFETY: the state is WRITING while the guard lives, so no reader or other writer
+        // holds the buffer; `&mut self` keeps this borrow unique.
+        unsafe { &mut *self.0.buf.get() }
+    }
+}
+
+impl Drop for WriteGuard<'_> {
+    fn drop(&mut self) {
+        self.0.readers.store(0, Ordering::Release);
     }
 }
 

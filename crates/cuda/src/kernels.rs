@@ -38,6 +38,7 @@ pub fn all_sources() -> Vec<&'static KernelSource> {
         &crate::attention::SOURCE,
         &crate::conv::SOURCE,
         &crate::channel_norm::SOURCE,
+        &crate::optim::SOURCE,
     ]
 }
 

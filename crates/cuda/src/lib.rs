@@ -26,6 +26,7 @@ mod index;
 mod kernels;
 mod matmul;
 mod norm;
+mod optim;
 mod raw;
 mod reduce;
 mod scan;
@@ -215,6 +216,18 @@ impl Backend for Handle {
     fn write_into(&self, dst: &Tensor, src: &Tensor) -> Result<()> {
         self.0.bind()?;
         elementwise::write_into(&self.0, dst, src)
+    }
+
+    fn sum_squares(&self, tensors: &[Tensor]) -> Result<Arc<dyn Storage>> {
+        self.0.bind()?;
+        optim::sum_squares(&self.0, tensors)?
+            .pop()
+            .ok_or_else(|| Error::backend("sum_squares", "no output"))
+    }
+
+    fn fused_update(&self, update: &ferrite_core::optim::FusedUpdate<'_>) -> Result<()> {
+        self.0.bind()?;
+        optim::fused_update(&self.0, update)
     }
 
     fn exec(

@@ -4,6 +4,7 @@
 
 pub mod data;
 pub mod error;
+pub mod grad_scaler;
 pub mod lr_scheduler;
 pub mod metrics;
 pub mod optim;
@@ -11,5 +12,6 @@ pub mod plot;
 pub mod trainer;
 
 pub use error::{Error, Result};
+pub use grad_scaler::{GradScaler, GradScalerConfig};
 pub use lr_scheduler::{LrGroups, LrScheduler, ParamGroups, Plateau, ReduceLROnPlateau, Schedule};
-pub use optim::{Clip, Optimizer, ParamGroup, Rule};
+pub use optim::{Clip, Implementation, Optimizer, ParamGroup, Rule};

@@ -6,8 +6,12 @@
 //! State lives on the device beside the parameters ([`ferrite_nn::Buffer`]s written in place),
 //! and so do the learning rate and step count of each group (f64 device scalars): a step
 //! reads the host nothing and waits for nothing; a scheduler's `set_lr` writes the scalar.
-//! Each update is composed from tensor ops on whatever device the parameters live (this is
-//! the reference path; fused multi-tensor kernels are to be checked against it).
+//! By default an update is fused ([`Implementation::Fused`]): per parameter group and dtype
+//! one multi-tensor kernel (`ferrite_core::optim::fused_update`: chunked CUDA launches over
+//! many tensors, or a threaded CPU loop) updates parameters and state in place, after one
+//! multi-tensor sum of squares for the global gradient norm. [`Implementation::Composed`]
+//! builds the same update from tensor ops (10-20 small ops per parameter): the slow reference
+//! the fused kernels are tested against.
 //!
 //! Non-finite gradients: each step computes the global gradient norm on the device; when it
 //! is not finite the step leaves parameters and state untouched and records the step number
@@ -15,6 +19,7 @@
 
 use crate::lr_scheduler::ParamGroups;
 use crate::{Error, Result};
+use ferrite_core::optim::{FusedUpdate, UpdateClip, UpdateRule};
 use ferrite_core::{DType, Device, Tensor};
 use ferrite_nn::{Buffer, Parameter};
 use serde_json::{json, Value};
@@ -287,6 +292,15 @@ pub enum Clip {
     Value(f64),
 }
 
+/// How [`Optimizer::step`] runs the update.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Implementation {
+    /// One multi-tensor kernel per parameter group and dtype (the default).
+    Fused,
+    /// Composed from tensor ops, per parameter: the reference.
+    Composed,
+}
+
 /// Named parameters with one learning rate and rule.
 pub struct ParamGroup {
     pub params: Vec<(String, Parameter)>,
@@ -305,6 +319,9 @@ struct Group {
     /// Per parameter: its state tensors in `rule.state_names()` order (created at the first
     /// step that has a gradient, as PyTorch's lazy state).
     state: Vec<Vec<Buffer>>,
+    /// Per parameter: its f32 master copy, when master weights are on and the parameter is
+    /// f16/bf16 (created with the state).
+    master: Vec<Option<Buffer>>,
 }
 
 /// An optimizer over parameter groups on one device.
@@ -313,14 +330,20 @@ pub struct Optimizer {
     device: Device,
     clip: Option<Clip>,
     steps: u64,
+    implementation: Implementation,
+    master_weights: bool,
     /// f64 device scalars: the global gradient norm of the last step, and the first step
     /// (1-based) whose gradients were not finite (0: none).
     grad_norm: Tensor,
     first_nonfinite: Tensor,
+    /// Steps taken, as an f64 device scalar (what the non-finite flag records).
+    steps_t: Tensor,
 }
 
+/// An f64 device scalar, filled by a kernel (not uploaded: a step may run inside a CUDA graph
+/// capture, where uploads are refused).
 fn scalar(v: f64, dev: &Device) -> Result<Tensor> {
-    Ok(Tensor::scalar(v, dev)?)
+    Ok(Tensor::full(v, (), DType::F64, dev)?)
 }
 
 impl Optimizer {
@@ -362,6 +385,7 @@ impl Optimizer {
             }
             out.push(Group {
                 state: vec![Vec::new(); g.params.len()],
+                master: vec![None; g.params.len()],
                 lr_t: scalar(g.lr, &device)?,
                 step_t: scalar(0.0, &device)?,
                 params: g.params,
@@ -373,10 +397,13 @@ impl Optimizer {
         Ok(Optimizer {
             grad_norm: scalar(0.0, &device)?,
             first_nonfinite: scalar(0.0, &device)?,
+            steps_t: scalar(0.0, &device)?,
             groups: out,
             device,
             clip: None,
             steps: 0,
+            implementation: Implementation::Fused,
+            master_weights: false,
         })
     }
 
@@ -391,6 +418,25 @@ impl Optimizer {
         }
         self.clip = clip;
         Ok(())
+    }
+
+    /// Fused (the default) or composed updates; both give the same trajectory (bit for bit on
+    /// the CPU in f32) and share the state, so this may change between steps.
+    pub fn set_implementation(&mut self, implementation: Implementation) {
+        self.implementation = implementation;
+    }
+
+    pub fn implementation(&self) -> Implementation {
+        self.implementation
+    }
+
+    /// fp32 master weights for f16/bf16 parameters: from each such parameter's first step on,
+    /// the update (and its state) runs on an f32 copy, and the parameter receives the copy
+    /// rounded to its dtype after every step, so updates smaller than the half-precision
+    /// spacing accumulate instead of rounding away. Off by default; switch it on before the
+    /// first step (a parameter keeps the mode of its first step).
+    pub fn set_master_weights(&mut self, on: bool) {
+        self.master_weights = on;
     }
 
     /// Steps taken.
@@ -429,30 +475,155 @@ impl Optimizer {
 
     /// One update of every parameter that has a gradient.
     pub fn step(&mut self) -> Result<()> {
+        self.step_scaled(None).map(|_| ())
+    }
+
+    /// One update with every gradient first multiplied by `grad_scale` (an f64 device scalar:
+    /// a loss scaler's 1 / scale). A step whose gradients are not finite changes nothing, and
+    /// with a scale it is not reported by `check_finite` (overflow is what the scaler expects
+    /// and handles). Returns the step's "gradients were finite" boolean device scalar.
+    pub fn step_scaled(&mut self, grad_scale: Option<&Tensor>) -> Result<Tensor> {
+        if let Some(t) = grad_scale {
+            if t.dtype() != DType::F64 || t.elem_count() != 1 || !t.device().same(&self.device) {
+                return Err(Error::config(
+                    "Optimizer",
+                    format!(
+                        "the gradient scale must be an f64 scalar on {}, got {} {} on {}",
+                        self.device,
+                        t.dtype(),
+                        t.shape(),
+                        t.device()
+                    ),
+                ));
+            }
+        }
+        match self.implementation {
+            Implementation::Fused => self.step_fused(grad_scale),
+            Implementation::Composed => self.step_composed(grad_scale),
+        }
+    }
+
+    /// Keeps the global norm, flags the step when it is not finite (unless `scaled`); returns
+    /// the "finite" boolean device scalar.
+    fn note_norm(&mut self, norm: &Tensor, scaled: bool) -> Result<Tensor> {
+        let dev = self.device.clone();
+        self.grad_norm.copy_(norm)?;
+        // finite ⇔ norm - norm == 0 (NaN for inf and NaN).
+        let finite = norm.sub(norm)?.eq(&scalar(0.0, &dev)?)?;
+        let steps = self.steps_t.add_scalar(1.0)?;
+        self.steps_t.copy_(&steps)?;
+        if scaled {
+            return Ok(finite);
+        }
+        let bad_now = finite.cast(DType::F64)?.neg()?.add_scalar(1.0)?;
+        let unset = self
+            .first_nonfinite
+            .eq(&scalar(0.0, &dev)?)?
+            .cast(DType::F64)?;
+        // The step number from the device counter (a captured step replays with the count of
+        // the moment, not the one at capture).
+        let mark = bad_now.mul(&unset)?.mul(&steps)?;
+        let flag = self.first_nonfinite.add(&mark)?;
+        self.first_nonfinite.copy_(&flag)?;
+        Ok(finite)
+    }
+
+    fn step_fused(&mut self, grad_scale: Option<&Tensor>) -> Result<Tensor> {
         self.steps += 1;
         let dev = self.device.clone();
+        let mut grads: Vec<Vec<Option<Tensor>>> = Vec::with_capacity(self.groups.len());
+        for g in &self.groups {
+            let mut v = Vec::with_capacity(g.params.len());
+            for (_, p) in &g.params {
+                v.push(p.grad().map(|t| t.contiguous()).transpose()?);
+            }
+            grads.push(v);
+        }
+        let all: Vec<Tensor> = grads.iter().flatten().flatten().cloned().collect();
+        let sq = ferrite_core::optim::sum_squares(&all, &dev)?;
+        let norm = match grad_scale {
+            Some(s) => sq.sqrt()?.mul(s)?,
+            None => sq.sqrt()?,
+        };
+        let finite = self.note_norm(&norm, grad_scale.is_some())?;
+        let clip = match self.clip {
+            None => UpdateClip::None,
+            Some(Clip::Norm(m)) => UpdateClip::Norm(m),
+            Some(Clip::Value(v)) => UpdateClip::Value(v),
+        };
+        for (g, gr) in self.groups.iter_mut().zip(grads) {
+            let step = g.step_t.add_scalar(1.0)?;
+            g.step_t
+                .copy_(&Tensor::where_cond(&finite, &step, &g.step_t)?)?;
+            // Per dtype: the parameters with a gradient, their state and first-step flags.
+            let mut buckets: Vec<(DType, Bucket)> = Vec::new();
+            for (i, grad) in gr.into_iter().enumerate() {
+                let Some(grad) = grad else { continue };
+                let p = g.params[i].1.clone();
+                let first = g.state[i].is_empty();
+                if first {
+                    start_state(g, i, self.master_weights)?;
+                }
+                let (w, grad) = match &g.master[i] {
+                    Some(m) => (m.tensor().clone(), grad.cast(DType::F32)?),
+                    None => (p.tensor().detach(), grad),
+                };
+                let at = match buckets.iter().position(|(d, _)| *d == w.dtype()) {
+                    Some(k) => k,
+                    None => {
+                        buckets.push((w.dtype(), Bucket::default()));
+                        buckets.len() - 1
+                    }
+                };
+                let b = &mut buckets[at].1;
+                b.params.push(w);
+                b.grads.push(grad);
+                b.states
+                    .push(g.state[i].iter().map(|s| s.tensor().clone()).collect());
+                b.first.push(first);
+            }
+            let rule = update_rule(&g.rule);
+            for (_, b) in &buckets {
+                ferrite_core::optim::fused_update(&FusedUpdate {
+                    rule,
+                    params: &b.params,
+                    grads: &b.grads,
+                    states: &b.states,
+                    first: &b.first,
+                    lr: &g.lr_t,
+                    step: &g.step_t,
+                    grad_sq: &sq,
+                    grad_scale,
+                    clip,
+                })?;
+            }
+            write_back_masters(g)?;
+        }
+        Ok(finite)
+    }
+
+    fn step_composed(&mut self, grad_scale: Option<&Tensor>) -> Result<Tensor> {
+        self.steps += 1;
+        let dev = self.device.clone();
+        let unscale = |gr: Tensor| -> Result<Tensor> {
+            Ok(match grad_scale {
+                Some(s) => gr.mul(&s.cast(gr.dtype())?)?,
+                None => gr,
+            })
+        };
         // Global norm over every gradient (f32 partial sums, accumulated in f64).
         let mut sq = scalar(0.0, &dev)?;
         for g in &self.groups {
             for (_, p) in &g.params {
                 if let Some(gr) = p.grad() {
+                    let gr = unscale(gr)?;
                     let s = gr.cast(DType::F32)?.square()?.sum_all()?.cast(DType::F64)?;
                     sq = sq.add(&s)?;
                 }
             }
         }
         let norm = sq.sqrt()?;
-        self.grad_norm.copy_(&norm)?;
-        // finite ⇔ norm - norm == 0 (NaN for inf and NaN).
-        let finite = norm.sub(&norm)?.eq(&scalar(0.0, &dev)?)?;
-        let bad_now = finite.cast(DType::F64)?.neg()?.add_scalar(1.0)?;
-        let unset = self
-            .first_nonfinite
-            .eq(&scalar(0.0, &dev)?)?
-            .cast(DType::F64)?;
-        let mark = bad_now.mul(&unset)?.mul_scalar(self.steps as f64)?;
-        let flag = self.first_nonfinite.add(&mark)?;
-        self.first_nonfinite.copy_(&flag)?;
+        let finite = self.note_norm(&norm, grad_scale.is_some())?;
         let coef = match self.clip {
             Some(Clip::Norm(max)) => Some(
                 scalar(max, &dev)?
@@ -467,7 +638,8 @@ impl Optimizer {
                 .copy_(&Tensor::where_cond(&finite, &step, &g.step_t)?)?;
             for i in 0..g.params.len() {
                 let p = g.params[i].1.clone();
-                let Some(mut grad) = p.grad() else { continue };
+                let Some(grad) = p.grad() else { continue };
+                let mut grad = unscale(grad)?;
                 if let Some(c) = &coef {
                     grad = grad.mul(&c.cast(grad.dtype())?)?;
                 }
@@ -478,24 +650,139 @@ impl Optimizer {
                 // (SGD's momentum buffer then starts as that gradient).
                 let first = g.state[i].is_empty();
                 if first {
-                    g.state[i] = init_state(&g.rule, &p)?;
+                    start_state(g, i, self.master_weights)?;
                 }
-                let w = p.tensor().detach();
+                let w = match &g.master[i] {
+                    Some(m) => {
+                        grad = grad.cast(DType::F32)?;
+                        m.tensor().clone()
+                    }
+                    None => p.tensor().detach(),
+                };
                 let (new_w, new_state) =
                     update(&g.rule, &w, &grad, &g.state[i], &g.lr_t, &g.step_t, first)?;
-                p.copy_(&Tensor::where_cond(&finite, &new_w, &w)?)?;
+                w.copy_(&Tensor::where_cond(&finite, &new_w, &w)?)?;
                 for (buf, v) in g.state[i].iter().zip(new_state) {
                     buf.tensor()
                         .copy_(&Tensor::where_cond(&finite, &v, buf.tensor())?)?;
                 }
             }
+            write_back_masters(g)?;
         }
-        Ok(())
+        Ok(finite)
     }
 }
 
-fn init_state(rule: &Rule, p: &Parameter) -> Result<Vec<Buffer>> {
-    let t = p.tensor().detach();
+/// One fused launch's tensors (one group, one dtype).
+#[derive(Default)]
+struct Bucket {
+    params: Vec<Tensor>,
+    grads: Vec<Tensor>,
+    states: Vec<Vec<Tensor>>,
+    first: Vec<bool>,
+}
+
+/// The kernel's form of a rule (Adagrad's initial accumulator is `init_state`'s).
+fn update_rule(rule: &Rule) -> UpdateRule {
+    match *rule {
+        Rule::Sgd {
+            momentum,
+            dampening,
+            nesterov,
+            weight_decay,
+        } => UpdateRule::Sgd {
+            momentum,
+            dampening,
+            nesterov,
+            weight_decay,
+        },
+        Rule::Adam {
+            betas: (beta1, beta2),
+            eps,
+            weight_decay,
+            amsgrad,
+            decoupled,
+        } => UpdateRule::Adam {
+            beta1,
+            beta2,
+            eps,
+            weight_decay,
+            amsgrad,
+            decoupled,
+        },
+        Rule::RmsProp {
+            alpha,
+            eps,
+            weight_decay,
+            momentum,
+            centered,
+        } => UpdateRule::RmsProp {
+            alpha,
+            eps,
+            weight_decay,
+            momentum,
+            centered,
+        },
+        Rule::Adagrad {
+            lr_decay,
+            weight_decay,
+            eps,
+            ..
+        } => UpdateRule::Adagrad {
+            lr_decay,
+            weight_decay,
+            eps,
+        },
+        Rule::Lion {
+            betas: (beta1, beta2),
+            weight_decay,
+        } => UpdateRule::Lion {
+            beta1,
+            beta2,
+            weight_decay,
+        },
+        Rule::Lamb {
+            betas: (beta1, beta2),
+            eps,
+            weight_decay,
+        } => UpdateRule::Lamb {
+            beta1,
+            beta2,
+            eps,
+            weight_decay,
+        },
+    }
+}
+
+/// A parameter's first step: its f32 master copy when `master` is on and it is f16/bf16, and
+/// its state (f32 beside a master copy, else of the parameter's dtype).
+fn start_state(g: &mut Group, i: usize, master: bool) -> Result<()> {
+    let p = &g.params[i].1;
+    if master && g.master[i].is_none() && matches!(p.dtype(), DType::F16 | DType::BF16) {
+        g.master[i] = Some(Buffer::new(&p.tensor().detach().cast(DType::F32)?)?);
+    }
+    let like = match &g.master[i] {
+        Some(m) => m.tensor().clone(),
+        None => p.tensor().detach(),
+    };
+    g.state[i] = init_state(&g.rule, &like)?;
+    Ok(())
+}
+
+/// Parameters with a master copy receive it rounded to their dtype (a skipped step leaves the
+/// copy, so the parameter, unchanged).
+fn write_back_masters(g: &Group) -> Result<()> {
+    for ((_, p), m) in g.params.iter().zip(&g.master) {
+        if let Some(m) = m {
+            if p.grad().is_some() {
+                p.copy_(&m.tensor().cast(p.dtype())?)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+fn init_state(rule: &Rule, t: &Tensor) -> Result<Vec<Buffer>> {
     let fill = match rule {
         Rule::Adagrad {
             initial_accumulator_value,
@@ -761,6 +1048,9 @@ impl Optimizer {
                 for (k, b) in g.state[i].iter().enumerate() {
                     tensors.insert(format!("{pname}.{}", names[k]), b.tensor().clone());
                 }
+                if let Some(m) = &g.master[i] {
+                    tensors.insert(format!("{pname}.master"), m.tensor().clone());
+                }
             }
             tensors.insert(format!("group{gi}.step"), g.step_t.clone());
             groups.push(json!({
@@ -842,16 +1132,27 @@ impl Optimizer {
         for (gi, (g, m)) in self.groups.iter_mut().zip(groups).enumerate() {
             let names = g.rule.state_names();
             for (i, (pname, p)) in g.params.iter().enumerate() {
+                if let Some(mt) = tensors.get(&format!("{pname}.master")) {
+                    let mt = mt.cast(DType::F32)?;
+                    match &g.master[i] {
+                        Some(m) => m.tensor().copy_(&mt)?,
+                        None => g.master[i] = Some(Buffer::new(&mt)?),
+                    }
+                }
                 let found: Vec<Option<&Tensor>> = names
                     .iter()
                     .map(|s| tensors.get(&format!("{pname}.{s}")))
                     .collect();
                 if found.iter().all(Option::is_some) && !names.is_empty() {
                     if g.state[i].is_empty() {
-                        g.state[i] = init_state(&g.rule, p)?;
+                        let like = match &g.master[i] {
+                            Some(m) => m.tensor().clone(),
+                            None => p.tensor().detach(),
+                        };
+                        g.state[i] = init_state(&g.rule, &like)?;
                     }
                     for (b, t) in g.state[i].iter().zip(found.into_iter().flatten()) {
-                        b.tensor().copy_(t)?;
+                        b.tensor().copy_(&t.cast(b.tensor().dtype())?)?;
                     }
                 }
             }
@@ -868,6 +1169,8 @@ impl Optimizer {
             self.first_nonfinite.copy_(t)?;
         }
         self.steps = meta.get("steps").and_then(Value::as_u64).unwrap_or(0);
+        self.steps_t
+            .copy_(&scalar(self.steps as f64, &self.device)?)?;
         Ok(())
     }
 }

@@ -4,7 +4,7 @@
 
 use ferrite_core::Tensor;
 use ferrite_nn::Parameter;
-use ferrite_train::{Clip, Optimizer, Rule};
+use ferrite_train::{Clip, Implementation, Optimizer, Rule};
 
 mod common;
 
@@ -12,8 +12,23 @@ use common::{check_all, flat, params, set_grads};
 
 #[test]
 fn optimizers_follow_pytorch_for_100_steps_on_cpu() {
-    let worst = check_all(&ferrite_cpu::cpu());
-    eprintln!("largest relative difference from PyTorch: {worst:e}");
+    for imp in [Implementation::Fused, Implementation::Composed] {
+        let worst = check_all(&ferrite_cpu::cpu(), imp);
+        eprintln!("{imp:?}: largest relative difference from PyTorch: {worst:e}");
+    }
+}
+
+#[test]
+fn master_weights_keep_updates_that_bf16_rounds_away() {
+    for imp in [Implementation::Fused, Implementation::Composed] {
+        common::master_weights_check(&ferrite_cpu::cpu(), imp);
+    }
+}
+
+#[test]
+fn fused_updates_equal_composed_bit_for_bit_on_cpu() {
+    let worst = common::fused_matches_composed(&ferrite_cpu::cpu(), 0.0);
+    eprintln!("largest relative difference fused vs composed (clipped, LAMB): {worst:e}");
 }
 
 #[test]

@@ -1,0 +1,307 @@
+//! Fused multi-tensor optimizer updates and the multi-tensor sum of squares on CUDA (kernels in
+//! optim.cu; the API is `ferrite_core::optim`).
+//!
+//! The tensor table of a launch (addresses, sizes, first-chunk indices of up to `MT_MAX`
+//! tensors) travels in the kernel's parameters, as in PyTorch's `multi_tensor_apply`, not in
+//! an uploaded device buffer: gradients get new addresses at every eager step (an upload per
+//! step would be a host-to-device copy and an event), and uploads are refused during a graph
+//! capture while kernel parameters are captured by value. Launches: one per `MT_MAX` tensors
+//! of a group (two for LAMB, whose trust ratio needs each tensor's norms first), plus for the
+//! sum of squares one finishing single-block kernel that adds the per-chunk partial sums in a
+//! fixed order (deterministic, no atomics).
+
+use crate::device::CudaBackend;
+use crate::kernels::{suffix, Args, Cfg, KernelSource};
+use crate::storage::CudaStorage;
+use ferrite_core::optim::{FusedUpdate, UpdateClip, UpdateRule};
+use ferrite_core::{DType, Error, Result, Storage, Tensor};
+use std::sync::Arc;
+
+pub(crate) static SOURCE: KernelSource = KernelSource {
+    name: "optim",
+    src: include_str!("optim.cu"),
+};
+
+/// `MT_MAX`, `CHUNK` and `THREADS` of optim.cu.
+const MT_MAX: usize = 48;
+const CHUNK: usize = 16384;
+const THREADS: u32 = 256;
+
+/// `TensorList` of optim.cu (field order and types match).
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct TensorList {
+    w: [u64; MT_MAX],
+    g: [u64; MT_MAX],
+    s: [[u64; MT_MAX]; 3],
+    n: [u64; MT_MAX],
+    first: u64,
+    chunk0: [u32; MT_MAX + 1],
+    count: u32,
+    gchunk0: u32,
+    pad: u32,
+}
+
+/// `Hyper` of optim.cu.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct Hyper {
+    h: [f64; 4],
+    clip: f64,
+    rule: u32,
+    flags: u32,
+    clip_kind: u32,
+    pad: u32,
+}
+
+fn hyper(rule: UpdateRule, clip: UpdateClip) -> Hyper {
+    let (rule_id, h, flags) = match rule {
+        UpdateRule::Sgd {
+            momentum,
+            dampening,
+            nesterov,
+            weight_decay,
+        } => (
+            0,
+            [momentum, dampening, weight_decay, 0.0],
+            u32::from(nesterov),
+        ),
+        UpdateRule::Adam {
+            beta1,
+            beta2,
+            eps,
+            weight_decay,
+            amsgrad,
+            decoupled,
+        } => (
+            1,
+            [beta1, beta2, eps, weight_decay],
+            u32::from(amsgrad) | (u32::from(decoupled) << 1),
+        ),
+        UpdateRule::RmsProp {
+            alpha,
+            eps,
+            weight_decay,
+            momentum,
+            centered,
+        } => (2, [alpha, eps, weight_decay, momentum], u32::from(centered)),
+        UpdateRule::Adagrad {
+            lr_decay,
+            weight_decay,
+            eps,
+        } => (3, [lr_decay, weight_decay, eps, 0.0], 0),
+        UpdateRule::Lion {
+            beta1,
+            beta2,
+            weight_decay,
+        } => (4, [beta1, beta2, weight_decay, 0.0], 0),
+        UpdateRule::Lamb {
+            beta1,
+            beta2,
+            eps,
+            weight_decay,
+        } => (5, [beta1, beta2, eps, weight_decay], 0),
+    };
+    let (clip_kind, clip) = match clip {
+        UpdateClip::None => (0, 0.0),
+        UpdateClip::Norm(m) => (1, m),
+        UpdateClip::Value(v) => (2, v),
+    };
+    Hyper {
+        h,
+        clip,
+        rule: rule_id,
+        flags,
+        clip_kind,
+        pad: 0,
+    }
+}
+
+/// One tensor's entry: addresses (0 for absent state), elements, first-update flag.
+struct Entry {
+    w: u64,
+    g: u64,
+    s: [u64; 3],
+    n: usize,
+    first: bool,
+}
+
+/// Splits entries into launches of at most `MT_MAX` tensors (empty tensors left out); returns
+/// each launch's table and chunk count, and the total number of chunks.
+fn tables(op: &'static str, entries: &[Entry]) -> Result<(Vec<(TensorList, u32)>, usize)> {
+    let mut out = Vec::new();
+    let mut total = 0usize;
+    let live: Vec<&Entry> = entries.iter().filter(|e| e.n > 0).collect();
+    for group in live.chunks(MT_MAX) {
+        let mut tl = TensorList {
+            w: [0; MT_MAX],
+            g: [0; MT_MAX],
+            s: [[0; MT_MAX]; 3],
+            n: [0; MT_MAX],
+            first: 0,
+            chunk0: [0; MT_MAX + 1],
+            count: group.len() as u32,
+            gchunk0: 0,
+            pad: 0,
+        };
+        let mut chunks = 0usize;
+        for (t, e) in group.iter().enumerate() {
+            tl.w[t] = e.w;
+            tl.g[t] = e.g;
+            for j in 0..3 {
+                tl.s[j][t] = e.s[j];
+            }
+            tl.n[t] = e.n as u64;
+            if e.first {
+                tl.first |= 1 << t;
+            }
+            tl.chunk0[t] = chunks as u32;
+            chunks += e.n.div_ceil(CHUNK);
+        }
+        tl.chunk0[group.len()] = chunks as u32;
+        if total + chunks > u32::MAX as usize / 2 {
+            return Err(Error::backend(op, "too many chunks for one update"));
+        }
+        tl.gchunk0 = total as u32;
+        total += chunks;
+        out.push((tl, chunks as u32));
+    }
+    Ok((out, total))
+}
+
+fn cfg(chunks: u32) -> Cfg {
+    Cfg::new((chunks, 1, 1), (THREADS, 1, 1), 0)
+}
+
+pub(crate) fn sum_squares(dev: &CudaBackend, tensors: &[Tensor]) -> Result<Vec<Arc<dyn Storage>>> {
+    let op = "sum_squares";
+    let out = dev.alloc_out(1, DType::F64, op)?;
+    // Per dtype, the tables of its tensors; partial sums of all of them share one buffer.
+    let mut launches = Vec::new();
+    let mut total = 0usize;
+    for dt in [DType::F32, DType::F16, DType::BF16, DType::F64] {
+        let mut entries = Vec::new();
+        for t in tensors.iter().filter(|t| t.dtype() == dt) {
+            let s = dev.input(t, op)?;
+            entries.push(Entry {
+                w: CudaBackend::ptr(t, s),
+                g: 0,
+                s: [0; 3],
+                n: t.elem_count(),
+                first: false,
+            });
+        }
+        let (tabs, chunks) = tables(op, &entries)?;
+        for (mut tl, c) in tabs {
+            tl.gchunk0 += total as u32;
+            launches.push((dt, tl, c));
+        }
+        total += chunks;
+    }
+    let part = dev.alloc_out(total.max(1), DType::F64, op)?;
+    for (dt, tl, c) in launches {
+        let args = Args::new().arg(tl).arg(part.ptr());
+        dev.launch(
+            op,
+            &SOURCE,
+            &format!("sum_squares_{}", suffix(dt)),
+            cfg(c),
+            args,
+        )?;
+    }
+    let args = Args::new().arg(part.ptr()).arg(total as u64).arg(out.ptr());
+    dev.launch(
+        op,
+        &SOURCE,
+        "sum_squares_finish",
+        Cfg::new((1, 1, 1), (1024, 1, 1), 0),
+        args,
+    )?;
+    drop(part);
+    dev.finish_one(out)
+}
+
+pub(crate) fn fused_update(dev: &CudaBackend, u: &FusedUpdate<'_>) -> Result<()> {
+    let op = "fused_update";
+    let Some(p0) = u.params.first() else {
+        return Ok(());
+    };
+    let dt = p0.dtype();
+    let scalar = |t: &Tensor| -> Result<u64> { Ok(CudaBackend::ptr(t, dev.input(t, op)?)) };
+    let (lr, step, sq) = (scalar(u.lr)?, scalar(u.step)?, scalar(u.grad_sq)?);
+    // A null pointer: no gradient scale.
+    let gs = match u.grad_scale {
+        Some(t) => scalar(t)?,
+        None => 0,
+    };
+    let mut written: Vec<&CudaStorage> = Vec::new();
+    let mut entries = Vec::with_capacity(u.params.len());
+    for (i, (p, g)) in u.params.iter().zip(u.grads).enumerate() {
+        let ps = dev.input(p, op)?;
+        let gs = dev.input(g, op)?;
+        let mut s = [0u64; 3];
+        for (j, st) in u.states[i].iter().enumerate().take(3) {
+            let ss = dev.input(st, op)?;
+            s[j] = CudaBackend::ptr(st, ss);
+            written.push(ss);
+        }
+        written.push(ps);
+        entries.push(Entry {
+            w: CudaBackend::ptr(p, ps),
+            g: CudaBackend::ptr(g, gs),
+            s,
+            n: p.elem_count(),
+            first: u.first[i],
+        });
+    }
+    let hp = hyper(u.rule, u.clip);
+    let (tabs, total) = tables(op, &entries)?;
+    let sfx = suffix(dt);
+    if let UpdateRule::Lamb { .. } = u.rule {
+        let part = dev.alloc_out(2 * total.max(1), DType::F64, op)?;
+        for (tl, c) in &tabs {
+            let args = Args::new()
+                .arg(*tl)
+                .arg(hp)
+                .arg(lr)
+                .arg(step)
+                .arg(sq)
+                .arg(gs)
+                .arg(part.ptr());
+            dev.launch(op, &SOURCE, &format!("lamb_moments_{sfx}"), cfg(*c), args)?;
+        }
+        for (tl, c) in &tabs {
+            let args = Args::new()
+                .arg(*tl)
+                .arg(hp)
+                .arg(lr)
+                .arg(step)
+                .arg(sq)
+                .arg(gs)
+                .arg(part.ptr());
+            dev.launch(op, &SOURCE, &format!("lamb_apply_{sfx}"), cfg(*c), args)?;
+        }
+        drop(part);
+    } else {
+        for (tl, c) in &tabs {
+            let args = Args::new()
+                .arg(*tl)
+                .arg(hp)
+                .arg(lr)
+                .arg(step)
+                .arg(sq)
+                .arg(gs);
+            dev.launch(op, &SOURCE, &format!("fused_update_{sfx}"), cfg(*c), args)?;
+        }
+    }
+    // The written buffers now become valid after these launches (as after `write_into`).
+    let ready = if dev.capturing.load(std::sync::atomic::Ordering::Acquire) {
+        None
+    } else {
+        Some(dev.mark()?)
+    };
+    for s in written {
+        s.rewritten(ready.clone());
+    }
+    Ok(())
+}
