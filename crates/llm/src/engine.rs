@@ -17,6 +17,7 @@ use std::collections::VecDeque;
 
 use crate::error::{Error, Result};
 use crate::kv_cache::{CpuKvStore, KvStats, PagedKv, BLOCK_SIZE};
+use crate::logits_processor::LogitsProcessor;
 use crate::model::step::{self, Batch, Out};
 use crate::model::{CpuKernels, Model};
 use crate::sampler::{Sampler, SamplerConfig};
@@ -120,6 +121,8 @@ struct Seq {
     sampler: Sampler,
     /// Blocks it may take from the pool over its life.
     need_blocks: usize,
+    /// Runs on the logits before the sampler (logit bias, constrained decoding).
+    processor: Option<Box<dyn LogitsProcessor>>,
 }
 
 impl Seq {
@@ -209,6 +212,16 @@ impl<'m> Engine<'m> {
     /// of range, prompt + `max_new` over the context or over the whole cache, or (unless
     /// `queue`) over what the cache can take now; each names the numbers.
     pub fn add_request(&mut self, req: Request) -> Result<RequestId> {
+        self.add_request_with(req, None)
+    }
+
+    /// [`Engine::add_request`] with a [`LogitsProcessor`] that sees the request's logits
+    /// before its sampler does, and every token it then samples.
+    pub fn add_request_with(
+        &mut self,
+        req: Request,
+        processor: Option<Box<dyn LogitsProcessor>>,
+    ) -> Result<RequestId> {
         let vocab = self.model.cfg.vocab;
         if req.prompt.is_empty() {
             return Err(Error::Other("engine: empty prompt".into()));
@@ -253,6 +266,7 @@ impl<'m> Engine<'m> {
             stop_tokens: req.stop_tokens,
             sampler,
             need_blocks: need,
+            processor,
         };
         if self.waiting.is_empty() && self.fits_now(need) {
             self.start(seq)?;
@@ -366,10 +380,17 @@ impl<'m> Engine<'m> {
             let logits = &mut self.k.logits_mut()[row * vocab..(row + 1) * vocab];
             self.sampled.push((s.id, row));
             row += 1;
+            if let Some(p) = &mut s.processor {
+                p.process(logits, &s.tokens)
+                    .map_err(|e| Error::Other(format!("engine: {}: {e}", s.id)))?;
+            }
             let tok = s
                 .sampler
                 .sample(logits, &s.tokens)
                 .map_err(|e| Error::Other(format!("engine: {}: {e}", s.id)))?;
+            if let Some(p) = &mut s.processor {
+                p.accept(tok);
+            }
             let out = if s.stop_tokens.contains(&tok) {
                 StepOutput {
                     id: s.id,
