@@ -32,6 +32,10 @@ enum Command {
     Perplexity(cmd::perplexity::Args),
     /// Write a GGUF with random weights in a real model's shapes (for speed work).
     Synth(cmd::synth::Args),
+    /// Serve a model over OpenAI's HTTP API with continuous batching (docs/serve.md).
+    Serve(cmd::serve::Args),
+    /// Load-test an OpenAI-compatible server with concurrent streaming clients.
+    BenchServe(cmd::bench_serve::Args),
     /// Train a model from a recipe (mnist-mlp, csv); logs and checkpoints go to --out.
     Train(cmd::train::Args),
 }
@@ -62,6 +66,8 @@ fn main() -> std::process::ExitCode {
         Command::Perplexity(args) => cmd::perplexity::run(args),
         Command::Synth(args) => cmd::synth::run(args),
         Command::Train(args) => cmd::train::run(args),
+        Command::Serve(args) => cmd::serve::run(args),
+        Command::BenchServe(args) => cmd::bench_serve::run(args),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -1,9 +1,11 @@
 pub mod bench;
+pub mod bench_serve;
 pub mod chat;
 pub mod demo;
 pub mod inspect;
 pub mod llm_args;
 pub mod perplexity;
 pub mod run;
+pub mod serve;
 pub mod synth;
 pub mod train;

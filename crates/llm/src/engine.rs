@@ -18,6 +18,7 @@ use std::collections::VecDeque;
 use crate::error::{Error, Result};
 use crate::gpu::GpuModel;
 use crate::kv_cache::{CpuKvStore, KvStats, KvStore, PagedKv, BLOCK_SIZE};
+use crate::logits_processor::LogitsProcessor;
 use crate::model::step::{self, Batch, Kernels, Out};
 use crate::model::{Config, CpuKernels, CudaKernels, CudaKvStore, CudaLimits, Model};
 use crate::sampler::{Sampler, SamplerConfig};
@@ -175,6 +176,8 @@ struct Seq {
     sampler: Sampler,
     /// Blocks it may take from the pool over its life.
     need_blocks: usize,
+    /// Runs on the logits before the sampler (logit bias, constrained decoding).
+    processor: Option<Box<dyn LogitsProcessor>>,
 }
 
 impl Seq {
@@ -304,6 +307,16 @@ impl<'m, K: EngineKernels> Engine<'m, K> {
     /// of range, prompt + `max_new` over the context or over the whole cache, or (unless
     /// `queue`) over what the cache can take now; each names the numbers.
     pub fn add_request(&mut self, req: Request) -> Result<RequestId> {
+        self.add_request_with(req, None)
+    }
+
+    /// [`Engine::add_request`] with a [`LogitsProcessor`] that sees the request's logits
+    /// before its sampler does, and every token it then samples.
+    pub fn add_request_with(
+        &mut self,
+        req: Request,
+        processor: Option<Box<dyn LogitsProcessor>>,
+    ) -> Result<RequestId> {
         let vocab = self.mcfg.vocab;
         if req.prompt.is_empty() {
             return Err(Error::Other("engine: empty prompt".into()));
@@ -348,6 +361,7 @@ impl<'m, K: EngineKernels> Engine<'m, K> {
             stop_tokens: req.stop_tokens,
             sampler,
             need_blocks: need,
+            processor,
         };
         if self.waiting.is_empty() && self.fits_now(need) {
             self.start(seq)?;
@@ -451,7 +465,8 @@ impl<'m, K: EngineKernels> Engine<'m, K> {
         let host = self.keep_logits
             || self.plan.iter().any(|&(i, n)| {
                 let s = &self.running[i];
-                s.computed + n == s.tokens.len() && !crate::gpu::device_greedy(s.sampler.config())
+                s.computed + n == s.tokens.len()
+                    && (s.processor.is_some() || !crate::gpu::device_greedy(s.sampler.config()))
             });
         let greedy = if host { None } else { self.k.greedy_tokens()? };
         if greedy.is_none() {
@@ -472,11 +487,18 @@ impl<'m, K: EngineKernels> Engine<'m, K> {
                 Some(t) => t[row],
                 None => {
                     let logits = &mut self.k.host_logits()?[row * vocab..(row + 1) * vocab];
+                    if let Some(p) = &mut s.processor {
+                        p.process(logits, &s.tokens)
+                            .map_err(|e| Error::Other(format!("engine: {}: {e}", s.id)))?;
+                    }
                     s.sampler
                         .sample(logits, &s.tokens)
                         .map_err(|e| Error::Other(format!("engine: {}: {e}", s.id)))?
                 }
             };
+            if let Some(p) = &mut s.processor {
+                p.accept(tok);
+            }
             row += 1;
             let out = if s.stop_tokens.contains(&tok) {
                 StepOutput {

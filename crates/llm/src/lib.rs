@@ -14,6 +14,7 @@ pub mod generate;
 pub mod gpu;
 pub mod kernels;
 pub mod kv_cache;
+pub mod logits_processor;
 pub mod model;
 pub mod pool;
 pub mod sampler;

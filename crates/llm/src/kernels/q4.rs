@@ -347,6 +347,9 @@ pub(crate) mod x86 {
     /// # Safety
     /// avx2, fma and f16c must be available; `w` holds at least `hi[k].len()` Q4_1 blocks and
     /// the eight activation rows have equal length.
+    ///
+    /// Row k equals [`dot_q4_1_rows4_x2`] (and its vnni form) bit for bit: the same float
+    /// operations in the same order.
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn dot_q4_1_x4_x2(w: &[u8], hi: [&[BlockQ8]; 4], lo: [&[BlockQ8]; 4]) -> [f32; 4] {
         let mut acc = [_mm256_setzero_ps(); 4];
@@ -370,11 +373,14 @@ pub(crate) mod x86 {
                 }
             }
         }
+        // reduce4: the same summation order as rows4_x2_body, so a row's result does not
+        // depend on which kernel a batch sends it through.
+        let r = reduce4(acc);
         [
-            hsum_ps(acc[0]) + offs[0],
-            hsum_ps(acc[1]) + offs[1],
-            hsum_ps(acc[2]) + offs[2],
-            hsum_ps(acc[3]) + offs[3],
+            r[0] + offs[0],
+            r[1] + offs[1],
+            r[2] + offs[2],
+            r[3] + offs[3],
         ]
     }
 
@@ -528,6 +534,53 @@ mod tests {
                         r4[k].to_bits(),
                         one.to_bits(),
                         "{isa:?} nb={nb} rows4 row {k}"
+                    );
+                }
+            }
+        }
+    }
+
+    /// The q8x2 kernels: one activation row through `dot_q4_1_x4_x2` gives the bits of
+    /// `dot_q4_1_x2` and of `dot_q4_1_rows4_x2`, on every instruction set (a request's
+    /// tokens must not depend on how many others share its batch).
+    #[test]
+    fn q4_1_x2_kernels_agree_bit_for_bit() {
+        for nb in [1usize, 3, 18, 33] {
+            let hi: Vec<Vec<BlockQ8>> = (0..4).map(|k| acts_q8(nb, 70 + k + nb as u64)).collect();
+            let lo: Vec<Vec<BlockQ8>> = hi
+                .iter()
+                .enumerate()
+                .map(|(k, h)| {
+                    let mut l = acts_q8(nb, 90 + k as u64 + nb as u64);
+                    for (lb, hb) in l.iter_mut().zip(h) {
+                        lb.d = hb.d / 256.0;
+                    }
+                    l
+                })
+                .collect();
+            let ws: Vec<Vec<u8>> = (0..4)
+                .map(|k| rand_blocks(nb, Q4_1_BYTES, &[0, 2], 80 + k + nb as u64))
+                .collect();
+            for isa in Isa::available() {
+                let x4 = dot_q4_1_x4_x2(
+                    isa,
+                    &ws[1],
+                    [&hi[0], &hi[1], &hi[2], &hi[3]],
+                    [&lo[0], &lo[1], &lo[2], &lo[3]],
+                );
+                let r4 = dot_q4_1_rows4_x2(isa, [&ws[0], &ws[1], &ws[2], &ws[3]], &hi[2], &lo[2]);
+                for k in 0..4 {
+                    let one = dot_q4_1_x2(isa, &ws[1], &hi[k], &lo[k]);
+                    assert_eq!(
+                        x4[k].to_bits(),
+                        one.to_bits(),
+                        "{isa:?} nb={nb} x4_x2 row {k}"
+                    );
+                    let one = dot_q4_1_x2(isa, &ws[k], &hi[2], &lo[2]);
+                    assert_eq!(
+                        r4[k].to_bits(),
+                        one.to_bits(),
+                        "{isa:?} nb={nb} rows4_x2 row {k}"
                     );
                 }
             }

@@ -1,0 +1,411 @@
+//! The engine thread: it loads the model, owns it and the [`Engine`], and talks to the HTTP
+//! handlers through channels. A handler sends [`Cmd::Submit`] with a per-request event
+//! channel; the thread admits the request (answering on a oneshot), steps the engine while
+//! any request runs, and sends each request its tokens (detokenized, stop strings applied,
+//! log-probabilities if asked) and its end. [`Cmd::Cancel`] (sent when a handler's request
+//! is dropped: the client went away) or a closed event channel ends the generation at once
+//! and frees its KV blocks.
+
+use std::collections::HashMap;
+use std::sync::mpsc::{Receiver, TryRecvError};
+use std::sync::Arc;
+use std::time::Instant;
+
+use ferrite_llm::chat::ChatTemplate;
+use ferrite_llm::engine::{Engine, EngineConfig, FinishReason, Request, RequestId};
+use ferrite_llm::logits_processor::{LogitBias, LogitsProcessor};
+use ferrite_llm::sampler::StopStrings;
+use ferrite_llm::tokenizer::{StreamDecoder, TokenType, Tokenizer};
+use ferrite_llm::Model;
+use tokio::sync::{mpsc, oneshot};
+
+use crate::api::GenRequest;
+use crate::error::ApiError;
+use crate::metrics::Metrics;
+
+/// A loaded model and its tokenizer, as the loader hands them over.
+pub struct Loaded {
+    pub model: Model,
+    pub tok: Tokenizer,
+}
+
+/// Loads the model on the engine thread (the server answers 503 until it returns).
+pub type Loader = Box<dyn FnOnce() -> Result<Loaded, String> + Send>;
+
+/// What handlers need of the loaded model.
+pub struct Ready {
+    pub tok: Tokenizer,
+    /// None when the model's template does not load; `error` says why.
+    pub template: Option<ChatTemplate>,
+    pub template_error: Option<String>,
+    pub ctx: usize,
+    /// Token ids below this are valid (model and tokenizer both know them).
+    pub vocab: usize,
+}
+
+/// Engine sizes chosen by the server's flags.
+#[derive(Clone, Copy, Debug)]
+pub struct WorkerConfig {
+    /// Positions per sequence; None = the model's, at most 4096.
+    pub ctx: Option<usize>,
+    /// Sequences decoded together.
+    pub parallel: usize,
+    /// Requests that may wait for room; one more gets 429.
+    pub max_queue: usize,
+}
+
+pub enum Cmd {
+    Submit(Box<Submit>),
+    Cancel(u64),
+    /// Cancels what runs (each gets a 503 error event) and ends the thread.
+    Shutdown,
+}
+
+pub struct Submit {
+    /// The handler's name for the request (unique per server).
+    pub key: u64,
+    pub req: GenRequest,
+    pub events: mpsc::UnboundedSender<Event>,
+    /// Ok(prompt tokens) once admitted (running or queued), or why not.
+    pub admitted: oneshot::Sender<Result<usize, ApiError>>,
+}
+
+/// One alternative token and its log-probability.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TopLogprob {
+    pub token: String,
+    pub bytes: Vec<u8>,
+    pub logprob: f32,
+}
+
+/// The sampled token's log-probability and the most likely alternatives (most likely
+/// first), from the distribution it was sampled from (after penalties and logit bias,
+/// before temperature).
+#[derive(Clone, Debug, PartialEq)]
+pub struct TokenLogprob {
+    pub chosen: TopLogprob,
+    pub top: Vec<TopLogprob>,
+}
+
+#[derive(Debug)]
+pub enum Event {
+    /// A generated token and the text it completes (possibly empty: part of a UTF-8 char,
+    /// a control token, text held back while it may start a stop string).
+    Token {
+        text: String,
+        logprob: Option<TokenLogprob>,
+    },
+    /// The end: text held back until now, OpenAI's finish reason ("stop" or "length"), and
+    /// how many tokens were generated.
+    Done {
+        tail: String,
+        finish: &'static str,
+        completion_tokens: usize,
+    },
+    Error(ApiError),
+}
+
+struct Active {
+    id: RequestId,
+    events: mpsc::UnboundedSender<Event>,
+    decoder: StreamDecoder,
+    stops: StopStrings,
+    generated: usize,
+    logprobs: Option<usize>,
+    admitted: Instant,
+    last: Option<Instant>,
+}
+
+/// Runs the engine thread until [`Cmd::Shutdown`] or every sender is gone.
+/// `ready` is called once the model is loaded; `failed` if loading fails.
+pub fn run(
+    rx: Receiver<Cmd>,
+    cfg: WorkerConfig,
+    load: Loader,
+    metrics: Arc<Metrics>,
+    ready: impl FnOnce(Arc<Ready>),
+    failed: impl FnOnce(String),
+) {
+    let loaded = match load() {
+        Ok(l) => l,
+        Err(e) => return failed(e),
+    };
+    let model = &loaded.model;
+    let ctx = cfg
+        .ctx
+        .unwrap_or(model.cfg.ctx_train.min(crate::DEFAULT_CTX_CAP));
+    if ctx > model.cfg.ctx_train {
+        return failed(format!(
+            "--ctx {ctx} exceeds the model's context length {}",
+            model.cfg.ctx_train
+        ));
+    }
+    let mut engine = match Engine::new(model, EngineConfig::new(ctx, cfg.parallel.max(1))) {
+        Ok(e) => e,
+        Err(e) => return failed(e.to_string()),
+    };
+    let (template, template_error) = match ChatTemplate::from_gguf(model.gguf(), &loaded.tok) {
+        Ok(t) => (Some(t), None),
+        Err(e) => (None, Some(e.to_string())),
+    };
+    let vocab = model.cfg.vocab.min(loaded.tok.vocab_size());
+    let shared = Arc::new(Ready {
+        tok: loaded.tok,
+        template,
+        template_error,
+        ctx,
+        vocab,
+    });
+    metrics.set_engine(engine.stats());
+    ready(shared.clone());
+    let tok = &shared.tok;
+    let eog: Vec<u32> = tok.eog_tokens().to_vec();
+
+    let mut active: HashMap<u64, Active> = HashMap::new();
+    let mut keys: HashMap<RequestId, u64> = HashMap::new();
+    loop {
+        // Block for a command while idle; otherwise take what has arrived and step.
+        let mut cmds = Vec::new();
+        if engine.has_work() {
+            loop {
+                match rx.try_recv() {
+                    Ok(c) => cmds.push(c),
+                    Err(TryRecvError::Empty) => break,
+                    Err(TryRecvError::Disconnected) => {
+                        cmds.push(Cmd::Shutdown);
+                        break;
+                    }
+                }
+            }
+        } else {
+            match rx.recv() {
+                Ok(c) => cmds.push(c),
+                Err(_) => cmds.push(Cmd::Shutdown),
+            }
+        }
+        for cmd in cmds {
+            match cmd {
+                Cmd::Submit(s) => {
+                    let s = *s;
+                    let queue = engine.stats().waiting < cfg.max_queue;
+                    let mut r = Request::greedy(s.req.prompt.clone(), s.req.max_new);
+                    r.sampling = s.req.sampling.clone();
+                    r.stop_tokens = if s.req.ignore_eos {
+                        Vec::new()
+                    } else {
+                        eog.clone()
+                    };
+                    r.queue = queue;
+                    let processor: Option<Box<dyn LogitsProcessor>> = if s.req.logit_bias.is_empty()
+                    {
+                        None
+                    } else {
+                        match LogitBias::new(s.req.logit_bias.clone(), shared.vocab) {
+                            Ok(b) => Some(Box::new(b)),
+                            Err(e) => {
+                                let _ = s
+                                    .admitted
+                                    .send(Err(ApiError::invalid("logit_bias", e.to_string())));
+                                continue;
+                            }
+                        }
+                    };
+                    match engine.add_request_with(r, processor) {
+                        Ok(id) => {
+                            metrics.prompt_tokens(s.req.prompt.len());
+                            if s.admitted.send(Ok(s.req.prompt.len())).is_err() {
+                                // The handler is gone already.
+                                engine.cancel(id);
+                                metrics.cancelled();
+                                continue;
+                            }
+                            keys.insert(id, s.key);
+                            active.insert(
+                                s.key,
+                                Active {
+                                    id,
+                                    events: s.events,
+                                    decoder: StreamDecoder::new(),
+                                    stops: StopStrings::new(s.req.stop),
+                                    generated: 0,
+                                    logprobs: s.req.logprobs,
+                                    admitted: Instant::now(),
+                                    last: None,
+                                },
+                            );
+                        }
+                        Err(_) if !queue => {
+                            let _ = s
+                                .admitted
+                                .send(Err(ApiError::queue_full(engine.stats().waiting)));
+                        }
+                        Err(e) => {
+                            let _ = s
+                                .admitted
+                                .send(Err(ApiError::bad_request("invalid_value", e.to_string())));
+                        }
+                    }
+                }
+                Cmd::Cancel(key) => {
+                    if let Some(a) = active.remove(&key) {
+                        keys.remove(&a.id);
+                        engine.cancel(a.id);
+                        metrics.cancelled();
+                    }
+                }
+                Cmd::Shutdown => {
+                    for (_, a) in active.drain() {
+                        engine.cancel(a.id);
+                        metrics.cancelled();
+                        let _ = a.events.send(Event::Error(ApiError::unavailable(
+                            "the server is shutting down",
+                        )));
+                    }
+                    metrics.set_engine(engine.stats());
+                    return;
+                }
+            }
+        }
+        if engine.has_work() {
+            match engine.step() {
+                Ok(outs) => {
+                    for o in outs {
+                        let Some(&key) = keys.get(&o.id) else {
+                            continue;
+                        };
+                        let Some(a) = active.get_mut(&key) else {
+                            continue;
+                        };
+                        let mut end = match o.finish {
+                            Some(FinishReason::MaxTokens) => Some("length"),
+                            Some(FinishReason::StopToken(_)) => Some("stop"),
+                            None => None,
+                        };
+                        let mut alive = true;
+                        if let Some(t) = o.token {
+                            let now = Instant::now();
+                            match a.last {
+                                None => metrics.ttft((now - a.admitted).as_secs_f64()),
+                                Some(l) => metrics.inter_token((now - l).as_secs_f64()),
+                            }
+                            a.last = Some(now);
+                            a.generated += 1;
+                            metrics.generated_token();
+                            let logprob = a.logprobs.and_then(|n| {
+                                engine.last_logits(o.id).map(|l| logprobs(tok, l, t, n))
+                            });
+                            let text = if tok.token_type(t) == Some(TokenType::Control) {
+                                String::new()
+                            } else {
+                                let piece = a.decoder.push(tok.token_bytes(t));
+                                a.stops.push(&piece)
+                            };
+                            if a.stops.stopped() && end.is_none() {
+                                end = Some("stop");
+                                engine.cancel(o.id);
+                            }
+                            alive = a.events.send(Event::Token { text, logprob }).is_ok();
+                        }
+                        if let Some(finish) = end {
+                            let tail = if a.stops.stopped() {
+                                String::new()
+                            } else {
+                                let rest = a.decoder.finish();
+                                let mut t = a.stops.push(&rest);
+                                if !a.stops.stopped() {
+                                    t.push_str(&a.stops.finish());
+                                }
+                                t
+                            };
+                            let _ = a.events.send(Event::Done {
+                                tail,
+                                finish,
+                                completion_tokens: a.generated,
+                            });
+                            keys.remove(&o.id);
+                            active.remove(&key);
+                        } else if !alive {
+                            // The client went away before the handler's guard said so.
+                            engine.cancel(o.id);
+                            metrics.cancelled();
+                            keys.remove(&o.id);
+                            active.remove(&key);
+                        }
+                    }
+                }
+                Err(e) => {
+                    // The step failed: end every request with the error; the engine's
+                    // bookkeeping is released with them.
+                    let msg = format!("engine step failed: {e}");
+                    for (_, a) in active.drain() {
+                        engine.cancel(a.id);
+                        let _ = a.events.send(Event::Error(ApiError::internal(msg.clone())));
+                    }
+                    keys.clear();
+                }
+            }
+        }
+        metrics.set_engine(engine.stats());
+    }
+}
+
+/// Log-softmax of `logits` (f64 sums): the chosen token's log-probability and the `n` most
+/// likely tokens'.
+pub fn logprobs(tok: &Tokenizer, logits: &[f32], chosen: u32, n: usize) -> TokenLogprob {
+    let max = logits
+        .iter()
+        .copied()
+        .filter(|l| !l.is_nan())
+        .fold(f32::NEG_INFINITY, f32::max);
+    let max = f64::from(max);
+    let lse = max
+        + logits
+            .iter()
+            .filter(|l| !l.is_nan())
+            .map(|&l| (f64::from(l) - max).exp())
+            .sum::<f64>()
+            .ln();
+    let entry = |id: u32| {
+        let l = logits
+            .get(id as usize)
+            .copied()
+            .unwrap_or(f32::NEG_INFINITY);
+        let lp = if l.is_nan() {
+            f32::NEG_INFINITY
+        } else {
+            (f64::from(l) - lse) as f32
+        };
+        // JSON has no -inf: report a floor as OpenAI does (-9999).
+        let lp = if lp.is_finite() { lp } else { -9999.0 };
+        let bytes = tok.token_bytes(id).to_vec();
+        TopLogprob {
+            token: String::from_utf8_lossy(&bytes).into_owned(),
+            bytes,
+            logprob: lp,
+        }
+    };
+    let mut top = Vec::new();
+    if n > 0 {
+        let mut idx: Vec<u32> = (0..logits.len() as u32).collect();
+        let key = |&i: &u32| {
+            let l = logits[i as usize];
+            if l.is_nan() {
+                f32::NEG_INFINITY
+            } else {
+                l
+            }
+        };
+        let n = n.min(idx.len());
+        let by = |a: &u32, b: &u32| key(b).total_cmp(&key(a)).then(a.cmp(b));
+        if n < idx.len() {
+            idx.select_nth_unstable_by(n - 1, by);
+            idx.truncate(n);
+        }
+        idx.sort_unstable_by(by);
+        top = idx.into_iter().map(entry).collect();
+    }
+    TokenLogprob {
+        chosen: entry(chosen),
+        top,
+    }
+}
