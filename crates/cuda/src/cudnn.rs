@@ -265,6 +265,41 @@ fn data_type(dt: DType) -> Option<sys::cudnnDataType_t> {
     }
 }
 
+/// Whether `a` may run a `dt` convolution: f64 (the dtype of precision checks) takes only
+/// the direct and GEMM algorithms, never the FFT or Winograd transforms, whose rounding
+/// (about 1e-8 relative) is far above f64's.
+fn algo_allowed(dt: DType, a: Algo) -> bool {
+    use sys::cudnnConvolutionBwdDataAlgo_t as D;
+    use sys::cudnnConvolutionBwdFilterAlgo_t as W;
+    use sys::cudnnConvolutionFwdAlgo_t as F;
+    if dt != DType::F64 {
+        return true;
+    }
+    match a {
+        Algo::Fwd(x) => !matches!(
+            x,
+            F::CUDNN_CONVOLUTION_FWD_ALGO_FFT
+                | F::CUDNN_CONVOLUTION_FWD_ALGO_FFT_TILING
+                | F::CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD
+                | F::CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD_NONFUSED
+        ),
+        Algo::Data(x) => !matches!(
+            x,
+            D::CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT
+                | D::CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT_TILING
+                | D::CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD
+                | D::CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD_NONFUSED
+        ),
+        Algo::Filter(x) => !matches!(
+            x,
+            W::CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT
+                | W::CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT_TILING
+                | W::CUDNN_CONVOLUTION_BWD_FILTER_ALGO_WINOGRAD
+                | W::CUDNN_CONVOLUTION_BWD_FILTER_ALGO_WINOGRAD_NONFUSED
+        ),
+    }
+}
+
 /// The math types an algorithm may use for `dt`: no TF32 for f32 unless enabled, never a
 /// down-conversion of f32 or f64.
 fn math_allowed(dt: DType, tf32: bool, m: sys::cudnnMathType_t) -> bool {
@@ -453,6 +488,7 @@ impl Cudnn {
                         p.status == sys::cudnnStatus_t::CUDNN_STATUS_SUCCESS
                             && p.memory <= MAX_WORKSPACE
                             && math_allowed(key.dtype, key.tf32, p.mathType)
+                            && algo_allowed(key.dtype, Algo::$wrap(p.algo))
                     })
                     .map(|p| Chosen {
                         algo: Algo::$wrap(p.algo),
@@ -531,6 +567,7 @@ impl Cudnn {
                         p.status == sys::cudnnStatus_t::CUDNN_STATUS_SUCCESS
                             && p.memory <= ws_size
                             && math_allowed(key.dtype, key.tf32, p.mathType)
+                            && algo_allowed(key.dtype, Algo::$wrap(p.algo))
                     })
                     .map(|p| Chosen {
                         algo: Algo::$wrap(p.algo),
