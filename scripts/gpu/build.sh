@@ -25,6 +25,7 @@ print(exes[-1] if exes else "")')
 stage cuda-tests test -p ferrite-cuda --test cuda --no-run
 stage llm-gpu-tests test -p ferrite-llm --test gpu --no-run
 stage train-gpu-tests test -p ferrite-train --test gpu --no-run
+stage serve-gpu-tests test -p ferrite-serve --test gpu --no-run
 stage cuda-ops-bench bench -p ferrite-cuda --bench cuda_ops --no-run
 stage mlp-bench bench -p ferrite-cuda --bench mlp_bf16 --no-run
 stage conv-bench bench -p ferrite-cuda --bench conv_resnet50 --no-run

@@ -20,6 +20,8 @@ if [ "$mode" = tests ] || [ "$mode" = all ]; then
   [ "${PIPESTATUS[0]}" = 0 ] || status=1
   .device/bin/train-gpu-tests "$@" 2>&1 | tee "$out/train-tests.log"
   [ "${PIPESTATUS[0]}" = 0 ] || status=1
+  .device/bin/serve-gpu-tests "$@" 2>&1 | tee "$out/serve-tests.log"
+  [ "${PIPESTATUS[0]}" = 0 ] || status=1
 fi
 if [ "$mode" = bench ] || [ "$mode" = all ]; then
   .device/bin/cuda-ops-bench 2>&1 | tee "$out/bench.log"
@@ -34,6 +36,6 @@ if [ "$mode" = bench ] || [ "$mode" = all ]; then
   python3 scripts/gpu/torch_optim_step.py 2>&1 | tee -a "$out/torch.log"
 fi
 echo "== summary"
-grep -h "cuda tests:\|gpu tests:\|^failed:" "$out/tests.log" "$out/llm-tests.log" "$out/nn-tests.log" "$out/train-tests.log" 2>/dev/null
+grep -h "cuda tests:\|gpu tests:\|^failed:" "$out/tests.log" "$out/llm-tests.log" "$out/nn-tests.log" "$out/train-tests.log" "$out/serve-tests.log" 2>/dev/null
 grep -h "^|" "$out/bench.log" "$out/torch.log" 2>/dev/null
 exit "$status"

@@ -1,6 +1,7 @@
-//! `ferrite serve [-m FILE] [--host 127.0.0.1] [--port 8080] [--device ...] [--parallel N]
-//! [--ctx N] [--api-key KEY | --api-key-file F]`: an OpenAI-compatible HTTP server over the
-//! batched engine (docs/serve.md). It listens at once and loads the model in the background
+//! `ferrite serve [-m FILE] [--host 127.0.0.1] [--port 8080] [--device cpu|cuda[:N]] [-ngl N]
+//! [--parallel N] [--ctx N] [--api-key KEY | --api-key-file F]`: an OpenAI-compatible HTTP
+//! server over the batched engine (docs/serve.md), on a CUDA device when one is present (as
+//! `run` chooses), else the CPU. It listens at once and loads the model in the background
 //! (`/health` answers 503 until it is ready); SIGINT or SIGTERM shuts it down.
 
 use std::path::PathBuf;
@@ -62,11 +63,11 @@ fn api_key(args: &Args) -> anyhow::Result<Option<String>> {
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
-    if args.device.cuda()?.is_some() {
-        anyhow::bail!(
-            "serve: the batched engine runs on the CPU only for now (its CUDA kernel set is not in this build); pass --device cpu"
-        );
-    }
+    // Resolved before listening, as `run` does: an unusable --device is an error at once.
+    let device = args.device.cuda()?;
+    let where_ = device
+        .as_ref()
+        .map_or_else(|| "the CPU".to_string(), |d| d.name().to_string());
     let key = api_key(&args)?;
     let model_args = args.model.clone();
     let model_id = match &args.model.model {
@@ -88,6 +89,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         Ok(Loaded {
             model: l.model,
             tok: l.tok,
+            device,
         })
     });
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -101,7 +103,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             .await
             .with_context(|| format!("listening on {addr}"))?;
         let local = listener.local_addr().context("the listening address")?;
-        eprintln!("serve: listening on http://{local} (loading the model)");
+        eprintln!("serve: listening on http://{local} (loading the model on {where_})");
         ferrite_serve::serve(listener, cfg, load, shutdown_signal())
             .await
             .map_err(|e| anyhow::anyhow!(e))?;

@@ -1,10 +1,11 @@
-//! The engine thread: it loads the model, owns it and the [`Engine`], and talks to the HTTP
-//! handlers through channels. A handler sends [`Cmd::Submit`] with a per-request event
-//! channel; the thread admits the request (answering on a oneshot), steps the engine while
-//! any request runs, and sends each request its tokens (detokenized, stop strings applied,
-//! log-probabilities if asked) and its end. [`Cmd::Cancel`] (sent when a handler's request
-//! is dropped: the client went away) or a closed event channel ends the generation at once
-//! and frees its KV blocks.
+//! The engine thread: it loads the model, owns it and the [`Engine`] (on the CPU, or on a
+//! CUDA device over the weights uploaded once, [`GpuModel`]; one loop drives either kernel
+//! set), and talks to the HTTP handlers through channels. A handler sends [`Cmd::Submit`]
+//! with a per-request event channel; the thread admits the request (answering on a
+//! oneshot), steps the engine while any request runs, and sends each request its tokens
+//! (detokenized, stop strings applied, log-probabilities if asked) and its end.
+//! [`Cmd::Cancel`] (sent when a handler's request is dropped: the client went away) or a
+//! closed event channel ends the generation at once and frees its KV blocks.
 
 use std::collections::HashMap;
 use std::sync::mpsc::{Receiver, TryRecvError};
@@ -12,7 +13,9 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use ferrite_llm::chat::ChatTemplate;
-use ferrite_llm::engine::{Engine, EngineConfig, FinishReason, Request, RequestId};
+use ferrite_llm::engine::{Engine, EngineConfig, EngineKernels, FinishReason, Request, RequestId};
+use ferrite_llm::gpu::{CudaDevice, GpuModel};
+use ferrite_llm::kv_cache::BLOCK_SIZE;
 use ferrite_llm::logits_processor::{LogitBias, LogitsProcessor};
 use ferrite_llm::sampler::StopStrings;
 use ferrite_llm::tokenizer::{StreamDecoder, TokenType, Tokenizer};
@@ -23,10 +26,24 @@ use crate::api::GenRequest;
 use crate::error::ApiError;
 use crate::metrics::Metrics;
 
-/// A loaded model and its tokenizer, as the loader hands them over.
+/// A loaded model and its tokenizer, as the loader hands them over, and where to run it.
 pub struct Loaded {
     pub model: Model,
     pub tok: Tokenizer,
+    /// None: the engine runs on the CPU; Some: on this CUDA device (the weights are uploaded
+    /// on the engine thread, after the memory check).
+    pub device: Option<CudaDevice>,
+}
+
+impl Loaded {
+    /// A model served on the CPU.
+    pub fn cpu(model: Model, tok: Tokenizer) -> Loaded {
+        Loaded {
+            model,
+            tok,
+            device: None,
+        }
+    }
 }
 
 /// Loads the model on the engine thread (the server answers 503 until it returns).
@@ -117,7 +134,8 @@ struct Active {
 }
 
 /// Runs the engine thread until [`Cmd::Shutdown`] or every sender is gone.
-/// `ready` is called once the model is loaded; `failed` if loading fails.
+/// `ready` is called once the model is loaded (and, on CUDA, uploaded with the engine's KV
+/// cache allocated); `failed` if any of that fails.
 pub fn run(
     rx: Receiver<Cmd>,
     cfg: WorkerConfig,
@@ -126,11 +144,10 @@ pub fn run(
     ready: impl FnOnce(Arc<Ready>),
     failed: impl FnOnce(String),
 ) {
-    let loaded = match load() {
+    let Loaded { model, tok, device } = match load() {
         Ok(l) => l,
         Err(e) => return failed(e),
     };
-    let model = &loaded.model;
     let ctx = cfg
         .ctx
         .unwrap_or(model.cfg.ctx_train.min(crate::DEFAULT_CTX_CAP));
@@ -140,22 +157,101 @@ pub fn run(
             model.cfg.ctx_train
         ));
     }
-    let mut engine = match Engine::new(model, EngineConfig::new(ctx, cfg.parallel.max(1))) {
-        Ok(e) => e,
-        Err(e) => return failed(e.to_string()),
-    };
-    let (template, template_error) = match ChatTemplate::from_gguf(model.gguf(), &loaded.tok) {
+    let ecfg = EngineConfig::new(ctx, cfg.parallel.max(1));
+    let (template, template_error) = match ChatTemplate::from_gguf(model.gguf(), &tok) {
         Ok(t) => (Some(t), None),
         Err(e) => (None, Some(e.to_string())),
     };
-    let vocab = model.cfg.vocab.min(loaded.tok.vocab_size());
+    let vocab = model.cfg.vocab.min(tok.vocab_size());
     let shared = Arc::new(Ready {
-        tok: loaded.tok,
+        tok,
         template,
         template_error,
         ctx,
         vocab,
     });
+    match device {
+        None => match Engine::new(&model, ecfg) {
+            Ok(mut engine) => serve_loop(&mut engine, &rx, cfg, &metrics, shared, ready),
+            Err(e) => failed(e.to_string()),
+        },
+        Some(dev) => {
+            let gm = match GpuModel::load(&model, &dev, ctx) {
+                Ok(g) => g,
+                Err(e) => return failed(format!("serve on {}: {e}", dev.name())),
+            };
+            if let Err(e) = check_cuda_memory(&gm, &dev, &ecfg) {
+                return failed(e);
+            }
+            match Engine::cuda(&gm, ecfg) {
+                Ok(mut engine) => serve_loop(&mut engine, &rx, cfg, &metrics, shared, ready),
+                Err(e) => failed(format!("serve on {}: {e}", dev.name())),
+            }
+        }
+    }
+}
+
+const MIB: f64 = 1024.0 * 1024.0;
+
+/// Device bytes the CUDA engine of `ecfg` allocates besides the weights: the paged KV cache
+/// (keys and values, f16, every layer, `ecfg.kv_blocks` blocks) and the step's activation,
+/// logit and attention scratch (a lower bound: `CudaKernels` sizes it exactly).
+pub fn cuda_engine_bytes(c: &ferrite_llm::Config, ecfg: &EngineConfig) -> (usize, usize) {
+    let block = c.n_layer * c.n_kv_head * BLOCK_SIZE * c.head_dim * 2;
+    let kv = 2usize.saturating_mul(block).saturating_mul(ecfg.kv_blocks);
+    let rows = ecfg.step_tokens;
+    let per_row = 2 * c.d_model
+        + (c.n_head + 2 * c.n_kv_head) * c.head_dim
+        + c.n_head * c.head_dim
+        + 2 * c.n_ff;
+    let scratch = rows
+        .saturating_mul(per_row)
+        .saturating_add(ecfg.max_seqs.saturating_mul(c.d_model + c.vocab))
+        .saturating_mul(4);
+    (kv, scratch)
+}
+
+/// Refuses, before allocating it, an engine whose KV cache and scratch exceed the device's
+/// free memory once the weights are uploaded, saying what to lower.
+pub fn check_cuda_memory(
+    gm: &GpuModel,
+    dev: &CudaDevice,
+    ecfg: &EngineConfig,
+) -> Result<(), String> {
+    let (kv, scratch) = cuda_engine_bytes(&gm.cfg, ecfg);
+    let _ = dev.empty_cache();
+    let (free, total) = dev
+        .mem_info()
+        .map_err(|e| format!("serve on {}: reading free device memory: {e}", dev.name()))?;
+    let need = kv.saturating_add(scratch);
+    if need > free {
+        return Err(format!(
+            "serve: the engine does not fit the GPU ({}): its KV cache for --parallel {} sequences of --ctx {} ({} blocks of {BLOCK_SIZE} positions) takes {:.1} MiB and its step scratch {:.1} MiB, but {:.1} MiB of {:.1} MiB are free after the weights; lower --parallel or --ctx, or use --device cpu",
+            dev.name(),
+            ecfg.max_seqs,
+            ecfg.ctx,
+            ecfg.kv_blocks,
+            kv as f64 / MIB,
+            scratch as f64 / MIB,
+            free as f64 / MIB,
+            total as f64 / MIB
+        ));
+    }
+    Ok(())
+}
+
+/// The engine loop over either kernel set: admits, steps and answers until
+/// [`Cmd::Shutdown`] or every sender is gone. On CUDA a step reads logits to the host only
+/// where a request needs them (sampling, logit bias) or, here, while a request that asked
+/// for logprobs runs; greedy requests without logprobs take the device's argmax.
+fn serve_loop<K: EngineKernels>(
+    engine: &mut Engine<'_, K>,
+    rx: &Receiver<Cmd>,
+    cfg: WorkerConfig,
+    metrics: &Metrics,
+    shared: Arc<Ready>,
+    ready: impl FnOnce(Arc<Ready>),
+) {
     metrics.set_engine(engine.stats());
     ready(shared.clone());
     let tok = &shared.tok;
@@ -267,6 +363,7 @@ pub fn run(
             }
         }
         if engine.has_work() {
+            engine.set_keep_logits(active.values().any(|a| a.logprobs.is_some()));
             match engine.step() {
                 Ok(outs) => {
                     for o in outs {

@@ -23,7 +23,7 @@ fn loader() -> ferrite_serve::Loader {
         let path = ferrite_gguf::fetch::smollm2_135m_instruct_q4_1().map_err(|e| e.to_string())?;
         let model = Model::load(&path).map_err(|e| e.to_string())?;
         let tok = Tokenizer::from_gguf(model.gguf()).map_err(|e| e.to_string())?;
-        Ok(Loaded { model, tok })
+        Ok(Loaded::cpu(model, tok))
     })
 }
 

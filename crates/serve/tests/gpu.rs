@@ -1,0 +1,260 @@
+//! `ferrite serve` on CUDA against the same server on the CPU, with SmolLM2-135M. A plain
+//! binary (harness = false): without a CUDA device, or without the cached model file (the
+//! GPU machine has no network), each test is reported skipped by name; on a machine with an
+//! NVIDIA GPU each runs and the binary exits non-zero on any failure.
+//!
+//! Usage: `cargo test -p ferrite-serve --test gpu [-- FILTER]`.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use ferrite_llm::gpu::CudaDevice;
+use ferrite_llm::tokenizer::Tokenizer;
+use ferrite_llm::{Model, Precision};
+use ferrite_serve::{Loaded, RunningServer, ServeConfig};
+use ferrite_testing::runner::Runner;
+use serde_json::{json, Value};
+
+/// A test returns None when it ran, or the reason it was skipped.
+type TestFn = fn(&CudaDevice, &Path) -> Option<String>;
+
+fn tests() -> Vec<(&'static str, TestFn)> {
+    vec![
+        (
+            "serve_cuda_greedy_matches_cpu_and_returns_logprobs",
+            greedy_matches_cpu_and_logprobs,
+        ),
+        (
+            "serve_cuda_memory_check_sizes_the_kv_cache_and_refuses_too_much",
+            memory_check,
+        ),
+    ]
+}
+
+fn main() {
+    let mut r = Runner::from_args();
+    let dev = if ferrite_llm::gpu::is_available() {
+        match CudaDevice::new(0) {
+            Ok(d) => Some(d),
+            Err(e) => {
+                println!("CUDA device 0 failed to start: {e}");
+                None
+            }
+        }
+    } else {
+        None
+    };
+    let model = smollm2_path();
+    for (name, f) in tests() {
+        match (&dev, &model) {
+            (Some(d), Some(m)) => r.run(name, || f(d, m)),
+            (None, _) => r.skip(name, "no CUDA device"),
+            (_, None) => r.skip(
+                name,
+                "SmolLM2-135M-Instruct.Q4_1.gguf is not in the ferrite cache",
+            ),
+        }
+    }
+    r.finish("serve gpu tests");
+}
+
+/// The cached SmolLM2 file, if it is there whole (no fetch).
+fn smollm2_path() -> Option<PathBuf> {
+    let p = ferrite_gguf::fetch::cache_dir()
+        .ok()?
+        .join("SmolLM2-135M-Instruct.Q4_1.gguf");
+    std::fs::metadata(&p)
+        .ok()
+        .filter(|m| m.len() == 98_362_432)
+        .map(|_| p)
+}
+
+fn start(path: &Path, device: Option<CudaDevice>) -> RunningServer {
+    let path = path.to_path_buf();
+    let load: ferrite_serve::Loader = Box::new(move || {
+        let mut model = Model::load(&path).map_err(|e| e.to_string())?;
+        // f32 activations on both (`--precision exact`): the GPU follows the CPU's logits up
+        // to summation order and the f16 KV cache (SmolLM2: max 0.1, rms 0.02 in the llm
+        // decode tests), where 8-bit activations would flip near ties between the two.
+        model.set_precision(Precision::Exact);
+        let tok = Tokenizer::from_gguf(model.gguf()).map_err(|e| e.to_string())?;
+        Ok(Loaded { model, tok, device })
+    });
+    let mut cfg = ServeConfig::new("smollm2");
+    cfg.ctx = Some(256);
+    cfg.parallel = 8;
+    let s = RunningServer::start("127.0.0.1:0".parse().unwrap(), cfg, load).unwrap();
+    let t0 = Instant::now();
+    let rt = runtime();
+    loop {
+        let status = rt.block_on(async {
+            reqwest::get(format!("{}/health", s.url()))
+                .await
+                .map(|r| r.status().as_u16())
+                .unwrap_or(0)
+        });
+        if status == 200 {
+            return s;
+        }
+        assert!(
+            status == 503 && t0.elapsed() < Duration::from_secs(120),
+            "/health: {status} after {:?}",
+            t0.elapsed()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+async fn post(url: &str, path: &str, body: &Value) -> Value {
+    let r = reqwest::Client::new()
+        .post(format!("{url}{path}"))
+        .header("content-type", "application/json")
+        .body(body.to_string())
+        .send()
+        .await
+        .unwrap();
+    let status = r.status().as_u16();
+    let text = r.text().await.unwrap();
+    assert_eq!(status, 200, "{path}: {text}");
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{path}: not JSON ({e}): {text}"))
+}
+
+/// Greedy completions on the CUDA server (sent at once with a logprobs request, so greedy
+/// rows share steps whose logits are read to the host and steps whose are not) equal the
+/// CPU server's text: the France prompt always (the llm tests' 32-token greedy reference),
+/// at least 3 of the 4 prompts (the engine tests allow one near-tie flip on SmolLM2); a
+/// request alone gives the batched text exactly (batch invariance). Logprobs come back on
+/// CUDA: one per token, the chosen token the most likely, within 0.2 of the CPU's (logits
+/// within 0.1 each: the chosen one's and the log-sum-exp's).
+fn greedy_matches_cpu_and_logprobs(dev: &CudaDevice, path: &Path) -> Option<String> {
+    let prompts = [
+        "The capital of France is",
+        "1, 2, 3, 4,",
+        "Here is a short poem about the sea:",
+        "def fibonacci(n):",
+    ];
+    let body = |p: &str, logprobs: bool| {
+        let mut b = json!({"prompt": p, "max_tokens": 24, "temperature": 0, "ignore_eos": true});
+        if logprobs {
+            b["logprobs"] = json!(3);
+        }
+        b
+    };
+    let rt = runtime();
+    let run_all = |url: &str| -> (Vec<String>, Value) {
+        rt.block_on(async {
+            let bodies: Vec<Value> = prompts.iter().map(|p| body(p, false)).collect();
+            let lp_body = body(prompts[0], true);
+            let greedy = bodies.iter().map(|b| post(url, "/v1/completions", b));
+            let lp = post(url, "/v1/completions", &lp_body);
+            let (texts, lp) = tokio::join!(futures_util::future::join_all(greedy), lp);
+            let texts = texts
+                .iter()
+                .map(|v| v["choices"][0]["text"].as_str().unwrap().to_string())
+                .collect();
+            (texts, lp)
+        })
+    };
+    let cpu = start(path, None);
+    let (cpu_texts, cpu_lp) = run_all(&cpu.url());
+    cpu.stop().unwrap();
+    let gpu = start(path, Some(dev.clone()));
+    let (gpu_texts, gpu_lp) = run_all(&gpu.url());
+    // Alone: the same text as in a shared batch.
+    let alone = rt.block_on(post(
+        &gpu.url(),
+        "/v1/completions",
+        &body(prompts[1], false),
+    ));
+    gpu.stop().unwrap();
+
+    let mut same = 0;
+    for (i, (c, g)) in cpu_texts.iter().zip(&gpu_texts).enumerate() {
+        println!("  {:?}: CUDA {g:?}, CPU {c:?}", prompts[i]);
+        assert!(!g.is_empty());
+        same += usize::from(g == c);
+    }
+    assert_eq!(
+        gpu_texts[0], cpu_texts[0],
+        "CUDA text differs from the CPU's"
+    );
+    assert!(
+        same >= 3,
+        "only {same}/{} CUDA texts equal the CPU's",
+        prompts.len()
+    );
+    assert_eq!(alone["choices"][0]["text"].as_str().unwrap(), gpu_texts[1]);
+
+    let (c, g) = (&cpu_lp["choices"][0], &gpu_lp["choices"][0]);
+    assert_eq!(g["text"], c["text"], "logprobs request text");
+    assert_eq!(g["text"].as_str().unwrap(), gpu_texts[0]);
+    let (cl, gl) = (&c["logprobs"], &g["logprobs"]);
+    assert_eq!(gl["tokens"], cl["tokens"]);
+    let gvals = gl["token_logprobs"].as_array().unwrap();
+    let cvals = cl["token_logprobs"].as_array().unwrap();
+    assert_eq!(gvals.len(), 24);
+    assert_eq!(gvals.len(), cvals.len());
+    for (i, (gv, cv)) in gvals.iter().zip(cvals).enumerate() {
+        let (gv, cv) = (gv.as_f64().unwrap(), cv.as_f64().unwrap());
+        assert!(gv <= 0.0 && gv > -9999.0, "token {i}: CUDA logprob {gv}");
+        assert!(
+            (gv - cv).abs() < 0.2,
+            "token {i}: CUDA logprob {gv}, CPU {cv}"
+        );
+        let top = gl["top_logprobs"][i].as_object().unwrap();
+        assert_eq!(top.len(), 3, "token {i}: {top:?}");
+        let best = top
+            .values()
+            .map(|x| x.as_f64().unwrap())
+            .fold(f64::NEG_INFINITY, f64::max);
+        // Greedy: the chosen token is the most likely one.
+        assert!(
+            (gv - best).abs() < 1e-6,
+            "token {i}: chosen {gv}, best {best}"
+        );
+    }
+    println!(
+        "  {same}/{} greedy texts equal; logprobs of {:?} within 0.2 of the CPU's",
+        prompts.len(),
+        g["text"].as_str().unwrap()
+    );
+    None
+}
+
+/// The server's estimate of the engine's KV cache is what `CudaKvStore` allocates; an
+/// engine that cannot fit (1024 sequences of 8192 positions: about 190 GB of KV cache for
+/// SmolLM2) is refused before allocation, naming the flags to lower; a small one passes.
+fn memory_check(dev: &CudaDevice, path: &Path) -> Option<String> {
+    use ferrite_llm::engine::EngineConfig;
+    use ferrite_llm::gpu::GpuModel;
+    use ferrite_llm::model::CudaKvStore;
+    use ferrite_serve::worker::{check_cuda_memory, cuda_engine_bytes};
+    let model = Model::load(path).unwrap();
+    let gm = GpuModel::load(&model, dev, 256).unwrap();
+    let small = EngineConfig::new(256, 8);
+    let store = CudaKvStore::new(&gm, small.kv_blocks).unwrap();
+    assert_eq!(cuda_engine_bytes(&gm.cfg, &small).0, store.bytes());
+    drop(store);
+    check_cuda_memory(&gm, dev, &small).unwrap();
+    let huge = EngineConfig::new(model.cfg.ctx_train, 1024);
+    let (kv, _) = cuda_engine_bytes(&gm.cfg, &huge);
+    let (_, total) = dev.mem_info().unwrap();
+    assert!(
+        kv > total,
+        "{kv} bytes of KV cache fit {total}: pick a larger test size"
+    );
+    let e = check_cuda_memory(&gm, dev, &huge).unwrap_err();
+    assert!(
+        e.contains("does not fit the GPU") && e.contains("lower --parallel or --ctx"),
+        "{e}"
+    );
+    println!("  refused: {e}");
+    None
+}
