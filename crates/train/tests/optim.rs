@@ -235,3 +235,120 @@ fn bad_hyperparameters_name_the_value() {
     }
     assert!(Optimizer::new(vec![], 0.1, Rule::sgd()).is_err());
 }
+
+#[test]
+fn fused_update_rejects_bad_requests() {
+    use ferrite_core::optim::{fused_update, sum_squares, FusedUpdate, UpdateClip, UpdateRule};
+    use ferrite_core::DType;
+    let dev = ferrite_cpu::cpu();
+    let t = |n: usize, dt: DType| Tensor::zeros([n], dt, &dev).expect("t");
+    let s64 = || Tensor::full(1.0, (), DType::F64, &dev).expect("s");
+    let rule = UpdateRule::Adam {
+        beta1: 0.9,
+        beta2: 0.999,
+        eps: 1e-8,
+        weight_decay: 0.0,
+        amsgrad: false,
+        decoupled: false,
+    };
+    let (lr, step, sq) = (s64(), s64(), s64());
+    let run = |params: Vec<Tensor>, grads: Vec<Tensor>, states: Vec<Vec<Tensor>>, lr: &Tensor| {
+        let first = vec![false; params.len()];
+        fused_update(&FusedUpdate {
+            rule,
+            params: &params,
+            grads: &grads,
+            states: &states,
+            first: &first,
+            lr,
+            step: &step,
+            grad_sq: &sq,
+            grad_scale: None,
+            clip: UpdateClip::None,
+        })
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default()
+    };
+    let f = DType::F32;
+    let p = t(4, f);
+    let cases = [
+        (
+            run(vec![t(4, f)], vec![t(4, f)], vec![vec![t(4, f)]], &lr),
+            "1 state tensors, the rule needs 2",
+        ),
+        (
+            run(
+                vec![t(4, f)],
+                vec![t(3, f)],
+                vec![vec![t(4, f), t(4, f)]],
+                &lr,
+            ),
+            "gradient [3] must be contiguous and of the parameter's shape [4]",
+        ),
+        (
+            run(
+                vec![t(4, f)],
+                vec![t(4, DType::F16)],
+                vec![vec![t(4, f), t(4, f)]],
+                &lr,
+            ),
+            "dtypes differ",
+        ),
+        (
+            run(
+                vec![p.clone()],
+                vec![t(4, f)],
+                vec![vec![p.clone(), t(4, f)]],
+                &lr,
+            ),
+            "must be distinct storages",
+        ),
+        (
+            run(
+                vec![p.clone()],
+                vec![p.clone()],
+                vec![vec![t(4, f), t(4, f)]],
+                &lr,
+            ),
+            "shares its storage",
+        ),
+        (
+            run(
+                vec![t(4, f)],
+                vec![t(4, f)],
+                vec![vec![t(4, f), t(4, f)]],
+                &t(1, f),
+            ),
+            "the learning rate must be an f64 scalar",
+        ),
+        (
+            run(vec![t(4, f), t(2, f)], vec![t(4, f)], vec![], &lr),
+            "2 parameters but 1 gradients",
+        ),
+    ];
+    for (err, want) in cases {
+        assert!(
+            err.starts_with("fused_update") && err.contains(want),
+            "{want}: {err}"
+        );
+    }
+    let ints = Tensor::zeros([3], DType::I32, &dev).expect("i");
+    let err = sum_squares(&[ints], &dev)
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    assert!(
+        err.contains("sum_squares") && err.contains("float"),
+        "{err}"
+    );
+    let v = Tensor::from_vec(vec![3.0f32, 4.0], [2], &dev).expect("v");
+    let h = Tensor::from_vec(vec![1.0f32, 2.0], [2], &dev)
+        .and_then(|t| t.cast(DType::BF16))
+        .expect("h");
+    let s = sum_squares(&[v, h], &dev)
+        .expect("sum")
+        .item::<f64>()
+        .expect("read");
+    assert_eq!(s, 30.0);
+}
