@@ -611,7 +611,13 @@ impl Tensor {
                     m[i * len + j] = 1.0 / (e - s) as f64;
                 }
             }
-            Tensor::from_vec(m, [o, len], self.device())?.cast(self.dtype())
+            // Built in the input's dtype (one rounding, as a cast from f64 would give), so
+            // backends without f64 run it.
+            Tensor::from_host(
+                crate::HostBuffer::from_f64_slice(self.dtype(), &m),
+                [o, len],
+                self.device(),
+            )
         };
         let (h, w) = (self.dims()[2], self.dims()[3]);
         let ah = avg(out[0], h)?;
