@@ -569,7 +569,13 @@ impl Tensor {
             .iter()
             .flat_map(|dh| div[1].iter().map(move |dw| 1.0 / (dh * dw)))
             .collect();
-        let inv = Tensor::from_vec(inv, [o[0], o[1]], x.device())?.cast(x.dtype())?;
+        // Built in x's dtype (one rounding, as a cast from f64 gives): backends without f64
+        // run it.
+        let inv = Tensor::from_host(
+            crate::HostBuffer::from_f64_slice(x.dtype(), &inv),
+            [o[0], o[1]],
+            x.device(),
+        )?;
         debug_assert_eq!(sums.dims(), [n, c, o[0], o[1]]);
         sums.mul(&inv.broadcast_to(sums.shape().clone())?)
     }

@@ -10,6 +10,7 @@
 //! - Errors found on the device (bad indices, integer division by zero): `errors.rs`.
 
 mod attention;
+mod channel_norm;
 mod conv;
 mod create;
 mod device;
@@ -252,22 +253,6 @@ impl WgpuDevice {
     }
 }
 
-/// Ops the backend does not run yet: each returns an error naming it ("not supported by the
-/// wgpu backend yet"); every other op runs for every dtype but f64.
-pub const UNSUPPORTED_OPS: &[&str] = &[
-    "attention",
-    "attention_backward",
-    "conv2d",
-    "conv_transpose2d",
-    "conv2d_backward_weight",
-    "max_pool2d",
-    "adaptive_max_pool2d",
-    "batch_norm",
-    "batch_norm_backward",
-    "group_norm",
-    "group_norm_backward",
-];
-
 /// wgpu adapter `index` as a generic `Device`.
 pub fn wgpu(index: usize) -> Result<Device> {
     Ok(WgpuDevice::new(index)?.device())
@@ -295,6 +280,9 @@ fn all_kernels() -> Vec<&'static shader::Kernel> {
         &index::INDEX,
         &scan::SCAN,
         &norm::NORM,
+        &conv::CONV,
+        &attention::ATTENTION,
+        &channel_norm::CHANNEL_NORM,
     ]
 }
 
@@ -411,15 +399,25 @@ impl Backend for Handle {
             Op::MaxPool2d(p) => conv::max_pool2d(dev, input(0)?, Some(p), &out(0)?.0),
             Op::AdaptiveMaxPool2d => conv::max_pool2d(dev, input(0)?, None, &out(0)?.0),
             Op::BatchNorm { eps } => {
-                conv::channel_norm(dev, input(0)?, input(1)?, input(2)?, None, *eps)
+                channel_norm::channel_norm(dev, input(0)?, input(1)?, input(2)?, None, *eps)
             }
-            Op::BatchNormBackward { eps } => {
-                conv::channel_norm_backward(dev, input(0)?, input(1)?, input(2)?, None, *eps)
-            }
-            Op::GroupNorm { groups, eps } => {
-                conv::channel_norm(dev, input(0)?, input(1)?, input(2)?, Some(*groups), *eps)
-            }
-            Op::GroupNormBackward { groups, eps } => conv::channel_norm_backward(
+            Op::BatchNormBackward { eps } => channel_norm::channel_norm_backward(
+                dev,
+                input(0)?,
+                input(1)?,
+                input(2)?,
+                None,
+                *eps,
+            ),
+            Op::GroupNorm { groups, eps } => channel_norm::channel_norm(
+                dev,
+                input(0)?,
+                input(1)?,
+                input(2)?,
+                Some(*groups),
+                *eps,
+            ),
+            Op::GroupNormBackward { groups, eps } => channel_norm::channel_norm_backward(
                 dev,
                 input(0)?,
                 input(1)?,

@@ -175,21 +175,13 @@ fn unsupported_dtypes(d: &WgpuDevice) {
     assert_eq!(ok.to_vec::<i64>().unwrap(), vec![-5, 1 << 30]);
 }
 
-/// Whether `msg` is the explicit error of an op in `UNSUPPORTED_OPS`.
-fn unsupported_op(msg: &str) -> bool {
-    ferrite_wgpu::UNSUPPORTED_OPS
-        .iter()
-        .any(|op| msg.contains(&format!("{op}: not supported by the wgpu backend yet")))
-}
-
 /// The op cases: every case must match, except that every f64 case must fail with the explicit
-/// f64 error (f64 is the backend's one unsupported dtype) and cases of an op in
-/// `UNSUPPORTED_OPS` with that op's explicit error.
+/// f64 error (f64 is the backend's one unsupported dtype).
 fn op_cases(d: &WgpuDevice) {
     let dev = d.device();
     let cpu = ferrite_cpu::cpu();
     let cases = ferrite_testing::cases();
-    let (mut passed, mut unsupported, mut missing) = (0, 0, 0);
+    let (mut passed, mut unsupported) = (0, 0);
     let mut failures = Vec::new();
     for (i, case) in cases.iter().enumerate() {
         let is_f64 = case.inputs.iter().any(|x| x.dtype == DType::F64) || case.name.contains("f64");
@@ -197,13 +189,11 @@ fn op_cases(d: &WgpuDevice) {
             Ok(()) if !is_f64 => passed += 1,
             Ok(()) => failures.push(format!("{}: f64 ran on wgpu", case.name)),
             Err(e) if is_f64 && e.contains("dtype f64 not supported") => unsupported += 1,
-            Err(e) if unsupported_op(&e) => missing += 1,
             Err(e) => failures.push(e),
         }
     }
     println!(
-        "  {passed} of {} op cases match; {unsupported} f64 cases rejected explicitly; \
-         {missing} cases of ops in UNSUPPORTED_OPS rejected explicitly",
+        "  {passed} of {} op cases match; {unsupported} f64 cases rejected explicitly",
         cases.len()
     );
     assert!(
@@ -213,7 +203,7 @@ fn op_cases(d: &WgpuDevice) {
         cases.len(),
         failures.join("\n")
     );
-    assert_eq!(passed + unsupported + missing, cases.len());
+    assert_eq!(passed + unsupported, cases.len());
 }
 
 fn thousand_ops_wait_once(d: &WgpuDevice) {
@@ -425,7 +415,7 @@ fn matmul_large(d: &WgpuDevice) {
 fn gradients_match_cpu(d: &WgpuDevice) {
     let dev = d.device();
     let cpu = ferrite_cpu::cpu();
-    let (mut compared, mut skipped) = (0, 0);
+    let mut compared = 0;
     let mut failures = Vec::new();
     for (i, case) in ferrite_testing::cases().iter().enumerate() {
         if !case.differentiable || !case.name.contains("/f32/") || case.name.contains("f64") {
@@ -443,13 +433,10 @@ fn gradients_match_cpu(d: &WgpuDevice) {
         match ferrite_testing::grad_compare_case_tol(case, &dev, &cpu, 7000 + i as u64, tol) {
             Ok(true) => compared += 1,
             Ok(false) => {}
-            Err(e) if unsupported_op(&e) => skipped += 1,
             Err(e) => failures.push(e),
         }
     }
-    println!(
-        "  {compared} f32 gradient cases match the CPU; {skipped} use an op in UNSUPPORTED_OPS"
-    );
+    println!("  {compared} f32 gradient cases match the CPU");
     assert!(
         failures.is_empty(),
         "{} gradient cases failed:\n{}",
