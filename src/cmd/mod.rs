@@ -1,6 +1,7 @@
 pub mod bench;
 pub mod chat;
 pub mod demo;
+pub mod devices;
 pub mod inspect;
 pub mod llm_args;
 pub mod perplexity;

@@ -25,14 +25,19 @@ fn pi(i: u32) -> i32 {
 
 // A strided layout stored in P at `at`: rank, offset, dims[rank], strides[rank] (in elements).
 // Returns the storage index of the layout's row-major element `i`.
+// `i` must be below the layout's element count, so the outermost dim needs no division
+// (a contiguous layout, coalesced to rank 1, costs one multiply-add).
 fn strided(at: u32, i: u32) -> u32 {
     let rank = P[at];
     var off = P[at + 1u];
     var rem = i;
-    for (var k = rank; k > 0u; k--) {
+    for (var k = rank; k > 1u; k--) {
         let d = P[at + 1u + k];
         off += (rem % d) * P[at + 1u + rank + k];
         rem /= d;
+    }
+    if (rank > 0u) {
+        off += rem * P[at + 2u + rank];
     }
     return off;
 }

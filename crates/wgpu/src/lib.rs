@@ -135,6 +135,37 @@ pub fn adapter_of_backend(name: &str) -> Option<usize> {
         .map(|a| a.index)
 }
 
+/// The adapter a `--device` name picks: `wgpu` (the default adapter), `wgpu:N`, or a backend
+/// name (`vulkan`, `metal`, `dx12`: the first adapter of that backend). `Ok(None)` for names
+/// that are not wgpu's; an error listing what was found when the asked-for adapter is absent.
+pub fn select(name: &str) -> Result<Option<usize>> {
+    let missing = |what: &str| {
+        Error::backend(
+            "wgpu",
+            format!("--device {name}: no {what}; found: {}", describe_adapters()),
+        )
+    };
+    match name {
+        "wgpu" => default_adapter()
+            .map(Some)
+            .ok_or_else(|| missing("wgpu adapter")),
+        "vulkan" | "metal" | "dx12" => adapter_of_backend(name)
+            .map(Some)
+            .ok_or_else(|| missing(&format!("{name} adapter"))),
+        _ => match name.strip_prefix("wgpu:") {
+            Some(i) => match i.parse::<usize>() {
+                Ok(i) if i < adapters().len() => Ok(Some(i)),
+                Ok(i) => Err(missing(&format!("wgpu adapter {i}"))),
+                Err(_) => Err(Error::backend(
+                    "wgpu",
+                    format!("--device {name}: expected wgpu:N with N an adapter index"),
+                )),
+            },
+            None => Ok(None),
+        },
+    }
+}
+
 /// Whether any adapter exists.
 pub fn is_available() -> bool {
     !raw_adapters().is_empty()
