@@ -20,6 +20,9 @@ struct Cli {
 enum Command {
     /// Print a tensor-library demo: a small computation on the CPU.
     Demo(cmd::demo::Args),
+    /// List the devices ferrite can use: CPU, CUDA devices and wgpu adapters (Vulkan, Metal,
+    /// DX12) with their backend, limits and features.
+    Devices(cmd::devices::Args),
     /// Show a GGUF file's metadata, tensors and per-type totals (--json for machines).
     Inspect(cmd::inspect::Args),
     /// Generate text from a prompt with a GGUF model (default: SmolLM2-135M-Instruct).
@@ -59,6 +62,7 @@ fn main() -> std::process::ExitCode {
     }
     let result = match cli.command {
         Command::Demo(args) => cmd::demo::run(args),
+        Command::Devices(args) => cmd::devices::run(args),
         Command::Inspect(args) => cmd::inspect::run(args),
         Command::Run(args) => cmd::run::run(args),
         Command::Chat(args) => cmd::chat::run(args),

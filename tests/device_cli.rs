@@ -1,5 +1,6 @@
 //! `--device` on `run` and `bench`: malformed values are usage errors; `cuda` where there is no
-//! CUDA device is a clear error before any model is loaded (skipped where a device exists).
+//! CUDA device is a clear error before any model is loaded (skipped where a device exists);
+//! wgpu names resolve against the adapters found, or list them; `ferrite devices` lists all.
 
 use std::process::{Command, Output};
 
@@ -26,7 +27,8 @@ fn malformed_device_is_a_usage_error() {
                 stderr(&o)
             );
             assert!(
-                stderr(&o).contains("expected cpu, cuda or cuda:N"),
+                stderr(&o)
+                    .contains("expected cpu, cuda, cuda:N, wgpu, wgpu:N, vulkan, metal or dx12"),
                 "{cmd} --device {bad}: {}",
                 stderr(&o)
             );
@@ -49,4 +51,75 @@ fn cuda_without_a_device_is_a_clear_error() {
             assert!(!e.contains("panicked"), "{e}");
         }
     }
+}
+
+#[test]
+fn absent_wgpu_adapter_lists_what_was_found() {
+    for cmd in ["run", "bench"] {
+        let o = ferrite(&[cmd, "--device", "wgpu:99", "-m", "/nonexistent.gguf"]);
+        assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+        let e = stderr(&o);
+        assert!(
+            e.contains("--device wgpu:99: no wgpu adapter 99; found: "),
+            "{e}"
+        );
+        assert!(
+            e.contains("wgpu:0") || e.contains("no wgpu adapter (no Vulkan"),
+            "{e}"
+        );
+    }
+    let metal = ferrite_wgpu::adapter_of_backend("metal");
+    if metal.is_none() {
+        let o = ferrite(&["run", "--device", "metal", "-m", "/nonexistent.gguf"]);
+        assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+        assert!(
+            stderr(&o).contains("--device metal: no metal adapter; found: "),
+            "{}",
+            stderr(&o)
+        );
+    }
+}
+
+#[test]
+fn wgpu_for_the_llm_engine_is_a_clear_error() {
+    if ferrite_wgpu::default_adapter().is_none() {
+        eprintln!("skipped: no wgpu adapter");
+        return;
+    }
+    let o = ferrite(&["run", "--device", "wgpu", "-m", "/nonexistent.gguf"]);
+    assert!(!o.status.success());
+    let e = stderr(&o);
+    assert!(
+        e.contains("the LLM engine has no wgpu kernel set yet"),
+        "{e}"
+    );
+    assert!(!e.contains("panicked"), "{e}");
+}
+
+#[test]
+fn devices_lists_cpu_cuda_and_wgpu() {
+    let o = ferrite(&["devices"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.starts_with("cpu\n"), "{out}");
+    match ferrite_wgpu::adapters().first() {
+        Some(a) => {
+            assert!(
+                out.contains(&format!("wgpu:0  {} ({}", a.name, a.backend)),
+                "{out}"
+            );
+            assert!(
+                out.contains("shader-f16: ") && out.contains("largest storage binding"),
+                "{out}"
+            );
+        }
+        None => assert!(out.contains("no wgpu adapter"), "{out}"),
+    }
+    let o = ferrite(&["devices", "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
+    assert_eq!(
+        v["wgpu_adapters"].as_array().map(|a| a.len()),
+        Some(ferrite_wgpu::adapters().len())
+    );
 }

@@ -32,6 +32,13 @@ stage conv-bench bench -p ferrite-cuda --bench conv_resnet50 --no-run
 stage nn-gpu-tests test -p ferrite-nn --test gpu --no-run
 stage ce-bench bench -p ferrite-nn --bench cross_entropy_gpu --no-run
 stage optim-bench bench -p ferrite-train --bench optim_step --no-run
+stage wgpu-tests test -p ferrite-wgpu --test wgpu --no-run
+stage wgpu-bench bench -p ferrite-wgpu --bench bandwidth --no-run
+# The GPU machine has NVIDIA's Vulkan driver (ICD) but no Vulkan loader: carry Debian's loader
+# (and the EGL/GLVND libraries the ICD links) as .debs; run.sh unpacks them there.
+mkdir -p .device/debs
+(cd .device/debs && apt-get download libvulkan1 libegl1 libglvnd0 >/dev/null 2>&1) \
+  || echo "build.sh: apt-get download of the Vulkan loader failed; wgpu runs will be skipped" >&2
 if [ "${1:-}" != "--no-cli" ]; then
   cargo build --release -p ferrite
   strip --strip-debug -o "$out/ferrite" target/release/ferrite

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Runs the staged GPU binaries (scripts/gpu/build.sh) on a machine with an NVIDIA GPU and
-# prints a summary. Usage: scripts/gpu/run.sh [tests|bench|all] [OUTDIR] [-- test filter]
+# prints a summary. Usage: scripts/gpu/run.sh [tests|bench|all|wgpu] [OUTDIR] [-- test filter]
+# `wgpu` runs only the wgpu backend's tests and bandwidth bench through Vulkan (the Vulkan
+# loader comes from the .debs build.sh staged; the NVIDIA ICD is the machine's own).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 mode=${1:-all}
@@ -11,6 +13,35 @@ export LD_LIBRARY_PATH=/usr/local/cuda/targets/x86_64-linux/lib:/usr/local/nvidi
 export FERRITE_CACHE=${FERRITE_CACHE:-/tmp/ferrite-cache}
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/device.txt"
 status=0
+# Vulkan for the wgpu backend: Debian's loader unpacked from .device/debs beside NVIDIA's ICD.
+setup_vulkan() {
+  local root=.device/vk
+  if [ -d .device/debs ] && [ ! -d "$root" ]; then
+    mkdir -p "$root"
+    for deb in .device/debs/*.deb; do dpkg -x "$deb" "$root"; done
+  fi
+  export LD_LIBRARY_PATH=$PWD/$root/usr/lib/x86_64-linux-gnu:$LD_LIBRARY_PATH
+  if [ -z "${VK_DRIVER_FILES:-}" ]; then
+    for icd in /usr/share/vulkan/icd.d/nvidia_icd.json /etc/vulkan/icd.d/nvidia_icd.json \
+               /usr/local/nvidia/icd.d/nvidia_icd.json; do
+      if [ -f "$icd" ]; then export VK_DRIVER_FILES=$icd; break; fi
+    done
+  fi
+  echo "vulkan: loader $(ls $root/usr/lib/x86_64-linux-gnu/libvulkan.so.1 2>/dev/null || echo missing), ICD ${VK_DRIVER_FILES:-not found}"
+}
+run_wgpu() {
+  setup_vulkan
+  .device/bin/wgpu-tests "$@" 2>&1 | tee "$out/wgpu-tests.log"
+  [ "${PIPESTATUS[0]}" = 0 ] || status=1
+  .device/bin/wgpu-bench 2>&1 | tee "$out/wgpu-bench.log"
+}
+if [ "$mode" = wgpu ]; then
+  run_wgpu "$@"
+  echo "== summary"
+  grep -h "wgpu tests:\|^failed:\|^adapter:" "$out/wgpu-tests.log" 2>/dev/null
+  grep -h "^|" "$out/wgpu-bench.log" 2>/dev/null
+  exit "$status"
+fi
 if [ "$mode" = tests ] || [ "$mode" = all ]; then
   .device/bin/cuda-tests "$@" 2>&1 | tee "$out/tests.log"
   status=${PIPESTATUS[0]}

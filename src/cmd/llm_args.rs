@@ -90,9 +90,14 @@ impl ModelArgs {
 pub enum DeviceChoice {
     Cpu,
     Cuda(usize),
+    /// A wgpu adapter (by index), resolved from wgpu, wgpu:N, vulkan, metal or dx12.
+    Wgpu(usize),
 }
 
 fn parse_device(s: &str) -> Result<DeviceChoice, String> {
+    if let Some(i) = ferrite_wgpu::select(s).map_err(|e| e.to_string())? {
+        return Ok(DeviceChoice::Wgpu(i));
+    }
     match s {
         "cpu" => Ok(DeviceChoice::Cpu),
         "cuda" => Ok(DeviceChoice::Cuda(0)),
@@ -100,13 +105,18 @@ fn parse_device(s: &str) -> Result<DeviceChoice, String> {
             .strip_prefix("cuda:")
             .and_then(|n| n.parse::<usize>().ok())
             .map(DeviceChoice::Cuda)
-            .ok_or_else(|| format!("expected cpu, cuda or cuda:N, got {s:?}")),
+            .ok_or_else(|| {
+                format!(
+                    "expected cpu, cuda, cuda:N, wgpu, wgpu:N, vulkan, metal or dx12, got {s:?}"
+                )
+            }),
     }
 }
 
 #[derive(clap::Args, Clone, Debug)]
 pub struct DeviceArgs {
-    /// cpu, cuda or cuda:N. Default: cuda (device 0) when a CUDA device is present, else cpu.
+    /// cpu, cuda or cuda:N (wgpu names parse but the LLM engine has no wgpu kernels yet).
+    /// Default: cuda (device 0) when a CUDA device is present, else cpu.
     #[arg(long, value_parser = parse_device)]
     pub device: Option<DeviceChoice>,
     /// As llama.cpp's `-ngl N`: N > 0 runs the whole model on the GPU (cuda:0), 0 on the
@@ -133,6 +143,10 @@ impl DeviceArgs {
         };
         let i = match device {
             Some(DeviceChoice::Cpu) => return Ok(None),
+            Some(DeviceChoice::Wgpu(i)) => anyhow::bail!(
+                "--device wgpu:{i}: the LLM engine has no wgpu kernel set yet (ferrite train \
+                 runs on wgpu); use cpu or cuda"
+            ),
             Some(DeviceChoice::Cuda(i)) => i,
             None if ferrite_llm::gpu::is_available() => 0,
             None => return Ok(None),

@@ -2,6 +2,7 @@ pub mod bench;
 pub mod bench_serve;
 pub mod chat;
 pub mod demo;
+pub mod devices;
 pub mod inspect;
 pub mod llm_args;
 pub mod perplexity;

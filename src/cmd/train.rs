@@ -62,7 +62,7 @@ pub struct Args {
     /// sgd, momentum, adam, adamw, rmsprop, adagrad, lion or lamb.
     #[arg(long, default_value = "adam")]
     optimizer: String,
-    /// cpu, cuda or cuda:N.
+    /// cpu, cuda, cuda:N, or a wgpu adapter: wgpu, wgpu:N, vulkan, metal, dx12.
     #[arg(long, default_value = "cpu")]
     device: String,
     /// Parameter and compute precision: f32 (bf16 and f16 mixed precision are not available yet).
@@ -100,12 +100,17 @@ fn parse_lr(s: &str) -> Result<f64, String> {
 }
 
 fn device(s: &str) -> anyhow::Result<ferrite_core::Device> {
+    if let Some(i) = ferrite_wgpu::select(s)? {
+        return Ok(ferrite_wgpu::wgpu(i)?);
+    }
     match s {
         "cpu" => Ok(ferrite_cpu::cpu()),
         "cuda" => Ok(ferrite_cuda::cuda(0)?),
         _ => match s.strip_prefix("cuda:").map(str::parse::<usize>) {
             Some(Ok(i)) => Ok(ferrite_cuda::cuda(i)?),
-            _ => anyhow::bail!("--device: expected cpu, cuda or cuda:N, got `{s}`"),
+            _ => anyhow::bail!(
+                "--device: expected cpu, cuda, cuda:N, wgpu, wgpu:N, vulkan, metal or dx12, got `{s}`"
+            ),
         },
     }
 }

@@ -10,6 +10,8 @@ use std::sync::Arc;
 pub enum DeviceKind {
     Cpu,
     Cuda(usize),
+    /// A wgpu adapter (Vulkan, Metal, DX12), by its index in `ferrite_wgpu::adapters()`.
+    Wgpu(usize),
 }
 
 impl std::fmt::Display for DeviceKind {
@@ -17,6 +19,7 @@ impl std::fmt::Display for DeviceKind {
         match self {
             DeviceKind::Cpu => f.write_str("cpu"),
             DeviceKind::Cuda(i) => write!(f, "cuda:{i}"),
+            DeviceKind::Wgpu(i) => write!(f, "wgpu:{i}"),
         }
     }
 }

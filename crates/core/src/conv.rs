@@ -569,7 +569,13 @@ impl Tensor {
             .iter()
             .flat_map(|dh| div[1].iter().map(move |dw| 1.0 / (dh * dw)))
             .collect();
-        let inv = Tensor::from_vec(inv, [o[0], o[1]], x.device())?.cast(x.dtype())?;
+        // Built in x's dtype (one rounding, as a cast from f64 gives): backends without f64
+        // run it.
+        let inv = Tensor::from_host(
+            crate::HostBuffer::from_f64_slice(x.dtype(), &inv),
+            [o[0], o[1]],
+            x.device(),
+        )?;
         debug_assert_eq!(sums.dims(), [n, c, o[0], o[1]]);
         sums.mul(&inv.broadcast_to(sums.shape().clone())?)
     }
@@ -611,7 +617,13 @@ impl Tensor {
                     m[i * len + j] = 1.0 / (e - s) as f64;
                 }
             }
-            Tensor::from_vec(m, [o, len], self.device())?.cast(self.dtype())
+            // Built in the input's dtype (one rounding, as a cast from f64 would give), so
+            // backends without f64 run it.
+            Tensor::from_host(
+                crate::HostBuffer::from_f64_slice(self.dtype(), &m),
+                [o, len],
+                self.device(),
+            )
         };
         let (h, w) = (self.dims()[2], self.dims()[3]);
         let ah = avg(out[0], h)?;

@@ -96,7 +96,7 @@ impl CudaDevice {
                 .ok()
                 .and_then(|r| r.get(&i).cloned())
                 .map(CudaDevice),
-            DeviceKind::Cpu => None,
+            DeviceKind::Cpu | DeviceKind::Wgpu(_) => None,
         }
     }
 

@@ -189,6 +189,19 @@ pub fn grad_compare_case(
     oracle: &Device,
     seed: u64,
 ) -> Result<bool, String> {
+    grad_compare_case_tol(case, device, oracle, seed, EXACT)
+}
+
+/// Gradients of `case` on `device` and `oracle` agree within `tol` (for devices that compute
+/// in another precision, e.g. f32 cases on two backends); `Ok(false)` when it has no
+/// differentiable output.
+pub fn grad_compare_case_tol(
+    case: &OpCase,
+    device: &Device,
+    oracle: &Device,
+    seed: u64,
+    tol: crate::Tol,
+) -> Result<bool, String> {
     let got = analytic(case, device, &mut SplitMix(seed), |_| true)?;
     let want = analytic(case, oracle, &mut SplitMix(seed), |_| true)?;
     let (Some((_, _, g)), Some((_, _, w))) = (got, want) else {
@@ -196,7 +209,7 @@ pub fn grad_compare_case(
     };
     for (k, (g, w)) in g.iter().zip(&w).enumerate() {
         let (Some(g), Some(w)) = (g, w) else { continue };
-        if let Some((i, gv, wv)) = differ(case, g, w)? {
+        if let Some((i, gv, wv)) = differ(case, g, w, tol)? {
             return Err(format!(
                 "{}: d/d input {k}[{i}]: {gv} on the device, {wv} on the oracle",
                 case.name
@@ -206,14 +219,21 @@ pub fn grad_compare_case(
     Ok(true)
 }
 
-/// The first element where two gradients differ by more than 1e-9 + 1e-7 relative.
-fn differ(case: &OpCase, g: &Tensor, w: &Tensor) -> Result<Option<(usize, f64, f64)>, String> {
+/// Gradients of the same f64 case on two backends: 1e-9 + 1e-7 relative.
+const EXACT: crate::Tol = crate::Tol {
+    atol: 1e-9,
+    rtol: 1e-7,
+};
+
+/// The first element where two gradients differ by more than `tol`.
+fn differ(
+    case: &OpCase,
+    g: &Tensor,
+    w: &Tensor,
+    tol: crate::Tol,
+) -> Result<Option<(usize, f64, f64)>, String> {
     let err = |e: ferrite_core::Error| format!("{}: {e}", case.name);
     let (g, w) = (g.to_vec_f64().map_err(err)?, w.to_vec_f64().map_err(err)?);
-    let tol = crate::Tol {
-        atol: 1e-9,
-        rtol: 1e-7,
-    };
     Ok(crate::compare(&g, &w, tol))
 }
 
@@ -239,7 +259,7 @@ pub fn grad_single_input_case(case: &OpCase, device: &Device, seed: u64) -> Resu
         let got = one[k]
             .as_ref()
             .ok_or_else(|| format!("{}: no gradient for input {k} alone", case.name))?;
-        if let Some((i, gv, wv)) = differ(case, got, want)? {
+        if let Some((i, gv, wv)) = differ(case, got, want, EXACT)? {
             return Err(format!(
                 "{}: d/d input {k}[{i}]: {gv} with only it trainable, {wv} with all",
                 case.name

@@ -20,7 +20,7 @@ pub use cases::cases;
 use ferrite_core::{DType, Device, HostBuffer, Result, Tensor};
 pub use gradcheck::{
     grad_cases, grad_check_all, grad_check_case, grad_compare_all, grad_compare_case,
-    grad_single_input_all, grad_single_input_case,
+    grad_compare_case_tol, grad_single_input_all, grad_single_input_case,
 };
 use std::sync::Arc;
 

@@ -20,7 +20,7 @@
 use crate::lr_scheduler::ParamGroups;
 use crate::{Error, Result};
 use ferrite_core::optim::{FusedUpdate, UpdateClip, UpdateRule};
-use ferrite_core::{DType, Device, Tensor};
+use ferrite_core::{DType, Device, DeviceKind, Tensor};
 use ferrite_nn::{Buffer, Parameter};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
@@ -402,7 +402,12 @@ impl Optimizer {
             device,
             clip: None,
             steps: 0,
-            implementation: Implementation::Fused,
+            // The wgpu backend has no fused kernels (its `fused_update` is an error).
+            implementation: if matches!(device.kind(), DeviceKind::Wgpu(_)) {
+                Implementation::Composed
+            } else {
+                Implementation::Fused
+            },
             master_weights: false,
         })
     }

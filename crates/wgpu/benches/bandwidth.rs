@@ -1,0 +1,153 @@
+//! Elementwise and reduction bandwidth, wgpu vs CUDA on the same sizes in the same run (the
+//! issue's bar: wgpu reaches at least 70% of CUDA's bandwidth). On the GPU machine through
+//! Vulkan: `scripts/gpu/run.sh wgpu`; anywhere: `cargo bench -p ferrite-wgpu --bench
+//! bandwidth [-- --quick]` (`--quick`: small sizes, a check that it runs).
+//!
+//! Timing: wall clock around `reps` ops after a warm-up, ending with a device-wide wait, median
+//! of 5 samples. Bandwidth counts bytes read + written once each.
+
+use ferrite_core::{DType, Device, Result, Tensor};
+use std::time::Instant;
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+/// Median milliseconds per call of `f` (5 samples of `reps` calls, each ended by `sync`).
+fn time(reps: usize, sync: &dyn Fn() -> Result<()>, f: &dyn Fn() -> Result<Tensor>) -> f64 {
+    for _ in 0..3 {
+        f().unwrap();
+    }
+    sync().unwrap();
+    let samples = (0..5)
+        .map(|_| {
+            let t = Instant::now();
+            for _ in 0..reps {
+                f().unwrap();
+            }
+            sync().unwrap();
+            t.elapsed().as_secs_f64() * 1e3 / reps as f64
+        })
+        .collect();
+    median(samples)
+}
+
+/// One timed op, made ready on a device (inputs allocated there).
+type Op = Box<dyn Fn() -> Result<Tensor>>;
+/// Waits for a device's queued work.
+type Sync = Box<dyn Fn() -> Result<()>>;
+
+struct Case {
+    name: String,
+    bytes: f64,
+    run: Box<dyn Fn(&Device) -> Op>,
+}
+
+fn cases(quick: bool) -> Vec<Case> {
+    let sizes: Vec<usize> = if quick {
+        vec![1 << 12]
+    } else {
+        vec![1 << 20, 16 << 20, 64 << 20]
+    };
+    let mut out = Vec::new();
+    for &n in &sizes {
+        let mib = (n * 4) >> 20;
+        out.push(Case {
+            name: format!("add f32 [{n}] ({mib} MiB per operand)"),
+            bytes: 3.0 * 4.0 * n as f64,
+            run: Box::new(move |dev| {
+                let a = Tensor::rand_uniform([n], -1.0, 1.0, 1, DType::F32, dev).unwrap();
+                let b = Tensor::rand_uniform([n], -1.0, 1.0, 2, DType::F32, dev).unwrap();
+                Box::new(move || a.add(&b))
+            }),
+        });
+        out.push(Case {
+            name: format!("gelu f32 [{n}]"),
+            bytes: 2.0 * 4.0 * n as f64,
+            run: Box::new(move |dev| {
+                let a = Tensor::rand_uniform([n], -1.0, 1.0, 1, DType::F32, dev).unwrap();
+                Box::new(move || a.gelu())
+            }),
+        });
+        let cols = 4096;
+        let rows = n / cols;
+        out.push(Case {
+            name: format!("sum f32 [{rows}, {cols}] over the last axis"),
+            bytes: 4.0 * n as f64,
+            run: Box::new(move |dev| {
+                let a = Tensor::rand_uniform([rows, cols], -1.0, 1.0, 3, DType::F32, dev).unwrap();
+                Box::new(move || a.sum(&[-1], true))
+            }),
+        });
+        out.push(Case {
+            name: format!("sum f32 [{n}] (all)"),
+            bytes: 4.0 * n as f64,
+            run: Box::new(move |dev| {
+                let a = Tensor::rand_uniform([n], -1.0, 1.0, 4, DType::F32, dev).unwrap();
+                Box::new(move || a.sum_all())
+            }),
+        });
+    }
+    out
+}
+
+fn main() {
+    let quick = std::env::args().any(|a| a == "--quick");
+    let mut devices: Vec<(String, Device, Sync)> = Vec::new();
+    match ferrite_wgpu::default_adapter().map(ferrite_wgpu::WgpuDevice::new) {
+        Some(Ok(w)) => {
+            let label = format!("wgpu ({}, {})", w.name(), w.backend_name());
+            let dev = w.device();
+            devices.push((label, dev, Box::new(move || w.synchronize())));
+        }
+        Some(Err(e)) => println!("wgpu adapter failed to open: {e}"),
+        None => println!("bandwidth: no wgpu adapter"),
+    }
+    if ferrite_cuda::is_available() {
+        match ferrite_cuda::CudaDevice::new(0) {
+            Ok(c) => {
+                let label = format!("cuda ({})", c.name());
+                let dev = c.device();
+                devices.push((label, dev, Box::new(move || c.synchronize())));
+            }
+            Err(e) => println!("CUDA device 0 failed to open: {e}"),
+        }
+    }
+    if devices.is_empty() {
+        println!("bandwidth: skipped: neither a wgpu adapter nor a CUDA device");
+        return;
+    }
+    let reps = if quick { 3 } else { 50 };
+    println!(
+        "| op | {} | wgpu / cuda |",
+        devices
+            .iter()
+            .map(|d| d.0.as_str())
+            .collect::<Vec<_>>()
+            .join(" GB/s | ")
+            + " GB/s"
+    );
+    println!("|---|{}---|", "---|".repeat(devices.len()));
+    for case in cases(quick) {
+        let mut gbs = Vec::new();
+        for (_, dev, sync) in &devices {
+            let f = (case.run)(dev);
+            let ms = time(reps, sync.as_ref(), f.as_ref());
+            gbs.push(case.bytes / ms / 1e6);
+        }
+        let ratio = if gbs.len() == 2 {
+            format!("{:.0}%", 100.0 * gbs[0] / gbs[1])
+        } else {
+            "-".to_string()
+        };
+        println!(
+            "| {} | {} | {ratio} |",
+            case.name,
+            gbs.iter()
+                .map(|g| format!("{g:.0}"))
+                .collect::<Vec<_>>()
+                .join(" | ")
+        );
+    }
+}

@@ -1,0 +1,144 @@
+//! Attention and its backward (`attention.wgsl`): a workgroup per query row with the row's
+//! probabilities in a scratch buffer; the key / value gradients sum over each kv head's query
+//! rows (grouped-query attention included).
+
+use crate::device::WgpuBackend;
+use crate::shader::{self, kernel, Kernel, Variant};
+use crate::util::{contig, fw, groups, uw};
+use ferrite_core::{DType, Error, Result, Storage, Tensor};
+use std::sync::Arc;
+
+pub(crate) static ATTENTION: Kernel = kernel!(
+    "attention",
+    &[
+        "attention",
+        "attention_backward_rows",
+        "attention_backward_keys"
+    ],
+    &[("T", shader::FLOATS)],
+    &[&["AF"], &["AB"], &["AK"]]
+);
+
+/// [rows, hq, hkv, lq, lk, d, dv, causal, scale] for q, k, v.
+fn head(
+    op: &'static str,
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    causal: bool,
+    scale: f64,
+) -> Result<Vec<u32>> {
+    let (qd, kd, vd) = (q.dims(), k.dims(), v.dims());
+    if qd.len() != 4 || kd.len() != 4 || vd.len() != 4 || kd[1] == 0 || qd[1] % kd[1] != 0 {
+        return Err(Error::shape(
+            op,
+            format!("expected q [b, hq, lq, d], k and v [b, hkv, lk, _] with hq % hkv == 0, got {} {} {}", q.shape(), k.shape(), v.shape()),
+        ));
+    }
+    Ok(vec![
+        uw(op, qd[0] * qd[1] * qd[2])?,
+        uw(op, qd[1])?,
+        uw(op, kd[1])?,
+        uw(op, qd[2])?,
+        uw(op, kd[2])?,
+        uw(op, qd[3])?,
+        uw(op, vd[3])?,
+        causal as u32,
+        fw(scale),
+    ])
+}
+
+fn float(op: &'static str, x: &Tensor) -> Result<DType> {
+    if !x.dtype().is_float() {
+        return Err(Error::dtype(op, x.dtype(), "needs a float dtype"));
+    }
+    Ok(x.dtype())
+}
+
+pub(crate) fn attention(
+    dev: &WgpuBackend,
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    causal: bool,
+    scale: f64,
+) -> Result<Vec<Arc<dyn Storage>>> {
+    let name = "attention";
+    let dt = float(name, q)?;
+    let mut p = head(name, q, k, v, causal, scale)?;
+    let rows = p[0] as usize;
+    let (lk, dv) = (k.dims()[2], v.dims()[3]);
+    let out = dev.alloc(name, dt, rows * dv)?;
+    let scratch = dev.alloc(name, DType::F32, rows * lk)?;
+    let (qc, kc, vc) = (
+        contig(dev, q, name)?,
+        contig(dev, k, name)?,
+        contig(dev, v, name)?,
+    );
+    p.extend([qc.offset(), kc.offset(), vc.offset(), 0]);
+    let var = Variant::new(&[("T", dt)], &["AF"]);
+    dev.launch(
+        name,
+        &ATTENTION,
+        "attention",
+        &var,
+        &p,
+        &[&out, &scratch],
+        &[qc.buffer(), kc.buffer(), vc.buffer()],
+        false,
+        rows,
+    )?;
+    Ok(vec![Arc::new(out)])
+}
+
+pub(crate) fn attention_backward(
+    dev: &WgpuBackend,
+    [q, k, v, g]: [&Tensor; 4],
+    causal: bool,
+    scale: f64,
+) -> Result<Vec<Arc<dyn Storage>>> {
+    let name = "attention_backward";
+    let dt = float(name, q)?;
+    let mut p = head(name, q, k, v, causal, scale)?;
+    let rows = p[0] as usize;
+    let (lk, d, dv) = (k.dims()[2], q.dims()[3], v.dims()[3]);
+    let dq = dev.alloc(name, dt, q.elem_count())?;
+    let dk = dev.alloc(name, dt, k.elem_count())?;
+    let dvv = dev.alloc(name, dt, v.elem_count())?;
+    let ps = dev.alloc(name, DType::F32, rows * lk)?;
+    let ds = dev.alloc(name, DType::F32, rows * lk)?;
+    let (qc, kc, vc, gc) = (
+        contig(dev, q, name)?,
+        contig(dev, k, name)?,
+        contig(dev, v, name)?,
+        contig(dev, g, name)?,
+    );
+    p.extend([qc.offset(), kc.offset(), vc.offset(), gc.offset()]);
+    let var = Variant::new(&[("T", dt)], &["AB"]);
+    dev.launch(
+        name,
+        &ATTENTION,
+        "attention_backward_rows",
+        &var,
+        &p,
+        &[&dq, &ps, &ds],
+        &[qc.buffer(), kc.buffer(), vc.buffer(), gc.buffer()],
+        false,
+        rows,
+    )?;
+    let kv_rows = k.elem_count() / d.max(1);
+    let threads = kv_rows * d.max(dv);
+    let var = Variant::new(&[("T", dt)], &["AK"]);
+    dev.launch(
+        name,
+        &ATTENTION,
+        "attention_backward_keys",
+        &var,
+        &p,
+        &[&dk, &dvv],
+        &[qc.buffer(), ps.buffer(), ds.buffer(), gc.buffer()],
+        false,
+        groups(threads),
+    )?;
+    Ok(vec![Arc::new(dq), Arc::new(dk), Arc::new(dvv)])
+}

@@ -1,0 +1,619 @@
+//! One wgpu device: its queue, the open command batch, the pipeline cache and the buffer pool.
+//!
+//! Execution model (the CUDA backend's, on one wgpu queue):
+//! - Ops record compute passes into the device's open command encoder (the *batch*) and return
+//!   at once. A batch is submitted when it holds `BATCH_DISPATCHES` dispatches, when its
+//!   parameter buffer is full, or when a host read needs its work.
+//! - Each storage remembers the batch that last wrote it. A host read submits that batch if it
+//!   is still open, then a copy into a mappable buffer, and waits for exactly that copy's
+//!   submission (which the queue orders after every write it needs); a storage written in an
+//!   earlier batch is read without submitting the open one.
+//! - Uploads go through a fresh staging buffer copied inside the batch, so they are ordered
+//!   with the dispatches around them (a pooled buffer may still be read by earlier dispatches).
+//! - Dispatch parameters (sizes, strides, scalars) are appended to the batch's parameter
+//!   buffer, each at an aligned offset bound as binding 0; it is written once, at submit.
+
+use crate::pool::{MemoryStats, Pool};
+use crate::shader::{self, Kernel, Variant};
+use crate::storage::WgpuStorage;
+use ferrite_core::{DType, Error, HostBuffer, Layout, Result, Storage};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+/// Dispatches per submitted batch.
+const BATCH_DISPATCHES: u32 = 256;
+/// Parameter words per batch (a dispatch with more gets a batch of its own size).
+const PARAM_WORDS: usize = 1 << 16;
+
+/// Host synchronization counters.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SyncStats {
+    /// Times the host waited for the device.
+    pub host_waits: u64,
+    /// Compute dispatches recorded.
+    pub launches: u64,
+    /// Command buffers submitted.
+    pub submits: u64,
+}
+
+/// A buffer bound to a dispatch: read-only or read-write.
+pub(crate) enum Arg<'a> {
+    R(&'a wgpu::Buffer),
+    W(&'a wgpu::Buffer),
+}
+
+struct Batch {
+    /// Sequence number of the open batch; storages written in it carry this id.
+    id: u64,
+    encoder: Option<wgpu::CommandEncoder>,
+    params: Vec<u32>,
+    param_buf: Option<wgpu::Buffer>,
+    param_cap: usize,
+    dispatches: u32,
+}
+
+type LayoutKey = Vec<bool>;
+
+pub struct WgpuBackend {
+    pub(crate) index: usize,
+    pub(crate) device: wgpu::Device,
+    pub(crate) queue: wgpu::Queue,
+    pub(crate) info: wgpu::AdapterInfo,
+    pub(crate) limits: wgpu::Limits,
+    pub(crate) pool: Arc<Pool>,
+    batch: Mutex<Batch>,
+    pipelines: Mutex<HashMap<String, Arc<wgpu::ComputePipeline>>>,
+    layouts: Mutex<HashMap<LayoutKey, Arc<(wgpu::BindGroupLayout, wgpu::PipelineLayout)>>>,
+    /// The first error wgpu reported outside an error scope (validation, out of memory).
+    error: Arc<Mutex<Option<String>>>,
+    host_waits: AtomicU64,
+    launches: AtomicU64,
+    submits: AtomicU64,
+    /// Parameter offsets must be multiples of this many words.
+    param_align: usize,
+    /// The device error word: kernels that meet bad data (an index out of range, an integer
+    /// division by zero) `atomicMax` a code into it; host reads check it (`errors.rs`).
+    pub(crate) err_buf: wgpu::Buffer,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl WgpuBackend {
+    /// Opens `adapter` (number `index` in `crate::adapters()`), requesting its real limits.
+    pub(crate) fn new(index: usize, adapter: &wgpu::Adapter) -> Result<WgpuBackend> {
+        let info = adapter.get_info();
+        let limits = adapter.limits();
+        let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
+            label: Some("ferrite"),
+            required_features: wgpu::Features::empty(),
+            required_limits: limits.clone(),
+            experimental_features: wgpu::ExperimentalFeatures::disabled(),
+            memory_hints: wgpu::MemoryHints::Performance,
+            trace: wgpu::Trace::Off,
+        }))
+        .map_err(|e| {
+            Error::backend(
+                "wgpu",
+                format!("adapter {index} ({}) refused a device: {e}", info.name),
+            )
+        })?;
+        let error = Arc::new(Mutex::new(None::<String>));
+        let sink = error.clone();
+        device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
+            let mut s = lock(&sink);
+            if s.is_none() {
+                *s = Some(e.to_string());
+            }
+        }));
+        let pool = Arc::new(Pool::new(
+            limits.max_buffer_size,
+            limits.max_storage_buffer_binding_size,
+        ));
+        let param_align = (limits.min_storage_buffer_offset_alignment as usize / 4).max(1);
+        let err_buf = device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("errors"),
+            size: 4,
+            usage: wgpu::BufferUsages::STORAGE
+                | wgpu::BufferUsages::COPY_SRC
+                | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        Ok(WgpuBackend {
+            index,
+            device,
+            queue,
+            info,
+            limits,
+            pool,
+            batch: Mutex::new(Batch {
+                id: 1,
+                encoder: None,
+                params: Vec::new(),
+                param_buf: None,
+                param_cap: 0,
+                dispatches: 0,
+            }),
+            pipelines: Mutex::new(HashMap::new()),
+            layouts: Mutex::new(HashMap::new()),
+            error,
+            host_waits: AtomicU64::new(0),
+            launches: AtomicU64::new(0),
+            submits: AtomicU64::new(0),
+            param_align,
+            err_buf,
+        })
+    }
+
+    pub fn memory_stats(&self) -> MemoryStats {
+        self.pool.stats()
+    }
+
+    pub fn sync_stats(&self) -> SyncStats {
+        SyncStats {
+            host_waits: self.host_waits.load(Ordering::Relaxed),
+            launches: self.launches.load(Ordering::Relaxed),
+            submits: self.submits.load(Ordering::Relaxed),
+        }
+    }
+
+    /// The first asynchronous wgpu error, as an error of `op`.
+    pub(crate) fn check(&self, op: &'static str) -> Result<()> {
+        match lock(&self.error).clone() {
+            Some(e) => Err(Error::backend(op, format!("wgpu reported: {e}"))),
+            None => Ok(()),
+        }
+    }
+
+    /// A new pooled buffer of `n` elements of `dt` as a storage written in the open batch.
+    pub(crate) fn alloc(&self, op: &'static str, dt: DType, n: usize) -> Result<WgpuStorage> {
+        shader::word(op, dt)?;
+        let bytes = n
+            .checked_mul(4)
+            .ok_or_else(|| Error::backend(op, format!("{n} elements overflow a buffer size")))?;
+        if n > u32::MAX as usize {
+            return Err(Error::backend(
+                op,
+                format!("{n} elements exceed the 2^32 a WGSL index can address"),
+            ));
+        }
+        let block = self.pool.alloc(&self.device, op, bytes)?;
+        Ok(WgpuStorage::new(block, dt, n, 0))
+    }
+
+    fn layout(&self, key: &[bool]) -> Arc<(wgpu::BindGroupLayout, wgpu::PipelineLayout)> {
+        let mut layouts = lock(&self.layouts);
+        if let Some(l) = layouts.get(key) {
+            return l.clone();
+        }
+        let entries: Vec<wgpu::BindGroupLayoutEntry> = key
+            .iter()
+            .enumerate()
+            .map(|(i, &read_only)| wgpu::BindGroupLayoutEntry {
+                binding: i as u32,
+                visibility: wgpu::ShaderStages::COMPUTE,
+                ty: wgpu::BindingType::Buffer {
+                    ty: wgpu::BufferBindingType::Storage { read_only },
+                    has_dynamic_offset: false,
+                    min_binding_size: None,
+                },
+                count: None,
+            })
+            .collect();
+        let bgl = self
+            .device
+            .create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+                label: None,
+                entries: &entries,
+            });
+        let pl = self
+            .device
+            .create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+                label: None,
+                bind_group_layouts: &[Some(&bgl)],
+                immediate_size: 0,
+            });
+        let l = Arc::new((bgl, pl));
+        layouts.insert(key.to_vec(), l.clone());
+        l
+    }
+
+    /// The pipeline of `kernel`'s `entry` as variant `v`, compiled at first use.
+    fn pipeline(
+        &self,
+        op: &'static str,
+        kernel: &'static Kernel,
+        entry: &'static str,
+        v: &Variant,
+        key: &[bool],
+    ) -> Result<Arc<wgpu::ComputePipeline>> {
+        let name = format!("{}:{entry}:{v:?}:{key:?}", kernel.file);
+        if let Some(p) = lock(&self.pipelines).get(&name) {
+            return Ok(p.clone());
+        }
+        let src = shader::source(kernel, v)?;
+        let layout = self.layout(key);
+        let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let module = self
+            .device
+            .create_shader_module(wgpu::ShaderModuleDescriptor {
+                label: Some(kernel.file),
+                source: wgpu::ShaderSource::Wgsl(src.into()),
+            });
+        let pipe = self
+            .device
+            .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                label: Some(entry),
+                layout: Some(&layout.1),
+                module: &module,
+                entry_point: Some(entry),
+                compilation_options: Default::default(),
+                cache: None,
+            });
+        if let Some(e) = pollster::block_on(scope.pop()) {
+            return Err(Error::backend(
+                op,
+                format!("compiling {} entry {entry} ({v:?}): {e}", kernel.file),
+            ));
+        }
+        let p = Arc::new(pipe);
+        lock(&self.pipelines).insert(name, p.clone());
+        Ok(p)
+    }
+
+    /// Records one dispatch of `groups` workgroups (spread over x and y past the per-dimension
+    /// limit) with `params` at binding 0, then `outs` (read-write), `ins` (read-only) and, with
+    /// `err`, the device error word, at bindings 1.. in that order. Marks `outs` as written by
+    /// the batch the dispatch lands in.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn launch(
+        &self,
+        op: &'static str,
+        kernel: &'static Kernel,
+        entry: &'static str,
+        v: &Variant,
+        params: &[u32],
+        outs: &[&WgpuStorage],
+        ins: &[&wgpu::Buffer],
+        err: bool,
+        groups: usize,
+    ) -> Result<()> {
+        let mut args: Vec<Arg<'_>> = outs.iter().map(|o| Arg::W(o.buffer())).collect();
+        args.extend(ins.iter().map(|b| Arg::R(b)));
+        if err {
+            args.push(Arg::W(&self.err_buf));
+        }
+        let id = self.dispatch(op, kernel, entry, v, params, &args, groups)?;
+        for o in outs {
+            o.set_written(id);
+        }
+        Ok(())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn dispatch(
+        &self,
+        op: &'static str,
+        kernel: &'static Kernel,
+        entry: &'static str,
+        v: &Variant,
+        params: &[u32],
+        args: &[Arg<'_>],
+        groups: usize,
+    ) -> Result<u64> {
+        if groups == 0 {
+            return Ok(0);
+        }
+        let max_dim = self.limits.max_compute_workgroups_per_dimension.max(1) as usize;
+        let (gx, gy) = if groups <= max_dim {
+            (groups, 1)
+        } else {
+            (max_dim, groups.div_ceil(max_dim))
+        };
+        if gy > max_dim {
+            return Err(Error::backend(
+                op,
+                format!("{groups} workgroups exceed the adapter's dispatch limit"),
+            ));
+        }
+        let mut key = vec![true];
+        key.extend(args.iter().map(|a| matches!(a, Arg::R(_))));
+        let pipe = self.pipeline(op, kernel, entry, v, &key)?;
+        let layout = self.layout(&key);
+        let mut b = lock(&self.batch);
+        let need = params.len().max(1);
+        let start = b.params.len().div_ceil(self.param_align) * self.param_align;
+        if b.param_buf.is_some() && start + need > b.param_cap {
+            self.submit_locked(&mut b);
+        }
+        if b.param_buf.is_none() {
+            let cap = PARAM_WORDS.max(need);
+            b.param_buf = Some(self.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("params"),
+                size: (cap * 4) as u64,
+                usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            }));
+            b.param_cap = cap;
+        }
+        let start = b.params.len().div_ceil(self.param_align) * self.param_align;
+        b.params.resize(start, 0);
+        b.params.extend_from_slice(params);
+        if params.is_empty() {
+            b.params.push(0);
+        }
+        let Some(param_buf) = b.param_buf.clone() else {
+            return Err(Error::backend(op, "no parameter buffer"));
+        };
+        let mut entries = vec![wgpu::BindGroupEntry {
+            binding: 0,
+            resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                buffer: &param_buf,
+                offset: (start * 4) as u64,
+                size: wgpu::BufferSize::new((need * 4) as u64),
+            }),
+        }];
+        for (i, a) in args.iter().enumerate() {
+            let buf = match a {
+                Arg::R(b) | Arg::W(b) => *b,
+            };
+            entries.push(wgpu::BindGroupEntry {
+                binding: i as u32 + 1,
+                resource: buf.as_entire_binding(),
+            });
+        }
+        let bind = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: None,
+            layout: &layout.0,
+            entries: &entries,
+        });
+        let enc = self.encoder(&mut b);
+        {
+            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                label: Some(op),
+                timestamp_writes: None,
+            });
+            pass.set_pipeline(&pipe);
+            pass.set_bind_group(0, &bind, &[]);
+            pass.dispatch_workgroups(gx as u32, gy as u32, 1);
+        }
+        b.dispatches += 1;
+        self.launches.fetch_add(1, Ordering::Relaxed);
+        let id = b.id;
+        if b.dispatches >= BATCH_DISPATCHES {
+            self.submit_locked(&mut b);
+        }
+        Ok(id)
+    }
+
+    fn encoder<'a>(&self, b: &'a mut Batch) -> &'a mut wgpu::CommandEncoder {
+        b.encoder.get_or_insert_with(|| {
+            self.device
+                .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None })
+        })
+    }
+
+    /// Submits the open batch (if it recorded anything) and opens the next one.
+    fn submit_locked(&self, b: &mut Batch) -> Option<wgpu::SubmissionIndex> {
+        let enc = b.encoder.take()?;
+        if let Some(pb) = &b.param_buf {
+            if !b.params.is_empty() {
+                self.queue.write_buffer(pb, 0, &words_to_bytes(&b.params));
+            }
+        }
+        let idx = self.queue.submit([enc.finish()]);
+        self.submits.fetch_add(1, Ordering::Relaxed);
+        b.params.clear();
+        b.param_buf = None;
+        b.dispatches = 0;
+        b.id += 1;
+        Some(idx)
+    }
+
+    /// Submits the open batch (benchmarks and tests; reads submit what they need).
+    pub fn flush(&self) {
+        let mut b = lock(&self.batch);
+        self.submit_locked(&mut b);
+    }
+
+    /// Waits for all submitted work (benchmarks only).
+    pub fn synchronize(&self) -> Result<()> {
+        self.flush();
+        self.host_waits.fetch_add(1, Ordering::Relaxed);
+        self.device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .map_err(|e| Error::backend("synchronize", e.to_string()))?;
+        self.check("synchronize")
+    }
+
+    /// Copies `bytes` into `dst` (at byte offset 0) in batch order.
+    pub(crate) fn upload_into(&self, dst: &WgpuStorage, bytes: &[u8]) {
+        if bytes.is_empty() {
+            return;
+        }
+        use wgpu::util::DeviceExt;
+        let staging = self
+            .device
+            .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                label: Some("upload"),
+                contents: bytes,
+                usage: wgpu::BufferUsages::COPY_SRC,
+            });
+        let mut b = lock(&self.batch);
+        self.encoder(&mut b).copy_buffer_to_buffer(
+            &staging,
+            0,
+            dst.buffer(),
+            0,
+            bytes.len() as u64,
+        );
+        dst.set_written(b.id);
+    }
+
+    /// Takes host data as a new contiguous storage.
+    pub(crate) fn upload(&self, data: &HostBuffer) -> Result<Arc<dyn Storage>> {
+        let dt = data.dtype();
+        let words = to_words(data)?;
+        let st = self.alloc("upload", dt, data.len())?;
+        self.upload_into(&st, &words_to_bytes(&words));
+        Ok(Arc::new(st))
+    }
+
+    /// Reads `n` words from `st` starting at word `start`, waiting for the work that wrote it.
+    pub(crate) fn read_words(&self, st: &WgpuStorage, start: usize, n: usize) -> Result<Vec<u32>> {
+        if n == 0 {
+            return Ok(Vec::new());
+        }
+        let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("readback"),
+            size: (n * 4 + 4) as u64,
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        let idx = {
+            let mut b = lock(&self.batch);
+            if st.written() >= b.id {
+                // Written in the open batch: the copy goes at its end, and the batch is submitted.
+                let enc = self.encoder(&mut b);
+                enc.copy_buffer_to_buffer(
+                    &st.block.buffer,
+                    (start * 4) as u64,
+                    &staging,
+                    0,
+                    (n * 4) as u64,
+                );
+                enc.copy_buffer_to_buffer(&self.err_buf, 0, &staging, (n * 4) as u64, 4);
+                self.submit_locked(&mut b)
+            } else {
+                // Written by submitted work: the open batch may stay open.
+                let mut enc = self
+                    .device
+                    .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
+                enc.copy_buffer_to_buffer(
+                    &st.block.buffer,
+                    (start * 4) as u64,
+                    &staging,
+                    0,
+                    (n * 4) as u64,
+                );
+                enc.copy_buffer_to_buffer(&self.err_buf, 0, &staging, (n * 4) as u64, 4);
+                self.submits.fetch_add(1, Ordering::Relaxed);
+                Some(self.queue.submit([enc.finish()]))
+            }
+        };
+        let (tx, rx) = std::sync::mpsc::channel();
+        staging.map_async(wgpu::MapMode::Read, .., move |r| {
+            let _ = tx.send(r);
+        });
+        self.host_waits.fetch_add(1, Ordering::Relaxed);
+        self.device
+            .poll(wgpu::PollType::Wait {
+                submission_index: idx,
+                timeout: None,
+            })
+            .map_err(|e| Error::backend("to_host", format!("waiting for the device: {e}")))?;
+        self.check("to_host")?;
+        match rx.recv() {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return Err(Error::backend("to_host", format!("mapping: {e}"))),
+            Err(_) => return Err(Error::backend("to_host", "the mapping never completed")),
+        }
+        let view = staging
+            .get_mapped_range(..)
+            .map_err(|e| Error::backend("to_host", format!("mapping: {e}")))?;
+        let mut words: Vec<u32> = view
+            .chunks_exact(4)
+            .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect();
+        drop(view);
+        staging.unmap();
+        let code = words.pop().unwrap_or(0);
+        if code != 0 {
+            // Cleared in batch order: work queued after the failing op starts clean.
+            let mut b = lock(&self.batch);
+            self.encoder(&mut b).clear_buffer(&self.err_buf, 0, None);
+            return Err(crate::errors::device_error(code));
+        }
+        Ok(words)
+    }
+
+    /// The elements `layout` selects from `storage`, as a host buffer.
+    pub(crate) fn download(&self, storage: &dyn Storage, layout: &Layout) -> Result<HostBuffer> {
+        let st = WgpuStorage::of(storage, "to_host")?;
+        let n = layout.shape().elem_count();
+        let words = if layout.is_contiguous() {
+            self.read_words(st, layout.offset(), n)?
+        } else {
+            let c = crate::elementwise::copy_layout(self, st, layout)?;
+            self.read_words(&c, 0, n)?
+        };
+        from_words(st.dtype(), &words)
+    }
+}
+
+pub(crate) fn words_to_bytes(w: &[u32]) -> Vec<u8> {
+    w.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+/// Host elements to device words (see `shader.rs` for the representation).
+fn to_words(data: &HostBuffer) -> Result<Vec<u32>> {
+    Ok(match data {
+        HostBuffer::F32(v) => v.iter().map(|x| x.to_bits()).collect(),
+        HostBuffer::F16(v) => v.iter().map(|x| x.to_f32().to_bits()).collect(),
+        HostBuffer::BF16(v) => v.iter().map(|x| x.to_f32().to_bits()).collect(),
+        HostBuffer::F64(_) => {
+            shader::word("upload", DType::F64)?;
+            Vec::new()
+        }
+        HostBuffer::I32(v) => v.iter().map(|&x| x as u32).collect(),
+        HostBuffer::I64(v) => {
+            let mut out = Vec::with_capacity(v.len());
+            for (i, &x) in v.iter().enumerate() {
+                let y = i32::try_from(x).map_err(|_| {
+                    Error::dtype(
+                        "upload",
+                        DType::I64,
+                        format!(
+                            "element {i} = {x} is outside the i32 range the wgpu backend \
+                             stores i64 in"
+                        ),
+                    )
+                })?;
+                out.push(y as u32);
+            }
+            out
+        }
+        HostBuffer::U32(v) => v.clone(),
+        HostBuffer::U8(v) => v.iter().map(|&x| x as u32).collect(),
+        HostBuffer::Bool(v) => v.iter().map(|&x| x as u32).collect(),
+    })
+}
+
+/// Device words to host elements of `dt`.
+fn from_words(dt: DType, w: &[u32]) -> Result<HostBuffer> {
+    use ferrite_core::{bf16, f16};
+    Ok(match dt {
+        DType::F32 => HostBuffer::F32(w.iter().map(|&x| f32::from_bits(x)).collect()),
+        DType::F16 => HostBuffer::F16(
+            w.iter()
+                .map(|&x| f16::from_f32(f32::from_bits(x)))
+                .collect(),
+        ),
+        DType::BF16 => HostBuffer::BF16(
+            w.iter()
+                .map(|&x| bf16::from_f32(f32::from_bits(x)))
+                .collect(),
+        ),
+        DType::F64 => {
+            shader::word("to_host", DType::F64)?;
+            HostBuffer::F64(Vec::new())
+        }
+        DType::I32 => HostBuffer::I32(w.iter().map(|&x| x as i32).collect()),
+        DType::I64 => HostBuffer::I64(w.iter().map(|&x| x as i32 as i64).collect()),
+        DType::U32 => HostBuffer::U32(w.to_vec()),
+        DType::U8 => HostBuffer::U8(w.iter().map(|&x| x as u8).collect()),
+        DType::Bool => HostBuffer::Bool(w.iter().map(|&x| x != 0).collect()),
+    })
+}

@@ -1,0 +1,187 @@
+// Elementwise kernels over strided inputs, writing a contiguous output.
+// Words: T is the element type of the inputs (S for cast's source); booleans are u32 0/1.
+// P: [n, op, layout of X0, layout of X1, layout of X2] (layouts as in common.wgsl).
+
+@group(0) @binding(1) var<storage, read_write> Y: array<u32>;
+@group(0) @binding(2) var<storage, read> X0: array<u32>;
+@group(0) @binding(3) var<storage, read> X1: array<u32>;
+// Integer division reports division by zero in the device error word (see `errors.rs`).
+#if DIV_CHECK
+@group(0) @binding(4) var<storage, read_write> ERR: atomic<u32>;
+#else
+@group(0) @binding(4) var<storage, read> X2: array<u32>;
+#endif
+
+#if T_F
+// erf with |error| < 1.2e-7 (Numerical Recipes' erfc Chebyshev fit).
+fn erf_(x: f32) -> f32 {
+    let z = abs(x);
+    let t = 1.0 / (1.0 + 0.5 * z);
+    let r = t * exp(-z * z - 1.26551223 + t * (1.00002368 + t * (0.37409196 + t * (0.09678418
+        + t * (-0.18628806 + t * (0.27886807 + t * (-1.13520398 + t * (1.48851587
+        + t * (-0.82215223 + t * 0.17087277)))))))));
+    return select(r - 1.0, 1.0 - r, x >= 0.0);
+}
+
+fn tanh_(x: f32) -> f32 {
+    // Clamped: some drivers compute tanh through exp and overflow to NaN.
+    return tanh(clamp(x, -20.0, 20.0));
+}
+
+fn sigmoid_(x: f32) -> f32 {
+    return 1.0 / (1.0 + exp(-x));
+}
+
+fn unary_op(op: u32, x: f32) -> f32 {
+    switch op {
+        case 0u: { return -x; }
+        case 1u: { return abs(x); }
+        case 2u: { return select(select(0.0, -1.0, x < 0.0), 1.0, x > 0.0) + select(0.0, x, x != x); }
+        case 3u: { return exp(x); }
+        case 4u: { return log(x); }
+        case 5u: { return sqrt(x); }
+        case 6u: { return 1.0 / sqrt(x); }
+        case 7u: { return 1.0 / x; }
+        case 8u: { return x * x; }
+        case 9u: { return sin(x); }
+        case 10u: { return cos(x); }
+        case 11u: { return tanh_(x); }
+        case 12u: { return sigmoid_(x); }
+        case 13u: { return select(0.0, x, x > 0.0); }
+        case 14u: { return 0.5 * x * (1.0 + erf_(x * 0.70710678118654752)); }
+        case 15u: { return 0.5 * x * (1.0 + tanh_(0.79788456080286536 * (x + 0.044715 * x * x * x))); }
+        case 16u: { return x * sigmoid_(x); }
+        case 17u: { return floor(x); }
+        case 18u: { return ceil(x); }
+        default: {
+            // Round half away from zero.
+            let r = trunc(x);
+            return select(r, r + sign(x), abs(x - r) >= 0.5);
+        }
+    }
+}
+
+fn pow_(a: f32, b: f32) -> f32 {
+    if (b == 0.0) { return 1.0; }
+    if (a < 0.0) {
+        if (floor(b) != b) { return bitcast<f32>(0x7fc00000u); }
+        let m = pow(-a, b);
+        return select(m, -m, floor(b * 0.5) * 2.0 != b);
+    }
+    if (a == 0.0) { return select(0.0, bitcast<f32>(0x7f800000u), b < 0.0); }
+    return pow(a, b);
+}
+
+fn binary_op(op: u32, a: f32, b: f32) -> f32 {
+    switch op {
+        case 0u: { return a + b; }
+        case 1u: { return a - b; }
+        case 2u: { return a * b; }
+        case 3u: { return a / b; }
+        case 4u: { return pow_(a, b); }
+        // NaN-propagating, as NumPy's maximum / minimum.
+        case 5u: { return select(b, a, a != a || a > b); }
+        default: { return select(b, a, a != a || a < b); }
+    }
+}
+#else
+fn unary_op(op: u32, x: T) -> T {
+    switch op {
+#if T_I
+        case 0u: { return -x; }
+        case 1u: { return abs(x); }
+        case 2u: { return select(select(T(0), T(-1), x < T(0)), T(1), x > T(0)); }
+#else
+        case 0u: { return T(0) - x; }
+        case 1u: { return x; }
+        case 2u: { return select(T(0), T(1), x > T(0)); }
+#endif
+        case 8u: { return x * x; }
+        case 13u: { return select(T(0), x, x > T(0)); }
+        default: { return x; }
+    }
+}
+
+fn binary_op(op: u32, a: T, b: T) -> T {
+    switch op {
+        case 0u: { return a + b; }
+        case 1u: { return a - b; }
+        case 2u: { return a * b; }
+        case 3u: {
+#if DIV_CHECK
+            if (b == T(0)) { atomicMax(&ERR, 2u); return T(0); }
+#endif
+            return a / b;
+        }
+        case 5u: { return max(a, b); }
+        default: { return min(a, b); }
+    }
+}
+#endif
+
+fn cmp_op(op: u32, a: T, b: T) -> bool {
+    switch op {
+        case 0u: { return a == b; }
+        case 1u: { return a != b; }
+        case 2u: { return a < b; }
+        case 3u: { return a <= b; }
+        case 4u: { return a > b; }
+        default: { return a >= b; }
+    }
+}
+
+fn st(i: u32, v: T) {
+    Y[i] = bitcast<u32>(fit_T(v));
+}
+
+@compute @workgroup_size(256)
+fn unary(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>,
+         @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = thread_id(wid, lid, nwg);
+    if (i >= P[0]) { return; }
+    st(i, unary_op(P[1], bitcast<T>(X0[strided(2u, i)])));
+}
+
+@compute @workgroup_size(256)
+fn binary(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>,
+          @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = thread_id(wid, lid, nwg);
+    if (i >= P[0]) { return; }
+    let a = bitcast<T>(X0[strided(2u, i)]);
+    let b = bitcast<T>(X1[strided(2u + layout_len(2u), i)]);
+    st(i, binary_op(P[1], a, b));
+}
+
+#if !DIV_CHECK
+@compute @workgroup_size(256)
+fn cmp(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>,
+       @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = thread_id(wid, lid, nwg);
+    if (i >= P[0]) { return; }
+    let a = bitcast<T>(X0[strided(2u, i)]);
+    let b = bitcast<T>(X1[strided(2u + layout_len(2u), i)]);
+    Y[i] = select(0u, 1u, cmp_op(P[1], a, b));
+}
+
+// X0: condition (u32 0/1 words of any integer or bool dtype), X1: a, X2: b.
+@compute @workgroup_size(256)
+fn where_(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>,
+          @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = thread_id(wid, lid, nwg);
+    if (i >= P[0]) { return; }
+    let l1 = 2u + layout_len(2u);
+    let l2 = l1 + layout_len(l1);
+    let c = X0[strided(2u, i)];
+    let w = select(X2[strided(l2, i)], X1[strided(l1, i)], c != 0u);
+    Y[i] = w;
+}
+
+// A strided copy: X0 (layout at 2) into Y at the strided destination layout after it.
+@compute @workgroup_size(256)
+fn copy(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>,
+        @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = thread_id(wid, lid, nwg);
+    if (i >= P[0]) { return; }
+    Y[strided(2u + layout_len(2u), i)] = X0[strided(2u, i)];
+}
+#endif

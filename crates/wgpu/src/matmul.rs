@@ -1,0 +1,74 @@
+//! Batched matmul (`matmul.wgsl`): 64x64 output tiles through workgroup memory, inputs read
+//! through their strides (no copies for transposed or broadcast views).
+
+use crate::device::WgpuBackend;
+use crate::shader::{self, kernel, Kernel, Variant};
+use crate::util::{storage, uw};
+use ferrite_core::{Error, Result, Shape, Storage, Tensor};
+use std::sync::Arc;
+
+pub(crate) static MATMUL: Kernel = kernel!("matmul", &["matmul"], &[("T", shader::FLOATS)], &[&[]]);
+
+pub(crate) fn matmul(
+    dev: &WgpuBackend,
+    a: &Tensor,
+    b: &Tensor,
+    out: &Shape,
+) -> Result<Vec<Arc<dyn Storage>>> {
+    let name = "matmul";
+    let dt = a.dtype();
+    if !dt.is_float() {
+        return Err(Error::dtype(name, dt, "needs a float dtype"));
+    }
+    let r = a.rank();
+    if r < 2 || b.rank() != r || out.rank() != r {
+        return Err(Error::backend(
+            name,
+            "inputs must be [..., m, k] x [..., k, n]",
+        ));
+    }
+    let (m, k, n) = (a.dims()[r - 2], a.dims()[r - 1], b.dims()[r - 1]);
+    let batch_dims = &out.dims()[..r - 2];
+    let batch: usize = batch_dims.iter().product();
+    let y = dev.alloc(name, dt, out.elem_count())?;
+    if out.elem_count() == 0 {
+        return Ok(vec![Arc::new(y)]);
+    }
+    let (sa, sb) = (a.layout().strides(), b.layout().strides());
+    let mut p = vec![
+        uw(name, m)?,
+        uw(name, n)?,
+        uw(name, k)?,
+        uw(name, batch)?,
+        uw(name, sa[r - 2])?,
+        uw(name, sa[r - 1])?,
+        uw(name, sb[r - 2])?,
+        uw(name, sb[r - 1])?,
+        uw(name, a.layout().offset())?,
+        uw(name, b.layout().offset())?,
+        uw(name, r - 2)?,
+    ];
+    for &d in batch_dims {
+        p.push(uw(name, d)?);
+    }
+    // Size-1 batch dims of an input contribute no offset whatever their stride.
+    for (t, s) in [(a, sa), (b, sb)] {
+        for (&d, &st) in t.dims()[..r - 2].iter().zip(s) {
+            p.push(if d == 1 { 0 } else { uw(name, st)? });
+        }
+    }
+    let groups = m.div_ceil(64) * n.div_ceil(64) * batch;
+    let v = Variant::new(&[("T", dt)], &[]);
+    dev.launch(
+        name,
+        &MATMUL,
+        "matmul",
+        &v,
+        &p,
+        &[&y],
+        &[storage(a, name)?.buffer(), storage(b, name)?.buffer()],
+        false,
+        groups,
+    )?;
+    Ok(vec![Arc::new(y)])
+}
