@@ -394,6 +394,12 @@ impl Optimizer {
                 initial_lr: None,
             });
         }
+        // The wgpu backend has no fused kernels (its `fused_update` is an error).
+        let implementation = if matches!(device.kind(), DeviceKind::Wgpu(_)) {
+            Implementation::Composed
+        } else {
+            Implementation::Fused
+        };
         Ok(Optimizer {
             grad_norm: scalar(0.0, &device)?,
             first_nonfinite: scalar(0.0, &device)?,
@@ -402,12 +408,7 @@ impl Optimizer {
             device,
             clip: None,
             steps: 0,
-            // The wgpu backend has no fused kernels (its `fused_update` is an error).
-            implementation: if matches!(device.kind(), DeviceKind::Wgpu(_)) {
-                Implementation::Composed
-            } else {
-                Implementation::Fused
-            },
+            implementation,
             master_weights: false,
         })
     }
