@@ -675,6 +675,11 @@ fn run(
     if data_type(dtype).is_none() {
         return reject(format!("cuDNN has no {dtype} convolution"));
     }
+    // f64 is the dtype of precision checks: cuDNN 9's f64 convolution was measured at 7e-8
+    // relative error (f32-level rounding) on an H100, so `Auto` keeps f64 on im2col.
+    if dtype == DType::F64 && !required {
+        return Ok(None);
+    }
     let dims = |d: &[usize]| -> [usize; 4] {
         let mut o = [0; 4];
         o.copy_from_slice(&d[..4]);
