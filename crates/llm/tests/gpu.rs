@@ -2367,12 +2367,17 @@ fn engine_vs_tc(
     let mut same = 0;
     for (i, (g, c)) in batched.iter().zip(&cpu_runs).enumerate() {
         let (d, steps) = run_diff(g, c);
-        // (16-bit operands may flip a near tie: the tensor-core runs check the logits only)
+        // A different first token is allowed only where it is a near tie on the CPU: its CPU
+        // logit within the stated tolerance (of the logit range) of the CPU's pick. 16-bit
+        // operands (tensor-core runs) and 8-bit activations quantized on another device round
+        // differently.
+        let (gt, ct) = (g.0[0] as usize, c.0[0] as usize);
+        let cl = &c.1[0];
+        let range = cl.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let gap = (cl[ct] - cl[gt]) / range;
         assert!(
-            steps >= 1 && (tc.is_some() || g.0[0] == c.0[0]),
-            "{name}: request {i}: first token {} vs CPU {}",
-            g.0[0],
-            c.0[0]
+            steps >= 1 && (gt == ct || gap <= tol),
+            "{name}: request {i}: first token {gt} vs CPU {ct} (CPU logit gap {gap:.3e} of the range)"
         );
         assert!(d <= tol, "{name}: request {i}: logits differ from the CPU engine by {d:.3e} of the range (tolerance {tol:.1e})");
         worst = worst.max(d);
