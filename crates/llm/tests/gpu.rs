@@ -116,6 +116,10 @@ fn gpu_tests() -> Vec<(&'static str, TestFn)> {
             "engine_cuda_tensor_core_steps_match_cpu",
             engine_tensor_core,
         ),
+        (
+            "matvec_rows_int8_mma_match_register_kernels",
+            matvec_rows_mma_match_register_kernels,
+        ),
     ]
 }
 
@@ -2321,11 +2325,26 @@ fn engine_vs(
     n_new: usize,
     tol: f32,
 ) -> (f32, usize) {
-    engine_vs_tc(name, model, dev, layout, n_new, tol, None)
+    engine_vs_tc(name, model, dev, layout, n_new, tol, None, false)
 }
 
-/// `engine_vs`; with `tc`, steps of at least that many rows take the tensor-core products
-/// (then a request's logits depend on its step, so batched = alone is not checked).
+/// `engine_vs` with the int8 tensor-core products for steps of 2 rows or more (then a
+/// request's logits depend on its step in the last bits, so batched = alone is not checked).
+fn engine_vs_mma(
+    name: &str,
+    model: &'static Model,
+    dev: &CudaDevice,
+    layout: Layout,
+    n_new: usize,
+    tol: f32,
+) -> (f32, usize) {
+    engine_vs_tc(name, model, dev, layout, n_new, tol, None, true)
+}
+
+/// `engine_vs`; with `tc`, steps of at least that many rows take the tensor-core products,
+/// with `mma` fast-mode products of 2 rows or more the int8 tensor-core kernels (then a
+/// request's logits depend on its step, so batched = alone is not checked).
+#[allow(clippy::too_many_arguments)]
 fn engine_vs_tc(
     name: &str,
     model: &'static Model,
@@ -2334,18 +2353,21 @@ fn engine_vs_tc(
     n_new: usize,
     tol: f32,
     tc: Option<usize>,
+    mma: bool,
 ) -> (f32, usize) {
-    let name = &format!("{name} ({layout:?} layout, tensor-core rows {tc:?})");
+    let name = &format!("{name} ({layout:?} layout, tensor-core rows {tc:?}, int8 mma {mma})");
     let gm = leak(GpuModel::load_with(model, dev, engine_cfg().ctx, layout).unwrap());
     let vocab = model.cfg.vocab;
     let mut cuda = || {
         let mut e = Engine::cuda(gm, engine_cfg()).unwrap();
         e.kernels_mut()
             .set_tensor_core_rows(tc.unwrap_or(usize::MAX));
+        e.kernels_mut()
+            .set_mma_rows(if mma { 2 } else { usize::MAX });
         e
     };
     let batched = run_scenario(&mut cuda, vocab, n_new, false);
-    let alone = if tc.is_none() {
+    let alone = if tc.is_none() && !mma {
         run_scenario(&mut cuda, vocab, n_new, true)
     } else {
         Vec::new()
@@ -2427,6 +2449,7 @@ fn engine_synthetic_q8(dev: &CudaDevice) -> Option<String> {
         for layout in [Layout::Gguf, Layout::Split] {
             let name = format!("synthetic {quant} q8");
             engine_vs(&name, model, dev, layout, 6, 0.1 / spread);
+            engine_vs_mma(&name, model, dev, layout, 6, 0.1 / spread);
         }
     }
     let _ = std::fs::remove_dir_all(&dir);
@@ -2448,7 +2471,9 @@ fn engine_smollm2(dev: &CudaDevice) -> Option<String> {
     model.set_precision(Precision::Q8);
     // The CPU docs put its own Q8 mode 0.4-0.5 rms from exact; the GPU's q8 inputs differ
     // from the CPU's by rounding flips, so only batched = alone is strict here.
-    engine_vs("SmolLM2 q8", leak(model), dev, Layout::Split, 12, 0.1);
+    let model = leak(model);
+    engine_vs("SmolLM2 q8", model, dev, Layout::Split, 12, 0.1);
+    engine_vs_mma("SmolLM2 q8", model, dev, Layout::Split, 12, 0.1);
     None
 }
 
@@ -2563,7 +2588,16 @@ fn engine_tensor_core(dev: &CudaDevice) -> Option<String> {
             let mut model = synth_model(quant, &dir, 2, 256);
             model.set_precision(precision);
             let name = format!("synthetic {quant} {precision:?}");
-            engine_vs_tc(&name, leak(model), dev, Layout::Auto, 6, 3e-2, Some(8));
+            engine_vs_tc(
+                &name,
+                leak(model),
+                dev,
+                Layout::Auto,
+                6,
+                3e-2,
+                Some(8),
+                false,
+            );
         }
     }
     let _ = std::fs::remove_dir_all(&dir);
@@ -2640,6 +2674,101 @@ fn matvec_rows_equal_one_row_launches(dev: &CudaDevice) -> Option<String> {
                                 "{ty} split {split} q8 {q8} {mode:?} rows {n}: row {r} differs from its one-row launch"
                             );
                         }
+                    }
+                }
+            }
+        }
+    }
+    None
+}
+
+/// The int8 tensor-core kernels (`ops::matvec_rows_mma`) against the batched register kernels
+/// (`ops::matvec_rows` in the fast mode: the same 8-bit inputs and the same per-unit terms,
+/// checked against the CPU's Q8 mode by `matvec_q8_every_format`): every split 32-element
+/// format, every mode, row counts around the 8-row tiles and the 64-row block groups, weight
+/// rows not a multiple of the 32-row warp tile (split rows hold a multiple of 8 units, so
+/// always whole 4-unit stages).
+/// Only the order of the f32 sums differs: within 2e-5 of the largest output.
+fn matvec_rows_mma_match_register_kernels(dev: &CudaDevice) -> Option<String> {
+    if dev.compute_capability().0 < 8 {
+        return Some(format!(
+            "the int8 tensor-core kernels need sm_80 or later; this device is sm_{}{}",
+            dev.compute_capability().0,
+            dev.compute_capability().1
+        ));
+    }
+    let types = [
+        GgmlType::Q4_0,
+        GgmlType::Q4_1,
+        GgmlType::Q5_0,
+        GgmlType::Q5_1,
+        GgmlType::Q8_0,
+    ];
+    for (i, ty) in types.into_iter().enumerate() {
+        for (rows_w, cols) in [(96usize, 512usize), (200, 1792)] {
+            let seed = 1300 + i as u64 + cols as u64;
+            let (g, _) = rand_matrix_with(dev, ty, rows_w, cols, seed, true);
+            let (u, _) = rand_matrix_with(dev, ty, rows_w, cols, seed + 1, true);
+            let bias = up(dev, &Rng(seed + 2).vec(rows_w));
+            let norm = up(dev, &Rng(seed + 3).vec(cols));
+            for n in [2usize, 7, 8, 9, 17, 33, 64, 70] {
+                let x: Vec<f32> = Rng(seed + 4 + n as u64).vec(n * cols);
+                let xb = up(dev, &x);
+                for mode in [Mode::Store, Mode::Add, Mode::GluSilu] {
+                    let glu = mode == Mode::GluSilu;
+                    let segs: Vec<Seg<'_>> = if glu {
+                        vec![
+                            Seg {
+                                w: &g,
+                                bias: None,
+                                out_off: 0,
+                            },
+                            Seg {
+                                w: &u,
+                                bias: Some(&bias),
+                                out_off: 0,
+                            },
+                        ]
+                    } else {
+                        vec![
+                            Seg {
+                                w: &g,
+                                bias: Some(&bias),
+                                out_off: 0,
+                            },
+                            Seg {
+                                w: &u,
+                                bias: None,
+                                out_off: rows_w,
+                            },
+                        ]
+                    };
+                    let ostride = if glu { rows_w } else { 2 * rows_w } + 5;
+                    let init: Vec<f32> = Rng(seed + 9).vec(n * ostride);
+                    let nb = Some((&norm, 1e-5f32));
+                    let b = up(dev, &init);
+                    ops::matvec_rows(dev, &segs, mode, &xb, nb, &b, n, ostride, true).unwrap();
+                    let want = read(dev, &b, n * ostride);
+                    for split in [false, true] {
+                        let a = up(dev, &init);
+                        ops::matvec_rows_mma(dev, &segs, mode, &xb, nb, &a, n, ostride, split)
+                            .unwrap();
+                        let got = read(dev, &a, n * ostride);
+                        let scale = want.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-3);
+                        let (worst, at) = got
+                            .iter()
+                            .zip(&want)
+                            .enumerate()
+                            .map(|(k, (a, b))| ((a - b).abs(), k))
+                            .fold(
+                                (0f32, 0),
+                                |m, v| if v.0 > m.0 || v.0.is_nan() { v } else { m },
+                            );
+                        assert!(
+                        worst <= 2e-5 * scale && got.iter().all(|v| v.is_finite()),
+                        "{ty} {rows_w}x{cols} {mode:?} rows {n} split K {split}: int8 mma differs from the register kernels by {worst:.3e} (largest output {scale:.3e}) at element {at}: {} vs {}",
+                        got[at], want[at]
+                    );
                     }
                 }
             }

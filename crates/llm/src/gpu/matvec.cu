@@ -881,6 +881,276 @@ extern "C" __global__ void __launch_bounds__(MVR_W * 32) mvr_mixed(const MvArgs 
 extern "C" __global__ void __launch_bounds__(MVR_W * 32) mvr_q8_mixed(const MvArgs a) { mvr_body<true, MVR_NS, 1>(a); }
 extern "C" __global__ void __launch_bounds__(MVR_W * 32) mvrb_q8_mixed(const MvArgs a) { mvr_body<true, MVR_NS, MVR_NB>(a); }
 
+// ---- Tensor-core batched products (fast mode, split 32-element formats) ----
+// mmq_<fmt>_n<NT>: a batch of input rows (8-bit units) times a split matrix of Q4_0, Q4_1,
+// Q5_0, Q5_1 or Q8_0 on int8 tensor cores. One mma.m16n8k32 (s8 x s8 -> s32) takes one
+// 32-element unit of 16 weight rows (their quants as bytes: 0..15 / 0..31 unsigned, Q8_0's
+// signed) and of 8 input rows (their qs); each unit's integer sums are then scaled as the
+// dp4a kernels scale theirs (Q4_0: d_w (d_x acc - 8 s_x), Q5_0: -16, Q4_1/Q5_1:
+// d_w d_x acc + m_w s_x, Q8_0: d_w d_x acc) and added in f32, unit after unit.
+// Tiles: MQ_W warps a block; a warp takes 32 rows of one segment as two 16-row m-tiles (GLU:
+// 16 rows of gate and the same 16 rows of up; a.rpb = 32, GLU 16) for NT 8-row n-tiles of input
+// rows (a.rpg = 8 NT rows a block group). The group's input units are staged in shared memory
+// MQ_KU units a stage (cp.async, two buffers), rows MQ_XS bytes apart (fragment reads without
+// bank conflicts), and shared by the block's warps; weights go straight to registers, the next
+// stage's loaded while one is computed.
+// Split K: with a.chunk = KS > 1 splits, the blocks of a tile take KS slices of the units
+// (grid: group fastest, then split, then the block's tiles) and store their sums as partials
+// f32 [KS][input rows][a.stride] at a.argmax (output row p of the launch: segment rows back to
+// back; GLU: gate rows, then up rows); mmq_reduce adds them in split order and applies the
+// epilogue. Deterministic, but not the register kernels' summation order: a row's result
+// differs from the one-row launch's in the last bits.
+#define MQ_W 4
+#define MQ_KU 4
+#define MQ_XS (MQ_KU * Q8U + 16)
+
+// What a thread holds of one unit of one weight row: quant word t (Q8_0: words t and t + 4),
+// d (and m) as f16 bits, qh (Q5 formats).
+struct MqW {
+    u32 q0, q1, h, qh;
+};
+
+template <int F> __device__ __forceinline__ MqW mq_load(u64 rp, u32 n, u32 u, u32 t) {
+    MqW w;
+    w.q0 = __ldg((const unsigned int*)(rp + (u64)u * sp_q<F>() + 4 * t));
+    w.q1 = F == FMT_Q8_0 ? __ldg((const unsigned int*)(rp + (u64)u * 32 + 16 + 4 * t)) : 0u;
+    w.qh = sp_qh<F>() ? __ldg((const unsigned int*)(rp + (u64)n * 16 + 4 * (u64)u)) : 0u;
+    const u64 hp = rp + (u64)n * (sp_q<F>() + sp_qh<F>()) + (u64)u * sp_h<F>();
+    w.h = sp_h<F>() == 4 ? __ldg((const unsigned int*)hp) : (u32)__ldg((const unsigned short*)hp);
+    return w;
+}
+
+// The A-fragment bytes of thread t: elements 4t..4t+3 (lo) and 16+4t..16+4t+3 (hi) of the unit.
+template <int F> __device__ __forceinline__ void mq_frag(const MqW& w, u32 t, u32* lo, u32* hi) {
+    if (F == FMT_Q8_0) {
+        *lo = w.q0;
+        *hi = w.q1;
+        return;
+    }
+    u32 l = w.q0 & 0x0f0f0f0fu, h = (w.q0 >> 4) & 0x0f0f0f0fu;
+    if (sp_qh<F>()) {
+        l |= (u32)bits4(w.qh >> (4 * t));
+        h |= (u32)bits4(w.qh >> (16 + 4 * t));
+    }
+    *lo = l;
+    *hi = h;
+}
+
+// One unit's contribution from its integer sum acc and the input unit's (d, s): sp_dq8's scaling.
+template <int F> __device__ __forceinline__ float mq_term(const MqW& w, int acc, float2 ds) {
+    const float d = h2f(w.h & 0xffffu);
+    if (F == FMT_Q8_0) return d * ds.x * (float)acc;
+    if (F == FMT_Q4_0) return d * (ds.x * (float)acc - 8.0f * ds.y);
+    if (F == FMT_Q5_0) return d * (ds.x * (float)acc - 16.0f * ds.y);
+    return d * ds.x * (float)acc + h2f(w.h >> 16) * ds.y;  // Q4_1, Q5_1
+}
+
+// The launch's output row (partials index) of row `row` of the segment of tile t.
+__device__ __forceinline__ u32 mq_prow(const MvArgs& a, bool glu, u32 t, u32 row) {
+    if (glu || a.nseg == 1 || t < a.seg[0].blocks) return row;
+    if (a.nseg == 2 || t < a.seg[0].blocks + a.seg[1].blocks) return a.seg[0].rows + row;
+    return a.seg[0].rows + a.seg[1].rows + row;
+}
+
+template <int F, int NT>
+__device__ __forceinline__ void mmq_run(const MvArgs& a) {
+#if __CUDA_ARCH__ >= 800
+    __shared__ __align__(16) u8 xs[2][8 * NT * MQ_XS];
+    const u32 lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const u32 groups = mv_groups(a), ks_n = max(a.chunk, 1u);
+    const u32 grp = blockIdx.x % groups, ks = (blockIdx.x / groups) % ks_n, tb = blockIdx.x / groups / ks_n;
+    const u32 tile = tb * MQ_W + (threadIdx.x >> 5);
+    const bool live = tile < a.tiles;
+    const bool glu = a.mode >= MV_GLU_SILU;
+    const u32 row0 = grp * a.rpg;
+    const u32 nb = min((u32)(8 * NT), a.nrows - row0);
+    const u32 units = a.cols >> 5;
+    // this split's units: [ub, ue), whole stages
+    const u32 per = ((units + ks_n - 1) / ks_n + MQ_KU - 1) / MQ_KU * MQ_KU;
+    const u32 ub = min(units, ks * per), ue = min(units, ub + per);
+    MvSeg sa;
+    u32 r0;
+    tile_of(a, glu, live ? tile : 0, &sa, &r0);
+    const MvSeg sb = a.seg[1];
+    // m-tile m, half h: weight row r0 + g + 8 h (+ 16 m; GLU: of gate for m = 0, of up for m = 1)
+    u64 rp[2][2];
+#pragma unroll
+    for (int m = 0; m < 2; ++m) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const MvSeg& s = (glu && m == 1) ? sb : sa;
+            const u32 row = min(r0 + (glu ? 0u : 16u * m) + g + 8u * h, s.rows - 1);  // past the end: unused
+            rp[m][h] = s.w + (u64)row * s.row_bytes;
+        }
+    }
+    float acc[2][NT][4];
+#pragma unroll
+    for (int m = 0; m < 2; ++m) {
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[m][j][e] = 0.f;
+        }
+    }
+    const u64 xbase = a.x + (u64)row0 * a.xstride + (u64)ub * Q8U;
+    const u32 stages = (ue - ub + MQ_KU - 1) / MQ_KU;
+    const u32 su = ue - ub;  // units of this split; stage st covers [st MQ_KU, st MQ_KU + MQ_KU) of them
+    // Stage st of the input units into buffer st & 1 (rows past nb are left as they are: their
+    // columns are never stored).
+    auto stage_in = [&](u32 st) {
+        u8* dst = xs[st & 1];
+        const u32 n = nb * MQ_KU * 3;
+        for (u32 i = threadIdx.x; i < n; i += blockDim.x) {
+            const u32 r = i / (MQ_KU * 3), rem = i % (MQ_KU * 3), uu = rem / 3, p = rem % 3;
+            const u32 u = st * MQ_KU + uu;
+            if (u < su) cp16(dst + r * MQ_XS + uu * Q8U + p * 16, xbase + (u64)r * a.xstride + (u64)u * Q8U + p * 16);
+        }
+        cp_commit();
+    };
+    MqW wa[MQ_KU][2][2], wb[MQ_KU][2][2];
+    auto load = [&](MqW (&w)[MQ_KU][2][2], u32 st) {
+#pragma unroll
+        for (int uu = 0; uu < MQ_KU; ++uu) {
+            const u32 u = st * MQ_KU + uu;
+            if (u < su) {
+#pragma unroll
+                for (int m = 0; m < 2; ++m) {
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) w[uu][m][h] = mq_load<F>(rp[m][h], units, ub + u, t);
+                }
+            }
+        }
+    };
+    auto comp = [&](const MqW (&w)[MQ_KU][2][2], u32 st) {
+        const u8* x = xs[st & 1];
+#pragma unroll
+        for (int uu = 0; uu < MQ_KU; ++uu) {
+            if (st * MQ_KU + uu >= su) break;
+            u32 af[2][4];
+#pragma unroll
+            for (int m = 0; m < 2; ++m) {
+                mq_frag<F>(w[uu][m][0], t, &af[m][0], &af[m][2]);
+                mq_frag<F>(w[uu][m][1], t, &af[m][1], &af[m][3]);
+            }
+#pragma unroll
+            for (int j = 0; j < NT; ++j) {
+                const u8* xr = x + (8 * j + g) * MQ_XS + uu * Q8U;
+                const u32 b0 = *(const u32*)(xr + 4 * t), b1 = *(const u32*)(xr + 16 + 4 * t);
+                // (d, s) of input rows 8 j + 2 t and 8 j + 2 t + 1: the columns this thread holds
+                const float2 d0 = *(const float2*)(x + (8 * j + 2 * t) * MQ_XS + uu * Q8U + 32);
+                const float2 d1 = *(const float2*)(x + (8 * j + 2 * t + 1) * MQ_XS + uu * Q8U + 32);
+#pragma unroll
+                for (int m = 0; m < 2; ++m) {
+                    int c0 = 0, c1 = 0, c2 = 0, c3 = 0;
+                    asm volatile(
+                        "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                        "{%0,%1,%2,%3};"
+                        : "+r"(c0), "+r"(c1), "+r"(c2), "+r"(c3)
+                        : "r"(af[m][0]), "r"(af[m][1]), "r"(af[m][2]), "r"(af[m][3]), "r"(b0), "r"(b1));
+                    // c0, c1: weight row g, input rows 2t, 2t + 1; c2, c3: weight row g + 8
+                    acc[m][j][0] += mq_term<F>(w[uu][m][0], c0, d0);
+                    acc[m][j][1] += mq_term<F>(w[uu][m][0], c1, d1);
+                    acc[m][j][2] += mq_term<F>(w[uu][m][1], c2, d0);
+                    acc[m][j][3] += mq_term<F>(w[uu][m][1], c3, d1);
+                }
+            }
+        }
+    };
+    // one step: stage and load st + 1, then wait for stage st and compute it
+    auto step = [&](const MqW (&cur)[MQ_KU][2][2], MqW (&nxt)[MQ_KU][2][2], u32 st) {
+        if (st + 1 < stages) {
+            stage_in(st + 1);
+            load(nxt, st + 1);
+            cp_wait<1>();
+        } else {
+            cp_wait<0>();
+        }
+        __syncthreads();
+        comp(cur, st);
+        __syncthreads();  // buffer st & 1 is restaged at st + 2
+    };
+
+    if (stages) load(wa, 0);  // weights are never written: safe before pdl_wait
+    pdl_wait();
+    pdl_launch();
+    if (stages) stage_in(0);
+    for (u32 st = 0; st < stages; st += 2) {
+        step(wa, wb, st);
+        if (st + 1 < stages) step(wb, wa, st + 1);
+    }
+    if (!live) return;
+#pragma unroll
+    for (int m = 0; m < 2; ++m) {
+        if (ks_n == 1 && glu && m == 1) break;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const u32 row = r0 + (glu ? 0u : 16u * m) + g + 8u * h;
+            if (row >= sa.rows) continue;
+            // partials: gate rows, then up rows (GLU); segments back to back
+            const u32 p = glu ? row + (u32)m * sa.rows : mq_prow(a, glu, tile, row);
+#pragma unroll
+            for (int j = 0; j < NT; ++j) {
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    const u32 col = 8 * j + 2 * t + e;
+                    if (col >= nb) continue;
+                    const float v = acc[m][j][2 * h + e];
+                    if (ks_n > 1) {
+                        ((float*)a.argmax)[((u64)ks * a.nrows + row0 + col) * a.stride + p] = v;
+                    } else {
+                        const float u = glu ? acc[1][j][2 * h + e] : 0.f;
+                        mv_epilogue(a, sa, sb, row, v, u, a.out + (u64)(row0 + col) * a.ostride);
+                    }
+                }
+            }
+        }
+    }
+#else
+    __trap();  // the host takes these kernels on sm_80 and later only
+#endif
+}
+
+// The split-K partials of an mmq launch (a.chunk splits, a.stride output rows a split and input
+// row) added in split order, then the epilogue. One thread per (input row, output row; GLU: gate
+// row).
+extern "C" __global__ void __launch_bounds__(256) mmq_reduce(const MvArgs a) {
+    pdl_wait();
+    pdl_launch();
+    const bool glu = a.mode >= MV_GLU_SILU;
+    const u32 outs = glu ? a.seg[0].rows : a.stride;
+    const u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (u64)a.nrows * outs) return;
+    const u32 r = (u32)(i / outs), p = (u32)(i % outs);
+    const float* part = (const float*)a.argmax;
+    float v = 0.f, u = 0.f;
+    for (u32 k = 0; k < a.chunk; ++k) {
+        const float* q = part + ((u64)k * a.nrows + r) * a.stride;
+        v += q[p];
+        if (glu) u += q[a.seg[0].rows + p];
+    }
+    u32 si = 0, row = p;
+    if (!glu) {
+        while (si + 1 < a.nseg && row >= a.seg[si].rows) {
+            row -= a.seg[si].rows;
+            ++si;
+        }
+    }
+    const MvSeg sa = si == 0 ? a.seg[0] : (si == 1 ? a.seg[1] : a.seg[2]);
+    mv_epilogue(a, sa, a.seg[1], row, v, u, a.out + (u64)r * a.ostride);
+}
+
+#define MMQ_KERNELS(F, NAME) \
+    extern "C" __global__ void __launch_bounds__(MQ_W * 32) mmq_##NAME##_n1(const MvArgs a) { mmq_run<F, 1>(a); } \
+    extern "C" __global__ void __launch_bounds__(MQ_W * 32) mmq_##NAME##_n2(const MvArgs a) { mmq_run<F, 2>(a); } \
+    extern "C" __global__ void __launch_bounds__(MQ_W * 32) mmq_##NAME##_n4(const MvArgs a) { mmq_run<F, 4>(a); } \
+    extern "C" __global__ void __launch_bounds__(MQ_W * 32) mmq_##NAME##_n8(const MvArgs a) { mmq_run<F, 8>(a); }
+MMQ_KERNELS(FMT_Q4_0, q4_0)
+MMQ_KERNELS(FMT_Q4_1, q4_1)
+MMQ_KERNELS(FMT_Q5_0, q5_0)
+MMQ_KERNELS(FMT_Q5_1, q5_1)
+MMQ_KERNELS(FMT_Q8_0, q8_0)
+#undef MMQ_KERNELS
+
 // out (cols / 32 units of Q8U bytes) = x (f32 [cols], 16-byte aligned), RMS-normed first by
 // `norm` (f32 [cols]) if not 0, quantized as the CPU's quantize_q8 (IEEE division and no
 // contraction, so the same bytes for the same input). One warp per unit, a lane per element;

@@ -122,6 +122,8 @@ pub(crate) struct MvLaunch {
     regs_fmt: Option<Fmt>,
     /// Input rows of the batch (gridDim.y), each multiplied by the same weights.
     rows: u32,
+    /// The tensor-core kernels (`mmq_*_n{mma}`): 8-row input tiles a block group; 0: not.
+    mma: u32,
 }
 
 /// `quantize_q8` in matvec.cu: x (f32 [cols], optionally RMS-normed) into cols / 32 units of
@@ -328,6 +330,7 @@ pub(crate) fn plan(
         split: false,
         regs_fmt: None,
         rows: 1,
+        mma: 0,
     })
 }
 
@@ -447,6 +450,7 @@ fn plan_split(
             .all(|s| s.w.fmt == segs[0].w.fmt)
             .then_some(segs[0].w.fmt),
         rows: 1,
+        mma: 0,
     })
 }
 
@@ -525,6 +529,78 @@ impl MvLaunch {
         Ok(self)
     }
 
+    /// The same fast-mode product of a batch on int8 tensor cores (`mmq_*` in matvec.cu), where
+    /// it applies: more than one input row, split rows of one 32-element format (Q4_0, Q4_1,
+    /// Q5_0, Q5_1, Q8_0), a device of compute capability 8.0 or later; else unchanged. Call
+    /// after `with_q8`. Its sums take another order than the register kernels': a row's
+    /// result differs from its one-row launch's in the last bits.
+    ///
+    /// Where the tiles give fewer blocks than `2 * sm_count`, the units are split among up to
+    /// `MQ_MAX_SPLITS` blocks a tile (split K) whose partial sums go to `part` (f32; a split
+    /// count whose partials do not fit is not taken) and are added by `mmq_reduce`.
+    pub(crate) fn with_mma(
+        mut self,
+        cc: (u32, u32),
+        sm_count: u32,
+        part: Option<&Buffer>,
+    ) -> Result<MvLaunch> {
+        let a = &mut self.args;
+        let glu = a.mode >= Mode::GluSilu as u32;
+        let fmt_ok = a.seg[..a.nseg as usize].iter().all(|s| {
+            s.fmt & 16 != 0
+                && [Fmt::Q4_0, Fmt::Q4_1, Fmt::Q5_0, Fmt::Q5_1, Fmt::Q8_0]
+                    .iter()
+                    .any(|f| f.code() == s.fmt & 15)
+        });
+        if self.q8.is_none()
+            || !self.split
+            || self.rows < 2
+            || cc.0 < 8
+            || !fmt_ok
+            || self.regs_fmt.is_none()
+            || self.mma != 0
+        {
+            return Ok(self);
+        }
+        let rpb = if glu { MQ_ROWS / 2 } else { MQ_ROWS };
+        let mut tiles = 0u32;
+        for (i, s) in a.seg[..a.nseg as usize].iter_mut().enumerate() {
+            s.blocks = s.rows.div_ceil(rpb);
+            if !glu || i == 0 {
+                tiles = tiles
+                    .checked_add(s.blocks)
+                    .ok_or_else(|| Error::Other("matvec: too many tiles".into()))?;
+            }
+        }
+        let nt = self.rows.min(MQ_MAX_ROWS).div_ceil(8).next_power_of_two();
+        let blocks = tiles.div_ceil(MQ_W) * self.rows.div_ceil(8 * nt);
+        // output rows a split writes per input row: segments back to back (GLU: gate, up)
+        let prow: u32 = a.seg[..a.nseg as usize].iter().map(|s| s.rows).sum();
+        let stages = (a.cols / 32).div_ceil(MQ_KU);
+        let mut ks = (2 * sm_count)
+            .div_ceil(blocks.max(1))
+            .clamp(1, MQ_MAX_SPLITS)
+            .min((stages / 2).max(1));
+        let fits = |k: u32| {
+            part.is_some_and(|b| k as usize * self.rows as usize * prow as usize * 4 <= b.bytes())
+        };
+        while ks > 1 && !fits(ks) {
+            ks -= 1;
+        }
+        a.rpb = rpb;
+        a.tiles = tiles;
+        a.rpg = 8 * nt;
+        a.chunk = ks;
+        if ks > 1 {
+            a.stride = prow;
+            a.argmax = part.map_or(0, |b| b.ptr());
+        }
+        self.mma = nt;
+        self.grid = tiles.div_ceil(MQ_W) * ks;
+        self.smem = 0;
+        Ok(self)
+    }
+
     /// The same product for `rows` input rows: row i reads its input `xstride` bytes after
     /// row i - 1's (f32 rows; in the fast mode the quantized rows follow each other) and
     /// writes its outputs `ostride` bytes after row i - 1's. The caller sized the buffers for
@@ -552,14 +628,20 @@ impl MvLaunch {
         Ok(self)
     }
 
+    /// Whether the product runs on the int8 tensor-core kernels.
+    pub(crate) fn is_mma(&self) -> bool {
+        self.mma != 0
+    }
+
     /// Whether the product runs in the fast mode (8-bit activations).
     pub(crate) fn is_q8(&self) -> bool {
         self.q8.is_some()
     }
 
-    /// Kernel launches of `enqueue` (2 in the fast mode: the quantization, then the product).
+    /// Kernel launches of `enqueue` (the fast mode's quantization, the product, the split-K
+    /// reduction of the tensor-core kernels).
     pub(crate) fn kernels(&self) -> usize {
-        1 + self.q8.is_some() as usize
+        1 + self.q8.is_some() as usize + (self.mma != 0 && self.args.chunk > 1) as usize
     }
 
     pub(crate) fn enqueue(&self, dev: &CudaDevice) -> Result<()> {
@@ -581,6 +663,7 @@ impl MvLaunch {
         let cfg = LaunchConfig::new((grid, 1, 1), (MV_T, 1, 1), self.smem);
         let q8 = self.q8.is_some();
         let name = match (self.split, q8, self.persist) {
+            _ if self.mma != 0 => mmq_kernel(self.regs_fmt, self.mma)?,
             (true, _, _) => mvr_kernel(self.regs_fmt, q8, self.args.rpg > 1),
             (false, false, false) => "matvec",
             (false, false, true) => "matvec_persist",
@@ -594,8 +677,67 @@ impl MvLaunch {
             name,
             cfg,
             KernelArgs::new().arg(self.args),
-        )
+        )?;
+        if self.mma != 0 && self.args.chunk > 1 {
+            let a = &self.args;
+            let outs = if a.mode >= Mode::GluSilu as u32 {
+                a.seg[0].rows
+            } else {
+                a.stride
+            };
+            let n = (a.nrows as u64 * outs as u64).div_ceil(256);
+            let cfg = LaunchConfig::new((u32_of(n as usize, "blocks")?, 1, 1), (256, 1, 1), 0);
+            super::launch(
+                dev,
+                "matvec",
+                &SOURCE,
+                "mmq_reduce",
+                cfg,
+                KernelArgs::new().arg(self.args),
+            )?;
+        }
+        Ok(())
     }
+}
+
+/// Warps per block of the tensor-core kernels (`MQ_W`), weight rows per warp tile, and input
+/// rows per block group at most (8 per n-tile, `NT` <= 8).
+const MQ_W: u32 = 4;
+const MQ_ROWS: u32 = 32;
+const MQ_MAX_ROWS: u32 = 64;
+/// Units a stage of the tensor-core kernels (`MQ_KU`), and most K splits of a tile.
+const MQ_KU: u32 = 4;
+const MQ_MAX_SPLITS: u32 = 8;
+
+/// The tensor-core kernel for split matrices of `fmt` and `nt` 8-row input tiles a block.
+fn mmq_kernel(fmt: Option<Fmt>, nt: u32) -> Result<&'static str> {
+    const NAMES: [[&str; 4]; 5] = [
+        ["mmq_q4_0_n1", "mmq_q4_0_n2", "mmq_q4_0_n4", "mmq_q4_0_n8"],
+        ["mmq_q4_1_n1", "mmq_q4_1_n2", "mmq_q4_1_n4", "mmq_q4_1_n8"],
+        ["mmq_q5_0_n1", "mmq_q5_0_n2", "mmq_q5_0_n4", "mmq_q5_0_n8"],
+        ["mmq_q5_1_n1", "mmq_q5_1_n2", "mmq_q5_1_n4", "mmq_q5_1_n8"],
+        ["mmq_q8_0_n1", "mmq_q8_0_n2", "mmq_q8_0_n4", "mmq_q8_0_n8"],
+    ];
+    let f = match fmt {
+        Some(Fmt::Q4_0) => 0,
+        Some(Fmt::Q4_1) => 1,
+        Some(Fmt::Q5_0) => 2,
+        Some(Fmt::Q5_1) => 3,
+        Some(Fmt::Q8_0) => 4,
+        _ => usize::MAX,
+    };
+    let n = match nt {
+        1 => 0,
+        2 => 1,
+        4 => 2,
+        8 => 3,
+        _ => usize::MAX,
+    };
+    NAMES.get(f).and_then(|r| r.get(n)).copied().ok_or_else(|| {
+        Error::Other(format!(
+            "matvec: no tensor-core kernel for {fmt:?} x {nt} tiles"
+        ))
+    })
 }
 
 /// The register kernel for matrices of `fmt` (None: of mixed formats), f32 or q8 input,

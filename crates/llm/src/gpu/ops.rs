@@ -79,6 +79,51 @@ pub fn matvec_rows(
     ostride: usize,
     q8: bool,
 ) -> Result<()> {
+    matvec_rows_with(dev, segs, mode, x, norm, out, rows, ostride, q8, None)
+}
+
+/// `matvec_rows` in the fast mode on the int8 tensor-core kernels (`MvLaunch::with_mma`),
+/// with split K where it pays (`split`) or never; an error where they do not apply (one row,
+/// formats without them, GGUF rows, pre-sm_80).
+#[allow(clippy::too_many_arguments)]
+pub fn matvec_rows_mma(
+    dev: &CudaDevice,
+    segs: &[Seg<'_>],
+    mode: Mode,
+    x: &Buffer,
+    norm: Option<(&Buffer, f32)>,
+    out: &Buffer,
+    rows: usize,
+    ostride: usize,
+    split: bool,
+) -> Result<()> {
+    matvec_rows_with(
+        dev,
+        segs,
+        mode,
+        x,
+        norm,
+        out,
+        rows,
+        ostride,
+        true,
+        Some(split),
+    )
+}
+
+#[allow(clippy::too_many_arguments)]
+fn matvec_rows_with(
+    dev: &CudaDevice,
+    segs: &[Seg<'_>],
+    mode: Mode,
+    x: &Buffer,
+    norm: Option<(&Buffer, f32)>,
+    out: &Buffer,
+    rows: usize,
+    ostride: usize,
+    q8: bool,
+    mma: Option<bool>,
+) -> Result<()> {
     let cols = segs.first().map_or(0, |s| s.w.cols);
     let need = |n: usize| n * 4;
     if x.bytes() < need(rows * cols) || out.bytes() < need(rows * ostride) {
@@ -100,6 +145,25 @@ pub fn matvec_rows(
             return Err(crate::error::Error::Other(
                 "matvec_rows: a format without an 8-bit activation kernel".into(),
             ));
+        }
+        if let Some(split) = mma {
+            let (major, minor) = dev.compute_capability();
+            let rows_out: usize = segs.iter().map(|s| s.w.rows).sum();
+            let part = zeros(
+                dev,
+                8 * rows.max(1) * rows_out.max(1) * 4,
+                "split-K partials",
+            )?;
+            l = l.with_mma(
+                (major.max(0) as u32, minor.max(0) as u32),
+                dev.sm_count(),
+                split.then_some(&part),
+            )?;
+            if !l.is_mma() {
+                return Err(crate::error::Error::Other(
+                    "matvec_rows: the tensor-core kernels do not apply to this product".into(),
+                ));
+            }
         }
     }
     l.enqueue(dev)?;

@@ -212,10 +212,18 @@ pub struct CudaKernels<'g> {
     /// Their scratch (at the first such step): 16-bit activations, dequantized weights.
     h16: Option<Buffer>,
     w16: Option<Buffer>,
+    /// Fast-mode products of at least this many rows take the int8 tensor-core kernels
+    /// (`MvLaunch::with_mma`) where the matrices' format has them; their split-K partials.
+    mma_rows: usize,
+    mma_part: Option<Buffer>,
 }
 
 /// Rows from which a step takes the tensor-core products (`CudaKernels::set_tensor_core_rows`).
 pub const TENSOR_CORE_ROWS: usize = 128;
+
+/// Rows from which fast-mode products take the int8 tensor-core kernels
+/// (`CudaKernels::set_mma_rows`).
+pub const MMA_ROWS: usize = 2;
 
 fn u32_of(v: usize, what: &str) -> Result<u32> {
     u32::try_from(v).map_err(|_| Error::Other(format!("cuda kernels: {what} = {v} exceeds u32")))
@@ -246,6 +254,14 @@ impl<'g> CudaKernels<'g> {
         let ngrp = paged::head_groups(nh, nkv);
         let layout = MetaLayout::new(r, lim.max_out, lim.max_table);
         let qkv_w = (nh + 2 * nkv) * hd;
+        let mma_part = if m.precision == crate::Precision::Q8 {
+            // 8 splits of the widest launch (GLU: gate and up) for up to 64 rows, at most
+            // 64 MiB: launches whose partials do not fit take fewer splits
+            let bytes = (8 * r.min(64) * qkv_w.max(2 * ff).max(d) * 4).min(64 << 20);
+            Some(zeros(&dev, bytes, "llm engine split-K partials")?)
+        } else {
+            None
+        };
         Ok(CudaKernels {
             m,
             sm,
@@ -297,6 +313,12 @@ impl<'g> CudaKernels<'g> {
                 || crate::env::flag_or("FERRITE_GPU_PREFILL_BF16", false),
             h16: None,
             w16: None,
+            mma_rows: if crate::env::flag_or("FERRITE_GPU_MMA", true) {
+                MMA_ROWS
+            } else {
+                usize::MAX
+            },
+            mma_part,
         })
     }
 
@@ -312,6 +334,14 @@ impl<'g> CudaKernels<'g> {
     /// `FERRITE_GPU_EAGER=1` or `set_graphs(false)`).
     pub fn set_graphs(&mut self, on: bool) {
         self.graphs_on = on;
+    }
+
+    /// Fast-mode products of at least `rows` rows take the int8 tensor-core kernels (default
+    /// `MMA_ROWS`, or never with FERRITE_GPU_MMA=0; `usize::MAX`: never). A sequence's
+    /// results then depend on the rows of its step in the last bits (another summation
+    /// order than the one-row kernels').
+    pub fn set_mma_rows(&mut self, rows: usize) {
+        self.mma_rows = rows.max(1);
     }
 
     /// Steps of at least `rows` rows (that are not decode-only graph steps) take the
@@ -438,6 +468,14 @@ impl<'g> CudaKernels<'g> {
         )?;
         if self.q8 {
             l = l.with_q8(self.sm, &self.q8buf)?;
+            if rows >= self.mma_rows {
+                let (major, minor) = self.dev.compute_capability();
+                l = l.with_mma(
+                    (major.max(0) as u32, minor.max(0) as u32),
+                    self.sm,
+                    self.mma_part.as_ref(),
+                )?;
+            }
         }
         self.push(Launch::Matvec(l))?;
         Ok(())
