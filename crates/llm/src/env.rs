@@ -17,6 +17,11 @@ pub const VARIABLES: &[(&str, &str)] = &[
         "FERRITE_GPU_MV_UPT",
         "units per thread of the GPU products, 1 to 64",
     ),
+    (
+        "FERRITE_GPU_MMA_BLOCKS",
+        "blocks per multiprocessor the int8 tensor-core products' K splits aim at, 1 to 16",
+    ),
+    ("FERRITE_GPU_MMA", "0 or 1"),
     ("FERRITE_GPU_EAGER", "0 or 1"),
     ("FERRITE_GPU_PREFILL", "0 or 1"),
     ("FERRITE_GPU_PREFILL_BF16", "0 or 1"),
@@ -88,6 +93,7 @@ pub fn check() -> Result<()> {
     crate::Model::default_precision()?;
     isa()?;
     int("FERRITE_GPU_MV_UPT", 1, 64)?;
+    int("FERRITE_GPU_MMA_BLOCKS", 1, 16)?;
     for (name, _) in VARIABLES.iter().filter(|(_, w)| *w == "0 or 1") {
         flag(name)?;
     }

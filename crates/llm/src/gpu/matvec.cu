@@ -890,10 +890,11 @@ extern "C" __global__ void __launch_bounds__(MVR_W * 32) mvrb_q8_mixed(const MvA
 // d_w d_x acc + m_w s_x, Q8_0: d_w d_x acc) and added in f32, unit after unit.
 // Tiles: MQ_W warps a block; a warp takes 32 rows of one segment as two 16-row m-tiles (GLU:
 // 16 rows of gate and the same 16 rows of up; a.rpb = 32, GLU 16) for NT 8-row n-tiles of input
-// rows (a.rpg = 8 NT rows a block group). The group's input units are staged in shared memory
-// MQ_KU units a stage (cp.async, two buffers), rows MQ_XS bytes apart (fragment reads without
-// bank conflicts), and shared by the block's warps; weights go straight to registers, the next
-// stage's loaded while one is computed.
+// rows (a.rpg = 8 NT rows a block group). Each stage of MQ_KU units is copied into shared
+// memory (cp.async, two buffers: the next stage's copies fly while one is computed): the
+// group's input units, shared by the block's warps (rows MQ_XS bytes apart), and each warp's
+// weight rows (whole 16-byte pieces of the split rows; padded rows: fragment reads without bank
+// conflicts).
 // Split K: with a.chunk = KS > 1 splits, the blocks of a tile take KS slices of the units
 // (grid: group fastest, then split, then the block's tiles) and store their sums as partials
 // f32 [KS][input rows][a.stride] at a.argmax (output row p of the launch: segment rows back to
@@ -904,45 +905,53 @@ extern "C" __global__ void __launch_bounds__(MVR_W * 32) mvrb_q8_mixed(const MvA
 #define MQ_KU 4
 #define MQ_XS (MQ_KU * Q8U + 16)
 
-// What a thread holds of one unit of one weight row: quant word t (Q8_0: words t and t + 4),
-// d (and m) as f16 bits, qh (Q5 formats).
-struct MqW {
-    u32 q0, q1, h, qh;
-};
-
-template <int F> __device__ __forceinline__ MqW mq_load(u64 rp, u32 n, u32 u, u32 t) {
-    MqW w;
-    w.q0 = __ldg((const unsigned int*)(rp + (u64)u * sp_q<F>() + 4 * t));
-    w.q1 = F == FMT_Q8_0 ? __ldg((const unsigned int*)(rp + (u64)u * 32 + 16 + 4 * t)) : 0u;
-    w.qh = sp_qh<F>() ? __ldg((const unsigned int*)(rp + (u64)n * 16 + 4 * (u64)u)) : 0u;
-    const u64 hp = rp + (u64)n * (sp_q<F>() + sp_qh<F>()) + (u64)u * sp_h<F>();
-    w.h = sp_h<F>() == 4 ? __ldg((const unsigned int*)hp) : (u32)__ldg((const unsigned short*)hp);
-    return w;
+// Shared memory of a warp's weights for one stage: 32 rows of MQ_KU units' quants
+// (mq_qs(F) bytes a row, padded: fragment reads without bank conflicts), their d (and m)
+// fields (MQ_KU * sp_h) and qh words (Q5 formats: MQ_KU * 4).
+template <int F> __device__ __forceinline__ constexpr u32 mq_qs() { return MQ_KU * sp_q<F>() + 16; }
+template <int F> __device__ __forceinline__ constexpr u32 mq_wbytes() {
+    return 32 * (mq_qs<F>() + MQ_KU * sp_h<F>() + MQ_KU * sp_qh<F>());
 }
 
-// The A-fragment bytes of thread t: elements 4t..4t+3 (lo) and 16+4t..16+4t+3 (hi) of the unit.
-template <int F> __device__ __forceinline__ void mq_frag(const MqW& w, u32 t, u32* lo, u32* hi) {
+// 8 bytes from global to shared memory (asynchronously on sm_80+).
+__device__ __forceinline__ void cp8(u8* dst, u64 src) {
+#if __CUDA_ARCH__ >= 800
+    const u32 d = (u32)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(d), "l"(src) : "memory");
+#else
+    *(unsigned long long*)dst = *(const unsigned long long*)src;
+#endif
+}
+
+// The A-fragment bytes of thread t for a unit of a staged row: elements 4t..4t+3 (lo) and
+// 16+4t..16+4t+3 (hi). q: the unit's staged quants; qh: its qh word (Q5 formats).
+template <int F> __device__ __forceinline__ void mq_frag(const u8* q, u32 qh, u32 t, u32* lo, u32* hi) {
     if (F == FMT_Q8_0) {
-        *lo = w.q0;
-        *hi = w.q1;
+        *lo = *(const u32*)(q + 4 * t);
+        *hi = *(const u32*)(q + 16 + 4 * t);
         return;
     }
-    u32 l = w.q0 & 0x0f0f0f0fu, h = (w.q0 >> 4) & 0x0f0f0f0fu;
+    const u32 w = *(const u32*)(q + 4 * t);
+    u32 l = w & 0x0f0f0f0fu, h = (w >> 4) & 0x0f0f0f0fu;
     if (sp_qh<F>()) {
-        l |= (u32)bits4(w.qh >> (4 * t));
-        h |= (u32)bits4(w.qh >> (16 + 4 * t));
+        l |= (u32)bits4(qh >> (4 * t));
+        h |= (u32)bits4(qh >> (16 + 4 * t));
     }
     *lo = l;
     *hi = h;
 }
 
-// One unit's contribution from its integer sum acc and the input unit's (d, s): sp_dq8's scaling.
-template <int F> __device__ __forceinline__ float mq_term(const MqW& w, int acc, float2 ds) {
-    const float d = h2f(w.h & 0xffffu);
-    if (F == FMT_Q8_0) return d * ds.x * (float)acc;
-    if (F == FMT_Q4_0) return d * (ds.x * (float)acc - 8.0f * ds.y);
-    if (F == FMT_Q5_0) return d * (ds.x * (float)acc - 16.0f * ds.y);
-    return d * ds.x * (float)acc + h2f(w.h >> 16) * ds.y;  // Q4_1, Q5_1
+// The input unit's term that does not depend on the weights' quants: -8 s (Q4_0), -16 s
+// (Q5_0), s (Q4_1, Q5_1: times the row's m), 0 (Q8_0).
+template <int F> __device__ __forceinline__ float mq_off(float s) {
+    return F == FMT_Q4_0 ? -8.0f * s : F == FMT_Q5_0 ? -16.0f * s : F == FMT_Q8_0 ? 0.0f : s;
+}
+
+// acc + one unit's contribution from its integer sum c, the weight row's scale d (and m) and
+// the input unit's scale dx and offset term o (mq_off): sp_dq8's scaling, as fused multiply-adds.
+template <int F> __device__ __forceinline__ float mq_add(float acc, float d, float m, int c, float dx, float o) {
+    if (F == FMT_Q4_1 || F == FMT_Q5_1) return fmaf(d, dx * (float)c, fmaf(m, o, acc));
+    return fmaf(d, fmaf(dx, (float)c, o), acc);
 }
 
 // The launch's output row (partials index) of row `row` of the segment of tile t.
@@ -955,11 +964,14 @@ __device__ __forceinline__ u32 mq_prow(const MvArgs& a, bool glu, u32 t, u32 row
 template <int F, int NT>
 __device__ __forceinline__ void mmq_run(const MvArgs& a) {
 #if __CUDA_ARCH__ >= 800
-    __shared__ __align__(16) u8 xs[2][8 * NT * MQ_XS];
-    const u32 lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    // dynamic: inputs [2][8 NT][MQ_XS], then weights [2][MQ_W][mq_wbytes]
+    extern __shared__ __align__(16) u8 smem[];
+    constexpr u32 XB = 8 * NT * MQ_XS, WB = mq_wbytes<F>(), QS = mq_qs<F>();
+    constexpr u32 SQ = sp_q<F>(), SH = sp_h<F>(), SQH = sp_qh<F>();
+    const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const u32 groups = mv_groups(a), ks_n = max(a.chunk, 1u);
     const u32 grp = blockIdx.x % groups, ks = (blockIdx.x / groups) % ks_n, tb = blockIdx.x / groups / ks_n;
-    const u32 tile = tb * MQ_W + (threadIdx.x >> 5);
+    const u32 tile = tb * MQ_W + warp;
     const bool live = tile < a.tiles;
     const bool glu = a.mode >= MV_GLU_SILU;
     const u32 row0 = grp * a.rpg;
@@ -968,21 +980,12 @@ __device__ __forceinline__ void mmq_run(const MvArgs& a) {
     // this split's units: [ub, ue), whole stages
     const u32 per = ((units + ks_n - 1) / ks_n + MQ_KU - 1) / MQ_KU * MQ_KU;
     const u32 ub = min(units, ks * per), ue = min(units, ub + per);
+    const u32 su = ue - ub;  // stage st covers units [st MQ_KU, st MQ_KU + MQ_KU) of these
+    const u32 stages = (su + MQ_KU - 1) / MQ_KU;
     MvSeg sa;
     u32 r0;
     tile_of(a, glu, live ? tile : 0, &sa, &r0);
     const MvSeg sb = a.seg[1];
-    // m-tile m, half h: weight row r0 + g + 8 h (+ 16 m; GLU: of gate for m = 0, of up for m = 1)
-    u64 rp[2][2];
-#pragma unroll
-    for (int m = 0; m < 2; ++m) {
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const MvSeg& s = (glu && m == 1) ? sb : sa;
-            const u32 row = min(r0 + (glu ? 0u : 16u * m) + g + 8u * h, s.rows - 1);  // past the end: unused
-            rp[m][h] = s.w + (u64)row * s.row_bytes;
-        }
-    }
     float acc[2][NT][4];
 #pragma unroll
     for (int m = 0; m < 2; ++m) {
@@ -993,44 +996,70 @@ __device__ __forceinline__ void mmq_run(const MvArgs& a) {
         }
     }
     const u64 xbase = a.x + (u64)row0 * a.xstride + (u64)ub * Q8U;
-    const u32 stages = (ue - ub + MQ_KU - 1) / MQ_KU;
-    const u32 su = ue - ub;  // units of this split; stage st covers [st MQ_KU, st MQ_KU + MQ_KU) of them
-    // Stage st of the input units into buffer st & 1 (rows past nb are left as they are: their
-    // columns are never stored).
+    // Stage st into buffer st & 1: the block's input units (rows past nb are left as they
+    // are: their columns are never stored), and this warp's 32 weight rows (local row lr:
+    // r0 + lr; GLU: gate rows r0 + lr, lr < 16, then up rows r0 + lr - 16; rows past the
+    // segment's end read its last row, unused).
     auto stage_in = [&](u32 st) {
-        u8* dst = xs[st & 1];
+        u8* xd = smem + (st & 1) * XB;
         const u32 n = nb * MQ_KU * 3;
         for (u32 i = threadIdx.x; i < n; i += blockDim.x) {
             const u32 r = i / (MQ_KU * 3), rem = i % (MQ_KU * 3), uu = rem / 3, p = rem % 3;
             const u32 u = st * MQ_KU + uu;
-            if (u < su) cp16(dst + r * MQ_XS + uu * Q8U + p * 16, xbase + (u64)r * a.xstride + (u64)u * Q8U + p * 16);
+            if (u < su) cp16(xd + r * MQ_XS + uu * Q8U + p * 16, xbase + (u64)r * a.xstride + (u64)u * Q8U + p * 16);
+        }
+        u8* wd = smem + 2 * XB + ((st & 1) * MQ_W + warp) * WB;
+        const u32 u0 = ub + st * MQ_KU;
+        constexpr u32 QP = MQ_KU * SQ / 16;  // 16-byte pieces of a row's quants
+        for (u32 i = lane; i < 32 * QP; i += 32) {
+            const u32 lr = i / QP, p = i % QP;
+            const bool up = glu && lr >= 16;
+            const MvSeg& s = up ? sb : sa;
+            const u32 row = min(r0 + (up ? lr - 16 : lr), s.rows - 1);
+            const u64 rp = s.w + (u64)row * s.row_bytes;
+            if (u0 + (p * 16) / SQ < ue) cp16(wd + lr * QS + p * 16, rp + (u64)u0 * SQ + p * 16);
+        }
+        // d (and m) fields, then qh words: MQ_KU * SH and MQ_KU * 4 bytes a row, 8 at a time
+        constexpr u32 HP = MQ_KU * SH / 8, QHP = MQ_KU * SQH / 8;
+        for (u32 i = lane; i < 32 * (HP + QHP); i += 32) {
+            const u32 lr = i / (HP + QHP), p = i % (HP + QHP);
+            const bool up = glu && lr >= 16;
+            const MvSeg& s = up ? sb : sa;
+            const u32 row = min(r0 + (up ? lr - 16 : lr), s.rows - 1);
+            const u64 rp = s.w + (u64)row * s.row_bytes;
+            if (p < HP) {
+                if (u0 + p * 8 / SH < ue)
+                    cp8(wd + 32 * QS + lr * MQ_KU * SH + p * 8, rp + (u64)units * (SQ + SQH) + (u64)u0 * SH + p * 8);
+            } else {
+                const u32 q = p - HP;
+                if (u0 + q * 2 < ue)
+                    cp8(wd + 32 * (QS + MQ_KU * SH) + lr * MQ_KU * 4 + q * 8, rp + (u64)units * SQ + (u64)u0 * 4 + q * 8);
+            }
         }
         cp_commit();
     };
-    MqW wa[MQ_KU][2][2], wb[MQ_KU][2][2];
-    auto load = [&](MqW (&w)[MQ_KU][2][2], u32 st) {
-#pragma unroll
-        for (int uu = 0; uu < MQ_KU; ++uu) {
-            const u32 u = st * MQ_KU + uu;
-            if (u < su) {
-#pragma unroll
-                for (int m = 0; m < 2; ++m) {
-#pragma unroll
-                    for (int h = 0; h < 2; ++h) w[uu][m][h] = mq_load<F>(rp[m][h], units, ub + u, t);
-                }
-            }
-        }
-    };
-    auto comp = [&](const MqW (&w)[MQ_KU][2][2], u32 st) {
-        const u8* x = xs[st & 1];
+    auto comp = [&](u32 st) {
+        const u8* x = smem + (st & 1) * XB;
+        const u8* wq = smem + 2 * XB + ((st & 1) * MQ_W + warp) * WB;
+        const u8* wh = wq + 32 * QS;
+        const u8* wqh = wh + 32 * MQ_KU * SH;
 #pragma unroll
         for (int uu = 0; uu < MQ_KU; ++uu) {
             if (st * MQ_KU + uu >= su) break;
             u32 af[2][4];
+            float dw[2][2], mw[2][2];
 #pragma unroll
             for (int m = 0; m < 2; ++m) {
-                mq_frag<F>(w[uu][m][0], t, &af[m][0], &af[m][2]);
-                mq_frag<F>(w[uu][m][1], t, &af[m][1], &af[m][3]);
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const u32 lr = 16 * m + g + 8 * h;
+                    const u32 qh = SQH ? *(const u32*)(wqh + lr * MQ_KU * 4 + uu * 4) : 0u;
+                    mq_frag<F>(wq + lr * QS + uu * SQ, qh, t, &af[m][h], &af[m][2 + h]);
+                    const u32 hw = SH == 4 ? *(const u32*)(wh + lr * MQ_KU * 4 + uu * 4)
+                                           : (u32) * (const unsigned short*)(wh + lr * MQ_KU * 2 + uu * 2);
+                    dw[m][h] = h2f(hw & 0xffffu);
+                    mw[m][h] = SH == 4 ? h2f(hw >> 16) : 0.f;
+                }
             }
 #pragma unroll
             for (int j = 0; j < NT; ++j) {
@@ -1039,6 +1068,7 @@ __device__ __forceinline__ void mmq_run(const MvArgs& a) {
                 // (d, s) of input rows 8 j + 2 t and 8 j + 2 t + 1: the columns this thread holds
                 const float2 d0 = *(const float2*)(x + (8 * j + 2 * t) * MQ_XS + uu * Q8U + 32);
                 const float2 d1 = *(const float2*)(x + (8 * j + 2 * t + 1) * MQ_XS + uu * Q8U + 32);
+                const float o0 = mq_off<F>(d0.y), o1 = mq_off<F>(d1.y);
 #pragma unroll
                 for (int m = 0; m < 2; ++m) {
                     int c0 = 0, c1 = 0, c2 = 0, c3 = 0;
@@ -1048,35 +1078,28 @@ __device__ __forceinline__ void mmq_run(const MvArgs& a) {
                         : "+r"(c0), "+r"(c1), "+r"(c2), "+r"(c3)
                         : "r"(af[m][0]), "r"(af[m][1]), "r"(af[m][2]), "r"(af[m][3]), "r"(b0), "r"(b1));
                     // c0, c1: weight row g, input rows 2t, 2t + 1; c2, c3: weight row g + 8
-                    acc[m][j][0] += mq_term<F>(w[uu][m][0], c0, d0);
-                    acc[m][j][1] += mq_term<F>(w[uu][m][0], c1, d1);
-                    acc[m][j][2] += mq_term<F>(w[uu][m][1], c2, d0);
-                    acc[m][j][3] += mq_term<F>(w[uu][m][1], c3, d1);
+                    acc[m][j][0] = mq_add<F>(acc[m][j][0], dw[m][0], mw[m][0], c0, d0.x, o0);
+                    acc[m][j][1] = mq_add<F>(acc[m][j][1], dw[m][0], mw[m][0], c1, d1.x, o1);
+                    acc[m][j][2] = mq_add<F>(acc[m][j][2], dw[m][1], mw[m][1], c2, d0.x, o0);
+                    acc[m][j][3] = mq_add<F>(acc[m][j][3], dw[m][1], mw[m][1], c3, d1.x, o1);
                 }
             }
         }
     };
-    // one step: stage and load st + 1, then wait for stage st and compute it
-    auto step = [&](const MqW (&cur)[MQ_KU][2][2], MqW (&nxt)[MQ_KU][2][2], u32 st) {
+
+    pdl_wait();
+    pdl_launch();
+    if (stages) stage_in(0);
+    for (u32 st = 0; st < stages; ++st) {
         if (st + 1 < stages) {
             stage_in(st + 1);
-            load(nxt, st + 1);
             cp_wait<1>();
         } else {
             cp_wait<0>();
         }
         __syncthreads();
-        comp(cur, st);
+        comp(st);
         __syncthreads();  // buffer st & 1 is restaged at st + 2
-    };
-
-    if (stages) load(wa, 0);  // weights are never written: safe before pdl_wait
-    pdl_wait();
-    pdl_launch();
-    if (stages) stage_in(0);
-    for (u32 st = 0; st < stages; st += 2) {
-        step(wa, wb, st);
-        if (st + 1 < stages) step(wb, wa, st + 1);
     }
     if (!live) return;
 #pragma unroll

@@ -187,6 +187,19 @@ fn units_per_thread() -> usize {
     })
 }
 
+/// Blocks per multiprocessor that the tensor-core kernels' K splits aim at
+/// (`FERRITE_GPU_MMA_BLOCKS`, 1..=16; default 2: on an H100, 8B-shaped Q4_0 at batch 32,
+/// 2, 4 and 8 gave 3,929, 3,875 and 3,900 tok/s).
+fn mma_blocks_per_sm() -> u32 {
+    static B: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    *B.get_or_init(|| {
+        crate::env::int("FERRITE_GPU_MMA_BLOCKS", 1, 16)
+            .ok()
+            .flatten()
+            .map_or(2, |v| v as u32)
+    })
+}
+
 /// Rows per tile (GLU: of gate and of up each) for matrices of `rows` rows (GLU: gate rows; a
 /// multi-matrix launch: all rows) of `cols` elements, at most `row_bytes` bytes a row, and
 /// whether the tiles are packed (whole rows staged in one copy per matrix). About
@@ -535,7 +548,7 @@ impl MvLaunch {
     /// after `with_q8`. Its sums take another order than the register kernels': a row's
     /// result differs from its one-row launch's in the last bits.
     ///
-    /// Where the tiles give fewer blocks than `2 * sm_count`, the units are split among up to
+    /// Where the tiles give fewer blocks than `FERRITE_GPU_MMA_BLOCKS` (2) per multiprocessor, the units are split among up to
     /// `MQ_MAX_SPLITS` blocks a tile (split K) whose partial sums go to `part` (f32; a split
     /// count whose partials do not fit is not taken) and are added by `mmq_reduce`.
     pub(crate) fn with_mma(
@@ -577,7 +590,7 @@ impl MvLaunch {
         // output rows a split writes per input row: segments back to back (GLU: gate, up)
         let prow: u32 = a.seg[..a.nseg as usize].iter().map(|s| s.rows).sum();
         let stages = (a.cols / 32).div_ceil(MQ_KU);
-        let mut ks = (2 * sm_count)
+        let mut ks = (mma_blocks_per_sm() * sm_count)
             .div_ceil(blocks.max(1))
             .clamp(1, MQ_MAX_SPLITS)
             .min((stages / 2).max(1));
@@ -597,7 +610,7 @@ impl MvLaunch {
         }
         self.mma = nt;
         self.grid = tiles.div_ceil(MQ_W) * ks;
-        self.smem = 0;
+        self.smem = mmq_smem(self.regs_fmt, nt);
         Ok(self)
     }
 
@@ -708,6 +721,22 @@ const MQ_MAX_ROWS: u32 = 64;
 /// Units a stage of the tensor-core kernels (`MQ_KU`), and most K splits of a tile.
 const MQ_KU: u32 = 4;
 const MQ_MAX_SPLITS: u32 = 8;
+
+/// Dynamic shared memory of the tensor-core kernels (`mmq_run`): two stages of the inputs
+/// (8 nt rows of `MQ_KU` units, `Q8_UNIT + 16`-byte padded rows) and of each warp's 32 weight
+/// rows (quants padded by 16 bytes, d (and m) fields, qh words).
+fn mmq_smem(fmt: Option<Fmt>, nt: u32) -> u32 {
+    let (q, h, qh) = match fmt {
+        Some(Fmt::Q8_0) => (32, 2, 0),
+        Some(Fmt::Q4_1) => (16, 4, 0),
+        Some(Fmt::Q5_0) => (16, 2, 4),
+        Some(Fmt::Q5_1) => (16, 4, 4),
+        _ => (16, 2, 0),
+    };
+    let xb = 8 * nt * (MQ_KU * Q8_UNIT as u32 + 16);
+    let wb = 32 * (MQ_KU * q + 16 + MQ_KU * h + MQ_KU * qh);
+    2 * xb + 2 * MQ_W * wb
+}
 
 /// The tensor-core kernel for split matrices of `fmt` and `nt` 8-row input tiles a block.
 fn mmq_kernel(fmt: Option<Fmt>, nt: u32) -> Result<&'static str> {
