@@ -146,12 +146,7 @@ fn recognizer_agrees_with_serde_json() {
         b"{\"a\":NaN}",
     ];
     for d in invalid {
-        assert_eq!(
-            run(&g, &t, d).1,
-            false,
-            "invalid: {}",
-            String::from_utf8_lossy(d)
-        );
+        assert!(!run(&g, &t, d).1, "invalid: {}", String::from_utf8_lossy(d));
     }
     // Incomplete but alive.
     for d in [
@@ -322,7 +317,7 @@ fn random_walks(g: &Arc<Grammar>, v: &[Vec<u8>], walks: u64, check: impl Fn(&Val
                 .copied()
                 .filter(|&i| logits[i].is_finite())
                 .collect();
-            let pick = if eos_ok && (step > 20 || rng.next() % 4 == 0) {
+            let pick = if eos_ok && (step > 20 || rng.next().is_multiple_of(4)) {
                 EOS as usize
             } else if step > 40 && !close.is_empty() && rng.next() % 10 < 8 {
                 close[rng.next() as usize % close.len()]
