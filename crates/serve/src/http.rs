@@ -200,7 +200,11 @@ async fn validate(
             ctx: ready.ctx,
             vocab: ready.vocab,
         };
-        f(&lim)
+        let gen = f(&lim)?;
+        if gen.grammar.is_some() {
+            ready.trie();
+        }
+        Ok(gen)
     })
     .await
     .map_err(|e| ApiError::internal(format!("validating the request: {e}")))?

@@ -8,15 +8,17 @@
 //! closed event channel ends the generation at once and frees its KV blocks.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, TryRecvError};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
 use ferrite_llm::chat::ChatTemplate;
 use ferrite_llm::engine::{Engine, EngineConfig, EngineKernels, FinishReason, Request, RequestId};
 use ferrite_llm::gpu::{CudaDevice, GpuModel};
+use ferrite_llm::grammar::{GrammarConstraint, TokenTrie};
 use ferrite_llm::kv_cache::BLOCK_SIZE;
-use ferrite_llm::logits_processor::{LogitBias, LogitsProcessor};
+use ferrite_llm::logits_processor::{Chain, LogitBias, LogitsProcessor};
 use ferrite_llm::sampler::StopStrings;
 use ferrite_llm::tokenizer::{StreamDecoder, TokenType, Tokenizer};
 use ferrite_llm::Model;
@@ -58,6 +60,17 @@ pub struct Ready {
     pub ctx: usize,
     /// Token ids below this are valid (model and tokenizer both know them).
     pub vocab: usize,
+    /// The vocabulary's token trie for constrained sampling, built by the first request
+    /// with a `response_format` (on a blocking handler thread, not the engine's).
+    pub trie: OnceLock<Arc<TokenTrie>>,
+}
+
+impl Ready {
+    pub fn trie(&self) -> Arc<TokenTrie> {
+        self.trie
+            .get_or_init(|| Arc::new(TokenTrie::from_tokenizer(&self.tok, self.vocab)))
+            .clone()
+    }
 }
 
 /// Engine sizes chosen by the server's flags.
@@ -131,6 +144,9 @@ struct Active {
     logprobs: Option<usize>,
     admitted: Instant,
     last: Option<Instant>,
+    /// Under a grammar: set while the output is a complete document (a request cut by its
+    /// token limit right there finishes with "stop").
+    complete: Option<Arc<AtomicBool>>,
 }
 
 /// Runs the engine thread until [`Cmd::Shutdown`] or every sender is gone.
@@ -169,6 +185,7 @@ pub fn run(
         template_error,
         ctx,
         vocab,
+        trie: OnceLock::new(),
     });
     match device {
         None => match Engine::new(&model, ecfg) {
@@ -292,12 +309,10 @@ fn serve_loop<K: EngineKernels>(
                         eog.clone()
                     };
                     r.queue = queue;
-                    let processor: Option<Box<dyn LogitsProcessor>> = if s.req.logit_bias.is_empty()
-                    {
-                        None
-                    } else {
+                    let mut procs: Vec<Box<dyn LogitsProcessor>> = Vec::new();
+                    if !s.req.logit_bias.is_empty() {
                         match LogitBias::new(s.req.logit_bias.clone(), shared.vocab) {
-                            Ok(b) => Some(Box::new(b)),
+                            Ok(b) => procs.push(Box::new(b)),
                             Err(e) => {
                                 let _ = s
                                     .admitted
@@ -305,6 +320,29 @@ fn serve_loop<K: EngineKernels>(
                                 continue;
                             }
                         }
+                    }
+                    // The grammar runs last, so a bias cannot unmask what it forbids; its
+                    // document ends at an end-of-generation token whatever ignore_eos says.
+                    let mut complete = None;
+                    if let Some(g) = &s.req.grammar {
+                        match GrammarConstraint::new(g.clone(), shared.trie(), eog.clone()) {
+                            Ok(c) => {
+                                complete = Some(c.completion_flag());
+                                procs.push(Box::new(c));
+                                r.stop_tokens = eog.clone();
+                            }
+                            Err(e) => {
+                                let _ = s
+                                    .admitted
+                                    .send(Err(ApiError::invalid("response_format", e.to_string())));
+                                continue;
+                            }
+                        }
+                    }
+                    let processor: Option<Box<dyn LogitsProcessor>> = match procs.len() {
+                        0 => None,
+                        1 => procs.pop(),
+                        _ => Some(Box::new(Chain(procs))),
                     };
                     match engine.add_request_with(r, processor) {
                         Ok(id) => {
@@ -327,6 +365,7 @@ fn serve_loop<K: EngineKernels>(
                                     logprobs: s.req.logprobs,
                                     admitted: Instant::now(),
                                     last: None,
+                                    complete,
                                 },
                             );
                         }
@@ -373,7 +412,12 @@ fn serve_loop<K: EngineKernels>(
                         let Some(a) = active.get_mut(&key) else {
                             continue;
                         };
+                        let done = a
+                            .complete
+                            .as_ref()
+                            .is_some_and(|c| c.load(Ordering::Relaxed));
                         let mut end = match o.finish {
+                            Some(FinishReason::MaxTokens) if done => Some("stop"),
                             Some(FinishReason::MaxTokens) => Some("length"),
                             Some(FinishReason::StopToken(_)) => Some("stop"),
                             None => None,
@@ -499,7 +543,12 @@ pub fn logprobs(tok: &Tokenizer, logits: &[f32], chosen: u32, n: usize) -> Token
             idx.truncate(n);
         }
         idx.sort_unstable_by(by);
-        top = idx.into_iter().map(entry).collect();
+        // Banned or masked tokens (logit -inf) are no alternative.
+        top = idx
+            .into_iter()
+            .filter(|&i| logits[i as usize] > f32::NEG_INFINITY)
+            .map(entry)
+            .collect();
     }
     TokenLogprob {
         chosen: entry(chosen),

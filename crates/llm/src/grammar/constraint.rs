@@ -2,6 +2,7 @@
 //! sentence of a grammar.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use super::pda::{Arena, State};
@@ -35,6 +36,8 @@ pub struct GrammarConstraint {
     scratch: Vec<State>,
     cache: HashMap<Vec<u32>, Arc<Vec<u64>>>,
     key: Vec<u32>,
+    /// Set while the output is a complete sentence (read by whoever ends the request).
+    complete: Arc<AtomicBool>,
 }
 
 impl GrammarConstraint {
@@ -58,7 +61,14 @@ impl GrammarConstraint {
             scratch: Vec::new(),
             cache: HashMap::new(),
             key: Vec::new(),
+            complete: Arc::new(AtomicBool::new(false)),
         })
+    }
+
+    /// A flag that follows [`GrammarConstraint::is_complete`] after each accepted token, for
+    /// the owner of the request once the constraint has moved into the engine.
+    pub fn completion_flag(&self) -> Arc<AtomicBool> {
+        self.complete.clone()
     }
 
     /// Whether the output so far is a complete sentence.
@@ -91,7 +101,13 @@ impl GrammarConstraint {
             }
         }
         self.arena.compact(&mut self.state);
+        self.complete.store(self.is_complete(), Ordering::Relaxed);
         !self.dead
+    }
+
+    /// Forgets the cached masks (to measure the walk itself).
+    pub fn clear_cache(&mut self) {
+        self.cache.clear();
     }
 
     /// The tokens allowed next (ignoring stop tokens), one bit per id (`id / 64`,
@@ -215,7 +231,10 @@ impl LogitsProcessor for GrammarConstraint {
             Some(bytes) => {
                 self.advance_bytes(bytes);
             }
-            None => self.dead = true,
+            None => {
+                self.dead = true;
+                self.complete.store(false, Ordering::Relaxed);
+            }
         }
     }
 }

@@ -282,54 +282,78 @@ enum OrderNode {
     Leaf,
 }
 
-impl<'de> Deserialize<'de> for OrderNode {
+/// A JSON value read together with its objects' key order.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct OrderedValue {
+    pub value: Value,
+    pub order: KeyOrder,
+}
+
+impl<'de> Deserialize<'de> for OrderedValue {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = OrderNode;
-            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                f.write_str("a JSON value")
-            }
-            fn visit_bool<E>(self, _: bool) -> Result<OrderNode, E> {
-                Ok(OrderNode::Leaf)
-            }
-            fn visit_i64<E>(self, _: i64) -> Result<OrderNode, E> {
-                Ok(OrderNode::Leaf)
-            }
-            fn visit_u64<E>(self, _: u64) -> Result<OrderNode, E> {
-                Ok(OrderNode::Leaf)
-            }
-            fn visit_f64<E>(self, _: f64) -> Result<OrderNode, E> {
-                Ok(OrderNode::Leaf)
-            }
-            fn visit_str<E>(self, _: &str) -> Result<OrderNode, E> {
-                Ok(OrderNode::Leaf)
-            }
-            fn visit_unit<E>(self) -> Result<OrderNode, E> {
-                Ok(OrderNode::Leaf)
-            }
-            fn visit_seq<A: SeqAccess<'de>>(self, mut a: A) -> Result<OrderNode, A::Error> {
-                let mut v = Vec::new();
-                while let Some(x) = a.next_element()? {
-                    v.push(x);
-                }
-                Ok(OrderNode::Array(v))
-            }
-            fn visit_map<A: MapAccess<'de>>(self, mut a: A) -> Result<OrderNode, A::Error> {
-                let mut v = Vec::new();
-                while let Some((k, x)) = a.next_entry::<String, OrderNode>()? {
-                    v.push((k, x));
-                }
-                Ok(OrderNode::Object(v))
-            }
-        }
-        d.deserialize_any(V)
+        let (value, order) = d.deserialize_any(OrderedVisitor)?;
+        Ok(OrderedValue {
+            value,
+            order: KeyOrder(order),
+        })
     }
 }
 
-impl<'de> Deserialize<'de> for KeyOrder {
+struct OrderedVisitor;
+
+/// Reads one value as (the value, its key-order tree).
+struct Pair(Value, OrderNode);
+
+impl<'de> Deserialize<'de> for Pair {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        OrderNode::deserialize(d).map(KeyOrder)
+        d.deserialize_any(OrderedVisitor).map(|(v, o)| Pair(v, o))
+    }
+}
+
+impl<'de> Visitor<'de> for OrderedVisitor {
+    type Value = (Value, OrderNode);
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a JSON value")
+    }
+    fn visit_bool<E>(self, b: bool) -> Result<Self::Value, E> {
+        Ok((Value::Bool(b), OrderNode::Leaf))
+    }
+    fn visit_i64<E>(self, n: i64) -> Result<Self::Value, E> {
+        Ok((Value::from(n), OrderNode::Leaf))
+    }
+    fn visit_u64<E>(self, n: u64) -> Result<Self::Value, E> {
+        Ok((Value::from(n), OrderNode::Leaf))
+    }
+    fn visit_f64<E>(self, n: f64) -> Result<Self::Value, E> {
+        Ok((Value::from(n), OrderNode::Leaf))
+    }
+    fn visit_str<E>(self, s: &str) -> Result<Self::Value, E> {
+        Ok((Value::String(s.to_string()), OrderNode::Leaf))
+    }
+    fn visit_string<E>(self, s: String) -> Result<Self::Value, E> {
+        Ok((Value::String(s), OrderNode::Leaf))
+    }
+    fn visit_unit<E>(self) -> Result<Self::Value, E> {
+        Ok((Value::Null, OrderNode::Leaf))
+    }
+    fn visit_none<E>(self) -> Result<Self::Value, E> {
+        Ok((Value::Null, OrderNode::Leaf))
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut a: A) -> Result<Self::Value, A::Error> {
+        let (mut v, mut o) = (Vec::new(), Vec::new());
+        while let Some(Pair(x, xo)) = a.next_element()? {
+            v.push(x);
+            o.push(xo);
+        }
+        Ok((Value::Array(v), OrderNode::Array(o)))
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut a: A) -> Result<Self::Value, A::Error> {
+        let (mut v, mut o) = (Map::new(), Vec::new());
+        while let Some((k, Pair(x, xo))) = a.next_entry::<String, Pair>()? {
+            v.insert(k.clone(), x);
+            o.push((k, xo));
+        }
+        Ok((Value::Object(v), OrderNode::Object(o)))
     }
 }
 
@@ -356,13 +380,11 @@ impl KeyOrder {
 
 /// [`json_schema_ordered`] of a schema given as JSON text, its properties in text order.
 pub fn json_schema_str(text: &str) -> Result<Grammar, SchemaError> {
-    let bad = |e: serde_json::Error| SchemaError {
+    let v: OrderedValue = serde_json::from_str(text).map_err(|e| SchemaError {
         at: String::new(),
         message: format!("the schema is not valid JSON: {e}"),
-    };
-    let v: Value = serde_json::from_str(text).map_err(bad)?;
-    let order: KeyOrder = serde_json::from_str(text).map_err(bad)?;
-    json_schema_ordered(&v, Some(&order))
+    })?;
+    json_schema_ordered(&v.value, Some(&v.order))
 }
 
 /// [`json_schema_ordered`] with properties in the order `schema`'s maps iterate (sorted by

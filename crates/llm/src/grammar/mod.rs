@@ -16,7 +16,8 @@ pub mod trie;
 
 pub use constraint::GrammarConstraint;
 pub use json::{
-    json_object, json_schema, json_schema_ordered, json_schema_str, KeyOrder, SchemaError,
+    json_object, json_schema, json_schema_ordered, json_schema_str, KeyOrder, OrderedValue,
+    SchemaError,
 };
 pub use trie::TokenTrie;
 

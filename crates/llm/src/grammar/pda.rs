@@ -107,14 +107,37 @@ impl Arena {
     }
 
     /// Whether some stack of `st` stays alive on any string of up to `len` bytes from
-    /// `bytes`: its top element is a byte set covering them with room for `len` more matches.
-    /// Every token of a trie subtree with those bytes and depth is then allowed at once.
+    /// `bytes`: its top element is a byte set covering them with room for `len` more
+    /// matches, or it is the only element of an alternative of a rule that its parent
+    /// repeats with room for `len` more (a counted string's characters). Every token of a
+    /// trie subtree with those bytes and depth is then allowed at once.
     pub fn loops_over(&self, g: &Grammar, st: &State, bytes: &ByteSet, len: u32) -> bool {
-        st.stacks.iter().any(|&top| match self.top_elem(g, top) {
-            (Sym::Bytes(b), max, count) => {
-                b.covers(bytes) && (max == INF || max.saturating_sub(count) >= len)
+        st.stacks.iter().any(|&top| {
+            let (Sym::Bytes(b), max, count) = self.top_elem(g, top) else {
+                return false;
+            };
+            if !b.covers(bytes) {
+                return false;
             }
-            _ => false,
+            if max == INF || max.saturating_sub(count) >= len {
+                return true;
+            }
+            let n = self.nodes[top as usize];
+            let f = n.frame;
+            if max != 1
+                || count != 0
+                || g.alts(f.rule)[f.alt as usize].len() != 1
+                || n.parent == NONE
+            {
+                return false;
+            }
+            let p = self.nodes[n.parent as usize].frame;
+            match g.elem(p.rule, p.alt, p.idx) {
+                Some(e) if e.sym == Sym::Rule(f.rule) => {
+                    e.max == INF || e.max.saturating_sub(p.count) >= len
+                }
+                _ => false,
+            }
         })
     }
 
