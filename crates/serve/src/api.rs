@@ -20,6 +20,8 @@ pub const MAX_STOPS: usize = 16;
 pub const MAX_STOP_BYTES: usize = 1024;
 /// Most `logit_bias` entries.
 pub const MAX_LOGIT_BIAS: usize = 1024;
+/// Most choices (`n`) per request.
+pub const MAX_N: usize = 16;
 
 /// What the engine thread needs to run one request.
 #[derive(Clone, Debug)]
@@ -38,6 +40,9 @@ pub struct GenRequest {
     pub include_usage: bool,
     /// `response_format` json_object / json_schema: the grammar the output must follow.
     pub grammar: Option<Arc<Grammar>>,
+    /// Choices to generate (1..=[`MAX_N`]), each its own engine request; choice i samples
+    /// with seed + i.
+    pub n: usize,
 }
 
 /// The model facts validation needs.
@@ -284,14 +289,15 @@ fn finish(
     logprobs: Option<usize>,
     lim: &Limits<'_>,
 ) -> Result<GenRequest, ApiError> {
-    if let Some(n) = c.n {
-        if n != 1 {
+    let n = match c.n.unwrap_or(1) {
+        n if (1..=MAX_N as i64).contains(&n) => n as usize,
+        n => {
             return Err(ApiError::invalid(
                 "n",
-                format!("n must be 1 (one choice per request), got {n}"),
-            ));
+                format!("n must be from 1 to {MAX_N}, got {n}"),
+            ))
         }
-    }
+    };
     let grammar = match &c.response_format {
         None => None,
         Some(rf) => rf.grammar(lim)?,
@@ -477,6 +483,7 @@ fn finish(
         stream,
         include_usage,
         grammar,
+        n,
     })
 }
 

@@ -119,15 +119,17 @@ pub struct TokenLogprob {
 
 #[derive(Debug)]
 pub enum Event {
-    /// A generated token and the text it completes (possibly empty: part of a UTF-8 char,
-    /// a control token, text held back while it may start a stop string).
+    /// A generated token of choice `index` and the text it completes (possibly empty: part
+    /// of a UTF-8 char, a control token, text held back while it may start a stop string).
     Token {
+        index: usize,
         text: String,
         logprob: Option<TokenLogprob>,
     },
-    /// The end: text held back until now, OpenAI's finish reason ("stop" or "length"), and
-    /// how many tokens were generated.
+    /// The end of choice `index`: text held back until now, OpenAI's finish reason ("stop"
+    /// or "length"), and how many tokens it generated.
     Done {
+        index: usize,
         tail: String,
         finish: &'static str,
         completion_tokens: usize,
@@ -137,6 +139,8 @@ pub enum Event {
 
 struct Active {
     id: RequestId,
+    /// The choice this request generates (`n` > 1: several share the handler's channel).
+    index: usize,
     events: mpsc::UnboundedSender<Event>,
     decoder: StreamDecoder,
     stops: StopStrings,
@@ -257,6 +261,55 @@ pub fn check_cuda_memory(
     Ok(())
 }
 
+/// Adds choice `index` of `req` to the engine (its seed is the request's plus `index`):
+/// queued when the cache cannot take it now and fewer than `max_queue` requests wait, else
+/// refused with 429. Returns its id and, under a grammar, the constraint's completion flag.
+fn admit<K: EngineKernels>(
+    engine: &mut Engine<'_, K>,
+    req: &GenRequest,
+    index: usize,
+    eog: &[u32],
+    shared: &Ready,
+    max_queue: usize,
+) -> Result<(RequestId, Option<Arc<AtomicBool>>), ApiError> {
+    let queue = engine.stats().waiting < max_queue;
+    let mut r = Request::greedy(req.prompt.clone(), req.max_new);
+    r.sampling = req.sampling.clone();
+    r.sampling.seed = req.sampling.seed.wrapping_add(index as u64);
+    r.stop_tokens = if req.ignore_eos {
+        Vec::new()
+    } else {
+        eog.to_vec()
+    };
+    r.queue = queue;
+    let mut procs: Vec<Box<dyn LogitsProcessor>> = Vec::new();
+    if !req.logit_bias.is_empty() {
+        let b = LogitBias::new(req.logit_bias.clone(), shared.vocab)
+            .map_err(|e| ApiError::invalid("logit_bias", e.to_string()))?;
+        procs.push(Box::new(b));
+    }
+    // The grammar runs last, so a bias cannot unmask what it forbids; its document ends at
+    // an end-of-generation token whatever ignore_eos says.
+    let mut complete = None;
+    if let Some(g) = &req.grammar {
+        let c = GrammarConstraint::new(g.clone(), shared.trie(), eog.to_vec())
+            .map_err(|e| ApiError::invalid("response_format", e.to_string()))?;
+        complete = Some(c.completion_flag());
+        procs.push(Box::new(c));
+        r.stop_tokens = eog.to_vec();
+    }
+    let processor: Option<Box<dyn LogitsProcessor>> = match procs.len() {
+        0 => None,
+        1 => procs.pop(),
+        _ => Some(Box::new(Chain(procs))),
+    };
+    match engine.add_request_with(r, processor) {
+        Ok(id) => Ok((id, complete)),
+        Err(_) if !queue => Err(ApiError::queue_full(engine.stats().waiting)),
+        Err(e) => Err(ApiError::bad_request("invalid_value", e.to_string())),
+    }
+}
+
 /// The engine loop over either kernel set: admits, steps and answers until
 /// [`Cmd::Shutdown`] or every sender is gone. On CUDA a step reads logits to the host only
 /// where a request needs them (sampling, logit bias) or, here, while a request that asked
@@ -274,8 +327,9 @@ fn serve_loop<K: EngineKernels>(
     let tok = &shared.tok;
     let eog: Vec<u32> = tok.eog_tokens().to_vec();
 
-    let mut active: HashMap<u64, Active> = HashMap::new();
-    let mut keys: HashMap<RequestId, u64> = HashMap::new();
+    // By (handler key, choice index).
+    let mut active: HashMap<(u64, usize), Active> = HashMap::new();
+    let mut keys: HashMap<RequestId, (u64, usize)> = HashMap::new();
     loop {
         // Block for a command while idle; otherwise take what has arrived and step.
         let mut cmds = Vec::new();
@@ -300,91 +354,63 @@ fn serve_loop<K: EngineKernels>(
             match cmd {
                 Cmd::Submit(s) => {
                     let s = *s;
-                    let queue = engine.stats().waiting < cfg.max_queue;
-                    let mut r = Request::greedy(s.req.prompt.clone(), s.req.max_new);
-                    r.sampling = s.req.sampling.clone();
-                    r.stop_tokens = if s.req.ignore_eos {
-                        Vec::new()
-                    } else {
-                        eog.clone()
-                    };
-                    r.queue = queue;
-                    let mut procs: Vec<Box<dyn LogitsProcessor>> = Vec::new();
-                    if !s.req.logit_bias.is_empty() {
-                        match LogitBias::new(s.req.logit_bias.clone(), shared.vocab) {
-                            Ok(b) => procs.push(Box::new(b)),
+                    // All n choices or none: a refusal cancels the ones already added.
+                    let mut added = Vec::with_capacity(s.req.n);
+                    let mut refused = None;
+                    for i in 0..s.req.n {
+                        match admit(engine, &s.req, i, &eog, &shared, cfg.max_queue) {
+                            Ok(x) => added.push(x),
                             Err(e) => {
-                                let _ = s
-                                    .admitted
-                                    .send(Err(ApiError::invalid("logit_bias", e.to_string())));
-                                continue;
+                                refused = Some(e);
+                                break;
                             }
                         }
                     }
-                    // The grammar runs last, so a bias cannot unmask what it forbids; its
-                    // document ends at an end-of-generation token whatever ignore_eos says.
-                    let mut complete = None;
-                    if let Some(g) = &s.req.grammar {
-                        match GrammarConstraint::new(g.clone(), shared.trie(), eog.clone()) {
-                            Ok(c) => {
-                                complete = Some(c.completion_flag());
-                                procs.push(Box::new(c));
-                                r.stop_tokens = eog.clone();
-                            }
-                            Err(e) => {
-                                let _ = s
-                                    .admitted
-                                    .send(Err(ApiError::invalid("response_format", e.to_string())));
-                                continue;
-                            }
+                    if let Some(e) = refused {
+                        for (id, _) in added {
+                            engine.cancel(id);
                         }
+                        let _ = s.admitted.send(Err(e));
+                        continue;
                     }
-                    let processor: Option<Box<dyn LogitsProcessor>> = match procs.len() {
-                        0 => None,
-                        1 => procs.pop(),
-                        _ => Some(Box::new(Chain(procs))),
-                    };
-                    match engine.add_request_with(r, processor) {
-                        Ok(id) => {
-                            metrics.prompt_tokens(s.req.prompt.len());
-                            if s.admitted.send(Ok(s.req.prompt.len())).is_err() {
-                                // The handler is gone already.
-                                engine.cancel(id);
-                                metrics.cancelled();
-                                continue;
-                            }
-                            keys.insert(id, s.key);
-                            active.insert(
-                                s.key,
-                                Active {
-                                    id,
-                                    events: s.events,
-                                    decoder: StreamDecoder::new(),
-                                    stops: StopStrings::new(s.req.stop),
-                                    generated: 0,
-                                    logprobs: s.req.logprobs,
-                                    admitted: Instant::now(),
-                                    last: None,
-                                    complete,
-                                },
-                            );
+                    metrics.prompt_tokens(s.req.prompt.len());
+                    if s.admitted.send(Ok(s.req.prompt.len())).is_err() {
+                        // The handler is gone already.
+                        for (id, _) in added {
+                            engine.cancel(id);
                         }
-                        Err(_) if !queue => {
-                            let _ = s
-                                .admitted
-                                .send(Err(ApiError::queue_full(engine.stats().waiting)));
-                        }
-                        Err(e) => {
-                            let _ = s
-                                .admitted
-                                .send(Err(ApiError::bad_request("invalid_value", e.to_string())));
-                        }
+                        metrics.cancelled();
+                        continue;
+                    }
+                    for (index, (id, complete)) in added.into_iter().enumerate() {
+                        keys.insert(id, (s.key, index));
+                        active.insert(
+                            (s.key, index),
+                            Active {
+                                id,
+                                index,
+                                events: s.events.clone(),
+                                decoder: StreamDecoder::new(),
+                                stops: StopStrings::new(s.req.stop.clone()),
+                                generated: 0,
+                                logprobs: s.req.logprobs,
+                                admitted: Instant::now(),
+                                last: None,
+                                complete,
+                            },
+                        );
                     }
                 }
                 Cmd::Cancel(key) => {
-                    if let Some(a) = active.remove(&key) {
-                        keys.remove(&a.id);
-                        engine.cancel(a.id);
+                    let choices: Vec<(u64, usize)> =
+                        active.keys().filter(|k| k.0 == key).copied().collect();
+                    for k in &choices {
+                        if let Some(a) = active.remove(k) {
+                            keys.remove(&a.id);
+                            engine.cancel(a.id);
+                        }
+                    }
+                    if !choices.is_empty() {
                         metrics.cancelled();
                     }
                 }
@@ -445,7 +471,14 @@ fn serve_loop<K: EngineKernels>(
                                 end = Some("stop");
                                 engine.cancel(o.id);
                             }
-                            alive = a.events.send(Event::Token { text, logprob }).is_ok();
+                            alive = a
+                                .events
+                                .send(Event::Token {
+                                    index: a.index,
+                                    text,
+                                    logprob,
+                                })
+                                .is_ok();
                         }
                         if let Some(finish) = end {
                             let tail = if a.stops.stopped() {
@@ -459,6 +492,7 @@ fn serve_loop<K: EngineKernels>(
                                 t
                             };
                             let _ = a.events.send(Event::Done {
+                                index: a.index,
                                 tail,
                                 finish,
                                 completion_tokens: a.generated,

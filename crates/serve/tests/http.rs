@@ -576,7 +576,8 @@ async fn every_bad_request_gets_a_clean_4xx_and_the_server_stays_healthy() {
         Bad { what: "logit_bias id out of range", request: comp(", \"logit_bias\": {\"999999\": 1}"), status: 400, code: "invalid_value" },
         Bad { what: "logit_bias value 1e9", request: comp(", \"logit_bias\": {\"5\": 1e9}"), status: 400, code: "invalid_value" },
         Bad { what: "logit_bias key not a number", request: comp(", \"logit_bias\": {\"abc\": 1}"), status: 400, code: "invalid_value" },
-        Bad { what: "n = 2", request: comp(", \"n\": 2"), status: 400, code: "invalid_value" },
+        Bad { what: "n = 17", request: comp(", \"n\": 17"), status: 400, code: "invalid_value" },
+        Bad { what: "n = 0", request: comp(", \"n\": 0"), status: 400, code: "invalid_value" },
         Bad { what: "seed -7", request: comp(", \"seed\": -7"), status: 400, code: "invalid_value" },
         Bad { what: "stop not a string", request: comp(", \"stop\": 5"), status: 400, code: "invalid_value" },
         Bad { what: "response_format json_schema without json_schema", request: comp(", \"response_format\": {\"type\": \"json_schema\"}"), status: 400, code: "invalid_value" },
@@ -838,10 +839,100 @@ async fn a_full_queue_answers_429() {
         assert!(Instant::now() < deadline);
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    // n choices are admitted all or none: 3 need one running and two waiting here.
+    let (s, v) = post(
+        &url,
+        "/v1/completions",
+        &json!({"prompt": "Hi", "max_tokens": 1, "n": 3}),
+    )
+    .await;
+    assert_eq!(s, 429, "{v}");
+    let (s, v) = post(
+        &url,
+        "/v1/completions",
+        &json!({"prompt": "Hi", "max_tokens": 1, "n": 2}),
+    )
+    .await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(v["choices"].as_array().unwrap().len(), 2);
     tokio::task::spawn_blocking(move || server.stop())
         .await
         .unwrap()
         .unwrap();
+}
+
+#[tokio::test]
+async fn n_choices_each_with_its_own_seed() {
+    let url = shared();
+    let comp = json!({"prompt": "Once upon a time", "max_tokens": 12, "seed": 7, "temperature": 1.0,
+                      "ignore_eos": true, "n": 3});
+    let (s, v) = post(url, "/v1/completions", &comp).await;
+    assert_eq!(s, 200, "{v}");
+    let choices = v["choices"].as_array().unwrap();
+    assert_eq!(choices.len(), 3);
+    let texts: Vec<&str> = choices
+        .iter()
+        .map(|c| c["text"].as_str().unwrap())
+        .collect();
+    for (i, c) in choices.iter().enumerate() {
+        assert_eq!(c["index"], i);
+        assert_eq!(c["finish_reason"], "length");
+    }
+    assert_eq!(v["usage"]["completion_tokens"], 36);
+    let prompt = v["usage"]["prompt_tokens"].as_u64().unwrap();
+    assert_eq!(v["usage"]["total_tokens"], prompt + 36);
+    // Choice i is the n = 1 answer for seed + i.
+    for (i, t) in texts.iter().enumerate() {
+        let mut one = comp.clone();
+        one["n"] = json!(1);
+        one["seed"] = json!(7 + i);
+        let (_, w) = post(url, "/v1/completions", &one).await;
+        assert_eq!(text_of(&w), *t, "choice {i}");
+        assert_eq!(w["usage"]["prompt_tokens"], prompt);
+    }
+    assert!(
+        texts[0] != texts[1] || texts[1] != texts[2],
+        "three seeds, one text: {texts:?}"
+    );
+
+    // Streamed chat: chunks carry each choice's index; the texts equal the whole answer's.
+    let chat = json!({"messages": [{"role": "user", "content": "Say something."}], "max_tokens": 8,
+                      "seed": 3, "temperature": 1.0, "n": 2, "ignore_eos": true});
+    let (s, whole) = post(url, "/v1/chat/completions", &chat).await;
+    assert_eq!(s, 200, "{whole}");
+    let mut sc = chat.clone();
+    sc["stream"] = json!(true);
+    sc["stream_options"] = json!({"include_usage": true});
+    let chunks = post_stream(url, "/v1/chat/completions", &sc).await;
+    assert_eq!(chunks.last().map(String::as_str), Some("[DONE]"));
+    let mut texts = [String::new(), String::new()];
+    let mut roles = [0, 0];
+    let mut finishes = [0, 0];
+    let mut usage = None;
+    for c in &chunks[..chunks.len() - 1] {
+        let v: Value = serde_json::from_str(c).unwrap();
+        let Some(ch) = v["choices"].as_array().unwrap().first() else {
+            usage = Some(v["usage"].clone());
+            continue;
+        };
+        let i = ch["index"].as_u64().unwrap() as usize;
+        if ch["delta"]["role"] == "assistant" {
+            roles[i] += 1;
+        }
+        texts[i].push_str(ch["delta"]["content"].as_str().unwrap_or(""));
+        if ch["finish_reason"].is_string() {
+            finishes[i] += 1;
+        }
+    }
+    assert_eq!((roles, finishes), ([1, 1], [1, 1]));
+    for i in 0..2 {
+        assert_eq!(
+            texts[i],
+            whole["choices"][i]["message"]["content"].as_str().unwrap()
+        );
+    }
+    assert_eq!(usage.unwrap(), whole["usage"]);
+    assert_eq!(whole["usage"]["completion_tokens"], 16);
 }
 
 #[tokio::test]
