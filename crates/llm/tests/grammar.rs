@@ -480,3 +480,102 @@ fn complete_documents_force_the_end() {
         "no fraction in an integer"
     );
 }
+
+#[test]
+fn enums_are_exact_with_shared_prefixes() {
+    let g = Arc::new(
+        json_schema_str(r#"{"enum": ["ab", "abc", "abd", "b", 1, 12, null, "a\"b", "abcdefgh"]}"#)
+            .unwrap(),
+    );
+    let t = trie(&vocab());
+    for ok in [
+        "\"ab\"",
+        "\"abc\"",
+        "\"abd\"",
+        "\"b\"",
+        "1",
+        "12",
+        "null",
+        "\"a\\\"b\"",
+        "\"abcdefgh\"",
+    ] {
+        assert_eq!(run(&g, &t, ok.as_bytes()), (true, true), "{ok}");
+    }
+    for bad in ["\"a\"", "\"abe\"", "123", "\"abcd\"", "\"abcdefg\"", "2"] {
+        assert!(!run(&g, &t, bad.as_bytes()).1, "{bad}");
+    }
+}
+
+/// On SmolLM2's real vocabulary (49,152 byte-level BPE tokens, many ending inside a UTF-8
+/// character), the constraint's mask equals advancing the recognizer over each token's
+/// bytes, from prefixes inside strings (also mid-character), numbers, escapes and structure.
+#[test]
+fn smollm2_masks_match_a_token_by_token_check() {
+    use ferrite_llm::grammar::pda::{Arena, State};
+    let path = ferrite_gguf::fetch::smollm2_135m_instruct_q4_1().unwrap();
+    let model = ferrite_llm::Model::load(&path).unwrap();
+    let tok = ferrite_llm::tokenizer::Tokenizer::from_gguf(model.gguf()).unwrap();
+    let vocab = model.cfg.vocab;
+    let trie = Arc::new(TokenTrie::from_tokenizer(&tok, vocab));
+    let cases: [(Arc<Grammar>, &[&[u8]]); 2] = [
+        (
+            Arc::new(json_object()),
+            &[
+                b"",
+                b"{\"na",
+                b"{\"a\": \"Zo\xc3",
+                b"{\"a\": [1, -0.5e",
+                b"{\"a\": \"x\\u00",
+            ],
+        ),
+        (
+            Arc::new(json_schema_str(PERSON).unwrap()),
+            &[
+                b"{\"name\": \"abcde",
+                b"{\"name\":\"a\",\"tags\":[",
+                b"{\"name\":\"a\",\"tags\":[\"x\"], \"ok\"",
+            ],
+        ),
+    ];
+    for (g, prefixes) in cases {
+        for &p in prefixes {
+            let mut c =
+                GrammarConstraint::new(g.clone(), trie.clone(), tok.eog_tokens().to_vec()).unwrap();
+            assert!(c.advance_bytes(p), "{:?}", String::from_utf8_lossy(p));
+            let mask = c.allowed();
+            let mut arena = Arena::default();
+            let mut st = arena.start(&g);
+            let mut next = State::default();
+            for &b in p {
+                arena.advance(&g, &st, b, &mut next);
+                std::mem::swap(&mut st, &mut next);
+            }
+            arena.compact(&mut st);
+            let mut allowed = 0;
+            for id in 0..vocab as u32 {
+                let want = trie.token(id).is_some_and(|bytes| {
+                    let mut a = arena.clone();
+                    let mut s = st.clone();
+                    for &b in bytes {
+                        a.advance(&g, &s, b, &mut next);
+                        std::mem::swap(&mut s, &mut next);
+                        if !s.alive() {
+                            return false;
+                        }
+                    }
+                    true
+                });
+                let got = mask[id as usize / 64] >> (id % 64) & 1 == 1;
+                assert_eq!(
+                    got,
+                    want,
+                    "token {id} {:?} after {:?}",
+                    String::from_utf8_lossy(tok.token_bytes(id)),
+                    String::from_utf8_lossy(p)
+                );
+                allowed += usize::from(got);
+            }
+            assert!(allowed > 0, "{:?}", String::from_utf8_lossy(p));
+        }
+    }
+}

@@ -82,8 +82,11 @@ const KEYWORDS: &[&str] = &[
 
 /// Largest `minLength` / `minItems` (anything longer could never fit a context).
 pub const MAX_MIN_COUNT: u64 = 1 << 16;
-/// Most `enum` values and `anyOf` / `oneOf` branches of one schema.
-pub const MAX_ALTERNATIVES: usize = 1024;
+/// Most `enum` values of one schema.
+pub const MAX_ENUM: usize = 1024;
+/// Most `anyOf` / `oneOf` branches of one schema (each branch alive at once costs the
+/// recognizer a stack per step).
+pub const MAX_BRANCHES: usize = 64;
 
 /// Rules every JSON grammar shares.
 struct Base {
@@ -551,8 +554,8 @@ impl Compiler<'_> {
                 let Some(list) = v.as_array().filter(|l| !l.is_empty()) else {
                     return err(at, format!("{kw} must be a non-empty array of schemas"));
                 };
-                if list.len() > MAX_ALTERNATIVES {
-                    return err(at, format!("{kw} has over {MAX_ALTERNATIVES} branches"));
+                if list.len() > MAX_BRANCHES {
+                    return err(at, format!("{kw} has over {MAX_BRANCHES} branches"));
                 }
                 let mut alts = Vec::new();
                 for (i, sub) in list.iter().enumerate() {
@@ -605,18 +608,20 @@ impl Compiler<'_> {
             let Some(list) = v.as_array().filter(|l| !l.is_empty()) else {
                 return err(at, "enum must be a non-empty array");
             };
-            if list.len() > MAX_ALTERNATIVES {
-                return err(at, format!("enum has over {MAX_ALTERNATIVES} values"));
+            if list.len() > MAX_ENUM {
+                return err(at, format!("enum has over {MAX_ENUM} values"));
             }
-            let alts: Vec<Alt> = list
+            let mut lits: Vec<Vec<u8>> = list
                 .iter()
                 .filter(|v| fits(v))
-                .map(|v| lit(v.to_string().as_bytes()))
+                .map(|v| v.to_string().into_bytes())
                 .collect();
-            if alts.is_empty() {
+            if lits.is_empty() {
                 return err(at, format!("no enum value has type {}", types.join(" or ")));
             }
-            return self.add(alts, at);
+            lits.sort();
+            lits.dedup();
+            return self.literals(&lits, 0, at);
         }
         let types = if types.is_empty() {
             let has = |ks: &[&str]| ks.iter().any(|k| m.contains_key(*k));
@@ -649,6 +654,44 @@ impl Compiler<'_> {
             if let Some(crate::grammar::Sym::Rule(id)) = alts[0].first().map(|e| e.sym) {
                 return Ok(id);
             }
+        }
+        self.add(alts, at)
+    }
+
+    /// A rule matching exactly the byte strings `lits` (sorted, distinct, sharing their
+    /// first `depth` bytes), shaped as their trie so that the recognizer follows one stack
+    /// per distinct prefix, not one per value.
+    fn literals(&mut self, lits: &[Vec<u8>], depth: usize, at: &str) -> Result<u32, SchemaError> {
+        let mut alts = Vec::new();
+        let mut i = 0;
+        if lits.first().is_some_and(|l| l.len() == depth) {
+            alts.push(vec![]);
+            i = 1;
+        }
+        while i < lits.len() {
+            let b = lits[i][depth];
+            let mut j = i;
+            while j < lits.len() && lits[j][depth] == b {
+                j += 1;
+            }
+            // The group's common prefix (first and last share it: sorted) goes in flat, so
+            // recursion is as deep as the number of branching points, not the bytes.
+            let (first, last) = (&lits[i], &lits[j - 1]);
+            let common = first[depth..]
+                .iter()
+                .zip(&last[depth..])
+                .take_while(|(x, y)| x == y)
+                .count();
+            let mut alt = lit(&first[depth..depth + common]);
+            if j - i > 1 {
+                alt.push(Elem::rule(self.literals(
+                    &lits[i..j],
+                    depth + common,
+                    at,
+                )?));
+            }
+            alts.push(alt);
+            i = j;
         }
         self.add(alts, at)
     }
