@@ -579,3 +579,45 @@ fn smollm2_masks_match_a_token_by_token_check() {
         }
     }
 }
+
+/// Many properties, optional or not, and deep nesting: neither deepens the recognizer's
+/// stack per property (tail calls), so a 300-property object completes.
+#[test]
+fn many_properties_and_deep_nesting() {
+    let n = 300;
+    let props: Vec<String> = (0..n)
+        .map(|i| format!("\"p{i}\": {{\"type\": \"integer\"}}"))
+        .collect();
+    let required: Vec<String> = (0..n).step_by(2).map(|i| format!("\"p{i}\"")).collect();
+    let schema = format!(
+        "{{\"type\": \"object\", \"properties\": {{{}}}, \"required\": [{}], \"additionalProperties\": false}}",
+        props.join(", "),
+        required.join(", ")
+    );
+    let g = Arc::new(json_schema_str(&schema).unwrap());
+    let t = trie(&vocab());
+    let all: Vec<String> = (0..n).map(|i| format!("\"p{i}\":{i}")).collect();
+    let doc = format!("{{{}}}", all.join(","));
+    assert_eq!(run(&g, &t, doc.as_bytes()), (true, true));
+    let evens: Vec<String> = (0..n).step_by(2).map(|i| format!("\"p{i}\":{i}")).collect();
+    let doc = format!("{{{}}}", evens.join(", "));
+    assert_eq!(run(&g, &t, doc.as_bytes()), (true, true));
+    let missing = format!("{{{}}}", evens[1..].join(","));
+    assert!(!run(&g, &t, missing.as_bytes()).0);
+
+    let g = Arc::new(json_object());
+    let deep = |k: usize| {
+        format!(
+            "{}{}",
+            "{\"a\":".repeat(k),
+            "1".to_string() + &"}".repeat(k)
+        )
+    };
+    assert_eq!(run(&g, &t, deep(100).as_bytes()), (true, true));
+    let mut arr = String::from("{\"a\":");
+    arr.push_str(&"[".repeat(100));
+    arr.push_str(&"]".repeat(100));
+    arr.push('}');
+    assert_eq!(run(&g, &t, arr.as_bytes()), (true, true));
+    assert!(!run(&g, &t, deep(200).as_bytes()).0, "nesting is bounded");
+}

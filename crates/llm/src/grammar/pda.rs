@@ -31,7 +31,7 @@ struct Node {
 const NONE: u32 = u32::MAX;
 
 /// Deepest stack (rule nesting); deeper continuations are dropped, which bounds the
-/// nesting of generated documents (JSON nested about 60 levels).
+/// nesting of generated documents (JSON: about 120 levels, two frames per level).
 pub const MAX_DEPTH: u32 = 256;
 /// Most stacks one state keeps; further ones (only very ambiguous grammars reach this)
 /// are dropped: what remains still only allows valid continuations.
@@ -196,8 +196,16 @@ impl Arena {
                     }
                 }
                 Sym::Rule(r) => {
-                    if depth < MAX_DEPTH {
-                        let n = self.push(fr, parent, depth);
+                    // A last element matched once ends its alternative when the child ends:
+                    // the child returns straight to the frame below (a tail call), so
+                    // sequences of properties or list items do not deepen the stack.
+                    let tail = e.max == 1 && g.elem(f.rule, f.alt, f.idx + 1).is_none();
+                    let (n, d) = if tail {
+                        (parent, depth)
+                    } else {
+                        (self.push(fr, parent, depth), depth + 1)
+                    };
+                    if d <= MAX_DEPTH {
                         for a in 0..g.alts(r).len() as u32 {
                             let child = Frame {
                                 rule: r,
@@ -205,8 +213,10 @@ impl Arena {
                                 idx: 0,
                                 count: 0,
                             };
-                            self.settle(g, child, n, depth + 1, out);
+                            self.settle(g, child, n, d, out);
                         }
+                    } else if !tail {
+                        self.nodes.pop();
                     }
                 }
             }
