@@ -621,3 +621,29 @@ fn many_properties_and_deep_nesting() {
     assert_eq!(run(&g, &t, arr.as_bytes()), (true, true));
     assert!(!run(&g, &t, deep(200).as_bytes()).0, "nesting is bounded");
 }
+
+/// A logit bias chained before the constraint cannot unmask a forbidden token; one on an
+/// allowed token still applies.
+#[test]
+fn a_logit_bias_before_the_grammar_cannot_unmask() {
+    use ferrite_llm::logits_processor::{Chain, LogitBias};
+    let v = vocab();
+    let t = trie(&v);
+    let g = Arc::new(json_object());
+    let x = 1 + u32::from(b'x');
+    let brace = 1 + u32::from(b'{');
+    let bias = LogitBias::new(vec![(x, 50.0), (brace, 3.0)], v.len()).unwrap();
+    let mut chain = Chain(vec![Box::new(bias), Box::new(constraint(&g, &t))]);
+    let mut logits = vec![0.0f32; v.len()];
+    chain.process(&mut logits, &[]).unwrap();
+    assert_eq!(logits[x as usize], f32::NEG_INFINITY);
+    assert_eq!(logits[brace as usize], 3.0);
+    chain.accept(brace);
+    let mut logits = vec![0.0f32; v.len()];
+    chain.process(&mut logits, &[]).unwrap();
+    assert!(
+        logits[brace as usize].is_infinite(),
+        "no object key starts with {{"
+    );
+    assert!(logits[1 + usize::from(b'"')].is_finite());
+}
