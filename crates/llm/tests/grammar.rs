@@ -647,3 +647,39 @@ fn a_logit_bias_before_the_grammar_cannot_unmask() {
     );
     assert!(logits[1 + usize::from(b'"')].is_finite());
 }
+
+/// anyOf nested in anyOf multiplies the ways a byte can continue: the recognizer's work per
+/// byte is capped (what it drops only narrows the mask), and documents still complete.
+#[test]
+fn nested_alternatives_are_bounded_per_byte() {
+    use ferrite_llm::grammar::pda::{Arena, SETTLE_BUDGET};
+    // Shared through $ref, so the grammar stays small while each level multiplies by 60.
+    let leaf = r#"{"type": "object", "properties": {"k": {"type": "integer"}}, "required": ["k"]}"#;
+    let level = |i: usize| {
+        let r = format!("{{\"$ref\": \"#/$defs/l{i}\"}}");
+        let branches: Vec<&str> = std::iter::repeat_n(r.as_str(), 60).collect();
+        format!("{{\"anyOf\": [{}]}}", branches.join(", "))
+    };
+    let s = format!(
+        "{{\"$ref\": \"#/$defs/l3\", \"$defs\": {{\"l0\": {leaf}, \"l1\": {}, \"l2\": {}, \"l3\": {}}}}}",
+        level(0),
+        level(1),
+        level(2)
+    );
+    let g = Arc::new(json_schema_str(&s).unwrap());
+    let mut a = Arena::default();
+    let st = a.start(&g);
+    assert!(a.exhausted(), "60^3 branches fit {SETTLE_BUDGET} steps?");
+    assert!(st.alive());
+    let t = trie(&vocab());
+    let t0 = std::time::Instant::now();
+    let mut c = constraint(&g, &t);
+    let _ = c.allowed();
+    assert_eq!(run(&g, &t, br#"{"k":1}"#), (true, true));
+    assert!(t0.elapsed().as_secs() < 20, "{:?}", t0.elapsed());
+    // Ordinary grammars stay far inside the budget.
+    let g = Arc::new(json_schema_str(PERSON).unwrap());
+    let mut a = Arena::default();
+    a.start(&g);
+    assert!(!a.exhausted());
+}

@@ -36,6 +36,10 @@ pub const MAX_DEPTH: u32 = 256;
 /// Most stacks one state keeps; further ones (only very ambiguous grammars reach this)
 /// are dropped: what remains still only allows valid continuations.
 pub const MAX_STACKS: usize = 512;
+/// Most expansion steps (frames settled) per byte: a hostile grammar (anyOf nested in
+/// anyOf ...) cannot make one byte cost more; continuations past it are dropped, which only
+/// narrows what is allowed. Ordinary JSON grammars take tens per byte.
+pub const SETTLE_BUDGET: u32 = 8192;
 
 /// A set of stacks (indices of their top nodes in the arena) and whether the input so far
 /// is a complete sentence.
@@ -56,6 +60,8 @@ impl State {
 #[derive(Clone, Debug, Default)]
 pub struct Arena {
     nodes: Vec<Node>,
+    /// Expansion steps left for the current byte.
+    budget: u32,
 }
 
 impl Arena {
@@ -75,6 +81,7 @@ impl Arena {
     /// The state before any input: the root rule's alternatives expanded.
     pub fn start(&mut self, g: &Grammar) -> State {
         let mut out = State::default();
+        self.budget = SETTLE_BUDGET;
         for a in 0..g.alts(g.root()).len() as u32 {
             let f = Frame {
                 rule: g.root(),
@@ -145,6 +152,7 @@ impl Arena {
     pub fn advance(&mut self, g: &Grammar, from: &State, b: u8, out: &mut State) {
         out.stacks.clear();
         out.complete = false;
+        self.budget = SETTLE_BUDGET;
         for &top in &from.stacks {
             let n = self.nodes[top as usize];
             let Some(e) = g.elem(n.frame.rule, n.frame.alt, n.frame.idx) else {
@@ -166,6 +174,10 @@ impl Arena {
     /// (at stack depth `depth`, over `parent`) without input; marks `out` complete when the
     /// root rule can end here.
     fn settle(&mut self, g: &Grammar, f: Frame, parent: u32, depth: u32, out: &mut State) {
+        if self.budget == 0 {
+            return;
+        }
+        self.budget -= 1;
         let Some(&e) = g.elem(f.rule, f.alt, f.idx) else {
             // This alternative is done: one more match of the parent's element.
             if parent == NONE {
@@ -295,6 +307,11 @@ impl Arena {
             *top = parent;
         }
         self.nodes = nodes;
+    }
+
+    /// Whether the last `start` or `advance` ran out of [`SETTLE_BUDGET`].
+    pub fn exhausted(&self) -> bool {
+        self.budget == 0
     }
 }
 
