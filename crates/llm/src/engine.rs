@@ -471,6 +471,7 @@ impl<'m, K: EngineKernels> Engine<'m, K> {
         let greedy = if host { None } else { self.k.greedy_tokens()? };
         if greedy.is_none() {
             self.k.host_logits()?;
+            self.run_processors()?;
         }
         let mut row = 0;
         let mut done = Vec::new();
@@ -486,11 +487,8 @@ impl<'m, K: EngineKernels> Engine<'m, K> {
             let tok = match &greedy {
                 Some(t) => t[row],
                 None => {
+                    // Its processor (if any) has run on this row in `run_processors`.
                     let logits = &mut self.k.host_logits()?[row * vocab..(row + 1) * vocab];
-                    if let Some(p) = &mut s.processor {
-                        p.process(logits, &s.tokens)
-                            .map_err(|e| Error::Other(format!("engine: {}: {e}", s.id)))?;
-                    }
                     s.sampler
                         .sample(logits, &s.tokens)
                         .map_err(|e| Error::Other(format!("engine: {}: {e}", s.id)))?
@@ -524,6 +522,54 @@ impl<'m, K: EngineKernels> Engine<'m, K> {
             self.cancel(id);
         }
         Ok(outputs)
+    }
+
+    /// Runs the logits processor of every sequence that samples in this step on its row of
+    /// the host logits, in parallel (a grammar constraint's mask is a trie walk per row).
+    /// Rows follow the plan: one per sequence whose input ends this step.
+    fn run_processors(&mut self) -> Result<()> {
+        let vocab = self.mcfg.vocab;
+        let mut jobs: Vec<(usize, usize)> = Vec::new();
+        let mut row = 0;
+        for &(i, n) in &self.plan {
+            let s = &self.running[i];
+            if s.computed + n == s.tokens.len() {
+                if s.processor.is_some() {
+                    jobs.push((row, i));
+                }
+                row += 1;
+            }
+        }
+        if jobs.is_empty() {
+            return Ok(());
+        }
+        let logits = self.k.host_logits()?;
+        let mut rows: Vec<Option<&mut [f32]>> = logits.chunks_mut(vocab).map(Some).collect();
+        let mut seqs: Vec<Option<&mut Seq>> = self.running.iter_mut().map(Some).collect();
+        let mut work = Vec::with_capacity(jobs.len());
+        for (r, i) in jobs {
+            if let (Some(l), Some(s)) = (
+                rows.get_mut(r).and_then(Option::take),
+                seqs.get_mut(i).and_then(Option::take),
+            ) {
+                work.push((l, s));
+            }
+        }
+        use rayon::prelude::*;
+        work.par_iter_mut().try_for_each(|(l, s)| {
+            let Seq {
+                processor,
+                tokens,
+                id,
+                ..
+            } = &mut **s;
+            match processor {
+                Some(p) => p
+                    .process(l, tokens)
+                    .map_err(|e| Error::Other(format!("engine: {id}: {e}"))),
+                None => Ok(()),
+            }
+        })
     }
 
     /// The logits request `id` sampled from in the last step (after the sampler's

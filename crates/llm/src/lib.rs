@@ -12,6 +12,7 @@ pub mod env;
 pub mod error;
 pub mod generate;
 pub mod gpu;
+pub mod grammar;
 pub mod kernels;
 pub mod kv_cache;
 pub mod logits_processor;

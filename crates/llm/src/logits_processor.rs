@@ -60,6 +60,25 @@ impl LogitsProcessor for LogitBias {
     fn accept(&mut self, _token: u32) {}
 }
 
+/// Several processors, run in order on the same logits (e.g. a logit bias, then a grammar
+/// constraint, so the bias cannot unmask what the grammar forbids); each accepts every token.
+pub struct Chain(pub Vec<Box<dyn LogitsProcessor>>);
+
+impl LogitsProcessor for Chain {
+    fn process(&mut self, logits: &mut [f32], history: &[u32]) -> Result<()> {
+        for p in &mut self.0 {
+            p.process(logits, history)?;
+        }
+        Ok(())
+    }
+
+    fn accept(&mut self, token: u32) {
+        for p in &mut self.0 {
+            p.accept(token);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -30,8 +30,11 @@ fn synthetic(quant: GgmlType) -> Model {
     cfg.n_kv_head = 2;
     cfg.n_ff = 512;
     cfg.ctx = 512;
+    // A name per call: tests run in parallel, and each removes its file after loading.
+    static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let path: PathBuf = std::env::temp_dir().join(format!(
-        "ferrite-engine-test-{}-{quant}.gguf",
+        "ferrite-engine-test-{}-{call}-{quant}.gguf",
         std::process::id()
     ));
     write_synthetic(&cfg, quant, 7, &path, &mut |_, _| {}).unwrap();
@@ -509,4 +512,79 @@ fn generate_through_the_engine_equals_the_session_loop() {
         assert_eq!(e.stats().kv.blocks_used, 0);
     }
     assert_eq!(stops_seen, 1, "the stop-string case stops at one");
+}
+
+/// Requests under a grammar constraint (json_object over a hand-made byte vocabulary of the
+/// tiny model's 320 ids: 0..256 single bytes, then words; id 300 the stop token) sampled in
+/// one batch, their processors run in parallel: each gets the tokens it gets alone, and
+/// each output is a prefix of a JSON object (random weights never close it within 40
+/// tokens; the strings hold multi-byte characters built from single-byte tokens).
+#[test]
+fn constrained_requests_in_a_batch_equal_alone_and_stay_valid() {
+    use std::sync::Arc;
+
+    use ferrite_llm::grammar::{json_object, GrammarConstraint, TokenTrie};
+    let m = tiny();
+    let stop = 300u32;
+    let words: [&[u8]; 8] = [
+        b"{\"", b"\":", b"\",", b"true", b"null", b"12", b"\"}", b"ab",
+    ];
+    let bytes: Vec<Vec<u8>> = (0..320u32)
+        .map(|i| match i {
+            0..=255 => vec![i as u8],
+            256..=263 => words[(i - 256) as usize].to_vec(),
+            _ => Vec::new(),
+        })
+        .collect();
+    let t: Vec<Option<&[u8]>> = bytes.iter().map(|b| Some(b.as_slice())).collect();
+    let trie = Arc::new(TokenTrie::new(&t, 320));
+    let g = Arc::new(json_object());
+    let request = |i: usize| {
+        let sampling = SamplerConfig {
+            temperature: 1.0,
+            seed: 40 + i as u64,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            ..SamplerConfig::default()
+        };
+        let req = Request {
+            prompt: tokens(5 + i, 20 + i, 300),
+            sampling,
+            max_new: 40,
+            stop_tokens: vec![stop],
+            queue: false,
+        };
+        let c = GrammarConstraint::new(g.clone(), trie.clone(), vec![stop]).unwrap();
+        (
+            req,
+            Box::new(c) as Box<dyn ferrite_llm::logits_processor::LogitsProcessor>,
+        )
+    };
+    let mut alone = Vec::new();
+    for i in 0..4 {
+        let mut e = Engine::new(&m, EngineConfig::new(64, 4)).unwrap();
+        let (req, c) = request(i);
+        e.add_request_with(req, Some(c)).unwrap();
+        alone.push(e.run_to_end().unwrap().remove(0));
+    }
+    let mut e = Engine::new(&m, EngineConfig::new(64, 4)).unwrap();
+    for i in 0..4 {
+        let (req, c) = request(i);
+        e.add_request_with(req, Some(c)).unwrap();
+    }
+    let batched = e.run_to_end().unwrap();
+    for (i, ((_, got, gf), (_, want, wf))) in batched.iter().zip(&alone).enumerate() {
+        assert_eq!((got, gf), (want, wf), "request {i}");
+        let text: Vec<u8> = got
+            .iter()
+            .flat_map(|&t| bytes[t as usize].clone())
+            .collect();
+        let mut check = GrammarConstraint::new(g.clone(), trie.clone(), vec![stop]).unwrap();
+        assert!(
+            check.advance_bytes(&text),
+            "{:?}",
+            String::from_utf8_lossy(&text)
+        );
+    }
 }

@@ -3,8 +3,10 @@
 //! field and the range it must be in.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use ferrite_llm::chat::{ChatTemplate, Message};
+use ferrite_llm::grammar::{json_object, json_schema_ordered, Grammar, OrderedValue};
 use ferrite_llm::sampler::SamplerConfig;
 use ferrite_llm::tokenizer::Tokenizer;
 use serde::Deserialize;
@@ -18,6 +20,8 @@ pub const MAX_STOPS: usize = 16;
 pub const MAX_STOP_BYTES: usize = 1024;
 /// Most `logit_bias` entries.
 pub const MAX_LOGIT_BIAS: usize = 1024;
+/// Most choices (`n`) per request.
+pub const MAX_N: usize = 16;
 
 /// What the engine thread needs to run one request.
 #[derive(Clone, Debug)]
@@ -34,6 +38,11 @@ pub struct GenRequest {
     pub logprobs: Option<usize>,
     pub stream: bool,
     pub include_usage: bool,
+    /// `response_format` json_object / json_schema: the grammar the output must follow.
+    pub grammar: Option<Arc<Grammar>>,
+    /// Choices to generate (1..=[`MAX_N`]), each its own engine request; choice i samples
+    /// with seed + i.
+    pub n: usize,
 }
 
 /// The model facts validation needs.
@@ -74,12 +83,88 @@ pub struct Common {
     pub presence_penalty: Option<f64>,
     pub frequency_penalty: Option<f64>,
     pub logit_bias: Option<BTreeMap<String, f64>>,
-    pub response_format: Option<serde_json::Value>,
+    pub response_format: Option<ResponseFormat>,
     pub top_k: Option<i64>,
     pub min_p: Option<f64>,
     pub repeat_penalty: Option<f64>,
     pub repeat_last_n: Option<i64>,
     pub ignore_eos: Option<bool>,
+}
+
+/// OpenAI's `response_format`: `{"type": "text" | "json_object" | "json_schema",
+/// "json_schema": {"name", "schema", "strict", "description"}}`; llama.cpp's
+/// `{"type": "json_object", "schema": {...}}` is taken as a schema too. Schemas are read with
+/// their key order (properties are generated in it).
+#[derive(Deserialize)]
+pub struct ResponseFormat {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub json_schema: Option<JsonSchemaFormat>,
+    pub schema: Option<OrderedValue>,
+}
+
+#[derive(Deserialize)]
+pub struct JsonSchemaFormat {
+    pub name: Option<String>,
+    pub description: Option<String>,
+    pub schema: Option<OrderedValue>,
+    pub strict: Option<bool>,
+}
+
+impl ResponseFormat {
+    /// The grammar the output must follow (None for text); schema errors name the keyword
+    /// and where it is.
+    fn grammar(&self, lim: &Limits<'_>) -> Result<Option<Arc<Grammar>>, ApiError> {
+        let compile = |s: &OrderedValue, field: &str| {
+            json_schema_ordered(&s.value, Some(&s.order))
+                .map_err(|e| ApiError::invalid("response_format", format!("{field}: {e}")))
+        };
+        let g = match self.kind.as_str() {
+            "text" => return Ok(None),
+            "json_object" => match &self.schema {
+                Some(s) => compile(s, "response_format.schema")?,
+                None => json_object(),
+            },
+            "json_schema" => {
+                let Some(js) = &self.json_schema else {
+                    return Err(ApiError::invalid(
+                        "response_format",
+                        "response_format of type json_schema needs a json_schema object: {\"name\": ..., \"schema\": {...}}",
+                    ));
+                };
+                if js.name.as_ref().is_some_and(|n| n.len() > 64) {
+                    return Err(ApiError::invalid(
+                        "response_format",
+                        "response_format.json_schema.name may be at most 64 characters",
+                    ));
+                }
+                match &js.schema {
+                    Some(s) => compile(s, "response_format.json_schema.schema")?,
+                    // No schema: any JSON value.
+                    None => compile(
+                        &OrderedValue {
+                            value: serde_json::Value::Bool(true),
+                            order: Default::default(),
+                        },
+                        "response_format.json_schema.schema",
+                    )?,
+                }
+            }
+            k => {
+                return Err(ApiError::invalid(
+                    "response_format",
+                    format!("response_format.type must be \"text\", \"json_object\" or \"json_schema\", got {k:?}"),
+                ))
+            }
+        };
+        if lim.tok.eog_tokens().is_empty() {
+            return Err(ApiError::bad_request(
+                "unsupported",
+                "response_format: this model has no end-of-generation token to end a constrained document with",
+            ));
+        }
+        Ok(Some(Arc::new(g)))
+    }
 }
 
 #[derive(Deserialize)]
@@ -204,35 +289,19 @@ fn finish(
     logprobs: Option<usize>,
     lim: &Limits<'_>,
 ) -> Result<GenRequest, ApiError> {
-    if let Some(n) = c.n {
-        if n != 1 {
+    let n = match c.n.unwrap_or(1) {
+        n if (1..=MAX_N as i64).contains(&n) => n as usize,
+        n => {
             return Err(ApiError::invalid(
                 "n",
-                format!("n must be 1 (one choice per request), got {n}"),
-            ));
+                format!("n must be from 1 to {MAX_N}, got {n}"),
+            ))
         }
-    }
-    if let Some(rf) = &c.response_format {
-        let kind = rf.get("type").and_then(|t| t.as_str());
-        match kind {
-            Some("text") => {}
-            Some("json_object") | Some("json_schema") => {
-                return Err(ApiError::bad_request(
-                    "unsupported",
-                    format!(
-                        "response_format {} is not supported by this server yet (grammar-constrained sampling is not implemented); use \"text\"",
-                        kind.unwrap_or_default()
-                    ),
-                ))
-            }
-            _ => {
-                return Err(ApiError::invalid(
-                    "response_format",
-                    "response_format.type must be \"text\", \"json_object\" or \"json_schema\"",
-                ))
-            }
-        }
-    }
+    };
+    let grammar = match &c.response_format {
+        None => None,
+        Some(rf) => rf.grammar(lim)?,
+    };
     let stream = c.stream.unwrap_or(false);
     if c.stream_options.is_some() && !stream {
         return Err(ApiError::invalid(
@@ -413,6 +482,8 @@ fn finish(
         logprobs,
         stream,
         include_usage,
+        grammar,
+        n,
     })
 }
 

@@ -200,7 +200,11 @@ async fn validate(
             ctx: ready.ctx,
             vocab: ready.vocab,
         };
-        f(&lim)
+        let gen = f(&lim)?;
+        if gen.grammar.is_some() {
+            ready.trie();
+        }
+        Ok(gen)
     })
     .await
     .map_err(|e| ApiError::internal(format!("validating the request: {e}")))?
@@ -374,6 +378,7 @@ async fn generate(st: St, kind: Kind, gen: GenRequest) -> Response {
     let (etx, erx) = mpsc::unbounded_channel();
     let (atx, arx) = oneshot::channel();
     let (stream, include_usage, want_lp) = (gen.stream, gen.include_usage, gen.logprobs.is_some());
+    let n = gen.n;
     let submit = Submit {
         key,
         req: gen,
@@ -402,9 +407,9 @@ async fn generate(st: St, kind: Kind, gen: GenRequest) -> Response {
         kind,
     };
     if stream {
-        stream_response(meta, erx, guard, prompt_tokens, include_usage, want_lp).into_response()
+        stream_response(meta, erx, guard, prompt_tokens, include_usage, want_lp, n).into_response()
     } else {
-        whole_response(meta, erx, guard, prompt_tokens, want_lp).await
+        whole_response(meta, erx, guard, prompt_tokens, want_lp, n).await
     }
 }
 
@@ -414,55 +419,75 @@ fn unix_now() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
+/// Collects every choice's text (by index) until all `n` have ended.
 async fn whole_response(
     meta: Meta,
     mut erx: mpsc::UnboundedReceiver<Event>,
     _guard: CancelGuard,
     prompt_tokens: usize,
     want_lp: bool,
+    n: usize,
 ) -> Response {
-    let mut text = String::new();
-    let mut lps = Vec::new();
-    loop {
+    let mut texts = vec![String::new(); n];
+    let mut lps: Vec<Vec<TokenLogprob>> = vec![Vec::new(); n];
+    let mut finishes: Vec<&'static str> = vec!["stop"; n];
+    let mut completion = 0;
+    let mut left = n;
+    while left > 0 {
         match erx.recv().await {
-            Some(Event::Token { text: t, logprob }) => {
-                text.push_str(&t);
-                lps.extend(logprob);
+            Some(Event::Token {
+                index,
+                text: t,
+                logprob,
+            }) => {
+                if let (Some(text), Some(lp)) = (texts.get_mut(index), lps.get_mut(index)) {
+                    text.push_str(&t);
+                    lp.extend(logprob);
+                }
             }
             Some(Event::Done {
+                index,
                 tail,
                 finish,
                 completion_tokens,
             }) => {
-                text.push_str(&tail);
-                let choice = match meta.kind {
-                    Kind::Chat => json!({
-                        "index": 0,
-                        "message": {"role": "assistant", "content": text},
-                        "logprobs": if want_lp { chat_logprobs(&lps) } else { Value::Null },
-                        "finish_reason": finish,
-                    }),
-                    Kind::Completion => json!({
-                        "index": 0,
-                        "text": text,
-                        "logprobs": if want_lp { completion_logprobs(&lps, 0) } else { Value::Null },
-                        "finish_reason": finish,
-                    }),
-                };
-                let mut body = meta.wrap(false, json!([choice]));
-                body["usage"] = usage(prompt_tokens, completion_tokens);
-                return Json(body).into_response();
+                if let (Some(text), Some(f)) = (texts.get_mut(index), finishes.get_mut(index)) {
+                    text.push_str(&tail);
+                    *f = finish;
+                }
+                completion += completion_tokens;
+                left -= 1;
             }
             Some(Event::Error(e)) => return e.into_response(),
             None => return ApiError::internal("the engine thread ended").into_response(),
         }
     }
+    let choices: Vec<Value> = (0..n)
+        .map(|i| match meta.kind {
+            Kind::Chat => json!({
+                "index": i,
+                "message": {"role": "assistant", "content": texts[i]},
+                "logprobs": if want_lp { chat_logprobs(&lps[i]) } else { Value::Null },
+                "finish_reason": finishes[i],
+            }),
+            Kind::Completion => json!({
+                "index": i,
+                "text": texts[i],
+                "logprobs": if want_lp { completion_logprobs(&lps[i], 0) } else { Value::Null },
+                "finish_reason": finishes[i],
+            }),
+        })
+        .collect();
+    let mut body = meta.wrap(false, Value::Array(choices));
+    body["usage"] = usage(prompt_tokens, completion);
+    Json(body).into_response()
 }
 
 /// Where a stream is.
 enum Phase {
-    /// Chat streams open with a chunk holding the assistant role.
-    Start,
+    /// Chat streams open with a chunk holding the assistant role, one per choice: the next
+    /// choice to open.
+    Start(usize),
     Body,
     /// Sent the last content chunk; next the usage chunk (if asked), then `[DONE]`.
     Usage(usize),
@@ -478,8 +503,11 @@ struct StreamState {
     include_usage: bool,
     want_lp: bool,
     phase: Phase,
-    /// Chars of text sent so far (completions' `text_offset`).
-    sent_chars: usize,
+    /// Chars of text sent so far per choice (completions' `text_offset`).
+    sent_chars: Vec<usize>,
+    /// Choices not ended yet, and the tokens the ended ones generated.
+    left: usize,
+    completion: usize,
 }
 
 impl StreamState {
@@ -493,11 +521,13 @@ impl StreamState {
 
     fn content_chunk(
         &mut self,
+        index: usize,
         text: &str,
         lp: Option<TokenLogprob>,
         finish: Option<&str>,
     ) -> String {
         let lps: Vec<TokenLogprob> = lp.into_iter().collect();
+        let sent = self.sent_chars.get(index).copied().unwrap_or(0);
         let choice = match self.meta.kind {
             Kind::Chat => {
                 let delta = if text.is_empty() && finish.is_some() {
@@ -506,20 +536,22 @@ impl StreamState {
                     json!({"content": text})
                 };
                 json!({
-                    "index": 0,
+                    "index": index,
                     "delta": delta,
                     "logprobs": if self.want_lp && !lps.is_empty() { chat_logprobs(&lps) } else { Value::Null },
                     "finish_reason": finish,
                 })
             }
             Kind::Completion => json!({
-                "index": 0,
+                "index": index,
                 "text": text,
-                "logprobs": if self.want_lp && !lps.is_empty() { completion_logprobs(&lps, self.sent_chars) } else { Value::Null },
+                "logprobs": if self.want_lp && !lps.is_empty() { completion_logprobs(&lps, sent) } else { Value::Null },
                 "finish_reason": finish,
             }),
         };
-        self.sent_chars += text.chars().count();
+        if let Some(c) = self.sent_chars.get_mut(index) {
+            *c += text.chars().count();
+        }
         self.chunk(choice)
     }
 
@@ -527,31 +559,42 @@ impl StreamState {
     async fn next(&mut self) -> Option<String> {
         loop {
             match self.phase {
-                Phase::Start => {
-                    self.phase = Phase::Body;
-                    if self.meta.kind == Kind::Chat {
-                        return Some(self.chunk(json!({
-                            "index": 0,
-                            "delta": {"role": "assistant", "content": ""},
-                            "logprobs": null,
-                            "finish_reason": null,
-                        })));
+                Phase::Start(i) => {
+                    if self.meta.kind != Kind::Chat || i >= self.sent_chars.len() {
+                        self.phase = Phase::Body;
+                        continue;
                     }
+                    self.phase = Phase::Start(i + 1);
+                    return Some(self.chunk(json!({
+                        "index": i,
+                        "delta": {"role": "assistant", "content": ""},
+                        "logprobs": null,
+                        "finish_reason": null,
+                    })));
                 }
                 Phase::Body => match self.erx.recv().await {
-                    Some(Event::Token { text, logprob }) => {
+                    Some(Event::Token {
+                        index,
+                        text,
+                        logprob,
+                    }) => {
                         if text.is_empty() && logprob.is_none() {
                             continue;
                         }
-                        return Some(self.content_chunk(&text, logprob, None));
+                        return Some(self.content_chunk(index, &text, logprob, None));
                     }
                     Some(Event::Done {
+                        index,
                         tail,
                         finish,
                         completion_tokens,
                     }) => {
-                        self.phase = Phase::Usage(completion_tokens);
-                        return Some(self.content_chunk(&tail, None, Some(finish)));
+                        self.completion += completion_tokens;
+                        self.left = self.left.saturating_sub(1);
+                        if self.left == 0 {
+                            self.phase = Phase::Usage(self.completion);
+                        }
+                        return Some(self.content_chunk(index, &tail, None, Some(finish)));
                     }
                     Some(Event::Error(e)) => {
                         self.phase = Phase::End;
@@ -591,6 +634,7 @@ fn stream_response(
     prompt_tokens: usize,
     include_usage: bool,
     want_lp: bool,
+    n: usize,
 ) -> Sse<impl futures_util::Stream<Item = Result<SseEvent, Infallible>>> {
     let state = StreamState {
         meta,
@@ -599,8 +643,10 @@ fn stream_response(
         prompt_tokens,
         include_usage,
         want_lp,
-        phase: Phase::Start,
-        sent_chars: 0,
+        phase: Phase::Start(0),
+        sent_chars: vec![0; n],
+        left: n,
+        completion: 0,
     };
     let s = futures_util::stream::unfold(state, |mut st| async move {
         let line = st.next().await?;

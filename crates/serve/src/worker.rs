@@ -8,15 +8,17 @@
 //! closed event channel ends the generation at once and frees its KV blocks.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, TryRecvError};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
 use ferrite_llm::chat::ChatTemplate;
 use ferrite_llm::engine::{Engine, EngineConfig, EngineKernels, FinishReason, Request, RequestId};
 use ferrite_llm::gpu::{CudaDevice, GpuModel};
+use ferrite_llm::grammar::{GrammarConstraint, TokenTrie};
 use ferrite_llm::kv_cache::BLOCK_SIZE;
-use ferrite_llm::logits_processor::{LogitBias, LogitsProcessor};
+use ferrite_llm::logits_processor::{Chain, LogitBias, LogitsProcessor};
 use ferrite_llm::sampler::StopStrings;
 use ferrite_llm::tokenizer::{StreamDecoder, TokenType, Tokenizer};
 use ferrite_llm::Model;
@@ -58,6 +60,17 @@ pub struct Ready {
     pub ctx: usize,
     /// Token ids below this are valid (model and tokenizer both know them).
     pub vocab: usize,
+    /// The vocabulary's token trie for constrained sampling, built by the first request
+    /// with a `response_format` (on a blocking handler thread, not the engine's).
+    pub trie: OnceLock<Arc<TokenTrie>>,
+}
+
+impl Ready {
+    pub fn trie(&self) -> Arc<TokenTrie> {
+        self.trie
+            .get_or_init(|| Arc::new(TokenTrie::from_tokenizer(&self.tok, self.vocab)))
+            .clone()
+    }
 }
 
 /// Engine sizes chosen by the server's flags.
@@ -106,15 +119,17 @@ pub struct TokenLogprob {
 
 #[derive(Debug)]
 pub enum Event {
-    /// A generated token and the text it completes (possibly empty: part of a UTF-8 char,
-    /// a control token, text held back while it may start a stop string).
+    /// A generated token of choice `index` and the text it completes (possibly empty: part
+    /// of a UTF-8 char, a control token, text held back while it may start a stop string).
     Token {
+        index: usize,
         text: String,
         logprob: Option<TokenLogprob>,
     },
-    /// The end: text held back until now, OpenAI's finish reason ("stop" or "length"), and
-    /// how many tokens were generated.
+    /// The end of choice `index`: text held back until now, OpenAI's finish reason ("stop"
+    /// or "length"), and how many tokens it generated.
     Done {
+        index: usize,
         tail: String,
         finish: &'static str,
         completion_tokens: usize,
@@ -124,6 +139,8 @@ pub enum Event {
 
 struct Active {
     id: RequestId,
+    /// The choice this request generates (`n` > 1: several share the handler's channel).
+    index: usize,
     events: mpsc::UnboundedSender<Event>,
     decoder: StreamDecoder,
     stops: StopStrings,
@@ -131,6 +148,9 @@ struct Active {
     logprobs: Option<usize>,
     admitted: Instant,
     last: Option<Instant>,
+    /// Under a grammar: set while the output is a complete document (a request cut by its
+    /// token limit right there finishes with "stop").
+    complete: Option<Arc<AtomicBool>>,
 }
 
 /// Runs the engine thread until [`Cmd::Shutdown`] or every sender is gone.
@@ -169,6 +189,7 @@ pub fn run(
         template_error,
         ctx,
         vocab,
+        trie: OnceLock::new(),
     });
     match device {
         None => match Engine::new(&model, ecfg) {
@@ -240,6 +261,55 @@ pub fn check_cuda_memory(
     Ok(())
 }
 
+/// Adds choice `index` of `req` to the engine (its seed is the request's plus `index`):
+/// queued when the cache cannot take it now and fewer than `max_queue` requests wait, else
+/// refused with 429. Returns its id and, under a grammar, the constraint's completion flag.
+fn admit<K: EngineKernels>(
+    engine: &mut Engine<'_, K>,
+    req: &GenRequest,
+    index: usize,
+    eog: &[u32],
+    shared: &Ready,
+    max_queue: usize,
+) -> Result<(RequestId, Option<Arc<AtomicBool>>), ApiError> {
+    let queue = engine.stats().waiting < max_queue;
+    let mut r = Request::greedy(req.prompt.clone(), req.max_new);
+    r.sampling = req.sampling.clone();
+    r.sampling.seed = req.sampling.seed.wrapping_add(index as u64);
+    r.stop_tokens = if req.ignore_eos {
+        Vec::new()
+    } else {
+        eog.to_vec()
+    };
+    r.queue = queue;
+    let mut procs: Vec<Box<dyn LogitsProcessor>> = Vec::new();
+    if !req.logit_bias.is_empty() {
+        let b = LogitBias::new(req.logit_bias.clone(), shared.vocab)
+            .map_err(|e| ApiError::invalid("logit_bias", e.to_string()))?;
+        procs.push(Box::new(b));
+    }
+    // The grammar runs last, so a bias cannot unmask what it forbids; its document ends at
+    // an end-of-generation token whatever ignore_eos says.
+    let mut complete = None;
+    if let Some(g) = &req.grammar {
+        let c = GrammarConstraint::new(g.clone(), shared.trie(), eog.to_vec())
+            .map_err(|e| ApiError::invalid("response_format", e.to_string()))?;
+        complete = Some(c.completion_flag());
+        procs.push(Box::new(c));
+        r.stop_tokens = eog.to_vec();
+    }
+    let processor: Option<Box<dyn LogitsProcessor>> = match procs.len() {
+        0 => None,
+        1 => procs.pop(),
+        _ => Some(Box::new(Chain(procs))),
+    };
+    match engine.add_request_with(r, processor) {
+        Ok(id) => Ok((id, complete)),
+        Err(_) if !queue => Err(ApiError::queue_full(engine.stats().waiting)),
+        Err(e) => Err(ApiError::bad_request("invalid_value", e.to_string())),
+    }
+}
+
 /// The engine loop over either kernel set: admits, steps and answers until
 /// [`Cmd::Shutdown`] or every sender is gone. On CUDA a step reads logits to the host only
 /// where a request needs them (sampling, logit bias) or, here, while a request that asked
@@ -257,8 +327,9 @@ fn serve_loop<K: EngineKernels>(
     let tok = &shared.tok;
     let eog: Vec<u32> = tok.eog_tokens().to_vec();
 
-    let mut active: HashMap<u64, Active> = HashMap::new();
-    let mut keys: HashMap<RequestId, u64> = HashMap::new();
+    // By (handler key, choice index).
+    let mut active: HashMap<(u64, usize), Active> = HashMap::new();
+    let mut keys: HashMap<RequestId, (u64, usize)> = HashMap::new();
     loop {
         // Block for a command while idle; otherwise take what has arrived and step.
         let mut cmds = Vec::new();
@@ -283,69 +354,63 @@ fn serve_loop<K: EngineKernels>(
             match cmd {
                 Cmd::Submit(s) => {
                     let s = *s;
-                    let queue = engine.stats().waiting < cfg.max_queue;
-                    let mut r = Request::greedy(s.req.prompt.clone(), s.req.max_new);
-                    r.sampling = s.req.sampling.clone();
-                    r.stop_tokens = if s.req.ignore_eos {
-                        Vec::new()
-                    } else {
-                        eog.clone()
-                    };
-                    r.queue = queue;
-                    let processor: Option<Box<dyn LogitsProcessor>> = if s.req.logit_bias.is_empty()
-                    {
-                        None
-                    } else {
-                        match LogitBias::new(s.req.logit_bias.clone(), shared.vocab) {
-                            Ok(b) => Some(Box::new(b)),
+                    // All n choices or none: a refusal cancels the ones already added.
+                    let mut added = Vec::with_capacity(s.req.n);
+                    let mut refused = None;
+                    for i in 0..s.req.n {
+                        match admit(engine, &s.req, i, &eog, &shared, cfg.max_queue) {
+                            Ok(x) => added.push(x),
                             Err(e) => {
-                                let _ = s
-                                    .admitted
-                                    .send(Err(ApiError::invalid("logit_bias", e.to_string())));
-                                continue;
+                                refused = Some(e);
+                                break;
                             }
                         }
-                    };
-                    match engine.add_request_with(r, processor) {
-                        Ok(id) => {
-                            metrics.prompt_tokens(s.req.prompt.len());
-                            if s.admitted.send(Ok(s.req.prompt.len())).is_err() {
-                                // The handler is gone already.
-                                engine.cancel(id);
-                                metrics.cancelled();
-                                continue;
-                            }
-                            keys.insert(id, s.key);
-                            active.insert(
-                                s.key,
-                                Active {
-                                    id,
-                                    events: s.events,
-                                    decoder: StreamDecoder::new(),
-                                    stops: StopStrings::new(s.req.stop),
-                                    generated: 0,
-                                    logprobs: s.req.logprobs,
-                                    admitted: Instant::now(),
-                                    last: None,
-                                },
-                            );
+                    }
+                    if let Some(e) = refused {
+                        for (id, _) in added {
+                            engine.cancel(id);
                         }
-                        Err(_) if !queue => {
-                            let _ = s
-                                .admitted
-                                .send(Err(ApiError::queue_full(engine.stats().waiting)));
+                        let _ = s.admitted.send(Err(e));
+                        continue;
+                    }
+                    metrics.prompt_tokens(s.req.prompt.len());
+                    if s.admitted.send(Ok(s.req.prompt.len())).is_err() {
+                        // The handler is gone already.
+                        for (id, _) in added {
+                            engine.cancel(id);
                         }
-                        Err(e) => {
-                            let _ = s
-                                .admitted
-                                .send(Err(ApiError::bad_request("invalid_value", e.to_string())));
-                        }
+                        metrics.cancelled();
+                        continue;
+                    }
+                    for (index, (id, complete)) in added.into_iter().enumerate() {
+                        keys.insert(id, (s.key, index));
+                        active.insert(
+                            (s.key, index),
+                            Active {
+                                id,
+                                index,
+                                events: s.events.clone(),
+                                decoder: StreamDecoder::new(),
+                                stops: StopStrings::new(s.req.stop.clone()),
+                                generated: 0,
+                                logprobs: s.req.logprobs,
+                                admitted: Instant::now(),
+                                last: None,
+                                complete,
+                            },
+                        );
                     }
                 }
                 Cmd::Cancel(key) => {
-                    if let Some(a) = active.remove(&key) {
-                        keys.remove(&a.id);
-                        engine.cancel(a.id);
+                    let choices: Vec<(u64, usize)> =
+                        active.keys().filter(|k| k.0 == key).copied().collect();
+                    for k in &choices {
+                        if let Some(a) = active.remove(k) {
+                            keys.remove(&a.id);
+                            engine.cancel(a.id);
+                        }
+                    }
+                    if !choices.is_empty() {
                         metrics.cancelled();
                     }
                 }
@@ -373,7 +438,12 @@ fn serve_loop<K: EngineKernels>(
                         let Some(a) = active.get_mut(&key) else {
                             continue;
                         };
+                        let done = a
+                            .complete
+                            .as_ref()
+                            .is_some_and(|c| c.load(Ordering::Relaxed));
                         let mut end = match o.finish {
+                            Some(FinishReason::MaxTokens) if done => Some("stop"),
                             Some(FinishReason::MaxTokens) => Some("length"),
                             Some(FinishReason::StopToken(_)) => Some("stop"),
                             None => None,
@@ -401,7 +471,14 @@ fn serve_loop<K: EngineKernels>(
                                 end = Some("stop");
                                 engine.cancel(o.id);
                             }
-                            alive = a.events.send(Event::Token { text, logprob }).is_ok();
+                            alive = a
+                                .events
+                                .send(Event::Token {
+                                    index: a.index,
+                                    text,
+                                    logprob,
+                                })
+                                .is_ok();
                         }
                         if let Some(finish) = end {
                             let tail = if a.stops.stopped() {
@@ -415,6 +492,7 @@ fn serve_loop<K: EngineKernels>(
                                 t
                             };
                             let _ = a.events.send(Event::Done {
+                                index: a.index,
                                 tail,
                                 finish,
                                 completion_tokens: a.generated,
@@ -499,7 +577,12 @@ pub fn logprobs(tok: &Tokenizer, logits: &[f32], chosen: u32, n: usize) -> Token
             idx.truncate(n);
         }
         idx.sort_unstable_by(by);
-        top = idx.into_iter().map(entry).collect();
+        // Banned or masked tokens (logit -inf) are no alternative.
+        top = idx
+            .into_iter()
+            .filter(|&i| logits[i as usize] > f32::NEG_INFINITY)
+            .map(entry)
+            .collect();
     }
     TokenLogprob {
         chosen: entry(chosen),

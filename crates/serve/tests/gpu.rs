@@ -28,6 +28,10 @@ fn tests() -> Vec<(&'static str, TestFn)> {
             "serve_cuda_memory_check_sizes_the_kv_cache_and_refuses_too_much",
             memory_check,
         ),
+        (
+            "serve_cuda_json_schema_output_validates_and_n_choices_follow_their_seeds",
+            json_schema_and_n,
+        ),
     ]
 }
 
@@ -256,5 +260,92 @@ fn memory_check(dev: &CudaDevice, path: &Path) -> Option<String> {
         "{e}"
     );
     println!("  refused: {e}");
+    None
+}
+
+/// Every size bounded: any valid document fits the 256-position context.
+const USER_SCHEMA: &str = r#"{"type": "object", "properties": {
+    "name": {"type": "string", "minLength": 1, "maxLength": 24},
+    "age": {"type": "integer"},
+    "languages": {"type": "array", "items": {"type": "string", "maxLength": 12}, "minItems": 1, "maxItems": 3},
+    "admin": {"type": "boolean"},
+    "role": {"enum": ["user", "editor", "owner"]}},
+  "required": ["name", "age", "languages", "admin", "role"], "additionalProperties": false}"#;
+
+/// On CUDA, constrained requests (json_schema sampled at temperature 1, a greedy
+/// json_object) sent at once with unconstrained greedy ones (so steps mix rows whose logits
+/// the host masks with rows the device picks): every schema reply ends with "stop", parses
+/// and validates; the greedy json_object reply is an object or, cut by max_tokens, a prefix
+/// that the CPU's grammar accepts. Then n = 3: three choices, usage summed, choice i equal to
+/// the n = 1 answer for seed + i.
+fn json_schema_and_n(dev: &CudaDevice, path: &Path) -> Option<String> {
+    use ferrite_llm::grammar::json::validate;
+    let schema: Value = serde_json::from_str(USER_SCHEMA).unwrap();
+    let rt = runtime();
+    let gpu = start(path, Some(dev.clone()));
+    let url = gpu.url();
+    let bodies: Vec<Value> = (0..4)
+        .map(|seed| {
+            let text = format!(
+                r#"{{"messages": [{{"role": "user", "content": "Make up a user profile."}}], "max_tokens": 200,
+                    "temperature": 1.0, "seed": {seed},
+                    "response_format": {{"type": "json_schema", "json_schema": {{"name": "user", "schema": {USER_SCHEMA}}}}}}}"#
+            );
+            serde_json::from_str(&text).unwrap()
+        })
+        .collect();
+    let greedy = json!({"prompt": "The capital of France is", "max_tokens": 24, "temperature": 0, "ignore_eos": true});
+    let obj = json!({"prompt": "A JSON object describing a cat:", "max_tokens": 60, "temperature": 0,
+                     "response_format": {"type": "json_object"}});
+    let (schema_replies, _, obj_reply) = rt.block_on(async {
+        let s = bodies.iter().map(|b| post(&url, "/v1/chat/completions", b));
+        tokio::join!(
+            futures_util::future::join_all(s),
+            post(&url, "/v1/completions", &greedy),
+            post(&url, "/v1/completions", &obj)
+        )
+    });
+    for (seed, v) in schema_replies.iter().enumerate() {
+        let c = &v["choices"][0];
+        let text = c["message"]["content"].as_str().unwrap();
+        println!("  seed {seed}: {text}");
+        assert_eq!(c["finish_reason"], "stop", "seed {seed}: {text}");
+        let doc: Value =
+            serde_json::from_str(text).unwrap_or_else(|e| panic!("seed {seed}: {e}: {text}"));
+        validate(&schema, &doc).unwrap_or_else(|e| panic!("seed {seed}: {e}: {text}"));
+    }
+    let c = &obj_reply["choices"][0];
+    let text = c["text"].as_str().unwrap();
+    println!("  json_object (greedy): {text}");
+    if c["finish_reason"] == "stop" {
+        let doc: Value = serde_json::from_str(text).unwrap_or_else(|e| panic!("{e}: {text}"));
+        assert!(doc.is_object(), "{text}");
+    } else {
+        let g = std::sync::Arc::new(ferrite_llm::grammar::json_object());
+        let bytes: Vec<Vec<u8>> = (0..=255u8).map(|b| vec![b]).collect();
+        let t: Vec<Option<&[u8]>> = bytes.iter().map(|b| Some(b.as_slice())).collect();
+        let trie = std::sync::Arc::new(ferrite_llm::grammar::TokenTrie::new(&t, 256));
+        let mut gc = ferrite_llm::grammar::GrammarConstraint::new(g, trie, Vec::new()).unwrap();
+        assert!(
+            gc.advance_bytes(text.as_bytes()),
+            "not a JSON prefix: {text:?}"
+        );
+    }
+
+    let comp = json!({"prompt": "Once upon a time", "max_tokens": 12, "seed": 7, "temperature": 1.0,
+                      "ignore_eos": true, "n": 3});
+    let many = rt.block_on(post(&url, "/v1/completions", &comp));
+    let choices = many["choices"].as_array().unwrap();
+    assert_eq!(choices.len(), 3);
+    assert_eq!(many["usage"]["completion_tokens"], 36);
+    for (i, c) in choices.iter().enumerate() {
+        assert_eq!(c["index"], i);
+        let mut one = comp.clone();
+        one["n"] = json!(1);
+        one["seed"] = json!(7 + i);
+        let w = rt.block_on(post(&url, "/v1/completions", &one));
+        assert_eq!(w["choices"][0]["text"], c["text"], "choice {i}");
+    }
+    gpu.stop().unwrap();
     None
 }

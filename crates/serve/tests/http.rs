@@ -10,9 +10,11 @@
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
+use ferrite_llm::grammar::json::validate;
+use ferrite_llm::grammar::{json_object, GrammarConstraint, OrderedValue, TokenTrie};
 use ferrite_llm::tokenizer::Tokenizer;
 use ferrite_llm::Model;
 use ferrite_serve::{Loaded, RunningServer, ServeConfig};
@@ -91,10 +93,15 @@ fn client() -> reqwest::Client {
 }
 
 async fn post(url: &str, path: &str, body: &Value) -> (u16, Value) {
+    post_text(url, path, body.to_string()).await
+}
+
+/// [`post`] of a body given as text (to keep a schema's key order).
+async fn post_text(url: &str, path: &str, body: String) -> (u16, Value) {
     let r = client()
         .post(format!("{url}{path}"))
         .header("content-type", "application/json")
-        .body(body.to_string())
+        .body(body)
         .send()
         .await
         .unwrap();
@@ -107,10 +114,14 @@ async fn post(url: &str, path: &str, body: &Value) -> (u16, Value) {
 
 /// The `data:` payloads of an SSE body, in order.
 async fn post_stream(url: &str, path: &str, body: &Value) -> Vec<String> {
+    post_stream_text(url, path, body.to_string()).await
+}
+
+async fn post_stream_text(url: &str, path: &str, body: String) -> Vec<String> {
     let r = client()
         .post(format!("{url}{path}"))
         .header("content-type", "application/json")
-        .body(body.to_string())
+        .body(body)
         .send()
         .await
         .unwrap();
@@ -423,6 +434,98 @@ async fn stop_strings_logprobs_and_logit_bias() {
     assert_eq!(content[0]["token"], content[0]["top_logprobs"][0]["token"]);
 }
 
+/// Every field required, every size bounded: any document fits 200 tokens.
+const USER_SCHEMA: &str = r#"{"type": "object", "properties": {
+    "name": {"type": "string", "minLength": 1, "maxLength": 24},
+    "age": {"type": "integer"},
+    "languages": {"type": "array", "items": {"type": "string", "maxLength": 12}, "minItems": 1, "maxItems": 3},
+    "admin": {"type": "boolean"},
+    "role": {"enum": ["user", "editor", "owner"]}},
+  "required": ["name", "age", "languages", "admin", "role"], "additionalProperties": false}"#;
+
+/// Whether `text` is a prefix of a JSON object (the grammar over a vocabulary of bytes).
+fn json_object_prefix(text: &str) -> bool {
+    let bytes: Vec<Vec<u8>> = (0..=255u8).map(|b| vec![b]).collect();
+    let t: Vec<Option<&[u8]>> = bytes.iter().map(|b| Some(b.as_slice())).collect();
+    let trie = Arc::new(TokenTrie::new(&t, 256));
+    let mut c = GrammarConstraint::new(Arc::new(json_object()), trie, Vec::new()).unwrap();
+    c.advance_bytes(text.as_bytes())
+}
+
+#[tokio::test]
+async fn response_format_output_always_parses_and_validates() {
+    let url = shared();
+    let schema: Value = serde_json::from_str(USER_SCHEMA).unwrap();
+    let order = ["name", "age", "languages", "admin", "role"];
+    for seed in 0..4 {
+        // json_schema on chat, sampled at temperature 1: parses, validates, schema order.
+        let body = format!(
+            r#"{{"messages": [{{"role": "user", "content": "Make up a user profile."}}], "max_tokens": 200,
+                "temperature": 1.0, "seed": {seed},
+                "response_format": {{"type": "json_schema", "json_schema": {{"name": "user", "strict": true, "schema": {USER_SCHEMA}}}}}}}"#
+        );
+        let (s, v) = post_text(url, "/v1/chat/completions", body.clone()).await;
+        assert_eq!(s, 200, "{v}");
+        let text = text_of(&v);
+        assert_eq!(
+            v["choices"][0]["finish_reason"], "stop",
+            "seed {seed}: {text}"
+        );
+        let doc: Value =
+            serde_json::from_str(&text).unwrap_or_else(|e| panic!("seed {seed}: {e}: {text}"));
+        validate(&schema, &doc).unwrap_or_else(|e| panic!("seed {seed}: {e}: {text}"));
+        let keys = serde_json::from_str::<OrderedValue>(&text).unwrap();
+        assert_eq!(keys.order.keys_at("").unwrap(), order, "{text}");
+        // The same request streamed gives the same text.
+        if seed == 0 {
+            // Re-serializing sorts the schema's keys: send it as text again.
+            let sb = body.replacen("\"max_tokens\"", "\"stream\": true, \"max_tokens\"", 1);
+            let chunks = post_stream_text(url, "/v1/chat/completions", sb).await;
+            let (st, finish, _) = stream_result(&chunks, true);
+            assert_eq!((st.as_str(), finish.as_str()), (text.as_str(), "stop"));
+        }
+
+        // json_object on completions: an object when it ends, else a prefix of one.
+        let body = json!({"prompt": "A JSON object describing a cat:", "max_tokens": 60,
+                          "temperature": 1.0, "seed": seed, "response_format": {"type": "json_object"}});
+        let (s, v) = post(url, "/v1/completions", &body).await;
+        assert_eq!(s, 200, "{v}");
+        let text = text_of(&v);
+        match v["choices"][0]["finish_reason"].as_str() {
+            Some("stop") => {
+                let doc: Value =
+                    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"));
+                assert!(doc.is_object(), "{text}");
+            }
+            Some("length") => {
+                assert!(
+                    json_object_prefix(&text),
+                    "seed {seed}: not a prefix: {text:?}"
+                );
+                assert_eq!(v["usage"]["completion_tokens"], 60);
+            }
+            f => panic!("finish_reason {f:?}"),
+        }
+    }
+    // Greedy with logprobs: each chosen token is the constrained distribution's best.
+    let body = json!({"prompt": "{\"animal\": \"cat\", \"legs\":", "max_tokens": 30, "temperature": 0,
+                      "logprobs": 2, "response_format": {"type": "json_object"}});
+    let (s, v) = post(url, "/v1/completions", &body).await;
+    assert_eq!(s, 200, "{v}");
+    let lp = &v["choices"][0]["logprobs"];
+    for (i, top) in lp["top_logprobs"].as_array().unwrap().iter().enumerate() {
+        let best = top
+            .as_object()
+            .unwrap()
+            .values()
+            .map(|x| x.as_f64().unwrap())
+            .fold(f64::NEG_INFINITY, f64::max);
+        let chosen = lp["token_logprobs"][i].as_f64().unwrap();
+        assert!((chosen - best).abs() < 1e-6 && chosen > -9999.0, "{v}");
+    }
+    assert!(text_of(&v).starts_with('{'), "{v}");
+}
+
 /// One hostile request: raw HTTP text, the status and error code expected.
 struct Bad {
     what: &'static str,
@@ -473,10 +576,13 @@ async fn every_bad_request_gets_a_clean_4xx_and_the_server_stays_healthy() {
         Bad { what: "logit_bias id out of range", request: comp(", \"logit_bias\": {\"999999\": 1}"), status: 400, code: "invalid_value" },
         Bad { what: "logit_bias value 1e9", request: comp(", \"logit_bias\": {\"5\": 1e9}"), status: 400, code: "invalid_value" },
         Bad { what: "logit_bias key not a number", request: comp(", \"logit_bias\": {\"abc\": 1}"), status: 400, code: "invalid_value" },
-        Bad { what: "n = 2", request: comp(", \"n\": 2"), status: 400, code: "invalid_value" },
+        Bad { what: "n = 17", request: comp(", \"n\": 17"), status: 400, code: "invalid_value" },
+        Bad { what: "n = 0", request: comp(", \"n\": 0"), status: 400, code: "invalid_value" },
         Bad { what: "seed -7", request: comp(", \"seed\": -7"), status: 400, code: "invalid_value" },
         Bad { what: "stop not a string", request: comp(", \"stop\": 5"), status: 400, code: "invalid_value" },
-        Bad { what: "response_format json_schema", request: comp(", \"response_format\": {\"type\": \"json_schema\"}"), status: 400, code: "unsupported" },
+        Bad { what: "response_format json_schema without json_schema", request: comp(", \"response_format\": {\"type\": \"json_schema\"}"), status: 400, code: "invalid_value" },
+        Bad { what: "response_format with an unsupported keyword", request: comp(", \"response_format\": {\"type\": \"json_schema\", \"json_schema\": {\"name\": \"x\", \"schema\": {\"type\": \"string\", \"pattern\": \"a+\"}}}"), status: 400, code: "invalid_value" },
+        Bad { what: "response_format of an unknown type", request: comp(", \"response_format\": {\"type\": \"yaml\"}"), status: 400, code: "invalid_value" },
         Bad { what: "two prompts", request: json_req("/v1/completions", "{\"prompt\": [\"a\", \"b\"]}"), status: 400, code: "invalid_value" },
         Bad { what: "empty messages", request: json_req("/v1/chat/completions", "{\"messages\": []}"), status: 400, code: "invalid_value" },
         Bad { what: "unknown role", request: json_req("/v1/chat/completions", "{\"messages\": [{\"role\": \"robot\", \"content\": \"x\"}]}"), status: 400, code: "invalid_value" },
@@ -733,10 +839,100 @@ async fn a_full_queue_answers_429() {
         assert!(Instant::now() < deadline);
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    // n choices are admitted all or none: 3 need one running and two waiting here.
+    let (s, v) = post(
+        &url,
+        "/v1/completions",
+        &json!({"prompt": "Hi", "max_tokens": 1, "n": 3}),
+    )
+    .await;
+    assert_eq!(s, 429, "{v}");
+    let (s, v) = post(
+        &url,
+        "/v1/completions",
+        &json!({"prompt": "Hi", "max_tokens": 1, "n": 2}),
+    )
+    .await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(v["choices"].as_array().unwrap().len(), 2);
     tokio::task::spawn_blocking(move || server.stop())
         .await
         .unwrap()
         .unwrap();
+}
+
+#[tokio::test]
+async fn n_choices_each_with_its_own_seed() {
+    let url = shared();
+    let comp = json!({"prompt": "Once upon a time", "max_tokens": 12, "seed": 7, "temperature": 1.0,
+                      "ignore_eos": true, "n": 3});
+    let (s, v) = post(url, "/v1/completions", &comp).await;
+    assert_eq!(s, 200, "{v}");
+    let choices = v["choices"].as_array().unwrap();
+    assert_eq!(choices.len(), 3);
+    let texts: Vec<&str> = choices
+        .iter()
+        .map(|c| c["text"].as_str().unwrap())
+        .collect();
+    for (i, c) in choices.iter().enumerate() {
+        assert_eq!(c["index"], i);
+        assert_eq!(c["finish_reason"], "length");
+    }
+    assert_eq!(v["usage"]["completion_tokens"], 36);
+    let prompt = v["usage"]["prompt_tokens"].as_u64().unwrap();
+    assert_eq!(v["usage"]["total_tokens"], prompt + 36);
+    // Choice i is the n = 1 answer for seed + i.
+    for (i, t) in texts.iter().enumerate() {
+        let mut one = comp.clone();
+        one["n"] = json!(1);
+        one["seed"] = json!(7 + i);
+        let (_, w) = post(url, "/v1/completions", &one).await;
+        assert_eq!(text_of(&w), *t, "choice {i}");
+        assert_eq!(w["usage"]["prompt_tokens"], prompt);
+    }
+    assert!(
+        texts[0] != texts[1] || texts[1] != texts[2],
+        "three seeds, one text: {texts:?}"
+    );
+
+    // Streamed chat: chunks carry each choice's index; the texts equal the whole answer's.
+    let chat = json!({"messages": [{"role": "user", "content": "Say something."}], "max_tokens": 8,
+                      "seed": 3, "temperature": 1.0, "n": 2, "ignore_eos": true});
+    let (s, whole) = post(url, "/v1/chat/completions", &chat).await;
+    assert_eq!(s, 200, "{whole}");
+    let mut sc = chat.clone();
+    sc["stream"] = json!(true);
+    sc["stream_options"] = json!({"include_usage": true});
+    let chunks = post_stream(url, "/v1/chat/completions", &sc).await;
+    assert_eq!(chunks.last().map(String::as_str), Some("[DONE]"));
+    let mut texts = [String::new(), String::new()];
+    let mut roles = [0, 0];
+    let mut finishes = [0, 0];
+    let mut usage = None;
+    for c in &chunks[..chunks.len() - 1] {
+        let v: Value = serde_json::from_str(c).unwrap();
+        let Some(ch) = v["choices"].as_array().unwrap().first() else {
+            usage = Some(v["usage"].clone());
+            continue;
+        };
+        let i = ch["index"].as_u64().unwrap() as usize;
+        if ch["delta"]["role"] == "assistant" {
+            roles[i] += 1;
+        }
+        texts[i].push_str(ch["delta"]["content"].as_str().unwrap_or(""));
+        if ch["finish_reason"].is_string() {
+            finishes[i] += 1;
+        }
+    }
+    assert_eq!((roles, finishes), ([1, 1], [1, 1]));
+    for i in 0..2 {
+        assert_eq!(
+            texts[i],
+            whole["choices"][i]["message"]["content"].as_str().unwrap()
+        );
+    }
+    assert_eq!(usage.unwrap(), whole["usage"]);
+    assert_eq!(whole["usage"]["completion_tokens"], 16);
 }
 
 #[tokio::test]
@@ -826,25 +1022,24 @@ async fn a_client_that_goes_away_is_cancelled_at_once() {
                 .unwrap_err();
             assert!(e.is_timeout(), "{e}");
         }
-        // The generation stops long before its 200 tokens.
+        // The generation stops long before its 200 tokens, counted as cancelled, its blocks
+        // free. (The gauges are published after each engine step, so a read right after
+        // the first token may still show the step before the request joined: wait for all
+        // three together.)
         let t0 = Instant::now();
         loop {
             let running = metric(&url, "ferrite_requests_running").await;
-            if running == 0.0 {
+            let cancelled = metric(&url, "ferrite_requests_cancelled_total").await;
+            let used = metric(&url, "ferrite_kv_blocks_used").await;
+            if running == 0.0 && cancelled == before + 1.0 && used == 0.0 {
                 break;
             }
             assert!(
                 t0.elapsed() < Duration::from_secs(5),
-                "stream={stream}: still running"
+                "stream={stream}: running {running}, cancelled {cancelled} (before {before}), blocks used {used}"
             );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        assert_eq!(
-            metric(&url, "ferrite_requests_cancelled_total").await,
-            before + 1.0,
-            "stream={stream}"
-        );
-        assert_eq!(metric(&url, "ferrite_kv_blocks_used").await, 0.0);
     }
     tokio::task::spawn_blocking(move || server.stop())
         .await
