@@ -282,6 +282,7 @@ fn main() -> anyhow::Result<()> {
         max_steps: Some(300),
         progress: true,
         plot: false,
+        precision: Default::default(),
     };
     recipe(&o, std::path::Path::new(&dir), &SampleOptions::default())
 }

@@ -148,5 +148,6 @@ fn main() -> anyhow::Result<()> {
         max_steps: None,
         progress: true,
         plot: false,
+        precision: Default::default(),
     })
 }

@@ -101,6 +101,7 @@ fn main() -> anyhow::Result<()> {
         max_steps: None,
         progress: true,
         plot: false,
+        precision: Default::default(),
     };
     recipe(&o, dir.as_deref().map(Path::new))
 }

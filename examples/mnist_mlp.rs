@@ -92,6 +92,7 @@ fn main() -> anyhow::Result<()> {
         max_steps: None,
         progress: true,
         plot: false,
+        precision: Default::default(),
     };
     recipe(&o, Path::new(&dir))
 }

@@ -65,8 +65,10 @@ pub struct Args {
     /// cpu, cuda, cuda:N, or a wgpu adapter: wgpu, wgpu:N, vulkan, metal, dx12.
     #[arg(long, default_value = "cpu")]
     device: String,
-    /// Parameter and compute precision: f32 (bf16 and f16 mixed precision are not available yet).
-    #[arg(long, default_value = "f32", value_parser = ["f32"])]
+    /// Compute precision (parameters and optimizer state stay f32): f32; bf16 (autocast:
+    /// matmul, convolution and attention in bf16, the rest in f32); fp16 (f16 autocast with
+    /// dynamic loss scaling).
+    #[arg(long, default_value = "f32", value_parser = ferrite_train::trainer::Precision::NAMES)]
     precision: String,
     /// Seed of initialization and shuffling.
     #[arg(long, default_value_t = 0)]
@@ -254,6 +256,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         max_steps: a.max_steps.or(if gpt { Some(1000) } else { None }),
         progress: true,
         plot: a.plot,
+        precision: ferrite_train::trainer::Precision::parse(&a.precision)?,
     };
     ferrite_train::trainer::install_ctrl_c()?;
     match a.recipe {

@@ -15,11 +15,12 @@
 //! The loss is read back (one host wait) only at logging steps.
 
 use crate::data::{Batch, DataLoader, LoaderState};
+use crate::grad_scaler::{GradScaler, GradScalerConfig};
 use crate::lr_scheduler::{LrScheduler, ParamGroups, ReduceLROnPlateau};
 use crate::metrics::Metric;
 use crate::optim::Optimizer;
 use crate::{Error, Result};
-use ferrite_core::{Device, Tensor};
+use ferrite_core::{DType, Device, Tensor};
 use ferrite_nn::{Module, ModuleExt};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
@@ -274,6 +275,69 @@ impl Callback for ModelCheckpoint {
     }
 }
 
+/// The arithmetic of a training run. Parameters, gradients and optimizer state stay in the
+/// parameters' dtype (f32 masters) in every mode.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Precision {
+    /// Everything in the parameters' dtype.
+    #[default]
+    F32,
+    /// bf16 autocast of the forward pass (`ferrite_core::autocast`): matmul, convolution and
+    /// attention in bf16, everything else in f32. No loss scaling (bf16 has f32's range).
+    Bf16,
+    /// f16 autocast of the forward pass plus dynamic loss scaling (`GradScaler`): the loss is
+    /// scaled before backward, gradients are unscaled inside the optimizer's fused step
+    /// (before clipping), and a step with inf/NaN gradients is skipped on the device while
+    /// the scale backs off.
+    Fp16,
+}
+
+impl Precision {
+    /// The names `--precision` takes, in the order usage lists them.
+    pub const NAMES: [&'static str; 3] = ["f32", "bf16", "fp16"];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Precision::F32 => "f32",
+            Precision::Bf16 => "bf16",
+            Precision::Fp16 => "fp16",
+        }
+    }
+
+    /// `f32`, `bf16` or `fp16` (also `f16`); anything else is an error listing the choices.
+    pub fn parse(s: &str) -> Result<Precision> {
+        match s {
+            "f32" => Ok(Precision::F32),
+            "bf16" => Ok(Precision::Bf16),
+            "fp16" | "f16" => Ok(Precision::Fp16),
+            _ => Err(Error::config(
+                "--precision",
+                format!(
+                    "unknown precision `{s}` (expected one of: {})",
+                    Precision::NAMES.join(", ")
+                ),
+            )),
+        }
+    }
+
+    /// The autocast dtype of the forward pass, if any.
+    pub fn autocast_dtype(self) -> Option<DType> {
+        match self {
+            Precision::F32 => None,
+            Precision::Bf16 => Some(DType::BF16),
+            Precision::Fp16 => Some(DType::F16),
+        }
+    }
+
+    /// Runs `f` (a forward pass) under this precision's autocast scope.
+    pub fn run<R>(self, f: impl FnOnce() -> ferrite_core::Result<R>) -> ferrite_core::Result<R> {
+        match self.autocast_dtype() {
+            Some(d) => ferrite_core::autocast(d, f)?,
+            None => f(),
+        }
+    }
+}
+
 /// How long and how a run goes.
 #[derive(Clone, Debug)]
 pub struct TrainerConfig {
@@ -292,6 +356,10 @@ pub struct TrainerConfig {
     /// Rewrite PNG curves of every logged quantity in `<out_dir>/plots/` after each epoch
     /// (`plot.rs`).
     pub plot: bool,
+    /// f32, or mixed precision: bf16 autocast, or f16 autocast with loss scaling.
+    pub precision: Precision,
+    /// The loss scaler's settings (used with `Precision::Fp16`).
+    pub grad_scaler: GradScalerConfig,
 }
 
 impl TrainerConfig {
@@ -305,6 +373,8 @@ impl TrainerConfig {
             progress: true,
             checkpoint_every_epoch: true,
             plot: false,
+            precision: Precision::F32,
+            grad_scaler: GradScalerConfig::default(),
         }
     }
 }
@@ -329,6 +399,8 @@ pub struct Trainer {
     pub metrics: Vec<MetricFactory>,
     pub callbacks: Vec<Box<dyn Callback>>,
     pub cfg: TrainerConfig,
+    /// The loss scaler of an fp16 run.
+    scaler: Option<GradScaler>,
     device: Device,
     epoch: usize,
     step: usize,
@@ -388,6 +460,10 @@ impl Trainer {
                 ),
             ));
         }
+        let scaler = match cfg.precision {
+            Precision::Fp16 => Some(GradScaler::new(cfg.grad_scaler, device)?),
+            _ => None,
+        };
         Ok(Trainer {
             model,
             optimizer,
@@ -396,6 +472,7 @@ impl Trainer {
             metrics: Vec::new(),
             callbacks: Vec::new(),
             cfg,
+            scaler,
             device: device.clone(),
             epoch: 0,
             step: 0,
@@ -411,9 +488,14 @@ impl Trainer {
         self.epoch
     }
 
-    /// Optimizer steps taken.
+    /// Optimizer steps taken (with fp16, skipped steps included, as PyTorch counts them).
     pub fn step(&self) -> usize {
         self.step
+    }
+
+    /// The loss scaler of an fp16 run.
+    pub fn scaler(&self) -> Option<&GradScaler> {
+        self.scaler.as_ref()
     }
 
     fn log_line(&self, record: Value) -> Result<()> {
@@ -491,7 +573,13 @@ impl Trainer {
                         last_log = (Instant::now(), samples);
                         let wait = it.data_wait().as_secs_f64()
                             / started.elapsed().as_secs_f64().max(1e-9);
-                        self.log_line(json!({"kind": "step", "epoch": epoch, "step": self.step, "loss": l, "lr": self.optimizer.lr(0), "samples_per_s": rate, "data_wait": wait}))?;
+                        let mut record = json!({"kind": "step", "epoch": epoch, "step": self.step, "loss": l, "lr": self.optimizer.lr(0), "samples_per_s": rate, "data_wait": wait});
+                        if let Some(s) = &self.scaler {
+                            let (scale, skipped) = s.read()?;
+                            record["loss_scale"] = json!(scale);
+                            record["skipped_steps"] = json!(skipped);
+                        }
+                        self.log_line(record)?;
                         if let Some(b) = &bar {
                             b.set_message(format!(
                                 "loss {l:.4} | {rate:.0} samples/s | data wait {:.0}%",
@@ -622,13 +710,20 @@ impl Trainer {
     /// Forward, loss and backward of one micro-batch; returns the (unscaled) loss.
     fn train_batch(&mut self, batch: &Batch, metrics: &mut [Box<dyn Metric>]) -> Result<Tensor> {
         let (x, y) = split(batch)?;
-        let preds = self.model.forward(x)?;
-        let loss = (self.loss)(&preds, y)?;
-        let scaled = if self.cfg.grad_accum > 1 {
+        let (model, loss_fn) = (&self.model, &self.loss);
+        let (preds, loss) = self.cfg.precision.run(|| {
+            let p = model.forward(x)?;
+            let l = loss_fn(&p, y)?;
+            Ok((p, l))
+        })?;
+        let mut scaled = if self.cfg.grad_accum > 1 {
             loss.mul_scalar(1.0 / self.cfg.grad_accum as f64)?
         } else {
             loss.clone()
         };
+        if let Some(s) = &self.scaler {
+            scaled = s.scale(&scaled)?;
+        }
         ferrite_autodiff::backward(&scaled)?;
         let p = preds.detach();
         for m in metrics.iter_mut() {
@@ -638,7 +733,10 @@ impl Trainer {
     }
 
     fn optimizer_step(&mut self) -> Result<()> {
-        self.optimizer.step()?;
+        match &mut self.scaler {
+            Some(s) => s.step(&mut self.optimizer)?,
+            None => self.optimizer.step()?,
+        }
         self.optimizer.zero_grad();
         self.step += 1;
         if let Some(Schedule::Lr(s, Interval::Step)) = &mut self.schedule {
@@ -690,15 +788,17 @@ impl Trainer {
         let mut n = 0usize;
         let loss_fn = &self.loss;
         let model = &self.model;
+        let precision = self.cfg.precision;
         for batch in loader.iter(&self.device) {
             let batch = batch?;
             let (x, y) = split(&batch)?;
-            let (preds, loss) =
-                ferrite_core::no_grad(|| -> ferrite_core::Result<(Tensor, Tensor)> {
+            let (preds, loss) = ferrite_core::no_grad(|| {
+                precision.run(|| -> ferrite_core::Result<(Tensor, Tensor)> {
                     let p = model.forward(x)?;
                     let l = loss_fn(&p, y)?;
                     Ok((p, l))
-                })?;
+                })
+            })?;
             for m in metrics.iter_mut() {
                 m.update(&preds, y)?;
             }
@@ -729,7 +829,10 @@ impl Trainer {
                 .fields
                 .first()
                 .ok_or_else(|| Error::data("Trainer", "a batch has no fields"))?;
-            out.push(ferrite_core::no_grad(|| self.model.forward(x))?);
+            let (model, precision) = (&self.model, self.cfg.precision);
+            out.push(ferrite_core::no_grad(|| {
+                precision.run(|| model.forward(x))
+            })?);
         }
         self.model.train();
         Ok(out)
@@ -775,6 +878,11 @@ impl Trainer {
             "loader": {"epoch": loader.epoch, "batch": loader.batch},
             "optimizer": opt_meta,
             "schedule": schedule,
+            "precision": self.cfg.precision.name(),
+            "grad_scaler": match &self.scaler {
+                Some(s) => s.state_dict()?,
+                None => Value::Null,
+            },
             "callbacks": self.callbacks.iter().map(|c| json!({"name": c.name(), "state": c.state()})).collect::<Vec<_>>(),
             "history": self.history,
             "step_losses": self.step_losses,
@@ -847,6 +955,13 @@ impl Trainer {
                 ))
             }
         }
+        // A scaler's state resumes an fp16 run; a checkpoint of an f32 or bf16 run starts the
+        // scaler afresh (as PyTorch does when a GradScaler has no saved state).
+        if let Some(s) = &mut self.scaler {
+            if let Some(v) = state.get("grad_scaler").filter(|v| !v.is_null()) {
+                s.load_state_dict(v)?;
+            }
+        }
         let cbs = state
             .get("callbacks")
             .and_then(Value::as_array)
@@ -917,6 +1032,8 @@ pub struct RunOptions {
     pub progress: bool,
     /// PNG loss and metric curves in `<out>/plots/`, rewritten each epoch.
     pub plot: bool,
+    /// f32, bf16 (autocast) or fp16 (autocast and loss scaling).
+    pub precision: Precision,
 }
 
 impl RunOptions {
@@ -952,6 +1069,7 @@ impl RunOptions {
             out_dir: self.out.clone(),
             progress: self.progress,
             plot: self.plot,
+            precision: self.precision,
             ..TrainerConfig::new(self.epochs)
         }
     }

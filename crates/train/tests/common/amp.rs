@@ -1,0 +1,214 @@
+//! Mixed-precision training of a small character-level transformer, shared by the CPU tests
+//! (`mixed_precision.rs`) and the GPU tests (`gpu.rs`): the same model, text, initial weights
+//! and batches in f32, bf16 autocast and fp16 with loss scaling.
+#![allow(dead_code)]
+
+use ferrite_core::{DType, Device, Result, Tensor};
+use ferrite_nn::loss::{cross_entropy, CrossEntropyOptions};
+use ferrite_nn::models::TransformerEncoder;
+use ferrite_nn::{
+    forward_child, in_child, Embedding, EncoderConfig, Linear, Members, MembersMut, Module,
+    ModuleExt, Parameter,
+};
+use ferrite_train::data::{DataLoader, DataLoaderConfig, TextWindows};
+use ferrite_train::trainer::{LossFn, Precision, Trainer, TrainerConfig};
+use ferrite_train::{GradScalerConfig, Optimizer, Rule};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+/// The training text (about 1,100 characters, 33 distinct).
+pub const TEXT: &str = "the quick brown fox jumps over the lazy dog. a small model reads \
+this text again and again, one window of sixteen characters at a time, and learns which \
+letter comes next. the fox runs to the river and the dog sleeps under the old tree. when \
+the sun goes down the fox comes back and the dog wakes up. they walk along the river and \
+count the stones, one, two, three, four, five, six, seven, eight, nine, ten. the river is \
+cold and the stones are grey. a bird sings in the tree and the fox listens. the dog barks \
+at the bird and the bird flies away over the hills. then the night is quiet again, and the \
+fox and the dog sleep until the morning comes. in the morning the sun is warm, the river \
+shines, and the bird comes back to sing. the quick brown fox jumps over the lazy dog once \
+more, and the lazy dog does not mind at all. every day is the same, and every day the \
+model learns a little more about the fox, the dog, the bird and the river.";
+
+pub const CTX: usize = 16;
+const WIDTH: usize = 32;
+const HEADS: usize = 4;
+const LAYERS: usize = 2;
+pub const BATCH: usize = 8;
+pub const LR: f64 = 3e-3;
+pub const SEED: u64 = 5;
+
+/// Token and position embeddings, a 2-layer pre-norm causal TransformerEncoder (GELU, final
+/// LayerNorm) and a linear head: 27,000-odd parameters.
+pub struct TinyGpt {
+    wte: Embedding,
+    wpe: Embedding,
+    encoder: TransformerEncoder,
+    head: Linear,
+}
+
+impl TinyGpt {
+    pub fn new(vocab: usize, dev: &Device) -> Result<TinyGpt> {
+        let f32 = DType::F32;
+        let mut c = EncoderConfig::new(WIDTH, HEADS);
+        c.dim_feedforward = 2 * WIDTH;
+        c.dropout = 0.0;
+        c.gelu = true;
+        c.batch_first = true;
+        c.norm_first = true;
+        Ok(TinyGpt {
+            wte: Embedding::new(vocab, WIDTH, None, f32, dev)?,
+            wpe: Embedding::new(CTX, WIDTH, None, f32, dev)?,
+            encoder: TransformerEncoder::new(c, LAYERS, true, f32, dev)?,
+            head: Linear::new(WIDTH, vocab, true, f32, dev)?,
+        })
+    }
+}
+
+impl Module for TinyGpt {
+    fn type_name(&self) -> &'static str {
+        "TinyGpt"
+    }
+
+    fn forward(&self, ids: &Tensor) -> Result<Tensor> {
+        let t = ids.dims()[1];
+        let pos = Tensor::arange(0.0, t as f64, 1.0, DType::I64, ids.device())?;
+        let h =
+            forward_child("wte", &self.wte, ids)?.add(&forward_child("wpe", &self.wpe, &pos)?)?;
+        let h = self
+            .encoder
+            .forward_masked(&h, None, true)
+            .map_err(|e| in_child(e, "encoder", "TransformerEncoder"))?;
+        forward_child("head", &self.head, &h)
+    }
+
+    fn members(&self) -> Members<'_> {
+        Members {
+            children: vec![
+                ("wte".into(), &self.wte as &dyn Module),
+                ("wpe".into(), &self.wpe),
+                ("encoder".into(), &self.encoder),
+                ("head".into(), &self.head),
+            ],
+            ..Members::default()
+        }
+    }
+
+    fn members_mut(&mut self) -> MembersMut<'_> {
+        MembersMut {
+            children: vec![
+                ("wte".into(), &mut self.wte as &mut dyn Module),
+                ("wpe".into(), &mut self.wpe),
+                ("encoder".into(), &mut self.encoder),
+                ("head".into(), &mut self.head),
+            ],
+            ..MembersMut::default()
+        }
+    }
+}
+
+/// Mean cross-entropy of logits `[b, t, v]` against targets `[b, t]`.
+pub fn lm_loss(logits: &Tensor, targets: &Tensor) -> Result<Tensor> {
+    let v = logits.dims()[2];
+    let n = targets.elem_count();
+    let t = targets.reshape([n])?.cast(DType::I64)?;
+    cross_entropy(
+        &logits.reshape([n, v])?,
+        &t,
+        &CrossEntropyOptions::default(),
+    )
+}
+
+pub fn loader() -> DataLoader {
+    let windows = TextWindows::chars(TEXT, CTX, CTX / 2).expect("windows");
+    let mut cfg = DataLoaderConfig::new(BATCH).shuffle(SEED);
+    cfg.drop_last = true;
+    DataLoader::new(Arc::new(windows), cfg).expect("loader")
+}
+
+pub fn vocab() -> usize {
+    TextWindows::chars(TEXT, CTX, CTX / 2)
+        .expect("windows")
+        .chars
+        .len()
+}
+
+/// Parameter values after each call of the loss, and the call at which the loss is to be
+/// multiplied by 1e30 (forcing an fp16 gradient overflow).
+#[derive(Default)]
+pub struct Probe {
+    pub overflow_at: Option<usize>,
+    pub calls: usize,
+    pub snapshots: Vec<Vec<f32>>,
+}
+
+/// A Trainer over `TinyGpt` (initial weights from `SEED`: the same in every precision), Adam
+/// at `LR`, a loss logged every step. With a probe, the loss closure records the parameters it
+/// sees (those after the previous step) and forces the overflow.
+pub fn trainer(
+    dev: &Device,
+    precision: Precision,
+    max_steps: usize,
+    out: Option<PathBuf>,
+    probe: Option<Arc<Mutex<Probe>>>,
+) -> Trainer {
+    ferrite_nn::init::manual_seed(SEED);
+    let model = TinyGpt::new(vocab(), dev).expect("model");
+    let params: Vec<Parameter> = model
+        .named_parameters()
+        .into_iter()
+        .map(|(_, p)| p)
+        .collect();
+    let opt = Optimizer::new(model.named_parameters(), LR, Rule::adam()).expect("optimizer");
+    let loss: LossFn = match probe {
+        None => Box::new(lm_loss),
+        Some(probe) => Box::new(move |logits: &Tensor, targets: &Tensor| {
+            let mut p = probe.lock().expect("probe");
+            let mut snap = Vec::new();
+            for q in &params {
+                snap.extend(q.tensor().detach().to_vec::<f32>()?);
+            }
+            p.snapshots.push(snap);
+            let l = lm_loss(logits, targets)?;
+            let call = p.calls;
+            p.calls += 1;
+            match p.overflow_at == Some(call) {
+                true => l.mul_scalar(1e30),
+                false => Ok(l),
+            }
+        }),
+    };
+    let cfg = TrainerConfig {
+        log_every: 1,
+        max_steps: Some(max_steps),
+        out_dir: out,
+        progress: false,
+        precision,
+        grad_scaler: GradScalerConfig {
+            growth_interval: 1000,
+            ..GradScalerConfig::default()
+        },
+        ..TrainerConfig::new(1000)
+    };
+    Trainer::new(Box::new(model), opt, loss, dev, cfg).expect("trainer")
+}
+
+/// The loss of every step of a `steps`-step run.
+pub fn curve(dev: &Device, precision: Precision, steps: usize) -> Vec<f64> {
+    let mut t = trainer(dev, precision, steps, None, None);
+    t.fit(&mut loader(), None).expect("fit");
+    assert_eq!(t.step(), steps);
+    t.step_losses.iter().map(|(_, l)| *l).collect()
+}
+
+/// Mean of `v[a..b]`.
+pub fn mean(v: &[f64], a: usize, b: usize) -> f64 {
+    v[a..b].iter().sum::<f64>() / (b - a) as f64
+}
+
+/// Largest |a_i - b_i| / b_i.
+pub fn max_rel(a: &[f64], b: &[f64]) -> f64 {
+    a.iter()
+        .zip(b)
+        .map(|(a, b)| ((a - b) / b).abs())
+        .fold(0.0, f64::max)
+}
