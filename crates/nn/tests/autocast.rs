@@ -53,12 +53,13 @@ fn linear_matmul_runs_in_the_low_dtype_and_parameters_get_f32_grads() {
 
         // The same computation spelled out: inputs cast to the low dtype, the product in it,
         // the result cast back, the bias added in f32.
-        let w = lin.weight.tensor().cast(low).unwrap();
+        // Autocast casts the view `weight.t()` (a contiguous [in, out] copy).
+        let wt = lin.weight.tensor().t().unwrap().cast(low).unwrap();
         let b = lin.bias.as_ref().unwrap().tensor();
         let explicit = x
             .cast(low)
             .unwrap()
-            .matmul(&w.t().unwrap())
+            .matmul(&wt)
             .unwrap()
             .cast(DType::F32)
             .unwrap()
@@ -202,7 +203,7 @@ fn scopes_nest_switch_off_and_cache_parameter_casts() {
             let explicit = x
                 .cast(DType::F16)
                 .unwrap()
-                .matmul(&lin.weight.tensor().cast(DType::F16).unwrap().t().unwrap())
+                .matmul(&lin.weight.tensor().t().unwrap().cast(DType::F16).unwrap())
                 .unwrap()
                 .cast(DType::F32)
                 .unwrap();

@@ -1,8 +1,12 @@
 //! The training layer on CUDA (harness = false: each test is reported skipped by name where
 //! there is no CUDA device; `scripts/gpu/run.sh` runs it on a machine with an NVIDIA GPU):
-//! optimizers against the PyTorch fixture, metrics and the data loader against the CPU.
+//! optimizers against the PyTorch fixture, metrics and the data loader against the CPU;
+//! mixed precision (autocast, the Trainer in bf16 and fp16) as on the CPU.
 
 mod common;
+
+#[path = "common/amp.rs"]
+mod amp;
 
 use ferrite_core::{DType, Device, Tensor};
 use ferrite_testing::runner::Runner;
@@ -170,11 +174,97 @@ fn loader_uploads_in_order(dev: &Device) {
     }
 }
 
+/// Under autocast on CUDA a Linear's and fused attention's products run in the low dtype
+/// (bit-identical to the same casts and ops spelled out, cuBLAS and the attention kernels in
+/// bf16/f16), and the f32 parameters get f32 gradients, equal to the spelled-out ones.
+fn autocast_runs_products_in_low_precision_on_cuda(dev: &Device) {
+    use ferrite_nn::{Linear, Module, ModuleExt};
+    let bits = |t: &Tensor| -> Vec<u32> {
+        let v = t
+            .cast(DType::F32)
+            .expect("cast")
+            .to_vec::<f32>()
+            .expect("read");
+        v.iter().map(|x| x.to_bits()).collect()
+    };
+    let wave = |dims: &[usize], k: f64| -> Tensor {
+        let n: usize = dims.iter().product();
+        let v: Vec<f32> = (0..n).map(|i| (k * i as f64 + 0.3).sin() as f32).collect();
+        Tensor::from_vec(v, dims.to_vec(), dev).expect("tensor")
+    };
+    for low in [DType::BF16, DType::F16] {
+        let lin = Linear::new(64, 48, true, DType::F32, dev).expect("linear");
+        let x = wave(&[4, 9, 64], 0.37);
+        let y = ferrite_core::autocast(low, || lin.forward(&x))
+            .expect("autocast")
+            .expect("forward");
+        assert_eq!(y.dtype(), DType::F32);
+        ferrite_autodiff::backward(&y.square().expect("sq").mean(&[], false).expect("mean"))
+            .expect("backward");
+        let auto: Vec<Tensor> = lin.named_grads().into_iter().map(|(_, g)| g).collect();
+        lin.zero_grad();
+        // Autocast casts the view `weight.t()` (a contiguous [in, out] copy).
+        let wt = lin
+            .weight
+            .tensor()
+            .t()
+            .and_then(|t| t.cast(low))
+            .expect("cast");
+        let explicit = x
+            .cast(low)
+            .and_then(|xl| xl.matmul(&wt))
+            .and_then(|h| h.cast(DType::F32))
+            .and_then(|h| h.add(&lin.bias.as_ref().expect("bias").tensor()))
+            .expect("explicit");
+        assert_eq!(bits(&y), bits(&explicit), "{low}: Linear under autocast");
+        ferrite_autodiff::backward(
+            &explicit
+                .square()
+                .expect("sq")
+                .mean(&[], false)
+                .expect("mean"),
+        )
+        .expect("backward");
+        let spelled: Vec<Tensor> = lin.named_grads().into_iter().map(|(_, g)| g).collect();
+        assert_eq!(auto.len(), 2);
+        for (a, b) in auto.iter().zip(&spelled) {
+            assert_eq!(a.dtype(), DType::F32, "{low}: f32 gradients");
+            assert_eq!(bits(a), bits(b), "{low}: gradients");
+        }
+        let (q, k, v) = (
+            wave(&[2, 4, 33, 64], 0.11),
+            wave(&[2, 4, 33, 64], 0.23),
+            wave(&[2, 4, 33, 64], 0.31),
+        );
+        let o = ferrite_core::autocast(low, || Tensor::attention(&q, &k, &v, true, None))
+            .expect("autocast")
+            .expect("attention");
+        let c = |t: &Tensor| t.cast(low).expect("cast");
+        let want = Tensor::attention(&c(&q), &c(&k), &c(&v), true, None)
+            .and_then(|o| o.cast(DType::F32))
+            .expect("explicit attention");
+        assert_eq!(bits(&o), bits(&want), "{low}: attention under autocast");
+    }
+}
+
+/// The small transformer's bf16 and fp16 loss curves against f32 on CUDA, within the CPU
+/// test's bounds (`amp::check_curves`).
+fn mixed_precision_curves_on_cuda(dev: &Device) {
+    amp::check_curves(dev);
+}
+
+/// A forced fp16 overflow inside a Trainer run on CUDA: skipped on the device, parameters
+/// untouched, scale halved, training goes on; and a checkpoint resumes the scaler bit-exactly.
+fn trainer_fp16_overflow_and_resume_on_cuda(dev: &Device) {
+    amp::check_forced_overflow(dev);
+    amp::check_resume(dev);
+}
+
 type GpuTest = fn(&Device);
 
 fn main() {
     let mut r = Runner::from_args();
-    let tests: [(&str, GpuTest); 7] = [
+    let tests: [(&str, GpuTest); 10] = [
         (
             "optimizers_follow_pytorch_for_100_steps_on_cuda",
             optimizers_follow_pytorch,
@@ -199,6 +289,18 @@ fn main() {
         (
             "loader_uploads_batches_in_order_on_cuda",
             loader_uploads_in_order,
+        ),
+        (
+            "autocast_runs_products_in_low_precision_on_cuda",
+            autocast_runs_products_in_low_precision_on_cuda,
+        ),
+        (
+            "mixed_precision_curves_follow_f32_on_cuda",
+            mixed_precision_curves_on_cuda,
+        ),
+        (
+            "trainer_fp16_skips_a_forced_overflow_and_resumes_on_cuda",
+            trainer_fp16_overflow_and_resume_on_cuda,
         ),
     ];
     let dev = if ferrite_cuda::is_available() {
