@@ -38,7 +38,7 @@ pub const LR: f64 = 3e-3;
 pub const SEED: u64 = 5;
 
 /// Token and position embeddings, a 2-layer pre-norm causal TransformerEncoder (GELU, final
-/// LayerNorm) and a linear head: 27,000-odd parameters.
+/// LayerNorm) and a linear head: 19,549 parameters over the 29-character vocabulary.
 pub struct TinyGpt {
     wte: Embedding,
     wpe: Embedding,
