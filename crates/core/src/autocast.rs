@@ -11,7 +11,8 @@
 //! input's dtype, so an f32 parameter receives an f32 gradient, and the product's backward
 //! runs in the low dtype. `backward` itself runs with autocast off (`ferrite-autodiff`).
 //!
-//! Casts of trainable leaves (parameters, and views of them such as `weight.t()`) are cached
+//! Casts of trainable leaves (parameters, and views of them such as `weight.t()`, cast in the
+//! parameter's own layout and viewed the same way) are cached
 //! for the life of the outermost enabled scope, keyed by storage, layout and dtype: a weight
 //! used several times in one forward pass is cast once. The cache assumes parameters are not
 //! written inside the scope (open one scope per forward pass, update after it closes).
@@ -124,6 +125,28 @@ fn leaf_or_view_of_leaf(grad: &Grad) -> bool {
     }
 }
 
+/// `t` cast to `dtype`, reading memory in its storage order: a permuted view of dense data
+/// (`weight.t()`) is cast as the dense tensor (coalesced reads, the copy in the parameter's
+/// own layout) and the permutation applied to the result as a view, which the products
+/// consume in place.
+fn cast_in_storage_order(t: &Tensor, dtype: DType) -> Result<Tensor> {
+    let strides = t.layout().strides();
+    let mut order: Vec<usize> = (0..t.rank()).collect();
+    order.sort_by_key(|&a| std::cmp::Reverse(strides[a]));
+    if order.iter().enumerate().all(|(i, &a)| i == a) {
+        return t.cast(dtype);
+    }
+    let dense = t.permute(&order)?;
+    if !dense.is_contiguous() {
+        return t.cast(dtype);
+    }
+    let mut inverse = vec![0; order.len()];
+    for (i, &a) in order.iter().enumerate() {
+        inverse[a] = i;
+    }
+    dense.cast(dtype)?.permute(&inverse)
+}
+
 fn cast_cached(t: &Tensor, dtype: DType) -> Result<Tensor> {
     if !t.grad_info().is_some_and(leaf_or_view_of_leaf) {
         return t.cast(dtype);
@@ -140,7 +163,7 @@ fn cast_cached(t: &Tensor, dtype: DType) -> Result<Tensor> {
     if let Some(hit) = STATE.with(|s| s.borrow().cache.get(&key).map(|(_, c)| c.clone())) {
         return Ok(hit);
     }
-    let c = t.cast(dtype)?;
+    let c = cast_in_storage_order(t, dtype)?;
     STATE.with(|s| s.borrow_mut().cache.insert(key, (t.clone(), c.clone())));
     Ok(c)
 }

@@ -53,8 +53,8 @@ fn linear_matmul_runs_in_the_low_dtype_and_parameters_get_f32_grads() {
 
         // The same computation spelled out: inputs cast to the low dtype, the product in it,
         // the result cast back, the bias added in f32.
-        // Autocast casts the view `weight.t()` (a contiguous [in, out] copy).
-        let wt = lin.weight.tensor().t().unwrap().cast(low).unwrap();
+        // Autocast casts the weight in its own layout and takes the transposed view of that.
+        let wt = lin.weight.tensor().cast(low).unwrap().t().unwrap();
         let b = lin.bias.as_ref().unwrap().tensor();
         let explicit = x
             .cast(low)
@@ -203,7 +203,7 @@ fn scopes_nest_switch_off_and_cache_parameter_casts() {
             let explicit = x
                 .cast(DType::F16)
                 .unwrap()
-                .matmul(&lin.weight.tensor().t().unwrap().cast(DType::F16).unwrap())
+                .matmul(&lin.weight.tensor().cast(DType::F16).unwrap().t().unwrap())
                 .unwrap()
                 .cast(DType::F32)
                 .unwrap();

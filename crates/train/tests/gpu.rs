@@ -203,12 +203,12 @@ fn autocast_runs_products_in_low_precision_on_cuda(dev: &Device) {
             .expect("backward");
         let auto: Vec<Tensor> = lin.named_grads().into_iter().map(|(_, g)| g).collect();
         lin.zero_grad();
-        // Autocast casts the view `weight.t()` (a contiguous [in, out] copy).
+        // Autocast casts the weight in its own layout and takes the transposed view of that.
         let wt = lin
             .weight
             .tensor()
-            .t()
-            .and_then(|t| t.cast(low))
+            .cast(low)
+            .and_then(|w| w.t())
             .expect("cast");
         let explicit = x
             .cast(low)
