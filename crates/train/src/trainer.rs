@@ -360,6 +360,36 @@ pub struct TrainerConfig {
     pub precision: Precision,
     /// The loss scaler's settings (used with `Precision::Fp16`).
     pub grad_scaler: GradScalerConfig,
+    /// CUDA only: after `GRAPH_WARMUP` eager steps for a batch shape, capture the whole step
+    /// (forward, loss, backward, clipping, optimizer and scaler update) as one CUDA graph
+    /// and replay it for every batch of that shape; other shapes run eagerly. See the capture
+    /// rules in docs/training.md.
+    pub cuda_graph: bool,
+}
+
+/// Eager steps run for a batch shape before its step is captured (the optimizer's state is
+/// created by the first; the allocator's pool and the kernels are warm after these).
+pub const GRAPH_WARMUP: usize = 3;
+
+/// Batch shapes whose step is kept captured (each graph keeps its step's memory); further
+/// shapes run eagerly.
+pub const MAX_GRAPHS: usize = 4;
+
+/// A training step captured for one batch shape: the batch is copied into `x` and `y`, then
+/// `graph` replays forward, backward and the update; its outputs are the loss and the
+/// predictions.
+struct CapturedStep {
+    key: Vec<(Vec<usize>, DType)>,
+    x: Tensor,
+    y: Tensor,
+    graph: ferrite_cuda::Graph,
+}
+
+fn batch_key(x: &Tensor, y: &Tensor) -> Vec<(Vec<usize>, DType)> {
+    vec![
+        (x.dims().to_vec(), x.dtype()),
+        (y.dims().to_vec(), y.dtype()),
+    ]
 }
 
 impl TrainerConfig {
@@ -375,6 +405,7 @@ impl TrainerConfig {
             plot: false,
             precision: Precision::F32,
             grad_scaler: GradScalerConfig::default(),
+            cuda_graph: false,
         }
     }
 }
@@ -401,6 +432,10 @@ pub struct Trainer {
     pub cfg: TrainerConfig,
     /// The loss scaler of an fp16 run.
     scaler: Option<GradScaler>,
+    /// The captured steps by batch shape (`cuda_graph`), and the eager steps run per shape.
+    captured: Vec<CapturedStep>,
+    warm: std::collections::HashMap<Vec<(Vec<usize>, DType)>, usize>,
+    replays: usize,
     device: Device,
     epoch: usize,
     step: usize,
@@ -460,6 +495,23 @@ impl Trainer {
                 ),
             ));
         }
+        if cfg.cuda_graph {
+            if ferrite_cuda::CudaDevice::from_device(device).is_none() {
+                return Err(Error::config(
+                    "Trainer",
+                    format!("cuda_graph captures the step on a CUDA device, got {device}"),
+                ));
+            }
+            if cfg.grad_accum != 1 {
+                return Err(Error::config(
+                    "Trainer",
+                    format!(
+                        "cuda_graph captures one batch per step: grad_accum must be 1, got {}",
+                        cfg.grad_accum
+                    ),
+                ));
+            }
+        }
         let scaler = match cfg.precision {
             Precision::Fp16 => Some(GradScaler::new(cfg.grad_scaler, device)?),
             _ => None,
@@ -473,6 +525,9 @@ impl Trainer {
             callbacks: Vec::new(),
             cfg,
             scaler,
+            captured: Vec::new(),
+            warm: std::collections::HashMap::new(),
+            replays: 0,
             device: device.clone(),
             epoch: 0,
             step: 0,
@@ -496,6 +551,11 @@ impl Trainer {
     /// The loss scaler of an fp16 run.
     pub fn scaler(&self) -> Option<&GradScaler> {
         self.scaler.as_ref()
+    }
+
+    /// Steps run by replaying a captured graph (`cuda_graph`).
+    pub fn graph_replays(&self) -> usize {
+        self.replays
     }
 
     fn log_line(&self, record: Value) -> Result<()> {
@@ -554,7 +614,10 @@ impl Trainer {
             let mut interrupted = false;
             while let Some(batch) = it.next() {
                 let batch = batch?;
-                let loss = self.train_batch(&batch, &mut train_metrics)?;
+                let loss = match self.cfg.cuda_graph {
+                    true => self.graph_step(&batch, &mut train_metrics)?,
+                    false => self.train_batch(&batch, &mut train_metrics)?,
+                };
                 micro += 1;
                 samples += batch.size;
                 loss_count += 1;
@@ -563,7 +626,9 @@ impl Trainer {
                     None => loss.clone(),
                 });
                 if micro.is_multiple_of(self.cfg.grad_accum) {
-                    self.optimizer_step()?;
+                    if !self.cfg.cuda_graph {
+                        self.optimizer_step()?;
+                    }
                     if self.step.is_multiple_of(self.cfg.log_every) {
                         let l = loss.to_vec_f64()?[0];
                         self.check_loss(l)?;
@@ -738,11 +803,118 @@ impl Trainer {
             None => self.optimizer.step()?,
         }
         self.optimizer.zero_grad();
+        self.after_update()
+    }
+
+    /// Step count and per-step schedule, after an update (eager or replayed).
+    fn after_update(&mut self) -> Result<()> {
         self.step += 1;
         if let Some(Schedule::Lr(s, Interval::Step)) = &mut self.schedule {
             s.step(&mut self.optimizer)?;
         }
         Ok(())
+    }
+
+    /// One whole step with `cuda_graph`: a replay of the step captured for this batch shape;
+    /// else an eager step (the first `GRAPH_WARMUP` for a shape), then a capture and its first
+    /// replay. Returns the (unscaled) loss, a device scalar.
+    fn graph_step(&mut self, batch: &Batch, metrics: &mut [Box<dyn Metric>]) -> Result<Tensor> {
+        let (x, y) = split(batch)?;
+        let key = batch_key(x, y);
+        if let Some(i) = self.captured.iter().position(|c| c.key == key) {
+            return self.replay(i, x, y, metrics, false);
+        }
+        let warm = self.warm.entry(key.clone()).or_insert(0);
+        if *warm < GRAPH_WARMUP || self.captured.len() >= MAX_GRAPHS {
+            *warm += 1;
+            let before = self.model.rng_states();
+            let loss = self.train_batch(batch, metrics)?;
+            self.optimizer_step()?;
+            if self.model.rng_states() != before {
+                return Err(Error::config(
+                    "Trainer",
+                    "cuda_graph: the model draws random numbers in training (dropout with p > 0), which a replayed step would repeat; train without cuda_graph or without dropout",
+                ));
+            }
+            return Ok(loss);
+        }
+        let cuda = ferrite_cuda::CudaDevice::from_device(&self.device)
+            .ok_or_else(|| Error::config("Trainer", "cuda_graph needs a CUDA device"))?;
+        // The graph's inputs: buffers of its own, written with each batch before a replay.
+        let (xs, ys) = (x.copy()?, y.copy()?);
+        let Trainer {
+            model,
+            loss,
+            optimizer,
+            scaler,
+            cfg,
+            ..
+        } = self;
+        let precision = cfg.precision;
+        let te = |e: Error| ferrite_core::Error::backend("Trainer step", e.to_string());
+        let graph = cuda.capture(|| {
+            let (preds, l) = precision.run(|| {
+                let p = model.forward(&xs)?;
+                let l = loss(&p, &ys)?;
+                Ok((p, l))
+            })?;
+            let scaled = match scaler.as_ref() {
+                Some(s) => s.scale(&l).map_err(te)?,
+                None => l.clone(),
+            };
+            ferrite_autodiff::backward(&scaled)?;
+            match scaler.as_mut() {
+                Some(s) => s.step(optimizer).map_err(te)?,
+                None => optimizer.step().map_err(te)?,
+            }
+            Ok(vec![l.detach(), preds.detach()])
+        })?;
+        // The captured backward left gradients in the slots (their blocks stay with the graph,
+        // which rewrites them on every replay); eager steps start from empty slots.
+        self.optimizer.zero_grad();
+        self.captured.push(CapturedStep {
+            key,
+            x: xs,
+            y: ys,
+            graph,
+        });
+        // The capture's `Optimizer::step` counted this step on the host already.
+        self.replay(self.captured.len() - 1, x, y, metrics, true)
+    }
+
+    /// Copies the batch into captured step `i`'s inputs and replays it.
+    fn replay(
+        &mut self,
+        i: usize,
+        x: &Tensor,
+        y: &Tensor,
+        metrics: &mut [Box<dyn Metric>],
+        counted: bool,
+    ) -> Result<Tensor> {
+        let Some(c) = self.captured.get(i) else {
+            return Err(Error::state("Trainer", "no captured step to replay"));
+        };
+        c.x.copy_(x)?;
+        c.y.copy_(y)?;
+        c.graph.replay()?;
+        let (loss, preds) = match c.graph.outputs() {
+            [l, p] => (l.copy()?, p.clone()),
+            _ => {
+                return Err(Error::state(
+                    "Trainer",
+                    "the captured step lost its outputs",
+                ))
+            }
+        };
+        for m in metrics.iter_mut() {
+            m.update(&preds, y)?;
+        }
+        if !counted {
+            self.optimizer.count_replayed_step();
+        }
+        self.replays += 1;
+        self.after_update()?;
+        Ok(loss)
     }
 
     fn after_epoch(&mut self, logs: &Logs) -> Result<()> {

@@ -24,6 +24,34 @@ fn fp16_checkpoint_keeps_the_scaler_and_resumes_bit_exactly() {
     amp::check_resume(&ferrite_cpu::cpu());
 }
 
+/// `cuda_graph` captures on CUDA only: elsewhere an error at construction naming the device.
+#[test]
+fn cuda_graph_on_the_cpu_is_refused() {
+    let dev = ferrite_cpu::cpu();
+    let model = ferrite_nn::Linear::new(2, 2, true, ferrite_core::DType::F32, &dev).unwrap();
+    let opt = ferrite_train::Optimizer::new(
+        ferrite_nn::ModuleExt::named_parameters(&model),
+        1e-3,
+        ferrite_train::Rule::adam(),
+    )
+    .unwrap();
+    let cfg = ferrite_train::trainer::TrainerConfig {
+        cuda_graph: true,
+        ..ferrite_train::trainer::TrainerConfig::new(1)
+    };
+    let e = ferrite_train::trainer::Trainer::new(
+        Box::new(model),
+        opt,
+        Box::new(amp::lm_loss),
+        &dev,
+        cfg,
+    )
+    .err()
+    .expect("refused")
+    .to_string();
+    assert!(e.contains("cuda_graph") && e.contains("cpu"), "{e}");
+}
+
 #[test]
 fn precision_names_parse_and_bad_ones_list_the_choices() {
     assert_eq!(Precision::parse("f32").unwrap(), Precision::F32);
