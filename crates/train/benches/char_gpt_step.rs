@@ -5,7 +5,11 @@
 //! through `TransformerEncoder` (pre-norm, GELU, packed qkv, a final LayerNorm, an unbiased
 //! head); the batch is fixed random ids, as in the reference.
 //!
-//! Prints one JSON line per precision (steps/s, tokens/s, peak device memory on CUDA), as
+//! On CUDA the bf16 step also runs captured as one CUDA graph (forward, loss, backward and the
+//! AdamW update, after 3 eager warm-up steps; what `TrainerConfig::cuda_graph` does), the
+//! counterpart of torch_train.py's whole-step graph mode.
+//!
+//! Prints one JSON line per mode (steps/s, tokens/s, peak device memory on CUDA), as
 //! torch_train.py does. Run beside it on the same GPU:
 //!
 //! ```text
@@ -79,7 +83,14 @@ impl Gpt {
     }
 }
 
-fn run(s: &Size, precision: Precision, warm: usize, iters: usize, dev: &Device) -> Result<()> {
+fn run(
+    s: &Size,
+    precision: Precision,
+    graph: bool,
+    warm: usize,
+    iters: usize,
+    dev: &Device,
+) -> Result<()> {
     ferrite_nn::init::manual_seed(0);
     let model = Gpt::new(s, dev)?;
     let params = model.params();
@@ -99,8 +110,7 @@ fn run(s: &Size, precision: Precision, warm: usize, iters: usize, dev: &Device) 
     let ids = ids.reshape([s.batch, s.ctx])?;
     let pos = Tensor::arange(0.0, s.ctx as f64, 1.0, DType::I64, dev)?;
     let ce = CrossEntropyOptions::default();
-    let mut step = || -> Result<Tensor> {
-        opt.zero_grad();
+    let forward_backward = |opt: &mut Optimizer| -> Result<Tensor> {
         let loss = precision.run(|| {
             let logits = model.logits(&ids, &pos)?;
             cross_entropy(&logits.reshape([n, s.vocab])?, &tgt, &ce)
@@ -116,8 +126,32 @@ fn run(s: &Size, precision: Precision, warm: usize, iters: usize, dev: &Device) 
     };
     let cuda = ferrite_cuda::CudaDevice::from_device(dev);
     for _ in 0..warm {
-        step()?;
+        opt.zero_grad();
+        forward_backward(&mut opt)?;
     }
+    opt.zero_grad();
+    let captured = match (&cuda, graph) {
+        (Some(d), true) => {
+            let te = |e: ferrite_train::Error| ferrite_core::Error::backend("step", e.to_string());
+            let g = d.capture(|| Ok(vec![forward_backward(&mut opt).map_err(te)?]))?;
+            opt.zero_grad();
+            Some(g)
+        }
+        _ => None,
+    };
+    let mut step = || -> Result<Tensor> {
+        match &captured {
+            Some(g) => {
+                g.replay()?;
+                Ok(g.outputs()[0].clone())
+            }
+            None => {
+                opt.zero_grad();
+                forward_backward(&mut opt)
+            }
+        }
+    };
+    step()?;
     sync(&last)?;
     if let Some(d) = &cuda {
         d.reset_peak_memory();
@@ -138,7 +172,7 @@ fn run(s: &Size, precision: Precision, warm: usize, iters: usize, dev: &Device) 
         None => f64::NAN,
     };
     println!(
-        "{{\"workload\": \"gpt_char_{}x{}_t{}_b{}\", \"device\": \"{dev}\", \"optimizer\": \"adamw\", \"precision\": \"{}\", \"params\": {n_params}, \"steps_per_s\": {rate:.2}, \"tokens_per_s\": {:.0}, \"peak_mib\": {}, \"last_loss\": {loss:.4}}}",
+        "{{\"workload\": \"gpt_char_{}x{}_t{}_b{}\", \"device\": \"{dev}\", \"optimizer\": \"adamw\", \"precision\": \"{}\", \"cuda_graph\": {}, \"params\": {n_params}, \"steps_per_s\": {rate:.2}, \"tokens_per_s\": {:.0}, \"peak_mib\": {}, \"last_loss\": {loss:.4}}}",
         s.layers,
         s.width,
         s.ctx,
@@ -147,6 +181,7 @@ fn run(s: &Size, precision: Precision, warm: usize, iters: usize, dev: &Device) 
             Precision::Bf16 => "bf16-autocast",
             _ => precision.name(),
         },
+        captured.is_some(),
         rate * n as f64,
         peak.map_or("null".to_string(), |m| format!("{m:.0}")),
     );
@@ -188,8 +223,11 @@ fn main() -> Result<()> {
             50,
         ),
     };
-    for precision in [Precision::Bf16, Precision::F32] {
-        run(&s, precision, warm, iters, &dev)?;
+    let cuda = ferrite_cuda::CudaDevice::from_device(&dev).is_some();
+    run(&s, Precision::Bf16, false, warm, iters, &dev)?;
+    if cuda {
+        run(&s, Precision::Bf16, true, warm, iters, &dev)?;
     }
+    run(&s, Precision::F32, false, warm, iters, &dev)?;
     Ok(())
 }
