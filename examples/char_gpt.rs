@@ -283,6 +283,7 @@ fn main() -> anyhow::Result<()> {
         progress: true,
         plot: false,
         precision: Default::default(),
+        cuda_graph: false,
     };
     recipe(&o, std::path::Path::new(&dir), &SampleOptions::default())
 }

@@ -149,5 +149,6 @@ fn main() -> anyhow::Result<()> {
         progress: true,
         plot: false,
         precision: Default::default(),
+        cuda_graph: false,
     })
 }

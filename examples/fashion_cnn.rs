@@ -102,6 +102,7 @@ fn main() -> anyhow::Result<()> {
         progress: true,
         plot: false,
         precision: Default::default(),
+        cuda_graph: false,
     };
     recipe(&o, dir.as_deref().map(Path::new))
 }

@@ -93,6 +93,7 @@ fn main() -> anyhow::Result<()> {
         progress: true,
         plot: false,
         precision: Default::default(),
+        cuda_graph: false,
     };
     recipe(&o, Path::new(&dir))
 }

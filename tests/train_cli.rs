@@ -216,7 +216,8 @@ fn char_gpt_trains_writes_its_init_and_samples_from_a_checkpoint() {
 }
 
 /// `--precision bf16` (autocast) and `fp16` (autocast and loss scaling) on char-gpt; the fp16
-/// checkpoint keeps the scaler; an unknown precision is a usage error listing the choices.
+/// checkpoint keeps the scaler; an unknown precision is a usage error listing the choices;
+/// `--cuda-graph` off CUDA is refused naming the device.
 #[test]
 fn char_gpt_trains_in_bf16_and_fp16() {
     let o = ferrite(&["train", "char-gpt", "--precision", "fp8"]);
@@ -274,4 +275,19 @@ fn char_gpt_trains_in_bf16_and_fp16() {
         );
         let _ = std::fs::remove_dir_all(&out);
     }
+    // The captured step needs a CUDA device.
+    let out = tmp("gpt-graph");
+    let o = ferrite(&[
+        "train",
+        "char-gpt",
+        "--cuda-graph",
+        "--max-steps",
+        "1",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    let t = text(&o);
+    assert!(!o.status.success(), "{t}");
+    assert!(t.contains("cuda_graph") && t.contains("cpu"), "{t}");
+    let _ = std::fs::remove_dir_all(&out);
 }

@@ -70,6 +70,11 @@ pub struct Args {
     /// dynamic loss scaling).
     #[arg(long, default_value = "f32", value_parser = ferrite_train::trainer::Precision::NAMES)]
     precision: String,
+    /// CUDA: after 3 eager steps, capture the whole training step (forward, loss, backward,
+    /// clipping, optimizer update) as one CUDA graph and replay it for each batch of that shape
+    /// (not for models with dropout; docs/training.md lists the capture rules).
+    #[arg(long)]
+    cuda_graph: bool,
     /// Seed of initialization and shuffling.
     #[arg(long, default_value_t = 0)]
     seed: u64,
@@ -257,6 +262,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         progress: true,
         plot: a.plot,
         precision: ferrite_train::trainer::Precision::parse(&a.precision)?,
+        cuda_graph: a.cuda_graph,
     };
     ferrite_train::trainer::install_ctrl_c()?;
     match a.recipe {

@@ -1206,6 +1206,8 @@ pub struct RunOptions {
     pub plot: bool,
     /// f32, bf16 (autocast) or fp16 (autocast and loss scaling).
     pub precision: Precision,
+    /// CUDA: replay each step as one captured CUDA graph (`TrainerConfig::cuda_graph`).
+    pub cuda_graph: bool,
 }
 
 impl RunOptions {
@@ -1242,6 +1244,7 @@ impl RunOptions {
             progress: self.progress,
             plot: self.plot,
             precision: self.precision,
+            cuda_graph: self.cuda_graph,
             ..TrainerConfig::new(self.epochs)
         }
     }
