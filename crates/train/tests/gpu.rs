@@ -270,11 +270,59 @@ fn captured_trainer_step_matches_eager(dev: &Device) {
     }
 }
 
+/// Points in 2-D with a class each (for the dropout refusal below).
+struct Labeled(usize);
+impl Dataset for Labeled {
+    fn len(&self) -> usize {
+        self.0
+    }
+    fn get(&self, i: usize, _: DrawContext) -> ferrite_train::Result<Vec<HostTensor>> {
+        let x = (i % 17) as f32 / 8.0 - 1.0;
+        Ok(vec![
+            HostTensor::new(ferrite_core::HostBuffer::F32(vec![x, -x]), vec![2])?,
+            HostTensor::scalar(ferrite_core::HostBuffer::I64(vec![i64::from(x > 0.0)])),
+        ])
+    }
+}
+
+/// A model with Dropout (p > 0) draws a new mask per step, which a replay would repeat: the
+/// Trainer refuses `cuda_graph` after its first warm-up step, naming dropout.
+fn cuda_graph_refuses_dropout(dev: &Device) {
+    use ferrite_nn::{Dropout, Linear, ModuleExt, Sequential};
+    use ferrite_train::trainer::{Trainer, TrainerConfig};
+    let model = Sequential::new()
+        .with(Linear::new(2, 16, true, DType::F32, dev).expect("linear"))
+        .with(Dropout::new(0.5).expect("dropout"))
+        .with(Linear::new(16, 2, true, DType::F32, dev).expect("linear"));
+    let opt = Optimizer::new(model.named_parameters(), 1e-3, Rule::adam()).expect("optimizer");
+    let cfg = TrainerConfig {
+        cuda_graph: true,
+        progress: false,
+        max_steps: Some(10),
+        ..TrainerConfig::new(1)
+    };
+    let mut t = Trainer::new(
+        Box::new(model),
+        opt,
+        Box::new(|p: &Tensor, y: &Tensor| {
+            ferrite_nn::loss::cross_entropy(p, y, &Default::default())
+        }),
+        dev,
+        cfg,
+    )
+    .expect("trainer");
+    let mut loader =
+        DataLoader::new(Arc::new(Labeled(64)), DataLoaderConfig::new(8)).expect("loader");
+    let e = t.fit(&mut loader, None).err().expect("refused").to_string();
+    assert!(e.contains("cuda_graph") && e.contains("dropout"), "{e}");
+    assert_eq!(t.graph_replays(), 0);
+}
+
 type GpuTest = fn(&Device);
 
 fn main() {
     let mut r = Runner::from_args();
-    let tests: [(&str, GpuTest); 11] = [
+    let tests: [(&str, GpuTest); 12] = [
         (
             "optimizers_follow_pytorch_for_100_steps_on_cuda",
             optimizers_follow_pytorch,
@@ -315,6 +363,10 @@ fn main() {
         (
             "captured_trainer_step_matches_eager_bit_for_bit_on_cuda",
             captured_trainer_step_matches_eager,
+        ),
+        (
+            "cuda_graph_refuses_dropout_on_cuda",
+            cuda_graph_refuses_dropout,
         ),
     ];
     let dev = if ferrite_cuda::is_available() {
