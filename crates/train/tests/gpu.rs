@@ -313,7 +313,7 @@ fn cuda_graph_refuses_dropout(dev: &Device) {
     .expect("trainer");
     let mut loader =
         DataLoader::new(Arc::new(Labeled(64)), DataLoaderConfig::new(8)).expect("loader");
-    let e = t.fit(&mut loader, None).err().expect("refused").to_string();
+    let e = t.fit(&mut loader, None).expect_err("refused").to_string();
     assert!(e.contains("cuda_graph") && e.contains("dropout"), "{e}");
     assert_eq!(t.graph_replays(), 0);
 }
