@@ -282,6 +282,8 @@ fn main() -> anyhow::Result<()> {
         max_steps: Some(300),
         progress: true,
         plot: false,
+        precision: Default::default(),
+        cuda_graph: false,
     };
     recipe(&o, std::path::Path::new(&dir), &SampleOptions::default())
 }

@@ -148,5 +148,7 @@ fn main() -> anyhow::Result<()> {
         max_steps: None,
         progress: true,
         plot: false,
+        precision: Default::default(),
+        cuda_graph: false,
     })
 }

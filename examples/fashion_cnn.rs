@@ -101,6 +101,8 @@ fn main() -> anyhow::Result<()> {
         max_steps: None,
         progress: true,
         plot: false,
+        precision: Default::default(),
+        cuda_graph: false,
     };
     recipe(&o, dir.as_deref().map(Path::new))
 }

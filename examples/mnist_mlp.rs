@@ -92,6 +92,8 @@ fn main() -> anyhow::Result<()> {
         max_steps: None,
         progress: true,
         plot: false,
+        precision: Default::default(),
+        cuda_graph: false,
     };
     recipe(&o, Path::new(&dir))
 }

@@ -65,9 +65,16 @@ pub struct Args {
     /// cpu, cuda, cuda:N, or a wgpu adapter: wgpu, wgpu:N, vulkan, metal, dx12.
     #[arg(long, default_value = "cpu")]
     device: String,
-    /// Parameter and compute precision: f32 (bf16 and f16 mixed precision are not available yet).
-    #[arg(long, default_value = "f32", value_parser = ["f32"])]
+    /// Compute precision (parameters and optimizer state stay f32): f32; bf16 (autocast:
+    /// matmul, convolution and attention in bf16, the rest in f32); fp16 (f16 autocast with
+    /// dynamic loss scaling).
+    #[arg(long, default_value = "f32", value_parser = ferrite_train::trainer::Precision::NAMES)]
     precision: String,
+    /// CUDA: after 3 eager steps, capture the whole training step (forward, loss, backward,
+    /// clipping, optimizer update) as one CUDA graph and replay it for each batch of that shape
+    /// (not for models with dropout; docs/training.md lists the capture rules).
+    #[arg(long)]
+    cuda_graph: bool,
     /// Seed of initialization and shuffling.
     #[arg(long, default_value_t = 0)]
     seed: u64,
@@ -254,6 +261,8 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         max_steps: a.max_steps.or(if gpt { Some(1000) } else { None }),
         progress: true,
         plot: a.plot,
+        precision: ferrite_train::trainer::Precision::parse(&a.precision)?,
+        cuda_graph: a.cuda_graph,
     };
     ferrite_train::trainer::install_ctrl_c()?;
     match a.recipe {

@@ -20,8 +20,13 @@ pub fn backward(loss: &Tensor) -> Result<()> {
     backward_with(loss, &seed)
 }
 
-/// Backpropagates from `out` with upstream gradient `grad` (same shape and dtype).
+/// Backpropagates from `out` with upstream gradient `grad` (same shape and dtype). Runs with
+/// autocast off: each rule computes in the dtypes its forward op ran in.
 pub fn backward_with(out: &Tensor, grad: &Tensor) -> Result<()> {
+    ferrite_core::autocast_off(|| backward_exact(out, grad))
+}
+
+fn backward_exact(out: &Tensor, grad: &Tensor) -> Result<()> {
     let root = out.grad_info().ok_or_else(|| {
         Error::backend("backward", "this tensor does not require a gradient (no input is a Var, or it was computed under no_grad)")
     })?;

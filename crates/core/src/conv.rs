@@ -228,7 +228,9 @@ impl Tensor {
             groups: args.groups,
         };
         let out = conv2d_out(op, self, weight, &p)?;
-        let mut y = self.run1(Op::Conv2d(p), &[self, weight], out, self.dtype())?;
+        let mut y = crate::autocast::eligible(&[self, weight], |t| {
+            t[0].run1(Op::Conv2d(p), t, out, t[0].dtype())
+        })?;
         for (a, t) in trim.iter().enumerate() {
             if *t {
                 let len = y.dims()[2 + a] - 1;
@@ -338,7 +340,9 @@ impl Tensor {
                 })?;
         }
         let out = Shape::new([xd[0], wd[1] * p.groups, hw[0], hw[1]]);
-        let y = self.run1(Op::ConvTranspose2d(p), &[self, weight], out, self.dtype())?;
+        let y = crate::autocast::eligible(&[self, weight], |t| {
+            t[0].run1(Op::ConvTranspose2d(p), t, out, t[0].dtype())
+        })?;
         add_channel_bias(op, y, bias)
     }
 
@@ -628,7 +632,7 @@ impl Tensor {
         let (h, w) = (self.dims()[2], self.dims()[3]);
         let ah = avg(out[0], h)?;
         let awt = avg(out[1], w)?.t()?;
-        ah.matmul(&self.matmul(&awt)?)
+        ah.matmul_exact(&self.matmul_exact(&awt)?)
     }
 }
 

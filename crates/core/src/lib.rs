@@ -3,6 +3,7 @@
 //!
 //! Backends live in their own crates (`ferrite-cpu`, ...); a `Device` is a handle to one.
 
+pub mod autocast;
 mod backend;
 mod channel_norm;
 pub mod composed;
@@ -17,6 +18,7 @@ pub mod rng;
 mod shape;
 mod tensor;
 
+pub use autocast::{autocast, autocast_dtype, autocast_off};
 pub use backend::{Backend, Device, DeviceKind, Storage};
 pub use conv::{ConvArgs, ConvGeometry, ConvTransposeArgs, Padding, PoolArgs};
 pub use dtype::{DType, WithDType};

@@ -862,7 +862,14 @@ impl Tensor {
 
     /// Matrix product with NumPy semantics: 1-D operands are promoted (and the added dim
     /// removed), batch dims broadcast. Transposed views are used in place, without copies.
+    /// Autocast-eligible (`crate::autocast`).
     pub fn matmul(&self, rhs: &Tensor) -> Result<Tensor> {
+        crate::autocast::eligible(&[self, rhs], |t| t[0].matmul_exact(t[1]))
+    }
+
+    /// `matmul` in the operands' own dtype, whatever the autocast policy (for compositions
+    /// that must stay in their dtype, such as adaptive pooling).
+    pub(crate) fn matmul_exact(&self, rhs: &Tensor) -> Result<Tensor> {
         let op = "matmul";
         if self.dtype() != rhs.dtype() {
             return Err(Error::DTypeMismatch {
@@ -1330,6 +1337,7 @@ impl Tensor {
         Ok(Shape::new([qd[0], qd[1], qd[2], vd[3]]))
     }
 
+    /// Autocast-eligible (`crate::autocast`).
     /// Scaled dot-product attention, `q [b, hq, lq, d]`, `k [b, hkv, lk, d]`,
     /// `v [b, hkv, lk, dv]` -> `[b, hq, lq, dv]`; grouped-query when hkv < hq. `scale` defaults
     /// to 1/sqrt(d).
@@ -1342,7 +1350,9 @@ impl Tensor {
     ) -> Result<Tensor> {
         let out = Tensor::attention_shape("attention", q, k, v)?;
         let scale = scale.unwrap_or(1.0 / (q.dims()[3] as f64).sqrt());
-        q.run1(Op::Attention { causal, scale }, &[q, k, v], out, q.dtype())
+        crate::autocast::eligible(&[q, k, v], |t| {
+            t[0].run1(Op::Attention { causal, scale }, t, out, t[0].dtype())
+        })
     }
 }
 

@@ -128,6 +128,59 @@ impl GradScaler {
         &self.scale
     }
 
+    /// The settings it was made with.
+    pub fn config(&self) -> GradScalerConfig {
+        self.cfg
+    }
+
+    /// What a checkpoint keeps (PyTorch's `GradScaler.state_dict`): the scale, the finite
+    /// steps since its last change, the skipped steps, and the settings. Reads the device.
+    pub fn state_dict(&self) -> Result<serde_json::Value> {
+        Ok(serde_json::json!({
+            "scale": self.scale.item::<f64>()?,
+            "growth_tracker": self.growth.item::<f64>()?,
+            "skipped": self.skipped.item::<f64>()?,
+            "growth_factor": self.cfg.growth_factor,
+            "backoff_factor": self.cfg.backoff_factor,
+            "growth_interval": self.cfg.growth_interval,
+        }))
+    }
+
+    /// Restores `state_dict`'s values (written in place into the device scalars); a value that
+    /// is missing or out of its domain is an error naming it, and nothing is written then.
+    pub fn load_state_dict(&mut self, v: &serde_json::Value) -> Result<()> {
+        let what = "GradScaler::load_state_dict";
+        let get = |k: &str| {
+            v.get(k)
+                .and_then(serde_json::Value::as_f64)
+                .ok_or_else(|| Error::state(what, format!("the saved state has no number `{k}`")))
+        };
+        let (scale, growth, skipped) = (get("scale")?, get("growth_tracker")?, get("skipped")?);
+        if !(scale.is_finite() && scale > 0.0) {
+            return Err(Error::state(
+                what,
+                format!("scale must be finite and > 0, got {scale}"),
+            ));
+        }
+        for (k, x) in [("growth_tracker", growth), ("skipped", skipped)] {
+            if !(x.is_finite() && x >= 0.0 && x.fract() == 0.0) {
+                return Err(Error::state(
+                    what,
+                    format!("{k} must be a whole number >= 0, got {x}"),
+                ));
+            }
+        }
+        let dev = self.scale.device().clone();
+        for (dst, x) in [
+            (&self.scale, scale),
+            (&self.growth, growth),
+            (&self.skipped, skipped),
+        ] {
+            dst.copy_(&Tensor::full(x, (), DType::F64, &dev)?)?;
+        }
+        Ok(())
+    }
+
     /// Reads the scale and the number of skipped steps (one host wait each).
     pub fn read(&self) -> Result<(f64, u64)> {
         Ok((

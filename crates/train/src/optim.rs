@@ -450,6 +450,12 @@ impl Optimizer {
         self.steps
     }
 
+    /// Counts a step that a replayed CUDA graph took (the device counters advance with the
+    /// replay; the host count, kept in `state_dict`, needs this).
+    pub fn count_replayed_step(&mut self) {
+        self.steps += 1;
+    }
+
     /// The global gradient L2 norm of the last step (a device scalar; reading it waits).
     pub fn grad_norm(&self) -> &Tensor {
         &self.grad_norm

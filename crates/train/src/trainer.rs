@@ -15,11 +15,12 @@
 //! The loss is read back (one host wait) only at logging steps.
 
 use crate::data::{Batch, DataLoader, LoaderState};
+use crate::grad_scaler::{GradScaler, GradScalerConfig};
 use crate::lr_scheduler::{LrScheduler, ParamGroups, ReduceLROnPlateau};
 use crate::metrics::Metric;
 use crate::optim::Optimizer;
 use crate::{Error, Result};
-use ferrite_core::{Device, Tensor};
+use ferrite_core::{DType, Device, Tensor};
 use ferrite_nn::{Module, ModuleExt};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
@@ -274,6 +275,69 @@ impl Callback for ModelCheckpoint {
     }
 }
 
+/// The arithmetic of a training run. Parameters, gradients and optimizer state stay in the
+/// parameters' dtype (f32 masters) in every mode.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Precision {
+    /// Everything in the parameters' dtype.
+    #[default]
+    F32,
+    /// bf16 autocast of the forward pass (`ferrite_core::autocast`): matmul, convolution and
+    /// attention in bf16, everything else in f32. No loss scaling (bf16 has f32's range).
+    Bf16,
+    /// f16 autocast of the forward pass plus dynamic loss scaling (`GradScaler`): the loss is
+    /// scaled before backward, gradients are unscaled inside the optimizer's fused step
+    /// (before clipping), and a step with inf/NaN gradients is skipped on the device while
+    /// the scale backs off.
+    Fp16,
+}
+
+impl Precision {
+    /// The names `--precision` takes, in the order usage lists them.
+    pub const NAMES: [&'static str; 3] = ["f32", "bf16", "fp16"];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Precision::F32 => "f32",
+            Precision::Bf16 => "bf16",
+            Precision::Fp16 => "fp16",
+        }
+    }
+
+    /// `f32`, `bf16` or `fp16` (also `f16`); anything else is an error listing the choices.
+    pub fn parse(s: &str) -> Result<Precision> {
+        match s {
+            "f32" => Ok(Precision::F32),
+            "bf16" => Ok(Precision::Bf16),
+            "fp16" | "f16" => Ok(Precision::Fp16),
+            _ => Err(Error::config(
+                "--precision",
+                format!(
+                    "unknown precision `{s}` (expected one of: {})",
+                    Precision::NAMES.join(", ")
+                ),
+            )),
+        }
+    }
+
+    /// The autocast dtype of the forward pass, if any.
+    pub fn autocast_dtype(self) -> Option<DType> {
+        match self {
+            Precision::F32 => None,
+            Precision::Bf16 => Some(DType::BF16),
+            Precision::Fp16 => Some(DType::F16),
+        }
+    }
+
+    /// Runs `f` (a forward pass) under this precision's autocast scope.
+    pub fn run<R>(self, f: impl FnOnce() -> ferrite_core::Result<R>) -> ferrite_core::Result<R> {
+        match self.autocast_dtype() {
+            Some(d) => ferrite_core::autocast(d, f)?,
+            None => f(),
+        }
+    }
+}
+
 /// How long and how a run goes.
 #[derive(Clone, Debug)]
 pub struct TrainerConfig {
@@ -292,6 +356,40 @@ pub struct TrainerConfig {
     /// Rewrite PNG curves of every logged quantity in `<out_dir>/plots/` after each epoch
     /// (`plot.rs`).
     pub plot: bool,
+    /// f32, or mixed precision: bf16 autocast, or f16 autocast with loss scaling.
+    pub precision: Precision,
+    /// The loss scaler's settings (used with `Precision::Fp16`).
+    pub grad_scaler: GradScalerConfig,
+    /// CUDA only: after `GRAPH_WARMUP` eager steps for a batch shape, capture the whole step
+    /// (forward, loss, backward, clipping, optimizer and scaler update) as one CUDA graph
+    /// and replay it for every batch of that shape; other shapes run eagerly. See the capture
+    /// rules in docs/training.md.
+    pub cuda_graph: bool,
+}
+
+/// Eager steps run for a batch shape before its step is captured (the optimizer's state is
+/// created by the first; the allocator's pool and the kernels are warm after these).
+pub const GRAPH_WARMUP: usize = 3;
+
+/// Batch shapes whose step is kept captured (each graph keeps its step's memory); further
+/// shapes run eagerly.
+pub const MAX_GRAPHS: usize = 4;
+
+/// A training step captured for one batch shape: the batch is copied into `x` and `y`, then
+/// `graph` replays forward, backward and the update; its outputs are the loss and the
+/// predictions.
+struct CapturedStep {
+    key: Vec<(Vec<usize>, DType)>,
+    x: Tensor,
+    y: Tensor,
+    graph: ferrite_cuda::Graph,
+}
+
+fn batch_key(x: &Tensor, y: &Tensor) -> Vec<(Vec<usize>, DType)> {
+    vec![
+        (x.dims().to_vec(), x.dtype()),
+        (y.dims().to_vec(), y.dtype()),
+    ]
 }
 
 impl TrainerConfig {
@@ -305,6 +403,9 @@ impl TrainerConfig {
             progress: true,
             checkpoint_every_epoch: true,
             plot: false,
+            precision: Precision::F32,
+            grad_scaler: GradScalerConfig::default(),
+            cuda_graph: false,
         }
     }
 }
@@ -329,6 +430,12 @@ pub struct Trainer {
     pub metrics: Vec<MetricFactory>,
     pub callbacks: Vec<Box<dyn Callback>>,
     pub cfg: TrainerConfig,
+    /// The loss scaler of an fp16 run.
+    scaler: Option<GradScaler>,
+    /// The captured steps by batch shape (`cuda_graph`), and the eager steps run per shape.
+    captured: Vec<CapturedStep>,
+    warm: std::collections::HashMap<Vec<(Vec<usize>, DType)>, usize>,
+    replays: usize,
     device: Device,
     epoch: usize,
     step: usize,
@@ -388,6 +495,27 @@ impl Trainer {
                 ),
             ));
         }
+        if cfg.cuda_graph {
+            if ferrite_cuda::CudaDevice::from_device(device).is_none() {
+                return Err(Error::config(
+                    "Trainer",
+                    format!("cuda_graph captures the step on a CUDA device, got {device}"),
+                ));
+            }
+            if cfg.grad_accum != 1 {
+                return Err(Error::config(
+                    "Trainer",
+                    format!(
+                        "cuda_graph captures one batch per step: grad_accum must be 1, got {}",
+                        cfg.grad_accum
+                    ),
+                ));
+            }
+        }
+        let scaler = match cfg.precision {
+            Precision::Fp16 => Some(GradScaler::new(cfg.grad_scaler, device)?),
+            _ => None,
+        };
         Ok(Trainer {
             model,
             optimizer,
@@ -396,6 +524,10 @@ impl Trainer {
             metrics: Vec::new(),
             callbacks: Vec::new(),
             cfg,
+            scaler,
+            captured: Vec::new(),
+            warm: std::collections::HashMap::new(),
+            replays: 0,
             device: device.clone(),
             epoch: 0,
             step: 0,
@@ -411,9 +543,19 @@ impl Trainer {
         self.epoch
     }
 
-    /// Optimizer steps taken.
+    /// Optimizer steps taken (with fp16, skipped steps included, as PyTorch counts them).
     pub fn step(&self) -> usize {
         self.step
+    }
+
+    /// The loss scaler of an fp16 run.
+    pub fn scaler(&self) -> Option<&GradScaler> {
+        self.scaler.as_ref()
+    }
+
+    /// Steps run by replaying a captured graph (`cuda_graph`).
+    pub fn graph_replays(&self) -> usize {
+        self.replays
     }
 
     fn log_line(&self, record: Value) -> Result<()> {
@@ -472,7 +614,10 @@ impl Trainer {
             let mut interrupted = false;
             while let Some(batch) = it.next() {
                 let batch = batch?;
-                let loss = self.train_batch(&batch, &mut train_metrics)?;
+                let loss = match self.cfg.cuda_graph {
+                    true => self.graph_step(&batch, &mut train_metrics)?,
+                    false => self.train_batch(&batch, &mut train_metrics)?,
+                };
                 micro += 1;
                 samples += batch.size;
                 loss_count += 1;
@@ -481,7 +626,9 @@ impl Trainer {
                     None => loss.clone(),
                 });
                 if micro.is_multiple_of(self.cfg.grad_accum) {
-                    self.optimizer_step()?;
+                    if !self.cfg.cuda_graph {
+                        self.optimizer_step()?;
+                    }
                     if self.step.is_multiple_of(self.cfg.log_every) {
                         let l = loss.to_vec_f64()?[0];
                         self.check_loss(l)?;
@@ -491,7 +638,13 @@ impl Trainer {
                         last_log = (Instant::now(), samples);
                         let wait = it.data_wait().as_secs_f64()
                             / started.elapsed().as_secs_f64().max(1e-9);
-                        self.log_line(json!({"kind": "step", "epoch": epoch, "step": self.step, "loss": l, "lr": self.optimizer.lr(0), "samples_per_s": rate, "data_wait": wait}))?;
+                        let mut record = json!({"kind": "step", "epoch": epoch, "step": self.step, "loss": l, "lr": self.optimizer.lr(0), "samples_per_s": rate, "data_wait": wait});
+                        if let Some(s) = &self.scaler {
+                            let (scale, skipped) = s.read()?;
+                            record["loss_scale"] = json!(scale);
+                            record["skipped_steps"] = json!(skipped);
+                        }
+                        self.log_line(record)?;
                         if let Some(b) = &bar {
                             b.set_message(format!(
                                 "loss {l:.4} | {rate:.0} samples/s | data wait {:.0}%",
@@ -622,13 +775,20 @@ impl Trainer {
     /// Forward, loss and backward of one micro-batch; returns the (unscaled) loss.
     fn train_batch(&mut self, batch: &Batch, metrics: &mut [Box<dyn Metric>]) -> Result<Tensor> {
         let (x, y) = split(batch)?;
-        let preds = self.model.forward(x)?;
-        let loss = (self.loss)(&preds, y)?;
-        let scaled = if self.cfg.grad_accum > 1 {
+        let (model, loss_fn) = (&self.model, &self.loss);
+        let (preds, loss) = self.cfg.precision.run(|| {
+            let p = model.forward(x)?;
+            let l = loss_fn(&p, y)?;
+            Ok((p, l))
+        })?;
+        let mut scaled = if self.cfg.grad_accum > 1 {
             loss.mul_scalar(1.0 / self.cfg.grad_accum as f64)?
         } else {
             loss.clone()
         };
+        if let Some(s) = &self.scaler {
+            scaled = s.scale(&scaled)?;
+        }
         ferrite_autodiff::backward(&scaled)?;
         let p = preds.detach();
         for m in metrics.iter_mut() {
@@ -638,13 +798,123 @@ impl Trainer {
     }
 
     fn optimizer_step(&mut self) -> Result<()> {
-        self.optimizer.step()?;
+        match &mut self.scaler {
+            Some(s) => s.step(&mut self.optimizer)?,
+            None => self.optimizer.step()?,
+        }
         self.optimizer.zero_grad();
+        self.after_update()
+    }
+
+    /// Step count and per-step schedule, after an update (eager or replayed).
+    fn after_update(&mut self) -> Result<()> {
         self.step += 1;
         if let Some(Schedule::Lr(s, Interval::Step)) = &mut self.schedule {
             s.step(&mut self.optimizer)?;
         }
         Ok(())
+    }
+
+    /// One whole step with `cuda_graph`: a replay of the step captured for this batch shape;
+    /// else an eager step (the first `GRAPH_WARMUP` for a shape), then a capture and its first
+    /// replay. Returns the (unscaled) loss, a device scalar.
+    fn graph_step(&mut self, batch: &Batch, metrics: &mut [Box<dyn Metric>]) -> Result<Tensor> {
+        let (x, y) = split(batch)?;
+        let key = batch_key(x, y);
+        if let Some(i) = self.captured.iter().position(|c| c.key == key) {
+            return self.replay(i, x, y, metrics, false);
+        }
+        let warm = self.warm.entry(key.clone()).or_insert(0);
+        if *warm < GRAPH_WARMUP || self.captured.len() >= MAX_GRAPHS {
+            *warm += 1;
+            let before = self.model.rng_states();
+            let loss = self.train_batch(batch, metrics)?;
+            self.optimizer_step()?;
+            if self.model.rng_states() != before {
+                return Err(Error::config(
+                    "Trainer",
+                    "cuda_graph: the model draws random numbers in training (dropout with p > 0), which a replayed step would repeat; train without cuda_graph or without dropout",
+                ));
+            }
+            return Ok(loss);
+        }
+        let cuda = ferrite_cuda::CudaDevice::from_device(&self.device)
+            .ok_or_else(|| Error::config("Trainer", "cuda_graph needs a CUDA device"))?;
+        // The graph's inputs: buffers of its own, written with each batch before a replay.
+        let (xs, ys) = (x.copy()?, y.copy()?);
+        let Trainer {
+            model,
+            loss,
+            optimizer,
+            scaler,
+            cfg,
+            ..
+        } = self;
+        let precision = cfg.precision;
+        let te = |e: Error| ferrite_core::Error::backend("Trainer step", e.to_string());
+        let graph = cuda.capture(|| {
+            let (preds, l) = precision.run(|| {
+                let p = model.forward(&xs)?;
+                let l = loss(&p, &ys)?;
+                Ok((p, l))
+            })?;
+            let scaled = match scaler.as_ref() {
+                Some(s) => s.scale(&l).map_err(te)?,
+                None => l.clone(),
+            };
+            ferrite_autodiff::backward(&scaled)?;
+            match scaler.as_mut() {
+                Some(s) => s.step(optimizer).map_err(te)?,
+                None => optimizer.step().map_err(te)?,
+            }
+            Ok(vec![l.detach(), preds.detach()])
+        })?;
+        // The captured backward left gradients in the slots (their blocks stay with the graph,
+        // which rewrites them on every replay); eager steps start from empty slots.
+        self.optimizer.zero_grad();
+        self.captured.push(CapturedStep {
+            key,
+            x: xs,
+            y: ys,
+            graph,
+        });
+        // The capture's `Optimizer::step` counted this step on the host already.
+        self.replay(self.captured.len() - 1, x, y, metrics, true)
+    }
+
+    /// Copies the batch into captured step `i`'s inputs and replays it.
+    fn replay(
+        &mut self,
+        i: usize,
+        x: &Tensor,
+        y: &Tensor,
+        metrics: &mut [Box<dyn Metric>],
+        counted: bool,
+    ) -> Result<Tensor> {
+        let Some(c) = self.captured.get(i) else {
+            return Err(Error::state("Trainer", "no captured step to replay"));
+        };
+        c.x.copy_(x)?;
+        c.y.copy_(y)?;
+        c.graph.replay()?;
+        let (loss, preds) = match c.graph.outputs() {
+            [l, p] => (l.copy()?, p.clone()),
+            _ => {
+                return Err(Error::state(
+                    "Trainer",
+                    "the captured step lost its outputs",
+                ))
+            }
+        };
+        for m in metrics.iter_mut() {
+            m.update(&preds, y)?;
+        }
+        if !counted {
+            self.optimizer.count_replayed_step();
+        }
+        self.replays += 1;
+        self.after_update()?;
+        Ok(loss)
     }
 
     fn after_epoch(&mut self, logs: &Logs) -> Result<()> {
@@ -690,15 +960,17 @@ impl Trainer {
         let mut n = 0usize;
         let loss_fn = &self.loss;
         let model = &self.model;
+        let precision = self.cfg.precision;
         for batch in loader.iter(&self.device) {
             let batch = batch?;
             let (x, y) = split(&batch)?;
-            let (preds, loss) =
-                ferrite_core::no_grad(|| -> ferrite_core::Result<(Tensor, Tensor)> {
+            let (preds, loss) = ferrite_core::no_grad(|| {
+                precision.run(|| -> ferrite_core::Result<(Tensor, Tensor)> {
                     let p = model.forward(x)?;
                     let l = loss_fn(&p, y)?;
                     Ok((p, l))
-                })?;
+                })
+            })?;
             for m in metrics.iter_mut() {
                 m.update(&preds, y)?;
             }
@@ -729,7 +1001,10 @@ impl Trainer {
                 .fields
                 .first()
                 .ok_or_else(|| Error::data("Trainer", "a batch has no fields"))?;
-            out.push(ferrite_core::no_grad(|| self.model.forward(x))?);
+            let (model, precision) = (&self.model, self.cfg.precision);
+            out.push(ferrite_core::no_grad(|| {
+                precision.run(|| model.forward(x))
+            })?);
         }
         self.model.train();
         Ok(out)
@@ -775,6 +1050,11 @@ impl Trainer {
             "loader": {"epoch": loader.epoch, "batch": loader.batch},
             "optimizer": opt_meta,
             "schedule": schedule,
+            "precision": self.cfg.precision.name(),
+            "grad_scaler": match &self.scaler {
+                Some(s) => s.state_dict()?,
+                None => Value::Null,
+            },
             "callbacks": self.callbacks.iter().map(|c| json!({"name": c.name(), "state": c.state()})).collect::<Vec<_>>(),
             "history": self.history,
             "step_losses": self.step_losses,
@@ -847,6 +1127,13 @@ impl Trainer {
                 ))
             }
         }
+        // A scaler's state resumes an fp16 run; a checkpoint of an f32 or bf16 run starts the
+        // scaler afresh (as PyTorch does when a GradScaler has no saved state).
+        if let Some(s) = &mut self.scaler {
+            if let Some(v) = state.get("grad_scaler").filter(|v| !v.is_null()) {
+                s.load_state_dict(v)?;
+            }
+        }
         let cbs = state
             .get("callbacks")
             .and_then(Value::as_array)
@@ -917,6 +1204,10 @@ pub struct RunOptions {
     pub progress: bool,
     /// PNG loss and metric curves in `<out>/plots/`, rewritten each epoch.
     pub plot: bool,
+    /// f32, bf16 (autocast) or fp16 (autocast and loss scaling).
+    pub precision: Precision,
+    /// CUDA: replay each step as one captured CUDA graph (`TrainerConfig::cuda_graph`).
+    pub cuda_graph: bool,
 }
 
 impl RunOptions {
@@ -952,6 +1243,8 @@ impl RunOptions {
             out_dir: self.out.clone(),
             progress: self.progress,
             plot: self.plot,
+            precision: self.precision,
+            cuda_graph: self.cuda_graph,
             ..TrainerConfig::new(self.epochs)
         }
     }

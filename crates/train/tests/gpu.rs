@@ -1,8 +1,12 @@
 //! The training layer on CUDA (harness = false: each test is reported skipped by name where
 //! there is no CUDA device; `scripts/gpu/run.sh` runs it on a machine with an NVIDIA GPU):
-//! optimizers against the PyTorch fixture, metrics and the data loader against the CPU.
+//! optimizers against the PyTorch fixture, metrics and the data loader against the CPU;
+//! mixed precision (autocast, the Trainer in bf16 and fp16) as on the CPU.
 
 mod common;
+
+#[path = "common/amp.rs"]
+mod amp;
 
 use ferrite_core::{DType, Device, Tensor};
 use ferrite_testing::runner::Runner;
@@ -170,11 +174,155 @@ fn loader_uploads_in_order(dev: &Device) {
     }
 }
 
+/// Under autocast on CUDA a Linear's and fused attention's products run in the low dtype
+/// (bit-identical to the same casts and ops spelled out, cuBLAS and the attention kernels in
+/// bf16/f16), and the f32 parameters get f32 gradients, equal to the spelled-out ones.
+fn autocast_runs_products_in_low_precision_on_cuda(dev: &Device) {
+    use ferrite_nn::{Linear, Module, ModuleExt};
+    let bits = |t: &Tensor| -> Vec<u32> {
+        let v = t
+            .cast(DType::F32)
+            .expect("cast")
+            .to_vec::<f32>()
+            .expect("read");
+        v.iter().map(|x| x.to_bits()).collect()
+    };
+    let wave = |dims: &[usize], k: f64| -> Tensor {
+        let n: usize = dims.iter().product();
+        let v: Vec<f32> = (0..n).map(|i| (k * i as f64 + 0.3).sin() as f32).collect();
+        Tensor::from_vec(v, dims.to_vec(), dev).expect("tensor")
+    };
+    for low in [DType::BF16, DType::F16] {
+        let lin = Linear::new(64, 48, true, DType::F32, dev).expect("linear");
+        let x = wave(&[4, 9, 64], 0.37);
+        let y = ferrite_core::autocast(low, || lin.forward(&x))
+            .expect("autocast")
+            .expect("forward");
+        assert_eq!(y.dtype(), DType::F32);
+        ferrite_autodiff::backward(&y.square().expect("sq").mean(&[], false).expect("mean"))
+            .expect("backward");
+        let auto: Vec<Tensor> = lin.named_grads().into_iter().map(|(_, g)| g).collect();
+        lin.zero_grad();
+        // Autocast casts the weight in its own layout and takes the transposed view of that.
+        let wt = lin
+            .weight
+            .tensor()
+            .cast(low)
+            .and_then(|w| w.t())
+            .expect("cast");
+        let explicit = x
+            .cast(low)
+            .and_then(|xl| xl.matmul(&wt))
+            .and_then(|h| h.cast(DType::F32))
+            .and_then(|h| h.add(&lin.bias.as_ref().expect("bias").tensor()))
+            .expect("explicit");
+        assert_eq!(bits(&y), bits(&explicit), "{low}: Linear under autocast");
+        ferrite_autodiff::backward(
+            &explicit
+                .square()
+                .expect("sq")
+                .mean(&[], false)
+                .expect("mean"),
+        )
+        .expect("backward");
+        let spelled: Vec<Tensor> = lin.named_grads().into_iter().map(|(_, g)| g).collect();
+        assert_eq!(auto.len(), 2);
+        for (a, b) in auto.iter().zip(&spelled) {
+            assert_eq!(a.dtype(), DType::F32, "{low}: f32 gradients");
+            assert_eq!(bits(a), bits(b), "{low}: gradients");
+        }
+        let (q, k, v) = (
+            wave(&[2, 4, 33, 64], 0.11),
+            wave(&[2, 4, 33, 64], 0.23),
+            wave(&[2, 4, 33, 64], 0.31),
+        );
+        let o = ferrite_core::autocast(low, || Tensor::attention(&q, &k, &v, true, None))
+            .expect("autocast")
+            .expect("attention");
+        let c = |t: &Tensor| t.cast(low).expect("cast");
+        let want = Tensor::attention(&c(&q), &c(&k), &c(&v), true, None)
+            .and_then(|o| o.cast(DType::F32))
+            .expect("explicit attention");
+        assert_eq!(bits(&o), bits(&want), "{low}: attention under autocast");
+    }
+}
+
+/// The small transformer's bf16 and fp16 loss curves against f32 on CUDA, within the CPU
+/// test's bounds (`amp::check_curves`).
+fn mixed_precision_curves_on_cuda(dev: &Device) {
+    amp::check_curves(dev);
+}
+
+/// A forced fp16 overflow inside a Trainer run on CUDA: skipped on the device, parameters
+/// untouched, scale halved, training goes on; and a checkpoint resumes the scaler bit-exactly.
+fn trainer_fp16_overflow_and_resume_on_cuda(dev: &Device) {
+    amp::check_forced_overflow(dev);
+    amp::check_resume(dev);
+}
+
+/// The Trainer's whole step captured as one CUDA graph (`cuda_graph`) against the eager
+/// step, 50 steps of the small transformer with a per-step cosine schedule, in f32, bf16
+/// autocast and fp16 with the scaler: bit-identical losses and parameters, 47 replays.
+fn captured_trainer_step_matches_eager(dev: &Device) {
+    use ferrite_train::trainer::Precision;
+    for p in [Precision::F32, Precision::Bf16, Precision::Fp16] {
+        amp::check_captured_step(dev, p, 50);
+    }
+}
+
+/// Points in 2-D with a class each (for the dropout refusal below).
+struct Labeled(usize);
+impl Dataset for Labeled {
+    fn len(&self) -> usize {
+        self.0
+    }
+    fn get(&self, i: usize, _: DrawContext) -> ferrite_train::Result<Vec<HostTensor>> {
+        let x = (i % 17) as f32 / 8.0 - 1.0;
+        Ok(vec![
+            HostTensor::new(ferrite_core::HostBuffer::F32(vec![x, -x]), vec![2])?,
+            HostTensor::scalar(ferrite_core::HostBuffer::I64(vec![i64::from(x > 0.0)])),
+        ])
+    }
+}
+
+/// A model with Dropout (p > 0) draws a new mask per step, which a replay would repeat: the
+/// Trainer refuses `cuda_graph` after its first warm-up step, naming dropout.
+fn cuda_graph_refuses_dropout(dev: &Device) {
+    use ferrite_nn::{Dropout, Linear, ModuleExt, Sequential};
+    use ferrite_train::trainer::{Trainer, TrainerConfig};
+    let model = Sequential::new()
+        .with(Linear::new(2, 16, true, DType::F32, dev).expect("linear"))
+        .with(Dropout::new(0.5).expect("dropout"))
+        .with(Linear::new(16, 2, true, DType::F32, dev).expect("linear"));
+    let opt = Optimizer::new(model.named_parameters(), 1e-3, Rule::adam()).expect("optimizer");
+    let cfg = TrainerConfig {
+        cuda_graph: true,
+        progress: false,
+        max_steps: Some(10),
+        ..TrainerConfig::new(1)
+    };
+    let mut t = Trainer::new(
+        Box::new(model),
+        opt,
+        Box::new(|p: &Tensor, y: &Tensor| {
+            ferrite_nn::loss::cross_entropy(p, y, &Default::default())
+        }),
+        dev,
+        cfg,
+    )
+    .expect("trainer");
+    let mut loader =
+        DataLoader::new(Arc::new(Labeled(64)), DataLoaderConfig::new(8)).expect("loader");
+    let e = t.fit(&mut loader, None).expect_err("refused").to_string();
+    assert!(e.contains("cuda_graph") && e.contains("dropout"), "{e}");
+    assert_eq!(t.graph_replays(), 0);
+}
+
 type GpuTest = fn(&Device);
 
 fn main() {
     let mut r = Runner::from_args();
-    let tests: [(&str, GpuTest); 7] = [
+    let tests: [(&str, GpuTest); 12] = [
         (
             "optimizers_follow_pytorch_for_100_steps_on_cuda",
             optimizers_follow_pytorch,
@@ -199,6 +347,26 @@ fn main() {
         (
             "loader_uploads_batches_in_order_on_cuda",
             loader_uploads_in_order,
+        ),
+        (
+            "autocast_runs_products_in_low_precision_on_cuda",
+            autocast_runs_products_in_low_precision_on_cuda,
+        ),
+        (
+            "mixed_precision_curves_follow_f32_on_cuda",
+            mixed_precision_curves_on_cuda,
+        ),
+        (
+            "trainer_fp16_skips_a_forced_overflow_and_resumes_on_cuda",
+            trainer_fp16_overflow_and_resume_on_cuda,
+        ),
+        (
+            "captured_trainer_step_matches_eager_bit_for_bit_on_cuda",
+            captured_trainer_step_matches_eager,
+        ),
+        (
+            "cuda_graph_refuses_dropout_on_cuda",
+            cuda_graph_refuses_dropout,
         ),
     ];
     let dev = if ferrite_cuda::is_available() {

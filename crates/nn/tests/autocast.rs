@@ -1,0 +1,267 @@
+//! Autocast (`ferrite_core::autocast`) through the layers: the eligible products compute in
+//! the low dtype and equal an explicit low-precision computation bit for bit; norms, softmax
+//! and losses stay f32; parameters receive f32 gradients; scopes nest and switch off.
+
+use ferrite_autodiff::backward;
+use ferrite_core::autocast::autocast_cache_len;
+use ferrite_core::{autocast, autocast_dtype, autocast_off, ConvArgs, DType, Tensor};
+use ferrite_cpu::cpu;
+use ferrite_nn::loss::{cross_entropy, CrossEntropyOptions};
+use ferrite_nn::{Conv2d, LayerNorm, Linear, Module, ModuleExt, MultiheadAttention};
+
+fn randn(dims: &[usize], seed: u64) -> Tensor {
+    let dev = cpu();
+    let n: usize = dims.iter().product();
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let v: Vec<f32> = (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            ((s >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0) as f32
+        })
+        .collect();
+    Tensor::from_vec(v, dims, &dev).unwrap()
+}
+
+fn bits(t: &Tensor) -> Vec<u32> {
+    t.cast(DType::F32)
+        .unwrap()
+        .to_vec::<f32>()
+        .unwrap()
+        .iter()
+        .map(|x| x.to_bits())
+        .collect()
+}
+
+fn grads(m: &(dyn Module + 'static)) -> Vec<(String, Tensor)> {
+    m.named_grads()
+}
+
+#[test]
+fn linear_matmul_runs_in_the_low_dtype_and_parameters_get_f32_grads() {
+    for low in [DType::BF16, DType::F16] {
+        let dev = cpu();
+        let lin = Linear::new(24, 10, true, DType::F32, &dev).unwrap();
+        let x = randn(&[3, 5, 24], 1);
+
+        let y = autocast(low, || lin.forward(&x)).unwrap().unwrap();
+        assert_eq!(y.dtype(), DType::F32, "{low}: the output comes back in f32");
+        backward(&y.square().unwrap().mean(&[], false).unwrap()).unwrap();
+        let auto_grads = grads(&lin);
+        lin.zero_grad();
+
+        // The same computation spelled out: inputs cast to the low dtype, the product in it,
+        // the result cast back, the bias added in f32.
+        // Autocast casts the weight in its own layout and takes the transposed view of that.
+        let wt = lin.weight.tensor().cast(low).unwrap().t().unwrap();
+        let b = lin.bias.as_ref().unwrap().tensor();
+        let explicit = x
+            .cast(low)
+            .unwrap()
+            .matmul(&wt)
+            .unwrap()
+            .cast(DType::F32)
+            .unwrap()
+            .add(&b)
+            .unwrap();
+        assert_eq!(bits(&y), bits(&explicit), "{low}: output");
+        backward(&explicit.square().unwrap().mean(&[], false).unwrap()).unwrap();
+        let explicit_grads = grads(&lin);
+        assert_eq!(auto_grads.len(), 2);
+        for ((n, a), (_, e)) in auto_grads.iter().zip(&explicit_grads) {
+            assert_eq!(a.dtype(), DType::F32, "{low}: {n} gets an f32 gradient");
+            assert_eq!(bits(a), bits(e), "{low}: gradient of {n}");
+        }
+        lin.zero_grad();
+
+        // And it is not the f32 result: the product really ran in the low dtype.
+        let exact = lin.forward(&x).unwrap();
+        assert_ne!(bits(&y), bits(&exact), "{low}: autocast changed nothing");
+        let (a, e) = (y.to_vec_f64().unwrap(), exact.to_vec_f64().unwrap());
+        let worst = a
+            .iter()
+            .zip(&e)
+            .map(|(a, e)| (a - e).abs())
+            .fold(0.0, f64::max);
+        assert!(worst < 0.05, "{low}: {worst}");
+    }
+}
+
+#[test]
+fn norms_softmax_and_losses_stay_f32_inside_the_scope() {
+    let dev = cpu();
+    let ln = LayerNorm::new(&[16], 1e-5, true, true, DType::F32, &dev).unwrap();
+    let x = randn(&[4, 16], 2);
+    let t = Tensor::from_vec(vec![1i64, 0, 15, 7], [4], &dev).unwrap();
+    let run = || {
+        let h = ln.forward(&x).unwrap();
+        let s = h.softmax(-1).unwrap();
+        let l = cross_entropy(&h, &t, &CrossEntropyOptions::default()).unwrap();
+        let r = h.sum(&[-1], false).unwrap();
+        (h, s, l, r)
+    };
+    let inside = autocast(DType::BF16, run).unwrap();
+    let outside = run();
+    for (a, b) in [
+        (&inside.0, &outside.0),
+        (&inside.1, &outside.1),
+        (&inside.2, &outside.2),
+        (&inside.3, &outside.3),
+    ] {
+        assert_eq!(a.dtype(), DType::F32);
+        assert_eq!(bits(a), bits(b));
+    }
+}
+
+#[test]
+fn conv_and_attention_run_in_the_low_dtype() {
+    let dev = cpu();
+    let conv = Conv2d::new(3, 4, [3, 3], ConvArgs::default(), true, DType::F32, &dev).unwrap();
+    let x = randn(&[2, 3, 7, 6], 3);
+    let y = autocast(DType::F16, || conv.forward(&x)).unwrap().unwrap();
+    let explicit = x
+        .cast(DType::F16)
+        .unwrap()
+        .conv2d(
+            &conv.weight.tensor().cast(DType::F16).unwrap(),
+            None,
+            &ConvArgs::default(),
+        )
+        .unwrap()
+        .cast(DType::F32)
+        .unwrap()
+        .add(
+            &conv
+                .bias
+                .as_ref()
+                .unwrap()
+                .tensor()
+                .reshape([1, 4, 1, 1])
+                .unwrap(),
+        )
+        .unwrap();
+    assert_eq!(y.dtype(), DType::F32);
+    assert_eq!(bits(&y), bits(&explicit), "conv2d under f16 autocast");
+
+    let (q, k, v) = (
+        randn(&[2, 2, 5, 8], 4),
+        randn(&[2, 2, 5, 8], 5),
+        randn(&[2, 2, 5, 8], 6),
+    );
+    let o = autocast(DType::BF16, || Tensor::attention(&q, &k, &v, true, None))
+        .unwrap()
+        .unwrap();
+    let c = |t: &Tensor| t.cast(DType::BF16).unwrap();
+    let explicit = Tensor::attention(&c(&q), &c(&k), &c(&v), true, None)
+        .unwrap()
+        .cast(DType::F32)
+        .unwrap();
+    assert_eq!(o.dtype(), DType::F32);
+    assert_eq!(bits(&o), bits(&explicit), "attention under bf16 autocast");
+
+    // A whole MultiheadAttention: every product in bf16, gradients f32, close to f32.
+    let mha = MultiheadAttention::new(16, 4, true, true, DType::F32, &dev).unwrap();
+    let x = randn(&[2, 6, 16], 7);
+    let y = autocast(DType::BF16, || mha.attend(&x, &x, &x, None, true))
+        .unwrap()
+        .unwrap();
+    let exact = mha.attend(&x, &x, &x, None, true).unwrap();
+    let (a, e) = (y.to_vec_f64().unwrap(), exact.to_vec_f64().unwrap());
+    let worst = a
+        .iter()
+        .zip(&e)
+        .map(|(a, e)| (a - e).abs())
+        .fold(0.0, f64::max);
+    assert!(
+        worst > 0.0 && worst < 0.05,
+        "MultiheadAttention bf16 vs f32: {worst}"
+    );
+    backward(&y.sum_all().unwrap()).unwrap();
+    for (n, g) in grads(&mha) {
+        assert_eq!(g.dtype(), DType::F32, "{n}");
+    }
+}
+
+#[test]
+fn scopes_nest_switch_off_and_cache_parameter_casts() {
+    let dev = cpu();
+    let lin = Linear::new(8, 8, false, DType::F32, &dev).unwrap();
+    let x = randn(&[2, 8], 8);
+    assert_eq!(autocast_dtype(), None);
+    autocast(DType::BF16, || {
+        assert_eq!(autocast_dtype(), Some(DType::BF16));
+        let a = lin.forward(&x).unwrap();
+        // The weight's cast is made once and reused by the second forward.
+        assert_eq!(autocast_cache_len(), 1);
+        let b = lin.forward(&x).unwrap();
+        assert_eq!(autocast_cache_len(), 1);
+        assert_eq!(bits(&a), bits(&b));
+        autocast(DType::F16, || {
+            assert_eq!(autocast_dtype(), Some(DType::F16));
+            let h = lin.forward(&x).unwrap();
+            let explicit = x
+                .cast(DType::F16)
+                .unwrap()
+                .matmul(&lin.weight.tensor().cast(DType::F16).unwrap().t().unwrap())
+                .unwrap()
+                .cast(DType::F32)
+                .unwrap();
+            assert_eq!(bits(&h), bits(&explicit), "the inner f16 policy applies");
+        })
+        .unwrap();
+        assert_eq!(
+            autocast_dtype(),
+            Some(DType::BF16),
+            "the outer policy is back"
+        );
+        autocast_off(|| {
+            assert_eq!(autocast_dtype(), None);
+            let exact = lin.forward(&x).unwrap();
+            let reference = x.matmul(&lin.weight.tensor().t().unwrap()).unwrap();
+            assert_eq!(
+                bits(&exact),
+                bits(&reference),
+                "autocast_off computes in f32"
+            );
+        });
+        assert_eq!(autocast_dtype(), Some(DType::BF16));
+    })
+    .unwrap();
+    assert_eq!(autocast_dtype(), None);
+    assert_eq!(
+        autocast_cache_len(),
+        0,
+        "the cache ends with the outermost scope"
+    );
+
+    // Activations are never cached (only trainable leaves and their views are).
+    autocast(DType::BF16, || {
+        let h = x.matmul(&x.t().unwrap()).unwrap();
+        assert_eq!(h.dtype(), DType::F32);
+        assert_eq!(autocast_cache_len(), 0);
+    })
+    .unwrap();
+
+    // f64 is not eligible; bf16 inputs under a bf16 policy are left alone.
+    let x64 = x.cast(DType::F64).unwrap();
+    let y64 = autocast(DType::BF16, || x64.matmul(&x64.t().unwrap()))
+        .unwrap()
+        .unwrap();
+    assert_eq!(y64.dtype(), DType::F64);
+    assert_eq!(
+        y64.to_vec_f64().unwrap(),
+        x64.matmul(&x64.t().unwrap()).unwrap().to_vec_f64().unwrap()
+    );
+    let xb = x.cast(DType::BF16).unwrap();
+    let yb = autocast(DType::BF16, || xb.matmul(&xb.t().unwrap()))
+        .unwrap()
+        .unwrap();
+    assert_eq!(yb.dtype(), DType::BF16);
+
+    let err = autocast(DType::F32, || ()).unwrap_err().to_string();
+    assert!(
+        err.contains("autocast") && err.contains("f16 or bf16"),
+        "{err}"
+    );
+}
