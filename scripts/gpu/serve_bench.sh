@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # `ferrite serve` beside llama.cpp's `llama-server` on a machine with an NVIDIA GPU, one model,
 # the same load tool (`ferrite bench-serve`: streaming /v1/completions, ~16-token prompt,
-# 128 generated tokens per request with ignore_eos, N concurrent clients, 2N requests).
+# 128 generated tokens per request with ignore_eos, N concurrent clients, 2N requests), each
+# server warmed up first (64 then 1 short requests, not recorded).
 # Usage: scripts/gpu/serve_bench.sh OUTDIR MODEL [LLAMA_SERVER_BIN]
 #   env: CLIENTS="1 8 32 64" PARALLEL=64 CTX=512 (per sequence) FERRITE_BIN=.device/bin/ferrite
 # llama-server runs with -np PARALLEL, a context of PARALLEL*CTX, flash attention, all layers
@@ -29,6 +30,12 @@ wait_healthy() { # port
 }
 
 bench() { # name port
+  # warm-up, not recorded: kernel compilation and graph capture for every batch size happen
+  # at first use (a cold first request waits for them)
+  "$bin" bench-serve "http://127.0.0.1:$2" -c 64 -r 64 --max-tokens 16 --prompt "$prompt" \
+    --json > /dev/null 2>&1
+  "$bin" bench-serve "http://127.0.0.1:$2" -c 1 -r 2 --max-tokens 16 --prompt "$prompt" \
+    --json > /dev/null 2>&1
   for n in ${CLIENTS:-1 8 32 64}; do
     "$bin" bench-serve "http://127.0.0.1:$2" -c "$n" -r $((2 * n)) --max-tokens 128 \
       --prompt "$prompt" --json \
