@@ -6,7 +6,8 @@
 //! tokens: dequantized 16-bit weights x tensor-core products, flash attention), tg as decode steps each returning its greedy token; the report adds the decode
 //! bandwidth, weight bytes read per token x tok/s. `--batch B` runs B sequences through the
 //! engine at once (on the CPU or, with `--device cuda`, the CUDA kernel set of the same model
-//! definition) and reports aggregate and per-sequence speeds.
+//! definition) and reports aggregate and per-sequence speeds. On a wgpu adapter (`--device
+//! wgpu|vulkan|metal|dx12`) the engine's wgpu kernel set always runs (`--batch 1` unless given).
 
 use ferrite_llm::gpu::{CudaDevice, GpuModel, GpuSession};
 use ferrite_llm::{Logits, Session};
