@@ -266,7 +266,22 @@ fn engine_vs(
     n_new: usize,
     tol: f32,
 ) -> (f32, usize) {
-    let wm = leak(WgpuModel::new(model, dev).unwrap());
+    engine_vs_with(
+        name,
+        model,
+        leak(WgpuModel::new(model, dev).unwrap()),
+        n_new,
+        tol,
+    )
+}
+
+fn engine_vs_with(
+    name: &str,
+    model: &'static Model,
+    wm: &'static WgpuModel,
+    n_new: usize,
+    tol: f32,
+) -> (f32, usize) {
     let vocab = model.cfg.vocab;
     let mut wgpu = || Engine::wgpu(wm, engine_cfg()).unwrap();
     let batched = run_scenario(&mut wgpu, vocab, n_new, false);
@@ -326,6 +341,15 @@ fn engine_synthetic(dev: &WgpuDevice) -> Option<String> {
             "{name}: only {same}/6 requests with all tokens as the CPU's"
         );
     }
+    // Gate and up as two products and a separate gated-unit pass (the path of models whose
+    // gate and up types differ).
+    let model = leak(synth_model(
+        &synth_cfg(GgmlType::Q4_0),
+        GgmlType::Q4_0,
+        &dir,
+    ));
+    let wm = leak(WgpuModel::load(model, dev, false).unwrap());
+    engine_vs_with("synthetic Q4_0, gate/up apart", model, wm, 6, 1e-5);
     let _ = std::fs::remove_dir_all(&dir);
     None
 }

@@ -147,12 +147,33 @@ struct WMat {
     bias: Option<wgpu::Buffer>,
 }
 
+/// Shape and type of a matrix to upload.
+#[derive(Clone, Copy, Debug)]
+struct Shape {
+    ty: GgmlType,
+    rows: usize,
+    cols: usize,
+    /// Chunks start at even rows (gate/up pairs).
+    pairs: bool,
+}
+
+impl Shape {
+    fn of(w: &Weight) -> Shape {
+        Shape {
+            ty: w.info.ty,
+            rows: w.rows,
+            cols: w.cols,
+            pairs: false,
+        }
+    }
+}
+
 /// Where a weight's rows go: (first row, rows) of each chunk.
-fn plan_chunks(name: &str, w: &Weight, max_bytes: u64) -> Result<(Format, Vec<(usize, usize)>)> {
-    let fmt = format_of(w.info.ty).ok_or_else(|| {
+fn plan_chunks(name: &str, w: Shape, max_bytes: u64) -> Result<(Format, Vec<(usize, usize)>)> {
+    let fmt = format_of(w.ty).ok_or_else(|| {
         err(format!(
             "tensor {name}: weight type {} has no wgpu kernel (supported: {})",
-            w.info.ty,
+            w.ty,
             WGPU_WEIGHT_TYPES
                 .iter()
                 .map(|t| t.name())
@@ -168,7 +189,10 @@ fn plan_chunks(name: &str, w: &Weight, max_bytes: u64) -> Result<(Format, Vec<(u
     }
     let row_bytes = w.cols / fmt.values * fmt.block_bytes;
     // Each chunk is padded to whole words plus one (`u32_at` reads the word after a field).
-    let per = (max_bytes.saturating_sub(8) / row_bytes as u64) as usize;
+    let mut per = (max_bytes.saturating_sub(8) / row_bytes as u64) as usize;
+    if w.pairs {
+        per &= !1;
+    }
     if per == 0 {
         return Err(err(format!(
             "tensor {name}: one row takes {row_bytes} bytes, more than the adapter's largest \
@@ -222,6 +246,13 @@ fn zeros(dev: &wgpu::Device, label: &str, bytes: usize) -> wgpu::Buffer {
     })
 }
 
+/// The gate and up matrices: interleaved (row 2i gate row i, row 2i + 1 up row i: one
+/// product with the gated unit in its epilogue) where they share a type, else apart.
+enum Ffn {
+    Fused(WMat),
+    Split { gate: WMat, up: WMat },
+}
+
 struct WLayer {
     attn_norm: wgpu::Buffer,
     wq: WMat,
@@ -232,8 +263,7 @@ struct WLayer {
     k_norm: Option<wgpu::Buffer>,
     post_attn_norm: Option<wgpu::Buffer>,
     ffn_norm: wgpu::Buffer,
-    w_gate: WMat,
-    w_up: WMat,
+    ffn: Ffn,
     w_down: WMat,
     post_ffn_norm: Option<wgpu::Buffer>,
 }
@@ -259,6 +289,12 @@ impl WgpuModel {
     /// kernel, a row larger than the adapter's largest storage binding, a head_dim over 256):
     /// a refusal names the tensor, its size and the limit before any upload.
     pub fn new(m: &Model, dev: &WgpuDevice) -> Result<WgpuModel> {
+        WgpuModel::load(m, dev, true)
+    }
+
+    /// [`WgpuModel::new`]; `fuse_gate_up` false keeps gate and up apart even where they
+    /// share a type (two products and a separate gated-unit pass: the path of mixed types).
+    pub fn load(m: &Model, dev: &WgpuDevice, fuse_gate_up: bool) -> Result<WgpuModel> {
         let c = &m.cfg;
         let lim = dev.limits();
         let max_binding = lim.max_storage_buffer_binding_size.min(lim.max_buffer_size) / 4 * 4;
@@ -284,61 +320,95 @@ impl WgpuModel {
             all.extend([&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down]);
         }
         for w in &all {
-            plan_chunks(&w.info.name, w, max_binding)?;
+            plan_chunks(&w.info.name, Shape::of(w), max_binding)?;
+        }
+        let fused = |l: &super::Layer| fuse_gate_up && l.w_gate.info.ty == l.w_up.info.ty;
+        for l in m.layers.iter().filter(|l| fused(l)) {
+            let mut sh = Shape::of(&l.w_gate);
+            sh.rows *= 2;
+            sh.pairs = true;
+            plan_chunks(&l.w_gate.info.name, sh, max_binding)?;
         }
         let d = dev.raw_device();
         let mut weight_bytes = 0usize;
-        let mut mat = |w: &Weight, bias: Option<&Vec<f32>>| -> Result<WMat> {
-            let (fmt, chunks) = plan_chunks(&w.info.name, w, max_binding)?;
-            let data = m.file.tensor_data(&w.info);
-            let row_bytes = w.cols / fmt.values * fmt.block_bytes;
-            if data.len() != row_bytes * w.rows {
+        let mut upload = |name: &str, sh: Shape, data: &[u8], bias: Option<&Vec<f32>>| {
+            let (fmt, chunks) = plan_chunks(name, sh, max_binding)?;
+            let row_bytes = sh.cols / fmt.values * fmt.block_bytes;
+            if data.len() != row_bytes * sh.rows {
                 return Err(err(format!(
-                    "tensor {}: {} bytes for {} rows of {row_bytes}",
-                    w.info.name,
+                    "tensor {name}: {} bytes for {} rows of {row_bytes}",
                     data.len(),
-                    w.rows
+                    sh.rows
                 )));
             }
             weight_bytes += data.len();
             let chunks = chunks
                 .into_iter()
                 .map(|(r0, n)| Chunk {
-                    buf: upload_bytes(d, &w.info.name, &data[r0 * row_bytes..(r0 + n) * row_bytes]),
+                    buf: upload_bytes(d, name, &data[r0 * row_bytes..(r0 + n) * row_bytes]),
                     row0: r0,
                     rows: n,
                 })
                 .collect();
             Ok(WMat {
                 fmt,
-                rows: w.rows,
-                cols: w.cols,
+                rows: sh.rows,
+                cols: sh.cols,
                 row_bytes,
                 chunks,
                 bias: bias.map(|b| upload_f32(d, "bias", b)),
             })
         };
-        let tok_embd = mat(&m.tok_embd, None)?;
+        macro_rules! mat {
+            ($w:expr, $bias:expr) => {
+                upload(
+                    &$w.info.name,
+                    Shape::of($w),
+                    m.file.tensor_data(&$w.info),
+                    $bias,
+                )
+            };
+        }
+        let tok_embd = mat!(&m.tok_embd, None)?;
         let output = if tied {
             None
         } else {
-            Some(mat(&m.output, None)?)
+            Some(mat!(&m.output, None)?)
         };
         let mut layers = Vec::with_capacity(m.layers.len());
         for l in &m.layers {
             layers.push(WLayer {
                 attn_norm: upload_f32(d, "norm", &l.attn_norm),
-                wq: mat(&l.wq, l.bq.as_ref())?,
-                wk: mat(&l.wk, l.bk.as_ref())?,
-                wv: mat(&l.wv, l.bv.as_ref())?,
-                wo: mat(&l.wo, None)?,
+                wq: mat!(&l.wq, l.bq.as_ref())?,
+                wk: mat!(&l.wk, l.bk.as_ref())?,
+                wv: mat!(&l.wv, l.bv.as_ref())?,
+                wo: mat!(&l.wo, None)?,
                 q_norm: l.q_norm.as_ref().map(|v| upload_f32(d, "norm", v)),
                 k_norm: l.k_norm.as_ref().map(|v| upload_f32(d, "norm", v)),
                 post_attn_norm: l.post_attn_norm.as_ref().map(|v| upload_f32(d, "norm", v)),
                 ffn_norm: upload_f32(d, "norm", &l.ffn_norm),
-                w_gate: mat(&l.w_gate, None)?,
-                w_up: mat(&l.w_up, None)?,
-                w_down: mat(&l.w_down, None)?,
+                ffn: if fused(l) {
+                    let (g, u) = (
+                        m.file.tensor_data(&l.w_gate.info),
+                        m.file.tensor_data(&l.w_up.info),
+                    );
+                    let rb = g.len() / l.w_gate.rows.max(1);
+                    let mut both = Vec::with_capacity(2 * g.len());
+                    for (gr, ur) in g.chunks_exact(rb).zip(u.chunks_exact(rb)) {
+                        both.extend_from_slice(gr);
+                        both.extend_from_slice(ur);
+                    }
+                    let mut sh = Shape::of(&l.w_gate);
+                    sh.rows *= 2;
+                    sh.pairs = true;
+                    Ffn::Fused(upload(&l.w_gate.info.name, sh, &both, None)?)
+                } else {
+                    Ffn::Split {
+                        gate: mat!(&l.w_gate, None)?,
+                        up: mat!(&l.w_up, None)?,
+                    }
+                },
+                w_down: mat!(&l.w_down, None)?,
                 post_ffn_norm: l.post_ffn_norm.as_ref().map(|v| upload_f32(d, "norm", v)),
             });
         }
@@ -458,6 +528,16 @@ impl KvStore for WgpuKvStore {
     }
 }
 
+/// What a product does with its sums.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Epilogue {
+    Store,
+    /// `y += sums` (the residual stream).
+    Add,
+    /// Rows 2i, 2i + 1 are gate and up of unit i: `y[i] = act(gate) * up`.
+    Glu(Glu),
+}
+
 /// A compiled entry point and the layout of its bind group.
 struct Pipe {
     pipe: wgpu::ComputePipeline,
@@ -521,7 +601,15 @@ pub struct WgpuKernels<'g> {
     host_logits: Vec<f32>,
     fetched: bool,
     param_align: usize,
+    /// Bind groups by (pipeline, parameter offset and length, buffers): a decode step plans
+    /// the same dispatches over the same buffers as the one before it.
+    bind_cache: HashMap<BindKey, wgpu::BindGroup>,
 }
+
+type BindKey = (usize, usize, usize, Vec<(u32, wgpu::Buffer)>);
+
+/// Bind groups kept at most (the cache is cleared past this).
+const MAX_BIND_GROUPS: usize = 16384;
 
 fn rope_inv_freq(rope_dim: usize, base: f32, factors: Option<&[f32]>) -> Vec<f32> {
     (0..rope_dim / 2)
@@ -567,6 +655,7 @@ impl<'g> WgpuKernels<'g> {
             host_logits: Vec::new(),
             fetched: false,
             param_align: align.max(1),
+            bind_cache: HashMap::new(),
         }
     }
 
@@ -727,7 +816,8 @@ impl<'g> WgpuKernels<'g> {
     }
 
     /// Plans `out[:, n0..n0 + w.rows] (+)= x @ w^T (+ bias)` over the step's rows, with `x`
-    /// rows `x_stride` wide and `out` rows `out_stride` wide.
+    /// rows `x_stride` wide and `out` rows `out_stride` wide (`Epilogue::Glu`: `w` holds
+    /// gate/up row pairs and `out[:, i] = act(gate_i) * up_i`).
     #[allow(clippy::too_many_arguments)]
     fn product(
         &mut self,
@@ -737,12 +827,17 @@ impl<'g> WgpuKernels<'g> {
         rows: usize,
         out: wgpu::Buffer,
         out_stride: usize,
-        accumulate: bool,
+        mode: Epilogue,
     ) -> Result<()> {
         let r = if rows == 1 { 1 } else { 4 };
         let pipe = self.pipe(Module::Matvec(w.fmt, r), "matvec")?;
         let nrg = rows.div_ceil(r as usize);
-        let flags = u32::from(accumulate) | if w.bias.is_some() { 2 } else { 0 };
+        let flags = match mode {
+            Epilogue::Store => 0,
+            Epilogue::Add => 1,
+            Epilogue::Glu(Glu::Silu) => 4,
+            Epilogue::Glu(Glu::GeluTanh) => 4 | 8,
+        } | if w.bias.is_some() { 2 } else { 0 };
         let bias = w.bias.clone().unwrap_or_else(|| self.m.dummy.clone());
         for ch in &w.chunks {
             let params = vec![
@@ -767,17 +862,26 @@ impl<'g> WgpuKernels<'g> {
         Ok(())
     }
 
-    fn mat(&self, w: Mat) -> &'g WMat {
+    fn mat(&self, w: Mat) -> Result<&'g WMat> {
         let ls = &self.m.layers;
-        match w {
+        Ok(match w {
             Mat::Q(il) => &ls[il].wq,
             Mat::K(il) => &ls[il].wk,
             Mat::V(il) => &ls[il].wv,
             Mat::O(il) => &ls[il].wo,
-            Mat::Gate(il) => &ls[il].w_gate,
-            Mat::Up(il) => &ls[il].w_up,
+            Mat::Gate(il) | Mat::Up(il) => match &ls[il].ffn {
+                Ffn::Split { gate, up } => match w {
+                    Mat::Gate(_) => gate,
+                    _ => up,
+                },
+                Ffn::Fused(_) => {
+                    return Err(err(format!(
+                        "{w:?}: gate and up are interleaved in one matrix (norm_glu runs them)"
+                    )))
+                }
+            },
             Mat::Down(il) => &ls[il].w_down,
-        }
+        })
     }
 
     fn norm_w(&self, n: Norm) -> Result<&'g wgpu::Buffer> {
@@ -844,7 +948,11 @@ impl<'g> WgpuKernels<'g> {
         let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
         let dev = self.dev();
         let q = self.m.dev.raw_queue();
+        let cap = self.params_cap;
         Self::write_grow(dev, q, &mut self.params, &mut self.params_cap, &bytes);
+        if cap != self.params_cap {
+            self.bind_cache.clear();
+        }
         let params = self
             .params
             .clone()
@@ -864,26 +972,35 @@ impl<'g> WgpuKernels<'g> {
                 label: Some("llm step"),
                 timestamp_writes: None,
             });
+            if self.bind_cache.len() + plan.len() > MAX_BIND_GROUPS {
+                self.bind_cache.clear();
+            }
             for (d, &off) in plan.iter().zip(&offs) {
                 let p = &self.pipes[d.pipe];
-                let mut entries = vec![wgpu::BindGroupEntry {
-                    binding: 0,
-                    resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-                        buffer: &params,
-                        offset: (off * 4) as u64,
-                        size: wgpu::BufferSize::new((d.params.len().max(1) * 4) as u64),
-                    }),
-                }];
-                for (b, buf) in &d.binds {
-                    entries.push(wgpu::BindGroupEntry {
-                        binding: *b,
-                        resource: buf.as_entire_binding(),
-                    });
-                }
-                let bind = dev.create_bind_group(&wgpu::BindGroupDescriptor {
-                    label: None,
-                    layout: &p.layout,
-                    entries: &entries,
+                let n = d.params.len().max(1);
+                let mut binds = d.binds.clone();
+                binds.push((0, params.clone()));
+                let key = (d.pipe, off, n, binds);
+                let bind = self.bind_cache.entry(key).or_insert_with(|| {
+                    let mut entries = vec![wgpu::BindGroupEntry {
+                        binding: 0,
+                        resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                            buffer: &params,
+                            offset: (off * 4) as u64,
+                            size: wgpu::BufferSize::new((n * 4) as u64),
+                        }),
+                    }];
+                    for (b, buf) in &d.binds {
+                        entries.push(wgpu::BindGroupEntry {
+                            binding: *b,
+                            resource: buf.as_entire_binding(),
+                        });
+                    }
+                    dev.create_bind_group(&wgpu::BindGroupDescriptor {
+                        label: None,
+                        layout: &p.layout,
+                        entries: &entries,
+                    })
                 });
                 let (gx, gy) = if d.groups <= max_dim {
                     (d.groups, 1)
@@ -891,7 +1008,7 @@ impl<'g> WgpuKernels<'g> {
                     (max_dim, d.groups.div_ceil(max_dim))
                 };
                 pass.set_pipeline(&p.pipe);
-                pass.set_bind_group(0, &bind, &[]);
+                pass.set_bind_group(0, &*bind, &[]);
                 pass.dispatch_workgroups(gx as u32, gy as u32, 1);
             }
         }
@@ -1007,6 +1124,11 @@ impl Kernels for WgpuKernels<'_> {
         let c = &self.m.cfg;
         let rows = batch.rows();
         let n_out = batch.out_rows();
+        let sizes = (
+            self.meta_cap,
+            self.trig_cap,
+            self.scratch.as_ref().map(|s| (s.rows, s.out)),
+        );
         self.ensure_scratch(rows, n_out)?;
         self.plan.clear();
         self.fetched = false;
@@ -1053,6 +1175,15 @@ impl Kernels for WgpuKernels<'_> {
         Self::write_grow(dev, q, &mut self.meta, &mut self.meta_cap, &mb);
         let tb: Vec<u8> = trig.iter().flat_map(|w| w.to_le_bytes()).collect();
         Self::write_grow(dev, q, &mut self.trig, &mut self.trig_cap, &tb);
+        let now = (
+            self.meta_cap,
+            self.trig_cap,
+            self.scratch.as_ref().map(|s| (s.rows, s.out)),
+        );
+        if now != sizes {
+            // Bind groups of replaced buffers would never be used again.
+            self.bind_cache.clear();
+        }
         Ok(())
     }
 
@@ -1095,7 +1226,7 @@ impl Kernels for WgpuKernels<'_> {
             None => self.buf(x)?,
         };
         for &(m, o) in outs {
-            let w = self.mat(m);
+            let w = self.mat(m)?;
             if w.cols != cols || w.rows != self.width(o) {
                 return Err(err(format!(
                     "norm_matmul: {m:?} is [{}, {}] for {x:?} ({cols} wide) into {o:?} ({} wide)",
@@ -1105,7 +1236,7 @@ impl Kernels for WgpuKernels<'_> {
                 )));
             }
             let ob = self.buf(o)?;
-            self.product(w, src.clone(), cols, rows, ob, w.rows, false)?;
+            self.product(w, src.clone(), cols, rows, ob, w.rows, Epilogue::Store)?;
         }
         Ok(())
     }
@@ -1199,6 +1330,24 @@ impl Kernels for WgpuKernels<'_> {
         out: Buf,
         act: Glu,
     ) -> Result<()> {
+        let il = match (gate, up) {
+            (Mat::Gate(a), Mat::Up(b)) if a == b => Some(a),
+            _ => None,
+        };
+        if let Some(Ffn::Fused(w)) = il.map(|il| &self.m.layers[il].ffn) {
+            let (rows, cols) = (self.n_rows, self.width(x));
+            if w.cols != cols || w.rows != 2 * self.width(out) {
+                return Err(err(format!(
+                    "norm_glu: gate/up pairs [{}, {}] for {x:?} ({cols} wide) into {out:?}",
+                    w.rows, w.cols
+                )));
+            }
+            let xn = self.scratch()?.xn.clone();
+            let nw = self.norm_w(norm)?.clone();
+            self.rms_norm(self.buf(x)?, xn.clone(), nw, cols, rows, false, false)?;
+            let ob = self.buf(out)?;
+            return self.product(w, xn, cols, rows, ob, w.rows / 2, Epilogue::Glu(act));
+        }
         self.norm_matmul(x, Some(norm), &[(gate, out), (up, Buf::Up)])?;
         let pipe = self.pipe(Module::Ops, "glu")?;
         let n = self.n_rows * self.width(out);
@@ -1216,7 +1365,7 @@ impl Kernels for WgpuKernels<'_> {
 
     fn matmul_residual(&mut self, x: Buf, w: Mat, y: Buf, post_norm: Option<Norm>) -> Result<()> {
         let rows = self.n_rows;
-        let wm = self.mat(w);
+        let wm = self.mat(w)?;
         let cols = self.width(x);
         if wm.cols != cols || wm.rows != self.width(y) {
             return Err(err(format!(
@@ -1227,10 +1376,10 @@ impl Kernels for WgpuKernels<'_> {
         let xb = self.buf(x)?;
         let yb = self.buf(y)?;
         match post_norm {
-            None => self.product(wm, xb, cols, rows, yb, wm.rows, true),
+            None => self.product(wm, xb, cols, rows, yb, wm.rows, Epilogue::Add),
             Some(n) => {
                 let tmp = self.buf(Buf::Tmp)?;
-                self.product(wm, xb, cols, rows, tmp.clone(), wm.rows, false)?;
+                self.product(wm, xb, cols, rows, tmp.clone(), wm.rows, Epilogue::Store)?;
                 let nw = self.norm_w(n)?.clone();
                 self.rms_norm(tmp, yb, nw, wm.rows, rows, true, false)
             }
@@ -1248,7 +1397,15 @@ impl Kernels for WgpuKernels<'_> {
             let on = self.m.output_norm.clone();
             self.rms_norm(self.buf(x)?, xo.clone(), on, c.d_model, n, false, true)?;
             let w = self.m.output.as_ref().unwrap_or(&self.m.tok_embd);
-            self.product(w, xo, c.d_model, n, logits.clone(), c.vocab, false)?;
+            self.product(
+                w,
+                xo,
+                c.d_model,
+                n,
+                logits.clone(),
+                c.vocab,
+                Epilogue::Store,
+            )?;
             let pipe = self.pipe(Module::Ops, "argmax")?;
             let params = vec![u32_of(c.vocab, "vocab")?, u32_of(n, "logit rows")?];
             self.push(pipe, params, vec![(1, logits), (5, toks)], n);

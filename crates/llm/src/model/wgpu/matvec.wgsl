@@ -10,7 +10,8 @@
 //
 // params: [0] R activation rows, [1] K columns, [2] n output rows in the chunk, [3] n0 first
 // output column in y, [4] y row stride, [5] weight bytes per row, [6] flags (1: add to y,
-// 2: add the bias), [7] x row stride (f32, a multiple of 4).
+// 2: add the bias, 4: rows are gate/up pairs, the gated unit in the epilogue (8: tanh-GELU,
+// else SiLU)), [7] x row stride (f32, a multiple of 4).
 
 @group(0) @binding(0) var<storage, read> p: array<u32>;
 @group(0) @binding(2) var<storage, read> x: array<vec4<f32>>;
@@ -72,8 +73,23 @@ fn matvec(
         }
         workgroupBarrier();
     }
+    let flags = p[6];
+    if ((flags & 4u) != 0u) {
+        // Gated unit: output rows 2i (gate, lanes t) and 2i + 1 (up, lanes t + 32) of this
+        // workgroup give y[row][(n0 + 2i) / 2] = act(gate) * up.
+        if (lane == 0u && o < n && (o & 1u) == 0u) {
+            for (var r = 0u; r < ROWS; r++) {
+                let row = r0 + r;
+                if (row < rows) {
+                    let g = red[t * ROWS + r];
+                    let u = red[(t + LANES) * ROWS + r];
+                    y[row * p[4] + (p[3] + o) / 2u] = glu_act(g, (flags & 8u) != 0u) * u;
+                }
+            }
+        }
+        return;
+    }
     if (lane == 0u && o < n) {
-        let flags = p[6];
         for (var r = 0u; r < ROWS; r++) {
             let row = r0 + r;
             if (row < rows) {
@@ -89,6 +105,15 @@ fn matvec(
             }
         }
     }
+}
+
+// SiLU, or tanh-GELU with `gelu` (as ops.wgsl's glu).
+fn glu_act(g: f32, gelu: bool) -> f32 {
+    if (!gelu) {
+        return g / (1.0 + exp(-g));
+    }
+    let z = clamp(0.7978846 * (g + 0.044715 * g * g * g), -15.0, 15.0);
+    return 0.5 * g * (1.0 + tanh(z));
 }
 
 // embed: y[r][:] = row tokens[r] of the embedding matrix * scale, for the rows whose token
