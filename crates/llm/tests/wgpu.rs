@@ -341,15 +341,21 @@ fn engine_synthetic(dev: &WgpuDevice) -> Option<String> {
             "{name}: only {same}/6 requests with all tokens as the CPU's"
         );
     }
-    // Gate and up as two products and a separate gated-unit pass (the path of models whose
-    // gate and up types differ).
+    // q, k, v and gate, up as separate products and a separate gated-unit pass (the path of
+    // models whose types differ).
     let model = leak(synth_model(
         &synth_cfg(GgmlType::Q4_0),
         GgmlType::Q4_0,
         &dir,
     ));
     let wm = leak(WgpuModel::load(model, dev, false).unwrap());
-    engine_vs_with("synthetic Q4_0, gate/up apart", model, wm, 6, 1e-5);
+    engine_vs_with(
+        "synthetic Q4_0, q/k/v and gate/up apart",
+        model,
+        wm,
+        6,
+        1e-5,
+    );
     let _ = std::fs::remove_dir_all(&dir);
     None
 }

@@ -246,6 +246,13 @@ fn zeros(dev: &wgpu::Device, label: &str, bytes: usize) -> wgpu::Buffer {
     })
 }
 
+/// The q, k and v matrices: stacked (rows of q, then k, then v: one product into the
+/// step's q|k|v rows) where they share a type and all or none have biases, else apart.
+enum Qkv {
+    Fused(WMat),
+    Split(Box<[WMat; 3]>),
+}
+
 /// The gate and up matrices: interleaved (row 2i gate row i, row 2i + 1 up row i: one
 /// product with the gated unit in its epilogue) where they share a type, else apart.
 enum Ffn {
@@ -255,9 +262,7 @@ enum Ffn {
 
 struct WLayer {
     attn_norm: wgpu::Buffer,
-    wq: WMat,
-    wk: WMat,
-    wv: WMat,
+    qkv: Qkv,
     wo: WMat,
     q_norm: Option<wgpu::Buffer>,
     k_norm: Option<wgpu::Buffer>,
@@ -292,9 +297,10 @@ impl WgpuModel {
         WgpuModel::load(m, dev, true)
     }
 
-    /// [`WgpuModel::new`]; `fuse_gate_up` false keeps gate and up apart even where they
-    /// share a type (two products and a separate gated-unit pass: the path of mixed types).
-    pub fn load(m: &Model, dev: &WgpuDevice, fuse_gate_up: bool) -> Result<WgpuModel> {
+    /// [`WgpuModel::new`]; `fuse` false keeps q, k, v and gate, up apart even where they
+    /// share a type (separate products and a separate gated-unit pass: the path of mixed
+    /// types).
+    pub fn load(m: &Model, dev: &WgpuDevice, fuse: bool) -> Result<WgpuModel> {
         let c = &m.cfg;
         let lim = dev.limits();
         let max_binding = lim.max_storage_buffer_binding_size.min(lim.max_buffer_size) / 4 * 4;
@@ -322,7 +328,18 @@ impl WgpuModel {
         for w in &all {
             plan_chunks(&w.info.name, Shape::of(w), max_binding)?;
         }
-        let fused = |l: &super::Layer| fuse_gate_up && l.w_gate.info.ty == l.w_up.info.ty;
+        let fused = |l: &super::Layer| fuse && l.w_gate.info.ty == l.w_up.info.ty;
+        let stacked = |l: &super::Layer| {
+            let biases = [&l.bq, &l.bk, &l.bv].map(|b| b.is_some());
+            fuse && l.wq.info.ty == l.wk.info.ty
+                && l.wq.info.ty == l.wv.info.ty
+                && (biases == [true; 3] || biases == [false; 3])
+        };
+        for l in m.layers.iter().filter(|l| stacked(l)) {
+            let mut sh = Shape::of(&l.wq);
+            sh.rows = l.wq.rows + l.wk.rows + l.wv.rows;
+            plan_chunks(&l.wq.info.name, sh, max_binding)?;
+        }
         for l in m.layers.iter().filter(|l| fused(l)) {
             let mut sh = Shape::of(&l.w_gate);
             sh.rows *= 2;
@@ -379,9 +396,25 @@ impl WgpuModel {
         for l in &m.layers {
             layers.push(WLayer {
                 attn_norm: upload_f32(d, "norm", &l.attn_norm),
-                wq: mat!(&l.wq, l.bq.as_ref())?,
-                wk: mat!(&l.wk, l.bk.as_ref())?,
-                wv: mat!(&l.wv, l.bv.as_ref())?,
+                qkv: if stacked(l) {
+                    let f = &m.file;
+                    let mut all = f.tensor_data(&l.wq.info).to_vec();
+                    all.extend_from_slice(f.tensor_data(&l.wk.info));
+                    all.extend_from_slice(f.tensor_data(&l.wv.info));
+                    let bias: Option<Vec<f32>> = match (&l.bq, &l.bk, &l.bv) {
+                        (Some(a), Some(b), Some(c)) => Some([&a[..], b, c].concat()),
+                        _ => None,
+                    };
+                    let mut sh = Shape::of(&l.wq);
+                    sh.rows = l.wq.rows + l.wk.rows + l.wv.rows;
+                    Qkv::Fused(upload(&l.wq.info.name, sh, &all, bias.as_ref())?)
+                } else {
+                    Qkv::Split(Box::new([
+                        mat!(&l.wq, l.bq.as_ref())?,
+                        mat!(&l.wk, l.bk.as_ref())?,
+                        mat!(&l.wv, l.bv.as_ref())?,
+                    ]))
+                },
                 wo: mat!(&l.wo, None)?,
                 q_norm: l.q_norm.as_ref().map(|v| upload_f32(d, "norm", v)),
                 k_norm: l.k_norm.as_ref().map(|v| upload_f32(d, "norm", v)),
@@ -717,8 +750,34 @@ impl<'g> WgpuKernels<'g> {
         }
     }
 
+    /// Width of a row of the q|k|v buffer.
+    fn qkv_width(&self) -> usize {
+        let c = &self.m.cfg;
+        (c.n_head + 2 * c.n_kv_head) * c.head_dim
+    }
+
+    /// (buffer, first column, row stride) of a named activation: q, k and v are column
+    /// ranges of one `[rows][q | k | v]` buffer, the others have rows of their width.
+    fn view(&self, b: Buf) -> Result<(wgpu::Buffer, usize, usize)> {
+        let c = &self.m.cfg;
+        let buf = self.scratch()?.bufs[b as usize].clone();
+        let (q, kv) = (c.n_head * c.head_dim, c.n_kv_head * c.head_dim);
+        Ok(match b {
+            Buf::Q => (buf, 0, self.qkv_width()),
+            Buf::K => (buf, q, self.qkv_width()),
+            Buf::V => (buf, q + kv, self.qkv_width()),
+            _ => (buf, 0, self.width(b)),
+        })
+    }
+
+    /// A packed activation (rows of exactly its width): a product's input.
     fn buf(&self, b: Buf) -> Result<wgpu::Buffer> {
-        Ok(self.scratch()?.bufs[b as usize].clone())
+        match b {
+            Buf::Q | Buf::K | Buf::V => Err(err(format!(
+                "{b:?} is a column range of the q|k|v rows and cannot be a product's input"
+            ))),
+            _ => Ok(self.scratch()?.bufs[b as usize].clone()),
+        }
     }
 
     /// Grows the scratch to `rows` rows and `out` logit rows.
@@ -733,11 +792,13 @@ impl<'g> WgpuKernels<'g> {
             None => (rows.max(1), out.max(1)),
         };
         let c = &self.m.cfg;
-        for b in [Buf::Gate, Buf::Q, Buf::X] {
-            self.m.check_binding(
-                &format!("activations {b:?} of {rows} rows"),
-                rows * self.width(b) * 4,
-            )?;
+        for (b, w) in [
+            ("gate", c.n_ff),
+            ("q|k|v", self.qkv_width()),
+            ("x", c.d_model),
+        ] {
+            self.m
+                .check_binding(&format!("activations {b} of {rows} rows"), rows * w * 4)?;
         }
         self.m.check_binding(
             &format!("logits of {out} rows of {}", c.vocab),
@@ -755,7 +816,16 @@ impl<'g> WgpuKernels<'g> {
             Buf::Gate,
             Buf::Up,
         ]
-        .map(|b| f32s(rows * self.width(b), "llm activations"));
+        .map(|b| match b {
+            // Q, K and V share one buffer (`view`): replaced below.
+            Buf::Q | Buf::K | Buf::V => f32s(0, "llm activations"),
+            _ => f32s(rows * self.width(b), "llm activations"),
+        });
+        let qkv = f32s(rows * self.qkv_width(), "llm q|k|v");
+        let mut bufs = bufs;
+        for b in [Buf::Q, Buf::K, Buf::V] {
+            bufs[b as usize] = qkv.clone();
+        }
         let rb = |bytes: usize| {
             d.create_buffer(&wgpu::BufferDescriptor {
                 label: Some("llm readback"),
@@ -815,8 +885,8 @@ impl<'g> WgpuKernels<'g> {
         }
     }
 
-    /// Plans `out[:, n0..n0 + w.rows] (+)= x @ w^T (+ bias)` over the step's rows, with `x`
-    /// rows `x_stride` wide and `out` rows `out_stride` wide (`Epilogue::Glu`: `w` holds
+    /// Plans `out[:, col0..col0 + w.rows] (+)= x @ w^T (+ bias)` over the step's rows, with
+    /// `x` rows `x_stride` wide and `out` rows `out_stride` wide (`Epilogue::Glu`: `w` holds
     /// gate/up row pairs and `out[:, i] = act(gate_i) * up_i`).
     #[allow(clippy::too_many_arguments)]
     fn product(
@@ -827,6 +897,7 @@ impl<'g> WgpuKernels<'g> {
         rows: usize,
         out: wgpu::Buffer,
         out_stride: usize,
+        col0: usize,
         mode: Epilogue,
     ) -> Result<()> {
         let r = if rows == 1 { 1 } else { 4 };
@@ -849,6 +920,7 @@ impl<'g> WgpuKernels<'g> {
                 u32_of(w.row_bytes, "row bytes")?,
                 flags,
                 u32_of(x_stride, "input stride")?,
+                u32_of(col0, "output column")?,
             ];
             let binds = vec![
                 (1, ch.buf.clone()),
@@ -865,9 +937,18 @@ impl<'g> WgpuKernels<'g> {
     fn mat(&self, w: Mat) -> Result<&'g WMat> {
         let ls = &self.m.layers;
         Ok(match w {
-            Mat::Q(il) => &ls[il].wq,
-            Mat::K(il) => &ls[il].wk,
-            Mat::V(il) => &ls[il].wv,
+            Mat::Q(il) | Mat::K(il) | Mat::V(il) => match &ls[il].qkv {
+                Qkv::Split(qkv) => match w {
+                    Mat::Q(_) => &qkv[0],
+                    Mat::K(_) => &qkv[1],
+                    _ => &qkv[2],
+                },
+                Qkv::Fused(_) => {
+                    return Err(err(format!(
+                        "{w:?}: q, k and v are stacked in one matrix (norm_matmul runs them)"
+                    )))
+                }
+            },
             Mat::O(il) => &ls[il].wo,
             Mat::Gate(il) | Mat::Up(il) => match &ls[il].ffn {
                 Ffn::Split { gate, up } => match w {
@@ -1225,6 +1306,18 @@ impl Kernels for WgpuKernels<'_> {
             }
             None => self.buf(x)?,
         };
+        if let [(Mat::Q(a), Buf::Q), (Mat::K(b), Buf::K), (Mat::V(c), Buf::V)] = *outs {
+            if let (true, Qkv::Fused(w)) = (a == b && b == c, &self.m.layers[a].qkv) {
+                let (ob, _, stride) = self.view(Buf::Q)?;
+                if w.cols != cols || w.rows != stride {
+                    return Err(err(format!(
+                        "norm_matmul: q|k|v [{}, {}] for {x:?} ({cols} wide)",
+                        w.rows, w.cols
+                    )));
+                }
+                return self.product(w, src, cols, rows, ob, stride, 0, Epilogue::Store);
+            }
+        }
         for &(m, o) in outs {
             let w = self.mat(m)?;
             if w.cols != cols || w.rows != self.width(o) {
@@ -1235,8 +1328,17 @@ impl Kernels for WgpuKernels<'_> {
                     self.width(o)
                 )));
             }
-            let ob = self.buf(o)?;
-            self.product(w, src.clone(), cols, rows, ob, w.rows, Epilogue::Store)?;
+            let (ob, col0, stride) = self.view(o)?;
+            self.product(
+                w,
+                src.clone(),
+                cols,
+                rows,
+                ob,
+                stride,
+                col0,
+                Epilogue::Store,
+            )?;
         }
         Ok(())
     }
@@ -1244,13 +1346,18 @@ impl Kernels for WgpuKernels<'_> {
     fn head_norm(&mut self, x: Buf, norm: Norm) -> Result<()> {
         let c = &self.m.cfg;
         let pipe = self.pipe(Module::Ops, "rms_norm_inplace")?;
-        let pieces = self.n_rows * self.width(x) / c.head_dim;
+        let heads = self.width(x) / c.head_dim;
+        let pieces = self.n_rows * heads;
+        let (buf, col0, stride) = self.view(x)?;
         let params = vec![
             u32_of(c.head_dim, "head_dim")?,
             u32_of(pieces, "heads")?,
             c.eps.to_bits(),
+            u32_of(heads, "heads per row")?,
+            u32_of(stride, "row stride")?,
+            u32_of(col0, "first column")?,
         ];
-        let binds = vec![(2, self.buf(x)?), (3, self.norm_w(norm)?.clone())];
+        let binds = vec![(2, buf), (3, self.norm_w(norm)?.clone())];
         self.push(pipe, params, binds, pieces);
         Ok(())
     }
@@ -1273,6 +1380,14 @@ impl Kernels for WgpuKernels<'_> {
             (self.trig_at[0], self.trig_at[1])
         };
         let window = if local { c.sliding_window } else { 0 };
+        let (qb, q0, qs) = self.view(q)?;
+        let (kb, k0, ks) = self.view(k)?;
+        let (vb, v0, vs) = self.view(v)?;
+        if ks != qs || vs != qs {
+            return Err(err(format!(
+                "rope_attention: {q:?}, {k:?} and {v:?} must share a row stride"
+            )));
+        }
         let params = vec![
             u32_of(rows, "rows")?,
             u32_of(c.n_head, "n_head")?,
@@ -1287,6 +1402,10 @@ impl Kernels for WgpuKernels<'_> {
             u32_of(self.rows_at, "meta offset")?,
             u32_of(window, "window")?,
             c.attn_scale.to_bits(),
+            u32_of(qs, "q|k|v row stride")?,
+            u32_of(q0, "q column")?,
+            u32_of(k0, "k column")?,
+            u32_of(v0, "v column")?,
         ];
         let meta = self.meta_buf()?;
         let trig = self
@@ -1297,8 +1416,8 @@ impl Kernels for WgpuKernels<'_> {
         let binds = vec![
             (1, meta.clone()),
             (2, trig.clone()),
-            (4, self.buf(k)?),
-            (5, self.buf(v)?),
+            (4, kb),
+            (5, vb),
             (6, kv.kc.clone()),
             (7, kv.vc.clone()),
         ];
@@ -1312,7 +1431,7 @@ impl Kernels for WgpuKernels<'_> {
         let binds = vec![
             (1, meta),
             (2, trig),
-            (3, self.buf(q)?),
+            (3, qb),
             (6, kv.kc.clone()),
             (7, kv.vc.clone()),
             (8, self.buf(out)?),
@@ -1346,7 +1465,7 @@ impl Kernels for WgpuKernels<'_> {
             let nw = self.norm_w(norm)?.clone();
             self.rms_norm(self.buf(x)?, xn.clone(), nw, cols, rows, false, false)?;
             let ob = self.buf(out)?;
-            return self.product(w, xn, cols, rows, ob, w.rows / 2, Epilogue::Glu(act));
+            return self.product(w, xn, cols, rows, ob, w.rows / 2, 0, Epilogue::Glu(act));
         }
         self.norm_matmul(x, Some(norm), &[(gate, out), (up, Buf::Up)])?;
         let pipe = self.pipe(Module::Ops, "glu")?;
@@ -1376,10 +1495,10 @@ impl Kernels for WgpuKernels<'_> {
         let xb = self.buf(x)?;
         let yb = self.buf(y)?;
         match post_norm {
-            None => self.product(wm, xb, cols, rows, yb, wm.rows, Epilogue::Add),
+            None => self.product(wm, xb, cols, rows, yb, wm.rows, 0, Epilogue::Add),
             Some(n) => {
                 let tmp = self.buf(Buf::Tmp)?;
-                self.product(wm, xb, cols, rows, tmp.clone(), wm.rows, Epilogue::Store)?;
+                self.product(wm, xb, cols, rows, tmp.clone(), wm.rows, 0, Epilogue::Store)?;
                 let nw = self.norm_w(n)?.clone();
                 self.rms_norm(tmp, yb, nw, wm.rows, rows, true, false)
             }
@@ -1404,6 +1523,7 @@ impl Kernels for WgpuKernels<'_> {
                 n,
                 logits.clone(),
                 c.vocab,
+                0,
                 Epilogue::Store,
             )?;
             let pipe = self.pipe(Module::Ops, "argmax")?;

@@ -11,7 +11,8 @@
 // params: [0] R activation rows, [1] K columns, [2] n output rows in the chunk, [3] n0 first
 // output column in y, [4] y row stride, [5] weight bytes per row, [6] flags (1: add to y,
 // 2: add the bias, 4: rows are gate/up pairs, the gated unit in the epilogue (8: tanh-GELU,
-// else SiLU)), [7] x row stride (f32, a multiple of 4).
+// else SiLU)), [7] x row stride (f32, a multiple of 4), [8] first output column of the
+// matrix in y (its row o of chunk row n0 lands in column [8] + n0 + o).
 
 @group(0) @binding(0) var<storage, read> p: array<u32>;
 @group(0) @binding(2) var<storage, read> x: array<vec4<f32>>;
@@ -76,14 +77,14 @@ fn matvec(
     let flags = p[6];
     if ((flags & 4u) != 0u) {
         // Gated unit: output rows 2i (gate, lanes t) and 2i + 1 (up, lanes t + 32) of this
-        // workgroup give y[row][(n0 + 2i) / 2] = act(gate) * up.
+        // workgroup give y[row][[8] + (n0 + 2i) / 2] = act(gate) * up.
         if (lane == 0u && o < n && (o & 1u) == 0u) {
             for (var r = 0u; r < ROWS; r++) {
                 let row = r0 + r;
                 if (row < rows) {
                     let g = red[t * ROWS + r];
                     let u = red[(t + LANES) * ROWS + r];
-                    y[row * p[4] + (p[3] + o) / 2u] = glu_act(g, (flags & 8u) != 0u) * u;
+                    y[row * p[4] + p[8] + (p[3] + o) / 2u] = glu_act(g, (flags & 8u) != 0u) * u;
                 }
             }
         }
@@ -97,7 +98,7 @@ fn matvec(
                 if ((flags & 2u) != 0u) {
                     v += bias[p[3] + o];
                 }
-                let i = row * p[4] + p[3] + o;
+                let i = row * p[4] + p[8] + p[3] + o;
                 if ((flags & 1u) != 0u) {
                     v += y[i];
                 }

@@ -66,8 +66,9 @@ fn rms_norm(
     }
 }
 
-// rms_norm_inplace: each of the P pieces of n values of dst, normed in place (head norms).
-// params: [0] n, [1] P, [2] eps (f32 bits).
+// rms_norm_inplace: each of the P pieces of n values of dst, normed in place (head norms):
+// piece i is head i % H of row i / H, at dst[(i / H) * stride + first + (i % H) * n].
+// params: [0] n, [1] P, [2] eps (f32 bits), [3] H heads per row, [4] row stride, [5] first.
 @compute @workgroup_size(64)
 fn rms_norm_inplace(
     @builtin(workgroup_id) wid: vec3<u32>,
@@ -79,7 +80,7 @@ fn rms_norm_inplace(
     if (piece >= p[1]) {
         return;
     }
-    let d0 = piece * n;
+    let d0 = (piece / p[3]) * p[4] + p[5] + (piece % p[3]) * n;
     var ss = 0.0;
     for (var i = t; i < n; i += 64u) {
         let v = dst[d0 + i];

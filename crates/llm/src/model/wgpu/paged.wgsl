@@ -8,7 +8,9 @@
 //
 // params: [0] rows, [1] n_head, [2] n_kv_head, [3] head_dim, [4] rope_dim, [5] neox (1: pairs
 // (i, i + rope_dim/2), 0: (2i, 2i + 1)), [6] cos_at, [7] sin_at, [8] layer, [9] n_layer,
-// [10] rows_at, [11] window (0: none; else keys in (pos - window, pos]), [12] scale (f32 bits).
+// [10] rows_at, [11] window (0: none; else keys in (pos - window, pos]), [12] scale (f32 bits),
+// [13] row stride of q, k and v (one [rows][q | k | v] buffer, bound as q, kin and vin),
+// [14] first column of q, [15] of k, [16] of v.
 
 @group(0) @binding(0) var<storage, read> p: array<u32>;
 @group(0) @binding(1) var<storage, read> sdata: array<u32>;
@@ -94,10 +96,10 @@ fn rope_store(
     let tab = sdata[p[10] + 2u * r + 1u];
     let blk = sdata[tab + pos / BS];
     let ci = cache_index(blk, g, pos % BS) + d;
-    let h0 = r * nkv * hd + g * hd;
+    let k0 = r * p[13] + p[15] + g * hd;
     let rt = rot_of(d, r);
-    kc[ci] = apply_rot(kin[h0 + d], kin[h0 + rt.partner], rt);
-    vc[ci] = vin[h0 + d];
+    kc[ci] = apply_rot(kin[k0 + d], kin[k0 + rt.partner], rt);
+    vc[ci] = vin[r * p[13] + p[16] + g * hd + d];
 }
 
 var<workgroup> qs: array<f32, 256>;
@@ -142,9 +144,10 @@ fn attention(
     let h = gi % nh;
     let g = h / (nh / p[2]);
     let h0 = r * nh * hd + h * hd;
+    let q0 = r * p[13] + p[14] + h * hd;
     for (var d = t; d < hd; d += WG) {
         let rt = rot_of(d, r);
-        qs[d] = apply_rot(q[h0 + d], q[h0 + rt.partner], rt);
+        qs[d] = apply_rot(q[q0 + d], q[q0 + rt.partner], rt);
     }
     let pos = sdata[p[10] + 2u * r];
     let tab = sdata[p[10] + 2u * r + 1u];
