@@ -5,8 +5,8 @@
 #[test]
 fn every_llm_shader_validates_and_translates_to_msl_and_spirv() {
     let sources = ferrite_llm::model::wgpu::shader_sources();
-    // 13 weight formats x 2 row variants, ops, paged.
-    assert_eq!(sources.len(), 13 * 2 + 2);
+    // 13 weight formats x 3 row variants, ops, paged.
+    assert_eq!(sources.len(), 13 * 3 + 2);
     let mut failures = Vec::new();
     for (name, entries, src) in &sources {
         let module = match naga::front::wgsl::parse_str(src) {

@@ -7,7 +7,7 @@
 //!   limits before the first upload.
 //! - [`WgpuKernels`] records a step's dispatches as the definition calls its kernels and
 //!   submits them at `logits` (one command buffer, one compute pass): products
-//!   (`wgpu/matvec.wgsl`, a workgroup per 4 output rows and up to 4 activation rows),
+//!   (`wgpu/matvec.wgsl`, a workgroup per 4 output rows and up to 8 activation rows),
 //!   norms, the gated unit and greedy argmax (`wgpu/ops.wgsl`), RoPE with the KV append and
 //!   causal attention over the paged cache (`wgpu/paged.wgsl`). The host waits only when it
 //!   reads the step's tokens or logits.
@@ -39,8 +39,8 @@ const OPS: &str = include_str!("wgpu/ops.wgsl");
 const PAGED: &str = include_str!("wgpu/paged.wgsl");
 
 /// Activation rows a product workgroup takes (`ROWS` of `matvec.wgsl`): 1 for steps of one
-/// row, else 4.
-const ROW_VARIANTS: [u32; 2] = [1, 4];
+/// row, 4 for up to 7 rows, else 8 (each weight unit is dequantized once per ROWS rows).
+const ROW_VARIANTS: [u32; 3] = [1, 4, 8];
 /// Output rows per product workgroup (`OUTS` of `matvec.wgsl`).
 const MATVEC_OUTS: usize = 4;
 /// Largest head_dim the attention kernel takes (`WG * DPT` of `paged.wgsl`).
@@ -900,7 +900,11 @@ impl<'g> WgpuKernels<'g> {
         col0: usize,
         mode: Epilogue,
     ) -> Result<()> {
-        let r = if rows == 1 { 1 } else { 4 };
+        let r = match rows {
+            1 => 1,
+            2..8 => 4,
+            _ => 8,
+        };
         let pipe = self.pipe(Module::Matvec(w.fmt, r), "matvec")?;
         let nrg = rows.div_ceil(r as usize);
         let flags = match mode {
