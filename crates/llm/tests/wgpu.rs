@@ -48,6 +48,11 @@ fn tests() -> Vec<(&'static str, TestFn)> {
             engine_gemma3,
         ),
         ("wgpu_engine_cancel_frees_blocks", engine_cancel),
+        ("wgpu_weights_split_over_bindings_match_cpu", weights_split),
+        (
+            "wgpu_weight_row_over_the_binding_limit_is_refused",
+            weight_row_over_limit,
+        ),
         (
             "wgpu_kv_cache_over_the_binding_limit_is_refused",
             kv_over_limit,
@@ -348,7 +353,7 @@ fn engine_synthetic(dev: &WgpuDevice) -> Option<String> {
         GgmlType::Q4_0,
         &dir,
     ));
-    let wm = leak(WgpuModel::load(model, dev, false).unwrap());
+    let wm = leak(WgpuModel::load(model, dev, false, None).unwrap());
     engine_vs_with(
         "synthetic Q4_0, q/k/v and gate/up apart",
         model,
@@ -491,6 +496,62 @@ fn kv_over_limit(dev: &WgpuDevice) -> Option<String> {
         "{e}"
     );
     assert!(WgpuKvStore::new(&wm, 4).is_ok());
+    let _ = std::fs::remove_dir_all(&dir);
+    None
+}
+
+/// Every matrix split by rows over bindings of at most 64 KiB (as Gemma-3's embedding is on
+/// lavapipe's 128 MiB binding): the embedding lookup and every product (the untied Q4_1
+/// output, stacked q|k|v, gate/up pairs split at even rows) run once per piece; the logits
+/// equal the unsplit run's bit for bit and the CPU's within the synthetic tolerance.
+fn weights_split(dev: &WgpuDevice) -> Option<String> {
+    let dir = tmp_dir();
+    let quant = GgmlType::Q4_1;
+    let model = leak(synth_model(&synth_cfg(quant), quant, &dir));
+    let split = leak(WgpuModel::load(model, dev, true, Some(64 << 10)).unwrap());
+    let (d, _) = engine_vs_with("synthetic Q4_1 split by 64 KiB", model, split, 4, 1e-5);
+    let whole = leak(WgpuModel::new(model, dev).unwrap());
+    let vocab = model.cfg.vocab;
+    let a = run_scenario(
+        &mut || Engine::wgpu(split, engine_cfg()).unwrap(),
+        vocab,
+        4,
+        false,
+    );
+    let b = run_scenario(
+        &mut || Engine::wgpu(whole, engine_cfg()).unwrap(),
+        vocab,
+        4,
+        false,
+    );
+    for (i, (x, y)) in a.iter().zip(&b).enumerate() {
+        assert_eq!(
+            x, y,
+            "request {i}: split weights differ from whole ones (CPU diff {d:.2e})"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    None
+}
+
+/// A weight row larger than the largest binding is refused before any upload, naming the
+/// tensor, the row's size and the limit.
+fn weight_row_over_limit(dev: &WgpuDevice) -> Option<String> {
+    let dir = tmp_dir();
+    let model = leak(synth_model(
+        &synth_cfg(GgmlType::Q8_0),
+        GgmlType::Q8_0,
+        &dir,
+    ));
+    let e = match WgpuModel::load(model, dev, true, Some(256)) {
+        Ok(_) => panic!("a 256-byte binding was accepted for rows of 544 bytes"),
+        Err(e) => e.to_string(),
+    };
+    assert!(
+        e.contains("tensor token_embd.weight: one row takes 544 bytes")
+            && e.contains("largest storage binding (256 bytes)"),
+        "{e}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
     None
 }

@@ -294,16 +294,23 @@ impl WgpuModel {
     /// kernel, a row larger than the adapter's largest storage binding, a head_dim over 256):
     /// a refusal names the tensor, its size and the limit before any upload.
     pub fn new(m: &Model, dev: &WgpuDevice) -> Result<WgpuModel> {
-        WgpuModel::load(m, dev, true)
+        WgpuModel::load(m, dev, true, None)
     }
 
     /// [`WgpuModel::new`]; `fuse` false keeps q, k, v and gate, up apart even where they
     /// share a type (separate products and a separate gated-unit pass: the path of mixed
-    /// types).
-    pub fn load(m: &Model, dev: &WgpuDevice, fuse: bool) -> Result<WgpuModel> {
+    /// types); `weight_binding` splits weights by a smaller largest binding than the
+    /// adapter's (tests of the split path and of refusals on any adapter).
+    pub fn load(
+        m: &Model,
+        dev: &WgpuDevice,
+        fuse: bool,
+        weight_binding: Option<u64>,
+    ) -> Result<WgpuModel> {
         let c = &m.cfg;
         let lim = dev.limits();
         let max_binding = lim.max_storage_buffer_binding_size.min(lim.max_buffer_size) / 4 * 4;
+        let weight_max = weight_binding.map_or(max_binding, |b| b.min(max_binding));
         if c.head_dim > MAX_HEAD_DIM || c.n_kv_head == 0 || !c.n_head.is_multiple_of(c.n_kv_head) {
             return Err(err(format!(
                 "attention: head_dim {} (at most {MAX_HEAD_DIM}) with {} heads over {} KV heads is not supported",
@@ -326,7 +333,7 @@ impl WgpuModel {
             all.extend([&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down]);
         }
         for w in &all {
-            plan_chunks(&w.info.name, Shape::of(w), max_binding)?;
+            plan_chunks(&w.info.name, Shape::of(w), weight_max)?;
         }
         let fused = |l: &super::Layer| fuse && l.w_gate.info.ty == l.w_up.info.ty;
         let stacked = |l: &super::Layer| {
@@ -338,18 +345,18 @@ impl WgpuModel {
         for l in m.layers.iter().filter(|l| stacked(l)) {
             let mut sh = Shape::of(&l.wq);
             sh.rows = l.wq.rows + l.wk.rows + l.wv.rows;
-            plan_chunks(&l.wq.info.name, sh, max_binding)?;
+            plan_chunks(&l.wq.info.name, sh, weight_max)?;
         }
         for l in m.layers.iter().filter(|l| fused(l)) {
             let mut sh = Shape::of(&l.w_gate);
             sh.rows *= 2;
             sh.pairs = true;
-            plan_chunks(&l.w_gate.info.name, sh, max_binding)?;
+            plan_chunks(&l.w_gate.info.name, sh, weight_max)?;
         }
         let d = dev.raw_device();
         let mut weight_bytes = 0usize;
         let mut upload = |name: &str, sh: Shape, data: &[u8], bias: Option<&Vec<f32>>| {
-            let (fmt, chunks) = plan_chunks(name, sh, max_binding)?;
+            let (fmt, chunks) = plan_chunks(name, sh, weight_max)?;
             let row_bytes = sh.cols / fmt.values * fmt.block_bytes;
             if data.len() != row_bytes * sh.rows {
                 return Err(err(format!(
