@@ -214,7 +214,7 @@ fn storage_usage() -> wgpu::BufferUsages {
 }
 
 /// A storage buffer holding `bytes` (padded with zeros to whole words plus one).
-fn upload_bytes(dev: &wgpu::Device, label: &str, bytes: &[u8]) -> wgpu::Buffer {
+fn upload_bytes(dev: &wgpu::Device, label: &str, bytes: &[u8]) -> Result<wgpu::Buffer> {
     let size = (bytes.len().div_ceil(4) + 1) * 4;
     let buf = dev.create_buffer(&wgpu::BufferDescriptor {
         label: Some(label),
@@ -225,14 +225,14 @@ fn upload_bytes(dev: &wgpu::Device, label: &str, bytes: &[u8]) -> wgpu::Buffer {
     let mut padded = Vec::with_capacity(size);
     padded.extend_from_slice(bytes);
     padded.resize(size, 0);
-    if let Ok(mut view) = buf.get_mapped_range_mut(..) {
-        view.copy_from_slice(&padded);
-    }
+    buf.get_mapped_range_mut(..)
+        .map_err(|e| err(format!("uploading {label}: mapping {size} bytes: {e}")))?
+        .copy_from_slice(&padded);
     buf.unmap();
-    buf
+    Ok(buf)
 }
 
-fn upload_f32(dev: &wgpu::Device, label: &str, v: &[f32]) -> wgpu::Buffer {
+fn upload_f32(dev: &wgpu::Device, label: &str, v: &[f32]) -> Result<wgpu::Buffer> {
     let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
     upload_bytes(dev, label, &bytes)
 }
@@ -368,19 +368,21 @@ impl WgpuModel {
             weight_bytes += data.len();
             let chunks = chunks
                 .into_iter()
-                .map(|(r0, n)| Chunk {
-                    buf: upload_bytes(d, name, &data[r0 * row_bytes..(r0 + n) * row_bytes]),
-                    row0: r0,
-                    rows: n,
+                .map(|(r0, n)| {
+                    Ok(Chunk {
+                        buf: upload_bytes(d, name, &data[r0 * row_bytes..(r0 + n) * row_bytes])?,
+                        row0: r0,
+                        rows: n,
+                    })
                 })
-                .collect();
+                .collect::<Result<Vec<_>>>()?;
             Ok(WMat {
                 fmt,
                 rows: sh.rows,
                 cols: sh.cols,
                 row_bytes,
                 chunks,
-                bias: bias.map(|b| upload_f32(d, "bias", b)),
+                bias: bias.map(|b| upload_f32(d, "bias", b)).transpose()?,
             })
         };
         macro_rules! mat {
@@ -402,7 +404,7 @@ impl WgpuModel {
         let mut layers = Vec::with_capacity(m.layers.len());
         for l in &m.layers {
             layers.push(WLayer {
-                attn_norm: upload_f32(d, "norm", &l.attn_norm),
+                attn_norm: upload_f32(d, "norm", &l.attn_norm)?,
                 qkv: if stacked(l) {
                     let f = &m.file;
                     let mut all = f.tensor_data(&l.wq.info).to_vec();
@@ -423,10 +425,22 @@ impl WgpuModel {
                     ]))
                 },
                 wo: mat!(&l.wo, None)?,
-                q_norm: l.q_norm.as_ref().map(|v| upload_f32(d, "norm", v)),
-                k_norm: l.k_norm.as_ref().map(|v| upload_f32(d, "norm", v)),
-                post_attn_norm: l.post_attn_norm.as_ref().map(|v| upload_f32(d, "norm", v)),
-                ffn_norm: upload_f32(d, "norm", &l.ffn_norm),
+                q_norm: l
+                    .q_norm
+                    .as_ref()
+                    .map(|v| upload_f32(d, "norm", v))
+                    .transpose()?,
+                k_norm: l
+                    .k_norm
+                    .as_ref()
+                    .map(|v| upload_f32(d, "norm", v))
+                    .transpose()?,
+                post_attn_norm: l
+                    .post_attn_norm
+                    .as_ref()
+                    .map(|v| upload_f32(d, "norm", v))
+                    .transpose()?,
+                ffn_norm: upload_f32(d, "norm", &l.ffn_norm)?,
                 ffn: if fused(l) {
                     let (g, u) = (
                         m.file.tensor_data(&l.w_gate.info),
@@ -449,10 +463,14 @@ impl WgpuModel {
                     }
                 },
                 w_down: mat!(&l.w_down, None)?,
-                post_ffn_norm: l.post_ffn_norm.as_ref().map(|v| upload_f32(d, "norm", v)),
+                post_ffn_norm: l
+                    .post_ffn_norm
+                    .as_ref()
+                    .map(|v| upload_f32(d, "norm", v))
+                    .transpose()?,
             });
         }
-        let output_norm = upload_f32(d, "norm", &m.output_norm);
+        let output_norm = upload_f32(d, "norm", &m.output_norm)?;
         let dummy = zeros(d, "no bias", 4);
         dev.check_errors("wgpu model upload")
             .map_err(|e| err(e.to_string()))?;
