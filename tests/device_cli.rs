@@ -1,6 +1,7 @@
 //! `--device` on `run` and `bench`: malformed values are usage errors; `cuda` where there is no
 //! CUDA device is a clear error before any model is loaded (skipped where a device exists);
-//! wgpu names resolve against the adapters found, or list them; `ferrite devices` lists all.
+//! wgpu names resolve against the adapters found, or list them, and `run` on one takes the
+//! LLM engine's wgpu kernel set; `ferrite devices` lists all.
 
 use std::process::{Command, Output};
 
@@ -81,19 +82,57 @@ fn absent_wgpu_adapter_lists_what_was_found() {
 }
 
 #[test]
-fn wgpu_for_the_llm_engine_is_a_clear_error() {
+fn wgpu_runs_the_llm_engine_and_serve_refuses_it() {
     if ferrite_wgpu::default_adapter().is_none() {
         eprintln!("skipped: no wgpu adapter");
         return;
     }
-    let o = ferrite(&["run", "--device", "wgpu", "-m", "/nonexistent.gguf"]);
+    // serve has no wgpu path: refused when the device is resolved, before the model loads.
+    let o = ferrite(&["serve", "--device", "wgpu", "-m", "/nonexistent.gguf"]);
     assert!(!o.status.success());
     let e = stderr(&o);
-    assert!(
-        e.contains("the LLM engine has no wgpu kernel set yet"),
-        "{e}"
-    );
+    assert!(e.contains("this command has no wgpu path yet"), "{e}");
     assert!(!e.contains("panicked"), "{e}");
+    // run on wgpu (the engine's wgpu kernel set) picks the CPU's exact-mode greedy tokens.
+    let path = std::env::temp_dir().join(format!("ferrite-device-cli-{}.gguf", std::process::id()));
+    let file = path.to_string_lossy().into_owned();
+    let synth = ferrite(&[
+        "synth",
+        "--preset",
+        "smollm2-135m",
+        "--quant",
+        "q8_0",
+        "--layers",
+        "2",
+        "--vocab",
+        "512",
+        "-o",
+        &file,
+    ]);
+    assert!(synth.status.success(), "{}", stderr(&synth));
+    let tokens = |device: &str| {
+        let o = Command::new(env!("CARGO_BIN_EXE_ferrite"))
+            .args([
+                "run", "-m", &file, "--device", device, "--temp", "0", "-n", "6",
+            ])
+            .args(["--json", "once upon a time"])
+            .env("FERRITE_PRECISION", "exact")
+            .output()
+            .expect("run ferrite");
+        assert!(o.status.success(), "--device {device}: {}", stderr(&o));
+        let v: serde_json::Value =
+            serde_json::from_slice(&o.stdout).expect("run --json prints JSON");
+        (v["tokens"].clone(), v["device"].clone())
+    };
+    let (wgpu, dev) = tokens("wgpu");
+    let (cpu, _) = tokens("cpu");
+    let _ = std::fs::remove_file(&path);
+    assert!(
+        dev.as_str().is_some_and(|d| d.starts_with("wgpu:")),
+        "{dev}"
+    );
+    assert_eq!(wgpu.as_array().map(|a| a.len()), Some(6), "{wgpu}");
+    assert_eq!(wgpu, cpu, "greedy tokens on wgpu and on the CPU (exact)");
 }
 
 #[test]

@@ -35,6 +35,7 @@ stage optim-bench bench -p ferrite-train --bench optim_step --no-run
 stage char-gpt-bench bench -p ferrite-train --bench char_gpt_step --no-run
 stage wgpu-tests test -p ferrite-wgpu --test wgpu --no-run
 stage wgpu-bench bench -p ferrite-wgpu --bench bandwidth --no-run
+stage llm-wgpu-tests test -p ferrite-llm --test wgpu --no-run
 # The GPU machine has NVIDIA's Vulkan driver (ICD) but no Vulkan loader: carry Debian's loader
 # (and the EGL/GLVND libraries the ICD links) as .debs; run.sh unpacks them there.
 mkdir -p .device/debs

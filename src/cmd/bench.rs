@@ -6,7 +6,8 @@
 //! tokens: dequantized 16-bit weights x tensor-core products, flash attention), tg as decode steps each returning its greedy token; the report adds the decode
 //! bandwidth, weight bytes read per token x tok/s. `--batch B` runs B sequences through the
 //! engine at once (on the CPU or, with `--device cuda`, the CUDA kernel set of the same model
-//! definition) and reports aggregate and per-sequence speeds.
+//! definition) and reports aggregate and per-sequence speeds. On a wgpu adapter (`--device
+//! wgpu|vulkan|metal|dx12`) the engine's wgpu kernel set always runs (`--batch 1` unless given).
 
 use ferrite_llm::gpu::{CudaDevice, GpuModel, GpuSession};
 use ferrite_llm::{Logits, Session};
@@ -54,7 +55,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if args.p == 0 && args.n == 0 {
         anyhow::bail!("nothing to measure: -p and -n are both 0");
     }
-    let cuda = args.device.cuda()?;
+    let wgpu = args.device.wgpu()?;
+    let cuda = match wgpu {
+        Some(_) => None,
+        None => args.device.cuda()?,
+    };
     let loaded = args.model.load()?;
     let model = &loaded.model;
     let vocab = model.cfg.vocab;
@@ -84,12 +89,21 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let tokens: Vec<u32> = (0..need)
         .map(|i| ((i * 7919 + 13) % vocab) as u32)
         .collect();
+    if let Some(dev) = &wgpu {
+        // wgpu runs only through the engine (its kernel set): `--batch 1` by default
+        let b = args.batch.map_or(1, |b| b as usize);
+        return run_batch(&args, &loaded, b, BenchDevice::Wgpu(dev));
+    }
+    let on = match &cuda {
+        Some(dev) => BenchDevice::Cuda(dev),
+        None => BenchDevice::Cpu,
+    };
     if let Some(b) = args.batch {
-        return run_batch(&args, &loaded, b as usize, cuda.as_ref());
+        return run_batch(&args, &loaded, b as usize, on);
     }
     if cuda.is_some() && ferrite_llm::env::flag_or("FERRITE_ENGINE", false) {
         // the engine's CUDA kernel set at batch 1 instead of the launch plan
-        return run_batch(&args, &loaded, 1, cuda.as_ref());
+        return run_batch(&args, &loaded, 1, on);
     }
     if let Some(dev) = cuda {
         return run_cuda(&args, &loaded, &dev, need, &tokens);
@@ -290,12 +304,15 @@ fn run_cuda(
 /// once. pp: prompt tokens of all sequences over the time until every sequence has its first
 /// token (chunked prefill, the engine's step budget); tg: tokens generated after the first
 /// ones over the time from there to the end, in aggregate and per sequence.
-fn run_batch(
-    args: &Args,
-    loaded: &Loaded,
-    b: usize,
-    cuda: Option<&CudaDevice>,
-) -> anyhow::Result<()> {
+/// Where `run_batch` runs the engine.
+#[derive(Clone, Copy)]
+enum BenchDevice<'a> {
+    Cpu,
+    Cuda(&'a CudaDevice),
+    Wgpu(&'a ferrite_wgpu::WgpuDevice),
+}
+
+fn run_batch(args: &Args, loaded: &Loaded, b: usize, on: BenchDevice<'_>) -> anyhow::Result<()> {
     use ferrite_llm::engine::{Engine, EngineConfig};
     let model = &loaded.model;
     if args.p == 0 || args.n == 0 {
@@ -310,8 +327,19 @@ fn run_batch(
             model.cfg.ctx_train
         );
     }
-    let (runs, backend, device, detail) = match cuda {
-        Some(dev) => {
+    let (runs, backend, device, detail) = match on {
+        BenchDevice::Wgpu(dev) => {
+            let wm = ferrite_llm::model::WgpuModel::new(model, dev)?;
+            let mut engine = Engine::wgpu(&wm, EngineConfig::new(ctx, b))?;
+            let runs = engine_runs(&mut engine, args, b, model.cfg.vocab)?;
+            (
+                runs,
+                "wgpu engine",
+                format!("{}, {}", dev.name(), dev.backend_name()),
+                "f32 activations".to_string(),
+            )
+        }
+        BenchDevice::Cuda(dev) => {
             let gm = GpuModel::load(model, dev, ctx)?;
             let mut engine = Engine::cuda(&gm, EngineConfig::new(ctx, b))?;
             let runs = engine_runs(&mut engine, args, b, model.cfg.vocab)?;
@@ -327,7 +355,7 @@ fn run_batch(
                 ),
             )
         }
-        None => {
+        BenchDevice::Cpu => {
             let mut engine = Engine::new(model, EngineConfig::new(ctx, b))?;
             let runs = engine_runs(&mut engine, args, b, model.cfg.vocab)?;
             let threads = ferrite_llm::pool::Pool::global().threads();

@@ -71,14 +71,23 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if let Some(s) = &args.system {
         conv.set_system(Some(s.clone()))?;
     }
-    let cuda = args.device.cuda()?;
+    let wgpu = args.device.wgpu()?;
+    let cuda = match wgpu {
+        Some(_) => None,
+        None => args.device.cuda()?,
+    };
     let gm = match &cuda {
         Some(dev) => Some(ferrite_llm::gpu::GpuModel::load(model, dev, ctx)?),
         None => None,
     };
-    let mut session = match &gm {
-        Some(gm) => Sess::Gpu(ferrite_llm::gpu::GpuSession::new(gm)?),
-        None => Sess::Cpu(Session::new(model, ctx)?),
+    let wm = match &wgpu {
+        Some(dev) => Some(ferrite_llm::model::WgpuModel::new(model, dev)?),
+        None => None,
+    };
+    let mut session = match (&gm, &wm) {
+        (_, Some(wm)) => Sess::Wgpu(Box::new(ferrite_llm::model::WgpuSession::new(wm, ctx)?)),
+        (Some(gm), None) => Sess::Gpu(ferrite_llm::gpu::GpuSession::new(gm)?),
+        (None, None) => Sess::Cpu(Session::new(model, ctx)?),
     };
     // Ctrl-C outside line editing (while a reply streams) sets this flag; the generation loop
     // stops before its next token. At the prompt rustyline reads Ctrl-C as a key.
@@ -165,6 +174,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             Sess::Gpu(s) => {
                 ferrite_llm::gpu::generate(s, tok, &mut sampler, prompt, max_new, &[], &mut out)?
             }
+            Sess::Wgpu(s) => generate(&mut **s, tok, &mut sampler, prompt, max_new, &[], &mut out)?,
         };
         print_flush("\n");
         match gen.stop {
@@ -348,6 +358,8 @@ impl Conversation<'_> {
 enum Sess<'m> {
     Cpu(Session<'m>),
     Gpu(ferrite_llm::gpu::GpuSession<'m>),
+    // Boxed: its kernels' scratch handles make it several times the others' size.
+    Wgpu(Box<ferrite_llm::model::WgpuSession<'m>>),
 }
 
 impl Sess<'_> {
@@ -355,6 +367,7 @@ impl Sess<'_> {
         match self {
             Sess::Cpu(s) => s.truncate(pos),
             Sess::Gpu(s) => s.truncate(pos),
+            Sess::Wgpu(s) => s.truncate(pos),
         }
     }
 
@@ -362,6 +375,7 @@ impl Sess<'_> {
         match self {
             Sess::Cpu(s) => s.pos(),
             Sess::Gpu(s) => s.pos(),
+            Sess::Wgpu(s) => s.pos(),
         }
     }
 }

@@ -115,8 +115,8 @@ fn parse_device(s: &str) -> Result<DeviceChoice, String> {
 
 #[derive(clap::Args, Clone, Debug)]
 pub struct DeviceArgs {
-    /// cpu, cuda or cuda:N (wgpu names parse but the LLM engine has no wgpu kernels yet).
-    /// Default: cuda (device 0) when a CUDA device is present, else cpu.
+    /// cpu, cuda, cuda:N, or a wgpu adapter: wgpu, wgpu:N, vulkan, metal, dx12 (`ferrite
+    /// devices` lists them). Default: cuda (device 0) when a CUDA device is present, else cpu.
     #[arg(long, value_parser = parse_device)]
     pub device: Option<DeviceChoice>,
     /// As llama.cpp's `-ngl N`: N > 0 runs the whole model on the GPU (cuda:0), 0 on the
@@ -126,6 +126,24 @@ pub struct DeviceArgs {
 }
 
 impl DeviceArgs {
+    /// The wgpu adapter asked for with `--device wgpu|wgpu:N|vulkan|metal|dx12`, opened with
+    /// its own limits; None when another device was asked for (or none).
+    pub fn wgpu(&self) -> anyhow::Result<Option<ferrite_wgpu::WgpuDevice>> {
+        match self.device {
+            Some(DeviceChoice::Wgpu(i)) => {
+                if let Some(n) = self.n_gpu_layers.filter(|&n| n == 0) {
+                    anyhow::bail!(
+                        "--device wgpu:{i} and --n-gpu-layers {n} disagree; give one of them"
+                    );
+                }
+                ferrite_wgpu::WgpuDevice::new(i)
+                    .map(Some)
+                    .map_err(|e| anyhow::anyhow!("--device wgpu:{i}: {e}"))
+            }
+            _ => Ok(None),
+        }
+    }
+
     /// The CUDA device to run on, or None for the CPU. Asking for CUDA where there is none
     /// (or for a device index past the last) is an error.
     pub fn cuda(&self) -> anyhow::Result<Option<ferrite_llm::gpu::CudaDevice>> {
@@ -144,8 +162,8 @@ impl DeviceArgs {
         let i = match device {
             Some(DeviceChoice::Cpu) => return Ok(None),
             Some(DeviceChoice::Wgpu(i)) => anyhow::bail!(
-                "--device wgpu:{i}: the LLM engine has no wgpu kernel set yet (ferrite train \
-                 runs on wgpu); use cpu or cuda"
+                "--device wgpu:{i}: this command has no wgpu path yet (run, chat, bench and \
+                 perplexity run the LLM engine on wgpu); use cpu or cuda"
             ),
             Some(DeviceChoice::Cuda(i)) => i,
             None if ferrite_llm::gpu::is_available() => 0,

@@ -91,7 +91,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         wins.truncate(k as usize);
     }
     let vocab = model.cfg.vocab;
-    let cuda = args.device.cuda()?;
+    let wgpu = args.device.wgpu()?;
+    let cuda = match wgpu {
+        Some(_) => None,
+        None => args.device.cuda()?,
+    };
     let t0 = std::time::Instant::now();
     let mut nlls: Vec<f64> = Vec::new();
     // Per-token NLLs of window `w` from `logits(tokens)`, the rows of every position.
@@ -112,6 +116,15 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         anyhow::Ok(())
     };
     match &cuda {
+        _ if wgpu.is_some() => {
+            let dev = wgpu.as_ref().context("wgpu device")?;
+            let wm = ferrite_llm::model::WgpuModel::new(model, dev)?;
+            let mut session = ferrite_llm::model::WgpuSession::new(&wm, ctx)?;
+            for w in &wins {
+                session.truncate(0);
+                score(w, &mut |t| Ok(session.forward(t, Logits::All)?.to_vec()))?;
+            }
+        }
         Some(dev) => {
             let gm = ferrite_llm::gpu::GpuModel::load(model, dev, ctx)?;
             let mut session = ferrite_llm::gpu::GpuSession::new(&gm)?;
@@ -139,7 +152,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let ppl = mean.exp();
     // Standard error of exp(mean NLL): exp(mean) x sd / sqrt(n).
     let ppl_err = ppl * (var / n as f64).sqrt();
-    let device = if cuda.is_some() { "cuda" } else { "cpu" };
+    let device = match (&cuda, &wgpu) {
+        (_, Some(d)) => format!("wgpu:{} ({}, {})", d.index(), d.name(), d.backend_name()),
+        (Some(_), None) => "cuda".to_string(),
+        (None, None) => "cpu".to_string(),
+    };
     if args.json {
         println!(
             "{}",

@@ -131,7 +131,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         )
         .exit();
     }
-    let cuda = args.device.cuda()?;
+    let wgpu = args.device.wgpu()?;
+    let cuda = match wgpu {
+        Some(_) => None,
+        None => args.device.cuda()?,
+    };
     let mut sampler = args.sampling.sampler()?;
     sampler.set_ignore_eos(args.sampling.ignore_eos);
     let loaded = args.model.load()?;
@@ -178,6 +182,22 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
     };
     let gen = match &cuda {
+        _ if wgpu.is_some() => {
+            // The engine's wgpu kernel set (one sequence): the only path on wgpu.
+            use ferrite_llm::engine::{Engine, EngineConfig};
+            let dev = wgpu.as_ref().context("wgpu device")?;
+            let wm = ferrite_llm::model::WgpuModel::new(model, dev)?;
+            let mut engine = Engine::wgpu(&wm, EngineConfig::new(ctx, 1))?;
+            ferrite_llm::generate::generate_engine(
+                &mut engine,
+                tok,
+                &sampler,
+                &ids,
+                max_new,
+                &args.stop,
+                &mut on_text,
+            )?
+        }
         Some(dev) if ferrite_llm::env::flag_or("FERRITE_ENGINE", false) => {
             // The engine's CUDA kernel set (one sequence); the launch plan below stays the
             // default until the engine is measured against it.
@@ -237,7 +257,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             "prefill_tok_s": gen.prefill_tok_s(),
             "decode_tok_s": gen.decode_tok_s(),
             "model": loaded.path,
-            "device": match &cuda { Some(_) => "cuda", None => "cpu" },
+            "device": match (&cuda, &wgpu) {
+                (_, Some(d)) => format!("wgpu:{} ({}, {})", d.index(), d.name(), d.backend_name()),
+                (Some(_), None) => "cuda".to_string(),
+                (None, None) => "cpu".to_string(),
+            },
             "precision": model.precision().name(),
         });
         println!("{out}");

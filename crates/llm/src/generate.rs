@@ -61,8 +61,43 @@ impl Generation {
     }
 }
 
+/// One sequence that the generation loop runs: the CPU [`Session`] or a device's
+/// (`crate::model::WgpuSession`).
+pub trait Sequence {
+    /// Runs `tokens` after the cached ones and returns the logits asked for.
+    fn forward(&mut self, tokens: &[u32], which: Logits) -> Result<&[f32]>;
+    /// Tokens in the cache.
+    fn pos(&self) -> usize;
+    /// Capacity of the cache in tokens.
+    fn ctx(&self) -> usize;
+    /// The model's context length.
+    fn ctx_train(&self) -> usize;
+}
+
+impl Sequence for Session<'_> {
+    fn forward(&mut self, tokens: &[u32], which: Logits) -> Result<&[f32]> {
+        Session::forward(self, tokens, which)
+    }
+
+    fn pos(&self) -> usize {
+        Session::pos(self)
+    }
+
+    fn ctx(&self) -> usize {
+        Session::ctx(self)
+    }
+
+    fn ctx_train(&self) -> usize {
+        self.model().cfg.ctx_train
+    }
+}
+
 /// Checks that `new_prompt` more tokens plus up to `max_new` generated ones fit the session.
-pub fn check_fits(session: &Session<'_>, new_prompt: usize, max_new: usize) -> Result<()> {
+pub fn check_fits<S: Sequence + ?Sized>(
+    session: &S,
+    new_prompt: usize,
+    max_new: usize,
+) -> Result<()> {
     let need = session.pos() + new_prompt + max_new;
     if need > session.ctx() {
         return Err(Error::Context(format!(
@@ -70,7 +105,7 @@ pub fn check_fits(session: &Session<'_>, new_prompt: usize, max_new: usize) -> R
             new_prompt,
             if session.pos() > 0 { format!(" after {} cached", session.pos()) } else { String::new() },
             session.ctx(),
-            session.model().cfg.ctx_train,
+            session.ctx_train(),
         )));
     }
     Ok(())
@@ -81,8 +116,8 @@ pub fn check_fits(session: &Session<'_>, new_prompt: usize, max_new: usize) -> R
 /// half a character; control tokens print nothing; text from a stop string on is withheld).
 /// The session ends up holding the prompt and the generated tokens it ran: every one after an
 /// end-of-text token, all but the last otherwise (`Session::pos()` says how many).
-pub fn generate(
-    session: &mut Session<'_>,
+pub fn generate<S: Sequence + ?Sized>(
+    session: &mut S,
     tok: &Tokenizer,
     sampler: &mut Sampler,
     prompt: &[u32],

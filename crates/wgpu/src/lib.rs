@@ -26,6 +26,9 @@ mod shader;
 mod storage;
 mod util;
 
+/// The wgpu crate this backend is built on, for kernel sets that record their own work on a
+/// [`WgpuDevice`]'s device and queue (the LLM engine's, in ferrite-llm).
+pub use ::wgpu as raw;
 pub use device::{SyncStats, WgpuBackend};
 pub use pool::MemoryStats;
 pub use storage::WgpuStorage;
@@ -254,6 +257,24 @@ impl WgpuDevice {
     /// The limits the device was opened with (the adapter's own).
     pub fn limits(&self) -> &wgpu::Limits {
         &self.0.limits
+    }
+
+    /// The wgpu device, for kernel sets that record their own dispatches (the LLM engine's).
+    /// Their buffers are their own: work on the device's queue is ordered with this
+    /// backend's submitted batches, not with its open one.
+    pub fn raw_device(&self) -> &wgpu::Device {
+        &self.0.device
+    }
+
+    /// The queue of [`WgpuDevice::raw_device`].
+    pub fn raw_queue(&self) -> &wgpu::Queue {
+        &self.0.queue
+    }
+
+    /// The first asynchronous wgpu error reported on this device (validation, out of memory),
+    /// as an error of `op`.
+    pub fn check_errors(&self, op: &'static str) -> Result<()> {
+        self.0.check(op)
     }
 
     pub fn memory_stats(&self) -> MemoryStats {

@@ -9,11 +9,13 @@ mod config;
 pub mod cpu;
 pub mod cuda;
 pub mod step;
+pub mod wgpu;
 
 pub use config::{Arch, Config};
 pub use cpu::CpuKernels;
 pub use cuda::{CudaKernels, CudaKvStore, CudaLimits};
 pub use step::{Batch, Out};
+pub use wgpu::{WgpuKernels, WgpuKvStore, WgpuModel, WgpuSession};
 
 use ferrite_gguf::{GgmlType, GgufFile, TensorInfo};
 

@@ -1,0 +1,1705 @@
+//! The wgpu kernel set of the model definition ([`super::step`]): WGSL compute shaders on
+//! any wgpu adapter (Vulkan, Metal, DX12; Mesa's lavapipe on the CPU), f32 activations.
+//!
+//! - [`WgpuModel`] uploads the weights in their GGUF blocks (read by the shaders as
+//!   `array<u32>`, `wgpu/quant.wgsl`), split by rows over as many buffers as the adapter's
+//!   largest storage binding needs; norms as f32. Everything is checked against the adapter's
+//!   limits before the first upload.
+//! - [`WgpuKernels`] records a step's dispatches as the definition calls its kernels and
+//!   submits them at `logits` (one command buffer, one compute pass): products
+//!   (`wgpu/matvec.wgsl`, a workgroup per 4 output rows and up to 8 activation rows),
+//!   norms, the gated unit and greedy argmax (`wgpu/ops.wgsl`), RoPE with the KV append and
+//!   causal attention over the paged cache (`wgpu/paged.wgsl`). The host waits only when it
+//!   reads the step's tokens or logits.
+//! - [`WgpuKvStore`]: f32 keys and values, `[block][layer][kv_head][16][head_dim]` each.
+//!
+//! A step's data (tokens, each row's position and block table, the logit rows, RoPE angles
+//! computed on the host as the CPU kernel set computes them) goes to the device in two
+//! writes at `begin`; dispatch parameters in one buffer at aligned offsets.
+//!
+//! The kernels live here rather than in `ferrite-wgpu` for the reason `cuda.rs` gives: they
+//! read the GGUF block layouts of this crate.
+
+use std::collections::HashMap;
+
+use ferrite_gguf::GgmlType;
+use ferrite_wgpu::raw as wgpu;
+use ferrite_wgpu::WgpuDevice;
+
+use super::config::Config;
+use super::step::{self, Batch, Buf, Glu, Kernels, Mat, Norm, Out};
+use super::{Logits, Model, Weight, MAX_BATCH};
+use crate::engine::{Engine, EngineConfig, EngineKernels};
+use crate::error::{Error, Result};
+use crate::kv_cache::{BlockId, KvStore, PagedKv, BLOCK_SIZE};
+
+const QUANT: &str = include_str!("wgpu/quant.wgsl");
+const MATVEC: &str = include_str!("wgpu/matvec.wgsl");
+const OPS: &str = include_str!("wgpu/ops.wgsl");
+const PAGED: &str = include_str!("wgpu/paged.wgsl");
+
+/// Activation rows a product workgroup takes (`ROWS` of `matvec.wgsl`): 1 for steps of one
+/// row, 4 for up to 7 rows, else 8 (each weight unit is dequantized once per ROWS rows).
+const ROW_VARIANTS: [u32; 3] = [1, 4, 8];
+/// Output rows per product workgroup (`OUTS` of `matvec.wgsl`).
+const MATVEC_OUTS: usize = 4;
+/// Largest head_dim the attention kernel takes (`WG * DPT` of `paged.wgsl`).
+const MAX_HEAD_DIM: usize = 256;
+
+fn err(msg: impl Into<String>) -> Error {
+    Error::Other(format!("wgpu kernels: {}", msg.into()))
+}
+
+/// How a weight type is read: its `deq_*` function, bytes of a block, 32-value units per
+/// block and values per block (float types as blocks of 32 values).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+struct Format {
+    name: &'static str,
+    block_bytes: usize,
+    units: usize,
+    values: usize,
+}
+
+fn format_of(ty: GgmlType) -> Option<Format> {
+    use GgmlType::*;
+    let name = match ty {
+        F32 => "f32",
+        F16 => "f16",
+        BF16 => "bf16",
+        Q4_0 => "q4_0",
+        Q4_1 => "q4_1",
+        Q5_0 => "q5_0",
+        Q5_1 => "q5_1",
+        Q8_0 => "q8_0",
+        Q2_K => "q2_k",
+        Q3_K => "q3_k",
+        Q4_K => "q4_k",
+        Q5_K => "q5_k",
+        Q6_K => "q6_k",
+        _ => return None,
+    };
+    let values = ty.block_size().max(32);
+    Some(Format {
+        name,
+        block_bytes: ty.type_size() * values / ty.block_size(),
+        units: values / 32,
+        values,
+    })
+}
+
+/// Every weight type the kernel set reads.
+pub const WGPU_WEIGHT_TYPES: [GgmlType; 13] = {
+    use GgmlType::*;
+    [
+        F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K,
+    ]
+};
+
+fn matvec_source(f: &Format, rows: u32) -> String {
+    format!(
+        "const ROWS: u32 = {rows}u;\nconst BLOCK_BYTES: u32 = {}u;\nconst UNITS: u32 = {}u;\n{QUANT}\n\
+         fn deq(a: u32, s: u32) -> array<f32, 32> {{\n    return deq_{}(a, s);\n}}\n{MATVEC}",
+        f.block_bytes, f.units, f.name
+    )
+}
+
+/// Every WGSL module the kernel set compiles, as (name, entry points, source): what the naga
+/// test validates and translates to Metal Shading Language and SPIR-V.
+pub fn shader_sources() -> Vec<(String, &'static [&'static str], String)> {
+    let mut out = Vec::new();
+    for ty in WGPU_WEIGHT_TYPES {
+        let Some(f) = format_of(ty) else { continue };
+        for rows in ROW_VARIANTS {
+            out.push((
+                format!("matvec.wgsl ({}, {rows} rows)", f.name),
+                &["matvec", "embed"][..],
+                matvec_source(&f, rows),
+            ));
+        }
+    }
+    out.push((
+        "ops.wgsl".into(),
+        &["rms_norm", "rms_norm_inplace", "glu", "argmax"][..],
+        OPS.to_string(),
+    ));
+    out.push((
+        "paged.wgsl".into(),
+        &["rope_store", "attention"][..],
+        PAGED.to_string(),
+    ));
+    out
+}
+
+/// One buffer of whole rows of a matrix.
+struct Chunk {
+    buf: wgpu::Buffer,
+    row0: usize,
+    rows: usize,
+}
+
+/// A weight matrix on the device, in its GGUF blocks.
+struct WMat {
+    fmt: Format,
+    rows: usize,
+    cols: usize,
+    row_bytes: usize,
+    chunks: Vec<Chunk>,
+    bias: Option<wgpu::Buffer>,
+}
+
+/// Shape and type of a matrix to upload.
+#[derive(Clone, Copy, Debug)]
+struct Shape {
+    ty: GgmlType,
+    rows: usize,
+    cols: usize,
+    /// Chunks start at even rows (gate/up pairs).
+    pairs: bool,
+}
+
+impl Shape {
+    fn of(w: &Weight) -> Shape {
+        Shape {
+            ty: w.info.ty,
+            rows: w.rows,
+            cols: w.cols,
+            pairs: false,
+        }
+    }
+}
+
+/// Where a weight's rows go: (first row, rows) of each chunk.
+fn plan_chunks(name: &str, w: Shape, max_bytes: u64) -> Result<(Format, Vec<(usize, usize)>)> {
+    let fmt = format_of(w.ty).ok_or_else(|| {
+        err(format!(
+            "tensor {name}: weight type {} has no wgpu kernel (supported: {})",
+            w.ty,
+            WGPU_WEIGHT_TYPES
+                .iter()
+                .map(|t| t.name())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ))
+    })?;
+    if !w.cols.is_multiple_of(fmt.values) {
+        return Err(err(format!(
+            "tensor {name}: rows of {} values are not a whole number of {}-value units",
+            w.cols, fmt.values
+        )));
+    }
+    let row_bytes = w.cols / fmt.values * fmt.block_bytes;
+    // Each chunk is padded to whole words plus one (`u32_at` reads the word after a field).
+    let mut per = (max_bytes.saturating_sub(8) / row_bytes as u64) as usize;
+    if w.pairs {
+        per &= !1;
+    }
+    if per == 0 {
+        return Err(err(format!(
+            "tensor {name}: one row takes {row_bytes} bytes, more than the adapter's largest \
+             storage binding ({max_bytes} bytes)"
+        )));
+    }
+    let mut out = Vec::new();
+    let mut r = 0;
+    while r < w.rows {
+        let n = per.min(w.rows - r);
+        out.push((r, n));
+        r += n;
+    }
+    Ok((fmt, out))
+}
+
+fn storage_usage() -> wgpu::BufferUsages {
+    wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::COPY_SRC
+}
+
+/// A storage buffer holding `bytes` (padded with zeros to whole words plus one).
+fn upload_bytes(dev: &wgpu::Device, label: &str, bytes: &[u8]) -> Result<wgpu::Buffer> {
+    let size = (bytes.len().div_ceil(4) + 1) * 4;
+    let buf = dev.create_buffer(&wgpu::BufferDescriptor {
+        label: Some(label),
+        size: size as u64,
+        usage: storage_usage(),
+        mapped_at_creation: true,
+    });
+    let mut padded = Vec::with_capacity(size);
+    padded.extend_from_slice(bytes);
+    padded.resize(size, 0);
+    buf.get_mapped_range_mut(..)
+        .map_err(|e| err(format!("uploading {label}: mapping {size} bytes: {e}")))?
+        .copy_from_slice(&padded);
+    buf.unmap();
+    Ok(buf)
+}
+
+fn upload_f32(dev: &wgpu::Device, label: &str, v: &[f32]) -> Result<wgpu::Buffer> {
+    let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+    upload_bytes(dev, label, &bytes)
+}
+
+fn zeros(dev: &wgpu::Device, label: &str, bytes: usize) -> wgpu::Buffer {
+    dev.create_buffer(&wgpu::BufferDescriptor {
+        label: Some(label),
+        size: (bytes.max(4).div_ceil(4) * 4) as u64,
+        usage: storage_usage(),
+        mapped_at_creation: false,
+    })
+}
+
+/// The q, k and v matrices: stacked (rows of q, then k, then v: one product into the
+/// step's q|k|v rows) where they share a type and all or none have biases, else apart.
+enum Qkv {
+    Fused(WMat),
+    Split(Box<[WMat; 3]>),
+}
+
+/// The gate and up matrices: interleaved (row 2i gate row i, row 2i + 1 up row i: one
+/// product with the gated unit in its epilogue) where they share a type, else apart.
+enum Ffn {
+    Fused(WMat),
+    Split { gate: WMat, up: WMat },
+}
+
+struct WLayer {
+    attn_norm: wgpu::Buffer,
+    qkv: Qkv,
+    wo: WMat,
+    q_norm: Option<wgpu::Buffer>,
+    k_norm: Option<wgpu::Buffer>,
+    post_attn_norm: Option<wgpu::Buffer>,
+    ffn_norm: wgpu::Buffer,
+    ffn: Ffn,
+    w_down: WMat,
+    post_ffn_norm: Option<wgpu::Buffer>,
+}
+
+/// A model's weights on a wgpu device (see the module docs).
+pub struct WgpuModel {
+    dev: WgpuDevice,
+    pub cfg: Config,
+    tok_embd: WMat,
+    /// None: tied to the embedding.
+    output: Option<WMat>,
+    output_norm: wgpu::Buffer,
+    layers: Vec<WLayer>,
+    rope_freq_factors: Option<Vec<f32>>,
+    /// Bound where a product has no bias.
+    dummy: wgpu::Buffer,
+    weight_bytes: usize,
+    max_binding: u64,
+}
+
+impl WgpuModel {
+    /// Uploads `m`'s weights to `dev`. Every tensor is checked first (a type without a
+    /// kernel, a row larger than the adapter's largest storage binding, a head_dim over 256):
+    /// a refusal names the tensor, its size and the limit before any upload.
+    pub fn new(m: &Model, dev: &WgpuDevice) -> Result<WgpuModel> {
+        WgpuModel::load(m, dev, true, None)
+    }
+
+    /// [`WgpuModel::new`]; `fuse` false keeps q, k, v and gate, up apart even where they
+    /// share a type (separate products and a separate gated-unit pass: the path of mixed
+    /// types); `weight_binding` splits weights by a smaller largest binding than the
+    /// adapter's (tests of the split path and of refusals on any adapter).
+    pub fn load(
+        m: &Model,
+        dev: &WgpuDevice,
+        fuse: bool,
+        weight_binding: Option<u64>,
+    ) -> Result<WgpuModel> {
+        let c = &m.cfg;
+        let lim = dev.limits();
+        let max_binding = lim.max_storage_buffer_binding_size.min(lim.max_buffer_size) / 4 * 4;
+        let weight_max = weight_binding.map_or(max_binding, |b| b.min(max_binding));
+        if c.head_dim > MAX_HEAD_DIM || c.n_kv_head == 0 || !c.n_head.is_multiple_of(c.n_kv_head) {
+            return Err(err(format!(
+                "attention: head_dim {} (at most {MAX_HEAD_DIM}) with {} heads over {} KV heads is not supported",
+                c.head_dim, c.n_head, c.n_kv_head
+            )));
+        }
+        if lim.max_storage_buffers_per_shader_stage < 7 {
+            return Err(err(format!(
+                "adapter {} binds {} storage buffers per shader stage; the kernels need 7",
+                dev.name(),
+                lim.max_storage_buffers_per_shader_stage
+            )));
+        }
+        let tied = m.output.info.name == m.tok_embd.info.name;
+        let mut all: Vec<&Weight> = vec![&m.tok_embd];
+        if !tied {
+            all.push(&m.output);
+        }
+        for l in &m.layers {
+            all.extend([&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down]);
+        }
+        for w in &all {
+            plan_chunks(&w.info.name, Shape::of(w), weight_max)?;
+        }
+        let fused = |l: &super::Layer| fuse && l.w_gate.info.ty == l.w_up.info.ty;
+        let stacked = |l: &super::Layer| {
+            let biases = [&l.bq, &l.bk, &l.bv].map(|b| b.is_some());
+            fuse && l.wq.info.ty == l.wk.info.ty
+                && l.wq.info.ty == l.wv.info.ty
+                && (biases == [true; 3] || biases == [false; 3])
+        };
+        for l in m.layers.iter().filter(|l| stacked(l)) {
+            let mut sh = Shape::of(&l.wq);
+            sh.rows = l.wq.rows + l.wk.rows + l.wv.rows;
+            plan_chunks(&l.wq.info.name, sh, weight_max)?;
+        }
+        for l in m.layers.iter().filter(|l| fused(l)) {
+            let mut sh = Shape::of(&l.w_gate);
+            sh.rows *= 2;
+            sh.pairs = true;
+            plan_chunks(&l.w_gate.info.name, sh, weight_max)?;
+        }
+        let d = dev.raw_device();
+        let mut weight_bytes = 0usize;
+        let mut upload = |name: &str, sh: Shape, data: &[u8], bias: Option<&Vec<f32>>| {
+            let (fmt, chunks) = plan_chunks(name, sh, weight_max)?;
+            let row_bytes = sh.cols / fmt.values * fmt.block_bytes;
+            if data.len() != row_bytes * sh.rows {
+                return Err(err(format!(
+                    "tensor {name}: {} bytes for {} rows of {row_bytes}",
+                    data.len(),
+                    sh.rows
+                )));
+            }
+            weight_bytes += data.len();
+            let chunks = chunks
+                .into_iter()
+                .map(|(r0, n)| {
+                    Ok(Chunk {
+                        buf: upload_bytes(d, name, &data[r0 * row_bytes..(r0 + n) * row_bytes])?,
+                        row0: r0,
+                        rows: n,
+                    })
+                })
+                .collect::<Result<Vec<_>>>()?;
+            Ok(WMat {
+                fmt,
+                rows: sh.rows,
+                cols: sh.cols,
+                row_bytes,
+                chunks,
+                bias: bias.map(|b| upload_f32(d, "bias", b)).transpose()?,
+            })
+        };
+        macro_rules! mat {
+            ($w:expr, $bias:expr) => {
+                upload(
+                    &$w.info.name,
+                    Shape::of($w),
+                    m.file.tensor_data(&$w.info),
+                    $bias,
+                )
+            };
+        }
+        let tok_embd = mat!(&m.tok_embd, None)?;
+        let output = if tied {
+            None
+        } else {
+            Some(mat!(&m.output, None)?)
+        };
+        let mut layers = Vec::with_capacity(m.layers.len());
+        for l in &m.layers {
+            layers.push(WLayer {
+                attn_norm: upload_f32(d, "norm", &l.attn_norm)?,
+                qkv: if stacked(l) {
+                    let f = &m.file;
+                    let mut all = f.tensor_data(&l.wq.info).to_vec();
+                    all.extend_from_slice(f.tensor_data(&l.wk.info));
+                    all.extend_from_slice(f.tensor_data(&l.wv.info));
+                    let bias: Option<Vec<f32>> = match (&l.bq, &l.bk, &l.bv) {
+                        (Some(a), Some(b), Some(c)) => Some([&a[..], b, c].concat()),
+                        _ => None,
+                    };
+                    let mut sh = Shape::of(&l.wq);
+                    sh.rows = l.wq.rows + l.wk.rows + l.wv.rows;
+                    Qkv::Fused(upload(&l.wq.info.name, sh, &all, bias.as_ref())?)
+                } else {
+                    Qkv::Split(Box::new([
+                        mat!(&l.wq, l.bq.as_ref())?,
+                        mat!(&l.wk, l.bk.as_ref())?,
+                        mat!(&l.wv, l.bv.as_ref())?,
+                    ]))
+                },
+                wo: mat!(&l.wo, None)?,
+                q_norm: l
+                    .q_norm
+                    .as_ref()
+                    .map(|v| upload_f32(d, "norm", v))
+                    .transpose()?,
+                k_norm: l
+                    .k_norm
+                    .as_ref()
+                    .map(|v| upload_f32(d, "norm", v))
+                    .transpose()?,
+                post_attn_norm: l
+                    .post_attn_norm
+                    .as_ref()
+                    .map(|v| upload_f32(d, "norm", v))
+                    .transpose()?,
+                ffn_norm: upload_f32(d, "norm", &l.ffn_norm)?,
+                ffn: if fused(l) {
+                    let (g, u) = (
+                        m.file.tensor_data(&l.w_gate.info),
+                        m.file.tensor_data(&l.w_up.info),
+                    );
+                    let rb = g.len() / l.w_gate.rows.max(1);
+                    let mut both = Vec::with_capacity(2 * g.len());
+                    for (gr, ur) in g.chunks_exact(rb).zip(u.chunks_exact(rb)) {
+                        both.extend_from_slice(gr);
+                        both.extend_from_slice(ur);
+                    }
+                    let mut sh = Shape::of(&l.w_gate);
+                    sh.rows *= 2;
+                    sh.pairs = true;
+                    Ffn::Fused(upload(&l.w_gate.info.name, sh, &both, None)?)
+                } else {
+                    Ffn::Split {
+                        gate: mat!(&l.w_gate, None)?,
+                        up: mat!(&l.w_up, None)?,
+                    }
+                },
+                w_down: mat!(&l.w_down, None)?,
+                post_ffn_norm: l
+                    .post_ffn_norm
+                    .as_ref()
+                    .map(|v| upload_f32(d, "norm", v))
+                    .transpose()?,
+            });
+        }
+        let output_norm = upload_f32(d, "norm", &m.output_norm)?;
+        let dummy = zeros(d, "no bias", 4);
+        dev.check_errors("wgpu model upload")
+            .map_err(|e| err(e.to_string()))?;
+        Ok(WgpuModel {
+            dev: dev.clone(),
+            cfg: c.clone(),
+            tok_embd,
+            output,
+            output_norm,
+            layers,
+            rope_freq_factors: m.rope_freq_factors.clone(),
+            dummy,
+            weight_bytes,
+            max_binding,
+        })
+    }
+
+    pub fn device(&self) -> &WgpuDevice {
+        &self.dev
+    }
+
+    /// Bytes of weight blocks on the device.
+    pub fn weight_bytes(&self) -> usize {
+        self.weight_bytes
+    }
+
+    /// A buffer size check against the adapter's largest storage binding.
+    fn check_binding(&self, what: &str, bytes: usize) -> Result<()> {
+        if bytes as u64 > self.max_binding {
+            return Err(err(format!(
+                "{what} needs {bytes} bytes, more than the adapter's largest storage binding \
+                 ({} bytes on {})",
+                self.max_binding,
+                self.dev.name()
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// Keys and values of the paged cache on a wgpu device: f32
+/// `[block][layer][kv_head][BLOCK_SIZE][head_dim]` each (one block, all layers, is one range).
+pub struct WgpuKvStore {
+    dev: WgpuDevice,
+    kc: wgpu::Buffer,
+    vc: wgpu::Buffer,
+    /// One block, for copy-on-write.
+    tmp: wgpu::Buffer,
+    n_blocks: usize,
+    block_bytes: usize,
+}
+
+impl WgpuKvStore {
+    /// `n_blocks` blocks for `m`'s layers; refused (naming both sizes) where keys or values
+    /// would exceed the adapter's largest storage binding.
+    pub fn new(m: &WgpuModel, n_blocks: usize) -> Result<WgpuKvStore> {
+        let c = &m.cfg;
+        let block_bytes = c.n_layer * c.n_kv_head * BLOCK_SIZE * c.head_dim * 4;
+        let total = block_bytes
+            .checked_mul(n_blocks)
+            .filter(|_| n_blocks > 0 && n_blocks <= u32::MAX as usize)
+            .ok_or_else(|| {
+                err(format!(
+                    "KV cache: {n_blocks} blocks of {block_bytes} bytes is not a valid size"
+                ))
+            })?;
+        m.check_binding(
+            &format!("the KV cache ({n_blocks} blocks of {block_bytes} bytes, keys or values)"),
+            total,
+        )?;
+        let d = m.dev.raw_device();
+        Ok(WgpuKvStore {
+            dev: m.dev.clone(),
+            kc: zeros(d, "kv cache keys", total),
+            vc: zeros(d, "kv cache values", total),
+            tmp: zeros(d, "kv cache block copy", block_bytes),
+            n_blocks,
+            block_bytes,
+        })
+    }
+
+    pub fn n_blocks(&self) -> usize {
+        self.n_blocks
+    }
+
+    /// Device bytes of keys and values together.
+    pub fn bytes(&self) -> usize {
+        2 * self.n_blocks * self.block_bytes
+    }
+}
+
+impl KvStore for WgpuKvStore {
+    fn copy_block(&mut self, src: BlockId, dst: BlockId) -> Result<()> {
+        let (s, t) = (src as usize, dst as usize);
+        if s >= self.n_blocks || t >= self.n_blocks {
+            return Err(err(format!(
+                "copy_block: block {src} or {dst} outside the cache of {} blocks",
+                self.n_blocks
+            )));
+        }
+        let b = self.block_bytes as u64;
+        let mut enc = self
+            .dev
+            .raw_device()
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
+        // A copy within one buffer is not allowed: through the one-block scratch.
+        for c in [&self.kc, &self.vc] {
+            enc.copy_buffer_to_buffer(c, s as u64 * b, &self.tmp, 0, b);
+            enc.copy_buffer_to_buffer(&self.tmp, 0, c, t as u64 * b, b);
+        }
+        self.dev.raw_queue().submit([enc.finish()]);
+        Ok(())
+    }
+}
+
+/// What a product does with its sums.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Epilogue {
+    Store,
+    /// `y += sums` (the residual stream).
+    Add,
+    /// Rows 2i, 2i + 1 are gate and up of unit i: `y[i] = act(gate) * up`.
+    Glu(Glu),
+}
+
+/// A compiled entry point and the layout of its bind group.
+struct Pipe {
+    pipe: wgpu::ComputePipeline,
+    layout: wgpu::BindGroupLayout,
+}
+
+/// One recorded dispatch of a step.
+struct Disp {
+    pipe: usize,
+    params: Vec<u32>,
+    binds: Vec<(u32, wgpu::Buffer)>,
+    groups: usize,
+}
+
+/// Which shader module a pipeline comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum Module {
+    Matvec(Format, u32),
+    Ops,
+    Paged,
+}
+
+/// Scratch of a step, grown to the largest step seen.
+struct Scratch {
+    rows: usize,
+    out: usize,
+    bufs: [wgpu::Buffer; 8],
+    /// Normalized activations (d_model wide).
+    xn: wgpu::Buffer,
+    /// The logit rows' normalized activations, logits, greedy tokens.
+    xo: wgpu::Buffer,
+    logits: wgpu::Buffer,
+    toks: wgpu::Buffer,
+    toks_rb: wgpu::Buffer,
+    logits_rb: wgpu::Buffer,
+}
+
+/// The wgpu kernel set (see the module docs).
+pub struct WgpuKernels<'g> {
+    m: &'g WgpuModel,
+    pipes: Vec<Pipe>,
+    pipe_ids: HashMap<(Module, &'static str), usize>,
+    scratch: Option<Scratch>,
+    meta: Option<wgpu::Buffer>,
+    meta_cap: usize,
+    trig: Option<wgpu::Buffer>,
+    trig_cap: usize,
+    params: Option<wgpu::Buffer>,
+    params_cap: usize,
+    plan: Vec<Disp>,
+    /// Words of meta before each section: rows info, logit row ids.
+    rows_at: usize,
+    out_at: usize,
+    /// Offsets (f32) of the cos/sin tables in trig: global, local.
+    trig_at: [usize; 4],
+    inv_freq: Vec<f32>,
+    inv_freq_local: Vec<f32>,
+    n_rows: usize,
+    n_out: usize,
+    submitted: Option<wgpu::SubmissionIndex>,
+    host_logits: Vec<f32>,
+    fetched: bool,
+    param_align: usize,
+    /// Bind groups by (pipeline, parameter offset and length, buffers): a decode step plans
+    /// the same dispatches over the same buffers as the one before it.
+    bind_cache: HashMap<BindKey, wgpu::BindGroup>,
+}
+
+type BindKey = (usize, usize, usize, Vec<(u32, wgpu::Buffer)>);
+
+/// Bind groups kept at most (the cache is cleared past this).
+const MAX_BIND_GROUPS: usize = 16384;
+
+fn rope_inv_freq(rope_dim: usize, base: f32, factors: Option<&[f32]>) -> Vec<f32> {
+    (0..rope_dim / 2)
+        .map(|i| {
+            let f = 1.0 / base.powf((2 * i) as f32 / rope_dim as f32);
+            match factors {
+                Some(fs) => f / fs[i],
+                None => f,
+            }
+        })
+        .collect()
+}
+
+fn u32_of(v: usize, what: &str) -> Result<u32> {
+    u32::try_from(v).map_err(|_| err(format!("{what} = {v} exceeds u32")))
+}
+
+impl<'g> WgpuKernels<'g> {
+    pub fn new(m: &'g WgpuModel) -> WgpuKernels<'g> {
+        let c = &m.cfg;
+        let factors = m.rope_freq_factors.as_deref();
+        let align = m.dev.limits().min_storage_buffer_offset_alignment.max(4) as usize / 4;
+        WgpuKernels {
+            m,
+            pipes: Vec::new(),
+            pipe_ids: HashMap::new(),
+            scratch: None,
+            meta: None,
+            meta_cap: 0,
+            trig: None,
+            trig_cap: 0,
+            params: None,
+            params_cap: 0,
+            plan: Vec::new(),
+            rows_at: 0,
+            out_at: 0,
+            trig_at: [0; 4],
+            inv_freq: rope_inv_freq(c.rope_dim, c.rope_base, factors),
+            inv_freq_local: rope_inv_freq(c.rope_dim, c.rope_base_local, factors),
+            n_rows: 0,
+            n_out: 0,
+            submitted: None,
+            host_logits: Vec::new(),
+            fetched: false,
+            param_align: align.max(1),
+            bind_cache: HashMap::new(),
+        }
+    }
+
+    pub fn model(&self) -> &'g WgpuModel {
+        self.m
+    }
+
+    fn dev(&self) -> &'g wgpu::Device {
+        self.m.dev.raw_device()
+    }
+
+    /// The pipeline of `entry` in `module`, compiled at first use.
+    fn pipe(&mut self, module: Module, entry: &'static str) -> Result<usize> {
+        if let Some(&i) = self.pipe_ids.get(&(module, entry)) {
+            return Ok(i);
+        }
+        let (label, src) = match module {
+            Module::Matvec(f, rows) => (format!("matvec {}", f.name), matvec_source(&f, rows)),
+            Module::Ops => ("ops".to_string(), OPS.to_string()),
+            Module::Paged => ("paged".to_string(), PAGED.to_string()),
+        };
+        let dev = self.dev();
+        let scope = dev.push_error_scope(wgpu::ErrorFilter::Validation);
+        let sm = dev.create_shader_module(wgpu::ShaderModuleDescriptor {
+            label: Some(&label),
+            source: wgpu::ShaderSource::Wgsl(src.into()),
+        });
+        let pipe = dev.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+            label: Some(entry),
+            layout: None,
+            module: &sm,
+            entry_point: Some(entry),
+            compilation_options: Default::default(),
+            cache: None,
+        });
+        if let Some(e) = pollster::block_on(scope.pop()) {
+            return Err(err(format!("compiling {label} entry {entry}: {e}")));
+        }
+        let layout = pipe.get_bind_group_layout(0);
+        self.pipes.push(Pipe { pipe, layout });
+        let i = self.pipes.len() - 1;
+        self.pipe_ids.insert((module, entry), i);
+        Ok(i)
+    }
+
+    fn scratch(&self) -> Result<&Scratch> {
+        self.scratch
+            .as_ref()
+            .ok_or_else(|| err("a kernel was called before begin"))
+    }
+
+    fn width(&self, b: Buf) -> usize {
+        let c = &self.m.cfg;
+        match b {
+            Buf::X | Buf::Tmp => c.d_model,
+            Buf::Q | Buf::Att => c.n_head * c.head_dim,
+            Buf::K | Buf::V => c.n_kv_head * c.head_dim,
+            Buf::Gate | Buf::Up => c.n_ff,
+        }
+    }
+
+    /// Width of a row of the q|k|v buffer.
+    fn qkv_width(&self) -> usize {
+        let c = &self.m.cfg;
+        (c.n_head + 2 * c.n_kv_head) * c.head_dim
+    }
+
+    /// (buffer, first column, row stride) of a named activation: q, k and v are column
+    /// ranges of one `[rows][q | k | v]` buffer, the others have rows of their width.
+    fn view(&self, b: Buf) -> Result<(wgpu::Buffer, usize, usize)> {
+        let c = &self.m.cfg;
+        let buf = self.scratch()?.bufs[b as usize].clone();
+        let (q, kv) = (c.n_head * c.head_dim, c.n_kv_head * c.head_dim);
+        Ok(match b {
+            Buf::Q => (buf, 0, self.qkv_width()),
+            Buf::K => (buf, q, self.qkv_width()),
+            Buf::V => (buf, q + kv, self.qkv_width()),
+            _ => (buf, 0, self.width(b)),
+        })
+    }
+
+    /// A packed activation (rows of exactly its width): a product's input.
+    fn buf(&self, b: Buf) -> Result<wgpu::Buffer> {
+        match b {
+            Buf::Q | Buf::K | Buf::V => Err(err(format!(
+                "{b:?} is a column range of the q|k|v rows and cannot be a product's input"
+            ))),
+            _ => Ok(self.scratch()?.bufs[b as usize].clone()),
+        }
+    }
+
+    /// Grows the scratch to `rows` rows and `out` logit rows.
+    fn ensure_scratch(&mut self, rows: usize, out: usize) -> Result<()> {
+        if let Some(s) = &self.scratch {
+            if s.rows >= rows && s.out >= out {
+                return Ok(());
+            }
+        }
+        let (rows, out) = match &self.scratch {
+            Some(s) => (rows.max(s.rows), out.max(s.out)),
+            None => (rows.max(1), out.max(1)),
+        };
+        let c = &self.m.cfg;
+        for (b, w) in [
+            ("gate", c.n_ff),
+            ("q|k|v", self.qkv_width()),
+            ("x", c.d_model),
+        ] {
+            self.m
+                .check_binding(&format!("activations {b} of {rows} rows"), rows * w * 4)?;
+        }
+        self.m.check_binding(
+            &format!("logits of {out} rows of {}", c.vocab),
+            out * c.vocab * 4,
+        )?;
+        let d = self.dev();
+        let f32s = |n: usize, l: &str| zeros(d, l, n * 4);
+        let bufs = [
+            Buf::X,
+            Buf::Q,
+            Buf::K,
+            Buf::V,
+            Buf::Att,
+            Buf::Tmp,
+            Buf::Gate,
+            Buf::Up,
+        ]
+        .map(|b| match b {
+            // Q, K and V share one buffer (`view`): replaced below.
+            Buf::Q | Buf::K | Buf::V => f32s(0, "llm activations"),
+            _ => f32s(rows * self.width(b), "llm activations"),
+        });
+        let qkv = f32s(rows * self.qkv_width(), "llm q|k|v");
+        let mut bufs = bufs;
+        for b in [Buf::Q, Buf::K, Buf::V] {
+            bufs[b as usize] = qkv.clone();
+        }
+        let rb = |bytes: usize| {
+            d.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("llm readback"),
+                size: bytes.max(4) as u64,
+                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            })
+        };
+        self.scratch = Some(Scratch {
+            rows,
+            out,
+            bufs,
+            xn: f32s(rows * c.d_model, "llm normed activations"),
+            xo: f32s(out * c.d_model, "llm logit rows"),
+            logits: f32s(out * c.vocab, "llm logits"),
+            toks: f32s(out, "llm greedy tokens"),
+            toks_rb: rb(out * 4),
+            logits_rb: rb(out * c.vocab * 4),
+        });
+        Ok(())
+    }
+
+    /// Writes `data` into `slot` (grown to fit, never shrunk).
+    fn write_grow(
+        dev: &wgpu::Device,
+        q: &wgpu::Queue,
+        slot: &mut Option<wgpu::Buffer>,
+        cap: &mut usize,
+        bytes: &[u8],
+    ) {
+        if slot.is_none() || *cap < bytes.len() {
+            *cap = bytes.len().next_power_of_two().max(256);
+            *slot = Some(zeros(dev, "llm step data", *cap));
+        }
+        if let Some(b) = slot {
+            let n = bytes.len() / 4 * 4;
+            if n > 0 {
+                q.write_buffer(b, 0, &bytes[..n]);
+            }
+        }
+    }
+
+    fn push(
+        &mut self,
+        pipe: usize,
+        params: Vec<u32>,
+        binds: Vec<(u32, wgpu::Buffer)>,
+        groups: usize,
+    ) {
+        if groups > 0 {
+            self.plan.push(Disp {
+                pipe,
+                params,
+                binds,
+                groups,
+            });
+        }
+    }
+
+    /// Plans `out[:, col0..col0 + w.rows] (+)= x @ w^T (+ bias)` over the step's rows, with
+    /// `x` rows `x_stride` wide and `out` rows `out_stride` wide (`Epilogue::Glu`: `w` holds
+    /// gate/up row pairs and `out[:, i] = act(gate_i) * up_i`).
+    #[allow(clippy::too_many_arguments)]
+    fn product(
+        &mut self,
+        w: &'g WMat,
+        x: wgpu::Buffer,
+        x_stride: usize,
+        rows: usize,
+        out: wgpu::Buffer,
+        out_stride: usize,
+        col0: usize,
+        mode: Epilogue,
+    ) -> Result<()> {
+        let r = match rows {
+            1 => 1,
+            2..8 => 4,
+            _ => 8,
+        };
+        let pipe = self.pipe(Module::Matvec(w.fmt, r), "matvec")?;
+        let nrg = rows.div_ceil(r as usize);
+        let flags = match mode {
+            Epilogue::Store => 0,
+            Epilogue::Add => 1,
+            Epilogue::Glu(Glu::Silu) => 4,
+            Epilogue::Glu(Glu::GeluTanh) => 4 | 8,
+        } | if w.bias.is_some() { 2 } else { 0 };
+        let bias = w.bias.clone().unwrap_or_else(|| self.m.dummy.clone());
+        for ch in &w.chunks {
+            let params = vec![
+                u32_of(rows, "rows")?,
+                u32_of(w.cols, "cols")?,
+                u32_of(ch.rows, "rows of a chunk")?,
+                u32_of(ch.row0, "first row of a chunk")?,
+                u32_of(out_stride, "output stride")?,
+                u32_of(w.row_bytes, "row bytes")?,
+                flags,
+                u32_of(x_stride, "input stride")?,
+                u32_of(col0, "output column")?,
+            ];
+            let binds = vec![
+                (1, ch.buf.clone()),
+                (2, x.clone()),
+                (3, out.clone()),
+                (4, bias.clone()),
+            ];
+            let groups = ch.rows.div_ceil(MATVEC_OUTS) * nrg;
+            self.push(pipe, params, binds, groups);
+        }
+        Ok(())
+    }
+
+    fn mat(&self, w: Mat) -> Result<&'g WMat> {
+        let ls = &self.m.layers;
+        Ok(match w {
+            Mat::Q(il) | Mat::K(il) | Mat::V(il) => match &ls[il].qkv {
+                Qkv::Split(qkv) => match w {
+                    Mat::Q(_) => &qkv[0],
+                    Mat::K(_) => &qkv[1],
+                    _ => &qkv[2],
+                },
+                Qkv::Fused(_) => {
+                    return Err(err(format!(
+                        "{w:?}: q, k and v are stacked in one matrix (norm_matmul runs them)"
+                    )))
+                }
+            },
+            Mat::O(il) => &ls[il].wo,
+            Mat::Gate(il) | Mat::Up(il) => match &ls[il].ffn {
+                Ffn::Split { gate, up } => match w {
+                    Mat::Gate(_) => gate,
+                    _ => up,
+                },
+                Ffn::Fused(_) => {
+                    return Err(err(format!(
+                        "{w:?}: gate and up are interleaved in one matrix (norm_glu runs them)"
+                    )))
+                }
+            },
+            Mat::Down(il) => &ls[il].w_down,
+        })
+    }
+
+    fn norm_w(&self, n: Norm) -> Result<&'g wgpu::Buffer> {
+        let ls = &self.m.layers;
+        let v = match n {
+            Norm::Attn(il) => Some(&ls[il].attn_norm),
+            Norm::Ffn(il) => Some(&ls[il].ffn_norm),
+            Norm::PostAttn(il) => ls[il].post_attn_norm.as_ref(),
+            Norm::PostFfn(il) => ls[il].post_ffn_norm.as_ref(),
+            Norm::QHead(il) => ls[il].q_norm.as_ref(),
+            Norm::KHead(il) => ls[il].k_norm.as_ref(),
+        };
+        v.ok_or_else(|| err(format!("the model has no norm {n:?}")))
+    }
+
+    /// Plans `dst (+)= rms_norm(src piece) * w` over `pieces` pieces of `n` values (`gather`:
+    /// source piece i is the batch row of logit row i).
+    #[allow(clippy::too_many_arguments)]
+    fn rms_norm(
+        &mut self,
+        src: wgpu::Buffer,
+        dst: wgpu::Buffer,
+        w: wgpu::Buffer,
+        n: usize,
+        pieces: usize,
+        add: bool,
+        gather: bool,
+    ) -> Result<()> {
+        let pipe = self.pipe(Module::Ops, "rms_norm")?;
+        let meta = self.meta_buf()?;
+        let params = vec![
+            u32_of(n, "norm width")?,
+            u32_of(pieces, "norm rows")?,
+            self.m.cfg.eps.to_bits(),
+            u32::from(add),
+            u32::from(gather),
+            u32_of(self.out_at, "meta offset")?,
+        ];
+        let binds = vec![(1, src), (2, dst), (3, w), (4, meta)];
+        self.push(pipe, params, binds, pieces);
+        Ok(())
+    }
+
+    fn meta_buf(&self) -> Result<wgpu::Buffer> {
+        self.meta
+            .clone()
+            .ok_or_else(|| err("a kernel was called before begin"))
+    }
+
+    /// Submits the planned dispatches (one command buffer) and the copies of the step's
+    /// greedy tokens to the readback buffer.
+    fn run(&mut self) -> Result<()> {
+        let plan = std::mem::take(&mut self.plan);
+        let al = self.param_align;
+        let mut words: Vec<u32> = Vec::new();
+        let mut offs = Vec::with_capacity(plan.len());
+        for d in &plan {
+            let start = words.len().div_ceil(al) * al;
+            words.resize(start, 0);
+            words.extend_from_slice(&d.params);
+            offs.push(start);
+        }
+        words.push(0);
+        let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+        let dev = self.dev();
+        let q = self.m.dev.raw_queue();
+        let cap = self.params_cap;
+        Self::write_grow(dev, q, &mut self.params, &mut self.params_cap, &bytes);
+        if cap != self.params_cap {
+            self.bind_cache.clear();
+        }
+        let params = self
+            .params
+            .clone()
+            .ok_or_else(|| err("no parameter buffer"))?;
+        let max_dim = self
+            .m
+            .dev
+            .limits()
+            .max_compute_workgroups_per_dimension
+            .max(1) as usize;
+        let mut enc = dev.create_command_encoder(&wgpu::CommandEncoderDescriptor {
+            label: Some("llm step"),
+        });
+        let scope = dev.push_error_scope(wgpu::ErrorFilter::Validation);
+        {
+            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                label: Some("llm step"),
+                timestamp_writes: None,
+            });
+            if self.bind_cache.len() + plan.len() > MAX_BIND_GROUPS {
+                self.bind_cache.clear();
+            }
+            for (d, &off) in plan.iter().zip(&offs) {
+                let p = &self.pipes[d.pipe];
+                let n = d.params.len().max(1);
+                let mut binds = d.binds.clone();
+                binds.push((0, params.clone()));
+                let key = (d.pipe, off, n, binds);
+                let bind = self.bind_cache.entry(key).or_insert_with(|| {
+                    let mut entries = vec![wgpu::BindGroupEntry {
+                        binding: 0,
+                        resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                            buffer: &params,
+                            offset: (off * 4) as u64,
+                            size: wgpu::BufferSize::new((n * 4) as u64),
+                        }),
+                    }];
+                    for (b, buf) in &d.binds {
+                        entries.push(wgpu::BindGroupEntry {
+                            binding: *b,
+                            resource: buf.as_entire_binding(),
+                        });
+                    }
+                    dev.create_bind_group(&wgpu::BindGroupDescriptor {
+                        label: None,
+                        layout: &p.layout,
+                        entries: &entries,
+                    })
+                });
+                let (gx, gy) = if d.groups <= max_dim {
+                    (d.groups, 1)
+                } else {
+                    (max_dim, d.groups.div_ceil(max_dim))
+                };
+                pass.set_pipeline(&p.pipe);
+                pass.set_bind_group(0, &*bind, &[]);
+                pass.dispatch_workgroups(gx as u32, gy as u32, 1);
+            }
+        }
+        if let Some(e) = pollster::block_on(scope.pop()) {
+            return Err(err(format!("recording the step: {e}")));
+        }
+        if self.n_out > 0 {
+            let s = self.scratch()?;
+            enc.copy_buffer_to_buffer(&s.toks, 0, &s.toks_rb, 0, (self.n_out * 4) as u64);
+        }
+        self.submitted = Some(q.submit([enc.finish()]));
+        Ok(())
+    }
+
+    /// Maps `buf`'s first `bytes` bytes after the step and returns them as words.
+    fn read_back(&self, buf: &wgpu::Buffer, bytes: usize) -> Result<Vec<u32>> {
+        if bytes == 0 {
+            return Ok(Vec::new());
+        }
+        let (tx, rx) = std::sync::mpsc::channel();
+        buf.map_async(wgpu::MapMode::Read, 0..bytes as u64, move |r| {
+            let _ = tx.send(r);
+        });
+        self.dev()
+            .poll(wgpu::PollType::Wait {
+                submission_index: self.submitted.clone(),
+                timeout: None,
+            })
+            .map_err(|e| err(format!("waiting for the device: {e}")))?;
+        self.m
+            .dev
+            .check_errors("llm step")
+            .map_err(|e| err(e.to_string()))?;
+        match rx.recv() {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return Err(err(format!("mapping: {e}"))),
+            Err(_) => return Err(err("the mapping never completed")),
+        }
+        let words = {
+            let view = buf
+                .get_mapped_range(0..bytes as u64)
+                .map_err(|e| err(format!("mapping: {e}")))?;
+            view.chunks_exact(4)
+                .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect()
+        };
+        buf.unmap();
+        Ok(words)
+    }
+
+    /// The greedy token (largest logit, lowest id on ties) of each logit row of the last
+    /// step (waits for the step).
+    pub fn read_tokens(&self) -> Result<Vec<u32>> {
+        let s = self.scratch()?;
+        self.read_back(&s.toks_rb, self.n_out * 4)
+    }
+
+    /// The last step's logits on the host (read once per step, then kept).
+    pub fn fetch_logits(&mut self) -> Result<&mut [f32]> {
+        if !self.fetched {
+            let n = self.n_out * self.m.cfg.vocab * 4;
+            if n > 0 {
+                let s = self.scratch()?;
+                let mut enc = self
+                    .dev()
+                    .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
+                enc.copy_buffer_to_buffer(&s.logits, 0, &s.logits_rb, 0, n as u64);
+                let idx = self.m.dev.raw_queue().submit([enc.finish()]);
+                self.submitted = Some(idx);
+            }
+            let s = self.scratch()?;
+            let w = self.read_back(&s.logits_rb, n)?;
+            self.host_logits = w.into_iter().map(f32::from_bits).collect();
+            self.fetched = true;
+        }
+        Ok(&mut self.host_logits)
+    }
+
+    /// The logits `fetch_logits` read in the last step, if it did.
+    pub fn fetched_logits(&self) -> Option<&[f32]> {
+        self.fetched.then_some(self.host_logits.as_slice())
+    }
+
+    /// Logit rows of the last step.
+    pub fn out_rows(&self) -> usize {
+        self.n_out
+    }
+}
+
+/// cos/sin tables `[row][rope_dim/2]` for the rows' positions (each times `pos_scale`), as
+/// the CPU kernel set computes them.
+fn rope_table(
+    inv: &[f32],
+    positions: &[usize],
+    pos_scale: f32,
+    cos: &mut Vec<f32>,
+    sin: &mut Vec<f32>,
+) {
+    for &p in positions {
+        let p = p as f32 * pos_scale;
+        for &f in inv {
+            let a = p * f;
+            cos.push(a.cos());
+            sin.push(a.sin());
+        }
+    }
+}
+
+impl Kernels for WgpuKernels<'_> {
+    type Kv = WgpuKvStore;
+
+    fn begin(&mut self, batch: &Batch) -> Result<()> {
+        let c = &self.m.cfg;
+        let rows = batch.rows();
+        let n_out = batch.out_rows();
+        let sizes = (
+            self.meta_cap,
+            self.trig_cap,
+            self.scratch.as_ref().map(|s| (s.rows, s.out)),
+        );
+        self.ensure_scratch(rows, n_out)?;
+        self.plan.clear();
+        self.fetched = false;
+        self.n_rows = rows;
+        self.n_out = n_out;
+        // meta: tokens [rows], (position, table index) [rows][2], logit rows [n_out], tables.
+        self.rows_at = rows;
+        self.out_at = 3 * rows;
+        let tables_at = 3 * rows + n_out;
+        let mut meta = vec![0u32; tables_at + batch.blocks.len() + 1];
+        meta[..rows].copy_from_slice(&batch.tokens);
+        let mut positions = Vec::with_capacity(rows);
+        for s in &batch.seqs {
+            for (k, r) in s.rows.clone().enumerate() {
+                meta[self.rows_at + 2 * r] = u32_of(s.pos + k, "position")?;
+                meta[self.rows_at + 2 * r + 1] = u32_of(tables_at + s.blocks.start, "table")?;
+                positions.push(s.pos + k);
+            }
+        }
+        for (i, r) in batch.out_row_ids().enumerate() {
+            meta[self.out_at + i] = r as u32;
+        }
+        meta[tables_at..tables_at + batch.blocks.len()].copy_from_slice(&batch.blocks);
+        let mut trig = Vec::new();
+        let mut sin = Vec::new();
+        rope_table(
+            &self.inv_freq,
+            &positions,
+            1.0 / c.rope_scale,
+            &mut trig,
+            &mut sin,
+        );
+        let half = c.rope_dim / 2;
+        self.trig_at = [0, rows * half, 2 * rows * half, 3 * rows * half];
+        trig.append(&mut sin);
+        if c.sliding_window > 0 {
+            rope_table(&self.inv_freq_local, &positions, 1.0, &mut trig, &mut sin);
+            trig.append(&mut sin);
+        }
+        trig.push(0.0);
+        let dev = self.m.dev.raw_device();
+        let q = self.m.dev.raw_queue();
+        let mb: Vec<u8> = meta.iter().flat_map(|w| w.to_le_bytes()).collect();
+        Self::write_grow(dev, q, &mut self.meta, &mut self.meta_cap, &mb);
+        let tb: Vec<u8> = trig.iter().flat_map(|w| w.to_le_bytes()).collect();
+        Self::write_grow(dev, q, &mut self.trig, &mut self.trig_cap, &tb);
+        let now = (
+            self.meta_cap,
+            self.trig_cap,
+            self.scratch.as_ref().map(|s| (s.rows, s.out)),
+        );
+        if now != sizes {
+            // Bind groups of replaced buffers would never be used again.
+            self.bind_cache.clear();
+        }
+        Ok(())
+    }
+
+    fn embed(&mut self, out: Buf) -> Result<()> {
+        let w = &self.m.tok_embd;
+        let rows = self.n_rows;
+        let pipe = self.pipe(Module::Matvec(w.fmt, 1), "embed")?;
+        let y = self.buf(out)?;
+        let meta = self.meta_buf()?;
+        let units = w.cols / 32;
+        for ch in &w.chunks {
+            let params = vec![
+                u32_of(rows, "rows")?,
+                u32_of(w.cols, "cols")?,
+                u32_of(ch.rows, "rows of a chunk")?,
+                u32_of(ch.row0, "first row of a chunk")?,
+                u32_of(w.row_bytes, "row bytes")?,
+                0,
+                self.m.cfg.embed_scale.to_bits(),
+            ];
+            let binds = vec![(1, ch.buf.clone()), (3, y.clone()), (5, meta.clone())];
+            self.push(pipe, params, binds, (rows * units).div_ceil(64));
+        }
+        Ok(())
+    }
+
+    fn norm_matmul(&mut self, x: Buf, norm: Option<Norm>, outs: &[(Mat, Buf)]) -> Result<()> {
+        let rows = self.n_rows;
+        let cols = self.width(x);
+        let src = match norm {
+            Some(n) => {
+                let xn = self.scratch()?.xn.clone();
+                let w = self.norm_w(n)?.clone();
+                if cols != self.m.cfg.d_model {
+                    return Err(err(format!("norm_matmul: a norm over {x:?} ({cols} wide)")));
+                }
+                self.rms_norm(self.buf(x)?, xn.clone(), w, cols, rows, false, false)?;
+                xn
+            }
+            None => self.buf(x)?,
+        };
+        if let [(Mat::Q(a), Buf::Q), (Mat::K(b), Buf::K), (Mat::V(c), Buf::V)] = *outs {
+            if let (true, Qkv::Fused(w)) = (a == b && b == c, &self.m.layers[a].qkv) {
+                let (ob, _, stride) = self.view(Buf::Q)?;
+                if w.cols != cols || w.rows != stride {
+                    return Err(err(format!(
+                        "norm_matmul: q|k|v [{}, {}] for {x:?} ({cols} wide)",
+                        w.rows, w.cols
+                    )));
+                }
+                return self.product(w, src, cols, rows, ob, stride, 0, Epilogue::Store);
+            }
+        }
+        for &(m, o) in outs {
+            let w = self.mat(m)?;
+            if w.cols != cols || w.rows != self.width(o) {
+                return Err(err(format!(
+                    "norm_matmul: {m:?} is [{}, {}] for {x:?} ({cols} wide) into {o:?} ({} wide)",
+                    w.rows,
+                    w.cols,
+                    self.width(o)
+                )));
+            }
+            let (ob, col0, stride) = self.view(o)?;
+            self.product(
+                w,
+                src.clone(),
+                cols,
+                rows,
+                ob,
+                stride,
+                col0,
+                Epilogue::Store,
+            )?;
+        }
+        Ok(())
+    }
+
+    fn head_norm(&mut self, x: Buf, norm: Norm) -> Result<()> {
+        let c = &self.m.cfg;
+        let pipe = self.pipe(Module::Ops, "rms_norm_inplace")?;
+        let heads = self.width(x) / c.head_dim;
+        let pieces = self.n_rows * heads;
+        let (buf, col0, stride) = self.view(x)?;
+        let params = vec![
+            u32_of(c.head_dim, "head_dim")?,
+            u32_of(pieces, "heads")?,
+            c.eps.to_bits(),
+            u32_of(heads, "heads per row")?,
+            u32_of(stride, "row stride")?,
+            u32_of(col0, "first column")?,
+        ];
+        let binds = vec![(2, buf), (3, self.norm_w(norm)?.clone())];
+        self.push(pipe, params, binds, pieces);
+        Ok(())
+    }
+
+    fn rope_attention(
+        &mut self,
+        kv: &mut WgpuKvStore,
+        layer: usize,
+        q: Buf,
+        k: Buf,
+        v: Buf,
+        out: Buf,
+    ) -> Result<()> {
+        let c = &self.m.cfg;
+        let rows = self.n_rows;
+        let local = c.is_local(layer);
+        let (cos_at, sin_at) = if local {
+            (self.trig_at[2], self.trig_at[3])
+        } else {
+            (self.trig_at[0], self.trig_at[1])
+        };
+        let window = if local { c.sliding_window } else { 0 };
+        let (qb, q0, qs) = self.view(q)?;
+        let (kb, k0, ks) = self.view(k)?;
+        let (vb, v0, vs) = self.view(v)?;
+        if ks != qs || vs != qs {
+            return Err(err(format!(
+                "rope_attention: {q:?}, {k:?} and {v:?} must share a row stride"
+            )));
+        }
+        let params = vec![
+            u32_of(rows, "rows")?,
+            u32_of(c.n_head, "n_head")?,
+            u32_of(c.n_kv_head, "n_kv_head")?,
+            u32_of(c.head_dim, "head_dim")?,
+            u32_of(c.rope_dim, "rope_dim")?,
+            u32::from(c.rope_neox),
+            u32_of(cos_at, "trig offset")?,
+            u32_of(sin_at, "trig offset")?,
+            u32_of(layer, "layer")?,
+            u32_of(c.n_layer, "n_layer")?,
+            u32_of(self.rows_at, "meta offset")?,
+            u32_of(window, "window")?,
+            c.attn_scale.to_bits(),
+            u32_of(qs, "q|k|v row stride")?,
+            u32_of(q0, "q column")?,
+            u32_of(k0, "k column")?,
+            u32_of(v0, "v column")?,
+        ];
+        let meta = self.meta_buf()?;
+        let trig = self
+            .trig
+            .clone()
+            .ok_or_else(|| err("rope_attention before begin"))?;
+        let store = self.pipe(Module::Paged, "rope_store")?;
+        let binds = vec![
+            (1, meta.clone()),
+            (2, trig.clone()),
+            (4, kb),
+            (5, vb),
+            (6, kv.kc.clone()),
+            (7, kv.vc.clone()),
+        ];
+        self.push(
+            store,
+            params.clone(),
+            binds,
+            (rows * c.n_kv_head * c.head_dim).div_ceil(64),
+        );
+        let attn = self.pipe(Module::Paged, "attention")?;
+        let binds = vec![
+            (1, meta),
+            (2, trig),
+            (3, qb),
+            (6, kv.kc.clone()),
+            (7, kv.vc.clone()),
+            (8, self.buf(out)?),
+        ];
+        self.push(attn, params, binds, rows * c.n_head);
+        Ok(())
+    }
+
+    fn norm_glu(
+        &mut self,
+        x: Buf,
+        norm: Norm,
+        gate: Mat,
+        up: Mat,
+        out: Buf,
+        act: Glu,
+    ) -> Result<()> {
+        let il = match (gate, up) {
+            (Mat::Gate(a), Mat::Up(b)) if a == b => Some(a),
+            _ => None,
+        };
+        if let Some(Ffn::Fused(w)) = il.map(|il| &self.m.layers[il].ffn) {
+            let (rows, cols) = (self.n_rows, self.width(x));
+            if w.cols != cols || w.rows != 2 * self.width(out) {
+                return Err(err(format!(
+                    "norm_glu: gate/up pairs [{}, {}] for {x:?} ({cols} wide) into {out:?}",
+                    w.rows, w.cols
+                )));
+            }
+            let xn = self.scratch()?.xn.clone();
+            let nw = self.norm_w(norm)?.clone();
+            self.rms_norm(self.buf(x)?, xn.clone(), nw, cols, rows, false, false)?;
+            let ob = self.buf(out)?;
+            return self.product(w, xn, cols, rows, ob, w.rows / 2, 0, Epilogue::Glu(act));
+        }
+        self.norm_matmul(x, Some(norm), &[(gate, out), (up, Buf::Up)])?;
+        let pipe = self.pipe(Module::Ops, "glu")?;
+        let n = self.n_rows * self.width(out);
+        let params = vec![
+            u32_of(n, "glu size")?,
+            match act {
+                Glu::Silu => 0,
+                Glu::GeluTanh => 1,
+            },
+        ];
+        let binds = vec![(1, self.buf(Buf::Up)?), (2, self.buf(out)?)];
+        self.push(pipe, params, binds, n.div_ceil(64));
+        Ok(())
+    }
+
+    fn matmul_residual(&mut self, x: Buf, w: Mat, y: Buf, post_norm: Option<Norm>) -> Result<()> {
+        let rows = self.n_rows;
+        let wm = self.mat(w)?;
+        let cols = self.width(x);
+        if wm.cols != cols || wm.rows != self.width(y) {
+            return Err(err(format!(
+                "matmul_residual: {w:?} is [{}, {}] for {x:?} ({cols} wide) onto {y:?}",
+                wm.rows, wm.cols
+            )));
+        }
+        let xb = self.buf(x)?;
+        let yb = self.buf(y)?;
+        match post_norm {
+            None => self.product(wm, xb, cols, rows, yb, wm.rows, 0, Epilogue::Add),
+            Some(n) => {
+                let tmp = self.buf(Buf::Tmp)?;
+                self.product(wm, xb, cols, rows, tmp.clone(), wm.rows, 0, Epilogue::Store)?;
+                let nw = self.norm_w(n)?.clone();
+                self.rms_norm(tmp, yb, nw, wm.rows, rows, true, false)
+            }
+        }
+    }
+
+    fn logits(&mut self, x: Buf) -> Result<()> {
+        let c = &self.m.cfg;
+        let n = self.n_out;
+        if n > 0 {
+            let (xo, logits, toks) = {
+                let s = self.scratch()?;
+                (s.xo.clone(), s.logits.clone(), s.toks.clone())
+            };
+            let on = self.m.output_norm.clone();
+            self.rms_norm(self.buf(x)?, xo.clone(), on, c.d_model, n, false, true)?;
+            let w = self.m.output.as_ref().unwrap_or(&self.m.tok_embd);
+            self.product(
+                w,
+                xo,
+                c.d_model,
+                n,
+                logits.clone(),
+                c.vocab,
+                0,
+                Epilogue::Store,
+            )?;
+            let pipe = self.pipe(Module::Ops, "argmax")?;
+            let params = vec![u32_of(c.vocab, "vocab")?, u32_of(n, "logit rows")?];
+            self.push(pipe, params, vec![(1, logits), (5, toks)], n);
+        }
+        self.run()
+    }
+}
+
+impl EngineKernels for WgpuKernels<'_> {
+    fn new_store(&self, n_blocks: usize) -> Result<WgpuKvStore> {
+        WgpuKvStore::new(self.m, n_blocks)
+    }
+
+    fn greedy_tokens(&mut self) -> Result<Option<Vec<u32>>> {
+        self.read_tokens().map(Some)
+    }
+
+    fn host_logits(&mut self) -> Result<&mut [f32]> {
+        self.fetch_logits()
+    }
+
+    fn last_host_logits(&self) -> Option<&[f32]> {
+        self.fetched_logits()
+    }
+}
+
+impl<'g> Engine<'g, WgpuKernels<'g>> {
+    /// An engine on the wgpu device holding `m` (scratch grown to the largest step, a device
+    /// KV cache of `cfg.kv_blocks` blocks).
+    pub fn wgpu(m: &'g WgpuModel, cfg: EngineConfig) -> Result<Engine<'g, WgpuKernels<'g>>> {
+        Engine::with_kernels(&m.cfg, cfg, WgpuKernels::new(m))
+    }
+}
+
+/// One sequence on a wgpu device (`run`, `chat`, `perplexity`): the model definition over
+/// the wgpu kernel set as a batch of one sequence, with a paged KV cache of `ctx` positions
+/// (the CPU [`super::Session`]'s interface).
+pub struct WgpuSession<'g> {
+    ctx: usize,
+    kv: PagedKv,
+    store: WgpuKvStore,
+    k: WgpuKernels<'g>,
+    batch: Batch,
+    logits: Vec<f32>,
+}
+
+/// The sequence id of a session's only sequence.
+const SEQ: u64 = 0;
+
+impl<'g> WgpuSession<'g> {
+    /// A session whose KV cache holds `ctx` positions (1..=the model's context length).
+    pub fn new(m: &'g WgpuModel, ctx: usize) -> Result<WgpuSession<'g>> {
+        if ctx == 0 || ctx > m.cfg.ctx_train {
+            return Err(Error::Context(format!(
+                "context size {ctx} must be between 1 and the model's context length {}",
+                m.cfg.ctx_train
+            )));
+        }
+        let blocks = ctx.div_ceil(BLOCK_SIZE);
+        let store = WgpuKvStore::new(m, blocks)?;
+        let mut kv = PagedKv::new(blocks, BLOCK_SIZE)?;
+        kv.add_seq(SEQ, &[])?;
+        Ok(WgpuSession {
+            ctx,
+            kv,
+            store,
+            k: WgpuKernels::new(m),
+            batch: Batch::default(),
+            logits: Vec::new(),
+        })
+    }
+
+    /// Tokens processed so far (the position of the next token).
+    pub fn pos(&self) -> usize {
+        self.kv.len(SEQ)
+    }
+
+    /// Capacity of the KV cache in tokens.
+    pub fn ctx(&self) -> usize {
+        self.ctx
+    }
+
+    /// Forgets every position from `pos` on (`pos <= self.pos()`).
+    pub fn truncate(&mut self, pos: usize) {
+        self.kv.truncate(SEQ, pos);
+    }
+
+    /// Runs `tokens` at positions `pos()..pos() + tokens.len()` and returns the logits asked
+    /// for (`[rows][vocab]`). Errors (before any work) if the tokens do not fit the cache or
+    /// an id is outside the vocabulary.
+    pub fn forward(&mut self, tokens: &[u32], which: Logits) -> Result<&[f32]> {
+        let vocab = self.k.m.cfg.vocab;
+        if tokens.is_empty() {
+            return Err(Error::Other("forward: no tokens".into()));
+        }
+        let need = self.pos() + tokens.len();
+        if need > self.ctx {
+            return Err(Error::Context(format!(
+                "{} tokens already in the cache plus {} new need {need} positions, but the context size is {}",
+                self.pos(),
+                tokens.len(),
+                self.ctx
+            )));
+        }
+        if let Some(&id) = tokens.iter().find(|&&t| t as usize >= vocab) {
+            return Err(Error::Token { id, vocab });
+        }
+        self.logits.clear();
+        let n_chunks = tokens.len().div_ceil(MAX_BATCH);
+        for (i, chunk) in tokens.chunks(MAX_BATCH).enumerate() {
+            let last = i + 1 == n_chunks;
+            let out = match which {
+                Logits::All => Out::All,
+                Logits::Last if last => Out::Last,
+                Logits::Last => Out::None,
+            };
+            let pos = self.pos();
+            self.kv.prepare(SEQ, chunk.len(), &mut self.store)?;
+            self.batch.clear();
+            self.batch.push(chunk, pos, self.kv.table(SEQ), out);
+            step::forward(&self.k.m.cfg, &mut self.k, &mut self.store, &self.batch)?;
+            self.kv.commit(SEQ, chunk)?;
+            if out != Out::None {
+                let l = self.k.fetch_logits()?;
+                self.logits.extend_from_slice(l);
+            }
+        }
+        Ok(&self.logits)
+    }
+}
+
+impl crate::generate::Sequence for WgpuSession<'_> {
+    fn forward(&mut self, tokens: &[u32], which: Logits) -> Result<&[f32]> {
+        WgpuSession::forward(self, tokens, which)
+    }
+
+    fn pos(&self) -> usize {
+        WgpuSession::pos(self)
+    }
+
+    fn ctx(&self) -> usize {
+        WgpuSession::ctx(self)
+    }
+
+    fn ctx_train(&self) -> usize {
+        self.k.m.cfg.ctx_train
+    }
+}

@@ -1,0 +1,209 @@
+// RoPE, the paged KV cache and causal attention.
+//
+// Cache layout (keys `kc`, values `vc`, f32): [block][layer][kv_head][16 slots][head_dim].
+// sdata (u32): per batch row r, at [rows_at + 2r]: its position and the index in sdata of its
+// sequence's block table (entry i: the block of positions 16i..16i + 16).
+// trig (f32): cos then sin of the rows' angles, [rows][rope_dim / 2] each, at [cos_at] and
+// [sin_at] (global or local angles, by the layer).
+//
+// params: [0] rows, [1] n_head, [2] n_kv_head, [3] head_dim, [4] rope_dim, [5] neox (1: pairs
+// (i, i + rope_dim/2), 0: (2i, 2i + 1)), [6] cos_at, [7] sin_at, [8] layer, [9] n_layer,
+// [10] rows_at, [11] window (0: none; else keys in (pos - window, pos]), [12] scale (f32 bits),
+// [13] row stride of q, k and v (one [rows][q | k | v] buffer, bound as q, kin and vin),
+// [14] first column of q, [15] of k, [16] of v.
+
+@group(0) @binding(0) var<storage, read> p: array<u32>;
+@group(0) @binding(1) var<storage, read> sdata: array<u32>;
+@group(0) @binding(2) var<storage, read> trig: array<f32>;
+@group(0) @binding(3) var<storage, read> q: array<f32>;
+@group(0) @binding(4) var<storage, read> kin: array<f32>;
+@group(0) @binding(5) var<storage, read> vin: array<f32>;
+@group(0) @binding(6) var<storage, read_write> kc: array<f32>;
+@group(0) @binding(7) var<storage, read_write> vc: array<f32>;
+@group(0) @binding(8) var<storage, read_write> out: array<f32>;
+
+const BS: u32 = 16u;
+const WG: u32 = 64u;
+// Largest head_dim: WG * DPT.
+const DPT: u32 = 4u;
+const NEG: f32 = -3.0e38;
+
+// How element d of a head of trig row r rotates: its partner's index, cos, sin, and whether it
+// is the pair's first element; `on` false past rope_dim (kept as is).
+struct Rot {
+    partner: u32,
+    c: f32,
+    s: f32,
+    first: bool,
+    on: bool,
+}
+
+fn rot_of(d: u32, r: u32) -> Rot {
+    let rd = p[4];
+    if (d >= rd) {
+        return Rot(d, 1.0, 0.0, true, false);
+    }
+    let half = rd / 2u;
+    var i: u32;
+    var partner: u32;
+    var first: bool;
+    if (p[5] == 1u) {
+        i = d % half;
+        first = d < half;
+        partner = select(d - half, d + half, first);
+    } else {
+        i = d / 2u;
+        first = (d % 2u) == 0u;
+        partner = select(d - 1u, d + 1u, first);
+    }
+    return Rot(partner, trig[p[6] + r * half + i], trig[p[7] + r * half + i], first, true);
+}
+
+// v rotated with its partner o (the CPU's x0 * c - x1 * s, x0 * s + x1 * c).
+fn apply_rot(v: f32, o: f32, rt: Rot) -> f32 {
+    if (!rt.on) {
+        return v;
+    }
+    if (rt.first) {
+        return v * rt.c - o * rt.s;
+    }
+    return o * rt.s + v * rt.c;
+}
+
+fn cache_index(blk: u32, g: u32, slot: u32) -> u32 {
+    let nkv = p[2];
+    let hd = p[3];
+    return (((blk * p[9] + p[8]) * nkv + g) * BS + slot) * hd;
+}
+
+// rope_store: one thread per (row, kv head, dim): k rotated and v into the row's cache slot.
+@compute @workgroup_size(64)
+fn rope_store(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) t: u32,
+) {
+    let i = (wid.x + wid.y * nwg.x) * WG + t;
+    let nkv = p[2];
+    let hd = p[3];
+    if (i >= p[0] * nkv * hd) {
+        return;
+    }
+    let r = i / (nkv * hd);
+    let g = (i / hd) % nkv;
+    let d = i % hd;
+    let pos = sdata[p[10] + 2u * r];
+    let tab = sdata[p[10] + 2u * r + 1u];
+    let blk = sdata[tab + pos / BS];
+    let ci = cache_index(blk, g, pos % BS) + d;
+    let k0 = r * p[13] + p[15] + g * hd;
+    let rt = rot_of(d, r);
+    kc[ci] = apply_rot(kin[k0 + d], kin[k0 + rt.partner], rt);
+    vc[ci] = vin[r * p[13] + p[16] + g * hd + d];
+}
+
+var<workgroup> qs: array<f32, 256>;
+var<workgroup> sc: array<f32, 64>;
+var<workgroup> kb: array<u32, 64>;
+var<workgroup> red: array<f32, 64>;
+
+fn wg_reduce(t: u32, v: f32, is_max: bool) -> f32 {
+    red[t] = v;
+    workgroupBarrier();
+    for (var st = 32u; st > 0u; st >>= 1u) {
+        if (t < st) {
+            if (is_max) {
+                red[t] = max(red[t], red[t + st]);
+            } else {
+                red[t] += red[t + st];
+            }
+        }
+        workgroupBarrier();
+    }
+    let s = red[0];
+    workgroupBarrier();
+    return s;
+}
+
+// attention: one workgroup per (row, head): q rotated into workgroup memory, then the keys
+// of the row's window through its block table in tiles of 64 (a thread per key's score), with
+// an online softmax; each thread accumulates DPT output dims over the tile's values.
+@compute @workgroup_size(64)
+fn attention(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) t: u32,
+) {
+    let gi = wid.x + wid.y * nwg.x;
+    let nh = p[1];
+    let hd = p[3];
+    if (gi >= p[0] * nh) {
+        return;
+    }
+    let r = gi / nh;
+    let h = gi % nh;
+    let g = h / (nh / p[2]);
+    let h0 = r * nh * hd + h * hd;
+    let q0 = r * p[13] + p[14] + h * hd;
+    for (var d = t; d < hd; d += WG) {
+        let rt = rot_of(d, r);
+        qs[d] = apply_rot(q[q0 + d], q[q0 + rt.partner], rt);
+    }
+    let pos = sdata[p[10] + 2u * r];
+    let tab = sdata[p[10] + 2u * r + 1u];
+    let window = p[11];
+    var lo = 0u;
+    if (window > 0u && pos + 1u > window) {
+        lo = pos + 1u - window;
+    }
+    let scale = bitcast<f32>(p[12]);
+    workgroupBarrier();
+    var m = NEG;
+    var l = 0.0;
+    var acc: array<f32, DPT>;
+    for (var i = 0u; i < DPT; i++) {
+        acc[i] = 0.0;
+    }
+    for (var t0 = lo; t0 <= pos; t0 += WG) {
+        let j = t0 + t;
+        var s = NEG;
+        if (j <= pos) {
+            let base = cache_index(sdata[tab + j / BS], g, j % BS);
+            kb[t] = base;
+            var dt = 0.0;
+            for (var d = 0u; d < hd; d++) {
+                dt += qs[d] * kc[base + d];
+            }
+            s = dt * scale;
+        }
+        let mx = wg_reduce(t, s, true);
+        let mn = max(m, mx);
+        let alpha = exp(m - mn);
+        var pj = 0.0;
+        if (j <= pos) {
+            pj = exp(s - mn);
+        }
+        sc[t] = pj;
+        let ts = wg_reduce(t, pj, false);
+        l = l * alpha + ts;
+        let cnt = min(WG, pos + 1u - t0);
+        for (var i = 0u; i < DPT; i++) {
+            let d = t + i * WG;
+            if (d < hd) {
+                var a = acc[i] * alpha;
+                for (var jj = 0u; jj < cnt; jj++) {
+                    a += sc[jj] * vc[kb[jj] + d];
+                }
+                acc[i] = a;
+            }
+        }
+        m = mn;
+        workgroupBarrier();
+    }
+    for (var i = 0u; i < DPT; i++) {
+        let d = t + i * WG;
+        if (d < hd) {
+            out[h0 + d] = acc[i] / l;
+        }
+    }
+}

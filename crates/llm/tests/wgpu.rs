@@ -1,0 +1,557 @@
+//! The LLM engine on wgpu (`model/wgpu.rs`, the WGSL kernel set of the one model definition)
+//! against the CPU engine. A plain binary (harness = false): where there is no wgpu adapter
+//! (or no model file) each test is reported skipped by name. Here and in CI it runs on Mesa's
+//! lavapipe (Vulkan on the CPU); on the GPU machine through Vulkan on the NVIDIA driver.
+//!
+//! Scenario (as the CUDA engine tests): six requests of mixed prompt lengths in chunks of 12
+//! tokens per step, across block boundaries, two sharing a running request's blocks (one
+//! exactly a full block: copy-on-write), one reusing a finished request's cached blocks.
+//! Checked: every request's greedy tokens equal the same prompt alone on wgpu and its logits
+//! too (every kernel computes a row from that row alone, in a fixed order); against the CPU
+//! engine in exact mode (f32 activations, as the wgpu kernels), logits within a stated
+//! fraction of the largest |logit| while the tokens agree, the first token equal (or a near
+//! tie on the CPU).
+//!
+//! Usage: `cargo test -p ferrite-llm --test wgpu [-- FILTER]`; `FERRITE_WGPU_ADAPTER=i` picks
+//! an adapter (default: `ferrite_wgpu::default_adapter()`).
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+use ferrite_gguf::GgmlType;
+use ferrite_llm::engine::{Engine, EngineConfig, EngineKernels, Request, RequestId};
+use ferrite_llm::kv_cache::BLOCK_SIZE;
+use ferrite_llm::model::{WgpuKvStore, WgpuModel};
+use ferrite_llm::synth::{write_synthetic, SynthConfig, VocabStyle, QUANTS};
+use ferrite_llm::{Model, Precision};
+use ferrite_testing::runner::Runner;
+use ferrite_wgpu::WgpuDevice;
+
+type TestFn = fn(&WgpuDevice) -> Option<String>;
+
+fn tests() -> Vec<(&'static str, TestFn)> {
+    vec![
+        (
+            "wgpu_engine_synthetic_every_format_batch_equals_alone_and_cpu",
+            engine_synthetic,
+        ),
+        (
+            "wgpu_engine_gemma3_shaped_synthetic_matches_cpu",
+            engine_synthetic_gemma_shape,
+        ),
+        (
+            "wgpu_engine_smollm2_batch_equals_alone_and_cpu",
+            engine_smollm2,
+        ),
+        (
+            "wgpu_engine_gemma3_batch_equals_alone_and_cpu",
+            engine_gemma3,
+        ),
+        ("wgpu_engine_cancel_frees_blocks", engine_cancel),
+        ("wgpu_weights_split_over_bindings_match_cpu", weights_split),
+        (
+            "wgpu_weight_row_over_the_binding_limit_is_refused",
+            weight_row_over_limit,
+        ),
+        (
+            "wgpu_kv_cache_over_the_binding_limit_is_refused",
+            kv_over_limit,
+        ),
+    ]
+}
+
+fn adapter() -> Result<WgpuDevice, String> {
+    let i = match std::env::var("FERRITE_WGPU_ADAPTER") {
+        Ok(v) => v
+            .parse::<usize>()
+            .map_err(|_| format!("FERRITE_WGPU_ADAPTER={v:?} is not an adapter index"))?,
+        Err(_) => ferrite_wgpu::default_adapter().ok_or("no wgpu adapter")?,
+    };
+    WgpuDevice::new(i).map_err(|e| format!("wgpu adapter {i} failed to start: {e}"))
+}
+
+fn main() {
+    let mut r = Runner::from_args();
+    let dev = adapter();
+    for (name, f) in tests() {
+        match &dev {
+            Ok(d) => r.run(name, || f(d)),
+            Err(why) => r.skip(name, why),
+        }
+    }
+    if let Ok(d) = &dev {
+        println!("adapter: {} ({})", d.name(), d.backend_name());
+    }
+    r.finish("llm wgpu tests");
+}
+
+fn tmp_dir() -> PathBuf {
+    let d = std::env::temp_dir().join(format!("ferrite-wgpu-llm-test-{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn synth_cfg(quant: GgmlType) -> SynthConfig {
+    SynthConfig {
+        preset: "wgpu-test",
+        n_layer: 2,
+        d_model: 512,
+        n_head: 8,
+        n_kv_head: 2,
+        n_ff: 768,
+        vocab: 1000,
+        ctx: 256,
+        rope_base: 10000.0,
+        eps: 1e-5,
+        tied_output: quant != GgmlType::Q4_1,
+        vocab_style: VocabStyle::SmolLm2,
+    }
+}
+
+fn synth_model(cfg: &SynthConfig, quant: GgmlType, dir: &std::path::Path) -> Model {
+    let path = dir.join(format!("synth-{}-{}.gguf", cfg.preset, quant.name()));
+    write_synthetic(cfg, quant, 7, &path, &mut |_, _| {}).unwrap();
+    let mut m = Model::load(&path).unwrap();
+    m.set_precision(Precision::Exact);
+    m
+}
+
+fn cached_model(file: &str, size: u64) -> Option<PathBuf> {
+    let p = ferrite_gguf::fetch::cache_dir().ok()?.join(file);
+    std::fs::metadata(&p)
+        .ok()
+        .filter(|m| m.len() == size)
+        .map(|_| p)
+}
+
+/// A request's greedy tokens and the logits each was chosen from.
+type Run = (Vec<u32>, Vec<Vec<f32>>);
+
+fn engine_cfg() -> EngineConfig {
+    EngineConfig {
+        ctx: 96,
+        kv_blocks: 64,
+        max_seqs: 8,
+        // Prompts arrive in chunks of at most 12 tokens per step, beside decode tokens.
+        step_tokens: 12,
+    }
+}
+
+fn prompt(n: usize, salt: usize, vocab: usize) -> Vec<u32> {
+    (0..n)
+        .map(|i| ((i * 7919 + salt * 104_729 + 13) % (vocab - 1)) as u32)
+        .collect()
+}
+
+/// The prompts, in order of arrival: (prompt, phase). Phase 0 arrives at once; phase 1 once
+/// the first prompt has its first token (shares its first two full blocks, and exactly its
+/// first block: copy-on-write); phase 2 after all ended (from the cache of finished prefixes).
+fn scenario(vocab: usize) -> Vec<(Vec<u32>, usize)> {
+    let bs = BLOCK_SIZE;
+    let base = prompt(48, 1, vocab);
+    let a = base[..2 * bs + 1].to_vec();
+    let mut c = base[..2 * bs].to_vec();
+    c.extend(prompt(3, 4, vocab));
+    vec![
+        (a.clone(), 0),
+        (prompt(5, 2, vocab), 0),
+        (prompt(bs + 4, 3, vocab), 0),
+        (c, 1),
+        (base[..bs].to_vec(), 1),
+        (a, 2),
+    ]
+}
+
+/// Runs the scenario (or, with `alone`, each prompt in an engine of its own) through engines
+/// made by `make`; returns each request's run in scenario order.
+fn run_scenario<K: EngineKernels>(
+    make: &mut dyn FnMut() -> Engine<'static, K>,
+    vocab: usize,
+    n_new: usize,
+    alone: bool,
+) -> Vec<Run> {
+    let sc = scenario(vocab);
+    if alone {
+        return sc
+            .iter()
+            .map(|(p, _)| {
+                let mut e = make();
+                e.set_keep_logits(true);
+                let id = e.add_request(Request::greedy(p.clone(), n_new)).unwrap();
+                let mut runs = HashMap::new();
+                drain_engine(&mut e, &mut runs, None);
+                runs.remove(&id).unwrap()
+            })
+            .collect();
+    }
+    let mut e = make();
+    e.set_keep_logits(true);
+    let mut ids = Vec::new();
+    let mut runs: HashMap<RequestId, Run> = HashMap::new();
+    for phase in 0..3 {
+        let before = e.stats().kv.prefix_hit_positions;
+        for (p, _) in sc.iter().filter(|(_, ph)| *ph == phase) {
+            ids.push(e.add_request(Request::greedy(p.clone(), n_new)).unwrap());
+        }
+        let hits = e.stats().kv.prefix_hit_positions;
+        match phase {
+            0 => drain_engine(&mut e, &mut runs, Some(ids[0])),
+            1 => {
+                assert_eq!(hits, (3 * BLOCK_SIZE - 1) as u64, "shared prefixes");
+                drain_engine(&mut e, &mut runs, None);
+                assert_eq!(e.stats().kv.blocks_used, 0, "every block is released");
+            }
+            _ => {
+                assert!(
+                    hits >= before + 2 * BLOCK_SIZE as u64,
+                    "a reuses its own cached blocks: {} new hit positions",
+                    hits - before
+                );
+                drain_engine(&mut e, &mut runs, None);
+            }
+        }
+    }
+    ids.iter().map(|id| runs.remove(id).unwrap()).collect()
+}
+
+fn drain_engine<K: EngineKernels>(
+    e: &mut Engine<'_, K>,
+    runs: &mut HashMap<RequestId, Run>,
+    until_first_of: Option<RequestId>,
+) {
+    while e.has_work() {
+        let outs = e.step().unwrap();
+        let mut stop = false;
+        for o in outs {
+            let r = runs.entry(o.id).or_default();
+            r.1.push(e.last_logits(o.id).unwrap().to_vec());
+            r.0.extend(o.token);
+            stop |= Some(o.id) == until_first_of;
+        }
+        if stop {
+            return;
+        }
+    }
+}
+
+/// The largest |a - b| over the steps where both runs had the same tokens so far, relative
+/// to the largest |logit| of b; and how many steps that covered.
+fn run_diff(a: &Run, b: &Run) -> (f32, usize) {
+    let spread = b.1.iter().flatten().fold(0f32, |m, v| m.max(v.abs()));
+    let mut worst = 0f32;
+    let mut steps = 0;
+    for i in 0..a.1.len().min(b.1.len()) {
+        if a.0[..i] != b.0[..i] {
+            break;
+        }
+        let d = a.1[i]
+            .iter()
+            .zip(&b.1[i])
+            .map(|(x, y)| (x - y).abs())
+            .fold(0f32, f32::max);
+        worst = worst.max(d / spread);
+        steps += 1;
+    }
+    (worst, steps)
+}
+
+/// Leaks `v` for the engines' `'static` borrows inside one test (a few models per run).
+fn leak<T>(v: T) -> &'static T {
+    Box::leak(Box::new(v))
+}
+
+/// The wgpu engine's scenario against the same prompts alone on wgpu (tokens and logits
+/// equal) and against the CPU engine in exact mode (logits within `tol` of the largest
+/// |logit| while the tokens agree; the first token equal or a near tie on the CPU). Returns
+/// (worst CPU difference, requests whose tokens all match the CPU's).
+fn engine_vs(
+    name: &str,
+    model: &'static Model,
+    dev: &WgpuDevice,
+    n_new: usize,
+    tol: f32,
+) -> (f32, usize) {
+    engine_vs_with(
+        name,
+        model,
+        leak(WgpuModel::new(model, dev).unwrap()),
+        n_new,
+        tol,
+    )
+}
+
+fn engine_vs_with(
+    name: &str,
+    model: &'static Model,
+    wm: &'static WgpuModel,
+    n_new: usize,
+    tol: f32,
+) -> (f32, usize) {
+    let vocab = model.cfg.vocab;
+    let mut wgpu = || Engine::wgpu(wm, engine_cfg()).unwrap();
+    let batched = run_scenario(&mut wgpu, vocab, n_new, false);
+    let alone = run_scenario(&mut wgpu, vocab, n_new, true);
+    for (i, (b, a)) in batched.iter().zip(&alone).enumerate() {
+        assert_eq!(
+            b.0, a.0,
+            "{name}: request {i}: batched tokens differ from alone"
+        );
+        let (d, _) = run_diff(b, a);
+        assert!(
+            d == 0.0,
+            "{name}: request {i}: batched logits differ from alone by {d:.3e} of the range"
+        );
+    }
+    let mut cpu = || Engine::new(model, engine_cfg()).unwrap();
+    let cpu_runs = run_scenario(&mut cpu, vocab, n_new, false);
+    let mut worst = 0f32;
+    let mut same = 0;
+    for (i, (g, c)) in batched.iter().zip(&cpu_runs).enumerate() {
+        let (d, steps) = run_diff(g, c);
+        // A different first token is allowed only where it is a near tie on the CPU: its CPU
+        // logit within the stated tolerance (of the logit range) of the CPU's pick.
+        let (gt, ct) = (g.0[0] as usize, c.0[0] as usize);
+        let cl = &c.1[0];
+        let range = cl.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let gap = (cl[ct] - cl[gt]) / range;
+        assert!(
+            steps >= 1 && (gt == ct || gap <= tol),
+            "{name}: request {i}: first token {gt} vs CPU {ct} (CPU logit gap {gap:.3e} of the range)"
+        );
+        assert!(
+            d <= tol,
+            "{name}: request {i}: logits differ from the CPU engine by {d:.3e} of the range (tolerance {tol:.1e})"
+        );
+        worst = worst.max(d);
+        same += usize::from(g.0 == c.0);
+    }
+    eprintln!(
+        "{name}: wgpu engine vs CPU engine: logits within {worst:.2e} of the range; {same}/{} requests with all tokens equal",
+        batched.len()
+    );
+    (worst, same)
+}
+
+/// Synthetic 2-layer models of all 13 weight formats `ferrite synth` writes (every product,
+/// the embedding lookup and, for Q4_1, an untied output matrix through its format's kernel).
+/// Tolerance: f32 on both sides, summation order only (lavapipe: under 1e-6 of the range).
+fn engine_synthetic(dev: &WgpuDevice) -> Option<String> {
+    let dir = tmp_dir();
+    for quant in QUANTS {
+        let model = leak(synth_model(&synth_cfg(quant), quant, &dir));
+        let name = format!("synthetic {quant}");
+        let (_, same) = engine_vs(&name, model, dev, 6, 1e-5);
+        assert!(
+            same >= 5,
+            "{name}: only {same}/6 requests with all tokens as the CPU's"
+        );
+    }
+    // q, k, v and gate, up as separate products and a separate gated-unit pass (the path of
+    // models whose types differ).
+    let model = leak(synth_model(
+        &synth_cfg(GgmlType::Q4_0),
+        GgmlType::Q4_0,
+        &dir,
+    ));
+    let wm = leak(WgpuModel::load(model, dev, false, None).unwrap());
+    engine_vs_with(
+        "synthetic Q4_0, q/k/v and gate/up apart",
+        model,
+        wm,
+        6,
+        1e-5,
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+    None
+}
+
+/// Head dims of 128 and 256 (several output dims per attention thread) and a grouped-query
+/// ratio of 4, through the K-quant and Q8_0 kernels.
+fn engine_synthetic_gemma_shape(dev: &WgpuDevice) -> Option<String> {
+    let dir = tmp_dir();
+    for (quant, n_head) in [(GgmlType::Q4_K, 4), (GgmlType::Q8_0, 2)] {
+        let mut cfg = synth_cfg(quant);
+        cfg.preset = if n_head == 4 {
+            "wgpu-hd128"
+        } else {
+            "wgpu-hd256"
+        };
+        cfg.n_head = n_head;
+        cfg.n_kv_head = 1;
+        let model = leak(synth_model(&cfg, quant, &dir));
+        let name = format!("synthetic {quant}, head_dim {}", 512 / n_head);
+        engine_vs(&name, model, dev, 4, 1e-5);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    None
+}
+
+fn engine_smollm2(dev: &WgpuDevice) -> Option<String> {
+    let Some(path) = cached_model("SmolLM2-135M-Instruct.Q4_1.gguf", 98_362_432) else {
+        return Some("SmolLM2-135M-Instruct.Q4_1.gguf is not in the model cache".into());
+    };
+    let mut model = Model::load(&path).unwrap();
+    model.set_precision(Precision::Exact);
+    // lavapipe measured 1.8e-6 of the range; 1e-3 leaves room for a GPU's exp and tanh
+    // (the CUDA engine test allows 2e-2 with its f16 KV cache). Few tokens: lavapipe runs
+    // 135M parameters on the CPU.
+    let (d, same) = engine_vs("SmolLM2 exact", leak(model), dev, 4, 1e-3);
+    assert!(
+        same >= 5,
+        "SmolLM2: {same}/6 requests with all tokens as the CPU's (max diff {d:.2e})"
+    );
+    None
+}
+
+/// Gemma-3 270M Q4_K_M (F32, Q5_0, Q8_0, Q4_K, Q6_K weights; head norms, post norms,
+/// sliding-window local layers, GELU-tanh): its 178 MB embedding exceeds lavapipe's 128 MiB
+/// storage binding, so it also runs the split-by-rows path there.
+fn engine_gemma3(dev: &WgpuDevice) -> Option<String> {
+    let Some(path) = cached_model("gemma-3-270m-q4_k_m.gguf", 253_113_024) else {
+        return Some("gemma-3-270m-q4_k_m.gguf is not in the model cache".into());
+    };
+    let mut model = Model::load(&path).unwrap();
+    model.set_precision(Precision::Exact);
+    // lavapipe measured 5.5e-6 of the range (see SmolLM2 for the tolerance).
+    let (d, same) = engine_vs("Gemma3 exact", leak(model), dev, 3, 1e-3);
+    assert!(
+        same >= 4,
+        "Gemma3: {same}/6 requests with all tokens as the CPU's (max diff {d:.2e})"
+    );
+    None
+}
+
+/// Cancelling frees a request's blocks at once; the other requests go on with the tokens
+/// they have alone.
+fn engine_cancel(dev: &WgpuDevice) -> Option<String> {
+    let dir = tmp_dir();
+    let model = leak(synth_model(
+        &synth_cfg(GgmlType::Q8_0),
+        GgmlType::Q8_0,
+        &dir,
+    ));
+    let wm = leak(WgpuModel::new(model, dev).unwrap());
+    let vocab = model.cfg.vocab;
+    let mut e = Engine::wgpu(wm, engine_cfg()).unwrap();
+    let long = e
+        .add_request(Request::greedy(prompt(40, 5, vocab), 20))
+        .unwrap();
+    let short_prompt = prompt(7, 6, vocab);
+    let short = e
+        .add_request(Request::greedy(short_prompt.clone(), 6))
+        .unwrap();
+    let mut runs = HashMap::new();
+    for _ in 0..3 {
+        for o in e.step().unwrap() {
+            runs.entry(o.id).or_insert_with(Vec::new).extend(o.token);
+        }
+    }
+    let used = e.stats().kv.blocks_used;
+    assert!(e.cancel(long));
+    assert!(!e.cancel(long), "a cancelled id is a no-op");
+    assert!(
+        e.stats().kv.blocks_used < used,
+        "cancel frees blocks at once"
+    );
+    while e.has_work() {
+        for o in e.step().unwrap() {
+            runs.entry(o.id).or_insert_with(Vec::new).extend(o.token);
+        }
+    }
+    let mut alone = Engine::wgpu(wm, engine_cfg()).unwrap();
+    let id = alone.add_request(Request::greedy(short_prompt, 6)).unwrap();
+    let mut want = Vec::new();
+    while alone.has_work() {
+        for o in alone.step().unwrap() {
+            assert_eq!(o.id, id);
+            want.extend(o.token);
+        }
+    }
+    assert_eq!(runs[&short], want, "the other request's tokens");
+    let _ = std::fs::remove_dir_all(&dir);
+    None
+}
+
+/// A KV cache larger than the adapter's largest storage binding is refused before any
+/// allocation, naming both sizes.
+fn kv_over_limit(dev: &WgpuDevice) -> Option<String> {
+    let dir = tmp_dir();
+    let model = leak(synth_model(
+        &synth_cfg(GgmlType::Q8_0),
+        GgmlType::Q8_0,
+        &dir,
+    ));
+    let wm = WgpuModel::new(model, dev).unwrap();
+    let c = &model.cfg;
+    let block = c.n_layer * c.n_kv_head * BLOCK_SIZE * c.head_dim * 4;
+    let limit = dev.limits().max_storage_buffer_binding_size as usize;
+    let n = limit / block + 1;
+    let e = match WgpuKvStore::new(&wm, n) {
+        Ok(_) => panic!("{n} blocks of {block} bytes were accepted (limit {limit})"),
+        Err(e) => e.to_string(),
+    };
+    assert!(
+        e.contains(&format!("{n} blocks of {block} bytes"))
+            && e.contains("largest storage binding"),
+        "{e}"
+    );
+    assert!(WgpuKvStore::new(&wm, 4).is_ok());
+    let _ = std::fs::remove_dir_all(&dir);
+    None
+}
+
+/// Every matrix split by rows over bindings of at most 64 KiB (as Gemma-3's embedding is on
+/// lavapipe's 128 MiB binding): the embedding lookup and every product (the untied Q4_1
+/// output, stacked q|k|v, gate/up pairs split at even rows) run once per piece; the logits
+/// equal the unsplit run's bit for bit and the CPU's within the synthetic tolerance.
+fn weights_split(dev: &WgpuDevice) -> Option<String> {
+    let dir = tmp_dir();
+    let quant = GgmlType::Q4_1;
+    let model = leak(synth_model(&synth_cfg(quant), quant, &dir));
+    let split = leak(WgpuModel::load(model, dev, true, Some(64 << 10)).unwrap());
+    let (d, _) = engine_vs_with("synthetic Q4_1 split by 64 KiB", model, split, 4, 1e-5);
+    let whole = leak(WgpuModel::new(model, dev).unwrap());
+    let vocab = model.cfg.vocab;
+    let a = run_scenario(
+        &mut || Engine::wgpu(split, engine_cfg()).unwrap(),
+        vocab,
+        4,
+        false,
+    );
+    let b = run_scenario(
+        &mut || Engine::wgpu(whole, engine_cfg()).unwrap(),
+        vocab,
+        4,
+        false,
+    );
+    for (i, (x, y)) in a.iter().zip(&b).enumerate() {
+        assert_eq!(
+            x, y,
+            "request {i}: split weights differ from whole ones (CPU diff {d:.2e})"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    None
+}
+
+/// A weight row larger than the largest binding is refused before any upload, naming the
+/// tensor, the row's size and the limit.
+fn weight_row_over_limit(dev: &WgpuDevice) -> Option<String> {
+    let dir = tmp_dir();
+    let model = leak(synth_model(
+        &synth_cfg(GgmlType::Q8_0),
+        GgmlType::Q8_0,
+        &dir,
+    ));
+    let e = match WgpuModel::load(model, dev, true, Some(256)) {
+        Ok(_) => panic!("a 256-byte binding was accepted for rows of 544 bytes"),
+        Err(e) => e.to_string(),
+    };
+    assert!(
+        e.contains("tensor token_embd.weight: one row takes 544 bytes")
+            && e.contains("largest storage binding (256 bytes)"),
+        "{e}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+    None
+}

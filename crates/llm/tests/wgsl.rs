@@ -1,0 +1,77 @@
+//! Every WGSL module of the LLM engine's wgpu kernel set (`model/wgpu/*.wgsl`, each weight
+//! format's product variant) passes naga's validation and translates to Metal Shading
+//! Language and SPIR-V. Needs no adapter: it runs in CI, where nothing can run Metal.
+
+#[test]
+fn every_llm_shader_validates_and_translates_to_msl_and_spirv() {
+    let sources = ferrite_llm::model::wgpu::shader_sources();
+    // 13 weight formats x 3 row variants, ops, paged.
+    assert_eq!(sources.len(), 13 * 3 + 2);
+    let mut failures = Vec::new();
+    for (name, entries, src) in &sources {
+        let module = match naga::front::wgsl::parse_str(src) {
+            Ok(m) => m,
+            Err(e) => {
+                failures.push(format!("{name}: parse: {}", e.emit_to_string(src)));
+                continue;
+            }
+        };
+        let info = match naga::valid::Validator::new(
+            naga::valid::ValidationFlags::all(),
+            naga::valid::Capabilities::empty(),
+        )
+        .validate(&module)
+        {
+            Ok(i) => i,
+            Err(e) => {
+                failures.push(format!("{name}: validate: {}", e.emit_to_string(src)));
+                continue;
+            }
+        };
+        let found: Vec<&str> = module
+            .entry_points
+            .iter()
+            .map(|e| e.name.as_str())
+            .collect();
+        for e in *entries {
+            if !found.contains(e) {
+                failures.push(format!("{name}: no entry point {e}"));
+            }
+        }
+        for e in &found {
+            if !entries.contains(e) {
+                failures.push(format!("{name}: entry point {e} is not listed"));
+            }
+        }
+        let msl = naga::back::msl::Options {
+            lang_version: (2, 1),
+            fake_missing_bindings: true,
+            ..Default::default()
+        };
+        match naga::back::msl::write_string(
+            &module,
+            &info,
+            &msl,
+            &naga::back::msl::PipelineOptions::default(),
+        ) {
+            Ok((text, _)) => {
+                if !text.contains("kernel void") {
+                    failures.push(format!("{name}: no kernel in MSL"));
+                }
+            }
+            Err(e) => failures.push(format!("{name}: msl: {e}")),
+        }
+        if let Err(e) =
+            naga::back::spv::write_vec(&module, &info, &naga::back::spv::Options::default(), None)
+        {
+            failures.push(format!("{name}: spir-v: {e}"));
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} of {} modules failed:\n{}",
+        failures.len(),
+        sources.len(),
+        failures.join("\n")
+    );
+}
