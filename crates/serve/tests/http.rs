@@ -4,151 +4,22 @@
 //! issue answered with a clean 4xx while the server stays healthy, cancellation at random
 //! points freeing every KV block, the API key, and shutdown.
 //!
-//! Most tests share one server (the engine is batch-invariant: a request's tokens do not
+//! The cancellation test runs in its own binary (tests/cancel.rs: it measures the process's
+//! memory). Most tests share one server (the engine is batch-invariant: a request's tokens do not
 //! depend on what else runs); tests that check global state (KV blocks after cancellation,
 //! the API key, shutdown) start their own.
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::net::TcpStream;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ferrite_llm::grammar::json::validate;
 use ferrite_llm::grammar::{json_object, GrammarConstraint, OrderedValue, TokenTrie};
-use ferrite_llm::tokenizer::Tokenizer;
-use ferrite_llm::Model;
-use ferrite_serve::{Loaded, RunningServer, ServeConfig};
 use serde_json::{json, Value};
 
-fn loader() -> ferrite_serve::Loader {
-    Box::new(|| {
-        let path = ferrite_gguf::fetch::smollm2_135m_instruct_q4_1().map_err(|e| e.to_string())?;
-        let model = Model::load(&path).map_err(|e| e.to_string())?;
-        let tok = Tokenizer::from_gguf(model.gguf()).map_err(|e| e.to_string())?;
-        Ok(Loaded::cpu(model, tok))
-    })
-}
-
-fn config() -> ServeConfig {
-    let mut c = ServeConfig::new("smollm2");
-    c.ctx = Some(256);
-    c.parallel = 8;
-    c.max_queue = 256;
-    c.body_limit = 64 << 10;
-    c.body_timeout = Duration::from_millis(1500);
-    c
-}
-
-/// Starts a server and waits until `/health` says it is ready.
-fn start(cfg: ServeConfig) -> RunningServer {
-    let s = RunningServer::start("127.0.0.1:0".parse().unwrap(), cfg, loader()).unwrap();
-    let t0 = Instant::now();
-    loop {
-        let (status, _) = raw(
-            &s.url(),
-            "GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
-        );
-        if status == 200 {
-            return s;
-        }
-        assert!(status == 503, "/health while loading: {status}");
-        assert!(
-            t0.elapsed() < Duration::from_secs(120),
-            "the model did not load"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
-fn shared() -> &'static str {
-    static S: OnceLock<RunningServer> = OnceLock::new();
-    static URL: OnceLock<String> = OnceLock::new();
-    URL.get_or_init(|| S.get_or_init(|| start(config())).url())
-}
-
-/// Sends raw bytes, returns (status, body) of the answer.
-fn raw(url: &str, request: &str) -> (u16, String) {
-    let addr = url.trim_start_matches("http://");
-    let mut s = TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-    s.write_all(request.as_bytes()).unwrap();
-    read_answer(&mut s)
-}
-
-fn read_answer(s: &mut TcpStream) -> (u16, String) {
-    let mut buf = Vec::new();
-    let _ = s.read_to_end(&mut buf);
-    let text = String::from_utf8_lossy(&buf).into_owned();
-    let status = text
-        .split(' ')
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    let body = text.split("\r\n\r\n").nth(1).unwrap_or("").to_string();
-    (status, body)
-}
-
-fn client() -> reqwest::Client {
-    reqwest::Client::new()
-}
-
-async fn post(url: &str, path: &str, body: &Value) -> (u16, Value) {
-    post_text(url, path, body.to_string()).await
-}
-
-/// [`post`] of a body given as text (to keep a schema's key order).
-async fn post_text(url: &str, path: &str, body: String) -> (u16, Value) {
-    let r = client()
-        .post(format!("{url}{path}"))
-        .header("content-type", "application/json")
-        .body(body)
-        .send()
-        .await
-        .unwrap();
-    let status = r.status().as_u16();
-    let text = r.text().await.unwrap();
-    let v =
-        serde_json::from_str(&text).unwrap_or_else(|e| panic!("{path}: not JSON ({e}): {text}"));
-    (status, v)
-}
-
-/// The `data:` payloads of an SSE body, in order.
-async fn post_stream(url: &str, path: &str, body: &Value) -> Vec<String> {
-    post_stream_text(url, path, body.to_string()).await
-}
-
-async fn post_stream_text(url: &str, path: &str, body: String) -> Vec<String> {
-    let r = client()
-        .post(format!("{url}{path}"))
-        .header("content-type", "application/json")
-        .body(body)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status().as_u16(), 200);
-    let ct = r.headers()["content-type"].to_str().unwrap().to_string();
-    assert!(ct.starts_with("text/event-stream"), "{ct}");
-    let text = r.text().await.unwrap();
-    text.lines()
-        .filter_map(|l| l.strip_prefix("data: ").map(str::to_string))
-        .collect()
-}
-
-async fn metric(url: &str, name: &str) -> f64 {
-    let text = client()
-        .get(format!("{url}/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    text.lines()
-        .find_map(|l| l.strip_prefix(&format!("{name} ")))
-        .unwrap_or_else(|| panic!("no {name} in /metrics:\n{text}"))
-        .parse()
-        .unwrap()
-}
+mod support;
+use support::*;
 
 fn text_of(v: &Value) -> String {
     let c = &v["choices"][0];
@@ -637,113 +508,6 @@ async fn every_bad_request_gets_a_clean_4xx_and_the_server_stays_healthy() {
             .status(),
         200
     );
-}
-
-/// A small deterministic generator for the cancellation points.
-struct Lcg(u64);
-
-impl Lcg {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 = self
-            .0
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        (self.0 >> 33) % n
-    }
-}
-
-#[tokio::test]
-async fn cancelled_requests_free_every_kv_block() {
-    let count: usize = std::env::var("FERRITE_SERVE_CANCEL_COUNT")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(300);
-    let server = tokio::task::spawn_blocking(|| start(config()))
-        .await
-        .unwrap();
-    let url = server.url();
-    let mut rng = Lcg(17);
-    let mut tasks = Vec::new();
-    let t0 = Instant::now();
-    for i in 0..count {
-        let u = url.clone();
-        let how = rng.below(4);
-        let after = rng.below(6) as usize;
-        let wait = Duration::from_millis(rng.below(40));
-        let prompt: Vec<u32> = (0..(2 + rng.below(24)))
-            .map(|j| (i as u32 * 13 + j as u32 * 101) % 49000)
-            .collect();
-        tasks.push(tokio::spawn(async move {
-            let body =
-                json!({"prompt": prompt, "max_tokens": 64, "ignore_eos": true, "stream": how != 0});
-            let req = client()
-                .post(format!("{u}/v1/completions"))
-                .header("content-type", "application/json")
-                .body(body.to_string());
-            match how {
-                // Non-streaming: the client gives up after a random wait (before or during
-                // the generation).
-                0 => {
-                    let _ = req.timeout(wait).send().await;
-                }
-                // Streaming: drop after `after` chunks.
-                _ => {
-                    let Ok(mut r) = req.send().await else { return };
-                    for _ in 0..after {
-                        match r.chunk().await {
-                            Ok(Some(_)) => {}
-                            _ => break,
-                        }
-                    }
-                }
-            }
-        }));
-        // Keep a few dozen in flight.
-        if tasks.len() >= 32 {
-            for t in tasks.drain(..) {
-                t.await.unwrap();
-            }
-        }
-    }
-    for t in tasks {
-        t.await.unwrap();
-    }
-    // Every generation ends (cancelled or done) and every block is free.
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let used = metric(&url, "ferrite_kv_blocks_used").await;
-        let running = metric(&url, "ferrite_requests_running").await;
-        let waiting = metric(&url, "ferrite_requests_waiting").await;
-        if used == 0.0 && running == 0.0 && waiting == 0.0 {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "after cancelling: {used} blocks used, {running} running, {waiting} waiting"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let total = metric(&url, "ferrite_kv_blocks_total").await;
-    let free = metric(&url, "ferrite_kv_blocks_free").await;
-    let cached = metric(&url, "ferrite_kv_blocks_cached").await;
-    assert_eq!(free + cached, total);
-    assert!(metric(&url, "ferrite_requests_cancelled_total").await > 0.0);
-    eprintln!(
-        "{count} cancelled requests in {:.1} s",
-        t0.elapsed().as_secs_f64()
-    );
-    // The server still answers.
-    let (s, _) = post(
-        &url,
-        "/v1/completions",
-        &json!({"prompt": "Hi", "max_tokens": 2}),
-    )
-    .await;
-    assert_eq!(s, 200);
-    tokio::task::spawn_blocking(move || server.stop())
-        .await
-        .unwrap()
-        .unwrap();
 }
 
 #[tokio::test]
