@@ -24,38 +24,58 @@ fn per_item(g: &Geo) -> bool {
     g.n >= rayon::current_num_threads()
 }
 
-/// Input coordinate of output index `o` and kernel tap `t` along axis `a`, if inside.
-fn src(g: &Geo, a: usize, o: usize, t: usize, len: usize) -> Option<usize> {
-    let i = (o * g.p.stride[a] + t * g.p.dilation[a]).checked_sub(g.p.padding[a])?;
-    (i < len).then_some(i)
+/// The output indices `lo..hi` along axis `a` whose kernel tap `t` reads inside the input
+/// (`len` long), and the input index the first of them reads: output `o` reads
+/// `first + (o - lo) * stride`. Outside `lo..hi` the tap reads padding.
+fn span(g: &Geo, a: usize, t: usize, len: usize, out: usize) -> (usize, usize, usize) {
+    let (s, off) = (
+        g.p.stride[a] as i64,
+        (t * g.p.dilation[a]) as i64 - g.p.padding[a] as i64,
+    );
+    let lo = if off < 0 { (-off + s - 1) / s } else { 0 };
+    let last = len as i64 - 1 - off;
+    let hi = if last < 0 {
+        0
+    } else {
+        (last / s + 1).min(out as i64)
+    };
+    let lo = lo.min(hi);
+    let first = (lo * s + off).clamp(0, len as i64);
+    (lo as usize, hi as usize, first as usize)
 }
 
 /// cols [K, oh ow] of the planes x[n, g] (`xg`: c/g planes of h w); row r of cols starts
 /// at `r * ld` (ld ≥ oh ow: several items' columns side by side).
 fn im2col<F: Float>(g: &Geo, xg: &[F], cols: &mut [F], ld: usize) {
-    let (pix, hw) = (g.pix(), g.h * g.w);
+    let (hw, taps) = (g.h * g.w, g.kh * g.kw);
     for c in 0..g.cg() {
-        let plane = &xg[c * hw..(c + 1) * hw];
-        for ki in 0..g.kh {
-            for kj in 0..g.kw {
-                let r = (c * g.kh + ki) * g.kw + kj;
-                let row = &mut cols[r * ld..r * ld + pix];
-                for oi in 0..g.oh {
-                    let dst = &mut row[oi * g.ow..(oi + 1) * g.ow];
-                    let Some(ih) = src(g, 0, oi, ki, g.h) else {
-                        dst.fill(F::zero());
-                        continue;
-                    };
-                    let line = &plane[ih * g.w..(ih + 1) * g.w];
-                    if g.p.stride[1] == 1 && g.p.padding[1] == 0 {
-                        let off = kj * g.p.dilation[1];
-                        let n = g.ow.min(g.w.saturating_sub(off));
-                        dst[..n].copy_from_slice(&line[off..off + n]);
-                        dst[n..].fill(F::zero());
-                        continue;
-                    }
-                    for (oj, d) in dst.iter_mut().enumerate() {
-                        *d = src(g, 1, oj, kj, g.w).map_or(F::zero(), |iw| line[iw]);
+        im2col_plane(g, &xg[c * hw..(c + 1) * hw], &mut cols[c * taps * ld..], ld);
+    }
+}
+
+/// The kh kw rows of cols that one input plane (h w) contributes; row t at `t * ld`.
+fn im2col_plane<F: Float>(g: &Geo, plane: &[F], rows: &mut [F], ld: usize) {
+    let (pix, sw) = (g.pix(), g.p.stride[1]);
+    for ki in 0..g.kh {
+        let (ilo, ihi, ih0) = span(g, 0, ki, g.h, g.oh);
+        for kj in 0..g.kw {
+            let (jlo, jhi, iw0) = span(g, 1, kj, g.w, g.ow);
+            let r = ki * g.kw + kj;
+            let row = &mut rows[r * ld..r * ld + pix];
+            row[..ilo * g.ow].fill(F::zero());
+            row[ihi * g.ow..].fill(F::zero());
+            for oi in ilo..ihi {
+                let ih = ih0 + (oi - ilo) * g.p.stride[0];
+                let line = &plane[ih * g.w..(ih + 1) * g.w];
+                let dst = &mut row[oi * g.ow..(oi + 1) * g.ow];
+                dst[..jlo].fill(F::zero());
+                dst[jhi..].fill(F::zero());
+                let dst = &mut dst[jlo..jhi];
+                if sw == 1 {
+                    dst.copy_from_slice(&line[iw0..iw0 + dst.len()]);
+                } else {
+                    for (d, &v) in dst.iter_mut().zip(line[iw0..].iter().step_by(sw)) {
+                        *d = v;
                     }
                 }
             }
@@ -66,21 +86,26 @@ fn im2col<F: Float>(g: &Geo, xg: &[F], cols: &mut [F], ld: usize) {
 /// Adds cols [K, oh ow] (row r at `r * ld`) into the planes dx[n, g] (the adjoint of
 /// `im2col`).
 fn col2im<F: Float>(g: &Geo, cols: &[F], dxg: &mut [F], ld: usize) {
-    let (pix, hw) = (g.pix(), g.h * g.w);
+    let (pix, hw, sw) = (g.pix(), g.h * g.w, g.p.stride[1]);
     for c in 0..g.cg() {
         let plane = &mut dxg[c * hw..(c + 1) * hw];
         for ki in 0..g.kh {
+            let (ilo, ihi, ih0) = span(g, 0, ki, g.h, g.oh);
             for kj in 0..g.kw {
+                let (jlo, jhi, iw0) = span(g, 1, kj, g.w, g.ow);
                 let r = (c * g.kh + ki) * g.kw + kj;
                 let row = &cols[r * ld..r * ld + pix];
-                for oi in 0..g.oh {
-                    let Some(ih) = src(g, 0, oi, ki, g.h) else {
-                        continue;
-                    };
+                for oi in ilo..ihi {
+                    let ih = ih0 + (oi - ilo) * g.p.stride[0];
                     let line = &mut plane[ih * g.w..(ih + 1) * g.w];
-                    for (oj, &v) in row[oi * g.ow..(oi + 1) * g.ow].iter().enumerate() {
-                        if let Some(iw) = src(g, 1, oj, kj, g.w) {
-                            line[iw] = line[iw] + v;
+                    let src = &row[oi * g.ow + jlo..oi * g.ow + jhi];
+                    if sw == 1 {
+                        for (d, &v) in line[iw0..iw0 + src.len()].iter_mut().zip(src) {
+                            *d = *d + v;
+                        }
+                    } else {
+                        for (d, &v) in line[iw0..].iter_mut().step_by(sw).zip(src) {
+                            *d = *d + v;
                         }
                     }
                 }
@@ -175,10 +200,18 @@ fn im2col_batch<F: Float + ferrite_core::WithDType>(g: &Geo, x: &[F], gi: usize)
     let (pix, k, cg, hw) = (g.pix(), g.k(), g.cg(), g.h * g.w);
     let ld = g.n * pix;
     let mut cols = crate::alloc::full(k * ld, F::zero());
-    for ni in 0..g.n {
-        let xg = &x[(ni * g.c + gi * cg) * hw..(ni * g.c + (gi + 1) * cg) * hw];
-        im2col(g, xg, &mut cols[ni * pix..], ld);
+    if cols.is_empty() {
+        return cols;
     }
+    // Channel c of the group owns rows c kh kw.. of cols: one task per channel.
+    cols.par_chunks_mut(g.kh * g.kw * ld)
+        .enumerate()
+        .for_each(|(c, rows)| {
+            for ni in 0..g.n {
+                let p = (ni * g.c + gi * cg + c) * hw;
+                im2col_plane(g, &x[p..p + hw], &mut rows[ni * pix..], ld);
+            }
+        });
     cols
 }
 
