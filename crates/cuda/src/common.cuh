@@ -45,6 +45,9 @@ template <> struct Num<bf16> {
     static __device__ __forceinline__ bf16 store(float v) { return f32_to_bf16(v); }
 };
 
+// 16 bytes of T, aligned so that one load or store moves them (ld/st.global.v4).
+template <typename T> struct __align__(16) Vec16 { T v[16 / sizeof(T)]; };
+
 template <typename T> struct IsFloat { static constexpr bool v = false; };
 template <> struct IsFloat<float> { static constexpr bool v = true; };
 template <> struct IsFloat<double> { static constexpr bool v = true; };

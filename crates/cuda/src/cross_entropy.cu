@@ -9,8 +9,44 @@
 
 #define FAULT_CROSS_ENTROPY 5u
 
-// Loads of V elements (16 bytes) of T, as A.
-template <typename T, int V> struct Vec16 { T v[V]; };
+// exp as the kernels compute it: for 16-bit logits the hardware approximation (ex2.approx;
+// its error is far below their rounding), else the libm exp of A.
+template <typename T> struct CeExp {
+    static __device__ __forceinline__ typename Num<T>::A f(typename Num<T>::A x) { return m_exp(x); }
+};
+template <> struct CeExp<f16> { static __device__ __forceinline__ float f(float x) { return __expf(x); } };
+template <> struct CeExp<bf16> { static __device__ __forceinline__ float f(float x) { return __expf(x); } };
+
+// 16-byte chunks each thread has in flight per loop trip.
+#define CE_UNROLL 4
+
+// One thread's online (max m, Σ exp(v - m)) over the values v of one chunk: the chunk's max
+// first, one rescale, then a term per value (v == m counts 1, so a +inf max gives 1, not NaN;
+// a NaN value makes s NaN). With smoothing, sw += w[j] v (w from `wrow`, j = the chunk's first
+// column + e).
+template <typename T, int V>
+__device__ __forceinline__ void ce_chunk(const T* v16, typename Num<T>::A& m, typename Num<T>::A& s,
+                                         bool smooth, const T* __restrict__ wrow,
+                                         typename Num<T>::A& sw) {
+    typedef typename Num<T>::A A;
+    A v[V];
+    A cm = m;
+#pragma unroll
+    for (int e = 0; e < V; e++) {
+        v[e] = Num<T>::load(v16[e]);
+        cm = v[e] > cm ? v[e] : cm;
+    }
+    if (cm > m) {
+        s *= CeExp<T>::f(m - cm);
+        m = cm;
+    }
+#pragma unroll
+    for (int e = 0; e < V; e++) s += (v[e] == m) ? (A)1 : CeExp<T>::f(v[e] - m);
+    if (smooth) {
+#pragma unroll
+        for (int e = 0; e < V; e++) sw += Num<T>::load(wrow[e]) * v[e];
+    }
+}
 
 template <typename T, typename I>
 __device__ void ce_fwd_impl(const T* __restrict__ x, u64 n, u32 c, const I* __restrict__ tgt,
@@ -19,31 +55,30 @@ __device__ void ce_fwd_impl(const T* __restrict__ x, u64 n, u32 c, const I* __re
     typedef typename Num<T>::A A;
     __shared__ A sh[32];
     const int V = 16 / sizeof(T);
+    const bool smooth = eps > 0.0;
     for (u64 r = blockIdx.x; r < n; r += gridDim.x) {
         const T* row = x + r * c;
         A m = neg_inf<A>(), s = (A)0, sw = (A)0;
         if (vec16) {
-            const Vec16<T, V>* rv = (const Vec16<T, V>*)row;
-            for (u32 k = threadIdx.x; k < c / V; k += blockDim.x) {
-                Vec16<T, V> chunk = rv[k];
+            const Vec16<T>* rv = (const Vec16<T>*)row;
+            const u32 nv = c / V, bd = blockDim.x;
+            for (u32 k0 = threadIdx.x; k0 < nv; k0 += CE_UNROLL * bd) {
+                Vec16<T> ch[CE_UNROLL];
 #pragma unroll
-                for (int e = 0; e < V; e++) {
-                    A v = Num<T>::load(chunk.v[e]);
-                    if (v > m) { s = s * m_exp(m - v) + (A)1; m = v; }
-                    else if (v > neg_inf<A>()) s += m_exp(v - m);
-                    else if (m_isnan(v)) { m = v; s = v; }
-                    if (eps > 0.0) sw += Num<T>::load(w[k * V + e]) * v;
+                for (int u = 0; u < CE_UNROLL; u++)
+                    if (k0 + u * bd < nv) ch[u] = rv[k0 + u * bd];
+#pragma unroll
+                for (int u = 0; u < CE_UNROLL; u++) {
+                    u32 k = k0 + u * bd;
+                    if (k < nv) ce_chunk<T, V>(ch[u].v, m, s, smooth, w + (u64)k * V, sw);
                 }
             }
         } else {
-            for (u32 j = threadIdx.x; j < c; j += blockDim.x) {
-                A v = Num<T>::load(row[j]);
-                if (v > m) { s = s * m_exp(m - v) + (A)1; m = v; }
-                else if (v > neg_inf<A>()) s += m_exp(v - m);
-                else if (m_isnan(v)) { m = v; s = v; }
-                if (eps > 0.0) sw += Num<T>::load(w[j]) * v;
-            }
+            for (u32 j = threadIdx.x; j < c; j += blockDim.x)
+                ce_chunk<T, 1>(row + j, m, s, smooth, w + j, sw);
         }
+        // A NaN value made s NaN: carry it into the row max, as the CPU's max does.
+        if (m_isnan(s)) m = s;
         A M = block_max(m, sh);
         // The CPU's rule: shift by 0 when the row max is infinite.
         A shift = (M == -neg_inf<A>() || M == neg_inf<A>()) ? (A)0 : M;
@@ -51,7 +86,7 @@ __device__ void ce_fwd_impl(const T* __restrict__ x, u64 n, u32 c, const I* __re
         // A +inf in the row: the CPU's unshifted sum is +inf there (NaN stays NaN).
         if (M == -neg_inf<A>()) part = (m == M) ? M : (A)0;
         A S = block_sum(part, sh);
-        A SW = (eps > 0.0) ? block_sum(sw, sh) : (A)0;
+        A SW = smooth ? block_sum(sw, sh) : (A)0;
         if (threadIdx.x == 0) {
             A l = m_log(S) + shift;
             i64 t = (i64)tgt[r];
@@ -63,7 +98,7 @@ __device__ void ce_fwd_impl(const T* __restrict__ x, u64 n, u32 c, const I* __re
                     A xt = Num<T>::load(row[t]);
                     A wt = Num<T>::load(w[t]);
                     loss = ((A)1 - (A)eps) * wt * (l - xt);
-                    if (eps > 0.0) loss += (A)eps / (A)c * (*(const A*)wsum * l - SW);
+                    if (smooth) loss += (A)eps / (A)c * (*(const A*)wsum * l - SW);
                 }
             }
             out[2 * r] = Num<T>::store(loss);
@@ -73,6 +108,17 @@ __device__ void ce_fwd_impl(const T* __restrict__ x, u64 n, u32 c, const I* __re
     }
 }
 
+// dlogits of one value: g (softmax · coef - smoothing term - a at the target).
+template <typename T>
+__device__ __forceinline__ T ce_grad(T xv, u32 j, u32 tt, typename Num<T>::A l,
+                                     typename Num<T>::A coef, typename Num<T>::A a,
+                                     typename Num<T>::A gi, typename Num<T>::A esw) {
+    typedef typename Num<T>::A A;
+    A d = CeExp<T>::f(Num<T>::load(xv) - l) * coef - esw;
+    if (j == tt) d -= a;
+    return Num<T>::store(gi * d);
+}
+
 template <typename T, typename I>
 __device__ void ce_bwd_impl(const T* __restrict__ x, u64 n, u32 c, const I* __restrict__ tgt,
                             const T* __restrict__ w, const void* wsum, i64 ignore, double eps,
@@ -80,6 +126,7 @@ __device__ void ce_bwd_impl(const T* __restrict__ x, u64 n, u32 c, const I* __re
                             T* __restrict__ dx, ErrFlag* err) {
     typedef typename Num<T>::A A;
     const int V = 16 / sizeof(T);
+    const bool smooth = eps > 0.0;
     for (u64 r = blockIdx.x; r < n; r += gridDim.x) {
         const T* row = x + r * c;
         T* drow = dx + r * c;
@@ -89,32 +136,45 @@ __device__ void ce_bwd_impl(const T* __restrict__ x, u64 n, u32 c, const I* __re
             if (threadIdx.x == 0) raise_fault(err, FAULT_CROSS_ENTROPY, t, (i64)c);
             skip = true;
         }
-        A gi = skip ? (A)0 : Num<T>::load(g[2 * r]);
-        A l = Num<T>::load(saved[2 * r + 1]);
-        A a = skip ? (A)0 : ((A)1 - (A)eps) * Num<T>::load(w[t]);
-        A es = (A)eps / (A)c;
-        A coef = a + ((eps > 0.0) ? es * *(const A*)wsum : (A)0);
+        // A skipped row (ignore_index, or a bad target) is written as zeros without reading
+        // its logits: every factor below is 0 and the loads yield zeros.
+        A gi = (A)0, l = (A)0, a = (A)0, es = (A)0, coef = (A)0;
+        u32 tt = 0xffffffffu;
+        if (!skip) {
+            gi = Num<T>::load(g[2 * r]);
+            l = Num<T>::load(saved[2 * r + 1]);
+            a = ((A)1 - (A)eps) * Num<T>::load(w[t]);
+            es = (A)eps / (A)c;
+            coef = a + (smooth ? es * *(const A*)wsum : (A)0);
+            tt = (u32)t;
+        }
         if (vec16) {
-            const Vec16<T, V>* rv = (const Vec16<T, V>*)row;
-            Vec16<T, V>* dv = (Vec16<T, V>*)drow;
-            for (u32 k = threadIdx.x; k < c / V; k += blockDim.x) {
-                Vec16<T, V> chunk = rv[k], o;
+            const Vec16<T>* rv = (const Vec16<T>*)row;
+            Vec16<T>* dv = (Vec16<T>*)drow;
+            const u32 nv = c / V, bd = blockDim.x;
+            for (u32 k0 = threadIdx.x; k0 < nv; k0 += CE_UNROLL * bd) {
+                Vec16<T> ch[CE_UNROLL];
 #pragma unroll
-                for (int e = 0; e < V; e++) {
-                    u32 j = k * V + e;
-                    A d = m_exp(Num<T>::load(chunk.v[e]) - l) * coef;
-                    if (eps > 0.0) d -= es * Num<T>::load(w[j]);
-                    if ((i64)j == t) d -= a;
-                    o.v[e] = Num<T>::store(skip ? (A)0 : gi * d);
+                for (int u = 0; u < CE_UNROLL; u++)
+                    if (k0 + u * bd < nv) ch[u] = skip ? Vec16<T>{} : rv[k0 + u * bd];
+#pragma unroll
+                for (int u = 0; u < CE_UNROLL; u++) {
+                    u32 k = k0 + u * bd;
+                    if (k >= nv) continue;
+                    Vec16<T> o;
+#pragma unroll
+                    for (int e = 0; e < V; e++) {
+                        u32 j = k * V + e;
+                        A esw = smooth ? es * Num<T>::load(w[j]) : (A)0;
+                        o.v[e] = ce_grad<T>(ch[u].v[e], j, tt, l, coef, a, gi, esw);
+                    }
+                    dv[k] = o;
                 }
-                dv[k] = o;
             }
         } else {
             for (u32 j = threadIdx.x; j < c; j += blockDim.x) {
-                A d = m_exp(Num<T>::load(row[j]) - l) * coef;
-                if (eps > 0.0) d -= es * Num<T>::load(w[j]);
-                if ((i64)j == t) d -= a;
-                drow[j] = Num<T>::store(skip ? (A)0 : gi * d);
+                A esw = smooth ? es * Num<T>::load(w[j]) : (A)0;
+                drow[j] = ce_grad<T>(skip ? Num<T>::store((A)0) : row[j], j, tt, l, coef, a, gi, esw);
             }
         }
     }

@@ -134,8 +134,6 @@ __device__ typename Rd::S block_reduce(typename Rd::S s, typename Rd::S* sh) {
     return s;
 }
 
-template <typename T> struct __align__(16) Vec16 { T v[16 / sizeof(T)]; };
-
 // Elements [r0, r1) of the contiguous run at p, read by nt threads (t = this thread's rank,
 // nt >= 16 / sizeof(T)): scalar head up to 16-byte alignment, 16-byte loads (four in flight), scalar tail.
 template <typename Rd, typename T>

@@ -30,6 +30,10 @@ fn tests() -> Vec<(&'static str, TestFn)> {
         ),
         ("nn_cross_entropy_bad_target_is_an_error", ce_bad_target),
         (
+            "nn_cross_entropy_nonfinite_rows_match_cpu",
+            ce_nonfinite_rows,
+        ),
+        (
             "nn_parameter_update_in_a_graph_keeps_addresses",
             param_graph,
         ),
@@ -89,8 +93,65 @@ fn max_rel(a: &Tensor, b: &Tensor) -> f64 {
     let (a, b) = (a.to_vec_f64().unwrap(), b.to_vec_f64().unwrap());
     a.iter()
         .zip(&b)
-        .map(|(x, y)| (x - y).abs() / (1.0 + y.abs()))
+        .map(|(x, y)| match (x.is_nan(), y.is_nan()) {
+            (true, true) => 0.0,
+            (false, false) if x == y => 0.0,
+            (false, false) => (x - y).abs() / (1.0 + y.abs()),
+            _ => f64::INFINITY,
+        })
         .fold(0.0, f64::max)
+}
+
+/// Rows holding NaN, +inf and -inf logits: the CUDA kernels' online max and sum give the
+/// CPU's loss, logsumexp and gradient (NaN where the CPU has NaN, the same infinities).
+fn ce_nonfinite_rows(d: &CudaDevice) {
+    let (cuda, cpu) = (d.device(), ferrite_cpu::cpu());
+    let (inf, nan) = (f32::INFINITY, f32::NAN);
+    for c in [8usize, 64, 50304] {
+        // Row r: 0 finite, 1 a NaN, 2 a +inf, 3 all -inf, 4 some -inf, 5 +inf and NaN,
+        // 6 two +inf.
+        let mut x: Vec<f32> = (0..7 * c)
+            .map(|i| ((i * 37) % 23) as f32 * 0.25 - 2.0)
+            .collect();
+        x[c + c / 2] = nan;
+        x[2 * c + 3] = inf;
+        x[3 * c..4 * c].fill(-inf);
+        x[4 * c + 1] = -inf;
+        x[4 * c + c - 1] = -inf;
+        x[5 * c + 2] = inf;
+        x[5 * c + c - 2] = nan;
+        x[6 * c] = inf;
+        x[6 * c + c - 1] = inf;
+        let t: Vec<i64> = (0..7).map(|r| ((r * 5 + 1) % c) as i64).collect();
+        for (dt, tol) in [(DType::F32, 1e-5), (DType::BF16, 3e-2), (DType::F16, 4e-3)] {
+            let x = Tensor::from_vec(x.clone(), [7, c], &cpu)
+                .unwrap()
+                .cast(dt)
+                .unwrap();
+            let t = Tensor::from_vec(t.clone(), [7], &cpu).unwrap();
+            let w = Tensor::ones([c], dt, &cpu).unwrap();
+            let g = Tensor::full(0.5, [7, 2], dt, &cpu).unwrap();
+            let run = |dev: &Device| {
+                let (x, t, w, g) = (
+                    x.to_device(dev).unwrap(),
+                    t.to_device(dev).unwrap(),
+                    w.to_device(dev).unwrap(),
+                    g.to_device(dev).unwrap(),
+                );
+                let out = Tensor::cross_entropy_rows(&x, &t, &w, -100, 0.0).unwrap();
+                let dx = Tensor::cross_entropy_backward(&x, &t, &w, &out, &g, -100, 0.0).unwrap();
+                (out, dx)
+            };
+            let ((o1, d1), (o0, d0)) = (run(&cuda), run(&cpu));
+            let (eo, ed) = (max_rel(&o1, &o0), max_rel(&d1, &d0));
+            assert!(
+                eo <= tol && ed <= tol,
+                "{dt} width {c}: out {eo:e} ({:?} vs {:?}), dx {ed:e}",
+                o1.to_vec_f64().unwrap(),
+                o0.to_vec_f64().unwrap()
+            );
+        }
+    }
 }
 
 /// The fused op and its backward on CUDA against the CPU: widths that take the 16-byte path
