@@ -12,6 +12,13 @@
 //! heuristics (`Get…Algorithm_v7`) with `FERRITE_CUDNN_ALGO=heuristic` and while a CUDA
 //! graph is being captured (measuring would synchronize). Workspaces come from the device's
 //! caching pool and return to it when the call is queued (stream-ordered reuse).
+//!
+//! f16 and bf16 problems run through cuDNN's graph API instead (plan.rs: an execution plan
+//! built and chosen once per problem, then executed per call), whose per-call host cost is a
+//! few microseconds against the legacy calls' 0.1-0.3 ms; the legacy calls remain for f32,
+//! f64, problems the graph API rejects, and `FERRITE_CUDNN_API=legacy`.
+
+mod plan;
 
 use crate::device::CudaBackend;
 use cudarc::cudnn::sys;
@@ -73,11 +80,24 @@ fn algo_choice_from_env() -> Result<AlgoChoice> {
     }
 }
 
+/// `FERRITE_CUDNN_API`: `graph` (default: f16/bf16 through execution plans) or `legacy`.
+fn graph_api_from_env() -> Result<bool> {
+    match std::env::var("FERRITE_CUDNN_API").as_deref() {
+        Err(_) | Ok("") | Ok("graph") => Ok(true),
+        Ok("legacy") => Ok(false),
+        Ok(other) => Err(Error::backend(
+            "cuda",
+            format!("FERRITE_CUDNN_API: expected graph or legacy, got {other:?}"),
+        )),
+    }
+}
+
 /// Settings read from the environment when a device starts (validated there).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct ConvSettings {
     pub(crate) imp: ConvImpl,
     algo: AlgoChoice,
+    graph: bool,
 }
 
 impl ConvSettings {
@@ -85,6 +105,7 @@ impl ConvSettings {
         Ok(ConvSettings {
             imp: ConvImpl::from_env()?,
             algo: algo_choice_from_env()?,
+            graph: graph_api_from_env()?,
         })
     }
 }
@@ -158,6 +179,22 @@ pub fn cudnn_version() -> std::result::Result<usize, String> {
         .clone()
 }
 
+/// Whether the loaded cuDNN has the graph (backend) API entry points plan.rs calls.
+fn graph_api_present() -> bool {
+    static PRESENT: OnceLock<bool> = OnceLock::new();
+    *PRESENT.get_or_init(|| {
+        if cudnn_version().is_err() {
+            return false;
+        }
+        // SAFETY: the library loaded (cudnn_version), so culib() does not panic; looking a
+        // symbol up does not call it.
+        let lib = unsafe { sys::culib() };
+        plan::SYMBOLS
+            .iter()
+            .all(|s| unsafe { lib.get::<*const c_void>(s.as_bytes()) }.is_ok())
+    })
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 enum Dir {
     Forward,
@@ -200,11 +237,12 @@ struct Chosen {
     workspace: usize,
 }
 
-/// A device's cuDNN handle (bound to its compute stream) and its algorithm cache; `None`
-/// in the cache marks a problem cuDNN rejected.
+/// A device's cuDNN handle (bound to its compute stream), its algorithm cache and its
+/// execution plans; `None` in a cache marks a problem cuDNN (or its graph API) rejected.
 pub(crate) struct Cudnn {
     handle: sys::cudnnHandle_t,
     algos: HashMap<Key, Option<Chosen>>,
+    plans: HashMap<Key, Option<plan::Plan>>,
 }
 
 // SAFETY: the handle is used only under the device's lock, with its context bound.
@@ -418,6 +456,7 @@ impl Cudnn {
             let c = Cudnn {
                 handle,
                 algos: HashMap::new(),
+                plans: HashMap::new(),
             };
             status(
                 op,
@@ -457,6 +496,61 @@ impl Cudnn {
             self.algos.insert(key, chosen);
         }
         Ok(chosen)
+    }
+
+    /// The execution plan for `key` (f16/bf16): cached, else built from cuDNN's heuristic
+    /// candidates and, where measuring is allowed (not capturing, `FERRITE_CUDNN_ALGO=find`),
+    /// the fastest of them on the call's buffers; `None` when the graph API offers none.
+    fn plan(
+        &mut self,
+        dev: &CudaBackend,
+        key: Key,
+        settings: ConvSettings,
+        ptrs: &Ptrs,
+    ) -> Result<Option<&plan::Plan>> {
+        if !self.plans.contains_key(&key) {
+            let Some(dt) = data_type(key.dtype) else {
+                return Ok(None);
+            };
+            let mut cands = plan::candidates(self.handle, &key, dt, MAX_WORKSPACE);
+            let measure = settings.algo == AlgoChoice::Find
+                && !dev.capturing.load(Ordering::Acquire)
+                && cands.len() > 1;
+            let best = match measure {
+                true => self.fastest(dev, key.dir.op(), &cands, ptrs)?,
+                false => 0,
+            };
+            let chosen = (best < cands.len()).then(|| cands.swap_remove(best));
+            self.plans.insert(key, chosen);
+        }
+        Ok(self.plans.get(&key).and_then(Option::as_ref))
+    }
+
+    /// Index of the candidate with the least device time over 3 runs on the call's buffers
+    /// (each run overwrites the output, which the real call then writes).
+    fn fastest(
+        &self,
+        dev: &CudaBackend,
+        op: &'static str,
+        cands: &[plan::Plan],
+        ptrs: &Ptrs,
+    ) -> Result<usize> {
+        let mut best = (f32::INFINITY, 0);
+        for (i, p) in cands.iter().enumerate() {
+            let ws = dev.alloc.alloc(p.workspace, op)?;
+            let run = || plan::execute(self.handle, p, [ptrs.x, ptrs.w, ptrs.y], ws.ptr);
+            if run() != sys::cudnnStatus_t::CUDNN_STATUS_SUCCESS {
+                continue;
+            }
+            let t = crate::driver::Timer::new()?;
+            t.start(&dev.compute)?;
+            let ok = (0..3).all(|_| run() == sys::cudnnStatus_t::CUDNN_STATUS_SUCCESS);
+            let ms = t.stop_ms(&dev.compute)?;
+            if ok && ms < best.0 {
+                best = (ms, i);
+            }
+        }
+        Ok(best.1)
     }
 
     fn heuristic(&self, key: &Key, d: &Descs) -> Option<Chosen> {
@@ -731,6 +825,17 @@ fn run(
     let Some(c) = guard.as_mut() else {
         return reject("no cuDNN handle".into());
     };
+    if settings.graph && matches!(dtype, DType::F16 | DType::BF16) && graph_api_present() {
+        let handle = c.handle;
+        if let Some(p) = c.plan(dev, key, settings, &ptrs)? {
+            let ws = dev.alloc.alloc(p.workspace, op)?;
+            let s = plan::execute(handle, p, [ptrs.x, ptrs.w, ptrs.y], ws.ptr);
+            drop(guard);
+            status(op, "execute plan", s)?;
+            dev.conv_cudnn_calls.fetch_add(1, Ordering::Relaxed);
+            return Ok(Some(dev.finish_one(result)?));
+        }
+    }
     let Some(chosen) = c.choose(dev, key, settings, &ptrs)? else {
         return reject(format!(
             "cuDNN has no algorithm for {dtype} x {x:?} w {w:?} y {y:?} {p:?}"
