@@ -1,15 +1,18 @@
 //! `ferrite train fashion-cnn`: a small ResNet (torchvision's BasicBlocks, a 3x3 stem for
-//! 28x28 images, stages of 16, 32 and 64 channels) on Fashion-MNIST (Debian's
+//! 28x28 images, stages of 24, 48 and 96 channels) on Fashion-MNIST (Debian's
 //! `dataset-fashion-mnist`: 60,000 training and 10,000 test images), trained with
 //! cross-entropy, Adam and a cosine learning-rate schedule over the epochs; the 10,000 test
-//! images are the validation set. Run it as `ferrite train fashion-cnn [DIR] [--epochs N
+//! images are the validation set. Each training image is flipped left-right with probability
+//! 0.5 per epoch. Run it as `ferrite train fashion-cnn [DIR] [--epochs N
 //! --plot ...]` (DIR: the folder of the IDX files, by default /usr/share/datasets/fashion-mnist).
 
 use ferrite_core::{DType, Tensor};
 use ferrite_nn::loss::{cross_entropy, CrossEntropyOptions};
 use ferrite_nn::models::{ResNet, ResNetConfig};
 use ferrite_nn::ModuleExt;
-use ferrite_train::data::{DataLoader, DataLoaderConfig, IdxDataset, Sampler};
+use ferrite_train::data::{
+    DataLoader, DataLoaderConfig, IdxDataset, Sampler, Transform, Transformed,
+};
 use ferrite_train::lr_scheduler::{LrScheduler, Schedule as LrSchedule};
 use ferrite_train::metrics::Accuracy;
 use ferrite_train::trainer::{Interval, Mode, ModelCheckpoint, RunOptions, Schedule, Trainer};
@@ -20,11 +23,12 @@ use std::sync::Arc;
 const MEAN: f32 = 0.2860;
 const STD: f32 = 0.3530;
 
-/// The recipe's model: `ResNet` with 1 input channel, widths 16/32/64, one block per stage.
+/// The recipe's model: `ResNet` with 1 input channel, widths 24/48/96, one block per stage
+/// (173,842 parameters; at 16/32/64 the model plateaus near 92% test accuracy).
 pub fn model(dev: &ferrite_core::Device) -> ferrite_core::Result<ResNet> {
     let c = ResNetConfig {
         in_channels: 1,
-        widths: vec![16, 32, 64],
+        widths: vec![24, 48, 96],
         blocks: vec![1, 1, 1],
         num_classes: 10,
         small_stem: true,
@@ -37,7 +41,14 @@ fn loss(logits: &Tensor, targets: &Tensor) -> ferrite_core::Result<Tensor> {
 }
 
 pub fn recipe(o: &RunOptions, dir: Option<&Path>) -> anyhow::Result<()> {
-    let train = IdxDataset::fashion_mnist(dir, true)?.normalized(MEAN, STD)?;
+    let augment = vec![
+        Transform::RandomHorizontalFlip { p: 0.5 },
+        Transform::Normalize {
+            mean: vec![MEAN],
+            std: vec![STD],
+        },
+    ];
+    let train = Transformed::new(IdxDataset::fashion_mnist(dir, true)?, augment)?;
     let test = IdxDataset::fashion_mnist(dir, false)?.normalized(MEAN, STD)?;
     let mut cfg = DataLoaderConfig::new(o.batch_size).shuffle(o.seed);
     cfg.num_workers = 2;

@@ -50,7 +50,8 @@ pub struct Args {
     /// Predict a number (MSE) instead of a class (cross-entropy) (csv).
     #[arg(long)]
     regression: bool,
-    /// Passes over the training data [default: 10 for mnist-mlp and fashion-cnn, 50 for csv].
+    /// Passes over the training data [default: 60 for mnist-mlp, 10 for fashion-cnn,
+    /// 50 for csv].
     #[arg(long)]
     epochs: Option<usize>,
     /// Examples per batch [default: 128 for mnist-mlp and fashion-cnn, 32 for csv].
@@ -243,10 +244,11 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         only: a.sample.is_some() && a.resume.is_some(),
     };
     let o = RunOptions {
-        epochs: a.epochs.unwrap_or(match (images, gpt) {
-            (true, _) => 10,
-            (_, true) => 1,
-            _ => 50,
+        epochs: a.epochs.unwrap_or(match a.recipe {
+            Recipe::MnistMlp => 60,
+            Recipe::FashionCnn => 10,
+            Recipe::CharGpt => 1,
+            Recipe::Csv => 50,
         }),
         batch_size: a.batch_size.unwrap_or(if images { 128 } else { 32 }),
         lr: a.lr,

@@ -5,6 +5,7 @@ use ferrite_core::{Device, HostBuffer, Tensor};
 use ferrite_train::data::{
     epoch_order, CsvDataset, CsvOptions, CsvTarget, DataLoader, DataLoaderConfig, Dataset,
     DrawContext, HostTensor, IdxDataset, IdxFile, ImageFolder, Sampler, TextWindows, Transform,
+    Transformed,
 };
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -482,4 +483,79 @@ fn image_folder_reads_classes_and_applies_seeded_transforms() {
         .to_string()
         .contains("larger than the padded image"));
     let _ = Tensor::zeros([1], ferrite_core::DType::F32, &cpu());
+}
+
+/// Transforms over another dataset's images: a crop of a zero-padded IDX image is the image
+/// shifted by the drawn offset, a flip mirrors rows, labels pass through; bad fields are
+/// errors naming the example.
+#[test]
+fn transformed_augments_any_image_dataset() {
+    let d = tmpdir("transformed");
+    let (pi, pl) = mnist_like(&d, 5, false);
+    let raw = IdxDataset::open(&pi, &pl).expect("open");
+    let crop = Transformed::new(
+        raw.clone(),
+        vec![Transform::RandomCrop {
+            height: 4,
+            width: 3,
+            padding: 1,
+        }],
+    )
+    .expect("crop");
+    let (orig, shifted) = (
+        raw.get(3, CTX).expect("raw"),
+        crop.get(3, CTX).expect("crop"),
+    );
+    assert_eq!(shifted[0].shape, vec![1, 4, 3]);
+    assert_eq!(shifted[1], orig[1], "the label passes through");
+    let (HostBuffer::F32(o), HostBuffer::F32(s)) = (&orig[0].data, &shifted[0].data) else {
+        panic!("f32 images")
+    };
+    // Some shift (dy, dx) in [-1, 1]^2 maps the original onto the crop, zeros outside.
+    let at = |y: isize, x: isize| -> f32 {
+        if (0..4).contains(&y) && (0..3).contains(&x) {
+            o[(y * 3 + x) as usize]
+        } else {
+            0.0
+        }
+    };
+    let matches = (-1..=1)
+        .flat_map(|dy| (-1..=1).map(move |dx| (dy, dx)))
+        .filter(|&(dy, dx)| {
+            (0..4).all(|y| (0..3).all(|x| s[(y * 3 + x) as usize] == at(y + dy, x + dx)))
+        })
+        .count();
+    assert!(matches >= 1, "the crop is a shifted copy: {o:?} vs {s:?}");
+    let shifts: std::collections::HashSet<Vec<u32>> = (0..16)
+        .map(|e| {
+            let HostBuffer::F32(v) =
+                &crop.get(3, DrawContext { seed: 1, epoch: e }).expect("c")[0].data
+            else {
+                panic!()
+            };
+            v.iter().map(|f| f.to_bits()).collect()
+        })
+        .collect();
+    assert!(shifts.len() > 1, "offsets vary across epochs");
+    let flip = Transformed::new(
+        raw.clone(),
+        vec![Transform::RandomHorizontalFlip { p: 1.0 }],
+    )
+    .expect("flip");
+    let HostBuffer::F32(f) = &flip.get(3, CTX).expect("flip")[0].data else {
+        panic!()
+    };
+    assert_eq!((f[0], f[2], f[3]), (o[2], o[0], o[5]), "rows mirrored");
+    assert!(Transformed::new(raw, vec![Transform::RandomHorizontalFlip { p: -1.0 }]).is_err());
+    // A dataset whose first field is not an f32 image.
+    let text = TextWindows::chars("hello world", 4, 3).expect("windows");
+    let err = Transformed::new(text, vec![])
+        .expect("no transforms")
+        .get(0, CTX)
+        .expect_err("not an image")
+        .to_string();
+    assert!(
+        err.contains("example 0") && err.contains("field 0"),
+        "{err}"
+    );
 }

@@ -295,3 +295,76 @@ impl Dataset for ImageFolder {
         ])
     }
 }
+
+/// Any dataset whose first field is an f32 image `[C, H, W]`, with `transforms` applied to
+/// that image in order (augmentation for IDX files or MNIST digits, say); the other fields
+/// pass through. Random steps draw from (seed, epoch, index) as in [`ImageFolder`].
+pub struct Transformed<D> {
+    inner: D,
+    transforms: Vec<Transform>,
+}
+
+impl<D: Dataset> Transformed<D> {
+    pub fn new(inner: D, transforms: Vec<Transform>) -> Result<Transformed<D>> {
+        for t in &transforms {
+            t.validate()?;
+        }
+        Ok(Transformed { inner, transforms })
+    }
+}
+
+impl<D: Dataset> Dataset for Transformed<D> {
+    fn len(&self) -> usize {
+        self.inner.len()
+    }
+
+    fn get(&self, index: usize, ctx: DrawContext) -> Result<Vec<HostTensor>> {
+        let what = "Transformed";
+        let mut fields = self.inner.get(index, ctx)?;
+        let Some(first) = fields.first_mut() else {
+            return Err(Error::data(what, format!("example {index} has no fields")));
+        };
+        let (c, h, w) = match first.shape[..] {
+            [c, h, w] if c * h * w > 0 => (c, h, w),
+            _ => {
+                return Err(Error::data(
+                    what,
+                    format!(
+                        "example {index}: field 0 must be a non-empty image [C, H, W], got {:?}",
+                        first.shape
+                    ),
+                ))
+            }
+        };
+        let v = match std::mem::replace(&mut first.data, HostBuffer::F32(Vec::new())) {
+            HostBuffer::F32(v) => v,
+            other => {
+                return Err(Error::data(
+                    what,
+                    format!(
+                        "example {index}: field 0 must be f32, got {}",
+                        other.dtype()
+                    ),
+                ))
+            }
+        };
+        if v.len() != c * h * w {
+            return Err(Error::data(
+                what,
+                format!(
+                    "example {index}: field 0 holds {} values for shape [{c}, {h}, {w}]",
+                    v.len()
+                ),
+            ));
+        }
+        let mut x = Chw { c, h, w, v };
+        for (step, t) in self.transforms.iter().enumerate() {
+            x = t.apply(x, ctx, index, step)?;
+        }
+        *first = HostTensor {
+            data: HostBuffer::F32(x.v),
+            shape: vec![x.c, x.h, x.w],
+        };
+        Ok(fields)
+    }
+}

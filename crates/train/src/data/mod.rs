@@ -15,7 +15,7 @@ mod sampler;
 mod text;
 
 pub use self::csv::{CsvDataset, CsvOptions, CsvTarget};
-pub use self::image::{ImageFolder, Transform};
+pub use self::image::{ImageFolder, Transform, Transformed};
 pub use digits::MnistDigits;
 pub use idx::{IdxDataset, IdxFile};
 pub use loader::{Batch, DataLoader, DataLoaderConfig, EpochIter, LoaderState};
