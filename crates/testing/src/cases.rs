@@ -146,6 +146,7 @@ fn binary_shapes() -> Vec<(Vec<usize>, View, Vec<usize>, View)> {
         (vec![2, 3, 33], Narrowed, vec![33], Contiguous),
         (vec![33], Contiguous, vec![2, 3, 33], Contiguous),
         (vec![45, 65], Contiguous, vec![], Contiguous),
+        (vec![1], Contiguous, vec![2, 3, 33], Contiguous),
         (vec![0, 3], Contiguous, vec![3], Contiguous),
     ]
 }
@@ -224,6 +225,8 @@ fn binary_cases(b: &mut B) {
             for (sa, wa, sb, wb) in [
                 (vec![45, 65], View::Transposed, vec![65], View::Contiguous),
                 (vec![31], View::Contiguous, vec![31], View::Narrowed),
+                // A broadcast scalar (ReLU's mask, `x > 0`).
+                (vec![5, 33], View::Contiguous, vec![], View::Contiguous),
             ] {
                 b.add(
                     op.name(),
@@ -243,19 +246,45 @@ fn binary_cases(b: &mut B) {
         } else {
             Values::Ints(-9, 9)
         };
-        b.add(
-            "where",
-            dt,
-            vec![
-                inp(&[45, 1], DType::Bool, Values::Bools, View::Contiguous),
-                inp(&[45, 65], dt, vals, View::Transposed),
-                inp(&[65], dt, vals, View::Contiguous),
+        // Broadcast condition; broadcast scalars on either side (ReLU's backward masks with a
+        // zero); a scalar on both.
+        let shapes: [[(&[usize], View); 3]; 4] = [
+            [
+                (&[45, 1], View::Contiguous),
+                (&[45, 65], View::Transposed),
+                (&[65], View::Contiguous),
             ],
-            vec![default_tol(dt)],
-            dt.is_float(),
-            |x| Ok(vec![Tensor::where_cond(&x[0], &x[1], &x[2])?]),
-            |x| vec![r::where_cond(&x[0], &x[1], &x[2])],
-        );
+            [
+                (&[5, 33], View::Contiguous),
+                (&[5, 33], View::Contiguous),
+                (&[], View::Contiguous),
+            ],
+            [
+                (&[45, 65], View::Contiguous),
+                (&[1], View::Contiguous),
+                (&[45, 65], View::Transposed),
+            ],
+            [
+                (&[2, 3, 33], View::Narrowed),
+                (&[], View::Contiguous),
+                (&[1], View::Contiguous),
+            ],
+        ];
+        for [(sc, wc), (sa, wa), (sb, wb)] in shapes {
+            b.add(
+                "where",
+                dt,
+                vec![
+                    inp(sc, DType::Bool, Values::Bools, wc),
+                    inp(sa, dt, vals, wa),
+                    inp(sb, dt, vals, wb),
+                ],
+                vec![default_tol(dt)],
+                dt.is_float(),
+                |x| Ok(vec![Tensor::where_cond(&x[0], &x[1], &x[2])?]),
+                |x| vec![r::where_cond(&x[0], &x[1], &x[2])],
+            );
+        }
     }
 }
 
