@@ -966,9 +966,11 @@ fn conv_cases(b: &mut B) {
         usize,
         bool,
     );
-    // Planes of >= 256 output pixels take the CPU's per-item backward path, smaller ones its
-    // whole-batch GEMMs.
-    let convs: [Conv2; 8] = [
+    // The CPU runs blocks of batch items (one item per block for large planes or small
+    // batches, several side by side otherwise; the last block may be shorter): batches of 1
+    // and 2 take one-item blocks, the batch-37 cases multi-item ones (3x3 stride 1 and 2 with
+    // padding 1, with and without groups, and 1x1).
+    let convs: [Conv2; 11] = [
         (
             "conv2d",
             [2, 3, 7, 9],
@@ -1045,6 +1047,39 @@ fn conv_cases(b: &mut B) {
             [1, 1],
             1,
             true,
+        ),
+        (
+            "conv2d_batch_blocks",
+            [37, 3, 6, 5],
+            [4, 3, 3, 3],
+            View::Contiguous,
+            [1, 1],
+            [1, 1],
+            [1, 1],
+            1,
+            true,
+        ),
+        (
+            "conv2d_batch_blocks_strided_groups",
+            [37, 4, 7, 6],
+            [6, 2, 3, 3],
+            View::Narrowed,
+            [2, 2],
+            [1, 1],
+            [1, 1],
+            2,
+            false,
+        ),
+        (
+            "conv2d_batch_blocks_1x1",
+            [37, 5, 4, 3],
+            [3, 5, 1, 1],
+            View::Transposed,
+            [1, 1],
+            [0, 0],
+            [1, 1],
+            1,
+            false,
         ),
         (
             "conv2d_large_plane",
