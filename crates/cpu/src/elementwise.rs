@@ -372,8 +372,17 @@ pub(crate) fn binary(op: BinaryOp, a: &Tensor, b: &Tensor) -> Result<HostBuffer>
 }
 
 pub(crate) fn cmp(op: CmpOp, a: &Tensor, b: &Tensor) -> Result<HostBuffer> {
+    // One closure per comparison, so each inner loop is branch-free and vectorizes.
     fn go<T: ferrite_core::WithDType>(op: CmpOp, a: &Tensor, b: &Tensor) -> Result<Vec<bool>> {
-        zip_map(a, b, op.name(), move |x: T, y: T| op.eval(x, y))
+        let n = op.name();
+        match op {
+            CmpOp::Eq => zip_map(a, b, n, |x: T, y: T| x == y),
+            CmpOp::Ne => zip_map(a, b, n, |x: T, y: T| x != y),
+            CmpOp::Lt => zip_map(a, b, n, |x: T, y: T| x < y),
+            CmpOp::Le => zip_map(a, b, n, |x: T, y: T| x <= y),
+            CmpOp::Gt => zip_map(a, b, n, |x: T, y: T| x > y),
+            CmpOp::Ge => zip_map(a, b, n, |x: T, y: T| x >= y),
+        }
     }
     Ok(HostBuffer::Bool(match a.dtype() {
         DType::F32 => go::<f32>(op, a, b)?,
