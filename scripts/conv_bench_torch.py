@@ -4,6 +4,9 @@ shapes, f32 on the CPU, same batch (default 8), same thread count (default: all 
 rayon), median of 5 after a warm-up. Prints the same table.
 
 Run: python3 scripts/conv_bench_torch.py [batch] [threads]
+     python3 scripts/conv_bench_torch.py fashion-cnn [batch] [threads]
+       (the 8 shapes of `ferrite train fashion-cnn`'s ResNet, batch 128 by default, as
+       `cargo bench -p ferrite-cpu --bench conv_resnet50 -- fashion-cnn`)
 """
 import os
 import sys
@@ -37,6 +40,17 @@ SHAPES = [  # name, cin, cout, k, stride, pad, hw (as crates/testing/src/bench_s
     ("l4 3x3 512", 512, 512, 3, 1, 1, 7),
 ]
 
+FASHION_CNN = [  # as FASHION_CNN_CONVS in crates/testing/src/bench_shapes.rs
+    ("stem 3x3 1-16", 1, 16, 3, 1, 1, 28),
+    ("l1 3x3 16", 16, 16, 3, 1, 1, 28),
+    ("l2 3x3/2 16-32", 16, 32, 3, 2, 1, 28),
+    ("l2 ds 1x1/2 16-32", 16, 32, 1, 2, 0, 28),
+    ("l2 3x3 32", 32, 32, 3, 1, 1, 14),
+    ("l3 3x3/2 32-64", 32, 64, 3, 2, 1, 14),
+    ("l3 ds 1x1/2 32-64", 32, 64, 1, 2, 0, 14),
+    ("l3 3x3 64", 64, 64, 3, 1, 1, 7),
+]
+
 
 def median(f, reps=5):
     f()
@@ -50,8 +64,12 @@ def median(f, reps=5):
 
 
 def main():
-    batch = int(sys.argv[1]) if len(sys.argv) > 1 else 8
-    threads = int(sys.argv[2]) if len(sys.argv) > 2 else os.cpu_count()
+    args = sys.argv[1:]
+    shapes = SHAPES
+    if args and args[0] == "fashion-cnn":
+        shapes, args = FASHION_CNN, args[1:]
+    batch = int(args[0]) if args else (128 if shapes is FASHION_CNN else 8)
+    threads = int(args[1]) if len(args) > 1 else os.cpu_count()
     torch.set_num_threads(threads)
     print(f"torch {torch.__version__}, {threads} threads, mkldnn {torch.backends.mkldnn.is_available()}")
     print(f"conv2d f32, batch {batch}, median of 5 (ms)")
@@ -59,7 +77,7 @@ def main():
     print("|---|---|---|---|")
     tf = tb = 0.0
     with torch.no_grad():
-        for name, cin, cout, k, s, p, hw in SHAPES:
+        for name, cin, cout, k, s, p, hw in shapes:
             x = torch.randn(batch, cin, hw, hw)
             w = torch.randn(cout, cin, k, k) * 0.05
             y = torch.nn.functional.conv2d(x, w, stride=s, padding=p)

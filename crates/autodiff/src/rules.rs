@@ -82,8 +82,9 @@ fn zeros_as(x: &Saved, g: &Tensor) -> Result<Tensor> {
     Tensor::zeros(x.shape()?, x.dtype()?, g.device())
 }
 
+/// `g` where `cond`, else 0 (a broadcast scalar zero: no zero tensor is written).
 fn mask(cond: &Tensor, g: &Tensor) -> Result<Tensor> {
-    Tensor::where_cond(cond, g, &g.zeros_like()?)
+    Tensor::where_cond(cond, g, &g.scalar_like(0.0)?)
 }
 
 fn unary(op: UnaryOp, x: &Inputs, g: &Tensor) -> Result<Tensor> {

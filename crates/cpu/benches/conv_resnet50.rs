@@ -3,9 +3,11 @@
 //! same table for PyTorch on the same machine and thread count; run both on a quiet machine.
 //!
 //! Run: `cargo bench -p ferrite-cpu --bench conv_resnet50` (optional argument: batch size).
+//! With the argument `fashion-cnn` it times the 8 convolution shapes of `ferrite train
+//! fashion-cnn`'s ResNet instead (batch 128 unless given).
 
 use ferrite_core::{Conv2dParams, DType, Tensor};
-use ferrite_testing::bench_shapes::RESNET50_CONVS;
+use ferrite_testing::bench_shapes::{FASHION_CNN_CONVS, RESNET50_CONVS};
 use std::time::Instant;
 
 /// Median of `reps` timings (seconds) after one warm-up call.
@@ -23,17 +25,23 @@ fn median(mut f: impl FnMut(), reps: usize) -> f64 {
 }
 
 fn main() {
+    let fashion = std::env::args().any(|a| a == "fashion-cnn");
     let batch: usize = std::env::args()
         .skip(1)
         .find_map(|a| a.parse().ok())
-        .unwrap_or(8);
+        .unwrap_or(if fashion { 128 } else { 8 });
+    let shapes: &[_] = if fashion {
+        &FASHION_CNN_CONVS
+    } else {
+        &RESNET50_CONVS
+    };
     let dev = ferrite_cpu::cpu();
     println!("machine: {}", ferrite_cpu::machine_summary());
     println!("conv2d f32, batch {batch}, median of 5 (ms)");
     println!("| layer | fwd | bwd (input + weight) | fwd + bwd |");
     println!("|---|---|---|---|");
     let (mut tf, mut tb) = (0.0, 0.0);
-    for (i, s) in RESNET50_CONVS.iter().enumerate() {
+    for (i, s) in shapes.iter().enumerate() {
         let p = Conv2dParams {
             stride: [s.stride; 2],
             padding: [s.pad; 2],

@@ -48,6 +48,11 @@ pub(crate) fn recycle(mut b: HostBuffer) {
     }
 }
 
+/// Offers a scratch vector to the pool.
+pub(crate) fn give_back<T: WithDType>(v: Vec<T>) {
+    recycle(T::wrap(v));
+}
+
 /// An idle, empty vector of `T` with capacity exactly `n`, if the pool has one.
 fn take<T: WithDType>(n: usize) -> Option<Vec<T>> {
     let mut pool = POOL.lock().ok()?;

@@ -28,13 +28,45 @@ fn stats<F: Float, I: Iterator<Item = F>>(it: impl Fn() -> I, m: usize, eps: f64
     (mean, F::one() / (var + eps).sqrt())
 }
 
-/// Values of channel `ch` of x [n, c, s] (all samples).
-fn channel<F: Float>(
-    x: &[F],
-    (n, c, s): (usize, usize, usize),
-    ch: usize,
-) -> impl Iterator<Item = F> + '_ {
-    (0..n).flat_map(move |ni| x[(ni * c + ch) * s..(ni * c + ch + 1) * s].iter().copied())
+/// Independent partial sums per slice: the compiler vectorizes these folds, which a single
+/// running sum (a serial dependency) would prevent.
+const LANES: usize = 16;
+
+/// Σ f(a[i], b[i]) over equal-length slices, in `LANES` interleaved partial sums.
+fn sum2<F: Float>(a: &[F], b: &[F], f: impl Fn(F, F) -> F) -> F {
+    let mut acc = [F::zero(); LANES];
+    let (ca, cb) = (a.chunks_exact(LANES), b.chunks_exact(LANES));
+    let (ra, rb) = (ca.remainder(), cb.remainder());
+    for (x, y) in ca.zip(cb) {
+        for l in 0..LANES {
+            acc[l] = acc[l] + f(x[l], y[l]);
+        }
+    }
+    let tail = ra.iter().zip(rb).fold(F::zero(), |s, (&x, &y)| s + f(x, y));
+    acc.iter().fold(tail, |s, &v| s + v)
+}
+
+/// Σ f(a[i]).
+fn sum1<F: Float>(a: &[F], f: impl Fn(F) -> F) -> F {
+    sum2(a, a, |x, _| f(x))
+}
+
+/// The n planes (s values each) of channel `ch` of x [n, c, s].
+fn planes<F>(x: &[F], (n, c, s): (usize, usize, usize), ch: usize) -> impl Iterator<Item = &[F]> {
+    (0..n).map(move |ni| &x[(ni * c + ch) * s..(ni * c + ch + 1) * s])
+}
+
+/// (mean, biased variance) of channel `ch` of x [n, c, s], two-pass.
+fn channel_stats<F: Float>(x: &[F], dims: (usize, usize, usize), ch: usize) -> (F, F) {
+    let mf = cast::<F>(dims.0 * dims.2);
+    let mean = planes(x, dims, ch).fold(F::zero(), |a, p| a + sum1(p, |v| v)) / mf;
+    let var =
+        planes(x, dims, ch).fold(F::zero(), |a, p| a + sum1(p, |v| (v - mean) * (v - mean))) / mf;
+    (mean, var)
+}
+
+fn inv_std<F: Float>(var: F, eps: f64) -> F {
+    F::one() / (var + F::from(eps).unwrap_or_else(F::zero)).sqrt()
 }
 
 fn bn_forward<F: Float + ferrite_core::WithDType + Send + Sync>(
@@ -44,34 +76,33 @@ fn bn_forward<F: Float + ferrite_core::WithDType + Send + Sync>(
     dims: (usize, usize, usize),
     eps: f64,
 ) -> Vec<Vec<F>> {
-    let (n, c, s) = dims;
-    let m = n * s;
-    let st: Vec<(F, F, F)> = (0..c)
+    let (_, c, s) = dims;
+    let st: Vec<(F, F)> = (0..c)
         .into_par_iter()
-        .map(|ch| {
-            let (mean, inv) = stats(|| channel(x, dims, ch), m, eps);
-            let var = channel(x, dims, ch).fold(F::zero(), |a, v| a + (v - mean) * (v - mean))
-                / cast::<F>(m);
-            (mean, inv, var)
-        })
+        .map(|ch| channel_stats(x, dims, ch))
         .collect();
-    let mut y = crate::alloc::full(x.len(), F::zero());
-    if s > 0 {
+    let y = crate::alloc::filled(x.len(), |y| {
+        if s == 0 {
+            return;
+        }
         y.par_chunks_mut(s)
             .zip(x.par_chunks(s))
             .enumerate()
             .for_each(|(r, (yr, xr))| {
                 let ch = r % c;
-                let (mean, inv, _) = st[ch];
-                for (o, &v) in yr.iter_mut().zip(xr) {
-                    *o = (v - mean) * inv * w[ch] + b[ch];
+                let (mean, var) = st[ch];
+                // y = x k + (b - mean k), k = w / std.
+                let k = inv_std(var, eps) * w[ch];
+                let o = b[ch] - mean * k;
+                for (d, &v) in yr.iter_mut().zip(xr) {
+                    d.write(v * k + o);
                 }
             });
-    }
+    });
     vec![
         y,
         st.iter().map(|t| t.0).collect(),
-        st.iter().map(|t| t.2).collect(),
+        st.iter().map(|t| t.1).collect(),
     ]
 }
 
@@ -83,33 +114,41 @@ fn bn_backward<F: Float + ferrite_core::WithDType + Send + Sync>(
     eps: f64,
 ) -> Vec<Vec<F>> {
     let (n, c, s) = dims;
-    let m = n * s;
-    // Per channel: mean, inv, Σg, Σ g xhat.
+    let mf = cast::<F>(n * s);
+    // Per channel: mean, inv, Σg, Σ g xhat (xhat = (x - mean) inv).
     let st: Vec<(F, F, F, F)> = (0..c)
         .into_par_iter()
         .map(|ch| {
-            let (mean, inv) = stats(|| channel(x, dims, ch), m, eps);
-            let (sg, sgx) = channel(x, dims, ch)
-                .zip(channel(g, dims, ch))
-                .fold((F::zero(), F::zero()), |(a, b), (xv, gv)| {
-                    (a + gv, b + gv * (xv - mean) * inv)
-                });
-            (mean, inv, sg, sgx)
+            let mean = planes(x, dims, ch).fold(F::zero(), |a, p| a + sum1(p, |v| v)) / mf;
+            let (mut sq, mut sg, mut sgx) = (F::zero(), F::zero(), F::zero());
+            for (xp, gp) in planes(x, dims, ch).zip(planes(g, dims, ch)) {
+                sq = sq + sum1(xp, |v| (v - mean) * (v - mean));
+                sg = sg + sum1(gp, |v| v);
+                sgx = sgx + sum2(xp, gp, |v, gv| gv * (v - mean));
+            }
+            let inv = inv_std(sq / mf, eps);
+            (mean, inv, sg, sgx * inv)
         })
         .collect();
-    let mut dx = crate::alloc::full(x.len(), F::zero());
-    let mf = cast::<F>(m);
-    if s > 0 {
-        dx.par_chunks_mut(s).enumerate().for_each(|(r, d)| {
-            let ch = r % c;
-            let (mean, inv, sg, sgx) = st[ch];
-            let k = w[ch] * inv / mf;
-            for (j, o) in d.iter_mut().enumerate() {
-                let xh = (x[r * s + j] - mean) * inv;
-                *o = k * (mf * g[r * s + j] - sg - xh * sgx);
-            }
-        });
-    }
+    let dx = crate::alloc::filled(x.len(), |dx| {
+        if s == 0 {
+            return;
+        }
+        dx.par_chunks_mut(s)
+            .zip(x.par_chunks(s).zip(g.par_chunks(s)))
+            .enumerate()
+            .for_each(|(r, (d, (xr, gr)))| {
+                let ch = r % c;
+                let (mean, inv, sg, sgx) = st[ch];
+                // dx = k (m g - Σg - xhat Σ g xhat), k = w inv / m.
+                let k = w[ch] * inv / mf;
+                let (kx, o) = (k * inv * sgx, k * sg);
+                let km = k * mf;
+                for (dv, (&xv, &gv)) in d.iter_mut().zip(xr.iter().zip(gr)) {
+                    dv.write(km * gv - o - (xv - mean) * kx);
+                }
+            });
+    });
     vec![
         dx,
         st.iter().map(|t| t.3).collect(),

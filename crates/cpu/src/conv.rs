@@ -1,28 +1,25 @@
-//! Convolutions as im2col + gemm, per batch item and group (f16/bf16 compute in f32):
-//! - conv2d: y[n, g] [o/g, oh ow] = w[g] [o/g, K] · cols(x[n, g]) [K, oh ow], K = c/g kh kw;
-//! - conv_transpose2d (conv2d's input gradient): cols = w[g]ᵀ · x[n, g], then col2im adds
-//!   every column entry back into the pixel it was read from;
-//! - conv2d_backward_weight: dw[g] = Σ_n g[n, g] · cols(x[n, g])ᵀ.
+//! Convolutions as im2col + gemm over blocks of batch items (f16/bf16 compute in f32). A
+//! block of nb items lays its column matrices side by side, cols [K, nb oh ow]
+//! (K = c/g kh kw), and per group:
+//! - conv2d: y[block, g] [o/g, nb oh ow] = w[g] [o/g, K] · cols;
+//! - conv_transpose2d (conv2d's input gradient): cols = w[g]ᵀ · gy[block, g], then col2im
+//!   adds every column entry back into the pixel it was read from;
+//! - conv2d_backward_weight: dw[g] += gy[block, g] · colsᵀ, summed over blocks.
 //!
-//! A 1x1 kernel with stride 1 and no padding reads x as its own columns. Batch items run in
-//! parallel with single-threaded gemm calls when there are at least as many as threads; else
-//! each gemm call uses every thread. For small planes (< 256 output pixels) the forward pass
-//! and both gradients run one threaded GEMM over the whole batch, columns of all items side
-//! by side.
+//! Blocks are sized so that cols stays cache-resident and the product has enough columns to
+//! amortize packing the weight (`block_items`); they run in parallel with single-threaded
+//! gemm calls when the batch has an item per thread, else one after another with threaded
+//! gemm calls. Each thread reuses its scratch buffers across blocks. A 1x1 kernel with stride
+//! 1 and no padding in a one-item block reads x as its own columns.
 
 use crate::storage::float_kernel;
 use ferrite_core::{Conv2dParams, Error, HostBuffer, Result, Shape, Tensor};
 use gemm::Parallelism;
 use num_traits::Float;
 use rayon::prelude::*;
+use std::mem::MaybeUninit;
 
 type Geo = ferrite_core::ConvGeometry;
-
-/// Whether to run one product per batch item (enough items for every thread) rather than one
-/// over the whole batch.
-fn per_item(g: &Geo) -> bool {
-    g.n >= rayon::current_num_threads()
-}
 
 /// The output indices `lo..hi` along axis `a` whose kernel tap `t` reads inside the input
 /// (`len` long), and the input index the first of them reads: output `o` reads
@@ -121,10 +118,15 @@ struct Mat<'a, F> {
     cs: usize,
 }
 
-/// dst [m, n] (row-major, contiguous) = a [m, k] · b [k, n], or += when `acc`.
-fn mm<F: Float + 'static>(
+/// dst [m, n] (row-major, contiguous, `len` ≥ m n elements at `dst`) = a [m, k] · b [k, n],
+/// or += when `acc`.
+///
+/// # Safety
+/// `dst` is valid for writes of m n elements and not aliased by `a` or `b`; when `acc`, those
+/// elements are initialized.
+unsafe fn mm_raw<F: Float + ferrite_core::WithDType>(
     (m, n, k): (usize, usize, usize),
-    dst: &mut [F],
+    dst: *mut F,
     acc: bool,
     a: Mat<F>,
     b: Mat<F>,
@@ -135,20 +137,24 @@ fn mm<F: Float + 'static>(
     }
     if k == 0 {
         if !acc {
-            dst[..m * n].fill(F::zero());
+            for i in 0..m * n {
+                // SAFETY: i < m n (function contract).
+                unsafe { dst.add(i).write(F::zero()) };
+            }
         }
         return;
     }
     let last = |r: usize, c: usize, mat: &Mat<F>| (r - 1) * mat.rs + (c - 1) * mat.cs;
-    assert!(dst.len() >= m * n && a.d.len() > last(m, k, &a) && b.d.len() > last(k, n, &b));
+    assert!(a.d.len() > last(m, k, &a) && b.d.len() > last(k, n, &b));
     // SAFETY: the assert above bounds the largest offset each operand is read at (strides
-    // are non-negative), and `dst` is an exclusive m x n row-major buffer.
+    // are non-negative); `dst` is an exclusive m x n row-major buffer (function contract),
+    // read only when `acc`.
     unsafe {
         gemm::gemm(
             m,
             n,
             k,
-            dst.as_mut_ptr(),
+            dst,
             1,
             n as isize,
             acc,
@@ -168,51 +174,167 @@ fn mm<F: Float + 'static>(
     }
 }
 
-/// Below this many output pixels per plane, each pass runs one GEMM over the whole batch
-/// (columns of every item side by side) instead of one per item: per-item GEMMs of such
-/// planes re-pack a large weight (forward, input gradient) or re-read a large accumulator
-/// (weight gradient) for only oh ow columns or reduction steps.
-const WHOLE_BATCH_PIX: usize = 256;
-
-/// `t` [n, o, pix] as [o, n pix] (item ni at columns ni pix..).
-fn channels_first<F: Float + ferrite_core::WithDType + Send + Sync>(
-    t: &[F],
-    n: usize,
-    o: usize,
-    pix: usize,
-) -> Vec<F> {
-    let mut out = crate::alloc::full(o * n * pix, F::zero());
-    if pix == 0 {
-        return out;
-    }
-    out.par_chunks_mut(n * pix)
-        .enumerate()
-        .for_each(|(oc, row)| {
-            for (ni, dst) in row.chunks_mut(pix).enumerate() {
-                dst.copy_from_slice(&t[(ni * o + oc) * pix..(ni * o + oc + 1) * pix]);
-            }
-        });
-    out
+/// dst [m, n] = a · b, overwriting (dst may be uninitialized).
+fn mm_into<F: Float + ferrite_core::WithDType>(
+    mnk: (usize, usize, usize),
+    dst: &mut [MaybeUninit<F>],
+    a: Mat<F>,
+    b: Mat<F>,
+    par: Parallelism,
+) {
+    assert!(dst.len() >= mnk.0 * mnk.1);
+    // SAFETY: dst is an exclusive buffer of at least m n elements; not read (acc = false).
+    unsafe { mm_raw(mnk, dst.as_mut_ptr() as *mut F, false, a, b, par) }
 }
 
-/// Column matrices of group `gi` of every item side by side: [K, n pix].
-fn im2col_batch<F: Float + ferrite_core::WithDType>(g: &Geo, x: &[F], gi: usize) -> Vec<F> {
-    let (pix, k, cg, hw) = (g.pix(), g.k(), g.cg(), g.h * g.w);
-    let ld = g.n * pix;
-    let mut cols = crate::alloc::full(k * ld, F::zero());
-    if cols.is_empty() {
-        return cols;
+/// dst [m, n] += a · b.
+fn mm_acc<F: Float + ferrite_core::WithDType>(
+    mnk: (usize, usize, usize),
+    dst: &mut [F],
+    a: Mat<F>,
+    b: Mat<F>,
+    par: Parallelism,
+) {
+    assert!(dst.len() >= mnk.0 * mnk.1);
+    // SAFETY: dst is an exclusive, initialized buffer of at least m n elements.
+    unsafe { mm_raw(mnk, dst.as_mut_ptr(), true, a, b, par) }
+}
+
+/// An initialized slice viewed as possibly-uninitialized slots (to be overwritten).
+fn as_uninit<F>(v: &mut [F]) -> &mut [MaybeUninit<F>] {
+    // SAFETY: MaybeUninit<F> has F's layout; writing initialized values through it keeps
+    // the slice initialized.
+    unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr() as *mut MaybeUninit<F>, v.len()) }
+}
+
+/// Aim for column blocks of about this many bytes (cache-resident while the product runs).
+const COLS_BYTES: usize = 1 << 20;
+/// Aim for at least this many product columns per block (packing the weight, o/g x K, is
+/// amortized over them).
+const MIN_COLS: usize = 512;
+
+/// Items per block: enough for `COLS_BYTES` of columns or `MIN_COLS` columns, whichever is
+/// more, but no more than an equal share of the batch per thread; then evened out so the
+/// number of blocks is a multiple of the thread count where the batch allows.
+fn block_items<F>(g: &Geo, threads: usize) -> usize {
+    let threads = threads.max(1);
+    let item = (g.k() * g.pix() * std::mem::size_of::<F>()).max(1);
+    let want = (COLS_BYTES / item).max(MIN_COLS.div_ceil(g.pix().max(1)));
+    let nb = want.min(g.n.div_ceil(threads)).max(1);
+    let blocks = g.n.div_ceil(nb).next_multiple_of(threads);
+    g.n.div_ceil(blocks).max(1)
+}
+
+/// How blocks run: in parallel with single-threaded products when every thread gets one,
+/// else in sequence with threaded products.
+fn parallel_blocks(g: &Geo) -> bool {
+    g.n >= rayon::current_num_threads()
+}
+
+/// A thread's reusable buffers: column matrices and a channels-first block (pooled: taken
+/// from and given back to `crate::alloc`'s pool, so repeated ops reuse backed pages).
+struct Scratch<F: ferrite_core::WithDType> {
+    cols: Vec<F>,
+    mat: Vec<F>,
+}
+
+impl<F: ferrite_core::WithDType> Scratch<F> {
+    fn new() -> Self {
+        Scratch {
+            cols: Vec::new(),
+            mat: Vec::new(),
+        }
     }
-    // Channel c of the group owns rows c kh kw.. of cols: one task per channel.
-    cols.par_chunks_mut(g.kh * g.kw * ld)
-        .enumerate()
-        .for_each(|(c, rows)| {
-            for ni in 0..g.n {
-                let p = (ni * g.c + gi * cg + c) * hw;
-                im2col_plane(g, &x[p..p + hw], &mut rows[ni * pix..], ld);
+}
+
+impl<F: ferrite_core::WithDType> Drop for Scratch<F> {
+    fn drop(&mut self) {
+        crate::alloc::give_back(std::mem::take(&mut self.cols));
+        crate::alloc::give_back(std::mem::take(&mut self.mat));
+    }
+}
+
+/// `buf` as `len` elements, replaced by a pooled buffer of exactly `len` when shorter
+/// (contents are unspecified: callers overwrite what they read).
+fn grow<F: ferrite_core::WithDType>(buf: &mut Vec<F>, len: usize) -> &mut [F] {
+    if buf.len() < len {
+        let old = std::mem::replace(buf, crate::alloc::full(len, F::default()));
+        crate::alloc::give_back(old);
+    }
+    &mut buf[..len]
+}
+
+/// cols [K, nb pix] of group `gi` of items n0..n0 + nb (row stride nb pix).
+fn im2col_block<F: Float>(g: &Geo, x: &[F], gi: usize, n0: usize, nb: usize, cols: &mut [F]) {
+    let (pix, cg, hw) = (g.pix(), g.cg(), g.h * g.w);
+    for j in 0..nb {
+        let base = ((n0 + j) * g.c + gi * cg) * hw;
+        im2col(g, &x[base..base + cg * hw], &mut cols[j * pix..], nb * pix);
+    }
+}
+
+/// t [n, o, pix] items n0..n0 + nb as [o, nb pix] (item j at columns j pix..).
+fn channels_first_block<F: Float>(t: &[F], g: &Geo, n0: usize, nb: usize, out: &mut [F]) {
+    let (pix, o) = (g.pix(), g.o);
+    for j in 0..nb {
+        for oc in 0..o {
+            let src = ((n0 + j) * o + oc) * pix;
+            let dst = oc * nb * pix + j * pix;
+            out[dst..dst + pix].copy_from_slice(&t[src..src + pix]);
+        }
+    }
+}
+
+/// y for the nb items n0.. (`yb`: their [o, pix] planes, overwritten).
+fn conv2d_block<F: Float + ferrite_core::WithDType>(
+    g: &Geo,
+    (x, w): (&[F], &[F]),
+    n0: usize,
+    yb: &mut [MaybeUninit<F>],
+    s: &mut Scratch<F>,
+    par: Parallelism,
+) {
+    let (pix, k, og, cg, hw) = (g.pix(), g.k(), g.og(), g.cg(), g.h * g.w);
+    let nb = yb.len() / (g.o * pix);
+    let ld = nb * pix;
+    // One item: the product writes y directly; else into `mat` [o, nb pix], copied out.
+    let out: &mut [MaybeUninit<F>] = if nb == 1 {
+        &mut *yb
+    } else {
+        as_uninit(grow(&mut s.mat, g.o * ld))
+    };
+    for gi in 0..g.p.groups {
+        let cols: &[F] = if nb == 1 && g.direct() {
+            let base = (n0 * g.c + gi * cg) * hw;
+            &x[base..base + cg * hw]
+        } else {
+            let cols = grow(&mut s.cols, k * ld);
+            im2col_block(g, x, gi, n0, nb, cols);
+            cols
+        };
+        let a = Mat {
+            d: &w[gi * og * k..],
+            rs: k,
+            cs: 1,
+        };
+        let b = Mat {
+            d: cols,
+            rs: ld,
+            cs: 1,
+        };
+        mm_into((og, ld, k), &mut out[gi * og * ld..], a, b, par);
+    }
+    if nb > 1 {
+        let mat = &s.mat;
+        for (j, item) in yb.chunks_mut(g.o * pix).enumerate() {
+            for (oc, dst) in item.chunks_mut(pix).enumerate() {
+                let src = &mat[oc * ld + j * pix..oc * ld + (j + 1) * pix];
+                for (d, &v) in dst.iter_mut().zip(src) {
+                    d.write(v);
+                }
             }
-        });
-    cols
+        }
+    }
 }
 
 fn conv2d_typed<F: Float + ferrite_core::WithDType + Send + Sync + 'static>(
@@ -220,81 +342,88 @@ fn conv2d_typed<F: Float + ferrite_core::WithDType + Send + Sync + 'static>(
     x: &[F],
     w: &[F],
 ) -> Vec<F> {
+    let plane = g.o * g.pix();
+    if plane == 0 || g.n == 0 {
+        return crate::alloc::full(g.n * plane, F::zero());
+    }
+    let threads = rayon::current_num_threads();
+    let nb = block_items::<F>(g, threads);
+    crate::alloc::filled(g.n * plane, |y| {
+        let run = |bi: usize, yb: &mut [MaybeUninit<F>], s: &mut Scratch<F>, par| {
+            conv2d_block(g, (x, w), bi * nb, yb, s, par)
+        };
+        if parallel_blocks(g) {
+            y.par_chunks_mut(nb * plane)
+                .enumerate()
+                .for_each_init(Scratch::new, |s, (bi, yb)| {
+                    run(bi, yb, s, Parallelism::None)
+                });
+        } else {
+            let mut s = Scratch::new();
+            for (bi, yb) in y.chunks_mut(nb * plane).enumerate() {
+                run(bi, yb, &mut s, Parallelism::Rayon(0));
+            }
+        }
+    })
+}
+
+/// dx of the nb items n0.. (`dxb`: their [c, h, w] planes, overwritten).
+fn conv_transpose2d_block<F: Float + ferrite_core::WithDType>(
+    g: &Geo,
+    (gy, w): (&[F], &[F]),
+    n0: usize,
+    dxb: &mut [MaybeUninit<F>],
+    s: &mut Scratch<F>,
+    par: Parallelism,
+) {
     let (pix, k, og, cg, hw) = (g.pix(), g.k(), g.og(), g.cg(), g.h * g.w);
-    let mut y = crate::alloc::full(g.n * g.o * pix, F::zero());
-    let item = |ni: usize, yn: &mut [F], cols: &mut Vec<F>, par: Parallelism| {
-        for gi in 0..g.p.groups {
-            let xg = &x[(ni * g.c + gi * cg) * hw..(ni * g.c + (gi + 1) * cg) * hw];
-            let cols: &[F] = if g.direct() {
-                xg
-            } else {
-                cols.resize(k * pix, F::zero());
-                im2col(g, xg, cols, pix);
-                cols
-            };
-            let a = Mat {
-                d: &w[gi * og * k..],
-                rs: k,
-                cs: 1,
-            };
-            let b = Mat {
-                d: cols,
-                rs: pix,
-                cs: 1,
-            };
-            mm(
-                (og, pix, k),
-                &mut yn[gi * og * pix..(gi + 1) * og * pix],
-                false,
-                a,
-                b,
-                par,
+    let nb = dxb.len() / (g.c * hw);
+    let ld = nb * pix;
+    // The block's gradient channels-first, [o, nb pix] (one item: gy itself).
+    let gyb: &[F] = if nb == 1 {
+        &gy[n0 * g.o * pix..(n0 + 1) * g.o * pix]
+    } else {
+        let m = grow(&mut s.mat, g.o * ld);
+        channels_first_block(gy, g, n0, nb, m);
+        m
+    };
+    let direct = nb == 1 && g.direct();
+    if !direct {
+        for d in dxb.iter_mut() {
+            d.write(F::zero());
+        }
+    }
+    for gi in 0..g.p.groups {
+        // w[g]ᵀ: [K, o/g] with row stride 1 and column stride K.
+        let a = Mat {
+            d: &w[gi * og * k..],
+            rs: 1,
+            cs: k,
+        };
+        let b = Mat {
+            d: &gyb[gi * og * ld..],
+            rs: ld,
+            cs: 1,
+        };
+        if direct {
+            mm_into((k, ld, og), &mut dxb[gi * cg * hw..], a, b, par);
+            continue;
+        }
+        let cols = grow(&mut s.cols, k * ld);
+        mm_into((k, ld, og), as_uninit(cols), a, b, par);
+        // SAFETY: every element of dxb was written (zeroed) above.
+        let dx: &mut [F] =
+            unsafe { std::slice::from_raw_parts_mut(dxb.as_mut_ptr() as *mut F, dxb.len()) };
+        for j in 0..nb {
+            let item = &mut dx[j * g.c * hw..(j + 1) * g.c * hw];
+            col2im(
+                g,
+                &cols[j * pix..],
+                &mut item[gi * cg * hw..(gi + 1) * cg * hw],
+                ld,
             );
         }
-    };
-    let plane = g.o * pix;
-    if plane == 0 {
-        return y;
     }
-    if pix < WHOLE_BATCH_PIX {
-        // One GEMM per group over the batch, [o/g, n pix], then back to [n, o, pix].
-        let ld = g.n * pix;
-        let mut yb = crate::alloc::full(g.o * ld, F::zero());
-        for gi in 0..g.p.groups {
-            let cols = im2col_batch(g, x, gi);
-            let a = Mat {
-                d: &w[gi * og * k..],
-                rs: k,
-                cs: 1,
-            };
-            let b = Mat {
-                d: &cols,
-                rs: ld,
-                cs: 1,
-            };
-            let dst = &mut yb[gi * og * ld..(gi + 1) * og * ld];
-            mm((og, ld, k), dst, false, a, b, Parallelism::Rayon(0));
-        }
-        y.par_chunks_mut(plane).enumerate().for_each(|(ni, yn)| {
-            for (oc, dst) in yn.chunks_mut(pix).enumerate() {
-                dst.copy_from_slice(&yb[oc * ld + ni * pix..oc * ld + (ni + 1) * pix]);
-            }
-        });
-        return y;
-    }
-    if per_item(g) {
-        y.par_chunks_mut(plane)
-            .enumerate()
-            .for_each_init(Vec::new, |cols, (ni, yn)| {
-                item(ni, yn, cols, Parallelism::None)
-            });
-    } else {
-        let mut cols = Vec::new();
-        for (ni, yn) in y.chunks_mut(plane).enumerate() {
-            item(ni, yn, &mut cols, Parallelism::Rayon(0));
-        }
-    }
-    y
 }
 
 /// `gy` [n, o, oh, ow] -> dx [n, c, h, w].
@@ -303,72 +432,76 @@ fn conv_transpose2d_typed<F: Float + ferrite_core::WithDType + Send + Sync + 'st
     gy: &[F],
     w: &[F],
 ) -> Vec<F> {
-    let (pix, k, og, cg, hw) = (g.pix(), g.k(), g.og(), g.cg(), g.h * g.w);
-    let mut dx = crate::alloc::full(g.n * g.c * hw, F::zero());
-    let item = |ni: usize, dxn: &mut [F], cols: &mut Vec<F>, par: Parallelism| {
-        for gi in 0..g.p.groups {
-            let gyg = &gy[(ni * g.o + gi * og) * pix..];
-            // w[g]ᵀ: [K, o/g] with row stride 1 and column stride K.
-            let a = Mat {
-                d: &w[gi * og * k..],
-                rs: 1,
-                cs: k,
-            };
-            let b = Mat {
-                d: gyg,
-                rs: pix,
-                cs: 1,
-            };
-            let dxg = &mut dxn[gi * cg * hw..(gi + 1) * cg * hw];
-            if g.direct() {
-                mm((k, pix, og), dxg, false, a, b, par);
-            } else {
-                cols.resize(k * pix, F::zero());
-                mm((k, pix, og), cols, false, a, b, par);
-                col2im(g, cols, dxg, pix);
+    let plane = g.c * g.h * g.w;
+    if plane == 0 || g.n == 0 || g.pix() == 0 {
+        return crate::alloc::full(g.n * plane, F::zero());
+    }
+    let nb = block_items::<F>(g, rayon::current_num_threads());
+    crate::alloc::filled(g.n * plane, |dx| {
+        let run = |bi: usize, dxb: &mut [MaybeUninit<F>], s: &mut Scratch<F>, par| {
+            conv_transpose2d_block(g, (gy, w), bi * nb, dxb, s, par)
+        };
+        if parallel_blocks(g) {
+            dx.par_chunks_mut(nb * plane)
+                .enumerate()
+                .for_each_init(Scratch::new, |s, (bi, dxb)| {
+                    run(bi, dxb, s, Parallelism::None)
+                });
+        } else {
+            let mut s = Scratch::new();
+            for (bi, dxb) in dx.chunks_mut(nb * plane).enumerate() {
+                run(bi, dxb, &mut s, Parallelism::Rayon(0));
             }
         }
-    };
-    let plane = g.c * hw;
-    if plane == 0 {
-        return dx;
-    }
-    if pix < WHOLE_BATCH_PIX && pix > 0 {
-        let ld = g.n * pix;
-        let gyb = channels_first(gy, g.n, g.o, pix);
-        let mut cols = crate::alloc::full(k * ld, F::zero());
-        for gi in 0..g.p.groups {
-            let a = Mat {
-                d: &w[gi * og * k..],
-                rs: 1,
-                cs: k,
-            };
-            let b = Mat {
-                d: &gyb[gi * og * ld..],
-                rs: ld,
-                cs: 1,
-            };
-            mm((k, ld, og), &mut cols, false, a, b, Parallelism::Rayon(0));
-            dx.par_chunks_mut(plane).enumerate().for_each(|(ni, dxn)| {
-                let dxg = &mut dxn[gi * cg * hw..(gi + 1) * cg * hw];
-                col2im(g, &cols[ni * pix..], dxg, ld);
-            });
-        }
-        return dx;
-    }
-    if per_item(g) {
-        dx.par_chunks_mut(plane)
-            .enumerate()
-            .for_each_init(Vec::new, |cols, (ni, dxn)| {
-                item(ni, dxn, cols, Parallelism::None)
-            });
+    })
+}
+
+/// acc [o, K] += the weight gradient of items n0..n0 + nb.
+fn backward_weight_block<F: Float + ferrite_core::WithDType>(
+    g: &Geo,
+    (x, gy): (&[F], &[F]),
+    (n0, nb): (usize, usize),
+    acc: &mut [F],
+    s: &mut Scratch<F>,
+    par: Parallelism,
+) {
+    let (pix, k, og, cg, hw) = (g.pix(), g.k(), g.og(), g.cg(), g.h * g.w);
+    let ld = nb * pix;
+    let gyb: &[F] = if nb == 1 {
+        &gy[n0 * g.o * pix..(n0 + 1) * g.o * pix]
     } else {
-        let mut cols = Vec::new();
-        for (ni, dxn) in dx.chunks_mut(plane).enumerate() {
-            item(ni, dxn, &mut cols, Parallelism::Rayon(0));
-        }
+        let m = grow(&mut s.mat, g.o * ld);
+        channels_first_block(gy, g, n0, nb, m);
+        m
+    };
+    for gi in 0..g.p.groups {
+        let cols: &[F] = if nb == 1 && g.direct() {
+            let base = (n0 * g.c + gi * cg) * hw;
+            &x[base..base + cg * hw]
+        } else {
+            let cols = grow(&mut s.cols, k * ld);
+            im2col_block(g, x, gi, n0, nb, cols);
+            cols
+        };
+        let a = Mat {
+            d: &gyb[gi * og * ld..],
+            rs: ld,
+            cs: 1,
+        };
+        // colsᵀ: [nb pix, K].
+        let b = Mat {
+            d: cols,
+            rs: 1,
+            cs: ld,
+        };
+        mm_acc(
+            (og, k, ld),
+            &mut acc[gi * og * k..(gi + 1) * og * k],
+            a,
+            b,
+            par,
+        );
     }
-    dx
 }
 
 /// (x [n, c, h, w], gy [n, o, oh, ow]) -> dw [o, c/g, kh, kw].
@@ -377,73 +510,28 @@ fn conv2d_backward_weight_typed<F: Float + ferrite_core::WithDType + Send + Sync
     x: &[F],
     gy: &[F],
 ) -> Vec<F> {
-    let (pix, k, og, cg, hw) = (g.pix(), g.k(), g.og(), g.cg(), g.h * g.w);
-    let len = g.o * k;
-    // Accumulates batch item ni into acc [o, K].
-    let item = |ni: usize, acc: &mut [F], cols: &mut Vec<F>, par: Parallelism| {
-        for gi in 0..g.p.groups {
-            let xg = &x[(ni * g.c + gi * cg) * hw..(ni * g.c + (gi + 1) * cg) * hw];
-            let cols: &[F] = if g.direct() {
-                xg
-            } else {
-                cols.resize(k * pix, F::zero());
-                im2col(g, xg, cols, pix);
-                cols
-            };
-            let a = Mat {
-                d: &gy[(ni * g.o + gi * og) * pix..],
-                rs: pix,
-                cs: 1,
-            };
-            // colsᵀ: [oh ow, K].
-            let b = Mat {
-                d: cols,
-                rs: 1,
-                cs: pix,
-            };
-            mm(
-                (og, k, pix),
-                &mut acc[gi * og * k..(gi + 1) * og * k],
-                true,
-                a,
-                b,
-                par,
-            );
-        }
-    };
-    if len == 0 || g.n == 0 {
+    let len = g.o * g.k();
+    if len == 0 || g.n == 0 || g.pix() == 0 {
         return crate::alloc::full(len, F::zero());
     }
-    if pix < WHOLE_BATCH_PIX && pix > 0 {
-        let ld = g.n * pix;
-        let gyb = channels_first(gy, g.n, g.o, pix);
-        let mut dw = crate::alloc::full(len, F::zero());
-        for gi in 0..g.p.groups {
-            let cols = im2col_batch(g, x, gi);
-            let a = Mat {
-                d: &gyb[gi * og * ld..],
-                rs: ld,
-                cs: 1,
-            };
-            // colsᵀ: [n pix, K].
-            let b = Mat {
-                d: &cols,
-                rs: 1,
-                cs: ld,
-            };
-            let dst = &mut dw[gi * og * k..(gi + 1) * og * k];
-            mm((og, k, ld), dst, false, a, b, Parallelism::Rayon(0));
-        }
-        return dw;
-    }
-    if per_item(g) {
-        (0..g.n)
+    let nb = block_items::<F>(g, rayon::current_num_threads());
+    let blocks = g.n.div_ceil(nb);
+    let span = |bi: usize| (bi * nb, nb.min(g.n - bi * nb));
+    if parallel_blocks(g) {
+        (0..blocks)
             .into_par_iter()
             .fold(
-                || (vec![F::zero(); len], Vec::new()),
-                |(mut acc, mut cols), ni| {
-                    item(ni, &mut acc, &mut cols, Parallelism::None);
-                    (acc, cols)
+                || (vec![F::zero(); len], Scratch::new()),
+                |(mut acc, mut s), bi| {
+                    backward_weight_block(
+                        g,
+                        (x, gy),
+                        span(bi),
+                        &mut acc,
+                        &mut s,
+                        Parallelism::None,
+                    );
+                    (acc, s)
                 },
             )
             .map(|(acc, _)| acc)
@@ -454,9 +542,16 @@ fn conv2d_backward_weight_typed<F: Float + ferrite_core::WithDType + Send + Sync
             .unwrap_or_else(|| vec![F::zero(); len])
     } else {
         let mut acc = crate::alloc::full(len, F::zero());
-        let mut cols = Vec::new();
-        for ni in 0..g.n {
-            item(ni, &mut acc, &mut cols, Parallelism::Rayon(0));
+        let mut s = Scratch::new();
+        for bi in 0..blocks {
+            backward_weight_block(
+                g,
+                (x, gy),
+                span(bi),
+                &mut acc,
+                &mut s,
+                Parallelism::Rayon(0),
+            );
         }
         acc
     }

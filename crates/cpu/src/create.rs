@@ -4,8 +4,13 @@ use crate::storage::from_f32;
 use ferrite_core::{rng, DType, HostBuffer, Shape};
 use rayon::prelude::*;
 
+/// `value` in every element, in a pooled buffer (written, so its pages are backed: a
+/// calloc'd zero buffer would fault on first read, and again when reused for writing).
 pub(crate) fn fill(value: f64, (shape, dtype): &(Shape, DType)) -> HostBuffer {
-    HostBuffer::from_f64_slice(*dtype, &[value]).repeat_to(shape.elem_count())
+    let n = shape.elem_count();
+    ferrite_core::map_host_same!(&HostBuffer::from_f64_slice(*dtype, &[value]), v => {
+        v.first().map(|&x| crate::alloc::full(n, x)).unwrap_or_default()
+    })
 }
 
 pub(crate) fn arange(start: f64, step: f64, (shape, dtype): &(Shape, DType)) -> HostBuffer {

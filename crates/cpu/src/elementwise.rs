@@ -2,13 +2,15 @@
 //! Contiguous inputs take a flat parallel loop; strided ones walk rows of the last dim.
 
 use crate::alloc::filled;
-use crate::storage::{contig, host, raw};
+use crate::storage::{contig, raw};
 use ferrite_core::{
     map_host_same, BinaryOp, CmpOp, DType, Error, HostBuffer, Layout, Result, Tensor, UnaryOp,
+    WithDType,
 };
 use half::{bf16, f16};
 use num_traits::Float;
 use rayon::prelude::*;
+use std::borrow::Cow;
 use std::mem::MaybeUninit;
 
 /// Below this many elements, loops stay on the calling thread.
@@ -117,6 +119,16 @@ pub(crate) fn zip_map<
     }
     if n == 0 {
         return Ok(Vec::new());
+    }
+    // One side contiguous, the other a single broadcast value (`x > 0`, `x * 2`).
+    let splat = |l: &Layout| l.strides().iter().all(|&s| s == 0);
+    if la.is_contiguous() && splat(lb) {
+        let (xa, y) = (&da[la.offset()..la.offset() + n], db[lb.offset()]);
+        return Ok(map(xa, |x| f(x, y)));
+    }
+    if splat(la) && lb.is_contiguous() {
+        let (x, xb) = (da[la.offset()], &db[lb.offset()..lb.offset() + n]);
+        return Ok(map(xb, |y| f(x, y)));
     }
     let inner = *a.dims().last().unwrap_or(&1);
     let (sa, sb) = (
@@ -360,8 +372,17 @@ pub(crate) fn binary(op: BinaryOp, a: &Tensor, b: &Tensor) -> Result<HostBuffer>
 }
 
 pub(crate) fn cmp(op: CmpOp, a: &Tensor, b: &Tensor) -> Result<HostBuffer> {
+    // One closure per comparison, so each inner loop is branch-free and vectorizes.
     fn go<T: ferrite_core::WithDType>(op: CmpOp, a: &Tensor, b: &Tensor) -> Result<Vec<bool>> {
-        zip_map(a, b, op.name(), move |x: T, y: T| op.eval(x, y))
+        let n = op.name();
+        match op {
+            CmpOp::Eq => zip_map(a, b, n, |x: T, y: T| x == y),
+            CmpOp::Ne => zip_map(a, b, n, |x: T, y: T| x != y),
+            CmpOp::Lt => zip_map(a, b, n, |x: T, y: T| x < y),
+            CmpOp::Le => zip_map(a, b, n, |x: T, y: T| x <= y),
+            CmpOp::Gt => zip_map(a, b, n, |x: T, y: T| x > y),
+            CmpOp::Ge => zip_map(a, b, n, |x: T, y: T| x >= y),
+        }
     }
     Ok(HostBuffer::Bool(match a.dtype() {
         DType::F32 => go::<f32>(op, a, b)?,
@@ -376,21 +397,88 @@ pub(crate) fn cmp(op: CmpOp, a: &Tensor, b: &Tensor) -> Result<HostBuffer> {
     }))
 }
 
-pub(crate) fn where_cond(c: &Tensor, a: &Tensor, b: &Tensor) -> Result<HostBuffer> {
-    let cond = contig::<bool>(c, "where")?;
-    let (ha, hb) = (
-        materialize(host(a.storage(), "where")?, a.layout()),
-        materialize(host(b.storage(), "where")?, b.layout()),
-    );
-    macro_rules! pick {
-        ($($v:ident),*) => {
-            match (ha, hb) {
-                $((HostBuffer::$v(x), HostBuffer::$v(y)) => HostBuffer::$v(
-                    cond.iter().zip(x.iter().zip(&y)).map(|(&c, (&x, &y))| if c { x } else { y }).collect()
-                ),)*
-                _ => return Err(Error::DTypeMismatch { op: "where", lhs: a.dtype(), rhs: b.dtype() }),
+/// One operand of an elementwise kernel: its elements in row-major order, or one value
+/// broadcast to every position (all strides 0).
+enum Operand<'a, T: Clone> {
+    Elems(Cow<'a, [T]>),
+    Splat(T),
+}
+
+impl<'a, T: WithDType> Operand<'a, T> {
+    fn of(t: &'a Tensor, op: &'static str) -> Result<Operand<'a, T>> {
+        let l = t.layout();
+        if t.elem_count() > 0 && l.strides().iter().all(|&s| s == 0) {
+            return Ok(Operand::Splat(raw::<T>(t, op)?[l.offset()]));
+        }
+        Ok(Operand::Elems(contig::<T>(t, op)?))
+    }
+}
+
+/// `cond ? a : b` elementwise; `a` and `b` are row-major slices or splats of `n` elements.
+fn select<T: WithDType>(cond: &[bool], a: &Operand<T>, b: &Operand<T>) -> Vec<T> {
+    filled(cond.len(), |out| {
+        // Chunk `c` covers elements [c * PAR_CHUNK, ..) of every operand.
+        let body = |(c, d): (usize, &mut [MaybeUninit<T>])| {
+            let at = c * PAR_CHUNK;
+            let m = &cond[at..at + d.len()];
+            match (a, b) {
+                (Operand::Elems(x), Operand::Elems(y)) => {
+                    let it = m.iter().zip(&x[at..]).zip(&y[at..]);
+                    for (o, ((&c, &x), &y)) in d.iter_mut().zip(it) {
+                        o.write(if c { x } else { y });
+                    }
+                }
+                (Operand::Elems(x), &Operand::Splat(y)) => {
+                    for (o, (&c, &x)) in d.iter_mut().zip(m.iter().zip(&x[at..])) {
+                        o.write(if c { x } else { y });
+                    }
+                }
+                (&Operand::Splat(x), Operand::Elems(y)) => {
+                    for (o, (&c, &y)) in d.iter_mut().zip(m.iter().zip(&y[at..])) {
+                        o.write(if c { x } else { y });
+                    }
+                }
+                (&Operand::Splat(x), &Operand::Splat(y)) => {
+                    for (o, &c) in d.iter_mut().zip(m) {
+                        o.write(if c { x } else { y });
+                    }
+                }
             }
         };
+        if cond.len() >= PAR_MIN {
+            out.par_chunks_mut(PAR_CHUNK).enumerate().for_each(body);
+        } else {
+            out.chunks_mut(PAR_CHUNK).enumerate().for_each(body);
+        }
+    })
+}
+
+pub(crate) fn where_cond(c: &Tensor, a: &Tensor, b: &Tensor) -> Result<HostBuffer> {
+    let op = "where";
+    if a.dtype() != b.dtype() {
+        return Err(Error::DTypeMismatch {
+            op,
+            lhs: a.dtype(),
+            rhs: b.dtype(),
+        });
     }
-    Ok(pick!(F32, F16, BF16, F64, I32, I64, U32, U8, Bool))
+    let cond = contig::<bool>(c, op)?;
+    fn go<T: WithDType>(cond: &[bool], a: &Tensor, b: &Tensor) -> Result<Vec<T>> {
+        Ok(select(
+            cond,
+            &Operand::<T>::of(a, "where")?,
+            &Operand::<T>::of(b, "where")?,
+        ))
+    }
+    Ok(match a.dtype() {
+        DType::F32 => HostBuffer::F32(go(&cond, a, b)?),
+        DType::F64 => HostBuffer::F64(go(&cond, a, b)?),
+        DType::F16 => HostBuffer::F16(go(&cond, a, b)?),
+        DType::BF16 => HostBuffer::BF16(go(&cond, a, b)?),
+        DType::I32 => HostBuffer::I32(go(&cond, a, b)?),
+        DType::I64 => HostBuffer::I64(go(&cond, a, b)?),
+        DType::U32 => HostBuffer::U32(go(&cond, a, b)?),
+        DType::U8 => HostBuffer::U8(go(&cond, a, b)?),
+        DType::Bool => HostBuffer::Bool(go(&cond, a, b)?),
+    })
 }

@@ -16,6 +16,7 @@ mod matmul;
 mod norm;
 mod optim;
 mod pool;
+pub mod profile;
 mod reduce;
 mod scan;
 mod storage;
@@ -96,11 +97,13 @@ impl Backend for CpuBackend {
     }
 
     fn sum_squares(&self, tensors: &[Tensor]) -> Result<Arc<dyn Storage>> {
-        optim::sum_squares(tensors)
+        let shapes = || (vec![tensors.len()], vec![]);
+        profile::time("sum_squares", shapes, || optim::sum_squares(tensors))
     }
 
     fn fused_update(&self, update: &ferrite_core::optim::FusedUpdate<'_>) -> Result<()> {
-        optim::fused_update(update)
+        let shapes = || (vec![update.params.len()], vec![]);
+        profile::time("fused_update", shapes, || optim::fused_update(update))
     }
 
     fn exec(
@@ -109,156 +112,159 @@ impl Backend for CpuBackend {
         inputs: &[&Tensor],
         outs: &[(Shape, DType)],
     ) -> Result<Vec<Arc<dyn Storage>>> {
-        let name = op.name();
-        // Inputs are read under their storages' guards (in-place writes wait for them).
-        let _guards = storage::guards(inputs);
-        let out = |i: usize| {
-            outs.get(i)
-                .ok_or_else(|| Error::backend(name, "missing output spec"))
+        let shapes = || {
+            let dims = |s: Option<&[usize]>| s.map(<[usize]>::to_vec).unwrap_or_default();
+            (
+                dims(inputs.first().map(|t| t.dims())),
+                dims(outs.first().map(|o| o.0.dims())),
+            )
         };
-        let input = |i: usize| {
-            inputs
-                .get(i)
-                .copied()
-                .ok_or_else(|| Error::backend(name, "missing input"))
-        };
-        let one = |b: HostBuffer| -> Result<Vec<Arc<dyn Storage>>> {
-            Ok(vec![Arc::new(CpuStorage::new(b))])
-        };
-        let many = |bs: Vec<HostBuffer>| -> Result<Vec<Arc<dyn Storage>>> {
-            Ok(bs
-                .into_iter()
-                .map(|b| Arc::new(CpuStorage::new(b)) as Arc<dyn Storage>)
-                .collect())
-        };
-        match op {
-            Op::Unary(u) => one(elementwise::unary(*u, input(0)?)?),
-            Op::Binary(b) => one(elementwise::binary(*b, input(0)?, input(1)?)?),
-            Op::Cmp(c) => one(elementwise::cmp(*c, input(0)?, input(1)?)?),
-            Op::Where => one(elementwise::where_cond(input(0)?, input(1)?, input(2)?)?),
-            Op::Reduce { op, axes } => one(reduce::reduce(*op, input(0)?, axes)?),
-            Op::Matmul => one(matmul::matmul(input(0)?, input(1)?, &out(0)?.0)?),
-            Op::Cast(dt) => one(cast::cast(input(0)?, *dt)?),
-            Op::Copy => {
-                let x = input(0)?;
-                one(elementwise::materialize(
-                    storage::host(x.storage(), name)?,
-                    x.layout(),
-                ))
-            }
-            Op::IndexSelect { axis } => one(index::index_select(input(0)?, input(1)?, *axis)?),
-            Op::Gather { axis } => one(index::gather(input(0)?, input(1)?, *axis)?),
-            Op::ScatterAdd { axis } => {
-                one(index::scatter_add(input(0)?, input(1)?, input(2)?, *axis)?)
-            }
-            Op::Cat { axis } => one(index::cat(inputs, *axis)?),
-            Op::Cumsum { axis } => one(scan::cumsum(input(0)?, *axis)?),
-            Op::Sort { axis, descending } => {
-                let (v, i) = scan::sort(input(0)?, *axis, *descending)?;
-                Ok(vec![
-                    Arc::new(CpuStorage::new(v)),
-                    Arc::new(CpuStorage::new(i)),
-                ])
-            }
-            Op::Softmax => one(norm::softmax(input(0)?, false)?),
-            Op::LogSoftmax => one(norm::softmax(input(0)?, true)?),
-            Op::CrossEntropy {
-                ignore_index,
-                label_smoothing,
-            } => one(cross_entropy::cross_entropy(
-                input(0)?,
-                input(1)?,
-                input(2)?,
-                *ignore_index,
-                *label_smoothing,
-            )?),
-            Op::CrossEntropyBackward {
-                ignore_index,
-                label_smoothing,
-            } => one(cross_entropy::cross_entropy_backward(
-                [input(0)?, input(1)?, input(2)?, input(3)?, input(4)?],
-                *ignore_index,
-                *label_smoothing,
-            )?),
-            Op::LayerNorm { eps } => one(norm::layer_norm(input(0)?, input(1)?, input(2)?, *eps)?),
-            Op::RmsNorm { eps } => one(norm::rms_norm(input(0)?, input(1)?, *eps)?),
-            Op::Rope { interleaved } => {
-                one(norm::rope(input(0)?, input(1)?, input(2)?, *interleaved)?)
-            }
-            Op::Attention { causal, scale } => one(attention::attention(
-                input(0)?,
-                input(1)?,
-                input(2)?,
-                *causal,
-                *scale,
-            )?),
-            Op::SoftmaxBackward { log } => one(norm::softmax_backward(input(0)?, input(1)?, *log)?),
-            Op::RmsNormBackward { eps } => many(norm::rms_norm_backward(
-                input(0)?,
-                input(1)?,
-                input(2)?,
-                *eps,
-            )?),
-            Op::LayerNormBackward { eps } => many(norm::layer_norm_backward(
-                input(0)?,
-                input(1)?,
-                input(2)?,
-                *eps,
-            )?),
-            Op::AttentionBackward { causal, scale } => many(attention::attention_backward(
-                input(0)?,
-                input(1)?,
-                input(2)?,
-                input(3)?,
-                *causal,
-                *scale,
-            )?),
-            Op::Conv2d(p) => one(conv::conv2d(input(0)?, input(1)?, p, &out(0)?.0)?),
-            Op::ConvTranspose2d(p) => {
-                one(conv::conv_transpose2d(input(0)?, input(1)?, p, &out(0)?.0)?)
-            }
-            Op::Conv2dBackwardWeight(p) => one(conv::conv2d_backward_weight(
-                input(0)?,
-                input(1)?,
-                p,
-                &out(0)?.0,
-            )?),
-            Op::MaxPool2d(p) => many(pool::max_pool2d(input(0)?, Some(p), &out(0)?.0)?),
-            Op::AdaptiveMaxPool2d => many(pool::max_pool2d(input(0)?, None, &out(0)?.0)?),
-            Op::BatchNorm { eps } => many(channel_norm::batch_norm(
-                input(0)?,
-                input(1)?,
-                input(2)?,
-                *eps,
-            )?),
-            Op::BatchNormBackward { eps } => many(channel_norm::batch_norm_backward(
-                input(0)?,
-                input(1)?,
-                input(2)?,
-                *eps,
-            )?),
-            Op::GroupNorm { groups, eps } => many(channel_norm::group_norm(
-                input(0)?,
-                input(1)?,
-                input(2)?,
-                *groups,
-                *eps,
-            )?),
-            Op::GroupNormBackward { groups, eps } => many(channel_norm::group_norm_backward(
-                input(0)?,
-                input(1)?,
-                input(2)?,
-                *groups,
-                *eps,
-            )?),
-            Op::Fill { value } => one(create::fill(*value, out(0)?)),
-            Op::Arange { start, step } => one(create::arange(*start, *step, out(0)?)),
-            Op::RandUniform { seed, low, high } => {
-                one(create::rand_uniform(*seed, *low, *high, out(0)?))
-            }
-            Op::RandNormal { seed, mean, std } => {
-                one(create::rand_normal(*seed, *mean, *std, out(0)?))
-            }
+        profile::time(op.name(), shapes, || exec_op(op, inputs, outs))
+    }
+}
+
+/// Runs one op (`Backend::exec`).
+fn exec_op(op: &Op, inputs: &[&Tensor], outs: &[(Shape, DType)]) -> Result<Vec<Arc<dyn Storage>>> {
+    let name = op.name();
+    // Inputs are read under their storages' guards (in-place writes wait for them).
+    let _guards = storage::guards(inputs);
+    let out = |i: usize| {
+        outs.get(i)
+            .ok_or_else(|| Error::backend(name, "missing output spec"))
+    };
+    let input = |i: usize| {
+        inputs
+            .get(i)
+            .copied()
+            .ok_or_else(|| Error::backend(name, "missing input"))
+    };
+    let one =
+        |b: HostBuffer| -> Result<Vec<Arc<dyn Storage>>> { Ok(vec![Arc::new(CpuStorage::new(b))]) };
+    let many = |bs: Vec<HostBuffer>| -> Result<Vec<Arc<dyn Storage>>> {
+        Ok(bs
+            .into_iter()
+            .map(|b| Arc::new(CpuStorage::new(b)) as Arc<dyn Storage>)
+            .collect())
+    };
+    match op {
+        Op::Unary(u) => one(elementwise::unary(*u, input(0)?)?),
+        Op::Binary(b) => one(elementwise::binary(*b, input(0)?, input(1)?)?),
+        Op::Cmp(c) => one(elementwise::cmp(*c, input(0)?, input(1)?)?),
+        Op::Where => one(elementwise::where_cond(input(0)?, input(1)?, input(2)?)?),
+        Op::Reduce { op, axes } => one(reduce::reduce(*op, input(0)?, axes)?),
+        Op::Matmul => one(matmul::matmul(input(0)?, input(1)?, &out(0)?.0)?),
+        Op::Cast(dt) => one(cast::cast(input(0)?, *dt)?),
+        Op::Copy => {
+            let x = input(0)?;
+            one(elementwise::materialize(
+                storage::host(x.storage(), name)?,
+                x.layout(),
+            ))
         }
+        Op::IndexSelect { axis } => one(index::index_select(input(0)?, input(1)?, *axis)?),
+        Op::Gather { axis } => one(index::gather(input(0)?, input(1)?, *axis)?),
+        Op::ScatterAdd { axis } => one(index::scatter_add(input(0)?, input(1)?, input(2)?, *axis)?),
+        Op::Cat { axis } => one(index::cat(inputs, *axis)?),
+        Op::Cumsum { axis } => one(scan::cumsum(input(0)?, *axis)?),
+        Op::Sort { axis, descending } => {
+            let (v, i) = scan::sort(input(0)?, *axis, *descending)?;
+            Ok(vec![
+                Arc::new(CpuStorage::new(v)),
+                Arc::new(CpuStorage::new(i)),
+            ])
+        }
+        Op::Softmax => one(norm::softmax(input(0)?, false)?),
+        Op::LogSoftmax => one(norm::softmax(input(0)?, true)?),
+        Op::CrossEntropy {
+            ignore_index,
+            label_smoothing,
+        } => one(cross_entropy::cross_entropy(
+            input(0)?,
+            input(1)?,
+            input(2)?,
+            *ignore_index,
+            *label_smoothing,
+        )?),
+        Op::CrossEntropyBackward {
+            ignore_index,
+            label_smoothing,
+        } => one(cross_entropy::cross_entropy_backward(
+            [input(0)?, input(1)?, input(2)?, input(3)?, input(4)?],
+            *ignore_index,
+            *label_smoothing,
+        )?),
+        Op::LayerNorm { eps } => one(norm::layer_norm(input(0)?, input(1)?, input(2)?, *eps)?),
+        Op::RmsNorm { eps } => one(norm::rms_norm(input(0)?, input(1)?, *eps)?),
+        Op::Rope { interleaved } => one(norm::rope(input(0)?, input(1)?, input(2)?, *interleaved)?),
+        Op::Attention { causal, scale } => one(attention::attention(
+            input(0)?,
+            input(1)?,
+            input(2)?,
+            *causal,
+            *scale,
+        )?),
+        Op::SoftmaxBackward { log } => one(norm::softmax_backward(input(0)?, input(1)?, *log)?),
+        Op::RmsNormBackward { eps } => many(norm::rms_norm_backward(
+            input(0)?,
+            input(1)?,
+            input(2)?,
+            *eps,
+        )?),
+        Op::LayerNormBackward { eps } => many(norm::layer_norm_backward(
+            input(0)?,
+            input(1)?,
+            input(2)?,
+            *eps,
+        )?),
+        Op::AttentionBackward { causal, scale } => many(attention::attention_backward(
+            input(0)?,
+            input(1)?,
+            input(2)?,
+            input(3)?,
+            *causal,
+            *scale,
+        )?),
+        Op::Conv2d(p) => one(conv::conv2d(input(0)?, input(1)?, p, &out(0)?.0)?),
+        Op::ConvTranspose2d(p) => one(conv::conv_transpose2d(input(0)?, input(1)?, p, &out(0)?.0)?),
+        Op::Conv2dBackwardWeight(p) => one(conv::conv2d_backward_weight(
+            input(0)?,
+            input(1)?,
+            p,
+            &out(0)?.0,
+        )?),
+        Op::MaxPool2d(p) => many(pool::max_pool2d(input(0)?, Some(p), &out(0)?.0)?),
+        Op::AdaptiveMaxPool2d => many(pool::max_pool2d(input(0)?, None, &out(0)?.0)?),
+        Op::BatchNorm { eps } => many(channel_norm::batch_norm(
+            input(0)?,
+            input(1)?,
+            input(2)?,
+            *eps,
+        )?),
+        Op::BatchNormBackward { eps } => many(channel_norm::batch_norm_backward(
+            input(0)?,
+            input(1)?,
+            input(2)?,
+            *eps,
+        )?),
+        Op::GroupNorm { groups, eps } => many(channel_norm::group_norm(
+            input(0)?,
+            input(1)?,
+            input(2)?,
+            *groups,
+            *eps,
+        )?),
+        Op::GroupNormBackward { groups, eps } => many(channel_norm::group_norm_backward(
+            input(0)?,
+            input(1)?,
+            input(2)?,
+            *groups,
+            *eps,
+        )?),
+        Op::Fill { value } => one(create::fill(*value, out(0)?)),
+        Op::Arange { start, step } => one(create::arange(*start, *step, out(0)?)),
+        Op::RandUniform { seed, low, high } => {
+            one(create::rand_uniform(*seed, *low, *high, out(0)?))
+        }
+        Op::RandNormal { seed, mean, std } => one(create::rand_normal(*seed, *mean, *std, out(0)?)),
     }
 }

@@ -146,6 +146,7 @@ fn binary_shapes() -> Vec<(Vec<usize>, View, Vec<usize>, View)> {
         (vec![2, 3, 33], Narrowed, vec![33], Contiguous),
         (vec![33], Contiguous, vec![2, 3, 33], Contiguous),
         (vec![45, 65], Contiguous, vec![], Contiguous),
+        (vec![1], Contiguous, vec![2, 3, 33], Contiguous),
         (vec![0, 3], Contiguous, vec![3], Contiguous),
     ]
 }
@@ -224,6 +225,8 @@ fn binary_cases(b: &mut B) {
             for (sa, wa, sb, wb) in [
                 (vec![45, 65], View::Transposed, vec![65], View::Contiguous),
                 (vec![31], View::Contiguous, vec![31], View::Narrowed),
+                // A broadcast scalar (ReLU's mask, `x > 0`).
+                (vec![5, 33], View::Contiguous, vec![], View::Contiguous),
             ] {
                 b.add(
                     op.name(),
@@ -243,19 +246,45 @@ fn binary_cases(b: &mut B) {
         } else {
             Values::Ints(-9, 9)
         };
-        b.add(
-            "where",
-            dt,
-            vec![
-                inp(&[45, 1], DType::Bool, Values::Bools, View::Contiguous),
-                inp(&[45, 65], dt, vals, View::Transposed),
-                inp(&[65], dt, vals, View::Contiguous),
+        // Broadcast condition; broadcast scalars on either side (ReLU's backward masks with a
+        // zero); a scalar on both.
+        let shapes: [[(&[usize], View); 3]; 4] = [
+            [
+                (&[45, 1], View::Contiguous),
+                (&[45, 65], View::Transposed),
+                (&[65], View::Contiguous),
             ],
-            vec![default_tol(dt)],
-            dt.is_float(),
-            |x| Ok(vec![Tensor::where_cond(&x[0], &x[1], &x[2])?]),
-            |x| vec![r::where_cond(&x[0], &x[1], &x[2])],
-        );
+            [
+                (&[5, 33], View::Contiguous),
+                (&[5, 33], View::Contiguous),
+                (&[], View::Contiguous),
+            ],
+            [
+                (&[45, 65], View::Contiguous),
+                (&[1], View::Contiguous),
+                (&[45, 65], View::Transposed),
+            ],
+            [
+                (&[2, 3, 33], View::Narrowed),
+                (&[], View::Contiguous),
+                (&[1], View::Contiguous),
+            ],
+        ];
+        for [(sc, wc), (sa, wa), (sb, wb)] in shapes {
+            b.add(
+                "where",
+                dt,
+                vec![
+                    inp(sc, DType::Bool, Values::Bools, wc),
+                    inp(sa, dt, vals, wa),
+                    inp(sb, dt, vals, wb),
+                ],
+                vec![default_tol(dt)],
+                dt.is_float(),
+                |x| Ok(vec![Tensor::where_cond(&x[0], &x[1], &x[2])?]),
+                |x| vec![r::where_cond(&x[0], &x[1], &x[2])],
+            );
+        }
     }
 }
 
@@ -937,9 +966,11 @@ fn conv_cases(b: &mut B) {
         usize,
         bool,
     );
-    // Planes of >= 256 output pixels take the CPU's per-item backward path, smaller ones its
-    // whole-batch GEMMs.
-    let convs: [Conv2; 8] = [
+    // The CPU runs blocks of batch items (one item per block for large planes or small
+    // batches, several side by side otherwise; the last block may be shorter): batches of 1
+    // and 2 take one-item blocks, the batch-37 cases multi-item ones (3x3 stride 1 and 2 with
+    // padding 1, with and without groups, and 1x1).
+    let convs: [Conv2; 11] = [
         (
             "conv2d",
             [2, 3, 7, 9],
@@ -1016,6 +1047,39 @@ fn conv_cases(b: &mut B) {
             [1, 1],
             1,
             true,
+        ),
+        (
+            "conv2d_batch_blocks",
+            [37, 3, 6, 5],
+            [4, 3, 3, 3],
+            View::Contiguous,
+            [1, 1],
+            [1, 1],
+            [1, 1],
+            1,
+            true,
+        ),
+        (
+            "conv2d_batch_blocks_strided_groups",
+            [37, 4, 7, 6],
+            [6, 2, 3, 3],
+            View::Narrowed,
+            [2, 2],
+            [1, 1],
+            [1, 1],
+            2,
+            false,
+        ),
+        (
+            "conv2d_batch_blocks_1x1",
+            [37, 5, 4, 3],
+            [3, 5, 1, 1],
+            View::Transposed,
+            [1, 1],
+            [0, 0],
+            [1, 1],
+            1,
+            false,
         ),
         (
             "conv2d_large_plane",
