@@ -102,6 +102,14 @@ fn max_rel(a: &Tensor, b: &Tensor) -> f64 {
         .fold(0.0, f64::max)
 }
 
+/// The fused cross-entropy (loss, lse) and its dlogits on `dev` for (x, t, w, g) copied there.
+fn ce_fwd_bwd(dev: &Device, [x, t, w, g]: [&Tensor; 4], ignore: i64, eps: f64) -> (Tensor, Tensor) {
+    let [x, t, w, g] = [x, t, w, g].map(|a| a.to_device(dev).unwrap());
+    let out = Tensor::cross_entropy_rows(&x, &t, &w, ignore, eps).unwrap();
+    let dx = Tensor::cross_entropy_backward(&x, &t, &w, &out, &g, ignore, eps).unwrap();
+    (out, dx)
+}
+
 /// Rows holding NaN, +inf and -inf logits: the CUDA kernels' online max and sum give the
 /// CPU's loss, logsumexp and gradient (NaN where the CPU has NaN, the same infinities).
 fn ce_nonfinite_rows(d: &CudaDevice) {
@@ -131,17 +139,7 @@ fn ce_nonfinite_rows(d: &CudaDevice) {
             let t = Tensor::from_vec(t.clone(), [7], &cpu).unwrap();
             let w = Tensor::ones([c], dt, &cpu).unwrap();
             let g = Tensor::full(0.5, [7, 2], dt, &cpu).unwrap();
-            let run = |dev: &Device| {
-                let (x, t, w, g) = (
-                    x.to_device(dev).unwrap(),
-                    t.to_device(dev).unwrap(),
-                    w.to_device(dev).unwrap(),
-                    g.to_device(dev).unwrap(),
-                );
-                let out = Tensor::cross_entropy_rows(&x, &t, &w, -100, 0.0).unwrap();
-                let dx = Tensor::cross_entropy_backward(&x, &t, &w, &out, &g, -100, 0.0).unwrap();
-                (out, dx)
-            };
+            let run = |dev: &Device| ce_fwd_bwd(dev, [&x, &t, &w, &g], -100, 0.0);
             let ((o1, d1), (o0, d0)) = (run(&cuda), run(&cpu));
             let (eo, ed) = (max_rel(&o1, &o0), max_rel(&d1, &d0));
             assert!(
@@ -187,18 +185,7 @@ fn ce_matches_cpu(d: &CudaDevice) {
                     .unwrap()
                     .cast(dt)
                     .unwrap();
-                let run = |dev: &Device| {
-                    let (x, t, w, g) = (
-                        x.to_device(dev).unwrap(),
-                        t.to_device(dev).unwrap(),
-                        w.to_device(dev).unwrap(),
-                        g.to_device(dev).unwrap(),
-                    );
-                    let out = Tensor::cross_entropy_rows(&x, &t, &w, ignore, eps).unwrap();
-                    let dx =
-                        Tensor::cross_entropy_backward(&x, &t, &w, &out, &g, ignore, eps).unwrap();
-                    (out, dx)
-                };
+                let run = |dev: &Device| ce_fwd_bwd(dev, [&x, &t, &w, &g], ignore, eps);
                 let (o1, d1) = run(&cuda);
                 let (o0, d0) = run(&cpu);
                 let (eo, ed) = (max_rel(&o1, &o0), max_rel(&d1, &d0));
