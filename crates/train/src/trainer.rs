@@ -688,23 +688,28 @@ impl Trainer {
             for m in &train_metrics {
                 logs.insert(m.name(), m.compute()?);
             }
+            // Training time: up to the epoch's loss read back (the device has finished its
+            // steps), before validation; throughput and data wait are shares of it.
+            let secs = started.elapsed().as_secs_f64();
+            let validated = Instant::now();
             if let Some(v) = val.as_deref_mut() {
                 for (k, x) in self.evaluate(v)? {
                     logs.insert(format!("val_{k}"), x);
                 }
             }
+            let val_secs = validated.elapsed().as_secs_f64();
             logs.insert("lr".into(), self.optimizer.lr(0));
-            let secs = started.elapsed().as_secs_f64();
             logs.insert("samples_per_s".into(), samples as f64 / secs.max(1e-9));
             logs.insert("data_wait".into(), data_wait.as_secs_f64() / secs.max(1e-9));
             self.epoch += 1;
             self.after_epoch(&logs)?;
             if self.cfg.progress {
                 eprintln!(
-                    "epoch {}/{} - {:.1}s - {}",
+                    "epoch {}/{} - {:.1}s (+{:.1}s validation) - {}",
                     self.epoch,
                     self.cfg.epochs,
                     secs,
+                    val_secs,
                     fmt_logs(&logs)
                 );
             }
