@@ -6,8 +6,8 @@
 //!   adds every column entry back into the pixel it was read from;
 //! - conv2d_backward_weight: dw[g] += gy[block, g] · colsᵀ, summed over blocks.
 //!
-//! Blocks are sized so that cols stays cache-resident and the product has enough columns to
-//! amortize packing the weight (`block_items`); they run in parallel with single-threaded
+//! Blocks are sized so that the product has enough columns to amortize packing the weight
+//! (`block_items`); they run in parallel with single-threaded
 //! gemm calls when the batch has an item per thread, else one after another with threaded
 //! gemm calls. Each thread reuses its scratch buffers across blocks. A 1x1 kernel with stride
 //! 1 and no padding in a one-item block reads x as its own columns.
@@ -207,19 +207,18 @@ fn as_uninit<F>(v: &mut [F]) -> &mut [MaybeUninit<F>] {
     unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr() as *mut MaybeUninit<F>, v.len()) }
 }
 
-/// Aim for column blocks of about this many bytes (cache-resident while the product runs).
-const COLS_BYTES: usize = 1 << 20;
-/// Aim for at least this many product columns per block (packing the weight, o/g x K, is
-/// amortized over them).
+/// Aim for at least this many product columns per block: packing the weight (o/g x K) and
+/// the product's fixed costs are amortized over them. Planes of at least this many pixels
+/// run one item per block (their columns stay out of any copy into a block layout); more
+/// items per block measured no faster (fashion-cnn's and ResNet-50's shapes, 2-core Xeon).
 const MIN_COLS: usize = 512;
 
-/// Items per block: enough for `COLS_BYTES` of columns or `MIN_COLS` columns, whichever is
-/// more, but no more than an equal share of the batch per thread; then evened out so the
-/// number of blocks is a multiple of the thread count where the batch allows.
-fn block_items<F>(g: &Geo, threads: usize) -> usize {
+/// Items per block: enough for `MIN_COLS` columns, but no more than an equal share of the
+/// batch per thread; then evened out so the number of blocks is a multiple of the thread
+/// count where the batch allows.
+fn block_items(g: &Geo, threads: usize) -> usize {
     let threads = threads.max(1);
-    let item = (g.k() * g.pix() * std::mem::size_of::<F>()).max(1);
-    let want = (COLS_BYTES / item).max(MIN_COLS.div_ceil(g.pix().max(1)));
+    let want = MIN_COLS.div_ceil(g.pix().max(1));
     let nb = want.min(g.n.div_ceil(threads)).max(1);
     let blocks = g.n.div_ceil(nb).next_multiple_of(threads);
     g.n.div_ceil(blocks).max(1)
@@ -347,7 +346,7 @@ fn conv2d_typed<F: Float + ferrite_core::WithDType + Send + Sync + 'static>(
         return crate::alloc::full(g.n * plane, F::zero());
     }
     let threads = rayon::current_num_threads();
-    let nb = block_items::<F>(g, threads);
+    let nb = block_items(g, threads);
     crate::alloc::filled(g.n * plane, |y| {
         let run = |bi: usize, yb: &mut [MaybeUninit<F>], s: &mut Scratch<F>, par| {
             conv2d_block(g, (x, w), bi * nb, yb, s, par)
@@ -436,7 +435,7 @@ fn conv_transpose2d_typed<F: Float + ferrite_core::WithDType + Send + Sync + 'st
     if plane == 0 || g.n == 0 || g.pix() == 0 {
         return crate::alloc::full(g.n * plane, F::zero());
     }
-    let nb = block_items::<F>(g, rayon::current_num_threads());
+    let nb = block_items(g, rayon::current_num_threads());
     crate::alloc::filled(g.n * plane, |dx| {
         let run = |bi: usize, dxb: &mut [MaybeUninit<F>], s: &mut Scratch<F>, par| {
             conv_transpose2d_block(g, (gy, w), bi * nb, dxb, s, par)
@@ -514,7 +513,7 @@ fn conv2d_backward_weight_typed<F: Float + ferrite_core::WithDType + Send + Sync
     if len == 0 || g.n == 0 || g.pix() == 0 {
         return crate::alloc::full(len, F::zero());
     }
-    let nb = block_items::<F>(g, rayon::current_num_threads());
+    let nb = block_items(g, rayon::current_num_threads());
     let blocks = g.n.div_ceil(nb);
     let span = |bi: usize| (bi * nb, nb.min(g.n - bi * nb));
     if parallel_blocks(g) {
