@@ -118,8 +118,7 @@ struct Mat<'a, F> {
     cs: usize,
 }
 
-/// dst [m, n] (row-major, contiguous, `len` ≥ m n elements at `dst`) = a [m, k] · b [k, n],
-/// or += when `acc`.
+/// dst [m, n] (row-major, contiguous) = a [m, k] · b [k, n], or += when `acc`.
 ///
 /// # Safety
 /// `dst` is valid for writes of m n elements and not aliased by `a` or `b`; when `acc`, those
