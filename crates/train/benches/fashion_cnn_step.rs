@@ -1,5 +1,5 @@
 //! One CPU training step of `ferrite train fashion-cnn`'s model (`examples/fashion_cnn.rs`:
-//! ResNet, 1 input channel, 3x3 stem, stages 16/32/64 with one BasicBlock each, 77,754
+//! ResNet, 1 input channel, 3x3 stem, stages 24/48/96 with one BasicBlock each, 173,842
 //! parameters; batch 128, cross-entropy, Adam): zero_grad, forward, loss, backward, the fused
 //! Adam update, on a fixed random batch (so the data loader is not timed). Prints steps/s and
 //! samples/s, then the CPU backend's per-op wall time over the timed steps
@@ -36,7 +36,7 @@ fn main() -> Result<()> {
     ferrite_nn::init::manual_seed(0);
     let c = ResNetConfig {
         in_channels: 1,
-        widths: vec![16, 32, 64],
+        widths: vec![24, 48, 96],
         blocks: vec![1, 1, 1],
         num_classes: 10,
         small_stem: true,
