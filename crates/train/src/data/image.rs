@@ -147,6 +147,15 @@ impl Transform {
     }
 }
 
+/// `transforms` applied in order to example `index`'s image (step k draws its randomness
+/// from (ctx, index, k)).
+fn apply_all(transforms: &[Transform], mut x: Chw, ctx: DrawContext, index: usize) -> Result<Chw> {
+    for (step, t) in transforms.iter().enumerate() {
+        x = t.apply(x, ctx, index, step)?;
+    }
+    Ok(x)
+}
+
 /// Bilinear resize with half-pixel centres (align_corners = false).
 fn resize(x: &Chw, h: usize, w: usize) -> Chw {
     let mut out = vec![0f32; x.c * h * w];
@@ -283,9 +292,7 @@ impl Dataset for ImageFolder {
                 format!("{}: empty image", path.display()),
             ));
         }
-        for (step, t) in self.transforms.iter().enumerate() {
-            x = t.apply(x, ctx, index, step)?;
-        }
+        x = apply_all(&self.transforms, x, ctx, index)?;
         Ok(vec![
             HostTensor {
                 data: HostBuffer::F32(x.v),
@@ -357,10 +364,8 @@ impl<D: Dataset> Dataset for Transformed<D> {
                 ),
             ));
         }
-        let mut x = Chw { c, h, w, v };
-        for (step, t) in self.transforms.iter().enumerate() {
-            x = t.apply(x, ctx, index, step)?;
-        }
+        let x = Chw { c, h, w, v };
+        let x = apply_all(&self.transforms, x, ctx, index)?;
         *first = HostTensor {
             data: HostBuffer::F32(x.v),
             shape: vec![x.c, x.h, x.w],
