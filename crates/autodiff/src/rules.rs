@@ -117,44 +117,46 @@ fn unary(op: UnaryOp, x: &Inputs, g: &Tensor) -> Result<Tensor> {
             let x = x()?;
             mask(&x.gt(&x.scalar_like(0.0)?)?, g)
         }
-        UnaryOp::GeluErf => {
-            let x = x()?;
-            // Φ(x) + x φ(x), with Φ(x) = gelu(x) / x (0.5 at x = 0).
-            let is0 = x.eq(&x.scalar_like(0.0)?)?;
-            let safe = Tensor::where_cond(&is0, &x.ones_like()?, x)?;
-            let cdf = Tensor::where_cond(&is0, &x.full_like(0.5)?, &x.gelu()?.div(&safe)?)?;
-            let pdf = x
-                .square()?
-                .mul_scalar(-0.5)?
-                .exp()?
-                .mul_scalar(1.0 / (2.0 * std::f64::consts::PI).sqrt())?;
-            g.mul(&cdf.add(&x.mul(&pdf)?)?)
-        }
-        UnaryOp::GeluTanh => {
-            let x = x()?;
-            let c = (2.0 / std::f64::consts::PI).sqrt();
+        UnaryOp::GeluErf => x()?.binary(BinaryOp::GeluBackward, g),
+        UnaryOp::GeluTanh => x()?.binary(BinaryOp::GeluTanhBackward, g),
+        UnaryOp::Silu => x()?.binary(BinaryOp::SiluBackward, g),
+    }
+}
+
+/// f''(x) of the activation whose derivative `op` is (`BinaryOp::*Backward`).
+fn activation_second_derivative(op: BinaryOp, x: &Tensor) -> Result<Tensor> {
+    match op {
+        // φ(x) (2 - x²)
+        BinaryOp::GeluBackward => x
+            .square()?
+            .mul_scalar(-0.5)?
+            .exp()?
+            .mul_scalar(1.0 / (2.0 * std::f64::consts::PI).sqrt())?
+            .mul(&x.square()?.neg()?.add_scalar(2.0)?),
+        // With u = c (x + k x³), t = tanh(u): (1 - t²) (u' - ½ x (2 t u'² - u''))
+        BinaryOp::GeluTanhBackward => {
+            let (c, k) = ((2.0 / std::f64::consts::PI).sqrt(), 0.044715);
             let x2 = x.square()?;
             let t = x
-                .mul(&x2.mul_scalar(0.044715)?.add_scalar(1.0)?)?
+                .mul(&x2.mul_scalar(k)?.add_scalar(1.0)?)?
                 .mul_scalar(c)?
                 .tanh()?;
-            let dt = t
-                .square()?
+            let du = x2.mul_scalar(3.0 * k * c)?.add_scalar(c)?;
+            let ddu = x.mul_scalar(6.0 * k * c)?;
+            let inner = t.mul(&du.square()?)?.mul_scalar(2.0)?.sub(&ddu)?;
+            t.square()?
                 .neg()?
                 .add_scalar(1.0)?
-                .mul(&x2.mul_scalar(3.0 * 0.044715)?.add_scalar(1.0)?)?
-                .mul_scalar(c)?;
-            let d = t
-                .add_scalar(1.0)?
-                .mul_scalar(0.5)?
-                .add(&x.mul(&dt)?.mul_scalar(0.5)?)?;
-            g.mul(&d)
+                .mul(&du.sub(&x.mul(&inner)?.mul_scalar(0.5)?)?)
         }
-        UnaryOp::Silu => {
-            let x = x()?;
+        // s (1 - s) (2 + x (1 - 2 s)), s = sigmoid(x)
+        _ => {
             let s = x.sigmoid()?;
-            let d = s.add(&x.mul(&s)?.mul(&s.neg()?.add_scalar(1.0)?)?)?;
-            g.mul(&d)
+            let ds = s.mul(&s.neg()?.add_scalar(1.0)?)?;
+            ds.mul(
+                &x.mul(&s.mul_scalar(-2.0)?.add_scalar(1.0)?)?
+                    .add_scalar(2.0)?,
+            )
         }
     }
 }
@@ -184,6 +186,14 @@ fn binary(op: BinaryOp, a: &Saved, b: &Saved, g: &Tensor) -> Result<Grads> {
                 mask(&pos, &g.mul(&av.pow(bv)?)?.mul(&safe.log()?)?)
             })?;
             (ga, gb)
+        }
+        // d/dx (g f'(x)) = g f''(x); d/dg = f'(x).
+        BinaryOp::GeluBackward | BinaryOp::GeluTanhBackward | BinaryOp::SiluBackward => {
+            let (x, gv) = (a.value()?, b.value()?);
+            (
+                when(a, || g.mul(gv)?.mul(&activation_second_derivative(op, x)?))?,
+                when(b, || x.binary(op, g))?,
+            )
         }
         BinaryOp::Maximum | BinaryOp::Minimum => {
             let (av, bv) = (a.value()?, b.value()?);

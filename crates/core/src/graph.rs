@@ -86,7 +86,12 @@ pub fn keeps(op: &GradOp, k: usize, requires_grad: impl Fn(usize) -> bool) -> Ke
             BinaryOp::Mul => value_if(requires_grad(1 - k)),
             // d(a/b)/da = 1/b, d(a/b)/db = -a/b².
             BinaryOp::Div => value_if(k == 1 || requires_grad(1)),
-            BinaryOp::Pow | BinaryOp::Maximum | BinaryOp::Minimum => Keep::Value,
+            BinaryOp::Pow
+            | BinaryOp::Maximum
+            | BinaryOp::Minimum
+            | BinaryOp::GeluBackward
+            | BinaryOp::GeluTanhBackward
+            | BinaryOp::SiluBackward => Keep::Value,
         },
         Op::Where => value_if(k == 0),
         Op::Reduce { op, .. } => match op {

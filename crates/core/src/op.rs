@@ -139,6 +139,9 @@ impl UnaryOp {
     }
 }
 
+/// Elementwise binary ops (a, b broadcast). The `*Backward` ops are the activations'
+/// derivatives in one pass, (x, g) -> g · f'(x), for the activations whose derivative would
+/// otherwise take many elementwise passes; float dtypes only, like `Pow`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum BinaryOp {
     Add,
@@ -148,10 +151,17 @@ pub enum BinaryOp {
     Pow,
     Maximum,
     Minimum,
+    /// g · (Φ(x) + x φ(x)): exact GELU's derivative (Φ, φ: the normal cdf and pdf).
+    GeluBackward,
+    /// g · (½(1 + t) + ½ x (1 - t²) c (1 + 3k x²)), t = tanh(c (x + k x³)), c = √(2/π),
+    /// k = 0.044715: the tanh GELU's derivative.
+    GeluTanhBackward,
+    /// g · s (1 + x (1 - s)), s = sigmoid(x): SiLU's derivative.
+    SiluBackward,
 }
 
 impl BinaryOp {
-    pub const ALL: [BinaryOp; 7] = [
+    pub const ALL: [BinaryOp; 10] = [
         BinaryOp::Add,
         BinaryOp::Sub,
         BinaryOp::Mul,
@@ -159,7 +169,21 @@ impl BinaryOp {
         BinaryOp::Pow,
         BinaryOp::Maximum,
         BinaryOp::Minimum,
+        BinaryOp::GeluBackward,
+        BinaryOp::GeluTanhBackward,
+        BinaryOp::SiluBackward,
     ];
+
+    /// Whether the op is defined on float dtypes only.
+    pub fn float_only(self) -> bool {
+        matches!(
+            self,
+            BinaryOp::Pow
+                | BinaryOp::GeluBackward
+                | BinaryOp::GeluTanhBackward
+                | BinaryOp::SiluBackward
+        )
+    }
 
     pub fn name(self) -> &'static str {
         match self {
@@ -170,6 +194,9 @@ impl BinaryOp {
             BinaryOp::Pow => "pow",
             BinaryOp::Maximum => "maximum",
             BinaryOp::Minimum => "minimum",
+            BinaryOp::GeluBackward => "gelu_backward",
+            BinaryOp::GeluTanhBackward => "gelu_tanh_backward",
+            BinaryOp::SiluBackward => "silu_backward",
         }
     }
 
@@ -182,6 +209,20 @@ impl BinaryOp {
             BinaryOp::Pow => a.powf(b),
             BinaryOp::Maximum => a.max(b),
             BinaryOp::Minimum => a.min(b),
+            BinaryOp::GeluBackward => {
+                let cdf = 0.5 * (1.0 + libm::erf(a / std::f64::consts::SQRT_2));
+                let pdf = (-0.5 * a * a).exp() / (2.0 * std::f64::consts::PI).sqrt();
+                b * (cdf + a * pdf)
+            }
+            BinaryOp::GeluTanhBackward => {
+                let (c, k) = ((2.0 / std::f64::consts::PI).sqrt(), 0.044715);
+                let t = (c * (a + k * a * a * a)).tanh();
+                b * (0.5 * (1.0 + t) + 0.5 * a * (1.0 - t * t) * c * (1.0 + 3.0 * k * a * a))
+            }
+            BinaryOp::SiluBackward => {
+                let s = 1.0 / (1.0 + (-a).exp());
+                b * s * (1.0 + a * (1.0 - s))
+            }
         }
     }
 }

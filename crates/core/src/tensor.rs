@@ -657,12 +657,12 @@ impl Tensor {
 
     pub fn binary(&self, op: BinaryOp, rhs: &Tensor) -> Result<Tensor> {
         let (a, b) = Tensor::broadcast_pair(op.name(), self, rhs)?;
-        if a.dtype() == DType::Bool || (op == BinaryOp::Pow && !a.dtype().is_float()) {
-            return Err(Error::dtype(
-                op.name(),
-                a.dtype(),
-                "needs a numeric (pow: float) dtype",
-            ));
+        if a.dtype() == DType::Bool || (op.float_only() && !a.dtype().is_float()) {
+            let needs = match op.float_only() {
+                true => "needs a float dtype",
+                false => "needs a numeric dtype",
+            };
+            return Err(Error::dtype(op.name(), a.dtype(), needs));
         }
         a.run1(Op::Binary(op), &[&a, &b], a.shape().clone(), a.dtype())
     }

@@ -326,6 +326,13 @@ fn binary_float<F: Float + ferrite_core::WithDType>(
             n,
             |x: F, y: F| if x.is_nan() || x < y { x } else { y },
         ),
+        // Computed in f64: 1 - t² and 1 - s cancel badly in f16/bf16.
+        BinaryOp::GeluBackward | BinaryOp::GeluTanhBackward | BinaryOp::SiluBackward => {
+            zip_map(a, b, n, move |x: F, g: F| {
+                let (x, g) = (WithDType::to_f64(x), WithDType::to_f64(g));
+                <F as WithDType>::from_f64(op.eval_f64(x, g))
+            })
+        }
     }
 }
 
@@ -347,7 +354,10 @@ fn binary_int<I: Int + ferrite_core::WithDType>(
         }
         BinaryOp::Maximum => zip_map(a, b, n, |x: I, y: I| if x > y { x } else { y }),
         BinaryOp::Minimum => zip_map(a, b, n, |x: I, y: I| if x < y { x } else { y }),
-        BinaryOp::Pow => Err(Error::dtype("pow", I::DTYPE, "needs a float dtype")),
+        BinaryOp::Pow
+        | BinaryOp::GeluBackward
+        | BinaryOp::GeluTanhBackward
+        | BinaryOp::SiluBackward => Err(Error::dtype(n, I::DTYPE, "needs a float dtype")),
     }
 }
 

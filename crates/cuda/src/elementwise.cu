@@ -74,7 +74,24 @@ template <typename T> __device__ __forceinline__ T binary_apply(u32 op, T a, T b
         case 3: r = x / y; break;
         case 4: r = m_pow(x, y); break;
         case 5: r = (m_isnan(x) || x > y) ? x : y; break;   // maximum, NaN-propagating
-        default: r = (m_isnan(x) || x < y) ? x : y; break;  // minimum
+        case 6: r = (m_isnan(x) || x < y) ? x : y; break;   // minimum
+        case 7: {                                           // gelu_backward (x, g)
+            const A cdf = (A)0.5 * ((A)1 + m_erf(x * (A)0.70710678118654752440));
+            const A pdf = m_exp((A)-0.5 * x * x) * (A)0.39894228040143267794;
+            r = y * (cdf + x * pdf);
+            break;
+        }
+        case 8: {                                           // gelu_tanh_backward (x, g)
+            const A c = (A)0.79788456080286535588, k = (A)0.044715, one = (A)1, h = (A)0.5;
+            const A t = m_tanh(c * (x + k * x * x * x));
+            r = y * (h * (one + t) + h * x * (one - t * t) * c * (one + (A)3 * k * x * x));
+            break;
+        }
+        default: {                                          // silu_backward (x, g)
+            const A s = (A)1 / ((A)1 + m_exp(-x));
+            r = y * s * ((A)1 + x * ((A)1 - s));
+            break;
+        }
         }
         return Num<T>::store(r);
     } else {

@@ -82,7 +82,7 @@ pub(crate) fn binary(
     if dt == DType::Bool {
         return Err(Error::dtype(name, dt, "needs a numeric dtype"));
     }
-    if op == BinaryOp::Pow && !dt.is_float() {
+    if op.float_only() && !dt.is_float() {
         return Err(Error::dtype(name, dt, "needs a float dtype"));
     }
     let (sa, sb) = (dev.input(a, name)?, dev.input(b, name)?);

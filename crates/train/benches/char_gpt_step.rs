@@ -17,7 +17,8 @@
 //! python3 ../shared/reference/torch_train.py | grep gpt_char
 //! ```
 //!
-//! `-- cpu` forces the CPU; `-- quick` runs a 1-layer, 64-wide, context-32, batch-4 model for
+//! `-- cpu` forces the CPU; `-- eager` runs only the bf16 eager mode (for a profiler's
+//! per-kernel table); `-- quick` runs a 1-layer, 64-wide, context-32, batch-4 model for
 //! 3 steps (a check that it runs, not a measurement).
 
 use ferrite_core::{DType, Device, Tensor};
@@ -192,6 +193,7 @@ fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().collect();
     let force_cpu = args.iter().any(|a| a == "cpu");
     let quick = args.iter().any(|a| a == "quick");
+    let eager_only = args.iter().any(|a| a == "eager");
     let dev = if !force_cpu && ferrite_cuda::is_available() {
         ferrite_cuda::cuda(0)?
     } else {
@@ -225,6 +227,9 @@ fn main() -> Result<()> {
     };
     let cuda = ferrite_cuda::CudaDevice::from_device(&dev).is_some();
     run(&s, Precision::Bf16, false, warm, iters, &dev)?;
+    if eager_only {
+        return Ok(());
+    }
     if cuda {
         run(&s, Precision::Bf16, true, warm, iters, &dev)?;
     }

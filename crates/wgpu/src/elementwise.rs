@@ -62,8 +62,8 @@ pub(crate) fn binary(
 ) -> Result<Vec<Arc<dyn Storage>>> {
     let name = op.name();
     let dt = a.dtype();
-    if op == BinaryOp::Pow && !dt.is_float() {
-        return Err(Error::dtype("pow", dt, "needs a float dtype"));
+    if op.float_only() && !dt.is_float() {
+        return Err(Error::dtype(name, dt, "needs a float dtype"));
     }
     let n = a.elem_count();
     let out = dev.alloc(name, dt, n)?;

@@ -81,7 +81,21 @@ fn binary_op(op: u32, a: f32, b: f32) -> f32 {
         case 4u: { return pow_(a, b); }
         // NaN-propagating, as NumPy's maximum / minimum.
         case 5u: { return select(b, a, a != a || a > b); }
-        default: { return select(b, a, a != a || a < b); }
+        case 6u: { return select(b, a, a != a || a < b); }
+        // Activation derivatives, (x, g) -> g f'(x).
+        case 7u: {
+            let cdf = 0.5 * (1.0 + erf_(a * 0.70710678118654752));
+            return b * (cdf + a * exp(-0.5 * a * a) * 0.39894228040143268);
+        }
+        case 8u: {
+            let t = tanh_(0.79788456080286536 * (a + 0.044715 * a * a * a));
+            return b * (0.5 * (1.0 + t)
+                + 0.5 * a * (1.0 - t * t) * 0.79788456080286536 * (1.0 + 3.0 * 0.044715 * a * a));
+        }
+        default: {
+            let s = sigmoid_(a);
+            return b * s * (1.0 + a * (1.0 - s));
+        }
     }
 }
 #else
