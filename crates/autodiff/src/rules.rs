@@ -366,16 +366,30 @@ fn primitive(op: &Op, output: usize, x: &Inputs, g: &Tensor) -> Result<Grads> {
                 .collect::<Result<Vec<Tensor>>>()?;
             through_composition(&x, g, |t| composed::rope(&t[0], &t[1], &t[2], *interleaved))
         }
-        Op::Attention { causal, scale } => {
+        Op::Attention {
+            causal,
+            scale,
+            key_mask,
+        } => {
+            // The mask (input 3) goes to the backward as is and gets no gradient.
+            let mask = match key_mask {
+                true => Some(x[3].value()?),
+                false => None,
+            };
             let (dq, dk, dv) = Tensor::attention_backward(
                 x[0].value()?,
                 x[1].value()?,
                 x[2].value()?,
+                mask,
                 g,
                 *causal,
                 *scale,
             )?;
-            Ok(vec![Some(dq), Some(dk), Some(dv)])
+            let mut grads = vec![Some(dq), Some(dk), Some(dv)];
+            if *key_mask {
+                grads.push(None);
+            }
+            Ok(grads)
         }
         Op::Conv2d(p) => Ok(vec![
             when(&x[0], || {

@@ -209,11 +209,89 @@ fn backward_kernels_validate_their_inputs() {
         .to_string();
     assert!(e.starts_with("softmax_backward: shapes differ"), "{e}");
     let q = rand(&[1, 2, 3, 4], 4, DType::F32);
-    let e = Tensor::attention_backward(&q, &q, &q, &rand(&[1, 2, 3, 5], 5, DType::F32), true, 0.5)
-        .unwrap_err()
-        .to_string();
+    let e = Tensor::attention_backward(
+        &q,
+        &q,
+        &q,
+        None,
+        &rand(&[1, 2, 3, 5], 5, DType::F32),
+        true,
+        0.5,
+    )
+    .unwrap_err()
+    .to_string();
     assert!(
         e.starts_with("attention_backward: upstream gradient [1, 2, 3, 5]"),
         "{e}"
     );
+}
+
+/// A key-padding mask [2, lk]: batch row 0 pads keys 1 and lk - 1; batch row 1 every third
+/// key from key 1, or every key with `full`.
+fn padding_mask(lk: usize, full: bool) -> Tensor {
+    let mut m = vec![false; 2 * lk];
+    m[1] = true;
+    m[lk - 1] = true;
+    for j in 0..lk {
+        m[lk + j] = full || j % 3 == 1;
+    }
+    Tensor::from_vec(m, [2, lk], &cpu()).unwrap()
+}
+
+#[test]
+fn attention_backward_key_padding_mask() {
+    for (dt, tol) in [(DType::F64, 1e-12), (DType::F32, 5e-5)] {
+        for (lq, lk, causal) in [(7, 7, true), (3, 11, true), (5, 9, false), (1, 33, true)] {
+            let q = rand(&[2, 6, lq, 16], 7, dt);
+            let k = rand(&[2, 2, lk, 16], 8, dt);
+            let v = rand(&[2, 2, lk, 12], 9, dt);
+            let g = rand(&[2, 6, lq, 12], 10, dt);
+            let m = padding_mask(lk, false);
+            let ins = [q, k, v];
+            let fused = grads(&ins, &g, |t| {
+                Tensor::attention_masked(&t[0], &t[1], &t[2], Some(&m), causal, None)
+            });
+            let slow = grads(&ins, &g, |t| {
+                composed::attention_masked(&t[0], &t[1], &t[2], Some(&m), causal, None)
+            });
+            assert_close(&fused, &slow, tol);
+            // Padded keys get no gradient.
+            let (dk, dv) = (&fused[1], &fused[2]);
+            for (b, j) in [(0, 1), (0, lk - 1), (1, 1)] {
+                for h in 0..2 {
+                    let kr = (b * 2 + h) * lk + j;
+                    assert!(dk[kr * 16..(kr + 1) * 16].iter().all(|&x| x == 0.0));
+                    assert!(dv[kr * 12..(kr + 1) * 12].iter().all(|&x| x == 0.0));
+                }
+            }
+        }
+    }
+}
+
+/// A batch row whose every key is padding: NaN forward; backward its dq rows are zero and it
+/// adds nothing to dk and dv (PyTorch's SDPA gives these zero gradients too), while the other
+/// batch row's gradients equal the composition's.
+#[test]
+fn attention_backward_fully_masked_rows_are_zero() {
+    for (dt, tol) in [(DType::F64, 1e-12), (DType::F32, 5e-5)] {
+        for causal in [false, true] {
+            let q = rand(&[2, 4, 5, 8], 1, dt);
+            let k = rand(&[2, 2, 6, 8], 2, dt);
+            let v = rand(&[2, 2, 6, 8], 3, dt);
+            let g = rand(&[2, 4, 5, 8], 4, dt);
+            let m = padding_mask(6, true);
+            let ins = [q, k, v];
+            let fused = grads(&ins, &g, |t| {
+                Tensor::attention_masked(&t[0], &t[1], &t[2], Some(&m), causal, None)
+            });
+            let slow = grads(&ins, &g, |t| {
+                composed::attention_masked(&t[0], &t[1], &t[2], Some(&m), causal, None)
+            });
+            for (f, s) in fused.iter().zip(&slow) {
+                let half = f.len() / 2;
+                assert!(f[half..].iter().all(|&x| x == 0.0), "batch row 1: zero");
+                assert_close(&[f[..half].to_vec()], &[s[..half].to_vec()], tol);
+            }
+        }
+    }
 }

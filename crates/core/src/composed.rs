@@ -96,6 +96,19 @@ pub fn attention(
     causal: bool,
     scale: Option<f64>,
 ) -> Result<Tensor> {
+    attention_masked(q, k, v, None, causal, scale)
+}
+
+/// `attention` with a key-padding mask (bool [b, lk], true = padding) as a -inf fill of the
+/// masked keys' scores before the softmax.
+pub fn attention_masked(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    key_mask: Option<&Tensor>,
+    causal: bool,
+    scale: Option<f64>,
+) -> Result<Tensor> {
     let (b, hq, lq, d) = (q.dims()[0], q.dims()[1], q.dims()[2], q.dims()[3]);
     let (hkv, lk) = (k.dims()[1], k.dims()[2]);
     let g = hq / hkv;
@@ -115,6 +128,10 @@ pub fn attention(
         let visible = j.le(&i.add_scalar((lk as f64) - (lq as f64))?)?;
         let neg = s.scalar_like(f64::NEG_INFINITY)?;
         s = Tensor::where_cond(&visible, &s, &neg)?;
+    }
+    if let Some(m) = key_mask {
+        let neg = s.scalar_like(f64::NEG_INFINITY)?;
+        s = Tensor::where_cond(&m.reshape([b, 1, 1, lk])?, &neg, &s)?;
     }
     softmax(&s, -1)?.matmul(&v)
 }

@@ -107,6 +107,7 @@ pub fn keeps(op: &GradOp, k: usize, requires_grad: impl Fn(usize) -> bool) -> Ke
             _ => Keep::Value,
         },
         Op::ScatterAdd { .. } => value_if(k == 1),
+        // Attention: q, k, v and the key mask (when present) are all read by the backward.
         Op::Sort { .. } | Op::RmsNorm { .. } | Op::Attention { .. } => Keep::Value,
         // dx reads w's values and x's dims; dw reads x's values and w's dims (same for the
         // transposed convolution, its adjoint).

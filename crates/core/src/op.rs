@@ -397,10 +397,21 @@ pub enum Op {
     /// (x [..., l, d], cos [l, d/2], sin [l, d/2]) -> x rotated. Pairs are (2i, 2i+1) when
     /// `interleaved`, else (i, i + d/2) (the "split halves" / NeoX layout).
     Rope { interleaved: bool },
-    /// (q [b, hq, lq, d], k [b, hkv, lk, d], v [b, hkv, lk, dv]) -> [b, hq, lq, dv];
-    /// hq % hkv == 0, query head h reads kv head h / (hq / hkv). With `causal`, query i sees
-    /// keys j ≤ i + lk - lq.
-    Attention { causal: bool, scale: f64 },
+    /// (q [b, hq, lq, d], k [b, hkv, lk, d], v [b, hkv, lk, dv][, mask [b, lk] bool])
+    /// -> [b, hq, lq, dv] = softmax(q k^T scale over the keys query i may see) v, float
+    /// q, k, v of one dtype; hq % hkv == 0, query head h reads kv head h / (hq / hkv).
+    /// With `causal`, query i sees keys j ≤ max(0, i + lk - lq) (aligned to the last key).
+    /// With `key_mask`, a 4th input `mask` (PyTorch's `key_padding_mask`: true = padding)
+    /// hides key j from every query and head of batch row b where mask[b, j]: its probability
+    /// is 0. The two combine: query i sees the causally visible keys that are not masked.
+    /// A query that sees no key (every visible key masked, or lk == 0) gets a NaN row, as
+    /// the softmax of an empty set (as softmax over all -inf scores gives); its gradient
+    /// (`AttentionBackward`) is zero in dq and it adds nothing to dk and dv.
+    Attention {
+        causal: bool,
+        scale: f64,
+        key_mask: bool,
+    },
     /// Fused log-softmax + NLL over class indices, never materializing probabilities:
     /// (logits [n, c] float, target [n] int, weight [c] logits' dtype) -> [n, 2] of logits'
     /// dtype, per row (loss, lse) with lse = logsumexp(x) and, ε = `label_smoothing`,
@@ -426,8 +437,14 @@ pub enum Op {
     /// Backward of `LayerNorm`: (x [..., n], weight [n], g [..., n])
     /// -> (dx [..., n], dweight [n], dbias [n]).
     LayerNormBackward { eps: f64 },
-    /// Backward of `Attention`: (q, k, v, g [b, hq, lq, dv]) -> (dq, dk, dv) shaped as q, k, v.
-    AttentionBackward { causal: bool, scale: f64 },
+    /// Backward of `Attention`: (q, k, v[, mask], g [b, hq, lq, dv]) -> (dq, dk, dv) shaped
+    /// as q, k, v; `mask` as in `Attention` (it carries no gradient). A query that sees no
+    /// key has dq = 0 and contributes nothing to dk and dv.
+    AttentionBackward {
+        causal: bool,
+        scale: f64,
+        key_mask: bool,
+    },
     /// (x [n, c, h, w], w [o, c/groups, kh, kw]) -> y [n, o, oh, ow] with
     /// y[n, o, i, j] = sum over (c', di, dj) of w[o, c', di, dj] x[n, g c/groups + c',
     /// i stride - pad + di dil, j stride - pad + dj dil] (zero outside), g = o / (o/groups).

@@ -1348,11 +1348,53 @@ impl Tensor {
         causal: bool,
         scale: Option<f64>,
     ) -> Result<Tensor> {
+        Tensor::attention_masked(q, k, v, None, causal, scale)
+    }
+
+    /// Autocast-eligible (`crate::autocast`; the mask is never cast).
+    /// `attention` with an optional key-padding mask: bool `[b, lk]`, true where key j of
+    /// batch row b is padding (PyTorch's `key_padding_mask`). Masked keys get probability 0;
+    /// a query whose every visible key is masked gets a NaN row (see `Op::Attention`).
+    pub fn attention_masked(
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        key_mask: Option<&Tensor>,
+        causal: bool,
+        scale: Option<f64>,
+    ) -> Result<Tensor> {
         let out = Tensor::attention_shape("attention", q, k, v)?;
+        if let Some(m) = key_mask {
+            Tensor::check_key_mask("attention", q, k, m)?;
+        }
         let scale = scale.unwrap_or(1.0 / (q.dims()[3] as f64).sqrt());
-        crate::autocast::eligible(&[q, k, v], |t| {
-            t[0].run1(Op::Attention { causal, scale }, t, out, t[0].dtype())
+        let op = Op::Attention {
+            causal,
+            scale,
+            key_mask: key_mask.is_some(),
+        };
+        crate::autocast::eligible(&[q, k, v], |t| match key_mask {
+            Some(m) => t[0].run1(op, &[t[0], t[1], t[2], m], out, t[0].dtype()),
+            None => t[0].run1(op, t, out, t[0].dtype()),
         })
+    }
+
+    /// A key-padding mask must be bool [b, lk] for q [b, ..] and k [b, hkv, lk, d].
+    fn check_key_mask(op: &'static str, q: &Tensor, k: &Tensor, m: &Tensor) -> Result<()> {
+        let want = [q.dims()[0], k.dims()[2]];
+        if m.dtype() != DType::Bool || m.dims() != want {
+            return Err(Error::shape(
+                op,
+                format!(
+                    "key mask must be bool [{}, {}] ([batch, keys]), got {} {}",
+                    want[0],
+                    want[1],
+                    m.dtype(),
+                    m.shape()
+                ),
+            ));
+        }
+        Ok(())
     }
 }
 
@@ -1548,16 +1590,22 @@ impl Tensor {
         )
     }
 
-    /// (dq, dk, dv) of `attention(q, k, v, causal, scale)` for upstream gradient `g`.
+    /// (dq, dk, dv) of `attention_masked(q, k, v, key_mask, causal, scale)` for upstream
+    /// gradient `g`.
+    #[allow(clippy::too_many_arguments)]
     pub fn attention_backward(
         q: &Tensor,
         k: &Tensor,
         v: &Tensor,
+        key_mask: Option<&Tensor>,
         g: &Tensor,
         causal: bool,
         scale: f64,
     ) -> Result<(Tensor, Tensor, Tensor)> {
         let out = Tensor::attention_shape("attention_backward", q, k, v)?;
+        if let Some(m) = key_mask {
+            Tensor::check_key_mask("attention_backward", q, k, m)?;
+        }
         if g.shape() != &out || g.dtype() != q.dtype() {
             return Err(Error::shape(
                 "attention_backward",
@@ -1574,7 +1622,15 @@ impl Tensor {
             (k.shape().clone(), k.dtype()),
             (v.shape().clone(), v.dtype()),
         ];
-        let mut o = q.run(Op::AttentionBackward { causal, scale }, &[q, k, v, g], outs)?;
+        let op = Op::AttentionBackward {
+            causal,
+            scale,
+            key_mask: key_mask.is_some(),
+        };
+        let mut o = match key_mask {
+            Some(m) => q.run(op, &[q, k, v, m, g], outs)?,
+            None => q.run(op, &[q, k, v, g], outs)?,
+        };
         match (o.pop(), o.pop(), o.pop()) {
             (Some(dv), Some(dk), Some(dq)) => Ok((dq, dk, dv)),
             _ => Err(Error::backend(

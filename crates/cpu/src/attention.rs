@@ -1,10 +1,13 @@
-//! Scaled dot-product attention with an optional causal mask and grouped-query heads.
-//! One task per (batch, head, query row): scores, softmax, weighted sum of values.
+//! Scaled dot-product attention with an optional causal mask, an optional key-padding mask
+//! (bool [b, lk], true = padding) and grouped-query heads. One task per (batch, head, query
+//! row): scores, softmax, weighted sum of values. A query with no visible unmasked key gets a
+//! NaN row forward and contributes nothing backward (`Op::Attention`).
 
-use crate::storage::{float_kernel, float_kernel_many};
-use ferrite_core::{HostBuffer, Result, Tensor};
+use crate::storage::{contig, float_kernel, float_kernel_many};
+use ferrite_core::{Error, HostBuffer, Result, Tensor};
 use num_traits::Float;
 use rayon::prelude::*;
+use std::borrow::Cow;
 
 #[allow(clippy::too_many_arguments)]
 fn attend<F: Float + ferrite_core::WithDType>(
@@ -14,6 +17,7 @@ fn attend<F: Float + ferrite_core::WithDType>(
     (b, hq, lq, d): (usize, usize, usize, usize),
     (hkv, lk, dv): (usize, usize, usize),
     causal: bool,
+    mask: Option<&[bool]>,
     scale: f64,
 ) -> Vec<F> {
     let scale = F::from(scale).unwrap_or(F::one());
@@ -35,13 +39,15 @@ fn attend<F: Float + ferrite_core::WithDType>(
         } else {
             lk
         };
-        if visible == 0 {
+        let keys = unmasked(mask, bi, lk, visible);
+        if keys.is_empty() {
             // No visible key: the softmax of an empty row; NaN like the composed form.
             o.iter_mut().for_each(|x| *x = F::nan());
             return;
         }
-        let mut s: Vec<F> = (0..visible)
-            .map(|j| {
+        let mut s: Vec<F> = keys
+            .iter()
+            .map(|&j| {
                 let krow = &k[(kbase + j) * d..(kbase + j + 1) * d];
                 qrow.iter()
                     .zip(krow)
@@ -57,7 +63,7 @@ fn attend<F: Float + ferrite_core::WithDType>(
             *x = (*x - m).exp();
             sum = sum + *x;
         }
-        for (j, &p) in s.iter().enumerate() {
+        for (&j, &p) in keys.iter().zip(&s) {
             let vrow = &v[(kbase + j) * dv..(kbase + j + 1) * dv];
             for (acc, &x) in o.iter_mut().zip(vrow) {
                 *acc = *acc + p * x;
@@ -69,21 +75,53 @@ fn attend<F: Float + ferrite_core::WithDType>(
     out
 }
 
+/// The keys among the first `visible` that batch row `bi`'s mask leaves unmasked, in order.
+fn unmasked(mask: Option<&[bool]>, bi: usize, lk: usize, visible: usize) -> Vec<usize> {
+    match mask {
+        Some(m) => (0..visible).filter(|&j| !m[bi * lk + j]).collect(),
+        None => (0..visible).collect(),
+    }
+}
+
+/// The key-padding mask's elements, row-major [b, lk] for q [b, ..] and k [b, hkv, lk, d].
+fn mask_of<'a>(
+    mask: Option<&'a Tensor>,
+    (q, k): (&Tensor, &Tensor),
+    op: &'static str,
+) -> Result<Option<Cow<'a, [bool]>>> {
+    let Some(m) = mask else { return Ok(None) };
+    if m.dims() != [q.dims()[0], k.dims()[2]] {
+        return Err(Error::shape(
+            op,
+            format!(
+                "key mask {} does not match q {} and k {}",
+                m.shape(),
+                q.shape(),
+                k.shape()
+            ),
+        ));
+    }
+    contig::<bool>(m, op).map(Some)
+}
+
 pub(crate) fn attention(
     q: &Tensor,
     k: &Tensor,
     v: &Tensor,
+    mask: Option<&Tensor>,
     causal: bool,
     scale: f64,
 ) -> Result<HostBuffer> {
     let (qd, kd, vd) = (q.dims(), k.dims(), v.dims());
     let qs = (qd[0], qd[1], qd[2], qd[3]);
     let ks = (kd[1], kd[2], vd[3]);
+    let mask = mask_of(mask, (q, k), "attention")?;
+    let mask = mask.as_deref();
     Ok(float_kernel!(
         "attention",
         q.dtype(),
         [q, k, v],
-        |qv, kv, vv| attend(qv, kv, vv, qs, ks, causal, scale)
+        |qv, kv, vv| attend(qv, kv, vv, qs, ks, causal, mask, scale)
     ))
 }
 
@@ -98,6 +136,7 @@ fn attend_backward<F: Float + ferrite_core::WithDType>(
     (b, hq, lq, d): (usize, usize, usize, usize),
     (hkv, lk, dv): (usize, usize, usize),
     causal: bool,
+    mask: Option<&[bool]>,
     scale: f64,
 ) -> (Vec<F>, Vec<F>, Vec<F>) {
     let scale = F::from(scale).unwrap_or(F::one());
@@ -121,6 +160,7 @@ fn attend_backward<F: Float + ferrite_core::WithDType>(
             );
             let mut p = vec![F::zero(); lk];
             let mut dp = vec![F::zero(); lk];
+            let all = unmasked(mask, bi, lk, lk);
             for hg in 0..group {
                 let h = kvh * group + hg;
                 for i in 0..lq {
@@ -131,23 +171,25 @@ fn attend_backward<F: Float + ferrite_core::WithDType>(
                     } else {
                         lk
                     };
-                    if visible == 0 {
+                    // The unmasked keys are ascending: those this query sees are a prefix.
+                    let keys = &all[..all.partition_point(|&j| j < visible)];
+                    if keys.is_empty() {
                         continue;
                     }
                     let dot =
                         |a: &[F], b: &[F]| a.iter().zip(b).fold(F::zero(), |s, (&x, &y)| s + x * y);
                     let mut m = F::neg_infinity();
-                    for j in 0..visible {
+                    for &j in keys {
                         p[j] = dot(qi, &kk[j * d..(j + 1) * d]) * scale;
                         m = if p[j] > m { p[j] } else { m };
                     }
                     let mut sum = F::zero();
-                    for pj in p.iter_mut().take(visible) {
-                        *pj = (*pj - m).exp();
-                        sum = sum + *pj;
+                    for &j in keys {
+                        p[j] = (p[j] - m).exp();
+                        sum = sum + p[j];
                     }
                     let mut pdp = F::zero();
-                    for j in 0..visible {
+                    for &j in keys {
                         p[j] = p[j] / sum;
                         dp[j] = dot(gi, &vv[j * dv..(j + 1) * dv]);
                         pdp = pdp + p[j] * dp[j];
@@ -156,7 +198,7 @@ fn attend_backward<F: Float + ferrite_core::WithDType>(
                         }
                     }
                     let dqi = &mut dq_t[(hg * lq + i) * d..(hg * lq + i + 1) * d];
-                    for j in 0..visible {
+                    for &j in keys {
                         let ds = p[j] * (dp[j] - pdp) * scale;
                         let kj = &kk[j * d..(j + 1) * d];
                         for t in 0..d {
@@ -176,6 +218,7 @@ pub(crate) fn attention_backward(
     q: &Tensor,
     k: &Tensor,
     v: &Tensor,
+    mask: Option<&Tensor>,
     g: &Tensor,
     causal: bool,
     scale: f64,
@@ -183,12 +226,14 @@ pub(crate) fn attention_backward(
     let (qd, kd, vd) = (q.dims(), k.dims(), v.dims());
     let qs = (qd[0], qd[1], qd[2], qd[3]);
     let ks = (kd[1], kd[2], vd[3]);
+    let mask = mask_of(mask, (q, k), "attention_backward")?;
+    let mask = mask.as_deref();
     Ok(float_kernel_many!(
         "attention_backward",
         q.dtype(),
         [q, k, v, g],
         |qv, kv, vv, gv| {
-            let (dq, dk, dv) = attend_backward(qv, kv, vv, gv, qs, ks, causal, scale);
+            let (dq, dk, dv) = attend_backward(qv, kv, vv, gv, qs, ks, causal, mask, scale);
             vec![dq, dk, dv]
         }
     ))

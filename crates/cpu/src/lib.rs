@@ -196,10 +196,15 @@ fn exec_op(op: &Op, inputs: &[&Tensor], outs: &[(Shape, DType)]) -> Result<Vec<A
         Op::LayerNorm { eps } => one(norm::layer_norm(input(0)?, input(1)?, input(2)?, *eps)?),
         Op::RmsNorm { eps } => one(norm::rms_norm(input(0)?, input(1)?, *eps)?),
         Op::Rope { interleaved } => one(norm::rope(input(0)?, input(1)?, input(2)?, *interleaved)?),
-        Op::Attention { causal, scale } => one(attention::attention(
+        Op::Attention {
+            causal,
+            scale,
+            key_mask,
+        } => one(attention::attention(
             input(0)?,
             input(1)?,
             input(2)?,
+            key_mask.then(|| input(3)).transpose()?,
             *causal,
             *scale,
         )?),
@@ -216,11 +221,16 @@ fn exec_op(op: &Op, inputs: &[&Tensor], outs: &[(Shape, DType)]) -> Result<Vec<A
             input(2)?,
             *eps,
         )?),
-        Op::AttentionBackward { causal, scale } => many(attention::attention_backward(
+        Op::AttentionBackward {
+            causal,
+            scale,
+            key_mask,
+        } => many(attention::attention_backward(
             input(0)?,
             input(1)?,
             input(2)?,
-            input(3)?,
+            key_mask.then(|| input(3)).transpose()?,
+            input(if *key_mask { 4 } else { 3 })?,
             *causal,
             *scale,
         )?),

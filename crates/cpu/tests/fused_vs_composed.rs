@@ -115,3 +115,92 @@ fn softmax_backward_kernels() {
         Ok(())
     });
 }
+
+/// A key-padding mask [b, lk]: batch row 0 pads keys 1 and lk - 1, batch row 1 every third
+/// key from key 1 (or, with `full`, every key).
+fn padding_mask(lk: usize, full: bool) -> Tensor {
+    let mut m = vec![false; 2 * lk];
+    m[1] = true;
+    m[lk - 1] = true;
+    for j in 0..lk {
+        m[lk + j] = full || j % 3 == 1;
+    }
+    Tensor::from_vec(m, [2, lk], &ferrite_cpu::cpu()).unwrap()
+}
+
+#[test]
+fn attention_key_padding_mask() {
+    each_dtype(|dt, tol| {
+        for (lq, lk, causal) in [(7, 7, true), (3, 11, true), (5, 9, false), (1, 40, true)] {
+            let q = rand(&[2, 6, lq, 16], 8, dt);
+            let k = rand(&[2, 3, lk, 16], 9, dt);
+            let v = rand(&[2, 3, lk, 12], 10, dt);
+            let m = padding_mask(lk, false);
+            let fused = Tensor::attention_masked(&q, &k, &v, Some(&m), causal, None)?;
+            let slow = composed::attention_masked(&q, &k, &v, Some(&m), causal, None)?;
+            close(&fused, &slow, tol * 4.0);
+            // The mask changes the result (it is not ignored).
+            let plain = Tensor::attention(&q, &k, &v, causal, None)?.to_vec_f64()?;
+            let got = fused.to_vec_f64()?;
+            assert!(got.iter().zip(&plain).any(|(a, b)| (a - b).abs() > 1e-3));
+        }
+        Ok(())
+    });
+}
+
+/// Queries whose every visible key is padding give NaN rows, like the composition (softmax
+/// over all -inf scores); the other batch row is unaffected.
+#[test]
+fn attention_fully_masked_rows_are_nan() {
+    each_dtype(|dt, tol| {
+        let (q, k, v) = (
+            rand(&[2, 4, 5, 8], 1, dt),
+            rand(&[2, 2, 6, 8], 2, dt),
+            rand(&[2, 2, 6, 8], 3, dt),
+        );
+        let m = padding_mask(6, true);
+        for causal in [false, true] {
+            let fused = Tensor::attention_masked(&q, &k, &v, Some(&m), causal, None)?;
+            let slow = composed::attention_masked(&q, &k, &v, Some(&m), causal, None)?;
+            let (a, b) = (fused.to_vec_f64()?, slow.to_vec_f64()?);
+            let half = a.len() / 2;
+            assert!(
+                a[half..].iter().all(|x| x.is_nan()),
+                "batch row 1 is all NaN"
+            );
+            assert!(b[half..].iter().all(|x| x.is_nan()));
+            assert!(a[..half].iter().all(|x| x.is_finite()));
+            close(&fused.narrow(0, 0, 1)?, &slow.narrow(0, 0, 1)?, tol * 4.0);
+        }
+        // Causal with only key 0 unmasked: the first query (which sees keys 0..=1) keeps it.
+        let mut mk = vec![true; 12];
+        mk[0] = false;
+        mk[6] = false;
+        let m = Tensor::from_vec(mk, [2, 6], &ferrite_cpu::cpu())?;
+        let fused = Tensor::attention_masked(&q, &k, &v, Some(&m), true, None)?;
+        assert!(fused.to_vec_f64()?.iter().all(|x| x.is_finite()));
+        Ok(())
+    });
+}
+
+#[test]
+fn attention_mask_must_be_bool_batch_by_keys() {
+    let cpu = ferrite_cpu::cpu();
+    let q = rand(&[2, 2, 3, 4], 1, DType::F32);
+    let k = rand(&[2, 1, 5, 4], 2, DType::F32);
+    for (m, what) in [
+        (
+            Tensor::zeros([2, 4], DType::Bool, &cpu).unwrap(),
+            "bool [2, 4]",
+        ),
+        (Tensor::zeros([2, 5], DType::U8, &cpu).unwrap(), "u8 [2, 5]"),
+    ] {
+        let e = Tensor::attention_masked(&q, &k, &k, Some(&m), false, None)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("attention: key mask must be bool [2, 5]") && e.contains(what),
+            "{e}"
+        );
+    }
+}

@@ -2,15 +2,26 @@
 // attention.rs): q [b, hq, lq, d], k [b, hkv, lk, d], v [b, hkv, lk, dv], g (upstream gradient)
 // [b, hq, lq, dv]; query head h reads kv head h / (hq / hkv). With causal, query i sees keys
 // j <= max(0, i + lk - lq), as the CPU does (a query before the first key still sees key 0);
-// only lk == 0 leaves a query no key: NaN forward, zero gradients backward. Inputs are read
-// through their strides (AttnDims, elements, per dim b, h, l, last); outputs are contiguous.
+// With a key-padding mask (AttnDims.mask, bool [b, lk], null for none) key j of batch row b is
+// hidden from every query where mask[b, j] (key_masked). A query left with no key (lk == 0,
+// or every key it sees masked) gets a NaN row forward; backward its dq row is zero and it adds
+// nothing to dk and dv (its statistics are written as (0, 0, 0) and never divided by). Inputs
+// are read through their strides (AttnDims, elements, per dim b, h, l, last); outputs are
+// contiguous.
 // f16/bf16/f32 compute in f32 (the tensor-core forward rounds probabilities to the input type
 // for P V), f64 in f64.
 
 struct AttnDims {
     u32 b, hq, hkv, lq, lk, d, dv, causal;
     i64 sq[4], sk[4], sv[4], sg[4];
+    const u8* mask;  // key-padding mask [b, lk] (nonzero = padding), or null
+    i64 sm[2];       // its strides (elements)
 };
+
+// Whether key j (< lk) of batch row bi is padding.
+__device__ __forceinline__ bool key_masked(const AttnDims& a, u32 bi, i64 j) {
+    return a.mask != nullptr && a.mask[bi * a.sm[0] + j * a.sm[1]] != 0;
+}
 
 // Number of keys query i sees (keys 0 .. visible - 1).
 __device__ __forceinline__ i64 visible_keys(const AttnDims& a, u32 i) {
@@ -73,7 +84,7 @@ __device__ void attn_rows_body(const AttnDims& a, typename Num<T>::A scale, cons
         for (i64 j0 = 0; j0 < vis; j0 += 32) {
             const i64 j = j0 + lane;
             A s = neg_inf<A>(), dp = 0;
-            if (j < vis) {
+            if (j < vis && !key_masked(a, bi, j)) {
                 s = dot_strided(qr, a.sq[3], kb + j * a.sk[2], a.sk[3], a.d) * scale;
                 dp = dot_strided(gr, a.sg[3], vb + j * a.sv[2], a.sv[3], a.dv);
             }
@@ -85,9 +96,9 @@ __device__ void attn_rows_body(const AttnDims& a, typename Num<T>::A scale, cons
             m = mn;
         }
         if (lane == 0) {
-            stats[3 * orow] = vis > 0 ? m : (A)0;
+            stats[3 * orow] = l > 0 ? m : (A)0;
             stats[3 * orow + 1] = l;
-            stats[3 * orow + 2] = vis > 0 ? dsum / l : (A)0;
+            stats[3 * orow + 2] = l > 0 ? dsum / l : (A)0;
         }
         return;
     }
@@ -102,7 +113,9 @@ __device__ void attn_rows_body(const AttnDims& a, typename Num<T>::A scale, cons
         for (int t = 0; t < 8; ++t) acc[t] = 0;
         for (i64 j0 = 0; j0 < vis; j0 += 32) {
             const i64 j = j0 + lane;
-            const A s = j < vis ? dot_strided(qr, a.sq[3], kb + j * a.sk[2], a.sk[3], a.d) * scale : neg_inf<A>();
+            const A s = j < vis && !key_masked(a, bi, j)
+                            ? dot_strided(qr, a.sq[3], kb + j * a.sk[2], a.sk[3], a.d) * scale
+                            : neg_inf<A>();
             const A mn = fmax_nan(m, warp_max(s));
             const A ref = mn == neg_inf<A>() ? (A)0 : mn;
             const A al = m_exp(m - ref), p = m_exp(s - ref);
@@ -121,7 +134,7 @@ __device__ void attn_rows_body(const AttnDims& a, typename Num<T>::A scale, cons
             }
             m = mn;
         }
-        const A inv = (A)1 / l;
+        const A inv = l > 0 ? (A)1 / l : nan_of<A>();  // every visible key masked: NaN
 #pragma unroll
         for (int t = 0; t < 8; ++t) {
             const u32 c = c0 + lane + 32 * t;
@@ -160,7 +173,7 @@ __device__ void attn_dq_body(const AttnDims& a, typename Num<T>::A scale, const 
         for (i64 j0 = 0; j0 < vis; j0 += 32) {
             const i64 j = j0 + lane;
             A ds = 0;
-            if (j < vis) {
+            if (j < vis && !key_masked(a, bi, j)) {
                 const A s = dot_strided(qr, a.sq[3], kb + j * a.sk[2], a.sk[3], a.d) * scale;
                 const A p = m_exp(s - m) / l;
                 const A dp = dot_strided(gr, a.sg[3], vb + j * a.sv[2], a.sv[3], a.dv);
@@ -202,12 +215,13 @@ __device__ void attn_dkv_body(const AttnDims& a, typename Num<T>::A scale, const
     const u32 bi = (u32)(bkv / a.hkv), kvh = (u32)(bkv % a.hkv);
     const T* kr = k + bi * a.sk[0] + kvh * a.sk[1] + j * a.sk[2];
     const T* vr = v + bi * a.sv[0] + kvh * a.sv[1] + j * a.sv[2];
-    // First query that sees key j (every query sees key 0).
+    // First query that sees key j (every query sees key 0); none when j is masked.
     i64 i_first = 0;
     if (a.causal && j > 0) {
         const i64 f = (i64)j + (i64)a.lq - (i64)a.lk;
         i_first = f > 0 ? f : 0;
     }
+    if (key_masked(a, bi, j)) i_first = a.lq;
     const u64 krow = ((u64)bi * a.hkv + kvh) * a.lk + j;
     const u32 cols = a.d > a.dv ? a.d : a.dv;
     for (u32 c0 = 0; c0 < cols; c0 += ROW_COLS) {
@@ -411,6 +425,9 @@ __device__ void attn_fwd_body(const AttnDims& a, u32 ld, float sl2, const T* __r
 
         float s[4][4] = {};
         tile_dot(s, Qs, ld, Ks, ld, dpad);
+        bool km[4];  // this thread's keys j0 + tx + 16 f that are padding
+#pragma unroll
+        for (int f = 0; f < 4; ++f) km[f] = j0 + tx + 16 * f < a.lk && key_masked(a, bi, j0 + tx + 16 * f);
 
         // Online softmax over this tile, per owned row (16 lanes share a row).
 #pragma unroll
@@ -419,7 +436,7 @@ __device__ void attn_fwd_body(const AttnDims& a, u32 ld, float sl2, const T* __r
 #pragma unroll
             for (int f = 0; f < 4; ++f) {
                 const i64 j = j0 + tx + 16 * f;
-                s[e][f] = j <= lim[e] ? s[e][f] * sl2 : neg_inf<float>();
+                s[e][f] = j <= lim[e] && !km[f] ? s[e][f] * sl2 : neg_inf<float>();
                 mx = fmaxf(mx, s[e][f]);
             }
 #pragma unroll
@@ -454,8 +471,9 @@ __device__ void attn_fwd_body(const AttnDims& a, u32 ld, float sl2, const T* __r
 #pragma unroll
         for (int sh = 1; sh < 16; sh <<= 1) lt += __shfl_xor_sync(0xffffffffu, lt, sh);
         const u32 i = i0 + ty + 16 * e;
-        // No visible key: the softmax of an empty row, NaN like the CPU.
-        const float inv = lim[e] < 0 ? nan_of<float>() : 1.f / lt;
+        // No visible unmasked key: the softmax of an empty row, NaN like the CPU (the
+        // statistics get D = 0 instead: such a row has no gradient).
+        const float inv = lt > 0.f ? 1.f / lt : (STATS ? 0.f : nan_of<float>());
 #pragma unroll
         for (int qq = 0; qq < DVC; ++qq)
 #pragma unroll
@@ -475,7 +493,7 @@ __device__ void attn_fwd_body(const AttnDims& a, u32 ld, float sl2, const T* __r
             for (int sh = 1; sh < 16; sh <<= 1) dsum += __shfl_xor_sync(0xffffffffu, dsum, sh);
             if (ok && tx == 0) {
                 float* st = stats + 3 * ((u64)bh * a.lq + i);
-                st[0] = m[e];
+                st[0] = lt > 0.f ? m[e] : 0.f;
                 st[1] = lt;
                 st[2] = dsum;
             }
@@ -533,12 +551,15 @@ __device__ void attn_bdq_body(const AttnDims& a, u32 ldq, u32 ldv, float sl2, fl
         float s[4][4] = {}, dp[4][4] = {};
         tile_dot(s, Qs, ldq, Ks, ldq, dpad);
         tile_dot(dp, Gs, ldv, Vs, ldv, dvpad);
+        bool km[4];  // this thread's keys j0 + tx + 16 f that are padding
+#pragma unroll
+        for (int f = 0; f < 4; ++f) km[f] = j0 + tx + 16 * f < a.lk && key_masked(a, bi, j0 + tx + 16 * f);
 #pragma unroll
         for (int e = 0; e < 4; ++e)
 #pragma unroll
             for (int f = 0; f < 4; ++f) {
                 const i64 j = j0 + tx + 16 * f;
-                const float p = j <= lim[e] ? exp2f(s[e][f] * sl2 - mx[e]) * il[e] : 0.f;
+                const float p = j <= lim[e] && !km[f] ? exp2f(s[e][f] * sl2 - mx[e]) * il[e] : 0.f;
                 s[e][f] = p * (dp[e][f] - dd[e]) * scale;
             }
         __syncthreads();  // every product is computed: V's space takes dS
@@ -583,6 +604,9 @@ __device__ void attn_bdkv_body(const AttnDims& a, u32 ldq, u32 ldv, float sl2, f
         const i64 f = (i64)j0 + a.lq - a.lk;
         first = f > 0 ? f : 0;
     }
+    bool km[4];  // this thread's keys j0 + ty + 16 e that are padding (no query sees them)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) km[e] = j0 + ty + 16 * e < a.lk && key_masked(a, bi, j0 + ty + 16 * e);
     float ak[4][DC][4], av[4][DVC][4];
     zero_acc(ak);
     zero_acc(av);
@@ -615,7 +639,7 @@ __device__ void attn_bdkv_body(const AttnDims& a, u32 ldq, u32 ldv, float sl2, f
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
                     const i64 j = (i64)j0 + ty + 16 * e;
-                    const float p = j <= lim ? exp2f(s[e][f] * sl2 - smax) * sinv : 0.f;
+                    const float p = j <= lim && !km[e] ? exp2f(s[e][f] * sl2 - smax) * sinv : 0.f;
                     Pt[(ty + 16 * e) * AT_PS + r] = p;
                     Dt[(ty + 16 * e) * AT_PS + r] = p * (dp[e][f] - dd) * scale;
                 }
@@ -774,6 +798,14 @@ __device__ void attn_mma_body(const AttnDims& a, float sl2, const T* __restrict_
         }
 
         const i64 j0 = t * AT_BN;
+        bool km[8][2];  // this thread's keys j0 + 8 nt + 2 tq + c that are padding
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+            for (int c = 0; c < 2; ++c) {
+                const i64 j = j0 + nt * 8 + tq * 2 + c;
+                km[nt][c] = j < a.lk && key_masked(a, bi, j);
+            }
 #pragma unroll
         for (int rr = 0; rr < 2; ++rr) {
             float mx = neg_inf<float>();
@@ -783,7 +815,7 @@ __device__ void attn_mma_body(const AttnDims& a, float sl2, const T* __restrict_
                 for (int c = 0; c < 2; ++c) {
                     const i64 j = j0 + nt * 8 + tq * 2 + c;
                     float& x = s[nt][rr * 2 + c];
-                    x = j <= lim[rr] ? x * sl2 : neg_inf<float>();
+                    x = j <= lim[rr] && !km[nt][c] ? x * sl2 : neg_inf<float>();
                     mx = fmaxf(mx, x);
                 }
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
@@ -831,7 +863,7 @@ __device__ void attn_mma_body(const AttnDims& a, float sl2, const T* __restrict_
         lt += __shfl_xor_sync(0xffffffffu, lt, 2);
         const u32 i = row0 + rr * 8;
         if (i >= a.lq) continue;
-        const float inv = lim[rr] < 0 ? nan_of<float>() : 1.f / lt;
+        const float inv = lt > 0.f ? 1.f / lt : nan_of<float>();  // no visible unmasked key
         T* orw = o + ((u64)bh * a.lq + i) * a.dv;
 #pragma unroll
         for (int dt = 0; dt < DT; ++dt)

@@ -14,6 +14,12 @@
 //!   use warp-per-row kernels (statistics by a warp per query).
 //!
 //! Every kernel reads its inputs through their strides: views are never copied.
+//!
+//! The key-padding mask (bool [b, lk], true = padding; `Op::Attention`'s `key_mask`) reaches
+//! every kernel family through `Dims` (a device pointer, null without a mask, and its
+//! strides): each skips masked keys where it applies the causal limit, so masked calls take
+//! the same kernels as unmasked ones (the tensor-core forward included). A query with no
+//! visible unmasked key gets a NaN row forward and zero dq (nothing added to dk, dv) backward.
 
 use crate::device::CudaBackend;
 use crate::kernels::{suffix, Args, Cfg, KernelSource};
@@ -43,6 +49,9 @@ struct Dims {
     sk: [i64; 4],
     sv: [i64; 4],
     sg: [i64; 4],
+    /// Key-padding mask: device address of bool [b, lk] (0 = none) and its strides.
+    mask: u64,
+    sm: [i64; 2],
 }
 
 /// Warps (rows) per block of the row kernels.
@@ -65,6 +74,7 @@ fn dims(
     op: &'static str,
     (q, k, v): (&Tensor, &Tensor, &Tensor),
     g: Option<&Tensor>,
+    mask: Option<(&Tensor, u64)>,
     causal: bool,
 ) -> Result<Dims> {
     let bad = || {
@@ -100,6 +110,20 @@ fn dims(
             ));
         }
     }
+    if let Some((m, _)) = mask {
+        if m.dtype() != DType::Bool || m.dims() != [qd[0], kd[2]] {
+            return Err(Error::shape(
+                op,
+                format!(
+                    "key mask must be bool [{}, {}], got {} {}",
+                    qd[0],
+                    kd[2],
+                    m.dtype(),
+                    m.shape()
+                ),
+            ));
+        }
+    }
     let small = |x: usize| {
         u32::try_from(x).map_err(|_| {
             Error::backend(
@@ -121,6 +145,11 @@ fn dims(
         sk: strides(k),
         sv: strides(v),
         sg: g.map_or([0; 4], strides),
+        mask: mask.map_or(0, |(_, p)| p),
+        sm: mask.map_or([0; 2], |(m, _)| {
+            let s = m.layout().strides();
+            [s[0] as i64, s[1] as i64]
+        }),
     })
 }
 
@@ -187,12 +216,17 @@ pub(crate) fn attention(
     q: &Tensor,
     k: &Tensor,
     v: &Tensor,
+    mask: Option<&Tensor>,
     causal: bool,
     scale: f64,
 ) -> Result<Vec<Arc<dyn Storage>>> {
     let op = "attention";
     let dt = float_dtype(op, &[q, k, v])?;
-    let a = dims(op, (q, k, v), None, causal)?;
+    let mask = match mask {
+        Some(m) => Some((m, CudaBackend::ptr(m, dev.input(m, op)?))),
+        None => None,
+    };
+    let a = dims(op, (q, k, v), None, mask, causal)?;
     let (sq, sk, sv) = (dev.input(q, op)?, dev.input(k, op)?, dev.input(v, op)?);
     let (b, hq, hkv, lq, d, dv) = (
         a.b as usize,
@@ -266,16 +300,18 @@ pub(crate) fn attention(
 
 pub(crate) fn attention_backward(
     dev: &CudaBackend,
-    q: &Tensor,
-    k: &Tensor,
-    v: &Tensor,
-    g: &Tensor,
+    [q, k, v, g]: [&Tensor; 4],
+    mask: Option<&Tensor>,
     causal: bool,
     scale: f64,
 ) -> Result<Vec<Arc<dyn Storage>>> {
     let op = "attention_backward";
     let dt = float_dtype(op, &[q, k, v, g])?;
-    let a = dims(op, (q, k, v), Some(g), causal)?;
+    let mask = match mask {
+        Some(m) => Some((m, CudaBackend::ptr(m, dev.input(m, op)?))),
+        None => None,
+    };
+    let a = dims(op, (q, k, v), Some(g), mask, causal)?;
     let (sq, sk, sv, sg) = (
         dev.input(q, op)?,
         dev.input(k, op)?,

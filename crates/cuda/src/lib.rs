@@ -291,9 +291,19 @@ impl Backend for Handle {
             Op::Rope { interleaved } => {
                 norm::rope(dev, input(0)?, input(1)?, input(2)?, *interleaved)
             }
-            Op::Attention { causal, scale } => {
-                attention::attention(dev, input(0)?, input(1)?, input(2)?, *causal, *scale)
-            }
+            Op::Attention {
+                causal,
+                scale,
+                key_mask,
+            } => attention::attention(
+                dev,
+                input(0)?,
+                input(1)?,
+                input(2)?,
+                key_mask.then(|| input(3)).transpose()?,
+                *causal,
+                *scale,
+            ),
             Op::SoftmaxBackward { log } => norm::softmax_backward(dev, input(0)?, input(1)?, *log),
             Op::RmsNormBackward { eps } => {
                 norm::rms_norm_backward(dev, input(0)?, input(1)?, input(2)?, *eps)
@@ -301,12 +311,19 @@ impl Backend for Handle {
             Op::LayerNormBackward { eps } => {
                 norm::layer_norm_backward(dev, input(0)?, input(1)?, input(2)?, *eps)
             }
-            Op::AttentionBackward { causal, scale } => attention::attention_backward(
+            Op::AttentionBackward {
+                causal,
+                scale,
+                key_mask,
+            } => attention::attention_backward(
                 dev,
-                input(0)?,
-                input(1)?,
-                input(2)?,
-                input(3)?,
+                [
+                    input(0)?,
+                    input(1)?,
+                    input(2)?,
+                    input(if *key_mask { 4 } else { 3 })?,
+                ],
+                key_mask.then(|| input(3)).transpose()?,
                 *causal,
                 *scale,
             ),

@@ -36,6 +36,10 @@ fn gpu_tests() -> Vec<(&'static str, TestFn)> {
         ),
         ("matmul_large_and_views_match_cpu", matmul_large),
         ("gradients_match_cpu", gradients_match_cpu),
+        (
+            "attention_key_mask_every_kernel_family_matches_cpu",
+            attention_masked,
+        ),
         ("autodiff_memory_returns_to_baseline", autodiff_memory),
         ("mlp_and_attention_block_match_pytorch", torch_reference),
         ("sgd_trains_an_mlp_to_a_100x_lower_loss", sgd_trains),
@@ -861,4 +865,162 @@ fn op_cases_im2col(d: &CudaDevice) {
     d.set_conv_impl(ConvImpl::Auto);
     println!("  {checked} op cases match with conv on im2col");
     assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// Attention with a key-padding mask, forward and backward (`Tensor::attention_backward`), on
+/// CUDA against the CPU with the same inputs, for shapes that reach each kernel family: the
+/// tensor-core forward (f16/bf16, d == dv in {64, 96, 128}, contiguous), the tiled CUDA-core
+/// forward and backward (f32/f16/bf16, heads <= 256 forward, <= 128 backward), and the row
+/// kernels (f64, wider heads); with grouped-query heads, causal + mask, a transposed mask view,
+/// and a batch row whose every key is padding (NaN rows forward, zero gradients backward, in
+/// the same places as the CPU).
+fn attention_masked(d: &CudaDevice) {
+    let dev = d.device();
+    let cpu = ferrite_cpu::cpu();
+    // (dtype, q, k, v, causal, last batch row fully masked)
+    type Case = (DType, [usize; 4], [usize; 4], [usize; 4], bool, bool);
+    let mut cases: Vec<Case> = Vec::new();
+    for dt in [DType::F16, DType::BF16] {
+        for hd in [64, 96, 128] {
+            cases.push((
+                dt,
+                [2, 4, 70, hd],
+                [2, 2, 130, hd],
+                [2, 2, 130, hd],
+                true,
+                false,
+            ));
+            cases.push((
+                dt,
+                [3, 2, 65, hd],
+                [3, 1, 65, hd],
+                [3, 1, 65, hd],
+                false,
+                true,
+            ));
+        }
+    }
+    for dt in [DType::F32, DType::F16, DType::BF16] {
+        cases.push((
+            dt,
+            [2, 6, 67, 40],
+            [2, 2, 131, 40],
+            [2, 2, 131, 24],
+            true,
+            false,
+        ));
+        cases.push((
+            dt,
+            [3, 4, 33, 64],
+            [3, 4, 70, 64],
+            [3, 4, 70, 48],
+            false,
+            true,
+        ));
+        // Forward tiled (<= 256), backward by rows (> 128).
+        cases.push((
+            dt,
+            [2, 2, 20, 160],
+            [2, 1, 45, 160],
+            [2, 1, 45, 160],
+            true,
+            true,
+        ));
+        // Both by rows (> 256).
+        cases.push((
+            dt,
+            [2, 2, 9, 300],
+            [2, 2, 37, 300],
+            [2, 2, 37, 260],
+            false,
+            false,
+        ));
+    }
+    cases.push((
+        DType::F64,
+        [2, 6, 33, 16],
+        [2, 3, 40, 16],
+        [2, 3, 40, 8],
+        true,
+        true,
+    ));
+    cases.push((
+        DType::F64,
+        [3, 2, 5, 8],
+        [3, 2, 70, 8],
+        [3, 2, 70, 8],
+        false,
+        false,
+    ));
+    for (n, &(dt, qs, ks, vs, causal, full)) in cases.iter().enumerate() {
+        let (b, lk) = (qs[0], ks[2]);
+        // Padding: every third key from key 1 in every row but the last; the last row either
+        // fully masked or padded from lk / 2 on. Built transposed ([lk, b] storage).
+        let mut mt = vec![false; lk * b];
+        for j in 0..lk {
+            for r in 0..b {
+                mt[j * b + r] = if r + 1 == b {
+                    full || j >= lk / 2
+                } else {
+                    j % 3 == 1
+                };
+            }
+        }
+        let seed = 100 * n as u64;
+        let make = |device: &ferrite_core::Device| {
+            let r = |shape: [usize; 4], s: u64| {
+                Tensor::rand_uniform(shape, -1.0, 1.0, seed + s, DType::F32, &cpu)
+                    .and_then(|t| t.cast(dt))
+                    .and_then(|t| t.to_device(device))
+                    .unwrap()
+            };
+            let m = Tensor::from_vec(mt.clone(), [lk, b], &cpu)
+                .and_then(|t| t.to_device(device))
+                .and_then(|t| t.t())
+                .unwrap();
+            let go = [qs[0], qs[1], qs[2], vs[3]];
+            (r(qs, 1), r(ks, 2), r(vs, 3), m, r(go, 4))
+        };
+        let run = |device: &ferrite_core::Device| -> Vec<Vec<f64>> {
+            let (q, k, v, m, g) = make(device);
+            let o = Tensor::attention_masked(&q, &k, &v, Some(&m), causal, None).unwrap();
+            let scale = 1.0 / (qs[3] as f64).sqrt();
+            let (dq, dk, dv) =
+                Tensor::attention_backward(&q, &k, &v, Some(&m), &g, causal, scale).unwrap();
+            [o, dq, dk, dv]
+                .iter()
+                .map(|t| t.to_vec_f64().unwrap())
+                .collect()
+        };
+        let (got, want) = (run(&dev), run(&cpu));
+        let tol = match dt {
+            DType::F64 => 1e-10,
+            DType::F32 => 1e-4,
+            DType::F16 => 1e-2,
+            _ => 5e-2,
+        };
+        for (k, name) in ["out", "dq", "dk", "dv"].iter().enumerate() {
+            let scale = want[k]
+                .iter()
+                .filter(|x| x.is_finite())
+                .fold(0f64, |a, v| a.max(v.abs()))
+                .max(1e-6);
+            for (i, (g, w)) in got[k].iter().zip(&want[k]).enumerate() {
+                assert_eq!(
+                    g.is_nan(),
+                    w.is_nan(),
+                    "{dt} {qs:?} {ks:?} causal {causal}: {name}[{i}] {g} on CUDA, {w} on the CPU"
+                );
+                assert!(
+                    w.is_nan() || (g - w).abs() <= tol * scale,
+                    "{dt} {qs:?} {ks:?} causal {causal}: {name}[{i}] {g} on CUDA, {w} on the CPU"
+                );
+            }
+            if full && k == 0 {
+                let per = want[0].len() / b;
+                assert!(want[0][per * (b - 1)..].iter().all(|x| x.is_nan()));
+            }
+        }
+    }
+    println!("  {} masked attention cases match the CPU", cases.len());
 }

@@ -39,6 +39,10 @@ fn tests() -> Vec<(&'static str, TestFn)> {
         ),
         ("nn_init_and_dropout_match_cpu", init_dropout_match_cpu),
         (
+            "nn_masked_mha_bf16_autocast_matches_cpu",
+            masked_mha_bf16_matches_cpu,
+        ),
+        (
             "nn_resnet18_and_encoder_match_pytorch_f64_f32",
             models_match_pytorch,
         ),
@@ -362,4 +366,64 @@ fn models_match_pytorch_im2col(d: &CudaDevice) {
     let (checked, failures) = r;
     println!("  {checked} tensors match PyTorch (f32, im2col)");
     assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// Causal self-attention with a key-padding mask under bf16 autocast (head size 64: the fused
+/// op's tensor-core forward and tiled backward on CUDA), output and the gradients of the input
+/// and every parameter against the same module on the CPU.
+fn masked_mha_bf16_matches_cpu(d: &CudaDevice) {
+    use ferrite_nn::MultiheadAttention;
+    let (cuda, cpu) = (d.device(), ferrite_cpu::cpu());
+    let (b, l, e) = (3usize, 100usize, 256usize);
+    let mut mha = MultiheadAttention::new(e, 4, true, true, DType::F32, &cpu).unwrap();
+    let x = Tensor::rand_uniform([b, l, e], -1.0, 1.0, 11, DType::F32, &cpu).unwrap();
+    let r = Tensor::rand_uniform([b, l, e], -1.0, 1.0, 12, DType::F32, &cpu).unwrap();
+    // Sequence 0 unpadded, 1 padded from position 60 on, 2 every fourth position.
+    let pad: Vec<bool> = (0..b * l)
+        .map(|i| {
+            let (s, j) = (i / l, i % l);
+            (s == 1 && j >= 60) || (s == 2 && j % 4 == 3)
+        })
+        .collect();
+    let mask = Tensor::from_vec(pad, [b, l], &cpu).unwrap();
+    let run = |mha: &MultiheadAttention, dev: &Device| -> Vec<(String, Vec<f64>)> {
+        let xv = Var::new(&x.to_device(dev).unwrap()).unwrap();
+        let (m, r) = (mask.to_device(dev).unwrap(), r.to_device(dev).unwrap());
+        let xt = xv.tensor();
+        let y = ferrite_core::autocast(DType::BF16, || mha.attend(xt, xt, xt, Some(&m), true))
+            .unwrap()
+            .unwrap();
+        mha.zero_grad();
+        backward(&y.mul(&r).unwrap().sum_all().unwrap()).unwrap();
+        let mut out = vec![
+            ("y".to_string(), y.to_vec_f64().unwrap()),
+            (
+                "x.grad".to_string(),
+                xv.grad().unwrap().to_vec_f64().unwrap(),
+            ),
+        ];
+        for (n, g) in mha.named_grads() {
+            out.push((n, g.to_vec_f64().unwrap()));
+        }
+        out
+    };
+    let want = run(&mha, &cpu);
+    mha.to_device(&cuda).unwrap();
+    let got = run(&mha, &cuda);
+    assert_eq!(got.len(), want.len());
+    for ((name, g), (_, w)) in got.iter().zip(&want) {
+        let scale = w.iter().fold(0f64, |a, v| a.max(v.abs())).max(1e-6);
+        let worst = g
+            .iter()
+            .zip(w)
+            .map(|(a, b)| (a - b).abs() / scale)
+            .fold(
+                0f64,
+                |a, v| if v.is_nan() { f64::INFINITY } else { a.max(v) },
+            );
+        assert!(
+            worst < 3e-2,
+            "{name}: CUDA vs CPU (bf16) differ by {worst} of its max"
+        );
+    }
 }

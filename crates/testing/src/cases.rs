@@ -908,6 +908,88 @@ fn fused_cases(b: &mut B) {
                 move |x| vec![r::attention(&x[0], &x[1], &x[2], causal, scale)],
             );
         }
+        // With a key-padding mask [b, lk]: grouped-query heads, causal + mask, K/V views and
+        // contiguous 64-wide heads (CUDA's tensor-core forward for f16/bf16), more than one
+        // 64-key tile, a narrowed mask view, and (forward only: NaN rows have no gradient to
+        // check by differences) a batch row whose every key is masked.
+        let masked: [(AttentionShapes, View, View, bool); 6] = [
+            (
+                ([2, 6, 5, 8], [2, 2, 7, 8], [2, 2, 7, 6], true),
+                View::Narrowed,
+                View::Contiguous,
+                false,
+            ),
+            (
+                ([2, 4, 31, 33], [2, 4, 33, 33], [2, 4, 33, 33], false),
+                View::Transposed,
+                View::Narrowed,
+                false,
+            ),
+            (
+                ([2, 4, 70, 64], [2, 2, 70, 64], [2, 2, 70, 64], true),
+                View::Contiguous,
+                View::Contiguous,
+                false,
+            ),
+            (
+                ([2, 2, 3, 64], [2, 2, 67, 64], [2, 2, 67, 64], false),
+                View::Contiguous,
+                View::Contiguous,
+                true,
+            ),
+            (
+                ([3, 2, 4, 8], [3, 1, 6, 8], [3, 1, 6, 8], true),
+                View::Narrowed,
+                View::Narrowed,
+                true,
+            ),
+            (
+                ([1, 1, 1, 1], [1, 1, 1, 1], [1, 1, 1, 1], false),
+                View::Contiguous,
+                View::Contiguous,
+                false,
+            ),
+        ];
+        for ((qs, ks, vs, causal), kv_view, mask_view, full) in masked {
+            let scale = 1.0 / (qs[3] as f64).sqrt();
+            b.add(
+                if causal {
+                    "attention_causal_masked"
+                } else {
+                    "attention_masked"
+                },
+                dt,
+                vec![
+                    inp(&qs, dt, u(-1.0, 1.0), View::Contiguous),
+                    inp(&ks, dt, u(-1.0, 1.0), kv_view),
+                    inp(&vs, dt, u(-1.0, 1.0), kv_view),
+                    inp(
+                        &[qs[0], ks[2]],
+                        DType::Bool,
+                        Values::PaddingMask(full),
+                        mask_view,
+                    ),
+                ],
+                vec![scaled(default_tol(dt), 4.0)],
+                !full,
+                move |x| {
+                    let m = Some(&x[3]);
+                    Ok(vec![Tensor::attention_masked(
+                        &x[0], &x[1], &x[2], m, causal, None,
+                    )?])
+                },
+                move |x| {
+                    vec![r::attention_masked(
+                        &x[0],
+                        &x[1],
+                        &x[2],
+                        Some(&x[3]),
+                        causal,
+                        scale,
+                    )]
+                },
+            );
+        }
     }
 }
 

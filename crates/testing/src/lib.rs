@@ -48,6 +48,10 @@ pub enum Values {
     Ints(i64, i64),
     /// Random booleans.
     Bools,
+    /// A key-padding mask (bool, last dim = keys): random, except that key 0 of every row is
+    /// false (every query keeps a key); with `true` the last row is all true (its queries see
+    /// no key). Contiguous or narrowed views only.
+    PaddingMask(bool),
 }
 
 /// How an input is laid out in memory.
@@ -144,9 +148,25 @@ fn draw(values: Values, n: usize, rng: &mut SplitMix) -> Vec<f64> {
                 }
             }
             Values::Ints(lo, hi) => (lo + (rng.next_u64() % (hi - lo) as u64) as i64) as f64,
-            Values::Bools => (rng.next_u64() & 1) as f64,
+            Values::Bools | Values::PaddingMask(_) => (rng.next_u64() & 1) as f64,
         })
         .collect()
+}
+
+/// Applies `Values::PaddingMask`'s rules to drawn values stored as `store_shape` (the logical
+/// last dim `keys` at column offset `off` of each stored row).
+fn padding_mask(vals: &mut [f64], store_shape: &[usize], keys: usize, off: usize, full: bool) {
+    let w = store_shape.last().copied().unwrap_or(0);
+    if w == 0 || keys == 0 {
+        return;
+    }
+    let rows = vals.len() / w;
+    for r in 0..rows {
+        vals[r * w + off] = 0.0;
+    }
+    if full && rows > 0 {
+        vals[(rows - 1) * w + off..(rows - 1) * w + off + keys].fill(1.0);
+    }
 }
 
 /// Builds one input on `device` with the requested view, and its exact f64 values (after
@@ -168,7 +188,12 @@ pub fn make_input(input: &Input, device: &Device, rng: &mut SplitMix) -> Result<
         _ => (shape.clone(), View::Contiguous),
     };
     let n: usize = store_shape.iter().product();
-    let vals = draw(input.values, n, rng);
+    let mut vals = draw(input.values, n, rng);
+    if let Values::PaddingMask(full) = input.values {
+        let keys = shape.last().copied().unwrap_or(0);
+        let off = (view == View::Narrowed) as usize;
+        padding_mask(&mut vals, &store_shape, keys, off, full);
+    }
     let t = Tensor::from_host(
         HostBuffer::from_f64_slice(input.dtype, &vals),
         store_shape,

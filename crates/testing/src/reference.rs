@@ -366,6 +366,19 @@ pub fn rope(x: &Ref, cos: &Ref, sin: &Ref, interleaved: bool) -> Ref {
 }
 
 pub fn attention(q: &Ref, k: &Ref, v: &Ref, causal: bool, scale: f64) -> Ref {
+    attention_masked(q, k, v, None, causal, scale)
+}
+
+/// Attention with an optional key-padding mask [b, lk] (nonzero = padding): masked keys are
+/// left out of the softmax; a query that sees no key gets a NaN row.
+pub fn attention_masked(
+    q: &Ref,
+    k: &Ref,
+    v: &Ref,
+    mask: Option<&Ref>,
+    causal: bool,
+    scale: f64,
+) -> Ref {
     let (b, hq, lq, d) = (q.shape[0], q.shape[1], q.shape[2], q.shape[3]);
     let (hkv, lk, dv) = (k.shape[1], k.shape[2], v.shape[3]);
     let mut out = vec![0.0; b * hq * lq * dv];
@@ -374,10 +387,15 @@ pub fn attention(q: &Ref, k: &Ref, v: &Ref, causal: bool, scale: f64) -> Ref {
             let kh = h / (hq / hkv);
             for i in 0..lq {
                 let mut s: Vec<f64> = Vec::new();
+                let mut keys: Vec<usize> = Vec::new();
                 for j in 0..lk {
                     if causal && j + lq > i + lk {
                         continue;
                     }
+                    if mask.is_some_and(|m| m.data[bi * lk + j] != 0.0) {
+                        continue;
+                    }
+                    keys.push(j);
                     let dot: f64 = (0..d)
                         .map(|t| {
                             q.data[((bi * hq + h) * lq + i) * d + t]
@@ -388,11 +406,14 @@ pub fn attention(q: &Ref, k: &Ref, v: &Ref, causal: bool, scale: f64) -> Ref {
                 }
                 let p = softmax(&s);
                 for t in 0..dv {
-                    out[((bi * hq + h) * lq + i) * dv + t] = p
-                        .iter()
-                        .enumerate()
-                        .map(|(j, pj)| pj * v.data[((bi * hkv + kh) * lk + j) * dv + t])
-                        .sum();
+                    out[((bi * hq + h) * lq + i) * dv + t] = match keys.is_empty() {
+                        true => f64::NAN,
+                        false => p
+                            .iter()
+                            .zip(&keys)
+                            .map(|(pj, &j)| pj * v.data[((bi * hkv + kh) * lk + j) * dv + t])
+                            .sum(),
+                    };
                 }
             }
         }

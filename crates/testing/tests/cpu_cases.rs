@@ -98,6 +98,8 @@ fn case_list_covers_every_op_kind() {
         "rope_interleaved/",
         "rope_halves/",
         "attention_causal/",
+        "attention_masked/",
+        "attention_causal_masked/",
         "conv2d/",
         "conv2d_strided/",
         "conv2d_groups/",

@@ -1,6 +1,8 @@
 //! Attention and its backward (`attention.wgsl`): a workgroup per query row with the row's
 //! probabilities in a scratch buffer; the key / value gradients sum over each kv head's query
-//! rows (grouped-query attention included).
+//! rows (grouped-query attention included). With a key-padding mask (`Op::Attention`'s
+//! `key_mask`) the row kernels are compiled with `AM` and read it per key (probability 0 for
+//! padding); the key-gradient kernel needs no mask (it reads the zero probabilities).
 
 use crate::device::WgpuBackend;
 use crate::shader::{self, kernel, Kernel, Variant};
@@ -16,7 +18,7 @@ pub(crate) static ATTENTION: Kernel = kernel!(
         "attention_backward_keys"
     ],
     &[("T", shader::FLOATS)],
-    &[&["AF"], &["AB"], &["AK"]]
+    &[&["AF"], &["AF", "AM"], &["AB"], &["AB", "AM"], &["AK"]]
 );
 
 /// [rows, hq, hkv, lq, lk, d, dv, causal, scale] for q, k, v.
@@ -60,6 +62,7 @@ pub(crate) fn attention(
     q: &Tensor,
     k: &Tensor,
     v: &Tensor,
+    mask: Option<&Tensor>,
     causal: bool,
     scale: f64,
 ) -> Result<Vec<Arc<dyn Storage>>> {
@@ -75,8 +78,15 @@ pub(crate) fn attention(
         contig(dev, k, name)?,
         contig(dev, v, name)?,
     );
+    let mc = mask.map(|m| contig(dev, m, name)).transpose()?;
     p.extend([qc.offset(), kc.offset(), vc.offset(), 0]);
-    let var = Variant::new(&[("T", dt)], &["AF"]);
+    p.push(mc.as_ref().map_or(0, |m| m.offset()));
+    let mut ins = vec![qc.buffer(), kc.buffer(), vc.buffer()];
+    ins.extend(mc.as_ref().map(|m| m.buffer()));
+    let var = Variant::new(
+        &[("T", dt)],
+        if mc.is_some() { &["AF", "AM"] } else { &["AF"] },
+    );
     dev.launch(
         name,
         &ATTENTION,
@@ -84,7 +94,7 @@ pub(crate) fn attention(
         &var,
         &p,
         &[&out, &scratch],
-        &[qc.buffer(), kc.buffer(), vc.buffer()],
+        &ins,
         false,
         rows,
     )?;
@@ -94,6 +104,7 @@ pub(crate) fn attention(
 pub(crate) fn attention_backward(
     dev: &WgpuBackend,
     [q, k, v, g]: [&Tensor; 4],
+    mask: Option<&Tensor>,
     causal: bool,
     scale: f64,
 ) -> Result<Vec<Arc<dyn Storage>>> {
@@ -113,8 +124,15 @@ pub(crate) fn attention_backward(
         contig(dev, v, name)?,
         contig(dev, g, name)?,
     );
+    let mc = mask.map(|m| contig(dev, m, name)).transpose()?;
     p.extend([qc.offset(), kc.offset(), vc.offset(), gc.offset()]);
-    let var = Variant::new(&[("T", dt)], &["AB"]);
+    p.push(mc.as_ref().map_or(0, |m| m.offset()));
+    let mut ins = vec![qc.buffer(), kc.buffer(), vc.buffer(), gc.buffer()];
+    ins.extend(mc.as_ref().map(|m| m.buffer()));
+    let var = Variant::new(
+        &[("T", dt)],
+        if mc.is_some() { &["AB", "AM"] } else { &["AB"] },
+    );
     dev.launch(
         name,
         &ATTENTION,
@@ -122,7 +140,7 @@ pub(crate) fn attention_backward(
         &var,
         &p,
         &[&dq, &ps, &ds],
-        &[qc.buffer(), kc.buffer(), vc.buffer(), gc.buffer()],
+        &ins,
         false,
         rows,
     )?;

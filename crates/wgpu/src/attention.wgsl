@@ -3,7 +3,9 @@
 // kernel is the fast path still to come). q [b, hq, lq, d], k [b, hkv, lk, d],
 // v [b, hkv, lk, dv], all contiguous; query head h reads kv head h / (hq / hkv). With causal,
 // query i sees keys j < min(lk, max(i + lk - lq, 0) + 1) (the CPU's rule: at least key 0).
-// P: [rows, hq, hkv, lq, lk, d, dv, causal, scale, q_off, k_off, v_off, g_off].
+// With AM, XM is a key-padding mask [b, lk] (nonzero = padding): masked keys get probability
+// 0; a query left with no key gets a NaN row forward and zero gradients backward.
+// P: [rows, hq, hkv, lq, lk, d, dv, causal, scale, q_off, k_off, v_off, g_off, mask_off].
 
 #if AF
 @group(0) @binding(1) var<storage, read_write> Y0: array<u32>;
@@ -11,6 +13,9 @@
 @group(0) @binding(3) var<storage, read> XQ: array<u32>;
 @group(0) @binding(4) var<storage, read> XK: array<u32>;
 @group(0) @binding(5) var<storage, read> XV: array<u32>;
+#if AM
+@group(0) @binding(6) var<storage, read> XM: array<u32>;
+#endif
 #endif
 #if AB
 @group(0) @binding(1) var<storage, read_write> Y0: array<u32>;
@@ -20,6 +25,9 @@
 @group(0) @binding(5) var<storage, read> XK: array<u32>;
 @group(0) @binding(6) var<storage, read> XV: array<u32>;
 @group(0) @binding(7) var<storage, read> XG: array<u32>;
+#if AM
+@group(0) @binding(8) var<storage, read> XM: array<u32>;
+#endif
 #endif
 #if AK
 @group(0) @binding(1) var<storage, read_write> Y0: array<u32>;
@@ -74,6 +82,18 @@ fn visible(i: u32) -> u32 {
     return min(lk, first + 1u);
 }
 
+// Whether key j is padding for query row `row` (of q's rows).
+#if AM
+fn masked(row: u32, j: u32) -> bool {
+    let b = row / (P[3] * P[1]);
+    return XM[P[13] + b * P[4] + j] != 0u;
+}
+#else
+fn masked(row: u32, j: u32) -> bool {
+    return false;
+}
+#endif
+
 // Word offset of kv row j for query row `row` (of q's rows), from the start of k (width w).
 fn kv_row(row: u32, j: u32, w: u32) -> u32 {
     let lq = P[3];
@@ -98,6 +118,7 @@ fn attention(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id
     let pb = row * lk;
     var m = -3.4028235e38;
     for (var j = t; j < vis; j += WG) {
+        if (masked(row, j)) { continue; }
         let kb = P[10] + kv_row(row, j, d);
         var s = 0.0;
         for (var c = 0u; c < d; c++) { s += ld(XQ[qb + c]) * ld(XK[kb + c]); }
@@ -108,18 +129,21 @@ fn attention(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id
     m = wg_max(m, t);
     var sum = 0.0;
     for (var j = t; j < vis; j += WG) {
-        let e = exp(PS[pb + j] - m);
+        var e = 0.0;
+        if (!masked(row, j)) { e = exp(PS[pb + j] - m); }
         PS[pb + j] = e;
         sum += e;
     }
     sum = wg_sum(sum, t);
     storageBarrier();
+    // No unmasked key: NaN (built at run time: a constant NaN is a shader-creation error).
+    let nan = bitcast<f32>(0x7fc00000u + min(P[0], 0u));
     for (var c = t; c < dv; c += WG) {
         var acc = 0.0;
         for (var j = 0u; j < vis; j++) {
             acc += PS[pb + j] * ld(XV[P[11] + kv_row(row, j, dv) + c]);
         }
-        Y0[row * dv + c] = st(acc / sum);
+        Y0[row * dv + c] = st(select(nan, acc / sum, sum > 0.0));
     }
 }
 #endif
@@ -142,7 +166,7 @@ fn attention_backward_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local
     var m = -3.4028235e38;
     for (var j = t; j < lk; j += WG) {
         var s = -3.4028235e38;
-        if (j < vis) {
+        if (j < vis && !masked(row, j)) {
             let kb = P[10] + kv_row(row, j, d);
             s = 0.0;
             for (var c = 0u; c < d; c++) { s += ld(XQ[qb + c]) * ld(XK[kb + c]); }
@@ -155,14 +179,15 @@ fn attention_backward_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local
     var sum = 0.0;
     for (var j = t; j < lk; j += WG) {
         var e = 0.0;
-        if (j < vis) { e = exp(PS[pb + j] - m); }
+        if (j < vis && !masked(row, j)) { e = exp(PS[pb + j] - m); }
         PS[pb + j] = e;
         sum += e;
     }
     sum = wg_sum(sum, t);
     var pdp = 0.0;
     for (var j = t; j < lk; j += WG) {
-        let p = PS[pb + j] / sum;
+        // A query with no unmasked key has p = 0 everywhere: no gradient.
+        let p = select(0.0, PS[pb + j] / sum, sum > 0.0);
         PS[pb + j] = p;
         var dp = 0.0;
         if (j < vis) {

@@ -448,12 +448,32 @@ impl Backend for Handle {
                 *ignore_index,
                 *label_smoothing,
             ),
-            Op::Attention { causal, scale } => {
-                attention::attention(dev, input(0)?, input(1)?, input(2)?, *causal, *scale)
-            }
-            Op::AttentionBackward { causal, scale } => attention::attention_backward(
+            Op::Attention {
+                causal,
+                scale,
+                key_mask,
+            } => attention::attention(
                 dev,
-                [input(0)?, input(1)?, input(2)?, input(3)?],
+                input(0)?,
+                input(1)?,
+                input(2)?,
+                key_mask.then(|| input(3)).transpose()?,
+                *causal,
+                *scale,
+            ),
+            Op::AttentionBackward {
+                causal,
+                scale,
+                key_mask,
+            } => attention::attention_backward(
+                dev,
+                [
+                    input(0)?,
+                    input(1)?,
+                    input(2)?,
+                    input(if *key_mask { 4 } else { 3 })?,
+                ],
+                key_mask.then(|| input(3)).transpose()?,
                 *causal,
                 *scale,
             ),

@@ -1,9 +1,9 @@
 //! `MultiheadAttention` and `TransformerEncoderLayer` as in PyTorch (packed `in_proj_weight`
-//! `[3E, E]`, `out_proj` a Linear; `need_weights=False` semantics). Without a key-padding
-//! mask, attention runs through the fused `attention` op (causal masking included); with one,
-//! through its composition (scores, additive -inf mask, softmax, product), since the fused op
-//! takes no mask input yet. There is no attention-weight dropout (PyTorch's default p = 0;
-//! the fused op has none).
+//! `[3E, E]`, `out_proj` a Linear; `need_weights=False` semantics). Attention runs through the
+//! fused `attention` op, causal and key-padding masks included (`Tensor::attention_masked`):
+//! no [B, h, L, S] score tensor is materialized. A query whose every visible key is padding
+//! gets NaN outputs (see `Op::Attention`). There is no attention-weight dropout (PyTorch's
+//! default p = 0; the fused op has none).
 
 use crate::layers::activation::{gelu, relu};
 use crate::module::{forward_child, in_child};
@@ -118,47 +118,26 @@ impl MultiheadAttention {
             y.reshape([len, b, h, d])?.permute(&[1, 2, 0, 3])
         };
         let (qh, kh, vh) = (project(&q, 0)?, project(&k, 1)?, project(&v, 2)?);
-        let scale = 1.0 / (d as f64).sqrt();
-        let o = match key_padding_mask {
-            None => Tensor::attention(
-                &qh.contiguous()?,
-                &kh.contiguous()?,
-                &vh.contiguous()?,
-                causal,
-                Some(scale),
-            )?,
-            Some(mask) => {
-                if mask.dims() != [b, s] || mask.dtype() != DType::Bool {
-                    return Err(Error::module(
-                        "MultiheadAttention",
-                        format!(
-                            "key_padding_mask must be bool [{b}, {s}], got {} {}",
-                            mask.dtype(),
-                            mask.shape()
-                        ),
-                    ));
-                }
-                let mut scores = qh.matmul(&kh.transpose(2, 3)?)?.mul_scalar(scale)?;
-                let ninf = scores.scalar_like(f64::NEG_INFINITY)?;
-                let mut masked = mask.reshape([b, 1, 1, s])?;
-                if causal {
-                    let dev = q.device();
-                    let i = Tensor::arange(0.0, l as f64, 1.0, DType::I64, dev)?.reshape([l, 1])?;
-                    let j = Tensor::arange(0.0, s as f64, 1.0, DType::I64, dev)?.reshape([1, s])?;
-                    let future = j
-                        .gt(&i.add_scalar(s as f64 - l as f64)?)?
-                        .reshape([1, 1, l, s])?;
-                    let (a, c) = Tensor::broadcast_pair(
-                        "attention",
-                        &masked.cast(DType::U8)?,
-                        &future.cast(DType::U8)?,
-                    )?;
-                    masked = a.maximum(&c)?.cast(DType::Bool)?;
-                }
-                scores = Tensor::where_cond(&masked, &ninf, &scores)?;
-                scores.softmax(-1)?.matmul(&vh)?
+        if let Some(mask) = key_padding_mask {
+            if mask.dims() != [b, s] || mask.dtype() != DType::Bool {
+                return Err(Error::module(
+                    "MultiheadAttention",
+                    format!(
+                        "key_padding_mask must be bool [{b}, {s}], got {} {}",
+                        mask.dtype(),
+                        mask.shape()
+                    ),
+                ));
             }
-        };
+        }
+        let o = Tensor::attention_masked(
+            &qh.contiguous()?,
+            &kh.contiguous()?,
+            &vh.contiguous()?,
+            key_padding_mask,
+            causal,
+            Some(1.0 / (d as f64).sqrt()),
+        )?;
         // [B, h, L, d] -> [L, B, E]
         let o = o.permute(&[2, 0, 1, 3])?.reshape([l, b, e])?;
         let y = forward_child("out_proj", &self.out_proj, &o)?;
