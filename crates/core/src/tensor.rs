@@ -923,6 +923,29 @@ impl Tensor {
                 ),
             )
         })?;
+        // A matrix rhs shared by every batch item: one product of [batch·m, k] rows when the
+        // lhs batch dims merge into its rows as a view. The weight gradient is then one
+        // product over all rows, not a product per batch item summed afterwards.
+        if b.rank() == 2 && a.rank() > 2 {
+            let rows = Shape::new([a.elem_count() / k.max(1), k]);
+            if k > 0 && a.elem_count() > 0 && a.layout().reshape(&rows).is_some() {
+                let mut od = a.dims()[..a.rank() - 1].to_vec();
+                od.push(n);
+                let flat = a.reshape(rows)?;
+                let out = flat
+                    .run1(
+                        Op::Matmul,
+                        &[&flat, &b],
+                        Shape::new([flat.dims()[0], n]),
+                        a.dtype(),
+                    )?
+                    .reshape(od)?;
+                return match rhs.rank() {
+                    1 => out.squeeze(-1),
+                    _ => Ok(out),
+                };
+            }
+        }
         let mut ad = batch.dims().to_vec();
         ad.extend([m, k]);
         let mut bd = batch.dims().to_vec();

@@ -467,6 +467,8 @@ fn matmul_cases(b: &mut B) {
         (vec![31, 33], Transposed, vec![33, 45], Transposed),
         (vec![45, 65], Narrowed, vec![65, 1], Contiguous),
         (vec![3, 31, 33], Contiguous, vec![33, 17], Transposed),
+        (vec![3, 31, 33], Transposed, vec![33, 17], Contiguous),
+        (vec![2, 3, 5, 7], Contiguous, vec![7], Contiguous),
         (vec![2, 1, 5, 7], Contiguous, vec![3, 7, 4], Contiguous),
         (vec![33], Contiguous, vec![33, 5], Contiguous),
         (vec![5, 33], Contiguous, vec![33], Contiguous),

@@ -107,17 +107,23 @@ impl MultiheadAttention {
         }
         let w = self.in_proj_weight.tensor();
         let bias = self.in_proj_bias.as_ref().map(|p| p.tensor());
-        // [len, B, E] -> [B, h, len, d]
+        // Projected in the caller's layout ([len, B, E], or [B, len, E] with batch_first, so
+        // that the rows of a contiguous input are one product), then viewed as [B, h, len, d].
         let project = |x: &Tensor, i: usize| -> Result<Tensor> {
             let wi = w.narrow(0, i * e, e)?;
             let mut y = x.matmul(&wi.t()?)?;
             if let Some(bb) = &bias {
                 y = y.add(&bb.narrow(0, i * e, e)?)?;
             }
-            let len = x.dims()[0];
-            y.reshape([len, b, h, d])?.permute(&[1, 2, 0, 3])
+            let (d0, d1) = (x.dims()[0], x.dims()[1]);
+            let order: &[usize] = if self.batch_first {
+                &[0, 2, 1, 3]
+            } else {
+                &[1, 2, 0, 3]
+            };
+            y.reshape([d0, d1, h, d])?.permute(order)
         };
-        let (qh, kh, vh) = (project(&q, 0)?, project(&k, 1)?, project(&v, 2)?);
+        let (qh, kh, vh) = (project(query, 0)?, project(key, 1)?, project(value, 2)?);
         if let Some(mask) = key_padding_mask {
             if mask.dims() != [b, s] || mask.dtype() != DType::Bool {
                 return Err(Error::module(
@@ -130,22 +136,21 @@ impl MultiheadAttention {
                 ));
             }
         }
+        // The attention kernels read q, k, v through their strides.
         let o = Tensor::attention_masked(
-            &qh.contiguous()?,
-            &kh.contiguous()?,
-            &vh.contiguous()?,
+            &qh,
+            &kh,
+            &vh,
             key_padding_mask,
             causal,
             Some(1.0 / (d as f64).sqrt()),
         )?;
-        // [B, h, L, d] -> [L, B, E]
-        let o = o.permute(&[2, 0, 1, 3])?.reshape([l, b, e])?;
-        let y = forward_child("out_proj", &self.out_proj, &o)?;
-        if self.batch_first {
-            y.transpose(0, 1)
-        } else {
-            Ok(y)
-        }
+        // [B, h, L, d] -> [L, B, E] (or [B, L, E])
+        let o = match self.batch_first {
+            true => o.permute(&[0, 2, 1, 3])?.reshape([b, l, e])?,
+            false => o.permute(&[2, 0, 1, 3])?.reshape([l, b, e])?,
+        };
+        forward_child("out_proj", &self.out_proj, &o)
     }
 }
 
