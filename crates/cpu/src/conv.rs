@@ -256,7 +256,7 @@ impl<F: ferrite_core::WithDType> Drop for Scratch<F> {
 /// (contents are unspecified: callers overwrite what they read).
 fn grow<F: ferrite_core::WithDType>(buf: &mut Vec<F>, len: usize) -> &mut [F] {
     if buf.len() < len {
-        let old = std::mem::replace(buf, crate::alloc::full(len, F::default()));
+        let old = std::mem::replace(buf, crate::alloc::scratch(len));
         crate::alloc::give_back(old);
     }
     &mut buf[..len]
