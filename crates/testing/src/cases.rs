@@ -1265,6 +1265,102 @@ fn conv_cases(b: &mut B) {
                 },
             );
         }
+        // The CPU's direct 3x3 path (f32 and 16-bit, stride 1, padding 1, one group, at least 8
+        // channels each side): forward, input gradient (conv_transpose2d of the same geometry)
+        // and weight gradient over odd planes, channel counts around its blocks of 12 and 6
+        // channels, one and many items.
+        let direct: [([usize; 4], usize); 5] = [
+            ([1, 8, 1, 1], 8),
+            ([3, 9, 5, 7], 13),
+            ([2, 13, 3, 17], 8),
+            ([37, 8, 4, 4], 25),
+            ([1, 8, 28, 28], 9),
+        ];
+        for (xs, o) in direct {
+            let [n, c, h, w] = xs;
+            let ws = [o, c, 3, 3];
+            let p = conv_ref([1, 1], [1, 1], [1, 1], 1);
+            let args = ConvArgs {
+                padding: Padding::Zeros([1, 1]),
+                ..ConvArgs::default()
+            };
+            b.add(
+                "conv2d_3x3",
+                dt,
+                vec![
+                    inp(&xs, dt, u(-1.0, 1.0), View::Narrowed),
+                    inp(&ws, dt, u(-1.0, 1.0), View::Contiguous),
+                ],
+                vec![tol],
+                true,
+                move |x| Ok(vec![x[0].conv2d(&x[1], None, &args)?]),
+                move |x| vec![r::conv2d(&x[0], &x[1], &p)],
+            );
+            let targs = ConvTransposeArgs {
+                padding: [1, 1],
+                ..ConvTransposeArgs::default()
+            };
+            b.add(
+                "conv_transpose2d_3x3",
+                dt,
+                vec![
+                    inp(&[n, o, h, w], dt, u(-1.0, 1.0), View::Contiguous),
+                    inp(&ws, dt, u(-1.0, 1.0), View::Contiguous),
+                ],
+                vec![tol],
+                true,
+                move |x| Ok(vec![x[0].conv_transpose2d(&x[1], None, &targs)?]),
+                move |x| vec![r::conv_transpose2d(&x[0], &x[1], &p, [0, 0])],
+            );
+            let params = ferrite_core::Conv2dParams {
+                stride: [1, 1],
+                padding: [1, 1],
+                dilation: [1, 1],
+                groups: 1,
+            };
+            b.add(
+                "conv2d_backward_weight_3x3",
+                dt,
+                vec![
+                    inp(&xs, dt, u(-1.0, 1.0), View::Contiguous),
+                    inp(&[n, o, h, w], dt, u(-1.0, 1.0), View::Narrowed),
+                ],
+                vec![tol],
+                false,
+                move |x| {
+                    Ok(vec![ferrite_core::Tensor::conv2d_backward_weight(
+                        &x[0], &x[1], &params, &ws,
+                    )?])
+                },
+                move |x| {
+                    // dw[o, c, a, b] = Σ gy[n, o, i, j] x[n, c, i + a - 1, j + b - 1].
+                    let (xd, gd) = (&x[0].data, &x[1].data);
+                    let mut dw = vec![0.0; o * c * 9];
+                    for ni in 0..n {
+                        for oc in 0..o {
+                            for ci in 0..c {
+                                for t in 0..9 {
+                                    let (a, bb) = (t / 3, t % 3);
+                                    let mut s = 0.0;
+                                    for i in 0..h {
+                                        for j in 0..w {
+                                            let (y, z) = (i + a, j + bb);
+                                            if y < 1 || z < 1 || y > h || z > w {
+                                                continue;
+                                            }
+                                            s += gd[((ni * o + oc) * h + i) * w + j]
+                                                * xd[((ni * c + ci) * h + y - 1) * w + z - 1];
+                                        }
+                                    }
+                                    dw[(oc * c + ci) * 9 + t] += s;
+                                }
+                            }
+                        }
+                    }
+                    vec![Ref::new(ws.to_vec(), dw)]
+                },
+            );
+        }
     }
 }
 
