@@ -12,8 +12,8 @@
 //! gemm calls. Each thread reuses its scratch buffers across blocks. A 1x1 kernel with stride
 //! 1 and no padding in a one-item block reads x as its own columns.
 //!
-//! f32 3x3 convolutions with stride 1 and padding 1 take a direct AVX-512 path instead
-//! (`direct3x3`) on CPUs that have it.
+//! f32 3x3 convolutions with padding 1 (stride 1; stride 2 but for the input gradient) take
+//! a direct AVX-512 path instead (`direct3x3`) on CPUs that have it.
 
 #[cfg(target_arch = "x86_64")]
 mod direct3x3;
@@ -70,7 +70,9 @@ impl Direct for f64 {
 impl Direct for f32 {
     #[cfg(target_arch = "x86_64")]
     fn direct(g: &Geo, pass: Pass, a: &[f32], b: &[f32]) -> Option<Vec<f32>> {
-        if !direct3x3::applies(g) {
+        if !direct3x3::applies(g, matches!(pass, Pass::InputGrad))
+            || (matches!(pass, Pass::WeightGrad) && !direct3x3::weight_grad_pays(g))
+        {
             return None;
         }
         Some(match pass {

@@ -1,13 +1,15 @@
-//! Direct 3x3 convolutions (stride 1, padding 1, dilation 1, one group) in f32 with AVX-512:
-//! conv2d, its input gradient (conv_transpose2d of the same geometry, which is a conv2d of
-//! the output gradient with the kernel flipped and its channel axes swapped) and its weight
-//! gradient, without im2col's 9x copy or gemm's packing of it.
+//! Direct 3x3 convolutions (padding 1, dilation 1, one group) in f32 with AVX-512: conv2d
+//! with stride 1 or 2, its weight gradient, and its input gradient at stride 1
+//! (conv_transpose2d of the same geometry, which is a conv2d of the output gradient with the
+//! kernel flipped and its channel axes swapped), without im2col's 9x copy or gemm's packing
+//! of it.
 //!
-//! Layout ("padded rows"): an input plane of h x w is copied into a plane of (h + 2) rows of
-//! wp = w + 2 (a zero column each side, a zero row above and below), followed by zeros up to
-//! `plane` elements. Output pixel (i, j) sits at q = i wp + j; tap (ki, kj) reads the padded
-//! plane at q + ki wp + kj, so each tap is a constant shift and 16 consecutive q are one
-//! vector load. Columns j >= w of the q space are junk: computed, never stored.
+//! Layout: each input plane is zero-padded by 1 and, at stride 2, split into its 4 phases
+//! (even/odd rows x even/odd columns of the padded plane), each phase stored as rows of `ws`
+//! (the padded width at stride 1, half of it rounded up at stride 2) and followed by zeros.
+//! Output pixel (i, j) sits at q = i ws + j, and tap (ki, kj) reads its phase plane at
+//! q + (ki / s) ws + kj / s: each tap is a constant shift, so 16 consecutive q are one vector
+//! load. Columns j >= ow of the q space are junk: computed, never stored.
 
 use crate::alloc;
 use rayon::prelude::*;
@@ -20,7 +22,7 @@ const L: usize = 16;
 /// Output pixel vectors x output channels of the forward microkernel (24 accumulators).
 const MV: usize = 2;
 const NO: usize = 12;
-/// Output channels per weight-gradient microkernel call (one input channel, 9 taps).
+/// Output channels per weight-gradient microkernel call (one input channel, one kernel row).
 const NW: usize = 6;
 
 /// `FERRITE_CPU_CONV=im2col` turns this path off (for benchmarking it against im2col + gemm).
@@ -29,24 +31,26 @@ static ENABLED: std::sync::LazyLock<bool> = std::sync::LazyLock::new(|| {
         && std::arch::is_x86_feature_detected!("avx512f")
 });
 
-/// Whether this path takes the convolution `g` (f32 is the caller's check). Fewer than 8
-/// channels on either side (a stem's single input channel, whose input gradient would fill
-/// 1 of 12 rows of a block) stay with im2col + gemm.
-pub(super) fn applies(g: &Geo) -> bool {
+/// Whether this path takes the convolution `g`, for the input gradient when `input_grad`
+/// (f32 is the caller's check). Fewer than 8 channels on either side (a stem's single input
+/// channel, whose input gradient would fill 1 of 12 rows of a block) stay with im2col + gemm.
+pub(super) fn applies(g: &Geo, input_grad: bool) -> bool {
+    let s = g.p.stride[0];
     *ENABLED
         && g.kh == 3
         && g.kw == 3
-        && g.p.stride == [1, 1]
+        && g.p.stride[1] == s
+        && (s == 1 || (s == 2 && !input_grad))
         && g.p.padding == [1, 1]
         && g.p.dilation == [1, 1]
         && g.p.groups == 1
-        && g.oh == g.h
-        && g.ow == g.w
+        && g.h > 0
+        && g.w > 0
+        && g.oh == (g.h - 1) / s + 1
+        && g.ow == (g.w - 1) / s + 1
         && g.n > 0
         && g.c >= 8
         && g.o >= 8
-        && g.h > 0
-        && g.w > 0
 }
 
 /// A pooled scratch buffer, given back to the pool when dropped.
@@ -58,59 +62,90 @@ impl Drop for Scratch {
     }
 }
 
-/// The padded-rows geometry of one h x w plane.
+/// The layout of one channel: an h x w input plane, stride s (1 or 2), output oh x ow.
 #[derive(Clone, Copy)]
 struct Rows {
+    s: usize,
     h: usize,
     w: usize,
-    wp: usize,
-    /// Vectors of q that cover the h wp positions, rounded up to whole microkernel tiles.
+    oh: usize,
+    ow: usize,
+    /// Row length of the q space and of each phase plane (ow + 2 at stride 1, ow + 1 at 2).
+    ws: usize,
+    /// Vectors of q that cover the oh ws positions, rounded up to whole microkernel tiles.
     nv: usize,
-    /// Elements per padded plane: every load of a tile (q < nv L, shifted by up to 2 wp + 2)
-    /// stays inside it.
+    /// Elements per phase plane: its (oh + 3 - s) rows of ws, and every load of a tile
+    /// (q < nv L, shifted by up to (3 - s) (ws + 1)) stays inside it.
+    phase: usize,
+    /// Elements per channel: s² phase planes.
     plane: usize,
 }
 
 impl Rows {
-    fn new(h: usize, w: usize) -> Rows {
-        let wp = w + 2;
-        let nv = (h * wp).div_ceil(L).next_multiple_of(MV);
+    fn new(g: &Geo) -> Rows {
+        let s = g.p.stride[0];
+        let ws = g.ow + 3 - s;
+        let nv = (g.oh * ws).div_ceil(L).next_multiple_of(MV);
+        let phase = nv * L + (3 - s) * (ws + 1);
         Rows {
-            h,
-            w,
-            wp,
+            s,
+            h: g.h,
+            w: g.w,
+            oh: g.oh,
+            ow: g.ow,
+            ws,
             nv,
-            plane: nv * L + 2 * wp + 2,
+            phase,
+            plane: s * s * phase,
         }
     }
 
-    /// The shift of each tap (ki, kj), row-major.
+    /// The shift of each tap (ki, kj), row-major, from the start of a channel.
     fn taps(&self) -> [usize; 9] {
-        std::array::from_fn(|t| (t / 3) * self.wp + t % 3)
+        let s = self.s;
+        std::array::from_fn(|t| {
+            let (ki, kj) = (t / 3, t % 3);
+            ((ki % s) * s + kj % s) * self.phase + (ki / s) * self.ws + kj / s
+        })
     }
 
-    /// Copies the h x w plane `src` into `dst` (`plane` long) in the padded layout.
+    /// Copies the h x w plane `src` into `dst` (`plane` long): padded, split into phases.
     fn pad(&self, src: &[f32], dst: &mut [f32]) {
-        let (w, wp) = (self.w, self.wp);
-        dst[..wp + 1].fill(0.0);
-        for i in 0..self.h {
-            let row = &mut dst[(i + 1) * wp + 1..(i + 2) * wp + 1];
-            row[..w].copy_from_slice(&src[i * w..(i + 1) * w]);
-            row[w..].fill(0.0);
+        let (w, ws) = (self.w, self.ws);
+        if self.s == 1 {
+            dst[..ws + 1].fill(0.0);
+            for i in 0..self.h {
+                let row = &mut dst[(i + 1) * ws + 1..(i + 2) * ws + 1];
+                row[..w].copy_from_slice(&src[i * w..(i + 1) * w]);
+                row[w..].fill(0.0);
+            }
+            dst[(self.h + 1) * ws + 1..].fill(0.0);
+            return;
         }
-        dst[(self.h + 1) * wp + 1..].fill(0.0);
+        // Padded pixel (pi, pj) = x[pi - 1, pj - 1] goes to phase (pi % 2, pj % 2) at
+        // (pi / 2, pj / 2).
+        dst[..self.plane].fill(0.0);
+        for i in 0..self.h {
+            let pi = i + 1;
+            let row = &src[i * w..(i + 1) * w];
+            let base = (pi % 2) * 2 * self.phase + (pi / 2) * ws;
+            for (j, &v) in row.iter().enumerate() {
+                let pj = j + 1;
+                dst[base + (pj % 2) * self.phase + pj / 2] = v;
+            }
+        }
     }
 
-    /// Copies the h x w plane `src` into `dst` (nv L long) at q = i wp + j, junk columns and
+    /// Copies the oh x ow plane `src` into `dst` (nv L long) at q = i ws + j, junk columns and
     /// the tail zero.
     fn spread(&self, src: &[f32], dst: &mut [f32]) {
-        let (w, wp) = (self.w, self.wp);
-        for i in 0..self.h {
-            let row = &mut dst[i * wp..(i + 1) * wp];
-            row[..w].copy_from_slice(&src[i * w..(i + 1) * w]);
-            row[w..].fill(0.0);
+        let (ow, ws) = (self.ow, self.ws);
+        for i in 0..self.oh {
+            let row = &mut dst[i * ws..(i + 1) * ws];
+            row[..ow].copy_from_slice(&src[i * ow..(i + 1) * ow]);
+            row[ow..].fill(0.0);
         }
-        dst[self.h * wp..].fill(0.0);
+        dst[self.oh * ws..].fill(0.0);
     }
 }
 
@@ -127,12 +162,12 @@ fn pack_forward(o: usize, c: usize, at: impl Fn(usize, usize, usize) -> f32) -> 
     p
 }
 
-/// y [n, o, h, w] = conv(x [n, c, h, w], weights packed by `pack_forward`), 3x3, stride 1,
-/// padding 1.
+/// y [n, o, oh, ow] = conv(x [n, c, h, w], weights packed by `pack_forward`), 3x3, padding
+/// 1, r's stride.
 fn forward(n: usize, (c, o): (usize, usize), r: Rows, x: &[f32], wp: &[f32]) -> Vec<f32> {
-    let (hw, taps) = (r.h * r.w, r.taps());
-    let out = alloc::filled(n * o * hw, |y| {
-        y.par_chunks_mut(o * hw).enumerate().for_each_init(
+    let (hw, ohw, taps) = (r.h * r.w, r.oh * r.ow, r.taps());
+    let out = alloc::filled(n * o * ohw, |y| {
+        y.par_chunks_mut(o * ohw).enumerate().for_each_init(
             || Scratch(alloc::scratch(c * r.plane)),
             |Scratch(xp), (ni, yn)| {
                 for ci in 0..c {
@@ -146,7 +181,7 @@ fn forward(n: usize, (c, o): (usize, usize), r: Rows, x: &[f32], wp: &[f32]) -> 
     out
 }
 
-/// One item's output planes `y` ([o, h, w], each element written once) from its padded
+/// One item's output planes `y` ([o, oh, ow], each element written once) from its padded
 /// input planes `xp` ([c][plane]).
 fn forward_item(
     r: &Rows,
@@ -157,7 +192,7 @@ fn forward_item(
     y: &mut [MaybeUninit<f32>],
 ) {
     assert!(xp.len() >= c * r.plane && wpk.len() >= o.div_ceil(NO) * c * 9 * NO);
-    assert!(y.len() == o * r.h * r.w);
+    assert!(y.len() == o * r.oh * r.ow);
     let mut tile = [0f32; NO * MV * L];
     for v0 in (0..r.nv).step_by(MV) {
         for b in 0..o.div_ceil(NO) {
@@ -174,22 +209,22 @@ fn forward_item(
                     &mut tile,
                 );
             }
-            // Store the tile's valid pixels: rows of q in [q0, q1) with j < w.
-            let (q0, q1) = (v0 * L, ((v0 + MV) * L).min(r.h * r.wp));
+            // Store the tile's valid pixels: rows of q in [q0, q1) with j < ow.
+            let (q0, q1, ohw) = (v0 * L, ((v0 + MV) * L).min(r.oh * r.ws), r.oh * r.ow);
             for ro in 0..NO.min(o - b * NO) {
-                let plane = &mut y[(b * NO + ro) * r.h * r.w..(b * NO + ro + 1) * r.h * r.w];
+                let plane = &mut y[(b * NO + ro) * ohw..(b * NO + ro + 1) * ohw];
                 let t = &tile[ro * MV * L..(ro + 1) * MV * L];
                 let mut q = q0;
                 while q < q1 {
-                    let (i, j) = (q / r.wp, q % r.wp);
-                    let end = (i * r.wp + r.w).min(q1);
-                    if j < r.w {
-                        let dst = &mut plane[i * r.w + j..i * r.w + j + (end - q)];
+                    let (i, j) = (q / r.ws, q % r.ws);
+                    let end = (i * r.ws + r.ow).min(q1);
+                    if j < r.ow {
+                        let dst = &mut plane[i * r.ow + j..i * r.ow + j + (end - q)];
                         for (d, &s) in dst.iter_mut().zip(&t[q - q0..end - q0]) {
                             d.write(s);
                         }
                     }
-                    q = (i + 1) * r.wp;
+                    q = (i + 1) * r.ws;
                 }
             }
         }
@@ -235,31 +270,39 @@ unsafe fn forward_tile(
     }
 }
 
-/// conv2d: x [n, c, h, w], w [o, c, 3, 3] -> y [n, o, h, w].
+/// conv2d: x [n, c, h, w], w [o, c, 3, 3] -> y [n, o, oh, ow].
 pub(super) fn conv2d(g: &Geo, x: &[f32], w: &[f32]) -> Vec<f32> {
     let (c, o) = (g.c, g.o);
     let wpk = pack_forward(o, c, |oc, ci, t| w[(oc * c + ci) * 9 + t]);
-    let y = forward(g.n, (c, o), Rows::new(g.h, g.w), x, &wpk);
+    let y = forward(g.n, (c, o), Rows::new(g), x, &wpk);
     alloc::give_back(wpk);
     y
 }
 
-/// conv2d's input gradient: gy [n, o, h, w], w [o, c, 3, 3] -> dx [n, c, h, w], a conv2d of
-/// gy with weights w'[c, o, t] = w[o, c, 8 - t].
+/// conv2d's input gradient at stride 1: gy [n, o, h, w], w [o, c, 3, 3] -> dx [n, c, h, w],
+/// a conv2d of gy with weights w'[c, o, t] = w[o, c, 8 - t].
 pub(super) fn conv_transpose2d(g: &Geo, gy: &[f32], w: &[f32]) -> Vec<f32> {
     let (c, o) = (g.c, g.o);
     let wpk = pack_forward(c, o, |ci, oc, t| w[(oc * c + ci) * 9 + 8 - t]);
-    let dx = forward(g.n, (o, c), Rows::new(g.h, g.w), gy, &wpk);
+    let dx = forward(g.n, (o, c), Rows::new(g), gy, &wpk);
     alloc::give_back(wpk);
     dx
 }
 
-/// conv2d's weight gradient: x [n, c, h, w], gy [n, o, h, w] -> dw [o, c, 3, 3] =
-/// Σ over items and pixels of gy[n, o, q] x[n, c, q + shift t].
+/// conv2d's weight gradient: x [n, c, h, w], gy [n, o, oh, ow] -> dw [o, c, 3, 3] =
+/// Σ over items and output pixels q of gy[n, o, q] x[n, c, q + shift t].
+/// Whether the weight gradient of `g` (which `applies`) is faster here than through im2col +
+/// gemm: on planes of fewer than 8 output vectors (7x7) summing each accumulator across its
+/// lanes, once per input channel and block, costs more than it saves (measured at
+/// fashion-cnn's shapes on the 2-core Xeon).
+pub(super) fn weight_grad_pays(g: &Geo) -> bool {
+    Rows::new(g).nv >= 8
+}
+
 pub(super) fn conv2d_backward_weight(g: &Geo, x: &[f32], gy: &[f32]) -> Vec<f32> {
     let (n, c, o) = (g.n, g.c, g.o);
-    let r = Rows::new(g.h, g.w);
-    let (hw, taps, len) = (r.h * r.w, r.taps(), o * c * 9);
+    let r = Rows::new(g);
+    let (hw, ohw, taps, len) = (r.h * r.w, r.oh * r.ow, r.taps(), o * c * 9);
     let op = o.next_multiple_of(NW);
     // Items per block: at least 64 pixel vectors per accumulator before it is summed across
     // lanes, but no more than an even share of the batch per thread.
@@ -283,8 +326,8 @@ pub(super) fn conv2d_backward_weight(g: &Geo, x: &[f32], gy: &[f32]) -> Vec<f32>
                     for oc in 0..op {
                         let dst = &mut gq[(j * op + oc) * r.nv * L..(j * op + oc + 1) * r.nv * L];
                         if oc < o {
-                            let s = ((n0 + j) * o + oc) * hw;
-                            r.spread(&gy[s..s + hw], dst);
+                            let s = ((n0 + j) * o + oc) * ohw;
+                            r.spread(&gy[s..s + ohw], dst);
                         } else {
                             dst.fill(0.0);
                         }
@@ -376,16 +419,17 @@ unsafe fn weight_tile(
     use std::arch::x86_64::*;
     for ki in 0..3 {
         let mut acc = [[_mm512_setzero_ps(); 3]; NW];
+        let row = [taps[3 * ki], taps[3 * ki + 1], taps[3 * ki + 2]];
         for j in 0..nb {
             // SAFETY (all pointer arithmetic below): within the ranges of the function
-            // contract (taps[3 ki + kj] = taps[3 ki] + kj).
-            let (xj, gj) = unsafe { (x.add(j * xs + taps[3 * ki]), g.add(j * gs)) };
+            // contract.
+            let (xj, gj) = unsafe { (x.add(j * xs), g.add(j * gs)) };
             for v in 0..nv {
                 let gv: [__m512; NW] = std::array::from_fn(|ro| unsafe {
                     _mm512_loadu_ps(gj.add(ro * nv * L + v * L))
                 });
-                for kj in 0..3 {
-                    let xv = unsafe { _mm512_loadu_ps(xj.add(kj + v * L)) };
+                for (kj, &shift) in row.iter().enumerate() {
+                    let xv = unsafe { _mm512_loadu_ps(xj.add(shift + v * L)) };
                     for (a, &gr) in acc.iter_mut().zip(&gv) {
                         a[kj] = _mm512_fmadd_ps(gr, xv, a[kj]);
                     }
