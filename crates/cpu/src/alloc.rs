@@ -32,14 +32,14 @@ fn capacity(b: &HostBuffer) -> usize {
     ferrite_core::map_host!(b, v => v.capacity())
 }
 
-/// Offers a dropped storage's buffer to the pool.
-pub(crate) fn recycle(mut b: HostBuffer) {
+/// Offers a dropped storage's buffer to the pool. Its length is kept: the elements below it
+/// are initialized, and `scratch` hands them out again without rewriting them.
+pub(crate) fn recycle(b: HostBuffer) {
     let (cap, dt) = (capacity(&b), b.dtype());
     let bytes = cap * dt.size_in_bytes();
     if bytes < POOL_MIN {
         return;
     }
-    ferrite_core::map_host!(&mut b, v => v.clear());
     if let Ok(mut pool) = POOL.lock() {
         if pool.held + bytes <= POOL_BYTES {
             pool.held += bytes;
@@ -53,7 +53,8 @@ pub(crate) fn give_back<T: WithDType>(v: Vec<T>) {
     recycle(T::wrap(v));
 }
 
-/// An idle, empty vector of `T` with capacity exactly `n`, if the pool has one.
+/// An idle vector of `T` with capacity exactly `n` (its length as it was recycled), if the
+/// pool has one.
 fn take<T: WithDType>(n: usize) -> Option<Vec<T>> {
     let mut pool = POOL.lock().ok()?;
     let b = pool.idle.get_mut(&(T::DTYPE, n))?.pop()?;
@@ -64,6 +65,14 @@ fn take<T: WithDType>(n: usize) -> Option<Vec<T>> {
 /// An empty vector with capacity for `n` elements: pooled, or fresh (huge-page advised when
 /// large).
 fn empty<T: WithDType>(n: usize) -> Vec<T> {
+    let mut v = pooled(n);
+    v.clear();
+    v
+}
+
+/// A vector with capacity for `n` elements: pooled (with its recycled length and values), or
+/// fresh and empty.
+fn pooled<T: WithDType>(n: usize) -> Vec<T> {
     let bytes = n * std::mem::size_of::<T>();
     if bytes < POOL_MIN {
         return Vec::with_capacity(n);
@@ -81,6 +90,19 @@ fn empty<T: WithDType>(n: usize) -> Vec<T> {
 pub(crate) fn full<T: WithDType>(n: usize, value: T) -> Vec<T> {
     let mut v = empty(n);
     v.resize(n, value);
+    v
+}
+
+/// `n` elements whose values are unspecified (for scratch space the caller overwrites before
+/// it reads): a recycled buffer keeps the values it held, and only elements no one has
+/// written yet are zeroed, so reusing a pooled buffer costs no fill pass.
+pub(crate) fn scratch<T: WithDType>(n: usize) -> Vec<T> {
+    let mut v = pooled(n);
+    if v.len() >= n {
+        v.truncate(n);
+    } else {
+        v.resize(n, T::default());
+    }
     v
 }
 

@@ -11,6 +11,12 @@
 //! gemm calls when the batch has an item per thread, else one after another with threaded
 //! gemm calls. Each thread reuses its scratch buffers across blocks. A 1x1 kernel with stride
 //! 1 and no padding in a one-item block reads x as its own columns.
+//!
+//! f32 3x3 convolutions with padding 1 (stride 1; stride 2 but for the input gradient) take
+//! a direct AVX-512 path instead (`direct3x3`) on CPUs that have it.
+
+#[cfg(target_arch = "x86_64")]
+mod direct3x3;
 
 use crate::storage::float_kernel;
 use ferrite_core::{Conv2dParams, Error, HostBuffer, Result, Shape, Tensor};
@@ -39,6 +45,47 @@ fn span(g: &Geo, a: usize, t: usize, len: usize, out: usize) -> (usize, usize, u
     let lo = lo.min(hi);
     let first = (lo * s + off).clamp(0, len as i64);
     (lo as usize, hi as usize, first as usize)
+}
+
+/// Which pass of a convolution a kernel computes.
+#[derive(Clone, Copy)]
+enum Pass {
+    Forward,
+    InputGrad,
+    WeightGrad,
+}
+
+/// Per-type fast paths ahead of im2col + gemm.
+trait Direct: Float + ferrite_core::WithDType + Send + Sync + 'static {
+    /// `pass` of `g` over (a, b) by a direct kernel, where one takes the problem.
+    fn direct(g: &Geo, pass: Pass, a: &[Self], b: &[Self]) -> Option<Vec<Self>>;
+}
+
+impl Direct for f64 {
+    fn direct(_: &Geo, _: Pass, _: &[f64], _: &[f64]) -> Option<Vec<f64>> {
+        None
+    }
+}
+
+impl Direct for f32 {
+    #[cfg(target_arch = "x86_64")]
+    fn direct(g: &Geo, pass: Pass, a: &[f32], b: &[f32]) -> Option<Vec<f32>> {
+        if !direct3x3::applies(g, matches!(pass, Pass::InputGrad))
+            || (matches!(pass, Pass::WeightGrad) && !direct3x3::weight_grad_pays(g))
+        {
+            return None;
+        }
+        Some(match pass {
+            Pass::Forward => direct3x3::conv2d(g, a, b),
+            Pass::InputGrad => direct3x3::conv_transpose2d(g, a, b),
+            Pass::WeightGrad => direct3x3::conv2d_backward_weight(g, a, b),
+        })
+    }
+
+    #[cfg(not(target_arch = "x86_64"))]
+    fn direct(_: &Geo, _: Pass, _: &[f32], _: &[f32]) -> Option<Vec<f32>> {
+        None
+    }
 }
 
 /// cols [K, oh ow] of the planes x[n, g] (`xg`: c/g planes of h w); row r of cols starts
@@ -256,7 +303,7 @@ impl<F: ferrite_core::WithDType> Drop for Scratch<F> {
 /// (contents are unspecified: callers overwrite what they read).
 fn grow<F: ferrite_core::WithDType>(buf: &mut Vec<F>, len: usize) -> &mut [F] {
     if buf.len() < len {
-        let old = std::mem::replace(buf, crate::alloc::full(len, F::default()));
+        let old = std::mem::replace(buf, crate::alloc::scratch(len));
         crate::alloc::give_back(old);
     }
     &mut buf[..len]
@@ -335,14 +382,13 @@ fn conv2d_block<F: Float + ferrite_core::WithDType>(
     }
 }
 
-fn conv2d_typed<F: Float + ferrite_core::WithDType + Send + Sync + 'static>(
-    g: &Geo,
-    x: &[F],
-    w: &[F],
-) -> Vec<F> {
+fn conv2d_typed<F: Direct>(g: &Geo, x: &[F], w: &[F]) -> Vec<F> {
     let plane = g.o * g.pix();
     if plane == 0 || g.n == 0 {
         return crate::alloc::full(g.n * plane, F::zero());
+    }
+    if let Some(y) = F::direct(g, Pass::Forward, x, w) {
+        return y;
     }
     let threads = rayon::current_num_threads();
     let nb = block_items(g, threads);
@@ -425,14 +471,13 @@ fn conv_transpose2d_block<F: Float + ferrite_core::WithDType>(
 }
 
 /// `gy` [n, o, oh, ow] -> dx [n, c, h, w].
-fn conv_transpose2d_typed<F: Float + ferrite_core::WithDType + Send + Sync + 'static>(
-    g: &Geo,
-    gy: &[F],
-    w: &[F],
-) -> Vec<F> {
+fn conv_transpose2d_typed<F: Direct>(g: &Geo, gy: &[F], w: &[F]) -> Vec<F> {
     let plane = g.c * g.h * g.w;
     if plane == 0 || g.n == 0 || g.pix() == 0 {
         return crate::alloc::full(g.n * plane, F::zero());
+    }
+    if let Some(dx) = F::direct(g, Pass::InputGrad, gy, w) {
+        return dx;
     }
     let nb = block_items(g, rayon::current_num_threads());
     crate::alloc::filled(g.n * plane, |dx| {
@@ -503,14 +548,13 @@ fn backward_weight_block<F: Float + ferrite_core::WithDType>(
 }
 
 /// (x [n, c, h, w], gy [n, o, oh, ow]) -> dw [o, c/g, kh, kw].
-fn conv2d_backward_weight_typed<F: Float + ferrite_core::WithDType + Send + Sync + 'static>(
-    g: &Geo,
-    x: &[F],
-    gy: &[F],
-) -> Vec<F> {
+fn conv2d_backward_weight_typed<F: Direct>(g: &Geo, x: &[F], gy: &[F]) -> Vec<F> {
     let len = g.o * g.k();
     if len == 0 || g.n == 0 || g.pix() == 0 {
         return crate::alloc::full(len, F::zero());
+    }
+    if let Some(dw) = F::direct(g, Pass::WeightGrad, x, gy) {
+        return dw;
     }
     let nb = block_items(g, rayon::current_num_threads());
     let blocks = g.n.div_ceil(nb);

@@ -63,14 +63,15 @@ pub const RESNET50_CONVS: [ConvShape; 23] = [
 ];
 
 /// The 8 distinct convolution shapes of `ferrite train fashion-cnn`'s ResNet
-/// (`examples/fashion_cnn.rs`) at a 28x28 input; "l1 3x3 16" runs twice per step.
+/// (`examples/fashion_cnn.rs`, widths 24/48/96) at a 28x28 input; "l1 3x3 24" runs twice per
+/// step.
 pub const FASHION_CNN_CONVS: [ConvShape; 8] = [
-    c("stem 3x3 1-16", 1, 16, 3, 1, 1, 28),
-    c("l1 3x3 16", 16, 16, 3, 1, 1, 28),
-    c("l2 3x3/2 16-32", 16, 32, 3, 2, 1, 28),
-    c("l2 ds 1x1/2 16-32", 16, 32, 1, 2, 0, 28),
-    c("l2 3x3 32", 32, 32, 3, 1, 1, 14),
-    c("l3 3x3/2 32-64", 32, 64, 3, 2, 1, 14),
-    c("l3 ds 1x1/2 32-64", 32, 64, 1, 2, 0, 14),
-    c("l3 3x3 64", 64, 64, 3, 1, 1, 7),
+    c("stem 3x3 1-24", 1, 24, 3, 1, 1, 28),
+    c("l1 3x3 24", 24, 24, 3, 1, 1, 28),
+    c("l2 3x3/2 24-48", 24, 48, 3, 2, 1, 28),
+    c("l2 ds 1x1/2 24-48", 24, 48, 1, 2, 0, 28),
+    c("l2 3x3 48", 48, 48, 3, 1, 1, 14),
+    c("l3 3x3/2 48-96", 48, 96, 3, 2, 1, 14),
+    c("l3 ds 1x1/2 48-96", 48, 96, 1, 2, 0, 14),
+    c("l3 3x3 96", 96, 96, 3, 1, 1, 7),
 ];

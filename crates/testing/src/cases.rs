@@ -1349,6 +1349,121 @@ fn conv_cases(b: &mut B) {
                 },
             );
         }
+        // The CPU's direct 3x3 path (f32 and 16-bit, padding 1, one group, at least 8 channels
+        // each side; stride 1, and stride 2 but for the input gradient): forward, input
+        // gradient (conv_transpose2d of the same geometry) and weight gradient over odd and
+        // even planes, channel counts around its blocks of 12 and 6 channels, one and many
+        // items.
+        // The weight gradient takes the direct path from 8 output vectors (e.g. 9x9 at stride 1,
+        // 11x9 at stride 2) up.
+        let direct: [([usize; 4], usize, usize); 13] = [
+            ([1, 8, 1, 1], 8, 1),
+            ([3, 9, 5, 7], 13, 1),
+            ([2, 13, 3, 17], 8, 1),
+            ([37, 8, 4, 4], 25, 1),
+            ([3, 9, 11, 13], 13, 1),
+            ([37, 8, 9, 9], 25, 1),
+            ([1, 8, 28, 28], 9, 1),
+            ([1, 8, 1, 1], 8, 2),
+            ([3, 9, 5, 7], 13, 2),
+            ([2, 13, 8, 17], 8, 2),
+            ([37, 8, 6, 5], 25, 2),
+            ([2, 13, 20, 17], 8, 2),
+            ([37, 8, 22, 18], 25, 2),
+        ];
+        for (xs, o, st) in direct {
+            let [n, c, h, w] = xs;
+            let (oh, ow) = ((h - 1) / st + 1, (w - 1) / st + 1);
+            let ws = [o, c, 3, 3];
+            let p = conv_ref([st, st], [1, 1], [1, 1], 1);
+            let args = ConvArgs {
+                stride: [st, st],
+                padding: Padding::Zeros([1, 1]),
+                ..ConvArgs::default()
+            };
+            let (fwd, bwd) = match st {
+                1 => ("conv2d_3x3", "conv2d_backward_weight_3x3"),
+                _ => ("conv2d_3x3s2", "conv2d_backward_weight_3x3s2"),
+            };
+            b.add(
+                fwd,
+                dt,
+                vec![
+                    inp(&xs, dt, u(-1.0, 1.0), View::Narrowed),
+                    inp(&ws, dt, u(-1.0, 1.0), View::Contiguous),
+                ],
+                vec![tol],
+                true,
+                move |x| Ok(vec![x[0].conv2d(&x[1], None, &args)?]),
+                move |x| vec![r::conv2d(&x[0], &x[1], &p)],
+            );
+            if st == 1 {
+                let targs = ConvTransposeArgs {
+                    padding: [1, 1],
+                    ..ConvTransposeArgs::default()
+                };
+                b.add(
+                    "conv_transpose2d_3x3",
+                    dt,
+                    vec![
+                        inp(&[n, o, h, w], dt, u(-1.0, 1.0), View::Contiguous),
+                        inp(&ws, dt, u(-1.0, 1.0), View::Contiguous),
+                    ],
+                    vec![tol],
+                    true,
+                    move |x| Ok(vec![x[0].conv_transpose2d(&x[1], None, &targs)?]),
+                    move |x| vec![r::conv_transpose2d(&x[0], &x[1], &p, [0, 0])],
+                );
+            }
+            let params = ferrite_core::Conv2dParams {
+                stride: [st, st],
+                padding: [1, 1],
+                dilation: [1, 1],
+                groups: 1,
+            };
+            b.add(
+                bwd,
+                dt,
+                vec![
+                    inp(&xs, dt, u(-1.0, 1.0), View::Contiguous),
+                    inp(&[n, o, oh, ow], dt, u(-1.0, 1.0), View::Narrowed),
+                ],
+                vec![tol],
+                false,
+                move |x| {
+                    Ok(vec![ferrite_core::Tensor::conv2d_backward_weight(
+                        &x[0], &x[1], &params, &ws,
+                    )?])
+                },
+                move |x| {
+                    // dw[o, c, a, b] = Σ gy[n, o, i, j] x[n, c, i st + a - 1, j st + b - 1].
+                    let (xd, gd) = (&x[0].data, &x[1].data);
+                    let mut dw = vec![0.0; o * c * 9];
+                    for ni in 0..n {
+                        for oc in 0..o {
+                            for ci in 0..c {
+                                for t in 0..9 {
+                                    let (a, bb) = (t / 3, t % 3);
+                                    let mut s = 0.0;
+                                    for i in 0..oh {
+                                        for j in 0..ow {
+                                            let (y, z) = (i * st + a, j * st + bb);
+                                            if y < 1 || z < 1 || y > h || z > w {
+                                                continue;
+                                            }
+                                            s += gd[((ni * o + oc) * oh + i) * ow + j]
+                                                * xd[((ni * c + ci) * h + y - 1) * w + z - 1];
+                                        }
+                                    }
+                                    dw[(oc * c + ci) * 9 + t] += s;
+                                }
+                            }
+                        }
+                    }
+                    vec![Ref::new(ws.to_vec(), dw)]
+                },
+            );
+        }
     }
 }
 
