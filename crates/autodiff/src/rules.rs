@@ -113,10 +113,7 @@ fn unary(op: UnaryOp, x: &Inputs, g: &Tensor) -> Result<Tensor> {
             let s = y()?;
             g.mul(&s.mul(&s.neg()?.add_scalar(1.0)?)?)
         }
-        UnaryOp::Relu => {
-            let x = x()?;
-            mask(&x.gt(&x.scalar_like(0.0)?)?, g)
-        }
+        UnaryOp::Relu => x()?.binary(BinaryOp::ReluBackward, g),
         UnaryOp::GeluErf => x()?.binary(BinaryOp::GeluBackward, g),
         UnaryOp::GeluTanh => x()?.binary(BinaryOp::GeluTanhBackward, g),
         UnaryOp::Silu => x()?.binary(BinaryOp::SiluBackward, g),
@@ -188,6 +185,11 @@ fn binary(op: BinaryOp, a: &Saved, b: &Saved, g: &Tensor) -> Result<Grads> {
             (ga, gb)
         }
         // d/dx (g f'(x)) = g f''(x); d/dg = f'(x).
+        // Zero almost everywhere in x; g passes where x > 0.
+        BinaryOp::ReluBackward => (
+            when(a, || a.value()?.zeros_like())?,
+            when(b, || a.value()?.binary(op, g))?,
+        ),
         BinaryOp::GeluBackward | BinaryOp::GeluTanhBackward | BinaryOp::SiluBackward => {
             let (x, gv) = (a.value()?, b.value()?);
             (

@@ -91,7 +91,8 @@ pub fn keeps(op: &GradOp, k: usize, requires_grad: impl Fn(usize) -> bool) -> Ke
             | BinaryOp::Minimum
             | BinaryOp::GeluBackward
             | BinaryOp::GeluTanhBackward
-            | BinaryOp::SiluBackward => Keep::Value,
+            | BinaryOp::SiluBackward
+            | BinaryOp::ReluBackward => Keep::Value,
         },
         Op::Where => value_if(k == 0),
         Op::Reduce { op, .. } => match op {

@@ -158,10 +158,12 @@ pub enum BinaryOp {
     GeluTanhBackward,
     /// g · s (1 + x (1 - s)), s = sigmoid(x): SiLU's derivative.
     SiluBackward,
+    /// g where x > 0, else 0 (also where x is NaN): ReLU's derivative.
+    ReluBackward,
 }
 
 impl BinaryOp {
-    pub const ALL: [BinaryOp; 10] = [
+    pub const ALL: [BinaryOp; 11] = [
         BinaryOp::Add,
         BinaryOp::Sub,
         BinaryOp::Mul,
@@ -172,6 +174,7 @@ impl BinaryOp {
         BinaryOp::GeluBackward,
         BinaryOp::GeluTanhBackward,
         BinaryOp::SiluBackward,
+        BinaryOp::ReluBackward,
     ];
 
     /// Whether the op is defined on float dtypes only.
@@ -182,6 +185,7 @@ impl BinaryOp {
                 | BinaryOp::GeluBackward
                 | BinaryOp::GeluTanhBackward
                 | BinaryOp::SiluBackward
+                | BinaryOp::ReluBackward
         )
     }
 
@@ -197,6 +201,7 @@ impl BinaryOp {
             BinaryOp::GeluBackward => "gelu_backward",
             BinaryOp::GeluTanhBackward => "gelu_tanh_backward",
             BinaryOp::SiluBackward => "silu_backward",
+            BinaryOp::ReluBackward => "relu_backward",
         }
     }
 
@@ -222,6 +227,13 @@ impl BinaryOp {
             BinaryOp::SiluBackward => {
                 let s = 1.0 / (1.0 + (-a).exp());
                 b * s * (1.0 + a * (1.0 - s))
+            }
+            BinaryOp::ReluBackward => {
+                if a > 0.0 {
+                    b
+                } else {
+                    0.0
+                }
             }
         }
     }

@@ -333,6 +333,18 @@ fn binary_float<F: Float + ferrite_core::WithDType>(
                 <F as WithDType>::from_f64(op.eval_f64(x, g))
             })
         }
+        BinaryOp::ReluBackward => zip_map(
+            a,
+            b,
+            n,
+            |x: F, g: F| {
+                if x > F::zero() {
+                    g
+                } else {
+                    F::zero()
+                }
+            },
+        ),
     }
 }
 
@@ -357,7 +369,8 @@ fn binary_int<I: Int + ferrite_core::WithDType>(
         BinaryOp::Pow
         | BinaryOp::GeluBackward
         | BinaryOp::GeluTanhBackward
-        | BinaryOp::SiluBackward => Err(Error::dtype(n, I::DTYPE, "needs a float dtype")),
+        | BinaryOp::SiluBackward
+        | BinaryOp::ReluBackward => Err(Error::dtype(n, I::DTYPE, "needs a float dtype")),
     }
 }
 

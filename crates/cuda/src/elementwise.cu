@@ -87,11 +87,12 @@ template <typename T> __device__ __forceinline__ T binary_apply(u32 op, T a, T b
             r = y * (h * (one + t) + h * x * (one - t * t) * c * (one + (A)3 * k * x * x));
             break;
         }
-        default: {                                          // silu_backward (x, g)
+        case 9: {                                           // silu_backward (x, g)
             const A s = (A)1 / ((A)1 + m_exp(-x));
             r = y * s * ((A)1 + x * ((A)1 - s));
             break;
         }
+        default: r = x > (A)0 ? y : (A)0; break;            // relu_backward (x, g)
         }
         return Num<T>::store(r);
     } else {

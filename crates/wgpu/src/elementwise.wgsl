@@ -92,10 +92,11 @@ fn binary_op(op: u32, a: f32, b: f32) -> f32 {
             return b * (0.5 * (1.0 + t)
                 + 0.5 * a * (1.0 - t * t) * 0.79788456080286536 * (1.0 + 3.0 * 0.044715 * a * a));
         }
-        default: {
+        case 9u: {
             let s = sigmoid_(a);
             return b * s * (1.0 + a * (1.0 - s));
         }
+        default: { return select(0.0, b, a > 0.0); }
     }
 }
 #else
