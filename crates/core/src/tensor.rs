@@ -926,9 +926,9 @@ impl Tensor {
         // A matrix rhs shared by every batch item: one product of [batch·m, k] rows when the
         // lhs batch dims merge into its rows as a view. The weight gradient is then one
         // product over all rows, not a product per batch item summed afterwards.
-        if b.rank() == 2 && a.rank() > 2 {
-            let rows = Shape::new([a.elem_count() / k.max(1), k]);
-            if k > 0 && a.elem_count() > 0 && a.layout().reshape(&rows).is_some() {
+        if b.rank() == 2 && a.rank() > 2 && k > 0 && a.elem_count() > 0 {
+            let rows = Shape::new([a.elem_count() / k, k]);
+            if a.layout().reshape(&rows).is_some() {
                 let mut od = a.dims()[..a.rank() - 1].to_vec();
                 od.push(n);
                 let flat = a.reshape(rows)?;

@@ -98,11 +98,7 @@ pub(crate) fn full<T: WithDType>(n: usize, value: T) -> Vec<T> {
 /// written yet are zeroed, so reusing a pooled buffer costs no fill pass.
 pub(crate) fn scratch<T: WithDType>(n: usize) -> Vec<T> {
     let mut v = pooled(n);
-    if v.len() >= n {
-        v.truncate(n);
-    } else {
-        v.resize(n, T::default());
-    }
+    v.resize(n, T::default());
     v
 }
 
