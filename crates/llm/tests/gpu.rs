@@ -2341,8 +2341,9 @@ fn engine_vs_mma(
     engine_vs_tc(name, model, dev, layout, n_new, tol, None, true)
 }
 
-/// `engine_vs`; with `tc`, steps of at least that many rows take the tensor-core products,
-/// with `mma` fast-mode products of 2 rows or more the int8 tensor-core kernels (then a
+/// `engine_vs`; with `tc` = (rows, flash rows), steps of at least that many rows take the
+/// tensor-core products and their prompt chunks of at least flash rows the flash attention
+/// op, with `mma` fast-mode products of 2 rows or more the int8 tensor-core kernels (then a
 /// request's logits depend on its step, so batched = alone is not checked).
 #[allow(clippy::too_many_arguments)]
 fn engine_vs_tc(
@@ -2352,7 +2353,7 @@ fn engine_vs_tc(
     layout: Layout,
     n_new: usize,
     tol: f32,
-    tc: Option<usize>,
+    tc: Option<(usize, usize)>,
     mma: bool,
 ) -> (f32, usize) {
     let name = &format!("{name} ({layout:?} layout, tensor-core rows {tc:?}, int8 mma {mma})");
@@ -2361,7 +2362,9 @@ fn engine_vs_tc(
     let mut cuda = || {
         let mut e = Engine::cuda(gm, engine_cfg()).unwrap();
         e.kernels_mut()
-            .set_tensor_core_rows(tc.unwrap_or(usize::MAX));
+            .set_tensor_core_rows(tc.map_or(usize::MAX, |t| t.0));
+        e.kernels_mut()
+            .set_flash_rows(tc.map_or(usize::MAX, |t| t.1));
         e.kernels_mut()
             .set_mma_rows(if mma { 2 } else { usize::MAX });
         e
@@ -2587,7 +2590,13 @@ fn engine_tensor_core(dev: &CudaDevice) -> Option<String> {
         for precision in [Precision::Exact, Precision::Q8] {
             let mut model = synth_model(quant, &dir, 2, 256);
             model.set_precision(precision);
-            let name = format!("synthetic {quant} {precision:?}");
+            // Prompt chunks attend on the flash op in exact mode, row by row in q8 mode.
+            let flash = if precision == Precision::Exact {
+                2
+            } else {
+                usize::MAX
+            };
+            let name = format!("synthetic {quant} {precision:?}, flash rows {flash}");
             engine_vs_tc(
                 &name,
                 leak(model),
@@ -2595,7 +2604,7 @@ fn engine_tensor_core(dev: &CudaDevice) -> Option<String> {
                 Layout::Auto,
                 6,
                 3e-2,
-                Some(8),
+                Some((8, flash)),
                 false,
             );
         }

@@ -98,8 +98,8 @@ extern "C" __global__ void __launch_bounds__(AT_T) paged_attn(const PagedAttnArg
     const u32 group = a.nh / a.nkv;
     const u32 h0 = g * group + sub * AT_GMAX;
     const u32 nhb = min((u32)AT_GMAX, group - sub * AT_GMAX);
-    pdl_wait();
-    pdl_launch();
+    // The step data is written before the step's first kernel (never by a kernel): read
+    // before waiting on the previous kernel, so blocks with no keys leave at once.
     const u32 pos = ((const u32*)a.rows)[2 * r];
     if (pos == PAD_ROW) return;
     const u32* tab = (const u32*)a.tables + ((const u32*)a.rows)[2 * r + 1];
@@ -107,6 +107,8 @@ extern "C" __global__ void __launch_bounds__(AT_T) paged_attn(const PagedAttnArg
     attn_range(pos, a.window, a.maxsplit, &lo, &chunk, &nact);
     const u32 s = blockIdx.y;
     if (s >= nact) return;
+    pdl_wait();
+    pdl_launch();
     const u32 k0 = lo + s * chunk;
     const u32 k1 = min(k0 + chunk, pos + 1);
     const f16* kc = (const f16*)a.kc;
@@ -318,31 +320,22 @@ extern "C" __global__ void gather_rows(u64 src, u64 dst, u64 ids, u32 width) {
     for (u32 c = threadIdx.x; c < width; c += blockDim.x) d[c] = s[c];
 }
 
-// out[r] = the index of the largest of row r's n logits (lowest index on ties; NaN and -inf
-// never chosen, 0 if every logit is): the CPU sampler's greedy pick. One block of 1024 per row.
-extern "C" __global__ void __launch_bounds__(1024) argmax_rows(u64 logits, u32 n, u64 out) {
-    __shared__ float sv[32];
-    __shared__ u32 si[32];
-    pdl_wait();
-    pdl_launch();
-    const float* p = (const float*)logits + (u64)blockIdx.x * n;
-    float best = neg_inf<float>();
-    u32 bi = 0xffffffffu;
-    for (u32 i = threadIdx.x; i < n; i += blockDim.x) {
-        const float v = p[i];
-        if (v > best) {  // false for NaN; i rises, so ties keep the lowest
-            best = v;
-            bi = i;
-        }
+// (best, bi) = the better of itself and (ov, oi): larger value, then lower index.
+__device__ __forceinline__ void am_pick(float& best, u32& bi, float ov, u32 oi) {
+    if (ov > best || (ov == best && oi < bi)) {
+        best = ov;
+        bi = oi;
     }
+}
+
+// (best, bi) reduced over the block (AM_T threads); the result in thread 0.
+#define AM_T 256
+__device__ __forceinline__ void am_block(float& best, u32& bi) {
+    __shared__ float sv[AM_T / 32];
+    __shared__ u32 si[AM_T / 32];
     const u32 lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
     for (int o = 16; o > 0; o >>= 1) {
-        const float ov = __shfl_xor_sync(0xffffffffu, best, o);
-        const u32 oi = __shfl_xor_sync(0xffffffffu, bi, o);
-        if (ov > best || (ov == best && oi < bi)) {
-            best = ov;
-            bi = oi;
-        }
+        am_pick(best, bi, __shfl_xor_sync(0xffffffffu, best, o), __shfl_xor_sync(0xffffffffu, bi, o));
     }
     if (lane == 0) {
         sv[wid] = best;
@@ -350,18 +343,56 @@ extern "C" __global__ void __launch_bounds__(1024) argmax_rows(u64 logits, u32 n
     }
     __syncthreads();
     if (wid == 0) {
-        const u32 nw = blockDim.x >> 5;
-        best = lane < nw ? sv[lane] : neg_inf<float>();
-        bi = lane < nw ? si[lane] : 0xffffffffu;
+        best = lane < AM_T / 32 ? sv[lane] : neg_inf<float>();
+        bi = lane < AM_T / 32 ? si[lane] : 0xffffffffu;
         for (int o = 16; o > 0; o >>= 1) {
-            const float ov = __shfl_xor_sync(0xffffffffu, best, o);
-            const u32 oi = __shfl_xor_sync(0xffffffffu, bi, o);
-            if (ov > best || (ov == best && oi < bi)) {
-                best = ov;
-                bi = oi;
-            }
+            am_pick(best, bi, __shfl_xor_sync(0xffffffffu, best, o), __shfl_xor_sync(0xffffffffu, bi, o));
         }
-        if (lane == 0) ((u32*)out)[blockIdx.x] = bi == 0xffffffffu ? 0u : bi;
+    }
+}
+
+// out[r] = the index of the largest of row r's n logits (lowest index on ties; NaN and -inf
+// never chosen, 0 if every logit is): the CPU sampler's greedy pick. Block (slice
+// blockIdx.x of gridDim.x, row blockIdx.y) of AM_T threads takes its slice of the row and
+// writes its (value, index) to part (u32 [rows][gridDim.x][2]); the row's last block to
+// finish (count: u32 [rows], 0 before and after each launch) merges the slices in order.
+extern "C" __global__ void __launch_bounds__(AM_T) argmax_rows(u64 logits, u32 n, u64 out, u64 part, u64 count) {
+    __shared__ u32 last;
+    pdl_wait();
+    pdl_launch();
+    const u32 r = blockIdx.y, ns = gridDim.x;
+    const u32 per = (n + ns - 1) / ns;
+    const u32 lo = blockIdx.x * per, hi = min(n, lo + per);
+    const float* p = (const float*)logits + (u64)r * n;
+    float best = neg_inf<float>();
+    u32 bi = 0xffffffffu;
+    for (u32 i = lo + threadIdx.x; i < hi; i += AM_T) {
+        const float v = p[i];
+        if (v > best) {  // false for NaN; i rises, so ties keep the lowest
+            best = v;
+            bi = i;
+        }
+    }
+    am_block(best, bi);
+    u32* pr = (u32*)part + (u64)r * ns * 2;
+    if (threadIdx.x == 0) {
+        pr[2 * blockIdx.x] = __float_as_uint(best);
+        pr[2 * blockIdx.x + 1] = bi;
+        __threadfence();
+        last = atomicAdd((u32*)count + r, 1u) == ns - 1;
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    best = neg_inf<float>();
+    bi = 0xffffffffu;
+    for (u32 t = threadIdx.x; t < ns; t += AM_T) {
+        am_pick(best, bi, ld_cg((const float*)pr + 2 * t), ((volatile const u32*)pr)[2 * t + 1]);
+    }
+    am_block(best, bi);
+    if (threadIdx.x == 0) {
+        ((u32*)out)[r] = bi == 0xffffffffu ? 0u : bi;
+        ((u32*)count)[r] = 0;
     }
 }
 
@@ -403,6 +434,48 @@ extern "C" __global__ void rows_to_h(u64 x, u64 w, u32 n, float eps, u64 out, u3
     }
 }
 
+// kout, vout (f16 [nkv][lk][hd]) = the keys and values of positions 0..lk of one sequence in
+// layer `layer`, read through its block table (a prompt chunk's attention on the flash op).
+// One thread per 8 values; hd % 8 == 0.
+extern "C" __global__ void kv_gather(u64 kc, u64 vc, u64 table, u32 layer, u32 n_layer, u32 nkv, u32 hd,
+                                     u32 lk, u64 kout, u64 vout) {
+    pdl_wait();
+    pdl_launch();
+    const u32 h8 = hd / 8;
+    const u64 total = (u64)nkv * lk * h8;
+    const u32* tab = (const u32*)table;
+    for (u64 e = (u64)blockIdx.x * blockDim.x + threadIdx.x; e < total; e += (u64)gridDim.x * blockDim.x) {
+        const u32 c = (u32)(e % h8);
+        const u32 j = (u32)((e / h8) % lk);
+        const u32 g = (u32)(e / ((u64)h8 * lk));
+        const u64 at = kv_at(tab[j / KV_BS], layer, n_layer, nkv, g, j % KV_BS, hd) + 8 * c;
+        ((U4*)kout)[e] = *(const U4*)((const f16*)kc + at);
+        ((U4*)vout)[e] = *(const U4*)((const f16*)vc + at);
+    }
+}
+
+// out (f16 [n][w]) = the first w values of each of n f32 rows of x (row stride `stride` floats).
+extern "C" __global__ void rows_f16(u64 x, u32 stride, u32 w, u32 n, u64 out) {
+    pdl_wait();
+    pdl_launch();
+    const u64 total = (u64)n * w;
+    for (u64 e = (u64)blockIdx.x * blockDim.x + threadIdx.x; e < total; e += (u64)gridDim.x * blockDim.x) {
+        const u64 i = e / w, j = e % w;
+        ((f16*)out)[e] = f32_to_f16(((const float*)x)[i * stride + j]);
+    }
+}
+
+// out[i][h * hd + d] (f32 rows of nh * hd) = o[h][i][d] (f16, the attention op's [1, nh, n, hd]).
+extern "C" __global__ void attn_rows_f32(u64 o, u32 nh, u32 n, u32 hd, u64 out) {
+    pdl_wait();
+    pdl_launch();
+    const u64 total = (u64)n * nh * hd;
+    for (u64 e = (u64)blockIdx.x * blockDim.x + threadIdx.x; e < total; e += (u64)gridDim.x * blockDim.x) {
+        const u32 d = (u32)(e % hd), h = (u32)((e / hd) % nh), i = (u32)(e / ((u64)hd * nh));
+        ((float*)out)[e] = f16_to_f32(((const f16*)o)[((u64)h * n + i) * hd + d]);
+    }
+}
+
 // out[r * stride + off + j] += bias[j] for j < n. One block per row.
 extern "C" __global__ void bias_rows(u64 out, u64 bias, u32 stride, u32 off, u32 n) {
     pdl_wait();
@@ -419,11 +492,14 @@ __device__ __forceinline__ float glu_act(float g, u32 gelu) {
     return g / (1.0f + expf(-g));
 }
 
-// out[i] = act(gate[i]) * up[i] over n values (out may be gate).
-extern "C" __global__ void glu_rows(u64 gate, u64 up, u64 out, u64 n, u32 gelu) {
+// out[i][j] = act(gu[i][j]) * gu[i][ff + j] for i * ff + j < n: gate and up side by side in
+// rows of 2 * ff (f32), out packed rows of ff.
+extern "C" __global__ void glu_pairs(u64 gu, u64 out, u32 ff, u64 n, u32 gelu) {
     pdl_wait();
     pdl_launch();
-    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) {
-        ((float*)out)[i] = glu_act(((const float*)gate)[i], gelu) * ((const float*)up)[i];
+    for (u64 e = (u64)blockIdx.x * blockDim.x + threadIdx.x; e < n; e += (u64)gridDim.x * blockDim.x) {
+        const u64 i = e / ff, j = e % ff;
+        const float* row = (const float*)gu + i * 2 * ff;
+        ((float*)out)[e] = glu_act(row[j], gelu) * row[ff + j];
     }
 }

@@ -21,6 +21,8 @@ pub(crate) static SOURCE: KernelSource = KernelSource {
 pub const KV_BS: usize = 16;
 /// Row position of a padding row (`PAD_ROW`): the kernels skip it.
 pub const PAD_ROW: u32 = u32::MAX;
+/// Most slices `argmax_rows` splits a logit row into (one block each; 2,048 logits a slice).
+pub(crate) const ARGMAX_SLICES: u32 = 64;
 const AT_T: u32 = 128;
 /// Query heads per attention block (`AT_GMAX`).
 const AT_GMAX: usize = 8;
@@ -132,10 +134,14 @@ pub(crate) enum PagedLaunch {
         width: u32,
         rows: u32,
     },
+    /// Greedy token of each of `rows` logit rows (`part`: `ARGMAX_SLICES * 8` bytes a row;
+    /// `count`: u32 a row, zero).
     Argmax {
         logits: u64,
         n: u32,
         out: u64,
+        part: u64,
+        count: u64,
         rows: u32,
     },
     /// Rows of f32 (optionally RMS-normed by `w`) into 16-bit rows (bf16 if `bf`).
@@ -157,11 +163,42 @@ pub(crate) enum PagedLaunch {
         n: u32,
         rows: u32,
     },
-    /// `out = act(gate) * up` over n values.
-    Glu {
-        gate: u64,
-        up: u64,
+    /// Keys and values of positions `0..lk` of one sequence (block table at `table`) in
+    /// `layer`, into f16 `[nkv][lk][hd]` rows.
+    KvGather {
+        kc: u64,
+        vc: u64,
+        table: u64,
+        layer: u32,
+        n_layer: u32,
+        nkv: u32,
+        hd: u32,
+        lk: u32,
+        kout: u64,
+        vout: u64,
+    },
+    /// The first `w` values of `n` f32 rows (`stride` floats apart) as packed f16 rows.
+    RowsF16 {
+        x: u64,
+        stride: u32,
+        w: u32,
+        n: u32,
         out: u64,
+    },
+    /// The attention op's f16 `[1, nh, n, hd]` output as f32 rows of `nh * hd`.
+    AttnRows {
+        o: u64,
+        nh: u32,
+        n: u32,
+        hd: u32,
+        out: u64,
+    },
+    /// `out[i][j] = act(gu[i][j]) * gu[i][ff + j]` over n = rows * ff values (gate and up
+    /// side by side in rows of 2 * ff).
+    GluPairs {
+        gu: u64,
+        out: u64,
+        ff: u32,
         n: u64,
         gelu: u32,
     },
@@ -227,10 +264,18 @@ impl PagedLaunch {
                 logits,
                 n,
                 out,
+                part,
+                count,
                 rows,
             } => {
-                let cfg = LaunchConfig::new((rows, 1, 1), (1024, 1, 1), 0);
-                let a = KernelArgs::new().arg(logits).arg(n).arg(out);
+                let slices = n.div_ceil(2048).clamp(1, ARGMAX_SLICES);
+                let cfg = LaunchConfig::new((slices, rows, 1), (256, 1, 1), 0);
+                let a = KernelArgs::new()
+                    .arg(logits)
+                    .arg(n)
+                    .arg(out)
+                    .arg(part)
+                    .arg(count);
                 super::launch(dev, "argmax_rows", &SOURCE, "argmax_rows", cfg, a)
             }
             PagedLaunch::ToHalf {
@@ -269,25 +314,74 @@ impl PagedLaunch {
                     .arg(n);
                 super::launch(dev, "bias_rows", &SOURCE, "bias_rows", cfg, a)
             }
-            PagedLaunch::Glu {
-                gate,
-                up,
+            PagedLaunch::KvGather {
+                kc,
+                vc,
+                table,
+                layer,
+                n_layer,
+                nkv,
+                hd,
+                lk,
+                kout,
+                vout,
+            } => {
+                let n = nkv as u64 * lk as u64 * (hd / 8) as u64;
+                let a = KernelArgs::new()
+                    .arg(kc)
+                    .arg(vc)
+                    .arg(table)
+                    .arg(layer)
+                    .arg(n_layer)
+                    .arg(nkv)
+                    .arg(hd)
+                    .arg(lk)
+                    .arg(kout)
+                    .arg(vout);
+                super::launch(dev, "kv_gather", &SOURCE, "kv_gather", flat(dev, n), a)
+            }
+            PagedLaunch::RowsF16 {
+                x,
+                stride,
+                w,
+                n,
                 out,
+            } => {
+                let a = KernelArgs::new().arg(x).arg(stride).arg(w).arg(n).arg(out);
+                let total = n as u64 * w as u64;
+                super::launch(dev, "rows_f16", &SOURCE, "rows_f16", flat(dev, total), a)
+            }
+            PagedLaunch::AttnRows { o, nh, n, hd, out } => {
+                let a = KernelArgs::new().arg(o).arg(nh).arg(n).arg(hd).arg(out);
+                let total = n as u64 * nh as u64 * hd as u64;
+                super::launch(
+                    dev,
+                    "attn_rows_f32",
+                    &SOURCE,
+                    "attn_rows_f32",
+                    flat(dev, total),
+                    a,
+                )
+            }
+            PagedLaunch::GluPairs {
+                gu,
+                out,
+                ff,
                 n,
                 gelu,
             } => {
-                let blocks = n.div_ceil(256).clamp(1, 16 * dev.sm_count() as u64) as u32;
-                let cfg = LaunchConfig::new((blocks, 1, 1), (256, 1, 1), 0);
-                let a = KernelArgs::new()
-                    .arg(gate)
-                    .arg(up)
-                    .arg(out)
-                    .arg(n)
-                    .arg(gelu);
-                super::launch(dev, "glu_rows", &SOURCE, "glu_rows", cfg, a)
+                let a = KernelArgs::new().arg(gu).arg(out).arg(ff).arg(n).arg(gelu);
+                super::launch(dev, "glu_pairs", &SOURCE, "glu_pairs", flat(dev, n), a)
             }
         }
     }
+}
+
+/// A grid-stride launch over `n` items: 256 threads a block, at most 16 blocks per
+/// multiprocessor.
+fn flat(dev: &CudaDevice, n: u64) -> LaunchConfig {
+    let blocks = n.div_ceil(256).clamp(1, 16 * dev.sm_count() as u64) as u32;
+    LaunchConfig::new((blocks, 1, 1), (256, 1, 1), 0)
 }
 
 /// Copies block `src` onto block `dst` in the key and value buffers (`block_bytes` each, a

@@ -179,6 +179,9 @@ pub struct CudaKernels<'g> {
     q8buf: Buffer,
     meta: Buffer,
     tokens_out: Buffer,
+    /// The greedy pick's per-slice partials and per-row counters (`PagedLaunch::Argmax`).
+    am_part: Buffer,
+    am_count: Buffer,
     part: Buffer,
     count: Buffer,
     ngrp: usize,
@@ -212,6 +215,14 @@ pub struct CudaKernels<'g> {
     /// Their scratch (at the first such step): 16-bit activations, dequantized weights.
     h16: Option<Buffer>,
     w16: Option<Buffer>,
+    gu32: Option<Buffer>,
+    /// Prompt chunks of a large step of at least this many rows attend on the flash op.
+    flash_rows: usize,
+    /// Each sequence of a large step: (first row, rows, position, block-table offset).
+    seqs: Vec<(usize, usize, usize, usize)>,
+    /// The flash attention's scratch (at the first large step): f16 q rows, gathered keys
+    /// and values.
+    flash: Option<[Buffer; 3]>,
     /// Fast-mode products of at least this many rows take the int8 tensor-core kernels
     /// (`MvLaunch::with_mma`) where the matrices' format has them; their split-K partials.
     mma_rows: usize,
@@ -220,6 +231,10 @@ pub struct CudaKernels<'g> {
 
 /// Rows from which a step takes the tensor-core products (`CudaKernels::set_tensor_core_rows`).
 pub const TENSOR_CORE_ROWS: usize = 128;
+
+/// Rows from which a prompt chunk of a large step attends on the flash attention op (over
+/// its keys gathered from the blocks) rather than row by row on paged_attn.
+pub const FLASH_ROWS: usize = 16;
 
 /// Rows from which fast-mode products take the int8 tensor-core kernels
 /// (`CudaKernels::set_mma_rows`): on an H100 (8B-shaped Q4_0, 512-token prompts, same run) the
@@ -283,6 +298,12 @@ impl<'g> CudaKernels<'g> {
             )?,
             meta: zeros(&dev, layout.len.max(1) * 4, "llm engine step data")?,
             tokens_out: zeros(&dev, lim.max_out * 4, "llm engine tokens")?,
+            am_part: zeros(
+                &dev,
+                lim.max_out * paged::ARGMAX_SLICES as usize * 8,
+                "llm engine greedy partials",
+            )?,
+            am_count: zeros(&dev, lim.max_out * 4, "llm engine greedy counters")?,
             part: f32s(r * nh * maxsplit * (hd + 2), "llm engine attention")?,
             count: zeros(&dev, r * nkv * ngrp * 4, "llm engine attention")?,
             ngrp,
@@ -315,6 +336,10 @@ impl<'g> CudaKernels<'g> {
                 || crate::env::flag_or("FERRITE_GPU_PREFILL_BF16", false),
             h16: None,
             w16: None,
+            gu32: None,
+            flash_rows: FLASH_ROWS,
+            seqs: Vec::new(),
+            flash: None,
             mma_rows: if crate::env::flag_or("FERRITE_GPU_MMA", true) {
                 MMA_ROWS
             } else {
@@ -352,6 +377,13 @@ impl<'g> CudaKernels<'g> {
     /// then depend on the step it is in (within that rounding).
     pub fn set_tensor_core_rows(&mut self, rows: usize) {
         self.tc_rows = rows.max(1);
+    }
+
+    /// Prompt chunks of large steps (see `set_tensor_core_rows`) of at least `rows` rows
+    /// attend on the flash attention op, shorter ones row by row (default `FLASH_ROWS`;
+    /// tests use small values).
+    pub fn set_flash_rows(&mut self, rows: usize) {
+        self.flash_rows = rows.max(1);
     }
 
     /// Graphs captured so far, and replays run.
@@ -498,12 +530,18 @@ impl<'g> CudaKernels<'g> {
         if self.h16.is_none() {
             let c = &self.m.cfg;
             let widest = c.d_model.max(c.n_ff).max(c.n_head * c.head_dim);
+            // the largest product: q, k and v side by side, gate and up side by side
+            let size = |ws: &[&GpuMatrix]| ws.iter().map(|w| w.rows * w.cols).sum::<usize>();
             let most = self
                 .m
                 .layers
                 .iter()
-                .flat_map(|l| [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down])
-                .map(|w| w.rows * w.cols)
+                .map(|l| {
+                    size(&[&l.wq, &l.wk, &l.wv])
+                        .max(size(&[&l.w_gate, &l.w_up]))
+                        .max(size(&[&l.wo]))
+                        .max(size(&[&l.w_down]))
+                })
                 .max()
                 .unwrap_or(0);
             self.h16 = Some(zeros(
@@ -525,6 +563,17 @@ impl<'g> CudaKernels<'g> {
         }
     }
 
+    /// The f32 `[rows][2 * n_ff]` scratch of a large step's gate | up products.
+    fn tc_gu(&mut self) -> Result<Buffer> {
+        if self.gu32.is_none() {
+            let bytes = self.lim.max_rows * 2 * self.m.cfg.n_ff * 4;
+            self.gu32 = Some(zeros(&self.dev, bytes, "llm engine gate and up rows")?);
+        }
+        self.gu32
+            .clone()
+            .ok_or_else(|| Error::Other("cuda kernels: gate/up scratch missing".into()))
+    }
+
     /// The step's rows of `x` (`cols` wide, RMS-normed by `norm` if given) as 16-bit rows.
     fn half_rows(&mut self, x: &Buffer, norm: Option<&Buffer>, cols: usize) -> Result<Buffer> {
         let (h, _) = self.tc_scratch()?;
@@ -540,47 +589,150 @@ impl<'g> CudaKernels<'g> {
         Ok(h)
     }
 
-    /// `out[r][off..off + w.rows]` (row stride `stride` floats) (+)= h[r] . w^T (+ bias) for
-    /// the step's rows, on tensor cores.
-    #[allow(clippy::too_many_arguments)]
-    fn tc_product(
+    /// For each segment `(w, bias, off)`: `out[r][off..off + w.rows]` (row stride `stride`
+    /// floats) (+)= h[r] . w^T (+ bias) for the step's rows, on tensor cores. Segments whose
+    /// columns follow each other in `out` (q, k, v) are dequantized side by side and take
+    /// one product.
+    fn tc_products(
         &mut self,
         h: &Buffer,
-        w: &GpuMatrix,
-        bias: Option<&Buffer>,
+        segs: &[(&GpuMatrix, Option<&Buffer>, usize)],
         out: &Buffer,
-        off: usize,
         stride: usize,
         acc: bool,
     ) -> Result<()> {
         let (_, w16) = self.tc_scratch()?;
-        crate::gpu::prefill::dequant_rows(&self.dev, w, 0, w.rows, w16.ptr(), self.bf)?;
         let dt = if self.bf {
             ferrite_core::DType::BF16
         } else {
             ferrite_core::DType::F16
         };
-        self.dev
-            .gemm_nt_f32(
-                dt,
-                (h, 0, w.cols),
-                (&w16, 0, w.cols),
-                (out, off * 4, stride),
-                (self.rows, w.rows, w.cols),
-                acc,
-            )
-            .gpu()?;
-        if let Some(b) = bias {
-            self.push(Launch::Paged(PagedLaunch::Bias {
-                out: out.ptr(),
-                bias: b.ptr(),
-                stride: u32_of(stride, "row stride")?,
-                off: u32_of(off, "column")?,
-                n: u32_of(w.rows, "rows")?,
-                rows: u32_of(self.rows, "rows")?,
-            }))?;
+        let mut i = 0;
+        while i < segs.len() {
+            // segments i..j: one product
+            let (w0, _, off0) = segs[i];
+            let (mut j, mut n) = (i + 1, w0.rows);
+            while j < segs.len() && segs[j].2 == off0 + n && segs[j].0.cols == w0.cols {
+                n += segs[j].0.rows;
+                j += 1;
+            }
+            let mut r = 0;
+            for &(w, _, _) in &segs[i..j] {
+                let at = w16.ptr() + (r * w.cols * 2) as u64;
+                crate::gpu::prefill::dequant_rows(&self.dev, w, 0, w.rows, at, self.bf)?;
+                r += w.rows;
+            }
+            self.dev
+                .gemm_nt_f32(
+                    dt,
+                    (h, 0, w0.cols),
+                    (&w16, 0, w0.cols),
+                    (out, off0 * 4, stride),
+                    (self.rows, n, w0.cols),
+                    acc,
+                )
+                .gpu()?;
+            for &(w, bias, off) in &segs[i..j] {
+                if let Some(b) = bias {
+                    self.push(Launch::Paged(PagedLaunch::Bias {
+                        out: out.ptr(),
+                        bias: b.ptr(),
+                        stride: u32_of(stride, "row stride")?,
+                        off: u32_of(off, "column")?,
+                        n: u32_of(w.rows, "rows")?,
+                        rows: u32_of(self.rows, "rows")?,
+                    }))?;
+                }
+            }
+            i = j;
         }
         Ok(())
+    }
+
+    /// paged_attn over rows `rows` of the step only (`at` planned for every row).
+    fn paged_rows(&mut self, at: &PagedAttnArgs, rows: std::ops::Range<usize>) -> Result<()> {
+        if rows.is_empty() {
+            return Ok(());
+        }
+        let (r0, n) = (rows.start as u64, u32_of(rows.len(), "rows")?);
+        let mut a = *at;
+        a.q += r0 * u64::from(a.q_stride) * 4;
+        a.rows += r0 * 8;
+        a.part += r0 * u64::from(a.nh * a.maxsplit * (a.hd + 2)) * 4;
+        a.count += r0 * u64::from(a.nkv * a.ngrp) * 4;
+        a.out += r0 * u64::from(a.nh * a.hd) * 4;
+        self.push(Launch::Paged(PagedLaunch::Attn { args: a, rows: n }))
+    }
+
+    /// Causal attention of the `n` rows from `r0` (one sequence's prompt chunk, its last row
+    /// at position `lk - 1`, block table at `toff`) on the flash attention op: keys and
+    /// values of positions `0..lk` gathered from the blocks into f16 rows, q (rotated by
+    /// rope_store) as f16, the op's output back into the f32 attention rows.
+    fn flash_rows(
+        &mut self,
+        kv: &CudaKvStore,
+        il: usize,
+        r0: usize,
+        n: usize,
+        lk: usize,
+        toff: usize,
+    ) -> Result<()> {
+        let c = &self.m.cfg;
+        let (hd, nh, nkv) = (c.head_dim, c.n_head, c.n_kv_head);
+        if self.flash.is_none() {
+            let kvb = nkv * self.lim.ctx * hd * 2;
+            self.flash = Some([
+                zeros(
+                    &self.dev,
+                    self.lim.max_rows * nh * hd * 2,
+                    "llm engine f16 q",
+                )?,
+                zeros(&self.dev, kvb, "llm engine f16 keys")?,
+                zeros(&self.dev, kvb, "llm engine f16 values")?,
+            ]);
+        }
+        let Some([qh, kh, vh]) = self.flash.clone() else {
+            return Err(Error::Other("cuda kernels: flash scratch missing".into()));
+        };
+        let qkv_w = (nh + 2 * nkv) * hd;
+        self.push(Launch::Paged(PagedLaunch::KvGather {
+            kc: kv.kc.ptr(),
+            vc: kv.vc.ptr(),
+            table: self.meta_ptr(self.layout.tables + toff),
+            layer: u32_of(il, "layer")?,
+            n_layer: u32_of(c.n_layer, "layers")?,
+            nkv: nkv as u32,
+            hd: hd as u32,
+            lk: u32_of(lk, "positions")?,
+            kout: kh.ptr(),
+            vout: vh.ptr(),
+        }))?;
+        self.push(Launch::Paged(PagedLaunch::RowsF16 {
+            x: self.qkv.ptr() + (r0 * qkv_w * 4) as u64,
+            stride: u32_of(qkv_w, "qkv width")?,
+            w: u32_of(nh * hd, "q width")?,
+            n: u32_of(n, "rows")?,
+            out: qh.ptr(),
+        }))?;
+        let f16 = ferrite_core::DType::F16;
+        let qt = self
+            .dev
+            .tensor(&qh, 0, &[1, n, nh, hd], f16)
+            .gpu()?
+            .transpose(1, 2)
+            .gpu()?;
+        let kt = self.dev.tensor(&kh, 0, &[1, nkv, lk, hd], f16).gpu()?;
+        let vt = self.dev.tensor(&vh, 0, &[1, nkv, lk, hd], f16).gpu()?;
+        let o = ferrite_core::Tensor::attention(&qt, &kt, &vt, true, Some(c.attn_scale as f64))
+            .gpu()?;
+        let (ob, ooff) = self.dev.buffer_of(&o).gpu()?;
+        self.push(Launch::Paged(PagedLaunch::AttnRows {
+            o: ob.ptr() + ooff as u64,
+            nh: nh as u32,
+            n: u32_of(n, "rows")?,
+            hd: hd as u32,
+            out: self.att.ptr() + (r0 * nh * hd * 4) as u64,
+        }))
     }
 
     fn meta_ptr(&self, section: usize) -> u64 {
@@ -669,6 +821,15 @@ impl Kernels for CudaKernels<'_> {
         self.fetched = false;
         self.tc = self.bucket.is_none() && rows >= self.tc_rows;
         self.all_rows_out = decode_only;
+        self.seqs.clear();
+        if self.tc {
+            self.seqs.extend(
+                batch
+                    .seqs
+                    .iter()
+                    .map(|s| (s.rows.start, s.rows.len(), s.pos, s.blocks.start)),
+            );
+        }
         pack_meta(
             batch,
             self.rows,
@@ -684,6 +845,21 @@ impl Kernels for CudaKernels<'_> {
         self.dev.write_bytes(&self.meta, 0, &bytes).gpu()?;
         self.plan.clear();
         Ok(())
+    }
+
+    fn replay(&mut self, kv: &mut CudaKvStore) -> Result<bool> {
+        let key = match self.bucket {
+            Some(b) if self.graphs_on && !self.eager => (b, kv.kc.ptr()),
+            _ => return Ok(false),
+        };
+        match self.graphs.get(&key) {
+            Some(g) => {
+                g.replay().gpu()?;
+                self.replays += 1;
+                Ok(true)
+            }
+            None => Ok(false),
+        }
     }
 
     fn embed(&mut self, out: Buf) -> Result<()> {
@@ -705,11 +881,27 @@ impl Kernels for CudaKernels<'_> {
         if self.tc {
             let cols = self.view(x).3;
             let h = self.half_rows(&xb, nb, cols)?;
-            for &(w, b) in outs {
-                let (m, bias) = self.mat(w);
-                let (ob, off, stride, _) = self.view(b);
+            // outputs in one buffer with one row stride take one pass (q, k, v)
+            let mut i = 0;
+            while i < outs.len() {
+                let (ob, _, stride, _) = self.view(outs[i].1);
                 let ob = ob.clone();
-                self.tc_product(&h, m, bias, &ob, off, stride, false)?;
+                let mut j = i + 1;
+                while j < outs.len() && {
+                    let (b, _, st, _) = self.view(outs[j].1);
+                    b.ptr() == ob.ptr() && st == stride
+                } {
+                    j += 1;
+                }
+                let segs: Vec<(&GpuMatrix, Option<&Buffer>, usize)> = outs[i..j]
+                    .iter()
+                    .map(|&(w, b)| {
+                        let (m, bias) = self.mat(w);
+                        (m, bias, self.view(b).1)
+                    })
+                    .collect();
+                self.tc_products(&h, &segs, &ob, stride, false)?;
+                i = j;
             }
             return Ok(());
         }
@@ -857,8 +1049,31 @@ impl Kernels for CudaKernels<'_> {
             pos_scale: rs.pos_scale,
             fused: u32::from(fused),
         };
-        self.push(Launch::Paged(PagedLaunch::Attn { args: at, rows }))?;
-        Ok(())
+        if !self.tc {
+            return self.push(Launch::Paged(PagedLaunch::Attn { args: at, rows }));
+        }
+        // A large step: prompt chunks of at least FLASH_ROWS rows (within a local layer's
+        // window) attend on the flash op, the other rows on paged_attn, in runs of rows.
+        let window = if local { c.sliding_window } else { 0 };
+        let seqs = std::mem::take(&mut self.seqs);
+        let mut run = 0..0;
+        let mut res = Ok(());
+        for &(r0, n, pos, toff) in &seqs {
+            if n >= self.flash_rows && (window == 0 || pos + n <= window) {
+                res = self
+                    .paged_rows(&at, run.clone())
+                    .and_then(|()| self.flash_rows(kv, il, r0, n, pos + n, toff));
+                if res.is_err() {
+                    break;
+                }
+                run = r0 + n..r0 + n;
+            } else {
+                run.end = r0 + n;
+            }
+        }
+        self.seqs = seqs;
+        res?;
+        self.paged_rows(&at, run)
     }
 
     fn norm_glu(
@@ -894,13 +1109,13 @@ impl Kernels for CudaKernels<'_> {
         let (eps, rows, ff) = (self.m.cfg.eps, self.rows, g.rows);
         if self.tc {
             let h = self.half_rows(&xb, Some(nw), g.cols)?;
-            let (gb, ub) = (self.gate.clone(), self.up.clone());
-            self.tc_product(&h, g, None, &gb, 0, ff, false)?;
-            self.tc_product(&h, u, None, &ub, 0, ff, false)?;
-            return self.push(Launch::Paged(PagedLaunch::Glu {
-                gate: gb.ptr(),
-                up: ub.ptr(),
+            // gate | up side by side in one product, then the gated unit
+            let gu = self.tc_gu()?;
+            self.tc_products(&h, &[(g, None, 0), (u, None, ff)], &gu, 2 * ff, false)?;
+            return self.push(Launch::Paged(PagedLaunch::GluPairs {
+                gu: gu.ptr(),
                 out: ob.ptr(),
+                ff: u32_of(ff, "n_ff")?,
                 n: (rows * ff) as u64,
                 gelu: u32::from(act == Glu::GeluTanh),
             }));
@@ -925,14 +1140,14 @@ impl Kernels for CudaKernels<'_> {
         };
         match post_norm {
             None => match &h {
-                Some(h) => self.tc_product(h, m, bias, &yb, 0, d, true),
+                Some(h) => self.tc_products(h, &[(m, bias, 0)], &yb, d, true),
                 None => self.product(&seg, Mode::Add, &xb, None, &yb, d, rows),
             },
             Some(n) => {
                 let pn = self.norm_w(n)?;
                 let tmp = self.tmp.clone();
                 match &h {
-                    Some(h) => self.tc_product(h, m, bias, &tmp, 0, d, false)?,
+                    Some(h) => self.tc_products(h, &[(m, bias, 0)], &tmp, d, false)?,
                     None => self.product(&seg, Mode::Store, &xb, None, &tmp, d, rows)?,
                 }
                 let l = decode::plan_norm(&yb, &tmp, pn, d, eps, true)?
@@ -973,6 +1188,8 @@ impl Kernels for CudaKernels<'_> {
                 logits: self.logits.ptr(),
                 n: u32_of(vocab, "vocab")?,
                 out: self.tokens_out.ptr(),
+                part: self.am_part.ptr(),
+                count: self.am_count.ptr(),
                 rows: u32_of(o, "logit rows")?,
             }))?;
         }

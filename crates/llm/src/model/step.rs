@@ -148,6 +148,15 @@ pub trait Kernels {
     /// Takes the batch of the step: sizes scratch, positions, RoPE angles, block tables.
     /// Token ids were validated by the caller.
     fn begin(&mut self, batch: &Batch) -> Result<()>;
+    /// Queues the whole step begun by `begin` from a recording of a step of the same shape
+    /// over the same KV storage (a captured CUDA graph), if the backend holds one: `true`
+    /// means the step's work is queued and the other calls of the step are skipped. A
+    /// recording reads the step's tokens, positions and block tables from where `begin` put
+    /// them, so it serves every step of that shape.
+    fn replay(&mut self, kv: &mut Self::Kv) -> Result<bool> {
+        let _ = kv;
+        Ok(false)
+    }
     /// `out[r] = embedding(tokens[r]) * embed_scale`.
     fn embed(&mut self, out: Buf) -> Result<()>;
     /// `outs[i].1 = norm(x) @ outs[i].0^T (+ the matrix's bias)`, all products sharing one
@@ -190,6 +199,9 @@ pub fn forward<K: Kernels>(cfg: &Config, k: &mut K, kv: &mut K::Kv, batch: &Batc
     let gemma = cfg.arch == Arch::Gemma3;
     let act = if gemma { Glu::GeluTanh } else { Glu::Silu };
     k.begin(batch)?;
+    if k.replay(kv)? {
+        return Ok(());
+    }
     k.embed(Buf::X)?;
     for il in 0..cfg.n_layer {
         k.norm_matmul(
