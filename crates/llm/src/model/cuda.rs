@@ -167,7 +167,10 @@ pub struct CudaKernels<'g> {
     sm: u32,
     q8: bool,
     lim: CudaLimits,
+    /// The step data's layout: this step's, and that of steps outside the graph buckets.
     layout: MetaLayout,
+    full_layout: MetaLayout,
+    meta_bytes: Vec<u8>,
     x: Buffer,
     qkv: Buffer,
     att: Buffer,
@@ -309,6 +312,8 @@ impl<'g> CudaKernels<'g> {
             ngrp,
             maxsplit,
             layout,
+            full_layout: layout,
+            meta_bytes: Vec::new(),
             lim,
             dev,
             meta_host: Vec::new(),
@@ -830,6 +835,13 @@ impl Kernels for CudaKernels<'_> {
                     .map(|s| (s.rows.start, s.rows.len(), s.pos, s.blocks.start)),
             );
         }
+        // A graph step's data is laid out for its bucket (a few hundred bytes to copy at
+        // batch 1), the others' for the largest step; a graph reads the layout it was
+        // captured with, and every step of its bucket packs the same one.
+        self.layout = match self.bucket {
+            Some(b) => MetaLayout::new(b, b, self.lim.max_table),
+            None => self.full_layout,
+        };
         pack_meta(
             batch,
             self.rows,
@@ -837,12 +849,12 @@ impl Kernels for CudaKernels<'_> {
             &self.layout,
             &mut self.meta_host,
         );
-        let bytes: Vec<u8> = self
-            .meta_host
-            .iter()
-            .flat_map(|v| v.to_le_bytes())
-            .collect();
-        self.dev.write_bytes(&self.meta, 0, &bytes).gpu()?;
+        self.meta_bytes.clear();
+        self.meta_bytes
+            .extend(self.meta_host.iter().flat_map(|v| v.to_le_bytes()));
+        self.dev
+            .write_bytes(&self.meta, 0, &self.meta_bytes)
+            .gpu()?;
         self.plan.clear();
         Ok(())
     }
