@@ -89,6 +89,7 @@ extern "C" __global__ void __launch_bounds__(AT_T) paged_attn(const PagedAttnArg
     __shared__ __align__(16) float red[AT_GMAX * 4 * AT_T];
     __shared__ float m_s[AT_GMAX], l_s[AT_GMAX], alpha_s[AT_GMAX], tmp[AT_GMAX];
     __shared__ __align__(16) float cur[2 * HD_MAX];
+    __shared__ u64 tb[AT_TILE / KV_BS + 1];
     __shared__ u32 last;
 
     const u32 tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -151,9 +152,13 @@ extern "C" __global__ void __launch_bounds__(AT_T) paged_attn(const PagedAttnArg
 
     for (u32 t0 = k0; t0 < k1; t0 += AT_TILE) {
         const u32 nt = min((u32)AT_TILE, k1 - t0);
+        // the element offset of slot 0 of each block the tile touches (this layer, head g)
+        const u32 b0 = t0 / KV_BS;
+        if (tid <= (t0 + nt - 1) / KV_BS - b0) tb[tid] = kv_at(tab[b0 + tid], a.layer, a.n_layer, a.nkv, g, 0, hd);
+        __syncthreads();
         if (tid < nt) {
             const u32 j = t0 + tid;
-            const U4* krow = (const U4*)(kc + kv_at(tab[j / KV_BS], a.layer, a.n_layer, a.nkv, g, j % KV_BS, hd));
+            const U4* krow = (const U4*)(kc + tb[j / KV_BS - b0] + (j % KV_BS) * hd);
             float d[AT_GMAX];
 #pragma unroll
             for (int h = 0; h < AT_GMAX; ++h) d[h] = 0.f;
@@ -211,8 +216,7 @@ extern "C" __global__ void __launch_bounds__(AT_T) paged_attn(const PagedAttnArg
 #pragma unroll 4
             for (u32 i = slice; i < nt; i += ks) {
                 const u32 j = t0 + i;
-                const u64 at = kv_at(tab[j / KV_BS], a.layer, a.n_layer, a.nkv, g, j % KV_BS, hd);
-                const H4 w = *(const H4*)(vc + at + 4 * dq);
+                const H4 w = *(const H4*)(vc + tb[j / KV_BS - b0] + (j % KV_BS) * hd + 4 * dq);
                 const float v0 = h2f(w.x), v1 = h2f(w.y), v2 = h2f(w.z), v3 = h2f(w.w);
 #pragma unroll
                 for (int h = 0; h < AT_GMAX; ++h) {
