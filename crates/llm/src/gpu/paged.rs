@@ -185,22 +185,25 @@ pub(crate) enum PagedLaunch {
         n: u32,
         out: u64,
     },
-    /// The attention op's f16 `[1, nh, n, hd]` output as f32 rows of `nh * hd`.
+    /// The attention op's f16 `[1, nh, n, hd]` output as 16-bit rows of `nh * hd` (bf16 if
+    /// `bf`).
     AttnRows {
         o: u64,
         nh: u32,
         n: u32,
         hd: u32,
         out: u64,
+        bf: u32,
     },
     /// `out[i][j] = act(gu[i][j]) * gu[i][ff + j]` over n = rows * ff values (gate and up
-    /// side by side in rows of 2 * ff).
+    /// side by side in f32 rows of 2 * ff; out 16-bit, bf16 if `bf`).
     GluPairs {
         gu: u64,
         out: u64,
         ff: u32,
         n: u64,
         gelu: u32,
+        bf: u32,
     },
 }
 
@@ -351,14 +354,27 @@ impl PagedLaunch {
                 let total = n as u64 * w as u64;
                 super::launch(dev, "rows_f16", &SOURCE, "rows_f16", flat(dev, total), a)
             }
-            PagedLaunch::AttnRows { o, nh, n, hd, out } => {
-                let a = KernelArgs::new().arg(o).arg(nh).arg(n).arg(hd).arg(out);
+            PagedLaunch::AttnRows {
+                o,
+                nh,
+                n,
+                hd,
+                out,
+                bf,
+            } => {
+                let a = KernelArgs::new()
+                    .arg(o)
+                    .arg(nh)
+                    .arg(n)
+                    .arg(hd)
+                    .arg(out)
+                    .arg(bf);
                 let total = n as u64 * nh as u64 * hd as u64;
                 super::launch(
                     dev,
-                    "attn_rows_f32",
+                    "attn_rows_h",
                     &SOURCE,
-                    "attn_rows_f32",
+                    "attn_rows_h",
                     flat(dev, total),
                     a,
                 )
@@ -369,9 +385,16 @@ impl PagedLaunch {
                 ff,
                 n,
                 gelu,
+                bf,
             } => {
-                let a = KernelArgs::new().arg(gu).arg(out).arg(ff).arg(n).arg(gelu);
-                super::launch(dev, "glu_pairs", &SOURCE, "glu_pairs", flat(dev, n), a)
+                let a = KernelArgs::new()
+                    .arg(gu)
+                    .arg(out)
+                    .arg(ff)
+                    .arg(n)
+                    .arg(gelu)
+                    .arg(bf);
+                super::launch(dev, "glu_pairs_h", &SOURCE, "glu_pairs_h", flat(dev, n), a)
             }
         }
     }

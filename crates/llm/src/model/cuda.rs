@@ -219,6 +219,10 @@ pub struct CudaKernels<'g> {
     h16: Option<Buffer>,
     w16: Option<Buffer>,
     gu32: Option<Buffer>,
+    /// The activation whose rows the 16-bit scratch holds for the next product of a large
+    /// step, written there by its producer (attention output, gated unit): that product
+    /// converts nothing, and the f32 rows of that activation are not written.
+    h16_holds: Option<Buf>,
     /// Prompt chunks of a large step of at least this many rows attend on the flash op.
     flash_rows: usize,
     /// Each sequence of a large step: (first row, rows, position, block-table offset).
@@ -342,6 +346,7 @@ impl<'g> CudaKernels<'g> {
             h16: None,
             w16: None,
             gu32: None,
+            h16_holds: None,
             flash_rows: FLASH_ROWS,
             seqs: Vec::new(),
             flash: None,
@@ -582,6 +587,7 @@ impl<'g> CudaKernels<'g> {
     /// The step's rows of `x` (`cols` wide, RMS-normed by `norm` if given) as 16-bit rows.
     fn half_rows(&mut self, x: &Buffer, norm: Option<&Buffer>, cols: usize) -> Result<Buffer> {
         let (h, _) = self.tc_scratch()?;
+        self.h16_holds = None;
         self.push(Launch::Paged(PagedLaunch::ToHalf {
             x: x.ptr(),
             w: norm.map_or(0, |w| w.ptr()),
@@ -654,25 +660,37 @@ impl<'g> CudaKernels<'g> {
         Ok(())
     }
 
-    /// paged_attn over rows `rows` of the step only (`at` planned for every row).
+    /// paged_attn over rows `rows` of a large step only (`at` planned for every row), its
+    /// output rows then converted into the 16-bit rows of the next product.
     fn paged_rows(&mut self, at: &PagedAttnArgs, rows: std::ops::Range<usize>) -> Result<()> {
         if rows.is_empty() {
             return Ok(());
         }
         let (r0, n) = (rows.start as u64, u32_of(rows.len(), "rows")?);
+        let w = u64::from(at.nh * at.hd);
         let mut a = *at;
         a.q += r0 * u64::from(a.q_stride) * 4;
         a.rows += r0 * 8;
         a.part += r0 * u64::from(a.nh * a.maxsplit * (a.hd + 2)) * 4;
         a.count += r0 * u64::from(a.nkv * a.ngrp) * 4;
-        a.out += r0 * u64::from(a.nh * a.hd) * 4;
-        self.push(Launch::Paged(PagedLaunch::Attn { args: a, rows: n }))
+        a.out += r0 * w * 4;
+        self.push(Launch::Paged(PagedLaunch::Attn { args: a, rows: n }))?;
+        let (h, _) = self.tc_scratch()?;
+        self.push(Launch::Paged(PagedLaunch::ToHalf {
+            x: a.out,
+            w: 0,
+            n: w as u32,
+            eps: 0.0,
+            out: h.ptr() + r0 * w * 2,
+            bf: u32::from(self.bf),
+            rows: n,
+        }))
     }
 
     /// Causal attention of the `n` rows from `r0` (one sequence's prompt chunk, its last row
     /// at position `lk - 1`, block table at `toff`) on the flash attention op: keys and
     /// values of positions `0..lk` gathered from the blocks into f16 rows, q (rotated by
-    /// rope_store) as f16, the op's output back into the f32 attention rows.
+    /// rope_store) as f16, the op's output into those rows of the 16-bit scratch.
     fn flash_rows(
         &mut self,
         kv: &CudaKvStore,
@@ -731,12 +749,14 @@ impl<'g> CudaKernels<'g> {
         let o = ferrite_core::Tensor::attention(&qt, &kt, &vt, true, Some(c.attn_scale as f64))
             .gpu()?;
         let (ob, ooff) = self.dev.buffer_of(&o).gpu()?;
+        let (h, _) = self.tc_scratch()?;
         self.push(Launch::Paged(PagedLaunch::AttnRows {
             o: ob.ptr() + ooff as u64,
             nh: nh as u32,
             n: u32_of(n, "rows")?,
             hd: hd as u32,
-            out: self.att.ptr() + (r0 * nh * hd * 4) as u64,
+            out: h.ptr() + (r0 * nh * hd * 2) as u64,
+            bf: u32::from(self.bf),
         }))
     }
 
@@ -1085,7 +1105,9 @@ impl Kernels for CudaKernels<'_> {
         }
         self.seqs = seqs;
         res?;
-        self.paged_rows(&at, run)
+        self.paged_rows(&at, run)?;
+        self.h16_holds = Some(out);
+        Ok(())
     }
 
     fn norm_glu(
@@ -1124,13 +1146,17 @@ impl Kernels for CudaKernels<'_> {
             // gate | up side by side in one product, then the gated unit
             let gu = self.tc_gu()?;
             self.tc_products(&h, &[(g, None, 0), (u, None, ff)], &gu, 2 * ff, false)?;
-            return self.push(Launch::Paged(PagedLaunch::GluPairs {
+            // the gated unit goes straight into the 16-bit rows of the down product
+            self.push(Launch::Paged(PagedLaunch::GluPairs {
                 gu: gu.ptr(),
-                out: ob.ptr(),
+                out: h.ptr(),
                 ff: u32_of(ff, "n_ff")?,
                 n: (rows * ff) as u64,
                 gelu: u32::from(act == Glu::GeluTanh),
-            }));
+                bf: u32::from(self.bf),
+            }))?;
+            self.h16_holds = Some(out);
+            return Ok(());
         }
         self.product(&segs, mode, &xb, Some((nw, eps)), &ob, ff, rows)
     }
@@ -1145,10 +1171,13 @@ impl Kernels for CudaKernels<'_> {
             out_off: 0,
         }];
         let (d, rows, eps) = (self.m.cfg.d_model, self.rows, self.m.cfg.eps);
-        let h = if self.tc {
-            Some(self.half_rows(&xb, None, m.cols)?)
-        } else {
+        let h = if !self.tc {
             None
+        } else if self.h16_holds == Some(x) {
+            self.h16_holds = None;
+            Some(self.tc_scratch()?.0)
+        } else {
+            Some(self.half_rows(&xb, None, m.cols)?)
         };
         match post_norm {
             None => match &h {
