@@ -9,6 +9,9 @@
 
 #define KV_BS 16
 #define PAD_ROW 0xffffffffu
+// Block offsets paged_attn keeps in shared memory: a chunk of up to PA_TB blocks (1,024 keys)
+// is looked up before the kernel waits on the previous one; a longer one tile by tile.
+#define PA_TB 64
 
 // Element offset of (block, layer, kv head g, slot) in the key or value buffer.
 __device__ __forceinline__ u64 kv_at(u32 blk, u32 layer, u32 n_layer, u32 nkv, u32 g, u32 slot, u32 hd) {
@@ -89,7 +92,7 @@ extern "C" __global__ void __launch_bounds__(AT_T) paged_attn(const PagedAttnArg
     __shared__ __align__(16) float red[AT_GMAX * 4 * AT_T];
     __shared__ float m_s[AT_GMAX], l_s[AT_GMAX], alpha_s[AT_GMAX], tmp[AT_GMAX];
     __shared__ __align__(16) float cur[2 * HD_MAX];
-    __shared__ u64 tb[AT_TILE / KV_BS + 1];
+    __shared__ u64 tb[PA_TB];
     __shared__ u32 last;
 
     const u32 tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -108,10 +111,17 @@ extern "C" __global__ void __launch_bounds__(AT_T) paged_attn(const PagedAttnArg
     attn_range(pos, a.window, a.maxsplit, &lo, &chunk, &nact);
     const u32 s = blockIdx.y;
     if (s >= nact) return;
-    pdl_wait();
-    pdl_launch();
     const u32 k0 = lo + s * chunk;
     const u32 k1 = min(k0 + chunk, pos + 1);
+    // The element offset of slot 0 of each block of keys k0..k1 (this layer, head g), from
+    // the block table, before the wait where they all fit (else per tile, below).
+    const u32 kb0 = k0 / KV_BS, nkb = (k1 - 1) / KV_BS - kb0 + 1;
+    const bool pre = nkb <= PA_TB;
+    if (pre) {
+        for (u32 i = tid; i < nkb; i += AT_T) tb[i] = kv_at(tab[kb0 + i], a.layer, a.n_layer, a.nkv, g, 0, hd);
+    }
+    pdl_wait();
+    pdl_launch();
     const f16* kc = (const f16*)a.kc;
     const f16* vc = (const f16*)a.vc;
     const u32 tpr = hd / 4;
@@ -137,7 +147,8 @@ extern "C" __global__ void __launch_bounds__(AT_T) paged_attn(const PagedAttnArg
         norm_rope(qs, nhb, hd, nullptr, 0.f, pos, a.pos_scale, inv, a.rope_dim, a.neox, tmp);
         if (own) {
             norm_rope(cur, 1, hd, nullptr, 0.f, pos, a.pos_scale, inv, a.rope_dim, a.neox, tmp);
-            const u64 at = kv_at(tab[pos / KV_BS], a.layer, a.n_layer, a.nkv, g, pos % KV_BS, hd);
+            const u64 at = (pre ? tb[pos / KV_BS - kb0] : kv_at(tab[pos / KV_BS], a.layer, a.n_layer, a.nkv, g, 0, hd)) +
+                           (pos % KV_BS) * hd;
             for (u32 d = tid; d < hd; d += AT_T) {
                 ((f16*)a.kc)[at + d] = f32_to_f16(cur[d]);
                 ((f16*)a.vc)[at + d] = f32_to_f16(cur[HD_MAX + d]);
@@ -152,10 +163,12 @@ extern "C" __global__ void __launch_bounds__(AT_T) paged_attn(const PagedAttnArg
 
     for (u32 t0 = k0; t0 < k1; t0 += AT_TILE) {
         const u32 nt = min((u32)AT_TILE, k1 - t0);
-        // the element offset of slot 0 of each block the tile touches (this layer, head g)
-        const u32 b0 = t0 / KV_BS;
-        if (tid <= (t0 + nt - 1) / KV_BS - b0) tb[tid] = kv_at(tab[b0 + tid], a.layer, a.n_layer, a.nkv, g, 0, hd);
-        __syncthreads();
+        // block offsets of the tile's keys, where they were not all read before the wait
+        const u32 b0 = pre ? kb0 : t0 / KV_BS;
+        if (!pre) {
+            if (tid <= (t0 + nt - 1) / KV_BS - b0) tb[tid] = kv_at(tab[b0 + tid], a.layer, a.n_layer, a.nkv, g, 0, hd);
+            __syncthreads();
+        }
         if (tid < nt) {
             const u32 j = t0 + tid;
             const U4* krow = (const U4*)(kc + tb[j / KV_BS - b0] + (j % KV_BS) * hd);
