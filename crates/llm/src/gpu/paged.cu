@@ -482,45 +482,10 @@ extern "C" __global__ void rows_f16(u64 x, u32 stride, u32 w, u32 n, u64 out) {
     }
 }
 
-// out[i][h * hd + d] (16-bit rows of nh * hd: bf16 if bf, else f16) = o[h][i][d] (f16, the
-// attention op's [1, nh, n, hd]).
-extern "C" __global__ void attn_rows_h(u64 o, u32 nh, u32 n, u32 hd, u64 out, u32 bf) {
-    pdl_wait();
-    pdl_launch();
-    const u64 total = (u64)n * nh * hd;
-    for (u64 e = (u64)blockIdx.x * blockDim.x + threadIdx.x; e < total; e += (u64)gridDim.x * blockDim.x) {
-        const u32 d = (u32)(e % hd), h = (u32)((e / hd) % nh), i = (u32)(e / ((u64)hd * nh));
-        const float v = f16_to_f32(((const f16*)o)[((u64)h * n + i) * hd + d]);
-        ((unsigned short*)out)[e] = bf ? f32_to_bf16(v).x : f32_to_f16(v).x;
-    }
-}
-
 // out[r * stride + off + j] += bias[j] for j < n. One block per row.
 extern "C" __global__ void bias_rows(u64 out, u64 bias, u32 stride, u32 off, u32 n) {
     pdl_wait();
     pdl_launch();
     float* o = (float*)out + (u64)blockIdx.x * stride + off;
     for (u32 j = threadIdx.x; j < n; j += blockDim.x) o[j] += ((const float*)bias)[j];
-}
-
-__device__ __forceinline__ float glu_act(float g, u32 gelu) {
-    if (gelu) {
-        const float c = 0.7978846f;  // sqrt(2/pi), as the CPU's gelu_tanh
-        return 0.5f * g * (1.0f + tanhf(c * (g + 0.044715f * g * g * g)));
-    }
-    return g / (1.0f + expf(-g));
-}
-
-// out[i][j] (16-bit: bf16 if bf, else f16) = act(gu[i][j]) * gu[i][ff + j] for i * ff + j < n:
-// gate and up side by side in f32 rows of 2 * ff, out packed rows of ff (the down product's
-// operand).
-extern "C" __global__ void glu_pairs_h(u64 gu, u64 out, u32 ff, u64 n, u32 gelu, u32 bf) {
-    pdl_wait();
-    pdl_launch();
-    for (u64 e = (u64)blockIdx.x * blockDim.x + threadIdx.x; e < n; e += (u64)gridDim.x * blockDim.x) {
-        const u64 i = e / ff, j = e % ff;
-        const float* row = (const float*)gu + i * 2 * ff;
-        const float v = glu_act(row[j], gelu) * row[ff + j];
-        ((unsigned short*)out)[e] = bf ? f32_to_bf16(v).x : f32_to_f16(v).x;
-    }
 }

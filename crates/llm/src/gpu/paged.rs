@@ -195,13 +195,13 @@ pub(crate) enum PagedLaunch {
         out: u64,
         bf: u32,
     },
-    /// `out[i][j] = act(gu[i][j]) * gu[i][ff + j]` over n = rows * ff values (gate and up
-    /// side by side in f32 rows of 2 * ff; out 16-bit, bf16 if `bf`).
+    /// `out[i][j] = act(gu[i][j]) * gu[i][ff + j]` for the `n` rows (gate and up side by
+    /// side in f32 rows of 2 * ff; out 16-bit, bf16 if `bf`).
     GluPairs {
         gu: u64,
         out: u64,
         ff: u32,
-        n: u64,
+        n: u32,
         gelu: u32,
         bf: u32,
     },
@@ -361,24 +361,7 @@ impl PagedLaunch {
                 hd,
                 out,
                 bf,
-            } => {
-                let a = KernelArgs::new()
-                    .arg(o)
-                    .arg(nh)
-                    .arg(n)
-                    .arg(hd)
-                    .arg(out)
-                    .arg(bf);
-                let total = n as u64 * nh as u64 * hd as u64;
-                super::launch(
-                    dev,
-                    "attn_rows_h",
-                    &SOURCE,
-                    "attn_rows_h",
-                    flat(dev, total),
-                    a,
-                )
-            }
+            } => super::prefill::attn_out(dev, o, nh, n, hd, out, bf != 0),
             PagedLaunch::GluPairs {
                 gu,
                 out,
@@ -386,16 +369,7 @@ impl PagedLaunch {
                 n,
                 gelu,
                 bf,
-            } => {
-                let a = KernelArgs::new()
-                    .arg(gu)
-                    .arg(out)
-                    .arg(ff)
-                    .arg(n)
-                    .arg(gelu)
-                    .arg(bf);
-                super::launch(dev, "glu_pairs_h", &SOURCE, "glu_pairs_h", flat(dev, n), a)
-            }
+            } => super::prefill::glu(dev, gu, n, ff, gelu != 0, out, bf != 0),
         }
     }
 }

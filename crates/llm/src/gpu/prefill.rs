@@ -97,6 +97,48 @@ pub(crate) fn dequant_rows(
     launch(dev, "pf_dequant", cfg, args)
 }
 
+/// `out` (16-bit rows of nh * hd: bf16 if `bf`) = the attention op's f16 `[1, nh, n, hd]`
+/// output at `o` (`pf_attn_out`).
+pub(crate) fn attn_out(
+    dev: &CudaDevice,
+    o: u64,
+    nh: u32,
+    n: u32,
+    hd: u32,
+    out: u64,
+    bf: bool,
+) -> Result<()> {
+    let a = KernelArgs::new()
+        .arg(o)
+        .arg(nh)
+        .arg(n)
+        .arg(hd)
+        .arg(out)
+        .arg(bf as u32);
+    launch(dev, "pf_attn_out", flat(dev, (n * nh * hd) as usize), a)
+}
+
+/// `out` (16-bit rows of ff: bf16 if `bf`) = act(gate) * up of `n` f32 rows of `2 * ff`
+/// (gate | up side by side) at `gu`; tanh-GELU if `gelu`, else SiLU (`pf_glu`).
+pub(crate) fn glu(
+    dev: &CudaDevice,
+    gu: u64,
+    n: u32,
+    ff: u32,
+    gelu: bool,
+    out: u64,
+    bf: bool,
+) -> Result<()> {
+    let a = KernelArgs::new()
+        .arg(gu)
+        .arg(n)
+        .arg(ff)
+        .arg(gelu as u32)
+        .arg(out)
+        .arg(bf as u32);
+    launch(dev, "pf_glu", flat(dev, n as usize * ff as usize), a)
+}
+
 /// Grid for `n` independent items, 256 threads a block.
 fn flat(dev: &CudaDevice, n: usize) -> LaunchConfig {
     let blocks = n.div_ceil(256).clamp(1, dev.sm_count() as usize * 16);
@@ -369,17 +411,14 @@ impl Prefill {
                 .gpu()?;
             let o = Tensor::attention(&qt, &kt, &vt, true, Some(c.attn_scale as f64)).gpu()?;
             let (ob, ooff) = dev.buffer_of(&o).gpu()?;
-            launch(
+            attn_out(
                 dev,
-                "pf_attn_out",
-                flat(dev, n * nq),
-                KernelArgs::new()
-                    .arg(ob.ptr() + ooff as u64)
-                    .arg(nh as u32)
-                    .arg(n as u32)
-                    .arg(hd as u32)
-                    .arg(self.h.ptr())
-                    .arg(self.bf()),
+                ob.ptr() + ooff as u64,
+                nh as u32,
+                n as u32,
+                hd as u32,
+                self.h.ptr(),
+                self.bf() != 0,
             )?;
             drop(o);
             self.dequant(dev, &l.wo, 0, l.wo.rows, 0)?;
@@ -395,17 +434,14 @@ impl Prefill {
             self.dequant(dev, &l.w_gate, 0, ff, 0)?;
             self.dequant(dev, &l.w_up, 0, ff, ff)?;
             self.gemm(dev, &self.h, n, d, 2 * ff, (&self.y, 0, 2 * ff), false)?;
-            launch(
+            glu(
                 dev,
-                "pf_glu",
-                flat(dev, n * ff),
-                KernelArgs::new()
-                    .arg(self.y.ptr())
-                    .arg(n as u32)
-                    .arg(ff as u32)
-                    .arg((c.arch == Arch::Gemma3) as u32)
-                    .arg(self.h.ptr())
-                    .arg(self.bf()),
+                self.y.ptr(),
+                n as u32,
+                ff as u32,
+                c.arch == Arch::Gemma3,
+                self.h.ptr(),
+                self.bf() != 0,
             )?;
             self.dequant(dev, &l.w_down, 0, d, 0)?;
             match &l.post_ffn_norm {

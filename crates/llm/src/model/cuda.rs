@@ -1151,7 +1151,7 @@ impl Kernels for CudaKernels<'_> {
                 gu: gu.ptr(),
                 out: h.ptr(),
                 ff: u32_of(ff, "n_ff")?,
-                n: (rows * ff) as u64,
+                n: u32_of(rows, "rows")?,
                 gelu: u32::from(act == Glu::GeluTanh),
                 bf: u32::from(self.bf),
             }))?;
