@@ -27,6 +27,12 @@ pub fn dot_q4_0(isa: Isa, w: &[u8], a: &[BlockQ8]) -> f32 {
 pub fn dot_q4_1(isa: Isa, w: &[u8], a: &[BlockQ8]) -> f32 {
     assert!(w.len() >= a.len() * Q4_1_BYTES);
     #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx512 {
+        // SAFETY: Isa::Avx512 implies runtime-detected avx512f/bw/vl/vnni, avx2, fma and
+        // f16c; lengths checked above.
+        return unsafe { avx512::tile([w], [a], None) }[0][0];
+    }
+    #[cfg(target_arch = "x86_64")]
     if isa.avx2() {
         // SAFETY: as in dot_q4_0.
         return unsafe { x86::dot_q4_1(w, a) };
@@ -40,6 +46,12 @@ pub fn dot_q4_1(isa: Isa, w: &[u8], a: &[BlockQ8]) -> f32 {
 pub fn dot_q4_1_x4(isa: Isa, w: &[u8], a: [&[BlockQ8]; 4]) -> [f32; 4] {
     let nb = a[0].len();
     assert!(a.iter().all(|x| x.len() == nb) && w.len() >= nb * Q4_1_BYTES);
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx512 {
+        // SAFETY: Isa::Avx512 implies runtime-detected avx512f/bw/vl/vnni, avx2, fma and
+        // f16c; lengths checked above.
+        return unsafe { avx512::tile([w], a, None) }[0];
+    }
     #[cfg(target_arch = "x86_64")]
     if isa.avx2() {
         // SAFETY: as in dot_q4_0; all four activation rows have nb blocks.
@@ -58,6 +70,12 @@ pub fn dot_q4_1_x4_x2(isa: Isa, w: &[u8], hi: [&[BlockQ8]; 4], lo: [&[BlockQ8]; 
         "dot_q4_1_x4_x2: activation rows of unequal length or a short weight row"
     );
     #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx512 {
+        // SAFETY: Isa::Avx512 implies runtime-detected avx512f/bw/vl/vnni, avx2, fma and
+        // f16c; lengths checked above.
+        return unsafe { avx512::tile([w], hi, Some(lo)) }[0];
+    }
+    #[cfg(target_arch = "x86_64")]
     if isa.avx2() {
         // SAFETY: as in dot_q4_0; all eight activation rows have nb blocks.
         return unsafe { x86::dot_q4_1_x4_x2(w, hi, lo) };
@@ -70,6 +88,12 @@ pub fn dot_q4_1_x4_x2(isa: Isa, w: &[u8], hi: [&[BlockQ8]; 4], lo: [&[BlockQ8]; 
 /// once for the four rows): `[dot(w[0], a), .., dot(w[3], a)]`.
 pub fn dot_q4_1_rows4(isa: Isa, w: [&[u8]; 4], a: &[BlockQ8]) -> [f32; 4] {
     assert!(w.iter().all(|r| r.len() >= a.len() * Q4_1_BYTES));
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx512 {
+        // SAFETY: Isa::Avx512 implies runtime-detected avx512f/bw/vl/vnni, avx2, fma and
+        // f16c; lengths checked above.
+        return unsafe { avx512::tile(w, [a], None) }.map(|o| o[0]);
+    }
     #[cfg(target_arch = "x86_64")]
     if isa == Isa::Vnni {
         // SAFETY: Isa::Vnni implies runtime-detected avx2/fma/f16c/avxvnni; lengths checked.
@@ -90,6 +114,12 @@ pub fn dot_q4_1_rows4(isa: Isa, w: [&[u8]; 4], a: &[BlockQ8]) -> [f32; 4] {
 pub fn dot_q4_1_x2(isa: Isa, w: &[u8], hi: &[BlockQ8], lo: &[BlockQ8]) -> f32 {
     assert!(w.len() >= hi.len() * Q4_1_BYTES && lo.len() == hi.len());
     #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx512 {
+        // SAFETY: Isa::Avx512 implies runtime-detected avx512f/bw/vl/vnni, avx2, fma and
+        // f16c; lengths checked above.
+        return unsafe { avx512::tile([w], [hi], Some([lo])) }[0][0];
+    }
+    #[cfg(target_arch = "x86_64")]
     if isa.avx2() {
         // SAFETY: as in dot_q4_0; lengths checked above.
         let [r, ..] = unsafe { x86::dot_q4_1_rows4_x2([w, w, w, w], hi, lo) };
@@ -103,6 +133,12 @@ pub fn dot_q4_1_x2(isa: Isa, w: &[u8], hi: &[BlockQ8], lo: &[BlockQ8]) -> f32 {
 pub fn dot_q4_1_rows4_x2(isa: Isa, w: [&[u8]; 4], hi: &[BlockQ8], lo: &[BlockQ8]) -> [f32; 4] {
     assert!(w.iter().all(|r| r.len() >= hi.len() * Q4_1_BYTES) && lo.len() == hi.len());
     #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx512 {
+        // SAFETY: Isa::Avx512 implies runtime-detected avx512f/bw/vl/vnni, avx2, fma and
+        // f16c; lengths checked above.
+        return unsafe { avx512::tile(w, [hi], Some([lo])) }.map(|o| o[0]);
+    }
+    #[cfg(target_arch = "x86_64")]
     if isa == Isa::Vnni {
         // SAFETY: Isa::Vnni implies runtime-detected avx2/fma/f16c/avxvnni; lengths checked.
         return unsafe { x86::dot_q4_1_rows4_x2_vnni(w, hi, lo) };
@@ -114,6 +150,62 @@ pub fn dot_q4_1_rows4_x2(isa: Isa, w: [&[u8]; 4], hi: &[BlockQ8], lo: &[BlockQ8]
     }
     let _ = isa;
     w.map(|r| dot_q4_1_scalar(r, hi) + dot_q4_1_scalar(r, lo))
+}
+
+/// Products of `R` Q4_1 rows with `K` activation rows: `out[r][k] = dot(w[r], hi[k])`, or,
+/// with q8x2 activations (`lo`, see [`dot_q4_1_x2`]), `dot(w[r], hi[k] + lo[k])`. Each
+/// `(r, k)` has the bits of the one-row kernel of the same instruction set, whatever `R` and
+/// `K`; on AVX-512 one pass over the blocks serves the whole tile, elsewhere the tile is
+/// composed of the four-row, four-activation-row and one-row kernels.
+pub fn dot_q4_1_tile<const R: usize, const K: usize>(
+    isa: Isa,
+    w: [&[u8]; R],
+    hi: [&[BlockQ8]; K],
+    lo: Option<[&[BlockQ8]; K]>,
+) -> [[f32; K]; R] {
+    let nb = hi.first().map_or(0, |h| h.len());
+    assert!(
+        hi.iter().chain(lo.iter().flatten()).all(|x| x.len() == nb)
+            && w.iter().all(|r| r.len() >= nb * Q4_1_BYTES)
+            && K <= 4,
+        "dot_q4_1_tile: activation rows of unequal length, a short weight row or K > 4"
+    );
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx512 {
+        // SAFETY: Isa::Avx512 is only produced after runtime detection of avx512f/bw/vl/vnni,
+        // avx2, fma and f16c; every row holds nb blocks (checked above).
+        return unsafe { avx512::tile(w, hi, lo) };
+    }
+    let mut out = [[0f32; K]; R];
+    if R == 4 && K == 1 {
+        let w4: [&[u8]; 4] = std::array::from_fn(|r| w[r]);
+        let v = match lo {
+            Some(l) => dot_q4_1_rows4_x2(isa, w4, hi[0], l[0]),
+            None => dot_q4_1_rows4(isa, w4, hi[0]),
+        };
+        for (o, x) in out.iter_mut().zip(v) {
+            o[0] = x;
+        }
+        return out;
+    }
+    for (o, &wr) in out.iter_mut().zip(&w) {
+        if K == 4 {
+            let h4: [&[BlockQ8]; 4] = std::array::from_fn(|k| hi[k]);
+            let v = match lo {
+                Some(l) => dot_q4_1_x4_x2(isa, wr, h4, std::array::from_fn(|k| l[k])),
+                None => dot_q4_1_x4(isa, wr, h4),
+            };
+            o.copy_from_slice(&v[..K]);
+        } else {
+            for k in 0..K {
+                o[k] = match lo {
+                    Some(l) => dot_q4_1_x2(isa, wr, hi[k], l[k]),
+                    None => dot_q4_1(isa, wr, hi[k]),
+                };
+            }
+        }
+    }
+    out
 }
 
 pub fn dot_q4_0_scalar(w: &[u8], a: &[BlockQ8]) -> f32 {
@@ -419,6 +511,142 @@ pub(crate) mod x86 {
     }
 }
 
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod avx512 {
+    use std::arch::x86_64::*;
+
+    use super::super::q8::BlockQ8;
+    use super::super::x86::{act_pair, pack_ds, pair_scale_index, reduce16, TILES_AHEAD};
+    use super::Q4_1_BYTES;
+
+    /// Block pair (i, i + 1) of a Q4_1 row, `p` at block i: 64 u8 lanes (block i's elements
+    /// 0..32, then block i + 1's; zeros when `two` is false) and the f32 lanes
+    /// `[d_i, m_i, d_i+1, m_i+1]`.
+    ///
+    /// # Safety
+    /// avx512f/bw/vl, avx2 and f16c must be available; block i (and i + 1 when `two`) lies
+    /// at `p`.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+    unsafe fn weight_pair(p: *const u8, two: bool) -> (__m512i, __m128) {
+        // SAFETY: the blocks read lie at p (caller's contract); loads are unaligned.
+        unsafe {
+            let h0 = (p as *const i32).read_unaligned();
+            let a = _mm_loadu_si128(p.add(4) as *const __m128i);
+            let (h1, b) = if two {
+                let p1 = p.add(Q4_1_BYTES);
+                (
+                    (p1 as *const i32).read_unaligned(),
+                    _mm_loadu_si128(p1.add(4) as *const __m128i),
+                )
+            } else {
+                (0, _mm_setzero_si128())
+            };
+            let x = _mm256_set_m128i(b, a);
+            // [a, b, a >> 4, b >> 4] -> [a, a >> 4, b, b >> 4], then the nibble mask.
+            let v = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(x), _mm256_srli_epi16(x, 4));
+            let v = _mm512_shuffle_i64x2::<0b11_01_10_00>(v, v);
+            let q = _mm512_and_si512(v, _mm512_set1_epi8(0x0F));
+            (q, _mm_cvtph_ps(_mm_setr_epi32(h0, h1, 0, 0)))
+        }
+    }
+
+    /// `out[r][k] = dot(w[r], hi[k])`, or `dot(w[r], hi[k] + lo[k])` with `lo` (q8x2), over
+    /// `hi[0].len()` blocks. Per block pair and `(r, k)`: one 512-bit `vpdpbusd` (q8x2: two
+    /// and a shift, `256 * sum(q * hi) + sum(q * lo)`, at most 8 * 15 * 127 * 257 per lane),
+    /// scaled by `d * a.d` into a 16-lane accumulator; the offsets `m * a.s` accumulate in
+    /// lanes `4k + 1` and `4k + 3` of one vector per weight row. Every `(r, k)` sees the same
+    /// float operations in the same order whatever `R` and `K` are.
+    ///
+    /// # Safety
+    /// avx512f/bw/vl/vnni, avx2, fma and f16c must be available; `K <= 4`; every activation
+    /// row has `hi[0].len()` blocks and every weight row at least that many.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    pub unsafe fn tile<const R: usize, const K: usize>(
+        w: [&[u8]; R],
+        hi: [&[BlockQ8]; K],
+        lo: Option<[&[BlockQ8]; K]>,
+    ) -> [[f32; K]; R] {
+        // SAFETY: the caller's contract.
+        unsafe {
+            match lo {
+                Some(lo) => tile_impl::<R, K, true>(w, hi, lo),
+                None => tile_impl::<R, K, false>(w, hi, hi),
+            }
+        }
+    }
+
+    /// `tile`, with `X2` choosing q8x2 (`lo` read) or q8 (`lo` ignored) at compile time.
+    ///
+    /// # Safety
+    /// As `tile`; `lo` rows as long as `hi` rows.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    unsafe fn tile_impl<const R: usize, const K: usize, const X2: bool>(
+        w: [&[u8]; R],
+        hi: [&[BlockQ8]; K],
+        lo: [&[BlockQ8]; K],
+    ) -> [[f32; K]; R] {
+        let nb = hi.first().map_or(0, |h| h.len());
+        let mut acc = [[_mm512_setzero_ps(); K]; R];
+        let mut offs = [_mm512_setzero_ps(); R];
+        let mut idx = [_mm512_setzero_si512(); K];
+        for (k, x) in idx.iter_mut().enumerate() {
+            *x = pair_scale_index(k);
+        }
+        // Prefetch distance: the same block TILES_AHEAD tiles of rows further on (the rows
+        // of a matrix are contiguous, so that is where this walk of the matrix goes next).
+        let ahead = TILES_AHEAD * R * w.first().map_or(0, |r| r.len());
+        let zero = _mm512_setzero_si512();
+        let mut i = 0;
+        while i < nb {
+            let two = i + 1 < nb;
+            let mut qh = [zero; K];
+            let mut ql = [zero; K];
+            let mut ds = [_mm_setzero_ps(); K];
+            for k in 0..K {
+                // SAFETY: blocks i (and i + 1 when two) exist in every activation row.
+                let (h, l, d) =
+                    unsafe { act_pair(hi[k].as_ptr(), X2.then(|| lo[k].as_ptr()), i, two) };
+                (qh[k], ql[k], ds[k]) = (h, l, d);
+            }
+            let ds = pack_ds(ds);
+            for r in 0..R {
+                // SAFETY: block i (and i + 1) lies within row r (caller's contract); the
+                // prefetch is a hint only and may point past the matrix.
+                let (q, dm) = unsafe {
+                    let p = w[r].as_ptr().add(i * Q4_1_BYTES);
+                    _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(ahead) as *const i8);
+                    weight_pair(p, two)
+                };
+                let prod = _mm512_mul_ps(_mm512_broadcast_f32x4(dm), ds);
+                offs[r] = _mm512_add_ps(offs[r], prod);
+                for k in 0..K {
+                    let s = if X2 {
+                        let h = _mm512_dpbusd_epi32(zero, q, qh[k]);
+                        _mm512_dpbusd_epi32(_mm512_slli_epi32::<8>(h), q, ql[k])
+                    } else {
+                        _mm512_dpbusd_epi32(zero, q, qh[k])
+                    };
+                    let scale = _mm512_permutexvar_ps(idx[k], prod);
+                    acc[r][k] = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(s), acc[r][k]);
+                }
+            }
+            i += 2;
+        }
+        let mut out = [[0f32; K]; R];
+        for r in 0..R {
+            let mut o = [0f32; 16];
+            // SAFETY: o holds 16 f32.
+            unsafe { _mm512_storeu_ps(o.as_mut_ptr(), offs[r]) };
+            for k in 0..K {
+                out[r][k] = reduce16(acc[r][k]) + (o[4 * k + 1] + o[4 * k + 3]);
+            }
+        }
+        out
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -582,6 +810,64 @@ mod tests {
                         one.to_bits(),
                         "{isa:?} nb={nb} rows4_x2 row {k}"
                     );
+                }
+            }
+        }
+    }
+
+    /// Every tile shape the product uses (4x4, 1x4, 4x1, 1x1; q8 and q8x2) gives each
+    /// (weight row, activation row) the bits of the one-row kernel, on every instruction
+    /// set, and stays within rounding of the scalar reference; odd block counts exercise
+    /// the AVX-512 kernels' lone last block.
+    #[test]
+    fn tiles_agree_bit_for_bit_and_match_scalar() {
+        use crate::kernels::q8::quantize_q8x2;
+        for nb in [1usize, 2, 3, 18, 33, 48] {
+            let (mut hi, mut lo) = (Vec::new(), Vec::new());
+            for k in 0..4u64 {
+                let x = crate::kernels::test_util::rand_f32(nb * 32, 110 + k + nb as u64);
+                let (mut h, mut l) = (vec![BlockQ8::default(); nb], vec![BlockQ8::default(); nb]);
+                quantize_q8x2(&x, &mut h, &mut l);
+                hi.push(h);
+                lo.push(l);
+            }
+            let ws: Vec<Vec<u8>> = (0..4)
+                .map(|k| rand_blocks(nb, Q4_1_BYTES, &[0, 2], 120 + k + nb as u64))
+                .collect();
+            let w4 = [&ws[0][..], &ws[1], &ws[2], &ws[3]];
+            let h4 = [&hi[0][..], &hi[1], &hi[2], &hi[3]];
+            let l4 = [&lo[0][..], &lo[1], &lo[2], &lo[3]];
+            for isa in Isa::available() {
+                for x2 in [false, true] {
+                    let l = x2.then_some(l4);
+                    let t44 = dot_q4_1_tile(isa, w4, h4, l);
+                    let t41 = dot_q4_1_tile(isa, w4, [h4[2]], l.map(|l| [l[2]]));
+                    for r in 0..4 {
+                        let [t14] = dot_q4_1_tile(isa, [w4[r]], h4, l);
+                        for k in 0..4 {
+                            let [[one]] = dot_q4_1_tile(isa, [w4[r]], [h4[k]], l.map(|l| [l[k]]));
+                            let direct = if x2 {
+                                dot_q4_1_x2(isa, w4[r], h4[k], l4[k])
+                            } else {
+                                dot_q4_1(isa, w4[r], h4[k])
+                            };
+                            let what = format!("{isa:?} x2={x2} nb={nb} r={r} k={k}");
+                            assert_eq!(one.to_bits(), direct.to_bits(), "1x1 {what}");
+                            assert_eq!(t44[r][k].to_bits(), one.to_bits(), "4x4 {what}");
+                            assert_eq!(t14[k].to_bits(), one.to_bits(), "1x4 {what}");
+                            if k == 2 {
+                                assert_eq!(t41[r][0].to_bits(), one.to_bits(), "4x1 {what}");
+                            }
+                            let mut want = dot_q4_1_scalar(w4[r], h4[k]);
+                            if x2 {
+                                want += dot_q4_1_scalar(w4[r], l4[k]);
+                            }
+                            assert!(
+                                (one - want).abs() <= 1e-4 * (1.0 + want.abs()),
+                                "{what}: {one} vs {want}"
+                            );
+                        }
+                    }
                 }
             }
         }
