@@ -521,7 +521,8 @@ pub(crate) mod avx512 {
 
     /// Block pair (i, i + 1) of a Q4_1 row, `p` at block i: 64 u8 lanes (block i's elements
     /// 0..32, then block i + 1's; zeros when `two` is false) and the f32 lanes
-    /// `[d_i, m_i, d_i+1, m_i+1]`.
+    /// `[d_i, m_i, d_i+1, m_i+1]`. The pair is 40 contiguous bytes (20 words: d, m, 8 words
+    /// of nibbles, twice), read by one masked load and spread by two word permutations.
     ///
     /// # Safety
     /// avx512f/bw/vl, avx2 and f16c must be available; block i (and i + 1 when `two`) lies
@@ -529,26 +530,33 @@ pub(crate) mod avx512 {
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
     unsafe fn weight_pair(p: *const u8, two: bool) -> (__m512i, __m128) {
-        // SAFETY: the blocks read lie at p (caller's contract); loads are unaligned.
-        unsafe {
-            let h0 = (p as *const i32).read_unaligned();
-            let a = _mm_loadu_si128(p.add(4) as *const __m128i);
-            let (h1, b) = if two {
-                let p1 = p.add(Q4_1_BYTES);
-                (
-                    (p1 as *const i32).read_unaligned(),
-                    _mm_loadu_si128(p1.add(4) as *const __m128i),
-                )
-            } else {
-                (0, _mm_setzero_si128())
-            };
-            let x = _mm256_set_m128i(b, a);
-            // [a, b, a >> 4, b >> 4] -> [a, a >> 4, b, b >> 4], then the nibble mask.
-            let v = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(x), _mm256_srli_epi16(x, 4));
-            let v = _mm512_shuffle_i64x2::<0b11_01_10_00>(v, v);
-            let q = _mm512_and_si512(v, _mm512_set1_epi8(0x0F));
-            (q, _mm_cvtph_ps(_mm_setr_epi32(h0, h1, 0, 0)))
-        }
+        // Words 2..10 are block i's nibbles, 12..20 block i + 1's; each set twice, the
+        // second copy shifted right by 4 (the high nibbles).
+        const IDX_Q: [i16; 32] = [
+            2, 3, 4, 5, 6, 7, 8, 9, 2, 3, 4, 5, 6, 7, 8, 9, 12, 13, 14, 15, 16, 17, 18, 19, 12, 13,
+            14, 15, 16, 17, 18, 19,
+        ];
+        const IDX_H: [i16; 32] = {
+            let mut a = [0i16; 32];
+            (a[1], a[2], a[3]) = (1, 10, 11);
+            a
+        };
+        // SAFETY: both are 64-byte arrays.
+        let (idx_q, idx_h) = unsafe {
+            (
+                _mm512_loadu_si512(IDX_Q.as_ptr() as *const __m512i),
+                _mm512_loadu_si512(IDX_H.as_ptr() as *const __m512i),
+            )
+        };
+        let mask: __mmask32 = if two { 0xF_FFFF } else { 0x3FF };
+        // SAFETY: the words loaded (mask) lie at p (caller's contract); masked-off words are
+        // not read.
+        let v = unsafe { _mm512_maskz_loadu_epi16(mask, p as *const i16) };
+        let q = _mm512_permutexvar_epi16(idx_q, v);
+        let q = _mm512_mask_srli_epi16::<4>(q, 0xFF00_FF00, q);
+        let q = _mm512_and_si512(q, _mm512_set1_epi8(0x0F));
+        let h = _mm512_castsi512_si128(_mm512_permutexvar_epi16(idx_h, v));
+        (q, _mm_cvtph_ps(h))
     }
 
     /// `out[r][k] = dot(w[r], hi[k])`, or `dot(w[r], hi[k] + lo[k])` with `lo` (q8x2), over
