@@ -86,6 +86,13 @@ impl Isa {
         v
     }
 
+    /// [`Isa::detect`], computed once per process (for code without an `Isa` at hand whose
+    /// result does not depend on it, such as the activation quantizers).
+    pub fn cached() -> Isa {
+        static ISA: std::sync::OnceLock<Isa> = std::sync::OnceLock::new();
+        *ISA.get_or_init(Isa::detect)
+    }
+
     /// Whether the AVX2 kernels may run.
     pub fn avx2(self) -> bool {
         self != Isa::Scalar
