@@ -167,8 +167,9 @@ pub fn dot_q4_1_tile<const R: usize, const K: usize>(
     assert!(
         hi.iter().chain(lo.iter().flatten()).all(|x| x.len() == nb)
             && w.iter().all(|r| r.len() >= nb * Q4_1_BYTES)
+            && R <= 4
             && K <= 4,
-        "dot_q4_1_tile: activation rows of unequal length, a short weight row or K > 4"
+        "dot_q4_1_tile: activation rows of unequal length, a short weight row, R > 4 or K > 4"
     );
     #[cfg(target_arch = "x86_64")]
     if isa == Isa::Avx512 {
@@ -516,59 +517,60 @@ pub(crate) mod avx512 {
     use std::arch::x86_64::*;
 
     use super::super::q8::BlockQ8;
-    use super::super::x86::{act_pair, pack_ds, pair_scale_index, reduce16, TILES_AHEAD};
+    use super::super::x86::{act_pair, pair_scale_index, reduce16, TILES_AHEAD};
     use super::Q4_1_BYTES;
 
     /// Block pair (i, i + 1) of a Q4_1 row, `p` at block i: 64 u8 lanes (block i's elements
-    /// 0..32, then block i + 1's; zeros when `two` is false) and the f32 lanes
-    /// `[d_i, m_i, d_i+1, m_i+1]`. The pair is 40 contiguous bytes (20 words: d, m, 8 words
-    /// of nibbles, twice), read by one masked load and spread by two word permutations.
+    /// 0..32, then block i + 1's; zeros when `two` is false) and the pair's 20 words as read
+    /// (d, m, 8 words of nibbles, twice; zeros past block i when `two` is false), from which
+    /// `HDR_IDX` picks the headers. The pair is 40 contiguous bytes: one masked load.
     ///
     /// # Safety
-    /// avx512f/bw/vl, avx2 and f16c must be available; block i (and i + 1 when `two`) lies
-    /// at `p`.
+    /// avx512f/bw/vl and avx2 must be available; block i (and i + 1 when `two`) lies at `p`.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-    unsafe fn weight_pair(p: *const u8, two: bool) -> (__m512i, __m128) {
+    unsafe fn weight_pair(p: *const u8, two: bool) -> (__m512i, __m512i) {
         // Words 2..10 are block i's nibbles, 12..20 block i + 1's; each set twice, the
         // second copy shifted right by 4 (the high nibbles).
         const IDX_Q: [i16; 32] = [
             2, 3, 4, 5, 6, 7, 8, 9, 2, 3, 4, 5, 6, 7, 8, 9, 12, 13, 14, 15, 16, 17, 18, 19, 12, 13,
             14, 15, 16, 17, 18, 19,
         ];
-        const IDX_H: [i16; 32] = {
-            let mut a = [0i16; 32];
-            (a[1], a[2], a[3]) = (1, 10, 11);
-            a
-        };
-        // SAFETY: both are 64-byte arrays.
-        let (idx_q, idx_h) = unsafe {
-            (
-                _mm512_loadu_si512(IDX_Q.as_ptr() as *const __m512i),
-                _mm512_loadu_si512(IDX_H.as_ptr() as *const __m512i),
-            )
-        };
+        // SAFETY: a 64-byte array.
+        let idx_q = unsafe { _mm512_loadu_si512(IDX_Q.as_ptr() as *const __m512i) };
         let mask: __mmask32 = if two { 0xF_FFFF } else { 0x3FF };
         // SAFETY: the words loaded (mask) lie at p (caller's contract); masked-off words are
         // not read.
         let v = unsafe { _mm512_maskz_loadu_epi16(mask, p as *const i16) };
         let q = _mm512_permutexvar_epi16(idx_q, v);
         let q = _mm512_mask_srli_epi16::<4>(q, 0xFF00_FF00, q);
-        let q = _mm512_and_si512(q, _mm512_set1_epi8(0x0F));
-        let h = _mm512_castsi512_si128(_mm512_permutexvar_epi16(idx_h, v));
-        (q, _mm_cvtph_ps(h))
+        (_mm512_and_si512(q, _mm512_set1_epi8(0x0F)), v)
     }
+
+    /// Word 4r + j of the header vector takes word `[0, 1, 10, 11][j]` (d_i, m_i, d_i+1,
+    /// m_i+1) of row r's `weight_pair` words.
+    const HDR_IDX: [i16; 32] = {
+        let mut a = [0i16; 32];
+        let mut k = 0;
+        while k < 32 {
+            a[k] = [0, 1, 10, 11][k % 4];
+            k += 1;
+        }
+        a
+    };
 
     /// `out[r][k] = dot(w[r], hi[k])`, or `dot(w[r], hi[k] + lo[k])` with `lo` (q8x2), over
     /// `hi[0].len()` blocks. Per block pair and `(r, k)`: one 512-bit `vpdpbusd` (q8x2: two
     /// and a shift, `256 * sum(q * hi) + sum(q * lo)`, at most 8 * 15 * 127 * 257 per lane),
-    /// scaled by `d * a.d` into a 16-lane accumulator; the offsets `m * a.s` accumulate in
-    /// lanes `4k + 1` and `4k + 3` of one vector per weight row. Every `(r, k)` sees the same
-    /// float operations in the same order whatever `R` and `K` are.
+    /// scaled by `d * a.d` into a 16-lane accumulator. The headers of the R rows are converted
+    /// together (lanes `4r..4r + 4`: d, m, d, m), multiplied per activation row k by its
+    /// `[a.d, a.s, a.d, a.s]`; the offsets `m * a.s` accumulate in lanes `4r + 1` and
+    /// `4r + 3` of one vector per k. Every `(r, k)` sees the same float operations in the
+    /// same order whatever `R` and `K` are.
     ///
     /// # Safety
-    /// avx512f/bw/vl/vnni, avx2, fma and f16c must be available; `K <= 4`; every activation
-    /// row has `hi[0].len()` blocks and every weight row at least that many.
+    /// avx512f/bw/vl/vnni, avx2, fma and f16c must be available; `R <= 4`, `K <= 4`; every
+    /// activation row has `hi[0].len()` blocks and every weight row at least that many.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
     pub unsafe fn tile<const R: usize, const K: usize>(
         w: [&[u8]; R],
@@ -597,11 +599,13 @@ pub(crate) mod avx512 {
     ) -> [[f32; K]; R] {
         let nb = hi.first().map_or(0, |h| h.len());
         let mut acc = [[_mm512_setzero_ps(); K]; R];
-        let mut offs = [_mm512_setzero_ps(); R];
-        let mut idx = [_mm512_setzero_si512(); K];
-        for (k, x) in idx.iter_mut().enumerate() {
-            *x = pair_scale_index(k);
+        let mut offs = [_mm512_setzero_ps(); K];
+        let mut idx = [_mm512_setzero_si512(); R];
+        for (r, x) in idx.iter_mut().enumerate() {
+            *x = pair_scale_index(r);
         }
+        // SAFETY: a 64-byte array.
+        let hdr_idx = unsafe { _mm512_loadu_si512(HDR_IDX.as_ptr() as *const __m512i) };
         // Prefetch distance: the same block TILES_AHEAD tiles of rows further on (the rows
         // of a matrix are contiguous, so that is where this walk of the matrix goes next).
         let ahead = TILES_AHEAD * R * w.first().map_or(0, |r| r.len());
@@ -609,46 +613,46 @@ pub(crate) mod avx512 {
         let mut i = 0;
         while i < nb {
             let two = i + 1 < nb;
-            let mut qh = [zero; K];
-            let mut ql = [zero; K];
-            let mut ds = [_mm_setzero_ps(); K];
-            for k in 0..K {
-                // SAFETY: blocks i (and i + 1 when two) exist in every activation row.
-                let (h, l, d) =
-                    unsafe { act_pair(hi[k].as_ptr(), X2.then(|| lo[k].as_ptr()), i, two) };
-                (qh[k], ql[k], ds[k]) = (h, l, d);
-            }
-            let ds = pack_ds(ds);
+            let mut q = [zero; R];
+            let mut hdr = zero;
             for r in 0..R {
                 // SAFETY: block i (and i + 1) lies within row r (caller's contract); the
                 // prefetch is a hint only and may point past the matrix.
-                let (q, dm) = unsafe {
+                let (qr, v) = unsafe {
                     let p = w[r].as_ptr().add(i * Q4_1_BYTES);
                     _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(ahead) as *const i8);
                     weight_pair(p, two)
                 };
-                let prod = _mm512_mul_ps(_mm512_broadcast_f32x4(dm), ds);
-                offs[r] = _mm512_add_ps(offs[r], prod);
-                for k in 0..K {
+                q[r] = qr;
+                hdr = _mm512_mask_permutexvar_epi16(hdr, 0xF << (4 * r), hdr_idx, v);
+            }
+            let dm = _mm512_cvtph_ps(_mm512_castsi512_si256(hdr));
+            for k in 0..K {
+                // SAFETY: blocks i (and i + 1 when two) exist in every activation row.
+                let (qh, ql, ds) =
+                    unsafe { act_pair(hi[k].as_ptr(), X2.then(|| lo[k].as_ptr()), i, two) };
+                let prod = _mm512_mul_ps(dm, _mm512_broadcast_f32x4(ds));
+                offs[k] = _mm512_add_ps(offs[k], prod);
+                for r in 0..R {
                     let s = if X2 {
-                        let h = _mm512_dpbusd_epi32(zero, q, qh[k]);
-                        _mm512_dpbusd_epi32(_mm512_slli_epi32::<8>(h), q, ql[k])
+                        let h = _mm512_dpbusd_epi32(zero, q[r], qh);
+                        _mm512_dpbusd_epi32(_mm512_slli_epi32::<8>(h), q[r], ql)
                     } else {
-                        _mm512_dpbusd_epi32(zero, q, qh[k])
+                        _mm512_dpbusd_epi32(zero, q[r], qh)
                     };
-                    let scale = _mm512_permutexvar_ps(idx[k], prod);
+                    let scale = _mm512_permutexvar_ps(idx[r], prod);
                     acc[r][k] = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(s), acc[r][k]);
                 }
             }
             i += 2;
         }
         let mut out = [[0f32; K]; R];
-        for r in 0..R {
+        for k in 0..K {
             let mut o = [0f32; 16];
             // SAFETY: o holds 16 f32.
-            unsafe { _mm512_storeu_ps(o.as_mut_ptr(), offs[r]) };
-            for k in 0..K {
-                out[r][k] = reduce16(acc[r][k]) + (o[4 * k + 1] + o[4 * k + 3]);
+            unsafe { _mm512_storeu_ps(o.as_mut_ptr(), offs[k]) };
+            for r in 0..R {
+                out[r][k] = reduce16(acc[r][k]) + (o[4 * r + 1] + o[4 * r + 3]);
             }
         }
         out
