@@ -7,10 +7,14 @@
 //! each row and take an f32 dot product. Rows are split across the thread pool in chunks;
 //! each chunk runs every activation row, so a chunk of weights stays in cache for the batch.
 //!
-//! Every SIMD kernel has a scalar reference in the same file and a test comparing them. The
-//! multi-row kernels (Q4_1 and Q8_0 over four activation rows, Q4_1 over four weight rows)
-//! give each row the same bits as the one-row kernel, so a row's product never depends on the
-//! rows batched with it (the engine's batched logits equal the single-sequence ones).
+//! Every SIMD kernel has a scalar reference in the same file and a test comparing them. Q4_1
+//! and Q8_0 run in tiles of up to four weight rows by four activation rows
+//! (`q4::dot_q4_1_tile`, `q8_0::dot_q8_0_tile`; on AVX-512 one kernel per format serves every
+//! tile shape, elsewhere the tiles are composed of the four-row, four-activation-row and
+//! one-row kernels). Every tile shape gives each (weight row, activation row) the same bits
+//! as the one-row kernel of the same [`Isa`], so a row's product never depends on the rows
+//! batched with it (the engine's batched logits equal the single-sequence ones). Different
+//! instruction sets may differ in the last bits (their float summation orders differ).
 
 pub mod float;
 pub mod k_quants;
@@ -438,6 +442,8 @@ pub fn matmul(isa: Isa, acts: &Acts, ops: &mut [MatOut<'_, '_>]) {
     if t > 1 {
         chunk = chunk.min((128 * 1024 / row_bytes).max(4));
     }
+    // Whole tiles of four weight rows (Q4_1, Q8_0) in every chunk but a matrix's last.
+    let chunk = chunk.next_multiple_of(4);
     let mut tasks: Vec<(usize, usize, usize)> = Vec::new();
     for (k, op) in ops.iter().enumerate() {
         let mut r = 0;
