@@ -7,8 +7,8 @@
 //! each row and take an f32 dot product. Rows are split across the thread pool in chunks;
 //! each chunk runs every activation row, so a chunk of weights stays in cache for the batch.
 //!
-//! Every SIMD kernel has a scalar reference in the same file and a test comparing them. Q4_1
-//! and Q8_0 run in tiles of up to four weight rows by four activation rows
+//! Every SIMD kernel has a scalar reference in the same file and a test comparing them. Q4_1,
+//! Q5_0 and Q8_0 run in tiles of up to four weight rows by four activation rows
 //! (`q4::dot_q4_1_tile`, `q8_0::dot_q8_0_tile`; on AVX-512 one kernel per format serves every
 //! tile shape, elsewhere the tiles are composed of the four-row, four-activation-row and
 //! one-row kernels). Every tile shape gives each (weight row, activation row) the same bits
@@ -29,7 +29,7 @@ use q8::BlockQ8;
 
 /// Instruction set a kernel runs with, weakest first. `Avx2` means avx2 + fma + f16c were
 /// detected at run time; `Vnni` additionally avx-vnni (the Q4_1 row kernels use 256-bit
-/// `vpdpbusd`); `Avx512` avx2 + fma + f16c and avx512f/bw/vl/vnni (the Q4_1 and Q8_0 kernels
+/// `vpdpbusd`); `Avx512` avx2 + fma + f16c and avx512f/bw/vl/vnni (the Q4_1, Q5_0 and Q8_0 kernels
 /// take two blocks per 512-bit `vpdpbusd`; other formats run their AVX2 kernels).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Isa {
@@ -442,7 +442,7 @@ pub fn matmul(isa: Isa, acts: &Acts, ops: &mut [MatOut<'_, '_>]) {
     if t > 1 {
         chunk = chunk.min((128 * 1024 / row_bytes).max(4));
     }
-    // Whole tiles of four weight rows (Q4_1, Q8_0) in every chunk but a matrix's last.
+    // Whole tiles of four weight rows (Q4_1, Q5_0, Q8_0) in every chunk but a matrix's last.
     let chunk = chunk.next_multiple_of(4);
     let mut tasks: Vec<(usize, usize, usize)> = Vec::new();
     for (k, op) in ops.iter().enumerate() {
@@ -476,7 +476,7 @@ pub fn matmul(isa: Isa, acts: &Acts, ops: &mut [MatOut<'_, '_>]) {
         let nb = w.cols / 32;
         let a = |ti: usize| &acts.q8[ti * nb..(ti + 1) * nb];
         let lo = |ti: usize| &acts.q8_lo[ti * nb..(ti + 1) * nb];
-        if w.ty == GgmlType::Q4_1 || w.ty == GgmlType::Q8_0 {
+        if matches!(w.ty, GgmlType::Q4_1 | GgmlType::Q8_0 | GgmlType::Q5_0) {
             tiles(isa, w, x2, r0, r1, t, &a, &lo, out);
             return;
         }
@@ -499,7 +499,7 @@ pub fn matmul(isa: Isa, acts: &Acts, ops: &mut [MatOut<'_, '_>]) {
     }
 }
 
-/// Rows `r0..r1` of a Q4_1 or Q8_0 product for all `t` activation rows, in tiles of four
+/// Rows `r0..r1` of a Q4_1, Q5_0 or Q8_0 product for all `t` activation rows, in tiles of four
 /// weight rows by four activation rows, then the weight rows left over by four activation rows,
 /// then the activation rows left over by four weight rows and one; every tile shape gives a
 /// row the bits of the one-row kernel. `a(ti)` / `lo(ti)` are activation row ti's blocks
@@ -523,10 +523,10 @@ fn tiles<'x>(
         hi: [&[BlockQ8]; K],
         lo: Option<[&[BlockQ8]; K]>,
     ) -> [[f32; K]; R] {
-        if ty == GgmlType::Q4_1 {
-            q4::dot_q4_1_tile(isa, w, hi, lo)
-        } else {
-            q8_0::dot_q8_0_tile(isa, w, hi, lo)
+        match ty {
+            GgmlType::Q4_1 => q4::dot_q4_1_tile(isa, w, hi, lo),
+            GgmlType::Q5_0 => q5::dot_q5_0_tile(isa, w, hi, lo),
+            _ => q8_0::dot_q8_0_tile(isa, w, hi, lo),
         }
     }
     let store = |ti: usize, r: usize, v: f32| {

@@ -30,7 +30,7 @@ pub fn dot_q4_1(isa: Isa, w: &[u8], a: &[BlockQ8]) -> f32 {
     if isa == Isa::Avx512 {
         // SAFETY: Isa::Avx512 implies runtime-detected avx512f/bw/vl/vnni, avx2, fma and
         // f16c; lengths checked above.
-        return unsafe { avx512::tile([w], [a], None) }[0][0];
+        return unsafe { avx512::tile::<avx512::Q4_1, _, _>([w], [a], None) }[0][0];
     }
     #[cfg(target_arch = "x86_64")]
     if isa.avx2() {
@@ -50,7 +50,7 @@ pub fn dot_q4_1_x4(isa: Isa, w: &[u8], a: [&[BlockQ8]; 4]) -> [f32; 4] {
     if isa == Isa::Avx512 {
         // SAFETY: Isa::Avx512 implies runtime-detected avx512f/bw/vl/vnni, avx2, fma and
         // f16c; lengths checked above.
-        return unsafe { avx512::tile([w], a, None) }[0];
+        return unsafe { avx512::tile::<avx512::Q4_1, _, _>([w], a, None) }[0];
     }
     #[cfg(target_arch = "x86_64")]
     if isa.avx2() {
@@ -73,7 +73,7 @@ pub fn dot_q4_1_x4_x2(isa: Isa, w: &[u8], hi: [&[BlockQ8]; 4], lo: [&[BlockQ8]; 
     if isa == Isa::Avx512 {
         // SAFETY: Isa::Avx512 implies runtime-detected avx512f/bw/vl/vnni, avx2, fma and
         // f16c; lengths checked above.
-        return unsafe { avx512::tile([w], hi, Some(lo)) }[0];
+        return unsafe { avx512::tile::<avx512::Q4_1, _, _>([w], hi, Some(lo)) }[0];
     }
     #[cfg(target_arch = "x86_64")]
     if isa.avx2() {
@@ -92,7 +92,7 @@ pub fn dot_q4_1_rows4(isa: Isa, w: [&[u8]; 4], a: &[BlockQ8]) -> [f32; 4] {
     if isa == Isa::Avx512 {
         // SAFETY: Isa::Avx512 implies runtime-detected avx512f/bw/vl/vnni, avx2, fma and
         // f16c; lengths checked above.
-        return unsafe { avx512::tile(w, [a], None) }.map(|o| o[0]);
+        return unsafe { avx512::tile::<avx512::Q4_1, _, _>(w, [a], None) }.map(|o| o[0]);
     }
     #[cfg(target_arch = "x86_64")]
     if isa == Isa::Vnni {
@@ -117,7 +117,7 @@ pub fn dot_q4_1_x2(isa: Isa, w: &[u8], hi: &[BlockQ8], lo: &[BlockQ8]) -> f32 {
     if isa == Isa::Avx512 {
         // SAFETY: Isa::Avx512 implies runtime-detected avx512f/bw/vl/vnni, avx2, fma and
         // f16c; lengths checked above.
-        return unsafe { avx512::tile([w], [hi], Some([lo])) }[0][0];
+        return unsafe { avx512::tile::<avx512::Q4_1, _, _>([w], [hi], Some([lo])) }[0][0];
     }
     #[cfg(target_arch = "x86_64")]
     if isa.avx2() {
@@ -136,7 +136,7 @@ pub fn dot_q4_1_rows4_x2(isa: Isa, w: [&[u8]; 4], hi: &[BlockQ8], lo: &[BlockQ8]
     if isa == Isa::Avx512 {
         // SAFETY: Isa::Avx512 implies runtime-detected avx512f/bw/vl/vnni, avx2, fma and
         // f16c; lengths checked above.
-        return unsafe { avx512::tile(w, [hi], Some([lo])) }.map(|o| o[0]);
+        return unsafe { avx512::tile::<avx512::Q4_1, _, _>(w, [hi], Some([lo])) }.map(|o| o[0]);
     }
     #[cfg(target_arch = "x86_64")]
     if isa == Isa::Vnni {
@@ -175,7 +175,7 @@ pub fn dot_q4_1_tile<const R: usize, const K: usize>(
     if isa == Isa::Avx512 {
         // SAFETY: Isa::Avx512 is only produced after runtime detection of avx512f/bw/vl/vnni,
         // avx2, fma and f16c; every row holds nb blocks (checked above).
-        return unsafe { avx512::tile(w, hi, lo) };
+        return unsafe { avx512::tile::<avx512::Q4_1, _, _>(w, hi, lo) };
     }
     let mut out = [[0f32; K]; R];
     if R == 4 && K == 1 {
@@ -520,44 +520,63 @@ pub(crate) mod avx512 {
     use super::super::x86::{act_pair, pair_scale_index, reduce16, TILES_AHEAD};
     use super::Q4_1_BYTES;
 
-    /// Block pair (i, i + 1) of a Q4_1 row, `p` at block i: 64 u8 lanes (block i's elements
-    /// 0..32, then block i + 1's; zeros when `two` is false) and the pair's 20 words as read
-    /// (d, m, 8 words of nibbles, twice; zeros past block i when `two` is false), from which
-    /// `HDR_IDX` picks the headers. The pair is 40 contiguous bytes: one masked load.
-    ///
-    /// # Safety
-    /// avx512f/bw/vl and avx2 must be available; block i (and i + 1 when `two`) lies at `p`.
-    #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-    unsafe fn weight_pair(p: *const u8, two: bool) -> (__m512i, __m512i) {
-        // Words 2..10 are block i's nibbles, 12..20 block i + 1's; each set twice, the
-        // second copy shifted right by 4 (the high nibbles).
-        const IDX_Q: [i16; 32] = [
-            2, 3, 4, 5, 6, 7, 8, 9, 2, 3, 4, 5, 6, 7, 8, 9, 12, 13, 14, 15, 16, 17, 18, 19, 12, 13,
-            14, 15, 16, 17, 18, 19,
-        ];
-        // SAFETY: a 64-byte array.
-        let idx_q = unsafe { _mm512_loadu_si512(IDX_Q.as_ptr() as *const __m512i) };
-        let mask: __mmask32 = if two { 0xF_FFFF } else { 0x3FF };
-        // SAFETY: the words loaded (mask) lie at p (caller's contract); masked-off words are
-        // not read.
-        let v = unsafe { _mm512_maskz_loadu_epi16(mask, p as *const i16) };
-        let q = _mm512_permutexvar_epi16(idx_q, v);
-        let q = _mm512_mask_srli_epi16::<4>(q, 0xFF00_FF00, q);
-        (_mm512_and_si512(q, _mm512_set1_epi8(0x0F)), v)
+    /// A block format of unsigned 4- or 5-bit values with a per-block offset (`w = d * q + m`)
+    /// whose block pair the AVX-512 tile reads: Q4_1 here, Q5_0 in `q5`.
+    pub(crate) trait Pair {
+        /// Bytes per block.
+        const BYTES: usize;
+        /// Word 4r + j of the header vector takes word `HDR_IDX[4r + j]` of row r's pair
+        /// words (converted from f16 then multiplied by `HDR_MUL[j]`: `[d, m, d, m]` for
+        /// block i and block i + 1).
+        const HDR_IDX: [i16; 32];
+        const HDR_MUL: [f32; 4];
+
+        /// Block pair (i, i + 1), `p` at block i: 64 u8 lanes (block i's elements 0..32,
+        /// then block i + 1's; zeros when `two` is false) and the pair's words as read.
+        ///
+        /// # Safety
+        /// avx512f/bw/vl and avx2 must be available; block i (and i + 1 when `two`) lies at
+        /// `p`.
+        unsafe fn weight_pair(p: *const u8, two: bool) -> (__m512i, __m512i);
     }
 
-    /// Word 4r + j of the header vector takes word `[0, 1, 10, 11][j]` (d_i, m_i, d_i+1,
-    /// m_i+1) of row r's `weight_pair` words.
-    const HDR_IDX: [i16; 32] = {
-        let mut a = [0i16; 32];
-        let mut k = 0;
-        while k < 32 {
-            a[k] = [0, 1, 10, 11][k % 4];
-            k += 1;
+    pub(crate) struct Q4_1;
+
+    impl Pair for Q4_1 {
+        const BYTES: usize = Q4_1_BYTES;
+        const HDR_IDX: [i16; 32] = {
+            let mut a = [0i16; 32];
+            let mut k = 0;
+            while k < 32 {
+                a[k] = [0, 1, 10, 11][k % 4];
+                k += 1;
+            }
+            a
+        };
+        const HDR_MUL: [f32; 4] = [1.0; 4];
+
+        /// The pair is 40 contiguous bytes (20 words: d, m, 8 words of nibbles, twice): one
+        /// masked load, then the nibble words spread by one word permutation.
+        #[inline]
+        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+        unsafe fn weight_pair(p: *const u8, two: bool) -> (__m512i, __m512i) {
+            // Words 2..10 are block i's nibbles, 12..20 block i + 1's; each set twice, the
+            // second copy shifted right by 4 (the high nibbles).
+            const IDX_Q: [i16; 32] = [
+                2, 3, 4, 5, 6, 7, 8, 9, 2, 3, 4, 5, 6, 7, 8, 9, 12, 13, 14, 15, 16, 17, 18, 19, 12,
+                13, 14, 15, 16, 17, 18, 19,
+            ];
+            // SAFETY: a 64-byte array.
+            let idx_q = unsafe { _mm512_loadu_si512(IDX_Q.as_ptr() as *const __m512i) };
+            let mask: __mmask32 = if two { 0xF_FFFF } else { 0x3FF };
+            // SAFETY: the words loaded (mask) lie at p (caller's contract); masked-off words
+            // are not read.
+            let v = unsafe { _mm512_maskz_loadu_epi16(mask, p as *const i16) };
+            let q = _mm512_permutexvar_epi16(idx_q, v);
+            let q = _mm512_mask_srli_epi16::<4>(q, 0xFF00_FF00, q);
+            (_mm512_and_si512(q, _mm512_set1_epi8(0x0F)), v)
         }
-        a
-    };
+    }
 
     /// `out[r][k] = dot(w[r], hi[k])`, or `dot(w[r], hi[k] + lo[k])` with `lo` (q8x2), over
     /// `hi[0].len()` blocks. Per block pair and `(r, k)`: one 512-bit `vpdpbusd` (q8x2: two
@@ -572,7 +591,7 @@ pub(crate) mod avx512 {
     /// avx512f/bw/vl/vnni, avx2, fma and f16c must be available; `R <= 4`, `K <= 4`; every
     /// activation row has `hi[0].len()` blocks and every weight row at least that many.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-    pub unsafe fn tile<const R: usize, const K: usize>(
+    pub unsafe fn tile<F: Pair, const R: usize, const K: usize>(
         w: [&[u8]; R],
         hi: [&[BlockQ8]; K],
         lo: Option<[&[BlockQ8]; K]>,
@@ -580,8 +599,8 @@ pub(crate) mod avx512 {
         // SAFETY: the caller's contract.
         unsafe {
             match lo {
-                Some(lo) => tile_impl::<R, K, true>(w, hi, lo),
-                None => tile_impl::<R, K, false>(w, hi, hi),
+                Some(lo) => tile_impl::<F, R, K, true>(w, hi, lo),
+                None => tile_impl::<F, R, K, false>(w, hi, hi),
             }
         }
     }
@@ -592,7 +611,7 @@ pub(crate) mod avx512 {
     /// As `tile`; `lo` rows as long as `hi` rows.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-    unsafe fn tile_impl<const R: usize, const K: usize, const X2: bool>(
+    unsafe fn tile_impl<F: Pair, const R: usize, const K: usize, const X2: bool>(
         w: [&[u8]; R],
         hi: [&[BlockQ8]; K],
         lo: [&[BlockQ8]; K],
@@ -605,7 +624,9 @@ pub(crate) mod avx512 {
             *x = pair_scale_index(r);
         }
         // SAFETY: a 64-byte array.
-        let hdr_idx = unsafe { _mm512_loadu_si512(HDR_IDX.as_ptr() as *const __m512i) };
+        let hdr_idx = unsafe { _mm512_loadu_si512(F::HDR_IDX.as_ptr() as *const __m512i) };
+        let [m0, m1, m2, m3] = F::HDR_MUL;
+        let hdr_mul = _mm512_broadcast_f32x4(_mm_setr_ps(m0, m1, m2, m3));
         // Prefetch distance: the same block TILES_AHEAD tiles of rows further on (the rows
         // of a matrix are contiguous, so that is where this walk of the matrix goes next).
         let ahead = TILES_AHEAD * R * w.first().map_or(0, |r| r.len());
@@ -619,14 +640,14 @@ pub(crate) mod avx512 {
                 // SAFETY: block i (and i + 1) lies within row r (caller's contract); the
                 // prefetch is a hint only and may point past the matrix.
                 let (qr, v) = unsafe {
-                    let p = w[r].as_ptr().add(i * Q4_1_BYTES);
+                    let p = w[r].as_ptr().add(i * F::BYTES);
                     _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(ahead) as *const i8);
-                    weight_pair(p, two)
+                    F::weight_pair(p, two)
                 };
                 q[r] = qr;
                 hdr = _mm512_mask_permutexvar_epi16(hdr, 0xF << (4 * r), hdr_idx, v);
             }
-            let dm = _mm512_cvtph_ps(_mm512_castsi512_si256(hdr));
+            let dm = _mm512_mul_ps(_mm512_cvtph_ps(_mm512_castsi512_si256(hdr)), hdr_mul);
             for k in 0..K {
                 // SAFETY: blocks i (and i + 1 when two) exist in every activation row.
                 let (qh, ql, ds) =
