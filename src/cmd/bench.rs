@@ -362,7 +362,7 @@ fn run_batch(args: &Args, loaded: &Loaded, b: usize, on: BenchDevice<'_>) -> any
             (
                 runs,
                 "CPU engine",
-                format!("CPU ({:?})", model.isa()),
+                format!("CPU ({})", model.isa().name()),
                 format!("{threads} threads"),
             )
         }
@@ -376,7 +376,7 @@ fn run_batch(args: &Args, loaded: &Loaded, b: usize, on: BenchDevice<'_>) -> any
         let out = serde_json::json!({
             "model": name, "arch": model.cfg.arch_name, "backend": backend, "device": device,
             "detail": detail, "threads": ferrite_llm::pool::Pool::global().threads(),
-            "isa": format!("{:?}", model.isa()),
+            "isa": model.isa().name(),
             "precision": format!("{:?}", model.precision()), "batch": b,
             "n_prompt": args.p, "n_gen": args.n, "repetitions": args.r,
             "results": [

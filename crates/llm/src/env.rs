@@ -12,7 +12,10 @@ pub const MAX_THREADS: usize = 1024;
 pub const VARIABLES: &[(&str, &str)] = &[
     ("FERRITE_THREADS", "worker threads, 1 to 1024"),
     ("FERRITE_PRECISION", "q8x2, q8 or exact"),
-    ("FERRITE_ISA", "scalar, avx2 or vnni (caps the CPU kernels)"),
+    (
+        "FERRITE_ISA",
+        "scalar, avx2, vnni or avx512 (caps the CPU kernels)",
+    ),
     (
         "FERRITE_GPU_MV_UPT",
         "units per thread of the GPU products, 1 to 64",
@@ -83,7 +86,8 @@ pub fn isa() -> Result<Option<&'static str>> {
         "scalar" => Ok(Some("scalar")),
         "avx2" => Ok(Some("avx2")),
         "vnni" => Ok(Some("vnni")),
-        _ => Err(bad("FERRITE_ISA", &v, "scalar, avx2 or vnni")),
+        "avx512" => Ok(Some("avx512")),
+        _ => Err(bad("FERRITE_ISA", &v, "scalar, avx2, vnni or avx512")),
     }
 }
 

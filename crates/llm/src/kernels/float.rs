@@ -44,6 +44,30 @@ pub fn axpy(isa: Isa, alpha: f32, x: &[f32], y: &mut [f32]) {
     }
 }
 
+/// `y += sum_j w[j] * rows[j]`, where row j is `rows[j * n..(j + 1) * n]` and `n = y.len()`
+/// (attention's weighted sum of values): per element the same operations in the same order
+/// as `axpy(isa, w[j], row j, y)` for j = 0, 1, .., so the bits are those of that loop, with
+/// `y` held in registers across the rows instead of read and written per row.
+pub fn axpy_rows(isa: Isa, w: &[f32], rows: &[f32], y: &mut [f32]) {
+    let n = y.len();
+    assert!(
+        rows.len() >= w.len() * n,
+        "axpy_rows: {} rows of {n} need {} values, found {}",
+        w.len(),
+        w.len() * n,
+        rows.len()
+    );
+    #[cfg(target_arch = "x86_64")]
+    if isa.avx2() {
+        // SAFETY: Isa::Avx2 implies runtime-detected avx2/fma; lengths checked above.
+        unsafe { x86::axpy_rows(w, rows, y) };
+        return;
+    }
+    for (j, &a) in w.iter().enumerate() {
+        axpy(isa, a, &rows[j * n..(j + 1) * n], y);
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use std::arch::x86_64::*;
@@ -112,6 +136,50 @@ mod x86 {
             i += 1;
         }
     }
+
+    /// # Safety
+    /// avx2 and fma must be available; `rows` holds `w.len()` rows of `y.len()` values.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn axpy_rows(w: &[f32], rows: &[f32], y: &mut [f32]) {
+        let n = y.len();
+        let (yp, rp) = (y.as_mut_ptr(), rows.as_ptr());
+        let mut c = 0;
+        // SAFETY: every access covers columns [c, c + width) with c + width <= n, of rows
+        // j < w.len() (caller's contract).
+        unsafe {
+            while c + 64 <= n {
+                let mut acc = [_mm256_setzero_ps(); 8];
+                for (k, a) in acc.iter_mut().enumerate() {
+                    *a = _mm256_loadu_ps(yp.add(c + 8 * k));
+                }
+                for (j, &wj) in w.iter().enumerate() {
+                    let va = _mm256_set1_ps(wj);
+                    let p = rp.add(j * n + c);
+                    for (k, a) in acc.iter_mut().enumerate() {
+                        *a = _mm256_fmadd_ps(va, _mm256_loadu_ps(p.add(8 * k)), *a);
+                    }
+                }
+                for (k, a) in acc.iter().enumerate() {
+                    _mm256_storeu_ps(yp.add(c + 8 * k), *a);
+                }
+                c += 64;
+            }
+            while c + 8 <= n {
+                let mut a = _mm256_loadu_ps(yp.add(c));
+                for (j, &wj) in w.iter().enumerate() {
+                    a = _mm256_fmadd_ps(_mm256_set1_ps(wj), _mm256_loadu_ps(rp.add(j * n + c)), a);
+                }
+                _mm256_storeu_ps(yp.add(c), a);
+                c += 8;
+            }
+        }
+        // The tail as `axpy`'s: a product, then a sum.
+        for e in c..n {
+            for (j, &wj) in w.iter().enumerate() {
+                y[e] += wj * rows[j * n + e];
+            }
+        }
+    }
 }
 
 #[cfg(test)]
@@ -137,6 +205,28 @@ mod tests {
                 axpy(Isa::Scalar, 0.37, &a, &mut y2);
                 for (u, v) in y1.iter().zip(&y2) {
                     assert!((u - v).abs() <= 1e-6);
+                }
+            }
+        }
+    }
+
+    /// `axpy_rows` gives the bits of the `axpy` loop it replaces, on every instruction set.
+    #[test]
+    fn axpy_rows_equals_axpy_loop_bit_for_bit() {
+        for n in [1usize, 7, 8, 64, 65, 136] {
+            for rows in [0usize, 1, 5, 17] {
+                let x = rand_f32(rows * n, 5 + n as u64);
+                let w = rand_f32(rows, 6 + rows as u64);
+                let y0 = rand_f32(n, 7);
+                for isa in Isa::available() {
+                    let mut want = y0.clone();
+                    for (j, &a) in w.iter().enumerate() {
+                        axpy(isa, a, &x[j * n..(j + 1) * n], &mut want);
+                    }
+                    let mut got = y0.clone();
+                    axpy_rows(isa, &w, &x, &mut got);
+                    let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(bits(&got), bits(&want), "{isa:?} n={n} rows={rows}");
                 }
             }
         }

@@ -7,10 +7,14 @@
 //! each row and take an f32 dot product. Rows are split across the thread pool in chunks;
 //! each chunk runs every activation row, so a chunk of weights stays in cache for the batch.
 //!
-//! Every SIMD kernel has a scalar reference in the same file and a test comparing them. The
-//! multi-row kernels (Q4_1 and Q8_0 over four activation rows, Q4_1 over four weight rows)
-//! give each row the same bits as the one-row kernel, so a row's product never depends on the
-//! rows batched with it (the engine's batched logits equal the single-sequence ones).
+//! Every SIMD kernel has a scalar reference in the same file and a test comparing them. Q4_1,
+//! Q5_0 and Q8_0 run in tiles of up to four weight rows by four activation rows
+//! (`q4::dot_q4_1_tile`, `q8_0::dot_q8_0_tile`; on AVX-512 one kernel per format serves every
+//! tile shape, elsewhere the tiles are composed of the four-row, four-activation-row and
+//! one-row kernels). Every tile shape gives each (weight row, activation row) the same bits
+//! as the one-row kernel of the same [`Isa`], so a row's product never depends on the rows
+//! batched with it (the engine's batched logits equal the single-sequence ones). Different
+//! instruction sets may differ in the last bits (their float summation orders differ).
 
 pub mod float;
 pub mod k_quants;
@@ -23,32 +27,43 @@ use ferrite_gguf::GgmlType;
 
 use q8::BlockQ8;
 
-/// Instruction set a kernel runs with. `Avx2` means avx2 + fma + f16c were detected at run
-/// time; `Vnni` additionally avx-vnni (the Q4_1 row kernels use `vpdpbusd`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// Instruction set a kernel runs with, weakest first. `Avx2` means avx2 + fma + f16c were
+/// detected at run time; `Vnni` additionally avx-vnni (the Q4_1 row kernels use 256-bit
+/// `vpdpbusd`); `Avx512` avx2 + fma + f16c and avx512f/bw/vl/vnni (the Q4_1, Q5_0 and Q8_0 kernels
+/// take two blocks per 512-bit `vpdpbusd`; other formats run their AVX2 kernels).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Isa {
     Scalar,
     Avx2,
     Vnni,
+    Avx512,
 }
 
 impl Isa {
-    /// The best instruction set of this CPU (`FERRITE_ISA=scalar|avx2|vnni` caps it).
+    /// The best instruction set of this CPU; `FERRITE_ISA=scalar|avx2|vnni|avx512` caps it
+    /// (the best available one not above the cap).
     pub fn detect() -> Isa {
-        let best = *Isa::available().last().unwrap_or(&Isa::Scalar);
-        match crate::env::isa().ok().flatten() {
+        let avail = Isa::available();
+        let cap = match crate::env::isa().ok().flatten() {
             Some("scalar") => Isa::Scalar,
-            Some("avx2") if best != Isa::Scalar => Isa::Avx2,
-            _ => best,
-        }
+            Some("avx2") => Isa::Avx2,
+            Some("vnni") => Isa::Vnni,
+            _ => Isa::Avx512,
+        };
+        avail
+            .into_iter()
+            .filter(|&i| i <= cap)
+            .max()
+            .unwrap_or(Isa::Scalar)
     }
 
-    /// The name users see: scalar, avx2, avx-vnni.
+    /// The name users see: scalar, avx2, avx-vnni, avx-512.
     pub fn name(self) -> &'static str {
         match self {
             Isa::Scalar => "scalar",
             Isa::Avx2 => "avx2",
             Isa::Vnni => "avx-vnni",
+            Isa::Avx512 => "avx-512",
         }
     }
 
@@ -64,8 +79,22 @@ impl Isa {
             if is_x86_feature_detected!("avxvnni") {
                 v.push(Isa::Vnni);
             }
+            if is_x86_feature_detected!("avx512f")
+                && is_x86_feature_detected!("avx512bw")
+                && is_x86_feature_detected!("avx512vl")
+                && is_x86_feature_detected!("avx512vnni")
+            {
+                v.push(Isa::Avx512);
+            }
         }
         v
+    }
+
+    /// [`Isa::detect`], computed once per process (for code without an `Isa` at hand whose
+    /// result does not depend on it, such as the activation quantizers).
+    pub fn cached() -> Isa {
+        static ISA: std::sync::OnceLock<Isa> = std::sync::OnceLock::new();
+        *ISA.get_or_init(Isa::detect)
     }
 
     /// Whether the AVX2 kernels may run.
@@ -116,6 +145,98 @@ pub(crate) mod x86 {
             _mm256_castps256_ps128(h),
             _mm256_extractf128_ps(h, 1),
         ))
+    }
+
+    /// How many tiles of weight rows ahead the AVX-512 tile kernels prefetch.
+    pub const TILES_AHEAD: usize = 2;
+
+    /// The sum of the 16 lanes of `v` in a fixed order (halves, then quarters, then pairs):
+    /// the reduction every AVX-512 tile kernel ends with, so a row's result does not depend
+    /// on the tile shape that computed it.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+    pub fn reduce16(v: __m512) -> f32 {
+        let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
+        let s = _mm256_add_ps(_mm512_castps512_ps256(v), hi);
+        let s = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+        let s = _mm_add_ss(s, _mm_movehdup_ps(s));
+        _mm_cvtss_f32(s)
+    }
+
+    /// The activation side of block pair (i, i + 1) of one Q8 row for the AVX-512 tiles:
+    /// `qs` 64 i8 lanes (block i's 32, then block i + 1's; zeros when `two` is false) and
+    /// `ds` the f32 lanes `[d_i, s_i, d_i+1, s_i+1]` (zeros for a missing block). With `lo`
+    /// (q8x2), `qs` are hi's, `qs_lo` lo's, and `ds` `[hi.d / 256, hi.s + lo.s, ..]`.
+    ///
+    /// # Safety
+    /// avx512f/bw/vl and avx2 must be available; blocks i (and i + 1 when `two`) exist in
+    /// `hi` and, when given, `lo`.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+    pub unsafe fn act_pair(
+        hi: *const super::q8::BlockQ8,
+        lo: Option<*const super::q8::BlockQ8>,
+        i: usize,
+        two: bool,
+    ) -> (__m512i, __m512i, __m128) {
+        // SAFETY: blocks i and (when two) i + 1 exist (caller's contract); BlockQ8 is
+        // repr(C) {d, s, qs}, so d and s are 8 contiguous bytes.
+        unsafe {
+            let load = |b: *const super::q8::BlockQ8| -> (__m512i, __m128) {
+                let b0 = b.add(i);
+                let q0 = _mm256_loadu_si256((*b0).qs.as_ptr() as *const __m256i);
+                let ds0 = _mm_castpd_ps(_mm_load_sd(b0 as *const f64));
+                if two {
+                    let b1 = b.add(i + 1);
+                    let q1 = _mm256_loadu_si256((*b1).qs.as_ptr() as *const __m256i);
+                    let ds = _mm_castpd_ps(_mm_loadh_pd(_mm_castps_pd(ds0), b1 as *const f64));
+                    (_mm512_inserti64x4(_mm512_castsi256_si512(q0), q1, 1), ds)
+                } else {
+                    (_mm512_zextsi256_si512(q0), ds0)
+                }
+            };
+            let (qh, dh) = load(hi);
+            match lo {
+                None => (qh, _mm512_setzero_si512(), dh),
+                Some(lo) => {
+                    let (ql, dl) = load(lo);
+                    let scale = _mm_setr_ps(1.0 / 256.0, 1.0, 1.0 / 256.0, 1.0);
+                    let ds = _mm_add_ps(
+                        _mm_mul_ps(dh, scale),
+                        _mm_blend_ps(_mm_setzero_ps(), dl, 0b1010),
+                    );
+                    (qh, ql, ds)
+                }
+            }
+        }
+    }
+
+    /// `K <= 4` activation-pair scale vectors (`act_pair`'s `ds`) side by side: lanes
+    /// `4k..4k + 4` hold activation row k's, the rest zeros.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+    pub fn pack_ds<const K: usize>(ds: [__m128; K]) -> __m512 {
+        let mut v = _mm512_setzero_ps();
+        for (k, &d) in ds.iter().enumerate() {
+            v = match k {
+                0 => _mm512_insertf32x4::<0>(v, d),
+                1 => _mm512_insertf32x4::<1>(v, d),
+                2 => _mm512_insertf32x4::<2>(v, d),
+                _ => _mm512_insertf32x4::<3>(v, d),
+            };
+        }
+        v
+    }
+
+    /// The permutation that spreads lane `4k` of a `pack_ds`-shaped vector over lanes 0..8
+    /// and lane `4k + 2` over lanes 8..16 (block i's scale, then block i + 1's).
+    #[inline]
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+    pub fn pair_scale_index(k: usize) -> __m512i {
+        let a = 4 * k as i32;
+        let b = a + 2;
+        _mm512_setr_epi32(a, a, a, a, a, a, a, a, b, b, b, b, b, b, b, b)
     }
 
     /// 16 bytes at `p` -> 32 u8 lanes: lanes 0..16 the low nibbles, lanes 16..32 the high.
@@ -321,6 +442,8 @@ pub fn matmul(isa: Isa, acts: &Acts, ops: &mut [MatOut<'_, '_>]) {
     if t > 1 {
         chunk = chunk.min((128 * 1024 / row_bytes).max(4));
     }
+    // Whole tiles of four weight rows (Q4_1, Q5_0, Q8_0) in every chunk but a matrix's last.
+    let chunk = chunk.next_multiple_of(4);
     let mut tasks: Vec<(usize, usize, usize)> = Vec::new();
     for (k, op) in ops.iter().enumerate() {
         let mut r = 0;
@@ -353,59 +476,12 @@ pub fn matmul(isa: Isa, acts: &Acts, ops: &mut [MatOut<'_, '_>]) {
         let nb = w.cols / 32;
         let a = |ti: usize| &acts.q8[ti * nb..(ti + 1) * nb];
         let lo = |ti: usize| &acts.q8_lo[ti * nb..(ti + 1) * nb];
-        let mut t0 = 0;
-        if w.ty == GgmlType::Q8_0 && !x2 {
-            // Four activation rows per pass share each weight block.
-            while t0 + 4 <= t {
-                for r in r0..r1 {
-                    let v =
-                        q8_0::dot_q8_0_x4(isa, w.row(r), [a(t0), a(t0 + 1), a(t0 + 2), a(t0 + 3)]);
-                    for (k, &vk) in v.iter().enumerate() {
-                        // SAFETY: as above.
-                        unsafe { *out.0.add((t0 + k) * w.rows + r) = vk };
-                    }
-                }
-                t0 += 4;
-            }
+        if matches!(w.ty, GgmlType::Q4_1 | GgmlType::Q8_0 | GgmlType::Q5_0) {
+            tiles(isa, w, x2, r0, r1, t, &a, &lo, out);
+            return;
         }
-        if w.ty == GgmlType::Q4_1 {
-            // Four activation rows per pass share each unpacked weight block.
-            while t0 + 4 <= t {
-                for r in r0..r1 {
-                    let rows = [a(t0), a(t0 + 1), a(t0 + 2), a(t0 + 3)];
-                    let v = if x2 {
-                        let l = [lo(t0), lo(t0 + 1), lo(t0 + 2), lo(t0 + 3)];
-                        q4::dot_q4_1_x4_x2(isa, w.row(r), rows, l)
-                    } else {
-                        q4::dot_q4_1_x4(isa, w.row(r), rows)
-                    };
-                    for (k, &vk) in v.iter().enumerate() {
-                        // SAFETY: as above.
-                        unsafe { *out.0.add((t0 + k) * w.rows + r) = vk };
-                    }
-                }
-                t0 += 4;
-            }
-        }
-        for ti in t0..t {
-            let mut r = r0;
-            if w.ty == GgmlType::Q4_1 {
-                // Four weight rows per pass share each activation block.
-                while r + 4 <= r1 {
-                    let rows = [w.row(r), w.row(r + 1), w.row(r + 2), w.row(r + 3)];
-                    let v = if x2 {
-                        q4::dot_q4_1_rows4_x2(isa, rows, a(ti), lo(ti))
-                    } else {
-                        q4::dot_q4_1_rows4(isa, rows, a(ti))
-                    };
-                    for (k, &vk) in v.iter().enumerate() {
-                        // SAFETY: as above.
-                        unsafe { *out.0.add(ti * w.rows + r + k) = vk };
-                    }
-                    r += 4;
-                }
-            }
-            for r in r..r1 {
+        for ti in 0..t {
+            for r in r0..r1 {
                 let v = if x2 {
                     dot_row_x2(isa, w, r, a(ti), lo(ti))
                 } else {
@@ -420,6 +496,81 @@ pub fn matmul(isa: Isa, acts: &Acts, ops: &mut [MatOut<'_, '_>]) {
         tasks.iter().for_each(run);
     } else {
         pool.run(tasks.len(), &|i| run(&tasks[i]));
+    }
+}
+
+/// Rows `r0..r1` of a Q4_1, Q5_0 or Q8_0 product for all `t` activation rows, in tiles of four
+/// weight rows by four activation rows, then the weight rows left over by four activation rows,
+/// then the activation rows left over by four weight rows and one; every tile shape gives a
+/// row the bits of the one-row kernel. `a(ti)` / `lo(ti)` are activation row ti's blocks
+/// (`lo` read only when `x2`); `out` is the product's `t x w.rows` output.
+#[allow(clippy::too_many_arguments)]
+fn tiles<'x>(
+    isa: Isa,
+    w: &QMat<'_>,
+    x2: bool,
+    r0: usize,
+    r1: usize,
+    t: usize,
+    a: &dyn Fn(usize) -> &'x [BlockQ8],
+    lo: &dyn Fn(usize) -> &'x [BlockQ8],
+    out: OutPtr,
+) {
+    fn tile<const R: usize, const K: usize>(
+        isa: Isa,
+        ty: GgmlType,
+        w: [&[u8]; R],
+        hi: [&[BlockQ8]; K],
+        lo: Option<[&[BlockQ8]; K]>,
+    ) -> [[f32; K]; R] {
+        match ty {
+            GgmlType::Q4_1 => q4::dot_q4_1_tile(isa, w, hi, lo),
+            GgmlType::Q5_0 => q5::dot_q5_0_tile(isa, w, hi, lo),
+            _ => q8_0::dot_q8_0_tile(isa, w, hi, lo),
+        }
+    }
+    let store = |ti: usize, r: usize, v: f32| {
+        // SAFETY: (ti, r) is inside the t x rows output, and row r belongs to this task only
+        // (the caller's contract), so no other task writes this element.
+        unsafe { *out.0.add(ti * w.rows + r) = v };
+    };
+    let mut t0 = 0;
+    while t0 + 4 <= t {
+        let hi: [&[BlockQ8]; 4] = std::array::from_fn(|k| a(t0 + k));
+        let l = x2.then(|| std::array::from_fn(|k| lo(t0 + k)));
+        let mut r = r0;
+        while r + 4 <= r1 {
+            let v = tile::<4, _>(isa, w.ty, std::array::from_fn(|j| w.row(r + j)), hi, l);
+            for (j, vr) in v.iter().enumerate() {
+                for (k, &x) in vr.iter().enumerate() {
+                    store(t0 + k, r + j, x);
+                }
+            }
+            r += 4;
+        }
+        for r in r..r1 {
+            let [v] = tile(isa, w.ty, [w.row(r)], hi, l);
+            for (k, &x) in v.iter().enumerate() {
+                store(t0 + k, r, x);
+            }
+        }
+        t0 += 4;
+    }
+    for ti in t0..t {
+        let hi = [a(ti)];
+        let l = x2.then(|| [lo(ti)]);
+        let mut r = r0;
+        while r + 4 <= r1 {
+            let v = tile::<4, _>(isa, w.ty, std::array::from_fn(|j| w.row(r + j)), hi, l);
+            for (j, vr) in v.iter().enumerate() {
+                store(ti, r + j, vr[0]);
+            }
+            r += 4;
+        }
+        for r in r..r1 {
+            let [[v]] = tile(isa, w.ty, [w.row(r)], hi, l);
+            store(ti, r, v);
+        }
     }
 }
 

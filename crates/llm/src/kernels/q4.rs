@@ -27,6 +27,12 @@ pub fn dot_q4_0(isa: Isa, w: &[u8], a: &[BlockQ8]) -> f32 {
 pub fn dot_q4_1(isa: Isa, w: &[u8], a: &[BlockQ8]) -> f32 {
     assert!(w.len() >= a.len() * Q4_1_BYTES);
     #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx512 {
+        // SAFETY: Isa::Avx512 implies runtime-detected avx512f/bw/vl/vnni, avx2, fma and
+        // f16c; lengths checked above.
+        return unsafe { avx512::tile::<avx512::Q4_1, _, _>([w], [a], None) }[0][0];
+    }
+    #[cfg(target_arch = "x86_64")]
     if isa.avx2() {
         // SAFETY: as in dot_q4_0.
         return unsafe { x86::dot_q4_1(w, a) };
@@ -40,6 +46,12 @@ pub fn dot_q4_1(isa: Isa, w: &[u8], a: &[BlockQ8]) -> f32 {
 pub fn dot_q4_1_x4(isa: Isa, w: &[u8], a: [&[BlockQ8]; 4]) -> [f32; 4] {
     let nb = a[0].len();
     assert!(a.iter().all(|x| x.len() == nb) && w.len() >= nb * Q4_1_BYTES);
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx512 {
+        // SAFETY: Isa::Avx512 implies runtime-detected avx512f/bw/vl/vnni, avx2, fma and
+        // f16c; lengths checked above.
+        return unsafe { avx512::tile::<avx512::Q4_1, _, _>([w], a, None) }[0];
+    }
     #[cfg(target_arch = "x86_64")]
     if isa.avx2() {
         // SAFETY: as in dot_q4_0; all four activation rows have nb blocks.
@@ -58,6 +70,12 @@ pub fn dot_q4_1_x4_x2(isa: Isa, w: &[u8], hi: [&[BlockQ8]; 4], lo: [&[BlockQ8]; 
         "dot_q4_1_x4_x2: activation rows of unequal length or a short weight row"
     );
     #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx512 {
+        // SAFETY: Isa::Avx512 implies runtime-detected avx512f/bw/vl/vnni, avx2, fma and
+        // f16c; lengths checked above.
+        return unsafe { avx512::tile::<avx512::Q4_1, _, _>([w], hi, Some(lo)) }[0];
+    }
+    #[cfg(target_arch = "x86_64")]
     if isa.avx2() {
         // SAFETY: as in dot_q4_0; all eight activation rows have nb blocks.
         return unsafe { x86::dot_q4_1_x4_x2(w, hi, lo) };
@@ -70,6 +88,12 @@ pub fn dot_q4_1_x4_x2(isa: Isa, w: &[u8], hi: [&[BlockQ8]; 4], lo: [&[BlockQ8]; 
 /// once for the four rows): `[dot(w[0], a), .., dot(w[3], a)]`.
 pub fn dot_q4_1_rows4(isa: Isa, w: [&[u8]; 4], a: &[BlockQ8]) -> [f32; 4] {
     assert!(w.iter().all(|r| r.len() >= a.len() * Q4_1_BYTES));
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx512 {
+        // SAFETY: Isa::Avx512 implies runtime-detected avx512f/bw/vl/vnni, avx2, fma and
+        // f16c; lengths checked above.
+        return unsafe { avx512::tile::<avx512::Q4_1, _, _>(w, [a], None) }.map(|o| o[0]);
+    }
     #[cfg(target_arch = "x86_64")]
     if isa == Isa::Vnni {
         // SAFETY: Isa::Vnni implies runtime-detected avx2/fma/f16c/avxvnni; lengths checked.
@@ -90,6 +114,12 @@ pub fn dot_q4_1_rows4(isa: Isa, w: [&[u8]; 4], a: &[BlockQ8]) -> [f32; 4] {
 pub fn dot_q4_1_x2(isa: Isa, w: &[u8], hi: &[BlockQ8], lo: &[BlockQ8]) -> f32 {
     assert!(w.len() >= hi.len() * Q4_1_BYTES && lo.len() == hi.len());
     #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx512 {
+        // SAFETY: Isa::Avx512 implies runtime-detected avx512f/bw/vl/vnni, avx2, fma and
+        // f16c; lengths checked above.
+        return unsafe { avx512::tile::<avx512::Q4_1, _, _>([w], [hi], Some([lo])) }[0][0];
+    }
+    #[cfg(target_arch = "x86_64")]
     if isa.avx2() {
         // SAFETY: as in dot_q4_0; lengths checked above.
         let [r, ..] = unsafe { x86::dot_q4_1_rows4_x2([w, w, w, w], hi, lo) };
@@ -103,6 +133,12 @@ pub fn dot_q4_1_x2(isa: Isa, w: &[u8], hi: &[BlockQ8], lo: &[BlockQ8]) -> f32 {
 pub fn dot_q4_1_rows4_x2(isa: Isa, w: [&[u8]; 4], hi: &[BlockQ8], lo: &[BlockQ8]) -> [f32; 4] {
     assert!(w.iter().all(|r| r.len() >= hi.len() * Q4_1_BYTES) && lo.len() == hi.len());
     #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx512 {
+        // SAFETY: Isa::Avx512 implies runtime-detected avx512f/bw/vl/vnni, avx2, fma and
+        // f16c; lengths checked above.
+        return unsafe { avx512::tile::<avx512::Q4_1, _, _>(w, [hi], Some([lo])) }.map(|o| o[0]);
+    }
+    #[cfg(target_arch = "x86_64")]
     if isa == Isa::Vnni {
         // SAFETY: Isa::Vnni implies runtime-detected avx2/fma/f16c/avxvnni; lengths checked.
         return unsafe { x86::dot_q4_1_rows4_x2_vnni(w, hi, lo) };
@@ -114,6 +150,63 @@ pub fn dot_q4_1_rows4_x2(isa: Isa, w: [&[u8]; 4], hi: &[BlockQ8], lo: &[BlockQ8]
     }
     let _ = isa;
     w.map(|r| dot_q4_1_scalar(r, hi) + dot_q4_1_scalar(r, lo))
+}
+
+/// Products of `R` Q4_1 rows with `K` activation rows: `out[r][k] = dot(w[r], hi[k])`, or,
+/// with q8x2 activations (`lo`, see [`dot_q4_1_x2`]), `dot(w[r], hi[k] + lo[k])`. Each
+/// `(r, k)` has the bits of the one-row kernel of the same instruction set, whatever `R` and
+/// `K`; on AVX-512 one pass over the blocks serves the whole tile, elsewhere the tile is
+/// composed of the four-row, four-activation-row and one-row kernels.
+pub fn dot_q4_1_tile<const R: usize, const K: usize>(
+    isa: Isa,
+    w: [&[u8]; R],
+    hi: [&[BlockQ8]; K],
+    lo: Option<[&[BlockQ8]; K]>,
+) -> [[f32; K]; R] {
+    let nb = hi.first().map_or(0, |h| h.len());
+    assert!(
+        hi.iter().chain(lo.iter().flatten()).all(|x| x.len() == nb)
+            && w.iter().all(|r| r.len() >= nb * Q4_1_BYTES)
+            && R <= 4
+            && K <= 4,
+        "dot_q4_1_tile: activation rows of unequal length, a short weight row, R > 4 or K > 4"
+    );
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx512 {
+        // SAFETY: Isa::Avx512 is only produced after runtime detection of avx512f/bw/vl/vnni,
+        // avx2, fma and f16c; every row holds nb blocks (checked above).
+        return unsafe { avx512::tile::<avx512::Q4_1, _, _>(w, hi, lo) };
+    }
+    let mut out = [[0f32; K]; R];
+    if R == 4 && K == 1 {
+        let w4: [&[u8]; 4] = std::array::from_fn(|r| w[r]);
+        let v = match lo {
+            Some(l) => dot_q4_1_rows4_x2(isa, w4, hi[0], l[0]),
+            None => dot_q4_1_rows4(isa, w4, hi[0]),
+        };
+        for (o, x) in out.iter_mut().zip(v) {
+            o[0] = x;
+        }
+        return out;
+    }
+    for (o, &wr) in out.iter_mut().zip(&w) {
+        if K == 4 {
+            let h4: [&[BlockQ8]; 4] = std::array::from_fn(|k| hi[k]);
+            let v = match lo {
+                Some(l) => dot_q4_1_x4_x2(isa, wr, h4, std::array::from_fn(|k| l[k])),
+                None => dot_q4_1_x4(isa, wr, h4),
+            };
+            o.copy_from_slice(&v[..K]);
+        } else {
+            for k in 0..K {
+                o[k] = match lo {
+                    Some(l) => dot_q4_1_x2(isa, wr, hi[k], l[k]),
+                    None => dot_q4_1(isa, wr, hi[k]),
+                };
+            }
+        }
+    }
+    out
 }
 
 pub fn dot_q4_0_scalar(w: &[u8], a: &[BlockQ8]) -> f32 {
@@ -419,6 +512,174 @@ pub(crate) mod x86 {
     }
 }
 
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod avx512 {
+    use std::arch::x86_64::*;
+
+    use super::super::q8::BlockQ8;
+    use super::super::x86::{act_pair, pair_scale_index, reduce16, TILES_AHEAD};
+    use super::Q4_1_BYTES;
+
+    /// A block format of unsigned 4- or 5-bit values with a per-block offset (`w = d * q + m`)
+    /// whose block pair the AVX-512 tile reads: Q4_1 here, Q5_0 in `q5`.
+    pub(crate) trait Pair {
+        /// Bytes per block.
+        const BYTES: usize;
+        /// Word 4r + j of the header vector takes word `HDR_IDX[4r + j]` of row r's pair
+        /// words (converted from f16 then multiplied by `HDR_MUL[j]`: `[d, m, d, m]` for
+        /// block i and block i + 1).
+        const HDR_IDX: [i16; 32];
+        const HDR_MUL: [f32; 4];
+
+        /// Block pair (i, i + 1), `p` at block i: 64 u8 lanes (block i's elements 0..32,
+        /// then block i + 1's; zeros when `two` is false) and the pair's words as read.
+        ///
+        /// # Safety
+        /// avx512f/bw/vl and avx2 must be available; block i (and i + 1 when `two`) lies at
+        /// `p`.
+        unsafe fn weight_pair(p: *const u8, two: bool) -> (__m512i, __m512i);
+    }
+
+    pub(crate) struct Q4_1;
+
+    impl Pair for Q4_1 {
+        const BYTES: usize = Q4_1_BYTES;
+        const HDR_IDX: [i16; 32] = {
+            let mut a = [0i16; 32];
+            let mut k = 0;
+            while k < 32 {
+                a[k] = [0, 1, 10, 11][k % 4];
+                k += 1;
+            }
+            a
+        };
+        const HDR_MUL: [f32; 4] = [1.0; 4];
+
+        /// The pair is 40 contiguous bytes (20 words: d, m, 8 words of nibbles, twice): one
+        /// masked load, then the nibble words spread by one word permutation.
+        #[inline]
+        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+        unsafe fn weight_pair(p: *const u8, two: bool) -> (__m512i, __m512i) {
+            // Words 2..10 are block i's nibbles, 12..20 block i + 1's; each set twice, the
+            // second copy shifted right by 4 (the high nibbles).
+            const IDX_Q: [i16; 32] = [
+                2, 3, 4, 5, 6, 7, 8, 9, 2, 3, 4, 5, 6, 7, 8, 9, 12, 13, 14, 15, 16, 17, 18, 19, 12,
+                13, 14, 15, 16, 17, 18, 19,
+            ];
+            // SAFETY: a 64-byte array.
+            let idx_q = unsafe { _mm512_loadu_si512(IDX_Q.as_ptr() as *const __m512i) };
+            let mask: __mmask32 = if two { 0xF_FFFF } else { 0x3FF };
+            // SAFETY: the words loaded (mask) lie at p (caller's contract); masked-off words
+            // are not read.
+            let v = unsafe { _mm512_maskz_loadu_epi16(mask, p as *const i16) };
+            let q = _mm512_permutexvar_epi16(idx_q, v);
+            let q = _mm512_mask_srli_epi16::<4>(q, 0xFF00_FF00, q);
+            (_mm512_and_si512(q, _mm512_set1_epi8(0x0F)), v)
+        }
+    }
+
+    /// `out[r][k] = dot(w[r], hi[k])`, or `dot(w[r], hi[k] + lo[k])` with `lo` (q8x2), over
+    /// `hi[0].len()` blocks. Per block pair and `(r, k)`: one 512-bit `vpdpbusd` (q8x2: two
+    /// and a shift, `256 * sum(q * hi) + sum(q * lo)`, at most 8 * 15 * 127 * 257 per lane),
+    /// scaled by `d * a.d` into a 16-lane accumulator. The headers of the R rows are converted
+    /// together (lanes `4r..4r + 4`: d, m, d, m), multiplied per activation row k by its
+    /// `[a.d, a.s, a.d, a.s]`; the offsets `m * a.s` accumulate in lanes `4r + 1` and
+    /// `4r + 3` of one vector per k. Every `(r, k)` sees the same float operations in the
+    /// same order whatever `R` and `K` are.
+    ///
+    /// # Safety
+    /// avx512f/bw/vl/vnni, avx2, fma and f16c must be available; `R <= 4`, `K <= 4`; every
+    /// activation row has `hi[0].len()` blocks and every weight row at least that many.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    pub unsafe fn tile<F: Pair, const R: usize, const K: usize>(
+        w: [&[u8]; R],
+        hi: [&[BlockQ8]; K],
+        lo: Option<[&[BlockQ8]; K]>,
+    ) -> [[f32; K]; R] {
+        // SAFETY: the caller's contract.
+        unsafe {
+            match lo {
+                Some(lo) => tile_impl::<F, R, K, true>(w, hi, lo),
+                None => tile_impl::<F, R, K, false>(w, hi, hi),
+            }
+        }
+    }
+
+    /// `tile`, with `X2` choosing q8x2 (`lo` read) or q8 (`lo` ignored) at compile time.
+    ///
+    /// # Safety
+    /// As `tile`; `lo` rows as long as `hi` rows.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    unsafe fn tile_impl<F: Pair, const R: usize, const K: usize, const X2: bool>(
+        w: [&[u8]; R],
+        hi: [&[BlockQ8]; K],
+        lo: [&[BlockQ8]; K],
+    ) -> [[f32; K]; R] {
+        let nb = hi.first().map_or(0, |h| h.len());
+        let mut acc = [[_mm512_setzero_ps(); K]; R];
+        let mut offs = [_mm512_setzero_ps(); K];
+        let mut idx = [_mm512_setzero_si512(); R];
+        for (r, x) in idx.iter_mut().enumerate() {
+            *x = pair_scale_index(r);
+        }
+        // SAFETY: a 64-byte array.
+        let hdr_idx = unsafe { _mm512_loadu_si512(F::HDR_IDX.as_ptr() as *const __m512i) };
+        let [m0, m1, m2, m3] = F::HDR_MUL;
+        let hdr_mul = _mm512_broadcast_f32x4(_mm_setr_ps(m0, m1, m2, m3));
+        // Prefetch distance: the same block TILES_AHEAD tiles of rows further on (the rows
+        // of a matrix are contiguous, so that is where this walk of the matrix goes next).
+        let ahead = TILES_AHEAD * R * w.first().map_or(0, |r| r.len());
+        let zero = _mm512_setzero_si512();
+        let mut i = 0;
+        while i < nb {
+            let two = i + 1 < nb;
+            let mut q = [zero; R];
+            let mut hdr = zero;
+            for r in 0..R {
+                // SAFETY: block i (and i + 1) lies within row r (caller's contract); the
+                // prefetch is a hint only and may point past the matrix.
+                let (qr, v) = unsafe {
+                    let p = w[r].as_ptr().add(i * F::BYTES);
+                    _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(ahead) as *const i8);
+                    F::weight_pair(p, two)
+                };
+                q[r] = qr;
+                hdr = _mm512_mask_permutexvar_epi16(hdr, 0xF << (4 * r), hdr_idx, v);
+            }
+            let dm = _mm512_mul_ps(_mm512_cvtph_ps(_mm512_castsi512_si256(hdr)), hdr_mul);
+            for k in 0..K {
+                // SAFETY: blocks i (and i + 1 when two) exist in every activation row.
+                let (qh, ql, ds) =
+                    unsafe { act_pair(hi[k].as_ptr(), X2.then(|| lo[k].as_ptr()), i, two) };
+                let prod = _mm512_mul_ps(dm, _mm512_broadcast_f32x4(ds));
+                offs[k] = _mm512_add_ps(offs[k], prod);
+                for r in 0..R {
+                    let s = if X2 {
+                        let h = _mm512_dpbusd_epi32(zero, q[r], qh);
+                        _mm512_dpbusd_epi32(_mm512_slli_epi32::<8>(h), q[r], ql)
+                    } else {
+                        _mm512_dpbusd_epi32(zero, q[r], qh)
+                    };
+                    let scale = _mm512_permutexvar_ps(idx[r], prod);
+                    acc[r][k] = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(s), acc[r][k]);
+                }
+            }
+            i += 2;
+        }
+        let mut out = [[0f32; K]; R];
+        for k in 0..K {
+            let mut o = [0f32; 16];
+            // SAFETY: o holds 16 f32.
+            unsafe { _mm512_storeu_ps(o.as_mut_ptr(), offs[k]) };
+            for r in 0..R {
+                out[r][k] = reduce16(acc[r][k]) + (o[4 * r + 1] + o[4 * r + 3]);
+            }
+        }
+        out
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -582,6 +843,64 @@ mod tests {
                         one.to_bits(),
                         "{isa:?} nb={nb} rows4_x2 row {k}"
                     );
+                }
+            }
+        }
+    }
+
+    /// Every tile shape the product uses (4x4, 1x4, 4x1, 1x1; q8 and q8x2) gives each
+    /// (weight row, activation row) the bits of the one-row kernel, on every instruction
+    /// set, and stays within rounding of the scalar reference; odd block counts exercise
+    /// the AVX-512 kernels' lone last block.
+    #[test]
+    fn tiles_agree_bit_for_bit_and_match_scalar() {
+        use crate::kernels::q8::quantize_q8x2;
+        for nb in [1usize, 2, 3, 18, 33, 48] {
+            let (mut hi, mut lo) = (Vec::new(), Vec::new());
+            for k in 0..4u64 {
+                let x = crate::kernels::test_util::rand_f32(nb * 32, 110 + k + nb as u64);
+                let (mut h, mut l) = (vec![BlockQ8::default(); nb], vec![BlockQ8::default(); nb]);
+                quantize_q8x2(&x, &mut h, &mut l);
+                hi.push(h);
+                lo.push(l);
+            }
+            let ws: Vec<Vec<u8>> = (0..4)
+                .map(|k| rand_blocks(nb, Q4_1_BYTES, &[0, 2], 120 + k + nb as u64))
+                .collect();
+            let w4 = [&ws[0][..], &ws[1], &ws[2], &ws[3]];
+            let h4 = [&hi[0][..], &hi[1], &hi[2], &hi[3]];
+            let l4 = [&lo[0][..], &lo[1], &lo[2], &lo[3]];
+            for isa in Isa::available() {
+                for x2 in [false, true] {
+                    let l = x2.then_some(l4);
+                    let t44 = dot_q4_1_tile(isa, w4, h4, l);
+                    let t41 = dot_q4_1_tile(isa, w4, [h4[2]], l.map(|l| [l[2]]));
+                    for r in 0..4 {
+                        let [t14] = dot_q4_1_tile(isa, [w4[r]], h4, l);
+                        for k in 0..4 {
+                            let [[one]] = dot_q4_1_tile(isa, [w4[r]], [h4[k]], l.map(|l| [l[k]]));
+                            let direct = if x2 {
+                                dot_q4_1_x2(isa, w4[r], h4[k], l4[k])
+                            } else {
+                                dot_q4_1(isa, w4[r], h4[k])
+                            };
+                            let what = format!("{isa:?} x2={x2} nb={nb} r={r} k={k}");
+                            assert_eq!(one.to_bits(), direct.to_bits(), "1x1 {what}");
+                            assert_eq!(t44[r][k].to_bits(), one.to_bits(), "4x4 {what}");
+                            assert_eq!(t14[k].to_bits(), one.to_bits(), "1x4 {what}");
+                            if k == 2 {
+                                assert_eq!(t41[r][0].to_bits(), one.to_bits(), "4x1 {what}");
+                            }
+                            let mut want = dot_q4_1_scalar(w4[r], h4[k]);
+                            if x2 {
+                                want += dot_q4_1_scalar(w4[r], l4[k]);
+                            }
+                            assert!(
+                                (one - want).abs() <= 1e-4 * (1.0 + want.abs()),
+                                "{what}: {one} vs {want}"
+                            );
+                        }
+                    }
                 }
             }
         }

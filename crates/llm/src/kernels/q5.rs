@@ -5,6 +5,8 @@
 //! element j (0..16) is the low nibble of qs[j] plus bit j of qh as bit 4; element j + 16 is
 //! the high nibble plus bit j + 16.
 
+#[cfg(target_arch = "x86_64")]
+use super::q4::avx512 as pair_tile;
 use super::q8::BlockQ8;
 use super::{f16_at, Isa};
 
@@ -14,12 +16,53 @@ pub const Q5_1_BYTES: usize = 24;
 pub fn dot_q5_0(isa: Isa, w: &[u8], a: &[BlockQ8]) -> f32 {
     assert!(w.len() >= a.len() * Q5_0_BYTES);
     #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx512 {
+        // SAFETY: Isa::Avx512 implies runtime-detected avx512f/bw/vl/vnni, avx2, fma and
+        // f16c; length checked above.
+        return unsafe { pair_tile::tile::<avx512::Q5_0, 1, 1>([w], [a], None) }[0][0];
+    }
+    #[cfg(target_arch = "x86_64")]
     if isa.avx2() {
         // SAFETY: Isa::Avx2 implies runtime-detected avx2/fma/f16c; length checked above.
         return unsafe { x86::dot_q5(w, a, Q5_0_BYTES, false) };
     }
     let _ = isa;
     dot_q5_scalar(w, a, false)
+}
+
+/// Products of `R` Q5_0 rows with `K` activation rows (q8, or q8x2 with `lo`), as
+/// `q4::dot_q4_1_tile`: each `(r, k)` has the bits of the one-row kernel of the same
+/// instruction set (on AVX2 and scalar, q8x2 is two passes of `dot_q5_0`).
+pub fn dot_q5_0_tile<const R: usize, const K: usize>(
+    isa: Isa,
+    w: [&[u8]; R],
+    hi: [&[BlockQ8]; K],
+    lo: Option<[&[BlockQ8]; K]>,
+) -> [[f32; K]; R] {
+    let nb = hi.first().map_or(0, |h| h.len());
+    assert!(
+        hi.iter().chain(lo.iter().flatten()).all(|x| x.len() == nb)
+            && w.iter().all(|r| r.len() >= nb * Q5_0_BYTES)
+            && R <= 4
+            && K <= 4,
+        "dot_q5_0_tile: activation rows of unequal length, a short weight row, R > 4 or K > 4"
+    );
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx512 {
+        // SAFETY: Isa::Avx512 is only produced after runtime detection of avx512f/bw/vl/vnni,
+        // avx2, fma and f16c; every row holds nb blocks (checked above).
+        return unsafe { pair_tile::tile::<avx512::Q5_0, R, K>(w, hi, lo) };
+    }
+    let mut out = [[0f32; K]; R];
+    for (o, &wr) in out.iter_mut().zip(&w) {
+        for k in 0..K {
+            o[k] = match lo {
+                Some(l) => dot_q5_0(isa, wr, hi[k]) + dot_q5_0(isa, wr, l[k]),
+                None => dot_q5_0(isa, wr, hi[k]),
+            };
+        }
+    }
+    out
 }
 
 pub fn dot_q5_1(isa: Isa, w: &[u8], a: &[BlockQ8]) -> f32 {
@@ -109,11 +152,119 @@ mod x86 {
     }
 }
 
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod avx512 {
+    use std::arch::x86_64::*;
+
+    use super::super::q4::avx512::Pair;
+    use super::Q5_0_BYTES;
+
+    pub(crate) struct Q5_0;
+
+    impl Pair for Q5_0 {
+        const BYTES: usize = Q5_0_BYTES;
+        /// d twice per block: `w = d * q + m` with `m = -16 d` (`HDR_MUL`, exact).
+        const HDR_IDX: [i16; 32] = {
+            let mut a = [0i16; 32];
+            let mut k = 0;
+            while k < 32 {
+                a[k] = [0, 0, 11, 11][k % 4];
+                k += 1;
+            }
+            a
+        };
+        const HDR_MUL: [f32; 4] = [1.0, -16.0, 1.0, -16.0];
+
+        /// The pair is 44 contiguous bytes (22 words: d, 2 words of high bits, 8 words of
+        /// nibbles, twice): one masked load, the nibble words spread by one permutation, the
+        /// fifth bits (`qh` bit e is element e's) set from a 64-bit mask of both `qh`.
+        #[inline]
+        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+        unsafe fn weight_pair(p: *const u8, two: bool) -> (__m512i, __m512i) {
+            // Words 3..11 are block i's nibbles, 14..22 block i + 1's; each set twice, the
+            // second copy shifted right by 4 (the high nibbles: elements 16..32).
+            const IDX_Q: [i16; 32] = [
+                3, 4, 5, 6, 7, 8, 9, 10, 3, 4, 5, 6, 7, 8, 9, 10, 14, 15, 16, 17, 18, 19, 20, 21,
+                14, 15, 16, 17, 18, 19, 20, 21,
+            ];
+            // SAFETY: a 64-byte array.
+            let idx_q = unsafe { _mm512_loadu_si512(IDX_Q.as_ptr() as *const __m512i) };
+            let mask: __mmask32 = if two { 0x3F_FFFF } else { 0x7FF };
+            // SAFETY: the words loaded (mask) and the qh words read lie at p (caller's
+            // contract); masked-off words are not read.
+            let (v, qh) = unsafe {
+                let v = _mm512_maskz_loadu_epi16(mask, p as *const i16);
+                let h0 = (p.add(2) as *const u32).read_unaligned() as u64;
+                let h1 = if two {
+                    (p.add(Q5_0_BYTES + 2) as *const u32).read_unaligned() as u64
+                } else {
+                    0
+                };
+                (v, h0 | (h1 << 32))
+            };
+            let q = _mm512_permutexvar_epi16(idx_q, v);
+            let q = _mm512_mask_srli_epi16::<4>(q, 0xFF00_FF00, q);
+            let q = _mm512_and_si512(q, _mm512_set1_epi8(0x0F));
+            (_mm512_mask_add_epi8(q, qh, q, _mm512_set1_epi8(0x10)), v)
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::kernels::test_util::{acts_q8, rand_blocks};
     use ferrite_gguf::GgmlType;
+
+    /// The Q5_0 tiles (4x4, 1x4, 4x1; q8 and q8x2) give each pair the one-row bits and stay
+    /// within rounding of the scalar reference, on every instruction set.
+    #[test]
+    fn q5_0_tiles_agree_bit_for_bit_and_match_scalar() {
+        use crate::kernels::q8::quantize_q8x2;
+        for nb in [1usize, 2, 3, 20, 33] {
+            let (mut hi, mut lo) = (Vec::new(), Vec::new());
+            for k in 0..4u64 {
+                let x = crate::kernels::test_util::rand_f32(nb * 32, 150 + k + nb as u64);
+                let (mut h, mut l) = (vec![BlockQ8::default(); nb], vec![BlockQ8::default(); nb]);
+                quantize_q8x2(&x, &mut h, &mut l);
+                hi.push(h);
+                lo.push(l);
+            }
+            let ws: Vec<Vec<u8>> = (0..4)
+                .map(|k| rand_blocks(nb, Q5_0_BYTES, &[0], 160 + k + nb as u64))
+                .collect();
+            let w4 = [&ws[0][..], &ws[1], &ws[2], &ws[3]];
+            let h4 = [&hi[0][..], &hi[1], &hi[2], &hi[3]];
+            let l4 = [&lo[0][..], &lo[1], &lo[2], &lo[3]];
+            for isa in Isa::available() {
+                for x2 in [false, true] {
+                    let l = x2.then_some(l4);
+                    let t44 = dot_q5_0_tile(isa, w4, h4, l);
+                    let t41 = dot_q5_0_tile(isa, w4, [h4[2]], l.map(|l| [l[2]]));
+                    for r in 0..4 {
+                        let [t14] = dot_q5_0_tile(isa, [w4[r]], h4, l);
+                        for k in 0..4 {
+                            let [[one]] = dot_q5_0_tile(isa, [w4[r]], [h4[k]], l.map(|l| [l[k]]));
+                            let what = format!("{isa:?} x2={x2} nb={nb} r={r} k={k}");
+                            assert_eq!(t44[r][k].to_bits(), one.to_bits(), "4x4 {what}");
+                            assert_eq!(t14[k].to_bits(), one.to_bits(), "1x4 {what}");
+                            if k == 2 {
+                                assert_eq!(t41[r][0].to_bits(), one.to_bits(), "4x1 {what}");
+                            }
+                            let mut want = dot_q5_scalar(w4[r], h4[k], false);
+                            if x2 {
+                                want += dot_q5_scalar(w4[r], l4[k], false);
+                            }
+                            assert!(
+                                (one - want).abs() <= 1e-4 * (1.0 + want.abs()),
+                                "{what}: {one} vs {want}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
 
     #[test]
     fn simd_matches_scalar_odd_sizes() {

@@ -9,6 +9,12 @@ pub const Q8_0_BYTES: usize = 34;
 pub fn dot_q8_0(isa: Isa, w: &[u8], a: &[BlockQ8]) -> f32 {
     assert!(w.len() >= a.len() * Q8_0_BYTES);
     #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx512 {
+        // SAFETY: Isa::Avx512 implies runtime-detected avx512f/bw/vl/vnni, avx2, fma and
+        // f16c; lengths checked above.
+        return unsafe { avx512::tile([w], [a], None) }[0][0];
+    }
+    #[cfg(target_arch = "x86_64")]
     if isa.avx2() {
         // SAFETY: Isa::Avx2 implies runtime-detected avx2/fma/f16c; length checked above.
         return unsafe { x86::dot_q8_0(w, a) };
@@ -24,6 +30,12 @@ pub fn dot_q8_0_x4(isa: Isa, w: &[u8], a: [&[BlockQ8]; 4]) -> [f32; 4] {
     let nb = a[0].len();
     assert!(a.iter().all(|x| x.len() == nb) && w.len() >= nb * Q8_0_BYTES);
     #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx512 {
+        // SAFETY: Isa::Avx512 implies runtime-detected avx512f/bw/vl/vnni, avx2, fma and
+        // f16c; lengths checked above.
+        return unsafe { avx512::tile([w], a, None) }[0];
+    }
+    #[cfg(target_arch = "x86_64")]
     if isa.avx2() {
         // SAFETY: Isa::Avx2 implies runtime-detected avx2/fma/f16c; lengths checked above.
         return unsafe { x86::dot_q8_0_x4(w, a) };
@@ -37,6 +49,12 @@ pub fn dot_q8_0_x4(isa: Isa, w: &[u8], a: [&[BlockQ8]; 4]) -> [f32; 4] {
 pub fn dot_q8_0_x2(isa: Isa, w: &[u8], hi: &[BlockQ8], lo: &[BlockQ8]) -> f32 {
     assert!(w.len() >= hi.len() * Q8_0_BYTES && lo.len() == hi.len());
     #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx512 {
+        // SAFETY: Isa::Avx512 implies runtime-detected avx512f/bw/vl/vnni, avx2, fma and
+        // f16c; lengths checked above.
+        return unsafe { avx512::tile([w], [hi], Some([lo])) }[0][0];
+    }
+    #[cfg(target_arch = "x86_64")]
     if isa == Isa::Vnni {
         // SAFETY: Isa::Vnni implies runtime-detected avx2/fma/f16c/avxvnni; lengths checked.
         return unsafe { x86::dot_q8_0_x2_vnni(w, hi, lo) };
@@ -48,6 +66,47 @@ pub fn dot_q8_0_x2(isa: Isa, w: &[u8], hi: &[BlockQ8], lo: &[BlockQ8]) -> f32 {
     }
     let _ = isa;
     dot_q8_0_scalar(w, hi) + dot_q8_0_scalar(w, lo)
+}
+
+/// Products of `R` Q8_0 rows with `K` activation rows: `out[r][k] = dot(w[r], hi[k])`, or,
+/// with q8x2 activations (`lo`, see [`dot_q8_0_x2`]), `dot(w[r], hi[k] + lo[k])`. Each
+/// `(r, k)` has the bits of the one-row kernel of the same instruction set, whatever `R` and
+/// `K`; on AVX-512 one pass over the blocks serves the whole tile, elsewhere the tile is
+/// composed of [`dot_q8_0_x4`] and the one-row kernels.
+pub fn dot_q8_0_tile<const R: usize, const K: usize>(
+    isa: Isa,
+    w: [&[u8]; R],
+    hi: [&[BlockQ8]; K],
+    lo: Option<[&[BlockQ8]; K]>,
+) -> [[f32; K]; R] {
+    let nb = hi.first().map_or(0, |h| h.len());
+    assert!(
+        hi.iter().chain(lo.iter().flatten()).all(|x| x.len() == nb)
+            && w.iter().all(|r| r.len() >= nb * Q8_0_BYTES)
+            && K <= 4,
+        "dot_q8_0_tile: activation rows of unequal length, a short weight row or K > 4"
+    );
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx512 {
+        // SAFETY: Isa::Avx512 is only produced after runtime detection of avx512f/bw/vl/vnni,
+        // avx2, fma and f16c; every row holds nb blocks (checked above).
+        return unsafe { avx512::tile(w, hi, lo) };
+    }
+    let mut out = [[0f32; K]; R];
+    for (o, &wr) in out.iter_mut().zip(&w) {
+        if K == 4 && lo.is_none() {
+            let v = dot_q8_0_x4(isa, wr, std::array::from_fn(|k| hi[k]));
+            o.copy_from_slice(&v[..K]);
+        } else {
+            for k in 0..K {
+                o[k] = match lo {
+                    Some(l) => dot_q8_0_x2(isa, wr, hi[k], l[k]),
+                    None => dot_q8_0(isa, wr, hi[k]),
+                };
+            }
+        }
+    }
+    out
 }
 
 pub fn dot_q8_0_scalar(w: &[u8], a: &[BlockQ8]) -> f32 {
@@ -222,6 +281,147 @@ pub(crate) mod x86 {
     }
 }
 
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod avx512 {
+    use std::arch::x86_64::*;
+
+    use super::super::q8::BlockQ8;
+    use super::super::x86::{act_pair, pack_ds, pair_scale_index, reduce16, TILES_AHEAD};
+    use super::Q8_0_BYTES;
+
+    /// Block pair (i, i + 1) of a Q8_0 row, `p` at block i: 64 u8 lanes `q + 128` (block i's
+    /// 32, then block i + 1's; zeros when `two` is false) and the f32 lanes
+    /// `[d_i, 0, d_i+1, 0]`.
+    ///
+    /// # Safety
+    /// avx512f/bw/vl, avx2 and f16c must be available; block i (and i + 1 when `two`) lies
+    /// at `p`.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+    unsafe fn weight_pair(p: *const u8, two: bool) -> (__m512i, __m128) {
+        // SAFETY: the blocks read lie at p (caller's contract); loads are unaligned.
+        unsafe {
+            let d0 = (p as *const u16).read_unaligned() as i32;
+            let q0 = _mm256_loadu_si256(p.add(2) as *const __m256i);
+            let (d1, q) = if two {
+                let p1 = p.add(Q8_0_BYTES);
+                let q1 = _mm256_loadu_si256(p1.add(2) as *const __m256i);
+                (
+                    (p1 as *const u16).read_unaligned() as i32,
+                    _mm512_inserti64x4::<1>(_mm512_castsi256_si512(q0), q1),
+                )
+            } else {
+                (0, _mm512_zextsi256_si512(q0))
+            };
+            // The sign bit flipped: i8 q -> u8 q + 128 (vpdpbusd takes unsigned weights). A
+            // missing block flips to 128s; its activations are zeros.
+            let q = _mm512_xor_si512(q, _mm512_set1_epi8(-128));
+            (q, _mm_cvtph_ps(_mm_setr_epi32(d0, d1, 0, 0)))
+        }
+    }
+
+    /// `out[r][k] = dot(w[r], hi[k])`, or `dot(w[r], hi[k] + lo[k])` with `lo` (q8x2), over
+    /// `hi[0].len()` blocks. Per block pair and `(r, k)`: `vpdpbusd` of the shifted weights
+    /// `q + 128` (q8x2: `256 * sum((q + 128) hi) + sum((q + 128) lo)`, at most
+    /// 4 * 255 * 127 * 257 per lane), minus `128 * sum(a)` per lane computed once per
+    /// activation pair, scaled by `d * a.d` into a 16-lane accumulator. Every `(r, k)` sees
+    /// the same float operations in the same order whatever `R` and `K` are.
+    ///
+    /// # Safety
+    /// avx512f/bw/vl/vnni, avx2, fma and f16c must be available; `K <= 4`; every activation
+    /// row has `hi[0].len()` blocks and every weight row at least that many.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    pub unsafe fn tile<const R: usize, const K: usize>(
+        w: [&[u8]; R],
+        hi: [&[BlockQ8]; K],
+        lo: Option<[&[BlockQ8]; K]>,
+    ) -> [[f32; K]; R] {
+        // SAFETY: the caller's contract.
+        unsafe {
+            match lo {
+                Some(lo) => tile_impl::<R, K, true>(w, hi, lo),
+                None => tile_impl::<R, K, false>(w, hi, hi),
+            }
+        }
+    }
+
+    /// `tile`, with `X2` choosing q8x2 (`lo` read) or q8 (`lo` ignored) at compile time.
+    ///
+    /// # Safety
+    /// As `tile`; `lo` rows as long as `hi` rows.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    unsafe fn tile_impl<const R: usize, const K: usize, const X2: bool>(
+        w: [&[u8]; R],
+        hi: [&[BlockQ8]; K],
+        lo: [&[BlockQ8]; K],
+    ) -> [[f32; K]; R] {
+        let nb = hi.first().map_or(0, |h| h.len());
+        let mut acc = [[_mm512_setzero_ps(); K]; R];
+        let mut idx = [_mm512_setzero_si512(); K];
+        for (k, x) in idx.iter_mut().enumerate() {
+            *x = pair_scale_index(k);
+        }
+        // Prefetch distance: the same block TILES_AHEAD tiles of rows further on (the rows
+        // of a matrix are contiguous, so that is where this walk of the matrix goes next).
+        let ahead = TILES_AHEAD * R * w.first().map_or(0, |r| r.len());
+        let zero = _mm512_setzero_si512();
+        let bias = _mm512_set1_epi8(-128);
+        let mut i = 0;
+        while i < nb {
+            let two = i + 1 < nb;
+            let mut qh = [zero; K];
+            let mut ql = [zero; K];
+            let mut corr = [zero; K];
+            let mut ds = [_mm_setzero_ps(); K];
+            for k in 0..K {
+                // SAFETY: blocks i (and i + 1 when two) exist in every activation row.
+                let (h, l, d) =
+                    unsafe { act_pair(hi[k].as_ptr(), X2.then(|| lo[k].as_ptr()), i, two) };
+                (qh[k], ql[k], ds[k]) = (h, l, d);
+                // What the +128 shift of the weights adds, per lane.
+                let c = _mm512_dpbusd_epi32(zero, bias, h);
+                corr[k] = if X2 {
+                    _mm512_dpbusd_epi32(_mm512_slli_epi32::<8>(c), bias, l)
+                } else {
+                    c
+                };
+            }
+            let ds = pack_ds(ds);
+            for r in 0..R {
+                // SAFETY: block i (and i + 1) lies within row r (caller's contract); the
+                // prefetch is a hint only and may point past the matrix.
+                let (q, dm) = unsafe {
+                    let p = w[r].as_ptr().add(i * Q8_0_BYTES);
+                    _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(ahead) as *const i8);
+                    _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(ahead + 64) as *const i8);
+                    weight_pair(p, two)
+                };
+                let prod = _mm512_mul_ps(_mm512_broadcast_f32x4(dm), ds);
+                for k in 0..K {
+                    let s = if X2 {
+                        let h = _mm512_dpbusd_epi32(zero, q, qh[k]);
+                        _mm512_dpbusd_epi32(_mm512_slli_epi32::<8>(h), q, ql[k])
+                    } else {
+                        _mm512_dpbusd_epi32(zero, q, qh[k])
+                    };
+                    let s = _mm512_sub_epi32(s, corr[k]);
+                    let scale = _mm512_permutexvar_ps(idx[k], prod);
+                    acc[r][k] = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(s), acc[r][k]);
+                }
+            }
+            i += 2;
+        }
+        let mut out = [[0f32; K]; R];
+        for r in 0..R {
+            for k in 0..K {
+                out[r][k] = reduce16(acc[r][k]);
+            }
+        }
+        out
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -277,6 +477,64 @@ mod tests {
                     (got - want).abs() <= 1e-4 * (1.0 + want.abs()),
                     "{isa:?} nb={nb}: {got} vs {want}"
                 );
+            }
+        }
+    }
+
+    /// Every tile shape the product uses (4x4, 1x4, 4x1, 1x1; q8 and q8x2) gives each
+    /// (weight row, activation row) the bits of the one-row kernel, on every instruction
+    /// set, and stays within rounding of the scalar reference; odd block counts exercise
+    /// the AVX-512 kernels' lone last block.
+    #[test]
+    fn tiles_agree_bit_for_bit_and_match_scalar() {
+        use crate::kernels::q8::quantize_q8x2;
+        for nb in [1usize, 2, 3, 18, 33, 48] {
+            let (mut hi, mut lo) = (Vec::new(), Vec::new());
+            for k in 0..4u64 {
+                let x = crate::kernels::test_util::rand_f32(nb * 32, 130 + k + nb as u64);
+                let (mut h, mut l) = (vec![BlockQ8::default(); nb], vec![BlockQ8::default(); nb]);
+                quantize_q8x2(&x, &mut h, &mut l);
+                hi.push(h);
+                lo.push(l);
+            }
+            let ws: Vec<Vec<u8>> = (0..4)
+                .map(|k| rand_blocks(nb, Q8_0_BYTES, &[0], 140 + k + nb as u64))
+                .collect();
+            let w4 = [&ws[0][..], &ws[1], &ws[2], &ws[3]];
+            let h4 = [&hi[0][..], &hi[1], &hi[2], &hi[3]];
+            let l4 = [&lo[0][..], &lo[1], &lo[2], &lo[3]];
+            for isa in Isa::available() {
+                for x2 in [false, true] {
+                    let l = x2.then_some(l4);
+                    let t44 = dot_q8_0_tile(isa, w4, h4, l);
+                    let t41 = dot_q8_0_tile(isa, w4, [h4[2]], l.map(|l| [l[2]]));
+                    for r in 0..4 {
+                        let [t14] = dot_q8_0_tile(isa, [w4[r]], h4, l);
+                        for k in 0..4 {
+                            let [[one]] = dot_q8_0_tile(isa, [w4[r]], [h4[k]], l.map(|l| [l[k]]));
+                            let direct = if x2 {
+                                dot_q8_0_x2(isa, w4[r], h4[k], l4[k])
+                            } else {
+                                dot_q8_0(isa, w4[r], h4[k])
+                            };
+                            let what = format!("{isa:?} x2={x2} nb={nb} r={r} k={k}");
+                            assert_eq!(one.to_bits(), direct.to_bits(), "1x1 {what}");
+                            assert_eq!(t44[r][k].to_bits(), one.to_bits(), "4x4 {what}");
+                            assert_eq!(t14[k].to_bits(), one.to_bits(), "1x4 {what}");
+                            if k == 2 {
+                                assert_eq!(t41[r][0].to_bits(), one.to_bits(), "4x1 {what}");
+                            }
+                            let mut want = dot_q8_0_scalar(w4[r], h4[k]);
+                            if x2 {
+                                want += dot_q8_0_scalar(w4[r], l4[k]);
+                            }
+                            assert!(
+                                (one - want).abs() <= 1e-4 * (1.0 + want.abs()),
+                                "{what}: {one} vs {want}"
+                            );
+                        }
+                    }
+                }
             }
         }
     }

@@ -6,7 +6,7 @@ use super::config::Config;
 use super::step::{Batch, Buf, Glu, Kernels, Mat, Norm};
 use super::{gelu_tanh, rms_norm_in_place, rms_norm_rows, silu, Model, Product};
 use crate::error::Result;
-use crate::kernels::float::{axpy, dot_f32};
+use crate::kernels::float::{axpy_rows, dot_f32};
 use crate::kernels::{self, Acts, Isa, MatOut};
 use crate::kv_cache::{BlockId, CpuKvStore};
 
@@ -550,15 +550,20 @@ fn attention(
             let o = unsafe { std::slice::from_raw_parts_mut(outp.get().add(r * w + h * hd), hd) };
             o.fill(0.0);
             let inv = 1.0 / sum;
+            for v in sc.iter_mut() {
+                *v *= inv;
+            }
             let mut j = lo;
             while j <= p {
                 let (blk, slot0) = (table[j / bs], j % bs);
                 let end = (p + 1).min((j / bs + 1) * bs);
                 let vals = kv.values(blk, il, g);
-                for jj in j..end {
-                    let off = (jj - j + slot0) * hd;
-                    axpy(isa, sc[jj - lo] * inv, &vals[off..off + hd], o);
-                }
+                axpy_rows(
+                    isa,
+                    &sc[j - lo..end - lo],
+                    &vals[slot0 * hd..(slot0 + end - j) * hd],
+                    o,
+                );
                 j = end;
             }
         }
