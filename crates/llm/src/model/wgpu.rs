@@ -43,7 +43,7 @@ const PAGED: &str = include_str!("wgpu/paged.wgsl");
 const ROW_VARIANTS: [u32; 3] = [1, 4, 8];
 /// Output rows per product workgroup (`OUTS` of `matvec.wgsl`).
 const MATVEC_OUTS: usize = 4;
-/// Largest head_dim the attention kernel takes (`WG * DPT` of `paged.wgsl`).
+/// Largest head_dim the attention kernel takes (the size of `qs` in `paged.wgsl`).
 const MAX_HEAD_DIM: usize = 256;
 
 fn err(msg: impl Into<String>) -> Error {
@@ -98,8 +98,11 @@ pub const WGPU_WEIGHT_TYPES: [GgmlType; 13] = {
 fn matvec_source(f: &Format, rows: u32) -> String {
     format!(
         "const ROWS: u32 = {rows}u;\nconst BLOCK_BYTES: u32 = {}u;\nconst UNITS: u32 = {}u;\n{QUANT}\n\
-         fn deq(a: u32, s: u32) -> array<f32, 32> {{\n    return deq_{}(a, s);\n}}\n{MATVEC}",
-        f.block_bytes, f.units, f.name
+         fn head(a: u32, s: u32) -> Head {{\n    return head_{n}(a, s);\n}}\n\
+         fn pair(a: u32, s: u32, h: Head, w: u32) -> Pair {{\n    return pair_{n}(a, s, h, w);\n}}\n{MATVEC}",
+        f.block_bytes,
+        f.units,
+        n = f.name
     )
 }
 
@@ -600,6 +603,141 @@ enum Epilogue {
 struct Pipe {
     pipe: wgpu::ComputePipeline,
     layout: wgpu::BindGroupLayout,
+    /// What the profile calls it (`matvec q4_0 x8`, `attention`).
+    name: String,
+}
+
+/// Timestamps most dispatches of a step get in the profile (two queries each; wgpu allows
+/// 4,096 queries per set).
+const PROFILED_DISPATCHES: usize = 2048;
+
+/// The per-dispatch GPU profile (`FERRITE_WGPU_PROFILE=1`, on adapters with timestamps inside
+/// passes): a timestamp before and after every dispatch of a step, read back after the step
+/// (a host wait per step: profiling only) and summed by kernel; printed to stderr when the
+/// kernel set is dropped.
+struct Profile {
+    queries: wgpu::QuerySet,
+    resolve: wgpu::Buffer,
+    readback: wgpu::Buffer,
+    /// Nanoseconds per timestamp tick.
+    period: f64,
+    /// Kernel name -> (nanoseconds, dispatches).
+    totals: HashMap<String, (f64, u64)>,
+    steps: u64,
+    /// Sum over steps of each step's first-to-last timestamp.
+    span_ns: f64,
+}
+
+impl Profile {
+    /// A profile where `FERRITE_WGPU_PROFILE` is set (not `0`) and the device has timestamps
+    /// inside passes; else none (a note on stderr says why when it was asked for).
+    fn new(dev: &WgpuDevice) -> Option<Profile> {
+        let on = std::env::var("FERRITE_WGPU_PROFILE").is_ok_and(|v| !v.is_empty() && v != "0");
+        if !on {
+            return None;
+        }
+        let need = wgpu::Features::TIMESTAMP_QUERY | wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES;
+        let d = dev.raw_device();
+        if !d.features().contains(need) {
+            eprintln!(
+                "FERRITE_WGPU_PROFILE: {} has no timestamp queries inside passes; no profile",
+                dev.name()
+            );
+            return None;
+        }
+        let n = 2 * PROFILED_DISPATCHES as u64;
+        Some(Profile {
+            queries: d.create_query_set(&wgpu::QuerySetDescriptor {
+                label: Some("llm profile"),
+                ty: wgpu::QueryType::Timestamp,
+                count: n as u32,
+            }),
+            resolve: d.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("llm profile resolve"),
+                size: n * 8,
+                usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
+                mapped_at_creation: false,
+            }),
+            readback: d.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("llm profile readback"),
+                size: n * 8,
+                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            }),
+            period: f64::from(dev.raw_queue().get_timestamp_period()),
+            totals: HashMap::new(),
+            steps: 0,
+            span_ns: 0.0,
+        })
+    }
+
+    /// Adds the step whose `names.len()` dispatches were timed (waits for it).
+    fn collect(&mut self, d: &wgpu::Device, names: &[String]) -> Result<()> {
+        let n = names.len();
+        if n == 0 {
+            return Ok(());
+        }
+        let bytes = (2 * n * 8) as u64;
+        let (tx, rx) = std::sync::mpsc::channel();
+        self.readback
+            .map_async(wgpu::MapMode::Read, 0..bytes, move |r| {
+                let _ = tx.send(r);
+            });
+        d.poll(wgpu::PollType::Wait {
+            submission_index: None,
+            timeout: None,
+        })
+        .map_err(|e| err(format!("profile: waiting for the device: {e}")))?;
+        match rx.recv() {
+            Ok(Ok(())) => {}
+            _ => return Err(err("profile: mapping the timestamps failed")),
+        }
+        let ticks: Vec<u64> = {
+            let view = self
+                .readback
+                .get_mapped_range(0..bytes)
+                .map_err(|e| err(format!("profile: mapping: {e}")))?;
+            view.chunks_exact(8)
+                .map(|c| u64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]))
+                .collect()
+        };
+        self.readback.unmap();
+        for (i, name) in names.iter().enumerate() {
+            let dt = ticks[2 * i + 1].saturating_sub(ticks[2 * i]) as f64 * self.period;
+            let e = self.totals.entry(name.clone()).or_insert((0.0, 0));
+            e.0 += dt;
+            e.1 += 1;
+        }
+        self.span_ns += ticks[2 * n - 1].saturating_sub(ticks[0]) as f64 * self.period;
+        self.steps += 1;
+        Ok(())
+    }
+
+    /// The summary: each kernel's share of the dispatch time, per step.
+    fn report(&self) -> String {
+        let steps = self.steps.max(1) as f64;
+        let busy: f64 = self.totals.values().map(|v| v.0).sum();
+        let mut rows: Vec<_> = self.totals.iter().collect();
+        rows.sort_by(|a, b| b.1 .0.total_cmp(&a.1 .0));
+        let mut out = format!(
+            "wgpu LLM profile: {} steps; per step: {:.3} ms in dispatches, {:.3} ms first to last              timestamp
+| kernel | dispatches / step | ms / step | share |
+| --- | ---: | ---: | ---: |
+",
+            self.steps,
+            busy / steps / 1e6,
+            self.span_ns / steps / 1e6
+        );
+        for (name, (ns, count)) in rows {
+            out.push_str(&format!(
+                "| {name} | {:.1} | {:.4} | {:.1}% |\n",
+                *count as f64 / steps,
+                ns / steps / 1e6,
+                100.0 * ns / busy.max(1e-9)
+            ));
+        }
+        out
+    }
 }
 
 /// One recorded dispatch of a step.
@@ -662,6 +800,17 @@ pub struct WgpuKernels<'g> {
     /// Bind groups by (pipeline, parameter offset and length, buffers): a decode step plans
     /// the same dispatches over the same buffers as the one before it.
     bind_cache: HashMap<BindKey, wgpu::BindGroup>,
+    profile: Option<Profile>,
+}
+
+impl Drop for WgpuKernels<'_> {
+    fn drop(&mut self) {
+        if let Some(p) = &self.profile {
+            if p.steps > 0 {
+                eprint!("{}", p.report());
+            }
+        }
+    }
 }
 
 type BindKey = (usize, usize, usize, Vec<(u32, wgpu::Buffer)>);
@@ -714,6 +863,7 @@ impl<'g> WgpuKernels<'g> {
             fetched: false,
             param_align: align.max(1),
             bind_cache: HashMap::new(),
+            profile: Profile::new(&m.dev),
         }
     }
 
@@ -735,6 +885,11 @@ impl<'g> WgpuKernels<'g> {
             Module::Ops => ("ops".to_string(), OPS.to_string()),
             Module::Paged => ("paged".to_string(), PAGED.to_string()),
         };
+        let name = match module {
+            Module::Matvec(f, rows) if entry == "matvec" => format!("matvec {} x{rows}", f.name),
+            Module::Matvec(f, _) => format!("{entry} {}", f.name),
+            _ => entry.to_string(),
+        };
         let dev = self.dev();
         let scope = dev.push_error_scope(wgpu::ErrorFilter::Validation);
         let sm = dev.create_shader_module(wgpu::ShaderModuleDescriptor {
@@ -753,7 +908,7 @@ impl<'g> WgpuKernels<'g> {
             return Err(err(format!("compiling {label} entry {entry}: {e}")));
         }
         let layout = pipe.get_bind_group_layout(0);
-        self.pipes.push(Pipe { pipe, layout });
+        self.pipes.push(Pipe { pipe, layout, name });
         let i = self.pipes.len() - 1;
         self.pipe_ids.insert((module, entry), i);
         Ok(i)
@@ -1077,6 +1232,7 @@ impl<'g> WgpuKernels<'g> {
             label: Some("llm step"),
         });
         let scope = dev.push_error_scope(wgpu::ErrorFilter::Validation);
+        let mut names: Vec<String> = Vec::new();
         {
             let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
                 label: Some("llm step"),
@@ -1117,10 +1273,26 @@ impl<'g> WgpuKernels<'g> {
                 } else {
                     (max_dim, d.groups.div_ceil(max_dim))
                 };
+                let timed = match &self.profile {
+                    Some(pr) if names.len() < PROFILED_DISPATCHES => Some(&pr.queries),
+                    _ => None,
+                };
+                if let Some(qs) = timed {
+                    pass.write_timestamp(qs, 2 * names.len() as u32);
+                }
                 pass.set_pipeline(&p.pipe);
                 pass.set_bind_group(0, &*bind, &[]);
                 pass.dispatch_workgroups(gx as u32, gy as u32, 1);
+                if let Some(qs) = timed {
+                    pass.write_timestamp(qs, 2 * names.len() as u32 + 1);
+                    names.push(p.name.clone());
+                }
             }
+        }
+        if let (Some(pr), false) = (&self.profile, names.is_empty()) {
+            let n = 2 * names.len() as u32;
+            enc.resolve_query_set(&pr.queries, 0..n, &pr.resolve, 0);
+            enc.copy_buffer_to_buffer(&pr.resolve, 0, &pr.readback, 0, u64::from(n) * 8);
         }
         if let Some(e) = pollster::block_on(scope.pop()) {
             return Err(err(format!("recording the step: {e}")));
@@ -1130,6 +1302,9 @@ impl<'g> WgpuKernels<'g> {
             enc.copy_buffer_to_buffer(&s.toks, 0, &s.toks_rb, 0, (self.n_out * 4) as u64);
         }
         self.submitted = Some(q.submit([enc.finish()]));
+        if let Some(pr) = &mut self.profile {
+            pr.collect(dev, &names)?;
+        }
         Ok(())
     }
 

@@ -24,8 +24,6 @@
 
 const BS: u32 = 16u;
 const WG: u32 = 64u;
-// Largest head_dim: WG * DPT.
-const DPT: u32 = 4u;
 const NEG: f32 = -3.0e38;
 
 // How element d of a head of trig row r rotates: its partner's index, cos, sin, and whether it
@@ -102,33 +100,35 @@ fn rope_store(
     vc[ci] = vin[r * p[13] + p[16] + g * hd + d];
 }
 
-var<workgroup> qs: array<f32, 256>;
-var<workgroup> sc: array<f32, 64>;
-var<workgroup> kb: array<u32, 64>;
-var<workgroup> red: array<f32, 64>;
+// attention's workgroup: AWG threads, AWG keys per tile.
+const AWG: u32 = 256u;
 
-fn wg_reduce(t: u32, v: f32, is_max: bool) -> f32 {
-    red[t] = v;
-    workgroupBarrier();
-    for (var st = 32u; st > 0u; st >>= 1u) {
-        if (t < st) {
-            if (is_max) {
-                red[t] = max(red[t], red[t + st]);
-            } else {
-                red[t] += red[t + st];
-            }
-        }
-        workgroupBarrier();
-    }
-    let s = red[0];
-    workgroupBarrier();
-    return s;
+var<workgroup> qs: array<f32, 256>;
+var<workgroup> sc: array<f32, AWG>;
+var<workgroup> kb: array<u32, AWG>;
+var<workgroup> cm: array<f32, AWG>;
+var<workgroup> cl: array<f32, AWG>;
+var<workgroup> ca: array<vec4<f32>, AWG>;
+
+// Values d..d + 4 of the cache row at `base` (zeros past head_dim).
+fn v4(base: u32, d: u32, hd: u32) -> vec4<f32> {
+    let i = base + d;
+    return vec4<f32>(
+        vc[i],
+        select(0.0, vc[i + 1u], d + 1u < hd),
+        select(0.0, vc[i + 2u], d + 2u < hd),
+        select(0.0, vc[i + 3u], d + 3u < hd),
+    );
 }
 
-// attention: one workgroup per (row, head): q rotated into workgroup memory, then the keys
-// of the row's window through its block table in tiles of 64 (a thread per key's score), with
-// an online softmax; each thread accumulates DPT output dims over the tile's values.
-@compute @workgroup_size(64)
+// attention: one workgroup of AWG threads per (row, head): q rotated into workgroup memory,
+// then the keys of the row's window through its block table in tiles of AWG, in parallel
+// over positions: each thread scores one key of the tile, then the threads form AWG / T key
+// groups of T = ceil(head_dim / 4) threads (4 output dims each), each group running an online
+// softmax over its share of the tile's keys (keys g, g + groups, ...); at the end the groups'
+// (max, sum, values) are merged in group order. Two barriers per tile; the order of every sum
+// depends on the row alone.
+@compute @workgroup_size(256)
 fn attention(
     @builtin(workgroup_id) wid: vec3<u32>,
     @builtin(num_workgroups) nwg: vec3<u32>,
@@ -145,7 +145,7 @@ fn attention(
     let g = h / (nh / p[2]);
     let h0 = r * nh * hd + h * hd;
     let q0 = r * p[13] + p[14] + h * hd;
-    for (var d = t; d < hd; d += WG) {
+    for (var d = t; d < hd; d += AWG) {
         let rt = rot_of(d, r);
         qs[d] = apply_rot(q[q0 + d], q[q0 + rt.partner], rt);
     }
@@ -157,14 +157,15 @@ fn attention(
         lo = pos + 1u - window;
     }
     let scale = bitcast<f32>(p[12]);
+    let tpg = (hd + 3u) / 4u;
+    let ng = AWG / tpg;
+    let grp = t / tpg;
+    let d4 = (t % tpg) * 4u;
     workgroupBarrier();
     var m = NEG;
     var l = 0.0;
-    var acc: array<f32, DPT>;
-    for (var i = 0u; i < DPT; i++) {
-        acc[i] = 0.0;
-    }
-    for (var t0 = lo; t0 <= pos; t0 += WG) {
+    var acc = vec4<f32>(0.0);
+    for (var t0 = lo; t0 <= pos; t0 += AWG) {
         let j = t0 + t;
         var s = NEG;
         if (j <= pos) {
@@ -176,34 +177,51 @@ fn attention(
             }
             s = dt * scale;
         }
-        let mx = wg_reduce(t, s, true);
-        let mn = max(m, mx);
-        let alpha = exp(m - mn);
-        var pj = 0.0;
-        if (j <= pos) {
-            pj = exp(s - mn);
-        }
-        sc[t] = pj;
-        let ts = wg_reduce(t, pj, false);
-        l = l * alpha + ts;
-        let cnt = min(WG, pos + 1u - t0);
-        for (var i = 0u; i < DPT; i++) {
-            let d = t + i * WG;
-            if (d < hd) {
-                var a = acc[i] * alpha;
-                for (var jj = 0u; jj < cnt; jj++) {
-                    a += sc[jj] * vc[kb[jj] + d];
+        sc[t] = s;
+        workgroupBarrier();
+        let cnt = min(AWG, pos + 1u - t0);
+        if (grp < ng) {
+            for (var jj = grp; jj < cnt; jj += ng) {
+                let sj = sc[jj];
+                let v = v4(kb[jj], d4, hd);
+                if (sj > m) {
+                    let c = exp(m - sj);
+                    acc = acc * c + v;
+                    l = l * c + 1.0;
+                    m = sj;
+                } else {
+                    let pj = exp(sj - m);
+                    acc += pj * v;
+                    l += pj;
                 }
-                acc[i] = a;
             }
         }
-        m = mn;
         workgroupBarrier();
     }
-    for (var i = 0u; i < DPT; i++) {
-        let d = t + i * WG;
-        if (d < hd) {
-            out[h0 + d] = acc[i] / l;
+    if (grp < ng) {
+        if (d4 == 0u) {
+            cm[grp] = m;
+            cl[grp] = l;
+        }
+        ca[t] = acc;
+    }
+    workgroupBarrier();
+    if (t < tpg) {
+        var mm = NEG;
+        for (var k = 0u; k < ng; k++) {
+            mm = max(mm, cm[k]);
+        }
+        var ll = 0.0;
+        var aa = vec4<f32>(0.0);
+        for (var k = 0u; k < ng; k++) {
+            let c = exp(cm[k] - mm);
+            ll += cl[k] * c;
+            aa += ca[k * tpg + t] * c;
+        }
+        for (var i = 0u; i < 4u; i++) {
+            if (d4 + i < hd) {
+                out[h0 + d4 + i] = aa[i] / ll;
+            }
         }
     }
 }
