@@ -629,24 +629,30 @@ struct Profile {
 }
 
 impl Profile {
-    /// A profile where `FERRITE_WGPU_PROFILE` is set (not `0`) and the device has timestamps
-    /// inside passes; else none (a note on stderr says why when it was asked for).
-    fn new(dev: &WgpuDevice) -> Option<Profile> {
+    /// A profile where `FERRITE_WGPU_PROFILE` is set (not `0`); none where it is not, or
+    /// where the device cannot time dispatches (a note on stderr says why).
+    fn from_env(dev: &WgpuDevice) -> Option<Profile> {
         let on = std::env::var("FERRITE_WGPU_PROFILE").is_ok_and(|v| !v.is_empty() && v != "0");
         if !on {
             return None;
         }
+        Profile::new(dev)
+            .map_err(|e| eprintln!("FERRITE_WGPU_PROFILE: {e}; no profile"))
+            .ok()
+    }
+
+    /// Errors where the device has no timestamp queries inside passes.
+    fn new(dev: &WgpuDevice) -> Result<Profile> {
         let need = wgpu::Features::TIMESTAMP_QUERY | wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES;
         let d = dev.raw_device();
         if !d.features().contains(need) {
-            eprintln!(
-                "FERRITE_WGPU_PROFILE: {} has no timestamp queries inside passes; no profile",
+            return Err(err(format!(
+                "profile: {} has no timestamp queries inside compute passes",
                 dev.name()
-            );
-            return None;
+            )));
         }
         let n = 2 * PROFILED_DISPATCHES as u64;
-        Some(Profile {
+        Ok(Profile {
             queries: d.create_query_set(&wgpu::QuerySetDescriptor {
                 label: Some("llm profile"),
                 ty: wgpu::QueryType::Timestamp,
@@ -720,10 +726,9 @@ impl Profile {
         let mut rows: Vec<_> = self.totals.iter().collect();
         rows.sort_by(|a, b| b.1 .0.total_cmp(&a.1 .0));
         let mut out = format!(
-            "wgpu LLM profile: {} steps; per step: {:.3} ms in dispatches, {:.3} ms first to last              timestamp
-| kernel | dispatches / step | ms / step | share |
-| --- | ---: | ---: | ---: |
-",
+            "wgpu LLM profile: {} steps; per step: {:.3} ms in dispatches, {:.3} ms from the \
+             first timestamp to the last\n| kernel | dispatches / step | ms / step | share |\n\
+             | --- | ---: | ---: | ---: |\n",
             self.steps,
             busy / steps / 1e6,
             self.span_ns / steps / 1e6
@@ -805,10 +810,8 @@ pub struct WgpuKernels<'g> {
 
 impl Drop for WgpuKernels<'_> {
     fn drop(&mut self) {
-        if let Some(p) = &self.profile {
-            if p.steps > 0 {
-                eprint!("{}", p.report());
-            }
+        if let Some(r) = self.profile_report() {
+            eprint!("{r}");
         }
     }
 }
@@ -863,12 +866,30 @@ impl<'g> WgpuKernels<'g> {
             fetched: false,
             param_align: align.max(1),
             bind_cache: HashMap::new(),
-            profile: Profile::new(&m.dev),
+            profile: Profile::from_env(&m.dev),
         }
     }
 
     pub fn model(&self) -> &'g WgpuModel {
         self.m
+    }
+
+    /// Times every dispatch from the next step on (what `FERRITE_WGPU_PROFILE=1` turns on);
+    /// errors where the device has no timestamp queries inside passes.
+    pub fn enable_profile(&mut self) -> Result<()> {
+        if self.profile.is_none() {
+            self.profile = Some(Profile::new(&self.m.dev)?);
+        }
+        Ok(())
+    }
+
+    /// The profile's summary (a markdown table by kernel), where profiling is on and a step
+    /// has run.
+    pub fn profile_report(&self) -> Option<String> {
+        self.profile
+            .as_ref()
+            .filter(|p| p.steps > 0)
+            .map(Profile::report)
     }
 
     fn dev(&self) -> &'g wgpu::Device {
@@ -1805,6 +1826,10 @@ impl<'g> WgpuSession<'g> {
     /// Tokens processed so far (the position of the next token).
     pub fn pos(&self) -> usize {
         self.kv.len(SEQ)
+    }
+
+    pub fn kernels_mut(&mut self) -> &mut WgpuKernels<'g> {
+        &mut self.k
     }
 
     /// Capacity of the KV cache in tokens.

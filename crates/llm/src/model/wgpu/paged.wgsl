@@ -171,8 +171,14 @@ fn attention(
         if (j <= pos) {
             let base = cache_index(sdata[tab + j / BS], g, j % BS);
             kb[t] = base;
+            // Four values per step: four independent loads in flight per thread.
             var dt = 0.0;
-            for (var d = 0u; d < hd; d++) {
+            var d = 0u;
+            for (; d + 4u <= hd; d += 4u) {
+                let k4 = vec4<f32>(kc[base + d], kc[base + d + 1u], kc[base + d + 2u], kc[base + d + 3u]);
+                dt += dot(vec4<f32>(qs[d], qs[d + 1u], qs[d + 2u], qs[d + 3u]), k4);
+            }
+            for (; d < hd; d++) {
                 dt += qs[d] * kc[base + d];
             }
             s = dt * scale;
