@@ -23,7 +23,7 @@ use ferrite_llm::engine::{Engine, EngineConfig, EngineKernels, Request, RequestI
 use ferrite_llm::kv_cache::BLOCK_SIZE;
 use ferrite_llm::model::{WgpuKvStore, WgpuModel, WgpuSession};
 use ferrite_llm::synth::{write_synthetic, SynthConfig, VocabStyle, QUANTS};
-use ferrite_llm::{Logits, Model, Precision};
+use ferrite_llm::{Logits, Model, Precision, Session};
 use ferrite_testing::runner::Runner;
 use ferrite_wgpu::WgpuDevice;
 
@@ -51,6 +51,10 @@ fn tests() -> Vec<(&'static str, TestFn)> {
         (
             "wgpu_profile_times_every_kernel_and_changes_no_logit",
             profile_kernels,
+        ),
+        (
+            "wgpu_attention_split_over_workgroups_matches_cpu_in_any_chunking",
+            long_context,
         ),
         ("wgpu_weights_split_over_bindings_match_cpu", weights_split),
         (
@@ -477,6 +481,56 @@ fn profile_kernels(dev: &WgpuDevice) -> Option<String> {
         let row = format!("| {kernel} | {per_step:.1} | ");
         assert!(report.contains(&row), "{row:?} missing in\n{report}");
     }
+    None
+}
+
+/// Rows of more than 256 keys split their attention over workgroups (1, 2 and 3 splits in a
+/// 600-token prompt) and merge the partial results: every row's logits against the CPU
+/// session in exact mode, then three greedy decode steps; and the same prompt fed in other
+/// chunks (so each row meets other batches) gives the same logits bit for bit.
+fn long_context(dev: &WgpuDevice) -> Option<String> {
+    let dir = tmp_dir();
+    let mut cfg = synth_cfg(GgmlType::Q8_0);
+    cfg.preset = "wgpu-long";
+    cfg.ctx = 1024;
+    let model = leak(synth_model(&cfg, GgmlType::Q8_0, &dir));
+    let wm = leak(WgpuModel::new(model, dev).unwrap());
+    let vocab = model.cfg.vocab;
+    let p = prompt(600, 9, vocab);
+    let mut g = WgpuSession::new(wm, 700).unwrap();
+    let mut c = Session::new(model, 700).unwrap();
+    let mut gl = g.forward(&p, Logits::All).unwrap().to_vec();
+    let mut cl = c.forward(&p, Logits::All).unwrap().to_vec();
+    let mut tok = 0u32;
+    for _ in 0..3 {
+        let last = &cl[cl.len() - vocab..];
+        tok = (0..vocab)
+            .max_by(|&a, &b| last[a].total_cmp(&last[b]).then(b.cmp(&a)))
+            .unwrap() as u32;
+        gl.extend_from_slice(g.forward(&[tok], Logits::Last).unwrap());
+        cl.extend_from_slice(c.forward(&[tok], Logits::Last).unwrap());
+    }
+    let range = cl.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let d = gl
+        .iter()
+        .zip(&cl)
+        .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+    println!(
+        "600-token prompt + 3 steps: wgpu vs CPU logits within {:.2e} of the range",
+        d / range
+    );
+    assert!(d <= 1e-5 * range, "wgpu vs CPU: {d} of {range}");
+    let mut h = WgpuSession::new(wm, 700).unwrap();
+    let mut hl = Vec::new();
+    for chunk in [&p[..37], &p[37..300], &p[300..]] {
+        hl.extend_from_slice(h.forward(chunk, Logits::All).unwrap());
+    }
+    hl.extend_from_slice(h.forward(&[tok], Logits::Last).unwrap());
+    assert!(
+        hl[..600 * vocab] == gl[..600 * vocab],
+        "prompt logits depend on the chunking"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
     None
 }
 

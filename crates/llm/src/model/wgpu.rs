@@ -45,6 +45,16 @@ const ROW_VARIANTS: [u32; 3] = [1, 4, 8];
 const MATVEC_OUTS: usize = 4;
 /// Largest head_dim the attention kernel takes (the size of `qs` in `paged.wgsl`).
 const MAX_HEAD_DIM: usize = 256;
+/// Keys per attention tile (`AWG` of `paged.wgsl`).
+const ATTN_TILE: usize = 256;
+/// Most workgroups the attention of one (row, head) is split over (`MAX_SPLITS` of
+/// `paged.wgsl`): a row of `len` keys takes min(ceil(len / ATTN_TILE), MAX_SPLITS).
+const MAX_SPLITS: usize = 8;
+
+/// Attention splits of a row whose window holds `len` keys (as `splits_of` in `paged.wgsl`).
+fn attn_splits(len: usize) -> usize {
+    len.div_ceil(ATTN_TILE).clamp(1, MAX_SPLITS)
+}
 
 fn err(msg: impl Into<String>) -> Error {
     Error::Other(format!("wgpu kernels: {}", msg.into()))
@@ -127,7 +137,7 @@ pub fn shader_sources() -> Vec<(String, &'static [&'static str], String)> {
     ));
     out.push((
         "paged.wgsl".into(),
-        &["rope_store", "attention"][..],
+        &["rope_store", "attention", "attn_merge"][..],
         PAGED.to_string(),
     ));
     out
@@ -320,9 +330,9 @@ impl WgpuModel {
                 c.head_dim, c.n_head, c.n_kv_head
             )));
         }
-        if lim.max_storage_buffers_per_shader_stage < 7 {
+        if lim.max_storage_buffers_per_shader_stage < 8 {
             return Err(err(format!(
-                "adapter {} binds {} storage buffers per shader stage; the kernels need 7",
+                "adapter {} binds {} storage buffers per shader stage; the kernels need 8",
                 dev.name(),
                 lim.max_storage_buffers_per_shader_stage
             )));
@@ -786,6 +796,11 @@ pub struct WgpuKernels<'g> {
     meta_cap: usize,
     trig: Option<wgpu::Buffer>,
     trig_cap: usize,
+    /// Partial attention results of split rows, `[row][head][splits][head_dim + 2]`.
+    part: Option<wgpu::Buffer>,
+    part_cap: usize,
+    /// Attention splits per (row, head) this step: global layers, local (windowed) layers.
+    splits: [usize; 2],
     params: Option<wgpu::Buffer>,
     params_cap: usize,
     plan: Vec<Disp>,
@@ -851,6 +866,9 @@ impl<'g> WgpuKernels<'g> {
             meta_cap: 0,
             trig: None,
             trig_cap: 0,
+            part: None,
+            part_cap: 0,
+            splits: [1, 1],
             params: None,
             params_cap: 0,
             plan: Vec::new(),
@@ -1433,6 +1451,7 @@ impl Kernels for WgpuKernels<'_> {
         let sizes = (
             self.meta_cap,
             self.trig_cap,
+            self.part_cap,
             self.scratch.as_ref().map(|s| (s.rows, s.out)),
         );
         self.ensure_scratch(rows, n_out)?;
@@ -1481,9 +1500,28 @@ impl Kernels for WgpuKernels<'_> {
         Self::write_grow(dev, q, &mut self.meta, &mut self.meta_cap, &mb);
         let tb: Vec<u8> = trig.iter().flat_map(|w| w.to_le_bytes()).collect();
         Self::write_grow(dev, q, &mut self.trig, &mut self.trig_cap, &tb);
+        let max_pos = positions.iter().copied().max().unwrap_or(0);
+        let local_len = match c.sliding_window {
+            0 => max_pos + 1,
+            w => (max_pos + 1).min(w),
+        };
+        self.splits = [attn_splits(max_pos + 1), attn_splits(local_len)];
+        let s_max = self.splits[0].max(self.splits[1]);
+        if s_max > 1 {
+            let bytes = rows * c.n_head * s_max * (c.head_dim + 2) * 4;
+            if self.part.is_none() || self.part_cap < bytes {
+                self.m.check_binding(
+                    &format!("partial attention of {rows} rows over {s_max} splits"),
+                    bytes,
+                )?;
+                self.part_cap = bytes.next_power_of_two();
+                self.part = Some(zeros(dev, "llm attention splits", self.part_cap));
+            }
+        }
         let now = (
             self.meta_cap,
             self.trig_cap,
+            self.part_cap,
             self.scratch.as_ref().map(|s| (s.rows, s.out)),
         );
         if now != sizes {
@@ -1631,7 +1669,9 @@ impl Kernels for WgpuKernels<'_> {
             u32_of(q0, "q column")?,
             u32_of(k0, "k column")?,
             u32_of(v0, "v column")?,
+            u32_of(self.splits[usize::from(local)], "attention splits")?,
         ];
+        let splits = self.splits[usize::from(local)];
         let meta = self.meta_buf()?;
         let trig = self
             .trig
@@ -1653,15 +1693,24 @@ impl Kernels for WgpuKernels<'_> {
             (rows * c.n_kv_head * c.head_dim).div_ceil(64),
         );
         let attn = self.pipe(Module::Paged, "attention")?;
+        // Bound where no row is split (never written then).
+        let part = self.part.clone().unwrap_or_else(|| self.m.dummy.clone());
+        let ob = self.buf(out)?;
         let binds = vec![
-            (1, meta),
+            (1, meta.clone()),
             (2, trig),
             (3, qb),
             (6, kv.kc.clone()),
             (7, kv.vc.clone()),
-            (8, self.buf(out)?),
+            (8, ob.clone()),
+            (9, part.clone()),
         ];
-        self.push(attn, params, binds, rows * c.n_head);
+        self.push(attn, params.clone(), binds, rows * c.n_head * splits);
+        if splits > 1 {
+            let merge = self.pipe(Module::Paged, "attn_merge")?;
+            let binds = vec![(1, meta), (8, ob), (9, part)];
+            self.push(merge, params, binds, rows * c.n_head);
+        }
         Ok(())
     }
 

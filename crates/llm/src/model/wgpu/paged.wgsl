@@ -10,7 +10,15 @@
 // (i, i + rope_dim/2), 0: (2i, 2i + 1)), [6] cos_at, [7] sin_at, [8] layer, [9] n_layer,
 // [10] rows_at, [11] window (0: none; else keys in (pos - window, pos]), [12] scale (f32 bits),
 // [13] row stride of q, k and v (one [rows][q | k | v] buffer, bound as q, kin and vin),
-// [14] first column of q, [15] of k, [16] of v.
+// [14] first column of q, [15] of k, [16] of v, [17] S: splits per (row, head) in the grid
+// (attention, attn_merge).
+//
+// Splits: a row whose window holds `len` keys takes ns = min(ceil(len / AWG), MAX_SPLITS)
+// workgroups per head, split i taking keys [lo + i * per, lo + (i + 1) * per) with
+// per = ceil(len / ns); a row of one split writes its output, the others write partial
+// (values, max, sum) to `part` ([row][head][S][head_dim + 2]) and attn_merge combines them
+// in split order. ns depends on the row's position alone, so a row's result does not depend
+// on its batch.
 
 @group(0) @binding(0) var<storage, read> p: array<u32>;
 @group(0) @binding(1) var<storage, read> sdata: array<u32>;
@@ -21,6 +29,7 @@
 @group(0) @binding(6) var<storage, read_write> kc: array<f32>;
 @group(0) @binding(7) var<storage, read_write> vc: array<f32>;
 @group(0) @binding(8) var<storage, read_write> out: array<f32>;
+@group(0) @binding(9) var<storage, read_write> part: array<f32>;
 
 const BS: u32 = 16u;
 const WG: u32 = 64u;
@@ -102,6 +111,23 @@ fn rope_store(
 
 // attention's workgroup: AWG threads, AWG keys per tile.
 const AWG: u32 = 256u;
+// Most workgroups one (row, head) is split over (`MAX_SPLITS` in wgpu.rs).
+const MAX_SPLITS: u32 = 8u;
+
+// The first key of row r's window and its number of keys.
+fn window_of(r: u32) -> vec2<u32> {
+    let pos = sdata[p[10] + 2u * r];
+    let window = p[11];
+    var lo = 0u;
+    if (window > 0u && pos + 1u > window) {
+        lo = pos + 1u - window;
+    }
+    return vec2<u32>(lo, pos + 1u - lo);
+}
+
+fn splits_of(len: u32) -> u32 {
+    return min((len + AWG - 1u) / AWG, MAX_SPLITS);
+}
 
 var<workgroup> qs: array<f32, 256>;
 var<workgroup> sc: array<f32, AWG>;
@@ -121,8 +147,8 @@ fn v4(base: u32, d: u32, hd: u32) -> vec4<f32> {
     );
 }
 
-// attention: one workgroup of AWG threads per (row, head): q rotated into workgroup memory,
-// then the keys of the row's window through its block table in tiles of AWG, in parallel
+// attention: one workgroup of AWG threads per (row, head, split): q rotated into workgroup
+// memory, then the split's keys through the row's block table in tiles of AWG, in parallel
 // over positions: each thread scores one key of the tile, then the threads form AWG / T key
 // groups of T = ceil(head_dim / 4) threads (4 output dims each), each group running an online
 // softmax over its share of the tile's keys (keys g, g + groups, ...); at the end the groups'
@@ -134,14 +160,25 @@ fn attention(
     @builtin(num_workgroups) nwg: vec3<u32>,
     @builtin(local_invocation_index) t: u32,
 ) {
-    let gi = wid.x + wid.y * nwg.x;
+    let gs = wid.x + wid.y * nwg.x;
     let nh = p[1];
     let hd = p[3];
+    let S = p[17];
+    let gi = gs / S;
+    let split = gs % S;
     if (gi >= p[0] * nh) {
         return;
     }
     let r = gi / nh;
     let h = gi % nh;
+    let win = window_of(r);
+    let ns = splits_of(win.y);
+    if (split >= ns) {
+        return;
+    }
+    let per = (win.y + ns - 1u) / ns;
+    let k0 = win.x + split * per;
+    let k1 = min(k0 + per, win.x + win.y);
     let g = h / (nh / p[2]);
     let h0 = r * nh * hd + h * hd;
     let q0 = r * p[13] + p[14] + h * hd;
@@ -149,13 +186,7 @@ fn attention(
         let rt = rot_of(d, r);
         qs[d] = apply_rot(q[q0 + d], q[q0 + rt.partner], rt);
     }
-    let pos = sdata[p[10] + 2u * r];
     let tab = sdata[p[10] + 2u * r + 1u];
-    let window = p[11];
-    var lo = 0u;
-    if (window > 0u && pos + 1u > window) {
-        lo = pos + 1u - window;
-    }
     let scale = bitcast<f32>(p[12]);
     let tpg = (hd + 3u) / 4u;
     let ng = AWG / tpg;
@@ -165,10 +196,10 @@ fn attention(
     var m = NEG;
     var l = 0.0;
     var acc = vec4<f32>(0.0);
-    for (var t0 = lo; t0 <= pos; t0 += AWG) {
+    for (var t0 = k0; t0 < k1; t0 += AWG) {
         let j = t0 + t;
         var s = NEG;
-        if (j <= pos) {
+        if (j < k1) {
             let base = cache_index(sdata[tab + j / BS], g, j % BS);
             kb[t] = base;
             // Four values per step: four independent loads in flight per thread.
@@ -185,7 +216,7 @@ fn attention(
         }
         sc[t] = s;
         workgroupBarrier();
-        let cnt = min(AWG, pos + 1u - t0);
+        let cnt = min(AWG, k1 - t0);
         if (grp < ng) {
             for (var jj = grp; jj < cnt; jj += ng) {
                 let sj = sc[jj];
@@ -224,10 +255,65 @@ fn attention(
             ll += cl[k] * c;
             aa += ca[k * tpg + t] * c;
         }
-        for (var i = 0u; i < 4u; i++) {
-            if (d4 + i < hd) {
-                out[h0 + d4 + i] = aa[i] / ll;
+        if (ns == 1u) {
+            for (var i = 0u; i < 4u; i++) {
+                if (d4 + i < hd) {
+                    out[h0 + d4 + i] = aa[i] / ll;
+                }
+            }
+        } else {
+            let pb = gs * (hd + 2u);
+            for (var i = 0u; i < 4u; i++) {
+                if (d4 + i < hd) {
+                    part[pb + d4 + i] = aa[i];
+                }
+            }
+            if (t == 0u) {
+                part[pb + hd] = mm;
+                part[pb + hd + 1u] = ll;
             }
         }
+    }
+}
+
+// attn_merge: one workgroup of 64 threads per (row, head) whose row has more than one split:
+// out = sum_i exp(m_i - M) * values_i / sum_i exp(m_i - M) * l_i over its splits in order.
+@compute @workgroup_size(64)
+fn attn_merge(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) t: u32,
+) {
+    let gi = wid.x + wid.y * nwg.x;
+    let nh = p[1];
+    let hd = p[3];
+    let S = p[17];
+    if (gi >= p[0] * nh) {
+        return;
+    }
+    let r = gi / nh;
+    let h = gi % nh;
+    let ns = splits_of(window_of(r).y);
+    if (ns < 2u) {
+        return;
+    }
+    let pb = gi * S * (hd + 2u);
+    var mm = NEG;
+    for (var i = 0u; i < ns; i++) {
+        mm = max(mm, part[pb + i * (hd + 2u) + hd]);
+    }
+    var ll = 0.0;
+    for (var i = 0u; i < ns; i++) {
+        let b = pb + i * (hd + 2u);
+        ll += part[b + hd + 1u] * exp(part[b + hd] - mm);
+    }
+    let h0 = r * nh * hd + h * hd;
+    for (var d = t; d < hd; d += WG) {
+        var a = 0.0;
+        for (var i = 0u; i < ns; i++) {
+            let b = pb + i * (hd + 2u);
+            a += part[b + d] * exp(part[b + hd] - mm);
+        }
+        out[h0 + d] = a / ll;
     }
 }
