@@ -803,6 +803,10 @@ pub struct WgpuKernels<'g> {
     splits: [usize; 2],
     params: Option<wgpu::Buffer>,
     params_cap: usize,
+    /// Parameter words the step's submitted chunks took.
+    step_words: usize,
+    /// Kernel names of the step's timed dispatches so far (the profile).
+    prof_names: Vec<String>,
     plan: Vec<Disp>,
     /// Words of meta before each section: rows info, logit row ids.
     rows_at: usize,
@@ -832,6 +836,11 @@ impl Drop for WgpuKernels<'_> {
 }
 
 type BindKey = (usize, usize, usize, Vec<(u32, wgpu::Buffer)>);
+
+/// Dispatches recorded and submitted together: a decode step of 30 layers (~240 dispatches)
+/// goes in five submissions, the device starting on the first while the host records the
+/// next.
+const CHUNK_DISPATCHES: usize = 48;
 
 /// Bind groups kept at most (the cache is cleared past this).
 const MAX_BIND_GROUPS: usize = 16384;
@@ -871,6 +880,8 @@ impl<'g> WgpuKernels<'g> {
             splits: [1, 1],
             params: None,
             params_cap: 0,
+            step_words: 0,
+            prof_names: Vec::new(),
             plan: Vec::new(),
             rows_at: 0,
             out_at: 0,
@@ -1087,13 +1098,15 @@ impl<'g> WgpuKernels<'g> {
         }
     }
 
+    /// Plans a dispatch; a full chunk of [`CHUNK_DISPATCHES`] is recorded and submitted at
+    /// once, so the device runs the step's first layers while the host records the rest.
     fn push(
         &mut self,
         pipe: usize,
         params: Vec<u32>,
         binds: Vec<(u32, wgpu::Buffer)>,
         groups: usize,
-    ) {
+    ) -> Result<()> {
         if groups > 0 {
             self.plan.push(Disp {
                 pipe,
@@ -1102,6 +1115,10 @@ impl<'g> WgpuKernels<'g> {
                 groups,
             });
         }
+        if self.plan.len() >= CHUNK_DISPATCHES {
+            self.flush(false)?;
+        }
+        Ok(())
     }
 
     /// Plans `out[:, col0..col0 + w.rows] (+)= x @ w^T (+ bias)` over the step's rows, with
@@ -1152,7 +1169,7 @@ impl<'g> WgpuKernels<'g> {
                 (4, bias.clone()),
             ];
             let groups = ch.rows.div_ceil(MATVEC_OUTS) * nrg;
-            self.push(pipe, params, binds, groups);
+            self.push(pipe, params, binds, groups)?;
         }
         Ok(())
     }
@@ -1225,7 +1242,7 @@ impl<'g> WgpuKernels<'g> {
             u32_of(self.out_at, "meta offset")?,
         ];
         let binds = vec![(1, src), (2, dst), (3, w), (4, meta)];
-        self.push(pipe, params, binds, pieces);
+        self.push(pipe, params, binds, pieces)?;
         Ok(())
     }
 
@@ -1238,29 +1255,42 @@ impl<'g> WgpuKernels<'g> {
     /// Submits the planned dispatches (one command buffer) and the copies of the step's
     /// greedy tokens to the readback buffer.
     fn run(&mut self) -> Result<()> {
+        self.flush(true)
+    }
+
+    /// Records the planned dispatches (one command buffer, one compute pass) and submits them;
+    /// their parameters go to the step's parameter buffer after those of the chunks before
+    /// (one queue write). `last`: the step's final chunk, which also copies the greedy tokens
+    /// to the readback buffer (and the profile's timestamps).
+    fn flush(&mut self, last: bool) -> Result<()> {
         let plan = std::mem::take(&mut self.plan);
         let al = self.param_align;
+        let base = self.step_words.div_ceil(al) * al;
         let mut words: Vec<u32> = Vec::new();
         let mut offs = Vec::with_capacity(plan.len());
         for d in &plan {
-            let start = words.len().div_ceil(al) * al;
+            let start = (base + words.len()).div_ceil(al) * al - base;
             words.resize(start, 0);
             words.extend_from_slice(&d.params);
-            offs.push(start);
+            offs.push(base + start);
         }
         words.push(0);
-        let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+        let end = base + words.len();
+        self.step_words = end;
         let dev = self.dev();
         let q = self.m.dev.raw_queue();
-        let cap = self.params_cap;
-        Self::write_grow(dev, q, &mut self.params, &mut self.params_cap, &bytes);
-        if cap != self.params_cap {
+        if self.params.is_none() || self.params_cap < end * 4 {
+            // Chunks already submitted keep the buffer they were bound to.
+            self.params_cap = (end * 4).next_power_of_two().max(256);
+            self.params = Some(zeros(dev, "llm step parameters", self.params_cap));
             self.bind_cache.clear();
         }
         let params = self
             .params
             .clone()
             .ok_or_else(|| err("no parameter buffer"))?;
+        let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+        q.write_buffer(&params, (base * 4) as u64, &bytes);
         let max_dim = self
             .m
             .dev
@@ -1271,7 +1301,7 @@ impl<'g> WgpuKernels<'g> {
             label: Some("llm step"),
         });
         let scope = dev.push_error_scope(wgpu::ErrorFilter::Validation);
-        let mut names: Vec<String> = Vec::new();
+        let mut names = std::mem::take(&mut self.prof_names);
         {
             let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
                 label: Some("llm step"),
@@ -1328,7 +1358,7 @@ impl<'g> WgpuKernels<'g> {
                 }
             }
         }
-        if let (Some(pr), false) = (&self.profile, names.is_empty()) {
+        if let (Some(pr), false, true) = (&self.profile, names.is_empty(), last) {
             let n = 2 * names.len() as u32;
             enc.resolve_query_set(&pr.queries, 0..n, &pr.resolve, 0);
             enc.copy_buffer_to_buffer(&pr.resolve, 0, &pr.readback, 0, u64::from(n) * 8);
@@ -1336,12 +1366,14 @@ impl<'g> WgpuKernels<'g> {
         if let Some(e) = pollster::block_on(scope.pop()) {
             return Err(err(format!("recording the step: {e}")));
         }
-        if self.n_out > 0 {
+        if last && self.n_out > 0 {
             let s = self.scratch()?;
             enc.copy_buffer_to_buffer(&s.toks, 0, &s.toks_rb, 0, (self.n_out * 4) as u64);
         }
         self.submitted = Some(q.submit([enc.finish()]));
-        if let Some(pr) = &mut self.profile {
+        if !last {
+            self.prof_names = names;
+        } else if let Some(pr) = &mut self.profile {
             pr.collect(dev, &names)?;
         }
         Ok(())
@@ -1456,6 +1488,8 @@ impl Kernels for WgpuKernels<'_> {
         );
         self.ensure_scratch(rows, n_out)?;
         self.plan.clear();
+        self.step_words = 0;
+        self.prof_names.clear();
         self.fetched = false;
         self.n_rows = rows;
         self.n_out = n_out;
@@ -1549,7 +1583,7 @@ impl Kernels for WgpuKernels<'_> {
                 self.m.cfg.embed_scale.to_bits(),
             ];
             let binds = vec![(1, ch.buf.clone()), (3, y.clone()), (5, meta.clone())];
-            self.push(pipe, params, binds, (rows * units).div_ceil(64));
+            self.push(pipe, params, binds, (rows * units).div_ceil(64))?;
         }
         Ok(())
     }
@@ -1621,7 +1655,7 @@ impl Kernels for WgpuKernels<'_> {
             u32_of(col0, "first column")?,
         ];
         let binds = vec![(2, buf), (3, self.norm_w(norm)?.clone())];
-        self.push(pipe, params, binds, pieces);
+        self.push(pipe, params, binds, pieces)?;
         Ok(())
     }
 
@@ -1691,7 +1725,7 @@ impl Kernels for WgpuKernels<'_> {
             params.clone(),
             binds,
             (rows * c.n_kv_head * c.head_dim).div_ceil(64),
-        );
+        )?;
         let attn = self.pipe(Module::Paged, "attention")?;
         // Bound where no row is split (never written then).
         let part = self.part.clone().unwrap_or_else(|| self.m.dummy.clone());
@@ -1705,11 +1739,11 @@ impl Kernels for WgpuKernels<'_> {
             (8, ob.clone()),
             (9, part.clone()),
         ];
-        self.push(attn, params.clone(), binds, rows * c.n_head * splits);
+        self.push(attn, params.clone(), binds, rows * c.n_head * splits)?;
         if splits > 1 {
             let merge = self.pipe(Module::Paged, "attn_merge")?;
             let binds = vec![(1, meta), (8, ob), (9, part)];
-            self.push(merge, params, binds, rows * c.n_head);
+            self.push(merge, params, binds, rows * c.n_head)?;
         }
         Ok(())
     }
@@ -1752,7 +1786,7 @@ impl Kernels for WgpuKernels<'_> {
             },
         ];
         let binds = vec![(1, self.buf(Buf::Up)?), (2, self.buf(out)?)];
-        self.push(pipe, params, binds, n.div_ceil(64));
+        self.push(pipe, params, binds, n.div_ceil(64))?;
         Ok(())
     }
 
@@ -1802,7 +1836,7 @@ impl Kernels for WgpuKernels<'_> {
             )?;
             let pipe = self.pipe(Module::Ops, "argmax")?;
             let params = vec![u32_of(c.vocab, "vocab")?, u32_of(n, "logit rows")?];
-            self.push(pipe, params, vec![(1, logits), (5, toks)], n);
+            self.push(pipe, params, vec![(1, logits), (5, toks)], n)?;
         }
         self.run()
     }
