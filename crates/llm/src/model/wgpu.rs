@@ -6,11 +6,12 @@
 //!   largest storage binding needs; norms as f32. Everything is checked against the adapter's
 //!   limits before the first upload.
 //! - [`WgpuKernels`] records a step's dispatches as the definition calls its kernels and
-//!   submits them at `logits` (one command buffer, one compute pass): products
-//!   (`wgpu/matvec.wgsl`, a workgroup per 4 output rows and up to 8 activation rows),
-//!   norms, the gated unit and greedy argmax (`wgpu/ops.wgsl`), RoPE with the KV append and
-//!   causal attention over the paged cache (`wgpu/paged.wgsl`). The host waits only when it
-//!   reads the step's tokens or logits.
+//!   submits them in chunks of [`CHUNK_DISPATCHES`] (a command buffer and a compute pass
+//!   each, the last at `logits`): products (`wgpu/matvec.wgsl`, a workgroup per 4 output
+//!   rows and up to 8 activation rows), norms, the gated unit and greedy argmax
+//!   (`wgpu/ops.wgsl`), RoPE with the KV append and causal attention over the paged cache,
+//!   split over workgroups for long rows (`wgpu/paged.wgsl`). The host waits only when it
+//!   reads the step's tokens or logits (or, with `FERRITE_WGPU_PROFILE`, the timestamps).
 //! - [`WgpuKvStore`]: f32 keys and values, `[block][layer][kv_head][16][head_dim]` each.
 //!
 //! A step's data (tokens, each row's position and block table, the logit rows, RoPE angles
