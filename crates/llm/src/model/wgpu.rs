@@ -6,7 +6,7 @@
 //!   largest storage binding needs; norms as f32. Everything is checked against the adapter's
 //!   limits before the first upload.
 //! - [`WgpuKernels`] records a step's dispatches as the definition calls its kernels and
-//!   submits them in chunks of [`CHUNK_DISPATCHES`] (a command buffer and a compute pass
+//!   submits them in chunks of `CHUNK_DISPATCHES` (a command buffer and a compute pass
 //!   each, the last at `logits`): products (`wgpu/matvec.wgsl`, a workgroup per 4 output
 //!   rows and up to 8 activation rows), norms, the gated unit and greedy argmax
 //!   (`wgpu/ops.wgsl`), RoPE with the KV append and causal attention over the paged cache,
