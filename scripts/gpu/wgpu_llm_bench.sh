@@ -5,7 +5,10 @@
 # one JSON line per run in OUTDIR/wgpu-llm.jsonl and a table with the wgpu/CUDA ratio (the
 # issue's bars: SmolLM2 decode >= 50% of CUDA, the 8B-shaped Q4_0 >= 60%).
 # Usage: scripts/gpu/wgpu_llm_bench.sh OUTDIR MODEL...
-#   [env: P=512 N=128 R=2 WGPU_BATCHES="8" FERRITE_BIN=.device/bin/ferrite]
+#   [env: P=512 N=128 R=2 WGPU_BATCHES="8" FERRITE_BIN=.device/bin/ferrite PROFILE=1]
+# PROFILE=1 adds, per model, one wgpu run at batch 1 with FERRITE_WGPU_PROFILE=1: each
+# kernel's GPU milliseconds per step in OUTDIR/profile-MODEL.txt (that run waits for the
+# device after every step, so its tok/s is not one of the figures).
 # The 8B-shaped model: `ferrite synth --preset llama3-8b --quant q4_0 -o llama3-8b-q4_0.gguf`.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -45,6 +48,11 @@ for model in "$@"; do
   for b in ${WGPU_BATCHES:-8}; do
     one -m "$model" --device vulkan --batch "$b"
   done
+  if [ "${PROFILE:-0}" = 1 ]; then
+    FERRITE_WGPU_PROFILE=1 "$bin" bench -m "$model" --device vulkan -p "$p" -n "$n" -r 1 \
+      > /dev/null 2> "$out/profile-$(basename "$model").txt"
+    cat "$out/profile-$(basename "$model").txt"
+  fi
 done
 python3 - "$log" <<'PY'
 import json, sys

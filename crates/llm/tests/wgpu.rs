@@ -21,9 +21,9 @@ use std::path::PathBuf;
 use ferrite_gguf::GgmlType;
 use ferrite_llm::engine::{Engine, EngineConfig, EngineKernels, Request, RequestId};
 use ferrite_llm::kv_cache::BLOCK_SIZE;
-use ferrite_llm::model::{WgpuKvStore, WgpuModel};
+use ferrite_llm::model::{WgpuKvStore, WgpuModel, WgpuSession};
 use ferrite_llm::synth::{write_synthetic, SynthConfig, VocabStyle, QUANTS};
-use ferrite_llm::{Model, Precision};
+use ferrite_llm::{Logits, Model, Precision, Session};
 use ferrite_testing::runner::Runner;
 use ferrite_wgpu::WgpuDevice;
 
@@ -48,6 +48,14 @@ fn tests() -> Vec<(&'static str, TestFn)> {
             engine_gemma3,
         ),
         ("wgpu_engine_cancel_frees_blocks", engine_cancel),
+        (
+            "wgpu_profile_times_every_kernel_and_changes_no_logit",
+            profile_kernels,
+        ),
+        (
+            "wgpu_attention_split_over_workgroups_matches_cpu_in_any_chunking",
+            long_context,
+        ),
         ("wgpu_weights_split_over_bindings_match_cpu", weights_split),
         (
             "wgpu_weight_row_over_the_binding_limit_is_refused",
@@ -423,6 +431,109 @@ fn engine_gemma3(dev: &WgpuDevice) -> Option<String> {
 
 /// Cancelling frees a request's blocks at once; the other requests go on with the tokens
 /// they have alone.
+/// `FERRITE_WGPU_PROFILE`'s timing (`enable_profile`): a prompt chunk and a decode step of
+/// a session, each kernel named in the report with its dispatches per step; the logits equal
+/// those of a session without the profile bit for bit. Skipped where the adapter has no
+/// timestamps inside passes (the error says so).
+fn profile_kernels(dev: &WgpuDevice) -> Option<String> {
+    let dir = tmp_dir();
+    let cfg = synth_cfg(GgmlType::Q4_0);
+    let model = leak(synth_model(&cfg, GgmlType::Q4_0, &dir));
+    let wm = leak(WgpuModel::new(model, dev).unwrap());
+    let p = prompt(12, 3, model.cfg.vocab);
+    let run = |profile: bool| {
+        let mut s = WgpuSession::new(wm, 64).unwrap();
+        if profile {
+            s.kernels_mut().enable_profile()?;
+        }
+        let mut logits = s.forward(&p, Logits::Last).unwrap().to_vec();
+        logits.extend_from_slice(s.forward(&[5], Logits::Last).unwrap());
+        Ok::<_, ferrite_llm::Error>((logits, s.kernels_mut().profile_report()))
+    };
+    let (plain, none) = run(false).unwrap();
+    assert!(none.is_none(), "no report without the profile");
+    let (timed, report) = match run(true) {
+        Ok(v) => v,
+        Err(e) => {
+            let msg = e.to_string();
+            assert!(
+                msg.contains("no timestamp queries inside compute passes"),
+                "{msg}"
+            );
+            return Some(msg);
+        }
+    };
+    assert_eq!(plain, timed, "profiling changes no logit");
+    let report = report.expect("a report after two steps");
+    assert!(report.contains("2 steps"), "{report}");
+    let layers = cfg.n_layer as f64;
+    for (kernel, per_step) in [
+        // The prompt step's four products per layer at 8 rows, its logit row at 1; the
+        // decode step's all at 1 (averaged over the two steps).
+        ("matvec q4_0 x8", 2.0 * layers),
+        ("matvec q4_0 x1", 2.0 * layers + 1.0),
+        ("attention", layers),
+        ("rope_store", layers),
+        ("rms_norm", 2.0 * layers + 1.0),
+        ("argmax", 1.0),
+        ("embed q4_0", 1.0),
+    ] {
+        let row = format!("| {kernel} | {per_step:.1} | ");
+        assert!(report.contains(&row), "{row:?} missing in\n{report}");
+    }
+    None
+}
+
+/// Rows of more than 256 keys split their attention over workgroups (1, 2 and 3 splits in a
+/// 600-token prompt) and merge the partial results: every row's logits against the CPU
+/// session in exact mode, then three greedy decode steps; and the same prompt fed in other
+/// chunks (so each row meets other batches) gives the same logits bit for bit.
+fn long_context(dev: &WgpuDevice) -> Option<String> {
+    let dir = tmp_dir();
+    let mut cfg = synth_cfg(GgmlType::Q8_0);
+    cfg.preset = "wgpu-long";
+    cfg.ctx = 1024;
+    let model = leak(synth_model(&cfg, GgmlType::Q8_0, &dir));
+    let wm = leak(WgpuModel::new(model, dev).unwrap());
+    let vocab = model.cfg.vocab;
+    let p = prompt(600, 9, vocab);
+    let mut g = WgpuSession::new(wm, 700).unwrap();
+    let mut c = Session::new(model, 700).unwrap();
+    let mut gl = g.forward(&p, Logits::All).unwrap().to_vec();
+    let mut cl = c.forward(&p, Logits::All).unwrap().to_vec();
+    let mut tok = 0u32;
+    for _ in 0..3 {
+        let last = &cl[cl.len() - vocab..];
+        tok = (0..vocab)
+            .max_by(|&a, &b| last[a].total_cmp(&last[b]).then(b.cmp(&a)))
+            .unwrap() as u32;
+        gl.extend_from_slice(g.forward(&[tok], Logits::Last).unwrap());
+        cl.extend_from_slice(c.forward(&[tok], Logits::Last).unwrap());
+    }
+    let range = cl.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let d = gl
+        .iter()
+        .zip(&cl)
+        .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+    println!(
+        "600-token prompt + 3 steps: wgpu vs CPU logits within {:.2e} of the range",
+        d / range
+    );
+    assert!(d <= 1e-5 * range, "wgpu vs CPU: {d} of {range}");
+    let mut h = WgpuSession::new(wm, 700).unwrap();
+    let mut hl = Vec::new();
+    for chunk in [&p[..37], &p[37..300], &p[300..]] {
+        hl.extend_from_slice(h.forward(chunk, Logits::All).unwrap());
+    }
+    hl.extend_from_slice(h.forward(&[tok], Logits::Last).unwrap());
+    assert!(
+        hl[..600 * vocab] == gl[..600 * vocab],
+        "prompt logits depend on the chunking"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+    None
+}
+
 fn engine_cancel(dev: &WgpuDevice) -> Option<String> {
     let dir = tmp_dir();
     let model = leak(synth_model(

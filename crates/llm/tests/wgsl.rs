@@ -75,3 +75,61 @@ fn every_llm_shader_validates_and_translates_to_msl_and_spirv() {
         failures.join("\n")
     );
 }
+
+/// Array *values* indexed with a dynamic index, as `function: expression` lines. naga's SPIR-V
+/// backend spills such a value to a function variable and stores the whole array again at
+/// every access (`spill_to_internal_variable`); a per-value array returned by a function and
+/// indexed in a loop made every product 1,024 local stores per weight unit and row on the
+/// NVIDIA Vulkan driver. Arrays behind a pointer (`var`, workgroup, storage) are fine.
+fn dynamic_array_value_accesses(
+    module: &naga::Module,
+    info: &naga::valid::ModuleInfo,
+) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut check = |name: &str, f: &naga::Function, fi: &naga::valid::FunctionInfo| {
+        for (h, e) in f.expressions.iter() {
+            if let naga::Expression::Access { base, .. } = *e {
+                if let naga::TypeInner::Array { .. } = fi[base].ty.inner_with(&module.types) {
+                    out.push(format!("{name}: {e:?} (expression {h:?})"));
+                }
+            }
+        }
+    };
+    for (h, f) in module.functions.iter() {
+        check(f.name.as_deref().unwrap_or("?"), f, &info[h]);
+    }
+    for (i, ep) in module.entry_points.iter().enumerate() {
+        check(&ep.name, &ep.function, info.get_entry_point(i));
+    }
+    out
+}
+
+#[test]
+fn no_llm_shader_indexes_an_array_value_dynamically() {
+    let mut found = Vec::new();
+    for (name, _, src) in ferrite_llm::model::wgpu::shader_sources() {
+        let module = naga::front::wgsl::parse_str(&src).expect("parses");
+        let info = naga::valid::Validator::new(
+            naga::valid::ValidationFlags::all(),
+            naga::valid::Capabilities::empty(),
+        )
+        .validate(&module)
+        .expect("validates");
+        found.extend(
+            dynamic_array_value_accesses(&module, &info)
+                .into_iter()
+                .map(|s| format!("{name}: {s}")),
+        );
+    }
+    assert!(found.is_empty(), "{}", found.join("\n"));
+    // The check finds the pattern it guards against.
+    let bad = "fn f(i: u32) -> f32 {\n    let w = array<f32, 4>(1.0, 2.0, 3.0, 4.0);\n    return w[i];\n}\n";
+    let module = naga::front::wgsl::parse_str(bad).expect("parses");
+    let info = naga::valid::Validator::new(
+        naga::valid::ValidationFlags::all(),
+        naga::valid::Capabilities::empty(),
+    )
+    .validate(&module)
+    .expect("validates");
+    assert_eq!(dynamic_array_value_accesses(&module, &info).len(), 1);
+}

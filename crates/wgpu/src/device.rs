@@ -88,7 +88,10 @@ impl WgpuBackend {
         let limits = adapter.limits();
         let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
             label: Some("ferrite"),
-            required_features: wgpu::Features::empty(),
+            // Timestamps inside passes where the adapter has them: the LLM kernel set's
+            // per-dispatch profile (`FERRITE_WGPU_PROFILE`); nothing else uses a feature.
+            required_features: adapter.features()
+                & (wgpu::Features::TIMESTAMP_QUERY | wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES),
             required_limits: limits.clone(),
             experimental_features: wgpu::ExperimentalFeatures::disabled(),
             memory_hints: wgpu::MemoryHints::Performance,

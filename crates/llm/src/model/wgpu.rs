@@ -6,11 +6,12 @@
 //!   largest storage binding needs; norms as f32. Everything is checked against the adapter's
 //!   limits before the first upload.
 //! - [`WgpuKernels`] records a step's dispatches as the definition calls its kernels and
-//!   submits them at `logits` (one command buffer, one compute pass): products
-//!   (`wgpu/matvec.wgsl`, a workgroup per 4 output rows and up to 8 activation rows),
-//!   norms, the gated unit and greedy argmax (`wgpu/ops.wgsl`), RoPE with the KV append and
-//!   causal attention over the paged cache (`wgpu/paged.wgsl`). The host waits only when it
-//!   reads the step's tokens or logits.
+//!   submits them in chunks of `CHUNK_DISPATCHES` (a command buffer and a compute pass
+//!   each, the last at `logits`): products (`wgpu/matvec.wgsl`, a workgroup per 4 output
+//!   rows and up to 8 activation rows), norms, the gated unit and greedy argmax
+//!   (`wgpu/ops.wgsl`), RoPE with the KV append and causal attention over the paged cache,
+//!   split over workgroups for long rows (`wgpu/paged.wgsl`). The host waits only when it
+//!   reads the step's tokens or logits (or, with `FERRITE_WGPU_PROFILE`, the timestamps).
 //! - [`WgpuKvStore`]: f32 keys and values, `[block][layer][kv_head][16][head_dim]` each.
 //!
 //! A step's data (tokens, each row's position and block table, the logit rows, RoPE angles
@@ -43,8 +44,18 @@ const PAGED: &str = include_str!("wgpu/paged.wgsl");
 const ROW_VARIANTS: [u32; 3] = [1, 4, 8];
 /// Output rows per product workgroup (`OUTS` of `matvec.wgsl`).
 const MATVEC_OUTS: usize = 4;
-/// Largest head_dim the attention kernel takes (`WG * DPT` of `paged.wgsl`).
+/// Largest head_dim the attention kernel takes (the size of `qs` in `paged.wgsl`).
 const MAX_HEAD_DIM: usize = 256;
+/// Keys per attention tile (`AWG` of `paged.wgsl`).
+const ATTN_TILE: usize = 256;
+/// Most workgroups the attention of one (row, head) is split over (`MAX_SPLITS` of
+/// `paged.wgsl`): a row of `len` keys takes min(ceil(len / ATTN_TILE), MAX_SPLITS).
+const MAX_SPLITS: usize = 8;
+
+/// Attention splits of a row whose window holds `len` keys (as `splits_of` in `paged.wgsl`).
+fn attn_splits(len: usize) -> usize {
+    len.div_ceil(ATTN_TILE).clamp(1, MAX_SPLITS)
+}
 
 fn err(msg: impl Into<String>) -> Error {
     Error::Other(format!("wgpu kernels: {}", msg.into()))
@@ -98,8 +109,11 @@ pub const WGPU_WEIGHT_TYPES: [GgmlType; 13] = {
 fn matvec_source(f: &Format, rows: u32) -> String {
     format!(
         "const ROWS: u32 = {rows}u;\nconst BLOCK_BYTES: u32 = {}u;\nconst UNITS: u32 = {}u;\n{QUANT}\n\
-         fn deq(a: u32, s: u32) -> array<f32, 32> {{\n    return deq_{}(a, s);\n}}\n{MATVEC}",
-        f.block_bytes, f.units, f.name
+         fn head(a: u32, s: u32) -> Head {{\n    return head_{n}(a, s);\n}}\n\
+         fn pair(a: u32, s: u32, h: Head, w: u32) -> Pair {{\n    return pair_{n}(a, s, h, w);\n}}\n{MATVEC}",
+        f.block_bytes,
+        f.units,
+        n = f.name
     )
 }
 
@@ -124,7 +138,7 @@ pub fn shader_sources() -> Vec<(String, &'static [&'static str], String)> {
     ));
     out.push((
         "paged.wgsl".into(),
-        &["rope_store", "attention"][..],
+        &["rope_store", "attention", "attn_merge"][..],
         PAGED.to_string(),
     ));
     out
@@ -317,9 +331,9 @@ impl WgpuModel {
                 c.head_dim, c.n_head, c.n_kv_head
             )));
         }
-        if lim.max_storage_buffers_per_shader_stage < 7 {
+        if lim.max_storage_buffers_per_shader_stage < 8 {
             return Err(err(format!(
-                "adapter {} binds {} storage buffers per shader stage; the kernels need 7",
+                "adapter {} binds {} storage buffers per shader stage; the kernels need 8",
                 dev.name(),
                 lim.max_storage_buffers_per_shader_stage
             )));
@@ -600,6 +614,146 @@ enum Epilogue {
 struct Pipe {
     pipe: wgpu::ComputePipeline,
     layout: wgpu::BindGroupLayout,
+    /// What the profile calls it (`matvec q4_0 x8`, `attention`).
+    name: String,
+}
+
+/// Timestamps most dispatches of a step get in the profile (two queries each; wgpu allows
+/// 4,096 queries per set).
+const PROFILED_DISPATCHES: usize = 2048;
+
+/// The per-dispatch GPU profile (`FERRITE_WGPU_PROFILE=1`, on adapters with timestamps inside
+/// passes): a timestamp before and after every dispatch of a step, read back after the step
+/// (a host wait per step: profiling only) and summed by kernel; printed to stderr when the
+/// kernel set is dropped.
+struct Profile {
+    queries: wgpu::QuerySet,
+    resolve: wgpu::Buffer,
+    readback: wgpu::Buffer,
+    /// Nanoseconds per timestamp tick.
+    period: f64,
+    /// Kernel name -> (nanoseconds, dispatches).
+    totals: HashMap<String, (f64, u64)>,
+    steps: u64,
+    /// Sum over steps of each step's first-to-last timestamp.
+    span_ns: f64,
+}
+
+impl Profile {
+    /// A profile where `FERRITE_WGPU_PROFILE` is set (not `0`); none where it is not, or
+    /// where the device cannot time dispatches (a note on stderr says why).
+    fn from_env(dev: &WgpuDevice) -> Option<Profile> {
+        let on = std::env::var("FERRITE_WGPU_PROFILE").is_ok_and(|v| !v.is_empty() && v != "0");
+        if !on {
+            return None;
+        }
+        Profile::new(dev)
+            .map_err(|e| eprintln!("FERRITE_WGPU_PROFILE: {e}; no profile"))
+            .ok()
+    }
+
+    /// Errors where the device has no timestamp queries inside passes.
+    fn new(dev: &WgpuDevice) -> Result<Profile> {
+        let need = wgpu::Features::TIMESTAMP_QUERY | wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES;
+        let d = dev.raw_device();
+        if !d.features().contains(need) {
+            return Err(err(format!(
+                "profile: {} has no timestamp queries inside compute passes",
+                dev.name()
+            )));
+        }
+        let n = 2 * PROFILED_DISPATCHES as u64;
+        Ok(Profile {
+            queries: d.create_query_set(&wgpu::QuerySetDescriptor {
+                label: Some("llm profile"),
+                ty: wgpu::QueryType::Timestamp,
+                count: n as u32,
+            }),
+            resolve: d.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("llm profile resolve"),
+                size: n * 8,
+                usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
+                mapped_at_creation: false,
+            }),
+            readback: d.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("llm profile readback"),
+                size: n * 8,
+                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            }),
+            period: f64::from(dev.raw_queue().get_timestamp_period()),
+            totals: HashMap::new(),
+            steps: 0,
+            span_ns: 0.0,
+        })
+    }
+
+    /// Adds the step whose `names.len()` dispatches were timed (waits for it).
+    fn collect(&mut self, d: &wgpu::Device, names: &[String]) -> Result<()> {
+        let n = names.len();
+        if n == 0 {
+            return Ok(());
+        }
+        let bytes = (2 * n * 8) as u64;
+        let (tx, rx) = std::sync::mpsc::channel();
+        self.readback
+            .map_async(wgpu::MapMode::Read, 0..bytes, move |r| {
+                let _ = tx.send(r);
+            });
+        d.poll(wgpu::PollType::Wait {
+            submission_index: None,
+            timeout: None,
+        })
+        .map_err(|e| err(format!("profile: waiting for the device: {e}")))?;
+        match rx.recv() {
+            Ok(Ok(())) => {}
+            _ => return Err(err("profile: mapping the timestamps failed")),
+        }
+        let ticks: Vec<u64> = {
+            let view = self
+                .readback
+                .get_mapped_range(0..bytes)
+                .map_err(|e| err(format!("profile: mapping: {e}")))?;
+            view.chunks_exact(8)
+                .map(|c| u64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]))
+                .collect()
+        };
+        self.readback.unmap();
+        for (i, name) in names.iter().enumerate() {
+            let dt = ticks[2 * i + 1].saturating_sub(ticks[2 * i]) as f64 * self.period;
+            let e = self.totals.entry(name.clone()).or_insert((0.0, 0));
+            e.0 += dt;
+            e.1 += 1;
+        }
+        self.span_ns += ticks[2 * n - 1].saturating_sub(ticks[0]) as f64 * self.period;
+        self.steps += 1;
+        Ok(())
+    }
+
+    /// The summary: each kernel's share of the dispatch time, per step.
+    fn report(&self) -> String {
+        let steps = self.steps.max(1) as f64;
+        let busy: f64 = self.totals.values().map(|v| v.0).sum();
+        let mut rows: Vec<_> = self.totals.iter().collect();
+        rows.sort_by(|a, b| b.1 .0.total_cmp(&a.1 .0));
+        let mut out = format!(
+            "wgpu LLM profile: {} steps; per step: {:.3} ms in dispatches, {:.3} ms from the \
+             first timestamp to the last\n| kernel | dispatches / step | ms / step | share |\n\
+             | --- | ---: | ---: | ---: |\n",
+            self.steps,
+            busy / steps / 1e6,
+            self.span_ns / steps / 1e6
+        );
+        for (name, (ns, count)) in rows {
+            out.push_str(&format!(
+                "| {name} | {:.1} | {:.4} | {:.1}% |\n",
+                *count as f64 / steps,
+                ns / steps / 1e6,
+                100.0 * ns / busy.max(1e-9)
+            ));
+        }
+        out
+    }
 }
 
 /// One recorded dispatch of a step.
@@ -643,8 +797,17 @@ pub struct WgpuKernels<'g> {
     meta_cap: usize,
     trig: Option<wgpu::Buffer>,
     trig_cap: usize,
+    /// Partial attention results of split rows, `[row][head][splits][head_dim + 2]`.
+    part: Option<wgpu::Buffer>,
+    part_cap: usize,
+    /// Attention splits per (row, head) this step: global layers, local (windowed) layers.
+    splits: [usize; 2],
     params: Option<wgpu::Buffer>,
     params_cap: usize,
+    /// Parameter words the step's submitted chunks took.
+    step_words: usize,
+    /// Kernel names of the step's timed dispatches so far (the profile).
+    prof_names: Vec<String>,
     plan: Vec<Disp>,
     /// Words of meta before each section: rows info, logit row ids.
     rows_at: usize,
@@ -662,9 +825,23 @@ pub struct WgpuKernels<'g> {
     /// Bind groups by (pipeline, parameter offset and length, buffers): a decode step plans
     /// the same dispatches over the same buffers as the one before it.
     bind_cache: HashMap<BindKey, wgpu::BindGroup>,
+    profile: Option<Profile>,
+}
+
+impl Drop for WgpuKernels<'_> {
+    fn drop(&mut self) {
+        if let Some(r) = self.profile_report() {
+            eprint!("{r}");
+        }
+    }
 }
 
 type BindKey = (usize, usize, usize, Vec<(u32, wgpu::Buffer)>);
+
+/// Dispatches recorded and submitted together: a decode step of 30 layers (~240 dispatches)
+/// goes in five submissions, the device starting on the first while the host records the
+/// next.
+const CHUNK_DISPATCHES: usize = 48;
 
 /// Bind groups kept at most (the cache is cleared past this).
 const MAX_BIND_GROUPS: usize = 16384;
@@ -699,8 +876,13 @@ impl<'g> WgpuKernels<'g> {
             meta_cap: 0,
             trig: None,
             trig_cap: 0,
+            part: None,
+            part_cap: 0,
+            splits: [1, 1],
             params: None,
             params_cap: 0,
+            step_words: 0,
+            prof_names: Vec::new(),
             plan: Vec::new(),
             rows_at: 0,
             out_at: 0,
@@ -714,11 +896,30 @@ impl<'g> WgpuKernels<'g> {
             fetched: false,
             param_align: align.max(1),
             bind_cache: HashMap::new(),
+            profile: Profile::from_env(&m.dev),
         }
     }
 
     pub fn model(&self) -> &'g WgpuModel {
         self.m
+    }
+
+    /// Times every dispatch from the next step on (what `FERRITE_WGPU_PROFILE=1` turns on);
+    /// errors where the device has no timestamp queries inside passes.
+    pub fn enable_profile(&mut self) -> Result<()> {
+        if self.profile.is_none() {
+            self.profile = Some(Profile::new(&self.m.dev)?);
+        }
+        Ok(())
+    }
+
+    /// The profile's summary (a markdown table by kernel), where profiling is on and a step
+    /// has run.
+    pub fn profile_report(&self) -> Option<String> {
+        self.profile
+            .as_ref()
+            .filter(|p| p.steps > 0)
+            .map(Profile::report)
     }
 
     fn dev(&self) -> &'g wgpu::Device {
@@ -734,6 +935,11 @@ impl<'g> WgpuKernels<'g> {
             Module::Matvec(f, rows) => (format!("matvec {}", f.name), matvec_source(&f, rows)),
             Module::Ops => ("ops".to_string(), OPS.to_string()),
             Module::Paged => ("paged".to_string(), PAGED.to_string()),
+        };
+        let name = match module {
+            Module::Matvec(f, rows) if entry == "matvec" => format!("matvec {} x{rows}", f.name),
+            Module::Matvec(f, _) => format!("{entry} {}", f.name),
+            _ => entry.to_string(),
         };
         let dev = self.dev();
         let scope = dev.push_error_scope(wgpu::ErrorFilter::Validation);
@@ -753,7 +959,7 @@ impl<'g> WgpuKernels<'g> {
             return Err(err(format!("compiling {label} entry {entry}: {e}")));
         }
         let layout = pipe.get_bind_group_layout(0);
-        self.pipes.push(Pipe { pipe, layout });
+        self.pipes.push(Pipe { pipe, layout, name });
         let i = self.pipes.len() - 1;
         self.pipe_ids.insert((module, entry), i);
         Ok(i)
@@ -893,13 +1099,15 @@ impl<'g> WgpuKernels<'g> {
         }
     }
 
+    /// Plans a dispatch; a full chunk of [`CHUNK_DISPATCHES`] is recorded and submitted at
+    /// once, so the device runs the step's first layers while the host records the rest.
     fn push(
         &mut self,
         pipe: usize,
         params: Vec<u32>,
         binds: Vec<(u32, wgpu::Buffer)>,
         groups: usize,
-    ) {
+    ) -> Result<()> {
         if groups > 0 {
             self.plan.push(Disp {
                 pipe,
@@ -908,6 +1116,10 @@ impl<'g> WgpuKernels<'g> {
                 groups,
             });
         }
+        if self.plan.len() >= CHUNK_DISPATCHES {
+            self.flush(false)?;
+        }
+        Ok(())
     }
 
     /// Plans `out[:, col0..col0 + w.rows] (+)= x @ w^T (+ bias)` over the step's rows, with
@@ -958,7 +1170,7 @@ impl<'g> WgpuKernels<'g> {
                 (4, bias.clone()),
             ];
             let groups = ch.rows.div_ceil(MATVEC_OUTS) * nrg;
-            self.push(pipe, params, binds, groups);
+            self.push(pipe, params, binds, groups)?;
         }
         Ok(())
     }
@@ -1031,7 +1243,7 @@ impl<'g> WgpuKernels<'g> {
             u32_of(self.out_at, "meta offset")?,
         ];
         let binds = vec![(1, src), (2, dst), (3, w), (4, meta)];
-        self.push(pipe, params, binds, pieces);
+        self.push(pipe, params, binds, pieces)?;
         Ok(())
     }
 
@@ -1044,29 +1256,42 @@ impl<'g> WgpuKernels<'g> {
     /// Submits the planned dispatches (one command buffer) and the copies of the step's
     /// greedy tokens to the readback buffer.
     fn run(&mut self) -> Result<()> {
+        self.flush(true)
+    }
+
+    /// Records the planned dispatches (one command buffer, one compute pass) and submits them;
+    /// their parameters go to the step's parameter buffer after those of the chunks before
+    /// (one queue write). `last`: the step's final chunk, which also copies the greedy tokens
+    /// to the readback buffer (and the profile's timestamps).
+    fn flush(&mut self, last: bool) -> Result<()> {
         let plan = std::mem::take(&mut self.plan);
         let al = self.param_align;
+        let base = self.step_words.div_ceil(al) * al;
         let mut words: Vec<u32> = Vec::new();
         let mut offs = Vec::with_capacity(plan.len());
         for d in &plan {
-            let start = words.len().div_ceil(al) * al;
+            let start = (base + words.len()).div_ceil(al) * al - base;
             words.resize(start, 0);
             words.extend_from_slice(&d.params);
-            offs.push(start);
+            offs.push(base + start);
         }
         words.push(0);
-        let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+        let end = base + words.len();
+        self.step_words = end;
         let dev = self.dev();
         let q = self.m.dev.raw_queue();
-        let cap = self.params_cap;
-        Self::write_grow(dev, q, &mut self.params, &mut self.params_cap, &bytes);
-        if cap != self.params_cap {
+        if self.params.is_none() || self.params_cap < end * 4 {
+            // Chunks already submitted keep the buffer they were bound to.
+            self.params_cap = (end * 4).next_power_of_two().max(256);
+            self.params = Some(zeros(dev, "llm step parameters", self.params_cap));
             self.bind_cache.clear();
         }
         let params = self
             .params
             .clone()
             .ok_or_else(|| err("no parameter buffer"))?;
+        let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+        q.write_buffer(&params, (base * 4) as u64, &bytes);
         let max_dim = self
             .m
             .dev
@@ -1077,6 +1302,7 @@ impl<'g> WgpuKernels<'g> {
             label: Some("llm step"),
         });
         let scope = dev.push_error_scope(wgpu::ErrorFilter::Validation);
+        let mut names = std::mem::take(&mut self.prof_names);
         {
             let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
                 label: Some("llm step"),
@@ -1117,19 +1343,40 @@ impl<'g> WgpuKernels<'g> {
                 } else {
                     (max_dim, d.groups.div_ceil(max_dim))
                 };
+                let timed = match &self.profile {
+                    Some(pr) if names.len() < PROFILED_DISPATCHES => Some(&pr.queries),
+                    _ => None,
+                };
+                if let Some(qs) = timed {
+                    pass.write_timestamp(qs, 2 * names.len() as u32);
+                }
                 pass.set_pipeline(&p.pipe);
                 pass.set_bind_group(0, &*bind, &[]);
                 pass.dispatch_workgroups(gx as u32, gy as u32, 1);
+                if let Some(qs) = timed {
+                    pass.write_timestamp(qs, 2 * names.len() as u32 + 1);
+                    names.push(p.name.clone());
+                }
             }
+        }
+        if let (Some(pr), false, true) = (&self.profile, names.is_empty(), last) {
+            let n = 2 * names.len() as u32;
+            enc.resolve_query_set(&pr.queries, 0..n, &pr.resolve, 0);
+            enc.copy_buffer_to_buffer(&pr.resolve, 0, &pr.readback, 0, u64::from(n) * 8);
         }
         if let Some(e) = pollster::block_on(scope.pop()) {
             return Err(err(format!("recording the step: {e}")));
         }
-        if self.n_out > 0 {
+        if last && self.n_out > 0 {
             let s = self.scratch()?;
             enc.copy_buffer_to_buffer(&s.toks, 0, &s.toks_rb, 0, (self.n_out * 4) as u64);
         }
         self.submitted = Some(q.submit([enc.finish()]));
+        if !last {
+            self.prof_names = names;
+        } else if let Some(pr) = &mut self.profile {
+            pr.collect(dev, &names)?;
+        }
         Ok(())
     }
 
@@ -1237,10 +1484,13 @@ impl Kernels for WgpuKernels<'_> {
         let sizes = (
             self.meta_cap,
             self.trig_cap,
+            self.part_cap,
             self.scratch.as_ref().map(|s| (s.rows, s.out)),
         );
         self.ensure_scratch(rows, n_out)?;
         self.plan.clear();
+        self.step_words = 0;
+        self.prof_names.clear();
         self.fetched = false;
         self.n_rows = rows;
         self.n_out = n_out;
@@ -1285,9 +1535,28 @@ impl Kernels for WgpuKernels<'_> {
         Self::write_grow(dev, q, &mut self.meta, &mut self.meta_cap, &mb);
         let tb: Vec<u8> = trig.iter().flat_map(|w| w.to_le_bytes()).collect();
         Self::write_grow(dev, q, &mut self.trig, &mut self.trig_cap, &tb);
+        let max_pos = positions.iter().copied().max().unwrap_or(0);
+        let local_len = match c.sliding_window {
+            0 => max_pos + 1,
+            w => (max_pos + 1).min(w),
+        };
+        self.splits = [attn_splits(max_pos + 1), attn_splits(local_len)];
+        let s_max = self.splits[0].max(self.splits[1]);
+        if s_max > 1 {
+            let bytes = rows * c.n_head * s_max * (c.head_dim + 2) * 4;
+            if self.part.is_none() || self.part_cap < bytes {
+                self.m.check_binding(
+                    &format!("partial attention of {rows} rows over {s_max} splits"),
+                    bytes,
+                )?;
+                self.part_cap = bytes.next_power_of_two();
+                self.part = Some(zeros(dev, "llm attention splits", self.part_cap));
+            }
+        }
         let now = (
             self.meta_cap,
             self.trig_cap,
+            self.part_cap,
             self.scratch.as_ref().map(|s| (s.rows, s.out)),
         );
         if now != sizes {
@@ -1315,7 +1584,7 @@ impl Kernels for WgpuKernels<'_> {
                 self.m.cfg.embed_scale.to_bits(),
             ];
             let binds = vec![(1, ch.buf.clone()), (3, y.clone()), (5, meta.clone())];
-            self.push(pipe, params, binds, (rows * units).div_ceil(64));
+            self.push(pipe, params, binds, (rows * units).div_ceil(64))?;
         }
         Ok(())
     }
@@ -1387,7 +1656,7 @@ impl Kernels for WgpuKernels<'_> {
             u32_of(col0, "first column")?,
         ];
         let binds = vec![(2, buf), (3, self.norm_w(norm)?.clone())];
-        self.push(pipe, params, binds, pieces);
+        self.push(pipe, params, binds, pieces)?;
         Ok(())
     }
 
@@ -1435,7 +1704,9 @@ impl Kernels for WgpuKernels<'_> {
             u32_of(q0, "q column")?,
             u32_of(k0, "k column")?,
             u32_of(v0, "v column")?,
+            u32_of(self.splits[usize::from(local)], "attention splits")?,
         ];
+        let splits = self.splits[usize::from(local)];
         let meta = self.meta_buf()?;
         let trig = self
             .trig
@@ -1455,17 +1726,26 @@ impl Kernels for WgpuKernels<'_> {
             params.clone(),
             binds,
             (rows * c.n_kv_head * c.head_dim).div_ceil(64),
-        );
+        )?;
         let attn = self.pipe(Module::Paged, "attention")?;
+        // Bound where no row is split (never written then).
+        let part = self.part.clone().unwrap_or_else(|| self.m.dummy.clone());
+        let ob = self.buf(out)?;
         let binds = vec![
-            (1, meta),
+            (1, meta.clone()),
             (2, trig),
             (3, qb),
             (6, kv.kc.clone()),
             (7, kv.vc.clone()),
-            (8, self.buf(out)?),
+            (8, ob.clone()),
+            (9, part.clone()),
         ];
-        self.push(attn, params, binds, rows * c.n_head);
+        self.push(attn, params.clone(), binds, rows * c.n_head * splits)?;
+        if splits > 1 {
+            let merge = self.pipe(Module::Paged, "attn_merge")?;
+            let binds = vec![(1, meta), (8, ob), (9, part)];
+            self.push(merge, params, binds, rows * c.n_head)?;
+        }
         Ok(())
     }
 
@@ -1507,7 +1787,7 @@ impl Kernels for WgpuKernels<'_> {
             },
         ];
         let binds = vec![(1, self.buf(Buf::Up)?), (2, self.buf(out)?)];
-        self.push(pipe, params, binds, n.div_ceil(64));
+        self.push(pipe, params, binds, n.div_ceil(64))?;
         Ok(())
     }
 
@@ -1557,7 +1837,7 @@ impl Kernels for WgpuKernels<'_> {
             )?;
             let pipe = self.pipe(Module::Ops, "argmax")?;
             let params = vec![u32_of(c.vocab, "vocab")?, u32_of(n, "logit rows")?];
-            self.push(pipe, params, vec![(1, logits), (5, toks)], n);
+            self.push(pipe, params, vec![(1, logits), (5, toks)], n)?;
         }
         self.run()
     }
@@ -1630,6 +1910,10 @@ impl<'g> WgpuSession<'g> {
     /// Tokens processed so far (the position of the next token).
     pub fn pos(&self) -> usize {
         self.kv.len(SEQ)
+    }
+
+    pub fn kernels_mut(&mut self) -> &mut WgpuKernels<'g> {
+        &mut self.k
     }
 
     /// Capacity of the KV cache in tokens.

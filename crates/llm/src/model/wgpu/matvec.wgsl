@@ -1,12 +1,16 @@
 // Quantized matrix products and the embedding lookup over GGUF blocks (`quant.wgsl`, with
-// `deq`, BLOCK_BYTES, UNITS (32-value units per block) and ROWS prepended by `wgpu.rs`).
+// `head`, `pair`, BLOCK_BYTES, UNITS (32-value units per block) and ROWS prepended by
+// `wgpu.rs`).
 //
 // matvec: y[r][n0 + o] (+)= sum_k W[o][k] * x[r][k] (+ bias[n0 + o]) for the output rows o of
-// one matrix chunk and the activation rows r of the step. A workgroup of 128 threads takes 4
-// output rows (32 lanes each, striding over the row's 32-value units) and ROWS activation
-// rows, so each weight unit is dequantized once for ROWS rows; workgroups are numbered
+// one matrix chunk and the activation rows r of the step. A workgroup of 128 threads takes
+// OUTS = 4 output rows (LANES = 32 threads each, striding over the row's 32-value units) and
+// ROWS activation rows, so each weight unit is dequantized once for ROWS rows; workgroups are numbered
 // (output group, row group) with the row group fastest, so the row groups of one weight tile
-// run side by side. The lanes' sums meet in workgroup memory (no subgroup operations).
+// run side by side. A unit is read as its head (scales) and four pairs of vec4 values, each
+// multiplied into the accumulators at once (no per-value arrays). The lanes' sums meet in
+// workgroup memory after one barrier and are added in lane order by one thread per (output,
+// row): the same order whatever ROWS is, so a row's result does not depend on its batch.
 //
 // params: [0] R activation rows, [1] K columns, [2] n output rows in the chunk, [3] n0 first
 // output column in y, [4] y row stride, [5] weight bytes per row, [6] flags (1: add to y,
@@ -22,9 +26,19 @@
 
 const WG: u32 = 128u;
 const LANES: u32 = 32u;
-const OUTS: u32 = 4u;
+const OUTS: u32 = WG / LANES;
 
+// Lane partial sums, [thread][row].
 var<workgroup> red: array<f32, WG * ROWS>;
+
+// Sum over the lanes of output o (of this workgroup) for row r, in lane order.
+fn lane_sum(o: u32, r: u32) -> f32 {
+    var v = 0.0;
+    for (var l = 0u; l < LANES; l++) {
+        v += red[(o * LANES + l) * ROWS + r];
+    }
+    return v;
+}
 
 @compute @workgroup_size(128)
 fn matvec(
@@ -50,15 +64,15 @@ fn matvec(
         let base = o * p[5];
         let xs = p[7] / 4u;
         for (var u = lane; u < units; u += LANES) {
-            let w = deq(base + (u / UNITS) * BLOCK_BYTES, u % UNITS);
-            for (var r = 0u; r < ROWS; r++) {
-                let xi = min(r0 + r, rows - 1u) * xs + u * 8u;
-                var s = 0.0;
-                for (var j = 0u; j < 8u; j++) {
-                    let wv = vec4<f32>(w[4u * j], w[4u * j + 1u], w[4u * j + 2u], w[4u * j + 3u]);
-                    s += dot(wv, x[xi + j]);
+            let a = base + (u / UNITS) * BLOCK_BYTES;
+            let s = u % UNITS;
+            let h = head(a, s);
+            for (var w = 0u; w < 4u; w++) {
+                let v = pair(a, s, h, w);
+                for (var r = 0u; r < ROWS; r++) {
+                    let xi = min(r0 + r, rows - 1u) * xs + u * 8u + w;
+                    acc[r] += dot(v.lo, x[xi]) + dot(v.hi, x[xi + 4u]);
                 }
-                acc[r] += s;
             }
         }
     }
@@ -66,45 +80,33 @@ fn matvec(
         red[t * ROWS + r] = acc[r];
     }
     workgroupBarrier();
-    for (var st = LANES / 2u; st > 0u; st >>= 1u) {
-        if (lane < st) {
-            for (var r = 0u; r < ROWS; r++) {
-                red[t * ROWS + r] += red[(t + st) * ROWS + r];
-            }
-        }
-        workgroupBarrier();
-    }
     let flags = p[6];
+    let r = t % ROWS;
+    let row = r0 + r;
     if ((flags & 4u) != 0u) {
-        // Gated unit: output rows 2i (gate, lanes t) and 2i + 1 (up, lanes t + 32) of this
-        // workgroup give y[row][[8] + (n0 + 2i) / 2] = act(gate) * up.
-        if (lane == 0u && o < n && (o & 1u) == 0u) {
-            for (var r = 0u; r < ROWS; r++) {
-                let row = r0 + r;
-                if (row < rows) {
-                    let g = red[t * ROWS + r];
-                    let u = red[(t + LANES) * ROWS + r];
-                    y[row * p[4] + p[8] + (p[3] + o) / 2u] = glu_act(g, (flags & 8u) != 0u) * u;
-                }
-            }
+        // Gated unit: output rows 2i (gate) and 2i + 1 (up) of this workgroup give
+        // y[row][[8] + (n0 + o) / 2] = act(gate) * up, o = og * OUTS + 2i.
+        let i = t / ROWS;
+        let oo = og * OUTS + 2u * i;
+        if (i < OUTS / 2u && row < rows && oo < n) {
+            let gv = lane_sum(2u * i, r);
+            let uv = lane_sum(2u * i + 1u, r);
+            y[row * p[4] + p[8] + (p[3] + oo) / 2u] = glu_act(gv, (flags & 8u) != 0u) * uv;
         }
         return;
     }
-    if (lane == 0u && o < n) {
-        for (var r = 0u; r < ROWS; r++) {
-            let row = r0 + r;
-            if (row < rows) {
-                var v = red[t * ROWS + r];
-                if ((flags & 2u) != 0u) {
-                    v += bias[p[3] + o];
-                }
-                let i = row * p[4] + p[8] + p[3] + o;
-                if ((flags & 1u) != 0u) {
-                    v += y[i];
-                }
-                y[i] = v;
-            }
+    let i = t / ROWS;
+    let oo = og * OUTS + i;
+    if (i < OUTS && row < rows && oo < n) {
+        var v = lane_sum(i, r);
+        if ((flags & 2u) != 0u) {
+            v += bias[p[3] + oo];
         }
+        let yi = row * p[4] + p[8] + p[3] + oo;
+        if ((flags & 1u) != 0u) {
+            v += y[yi];
+        }
+        y[yi] = v;
     }
 }
 
@@ -138,9 +140,16 @@ fn embed(
     if (tok < p[3] || tok >= p[3] + p[2]) {
         return;
     }
-    let w = deq((tok - p[3]) * p[4] + (u / UNITS) * BLOCK_BYTES, u % UNITS);
+    let a = (tok - p[3]) * p[4] + (u / UNITS) * BLOCK_BYTES;
+    let s = u % UNITS;
+    let h = head(a, s);
     let scale = bitcast<f32>(p[6]);
-    for (var j = 0u; j < 32u; j++) {
-        y[r * p[1] + u * 32u + j] = w[j] * scale;
+    let y0 = r * p[1] + u * 32u;
+    for (var w = 0u; w < 4u; w++) {
+        let v = pair(a, s, h, w);
+        for (var j = 0u; j < 4u; j++) {
+            y[y0 + 4u * w + j] = v.lo[j] * scale;
+            y[y0 + 16u + 4u * w + j] = v.hi[j] * scale;
+        }
     }
 }

@@ -1,5 +1,6 @@
 // Row-wise kernels of the LLM kernel set: RMS norms, the gated unit, greedy argmax.
-// One workgroup of 64 threads per row (norms, argmax); sums meet in workgroup memory.
+// One workgroup of RW = 256 threads per row (norms, argmax: a 4096-wide row is 16 values per
+// thread); sums meet in workgroup memory. The gated unit: a thread per value.
 
 @group(0) @binding(0) var<storage, read> p: array<u32>;
 @group(0) @binding(1) var<storage, read> src: array<f32>;
@@ -8,18 +9,20 @@
 @group(0) @binding(4) var<storage, read> sdata: array<u32>;
 @group(0) @binding(5) var<storage, read_write> toks: array<u32>;
 
-var<workgroup> red: array<f32, 64>;
-var<workgroup> redi: array<u32, 64>;
+const RW: u32 = 256u;
+
+var<workgroup> red: array<f32, RW>;
+var<workgroup> redi: array<u32, RW>;
 
 fn group_index(wid: vec3<u32>, nwg: vec3<u32>) -> u32 {
     return wid.x + wid.y * nwg.x;
 }
 
-// Sum of the 64 threads' `v` (every thread gets it).
+// Sum of the RW threads' `v` (every thread gets it).
 fn wg_sum(t: u32, v: f32) -> f32 {
     red[t] = v;
     workgroupBarrier();
-    for (var st = 32u; st > 0u; st >>= 1u) {
+    for (var st = RW / 2u; st > 0u; st >>= 1u) {
         if (t < st) {
             red[t] += red[t + st];
         }
@@ -33,7 +36,7 @@ fn wg_sum(t: u32, v: f32) -> f32 {
 // rms_norm: for each of the P pieces of n values: dst[piece] (=|+=) src[piece'] / rms * w.
 // params: [0] n, [1] P pieces, [2] eps (f32 bits), [3] 1: add to dst, [4] 1: piece i of src
 // is row sdata[[5] + i] (gathering the logit rows).
-@compute @workgroup_size(64)
+@compute @workgroup_size(256)
 fn rms_norm(
     @builtin(workgroup_id) wid: vec3<u32>,
     @builtin(num_workgroups) nwg: vec3<u32>,
@@ -51,12 +54,12 @@ fn rms_norm(
     let s0 = sr * n;
     let d0 = piece * n;
     var ss = 0.0;
-    for (var i = t; i < n; i += 64u) {
+    for (var i = t; i < n; i += RW) {
         let v = src[s0 + i];
         ss += v * v;
     }
     let inv = 1.0 / sqrt(wg_sum(t, ss) / f32(n) + bitcast<f32>(p[2]));
-    for (var i = t; i < n; i += 64u) {
+    for (var i = t; i < n; i += RW) {
         let v = src[s0 + i] * inv * nw[i];
         if (p[3] == 1u) {
             dst[d0 + i] += v;
@@ -69,7 +72,7 @@ fn rms_norm(
 // rms_norm_inplace: each of the P pieces of n values of dst, normed in place (head norms):
 // piece i is head i % H of row i / H, at dst[(i / H) * stride + first + (i % H) * n].
 // params: [0] n, [1] P, [2] eps (f32 bits), [3] H heads per row, [4] row stride, [5] first.
-@compute @workgroup_size(64)
+@compute @workgroup_size(256)
 fn rms_norm_inplace(
     @builtin(workgroup_id) wid: vec3<u32>,
     @builtin(num_workgroups) nwg: vec3<u32>,
@@ -82,12 +85,12 @@ fn rms_norm_inplace(
     }
     let d0 = (piece / p[3]) * p[4] + p[5] + (piece % p[3]) * n;
     var ss = 0.0;
-    for (var i = t; i < n; i += 64u) {
+    for (var i = t; i < n; i += RW) {
         let v = dst[d0 + i];
         ss += v * v;
     }
     let inv = 1.0 / sqrt(wg_sum(t, ss) / f32(n) + bitcast<f32>(p[2]));
-    for (var i = t; i < n; i += 64u) {
+    for (var i = t; i < n; i += RW) {
         dst[d0 + i] = dst[d0 + i] * inv * nw[i];
     }
 }
@@ -117,7 +120,7 @@ fn glu(
 
 // argmax: toks[r] = the index of the largest value of row r of src (n = [0] values; the
 // lowest index on ties; NaN never wins).
-@compute @workgroup_size(64)
+@compute @workgroup_size(256)
 fn argmax(
     @builtin(workgroup_id) wid: vec3<u32>,
     @builtin(num_workgroups) nwg: vec3<u32>,
@@ -130,7 +133,7 @@ fn argmax(
     }
     var best = -3.4e38;
     var bi = 0xffffffffu;
-    for (var i = t; i < n; i += 64u) {
+    for (var i = t; i < n; i += RW) {
         let v = src[r * n + i];
         if (v > best || (bi == 0xffffffffu && v == best)) {
             best = v;
@@ -140,7 +143,7 @@ fn argmax(
     red[t] = best;
     redi[t] = bi;
     workgroupBarrier();
-    for (var st = 32u; st > 0u; st >>= 1u) {
+    for (var st = RW / 2u; st > 0u; st >>= 1u) {
         if (t < st) {
             let v = red[t + st];
             let j = redi[t + st];

@@ -3,9 +3,13 @@
 // every format (Q4_0 18, Q5_0 22, Q8_0 34, Q3_K 110, Q6_K 210 bytes), so multi-byte fields
 // go through `u32_at` (two loads and a funnel shift) or `u16_at`.
 //
-// Every format exposes `deq_<fmt>(a, s) -> array<f32, 32>`: the 32 values of unit `s` of the
-// block starting at byte `a` (32-value formats have one unit per block, K-quants eight), by
-// the same expressions as ferrite_gguf's reference dequantization.
+// Every format exposes `head_<fmt>(a, s) -> Head` and `pair_<fmt>(a, s, h, w) -> Pair`: for
+// unit `s` of the block starting at byte `a` (32-value formats have one unit per block,
+// K-quants eight), pair w (0..4) holds values 4w..4w+4 (`lo`) and 16+4w..16+4w+4 (`hi`), by
+// the same expressions as ferrite_gguf's reference dequantization. The head holds what the
+// unit's pairs share (scales of its first and second 16 values in .x and .y), read once per
+// unit; a pair is one or two word loads and vector bit operations (no per-value arrays, which
+// shader compilers may keep in local memory).
 
 @group(0) @binding(1) var<storage, read> wq: array<u32>;
 
@@ -47,121 +51,144 @@ fn byte_at(a: u32) -> u32 {
     return (wq[a >> 2u] >> ((a & 3u) * 8u)) & 0xffu;
 }
 
-// Byte k (0..4) of word w.
-fn byte_of(w: u32, k: u32) -> u32 {
-    return (w >> (8u * k)) & 0xffu;
+// What the four pairs of a unit share: scales (and mins) of values 0..16 (.x) and 16..32 (.y),
+// and one format-specific word.
+struct Head {
+    d: vec2<f32>,
+    m: vec2<f32>,
+    aux: u32,
 }
 
-fn deq_f32(a: u32, s: u32) -> array<f32, 32> {
-    var y: array<f32, 32>;
-    let i = a >> 2u;
-    for (var j = 0u; j < 32u; j++) {
-        y[j] = bitcast<f32>(wq[i + j]);
-    }
-    return y;
+// Values 4w..4w+4 and 16+4w..16+4w+4 of a unit.
+struct Pair {
+    lo: vec4<f32>,
+    hi: vec4<f32>,
 }
 
-fn deq_f16(a: u32, s: u32) -> array<f32, 32> {
-    var y: array<f32, 32>;
-    for (var j = 0u; j < 16u; j++) {
-        let w = u32_at(a + 4u * j);
-        y[2u * j] = half(w & 0xffffu);
-        y[2u * j + 1u] = half(w >> 16u);
-    }
-    return y;
+const SH8: vec4<u32> = vec4<u32>(0u, 8u, 16u, 24u);
+
+// The four bytes of q, low byte first.
+fn bytes4(q: u32) -> vec4<u32> {
+    return (vec4<u32>(q) >> SH8) & vec4<u32>(255u);
 }
 
-fn deq_bf16(a: u32, s: u32) -> array<f32, 32> {
-    var y: array<f32, 32>;
-    for (var j = 0u; j < 16u; j++) {
-        let w = u32_at(a + 4u * j);
-        y[2u * j] = bitcast<f32>(w << 16u);
-        y[2u * j + 1u] = bitcast<f32>(w & 0xffff0000u);
-    }
-    return y;
+// The four bytes of q as signed values.
+fn sbytes4(q: u32) -> vec4<f32> {
+    return vec4<f32>(bitcast<vec4<i32>>(vec4<u32>(q) << vec4<u32>(24u, 16u, 8u, 0u)) >> vec4<u32>(24u));
+}
+
+fn no_head() -> Head {
+    return Head(vec2<f32>(1.0), vec2<f32>(0.0), 0u);
+}
+
+fn head_f32(a: u32, s: u32) -> Head {
+    return no_head();
+}
+
+fn pair_f32(a: u32, s: u32, h: Head, w: u32) -> Pair {
+    let i = (a >> 2u) + 4u * w;
+    let lo = vec4<u32>(wq[i], wq[i + 1u], wq[i + 2u], wq[i + 3u]);
+    let hi = vec4<u32>(wq[i + 16u], wq[i + 17u], wq[i + 18u], wq[i + 19u]);
+    return Pair(bitcast<vec4<f32>>(lo), bitcast<vec4<f32>>(hi));
+}
+
+fn halves(q: u32) -> vec2<f32> {
+    return vec2<f32>(half(q & 0xffffu), half(q >> 16u));
+}
+
+fn head_f16(a: u32, s: u32) -> Head {
+    return no_head();
+}
+
+fn pair_f16(a: u32, s: u32, h: Head, w: u32) -> Pair {
+    let b = a + 8u * w;
+    let lo = vec4<f32>(halves(u32_at(b)), halves(u32_at(b + 4u)));
+    let hi = vec4<f32>(halves(u32_at(b + 32u)), halves(u32_at(b + 36u)));
+    return Pair(lo, hi);
+}
+
+fn bf2(q: u32) -> vec2<f32> {
+    return vec2<f32>(bitcast<f32>(q << 16u), bitcast<f32>(q & 0xffff0000u));
+}
+
+fn head_bf16(a: u32, s: u32) -> Head {
+    return no_head();
+}
+
+fn pair_bf16(a: u32, s: u32, h: Head, w: u32) -> Pair {
+    let b = a + 8u * w;
+    let lo = vec4<f32>(bf2(u32_at(b)), bf2(u32_at(b + 4u)));
+    let hi = vec4<f32>(bf2(u32_at(b + 32u)), bf2(u32_at(b + 36u)));
+    return Pair(lo, hi);
+}
+
+// Low and high nibbles of the four bytes of q.
+fn nib_lo(q: u32) -> vec4<u32> {
+    return (vec4<u32>(q) >> SH8) & vec4<u32>(15u);
+}
+
+fn nib_hi(q: u32) -> vec4<u32> {
+    return (vec4<u32>(q) >> (SH8 + vec4<u32>(4u))) & vec4<u32>(15u);
 }
 
 // Q4_0 (18 bytes): d, qs[16]; y[j] = d * (lo(qs[j]) - 8), y[j + 16] = d * (hi(qs[j]) - 8).
-fn deq_q4_0(a: u32, s: u32) -> array<f32, 32> {
-    var y: array<f32, 32>;
+fn head_q4_0(a: u32, s: u32) -> Head {
     let d = f16_at(a);
-    for (var w = 0u; w < 4u; w++) {
-        let q = u32_at(a + 2u + 4u * w);
-        for (var k = 0u; k < 4u; k++) {
-            let b = byte_of(q, k);
-            y[4u * w + k] = d * (f32(b & 15u) - 8.0);
-            y[4u * w + k + 16u] = d * (f32(b >> 4u) - 8.0);
-        }
-    }
-    return y;
+    return Head(vec2<f32>(d), vec2<f32>(0.0), 0u);
+}
+
+fn pair_q4_0(a: u32, s: u32, h: Head, w: u32) -> Pair {
+    let q = u32_at(a + 2u + 4u * w);
+    return Pair(h.d.x * (vec4<f32>(nib_lo(q)) - 8.0), h.d.x * (vec4<f32>(nib_hi(q)) - 8.0));
 }
 
 // Q4_1 (20 bytes): d, m, qs[16]; y = d * q + m.
-fn deq_q4_1(a: u32, s: u32) -> array<f32, 32> {
-    var y: array<f32, 32>;
-    let d = f16_at(a);
-    let m = f16_at(a + 2u);
-    for (var w = 0u; w < 4u; w++) {
-        let q = u32_at(a + 4u + 4u * w);
-        for (var k = 0u; k < 4u; k++) {
-            let b = byte_of(q, k);
-            y[4u * w + k] = d * f32(b & 15u) + m;
-            y[4u * w + k + 16u] = d * f32(b >> 4u) + m;
-        }
-    }
-    return y;
+fn head_q4_1(a: u32, s: u32) -> Head {
+    return Head(vec2<f32>(f16_at(a)), vec2<f32>(f16_at(a + 2u)), 0u);
+}
+
+fn pair_q4_1(a: u32, s: u32, h: Head, w: u32) -> Pair {
+    let q = wq[(a >> 2u) + 1u + w];
+    return Pair(h.d.x * vec4<f32>(nib_lo(q)) + h.m.x, h.d.x * vec4<f32>(nib_hi(q)) + h.m.x);
+}
+
+// Bit 4 of weights j..j+4 (bits j.. of qh).
+fn high4(qh: u32, j: u32) -> vec4<u32> {
+    return ((vec4<u32>(qh) >> (vec4<u32>(j) + vec4<u32>(0u, 1u, 2u, 3u))) & vec4<u32>(1u)) << vec4<u32>(4u);
 }
 
 // Q5_0 (22 bytes): d, qh (bit j: bit 4 of weight j), qs[16]; y = d * (q - 16).
-fn deq_q5_0(a: u32, s: u32) -> array<f32, 32> {
-    var y: array<f32, 32>;
-    let d = f16_at(a);
-    let qh = u32_at(a + 2u);
-    for (var w = 0u; w < 4u; w++) {
-        let q = u32_at(a + 6u + 4u * w);
-        for (var k = 0u; k < 4u; k++) {
-            let j = 4u * w + k;
-            let b = byte_of(q, k);
-            let q0 = (b & 15u) | (((qh >> j) & 1u) << 4u);
-            let q1 = (b >> 4u) | (((qh >> (j + 16u)) & 1u) << 4u);
-            y[j] = d * (f32(q0) - 16.0);
-            y[j + 16u] = d * (f32(q1) - 16.0);
-        }
-    }
-    return y;
+fn head_q5_0(a: u32, s: u32) -> Head {
+    return Head(vec2<f32>(f16_at(a)), vec2<f32>(0.0), u32_at(a + 2u));
+}
+
+fn pair_q5_0(a: u32, s: u32, h: Head, w: u32) -> Pair {
+    let q = u32_at(a + 6u + 4u * w);
+    let lo = vec4<f32>(nib_lo(q) | high4(h.aux, 4u * w));
+    let hi = vec4<f32>(nib_hi(q) | high4(h.aux, 4u * w + 16u));
+    return Pair(h.d.x * (lo - 16.0), h.d.x * (hi - 16.0));
 }
 
 // Q5_1 (24 bytes): d, m, qh, qs[16]; y = d * q + m.
-fn deq_q5_1(a: u32, s: u32) -> array<f32, 32> {
-    var y: array<f32, 32>;
-    let d = f16_at(a);
-    let m = f16_at(a + 2u);
-    let qh = u32_at(a + 4u);
-    for (var w = 0u; w < 4u; w++) {
-        let q = u32_at(a + 8u + 4u * w);
-        for (var k = 0u; k < 4u; k++) {
-            let j = 4u * w + k;
-            let b = byte_of(q, k);
-            let q0 = (b & 15u) | (((qh >> j) & 1u) << 4u);
-            let q1 = (b >> 4u) | (((qh >> (j + 16u)) & 1u) << 4u);
-            y[j] = d * f32(q0) + m;
-            y[j + 16u] = d * f32(q1) + m;
-        }
-    }
-    return y;
+fn head_q5_1(a: u32, s: u32) -> Head {
+    return Head(vec2<f32>(f16_at(a)), vec2<f32>(f16_at(a + 2u)), wq[(a >> 2u) + 1u]);
+}
+
+fn pair_q5_1(a: u32, s: u32, h: Head, w: u32) -> Pair {
+    let q = wq[(a >> 2u) + 2u + w];
+    let lo = vec4<f32>(nib_lo(q) | high4(h.aux, 4u * w));
+    let hi = vec4<f32>(nib_hi(q) | high4(h.aux, 4u * w + 16u));
+    return Pair(h.d.x * lo + h.m.x, h.d.x * hi + h.m.x);
 }
 
 // Q8_0 (34 bytes): d, qs[32] (i8); y = d * q.
-fn deq_q8_0(a: u32, s: u32) -> array<f32, 32> {
-    var y: array<f32, 32>;
-    let d = f16_at(a);
-    for (var w = 0u; w < 8u; w++) {
-        let q = u32_at(a + 2u + 4u * w);
-        for (var k = 0u; k < 4u; k++) {
-            y[4u * w + k] = d * f32(bitcast<i32>(q << (24u - 8u * k)) >> 24u);
-        }
-    }
-    return y;
+fn head_q8_0(a: u32, s: u32) -> Head {
+    return Head(vec2<f32>(f16_at(a)), vec2<f32>(0.0), 0u);
+}
+
+fn pair_q8_0(a: u32, s: u32, h: Head, w: u32) -> Pair {
+    let b = a + 2u + 4u * w;
+    return Pair(h.d.x * sbytes4(u32_at(b)), h.d.x * sbytes4(u32_at(b + 16u)));
 }
 
 // The 6-bit (scale, min) pair j of a Q4_K / Q5_K block whose 12 scale bytes start at `sa`.
@@ -174,117 +201,104 @@ fn scale_min_k4(j: u32, sa: u32) -> vec2<u32> {
     return vec2<u32>(sc, m);
 }
 
-// Q2_K (84 bytes): scales[16], qs[64], d, dmin. Unit s: weights 32s..32s+32.
-fn deq_q2_k(a: u32, s: u32) -> array<f32, 32> {
-    var y: array<f32, 32>;
+// Q2_K (84 bytes): scales[16], qs[64], d, dmin. Unit s: weights 32s..32s+32; its values
+// 16h.. use scale byte 2s + h; value bits 2(s % 4).. of qs[32(s / 4) + l].
+fn head_q2_k(a: u32, s: u32) -> Head {
     let d = f16_at(a + 80u);
     let dmin = f16_at(a + 82u);
-    let n = s / 4u;
-    let j = s % 4u;
-    for (var h = 0u; h < 2u; h++) {
-        let sc = byte_at(a + 2u * s + h);
-        let dl = d * f32(sc & 15u);
-        let ml = dmin * f32(sc >> 4u);
-        for (var w = 0u; w < 4u; w++) {
-            let q = u32_at(a + 16u + 32u * n + 16u * h + 4u * w);
-            for (var k = 0u; k < 4u; k++) {
-                let v = (byte_of(q, k) >> (2u * j)) & 3u;
-                y[16u * h + 4u * w + k] = dl * f32(v) - ml;
-            }
-        }
-    }
-    return y;
+    let sc = vec2<u32>(byte_at(a + 2u * s), byte_at(a + 2u * s + 1u));
+    return Head(d * vec2<f32>(sc & vec2<u32>(15u)), dmin * vec2<f32>(sc >> vec2<u32>(4u)), 0u);
+}
+
+fn pair_q2_k(a: u32, s: u32, h: Head, w: u32) -> Pair {
+    let b = a + 16u + 32u * (s / 4u) + 4u * w;
+    let sh = vec4<u32>(2u * (s % 4u));
+    let lo = (bytes4(u32_at(b)) >> sh) & vec4<u32>(3u);
+    let hi = (bytes4(u32_at(b + 16u)) >> sh) & vec4<u32>(3u);
+    return Pair(h.d.x * vec4<f32>(lo) - h.m.x, h.d.y * vec4<f32>(hi) - h.m.y);
 }
 
 // Q3_K (110 bytes): hmask[32], qs[64], scales[12] (16 packed 6-bit), d.
-fn deq_q3_k(a: u32, s: u32) -> array<f32, 32> {
-    var y: array<f32, 32>;
+fn q3_scale(a: u32, i: u32, d: f32) -> f32 {
+    let lo = (byte_at(a + 96u + i % 8u) >> (4u * (i / 8u))) & 15u;
+    let hi = (byte_at(a + 96u + 8u + i % 4u) >> (2u * (i / 4u))) & 3u;
+    return d * f32(i32(lo | (hi << 4u)) - 32);
+}
+
+fn head_q3_k(a: u32, s: u32) -> Head {
     let d = f16_at(a + 108u);
-    let n = s / 4u;
-    let j = s % 4u;
-    for (var h = 0u; h < 2u; h++) {
-        let i = 2u * s + h;
-        let lo = (byte_at(a + 96u + i % 8u) >> (4u * (i / 8u))) & 15u;
-        let hi = (byte_at(a + 96u + 8u + i % 4u) >> (2u * (i / 4u))) & 3u;
-        let dl = d * f32(i32(lo | (hi << 4u)) - 32);
-        for (var w = 0u; w < 4u; w++) {
-            let q = u32_at(a + 32u + 32u * n + 16u * h + 4u * w);
-            let hm = u32_at(a + 16u * h + 4u * w);
-            for (var k = 0u; k < 4u; k++) {
-                let low = i32((byte_of(q, k) >> (2u * j)) & 3u);
-                let high = (byte_of(hm, k) >> s) & 1u;
-                let v = select(low - 4, low, high == 1u);
-                y[16u * h + 4u * w + k] = dl * f32(v);
-            }
-        }
-    }
-    return y;
+    return Head(vec2<f32>(q3_scale(a, 2u * s, d), q3_scale(a, 2u * s + 1u, d)), vec2<f32>(0.0), 0u);
+}
+
+// Values 16h + 4w.. of unit s, times dl.
+fn q3_four(a: u32, s: u32, hh: u32, w: u32, dl: f32) -> vec4<f32> {
+    let q = u32_at(a + 32u + 32u * (s / 4u) + 16u * hh + 4u * w);
+    let hm = u32_at(a + 16u * hh + 4u * w);
+    let low = vec4<i32>((bytes4(q) >> vec4<u32>(2u * (s % 4u))) & vec4<u32>(3u));
+    let high = (bytes4(hm) >> vec4<u32>(s)) & vec4<u32>(1u);
+    let v = select(low - vec4<i32>(4), low, high == vec4<u32>(1u));
+    return dl * vec4<f32>(v);
+}
+
+fn pair_q3_k(a: u32, s: u32, h: Head, w: u32) -> Pair {
+    return Pair(q3_four(a, s, 0u, w, h.d.x), q3_four(a, s, 1u, w, h.d.y));
 }
 
 // Q4_K (144 bytes): d, dmin, scales[12], qs[128]; weight 64c + 32h + l is nibble h of
 // qs[32c + l]; unit s = 2c + h.
-fn deq_q4_k(a: u32, s: u32) -> array<f32, 32> {
-    var y: array<f32, 32>;
-    let d = f16_at(a);
-    let dmin = f16_at(a + 2u);
+fn head_q4_k(a: u32, s: u32) -> Head {
     let sm = scale_min_k4(s, a + 4u);
-    let d1 = d * f32(sm.x);
-    let m1 = dmin * f32(sm.y);
-    let c = s / 2u;
-    let h = s % 2u;
-    for (var w = 0u; w < 8u; w++) {
-        let q = u32_at(a + 16u + 32u * c + 4u * w);
-        for (var k = 0u; k < 4u; k++) {
-            let v = (byte_of(q, k) >> (4u * h)) & 15u;
-            y[4u * w + k] = d1 * f32(v) - m1;
-        }
-    }
-    return y;
+    let d1 = f16_at(a) * f32(sm.x);
+    let m1 = f16_at(a + 2u) * f32(sm.y);
+    return Head(vec2<f32>(d1), vec2<f32>(m1), 0u);
+}
+
+fn pair_q4_k(a: u32, s: u32, h: Head, w: u32) -> Pair {
+    let i = (a >> 2u) + 4u + 8u * (s / 2u) + w;
+    let sh = vec4<u32>(4u * (s % 2u));
+    let lo = (bytes4(wq[i]) >> sh) & vec4<u32>(15u);
+    let hi = (bytes4(wq[i + 4u]) >> sh) & vec4<u32>(15u);
+    return Pair(h.d.x * vec4<f32>(lo) - h.m.x, h.d.x * vec4<f32>(hi) - h.m.x);
 }
 
 // Q5_K (176 bytes): Q4_K plus qh[32] (bit s of qh[l]: bit 4 of weight 32s + l) before qs.
-fn deq_q5_k(a: u32, s: u32) -> array<f32, 32> {
-    var y: array<f32, 32>;
-    let d = f16_at(a);
-    let dmin = f16_at(a + 2u);
-    let sm = scale_min_k4(s, a + 4u);
-    let d1 = d * f32(sm.x);
-    let m1 = dmin * f32(sm.y);
-    let c = s / 2u;
-    let h = s % 2u;
-    for (var w = 0u; w < 8u; w++) {
-        let q = u32_at(a + 48u + 32u * c + 4u * w);
-        let qh = u32_at(a + 16u + 4u * w);
-        for (var k = 0u; k < 4u; k++) {
-            let v = ((byte_of(q, k) >> (4u * h)) & 15u) | (((byte_of(qh, k) >> s) & 1u) << 4u);
-            y[4u * w + k] = d1 * f32(v) - m1;
-        }
-    }
-    return y;
+fn head_q5_k(a: u32, s: u32) -> Head {
+    return head_q4_k(a, s);
+}
+
+fn pair_q5_k(a: u32, s: u32, h: Head, w: u32) -> Pair {
+    let i = (a >> 2u) + 12u + 8u * (s / 2u) + w;
+    let j = (a >> 2u) + 4u + w;
+    let sh = vec4<u32>(4u * (s % 2u));
+    let hs = vec4<u32>(s);
+    let lo = ((bytes4(wq[i]) >> sh) & vec4<u32>(15u)) | (((bytes4(wq[j]) >> hs) & vec4<u32>(1u)) << vec4<u32>(4u));
+    let hi = ((bytes4(wq[i + 4u]) >> sh) & vec4<u32>(15u)) | (((bytes4(wq[j + 4u]) >> hs) & vec4<u32>(1u)) << vec4<u32>(4u));
+    return Pair(h.d.x * vec4<f32>(lo) - h.m.x, h.d.x * vec4<f32>(hi) - h.m.x);
 }
 
 // Q6_K (210 bytes): ql[128], qh[64], scales[16] (i8), d; weight e = 32s + l:
 // n = s / 4, r = e % 128: low = nibble (r / 64) of ql[64n + r % 64],
 // high = bits 2(r / 32).. of qh[32n + l], y = d * scales[e / 16] * (low | high << 4 - 32).
-fn deq_q6_k(a: u32, s: u32) -> array<f32, 32> {
-    var y: array<f32, 32>;
+fn head_q6_k(a: u32, s: u32) -> Head {
     let d = f16_at(a + 208u);
+    let sb = vec2<u32>(byte_at(a + 192u + 2u * s), byte_at(a + 193u + 2u * s));
+    let sc = vec2<f32>(bitcast<vec2<i32>>(sb << vec2<u32>(24u)) >> vec2<u32>(24u));
+    return Head(d * sc, vec2<f32>(0.0), 0u);
+}
+
+// Values 16hh + 4w.. of unit s, times ds.
+fn q6_four(a: u32, s: u32, hh: u32, w: u32, ds: f32) -> vec4<f32> {
     let n = s / 4u;
     let r = s % 4u;
-    for (var h = 0u; h < 2u; h++) {
-        let sb = byte_at(a + 192u + 2u * s + h);
-        let sc = f32(bitcast<i32>(sb << 24u) >> 24u);
-        for (var w = 0u; w < 4u; w++) {
-            let l0 = 16u * h + 4u * w;
-            let ql = u32_at(a + 64u * n + 32u * (r % 2u) + l0);
-            let qh = u32_at(a + 128u + 32u * n + l0);
-            for (var k = 0u; k < 4u; k++) {
-                let low = (byte_of(ql, k) >> (4u * (r / 2u))) & 15u;
-                let high = (byte_of(qh, k) >> (2u * r)) & 3u;
-                let q = i32(low | (high << 4u)) - 32;
-                y[l0 + k] = d * sc * f32(q);
-            }
-        }
-    }
-    return y;
+    let l0 = 16u * hh + 4u * w;
+    let ql = u32_at(a + 64u * n + 32u * (r % 2u) + l0);
+    let qh = u32_at(a + 128u + 32u * n + l0);
+    let low = (bytes4(ql) >> vec4<u32>(4u * (r / 2u))) & vec4<u32>(15u);
+    let high = (bytes4(qh) >> vec4<u32>(2u * r)) & vec4<u32>(3u);
+    let q = vec4<i32>(low | (high << vec4<u32>(4u))) - vec4<i32>(32);
+    return ds * vec4<f32>(q);
+}
+
+fn pair_q6_k(a: u32, s: u32, h: Head, w: u32) -> Pair {
+    return Pair(q6_four(a, s, 0u, w, h.d.x), q6_four(a, s, 1u, w, h.d.y));
 }
