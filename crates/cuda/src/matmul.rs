@@ -384,7 +384,9 @@ pub(crate) fn gemm_nt_f32(
     let data_t = match dt {
         DType::F16 => lts::cudaDataType::CUDA_R_16F,
         DType::BF16 => lts::cudaDataType::CUDA_R_16BF,
-        other => return Err(Error::dtype(op, other, "needs f16 or bf16 operands")),
+        // f32 operands with f32 products (CUBLAS_COMPUTE_32F: no TF32 rounding)
+        DType::F32 => lts::cudaDataType::CUDA_R_32F,
+        other => return Err(Error::dtype(op, other, "needs f16, bf16 or f32 operands")),
     };
     if m == 0 || n == 0 || k == 0 {
         return Err(Error::backend(

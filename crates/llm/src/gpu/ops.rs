@@ -21,7 +21,7 @@ pub fn dequant(dev: &CudaDevice, w: &GpuMatrix, out: &Buffer, bf16: bool) -> Res
             w.rows * w.cols * 2
         )));
     }
-    super::prefill::dequant_rows(dev, w, 0, w.rows, out.ptr(), bf16)
+    super::prefill::dequant_rows(dev, w, 0, w.rows, out.ptr(), u32::from(bf16))
 }
 
 /// `out[off + r] = W[r] . norm(x)` for the rows of every segment (Store/Add), or the gated

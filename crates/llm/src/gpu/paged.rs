@@ -361,7 +361,7 @@ impl PagedLaunch {
                 hd,
                 out,
                 bf,
-            } => super::prefill::attn_out(dev, o, nh, n, hd, out, bf != 0),
+            } => super::prefill::attn_out(dev, o, nh, n, hd, out, bf),
             PagedLaunch::GluPairs {
                 gu,
                 out,
@@ -369,7 +369,7 @@ impl PagedLaunch {
                 n,
                 gelu,
                 bf,
-            } => super::prefill::glu(dev, gu, n, ff, gelu != 0, out, bf != 0),
+            } => super::prefill::glu(dev, gu, n, ff, gelu != 0, out, bf),
         }
     }
 }

@@ -1,14 +1,24 @@
 #line 1 "prefill.cu"
 // Batched prefill (quant.cuh and decode.cu in front): the row kernels around the tensor-core
 // products of a chunk of L prompt tokens. Activations: the residual stream is f32 [L][d]; the
-// operands of the products (normed activations, GLU outputs, dequantized weights) are f16 or
-// bf16 (`bf`), row-major; the products (cuBLASLt, f32 accumulation) write f32.
+// operands of the products (normed activations, GLU outputs, dequantized weights) are f16, bf16
+// or f32 (`mode` 0, 1, 2; named `bf` where only 0 and 1 occur), row-major; the products
+// (cuBLASLt, f32 accumulation) write f32.
 
 __device__ __forceinline__ unsigned short to_h(float v, u32 bf) {
     return bf ? f32_to_bf16(v).x : f32_to_f16(v).x;
 }
 
-// out[r][c] (16-bit, row-major rows x cols) = weight r, c of the GGUF matrix at w (rows
+// Element i of a product operand at `out`, by `mode`: f16 (0), bf16 (1) or f32 (2).
+__device__ __forceinline__ void st_act(u64 out, u64 i, float v, u32 mode) {
+    if (mode == 2) {
+        ((float*)out)[i] = v;
+    } else {
+        ((unsigned short*)out)[i] = to_h(v, mode);
+    }
+}
+
+// out[r][c] (by `bf` as a mode, row-major rows x cols) = weight r, c of the GGUF matrix at w (rows
 // packed: row_bytes = cols / block size * block bytes, so unit u = r * cols / 32 + c / 32 of
 // the matrix is unit u of the flat block sequence, and its 32 outputs are out[32u .. 32u + 32)).
 // A block of PFD_T threads takes PFD_T consecutive units: their block bytes (one contiguous
@@ -57,8 +67,21 @@ extern "C" __global__ void __launch_bounds__(PFD_T) pf_dequant(u64 w, u32 fmt, u
                 FMT_DISPATCH(fmt, PF_DEQ)
 #undef PF_DEQ
             }
+            if (bf == 2) {
+                // f32 operands: the unit's 32 values straight out (128 contiguous bytes)
+                U4* o = (U4*)out + u * 8;
 #pragma unroll
-            for (int q = 0; q < 4; ++q) {
+                for (int q = 0; q < 8; ++q) {
+                    U4 v;
+                    v.x = __float_as_uint(y[4 * q]);
+                    v.y = __float_as_uint(y[4 * q + 1]);
+                    v.z = __float_as_uint(y[4 * q + 2]);
+                    v.w = __float_as_uint(y[4 * q + 3]);
+                    o[q] = v;
+                }
+            }
+#pragma unroll
+            for (int q = 0; q < 4 && bf != 2; ++q) {
                 U4 v;
                 v.x = to_h(y[8 * q], bf) | ((u32)to_h(y[8 * q + 1], bf) << 16);
                 v.y = to_h(y[8 * q + 2], bf) | ((u32)to_h(y[8 * q + 3], bf) << 16);
@@ -69,7 +92,7 @@ extern "C" __global__ void __launch_bounds__(PFD_T) pf_dequant(u64 w, u32 fmt, u
         }
         __syncthreads();
         U4* o = (U4*)out + u0 * 4;
-        for (u32 i = tid; i < 4 * n; i += PFD_T) o[i] = osm[(i & ~3u) + (((i & 3) + (i >> 2)) & 3)];
+        for (u32 i = tid; i < 4 * n && bf != 2; i += PFD_T) o[i] = osm[(i & ~3u) + (((i & 3) + (i >> 2)) & 3)];
         __syncthreads();  // wsm and osm are refilled by the next round
     }
 }
@@ -95,7 +118,7 @@ extern "C" __global__ void pf_embed(u64 w, u32 fmt, u32 row_bytes, u32 cols, u32
     }
 }
 
-// out[i] (16-bit) = RMS norm of row i of x (f32 [rows][n]) times w. One block per row.
+// out[i] (by mode `bf`) = RMS norm of row i of x (f32 [rows][n]) times w. One block per row.
 extern "C" __global__ void pf_norm(u64 x, u64 w, u32 n, float eps, u64 out, u32 bf) {
     __shared__ float sh[32];
     const float* xp = (const float*)x + (u64)blockIdx.x * n;
@@ -103,9 +126,8 @@ extern "C" __global__ void pf_norm(u64 x, u64 w, u32 n, float eps, u64 out, u32 
     for (u32 i = threadIdx.x; i < n; i += blockDim.x) ss += xp[i] * xp[i];
     ss = block_sum(ss, sh);
     const float inv = 1.0f / sqrtf(ss / (float)n + eps);
-    unsigned short* o = (unsigned short*)out + (u64)blockIdx.x * n;
     for (u32 i = threadIdx.x; i < n; i += blockDim.x) {
-        o[i] = to_h(xp[i] * inv * ((const float*)w)[i], bf);
+        st_act(out, (u64)blockIdx.x * n + i, xp[i] * inv * ((const float*)w)[i], bf);
     }
 }
 
@@ -174,14 +196,14 @@ extern "C" __global__ void pf_rope_kv(const RopeKvArgs a) {
     }
 }
 
-// out[i][h*hd + d] (16-bit) = o[h][i][d] (f16, the attention op's [1, nh, L, hd] output).
+// out[i][h*hd + d] (by mode `bf`) = o[h][i][d] (f16, the attention op's [1, nh, L, hd] output).
 extern "C" __global__ void pf_attn_out(u64 o, u32 nh, u32 n, u32 hd, u64 out, u32 bf) {
     const u64 total = (u64)n * nh * hd;
     for (u64 e = (u64)blockIdx.x * blockDim.x + threadIdx.x; e < total;
          e += (u64)gridDim.x * blockDim.x) {
         const u32 d = (u32)(e % hd), h = (u32)((e / hd) % nh), i = (u32)(e / ((u64)hd * nh));
         f16 v = ((const f16*)o)[((u64)h * n + i) * hd + d];
-        ((unsigned short*)out)[e] = to_h(f16_to_f32(v), bf);
+        st_act(out, e, f16_to_f32(v), bf);
     }
 }
 
@@ -192,7 +214,7 @@ __device__ __forceinline__ float pf_gelu(float x) {
     return 0.5f * x * (1.0f + tanhf(c * (x + 0.044715f * x * x * x)));
 }
 
-// out[i][j] (16-bit) = act(gu[i][j]) * gu[i][ff + j]: gate and up products side by side.
+// out[i][j] (by mode `bf`) = act(gu[i][j]) * gu[i][ff + j]: gate and up products side by side.
 extern "C" __global__ void pf_glu(u64 gu, u32 n, u32 ff, u32 gelu, u64 out, u32 bf) {
     const u64 total = (u64)n * ff;
     for (u64 e = (u64)blockIdx.x * blockDim.x + threadIdx.x; e < total;
@@ -200,7 +222,7 @@ extern "C" __global__ void pf_glu(u64 gu, u32 n, u32 ff, u32 gelu, u64 out, u32 
         const u64 i = e / ff, j = e % ff;
         const float g = ((const float*)gu)[i * 2 * ff + j];
         const float u = ((const float*)gu)[i * 2 * ff + ff + j];
-        ((unsigned short*)out)[e] = to_h((gelu ? pf_gelu(g) : pf_silu(g)) * u, bf);
+        st_act(out, e, (gelu ? pf_gelu(g) : pf_silu(g)) * u, bf);
     }
 }
 

@@ -1,14 +1,17 @@
 //! Batched prefill (kernels in `prefill.cu`): a chunk of L prompt tokens at positions
 //! p0..p0+L through every layer at once. Per layer: RMS norm of the f32 residual rows into
-//! 16-bit rows; each weight matrix dequantized from its GGUF blocks into one 16-bit scratch
-//! matrix (Q, K and V side by side, gate and up side by side) and multiplied on tensor cores
-//! (cuBLASLt, f32 accumulation, f32 out); RoPE as the decode step, K and V rows written into
+//! operand rows; each weight matrix dequantized from its GGUF blocks into one operand scratch
+//! matrix (Q, K and V side by side, gate and up side by side) and multiplied by cuBLASLt
+//! (f32 accumulation, f32 out); RoPE as the decode step, K and V rows written into
 //! the f16 KV cache in place; the CUDA attention op (flash forward on tensor cores for head
 //! sizes 64/96/128) over the cache prefix [0, p0+L) with causal alignment; the output and down
 //! products accumulated onto the residual rows by the product itself.
 //!
-//! The 16-bit type is f16 (11-bit significands: closer to the CPU's f32 path), bf16 for
-//! Gemma-3 (activations beyond f16's range) or with `FERRITE_GPU_PREFILL_BF16=1`.
+//! The operand type: f32 for a model on f32 activations (`Precision::Exact`, the default up to
+//! 1 GiB of weights: its prompt then gives the decode steps' answers; no TF32), else 16-bit on
+//! tensor cores: f16 (11-bit significands), bf16 for Gemma-3 (activations beyond f16's range)
+//! or with `FERRITE_GPU_PREFILL_BF16=1`. The attention's q, k and v are f16 in every mode (the
+//! KV cache is f16).
 
 use ferrite_core::{DType, Tensor};
 use ferrite_cuda::{Buffer, CudaDevice, KernelArgs, KernelSource, LaunchConfig};
@@ -64,7 +67,7 @@ fn launch(dev: &CudaDevice, name: &str, cfg: LaunchConfig, args: KernelArgs) -> 
     dev.launch("llm prefill", &SOURCE, name, cfg, args).gpu()
 }
 
-/// Rows [r0, r0 + rows) of `mat` dequantized into 16-bit values (bf16 if `bf`, else f16),
+/// Rows [r0, r0 + rows) of `mat` dequantized into f16, bf16 or f32 values (`mode` 0, 1, 2),
 /// row-major, at device address `out` (room for rows x mat.cols values).
 pub(crate) fn dequant_rows(
     dev: &CudaDevice,
@@ -72,7 +75,7 @@ pub(crate) fn dequant_rows(
     r0: usize,
     rows: usize,
     out: u64,
-    bf: bool,
+    mode: u32,
 ) -> Result<()> {
     if r0 + rows > mat.rows {
         return Err(Error::Other(format!(
@@ -88,7 +91,7 @@ pub(crate) fn dequant_rows(
         .arg(mat.cols as u32)
         .arg(rows as u32)
         .arg(out)
-        .arg(bf as u32);
+        .arg(mode);
     // PFD_T = 128 units per block and round
     let blocks = (rows * mat.cols / 32)
         .div_ceil(128)
@@ -97,7 +100,7 @@ pub(crate) fn dequant_rows(
     launch(dev, "pf_dequant", cfg, args)
 }
 
-/// `out` (16-bit rows of nh * hd: bf16 if `bf`) = the attention op's f16 `[1, nh, n, hd]`
+/// `out` (rows of nh * hd: f16, bf16 or f32 by `mode` 0, 1, 2) = the attention op's f16 `[1, nh, n, hd]`
 /// output at `o` (`pf_attn_out`).
 pub(crate) fn attn_out(
     dev: &CudaDevice,
@@ -106,7 +109,7 @@ pub(crate) fn attn_out(
     n: u32,
     hd: u32,
     out: u64,
-    bf: bool,
+    mode: u32,
 ) -> Result<()> {
     let a = KernelArgs::new()
         .arg(o)
@@ -114,11 +117,11 @@ pub(crate) fn attn_out(
         .arg(n)
         .arg(hd)
         .arg(out)
-        .arg(bf as u32);
+        .arg(mode);
     launch(dev, "pf_attn_out", flat(dev, (n * nh * hd) as usize), a)
 }
 
-/// `out` (16-bit rows of ff: bf16 if `bf`) = act(gate) * up of `n` f32 rows of `2 * ff`
+/// `out` (rows of ff: f16, bf16 or f32 by `mode` 0, 1, 2) = act(gate) * up of `n` f32 rows of `2 * ff`
 /// (gate | up side by side) at `gu`; tanh-GELU if `gelu`, else SiLU (`pf_glu`).
 pub(crate) fn glu(
     dev: &CudaDevice,
@@ -127,7 +130,7 @@ pub(crate) fn glu(
     ff: u32,
     gelu: bool,
     out: u64,
-    bf: bool,
+    mode: u32,
 ) -> Result<()> {
     let a = KernelArgs::new()
         .arg(gu)
@@ -135,7 +138,7 @@ pub(crate) fn glu(
         .arg(ff)
         .arg(gelu as u32)
         .arg(out)
-        .arg(bf as u32);
+        .arg(mode);
     launch(dev, "pf_glu", flat(dev, n as usize * ff as usize), a)
 }
 
@@ -156,13 +159,13 @@ pub(crate) struct Prefill {
     tokens: Buffer,
     /// f32 [chunk][d]: the residual stream.
     pub x: Buffer,
-    /// 16-bit [chunk][max(d, nh*hd, ff)]: product inputs.
+    /// Operand rows [chunk][max(d, nh*hd, ff)] (`dt`): product inputs.
     h: Buffer,
     /// f32 [chunk][max(qkv, 2 ff, d)]: product outputs.
     y: Buffer,
     /// f16 [chunk][nh][hd]: rotated queries.
     q: Buffer,
-    /// 16-bit dequantized weights.
+    /// Dequantized weights (`dt`).
     w: Buffer,
     w_elems: usize,
     /// f32 [chunk][vocab] (all-position logits; allocated on first use).
@@ -174,8 +177,19 @@ impl Prefill {
         let dev = &m.dev;
         let c = &m.cfg;
         let (d, hd, nh, nkv, ff) = (c.d_model, c.head_dim, c.n_head, c.n_kv_head, c.n_ff);
+        // A model on f32 activations (exact precision: the default up to 1 GiB of weights)
+        // keeps them in its prompt's products too, so its answers are the decode steps'
+        // (16-bit operands flipped Gemma-3's near ties); otherwise 16-bit operands: bf16 for
+        // Gemma-3 (activations beyond f16's range).
         let bf = c.arch == Arch::Gemma3 || crate::env::flag_or("FERRITE_GPU_PREFILL_BF16", false);
-        let dt = if bf { DType::BF16 } else { DType::F16 };
+        let dt = if m.precision == crate::Precision::Exact {
+            DType::F32
+        } else if bf {
+            DType::BF16
+        } else {
+            DType::F16
+        };
+        let es = dt.size_in_bytes();
         let qkv = (nh + 2 * nkv) * hd;
         let w_elems = m
             .layers
@@ -196,19 +210,24 @@ impl Prefill {
             dt,
             tokens: zeros(dev, chunk * 4, "llm prefill")?,
             x: zeros(dev, chunk * d * 4, "llm prefill")?,
-            h: zeros(dev, chunk * d.max(nh * hd).max(ff) * 2, "llm prefill")?,
+            h: zeros(dev, chunk * d.max(nh * hd).max(ff) * es, "llm prefill")?,
             y: zeros(dev, chunk * qkv.max(2 * ff).max(d) * 4, "llm prefill")?,
             q: zeros(dev, chunk * nh * hd * 2, "llm prefill")?,
             w: dev
-                .alloc_bytes(w_elems * 2 + 64, "llm prefill weights")
+                .alloc_bytes(w_elems * es + 64, "llm prefill weights")
                 .gpu()?,
             w_elems,
             logits: None,
         })
     }
 
+    /// The operand mode of the prefill kernels: f16 (0), bf16 (1), f32 (2).
     fn bf(&self) -> u32 {
-        (self.dt == DType::BF16) as u32
+        match self.dt {
+            DType::BF16 => 1,
+            DType::F32 => 2,
+            _ => 0,
+        }
     }
 
     /// Rows [0, rows) of `mat` from row `r0` into the scratch from row `at` (`mat.cols` wide).
@@ -228,8 +247,8 @@ impl Prefill {
             mat,
             r0,
             rows,
-            self.w.ptr() + (at * mat.cols * 2) as u64,
-            self.bf() != 0,
+            self.w.ptr() + (at * mat.cols * self.dt.size_in_bytes()) as u64,
+            self.bf(),
         )
     }
 
@@ -418,7 +437,7 @@ impl Prefill {
                 n as u32,
                 hd as u32,
                 self.h.ptr(),
-                self.bf() != 0,
+                self.bf(),
             )?;
             drop(o);
             self.dequant(dev, &l.wo, 0, l.wo.rows, 0)?;
@@ -441,7 +460,7 @@ impl Prefill {
                 ff as u32,
                 c.arch == Arch::Gemma3,
                 self.h.ptr(),
-                self.bf() != 0,
+                self.bf(),
             )?;
             self.dequant(dev, &l.w_down, 0, d, 0)?;
             match &l.post_ffn_norm {

@@ -630,7 +630,7 @@ impl<'g> CudaKernels<'g> {
             let mut r = 0;
             for &(w, _, _) in &segs[i..j] {
                 let at = w16.ptr() + (r * w.cols * 2) as u64;
-                crate::gpu::prefill::dequant_rows(&self.dev, w, 0, w.rows, at, self.bf)?;
+                crate::gpu::prefill::dequant_rows(&self.dev, w, 0, w.rows, at, u32::from(self.bf))?;
                 r += w.rows;
             }
             self.dev
