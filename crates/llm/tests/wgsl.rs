@@ -2,6 +2,7 @@
 //! format's product variant) passes naga's validation and translates to Metal Shading
 //! Language and SPIR-V. Needs no adapter: it runs in CI, where nothing can run Metal.
 
+use ferrite_testing::wgsl::dynamic_array_value_accesses;
 #[test]
 fn every_llm_shader_validates_and_translates_to_msl_and_spirv() {
     let sources = ferrite_llm::model::wgpu::shader_sources();
@@ -74,34 +75,6 @@ fn every_llm_shader_validates_and_translates_to_msl_and_spirv() {
         sources.len(),
         failures.join("\n")
     );
-}
-
-/// Array *values* indexed with a dynamic index, as `function: expression` lines. naga's SPIR-V
-/// backend spills such a value to a function variable and stores the whole array again at
-/// every access (`spill_to_internal_variable`); a per-value array returned by a function and
-/// indexed in a loop made every product 1,024 local stores per weight unit and row on the
-/// NVIDIA Vulkan driver. Arrays behind a pointer (`var`, workgroup, storage) are fine.
-fn dynamic_array_value_accesses(
-    module: &naga::Module,
-    info: &naga::valid::ModuleInfo,
-) -> Vec<String> {
-    let mut out = Vec::new();
-    let mut check = |name: &str, f: &naga::Function, fi: &naga::valid::FunctionInfo| {
-        for (h, e) in f.expressions.iter() {
-            if let naga::Expression::Access { base, .. } = *e {
-                if let naga::TypeInner::Array { .. } = fi[base].ty.inner_with(&module.types) {
-                    out.push(format!("{name}: {e:?} (expression {h:?})"));
-                }
-            }
-        }
-    };
-    for (h, f) in module.functions.iter() {
-        check(f.name.as_deref().unwrap_or("?"), f, &info[h]);
-    }
-    for (i, ep) in module.entry_points.iter().enumerate() {
-        check(&ep.name, &ep.function, info.get_entry_point(i));
-    }
-    out
 }
 
 #[test]

@@ -15,6 +15,7 @@ pub mod reference;
 pub mod runner;
 pub mod torch_layers;
 pub mod torch_reference;
+pub mod wgsl;
 
 pub use cases::cases;
 use ferrite_core::{DType, Device, HostBuffer, Result, Tensor};

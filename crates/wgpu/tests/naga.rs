@@ -1,6 +1,7 @@
 //! Every WGSL variant the backend can compile passes naga's validation and translates to Metal
 //! Shading Language and SPIR-V. Needs no adapter: it runs in CI, where nothing can run Metal.
 
+use ferrite_testing::wgsl::dynamic_array_value_accesses;
 #[test]
 fn every_shader_validates_and_translates_to_msl_and_spirv() {
     let sources = ferrite_wgpu::all_shader_sources().expect("shader sources");
@@ -73,30 +74,4 @@ fn every_shader_validates_and_translates_to_msl_and_spirv() {
         sources.len(),
         failures.join("\n")
     );
-}
-
-/// Array *values* indexed with a dynamic index (`function: expression`): naga's SPIR-V backend
-/// stores the whole array to a temporary at every such access, which the NVIDIA Vulkan driver
-/// keeps (see the LLM kernel set's `wgsl` test); arrays behind a pointer are fine.
-fn dynamic_array_value_accesses(
-    module: &naga::Module,
-    info: &naga::valid::ModuleInfo,
-) -> Vec<String> {
-    let mut out = Vec::new();
-    let mut check = |name: &str, f: &naga::Function, fi: &naga::valid::FunctionInfo| {
-        for (h, e) in f.expressions.iter() {
-            if let naga::Expression::Access { base, .. } = *e {
-                if let naga::TypeInner::Array { .. } = fi[base].ty.inner_with(&module.types) {
-                    out.push(format!("{name}: {e:?} (expression {h:?})"));
-                }
-            }
-        }
-    };
-    for (h, f) in module.functions.iter() {
-        check(f.name.as_deref().unwrap_or("?"), f, &info[h]);
-    }
-    for (i, ep) in module.entry_points.iter().enumerate() {
-        check(&ep.name, &ep.function, info.get_entry_point(i));
-    }
-    out
 }
