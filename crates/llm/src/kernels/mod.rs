@@ -103,6 +103,31 @@ impl Isa {
     }
 }
 
+/// The contract of a tile product (`dot_*_tile`): every activation row (`hi`, and `lo` for
+/// q8x2) holds the same number of blocks, every weight row at least that many blocks of
+/// `block_bytes`, and the tile is at most 4 x 4 rows.
+///
+/// # Panics
+/// Where the rows break that contract (a caller's bug: `matmul` sizes them), naming `op`.
+pub(crate) fn check_tile<const R: usize, const K: usize>(
+    op: &str,
+    block_bytes: usize,
+    w: &[&[u8]; R],
+    hi: &[&[BlockQ8]; K],
+    lo: Option<&[&[BlockQ8]; K]>,
+) {
+    let nb = hi.first().map_or(0, |h| h.len());
+    assert!(
+        hi.iter()
+            .chain(lo.into_iter().flatten())
+            .all(|x| x.len() == nb)
+            && w.iter().all(|r| r.len() >= nb * block_bytes)
+            && R <= 4
+            && K <= 4,
+        "{op}: activation rows of unequal length, a short weight row, R > 4 or K > 4"
+    );
+}
+
 /// The little-endian f16 at byte `off` of `b`, as f32.
 #[inline]
 pub fn f16_at(b: &[u8], off: usize) -> f32 {

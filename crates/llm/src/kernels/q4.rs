@@ -163,14 +163,7 @@ pub fn dot_q4_1_tile<const R: usize, const K: usize>(
     hi: [&[BlockQ8]; K],
     lo: Option<[&[BlockQ8]; K]>,
 ) -> [[f32; K]; R] {
-    let nb = hi.first().map_or(0, |h| h.len());
-    assert!(
-        hi.iter().chain(lo.iter().flatten()).all(|x| x.len() == nb)
-            && w.iter().all(|r| r.len() >= nb * Q4_1_BYTES)
-            && R <= 4
-            && K <= 4,
-        "dot_q4_1_tile: activation rows of unequal length, a short weight row, R > 4 or K > 4"
-    );
+    super::check_tile("dot_q4_1_tile", Q4_1_BYTES, &w, &hi, lo.as_ref());
     #[cfg(target_arch = "x86_64")]
     if isa == Isa::Avx512 {
         // SAFETY: Isa::Avx512 is only produced after runtime detection of avx512f/bw/vl/vnni,

@@ -79,13 +79,7 @@ pub fn dot_q8_0_tile<const R: usize, const K: usize>(
     hi: [&[BlockQ8]; K],
     lo: Option<[&[BlockQ8]; K]>,
 ) -> [[f32; K]; R] {
-    let nb = hi.first().map_or(0, |h| h.len());
-    assert!(
-        hi.iter().chain(lo.iter().flatten()).all(|x| x.len() == nb)
-            && w.iter().all(|r| r.len() >= nb * Q8_0_BYTES)
-            && K <= 4,
-        "dot_q8_0_tile: activation rows of unequal length, a short weight row or K > 4"
-    );
+    super::check_tile("dot_q8_0_tile", Q8_0_BYTES, &w, &hi, lo.as_ref());
     #[cfg(target_arch = "x86_64")]
     if isa == Isa::Avx512 {
         // SAFETY: Isa::Avx512 is only produced after runtime detection of avx512f/bw/vl/vnni,
