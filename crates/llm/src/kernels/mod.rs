@@ -626,6 +626,71 @@ fn dot_row_x2(isa: Isa, w: &QMat<'_>, r: usize, hi: &[BlockQ8], lo: &[BlockQ8]) 
     }
 }
 
+/// The tile test of a format (`dot_*_tile`): for each block count in `nbs`, four q8x2
+/// activation rows (seeded from `act_seed`) and four weight rows of `block` bytes with f16
+/// scales at `scales` (seeded from `w_seed`); on every instruction set, q8 and q8x2, the 4x4,
+/// 1x4 and 4x1 tiles give each (weight row, activation row) the 1x1 tile's bits, the 1x1 tile
+/// gives the one-row kernel's (`direct(isa, w, hi, lo)`, where given), and it stays within
+/// rounding of the scalar reference (`scalar(w, acts)`, summed over hi and lo).
+#[cfg(test)]
+macro_rules! check_tiles {
+    (tile: $tile:path, block: $block:expr, scales: $scales:expr, nbs: $nbs:expr,
+     seeds: ($act_seed:expr, $w_seed:expr), scalar: $scalar:expr $(, direct: $direct:expr)?) => {{
+        use crate::kernels::q8::{quantize_q8x2, BlockQ8};
+        use crate::kernels::test_util::{rand_blocks, rand_f32};
+        use crate::kernels::Isa;
+        for nb in $nbs {
+            let (mut hi, mut lo) = (Vec::new(), Vec::new());
+            for k in 0..4u64 {
+                let x = rand_f32(nb * 32, $act_seed + k + nb as u64);
+                let (mut h, mut l) = (vec![BlockQ8::default(); nb], vec![BlockQ8::default(); nb]);
+                quantize_q8x2(&x, &mut h, &mut l);
+                hi.push(h);
+                lo.push(l);
+            }
+            let ws: Vec<Vec<u8>> = (0..4)
+                .map(|k| rand_blocks(nb, $block, $scales, $w_seed + k + nb as u64))
+                .collect();
+            let w4 = [&ws[0][..], &ws[1], &ws[2], &ws[3]];
+            let h4 = [&hi[0][..], &hi[1], &hi[2], &hi[3]];
+            let l4 = [&lo[0][..], &lo[1], &lo[2], &lo[3]];
+            for isa in Isa::available() {
+                for x2 in [false, true] {
+                    let l = x2.then_some(l4);
+                    let t44 = $tile(isa, w4, h4, l);
+                    let t41 = $tile(isa, w4, [h4[2]], l.map(|l| [l[2]]));
+                    for r in 0..4 {
+                        let [t14] = $tile(isa, [w4[r]], h4, l);
+                        for k in 0..4 {
+                            let [[one]] = $tile(isa, [w4[r]], [h4[k]], l.map(|l| [l[k]]));
+                            let what = format!("{isa:?} x2={x2} nb={nb} r={r} k={k}");
+                            $(
+                                let direct: f32 = $direct(isa, w4[r], h4[k], x2.then_some(l4[k]));
+                                assert_eq!(one.to_bits(), direct.to_bits(), "1x1 {what}");
+                            )?
+                            assert_eq!(t44[r][k].to_bits(), one.to_bits(), "4x4 {what}");
+                            assert_eq!(t14[k].to_bits(), one.to_bits(), "1x4 {what}");
+                            if k == 2 {
+                                assert_eq!(t41[r][0].to_bits(), one.to_bits(), "4x1 {what}");
+                            }
+                            let mut want: f32 = $scalar(w4[r], h4[k]);
+                            if x2 {
+                                want += $scalar(w4[r], l4[k]);
+                            }
+                            assert!(
+                                (one - want).abs() <= 1e-4 * (1.0 + want.abs()),
+                                "{what}: {one} vs {want}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }};
+}
+#[cfg(test)]
+pub(crate) use check_tiles;
+
 #[cfg(test)]
 pub(crate) mod test_util {
     use super::q8::{quantize_q8, BlockQ8};

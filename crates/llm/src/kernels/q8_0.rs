@@ -481,56 +481,18 @@ mod tests {
     /// the AVX-512 kernels' lone last block.
     #[test]
     fn tiles_agree_bit_for_bit_and_match_scalar() {
-        use crate::kernels::q8::quantize_q8x2;
-        for nb in [1usize, 2, 3, 18, 33, 48] {
-            let (mut hi, mut lo) = (Vec::new(), Vec::new());
-            for k in 0..4u64 {
-                let x = crate::kernels::test_util::rand_f32(nb * 32, 130 + k + nb as u64);
-                let (mut h, mut l) = (vec![BlockQ8::default(); nb], vec![BlockQ8::default(); nb]);
-                quantize_q8x2(&x, &mut h, &mut l);
-                hi.push(h);
-                lo.push(l);
+        crate::kernels::check_tiles!(
+            tile: dot_q8_0_tile,
+            block: Q8_0_BYTES,
+            scales: &[0],
+            nbs: [1usize, 2, 3, 18, 33, 48],
+            seeds: (130, 140),
+            scalar: dot_q8_0_scalar,
+            direct: |isa, w, h, l: Option<&[BlockQ8]>| match l {
+                Some(l) => dot_q8_0_x2(isa, w, h, l),
+                None => dot_q8_0(isa, w, h),
             }
-            let ws: Vec<Vec<u8>> = (0..4)
-                .map(|k| rand_blocks(nb, Q8_0_BYTES, &[0], 140 + k + nb as u64))
-                .collect();
-            let w4 = [&ws[0][..], &ws[1], &ws[2], &ws[3]];
-            let h4 = [&hi[0][..], &hi[1], &hi[2], &hi[3]];
-            let l4 = [&lo[0][..], &lo[1], &lo[2], &lo[3]];
-            for isa in Isa::available() {
-                for x2 in [false, true] {
-                    let l = x2.then_some(l4);
-                    let t44 = dot_q8_0_tile(isa, w4, h4, l);
-                    let t41 = dot_q8_0_tile(isa, w4, [h4[2]], l.map(|l| [l[2]]));
-                    for r in 0..4 {
-                        let [t14] = dot_q8_0_tile(isa, [w4[r]], h4, l);
-                        for k in 0..4 {
-                            let [[one]] = dot_q8_0_tile(isa, [w4[r]], [h4[k]], l.map(|l| [l[k]]));
-                            let direct = if x2 {
-                                dot_q8_0_x2(isa, w4[r], h4[k], l4[k])
-                            } else {
-                                dot_q8_0(isa, w4[r], h4[k])
-                            };
-                            let what = format!("{isa:?} x2={x2} nb={nb} r={r} k={k}");
-                            assert_eq!(one.to_bits(), direct.to_bits(), "1x1 {what}");
-                            assert_eq!(t44[r][k].to_bits(), one.to_bits(), "4x4 {what}");
-                            assert_eq!(t14[k].to_bits(), one.to_bits(), "1x4 {what}");
-                            if k == 2 {
-                                assert_eq!(t41[r][0].to_bits(), one.to_bits(), "4x1 {what}");
-                            }
-                            let mut want = dot_q8_0_scalar(w4[r], h4[k]);
-                            if x2 {
-                                want += dot_q8_0_scalar(w4[r], l4[k]);
-                            }
-                            assert!(
-                                (one - want).abs() <= 1e-4 * (1.0 + want.abs()),
-                                "{what}: {one} vs {want}"
-                            );
-                        }
-                    }
-                }
-            }
-        }
+        );
     }
 
     #[test]
