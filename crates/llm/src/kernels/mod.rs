@@ -18,6 +18,7 @@
 
 pub mod float;
 pub mod k_quants;
+pub mod packed;
 pub mod q4;
 pub mod q5;
 pub mod q8;
@@ -317,6 +318,9 @@ pub struct QMat<'a> {
     pub cols: usize,
     pub data: &'a [u8],
     row_bytes: usize,
+    /// The whole 16-row groups in the layout of [`packed`] (used on AVX-512 with 8-bit
+    /// activations), where the owner made one.
+    packed: Option<&'a [u8]>,
 }
 
 impl<'a> QMat<'a> {
@@ -345,7 +349,30 @@ impl<'a> QMat<'a> {
             cols,
             data,
             row_bytes,
+            packed: None,
         })
+    }
+
+    /// This matrix with its whole 16-row groups also in the [`packed`] layout (what
+    /// [`packed::pack`] made of `data`).
+    ///
+    /// # Panics
+    /// Where `packed` is not that size for this matrix.
+    pub fn with_packed(self, packed: &'a [u8]) -> QMat<'a> {
+        let unit = packed::unit_bytes(self.ty).unwrap_or(0);
+        assert_eq!(
+            packed.len(),
+            self.rows / packed::ROWS * (self.cols / 32) * unit,
+            "QMat::with_packed: {} bytes for a {}x{} {}",
+            packed.len(),
+            self.rows,
+            self.cols,
+            self.ty
+        );
+        QMat {
+            packed: Some(packed),
+            ..self
+        }
     }
 
     pub fn row(&self, r: usize) -> &'a [u8] {
@@ -367,8 +394,21 @@ pub struct Acts {
     cols: usize,
     q8: Vec<BlockQ8>,
     q8_lo: Vec<BlockQ8>,
+    /// The sum of each block's `qs` in `q8` and `q8_lo` (the packed Q8_0 kernel's correction).
+    sums: Vec<i32>,
+    sums_lo: Vec<i32>,
     f32: Vec<f32>,
     has: [bool; 3],
+}
+
+/// The sum of each block's `qs`.
+fn block_sums(blocks: &[BlockQ8], out: &mut Vec<i32>) {
+    out.clear();
+    out.extend(
+        blocks
+            .iter()
+            .map(|b| b.qs.iter().map(|&q| q as i32).sum::<i32>()),
+    );
 }
 
 impl Acts {
@@ -392,6 +432,7 @@ impl Acts {
                     );
                     self.q8.resize(t * cols / 32, BlockQ8::default());
                     q8::quantize_q8(x, &mut self.q8);
+                    block_sums(&self.q8, &mut self.sums);
                 }
                 ActFormat::Q8x2 => {
                     assert_eq!(
@@ -402,6 +443,8 @@ impl Acts {
                     self.q8.resize(t * cols / 32, BlockQ8::default());
                     self.q8_lo.resize(t * cols / 32, BlockQ8::default());
                     q8::quantize_q8x2(x, &mut self.q8, &mut self.q8_lo);
+                    block_sums(&self.q8, &mut self.sums);
+                    block_sums(&self.q8_lo, &mut self.sums_lo);
                     // The hi half is plain Q8 of x.
                     self.has[ActFormat::Q8 as usize] = true;
                 }
@@ -418,6 +461,11 @@ impl Acts {
         self.t
     }
 }
+
+/// Row chunks per thread of a product. Few: a decode step's products are memory-bound and
+/// short (a few microseconds), and every claimed chunk costs two cross-core atomics; at 8
+/// per thread SmolLM2 decoded 379-389 tok/s on 2 threads against 412 at 2 (AVX-512 host).
+const CHUNKS: usize = 2;
 
 /// Output pointer shared by the row-chunk tasks of one product.
 #[derive(Clone, Copy)]
@@ -460,15 +508,17 @@ pub fn matmul(isa: Isa, acts: &Acts, ops: &mut [MatOut<'_, '_>]) {
     let total_rows: usize = ops.iter().map(|o| o.w.rows).sum();
     let pool = crate::pool::Pool::global();
     let threads = pool.threads();
-    // Chunks: enough for load balance (8 per thread), at least 16 rows, and for big batches
+    // Chunks: `CHUNKS` per thread, at least 16 rows, and for big batches
     // small enough that a chunk's weights stay in L2 while every activation row passes.
     let row_bytes = ops.first().map_or(1, |o| o.w.row_bytes.max(1));
-    let mut chunk = total_rows.div_ceil(threads * 8).max(16);
+    let mut chunk = total_rows.div_ceil(threads * CHUNKS).max(16);
     if t > 1 {
         chunk = chunk.min((128 * 1024 / row_bytes).max(4));
     }
-    // Whole tiles of four weight rows (Q4_1, Q5_0, Q8_0) in every chunk but a matrix's last.
-    let chunk = chunk.next_multiple_of(4);
+    // Whole tiles of four weight rows (Q4_1, Q5_0, Q8_0), or whole groups of 16 where a
+    // matrix is packed, in every chunk but a matrix's last.
+    let any_packed = isa == Isa::Avx512 && ops.iter().any(|o| o.w.packed.is_some());
+    let chunk = chunk.next_multiple_of(if any_packed { packed::ROWS } else { 4 });
     let mut tasks: Vec<(usize, usize, usize)> = Vec::new();
     for (k, op) in ops.iter().enumerate() {
         let mut r = 0;
@@ -501,6 +551,17 @@ pub fn matmul(isa: Isa, acts: &Acts, ops: &mut [MatOut<'_, '_>]) {
         let nb = w.cols / 32;
         let a = |ti: usize| &acts.q8[ti * nb..(ti + 1) * nb];
         let lo = |ti: usize| &acts.q8_lo[ti * nb..(ti + 1) * nb];
+        let mut r0 = r0;
+        if let (Some(p), true) = (w.packed, isa == Isa::Avx512) {
+            let end = r1.min(w.rows / packed::ROWS * packed::ROWS);
+            if r0 < end {
+                groups(isa, w, p, acts, x2, r0, end, out);
+                r0 = end;
+            }
+        }
+        if r0 == r1 {
+            return;
+        }
         if matches!(w.ty, GgmlType::Q4_1 | GgmlType::Q8_0 | GgmlType::Q5_0) {
             tiles(isa, w, x2, r0, r1, t, &a, &lo, out);
             return;
@@ -521,6 +582,71 @@ pub fn matmul(isa: Isa, acts: &Acts, ops: &mut [MatOut<'_, '_>]) {
         tasks.iter().for_each(run);
     } else {
         pool.run(tasks.len(), &|i| run(&tasks[i]));
+    }
+}
+
+/// Rows `r0..r1` (whole groups: `r0` and `r1` multiples of 16) of a product whose weight
+/// is packed (`p`, [`packed`]), for all activation rows, four at a time.
+#[allow(clippy::too_many_arguments)]
+fn groups(
+    isa: Isa,
+    w: &QMat<'_>,
+    p: &[u8],
+    acts: &Acts,
+    x2: bool,
+    r0: usize,
+    r1: usize,
+    out: OutPtr,
+) {
+    let nb = w.cols / 32;
+    let unit = packed::unit_bytes(w.ty).unwrap_or(0) * nb;
+    fn row<T>(v: &[T], ti: usize, nb: usize) -> &[T] {
+        &v[ti * nb..(ti + 1) * nb]
+    }
+    fn run<const K: usize>(
+        isa: Isa,
+        w: &QMat<'_>,
+        units: &[u8],
+        hi: [&[BlockQ8]; K],
+        lo: Option<[&[BlockQ8]; K]>,
+        s: [&[i32]; K],
+        sl: Option<[&[i32]; K]>,
+    ) -> [[f32; packed::ROWS]; K] {
+        packed::group(isa, w.ty, units, hi, lo, s, sl)
+    }
+    let store = |ti: usize, r: usize, v: &[f32; packed::ROWS]| {
+        // SAFETY: (ti, r..r + 16) is inside the t x rows output, and these rows belong to
+        // this task only (the caller's contract), so no other task writes these elements.
+        unsafe {
+            std::ptr::copy_nonoverlapping(v.as_ptr(), out.0.add(ti * w.rows + r), packed::ROWS)
+        };
+    };
+    let t = acts.t;
+    let mut t0 = 0;
+    while t0 < t {
+        let kn = (t - t0).min(4);
+        for r in (r0..r1).step_by(packed::ROWS) {
+            let units = &p[r / packed::ROWS * unit..][..unit];
+            macro_rules! k {
+                ($k:literal) => {{
+                    let hi: [&[BlockQ8]; $k] = std::array::from_fn(|k| row(&acts.q8, t0 + k, nb));
+                    let s: [&[i32]; $k] = std::array::from_fn(|k| row(&acts.sums, t0 + k, nb));
+                    let lo = x2.then(|| std::array::from_fn(|k| row(&acts.q8_lo, t0 + k, nb)));
+                    let sl = x2.then(|| std::array::from_fn(|k| row(&acts.sums_lo, t0 + k, nb)));
+                    let v = run::<$k>(isa, w, units, hi, lo, s, sl);
+                    for (k, v) in v.iter().enumerate() {
+                        store(t0 + k, r, v);
+                    }
+                }};
+            }
+            match kn {
+                1 => k!(1),
+                2 => k!(2),
+                3 => k!(3),
+                _ => k!(4),
+            }
+        }
+        t0 += kn;
     }
 }
 
@@ -742,7 +868,8 @@ mod tests {
     use super::*;
 
     /// The parallel, fused product against a plain dequantize-then-dot loop, for every
-    /// supported format, odd row counts and batches of 1, 3 and 33 rows.
+    /// supported format, odd row counts and batches of 1, 3 and 33 rows; Q4_1 and Q8_0 also
+    /// with their packed groups (rows past the last whole group on the tile kernels).
     #[test]
     fn matmul_matches_dequantized_reference() {
         for ty in [
@@ -758,10 +885,23 @@ mod tests {
             GgmlType::Q5_K,
         ] {
             let cols = 512;
-            for (rows, t) in [(1usize, 1usize), (31, 3), (45, 33), (97, 1)] {
+            for (rows, t, pack) in [
+                (1usize, 1usize, false),
+                (31, 3, false),
+                (45, 33, false),
+                (97, 1, false),
+                (45, 33, true),
+                (97, 1, true),
+                (64, 6, true),
+            ] {
                 let wf = rand_f32(rows * cols, rows as u64);
                 let data = ferrite_gguf::quant::quantize_to_vec(ty, &wf).unwrap();
                 let w = QMat::new(ty, rows, cols, &data).unwrap();
+                let packed = pack.then(|| packed::pack(ty, rows, cols, &data)).flatten();
+                if pack && packed.is_none() {
+                    continue;
+                }
+                let w = packed.as_deref().map_or(w, |p| w.with_packed(p));
                 let x = rand_f32(t * cols, 7 + t as u64);
                 let mut acts = Acts::default();
                 acts.quantize(&x, t, cols, &[ActFormat::for_weight(ty)]);
@@ -787,13 +927,13 @@ mod tests {
                             let tol = l1 * amax / 254.0 * 1.01 + 1e-3 * (1.0 + want.abs());
                             assert!(
                                 (got - want).abs() <= tol,
-                                "{ty} {isa:?} rows={rows} t={t} r={r}: {got} vs {want}"
+                                "{ty} {isa:?} rows={rows} t={t} pack={pack} r={r}: {got} vs {want}"
                             );
                             let got2 = out2[ti * rows + r];
                             let tol2 = l1 * amax / 254.0 / 254.0 * 1.01 + 1e-3 * (1.0 + want.abs());
                             assert!(
                                 (got2 - want).abs() <= tol2,
-                                "q8x2 {ty} {isa:?} r={r}: {got2} vs {want}"
+                                "q8x2 {ty} {isa:?} rows={rows} pack={pack} r={r}: {got2} vs {want}"
                             );
                         }
                     }

@@ -124,7 +124,7 @@ impl<'m> CpuKernels<'m> {
             Mat::Up(il) => (&ls[il].w_up, None),
             Mat::Down(il) => (&ls[il].w_down, None),
         };
-        (m.mat(w), b)
+        (m.product_mat(w), b)
     }
 }
 
@@ -392,7 +392,7 @@ impl CpuKernels<'_> {
         }
         let xo = &mut self.xb[..n * d];
         rms_norm_rows(&gathered, xo, &m.output_norm, d, m.cfg.eps);
-        let wout = m.mat(&m.output);
+        let wout = m.product_mat(&m.output);
         self.acts
             .quantize(xo, n, d, &m.formats(&[&wout], m.plan().output));
         kernels::matmul(

@@ -29,6 +29,23 @@ struct Weight {
     info: TensorInfo,
     rows: usize,
     cols: usize,
+    /// The CPU products' interleaved copy ([`kernels::packed`]), made at first use.
+    packed: Packed,
+}
+
+/// A weight's packed copy: empty until the CPU first multiplies by it, then the packed
+/// bytes, or `None` where the weight has no packed form or the CPU cannot use one.
+#[derive(Clone, Default)]
+struct Packed(std::sync::OnceLock<Option<Box<[u8]>>>);
+
+impl std::fmt::Debug for Packed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0.get() {
+            Some(Some(p)) => write!(f, "Packed({} bytes)", p.len()),
+            Some(None) => f.write_str("Packed(none)"),
+            None => f.write_str("Packed(not yet)"),
+        }
+    }
 }
 
 struct Layer {
@@ -326,6 +343,22 @@ impl Model {
             .unwrap_or_else(|e| unreachable!("weight {} validated at load: {e}", w.info.name))
     }
 
+    /// `mat(w)` for a CPU product: with its packed copy on AVX-512 (made by the first call,
+    /// once per weight; `kernels::packed`).
+    fn product_mat<'s>(&'s self, w: &'s Weight) -> QMat<'s> {
+        let q = self.mat(w);
+        let packed = w.packed.0.get_or_init(|| {
+            (self.isa == Isa::Avx512)
+                .then(|| kernels::packed::pack(q.ty, q.rows, q.cols, q.data))
+                .flatten()
+                .map(Vec::into_boxed_slice)
+        });
+        match packed {
+            Some(p) => q.with_packed(p),
+            None => q,
+        }
+    }
+
     /// Embedding of `token` into `out` (d_model long), times the embedding scale.
     fn embed(&self, token: u32, out: &mut [f32]) -> Result<()> {
         let id = token as usize;
@@ -404,6 +437,7 @@ fn weight(f: &GgufFile, name: &str, rows: Option<usize>, cols: Option<usize>) ->
         info: info.clone(),
         rows: r,
         cols: c,
+        packed: Packed::default(),
     })
 }
 
