@@ -402,6 +402,38 @@ impl GgufFile {
             .unwrap_or(&[])
     }
 
+    /// Drops this process's resident pages of the tensor's bytes, for a caller that keeps
+    /// the tensor in another layout: a hint (`MADV_DONTNEED`); the file stays mapped and a
+    /// later read faults the pages back in from the page cache, with the same bytes. Pages
+    /// shared with neighbouring tensors go too (they come back the same way). No-op for a
+    /// file read into memory and off Unix.
+    pub fn release(&self, info: &TensorInfo) {
+        #[cfg(unix)]
+        if let Some(Shard {
+            storage: Storage::Mmap(map),
+            ..
+        }) = self.shards.get(info.shard)
+        {
+            let data = self.tensor_data(info);
+            let offset = (data.as_ptr() as usize).wrapping_sub(map.as_ptr() as usize);
+            if !data.is_empty() && offset + data.len() <= map.len() {
+                // SAFETY: the map is a read-only shared mapping of a file that is not
+                // modified while open (the same assumption as `open`): the pages dropped
+                // here read back with the same bytes, so outstanding borrows still see
+                // what they saw. The range lies inside the map (checked above).
+                let _ = unsafe {
+                    map.unchecked_advise_range(
+                        memmap2::UncheckedAdvice::DontNeed,
+                        offset,
+                        data.len(),
+                    )
+                };
+            }
+        }
+        #[cfg(not(unix))]
+        let _ = info;
+    }
+
     /// The named tensor dequantized to f32 (`n_elements` values, GGUF order). Errors name
     /// the tensor: missing, or `unsupported tensor type IQ2_XXS in tensor X`.
     pub fn tensor_f32(&self, name: &str) -> Result<Vec<f32>> {

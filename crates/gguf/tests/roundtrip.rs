@@ -155,6 +155,15 @@ fn written_file_opens_through_mmap() {
     for (t, (_, _, _, data)) in f.tensors().iter().zip(&tensors) {
         assert_eq!(f.tensor_data(t), &data[..]);
     }
+    // Released pages read back with the same bytes, through slices taken before too.
+    let before: Vec<&[u8]> = f.tensors().iter().map(|t| f.tensor_data(t)).collect();
+    for t in f.tensors() {
+        f.release(t);
+    }
+    for ((t, (_, _, _, data)), b) in f.tensors().iter().zip(&tensors).zip(before) {
+        assert_eq!(f.tensor_data(t), &data[..]);
+        assert_eq!(b, &data[..]);
+    }
     let e = GgufFile::open(dir.join("missing.gguf"))
         .unwrap_err()
         .to_string();

@@ -348,10 +348,16 @@ impl Model {
     fn product_mat<'s>(&'s self, w: &'s Weight) -> QMat<'s> {
         let q = self.mat(w);
         let packed = w.packed.0.get_or_init(|| {
-            (self.isa == Isa::Avx512)
+            let p = (self.isa == Isa::Avx512)
                 .then(|| kernels::packed::pack(q.ty, q.rows, q.cols, q.data))
-                .flatten()
-                .map(Vec::into_boxed_slice)
+                .flatten()?;
+            // Every row is in the copy: the file's pages of this weight are not read again
+            // by the products (the f32 path of `exact` and embedding lookups fault back in
+            // what they read).
+            if q.rows % kernels::packed::ROWS == 0 {
+                self.file.release(&w.info);
+            }
+            Some(p.into_boxed_slice())
         });
         match packed {
             Some(p) => q.with_packed(p),
