@@ -4,6 +4,18 @@
 # has no Rust toolchain). Copy the repository with .device/ there and run scripts/gpu/run.sh.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+# The kernels are compiled here, ahead of time, for the GPU machine's architecture (H100:
+# sm_90; FERRITE_CUDA_ARCHS overrides, empty for none) and embedded in the binaries, so runs
+# there start without compiling. That needs NVRTC here: from the library path, else from the
+# nvidia-cuda-nvrtc Python wheel when it is installed.
+export FERRITE_CUDA_ARCHS="${FERRITE_CUDA_ARCHS-sm_90}"
+if ! ldconfig -p 2>/dev/null | grep -q 'libnvrtc\.so'; then
+  wheel=$(python3 -c 'import importlib.util, os
+s = importlib.util.find_spec("nvidia")
+print(next((os.path.join(p, "cu13", "lib") for p in (s.submodule_search_locations if s else [])
+            if os.path.isdir(os.path.join(p, "cu13", "lib"))), ""))' 2>/dev/null || true)
+  [ -n "$wheel" ] && export LD_LIBRARY_PATH="$wheel${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+fi
 out=.device/bin
 rm -rf "$out"
 mkdir -p "$out"

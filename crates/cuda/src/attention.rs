@@ -30,6 +30,7 @@ use std::sync::Arc;
 pub(crate) static SOURCE: KernelSource = KernelSource {
     name: "attention",
     src: include_str!("attention.cu"),
+    prebuilt: crate::prebuilt::ATTENTION,
 };
 
 /// Sizes and strides of the operands (`AttnDims` in attention.cu). Strides in elements, per

@@ -9,6 +9,7 @@ use std::sync::Arc;
 pub(crate) static SOURCE: KernelSource = KernelSource {
     name: "cast",
     src: include_str!("cast.cu"),
+    prebuilt: crate::prebuilt::CAST,
 };
 
 pub(crate) fn cast(dev: &CudaBackend, x: &Tensor, to: DType) -> Result<Vec<Arc<dyn Storage>>> {

@@ -11,6 +11,7 @@ use std::sync::Arc;
 pub(crate) static SOURCE: KernelSource = KernelSource {
     name: "channel_norm",
     src: include_str!("channel_norm.cu"),
+    prebuilt: crate::prebuilt::CHANNEL_NORM,
 };
 
 /// `NORM_BLOCK` in channel_norm.cu.

@@ -34,6 +34,7 @@ const WHOLE_BATCH_PIX: usize = 256;
 pub(crate) static SOURCE: KernelSource = KernelSource {
     name: "conv",
     src: include_str!("conv.cu"),
+    prebuilt: crate::prebuilt::CONV,
 };
 
 /// `ConvGeo` in conv.cu.

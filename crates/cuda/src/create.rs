@@ -9,6 +9,7 @@ use std::sync::Arc;
 pub(crate) static SOURCE: KernelSource = KernelSource {
     name: "create",
     src: include_str!("create.cu"),
+    prebuilt: crate::prebuilt::CREATE,
 };
 
 pub(crate) fn fill(

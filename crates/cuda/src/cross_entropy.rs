@@ -10,6 +10,7 @@ use std::sync::Arc;
 pub(crate) static SOURCE: KernelSource = KernelSource {
     name: "cross_entropy",
     src: include_str!("cross_entropy.cu"),
+    prebuilt: crate::prebuilt::CROSS_ENTROPY,
 };
 
 /// Largest block (the kernels' launch bound is 1024; 512 keeps two blocks per SM resident).

@@ -11,6 +11,7 @@ use std::sync::Arc;
 pub(crate) static SOURCE: KernelSource = KernelSource {
     name: "elementwise",
     src: include_str!("elementwise.cu"),
+    prebuilt: crate::prebuilt::ELEMENTWISE,
 };
 
 /// Grid for a grid-stride loop over `n` items handled `per_thread` at a time.

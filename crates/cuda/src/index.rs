@@ -15,6 +15,7 @@ use std::sync::Arc;
 pub(crate) static SOURCE: KernelSource = KernelSource {
     name: "index",
     src: include_str!("index.cu"),
+    prebuilt: crate::prebuilt::INDEX,
 };
 
 /// Kernel-name suffix of an index dtype; the CPU's error for any other.

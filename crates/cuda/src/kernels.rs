@@ -1,6 +1,9 @@
 //! Runtime-compiled kernels: CUDA C++ sources embedded next to their Rust wrappers, compiled by
 //! NVRTC for the device's architecture at first use, cached on disk (key: sha256 of source,
-//! architecture, options and NVRTC version) and loaded once per process.
+//! architecture, options and NVRTC version) and loaded once per process. A source may also
+//! carry cubins compiled at build time ([`Prebuilt`], `build/aot.rs`: `FERRITE_CUDA_ARCHS` or
+//! the build machine's devices); one for the device's architecture whose key matches the
+//! source is used as is, with no compile and no NVRTC needed.
 //!
 //! Cache folder: `$FERRITE_CACHE/kernels` if `FERRITE_CACHE` is set, else
 //! `$HOME/.cache/ferrite/kernels`; without either the cache is skipped.
@@ -20,6 +23,71 @@ use std::sync::Mutex;
 pub struct KernelSource {
     pub name: &'static str,
     pub src: &'static str,
+    /// Cubins of this source compiled at build time (none where the build had no NVRTC or
+    /// no architecture to compile for).
+    pub prebuilt: &'static [Prebuilt],
+}
+
+/// A source's cubin for one architecture, compiled at build time. `key` is
+/// [`prebuilt_key`] of the source it was compiled from: a cubin whose key does not match
+/// the source (a build script out of step with the Rust side) is never used.
+pub struct Prebuilt {
+    pub arch: &'static str,
+    pub key: &'static str,
+    pub cubin: &'static [u8],
+}
+
+/// The text NVRTC compiles for `src`: `common.cuh`, a line directive, the source.
+fn full_source(src: &KernelSource) -> String {
+    format!("{COMMON}\n#line 1 \"{}.cu\"\n{}", src.name, src.src)
+}
+
+/// sha256 (hex) of the full source of `src`, `--gpu-architecture=<arch>` and the compile
+/// options: what a [`Prebuilt`] cubin for `arch` must carry to be used for `src`.
+pub fn prebuilt_key(src: &KernelSource, arch: &str) -> String {
+    let mut h = Sha256::new();
+    h.update(full_source(src).as_bytes());
+    h.update(format!("--gpu-architecture={arch}").as_bytes());
+    for o in OPTIONS {
+        h.update(o.as_bytes());
+    }
+    h.finalize().iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Checks the build-time cubins of `sources`: each one's key is its source's, and every
+/// source has one for the same architectures (a build script that misses a source or is
+/// out of step with it shows here). Returns how many cubins there are.
+pub fn check_prebuilt(sources: &[&KernelSource]) -> std::result::Result<usize, String> {
+    let archs = |s: &KernelSource| -> Vec<&str> { s.prebuilt.iter().map(|p| p.arch).collect() };
+    let want = sources.first().map(|s| archs(s)).unwrap_or_default();
+    let mut n = 0;
+    for s in sources {
+        if archs(s) != want {
+            return Err(format!(
+                "kernel source {}.cu has build-time cubins for {:?}, {}.cu for {want:?}",
+                s.name,
+                archs(s),
+                sources[0].name
+            ));
+        }
+        for p in s.prebuilt {
+            if p.key != prebuilt_key(s, p.arch) {
+                return Err(format!(
+                    "kernel source {}.cu: its build-time cubin for {} was compiled from \
+                     other text (build.rs out of step with the KernelSource)",
+                    s.name, p.arch
+                ));
+            }
+            n += 1;
+        }
+    }
+    Ok(n)
+}
+
+/// The build-time cubin of `src` for `arch`, if there is one for this very source.
+pub fn prebuilt(src: &KernelSource, arch: &str) -> Option<&'static [u8]> {
+    let p = src.prebuilt.iter().find(|p| p.arch == arch)?;
+    (p.key == prebuilt_key(src, arch)).then_some(p.cubin)
 }
 
 pub(crate) const COMMON: &str = include_str!("common.cuh");
@@ -73,15 +141,24 @@ fn nv_err(src: &KernelSource, what: &str, r: nv::nvrtcResult) -> Error {
     )
 }
 
-/// Compiles one source to a cubin for `arch` (e.g. "sm_90"), through the disk cache.
+/// The cubin of one source for `arch` (e.g. "sm_90"): its [`Prebuilt`] one where it has a
+/// matching one, else [`compile_nvrtc`].
 pub fn compile(src: &KernelSource, arch: &str) -> Result<Vec<u8>> {
+    if let Some(c) = prebuilt(src, arch) {
+        return Ok(c.to_vec());
+    }
+    compile_nvrtc(src, arch)
+}
+
+/// Compiles one source to a cubin for `arch` with NVRTC, through the disk cache.
+pub fn compile_nvrtc(src: &KernelSource, arch: &str) -> Result<Vec<u8>> {
     if !nvrtc_present() {
         return Err(Error::backend(
             "nvrtc",
             "the NVRTC library (libnvrtc.so) is not installed",
         ));
     }
-    let full = format!("{COMMON}\n#line 1 \"{}.cu\"\n{}", src.name, src.src);
+    let full = full_source(src);
     let arch_opt = format!("--gpu-architecture={arch}");
     let (va, vb) = nvrtc_version();
     let mut h = Sha256::new();
@@ -400,5 +477,42 @@ impl Idx {
     /// offset.
     pub fn contiguous(&self, k: usize) -> bool {
         self.rank == 0 || (self.rank == 1 && (0..k).all(|j| self.st[j][0] == 1))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A build-time cubin is used for its architecture only, and only while its key is the
+    /// source's; otherwise `compile` goes to NVRTC.
+    #[test]
+    fn prebuilt_cubins_need_their_arch_and_source_key() {
+        fn source(key: &'static str) -> KernelSource {
+            let prebuilt: &'static [Prebuilt] = Box::leak(Box::new([Prebuilt {
+                arch: "sm_90",
+                key,
+                cubin: b"not really a cubin",
+            }]));
+            KernelSource {
+                name: "prebuilt_test",
+                src: "extern \"C\" __global__ void k() {}",
+                prebuilt,
+            }
+        }
+        let plain = source("");
+        let key: &'static str = Box::leak(prebuilt_key(&plain, "sm_90").into_boxed_str());
+        assert_eq!(key.len(), 64);
+        let good = source(key);
+        assert_eq!(prebuilt(&good, "sm_90"), Some(&b"not really a cubin"[..]));
+        assert_eq!(compile(&good, "sm_90").unwrap(), b"not really a cubin");
+        assert_eq!(prebuilt(&good, "sm_80"), None);
+        assert_eq!(prebuilt(&plain, "sm_90"), None);
+        let edited = KernelSource {
+            src: "extern \"C\" __global__ void k2() {}",
+            ..source(key)
+        };
+        assert_eq!(prebuilt(&edited, "sm_90"), None);
+        assert_ne!(prebuilt_key(&good, "sm_90"), prebuilt_key(&good, "sm_80"));
     }
 }

@@ -37,7 +37,15 @@ pub use cudnn::{cudnn_version, ConvImpl, ConvStats};
 pub use device::{CudaBackend, SyncStats};
 pub use driver::driver_present;
 pub use graph::Graph;
-pub use kernels::{all_sources, compile, nvrtc_present, Cfg as LaunchConfig, KernelSource};
+pub use kernels::{
+    all_sources, check_prebuilt, compile, compile_nvrtc, nvrtc_present, prebuilt, prebuilt_key,
+    Cfg as LaunchConfig, KernelSource, Prebuilt,
+};
+
+/// The kernels compiled at build time (`build.rs`): one `&[Prebuilt]` per source.
+mod prebuilt {
+    include!(concat!(env!("OUT_DIR"), "/prebuilt.rs"));
+}
 pub use raw::{Buffer, KernelArgs};
 pub use storage::CudaStorage;
 

@@ -19,6 +19,7 @@ use std::sync::Arc;
 pub(crate) static SOURCE: KernelSource = KernelSource {
     name: "norm",
     src: include_str!("norm.cu"),
+    prebuilt: crate::prebuilt::NORM,
 };
 
 /// 16-byte chunks each thread holds in registers (`E_WARP`, `E_FWD`, `E_BWD` in norm.cu): per

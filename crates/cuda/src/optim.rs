@@ -20,6 +20,7 @@ use std::sync::Arc;
 pub(crate) static SOURCE: KernelSource = KernelSource {
     name: "optim",
     src: include_str!("optim.cu"),
+    prebuilt: crate::prebuilt::OPTIM,
 };
 
 /// `MT_MAX`, `CHUNK` and `THREADS` of optim.cu.

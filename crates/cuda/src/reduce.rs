@@ -19,6 +19,7 @@ use std::sync::Arc;
 pub(crate) static SOURCE: KernelSource = KernelSource {
     name: "reduce",
     src: include_str!("reduce.cu"),
+    prebuilt: crate::prebuilt::REDUCE,
 };
 
 /// Elements per thread along the run, at least, in a split `reduce_col` chunk.

@@ -21,6 +21,7 @@ use std::sync::Arc;
 pub(crate) static SOURCE: KernelSource = KernelSource {
     name: "scan",
     src: include_str!("scan.cu"),
+    prebuilt: crate::prebuilt::SCAN,
 };
 
 /// Bytes of shared memory for one sorting tile of composites.

@@ -89,6 +89,14 @@ fn main() {
         None
     });
     let nvrtc = ferrite_cuda::nvrtc_present();
+    r.run(
+        "prebuilt_kernels_match_their_sources",
+        || match ferrite_cuda::check_prebuilt(&ferrite_cuda::all_sources()) {
+            Ok(0) => Some("no kernels were compiled at build time (FERRITE_CUDA_ARCHS)".into()),
+            Ok(_) => None,
+            Err(e) => panic!("{e}"),
+        },
+    );
     for (name, f) in nvrtc_tests() {
         match nvrtc {
             true => r.run(name, || {
@@ -149,7 +157,7 @@ fn main() {
 
 fn every_kernel_source_compiles() {
     for src in ferrite_cuda::all_sources() {
-        if let Err(e) = ferrite_cuda::compile(src, "sm_90") {
+        if let Err(e) = ferrite_cuda::compile_nvrtc(src, "sm_90") {
             panic!("{e}");
         }
     }
@@ -622,11 +630,13 @@ fn sgd_trains(d: &CudaDevice) {
 static BAD_LAUNCH: ferrite_cuda::KernelSource = ferrite_cuda::KernelSource {
     name: "test_launch",
     src: "extern \"C\" __global__ void fill_one(float* y) { y[threadIdx.x] = 1.0f; }",
+    prebuilt: &[],
 };
 
 static BAD_SOURCE: ferrite_cuda::KernelSource = ferrite_cuda::KernelSource {
     name: "test_bad_source",
     src: "extern \"C\" __global__ void broken(float* y) { y[0] = undefined_name; }",
+    prebuilt: &[],
 };
 
 fn launch_failure(d: &CudaDevice) {

@@ -18,6 +18,10 @@ pub mod kv_cache;
 pub mod logits_processor;
 pub mod model;
 pub mod pool;
+/// The GPU kernels compiled at build time (`build.rs`): one `&[Prebuilt]` per source.
+mod prebuilt {
+    include!(concat!(env!("OUT_DIR"), "/prebuilt.rs"));
+}
 pub mod sampler;
 pub mod synth;
 pub mod tokenizer;

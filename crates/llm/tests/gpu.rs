@@ -126,6 +126,14 @@ fn gpu_tests() -> Vec<(&'static str, TestFn)> {
 fn main() {
     let mut r = Runner::from_args();
     let nvrtc = ferrite_cuda::nvrtc_present();
+    r.run(
+        "prebuilt_kernels_match_their_sources",
+        || match ferrite_cuda::check_prebuilt(&ferrite_llm::gpu::sources()) {
+            Ok(0) => Some("no kernels were compiled at build time (FERRITE_CUDA_ARCHS)".into()),
+            Ok(_) => None,
+            Err(e) => panic!("{e}"),
+        },
+    );
     for (name, f) in nvrtc_tests() {
         match nvrtc {
             true => r.run(name, || {
@@ -165,7 +173,7 @@ fn main() {
 
 fn every_kernel_compiles() {
     for src in ferrite_llm::gpu::sources() {
-        if let Err(e) = ferrite_cuda::compile(src, "sm_90") {
+        if let Err(e) = ferrite_cuda::compile_nvrtc(src, "sm_90") {
             panic!("{e}");
         }
     }

@@ -8,6 +8,7 @@ use crate::error::{Error, Result};
 pub(crate) static SOURCE: KernelSource = KernelSource {
     name: "llm_decode",
     src: concat!(include_str!("quant.cuh"), include_str!("decode.cu")),
+    prebuilt: crate::prebuilt::LLM_DECODE,
 };
 
 /// Largest head size the kernels take (`HD_MAX`).

@@ -22,6 +22,7 @@ use crate::error::{Error, Result};
 pub(crate) static SOURCE: KernelSource = KernelSource {
     name: "llm_matvec",
     src: concat!(include_str!("quant.cuh"), include_str!("matvec.cu")),
+    prebuilt: crate::prebuilt::LLM_MATVEC,
 };
 
 /// Threads per block (`MV_T`).

@@ -15,6 +15,7 @@ pub(crate) static SOURCE: KernelSource = KernelSource {
         include_str!("decode.cu"),
         include_str!("paged.cu")
     ),
+    prebuilt: crate::prebuilt::LLM_PAGED,
 };
 
 /// Positions per KV block (`KV_BS`).

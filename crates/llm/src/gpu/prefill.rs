@@ -28,6 +28,7 @@ pub(crate) static SOURCE: KernelSource = KernelSource {
         include_str!("decode.cu"),
         include_str!("prefill.cu")
     ),
+    prebuilt: crate::prebuilt::LLM_PREFILL,
 };
 
 /// Tokens per prefill chunk (at most).

@@ -24,6 +24,7 @@ use crate::sampler::SamplerConfig;
 pub(crate) static SOURCE: KernelSource = KernelSource {
     name: "llm_sample",
     src: concat!(include_str!("quant.cuh"), include_str!("sample.cu")),
+    prebuilt: crate::prebuilt::LLM_SAMPLE,
 };
 
 /// Bytes of `SampleParams` (sample.cu).

@@ -354,7 +354,7 @@ impl Model {
             // Every row is in the copy: the file's pages of this weight are not read again
             // by the products (the f32 path of `exact` and embedding lookups fault back in
             // what they read).
-            if q.rows % kernels::packed::ROWS == 0 {
+            if q.rows.is_multiple_of(kernels::packed::ROWS) {
                 self.file.release(&w.info);
             }
             Some(p.into_boxed_slice())

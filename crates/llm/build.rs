@@ -1,0 +1,41 @@
+//! Embeds the GPU kernels compiled ahead of time where NVRTC and an architecture are
+//! available at build time (see ../cuda/build/aot.rs); otherwise they compile at first use.
+
+#[path = "../cuda/build/aot.rs"]
+mod aot;
+
+/// Each kernel source of `gpu` (`gpu::sources`): its name and its files in `src/gpu`, in the
+/// order its `KernelSource` concatenates them.
+const SOURCES: [(&str, &[&str]); 5] = [
+    ("llm_matvec", &["quant.cuh", "matvec.cu"]),
+    ("llm_decode", &["quant.cuh", "decode.cu"]),
+    ("llm_prefill", &["quant.cuh", "decode.cu", "prefill.cu"]),
+    ("llm_sample", &["quant.cuh", "sample.cu"]),
+    ("llm_paged", &["quant.cuh", "decode.cu", "paged.cu"]),
+];
+
+fn main() {
+    let dir = std::path::Path::new("src/gpu");
+    let common_path = std::path::Path::new("../cuda/src/common.cuh");
+    let read = |p: &std::path::Path| std::fs::read_to_string(p).expect("reading a kernel source");
+    let mut files = vec![common_path.to_path_buf(), "../cuda/build/aot.rs".into()];
+    let sources: Vec<aot::Source> = SOURCES
+        .iter()
+        .map(|&(name, parts)| aot::Source {
+            name,
+            src: parts.iter().map(|f| read(&dir.join(f))).collect(),
+        })
+        .collect();
+    for f in [
+        "quant.cuh",
+        "matvec.cu",
+        "decode.cu",
+        "prefill.cu",
+        "sample.cu",
+        "paged.cu",
+    ] {
+        files.push(dir.join(f));
+    }
+    aot::rerun_on(&files);
+    aot::build(&read(common_path), &sources, "ferrite_cuda::Prebuilt");
+}
