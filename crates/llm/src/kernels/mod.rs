@@ -19,6 +19,7 @@
 //! Q8_0; the CPU model makes one per weight): those rows run the packed kernel for every
 //! batch size instead of the tiles, so a row's bits still do not depend on its batch.
 
+pub mod exp;
 pub mod float;
 pub mod k_quants;
 pub mod packed;

@@ -4,7 +4,7 @@
 
 use super::config::Config;
 use super::step::{Batch, Buf, Glu, Kernels, Mat, Norm};
-use super::{gelu_tanh, rms_norm_in_place, rms_norm_rows, silu, Model, Product};
+use super::{rms_norm_in_place, rms_norm_rows, Model, Product};
 use crate::error::Result;
 use crate::kernels::float::{axpy_rows, dot_f32};
 use crate::kernels::{self, Acts, Isa, MatOut};
@@ -353,11 +353,8 @@ impl CpuKernels<'_> {
         let ub = std::mem::take(&mut self.bufs[idx(up)]);
         let g = &mut self.bufs[idx(gate)];
         match act {
-            Glu::GeluTanh => g
-                .iter_mut()
-                .zip(&ub)
-                .for_each(|(g, u)| *g = gelu_tanh(*g) * u),
-            Glu::Silu => g.iter_mut().zip(&ub).for_each(|(g, u)| *g = silu(*g) * u),
+            Glu::GeluTanh => kernels::exp::gelu_mul(self.m.isa, g, &ub),
+            Glu::Silu => kernels::exp::silu_mul(self.m.isa, g, &ub),
         }
         self.bufs[idx(up)] = ub;
     }
@@ -540,11 +537,7 @@ fn attention(
                 }
                 j = end;
             }
-            let mut sum = 0f32;
-            for v in sc.iter_mut() {
-                *v = (*v - max).exp();
-                sum += *v;
-            }
+            let sum = kernels::exp::exp_sub_sum(isa, sc, max);
             // SAFETY: this task alone writes head h of its sequence's rows; the slice lies
             // inside `out` (rows x nh*hd).
             let o = unsafe { std::slice::from_raw_parts_mut(outp.get().add(r * w + h * hd), hd) };

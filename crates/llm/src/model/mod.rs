@@ -621,13 +621,3 @@ pub fn rms_norm_in_place(x: &mut [f32], w: &[f32], n: usize, eps: f32) {
         xr.iter_mut().zip(w).for_each(|(v, &g)| *v = *v * inv * g);
     }
 }
-
-pub fn silu(x: f32) -> f32 {
-    x / (1.0 + (-x).exp())
-}
-
-/// GELU, tanh approximation (`gelu_pytorch_tanh`).
-pub fn gelu_tanh(x: f32) -> f32 {
-    const C: f32 = 0.797_884_6; // sqrt(2/pi)
-    0.5 * x * (1.0 + (C * (x + 0.044715 * x * x * x)).tanh())
-}
