@@ -24,6 +24,10 @@ pub const VARIABLES: &[(&str, &str)] = &[
         "FERRITE_GPU_MMA_BLOCKS",
         "blocks per multiprocessor the int8 tensor-core products' K splits aim at, 1 to 16",
     ),
+    (
+        "FERRITE_GPU_TC_ROWS",
+        "rows from which the CUDA engine's steps take the tensor-core products, 1 to 65536",
+    ),
     ("FERRITE_GPU_MMA", "0 or 1"),
     ("FERRITE_GPU_EAGER", "0 or 1"),
     ("FERRITE_GPU_PREFILL", "0 or 1"),
@@ -98,6 +102,7 @@ pub fn check() -> Result<()> {
     isa()?;
     int("FERRITE_GPU_MV_UPT", 1, 64)?;
     int("FERRITE_GPU_MMA_BLOCKS", 1, 16)?;
+    int("FERRITE_GPU_TC_ROWS", 1, 65536)?;
     for (name, _) in VARIABLES.iter().filter(|(_, w)| *w == "0 or 1") {
         flag(name)?;
     }

@@ -430,9 +430,9 @@ extern "C" __global__ void kv_copy_block(u64 kc, u64 vc, u32 src, u32 dst, u64 n
 
 // ---- Large steps (many prompt rows): tensor-core products on dequantized weights ----
 
-// out row r (16-bit: bf16 if bf, else f16; n values) = row r of x (f32 [rows][n]), RMS-normed
-// with weight w first if w is not 0. One block per row.
-extern "C" __global__ void rows_to_h(u64 x, u64 w, u32 n, float eps, u64 out, u32 bf) {
+// out row r (n operands of `mode`: 0 f16, 1 bf16, 2 f32) = row r of x (f32 [rows][n]),
+// RMS-normed with weight w first if w is not 0. One block per row.
+extern "C" __global__ void rows_to_h(u64 x, u64 w, u32 n, float eps, u64 out, u32 mode) {
     __shared__ float sh[32];
     pdl_wait();
     pdl_launch();
@@ -444,10 +444,14 @@ extern "C" __global__ void rows_to_h(u64 x, u64 w, u32 n, float eps, u64 out, u3
         ss = block_sum(ss, sh);
         inv = 1.0f / sqrtf(ss / (float)n + eps);
     }
-    unsigned short* o = (unsigned short*)out + (u64)blockIdx.x * n;
+    const u64 o = (u64)blockIdx.x * n;
     for (u32 i = threadIdx.x; i < n; i += blockDim.x) {
         const float v = w ? xp[i] * inv * ((const float*)w)[i] : xp[i];
-        o[i] = bf ? f32_to_bf16(v).x : f32_to_f16(v).x;
+        if (mode == 2) {
+            ((float*)out)[o + i] = v;
+        } else {
+            ((unsigned short*)out)[o + i] = mode ? f32_to_bf16(v).x : f32_to_f16(v).x;
+        }
     }
 }
 

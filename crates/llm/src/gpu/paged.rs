@@ -145,14 +145,15 @@ pub(crate) enum PagedLaunch {
         count: u64,
         rows: u32,
     },
-    /// Rows of f32 (optionally RMS-normed by `w`) into 16-bit rows (bf16 if `bf`).
+    /// Rows of f32 (optionally RMS-normed by `w`) into operand rows (`mode` 0 f16, 1 bf16,
+    /// 2 f32).
     ToHalf {
         x: u64,
         w: u64,
         n: u32,
         eps: f32,
         out: u64,
-        bf: u32,
+        mode: u32,
         rows: u32,
     },
     /// `out[r * stride + off + j] += bias[j]`, j < n.
@@ -186,25 +187,25 @@ pub(crate) enum PagedLaunch {
         n: u32,
         out: u64,
     },
-    /// The attention op's f16 `[1, nh, n, hd]` output as 16-bit rows of `nh * hd` (bf16 if
-    /// `bf`).
+    /// The attention op's f16 `[1, nh, n, hd]` output as operand rows of `nh * hd` (`mode`, as
+    /// `ToHalf`).
     AttnRows {
         o: u64,
         nh: u32,
         n: u32,
         hd: u32,
         out: u64,
-        bf: u32,
+        mode: u32,
     },
     /// `out[i][j] = act(gu[i][j]) * gu[i][ff + j]` for the `n` rows (gate and up side by
-    /// side in f32 rows of 2 * ff; out 16-bit, bf16 if `bf`).
+    /// side in f32 rows of 2 * ff; out operand rows of `mode`, as `ToHalf`).
     GluPairs {
         gu: u64,
         out: u64,
         ff: u32,
         n: u32,
         gelu: u32,
-        bf: u32,
+        mode: u32,
     },
 }
 
@@ -288,7 +289,7 @@ impl PagedLaunch {
                 n,
                 eps,
                 out,
-                bf,
+                mode,
                 rows,
             } => {
                 let cfg = LaunchConfig::new((rows, 1, 1), (256, 1, 1), 0);
@@ -298,7 +299,7 @@ impl PagedLaunch {
                     .arg(n)
                     .arg(eps)
                     .arg(out)
-                    .arg(bf);
+                    .arg(mode);
                 super::launch(dev, "rows_to_h", &SOURCE, "rows_to_h", cfg, a)
             }
             PagedLaunch::Bias {
@@ -361,16 +362,16 @@ impl PagedLaunch {
                 n,
                 hd,
                 out,
-                bf,
-            } => super::prefill::attn_out(dev, o, nh, n, hd, out, bf),
+                mode,
+            } => super::prefill::attn_out(dev, o, nh, n, hd, out, mode),
             PagedLaunch::GluPairs {
                 gu,
                 out,
                 ff,
                 n,
                 gelu,
-                bf,
-            } => super::prefill::glu(dev, gu, n, ff, gelu != 0, out, bf),
+                mode,
+            } => super::prefill::glu(dev, gu, n, ff, gelu != 0, out, mode),
         }
     }
 }

@@ -213,9 +213,11 @@ pub struct CudaKernels<'g> {
     tc: bool,
     /// Every row of the step (padding included) is a logit row, in order.
     all_rows_out: bool,
-    /// bf16 rather than f16 operands there (Gemma-3, or FERRITE_GPU_PREFILL_BF16=1).
-    bf: bool,
-    /// Their scratch (at the first such step): 16-bit activations, dequantized weights.
+    /// Their operand type, as the session's prefill: f32 for a model on f32 activations
+    /// (`Precision::Exact`: its prompts then give the decode steps' answers), else bf16
+    /// (Gemma-3, or FERRITE_GPU_PREFILL_BF16=1) or f16.
+    dt: ferrite_core::DType,
+    /// Their scratch (at the first such step): `dt` activations, dequantized weights.
     h16: Option<Buffer>,
     w16: Option<Buffer>,
     gu32: Option<Buffer>,
@@ -236,8 +238,15 @@ pub struct CudaKernels<'g> {
     mma_part: Option<Buffer>,
 }
 
-/// Rows from which a step takes the tensor-core products (`CudaKernels::set_tensor_core_rows`).
+/// Rows from which a step takes the tensor-core products (`CudaKernels::set_tensor_core_rows`)
+/// in the fast mode (below, the int8 kernels are faster: 8B-shaped Q4_0 pp64 on an H100
+/// 23,055 tok/s at 128 against 16,970 at 64).
 pub const TENSOR_CORE_ROWS: usize = 128;
+
+/// The same for models on f32 activations (f32 operands there; below, the f32 row kernels):
+/// SmolLM2-shaped Q4_1 on an H100, pp32 7,113 vs 6,426 and pp64 12,494 vs 6,920 tok/s at 32
+/// against 128; pp16 faster on the row kernels (5,592 vs 3,584 at 16).
+pub const TENSOR_CORE_ROWS_F32: usize = 32;
 
 /// Rows from which a prompt chunk of a large step attends on the flash attention op (over
 /// its keys gathered from the blocks) rather than row by row on paged_attn.
@@ -335,14 +344,28 @@ impl<'g> CudaKernels<'g> {
             host_logits: Vec::new(),
             fetched: false,
             tc_rows: if crate::env::flag_or("FERRITE_GPU_PREFILL", true) {
-                TENSOR_CORE_ROWS
+                crate::env::int("FERRITE_GPU_TC_ROWS", 1, 65536)
+                    .ok()
+                    .flatten()
+                    .unwrap_or(if m.precision == crate::Precision::Exact {
+                        TENSOR_CORE_ROWS_F32
+                    } else {
+                        TENSOR_CORE_ROWS
+                    })
             } else {
                 usize::MAX
             },
             tc: false,
             all_rows_out: false,
-            bf: c.arch == crate::model::Arch::Gemma3
-                || crate::env::flag_or("FERRITE_GPU_PREFILL_BF16", false),
+            dt: if m.precision == crate::Precision::Exact {
+                ferrite_core::DType::F32
+            } else if c.arch == crate::model::Arch::Gemma3
+                || crate::env::flag_or("FERRITE_GPU_PREFILL_BF16", false)
+            {
+                ferrite_core::DType::BF16
+            } else {
+                ferrite_core::DType::F16
+            },
             h16: None,
             w16: None,
             gu32: None,
@@ -382,9 +405,10 @@ impl<'g> CudaKernels<'g> {
     }
 
     /// Steps of at least `rows` rows (that are not decode-only graph steps) take the
-    /// tensor-core products (default `TENSOR_CORE_ROWS`; `usize::MAX`: never). Their results
-    /// differ from the row kernels' by 16-bit rounding of the operands, so a sequence's logits
-    /// then depend on the step it is in (within that rounding).
+    /// cuBLASLt products (default `TENSOR_CORE_ROWS`, `TENSOR_CORE_ROWS_F32` for a model on f32
+    /// activations; `FERRITE_GPU_TC_ROWS`; `usize::MAX`: never). Their results differ from the
+    /// row kernels' (16-bit rounding of the operands in the fast mode, the summation order with
+    /// f32 operands), so a sequence's logits then depend on the step it is in (within that).
     pub fn set_tensor_core_rows(&mut self, rows: usize) {
         self.tc_rows = rows.max(1);
     }
@@ -535,6 +559,21 @@ impl<'g> CudaKernels<'g> {
         }
     }
 
+    /// The operand mode of the large steps' kernels (`pf_*`, `rows_to_h`): 0 f16, 1 bf16,
+    /// 2 f32.
+    fn mode(&self) -> u32 {
+        match self.dt {
+            ferrite_core::DType::F32 => 2,
+            ferrite_core::DType::BF16 => 1,
+            _ => 0,
+        }
+    }
+
+    /// Bytes of one operand of the large steps.
+    fn esize(&self) -> usize {
+        self.dt.size_in_bytes()
+    }
+
     /// The tensor-core scratch, allocated at the first step that needs it.
     fn tc_scratch(&mut self) -> Result<(Buffer, Buffer)> {
         if self.h16.is_none() {
@@ -554,15 +593,16 @@ impl<'g> CudaKernels<'g> {
                 })
                 .max()
                 .unwrap_or(0);
+            let es = self.esize();
             self.h16 = Some(zeros(
                 &self.dev,
-                self.lim.max_rows * widest * 2,
-                "llm engine 16-bit activations",
+                self.lim.max_rows * widest * es,
+                "llm engine large-step activations",
             )?);
             self.w16 = Some(zeros(
                 &self.dev,
-                most * 2 + 64,
-                "llm engine 16-bit weights",
+                most * es + 64,
+                "llm engine large-step weights",
             )?);
         }
         match (&self.h16, &self.w16) {
@@ -594,7 +634,7 @@ impl<'g> CudaKernels<'g> {
             n: u32_of(cols, "columns")?,
             eps: self.m.cfg.eps,
             out: h.ptr(),
-            bf: u32::from(self.bf),
+            mode: self.mode(),
             rows: u32_of(self.rows, "rows")?,
         }))?;
         Ok(h)
@@ -613,11 +653,7 @@ impl<'g> CudaKernels<'g> {
         acc: bool,
     ) -> Result<()> {
         let (_, w16) = self.tc_scratch()?;
-        let dt = if self.bf {
-            ferrite_core::DType::BF16
-        } else {
-            ferrite_core::DType::F16
-        };
+        let (dt, es, mode) = (self.dt, self.esize(), self.mode());
         let mut i = 0;
         while i < segs.len() {
             // segments i..j: one product
@@ -629,8 +665,8 @@ impl<'g> CudaKernels<'g> {
             }
             let mut r = 0;
             for &(w, _, _) in &segs[i..j] {
-                let at = w16.ptr() + (r * w.cols * 2) as u64;
-                crate::gpu::prefill::dequant_rows(&self.dev, w, 0, w.rows, at, u32::from(self.bf))?;
+                let at = w16.ptr() + (r * w.cols * es) as u64;
+                crate::gpu::prefill::dequant_rows(&self.dev, w, 0, w.rows, at, mode)?;
                 r += w.rows;
             }
             self.dev
@@ -681,8 +717,8 @@ impl<'g> CudaKernels<'g> {
             w: 0,
             n: w as u32,
             eps: 0.0,
-            out: h.ptr() + r0 * w * 2,
-            bf: u32::from(self.bf),
+            out: h.ptr() + r0 * w * self.esize() as u64,
+            mode: self.mode(),
             rows: n,
         }))
     }
@@ -755,8 +791,8 @@ impl<'g> CudaKernels<'g> {
             nh: nh as u32,
             n: u32_of(n, "rows")?,
             hd: hd as u32,
-            out: h.ptr() + (r0 * nh * hd * 2) as u64,
-            bf: u32::from(self.bf),
+            out: h.ptr() + (r0 * nh * hd * self.esize()) as u64,
+            mode: self.mode(),
         }))
     }
 
@@ -1153,7 +1189,7 @@ impl Kernels for CudaKernels<'_> {
                 ff: u32_of(ff, "n_ff")?,
                 n: u32_of(rows, "rows")?,
                 gelu: u32::from(act == Glu::GeluTanh),
-                bf: u32::from(self.bf),
+                mode: self.mode(),
             }))?;
             self.h16_holds = Some(out);
             return Ok(());
