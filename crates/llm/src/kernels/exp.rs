@@ -6,31 +6,24 @@
 
 use super::Isa;
 
-/// `g[i] = silu(g[i]) * u[i]`, `silu(x) = x / (1 + e^-x)`, over the shorter length.
-pub fn silu_mul(isa: Isa, g: &mut [f32], u: &[f32]) {
+/// `g[i] = act(g[i]) * u[i]` over the shorter length: `silu(x) = x / (1 + e^-x)`, or with
+/// `gelu` `gelu_tanh(x) = 0.5 x (1 + tanh(y)) = x / (1 + e^(-2y))`,
+/// `y = sqrt(2/pi) (x + 0.044715 x^3)`.
+pub fn glu_mul(isa: Isa, gelu: bool, g: &mut [f32], u: &[f32]) {
     let n = g.len().min(u.len());
     #[cfg(target_arch = "x86_64")]
     if isa == Isa::Avx512 {
         // SAFETY: Isa::Avx512 implies runtime-detected avx512f; n bounds both slices.
-        unsafe { x86::glu::<false>(&mut g[..n], &u[..n]) };
+        unsafe {
+            match gelu {
+                true => x86::glu::<true>(&mut g[..n], &u[..n]),
+                false => x86::glu::<false>(&mut g[..n], &u[..n]),
+            }
+        }
         return;
     }
     let _ = isa;
-    silu_mul_scalar(&mut g[..n], &u[..n]);
-}
-
-/// `g[i] = gelu_tanh(g[i]) * u[i]` over the shorter length, with
-/// `gelu_tanh(x) = 0.5 x (1 + tanh(y)) = x / (1 + e^(-2y))`, `y = sqrt(2/pi) (x + 0.044715 x^3)`.
-pub fn gelu_mul(isa: Isa, g: &mut [f32], u: &[f32]) {
-    let n = g.len().min(u.len());
-    #[cfg(target_arch = "x86_64")]
-    if isa == Isa::Avx512 {
-        // SAFETY: as in silu_mul.
-        unsafe { x86::glu::<true>(&mut g[..n], &u[..n]) };
-        return;
-    }
-    let _ = isa;
-    gelu_mul_scalar(&mut g[..n], &u[..n]);
+    glu_mul_scalar(gelu, &mut g[..n], &u[..n]);
 }
 
 /// `v[i] = e^(v[i] - max)`; returns their sum.
@@ -44,17 +37,15 @@ pub fn exp_sub_sum(isa: Isa, v: &mut [f32], max: f32) -> f32 {
     exp_sub_sum_scalar(v, max)
 }
 
-pub fn silu_mul_scalar(g: &mut [f32], u: &[f32]) {
-    g.iter_mut()
-        .zip(u)
-        .for_each(|(g, u)| *g = *g / (1.0 + (-*g).exp()) * u);
-}
-
-pub fn gelu_mul_scalar(g: &mut [f32], u: &[f32]) {
+pub fn glu_mul_scalar(gelu: bool, g: &mut [f32], u: &[f32]) {
     const C: f32 = 0.797_884_6; // sqrt(2/pi)
     g.iter_mut().zip(u).for_each(|(g, u)| {
         let x = *g;
-        *g = 0.5 * x * (1.0 + (C * (x + 0.044715 * x * x * x)).tanh()) * u
+        let act = match gelu {
+            true => 0.5 * x * (1.0 + (C * (x + 0.044715 * x * x * x)).tanh()),
+            false => x / (1.0 + (-x).exp()),
+        };
+        *g = act * u
     });
 }
 
@@ -206,13 +197,8 @@ mod tests {
                 let u: Vec<f32> = rand_f32(n, 99 + n as u64);
                 for gelu in [false, true] {
                     let (mut a, mut b) = (g0.clone(), g0.clone());
-                    if gelu {
-                        gelu_mul(isa, &mut a, &u);
-                        gelu_mul_scalar(&mut b, &u);
-                    } else {
-                        silu_mul(isa, &mut a, &u);
-                        silu_mul_scalar(&mut b, &u);
-                    }
+                    glu_mul(isa, gelu, &mut a, &u);
+                    glu_mul_scalar(gelu, &mut b, &u);
                     for (i, (x, y)) in a.iter().zip(&b).enumerate() {
                         assert!(
                             (x - y).abs() <= 1e-6 * y.abs() + 1e-7,

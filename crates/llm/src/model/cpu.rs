@@ -352,10 +352,7 @@ impl CpuKernels<'_> {
     fn glu(&mut self, gate: Buf, up: Buf, act: Glu) {
         let ub = std::mem::take(&mut self.bufs[idx(up)]);
         let g = &mut self.bufs[idx(gate)];
-        match act {
-            Glu::GeluTanh => kernels::exp::gelu_mul(self.m.isa, g, &ub),
-            Glu::Silu => kernels::exp::silu_mul(self.m.isa, g, &ub),
-        }
+        kernels::exp::glu_mul(self.m.isa, act == Glu::GeluTanh, g, &ub);
         self.bufs[idx(up)] = ub;
     }
 
