@@ -93,6 +93,16 @@ pub(crate) mod x86 {
         _mm512_scalef_ps(p, n)
     }
 
+    /// The mask of the first `min(left, 16)` lanes.
+    #[inline]
+    fn lanes(left: usize) -> __mmask16 {
+        if left >= 16 {
+            0xFFFF
+        } else {
+            (1u16 << left) - 1
+        }
+    }
+
     /// `g = act(g) * u` 16 lanes at a time (`GELU`: gelu_tanh, else silu); the tail through
     /// masked loads and stores.
     ///
@@ -104,11 +114,7 @@ pub(crate) mod x86 {
         let one = _mm512_set1_ps(1.0);
         let mut i = 0;
         while i < n {
-            let m: __mmask16 = if n - i >= 16 {
-                0xFFFF
-            } else {
-                (1u16 << (n - i)) - 1
-            };
+            let m = lanes(n - i);
             // SAFETY: lanes of m lie inside g and u (same length, checked by the caller).
             unsafe {
                 let x = _mm512_maskz_loadu_ps(m, g.as_ptr().add(i));
@@ -140,11 +146,7 @@ pub(crate) mod x86 {
         let mut acc = _mm512_setzero_ps();
         let mut i = 0;
         while i < n {
-            let m: __mmask16 = if n - i >= 16 {
-                0xFFFF
-            } else {
-                (1u16 << (n - i)) - 1
-            };
+            let m = lanes(n - i);
             // SAFETY: lanes of m lie inside v.
             unsafe {
                 let x = _mm512_maskz_loadu_ps(m, v.as_ptr().add(i));
