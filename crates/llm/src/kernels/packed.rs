@@ -9,6 +9,8 @@
 //! - Q4_1 (320 bytes = 16 x 20, as in the file): 4 chunks of 64 bytes, chunk c lane n (bytes
 //!   `4n..4n + 4`) = row n's nibble bytes `4c..4c + 4` (low nibbles: elements `4c..4c + 4`,
 //!   high nibbles: elements `16 + 4c..`); then the 16 rows' `d` (f16), then their `m` (f16).
+//! - Q4_0 (288 bytes = 16 x 18): the same without `m` (`w = d * (q - 8)`: the offset is
+//!   `-8 d`).
 //! - Q8_0 (544 bytes = 16 x 34): 8 chunks of 64 bytes, chunk c lane n = row n's elements
 //!   `4c..4c + 4` plus 128 (as u8, the unsigned operand of `vpdpbusd`); then the 16 `d`.
 //!   `sum((w + 128) * x) - 128 * sum(x)` recovers the signed sum ([`Acts`]'s block sums).
@@ -21,7 +23,7 @@
 
 use ferrite_gguf::GgmlType;
 
-use super::q4::Q4_1_BYTES;
+use super::q4::{Q4_0_BYTES, Q4_1_BYTES};
 use super::q8::BlockQ8;
 use super::q8_0::Q8_0_BYTES;
 use super::{f16_at, Isa};
@@ -32,6 +34,7 @@ pub const ROWS: usize = 16;
 /// Bytes of one unit (16 rows, one block) of `ty`; `None` where `ty` has no packed form.
 pub fn unit_bytes(ty: GgmlType) -> Option<usize> {
     match ty {
+        GgmlType::Q4_0 => Some(ROWS * Q4_0_BYTES),
         GgmlType::Q4_1 => Some(ROWS * Q4_1_BYTES),
         GgmlType::Q8_0 => Some(ROWS * Q8_0_BYTES),
         _ => None,
@@ -56,12 +59,16 @@ pub fn pack(ty: GgmlType, rows: usize, cols: usize, data: &[u8]) -> Option<Vec<u
             for n in 0..ROWS {
                 let blk = &data[((g * ROWS + n) * nb + b) * bb..][..bb];
                 match ty {
-                    GgmlType::Q4_1 => {
+                    GgmlType::Q4_0 | GgmlType::Q4_1 => {
+                        // The nibbles follow d (and m).
+                        let q = if ty == GgmlType::Q4_0 { 2 } else { 4 };
                         for c in 0..4 {
-                            u[64 * c + 4 * n..][..4].copy_from_slice(&blk[4 + 4 * c..][..4]);
+                            u[64 * c + 4 * n..][..4].copy_from_slice(&blk[q + 4 * c..][..4]);
                         }
                         u[256 + 2 * n..][..2].copy_from_slice(&blk[0..2]);
-                        u[288 + 2 * n..][..2].copy_from_slice(&blk[2..4]);
+                        if ty == GgmlType::Q4_1 {
+                            u[288 + 2 * n..][..2].copy_from_slice(&blk[2..4]);
+                        }
                     }
                     _ => {
                         for c in 0..8 {
@@ -118,10 +125,18 @@ pub fn group<const K: usize>(
             let hp = hi.map(|a| a.as_ptr());
             let sp = sums.map(|s| s.as_ptr());
             match (ty, lo, sums_lo) {
-                (GgmlType::Q4_1, Some(lo), _) => {
-                    avx512::q4_1::<K, true>(units.as_ptr(), nb, hp, lo.map(|a| a.as_ptr()))
+                (GgmlType::Q4_0, Some(lo), _) => {
+                    avx512::q4::<K, true, true>(units.as_ptr(), nb, hp, lo.map(|a| a.as_ptr()))
                 }
-                (GgmlType::Q4_1, None, _) => avx512::q4_1::<K, false>(units.as_ptr(), nb, hp, hp),
+                (GgmlType::Q4_0, None, _) => {
+                    avx512::q4::<K, false, true>(units.as_ptr(), nb, hp, hp)
+                }
+                (GgmlType::Q4_1, Some(lo), _) => {
+                    avx512::q4::<K, true, false>(units.as_ptr(), nb, hp, lo.map(|a| a.as_ptr()))
+                }
+                (GgmlType::Q4_1, None, _) => {
+                    avx512::q4::<K, false, false>(units.as_ptr(), nb, hp, hp)
+                }
                 (_, Some(lo), Some(sl)) => avx512::q8_0::<K, true>(
                     units.as_ptr(),
                     nb,
@@ -156,7 +171,7 @@ pub fn group_scalar(
             for a in acts.clone() {
                 let mut s = 0i32;
                 match ty {
-                    GgmlType::Q4_1 => {
+                    GgmlType::Q4_0 | GgmlType::Q4_1 => {
                         for c in 0..4 {
                             for j in 0..4 {
                                 let q = u[64 * c + 4 * n + j];
@@ -164,7 +179,12 @@ pub fn group_scalar(
                                 s += (q >> 4) as i32 * a.qs[16 + 4 * c + j] as i32;
                             }
                         }
-                        v += f16_at(u, 256 + 2 * n) * a.d * s as f32 + f16_at(u, 288 + 2 * n) * a.s;
+                        let d = f16_at(u, 256 + 2 * n);
+                        let m = match ty {
+                            GgmlType::Q4_0 => -8.0 * d,
+                            _ => f16_at(u, 288 + 2 * n),
+                        };
+                        v += d * a.d * s as f32 + m * a.s;
                     }
                     _ => {
                         for c in 0..8 {
@@ -226,22 +246,23 @@ mod avx512 {
         }
     }
 
-    /// Q4_1 units: lane n of `out[k]` is row n's product with activation row k. Per unit and
-    /// k: `s = sum(q * hi)` (q8x2: `256 * sum(q * hi) + sum(q * lo)`) in 32-bit integers
-    /// (at most 32 * 15 * 127 * 257), then `acc += (d * hi.d') * s` and `offs += m *
-    /// (hi.s + lo.s)` with `hi.d' = hi.d / 256` for q8x2; the result is `acc + offs`.
+    /// Q4_1 units (Q4_0 with `Q4_0`): lane n of `out[k]` is row n's product with activation
+    /// row k. Per unit and k: `s = sum(q * hi)` (q8x2: `256 * sum(q * hi) + sum(q * lo)`) in
+    /// 32-bit integers (at most 32 * 15 * 127 * 257), then `acc += (d * hi.d') * s` and
+    /// `offs += m * (hi.s + lo.s)` with `hi.d' = hi.d / 256` for q8x2 and `m = -8 d` for Q4_0;
+    /// the result is `acc + offs`.
     ///
     /// # Safety
-    /// avx512f/bw/vl/vnni, avx2, fma and f16c must be available; `p` points at `nb` Q4_1
-    /// units; every `hi[k]` (and `lo[k]` when `X2`) at `nb` blocks.
+    /// avx512f/bw/vl/vnni, avx2, fma and f16c must be available; `p` points at `nb` units of
+    /// the format; every `hi[k]` (and `lo[k]` when `X2`) at `nb` blocks.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-    pub unsafe fn q4_1<const K: usize, const X2: bool>(
+    pub unsafe fn q4<const K: usize, const X2: bool, const Q4_0: bool>(
         p: *const u8,
         nb: usize,
         hi: [*const BlockQ8; K],
         lo: [*const BlockQ8; K],
     ) -> [[f32; ROWS]; K] {
-        const UNIT: usize = 320;
+        let unit: usize = if Q4_0 { 288 } else { 320 };
         let mask = _mm512_set1_epi8(0x0F);
         let mut acc = [_mm512_setzero_ps(); K];
         let mut offs = [_mm512_setzero_ps(); K];
@@ -249,12 +270,11 @@ mod avx512 {
             // SAFETY: unit b lies at p (caller's contract); the prefetch is a hint only and
             // may point past the matrix; blocks b of the activation rows exist.
             unsafe {
-                let u = p.add(b * UNIT);
-                _mm_prefetch::<_MM_HINT_T0>(u.wrapping_add(AHEAD * UNIT) as *const i8);
-                _mm_prefetch::<_MM_HINT_T0>(u.wrapping_add(AHEAD * UNIT + 64) as *const i8);
-                _mm_prefetch::<_MM_HINT_T0>(u.wrapping_add(AHEAD * UNIT + 128) as *const i8);
-                _mm_prefetch::<_MM_HINT_T0>(u.wrapping_add(AHEAD * UNIT + 192) as *const i8);
-                _mm_prefetch::<_MM_HINT_T0>(u.wrapping_add(AHEAD * UNIT + 256) as *const i8);
+                let u = p.add(b * unit);
+                for line in 0..5 {
+                    let a = u.wrapping_add(AHEAD * unit + 64 * line);
+                    _mm_prefetch::<_MM_HINT_T0>(a as *const i8);
+                }
                 // Chunk c's low nibbles are elements 4c.. (quad c), its high nibbles
                 // elements 16 + 4c.. (quad 4 + c).
                 let mut q = [_mm512_setzero_si512(); 8];
@@ -264,7 +284,11 @@ mod avx512 {
                     q[4 + c] = _mm512_and_si512(_mm512_srli_epi16::<4>(w), mask);
                 }
                 let d = _mm512_cvtph_ps(_mm256_loadu_si256(u.add(256) as *const __m256i));
-                let m = _mm512_cvtph_ps(_mm256_loadu_si256(u.add(288) as *const __m256i));
+                let m = if Q4_0 {
+                    _mm512_mul_ps(d, _mm512_set1_ps(-8.0))
+                } else {
+                    _mm512_cvtph_ps(_mm256_loadu_si256(u.add(288) as *const __m256i))
+                };
                 for k in 0..K {
                     let h = hi[k].add(b);
                     let mut s = dot8(&q, h);
@@ -289,12 +313,12 @@ mod avx512 {
         out
     }
 
-    /// Q8_0 units: as [`q4_1`], with `s = sum((w + 128) * hi) - 128 * sum(hi)` (q8x2:
+    /// Q8_0 units: as [`q4`], with `s = sum((w + 128) * hi) - 128 * sum(hi)` (q8x2:
     /// `256 * (..hi..) + (..lo..)`, at most 32 * 255 * 128 * 257 before the correction) and
     /// no offset term. `sums[k][b]` / `sums_lo[k][b]` are block b's sums of `qs`.
     ///
     /// # Safety
-    /// As [`q4_1`], with `p` at `nb` Q8_0 units and `sums[k]` (and `sums_lo[k]` when `X2`)
+    /// As [`q4`], with `p` at `nb` Q8_0 units and `sums[k]` (and `sums_lo[k]` when `X2`)
     /// at `nb` values.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
     pub unsafe fn q8_0<const K: usize, const X2: bool>(
@@ -308,7 +332,7 @@ mod avx512 {
         const UNIT: usize = 544;
         let mut acc = [_mm512_setzero_ps(); K];
         for b in 0..nb {
-            // SAFETY: as in q4_1; sums[k] (and sums_lo[k]) hold nb values.
+            // SAFETY: as in q4; sums[k] (and sums_lo[k]) hold nb values.
             unsafe {
                 let u = p.add(b * UNIT);
                 for line in 0..9 {
@@ -350,7 +374,7 @@ mod avx512 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernels::q4::dot_q4_1_scalar;
+    use crate::kernels::q4::{dot_q4_0_scalar, dot_q4_1_scalar};
     use crate::kernels::q8::quantize_q8x2;
     use crate::kernels::q8_0::dot_q8_0_scalar;
     use crate::kernels::test_util::{rand_blocks, rand_f32};
@@ -368,6 +392,12 @@ mod tests {
     #[test]
     fn groups_match_gguf_rows_for_every_k() {
         for (ty, bytes, scales, dot) in [
+            (
+                GgmlType::Q4_0,
+                Q4_0_BYTES,
+                &[0usize][..],
+                dot_q4_0_scalar as fn(&[u8], &[BlockQ8]) -> f32,
+            ),
             (
                 GgmlType::Q4_1,
                 Q4_1_BYTES,
@@ -440,7 +470,7 @@ mod tests {
 
     #[test]
     fn pack_refuses_what_it_cannot_pack() {
-        assert!(pack(GgmlType::Q4_0, 32, 32, &[0; 32 * 18]).is_none());
+        assert!(pack(GgmlType::Q5_0, 32, 32, &[0; 32 * 22]).is_none());
         assert!(pack(GgmlType::Q4_1, 15, 32, &[0; 15 * 20]).is_none());
         assert!(pack(GgmlType::Q4_1, 16, 32, &[0; 16 * 20 - 1]).is_none());
     }
