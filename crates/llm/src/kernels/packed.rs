@@ -11,6 +11,10 @@
 //!   high nibbles: elements `16 + 4c..`); then the 16 rows' `d` (f16), then their `m` (f16).
 //! - Q4_0 (288 bytes = 16 x 18): the same without `m` (`w = d * (q - 8)`: the offset is
 //!   `-8 d`).
+//! - Q5_0 (352 bytes = 16 x 22): the Q4 chunks of the low four bits, then per row a u32 of
+//!   the fifth bits rearranged so that byte j, bit c is element `4c + j`'s (chunk c's lane
+//!   byte j: one shift and a mask put chunk c's fifth bits at bit 4 of its bytes), then the
+//!   16 `d` (`w = d * (q - 16)`: the offset is `-16 d`).
 //! - Q8_0 (544 bytes = 16 x 34): 8 chunks of 64 bytes, chunk c lane n = row n's elements
 //!   `4c..4c + 4` plus 128 (as u8, the unsigned operand of `vpdpbusd`); then the 16 `d`.
 //!   `sum((w + 128) * x) - 128 * sum(x)` recovers the signed sum ([`Acts`]'s block sums).
@@ -24,6 +28,7 @@
 use ferrite_gguf::GgmlType;
 
 use super::q4::{Q4_0_BYTES, Q4_1_BYTES};
+use super::q5::Q5_0_BYTES;
 use super::q8::BlockQ8;
 use super::q8_0::Q8_0_BYTES;
 use super::{f16_at, Isa};
@@ -36,6 +41,7 @@ pub fn unit_bytes(ty: GgmlType) -> Option<usize> {
     match ty {
         GgmlType::Q4_0 => Some(ROWS * Q4_0_BYTES),
         GgmlType::Q4_1 => Some(ROWS * Q4_1_BYTES),
+        GgmlType::Q5_0 => Some(ROWS * Q5_0_BYTES),
         GgmlType::Q8_0 => Some(ROWS * Q8_0_BYTES),
         _ => None,
     }
@@ -69,6 +75,20 @@ pub fn pack(ty: GgmlType, rows: usize, cols: usize, data: &[u8]) -> Option<Vec<u
                         if ty == GgmlType::Q4_1 {
                             u[288 + 2 * n..][..2].copy_from_slice(&blk[2..4]);
                         }
+                    }
+                    GgmlType::Q5_0 => {
+                        for c in 0..4 {
+                            u[64 * c + 4 * n..][..4].copy_from_slice(&blk[6 + 4 * c..][..4]);
+                        }
+                        let qh = u32::from_le_bytes([blk[2], blk[3], blk[4], blk[5]]);
+                        let mut h = 0u32;
+                        for j in 0..4 {
+                            for c in 0..8 {
+                                h |= ((qh >> (4 * c + j)) & 1) << (8 * j + c);
+                            }
+                        }
+                        u[256 + 4 * n..][..4].copy_from_slice(&h.to_le_bytes());
+                        u[320 + 2 * n..][..2].copy_from_slice(&blk[0..2]);
                     }
                     _ => {
                         for c in 0..8 {
@@ -125,17 +145,32 @@ pub fn group<const K: usize>(
             let hp = hi.map(|a| a.as_ptr());
             let sp = sums.map(|s| s.as_ptr());
             match (ty, lo, sums_lo) {
-                (GgmlType::Q4_0, Some(lo), _) => {
-                    avx512::q4::<K, true, true>(units.as_ptr(), nb, hp, lo.map(|a| a.as_ptr()))
-                }
+                (GgmlType::Q4_0, Some(lo), _) => avx512::q4::<K, true, { avx512::Q4_0 }>(
+                    units.as_ptr(),
+                    nb,
+                    hp,
+                    lo.map(|a| a.as_ptr()),
+                ),
                 (GgmlType::Q4_0, None, _) => {
-                    avx512::q4::<K, false, true>(units.as_ptr(), nb, hp, hp)
+                    avx512::q4::<K, false, { avx512::Q4_0 }>(units.as_ptr(), nb, hp, hp)
                 }
-                (GgmlType::Q4_1, Some(lo), _) => {
-                    avx512::q4::<K, true, false>(units.as_ptr(), nb, hp, lo.map(|a| a.as_ptr()))
-                }
+                (GgmlType::Q4_1, Some(lo), _) => avx512::q4::<K, true, { avx512::Q4_1 }>(
+                    units.as_ptr(),
+                    nb,
+                    hp,
+                    lo.map(|a| a.as_ptr()),
+                ),
                 (GgmlType::Q4_1, None, _) => {
-                    avx512::q4::<K, false, false>(units.as_ptr(), nb, hp, hp)
+                    avx512::q4::<K, false, { avx512::Q4_1 }>(units.as_ptr(), nb, hp, hp)
+                }
+                (GgmlType::Q5_0, Some(lo), _) => avx512::q4::<K, true, { avx512::Q5_0 }>(
+                    units.as_ptr(),
+                    nb,
+                    hp,
+                    lo.map(|a| a.as_ptr()),
+                ),
+                (GgmlType::Q5_0, None, _) => {
+                    avx512::q4::<K, false, { avx512::Q5_0 }>(units.as_ptr(), nb, hp, hp)
                 }
                 (_, Some(lo), Some(sl)) => avx512::q8_0::<K, true>(
                     units.as_ptr(),
@@ -185,6 +220,24 @@ pub fn group_scalar(
                             _ => f16_at(u, 288 + 2 * n),
                         };
                         v += d * a.d * s as f32 + m * a.s;
+                    }
+                    GgmlType::Q5_0 => {
+                        let h = u32::from_le_bytes([
+                            u[256 + 4 * n],
+                            u[257 + 4 * n],
+                            u[258 + 4 * n],
+                            u[259 + 4 * n],
+                        ]);
+                        for c in 0..8 {
+                            for j in 0..4 {
+                                let b = u[64 * (c % 4) + 4 * n + j];
+                                let nib = if c < 4 { b & 0xF } else { b >> 4 };
+                                let q = nib as i32 | ((((h >> (8 * j + c)) & 1) as i32) << 4);
+                                s += q * a.qs[4 * c + j] as i32;
+                            }
+                        }
+                        let d = f16_at(u, 320 + 2 * n);
+                        v += d * a.d * s as f32 - 16.0 * d * a.s;
                     }
                     _ => {
                         for c in 0..8 {
@@ -246,23 +299,32 @@ mod avx512 {
         }
     }
 
-    /// Q4_1 units (Q4_0 with `Q4_0`): lane n of `out[k]` is row n's product with activation
+    /// The formats of [`q4`].
+    pub const Q4_1: u8 = 0;
+    pub const Q4_0: u8 = 1;
+    pub const Q5_0: u8 = 2;
+
+    /// Q4_1, Q4_0 or Q5_0 units (`F`): lane n of `out[k]` is row n's product with activation
     /// row k. Per unit and k: `s = sum(q * hi)` (q8x2: `256 * sum(q * hi) + sum(q * lo)`) in
-    /// 32-bit integers (at most 32 * 15 * 127 * 257), then `acc += (d * hi.d') * s` and
-    /// `offs += m * (hi.s + lo.s)` with `hi.d' = hi.d / 256` for q8x2 and `m = -8 d` for Q4_0;
-    /// the result is `acc + offs`.
+    /// 32-bit integers (at most 32 * 31 * 127 * 257), then `acc += (d * hi.d') * s` and
+    /// `offs += m * (hi.s + lo.s)` with `hi.d' = hi.d / 256` for q8x2 and `m = -8 d` (Q4_0),
+    /// `-16 d` (Q5_0); the result is `acc + offs`.
     ///
     /// # Safety
     /// avx512f/bw/vl/vnni, avx2, fma and f16c must be available; `p` points at `nb` units of
     /// the format; every `hi[k]` (and `lo[k]` when `X2`) at `nb` blocks.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-    pub unsafe fn q4<const K: usize, const X2: bool, const Q4_0: bool>(
+    pub unsafe fn q4<const K: usize, const X2: bool, const F: u8>(
         p: *const u8,
         nb: usize,
         hi: [*const BlockQ8; K],
         lo: [*const BlockQ8; K],
     ) -> [[f32; ROWS]; K] {
-        let unit: usize = if Q4_0 { 288 } else { 320 };
+        let (unit, d_at): (usize, usize) = match F {
+            Q4_0 => (288, 256),
+            Q5_0 => (352, 320),
+            _ => (320, 256),
+        };
         let mask = _mm512_set1_epi8(0x0F);
         let mut acc = [_mm512_setzero_ps(); K];
         let mut offs = [_mm512_setzero_ps(); K];
@@ -271,7 +333,7 @@ mod avx512 {
             // may point past the matrix; blocks b of the activation rows exist.
             unsafe {
                 let u = p.add(b * unit);
-                for line in 0..5 {
+                for line in 0..unit.div_ceil(64) {
                     let a = u.wrapping_add(AHEAD * unit + 64 * line);
                     _mm_prefetch::<_MM_HINT_T0>(a as *const i8);
                 }
@@ -283,11 +345,29 @@ mod avx512 {
                     q[c] = _mm512_and_si512(w, mask);
                     q[4 + c] = _mm512_and_si512(_mm512_srli_epi16::<4>(w), mask);
                 }
-                let d = _mm512_cvtph_ps(_mm256_loadu_si256(u.add(256) as *const __m256i));
-                let m = if Q4_0 {
-                    _mm512_mul_ps(d, _mm512_set1_ps(-8.0))
-                } else {
-                    _mm512_cvtph_ps(_mm256_loadu_si256(u.add(288) as *const __m256i))
+                if F == Q5_0 {
+                    // Chunk c's fifth bits are bit c of each byte of h: to bit 4.
+                    let h = _mm512_loadu_si512(u.add(256) as *const __m512i);
+                    let b4 = _mm512_set1_epi8(0x10);
+                    for (c, qc) in q.iter_mut().enumerate() {
+                        let at4 = match c {
+                            0 => _mm512_slli_epi32::<4>(h),
+                            1 => _mm512_slli_epi32::<3>(h),
+                            2 => _mm512_slli_epi32::<2>(h),
+                            3 => _mm512_slli_epi32::<1>(h),
+                            4 => h,
+                            5 => _mm512_srli_epi32::<1>(h),
+                            6 => _mm512_srli_epi32::<2>(h),
+                            _ => _mm512_srli_epi32::<3>(h),
+                        };
+                        *qc = _mm512_or_si512(*qc, _mm512_and_si512(at4, b4));
+                    }
+                }
+                let d = _mm512_cvtph_ps(_mm256_loadu_si256(u.add(d_at) as *const __m256i));
+                let m = match F {
+                    Q4_0 => _mm512_mul_ps(d, _mm512_set1_ps(-8.0)),
+                    Q5_0 => _mm512_mul_ps(d, _mm512_set1_ps(-16.0)),
+                    _ => _mm512_cvtph_ps(_mm256_loadu_si256(u.add(288) as *const __m256i)),
                 };
                 for k in 0..K {
                     let h = hi[k].add(b);
@@ -375,6 +455,7 @@ mod avx512 {
 mod tests {
     use super::*;
     use crate::kernels::q4::{dot_q4_0_scalar, dot_q4_1_scalar};
+    use crate::kernels::q5::dot_q5_scalar;
     use crate::kernels::q8::quantize_q8x2;
     use crate::kernels::q8_0::dot_q8_0_scalar;
     use crate::kernels::test_util::{rand_blocks, rand_f32};
@@ -405,6 +486,9 @@ mod tests {
                 dot_q4_1_scalar as fn(&[u8], &[BlockQ8]) -> f32,
             ),
             (GgmlType::Q8_0, Q8_0_BYTES, &[0][..], dot_q8_0_scalar),
+            (GgmlType::Q5_0, Q5_0_BYTES, &[0][..], |w, a| {
+                dot_q5_scalar(w, a, false)
+            }),
         ] {
             for nb in [1usize, 2, 3, 18] {
                 let rows = 2 * ROWS + 5;
@@ -470,7 +554,7 @@ mod tests {
 
     #[test]
     fn pack_refuses_what_it_cannot_pack() {
-        assert!(pack(GgmlType::Q5_0, 32, 32, &[0; 32 * 22]).is_none());
+        assert!(pack(GgmlType::Q5_1, 32, 32, &[0; 32 * 24]).is_none());
         assert!(pack(GgmlType::Q4_1, 15, 32, &[0; 15 * 20]).is_none());
         assert!(pack(GgmlType::Q4_1, 16, 32, &[0; 16 * 20 - 1]).is_none());
     }
