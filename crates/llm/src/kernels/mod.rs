@@ -16,8 +16,9 @@
 //! batched with it (the engine's batched logits equal the single-sequence ones). Different
 //! instruction sets may differ in the last bits (their float summation orders differ).
 //! On AVX-512 a matrix may also carry a [`packed`] copy of its whole 16-row groups (Q4_0,
-//! Q4_1, Q5_0, Q8_0; the CPU model makes one per weight): those rows run the packed kernel for every
-//! batch size instead of the tiles, so a row's bits still do not depend on its batch.
+//! Q4_1, Q5_0, Q8_0; the CPU model makes one per weight): those rows run the packed kernel
+//! for every batch size instead of the tiles, so a row's bits still do not depend on its
+//! batch.
 
 pub mod exp;
 pub mod float;
