@@ -3,6 +3,8 @@
 
 #[path = "build/aot.rs"]
 mod aot;
+#[path = "src/kernel_key.rs"]
+mod kernel_key;
 
 /// Every kernel source of the crate (`kernels::all_sources`): `src/<name>.cu`.
 const SOURCES: [&str; 12] = [
@@ -23,7 +25,11 @@ const SOURCES: [&str; 12] = [
 fn main() {
     let dir = std::path::Path::new("src");
     let read = |f: &str| std::fs::read_to_string(dir.join(f)).expect("reading a kernel source");
-    let mut files = vec![dir.join("common.cuh"), "build/aot.rs".into()];
+    let mut files = vec![
+        dir.join("common.cuh"),
+        "build/aot.rs".into(),
+        dir.join("kernel_key.rs"),
+    ];
     let sources: Vec<aot::Source> = SOURCES
         .iter()
         .map(|&name| {

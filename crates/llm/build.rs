@@ -3,6 +3,8 @@
 
 #[path = "../cuda/build/aot.rs"]
 mod aot;
+#[path = "../cuda/src/kernel_key.rs"]
+mod kernel_key;
 
 /// Each kernel source of `gpu` (`gpu::sources`): its name and its files in `src/gpu`, in the
 /// order its `KernelSource` concatenates them.
@@ -18,7 +20,11 @@ fn main() {
     let dir = std::path::Path::new("src/gpu");
     let common_path = std::path::Path::new("../cuda/src/common.cuh");
     let read = |p: &std::path::Path| std::fs::read_to_string(p).expect("reading a kernel source");
-    let mut files = vec![common_path.to_path_buf(), "../cuda/build/aot.rs".into()];
+    let mut files = vec![
+        common_path.to_path_buf(),
+        "../cuda/build/aot.rs".into(),
+        "../cuda/src/kernel_key.rs".into(),
+    ];
     let sources: Vec<aot::Source> = SOURCES
         .iter()
         .map(|&(name, parts)| aot::Source {

@@ -7,37 +7,18 @@
 //! `FERRITE_NVRTC`, a path to libnvrtc, else the library search path) and its cubin embedded in
 //! the crate (`$OUT_DIR/prebuilt.rs`: one `&[Prebuilt]` constant per source). At run time
 //! `ferrite_cuda::compile` takes an embedded cubin whose key (sha256 of the full source, the
-//! architecture and the options, as in `kernels.rs`) matches, so a first run neither compiles
+//! architecture and the options: `src/kernel_key.rs`, shared with the crate) matches, so a first run neither compiles
 //! nor needs NVRTC. Without NVRTC or an architecture nothing is embedded (every constant is
 //! empty) and kernels compile at first use, as before.
 
 use std::path::PathBuf;
 
-use sha2::{Digest, Sha256};
-
-/// The options `kernels.rs` compiles with (`OPTIONS`), in order.
-pub const OPTIONS: [&str; 2] = ["--std=c++17", "-default-device"];
+use crate::kernel_key::{self, OPTIONS};
 
 /// One kernel source: the name `KernelSource` gives it, and its text after `common.cuh`.
 pub struct Source {
     pub name: &'static str,
     pub src: String,
-}
-
-/// What `kernels.rs` hands NVRTC: `common.cuh`, a line directive, then the source.
-pub fn full_source(common: &str, s: &Source) -> String {
-    format!("{common}\n#line 1 \"{}.cu\"\n{}", s.name, s.src)
-}
-
-/// The prebuilt key of a full source for `arch` (as `kernels::prebuilt_key`).
-pub fn key(full: &str, arch: &str) -> String {
-    let mut h = Sha256::new();
-    h.update(full.as_bytes());
-    h.update(format!("--gpu-architecture={arch}").as_bytes());
-    for o in OPTIONS {
-        h.update(o.as_bytes());
-    }
-    h.finalize().iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// Tells cargo what the embedded kernels depend on.
@@ -82,7 +63,11 @@ pub fn build(common: &str, sources: &[Source], ty: &str) {
     if let Some(nv) = &nvrtc {
         for s in sources {
             for a in &archs {
-                jobs.push((s, a.clone(), full_source(common, s)));
+                jobs.push((
+                    s,
+                    a.clone(),
+                    kernel_key::full_source(common, s.name, &s.src),
+                ));
             }
         }
         let results: Vec<Result<Vec<u8>, String>> = std::thread::scope(|sc| {
@@ -107,7 +92,7 @@ pub fn build(common: &str, sources: &[Source], ty: &str) {
                         s.name,
                         format!(
                             "{ty} {{ arch: {a:?}, key: {:?}, cubin: include_bytes!({:?}) }}",
-                            key(full, a),
+                            kernel_key::key(full, a, ""),
                             file.display().to_string()
                         ),
                     ));

@@ -13,7 +13,7 @@ use cudarc::driver::{result as dr, sys};
 use cudarc::nvrtc::sys as nv;
 use ferrite_core::{Error, Result};
 
-use sha2::{Digest, Sha256};
+use crate::kernel_key::{self, OPTIONS};
 use std::collections::HashMap;
 use std::ffi::{c_void, CStr, CString};
 use std::path::PathBuf;
@@ -39,19 +39,13 @@ pub struct Prebuilt {
 
 /// The text NVRTC compiles for `src`: `common.cuh`, a line directive, the source.
 fn full_source(src: &KernelSource) -> String {
-    format!("{COMMON}\n#line 1 \"{}.cu\"\n{}", src.name, src.src)
+    kernel_key::full_source(COMMON, src.name, src.src)
 }
 
 /// sha256 (hex) of the full source of `src`, `--gpu-architecture=<arch>` and the compile
 /// options: what a [`Prebuilt`] cubin for `arch` must carry to be used for `src`.
 pub fn prebuilt_key(src: &KernelSource, arch: &str) -> String {
-    let mut h = Sha256::new();
-    h.update(full_source(src).as_bytes());
-    h.update(format!("--gpu-architecture={arch}").as_bytes());
-    for o in OPTIONS {
-        h.update(o.as_bytes());
-    }
-    h.finalize().iter().map(|b| format!("{b:02x}")).collect()
+    kernel_key::key(&full_source(src), arch, "")
 }
 
 /// Checks the build-time cubins of `sources`: each one's key is its source's, and every
@@ -110,8 +104,6 @@ pub fn all_sources() -> Vec<&'static KernelSource> {
     ]
 }
 
-const OPTIONS: [&str; 2] = ["--std=c++17", "-default-device"];
-
 /// Whether NVRTC can be loaded in this process.
 pub fn nvrtc_present() -> bool {
     // SAFETY: only tries to dlopen the library.
@@ -161,14 +153,7 @@ pub fn compile_nvrtc(src: &KernelSource, arch: &str) -> Result<Vec<u8>> {
     let full = full_source(src);
     let arch_opt = format!("--gpu-architecture={arch}");
     let (va, vb) = nvrtc_version();
-    let mut h = Sha256::new();
-    h.update(full.as_bytes());
-    h.update(arch_opt.as_bytes());
-    for o in OPTIONS {
-        h.update(o.as_bytes());
-    }
-    h.update(format!("nvrtc {va}.{vb}").as_bytes());
-    let key: String = h.finalize().iter().map(|b| format!("{b:02x}")).collect();
+    let key = kernel_key::key(&full, arch, &format!("nvrtc {va}.{vb}"));
     let cached = cache_dir().map(|d| d.join(format!("{}-{arch}-{key}.cubin", src.name)));
     if let Some(p) = &cached {
         if let Ok(bytes) = std::fs::read(p) {

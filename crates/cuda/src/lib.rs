@@ -23,6 +23,7 @@ mod driver;
 mod elementwise;
 mod graph;
 mod index;
+mod kernel_key;
 mod kernels;
 mod matmul;
 mod norm;
