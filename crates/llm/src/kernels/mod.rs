@@ -608,17 +608,6 @@ fn groups(
     fn row<T>(v: &[T], ti: usize, nb: usize) -> &[T] {
         &v[ti * nb..(ti + 1) * nb]
     }
-    fn run<const K: usize>(
-        isa: Isa,
-        w: &QMat<'_>,
-        units: &[u8],
-        hi: [&[BlockQ8]; K],
-        lo: Option<[&[BlockQ8]; K]>,
-        s: [&[i32]; K],
-        sl: Option<[&[i32]; K]>,
-    ) -> [[f32; packed::ROWS]; K] {
-        packed::group(isa, w.ty, units, hi, lo, s, sl)
-    }
     let store = |ti: usize, r: usize, v: &[f32; packed::ROWS]| {
         // SAFETY: (ti, r..r + 16) is inside the t x rows output, and these rows belong to
         // this task only (the caller's contract), so no other task writes these elements.
@@ -638,7 +627,7 @@ fn groups(
                     let s: [&[i32]; $k] = std::array::from_fn(|k| row(&acts.sums, t0 + k, nb));
                     let lo = x2.then(|| std::array::from_fn(|k| row(&acts.q8_lo, t0 + k, nb)));
                     let sl = x2.then(|| std::array::from_fn(|k| row(&acts.sums_lo, t0 + k, nb)));
-                    let v = run::<$k>(isa, w, units, hi, lo, s, sl);
+                    let v = packed::group::<$k>(isa, w.ty, units, hi, lo, s, sl);
                     for (k, v) in v.iter().enumerate() {
                         store(t0 + k, r, v);
                     }
