@@ -101,8 +101,8 @@ pub(crate) fn dequant_rows(
     launch(dev, "pf_dequant", cfg, args)
 }
 
-/// `out` (rows of nh * hd: f16, bf16 or f32 by `mode` 0, 1, 2) = the attention op's f16 `[1, nh, n, hd]`
-/// output at `o` (`pf_attn_out`).
+/// `out` (rows of nh * hd: f16, bf16 or f32 by `mode` 0, 1, 2) = the attention op's f16
+/// `[1, nh, n, hd]` output at `o` (`pf_attn_out`).
 pub(crate) fn attn_out(
     dev: &CudaDevice,
     o: u64,
@@ -122,8 +122,8 @@ pub(crate) fn attn_out(
     launch(dev, "pf_attn_out", flat(dev, (n * nh * hd) as usize), a)
 }
 
-/// `out` (rows of ff: f16, bf16 or f32 by `mode` 0, 1, 2) = act(gate) * up of `n` f32 rows of `2 * ff`
-/// (gate | up side by side) at `gu`; tanh-GELU if `gelu`, else SiLU (`pf_glu`).
+/// `out` (rows of ff: f16, bf16 or f32 by `mode` 0, 1, 2) = act(gate) * up of `n` f32 rows
+/// of `2 * ff` (gate | up side by side) at `gu`; tanh-GELU if `gelu`, else SiLU (`pf_glu`).
 pub(crate) fn glu(
     dev: &CudaDevice,
     gu: u64,
