@@ -28,10 +28,15 @@ pub const VARIABLES: &[(&str, &str)] = &[
         "FERRITE_GPU_TC_ROWS",
         "rows from which the CUDA engine's steps take the tensor-core products, 1 to 65536",
     ),
+    (
+        "FERRITE_GPU_MMQ_TILES",
+        "most 8-row input tiles a block of the prefill's int8 tensor-core products takes: 1, 2, 4 or 8",
+    ),
     ("FERRITE_GPU_MMA", "0 or 1"),
     ("FERRITE_GPU_EAGER", "0 or 1"),
     ("FERRITE_GPU_PREFILL", "0 or 1"),
     ("FERRITE_GPU_PREFILL_BF16", "0 or 1"),
+    ("FERRITE_GPU_PREFILL_MMQ", "0 or 1"),
     ("FERRITE_GPU_SPLIT", "0 or 1"),
     ("FERRITE_GPU_PDL", "0 or 1"),
     ("FERRITE_ENGINE", "0 or 1"),
@@ -103,6 +108,11 @@ pub fn check() -> Result<()> {
     int("FERRITE_GPU_MV_UPT", 1, 64)?;
     int("FERRITE_GPU_MMA_BLOCKS", 1, 16)?;
     int("FERRITE_GPU_TC_ROWS", 1, 65536)?;
+    if let Some(n) = int("FERRITE_GPU_MMQ_TILES", 1, 8)? {
+        if !n.is_power_of_two() {
+            return Err(bad("FERRITE_GPU_MMQ_TILES", &n.to_string(), "1, 2, 4 or 8"));
+        }
+    }
     for (name, _) in VARIABLES.iter().filter(|(_, w)| *w == "0 or 1") {
         flag(name)?;
     }

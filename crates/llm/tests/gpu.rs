@@ -120,6 +120,10 @@ fn gpu_tests() -> Vec<(&'static str, TestFn)> {
             "matvec_rows_int8_mma_match_register_kernels",
             matvec_rows_mma_match_register_kernels,
         ),
+        (
+            "matvec_rows_q8x2_mma_match_cpu_q8x2_and_exact",
+            matvec_rows_q8x2_mma,
+        ),
     ]
 }
 
@@ -248,6 +252,23 @@ fn q8_values(x: &[f32]) -> Vec<f32> {
     quantize_q8(x, &mut qb);
     qb.iter()
         .flat_map(|b| b.qs.iter().map(move |&q| b.d * q as f32))
+        .collect()
+}
+
+/// `x` as the two-level mode sees it: the CPU's `quantize_q8x2` (8 bits, then the residual in
+/// steps of 1/256 of the first), scaled back: `d * (hi + lo / 256)`.
+fn q8x2_values(x: &[f32]) -> Vec<f32> {
+    use ferrite_llm::kernels::q8::{quantize_q8x2, BlockQ8};
+    let mut hi = vec![BlockQ8::default(); x.len() / 32];
+    let mut lo = hi.clone();
+    quantize_q8x2(x, &mut hi, &mut lo);
+    hi.iter()
+        .zip(&lo)
+        .flat_map(|(h, l)| {
+            h.qs.iter()
+                .zip(&l.qs)
+                .map(move |(&a, &b)| (h.d as f64 * (a as f64 + b as f64 / 256.0)) as f32)
+        })
         .collect()
 }
 
@@ -2792,6 +2813,125 @@ fn matvec_rows_mma_match_register_kernels(dev: &CudaDevice) -> Option<String> {
                         "{ty} {rows_w}x{cols} {mode:?} rows {n} split K {split}: int8 mma differs from the register kernels by {worst:.3e} (largest output {scale:.3e}) at element {at}: {} vs {}",
                         got[at], want[at]
                     );
+                    }
+                }
+            }
+        }
+    }
+    None
+}
+
+/// The prefill's products of models on f32 activations (`ops::matvec_rows_q8x2`: int8 tensor
+/// cores, two-level inputs): every format they take, split and GGUF rows, batches across the
+/// 8-row tiles and block groups, Store / Add / GLU, against an f64 product of the CPU's q8x2
+/// values (same quantization, so only summation order differs: 2e-5 of sum |w x|), and against
+/// the exact f32 inputs (the q8x2 rounding: within 1e-4 of sum |w x|).
+fn matvec_rows_q8x2_mma(dev: &CudaDevice) -> Option<String> {
+    if dev.compute_capability().0 < 8 {
+        return Some(format!(
+            "the int8 tensor-core kernels need sm_80 or later; this device is sm_{}{}",
+            dev.compute_capability().0,
+            dev.compute_capability().1
+        ));
+    }
+    let types = [
+        GgmlType::Q4_0,
+        GgmlType::Q4_1,
+        GgmlType::Q5_0,
+        GgmlType::Q5_1,
+        GgmlType::Q8_0,
+    ];
+    for (i, ty) in types.into_iter().enumerate() {
+        // 576 columns: 18 units (a partial stage), GGUF rows (copied into padded split rows)
+        for (rows_w, cols, split) in [(96usize, 576usize, false), (200, 1792, true)] {
+            let seed = 2100 + i as u64 + cols as u64;
+            let (g, wg) = rand_matrix_with(dev, ty, rows_w, cols, seed, split);
+            let (u, wu) = rand_matrix_with(dev, ty, rows_w, cols, seed + 1, split);
+            for n in [2usize, 9, 64, 70, 130] {
+                // magnitudes spread across units; a rounding tie in row 0
+                let mut x: Vec<f32> = Rng(seed + 4 + n as u64)
+                    .vec(n * cols)
+                    .iter()
+                    .enumerate()
+                    .map(|(k, v)| v * (1.0 + (k / 32 % 7) as f32))
+                    .collect();
+                x[0] = 127.0;
+                x[1] = 0.5;
+                let xq: Vec<f32> = x.chunks(cols).flat_map(q8x2_values).collect();
+                let xb = up(dev, &x);
+                for mode in [Mode::Store, Mode::Add, Mode::GluSilu] {
+                    let glu = mode == Mode::GluSilu;
+                    let segs = [
+                        Seg {
+                            w: &g,
+                            bias: None,
+                            out_off: 0,
+                        },
+                        Seg {
+                            w: &u,
+                            bias: None,
+                            out_off: if glu { 0 } else { rows_w },
+                        },
+                    ];
+                    let ostride = if glu { rows_w } else { 2 * rows_w } + 3;
+                    let init: Vec<f32> = Rng(seed + 9).vec(n * ostride);
+                    let out = up(dev, &init);
+                    ops::matvec_rows_q8x2(dev, &segs, mode, &xb, None, &out, n, ostride).unwrap();
+                    let got = read(dev, &out, n * ostride);
+                    for r in 0..n {
+                        let (xr, xe) = (&xq[r * cols..][..cols], &x[r * cols..][..cols]);
+                        let (gq, ge) = (
+                            ref_matvec(&wg, xr, rows_w, cols),
+                            ref_matvec(&wg, xe, rows_w, cols),
+                        );
+                        let (uq, ue) = (
+                            ref_matvec(&wu, xr, rows_w, cols),
+                            ref_matvec(&wu, xe, rows_w, cols),
+                        );
+                        for o in 0..rows_w {
+                            let silu = |v: f64| v / (1.0 + (-v).exp());
+                            // (value from q8x2 inputs, from exact inputs, its scale, output index)
+                            let mut checks = Vec::new();
+                            if glu {
+                                let scale = gq[o].1 * uq[o].0.abs().max(1.0)
+                                    + uq[o].1 * silu(gq[o].0).abs();
+                                checks.push((
+                                    silu(gq[o].0) * uq[o].0,
+                                    silu(ge[o].0) * ue[o].0,
+                                    scale,
+                                    o,
+                                ));
+                            } else {
+                                let base = |k: usize| {
+                                    if mode == Mode::Add {
+                                        init[r * ostride + k] as f64
+                                    } else {
+                                        0.0
+                                    }
+                                };
+                                checks.push((base(o) + gq[o].0, base(o) + ge[o].0, gq[o].1, o));
+                                checks.push((
+                                    base(rows_w + o) + uq[o].0,
+                                    base(rows_w + o) + ue[o].0,
+                                    uq[o].1,
+                                    rows_w + o,
+                                ));
+                            }
+                            for (want, exact, scale, k) in checks {
+                                let v = got[r * ostride + k] as f64;
+                                assert!(
+                                    (v - want).abs() <= 2e-5 * scale + 1e-5 && (v - exact).abs() <= 1e-4 * scale + 1e-5,
+                                    "{ty} {rows_w}x{cols} {mode:?} rows {n}: row {r} output {k}: gpu {v}, cpu q8x2 {want}, exact {exact} (scale {scale})"
+                                );
+                            }
+                        }
+                    }
+                    // outputs past the rows (the row stride's padding) are untouched
+                    let pad = if glu { rows_w } else { 2 * rows_w };
+                    for r in 0..n {
+                        for k in pad..ostride {
+                            assert_eq!(got[r * ostride + k], init[r * ostride + k], "{ty} padding");
+                        }
                     }
                 }
             }

@@ -117,6 +117,10 @@ __device__ __forceinline__ float mv_units(const u8* base, u32 nunits, u32 j, u32
 // (scale max|x| / 127, round half away from zero). Weight units are then dotted with __dp4a
 // on packed 4/5/6/8-bit integers and scaled once per unit by the two scales.
 #define Q8U 48
+// The two-level form (kernel quantize_q8x2, the CPU's q8x2): units of Q8X2U bytes, a Q8U unit
+// (hi's qs, d, and s = hi's s + lo's s) followed by lo's qs[32] (i8): the rounding residual in
+// steps of exactly d / 256, so x[i] ~= d * (qs[i] + lo[i] / 256) (~16 bits).
+#define Q8X2U 80
 
 // A unit's qs as 8 ints (16-byte aligned unit in shared memory: two 16-byte loads).
 struct Q8W {
@@ -903,7 +907,10 @@ extern "C" __global__ void __launch_bounds__(MVR_W * 32) mvrb_q8_mixed(const MvA
 // differs from the one-row launch's in the last bits.
 #define MQ_W 4
 #define MQ_KU 4
-#define MQ_XS (MQ_KU * Q8U + 16)
+// Bytes of an input unit (Q8U, or Q8X2U for the two-level inputs), and between input rows of
+// a stage in shared memory.
+template <bool X2> __device__ __forceinline__ constexpr u32 mq_xu() { return X2 ? Q8X2U : Q8U; }
+template <bool X2> __device__ __forceinline__ constexpr u32 mq_xs() { return MQ_KU * mq_xu<X2>() + 16; }
 
 // Shared memory of a warp's weights for one stage: 32 rows of MQ_KU units' quants
 // (mq_qs(F) bytes a row, padded: fragment reads without bank conflicts), their d (and m)
@@ -961,11 +968,15 @@ __device__ __forceinline__ u32 mq_prow(const MvArgs& a, bool glu, u32 t, u32 row
     return a.seg[0].rows + a.seg[1].rows + row;
 }
 
-template <int F, int NT>
+// X2: two-level inputs (Q8X2U units): per unit the hi product c, then the lo bytes' product
+// accumulated onto 256 c in the same integers (|256 c| < 2^28 for every format), scaled by
+// d / 256: the CPU's fused q8x2 sum.
+template <int F, int NT, bool X2>
 __device__ __forceinline__ void mmq_run(const MvArgs& a) {
 #if __CUDA_ARCH__ >= 800
     // dynamic: inputs [2][8 NT][MQ_XS], then weights [2][MQ_W][mq_wbytes]
     extern __shared__ __align__(16) u8 smem[];
+    constexpr u32 MQ_XS = mq_xs<X2>(), XU = mq_xu<X2>(), XP = XU / 16;
     constexpr u32 XB = 8 * NT * MQ_XS, WB = mq_wbytes<F>(), QS = mq_qs<F>();
     constexpr u32 SQ = sp_q<F>(), SH = sp_h<F>(), SQH = sp_qh<F>();
     const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
@@ -995,18 +1006,18 @@ __device__ __forceinline__ void mmq_run(const MvArgs& a) {
             for (int e = 0; e < 4; ++e) acc[m][j][e] = 0.f;
         }
     }
-    const u64 xbase = a.x + (u64)row0 * a.xstride + (u64)ub * Q8U;
+    const u64 xbase = a.x + (u64)row0 * a.xstride + (u64)ub * XU;
     // Stage st into buffer st & 1: the block's input units (rows past nb are left as they
     // are: their columns are never stored), and this warp's 32 weight rows (local row lr:
     // r0 + lr; GLU: gate rows r0 + lr, lr < 16, then up rows r0 + lr - 16; rows past the
     // segment's end read its last row, unused).
     auto stage_in = [&](u32 st) {
         u8* xd = smem + (st & 1) * XB;
-        const u32 n = nb * MQ_KU * 3;
+        const u32 n = nb * MQ_KU * XP;
         for (u32 i = threadIdx.x; i < n; i += blockDim.x) {
-            const u32 r = i / (MQ_KU * 3), rem = i % (MQ_KU * 3), uu = rem / 3, p = rem % 3;
+            const u32 r = i / (MQ_KU * XP), rem = i % (MQ_KU * XP), uu = rem / XP, p = rem % XP;
             const u32 u = st * MQ_KU + uu;
-            if (u < su) cp16(xd + r * MQ_XS + uu * Q8U + p * 16, xbase + (u64)r * a.xstride + (u64)u * Q8U + p * 16);
+            if (u < su) cp16(xd + r * MQ_XS + uu * XU + p * 16, xbase + (u64)r * a.xstride + (u64)u * XU + p * 16);
         }
         u8* wd = smem + 2 * XB + ((st & 1) * MQ_W + warp) * WB;
         const u32 u0 = ub + st * MQ_KU;
@@ -1063,25 +1074,43 @@ __device__ __forceinline__ void mmq_run(const MvArgs& a) {
             }
 #pragma unroll
             for (int j = 0; j < NT; ++j) {
-                const u8* xr = x + (8 * j + g) * MQ_XS + uu * Q8U;
+                const u8* xr = x + (8 * j + g) * MQ_XS + uu * XU;
                 const u32 b0 = *(const u32*)(xr + 4 * t), b1 = *(const u32*)(xr + 16 + 4 * t);
+                u32 l0 = 0, l1 = 0;
+                if (X2) {
+                    l0 = *(const u32*)(xr + Q8U + 4 * t);
+                    l1 = *(const u32*)(xr + Q8U + 16 + 4 * t);
+                }
                 // (d, s) of input rows 8 j + 2 t and 8 j + 2 t + 1: the columns this thread holds
-                const float2 d0 = *(const float2*)(x + (8 * j + 2 * t) * MQ_XS + uu * Q8U + 32);
-                const float2 d1 = *(const float2*)(x + (8 * j + 2 * t + 1) * MQ_XS + uu * Q8U + 32);
+                const float2 d0 = *(const float2*)(x + (8 * j + 2 * t) * MQ_XS + uu * XU + 32);
+                const float2 d1 = *(const float2*)(x + (8 * j + 2 * t + 1) * MQ_XS + uu * XU + 32);
                 const float o0 = mq_off<F>(d0.y), o1 = mq_off<F>(d1.y);
+                // X2: the sums are 256 hi + lo, in steps of d / 256 (exact: a power of two)
+                const float x0 = X2 ? d0.x * (1.0f / 256.0f) : d0.x, x1 = X2 ? d1.x * (1.0f / 256.0f) : d1.x;
 #pragma unroll
                 for (int m = 0; m < 2; ++m) {
                     int c0 = 0, c1 = 0, c2 = 0, c3 = 0;
-                    asm volatile(
+                    asm(
                         "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
                         "{%0,%1,%2,%3};"
                         : "+r"(c0), "+r"(c1), "+r"(c2), "+r"(c3)
                         : "r"(af[m][0]), "r"(af[m][1]), "r"(af[m][2]), "r"(af[m][3]), "r"(b0), "r"(b1));
+                    if (X2) {
+                        c0 <<= 8;
+                        c1 <<= 8;
+                        c2 <<= 8;
+                        c3 <<= 8;
+                        asm(
+                            "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                            "{%0,%1,%2,%3};"
+                            : "+r"(c0), "+r"(c1), "+r"(c2), "+r"(c3)
+                            : "r"(af[m][0]), "r"(af[m][1]), "r"(af[m][2]), "r"(af[m][3]), "r"(l0), "r"(l1));
+                    }
                     // c0, c1: weight row g, input rows 2t, 2t + 1; c2, c3: weight row g + 8
-                    acc[m][j][0] = mq_add<F>(acc[m][j][0], dw[m][0], mw[m][0], c0, d0.x, o0);
-                    acc[m][j][1] = mq_add<F>(acc[m][j][1], dw[m][0], mw[m][0], c1, d1.x, o1);
-                    acc[m][j][2] = mq_add<F>(acc[m][j][2], dw[m][1], mw[m][1], c2, d0.x, o0);
-                    acc[m][j][3] = mq_add<F>(acc[m][j][3], dw[m][1], mw[m][1], c3, d1.x, o1);
+                    acc[m][j][0] = mq_add<F>(acc[m][j][0], dw[m][0], mw[m][0], c0, x0, o0);
+                    acc[m][j][1] = mq_add<F>(acc[m][j][1], dw[m][0], mw[m][0], c1, x1, o1);
+                    acc[m][j][2] = mq_add<F>(acc[m][j][2], dw[m][1], mw[m][1], c2, x0, o0);
+                    acc[m][j][3] = mq_add<F>(acc[m][j][3], dw[m][1], mw[m][1], c3, x1, o1);
                 }
             }
         }
@@ -1163,10 +1192,14 @@ extern "C" __global__ void __launch_bounds__(256) mmq_reduce(const MvArgs a) {
 }
 
 #define MMQ_KERNELS(F, NAME) \
-    extern "C" __global__ void __launch_bounds__(MQ_W * 32) mmq_##NAME##_n1(const MvArgs a) { mmq_run<F, 1>(a); } \
-    extern "C" __global__ void __launch_bounds__(MQ_W * 32) mmq_##NAME##_n2(const MvArgs a) { mmq_run<F, 2>(a); } \
-    extern "C" __global__ void __launch_bounds__(MQ_W * 32) mmq_##NAME##_n4(const MvArgs a) { mmq_run<F, 4>(a); } \
-    extern "C" __global__ void __launch_bounds__(MQ_W * 32) mmq_##NAME##_n8(const MvArgs a) { mmq_run<F, 8>(a); }
+    extern "C" __global__ void __launch_bounds__(MQ_W * 32) mmq_##NAME##_n1(const MvArgs a) { mmq_run<F, 1, false>(a); } \
+    extern "C" __global__ void __launch_bounds__(MQ_W * 32) mmq_##NAME##_n2(const MvArgs a) { mmq_run<F, 2, false>(a); } \
+    extern "C" __global__ void __launch_bounds__(MQ_W * 32) mmq_##NAME##_n4(const MvArgs a) { mmq_run<F, 4, false>(a); } \
+    extern "C" __global__ void __launch_bounds__(MQ_W * 32) mmq_##NAME##_n8(const MvArgs a) { mmq_run<F, 8, false>(a); } \
+    extern "C" __global__ void __launch_bounds__(MQ_W * 32) mmq2_##NAME##_n1(const MvArgs a) { mmq_run<F, 1, true>(a); } \
+    extern "C" __global__ void __launch_bounds__(MQ_W * 32) mmq2_##NAME##_n2(const MvArgs a) { mmq_run<F, 2, true>(a); } \
+    extern "C" __global__ void __launch_bounds__(MQ_W * 32) mmq2_##NAME##_n4(const MvArgs a) { mmq_run<F, 4, true>(a); } \
+    extern "C" __global__ void __launch_bounds__(MQ_W * 32) mmq2_##NAME##_n8(const MvArgs a) { mmq_run<F, 8, true>(a); }
 MMQ_KERNELS(FMT_Q4_0, q4_0)
 MMQ_KERNELS(FMT_Q4_1, q4_1)
 MMQ_KERNELS(FMT_Q5_0, q5_0)
@@ -1214,6 +1247,52 @@ extern "C" __global__ void __launch_bounds__(256) quantize_q8(u64 x, u64 norm, f
         if (lane == 0) {
             ((float*)(o + 32))[0] = d;
             ((float*)(o + 32))[1] = __fmul_rn(d, (float)sum);
+        }
+    }
+}
+
+// out (cols / 32 units of Q8X2U bytes) = x as quantize_q8 takes it, quantized twice as the
+// CPU's quantize_q8x2: hi as quantize_q8, then lo the residual x - d hi in steps of d / 256
+// (round half away from zero, clamped to +-127), the same operations unfused, so the same
+// bytes. Units: hi's qs, d, s = d sum(hi) + (d / 256) sum(lo), 8 unused bytes, lo's qs.
+extern "C" __global__ void __launch_bounds__(256) quantize_q8x2(u64 x, u64 norm, float eps, u32 cols, u64 out) {
+    __shared__ float red[32];
+    pdl_wait();
+    pdl_launch();
+    x += (u64)blockIdx.y * cols * 4;
+    out += (u64)blockIdx.y * (cols >> 5) * Q8X2U;
+    const float* xf = (const float*)x;
+    const float* g = (const float*)norm;
+    float inv = 1.0f;
+    if (norm) {
+        float ss = 0.f;
+        for (u32 i = threadIdx.x; i < (cols >> 2); i += blockDim.x) {
+            const F4 v = ((const F4*)x)[i];
+            ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+        }
+        ss = block_sum(ss, red);
+        inv = 1.0f / sqrtf(ss / (float)cols + eps);
+    }
+    const u32 lane = threadIdx.x & 31, warps = blockDim.x >> 5;
+    for (u32 u = blockIdx.x * warps + (threadIdx.x >> 5); u < (cols >> 5); u += gridDim.x * warps) {
+        float v = xf[32 * u + lane];
+        if (norm) v = __fmul_rn(__fmul_rn(v, inv), g[32 * u + lane]);
+        const float amax = __int_as_float((int)__reduce_max_sync(0xffffffffu, (u32)__float_as_int(fabsf(v))));
+        const float d = __fdiv_rn(amax, 127.0f);
+        const float id = d != 0.0f ? __fdiv_rn(1.0f, d) : 0.0f;
+        const float r = __fmul_rn(v, id);
+        const int q = (int)__fadd_rn(r, copysignf(0.5f, r));
+        const float dl = __fmul_rn(d, 1.0f / 256.0f);
+        const float idl = d != 0.0f ? __fdiv_rn(256.0f, d) : 0.0f;
+        const float rl = __fmul_rn(__fsub_rn(v, __fmul_rn(d, (float)q)), idl);
+        const int ql = max(-127, min(127, (int)__fadd_rn(rl, copysignf(0.5f, rl))));
+        const int sum = __reduce_add_sync(0xffffffffu, q), suml = __reduce_add_sync(0xffffffffu, ql);
+        u8* o = (u8*)out + (u64)u * Q8X2U;
+        o[lane] = (u8)(q & 0xff);
+        o[Q8U + lane] = (u8)(ql & 0xff);
+        if (lane == 0) {
+            ((float*)(o + 32))[0] = d;
+            ((float*)(o + 32))[1] = __fadd_rn(__fmul_rn(d, (float)sum), __fmul_rn(dl, (float)suml));
         }
     }
 }

@@ -125,6 +125,11 @@ pub(crate) struct MvLaunch {
     rows: u32,
     /// The tensor-core kernels (`mmq_*_n{mma}`): 8-row input tiles a block group; 0: not.
     mma: u32,
+    /// Two-level 8-bit inputs (`quantize_q8x2`, `mmq2_*`): the CPU's q8x2.
+    x2: bool,
+    /// Whether `enqueue` quantizes the input first (false: an earlier launch of the same
+    /// input left it in the scratch, `reusing_input`).
+    quantize: bool,
 }
 
 /// `quantize_q8` in matvec.cu: x (f32 [cols], optionally RMS-normed) into cols / 32 units of
@@ -145,6 +150,15 @@ pub(crate) const Q8_UNIT: usize = 48;
 /// Bytes of the quantized input of rows of `cols` elements (the fast mode's scratch).
 pub(crate) fn q8_bytes(cols: usize) -> usize {
     cols / 32 * Q8_UNIT
+}
+
+/// Bytes per 32-element unit of a two-level input (`Q8X2U`: a `Q8_UNIT` unit, then the
+/// residual's 32 bytes).
+pub(crate) const Q8X2_UNIT: usize = 80;
+
+/// Bytes of the two-level input of one row of `cols` elements.
+pub(crate) fn q8x2_bytes(cols: usize) -> usize {
+    cols / 32 * Q8X2_UNIT
 }
 
 /// The formats the fast mode has an integer kernel for (`FMT_DISPATCH_Q8`): those the CPU's
@@ -198,6 +212,23 @@ fn mma_blocks_per_sm() -> u32 {
             .ok()
             .flatten()
             .map_or(2, |v| v as u32)
+    })
+}
+
+/// Most 8-row input tiles a block of the two-level tensor-core kernels takes
+/// (`FERRITE_GPU_MMQ_TILES`: 1, 2, 4 or 8; default 2: SmolLM2-shaped pp512 on an H100,
+/// 1, 2, 4 and 8 gave 130,798, 145,390, 140,413 and 114,851 tok/s; more blocks, each
+/// restaging its weights, beat fewer blocks with more rows each at these sizes).
+fn mmq_x2_tiles() -> u32 {
+    static T: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    *T.get_or_init(|| {
+        match crate::env::int("FERRITE_GPU_MMQ_TILES", 1, 8)
+            .ok()
+            .flatten()
+        {
+            Some(n) if n.is_power_of_two() => n as u32,
+            _ => 2,
+        }
     })
 }
 
@@ -345,6 +376,8 @@ pub(crate) fn plan(
         regs_fmt: None,
         rows: 1,
         mma: 0,
+        x2: false,
+        quantize: true,
     })
 }
 
@@ -465,6 +498,8 @@ fn plan_split(
             .then_some(segs[0].w.fmt),
         rows: 1,
         mma: 0,
+        x2: false,
+        quantize: true,
     })
 }
 
@@ -553,10 +588,21 @@ impl MvLaunch {
     /// `MQ_MAX_SPLITS` blocks a tile (split K) whose partial sums go to `part` (f32; a split
     /// count whose partials do not fit is not taken) and are added by `mmq_reduce`.
     pub(crate) fn with_mma(
+        self,
+        cc: (u32, u32),
+        sm_count: u32,
+        part: Option<&Buffer>,
+    ) -> Result<MvLaunch> {
+        self.with_mma_tiles(cc, sm_count, part, 8)
+    }
+
+    /// `with_mma` with at most `max_nt` 8-row input tiles a block (1, 2, 4 or 8).
+    fn with_mma_tiles(
         mut self,
         cc: (u32, u32),
         sm_count: u32,
         part: Option<&Buffer>,
+        max_nt: u32,
     ) -> Result<MvLaunch> {
         let a = &mut self.args;
         let glu = a.mode >= Mode::GluSilu as u32;
@@ -586,7 +632,12 @@ impl MvLaunch {
                     .ok_or_else(|| Error::Other("matvec: too many tiles".into()))?;
             }
         }
-        let nt = self.rows.min(MQ_MAX_ROWS).div_ceil(8).next_power_of_two();
+        let nt = self
+            .rows
+            .min(MQ_MAX_ROWS)
+            .div_ceil(8)
+            .next_power_of_two()
+            .min(max_nt);
         let blocks = tiles.div_ceil(MQ_W) * self.rows.div_ceil(8 * nt);
         // output rows a split writes per input row: segments back to back (GLU: gate, up)
         let prow: u32 = a.seg[..a.nseg as usize].iter().map(|s| s.rows).sum();
@@ -611,8 +662,50 @@ impl MvLaunch {
         }
         self.mma = nt;
         self.grid = tiles.div_ceil(MQ_W) * ks;
-        self.smem = mmq_smem(self.regs_fmt, nt);
+        self.smem = mmq_smem(self.regs_fmt, nt, false);
         Ok(self)
+    }
+
+    /// The same product of a batch (`with_rows`, more than one row) on the int8 tensor cores
+    /// with two-level inputs: `quantize_q8x2` puts norm(x) into `scratch` (at least
+    /// `q8x2_bytes(cols)` a row) as the CPU's q8x2 (8 bits plus an 8-bit residual, ~16 bits),
+    /// and `mmq2_*` sums `256 w.hi + w.lo` per unit in integers: the CPU's default precision,
+    /// without dequantized weights. None where `with_mma` would not apply (formats, layout,
+    /// compute capability). Split-K partials as `with_mma`.
+    pub(crate) fn with_q8x2_mma(
+        self,
+        cc: (u32, u32),
+        sm_count: u32,
+        scratch: &Buffer,
+        part: Option<&Buffer>,
+    ) -> Result<Option<MvLaunch>> {
+        if self.q8.is_some() {
+            return Err(Error::Other(
+                "matvec: with_q8x2_mma on a launch already quantized".into(),
+            ));
+        }
+        let cols = self.args.cols as usize;
+        let rows = self.rows as usize;
+        check_len(scratch, q8x2_bytes(cols) * rows, "two-level input")?;
+        let mut l = self.with_q8(sm_count, scratch)?;
+        if l.q8.is_none() {
+            return Ok(None);
+        }
+        l = l.with_mma_tiles(cc, sm_count, part, mmq_x2_tiles())?;
+        if l.mma == 0 {
+            return Ok(None);
+        }
+        l.x2 = true;
+        l.args.xstride = u32_of(q8x2_bytes(cols), "two-level row stride")?;
+        l.smem = mmq_smem(l.regs_fmt, l.mma, true);
+        Ok(Some(l))
+    }
+
+    /// The same launch without its quantization: an earlier launch of the same input, rows
+    /// and precision (its `enqueue` first, on the same stream) left the units in the scratch.
+    pub(crate) fn reusing_input(mut self) -> MvLaunch {
+        self.quantize = false;
+        self
     }
 
     /// The same product for `rows` input rows: row i reads its input `xstride` bytes after
@@ -655,11 +748,12 @@ impl MvLaunch {
     /// Kernel launches of `enqueue` (the fast mode's quantization, the product, the split-K
     /// reduction of the tensor-core kernels).
     pub(crate) fn kernels(&self) -> usize {
-        1 + self.q8.is_some() as usize + (self.mma != 0 && self.args.chunk > 1) as usize
+        1 + (self.q8.is_some() && self.quantize) as usize
+            + (self.mma != 0 && self.args.chunk > 1) as usize
     }
 
     pub(crate) fn enqueue(&self, dev: &CudaDevice) -> Result<()> {
-        if let Some(q) = &self.q8 {
+        if let Some(q) = self.q8.as_ref().filter(|_| self.quantize) {
             let cfg = LaunchConfig::new((q.grid, self.rows, 1), (256, 1, 1), 0);
             let args = KernelArgs::new()
                 .arg(q.x)
@@ -667,7 +761,12 @@ impl MvLaunch {
                 .arg(q.eps)
                 .arg(q.cols)
                 .arg(q.out);
-            super::launch(dev, "matvec", &SOURCE, "quantize_q8", cfg, args)?;
+            let name = if self.x2 {
+                "quantize_q8x2"
+            } else {
+                "quantize_q8"
+            };
+            super::launch(dev, "matvec", &SOURCE, name, cfg, args)?;
         }
         let groups = self.args.nrows.div_ceil(self.args.rpg);
         let grid = self
@@ -677,7 +776,7 @@ impl MvLaunch {
         let cfg = LaunchConfig::new((grid, 1, 1), (MV_T, 1, 1), self.smem);
         let q8 = self.q8.is_some();
         let name = match (self.split, q8, self.persist) {
-            _ if self.mma != 0 => mmq_kernel(self.regs_fmt, self.mma)?,
+            _ if self.mma != 0 => mmq_kernel(self.regs_fmt, self.mma, self.x2)?,
             (true, _, _) => mvr_kernel(self.regs_fmt, q8, self.args.rpg > 1),
             (false, false, false) => "matvec",
             (false, false, true) => "matvec_persist",
@@ -724,9 +823,9 @@ const MQ_KU: u32 = 4;
 const MQ_MAX_SPLITS: u32 = 8;
 
 /// Dynamic shared memory of the tensor-core kernels (`mmq_run`): two stages of the inputs
-/// (8 nt rows of `MQ_KU` units, `Q8_UNIT + 16`-byte padded rows) and of each warp's 32 weight
-/// rows (quants padded by 16 bytes, d (and m) fields, qh words).
-fn mmq_smem(fmt: Option<Fmt>, nt: u32) -> u32 {
+/// (8 nt rows of `MQ_KU` units, padded by 16 bytes: `Q8_UNIT`, or `Q8X2_UNIT` with `x2`) and of
+/// each warp's 32 weight rows (quants padded by 16 bytes, d (and m) fields, qh words).
+fn mmq_smem(fmt: Option<Fmt>, nt: u32, x2: bool) -> u32 {
     let (q, h, qh) = match fmt {
         Some(Fmt::Q8_0) => (32, 2, 0),
         Some(Fmt::Q4_1) => (16, 4, 0),
@@ -734,19 +833,54 @@ fn mmq_smem(fmt: Option<Fmt>, nt: u32) -> u32 {
         Some(Fmt::Q5_1) => (16, 4, 4),
         _ => (16, 2, 0),
     };
-    let xb = 8 * nt * (MQ_KU * Q8_UNIT as u32 + 16);
+    let unit = if x2 { Q8X2_UNIT } else { Q8_UNIT } as u32;
+    let xb = 8 * nt * (MQ_KU * unit + 16);
     let wb = 32 * (MQ_KU * q + 16 + MQ_KU * h + MQ_KU * qh);
     2 * xb + 2 * MQ_W * wb
 }
 
 /// The tensor-core kernel for split matrices of `fmt` and `nt` 8-row input tiles a block.
-fn mmq_kernel(fmt: Option<Fmt>, nt: u32) -> Result<&'static str> {
-    const NAMES: [[&str; 4]; 5] = [
-        ["mmq_q4_0_n1", "mmq_q4_0_n2", "mmq_q4_0_n4", "mmq_q4_0_n8"],
-        ["mmq_q4_1_n1", "mmq_q4_1_n2", "mmq_q4_1_n4", "mmq_q4_1_n8"],
-        ["mmq_q5_0_n1", "mmq_q5_0_n2", "mmq_q5_0_n4", "mmq_q5_0_n8"],
-        ["mmq_q5_1_n1", "mmq_q5_1_n2", "mmq_q5_1_n4", "mmq_q5_1_n8"],
-        ["mmq_q8_0_n1", "mmq_q8_0_n2", "mmq_q8_0_n4", "mmq_q8_0_n8"],
+fn mmq_kernel(fmt: Option<Fmt>, nt: u32, x2: bool) -> Result<&'static str> {
+    const NAMES: [[[&str; 4]; 5]; 2] = [
+        [
+            ["mmq_q4_0_n1", "mmq_q4_0_n2", "mmq_q4_0_n4", "mmq_q4_0_n8"],
+            ["mmq_q4_1_n1", "mmq_q4_1_n2", "mmq_q4_1_n4", "mmq_q4_1_n8"],
+            ["mmq_q5_0_n1", "mmq_q5_0_n2", "mmq_q5_0_n4", "mmq_q5_0_n8"],
+            ["mmq_q5_1_n1", "mmq_q5_1_n2", "mmq_q5_1_n4", "mmq_q5_1_n8"],
+            ["mmq_q8_0_n1", "mmq_q8_0_n2", "mmq_q8_0_n4", "mmq_q8_0_n8"],
+        ],
+        [
+            [
+                "mmq2_q4_0_n1",
+                "mmq2_q4_0_n2",
+                "mmq2_q4_0_n4",
+                "mmq2_q4_0_n8",
+            ],
+            [
+                "mmq2_q4_1_n1",
+                "mmq2_q4_1_n2",
+                "mmq2_q4_1_n4",
+                "mmq2_q4_1_n8",
+            ],
+            [
+                "mmq2_q5_0_n1",
+                "mmq2_q5_0_n2",
+                "mmq2_q5_0_n4",
+                "mmq2_q5_0_n8",
+            ],
+            [
+                "mmq2_q5_1_n1",
+                "mmq2_q5_1_n2",
+                "mmq2_q5_1_n4",
+                "mmq2_q5_1_n8",
+            ],
+            [
+                "mmq2_q8_0_n1",
+                "mmq2_q8_0_n2",
+                "mmq2_q8_0_n4",
+                "mmq2_q8_0_n8",
+            ],
+        ],
     ];
     let f = match fmt {
         Some(Fmt::Q4_0) => 0,
@@ -763,11 +897,15 @@ fn mmq_kernel(fmt: Option<Fmt>, nt: u32) -> Result<&'static str> {
         8 => 3,
         _ => usize::MAX,
     };
-    NAMES.get(f).and_then(|r| r.get(n)).copied().ok_or_else(|| {
-        Error::Other(format!(
-            "matvec: no tensor-core kernel for {fmt:?} x {nt} tiles"
-        ))
-    })
+    NAMES[x2 as usize]
+        .get(f)
+        .and_then(|r| r.get(n))
+        .copied()
+        .ok_or_else(|| {
+            Error::Other(format!(
+                "matvec: no tensor-core kernel for {fmt:?} x {nt} tiles"
+            ))
+        })
 }
 
 /// The register kernel for matrices of `fmt` (None: of mixed formats), f32 or q8 input,

@@ -111,6 +111,75 @@ pub fn matvec_rows_mma(
     )
 }
 
+/// `matvec_rows` with two-level 8-bit inputs (the CPU's q8x2) on the int8 tensor-core
+/// kernels (`MvLaunch::with_q8x2_mma`, the prefill's products of models on f32 activations);
+/// matrices in GGUF blocks are first copied into split rows (`pf_split`, as the prefill does).
+/// An error where the kernels do not apply (one row, formats without them, pre-sm_80).
+#[allow(clippy::too_many_arguments)]
+pub fn matvec_rows_q8x2(
+    dev: &CudaDevice,
+    segs: &[Seg<'_>],
+    mode: Mode,
+    x: &Buffer,
+    norm: Option<(&Buffer, f32)>,
+    out: &Buffer,
+    rows: usize,
+    ostride: usize,
+) -> Result<()> {
+    let cols = segs.first().map_or(0, |s| s.w.cols);
+    if x.bytes() < rows * cols * 4 || out.bytes() < rows * ostride * 4 {
+        return Err(crate::error::Error::Other(format!(
+            "matvec_rows_q8x2: buffers of {} and {} bytes for {rows} rows of {cols} in, {ostride} out",
+            x.bytes(),
+            out.bytes()
+        )));
+    }
+    let mut views = Vec::new();
+    for s in segs.iter().filter(|s| !s.w.split) {
+        let buf = zeros(dev, s.w.rows * s.w.split_row_bytes(), "split rows")?;
+        let v = s.w.split_view(buf).ok_or_else(|| {
+            crate::error::Error::Other(format!(
+                "matvec_rows_q8x2: {:?} has no split layout",
+                s.w.fmt
+            ))
+        })?;
+        super::prefill::split_into(dev, s.w, &v)?;
+        views.push(v);
+    }
+    let mut views = views.iter();
+    let segs: Vec<Seg<'_>> = segs
+        .iter()
+        .map(|s| Seg {
+            w: if s.w.split {
+                s.w
+            } else {
+                views.next().expect("one view per GGUF-layout segment")
+            },
+            ..*s
+        })
+        .collect();
+    let segs = &segs[..];
+    let (major, minor) = dev.compute_capability();
+    let rows_out: usize = segs.iter().map(|s| s.w.rows).sum();
+    let scratch = zeros(dev, matvec::q8x2_bytes(cols) * rows, "two-level input")?;
+    let part = zeros(dev, 8 * rows * rows_out.max(1) * 4, "split-K partials")?;
+    let l = matvec::plan(dev.sm_count(), segs, mode, x, norm, out, None)?
+        .with_rows(rows, cols * 4, ostride * 4)?
+        .with_q8x2_mma(
+            (major.max(0) as u32, minor.max(0) as u32),
+            dev.sm_count(),
+            &scratch,
+            Some(&part),
+        )?
+        .ok_or_else(|| {
+            crate::error::Error::Other(
+                "matvec_rows_q8x2: the tensor-core kernels do not apply to this product".into(),
+            )
+        })?;
+    l.enqueue(dev)?;
+    dev.synchronize().map_err(super::cuda_err)
+}
+
 #[allow(clippy::too_many_arguments)]
 fn matvec_rows_with(
     dev: &CudaDevice,

@@ -232,3 +232,22 @@ extern "C" __global__ void pf_copy(u64 src, u64 dst, u32 n) {
         ((float*)dst)[j] = ((const float*)src)[j];
     }
 }
+
+// Rows of GGUF blocks (`rows` rows of `nb` blocks of `ts` bytes at w) rearranged into the split
+// layout at out, rows `orb` bytes apart (>= nb ts; weights.rs, `split_rows`): each row as
+// [every block's quants][every block's qh][every block's scale fields], field f of a block being
+// its bytes [off_f, off_f + len_f). One thread per (row, block); byte copies (the blocks are
+// 2-byte aligned at most).
+extern "C" __global__ void pf_split(u64 w, u32 rows, u32 nb, u32 ts, u32 q_off, u32 q_len, u32 qh_off,
+                                    u32 qh_len, u32 h_off, u32 h_len, u32 orb, u64 out) {
+    const u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (u64)rows * nb) return;
+    const u64 r = i / nb, b = i % nb;
+    const u8* src = (const u8*)w + r * nb * ts + b * ts;
+    u8* dst = (u8*)out + r * orb;
+    for (u32 k = 0; k < q_len; ++k) dst[b * q_len + k] = src[q_off + k];
+    dst += (u64)nb * q_len;
+    for (u32 k = 0; k < qh_len; ++k) dst[b * qh_len + k] = src[qh_off + k];
+    dst += (u64)nb * qh_len;
+    for (u32 k = 0; k < h_len; ++k) dst[b * h_len + k] = src[h_off + k];
+}

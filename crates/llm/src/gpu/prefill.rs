@@ -16,7 +16,8 @@
 use ferrite_core::{DType, Tensor};
 use ferrite_cuda::{Buffer, CudaDevice, KernelArgs, KernelSource, LaunchConfig};
 
-use super::weights::{GpuMatrix, GpuModel};
+use super::matvec::{self, Mode, Seg};
+use super::weights::{split_fields, Fmt, GpuMatrix, GpuModel};
 use super::{zeros, CudaResult};
 use crate::error::{Error, Result};
 use crate::model::Arch;
@@ -171,7 +172,36 @@ pub(crate) struct Prefill {
     w_elems: usize,
     /// f32 [chunk][vocab] (all-position logits; allocated on first use).
     logits: Option<Buffer>,
+    /// The int8 tensor-core products of a model on f32 activations (None: off, or no such
+    /// device).
+    mmq: Option<Mmq>,
 }
+
+/// Scratch of the prefill's int8 tensor-core products (`Prefill::mmq`).
+struct Mmq {
+    /// Two-level 8-bit input rows ([chunk][max cols / 32] units of `Q8X2_UNIT` bytes).
+    q8: Buffer,
+    /// Split-K partials (f32).
+    part: Buffer,
+    /// Per layer, per matrix (`SLOT_*`): a split-layout copy of a matrix the file's layout
+    /// keeps in GGUF blocks (made once, when the prefill is set up), of a format these kernels
+    /// take; None where the matrix is split already or has another format.
+    copies: Vec<[Option<GpuMatrix>; 7]>,
+    /// (major, minor) compute capability.
+    cc: (u32, u32),
+}
+
+/// The matrices of a layer by scratch slot (`Mmq::split`).
+const SLOT_Q: usize = 0;
+const SLOT_K: usize = 1;
+const SLOT_V: usize = 2;
+const SLOT_O: usize = 3;
+const SLOT_GATE: usize = 4;
+const SLOT_UP: usize = 5;
+const SLOT_DOWN: usize = 6;
+
+/// Formats of the int8 tensor-core kernels (`mmq2_*`).
+const MMQ_FMTS: [Fmt; 5] = [Fmt::Q4_0, Fmt::Q4_1, Fmt::Q5_0, Fmt::Q5_1, Fmt::Q8_0];
 
 impl Prefill {
     pub(crate) fn new(m: &GpuModel, chunk: usize) -> Result<Prefill> {
@@ -206,9 +236,55 @@ impl Prefill {
             .max()
             .unwrap_or(0)
             .max(d * 256);
+        let mmq = if dt == DType::F32 && crate::env::flag_or("FERRITE_GPU_PREFILL_MMQ", true) {
+            let (major, minor) = dev.compute_capability();
+            let cc = (major.max(0) as u32, minor.max(0) as u32);
+            (cc.0 >= 8).then_some(cc)
+        } else {
+            None
+        };
+        let mmq = match mmq {
+            Some(cc) => {
+                let max_cols = d.max(nh * hd).max(ff);
+                let max_out = (nh + 2 * nkv) * hd;
+                let max_out = max_out.max(2 * ff).max(d);
+                let mut copies = Vec::with_capacity(m.layers.len());
+                for l in &m.layers {
+                    let mut c: [Option<GpuMatrix>; 7] = Default::default();
+                    for (slot, c) in c.iter_mut().enumerate() {
+                        let w = layer_mat(l, slot);
+                        if w.split || !MMQ_FMTS.contains(&w.fmt) {
+                            continue;
+                        }
+                        let buf = dev
+                            .alloc_bytes(w.rows * w.split_row_bytes(), "llm prefill split rows")
+                            .gpu()?;
+                        let v = w.split_view(buf).ok_or_else(|| {
+                            Error::Other(format!("prefill: no split layout for {:?}", w.fmt))
+                        })?;
+                        split_into(dev, w, &v)?;
+                        *c = Some(v);
+                    }
+                    copies.push(c);
+                }
+                Some(Mmq {
+                    q8: zeros(
+                        dev,
+                        chunk * matvec::q8x2_bytes(max_cols),
+                        "llm prefill q8x2",
+                    )?,
+                    // two K splits of every output row
+                    part: zeros(dev, 2 * chunk * max_out * 4, "llm prefill partials")?,
+                    copies,
+                    cc,
+                })
+            }
+            None => None,
+        };
         Ok(Prefill {
             chunk,
             dt,
+            mmq,
             tokens: zeros(dev, chunk * 4, "llm prefill")?,
             x: zeros(dev, chunk * d * 4, "llm prefill")?,
             h: zeros(dev, chunk * d.max(nh * hd).max(ff) * es, "llm prefill")?,
@@ -229,6 +305,79 @@ impl Prefill {
             DType::F32 => 2,
             _ => 0,
         }
+    }
+
+    /// One product of the chunk's `n` rows on the int8 tensor cores with two-level (q8x2)
+    /// inputs, the CPU's default precision: layer `il`'s `mats` (matrix, `SLOT_*`, first
+    /// output element) times norm(x) (f32 rows of the matrices' columns) into `out` (f32 rows
+    /// of `ostride` elements) by `mode`. Matrices kept in GGUF blocks are read from their split
+    /// copies (`Mmq::copies`); consecutive matrices of one format share a launch, and later
+    /// launches reuse the quantized input. Returns false, having launched nothing, where a
+    /// matrix's format has no such kernel (K-quants, f16) or the prefill has none (`mmq`):
+    /// the caller takes the dequantizing path.
+    #[allow(clippy::too_many_arguments)]
+    fn mmq(
+        &self,
+        dev: &CudaDevice,
+        il: usize,
+        mats: &[(&GpuMatrix, usize, usize)],
+        mode: Mode,
+        x: &Buffer,
+        norm: Option<(&Buffer, f32)>,
+        out: &Buffer,
+        ostride: usize,
+        n: usize,
+    ) -> Result<bool> {
+        let Some(mq) = &self.mmq else {
+            return Ok(false);
+        };
+        let glu = matches!(mode, Mode::GluSilu | Mode::GluGelu);
+        if n < 2
+            || !mats.iter().all(|(w, _, _)| MMQ_FMTS.contains(&w.fmt))
+            || (glu && mats[0].0.fmt != mats[1].0.fmt)
+        {
+            return Ok(false);
+        }
+        let copies = &mq.copies[il];
+        let segs: Vec<Seg<'_>> = mats
+            .iter()
+            .map(|&(w, slot, out_off)| Seg {
+                w: copies[slot].as_ref().unwrap_or(w),
+                bias: None,
+                out_off,
+            })
+            .collect();
+        if !segs.iter().all(|s| s.w.split) {
+            return Ok(false);
+        }
+        // launches: GLU is one; else runs of one format
+        let mut groups: Vec<&[Seg<'_>]> = Vec::new();
+        if glu {
+            groups.push(&segs);
+        } else {
+            let mut start = 0;
+            for i in 1..=segs.len() {
+                if i == segs.len() || segs[i].w.fmt != segs[start].w.fmt {
+                    groups.push(&segs[start..i]);
+                    start = i;
+                }
+            }
+        }
+        let cols = mats[0].0.cols;
+        for (i, g) in groups.iter().enumerate() {
+            let l = matvec::plan(dev.sm_count(), g, mode, x, norm, out, None)?
+                .with_rows(n, cols * 4, ostride * 4)?
+                .with_q8x2_mma(mq.cc, dev.sm_count(), &mq.q8, Some(&mq.part))?
+                .ok_or_else(|| {
+                    Error::Other(format!(
+                        "prefill: no int8 tensor-core launch for {:?} matrices",
+                        g[0].w.fmt
+                    ))
+                })?;
+            let l = if i > 0 { l.reusing_input() } else { l };
+            l.enqueue(dev)?;
+        }
+        Ok(true)
     }
 
     /// Rows [0, rows) of `mat` from row `r0` into the scratch from row `at` (`mat.cols` wide).
@@ -367,12 +516,20 @@ impl Prefill {
         let lk = p0 + n;
         for (il, l) in m.layers.iter().enumerate() {
             // Attention block.
-            self.norm(dev, &self.x, &l.attn_norm, n, d, c.eps)?;
-            self.dequant(dev, &l.wq, 0, l.wq.rows, 0)?;
-            self.dequant(dev, &l.wk, 0, l.wk.rows, l.wq.rows)?;
-            self.dequant(dev, &l.wv, 0, l.wv.rows, l.wq.rows + l.wk.rows)?;
             let qkv = nq + 2 * nk;
-            self.gemm(dev, &self.h, n, d, qkv, (&self.y, 0, qkv), false)?;
+            let mats = [
+                (&l.wq, SLOT_Q, 0),
+                (&l.wk, SLOT_K, nq),
+                (&l.wv, SLOT_V, nq + nk),
+            ];
+            let norm = Some((&l.attn_norm, c.eps));
+            if !self.mmq(dev, il, &mats, Mode::Store, &self.x, norm, &self.y, qkv, n)? {
+                self.norm(dev, &self.x, &l.attn_norm, n, d, c.eps)?;
+                self.dequant(dev, &l.wq, 0, l.wq.rows, 0)?;
+                self.dequant(dev, &l.wk, 0, l.wk.rows, l.wq.rows)?;
+                self.dequant(dev, &l.wv, 0, l.wv.rows, l.wq.rows + l.wk.rows)?;
+                self.gemm(dev, &self.h, n, d, qkv, (&self.y, 0, qkv), false)?;
+            }
             let local = c.is_local(il);
             let (qn, kn) = match (&l.q_norm, &l.k_norm) {
                 (Some(q), Some(k)) => (q.ptr(), k.ptr()),
@@ -441,36 +598,67 @@ impl Prefill {
                 self.bf(),
             )?;
             drop(o);
-            self.dequant(dev, &l.wo, 0, l.wo.rows, 0)?;
-            match &l.post_attn_norm {
-                Some(pn) => {
-                    self.gemm(dev, &self.h, n, nq, d, (&self.y, 0, d), false)?;
-                    self.add(dev, n, d, Some(pn), c.eps)?;
-                }
-                None => self.gemm(dev, &self.h, n, nq, d, (&self.x, 0, d), true)?,
-            }
+            self.residual(dev, il, &l.wo, SLOT_O, l.post_attn_norm.as_ref(), n, c.eps)?;
             // Feed-forward block.
-            self.norm(dev, &self.x, &l.ffn_norm, n, d, c.eps)?;
-            self.dequant(dev, &l.w_gate, 0, ff, 0)?;
-            self.dequant(dev, &l.w_up, 0, ff, ff)?;
-            self.gemm(dev, &self.h, n, d, 2 * ff, (&self.y, 0, 2 * ff), false)?;
-            glu(
-                dev,
-                self.y.ptr(),
-                n as u32,
-                ff as u32,
-                c.arch == Arch::Gemma3,
-                self.h.ptr(),
-                self.bf(),
-            )?;
-            self.dequant(dev, &l.w_down, 0, d, 0)?;
-            match &l.post_ffn_norm {
-                Some(pn) => {
-                    self.gemm(dev, &self.h, n, ff, d, (&self.y, 0, d), false)?;
-                    self.add(dev, n, d, Some(pn), c.eps)?;
-                }
-                None => self.gemm(dev, &self.h, n, ff, d, (&self.x, 0, d), true)?,
+            let mats = [(&l.w_gate, SLOT_GATE, 0), (&l.w_up, SLOT_UP, 0)];
+            let act = if c.arch == Arch::Gemma3 {
+                Mode::GluGelu
+            } else {
+                Mode::GluSilu
+            };
+            let norm = Some((&l.ffn_norm, c.eps));
+            if !self.mmq(dev, il, &mats, act, &self.x, norm, &self.h, ff, n)? {
+                self.norm(dev, &self.x, &l.ffn_norm, n, d, c.eps)?;
+                self.dequant(dev, &l.w_gate, 0, ff, 0)?;
+                self.dequant(dev, &l.w_up, 0, ff, ff)?;
+                self.gemm(dev, &self.h, n, d, 2 * ff, (&self.y, 0, 2 * ff), false)?;
+                glu(
+                    dev,
+                    self.y.ptr(),
+                    n as u32,
+                    ff as u32,
+                    c.arch == Arch::Gemma3,
+                    self.h.ptr(),
+                    self.bf(),
+                )?;
             }
+            self.residual(
+                dev,
+                il,
+                &l.w_down,
+                SLOT_DOWN,
+                l.post_ffn_norm.as_ref(),
+                n,
+                c.eps,
+            )?;
+        }
+        Ok(())
+    }
+
+    /// The residual rows x += w . h (`n` rows of h, the product's operand rows), or with a
+    /// post-norm x += norm(w . h) * pn (through y).
+    #[allow(clippy::too_many_arguments)]
+    fn residual(
+        &self,
+        dev: &CudaDevice,
+        il: usize,
+        w: &GpuMatrix,
+        slot: usize,
+        post_norm: Option<&Buffer>,
+        n: usize,
+        eps: f32,
+    ) -> Result<()> {
+        let (k, d) = (w.cols, w.rows);
+        let (mode, out) = match post_norm {
+            Some(_) => (Mode::Store, &self.y),
+            None => (Mode::Add, &self.x),
+        };
+        if !self.mmq(dev, il, &[(w, slot, 0)], mode, &self.h, None, out, d, n)? {
+            self.dequant(dev, w, 0, d, 0)?;
+            self.gemm(dev, &self.h, n, k, d, (out, 0, d), post_norm.is_none())?;
+        }
+        if let Some(pn) = post_norm {
+            self.add(dev, n, d, Some(pn), eps)?;
         }
         Ok(())
     }
@@ -518,4 +706,45 @@ impl Prefill {
         }
         super::read_f32(dev, lg, n * vocab)
     }
+}
+
+/// The matrix of `l` in scratch slot `slot` (`SLOT_*`).
+fn layer_mat(l: &super::weights::GpuLayer, slot: usize) -> &GpuMatrix {
+    match slot {
+        SLOT_Q => &l.wq,
+        SLOT_K => &l.wk,
+        SLOT_V => &l.wv,
+        SLOT_O => &l.wo,
+        SLOT_GATE => &l.w_gate,
+        SLOT_UP => &l.w_up,
+        _ => &l.w_down,
+    }
+}
+
+/// `w`'s GGUF rows rearranged into `dst`'s buffer in the split layout (`pf_split`), rows
+/// `dst.row_bytes` apart.
+pub(crate) fn split_into(dev: &CudaDevice, w: &GpuMatrix, dst: &GpuMatrix) -> Result<()> {
+    let [q, qh, h] = split_fields(w.fmt)
+        .ok_or_else(|| Error::Other(format!("prefill: {:?} has no split layout", w.fmt)))?;
+    let nb = w.cols / w.fmt.block_elems();
+    let total = w.rows * nb;
+    let args = KernelArgs::new()
+        .arg(w.buffer().ptr())
+        .arg(w.rows as u32)
+        .arg(nb as u32)
+        .arg(w.fmt.block_bytes() as u32)
+        .arg(q.start as u32)
+        .arg(q.len() as u32)
+        .arg(qh.start as u32)
+        .arg(qh.len() as u32)
+        .arg(h.start as u32)
+        .arg(h.len() as u32)
+        .arg(dst.row_bytes as u32)
+        .arg(dst.buffer().ptr());
+    launch(
+        dev,
+        "pf_split",
+        LaunchConfig::new((total.div_ceil(256) as u32, 1, 1), (256, 1, 1), 0),
+        args,
+    )
 }

@@ -97,7 +97,7 @@ pub struct GpuMatrix {
 /// Where the split layout takes each region of a row from a block of `fmt`: the byte ranges
 /// of the block's quants, of its `qh` word (Q5_0, Q5_1; empty elsewhere) and of its scale
 /// fields (d, or d and m; Q6_K: d), for the formats that have a split layout.
-fn split_fields(fmt: Fmt) -> Option<[std::ops::Range<usize>; 3]> {
+pub(crate) fn split_fields(fmt: Fmt) -> Option<[std::ops::Range<usize>; 3]> {
     Some(match fmt {
         Fmt::Q4_0 => [2..18, 0..0, 0..2],
         Fmt::Q4_1 => [4..20, 0..0, 0..4],
@@ -252,6 +252,30 @@ impl GpuMatrix {
 
     pub fn buffer(&self) -> &Buffer {
         &self.buf
+    }
+
+    /// Row bytes of this matrix's split copy (`split_view`): its rows padded to 16 bytes, so
+    /// that every row of the copy starts 16-byte aligned.
+    pub(crate) fn split_row_bytes(&self) -> usize {
+        self.row_bytes.next_multiple_of(16)
+    }
+
+    /// This matrix's shape and format over `buf`, which holds (or will hold) its rows in the
+    /// split layout (`split_rows`), `split_row_bytes` apart (the prefill's `pf_split` writes
+    /// it). None where the format has no split layout or `buf` is too small.
+    pub(crate) fn split_view(&self, buf: Buffer) -> Option<GpuMatrix> {
+        let row_bytes = self.split_row_bytes();
+        (split_fields(self.fmt).is_some() && buf.bytes() >= self.rows * row_bytes).then(|| {
+            GpuMatrix {
+                fmt: self.fmt,
+                file_type: self.file_type,
+                rows: self.rows,
+                cols: self.cols,
+                row_bytes,
+                split: true,
+                buf,
+            }
+        })
     }
 }
 
