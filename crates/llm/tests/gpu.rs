@@ -2822,7 +2822,8 @@ fn matvec_rows_mma_match_register_kernels(dev: &CudaDevice) -> Option<String> {
 }
 
 /// The prefill's products of models on f32 activations (`ops::matvec_rows_q8x2`: int8 tensor
-/// cores, two-level inputs): every format they take, split and GGUF rows, batches across the
+/// cores, two-level inputs): every format they take (Q4_K and Q6_K through 32-element units),
+/// split and GGUF rows, batches across the
 /// 8-row tiles and block groups, Store / Add / GLU, against an f64 product of the CPU's q8x2
 /// values (same quantization, so only summation order differs: 2e-5 of sum |w x|), and against
 /// the exact f32 inputs (the q8x2 rounding: within 1e-4 of sum |w x|).
@@ -2840,10 +2841,18 @@ fn matvec_rows_q8x2_mma(dev: &CudaDevice) -> Option<String> {
         GgmlType::Q5_0,
         GgmlType::Q5_1,
         GgmlType::Q8_0,
+        GgmlType::Q4_K,
+        GgmlType::Q6_K,
     ];
     for (i, ty) in types.into_iter().enumerate() {
-        // 576 columns: 18 units (a partial stage), GGUF rows (copied into padded split rows)
-        for (rows_w, cols, split) in [(96usize, 576usize, false), (200, 1792, true)] {
+        // 576 columns: 18 units (a partial stage), GGUF rows (copied into padded split rows);
+        // Q4_K and Q6_K (converted to 32-element units) in rows of 256-element blocks
+        let shapes = if matches!(ty, GgmlType::Q4_K | GgmlType::Q6_K) {
+            [(96usize, 512usize, false), (200, 2048, true)]
+        } else {
+            [(96, 576, false), (200, 1792, true)]
+        };
+        for (rows_w, cols, split) in shapes {
             let seed = 2100 + i as u64 + cols as u64;
             let (g, wg) = rand_matrix_with(dev, ty, rows_w, cols, seed, split);
             let (u, wu) = rand_matrix_with(dev, ty, rows_w, cols, seed + 1, split);

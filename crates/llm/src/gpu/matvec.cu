@@ -933,7 +933,7 @@ __device__ __forceinline__ void cp8(u8* dst, u64 src) {
 // The A-fragment bytes of thread t for a unit of a staged row: elements 4t..4t+3 (lo) and
 // 16+4t..16+4t+3 (hi). q: the unit's staged quants; qh: its qh word (Q5 formats).
 template <int F> __device__ __forceinline__ void mq_frag(const u8* q, u32 qh, u32 t, u32* lo, u32* hi) {
-    if (F == FMT_Q8_0) {
+    if (F == FMT_Q8_0 || F == FMT_Q6_KU) {
         *lo = *(const u32*)(q + 4 * t);
         *hi = *(const u32*)(q + 16 + 4 * t);
         return;
@@ -951,14 +951,32 @@ template <int F> __device__ __forceinline__ void mq_frag(const u8* q, u32 qh, u3
 // The input unit's term that does not depend on the weights' quants: -8 s (Q4_0), -16 s
 // (Q5_0), s (Q4_1, Q5_1: times the row's m), 0 (Q8_0).
 template <int F> __device__ __forceinline__ float mq_off(float s) {
-    return F == FMT_Q4_0 ? -8.0f * s : F == FMT_Q5_0 ? -16.0f * s : F == FMT_Q8_0 ? 0.0f : s;
+    return F == FMT_Q4_0 ? -8.0f * s : F == FMT_Q5_0 ? -16.0f * s : (F == FMT_Q8_0 || F == FMT_Q6_KU) ? 0.0f : s;
 }
 
 // acc + one unit's contribution from its integer sum c, the weight row's scale d (and m) and
 // the input unit's scale dx and offset term o (mq_off): sp_dq8's scaling, as fused multiply-adds.
 template <int F> __device__ __forceinline__ float mq_add(float acc, float d, float m, int c, float dx, float o) {
-    if (F == FMT_Q4_1 || F == FMT_Q5_1) return fmaf(d, dx * (float)c, fmaf(m, o, acc));
+    if (F == FMT_Q4_1 || F == FMT_Q5_1 || F == FMT_Q4_KU) return fmaf(d, dx * (float)c, fmaf(m, o, acc));
     return fmaf(d, fmaf(dx, (float)c, o), acc);
+}
+
+// One unit's integer sums c (mma.m16n8k32, s8 x s8 -> s32) of the A fragment a0..a3 and the
+// B fragment b0, b1; X2: then shifted left by 8 and the residual bytes' product (l0, l1)
+// accumulated onto them: 256 hi + lo.
+template <bool X2>
+__device__ __forceinline__ void mq_mma(u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1, u32 l0, u32 l1, int* c) {
+    c[0] = c[1] = c[2] = c[3] = 0;
+    asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+        : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+    if (X2) {
+#pragma unroll
+        for (int k = 0; k < 4; ++k) c[k] <<= 8;
+        asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+            : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+            : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(l0), "r"(l1));
+    }
 }
 
 // The launch's output row (partials index) of row `row` of the segment of tile t.
@@ -1066,10 +1084,16 @@ __device__ __forceinline__ void mmq_run(const MvArgs& a) {
                     const u32 lr = 16 * m + g + 8 * h;
                     const u32 qh = SQH ? *(const u32*)(wqh + lr * MQ_KU * 4 + uu * 4) : 0u;
                     mq_frag<F>(wq + lr * QS + uu * SQ, qh, t, &af[m][h], &af[m][2 + h]);
-                    const u32 hw = SH == 4 ? *(const u32*)(wh + lr * MQ_KU * 4 + uu * 4)
-                                           : (u32) * (const unsigned short*)(wh + lr * MQ_KU * 2 + uu * 2);
-                    dw[m][h] = h2f(hw & 0xffffu);
-                    mw[m][h] = SH == 4 ? h2f(hw >> 16) : 0.f;
+                    if (SH == 8) {
+                        const float2 f = *(const float2*)(wh + lr * MQ_KU * 8 + uu * 8);
+                        dw[m][h] = f.x;
+                        mw[m][h] = f.y;
+                    } else {
+                        const u32 hw = SH == 4 ? *(const u32*)(wh + lr * MQ_KU * 4 + uu * 4)
+                                               : (u32) * (const unsigned short*)(wh + lr * MQ_KU * 2 + uu * 2);
+                        dw[m][h] = h2f(hw & 0xffffu);
+                        mw[m][h] = SH == 4 ? h2f(hw >> 16) : 0.f;
+                    }
                 }
             }
 #pragma unroll
@@ -1089,28 +1113,25 @@ __device__ __forceinline__ void mmq_run(const MvArgs& a) {
                 const float x0 = X2 ? d0.x * (1.0f / 256.0f) : d0.x, x1 = X2 ? d1.x * (1.0f / 256.0f) : d1.x;
 #pragma unroll
                 for (int m = 0; m < 2; ++m) {
-                    int c0 = 0, c1 = 0, c2 = 0, c3 = 0;
-                    asm(
-                        "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                        "{%0,%1,%2,%3};"
-                        : "+r"(c0), "+r"(c1), "+r"(c2), "+r"(c3)
-                        : "r"(af[m][0]), "r"(af[m][1]), "r"(af[m][2]), "r"(af[m][3]), "r"(b0), "r"(b1));
-                    if (X2) {
-                        c0 <<= 8;
-                        c1 <<= 8;
-                        c2 <<= 8;
-                        c3 <<= 8;
-                        asm(
-                            "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                            "{%0,%1,%2,%3};"
-                            : "+r"(c0), "+r"(c1), "+r"(c2), "+r"(c3)
-                            : "r"(af[m][0]), "r"(af[m][1]), "r"(af[m][2]), "r"(af[m][3]), "r"(l0), "r"(l1));
+                    if (F == FMT_Q6_KU) {
+                        // elements 0..16 and 16..32 have their own scales (dw, mw): one
+                        // product per half, the other half's weight bytes zero
+                        int c[4], e[4];
+                        mq_mma<X2>(af[m][0], af[m][1], 0u, 0u, b0, b1, l0, l1, c);
+                        mq_mma<X2>(0u, 0u, af[m][2], af[m][3], b0, b1, l0, l1, e);
+                        acc[m][j][0] = fmaf(dw[m][0], x0 * (float)c[0], fmaf(mw[m][0], x0 * (float)e[0], acc[m][j][0]));
+                        acc[m][j][1] = fmaf(dw[m][0], x1 * (float)c[1], fmaf(mw[m][0], x1 * (float)e[1], acc[m][j][1]));
+                        acc[m][j][2] = fmaf(dw[m][1], x0 * (float)c[2], fmaf(mw[m][1], x0 * (float)e[2], acc[m][j][2]));
+                        acc[m][j][3] = fmaf(dw[m][1], x1 * (float)c[3], fmaf(mw[m][1], x1 * (float)e[3], acc[m][j][3]));
+                        continue;
                     }
-                    // c0, c1: weight row g, input rows 2t, 2t + 1; c2, c3: weight row g + 8
-                    acc[m][j][0] = mq_add<F>(acc[m][j][0], dw[m][0], mw[m][0], c0, x0, o0);
-                    acc[m][j][1] = mq_add<F>(acc[m][j][1], dw[m][0], mw[m][0], c1, x1, o1);
-                    acc[m][j][2] = mq_add<F>(acc[m][j][2], dw[m][1], mw[m][1], c2, x0, o0);
-                    acc[m][j][3] = mq_add<F>(acc[m][j][3], dw[m][1], mw[m][1], c3, x1, o1);
+                    int c[4];
+                    mq_mma<X2>(af[m][0], af[m][1], af[m][2], af[m][3], b0, b1, l0, l1, c);
+                    // c[0], c[1]: weight row g, input rows 2t, 2t + 1; c[2], c[3]: weight row g + 8
+                    acc[m][j][0] = mq_add<F>(acc[m][j][0], dw[m][0], mw[m][0], c[0], x0, o0);
+                    acc[m][j][1] = mq_add<F>(acc[m][j][1], dw[m][0], mw[m][0], c[1], x1, o1);
+                    acc[m][j][2] = mq_add<F>(acc[m][j][2], dw[m][1], mw[m][1], c[2], x0, o0);
+                    acc[m][j][3] = mq_add<F>(acc[m][j][3], dw[m][1], mw[m][1], c[3], x1, o1);
                 }
             }
         }
@@ -1206,6 +1227,14 @@ MMQ_KERNELS(FMT_Q5_0, q5_0)
 MMQ_KERNELS(FMT_Q5_1, q5_1)
 MMQ_KERNELS(FMT_Q8_0, q8_0)
 #undef MMQ_KERNELS
+extern "C" __global__ void __launch_bounds__(MQ_W * 32) mmq2_q4_ku_n1(const MvArgs a) { mmq_run<FMT_Q4_KU, 1, true>(a); }
+extern "C" __global__ void __launch_bounds__(MQ_W * 32) mmq2_q4_ku_n2(const MvArgs a) { mmq_run<FMT_Q4_KU, 2, true>(a); }
+extern "C" __global__ void __launch_bounds__(MQ_W * 32) mmq2_q4_ku_n4(const MvArgs a) { mmq_run<FMT_Q4_KU, 4, true>(a); }
+extern "C" __global__ void __launch_bounds__(MQ_W * 32) mmq2_q4_ku_n8(const MvArgs a) { mmq_run<FMT_Q4_KU, 8, true>(a); }
+extern "C" __global__ void __launch_bounds__(MQ_W * 32) mmq2_q6_ku_n1(const MvArgs a) { mmq_run<FMT_Q6_KU, 1, true>(a); }
+extern "C" __global__ void __launch_bounds__(MQ_W * 32) mmq2_q6_ku_n2(const MvArgs a) { mmq_run<FMT_Q6_KU, 2, true>(a); }
+extern "C" __global__ void __launch_bounds__(MQ_W * 32) mmq2_q6_ku_n4(const MvArgs a) { mmq_run<FMT_Q6_KU, 4, true>(a); }
+extern "C" __global__ void __launch_bounds__(MQ_W * 32) mmq2_q6_ku_n8(const MvArgs a) { mmq_run<FMT_Q6_KU, 8, true>(a); }
 
 // out (cols / 32 units of Q8U bytes) = x (f32 [cols], 16-byte aligned), RMS-normed first by
 // `norm` (f32 [cols]) if not 0, quantized as the CPU's quantize_q8 (IEEE division and no

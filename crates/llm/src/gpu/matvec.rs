@@ -173,6 +173,17 @@ const Q8_FMTS: [Fmt; 7] = [
     Fmt::Q6_K,
 ];
 
+/// The formats of the two-level tensor-core kernels (`mmq2_*`), on split rows.
+pub(crate) const MMQ2_FMTS: [Fmt; 7] = [
+    Fmt::Q4_0,
+    Fmt::Q4_1,
+    Fmt::Q5_0,
+    Fmt::Q5_1,
+    Fmt::Q8_0,
+    Fmt::Q4_KU,
+    Fmt::Q6_KU,
+];
+
 /// Blocks of the kernel one multiprocessor holds by registers (`__launch_bounds__(MV_T, 6)`).
 const MV_BLOCKS_PER_SM: usize = 6;
 
@@ -525,11 +536,16 @@ impl MvLaunch {
     /// The same product in the fast mode, if every segment's format is `q8_capable` (else
     /// unchanged): a `quantize_q8` launch puts norm(x) as 8-bit units into `scratch` (at least
     /// `q8_bytes(cols)`), from which `matvec_q8` takes integer dot products.
-    pub(crate) fn with_q8(mut self, sm_count: u32, scratch: &Buffer) -> Result<MvLaunch> {
+    pub(crate) fn with_q8(self, sm_count: u32, scratch: &Buffer) -> Result<MvLaunch> {
+        self.quantized(sm_count, scratch, &Q8_FMTS)
+    }
+
+    /// `with_q8` where every segment's format is one of `fmts`.
+    fn quantized(mut self, sm_count: u32, scratch: &Buffer, fmts: &[Fmt]) -> Result<MvLaunch> {
         let a = self.args;
         let capable = a.seg[..a.nseg as usize]
             .iter()
-            .all(|s| Q8_FMTS.iter().any(|f| f.code() == s.fmt & 15));
+            .all(|s| fmts.iter().any(|f| f.code() == s.fmt & 15));
         if !capable || self.q8.is_some() {
             return Ok(self);
         }
@@ -606,12 +622,9 @@ impl MvLaunch {
     ) -> Result<MvLaunch> {
         let a = &mut self.args;
         let glu = a.mode >= Mode::GluSilu as u32;
-        let fmt_ok = a.seg[..a.nseg as usize].iter().all(|s| {
-            s.fmt & 16 != 0
-                && [Fmt::Q4_0, Fmt::Q4_1, Fmt::Q5_0, Fmt::Q5_1, Fmt::Q8_0]
-                    .iter()
-                    .any(|f| f.code() == s.fmt & 15)
-        });
+        let fmt_ok = a.seg[..a.nseg as usize]
+            .iter()
+            .all(|s| s.fmt & 16 != 0 && MMQ2_FMTS.iter().any(|f| f.code() == s.fmt & 15));
         if self.q8.is_none()
             || !self.split
             || self.rows < 2
@@ -687,7 +700,7 @@ impl MvLaunch {
         let cols = self.args.cols as usize;
         let rows = self.rows as usize;
         check_len(scratch, q8x2_bytes(cols) * rows, "two-level input")?;
-        let mut l = self.with_q8(sm_count, scratch)?;
+        let mut l = self.quantized(sm_count, scratch, &MMQ2_FMTS)?;
         if l.q8.is_none() {
             return Ok(None);
         }
@@ -831,6 +844,8 @@ fn mmq_smem(fmt: Option<Fmt>, nt: u32, x2: bool) -> u32 {
         Some(Fmt::Q4_1) => (16, 4, 0),
         Some(Fmt::Q5_0) => (16, 2, 4),
         Some(Fmt::Q5_1) => (16, 4, 4),
+        Some(Fmt::Q4_KU) => (16, 8, 0),
+        Some(Fmt::Q6_KU) => (32, 8, 0),
         _ => (16, 2, 0),
     };
     let unit = if x2 { Q8X2_UNIT } else { Q8_UNIT } as u32;
@@ -841,13 +856,15 @@ fn mmq_smem(fmt: Option<Fmt>, nt: u32, x2: bool) -> u32 {
 
 /// The tensor-core kernel for split matrices of `fmt` and `nt` 8-row input tiles a block.
 fn mmq_kernel(fmt: Option<Fmt>, nt: u32, x2: bool) -> Result<&'static str> {
-    const NAMES: [[[&str; 4]; 5]; 2] = [
+    const NAMES: [[[&str; 4]; 7]; 2] = [
         [
             ["mmq_q4_0_n1", "mmq_q4_0_n2", "mmq_q4_0_n4", "mmq_q4_0_n8"],
             ["mmq_q4_1_n1", "mmq_q4_1_n2", "mmq_q4_1_n4", "mmq_q4_1_n8"],
             ["mmq_q5_0_n1", "mmq_q5_0_n2", "mmq_q5_0_n4", "mmq_q5_0_n8"],
             ["mmq_q5_1_n1", "mmq_q5_1_n2", "mmq_q5_1_n4", "mmq_q5_1_n8"],
             ["mmq_q8_0_n1", "mmq_q8_0_n2", "mmq_q8_0_n4", "mmq_q8_0_n8"],
+            ["", "", "", ""],
+            ["", "", "", ""],
         ],
         [
             [
@@ -880,6 +897,18 @@ fn mmq_kernel(fmt: Option<Fmt>, nt: u32, x2: bool) -> Result<&'static str> {
                 "mmq2_q8_0_n4",
                 "mmq2_q8_0_n8",
             ],
+            [
+                "mmq2_q4_ku_n1",
+                "mmq2_q4_ku_n2",
+                "mmq2_q4_ku_n4",
+                "mmq2_q4_ku_n8",
+            ],
+            [
+                "mmq2_q6_ku_n1",
+                "mmq2_q6_ku_n2",
+                "mmq2_q6_ku_n4",
+                "mmq2_q6_ku_n8",
+            ],
         ],
     ];
     let f = match fmt {
@@ -888,6 +917,8 @@ fn mmq_kernel(fmt: Option<Fmt>, nt: u32, x2: bool) -> Result<&'static str> {
         Some(Fmt::Q5_0) => 2,
         Some(Fmt::Q5_1) => 3,
         Some(Fmt::Q8_0) => 4,
+        Some(Fmt::Q4_KU) => 5,
+        Some(Fmt::Q6_KU) => 6,
         _ => usize::MAX,
     };
     let n = match nt {
@@ -901,9 +932,11 @@ fn mmq_kernel(fmt: Option<Fmt>, nt: u32, x2: bool) -> Result<&'static str> {
         .get(f)
         .and_then(|r| r.get(n))
         .copied()
+        .filter(|s| !s.is_empty())
         .ok_or_else(|| {
             Error::Other(format!(
-                "matvec: no tensor-core kernel for {fmt:?} x {nt} tiles"
+                "matvec: no tensor-core kernel for {fmt:?} x {nt} tiles{}",
+                if x2 { " (two-level inputs)" } else { "" }
             ))
         })
 }

@@ -113,7 +113,8 @@ pub fn matvec_rows_mma(
 
 /// `matvec_rows` with two-level 8-bit inputs (the CPU's q8x2) on the int8 tensor-core
 /// kernels (`MvLaunch::with_q8x2_mma`, the prefill's products of models on f32 activations);
-/// matrices in GGUF blocks are first copied into split rows (`pf_split`, as the prefill does).
+/// matrices are first copied as the prefill copies them (`prefill::mmq_copy`: split rows of
+/// GGUF-layout matrices, Q4_K as `Q4_KU` units).
 /// An error where the kernels do not apply (one row, formats without them, pre-sm_80).
 #[allow(clippy::too_many_arguments)]
 pub fn matvec_rows_q8x2(
@@ -134,27 +135,15 @@ pub fn matvec_rows_q8x2(
             out.bytes()
         )));
     }
-    let mut views = Vec::new();
-    for s in segs.iter().filter(|s| !s.w.split) {
-        let buf = zeros(dev, s.w.rows * s.w.split_row_bytes(), "split rows")?;
-        let v = s.w.split_view(buf).ok_or_else(|| {
-            crate::error::Error::Other(format!(
-                "matvec_rows_q8x2: {:?} has no split layout",
-                s.w.fmt
-            ))
-        })?;
-        super::prefill::split_into(dev, s.w, &v)?;
-        views.push(v);
-    }
-    let mut views = views.iter();
+    let copies = segs
+        .iter()
+        .map(|s| super::prefill::mmq_copy(dev, s.w))
+        .collect::<Result<Vec<_>>>()?;
     let segs: Vec<Seg<'_>> = segs
         .iter()
-        .map(|s| Seg {
-            w: if s.w.split {
-                s.w
-            } else {
-                views.next().expect("one view per GGUF-layout segment")
-            },
+        .zip(&copies)
+        .map(|(s, c)| Seg {
+            w: c.as_ref().unwrap_or(s.w),
             ..*s
         })
         .collect();

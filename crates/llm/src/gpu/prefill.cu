@@ -251,3 +251,60 @@ extern "C" __global__ void pf_split(u64 w, u32 rows, u32 nb, u32 ts, u32 q_off, 
     dst += (u64)nb * qh_len;
     for (u32 k = 0; k < h_len; ++k) dst[b * h_len + k] = src[h_off + k];
 }
+
+// Rows of Q4_K blocks (`rows` rows of `nsb` 144-byte blocks at w) as FMT_Q4_KU rows at out,
+// `orb` bytes apart: unit j (32 elements: group j % 8 of block j / 8) as 16 bytes of nibbles in
+// Q4_1's order (byte i: element i low, element i + 16 high), then after the row's 8 nsb units of
+// quants, per unit f32 d sc and f32 -dmin m (the CPU's deq: x = d sc q - dmin m, both products
+// exact in f32). One thread per (row, unit).
+extern "C" __global__ void pf_q4k_units(u64 w, u32 rows, u32 nsb, u32 orb, u64 out) {
+    const u32 units = 8 * nsb;
+    const u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (u64)rows * units) return;
+    const u64 r = i / units;
+    const u32 j = (u32)(i % units), g = j & 7;
+    const u8* b = (const u8*)w + (r * nsb + j / 8) * 144;
+    int sc, mn;
+    scale_min_k4((int)g, b + 4, &sc, &mn);
+    const float d1 = ldh(b) * (float)sc, m1 = -(ldh(b + 2) * (float)mn);
+    const u8* q = b + 16 + 32 * (g >> 1);
+    const u32 sh = 4 * (g & 1);
+    u8* o = (u8*)out + r * orb;
+    for (u32 k = 0; k < 16; ++k) {
+        const u32 lo = (q[k] >> sh) & 15u, hi = (q[k + 16] >> sh) & 15u;
+        o[16 * j + k] = (u8)(lo | (hi << 4));
+    }
+    float* hd = (float*)(o + 16 * (u64)units) + 2 * j;
+    hd[0] = d1;
+    hd[1] = m1;
+}
+
+// Rows of Q6_K blocks (`rows` rows of `nsb` 210-byte blocks at w; `split`: in the split layout,
+// each row's 208-byte block bodies, then their d fields) as FMT_Q6_KU rows at out,
+// `orb` bytes apart: unit j (group j % 8 of block j / 8, as deq<FMT_Q6_K> reads it) as 32
+// signed bytes q - 32, then after the row's 8 nsb units of bytes, per unit f32 d sc for its
+// elements 0..16 and 16..32 (exact products). One thread per (row, unit).
+extern "C" __global__ void pf_q6k_units(u64 w, u32 rows, u32 nsb, u32 split, u32 orb, u64 out) {
+    const u32 units = 8 * nsb;
+    const u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (u64)rows * units) return;
+    const u64 r = i / units;
+    const u32 j = (u32)(i % units), g = j & 7;
+    const u8* row = (const u8*)w + r * nsb * 210;
+    const u8* b = row + (j / 8) * (split ? 208 : 210);
+    const float d = ldh(split ? row + nsb * 208 + (j / 8) * 2 : b + 208);
+    const u32 n = g >> 2;
+    const u8* ql = b + 64 * n + 32 * (g & 1);
+    const u32 lsh = 4 * ((g & 3) >> 1);
+    const u8* qh = b + 128 + 32 * n;
+    const u32 hsh = 2 * (g & 3);
+    const signed char* sc = (const signed char*)(b + 192);
+    u8* o = (u8*)out + r * orb;
+    for (u32 k = 0; k < 32; ++k) {
+        const int q = (int)(((ql[k] >> lsh) & 15u) | (((qh[k] >> hsh) & 3u) << 4)) - 32;
+        o[32 * j + k] = (u8)(q & 0xff);
+    }
+    float* hd = (float*)(o + 32 * (u64)units) + 2 * j;
+    hd[0] = d * (float)sc[2 * g];
+    hd[1] = d * (float)sc[2 * g + 1];
+}

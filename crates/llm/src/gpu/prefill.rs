@@ -202,9 +202,6 @@ const SLOT_GATE: usize = 4;
 const SLOT_UP: usize = 5;
 const SLOT_DOWN: usize = 6;
 
-/// Formats of the int8 tensor-core kernels (`mmq2_*`).
-const MMQ_FMTS: [Fmt; 5] = [Fmt::Q4_0, Fmt::Q4_1, Fmt::Q5_0, Fmt::Q5_1, Fmt::Q8_0];
-
 impl Prefill {
     pub(crate) fn new(m: &GpuModel, chunk: usize) -> Result<Prefill> {
         let dev = &m.dev;
@@ -254,18 +251,7 @@ impl Prefill {
                 for l in &m.layers {
                     let mut c: [Option<GpuMatrix>; 7] = Default::default();
                     for (slot, c) in c.iter_mut().enumerate() {
-                        let w = layer_mat(l, slot);
-                        if w.split || !MMQ_FMTS.contains(&w.fmt) {
-                            continue;
-                        }
-                        let buf = dev
-                            .alloc_bytes(w.rows * w.split_row_bytes(), "llm prefill split rows")
-                            .gpu()?;
-                        let v = w.split_view(buf).ok_or_else(|| {
-                            Error::Other(format!("prefill: no split layout for {:?}", w.fmt))
-                        })?;
-                        split_into(dev, w, &v)?;
-                        *c = Some(v);
+                        *c = mmq_copy(dev, layer_mat(l, slot))?;
                     }
                     copies.push(c);
                 }
@@ -315,7 +301,7 @@ impl Prefill {
     /// of `ostride` elements) by `mode`. Matrices kept in GGUF blocks are read from their split
     /// copies (`Mmq::copies`); consecutive matrices of one format share a launch, and later
     /// launches reuse the quantized input. Returns false, having launched nothing, where a
-    /// matrix's format has no such kernel (K-quants, f16) or the prefill has none (`mmq`):
+    /// matrix's format has no such kernel (Q5_K, f16) or the prefill has none (`mmq`):
     /// the caller takes the dequantizing path.
     #[allow(clippy::too_many_arguments)]
     fn mmq(
@@ -334,12 +320,6 @@ impl Prefill {
             return Ok(false);
         };
         let glu = matches!(mode, Mode::GluSilu | Mode::GluGelu);
-        if n < 2
-            || !mats.iter().all(|(w, _, _)| MMQ_FMTS.contains(&w.fmt))
-            || (glu && mats[0].0.fmt != mats[1].0.fmt)
-        {
-            return Ok(false);
-        }
         let copies = &mq.copies[il];
         let segs: Vec<Seg<'_>> = mats
             .iter()
@@ -349,7 +329,12 @@ impl Prefill {
                 out_off,
             })
             .collect();
-        if !segs.iter().all(|s| s.w.split) {
+        if n < 2
+            || !segs
+                .iter()
+                .all(|s| s.w.split && matvec::MMQ2_FMTS.contains(&s.w.fmt))
+            || (glu && segs[0].w.fmt != segs[1].w.fmt)
+        {
             return Ok(false);
         }
         // launches: GLU is one; else runs of one format
@@ -723,9 +708,59 @@ fn layer_mat(l: &super::weights::GpuLayer, slot: usize) -> &GpuMatrix {
     }
 }
 
+/// The copy of `w` the int8 tensor-core products read, made now: split rows for a matrix of a
+/// 32-element format kept in GGUF blocks, `Q4_KU` / `Q6_KU` units for Q4_K / Q6_K; None where `w` is read as it
+/// is (split already) or has no such kernel.
+pub(crate) fn mmq_copy(dev: &CudaDevice, w: &GpuMatrix) -> Result<Option<GpuMatrix>> {
+    if matches!(w.fmt, Fmt::Q4_K | Fmt::Q6_K) {
+        let units = w.rows * w.cols / 32;
+        let unit_bytes = if w.fmt == Fmt::Q4_K {
+            Fmt::Q4_KU.block_bytes()
+        } else {
+            Fmt::Q6_KU.block_bytes()
+        };
+        let buf = dev
+            .alloc_bytes(units * unit_bytes, "llm prefill K-quant units")
+            .gpu()?;
+        let v = w
+            .k_units_view(buf)
+            .ok_or_else(|| Error::Other("prefill: no K-quant unit view".into()))?;
+        let mut args = KernelArgs::new()
+            .arg(w.buffer().ptr())
+            .arg(w.rows as u32)
+            .arg((w.cols / 256) as u32);
+        let name = if w.fmt == Fmt::Q4_K {
+            "pf_q4k_units"
+        } else {
+            // Q6_K's split layout moves the d fields to the row's end
+            args = args.arg(w.split as u32);
+            "pf_q6k_units"
+        };
+        let args = args.arg(v.row_bytes as u32).arg(v.buffer().ptr());
+        launch(
+            dev,
+            name,
+            LaunchConfig::new((units.div_ceil(256) as u32, 1, 1), (256, 1, 1), 0),
+            args,
+        )?;
+        return Ok(Some(v));
+    }
+    if w.split || !matvec::MMQ2_FMTS.contains(&w.fmt) {
+        return Ok(None);
+    }
+    let buf = dev
+        .alloc_bytes(w.rows * w.split_row_bytes(), "llm prefill split rows")
+        .gpu()?;
+    let v = w
+        .split_view(buf)
+        .ok_or_else(|| Error::Other(format!("prefill: no split layout for {:?}", w.fmt)))?;
+    split_into(dev, w, &v)?;
+    Ok(Some(v))
+}
+
 /// `w`'s GGUF rows rearranged into `dst`'s buffer in the split layout (`pf_split`), rows
 /// `dst.row_bytes` apart.
-pub(crate) fn split_into(dev: &CudaDevice, w: &GpuMatrix, dst: &GpuMatrix) -> Result<()> {
+fn split_into(dev: &CudaDevice, w: &GpuMatrix, dst: &GpuMatrix) -> Result<()> {
     let [q, qh, h] = split_fields(w.fmt)
         .ok_or_else(|| Error::Other(format!("prefill: {:?} has no split layout", w.fmt)))?;
     let nb = w.cols / w.fmt.block_elems();

@@ -20,6 +20,14 @@
 #define FMT_Q4_K 8
 #define FMT_Q5_K 9
 #define FMT_Q6_K 10
+// Not a file format: Q4_K rows converted for the prefill's int8 tensor-core products
+// (`pf_q4k_units`, split rows only): per 32-element unit 16 bytes of Q4_1-ordered nibbles,
+// then per unit f32 d1 = d sc and f32 m1 = -dmin m (x = d1 q + m1).
+#define FMT_Q4_KU 11
+// Not a file format either: Q6_K rows converted for the same products (`pf_q6k_units`): per
+// unit 32 signed bytes q - 32 in element order, then per unit f32 d sc for elements 0..16 and
+// for 16..32.
+#define FMT_Q6_KU 12
 
 // Programmatic dependent launch (sm_90+; no-ops before): every kernel of the decode step waits
 // for the kernels before it (pdl_wait) before it reads activations or writes anything, and then
@@ -319,12 +327,14 @@ template <> __device__ __forceinline__ void deq<FMT_Q6_K>(const u8* b, int g, fl
 // matrix.
 #define FMT_SPLIT 16
 
-template <int F> __device__ __forceinline__ constexpr u32 sp_q() { return F == FMT_Q8_0 ? 32u : 16u; }
+template <int F> __device__ __forceinline__ constexpr u32 sp_q() {
+    return (F == FMT_Q8_0 || F == FMT_Q6_KU) ? 32u : 16u;
+}
 template <int F> __device__ __forceinline__ constexpr u32 sp_qh() {
     return (F == FMT_Q5_0 || F == FMT_Q5_1) ? 4u : 0u;
 }
 template <int F> __device__ __forceinline__ constexpr u32 sp_h() {
-    return (F == FMT_Q4_1 || F == FMT_Q5_1) ? 4u : 2u;
+    return (F == FMT_Q4_KU || F == FMT_Q6_KU) ? 8u : (F == FMT_Q4_1 || F == FMT_Q5_1) ? 4u : 2u;
 }
 
 __device__ __forceinline__ u32 ld_nc16(u64 p) {

@@ -27,6 +27,12 @@ pub enum Fmt {
     Q4_K = 8,
     Q5_K = 9,
     Q6_K = 10,
+    /// Not a file format: Q4_K rows converted for the prefill's int8 tensor-core products
+    /// (`FMT_Q4_KU` in quant.cuh, `GpuMatrix::q4k_units_view`).
+    Q4_KU = 11,
+    /// Not a file format: Q6_K rows converted for the same products (`FMT_Q6_KU`,
+    /// `GpuMatrix::k_units_view`).
+    Q6_KU = 12,
 }
 
 impl Fmt {
@@ -69,7 +75,15 @@ impl Fmt {
             Fmt::Q4_K => 144,
             Fmt::Q5_K => 176,
             Fmt::Q6_K => 210,
+            Fmt::Q4_KU => 24,
+            Fmt::Q6_KU => 40,
         }
+    }
+
+    /// Whether this is a kernel-only format of 32-element units converted from a K-quant
+    /// (`Q4_KU`, `Q6_KU`).
+    pub(crate) fn is_units(self) -> bool {
+        matches!(self, Fmt::Q4_KU | Fmt::Q6_KU)
     }
 
     pub(crate) fn code(self) -> u32 {
@@ -241,7 +255,7 @@ impl GpuMatrix {
 
     /// The format code the kernels take (`FMT_*`, with `FMT_SPLIT` for rearranged rows).
     pub(crate) fn kernel_fmt(&self) -> u32 {
-        let rearranged = self.split && split_fields(self.fmt).is_some();
+        let rearranged = self.split && (split_fields(self.fmt).is_some() || self.fmt.is_units());
         self.fmt.code() | if rearranged { 16 } else { 0 }
     }
 
@@ -252,6 +266,27 @@ impl GpuMatrix {
 
     pub fn buffer(&self) -> &Buffer {
         &self.buf
+    }
+
+    /// This Q4_K or Q6_K matrix's shape over `buf`, which holds (or will hold) its rows as
+    /// `Q4_KU` or `Q6_KU` units (the prefill's `pf_q4k_units` / `pf_q6k_units` write them).
+    /// None for another format or a `buf` too small.
+    pub(crate) fn k_units_view(&self, buf: Buffer) -> Option<GpuMatrix> {
+        let fmt = match self.fmt {
+            Fmt::Q4_K => Fmt::Q4_KU,
+            Fmt::Q6_K => Fmt::Q6_KU,
+            _ => return None,
+        };
+        let row_bytes = self.cols / 32 * fmt.block_bytes();
+        (buf.bytes() >= self.rows * row_bytes).then(|| GpuMatrix {
+            fmt,
+            file_type: self.file_type,
+            rows: self.rows,
+            cols: self.cols,
+            row_bytes,
+            split: true,
+            buf,
+        })
     }
 
     /// Row bytes of this matrix's split copy (`split_view`): its rows padded to 16 bytes, so
