@@ -9,9 +9,9 @@
 //!
 //! The operand type: for a model on f32 activations (`Precision::Exact`, the default up to 1 GiB
 //! of weights: its prompt then gives the decode steps' answers) the products of Q4_0, Q4_1,
-//! Q5_0, Q5_1 and Q8_0 matrices take two-level 8-bit inputs (the CPU's q8x2, ~16 bits) on int8
-//! tensor cores (`Prefill::mmq`; split-row copies of matrices kept in GGUF blocks), the others
-//! f32 operands (no TF32); else 16-bit on tensor cores: f16 (11-bit significands), bf16 for
+//! Q5_0, Q5_1, Q8_0, Q4_K and Q6_K matrices take two-level 8-bit inputs (the CPU's q8x2, ~16
+//! bits) on int8 tensor cores (`Prefill::mmq`, over copies made at set-up: `mmq_copy`), the
+//! others f32 operands (no TF32); else 16-bit on tensor cores: f16 (11-bit significands), bf16 for
 //! Gemma-3 (activations beyond f16's range) or with `FERRITE_GPU_PREFILL_BF16=1`. The
 //! attention's q, k and v are f16 in every mode (the KV cache is f16).
 
