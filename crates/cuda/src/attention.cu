@@ -654,10 +654,11 @@ __device__ void attn_bdkv_body(const AttnDims& a, u32 ldq, u32 ldv, float sl2, f
     tile_store<T, DVC>(dvo + kr0 * a.dv, a.dv, j0, a.lk, a.dv, av);
 }
 
-// ---- tensor-core forward (f16/bf16, d == dv in {64, 96, 128}) ----
+// ---- tensor-core forward (f16/bf16, d == dv in {64, 96, 128, 256}) ----
 //
 // FlashAttention-2 style on mma.sync m16n8k16 (f32 accumulation): a block of 4 warps owns 64
-// query rows of one (batch, head), 16 per warp, its Q fragments in registers; K and V tiles of
+// query rows of one (batch, head), 16 per warp, its Q fragments in registers (d <= 128; wider
+// heads reload them from shared memory per key tile); K and V tiles of
 // 64 keys stream through shared memory with cp.async, double-buffered. Per tile a warp
 // computes S = Q K^T (16 x 64, f32), masks it, updates the running max and sum of its rows
 // (online softmax in log2 units, rows shared by the 4 lanes of a quad), turns the
@@ -730,6 +731,9 @@ template <typename T, int D>
 __device__ void attn_mma_body(const AttnDims& a, float sl2, const T* __restrict__ q, const T* __restrict__ k,
                               const T* __restrict__ v, T* __restrict__ o) {
     constexpr int LD = D + 8, KS = D / 16, DT = D / 8;
+    // Heads up to 128 keep the warp's Q fragments in registers for the whole key walk; wider
+    // heads (256: acc alone takes 128 registers) read them from shared memory per key tile.
+    constexpr bool QREG = D <= 128;
     T* Qs = (T*)at_smem;
     T* Ks = Qs + 64 * LD;       // [2][64][LD]
     T* Vs = Ks + 2 * 64 * LD;   // [2][64][LD]
@@ -765,9 +769,12 @@ __device__ void attn_mma_body(const AttnDims& a, float sl2, const T* __restrict_
 
     cp_async_wait<1>();  // Q has landed (K/V tile 0 may still be in flight)
     __syncthreads();
-    u32 qf[KS][4];
+    u32 qf[QREG ? KS : 1][4];
+    if (QREG) {
 #pragma unroll
-    for (int kk = 0; kk < KS; ++kk) ldsm_x4(qf[kk], smem_addr(Qs + (warp * 16 + (lane & 15)) * LD + kk * 16 + (lane >> 4) * 8));
+        for (int kk = 0; kk < KS; ++kk)
+            ldsm_x4(qf[QREG ? kk : 0], smem_addr(Qs + (warp * 16 + (lane & 15)) * LD + kk * 16 + (lane >> 4) * 8));
+    }
 
     for (i64 t = 0; t < ntiles; ++t) {
         const int buf = (int)(t & 1);
@@ -788,12 +795,14 @@ __device__ void attn_mma_body(const AttnDims& a, float sl2, const T* __restrict_
             for (int e = 0; e < 4; ++e) s[nt][e] = 0.f;
 #pragma unroll
         for (int kk = 0; kk < KS; ++kk) {
+            if (!QREG) ldsm_x4(qf[0], smem_addr(Qs + (warp * 16 + (lane & 15)) * LD + kk * 16 + (lane >> 4) * 8));
+            const u32(&qk)[4] = qf[QREG ? kk : 0];
 #pragma unroll
             for (int np = 0; np < 4; ++np) {
                 u32 b[4];
                 ldsm_x4(b, smem_addr(Kc + (np * 16 + ((lane >> 4) << 3) + (lane & 7)) * LD + kk * 16 + ((lane >> 3) & 1) * 8));
-                Mma<T>::mma(s[2 * np], qf[kk], b[0], b[1]);
-                Mma<T>::mma(s[2 * np + 1], qf[kk], b[2], b[3]);
+                Mma<T>::mma(s[2 * np], qk, b[0], b[1]);
+                Mma<T>::mma(s[2 * np + 1], qk, b[2], b[3]);
             }
         }
 
@@ -923,6 +932,8 @@ ATTN_TILE_KERNELS(bf16, bf16)
     extern "C" __global__ void __launch_bounds__(128) attn_mma96_##S(AttnDims a, float sl2, const T* q, \
         const T* k, const T* v, T* o) { attn_mma_body<T, 96>(a, sl2, q, k, v, o); }                     \
     extern "C" __global__ void __launch_bounds__(128) attn_mma128_##S(AttnDims a, float sl2, const T* q, \
-        const T* k, const T* v, T* o) { attn_mma_body<T, 128>(a, sl2, q, k, v, o); }
+        const T* k, const T* v, T* o) { attn_mma_body<T, 128>(a, sl2, q, k, v, o); }                    \
+    extern "C" __global__ void __launch_bounds__(128) attn_mma256_##S(AttnDims a, float sl2, const T* q, \
+        const T* k, const T* v, T* o) { attn_mma_body<T, 256>(a, sl2, q, k, v, o); }
 ATTN_MMA_KERNELS(f16, f16)
 ATTN_MMA_KERNELS(bf16, bf16)

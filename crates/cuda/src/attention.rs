@@ -2,7 +2,7 @@
 //! ferrite-cpu's attention.rs (grouped-query heads; the causal mask aligned to the last key,
 //! every query seeing at least key 0; NaN rows only when there are no keys).
 //!
-//! - Forward, f16/bf16 with d == dv in {64, 96, 128} and 16-byte aligned rows: a
+//! - Forward, f16/bf16 with d == dv in {64, 96, 128, 256} and 16-byte aligned rows: a
 //!   FlashAttention-2 style kernel on tensor cores (mma.sync, f32 accumulation).
 //!   Other f32/f16/bf16 cases with head sizes ≤ 256: a flash-attention style tiled kernel on
 //!   CUDA cores (64 queries per block, K/V tiles of 64 keys in shared memory, online softmax,
@@ -181,8 +181,8 @@ fn row_grid(op: &'static str, groups: usize, rows_per: usize) -> Result<Cfg> {
 
 /// Threads per block of the tensor-core forward kernel.
 const MMA_THREADS: u32 = 128;
-/// Head sizes the tensor-core forward kernel is built for (`attn_mma{64,96,128}`).
-const MMA_HEADS: [usize; 3] = [64, 96, 128];
+/// Head sizes the tensor-core forward kernel is built for (`attn_mma{64,96,128,256}`).
+const MMA_HEADS: [usize; 4] = [64, 96, 128, 256];
 
 /// Head size of the tensor-core forward kernel when it applies: f16/bf16, d == dv in
 /// `MMA_HEADS`, unit last-dim strides, and every row 16-byte aligned (pointers aligned, the

@@ -879,7 +879,7 @@ fn op_cases_im2col(d: &CudaDevice) {
 
 /// Attention with a key-padding mask, forward and backward (`Tensor::attention_backward`), on
 /// CUDA against the CPU with the same inputs, for shapes that reach each kernel family: the
-/// tensor-core forward (f16/bf16, d == dv in {64, 96, 128}, contiguous), the tiled CUDA-core
+/// tensor-core forward (f16/bf16, d == dv in {64, 96, 128, 256}, contiguous), the tiled CUDA-core
 /// forward and backward (f32/f16/bf16, heads <= 256 forward, <= 128 backward), and the row
 /// kernels (f64, wider heads); with grouped-query heads, causal + mask, a transposed mask view,
 /// and a batch row whose every key is padding (NaN rows forward, zero gradients backward, in
@@ -891,7 +891,7 @@ fn attention_masked(d: &CudaDevice) {
     type Case = (DType, [usize; 4], [usize; 4], [usize; 4], bool, bool);
     let mut cases: Vec<Case> = Vec::new();
     for dt in [DType::F16, DType::BF16] {
-        for hd in [64, 96, 128] {
+        for hd in [64, 96, 128, 256] {
             cases.push((
                 dt,
                 [2, 4, 70, hd],

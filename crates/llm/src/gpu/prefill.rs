@@ -4,7 +4,7 @@
 //! matrix (Q, K and V side by side, gate and up side by side) and multiplied by cuBLASLt
 //! (f32 accumulation, f32 out); RoPE as the decode step, K and V rows written into
 //! the f16 KV cache in place; the CUDA attention op (flash forward on tensor cores for head
-//! sizes 64/96/128) over the cache prefix [0, p0+L) with causal alignment; the output and down
+//! sizes 64/96/128/256) over the cache prefix [0, p0+L) with causal alignment; the output and down
 //! products accumulated onto the residual rows by the product itself.
 //!
 //! The operand type: for a model on f32 activations (`Precision::Exact`, the default up to 1 GiB
