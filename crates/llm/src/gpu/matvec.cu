@@ -1241,13 +1241,19 @@ extern "C" __global__ void __launch_bounds__(MQ_W * 32) mmq2_q6_ku_n8(const MvAr
 // contraction, so the same bytes for the same input). One warp per unit, a lane per element;
 // blockIdx.y: the row of a batch of inputs (f32 [rows][cols] into [rows][cols / 32] units);
 // with a norm every block sums the squares of the whole row (fixed order: blocks agree).
-extern "C" __global__ void __launch_bounds__(256) quantize_q8(u64 x, u64 norm, float eps, u32 cols, u64 out) {
+// X2 (quantize_q8x2): units of Q8X2U bytes, quantized twice as the CPU's quantize_q8x2: hi as
+// above, then lo the residual x - d hi in steps of d / 256 (round half away from zero, clamped
+// to +-127), the same operations unfused, so the same bytes. Units: hi's qs, d, s = d sum(hi)
+// + (d / 256) sum(lo), 8 unused bytes, lo's qs.
+template <bool X2>
+__device__ __forceinline__ void quantize_rows(u64 x, u64 norm, float eps, u32 cols, u64 out) {
     __shared__ float red[32];
+    constexpr u32 XU = X2 ? Q8X2U : Q8U;
     pdl_wait();
     pdl_launch();
     // row blockIdx.y of a batch: x rows of cols floats, out rows of cols / 32 units
     x += (u64)blockIdx.y * cols * 4;
-    out += (u64)blockIdx.y * (cols >> 5) * Q8U;
+    out += (u64)blockIdx.y * (cols >> 5) * XU;
     const float* xf = (const float*)x;
     const float* g = (const float*)norm;
     float inv = 1.0f;
@@ -1271,59 +1277,29 @@ extern "C" __global__ void __launch_bounds__(256) quantize_q8(u64 x, u64 norm, f
         const float r = __fmul_rn(v, id);
         const int q = (int)__fadd_rn(r, copysignf(0.5f, r));
         const int sum = __reduce_add_sync(0xffffffffu, q);
-        u8* o = (u8*)out + (u64)u * Q8U;
+        u8* o = (u8*)out + (u64)u * XU;
         o[lane] = (u8)(q & 0xff);
+        float s = __fmul_rn(d, (float)sum);
+        if (X2) {
+            const float dl = __fmul_rn(d, 1.0f / 256.0f);
+            const float idl = d != 0.0f ? __fdiv_rn(256.0f, d) : 0.0f;
+            const float rl = __fmul_rn(__fsub_rn(v, __fmul_rn(d, (float)q)), idl);
+            const int ql = max(-127, min(127, (int)__fadd_rn(rl, copysignf(0.5f, rl))));
+            o[Q8U + lane] = (u8)(ql & 0xff);
+            s = __fadd_rn(s, __fmul_rn(dl, (float)__reduce_add_sync(0xffffffffu, ql)));
+        }
         if (lane == 0) {
             ((float*)(o + 32))[0] = d;
-            ((float*)(o + 32))[1] = __fmul_rn(d, (float)sum);
+            ((float*)(o + 32))[1] = s;
         }
     }
 }
 
-// out (cols / 32 units of Q8X2U bytes) = x as quantize_q8 takes it, quantized twice as the
-// CPU's quantize_q8x2: hi as quantize_q8, then lo the residual x - d hi in steps of d / 256
-// (round half away from zero, clamped to +-127), the same operations unfused, so the same
-// bytes. Units: hi's qs, d, s = d sum(hi) + (d / 256) sum(lo), 8 unused bytes, lo's qs.
+extern "C" __global__ void __launch_bounds__(256) quantize_q8(u64 x, u64 norm, float eps, u32 cols, u64 out) {
+    quantize_rows<false>(x, norm, eps, cols, out);
+}
 extern "C" __global__ void __launch_bounds__(256) quantize_q8x2(u64 x, u64 norm, float eps, u32 cols, u64 out) {
-    __shared__ float red[32];
-    pdl_wait();
-    pdl_launch();
-    x += (u64)blockIdx.y * cols * 4;
-    out += (u64)blockIdx.y * (cols >> 5) * Q8X2U;
-    const float* xf = (const float*)x;
-    const float* g = (const float*)norm;
-    float inv = 1.0f;
-    if (norm) {
-        float ss = 0.f;
-        for (u32 i = threadIdx.x; i < (cols >> 2); i += blockDim.x) {
-            const F4 v = ((const F4*)x)[i];
-            ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
-        }
-        ss = block_sum(ss, red);
-        inv = 1.0f / sqrtf(ss / (float)cols + eps);
-    }
-    const u32 lane = threadIdx.x & 31, warps = blockDim.x >> 5;
-    for (u32 u = blockIdx.x * warps + (threadIdx.x >> 5); u < (cols >> 5); u += gridDim.x * warps) {
-        float v = xf[32 * u + lane];
-        if (norm) v = __fmul_rn(__fmul_rn(v, inv), g[32 * u + lane]);
-        const float amax = __int_as_float((int)__reduce_max_sync(0xffffffffu, (u32)__float_as_int(fabsf(v))));
-        const float d = __fdiv_rn(amax, 127.0f);
-        const float id = d != 0.0f ? __fdiv_rn(1.0f, d) : 0.0f;
-        const float r = __fmul_rn(v, id);
-        const int q = (int)__fadd_rn(r, copysignf(0.5f, r));
-        const float dl = __fmul_rn(d, 1.0f / 256.0f);
-        const float idl = d != 0.0f ? __fdiv_rn(256.0f, d) : 0.0f;
-        const float rl = __fmul_rn(__fsub_rn(v, __fmul_rn(d, (float)q)), idl);
-        const int ql = max(-127, min(127, (int)__fadd_rn(rl, copysignf(0.5f, rl))));
-        const int sum = __reduce_add_sync(0xffffffffu, q), suml = __reduce_add_sync(0xffffffffu, ql);
-        u8* o = (u8*)out + (u64)u * Q8X2U;
-        o[lane] = (u8)(q & 0xff);
-        o[Q8U + lane] = (u8)(ql & 0xff);
-        if (lane == 0) {
-            ((float*)(o + 32))[0] = d;
-            ((float*)(o + 32))[1] = __fadd_rn(__fmul_rn(d, (float)sum), __fmul_rn(dl, (float)suml));
-        }
-    }
+    quantize_rows<true>(x, norm, eps, cols, out);
 }
 
 // Layout of `EmbedArgs` in gpu/matvec.rs.

@@ -127,14 +127,7 @@ pub fn matvec_rows_q8x2(
     rows: usize,
     ostride: usize,
 ) -> Result<()> {
-    let cols = segs.first().map_or(0, |s| s.w.cols);
-    if x.bytes() < rows * cols * 4 || out.bytes() < rows * ostride * 4 {
-        return Err(crate::error::Error::Other(format!(
-            "matvec_rows_q8x2: buffers of {} and {} bytes for {rows} rows of {cols} in, {ostride} out",
-            x.bytes(),
-            out.bytes()
-        )));
-    }
+    let cols = check_rows("matvec_rows_q8x2", segs, x, out, rows, ostride)?;
     let copies = segs
         .iter()
         .map(|s| super::prefill::mmq_copy(dev, s.w))
@@ -169,6 +162,27 @@ pub fn matvec_rows_q8x2(
     dev.synchronize().map_err(super::cuda_err)
 }
 
+/// The columns of `segs`, after checking that `x` holds `rows` f32 rows of them and `out`
+/// `rows` rows of `ostride` floats.
+fn check_rows(
+    op: &str,
+    segs: &[Seg<'_>],
+    x: &Buffer,
+    out: &Buffer,
+    rows: usize,
+    ostride: usize,
+) -> Result<usize> {
+    let cols = segs.first().map_or(0, |s| s.w.cols);
+    if x.bytes() < rows * cols * 4 || out.bytes() < rows * ostride * 4 {
+        return Err(crate::error::Error::Other(format!(
+            "{op}: buffers of {} and {} bytes for {rows} rows of {cols} in, {ostride} out",
+            x.bytes(),
+            out.bytes()
+        )));
+    }
+    Ok(cols)
+}
+
 #[allow(clippy::too_many_arguments)]
 fn matvec_rows_with(
     dev: &CudaDevice,
@@ -182,15 +196,7 @@ fn matvec_rows_with(
     q8: bool,
     mma: Option<bool>,
 ) -> Result<()> {
-    let cols = segs.first().map_or(0, |s| s.w.cols);
-    let need = |n: usize| n * 4;
-    if x.bytes() < need(rows * cols) || out.bytes() < need(rows * ostride) {
-        return Err(crate::error::Error::Other(format!(
-            "matvec_rows: buffers of {} and {} bytes for {rows} rows of {cols} in, {ostride} out",
-            x.bytes(),
-            out.bytes()
-        )));
-    }
+    let cols = check_rows("matvec_rows", segs, x, out, rows, ostride)?;
     let mut l = matvec::plan(dev.sm_count(), segs, mode, x, norm, out, None)?.with_rows(
         rows,
         cols * 4,

@@ -277,16 +277,7 @@ impl GpuMatrix {
             Fmt::Q6_K => Fmt::Q6_KU,
             _ => return None,
         };
-        let row_bytes = self.cols / 32 * fmt.block_bytes();
-        (buf.bytes() >= self.rows * row_bytes).then(|| GpuMatrix {
-            fmt,
-            file_type: self.file_type,
-            rows: self.rows,
-            cols: self.cols,
-            row_bytes,
-            split: true,
-            buf,
-        })
+        self.view_as(fmt, self.cols / 32 * fmt.block_bytes(), buf)
     }
 
     /// Row bytes of this matrix's split copy (`split_view`): its rows padded to 16 bytes, so
@@ -299,17 +290,21 @@ impl GpuMatrix {
     /// split layout (`split_rows`), `split_row_bytes` apart (the prefill's `pf_split` writes
     /// it). None where the format has no split layout or `buf` is too small.
     pub(crate) fn split_view(&self, buf: Buffer) -> Option<GpuMatrix> {
-        let row_bytes = self.split_row_bytes();
-        (split_fields(self.fmt).is_some() && buf.bytes() >= self.rows * row_bytes).then(|| {
-            GpuMatrix {
-                fmt: self.fmt,
-                file_type: self.file_type,
-                rows: self.rows,
-                cols: self.cols,
-                row_bytes,
-                split: true,
-                buf,
-            }
+        split_fields(self.fmt)?;
+        self.view_as(self.fmt, self.split_row_bytes(), buf)
+    }
+
+    /// This matrix's shape as split rows of `fmt`, `row_bytes` apart, over `buf` (None if
+    /// `buf` is too small).
+    fn view_as(&self, fmt: Fmt, row_bytes: usize, buf: Buffer) -> Option<GpuMatrix> {
+        (buf.bytes() >= self.rows * row_bytes).then(|| GpuMatrix {
+            fmt,
+            file_type: self.file_type,
+            rows: self.rows,
+            cols: self.cols,
+            row_bytes,
+            split: true,
+            buf,
         })
     }
 }
