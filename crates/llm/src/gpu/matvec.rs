@@ -173,7 +173,8 @@ const Q8_FMTS: [Fmt; 7] = [
     Fmt::Q6_K,
 ];
 
-/// The formats of the two-level tensor-core kernels (`mmq2_*`), on split rows.
+/// The formats of the two-level tensor-core kernels (`mmq2_*`), on split rows; the first five
+/// are those of the 8-bit ones (`mmq_*`) too.
 pub(crate) const MMQ2_FMTS: [Fmt; 7] = [
     Fmt::Q4_0,
     Fmt::Q4_1,
@@ -609,22 +610,25 @@ impl MvLaunch {
         sm_count: u32,
         part: Option<&Buffer>,
     ) -> Result<MvLaunch> {
-        self.with_mma_tiles(cc, sm_count, part, 8)
+        self.with_mma_tiles(cc, sm_count, part, 8, &MMQ2_FMTS[..5])
     }
 
-    /// `with_mma` with at most `max_nt` 8-row input tiles a block (1, 2, 4 or 8).
+    /// `with_mma` with at most `max_nt` 8-row input tiles a block (1, 2, 4 or 8), for split
+    /// matrices of `fmts` (those the kernel family has: the 8-bit `mmq_*` lack the K-quant
+    /// unit formats).
     fn with_mma_tiles(
         mut self,
         cc: (u32, u32),
         sm_count: u32,
         part: Option<&Buffer>,
         max_nt: u32,
+        fmts: &[Fmt],
     ) -> Result<MvLaunch> {
         let a = &mut self.args;
         let glu = a.mode >= Mode::GluSilu as u32;
         let fmt_ok = a.seg[..a.nseg as usize]
             .iter()
-            .all(|s| s.fmt & 16 != 0 && MMQ2_FMTS.iter().any(|f| f.code() == s.fmt & 15));
+            .all(|s| s.fmt & 16 != 0 && fmts.iter().any(|f| f.code() == s.fmt & 15));
         if self.q8.is_none()
             || !self.split
             || self.rows < 2
@@ -704,7 +708,7 @@ impl MvLaunch {
         if l.q8.is_none() {
             return Ok(None);
         }
-        l = l.with_mma_tiles(cc, sm_count, part, mmq_x2_tiles())?;
+        l = l.with_mma_tiles(cc, sm_count, part, mmq_x2_tiles(), &MMQ2_FMTS)?;
         if l.mma == 0 {
             return Ok(None);
         }
