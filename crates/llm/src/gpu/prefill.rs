@@ -185,22 +185,50 @@ struct Mmq {
     q8: Buffer,
     /// Split-K partials (f32).
     part: Buffer,
-    /// Per layer, per matrix (`SLOT_*`): a split-layout copy of a matrix the file's layout
-    /// keeps in GGUF blocks (made once, when the prefill is set up), of a format these kernels
-    /// take; None where the matrix is split already or has another format.
-    copies: Vec<[Option<GpuMatrix>; 7]>,
+    /// The matrices' copies these kernels read (made once, when the prefill is set up).
+    copies: MmqCopies,
     /// (major, minor) compute capability.
     cc: (u32, u32),
 }
 
-/// The matrices of a layer by scratch slot (`Mmq::split`).
-const SLOT_Q: usize = 0;
-const SLOT_K: usize = 1;
-const SLOT_V: usize = 2;
-const SLOT_O: usize = 3;
-const SLOT_GATE: usize = 4;
-const SLOT_UP: usize = 5;
-const SLOT_DOWN: usize = 6;
+/// Per layer, per matrix (`SLOT_*`): the copy `mmq_copy` made of it (split rows or 32-element
+/// units) for the int8 tensor-core products; None where the matrix is read as it is or has
+/// no such kernel.
+pub(crate) type MmqCopies = Vec<[Option<GpuMatrix>; 7]>;
+
+/// The matrices of a layer by slot (`MmqCopies`).
+pub(crate) const SLOT_Q: usize = 0;
+pub(crate) const SLOT_K: usize = 1;
+pub(crate) const SLOT_V: usize = 2;
+pub(crate) const SLOT_O: usize = 3;
+pub(crate) const SLOT_GATE: usize = 4;
+pub(crate) const SLOT_UP: usize = 5;
+pub(crate) const SLOT_DOWN: usize = 6;
+
+/// The copies of every layer's matrices (`mmq_copy`).
+pub(crate) fn mmq_copies(m: &GpuModel) -> Result<MmqCopies> {
+    let mut copies = Vec::with_capacity(m.layers.len());
+    for l in &m.layers {
+        let mut c: [Option<GpuMatrix>; 7] = Default::default();
+        for (slot, c) in c.iter_mut().enumerate() {
+            *c = mmq_copy(&m.dev, layer_mat(l, slot))?;
+        }
+        copies.push(c);
+    }
+    Ok(copies)
+}
+
+/// The matrix the int8 tensor-core products read for `w` (layer `il`'s slot `slot`): its copy
+/// in `copies`, or `w` itself where it is split already; None where it has no such kernel.
+pub(crate) fn mmq_matrix<'a>(
+    copies: &'a MmqCopies,
+    il: usize,
+    slot: usize,
+    w: &'a GpuMatrix,
+) -> Option<&'a GpuMatrix> {
+    let m = copies.get(il).and_then(|c| c[slot].as_ref()).unwrap_or(w);
+    (m.split && matvec::MMQ2_FMTS.contains(&m.fmt)).then_some(m)
+}
 
 impl Prefill {
     pub(crate) fn new(m: &GpuModel, chunk: usize) -> Result<Prefill> {
@@ -247,14 +275,7 @@ impl Prefill {
                 let max_cols = d.max(nh * hd).max(ff);
                 let max_out = (nh + 2 * nkv) * hd;
                 let max_out = max_out.max(2 * ff).max(d);
-                let mut copies = Vec::with_capacity(m.layers.len());
-                for l in &m.layers {
-                    let mut c: [Option<GpuMatrix>; 7] = Default::default();
-                    for (slot, c) in c.iter_mut().enumerate() {
-                        *c = mmq_copy(dev, layer_mat(l, slot))?;
-                    }
-                    copies.push(c);
-                }
+                let copies = mmq_copies(m)?;
                 Some(Mmq {
                     q8: zeros(
                         dev,
@@ -319,49 +340,23 @@ impl Prefill {
         let Some(mq) = &self.mmq else {
             return Ok(false);
         };
-        let glu = matches!(mode, Mode::GluSilu | Mode::GluGelu);
-        let copies = &mq.copies[il];
-        let segs: Vec<Seg<'_>> = mats
-            .iter()
-            .map(|&(w, slot, out_off)| Seg {
-                w: copies[slot].as_ref().unwrap_or(w),
+        let mut segs = Vec::with_capacity(mats.len());
+        for &(w, slot, out_off) in mats {
+            let Some(w) = mmq_matrix(&mq.copies, il, slot, w) else {
+                return Ok(false);
+            };
+            segs.push(Seg {
+                w,
                 bias: None,
                 out_off,
-            })
-            .collect();
-        if n < 2
-            || !segs
-                .iter()
-                .all(|s| s.w.split && matvec::MMQ2_FMTS.contains(&s.w.fmt))
-            || (glu && segs[0].w.fmt != segs[1].w.fmt)
-        {
+            });
+        }
+        let scratch = (&mq.q8, &mq.part, mq.cc);
+        let Some(ls) = mmq_launches(dev, &segs, mode, (x, norm), (out, ostride), n, scratch)?
+        else {
             return Ok(false);
-        }
-        // launches: GLU is one; else runs of one format
-        let mut groups: Vec<&[Seg<'_>]> = Vec::new();
-        if glu {
-            groups.push(&segs);
-        } else {
-            let mut start = 0;
-            for i in 1..=segs.len() {
-                if i == segs.len() || segs[i].w.fmt != segs[start].w.fmt {
-                    groups.push(&segs[start..i]);
-                    start = i;
-                }
-            }
-        }
-        let cols = mats[0].0.cols;
-        for (i, g) in groups.iter().enumerate() {
-            let l = matvec::plan(dev.sm_count(), g, mode, x, norm, out, None)?
-                .with_rows(n, cols * 4, ostride * 4)?
-                .with_q8x2_mma(mq.cc, dev.sm_count(), &mq.q8, Some(&mq.part))?
-                .ok_or_else(|| {
-                    Error::Other(format!(
-                        "prefill: no int8 tensor-core launch for {:?} matrices",
-                        g[0].w.fmt
-                    ))
-                })?;
-            let l = if i > 0 { l.reusing_input() } else { l };
+        };
+        for l in ls {
             l.enqueue(dev)?;
         }
         Ok(true)
@@ -693,6 +688,56 @@ impl Prefill {
         }
         super::read_f32(dev, lg, n * vocab)
     }
+}
+
+/// The launches of one product of `rows` rows on the int8 tensor cores with two-level (q8x2)
+/// inputs (`MvLaunch::with_q8x2_mma`): `segs` (matrices as `mmq_matrix` gives them) times
+/// norm(x) (f32 rows of their columns) into `out` (f32 rows of `ostride` elements) by `mode`,
+/// with `(q8, part, cc)` the two-level input scratch, the split-K partials and the device's
+/// compute capability. Consecutive matrices of one format share a launch; the first
+/// quantizes the input, the others reuse it. None where the kernels do not apply (one row,
+/// GLU halves of two formats).
+pub(crate) fn mmq_launches(
+    dev: &CudaDevice,
+    segs: &[Seg<'_>],
+    mode: Mode,
+    (x, norm): (&Buffer, Option<(&Buffer, f32)>),
+    (out, ostride): (&Buffer, usize),
+    rows: usize,
+    (q8, part, cc): (&Buffer, &Buffer, (u32, u32)),
+) -> Result<Option<Vec<matvec::MvLaunch>>> {
+    let glu = matches!(mode, Mode::GluSilu | Mode::GluGelu);
+    if rows < 2 || segs.is_empty() || (glu && segs[0].w.fmt != segs[1].w.fmt) {
+        return Ok(None);
+    }
+    // launches: GLU is one; else runs of one format
+    let mut groups: Vec<&[Seg<'_>]> = Vec::new();
+    if glu {
+        groups.push(segs);
+    } else {
+        let mut start = 0;
+        for i in 1..=segs.len() {
+            if i == segs.len() || segs[i].w.fmt != segs[start].w.fmt {
+                groups.push(&segs[start..i]);
+                start = i;
+            }
+        }
+    }
+    let cols = segs[0].w.cols;
+    let mut ls = Vec::with_capacity(groups.len());
+    for (i, g) in groups.iter().enumerate() {
+        let l = matvec::plan(dev.sm_count(), g, mode, x, norm, out, None)?
+            .with_rows(rows, cols * 4, ostride * 4)?
+            .with_q8x2_mma(cc, dev.sm_count(), q8, Some(part))?
+            .ok_or_else(|| {
+                Error::Other(format!(
+                    "prefill: no int8 tensor-core launch for {:?} matrices",
+                    g[0].w.fmt
+                ))
+            })?;
+        ls.push(if i > 0 { l.reusing_input() } else { l });
+    }
+    Ok(Some(ls))
 }
 
 /// The matrix of `l` in scratch slot `slot` (`SLOT_*`).

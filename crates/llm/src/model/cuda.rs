@@ -207,8 +207,9 @@ pub struct CudaKernels<'g> {
     /// The last step's logits, once read (`fetch_logits`).
     host_logits: Vec<f32>,
     fetched: bool,
-    /// Steps of at least this many rows (not graph steps) take the tensor-core products:
-    /// 16-bit activations x weights dequantized to 16 bits, cuBLASLt (as the old prefill).
+    /// Steps of at least this many rows (not graph steps) take the tensor-core products, as
+    /// the session's prefill: q8x2 inputs on the int8 kernels for a model on f32 activations
+    /// (`mq2`), else activations x weights dequantized to `dt`, cuBLASLt.
     tc_rows: usize,
     tc: bool,
     /// Every row of the step (padding included) is a logit row, in order.
@@ -236,6 +237,21 @@ pub struct CudaKernels<'g> {
     /// (`MvLaunch::with_mma`) where the matrices' format has them; their split-K partials.
     mma_rows: usize,
     mma_part: Option<Buffer>,
+    /// A model on f32 activations: its large steps' products on the int8 tensor cores with
+    /// two-level (q8x2) inputs, as the session's prefill (`prefill::mmq_launches`), made at
+    /// the first large step; None before, or where the device or
+    /// `FERRITE_GPU_PREFILL_MMQ=0` rules them out (the f32 cuBLASLt products then).
+    mq2: Option<Mq2>,
+    mq2_tried: bool,
+}
+
+/// The int8 tensor-core products of a model on f32 activations (`CudaKernels::mq2`).
+struct Mq2 {
+    copies: crate::gpu::prefill::MmqCopies,
+    /// Two-level input rows ([max rows][widest row / 32] units), split-K partials.
+    q8: Buffer,
+    part: Buffer,
+    cc: (u32, u32),
 }
 
 /// Rows from which a step takes the tensor-core products (`CudaKernels::set_tensor_core_rows`)
@@ -379,6 +395,8 @@ impl<'g> CudaKernels<'g> {
                 usize::MAX
             },
             mma_part,
+            mq2: None,
+            mq2_tried: false,
         })
     }
 
@@ -513,6 +531,93 @@ impl<'g> CudaKernels<'g> {
             Norm::KHead(il) => ls[il].k_norm.as_ref(),
         };
         v.ok_or_else(|| Error::Model(format!("cuda kernels: the model has no norm {n:?}")))
+    }
+
+    /// The int8 tensor-core products of a large step of a model on f32 activations, set up at
+    /// the first call; None where they do not apply (see `mq2`).
+    fn mq2(&mut self) -> Result<Option<&Mq2>> {
+        if !self.mq2_tried {
+            self.mq2_tried = true;
+            let (major, minor) = self.dev.compute_capability();
+            let cc = (major.max(0) as u32, minor.max(0) as u32);
+            if self.dt == ferrite_core::DType::F32
+                && cc.0 >= 8
+                && crate::env::flag_or("FERRITE_GPU_PREFILL_MMQ", true)
+            {
+                let c = &self.m.cfg;
+                let widest = c.d_model.max(c.n_ff).max(c.n_head * c.head_dim);
+                let most = ((c.n_head + 2 * c.n_kv_head) * c.head_dim)
+                    .max(2 * c.n_ff)
+                    .max(c.d_model);
+                let rows = self.lim.max_rows;
+                self.mq2 = Some(Mq2 {
+                    copies: crate::gpu::prefill::mmq_copies(self.m)?,
+                    q8: zeros(
+                        &self.dev,
+                        rows * matvec::q8x2_bytes(widest),
+                        "llm engine q8x2 rows",
+                    )?,
+                    // two K splits of every output row
+                    part: zeros(&self.dev, 2 * rows * most * 4, "llm engine partials")?,
+                    cc,
+                });
+            }
+        }
+        Ok(self.mq2.as_ref())
+    }
+
+    /// A large step's product on the int8 tensor cores with two-level inputs (a model on f32
+    /// activations): `mats` (matrix, first output element; with their biases) times norm(x)
+    /// (the step's f32 rows) into `out` (row stride `ostride` floats) by `mode`. Returns
+    /// false, having queued nothing, where they do not apply: the caller takes the cuBLASLt
+    /// products.
+    fn q8x2_product(
+        &mut self,
+        mats: &[(Mat, usize)],
+        mode: Mode,
+        (x, norm): (&Buffer, Option<(&Buffer, f32)>),
+        out: &Buffer,
+        ostride: usize,
+    ) -> Result<bool> {
+        use crate::gpu::prefill::{self as pf, mmq_launches, mmq_matrix};
+        let rows = self.rows;
+        let ws: Vec<(&'g GpuMatrix, Option<&'g Buffer>, usize, usize, usize)> = mats
+            .iter()
+            .map(|&(w, off)| {
+                let (m, bias) = self.mat(w);
+                let (il, slot) = match w {
+                    Mat::Q(il) => (il, pf::SLOT_Q),
+                    Mat::K(il) => (il, pf::SLOT_K),
+                    Mat::V(il) => (il, pf::SLOT_V),
+                    Mat::O(il) => (il, pf::SLOT_O),
+                    Mat::Gate(il) => (il, pf::SLOT_GATE),
+                    Mat::Up(il) => (il, pf::SLOT_UP),
+                    Mat::Down(il) => (il, pf::SLOT_DOWN),
+                };
+                (m, bias, off, il, slot)
+            })
+            .collect();
+        let dev = self.dev.clone();
+        let Some(mq) = self.mq2()? else {
+            return Ok(false);
+        };
+        let mut segs = Vec::with_capacity(ws.len());
+        for &(m, bias, out_off, il, slot) in &ws {
+            let Some(w) = mmq_matrix(&mq.copies, il, slot, m) else {
+                return Ok(false);
+            };
+            segs.push(Seg { w, bias, out_off });
+        }
+        let scratch = (&mq.q8, &mq.part, mq.cc);
+        let Some(ls) = mmq_launches(&dev, &segs, mode, (x, norm), (out, ostride), rows, scratch)?
+        else {
+            return Ok(false);
+        };
+        drop(segs);
+        for l in ls {
+            self.push(Launch::Matvec(l))?;
+        }
+        Ok(true)
     }
 
     /// Plans one product over the step's rows: `segs` into `out` (row stride `ostride`
@@ -946,6 +1051,20 @@ impl Kernels for CudaKernels<'_> {
         };
         let eps = self.m.cfg.eps;
         let rows = self.rows;
+        if self.tc && self.dt == ferrite_core::DType::F32 {
+            // q, k and v: outputs of one buffer and row stride
+            let (ob, _, stride, _) = self.view(outs[0].1);
+            let ob = ob.clone();
+            let one = outs.iter().all(|&(_, b)| {
+                let (bb, _, st, _) = self.view(b);
+                bb.ptr() == ob.ptr() && st == stride
+            });
+            let mats: Vec<(Mat, usize)> = outs.iter().map(|&(w, b)| (w, self.view(b).1)).collect();
+            let x = (&xb, nb.map(|w| (w, eps)));
+            if one && self.q8x2_product(&mats, Mode::Store, x, &ob, stride)? {
+                return Ok(());
+            }
+        }
         if self.tc {
             let cols = self.view(x).3;
             let h = self.half_rows(&xb, nb, cols)?;
@@ -1177,6 +1296,12 @@ impl Kernels for CudaKernels<'_> {
             Glu::GeluTanh => Mode::GluGelu,
         };
         let (eps, rows, ff) = (self.m.cfg.eps, self.rows, g.rows);
+        if self.tc
+            && self.dt == ferrite_core::DType::F32
+            && self.q8x2_product(&[(gate, 0), (up, 0)], mode, (&xb, Some((nw, eps))), &ob, ff)?
+        {
+            return Ok(());
+        }
         if self.tc {
             let h = self.half_rows(&xb, Some(nw), g.cols)?;
             // gate | up side by side in one product, then the gated unit
@@ -1207,6 +1332,29 @@ impl Kernels for CudaKernels<'_> {
             out_off: 0,
         }];
         let (d, rows, eps) = (self.m.cfg.d_model, self.rows, self.m.cfg.eps);
+        if self.tc && self.dt == ferrite_core::DType::F32 {
+            // the input's f32 rows: in the large-step scratch where its producer left them
+            let xin = if self.h16_holds == Some(x) {
+                self.tc_scratch()?.0
+            } else {
+                xb.clone()
+            };
+            let tmp = self.tmp.clone();
+            let (mode, out) = match post_norm {
+                None => (Mode::Add, &yb),
+                Some(_) => (Mode::Store, &tmp),
+            };
+            if self.q8x2_product(&[(w, 0)], mode, (&xin, None), out, d)? {
+                self.h16_holds = None;
+                if let Some(n) = post_norm {
+                    let pn = self.norm_w(n)?;
+                    let l = decode::plan_norm(&yb, &tmp, pn, d, eps, true)?
+                        .with_rows(u32_of(rows, "rows")?);
+                    self.push(Launch::Norm(l))?;
+                }
+                return Ok(());
+            }
+        }
         let h = if !self.tc {
             None
         } else if self.h16_holds == Some(x) {
