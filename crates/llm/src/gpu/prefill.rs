@@ -185,8 +185,6 @@ struct Mmq {
     q8: Buffer,
     /// Split-K partials (f32).
     part: Buffer,
-    /// The matrices' copies these kernels read (made once, when the prefill is set up).
-    copies: MmqCopies,
     /// (major, minor) compute capability.
     cc: (u32, u32),
 }
@@ -275,7 +273,8 @@ impl Prefill {
                 let max_cols = d.max(nh * hd).max(ff);
                 let max_out = (nh + 2 * nkv) * hd;
                 let max_out = max_out.max(2 * ff).max(d);
-                let copies = mmq_copies(m)?;
+                // the copies are made now, with the prefill's scratch
+                m.mmq_copies()?;
                 Some(Mmq {
                     q8: zeros(
                         dev,
@@ -284,7 +283,6 @@ impl Prefill {
                     )?,
                     // two K splits of every output row
                     part: zeros(dev, 2 * chunk * max_out * 4, "llm prefill partials")?,
-                    copies,
                     cc,
                 })
             }
@@ -327,7 +325,7 @@ impl Prefill {
     #[allow(clippy::too_many_arguments)]
     fn mmq(
         &self,
-        dev: &CudaDevice,
+        m: &GpuModel,
         il: usize,
         mats: &[(&GpuMatrix, usize, usize)],
         mode: Mode,
@@ -340,9 +338,10 @@ impl Prefill {
         let Some(mq) = &self.mmq else {
             return Ok(false);
         };
+        let (dev, copies) = (&m.dev, m.mmq_copies()?);
         let mut segs = Vec::with_capacity(mats.len());
         for &(w, slot, out_off) in mats {
-            let Some(w) = mmq_matrix(&mq.copies, il, slot, w) else {
+            let Some(w) = mmq_matrix(copies, il, slot, w) else {
                 return Ok(false);
             };
             segs.push(Seg {
@@ -505,7 +504,7 @@ impl Prefill {
                 (&l.wv, SLOT_V, nq + nk),
             ];
             let norm = Some((&l.attn_norm, c.eps));
-            if !self.mmq(dev, il, &mats, Mode::Store, &self.x, norm, &self.y, qkv, n)? {
+            if !self.mmq(m, il, &mats, Mode::Store, &self.x, norm, &self.y, qkv, n)? {
                 self.norm(dev, &self.x, &l.attn_norm, n, d, c.eps)?;
                 self.dequant(dev, &l.wq, 0, l.wq.rows, 0)?;
                 self.dequant(dev, &l.wk, 0, l.wk.rows, l.wq.rows)?;
@@ -580,7 +579,7 @@ impl Prefill {
                 self.bf(),
             )?;
             drop(o);
-            self.residual(dev, il, &l.wo, SLOT_O, l.post_attn_norm.as_ref(), n, c.eps)?;
+            self.residual(m, il, &l.wo, SLOT_O, l.post_attn_norm.as_ref(), n, c.eps)?;
             // Feed-forward block.
             let mats = [(&l.w_gate, SLOT_GATE, 0), (&l.w_up, SLOT_UP, 0)];
             let act = if c.arch == Arch::Gemma3 {
@@ -589,7 +588,7 @@ impl Prefill {
                 Mode::GluSilu
             };
             let norm = Some((&l.ffn_norm, c.eps));
-            if !self.mmq(dev, il, &mats, act, &self.x, norm, &self.h, ff, n)? {
+            if !self.mmq(m, il, &mats, act, &self.x, norm, &self.h, ff, n)? {
                 self.norm(dev, &self.x, &l.ffn_norm, n, d, c.eps)?;
                 self.dequant(dev, &l.w_gate, 0, ff, 0)?;
                 self.dequant(dev, &l.w_up, 0, ff, ff)?;
@@ -605,7 +604,7 @@ impl Prefill {
                 )?;
             }
             self.residual(
-                dev,
+                m,
                 il,
                 &l.w_down,
                 SLOT_DOWN,
@@ -622,7 +621,7 @@ impl Prefill {
     #[allow(clippy::too_many_arguments)]
     fn residual(
         &self,
-        dev: &CudaDevice,
+        m: &GpuModel,
         il: usize,
         w: &GpuMatrix,
         slot: usize,
@@ -635,7 +634,8 @@ impl Prefill {
             Some(_) => (Mode::Store, &self.y),
             None => (Mode::Add, &self.x),
         };
-        if !self.mmq(dev, il, &[(w, slot, 0)], mode, &self.h, None, out, d, n)? {
+        let dev = &m.dev;
+        if !self.mmq(m, il, &[(w, slot, 0)], mode, &self.h, None, out, d, n)? {
             self.dequant(dev, w, 0, d, 0)?;
             self.gemm(dev, &self.h, n, k, d, (out, 0, d), post_norm.is_none())?;
         }

@@ -346,6 +346,9 @@ pub struct GpuModel {
     /// Activations of the decode step's products: the CPU model's precision at load
     /// (`Q8`: 8-bit, the fast mode; `Exact` and `Q8x2`: f32).
     pub(crate) precision: crate::Precision,
+    /// The matrices' copies for the int8 tensor-core products of prompts (`mmq_copies`),
+    /// made at the first use and shared by every session and engine of this model.
+    mmq: std::sync::OnceLock<super::prefill::MmqCopies>,
 }
 
 /// Names of the matrices of layer `il`.
@@ -486,6 +489,16 @@ pub(crate) fn rope_inv_freq(rope_dim: usize, base: f32, factors: Option<&[f32]>)
 const MIB: f64 = 1024.0 * 1024.0;
 
 impl GpuModel {
+    /// The copies of the layers' matrices the prompts' int8 tensor-core products read
+    /// (`prefill::mmq_copies`: split rows or 32-element units), made at the first call.
+    pub(crate) fn mmq_copies(&self) -> Result<&super::prefill::MmqCopies> {
+        if let Some(c) = self.mmq.get() {
+            return Ok(c);
+        }
+        let c = super::prefill::mmq_copies(self)?;
+        Ok(self.mmq.get_or_init(|| c))
+    }
+
     /// Activation precision of the decode step's products in sessions created from now on:
     /// `Q8` quantizes each product's input to 8-bit units and takes integer dot products (as
     /// the CPU's Q8 mode); `Exact` and `Q8x2` keep f32 activations.
@@ -641,6 +654,7 @@ impl GpuModel {
             inv_freq_local: upload_f32(dev, &inv_local, "llm weights")?,
             weight_bytes: 0,
             precision: model.precision(),
+            mmq: std::sync::OnceLock::new(),
         };
 
         m.weight_bytes = m.matrices().map(|w| w.bytes()).sum();

@@ -237,17 +237,17 @@ pub struct CudaKernels<'g> {
     /// (`MvLaunch::with_mma`) where the matrices' format has them; their split-K partials.
     mma_rows: usize,
     mma_part: Option<Buffer>,
-    /// A model on f32 activations: its large steps' products on the int8 tensor cores with
-    /// two-level (q8x2) inputs, as the session's prefill (`prefill::mmq_launches`), made at
-    /// the first large step; None before, or where the device or
-    /// `FERRITE_GPU_PREFILL_MMQ=0` rules them out (the f32 cuBLASLt products then).
+    /// A model on f32 activations: the scratch of its large steps' products on the int8
+    /// tensor cores with two-level (q8x2) inputs, as the session's prefill
+    /// (`prefill::mmq_launches`, over the model's `GpuModel::mmq_copies`), made at the first
+    /// large step; None before, or where the device or `FERRITE_GPU_PREFILL_MMQ=0` rules them
+    /// out (the f32 cuBLASLt products then).
     mq2: Option<Mq2>,
     mq2_tried: bool,
 }
 
 /// The int8 tensor-core products of a model on f32 activations (`CudaKernels::mq2`).
 struct Mq2 {
-    copies: crate::gpu::prefill::MmqCopies,
     /// Two-level input rows ([max rows][widest row / 32] units), split-K partials.
     q8: Buffer,
     part: Buffer,
@@ -550,8 +550,9 @@ impl<'g> CudaKernels<'g> {
                     .max(2 * c.n_ff)
                     .max(c.d_model);
                 let rows = self.lim.max_rows;
+                // the model's copies of its matrices, made now if no prefill made them
+                self.m.mmq_copies()?;
                 self.mq2 = Some(Mq2 {
-                    copies: crate::gpu::prefill::mmq_copies(self.m)?,
                     q8: zeros(
                         &self.dev,
                         rows * matvec::q8x2_bytes(widest),
@@ -597,13 +598,14 @@ impl<'g> CudaKernels<'g> {
                 (m, bias, off, il, slot)
             })
             .collect();
-        let dev = self.dev.clone();
+        let (dev, gm) = (self.dev.clone(), self.m);
         let Some(mq) = self.mq2()? else {
             return Ok(false);
         };
+        let copies = gm.mmq_copies()?;
         let mut segs = Vec::with_capacity(ws.len());
         for &(m, bias, out_off, il, slot) in &ws {
-            let Some(w) = mmq_matrix(&mq.copies, il, slot, m) else {
+            let Some(w) = mmq_matrix(copies, il, slot, m) else {
                 return Ok(false);
             };
             segs.push(Seg { w, bias, out_off });
