@@ -19,6 +19,7 @@ use ferrite_llm::gpu::ops::{self, AttnShape, KvLayer, Mode, RopeSpec, Seg};
 use ferrite_llm::gpu::{read_f32, upload_bytes, upload_f32, zeros, Buffer, CudaDevice};
 use ferrite_llm::gpu::{GpuMatrix, GpuModel, GpuSession, Layout};
 use ferrite_llm::kv_cache::BLOCK_SIZE;
+use ferrite_llm::model::cuda::TENSOR_CORE_ROWS_F32;
 use ferrite_llm::sampler::{Sampler, SamplerConfig};
 use ferrite_llm::synth::{write_synthetic, SynthConfig, VocabStyle, QUANTS};
 use ferrite_llm::tokenizer::Tokenizer;
@@ -2494,10 +2495,28 @@ fn engine_smollm2(dev: &CudaDevice) -> Option<String> {
     };
     let mut model = Model::load(&path).unwrap();
     model.set_precision(Precision::Exact);
-    let (d, same) = engine_vs("SmolLM2 exact", leak(model), dev, Layout::Auto, 12, 2e-2);
+    let model = leak(model);
+    let (d, same) = engine_vs("SmolLM2 exact", model, dev, Layout::Auto, 12, 2e-2);
     assert!(
         same >= 5,
         "SmolLM2: {same}/6 requests with all tokens as the CPU's (max diff {d:.2e})"
+    );
+    // the default large steps (32 rows and more: the 48-token prompt): the int8 tensor-core
+    // products with q8x2 inputs and the flash attention
+    let tc = Some((TENSOR_CORE_ROWS_F32, 16));
+    let (d, same) = engine_vs_tc(
+        "SmolLM2 exact",
+        model,
+        dev,
+        Layout::Auto,
+        12,
+        2e-2,
+        tc,
+        false,
+    );
+    assert!(
+        same >= 5,
+        "SmolLM2 large steps: {same}/6 requests with all tokens as the CPU's (max diff {d:.2e})"
     );
     let mut model = Model::load(&path).unwrap();
     model.set_precision(Precision::Q8);
@@ -2516,7 +2535,11 @@ fn engine_gemma3(dev: &CudaDevice) -> Option<String> {
     let mut model = Model::load(&path).unwrap();
     model.set_precision(Precision::Exact);
     // The decode test's tolerance (0.15 absolute on Gemma-3's large logits).
-    engine_vs("Gemma3 exact", leak(model), dev, Layout::Auto, 8, 2e-2);
+    let model = leak(model);
+    engine_vs("Gemma3 exact", model, dev, Layout::Auto, 8, 2e-2);
+    // the default large steps, as for SmolLM2
+    let tc = Some((TENSOR_CORE_ROWS_F32, 16));
+    engine_vs_tc("Gemma3 exact", model, dev, Layout::Auto, 8, 2e-2, tc, false);
     None
 }
 
