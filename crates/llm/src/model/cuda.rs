@@ -246,6 +246,20 @@ pub struct CudaKernels<'g> {
     mq2_tried: bool,
 }
 
+/// Layer and slot (`prefill::SLOT_*`) of a matrix, as `GpuModel::mmq_copies` keeps them.
+fn mat_slot(w: Mat) -> (usize, usize) {
+    use crate::gpu::prefill as pf;
+    match w {
+        Mat::Q(il) => (il, pf::SLOT_Q),
+        Mat::K(il) => (il, pf::SLOT_K),
+        Mat::V(il) => (il, pf::SLOT_V),
+        Mat::O(il) => (il, pf::SLOT_O),
+        Mat::Gate(il) => (il, pf::SLOT_GATE),
+        Mat::Up(il) => (il, pf::SLOT_UP),
+        Mat::Down(il) => (il, pf::SLOT_DOWN),
+    }
+}
+
 /// The int8 tensor-core products of a model on f32 activations (`CudaKernels::mq2`).
 struct Mq2 {
     /// Two-level input rows ([max rows][widest row / 32] units), split-K partials.
@@ -533,9 +547,8 @@ impl<'g> CudaKernels<'g> {
         v.ok_or_else(|| Error::Model(format!("cuda kernels: the model has no norm {n:?}")))
     }
 
-    /// The int8 tensor-core products of a large step of a model on f32 activations, set up at
-    /// the first call; None where they do not apply (see `mq2`).
-    fn mq2(&mut self) -> Result<Option<&Mq2>> {
+    /// Sets up `mq2` at the first call (it stays None where the int8 products do not apply).
+    fn init_mq2(&mut self) -> Result<()> {
         if !self.mq2_tried {
             self.mq2_tried = true;
             let (major, minor) = self.dev.compute_capability();
@@ -564,7 +577,7 @@ impl<'g> CudaKernels<'g> {
                 });
             }
         }
-        Ok(self.mq2.as_ref())
+        Ok(())
     }
 
     /// A large step's product on the int8 tensor cores with two-level inputs (a model on f32
@@ -580,42 +593,26 @@ impl<'g> CudaKernels<'g> {
         out: &Buffer,
         ostride: usize,
     ) -> Result<bool> {
-        use crate::gpu::prefill::{self as pf, mmq_launches, mmq_matrix};
-        let rows = self.rows;
-        let ws: Vec<(&'g GpuMatrix, Option<&'g Buffer>, usize, usize, usize)> = mats
-            .iter()
-            .map(|&(w, off)| {
-                let (m, bias) = self.mat(w);
-                let (il, slot) = match w {
-                    Mat::Q(il) => (il, pf::SLOT_Q),
-                    Mat::K(il) => (il, pf::SLOT_K),
-                    Mat::V(il) => (il, pf::SLOT_V),
-                    Mat::O(il) => (il, pf::SLOT_O),
-                    Mat::Gate(il) => (il, pf::SLOT_GATE),
-                    Mat::Up(il) => (il, pf::SLOT_UP),
-                    Mat::Down(il) => (il, pf::SLOT_DOWN),
-                };
-                (m, bias, off, il, slot)
-            })
-            .collect();
-        let (dev, gm) = (self.dev.clone(), self.m);
-        let Some(mq) = self.mq2()? else {
+        use crate::gpu::prefill::{mmq_launches, mmq_matrix};
+        self.init_mq2()?;
+        let Some(mq) = &self.mq2 else {
             return Ok(false);
         };
-        let copies = gm.mmq_copies()?;
-        let mut segs = Vec::with_capacity(ws.len());
-        for &(m, bias, out_off, il, slot) in &ws {
+        let copies = self.m.mmq_copies()?;
+        let mut segs = Vec::with_capacity(mats.len());
+        for &(w, out_off) in mats {
+            let (m, bias) = self.mat(w);
+            let (il, slot) = mat_slot(w);
             let Some(w) = mmq_matrix(copies, il, slot, m) else {
                 return Ok(false);
             };
             segs.push(Seg { w, bias, out_off });
         }
         let scratch = (&mq.q8, &mq.part, mq.cc);
-        let Some(ls) = mmq_launches(&dev, &segs, mode, (x, norm), (out, ostride), rows, scratch)?
-        else {
+        let (xn, o) = ((x, norm), (out, ostride));
+        let Some(ls) = mmq_launches(&self.dev, &segs, mode, xn, o, self.rows, scratch)? else {
             return Ok(false);
         };
-        drop(segs);
         for l in ls {
             self.push(Launch::Matvec(l))?;
         }
@@ -1334,55 +1331,45 @@ impl Kernels for CudaKernels<'_> {
             out_off: 0,
         }];
         let (d, rows, eps) = (self.m.cfg.d_model, self.rows, self.m.cfg.eps);
-        if self.tc && self.dt == ferrite_core::DType::F32 {
-            // the input's f32 rows: in the large-step scratch where its producer left them
-            let xin = if self.h16_holds == Some(x) {
+        // x . w added onto y, or with a post-norm stored into tmp and y += norm(tmp)
+        let tmp = self.tmp.clone();
+        let (mode, out) = match post_norm {
+            None => (Mode::Add, &yb),
+            Some(_) => (Mode::Store, &tmp),
+        };
+        let held = self.tc && self.h16_holds == Some(x);
+        if held {
+            self.h16_holds = None;
+        }
+        // a model on f32 activations: the int8 products read the input's f32 rows, in the
+        // large-step scratch where its producer left them
+        let q8x2 = self.tc && self.dt == ferrite_core::DType::F32 && {
+            let xin = if held {
                 self.tc_scratch()?.0
             } else {
                 xb.clone()
             };
-            let tmp = self.tmp.clone();
-            let (mode, out) = match post_norm {
-                None => (Mode::Add, &yb),
-                Some(_) => (Mode::Store, &tmp),
-            };
-            if self.q8x2_product(&[(w, 0)], mode, (&xin, None), out, d)? {
-                self.h16_holds = None;
-                if let Some(n) = post_norm {
-                    let pn = self.norm_w(n)?;
-                    let l = decode::plan_norm(&yb, &tmp, pn, d, eps, true)?
-                        .with_rows(u32_of(rows, "rows")?);
-                    self.push(Launch::Norm(l))?;
-                }
-                return Ok(());
-            }
-        }
-        let h = if !self.tc {
-            None
-        } else if self.h16_holds == Some(x) {
-            self.h16_holds = None;
-            Some(self.tc_scratch()?.0)
-        } else {
-            Some(self.half_rows(&xb, None, m.cols)?)
+            self.q8x2_product(&[(w, 0)], mode, (&xin, None), out, d)?
         };
-        match post_norm {
-            None => match &h {
-                Some(h) => self.tc_products(h, &[(m, bias, 0)], &yb, d, true),
-                None => self.product(&seg, Mode::Add, &xb, None, &yb, d, rows),
-            },
-            Some(n) => {
-                let pn = self.norm_w(n)?;
-                let tmp = self.tmp.clone();
-                match &h {
-                    Some(h) => self.tc_products(h, &[(m, bias, 0)], &tmp, d, false)?,
-                    None => self.product(&seg, Mode::Store, &xb, None, &tmp, d, rows)?,
-                }
-                let l = decode::plan_norm(&yb, &tmp, pn, d, eps, true)?
-                    .with_rows(u32_of(rows, "rows")?);
-                self.push(Launch::Norm(l))?;
-                Ok(())
+        if !q8x2 {
+            if !self.tc {
+                self.product(&seg, mode, &xb, None, out, d, rows)?;
+            } else {
+                let h = if held {
+                    self.tc_scratch()?.0
+                } else {
+                    self.half_rows(&xb, None, m.cols)?
+                };
+                self.tc_products(&h, &[(m, bias, 0)], out, d, post_norm.is_none())?;
             }
         }
+        if let Some(n) = post_norm {
+            let pn = self.norm_w(n)?;
+            let l =
+                decode::plan_norm(&yb, &tmp, pn, d, eps, true)?.with_rows(u32_of(rows, "rows")?);
+            self.push(Launch::Norm(l))?;
+        }
+        Ok(())
     }
 
     fn logits(&mut self, x: Buf) -> Result<()> {
