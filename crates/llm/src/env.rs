@@ -96,7 +96,8 @@ pub fn isa() -> Result<Option<&'static str>> {
         "avx2" => Ok(Some("avx2")),
         "vnni" => Ok(Some("vnni")),
         "avx512" => Ok(Some("avx512")),
-        _ => Err(bad("FERRITE_ISA", &v, "scalar, avx2, vnni or avx512")),
+        "amx" => Ok(Some("amx")),
+        _ => Err(bad("FERRITE_ISA", &v, "scalar, avx2, vnni, avx512 or amx")),
     }
 }
 

@@ -12,8 +12,8 @@ use super::Isa;
 pub fn glu_mul(isa: Isa, gelu: bool, g: &mut [f32], u: &[f32]) {
     let n = g.len().min(u.len());
     #[cfg(target_arch = "x86_64")]
-    if isa == Isa::Avx512 {
-        // SAFETY: Isa::Avx512 implies runtime-detected avx512f; n bounds both slices.
+    if isa >= Isa::Avx512 {
+        // SAFETY: Isa::Avx512 and above imply runtime-detected avx512f; n bounds both slices.
         unsafe {
             match gelu {
                 true => x86::glu::<true>(&mut g[..n], &u[..n]),
@@ -29,8 +29,8 @@ pub fn glu_mul(isa: Isa, gelu: bool, g: &mut [f32], u: &[f32]) {
 /// `v[i] = e^(v[i] - max)`; returns their sum.
 pub fn exp_sub_sum(isa: Isa, v: &mut [f32], max: f32) -> f32 {
     #[cfg(target_arch = "x86_64")]
-    if isa == Isa::Avx512 {
-        // SAFETY: Isa::Avx512 implies runtime-detected avx512f.
+    if isa >= Isa::Avx512 {
+        // SAFETY: Isa::Avx512 and above imply runtime-detected avx512f.
         return unsafe { x86::exp_sub_sum(v, max) };
     }
     let _ = isa;

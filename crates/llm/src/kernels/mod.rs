@@ -36,25 +36,30 @@ use q8::BlockQ8;
 /// Instruction set a kernel runs with, weakest first. `Avx2` means avx2 + fma + f16c were
 /// detected at run time; `Vnni` additionally avx-vnni (the Q4_1 row kernels use 256-bit
 /// `vpdpbusd`); `Avx512` avx2 + fma + f16c and avx512f/bw/vl/vnni (the Q4_1, Q5_0 and Q8_0 kernels
-/// take two blocks per 512-bit `vpdpbusd`; other formats run their AVX2 kernels).
+/// take two blocks per 512-bit `vpdpbusd`; other formats run their AVX2 kernels); `Amx`
+/// everything `Avx512` has plus AMX-INT8 tiles, with the process's permission to use them
+/// (the [`packed`] products of two or more activation rows run on the tiles; every other
+/// kernel is `Avx512`'s). A tier's kernels may assume every tier below it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Isa {
     Scalar,
     Avx2,
     Vnni,
     Avx512,
+    Amx,
 }
 
 impl Isa {
-    /// The best instruction set of this CPU; `FERRITE_ISA=scalar|avx2|vnni|avx512` caps it
-    /// (the best available one not above the cap).
+    /// The best instruction set of this CPU; `FERRITE_ISA=scalar|avx2|vnni|avx512|amx` caps
+    /// it (the best available one not above the cap).
     pub fn detect() -> Isa {
         let avail = Isa::available();
         let cap = match crate::env::isa().ok().flatten() {
             Some("scalar") => Isa::Scalar,
             Some("avx2") => Isa::Avx2,
             Some("vnni") => Isa::Vnni,
-            _ => Isa::Avx512,
+            Some("avx512") => Isa::Avx512,
+            _ => Isa::Amx,
         };
         avail
             .into_iter()
@@ -63,13 +68,14 @@ impl Isa {
             .unwrap_or(Isa::Scalar)
     }
 
-    /// The name users see: scalar, avx2, avx-vnni, avx-512.
+    /// The name users see: scalar, avx2, avx-vnni, avx-512, amx.
     pub fn name(self) -> &'static str {
         match self {
             Isa::Scalar => "scalar",
             Isa::Avx2 => "avx2",
             Isa::Vnni => "avx-vnni",
             Isa::Avx512 => "avx-512",
+            Isa::Amx => "amx",
         }
     }
 
@@ -91,6 +97,9 @@ impl Isa {
                 && is_x86_feature_detected!("avx512vnni")
             {
                 v.push(Isa::Avx512);
+                if packed::amx_permitted() {
+                    v.push(Isa::Amx);
+                }
             }
         }
         v
@@ -522,7 +531,7 @@ pub fn matmul(isa: Isa, acts: &Acts, ops: &mut [MatOut<'_, '_>]) {
     }
     // Whole tiles of four weight rows (Q4_1, Q5_0, Q8_0), or whole groups of 16 where a
     // matrix is packed, in every chunk but a matrix's last.
-    let any_packed = isa == Isa::Avx512 && ops.iter().any(|o| o.w.packed.is_some());
+    let any_packed = isa >= Isa::Avx512 && ops.iter().any(|o| o.w.packed.is_some());
     let chunk = chunk.next_multiple_of(if any_packed { packed::ROWS } else { 4 });
     let mut tasks: Vec<(usize, usize, usize)> = Vec::new();
     for (k, op) in ops.iter().enumerate() {
@@ -535,6 +544,13 @@ pub fn matmul(isa: Isa, acts: &Acts, ops: &mut [MatOut<'_, '_>]) {
     }
     let ptrs: Vec<OutPtr> = ops.iter_mut().map(|o| OutPtr(o.out.as_mut_ptr())).collect();
     let ws: Vec<QMat<'_>> = ops.iter().map(|o| o.w).collect();
+    // Two or more activation rows on AMX: their A tiles, eight rows each, laid out once for
+    // every task (`packed::group_amx`).
+    let amx: Vec<packed::AmxActs> = if isa >= Isa::Amx && t >= 2 && any_packed {
+        amx_acts(acts)
+    } else {
+        Vec::new()
+    };
     let run = |&(k, r0, r1): &(usize, usize, usize)| {
         let w = &ws[k];
         let out = ptrs[k];
@@ -557,10 +573,10 @@ pub fn matmul(isa: Isa, acts: &Acts, ops: &mut [MatOut<'_, '_>]) {
         let a = |ti: usize| &acts.q8[ti * nb..(ti + 1) * nb];
         let lo = |ti: usize| &acts.q8_lo[ti * nb..(ti + 1) * nb];
         let mut r0 = r0;
-        if let (Some(p), true) = (w.packed, isa == Isa::Avx512) {
+        if let (Some(p), true) = (w.packed, isa >= Isa::Avx512) {
             let end = r1.min(w.rows / packed::ROWS * packed::ROWS);
             if r0 < end {
-                groups(isa, w, p, acts, x2, r0, end, out);
+                groups(isa, w, p, acts, &amx, x2, r0, end, out);
                 r0 = end;
             }
         }
@@ -590,14 +606,51 @@ pub fn matmul(isa: Isa, acts: &Acts, ops: &mut [MatOut<'_, '_>]) {
     }
 }
 
+/// The activation rows of `acts` (q8, with q8x2's `lo` where it has them) laid out for
+/// [`packed::group_amx`], eight rows per entry.
+fn amx_acts(acts: &Acts) -> Vec<packed::AmxActs> {
+    let (t, nb) = (acts.t, acts.cols / 32);
+    let x2 = acts.has[ActFormat::Q8x2 as usize];
+    if !acts.has[ActFormat::Q8 as usize] {
+        return Vec::new();
+    }
+    fn rows<T>(v: &[T], r: std::ops::Range<usize>, nb: usize) -> Vec<&[T]> {
+        r.map(|ti| &v[ti * nb..(ti + 1) * nb]).collect()
+    }
+    (0..t)
+        .step_by(packed::AMX_ROWS)
+        .map(|t0| {
+            let r = t0..(t0 + packed::AMX_ROWS).min(t);
+            let mut a = packed::AmxActs::default();
+            let (lo, sl) = if x2 {
+                (
+                    rows(&acts.q8_lo, r.clone(), nb),
+                    rows(&acts.sums_lo, r.clone(), nb),
+                )
+            } else {
+                (Vec::new(), Vec::new())
+            };
+            a.fill(
+                &rows(&acts.q8, r.clone(), nb),
+                x2.then_some(&lo[..]),
+                &rows(&acts.sums, r, nb),
+                x2.then_some(&sl[..]),
+            );
+            a
+        })
+        .collect()
+}
+
 /// Rows `r0..r1` (whole groups: `r0` and `r1` multiples of 16) of a product whose weight
-/// is packed (`p`, [`packed`]), for all activation rows, four at a time.
+/// is packed (`p`, [`packed`]), for all activation rows: eight at a time on AMX tiles
+/// where `amx` holds them laid out ([`amx_acts`]), else four at a time.
 #[allow(clippy::too_many_arguments)]
 fn groups(
     isa: Isa,
     w: &QMat<'_>,
     p: &[u8],
     acts: &Acts,
+    amx: &[packed::AmxActs],
     x2: bool,
     r0: usize,
     r1: usize,
@@ -616,6 +669,25 @@ fn groups(
         };
     };
     let t = acts.t;
+    // AMX: eight activation rows at a time through the tiles, the same bits as the AVX-512
+    // kernels below (`packed::group_amx`).
+    if let Some(tiles) = (!amx.is_empty())
+        .then(|| packed::AmxTiles::load(isa))
+        .flatten()
+    {
+        let mut t0 = 0;
+        for a in amx {
+            for r in (r0..r1).step_by(packed::ROWS) {
+                let units = &p[r / packed::ROWS * unit..][..unit];
+                let v = packed::group_amx(&tiles, w.ty, units, a);
+                for (k, v) in v[..a.rows()].iter().enumerate() {
+                    store(t0 + k, r, v);
+                }
+            }
+            t0 += a.rows();
+        }
+        return;
+    }
     let mut t0 = 0;
     while t0 < t {
         let kn = (t - t0).min(4);

@@ -138,8 +138,8 @@ pub fn group<const K: usize>(
          or K > 4"
     );
     #[cfg(target_arch = "x86_64")]
-    if isa == Isa::Avx512 {
-        // SAFETY: Isa::Avx512 is only produced after runtime detection of avx512f/bw/vl/vnni,
+    if isa >= Isa::Avx512 {
+        // SAFETY: Isa::Avx512 and above are only produced after runtime detection of avx512f/bw/vl/vnni,
         // avx2, fma and f16c; the lengths were checked above.
         return unsafe {
             let hp = hi.map(|a| a.as_ptr());
@@ -256,6 +256,223 @@ pub fn group_scalar(
     out
 }
 
+/// Activation rows per AMX pass ([`group_amx`]): the A tile's 16 rows hold 8 rows' `hi`
+/// blocks and, for q8x2, their `lo` blocks.
+pub const AMX_ROWS: usize = 8;
+
+/// Whether this process may use AMX-INT8 tiles: the CPU has them (cpuid) and the kernel
+/// granted the permission to use their state (Linux `arch_prctl(ARCH_REQ_XCOMP_PERM)`,
+/// asked once per process).
+pub fn amx_permitted() -> bool {
+    static OK: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *OK.get_or_init(|| {
+        #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
+        {
+            // Leaf 7: EDX bit 24 AMX-TILE, bit 25 AMX-INT8.
+            let leaf7 = std::arch::x86_64::__cpuid_count(7, 0);
+            if (leaf7.edx >> 24) & 3 != 3 {
+                return false;
+            }
+            const ARCH_REQ_XCOMP_PERM: libc::c_long = 0x1023;
+            const XFEATURE_XTILEDATA: libc::c_long = 18;
+            // SAFETY: the call only asks the kernel to enable a state component for this
+            // process; it touches no memory of ours.
+            unsafe {
+                libc::syscall(
+                    libc::SYS_arch_prctl,
+                    ARCH_REQ_XCOMP_PERM,
+                    XFEATURE_XTILEDATA,
+                ) == 0
+            }
+        }
+        #[cfg(not(all(target_os = "linux", target_arch = "x86_64")))]
+        false
+    })
+}
+
+/// The AMX tile configuration of [`group_amx`], loaded on this thread (tmm0: A, 16 rows of
+/// 32 activation bytes; tmm1: B, 8 rows of 64 weight bytes, one unit; tmm2: C, 16 x 16
+/// 32-bit sums; tmm3-5 the same for a second unit) and released when dropped. Not `Send`: the configuration is the thread's.
+pub struct AmxTiles(std::marker::PhantomData<*const ()>);
+
+impl AmxTiles {
+    /// Loads the configuration; `None` below [`Isa::Amx`].
+    pub fn load(isa: Isa) -> Option<AmxTiles> {
+        #[cfg(target_arch = "x86_64")]
+        if isa >= Isa::Amx {
+            #[repr(C, align(64))]
+            struct Cfg([u8; 64]);
+            let mut cfg = Cfg([0; 64]);
+            cfg.0[0] = 1; // palette 1
+            for (t, colsb, rows) in [(0, 32u16, 16u8), (1, 64, 8), (2, 64, 16)] {
+                // tmm3-5 as tmm0-2 (the second unit of a pass).
+                for t in [t, t + 3] {
+                    cfg.0[16 + 2 * t..18 + 2 * t].copy_from_slice(&colsb.to_le_bytes());
+                    cfg.0[48 + t] = rows;
+                }
+            }
+            // SAFETY: Isa::Amx is only produced where the CPU has AMX and the process has
+            // the permission (amx_permitted); cfg is a valid 64-byte palette-1 configuration.
+            unsafe {
+                std::arch::asm!("ldtilecfg [{}]", in(reg) cfg.0.as_ptr(), options(nostack, readonly))
+            };
+            return Some(AmxTiles(std::marker::PhantomData));
+        }
+        let _ = isa;
+        None
+    }
+}
+
+impl Drop for AmxTiles {
+    fn drop(&mut self) {
+        // SAFETY: a configuration was loaded on this thread (AmxTiles exists only then).
+        #[cfg(target_arch = "x86_64")]
+        unsafe {
+            std::arch::asm!("tilerelease", options(nostack, nomem))
+        };
+    }
+}
+
+/// One block's A tile: row k is activation row k's `hi.qs`, row 8 + k its `lo.qs`.
+#[repr(C, align(64))]
+#[derive(Clone, Copy)]
+struct ATile([[i8; 32]; 16]);
+
+/// Up to [`AMX_ROWS`] activation rows laid out for [`group_amx`]: per block, the A tile and
+/// the per-row scalars of [`group`]'s kernels (`hi.d`, `/ 256` for q8x2; `hi.s + lo.s`; the
+/// Q8_0 correction), computed as those kernels compute them.
+#[derive(Default)]
+pub struct AmxActs {
+    k: usize,
+    x2: bool,
+    tiles: Vec<ATile>,
+    xd: Vec<[f32; AMX_ROWS]>,
+    xs: Vec<[f32; AMX_ROWS]>,
+    corr: Vec<[i32; AMX_ROWS]>,
+}
+
+impl AmxActs {
+    /// Lays out the activation rows `hi` (1 to 8; `lo` for q8x2, as `quantize_q8x2` writes
+    /// it) and their block sums (`sums`, `sums_lo`: as for [`group`]).
+    ///
+    /// # Panics
+    /// Where there are no rows or more than 8, or the rows' lengths disagree, naming the op.
+    pub fn fill(
+        &mut self,
+        hi: &[&[BlockQ8]],
+        lo: Option<&[&[BlockQ8]]>,
+        sums: &[&[i32]],
+        sums_lo: Option<&[&[i32]]>,
+    ) {
+        let k = hi.len();
+        let nb = hi.first().map_or(0, |h| h.len());
+        assert!(
+            (1..=AMX_ROWS).contains(&k)
+                && hi
+                    .iter()
+                    .chain(lo.iter().copied().flatten())
+                    .all(|a| a.len() == nb)
+                && sums
+                    .iter()
+                    .chain(sums_lo.iter().copied().flatten())
+                    .all(|s| s.len() == nb)
+                && lo.is_none_or(|l| l.len() == k)
+                && sums.len() == k
+                && sums_lo.is_none_or(|s| s.len() == k)
+                && lo.is_some() == sums_lo.is_some(),
+            "packed::AmxActs::fill: {k} activation rows (1 to {AMX_ROWS}) or rows, blocks and \
+             sums of unequal lengths"
+        );
+        self.k = k;
+        self.x2 = lo.is_some();
+        // Rows past k keep what they held: their sums land in C rows no kernel reads.
+        self.tiles.resize(nb, ATile([[0; 32]; 16]));
+        self.xd.resize(nb, [0.0; AMX_ROWS]);
+        self.xs.resize(nb, [0.0; AMX_ROWS]);
+        self.corr.resize(nb, [0; AMX_ROWS]);
+        for b in 0..nb {
+            for r in 0..k {
+                let h = &hi[r][b];
+                self.tiles[b].0[r] = h.qs;
+                let mut corr = 128 * sums[r][b];
+                if let (Some(lo), Some(sl)) = (lo, sums_lo) {
+                    let l = &lo[r][b];
+                    self.tiles[b].0[AMX_ROWS + r] = l.qs;
+                    corr = 256 * corr + 128 * sl[r][b];
+                    self.xd[b][r] = h.d * (1.0 / 256.0);
+                    self.xs[b][r] = h.s + l.s;
+                } else {
+                    self.xd[b][r] = h.d;
+                    self.xs[b][r] = h.s;
+                }
+                self.corr[b][r] = corr;
+            }
+        }
+    }
+
+    /// The number of activation rows laid out.
+    pub fn rows(&self) -> usize {
+        self.k
+    }
+}
+
+/// [`group`] on AMX tiles for the activation rows of `a`: row k of the result is
+/// `group`'s row k, bit for bit (the same 32-bit sums, from one `tdpbsud` per unit, then
+/// the same float operations in the same order); rows past `a.rows()` are zero.
+///
+/// # Panics
+/// Where `units` is not a whole number of units of `ty` or not as many as `a` has blocks,
+/// or `ty` has no packed form, naming the op.
+pub fn group_amx(
+    tiles: &AmxTiles,
+    ty: GgmlType,
+    units: &[u8],
+    a: &AmxActs,
+) -> [[f32; ROWS]; AMX_ROWS] {
+    let unit =
+        unit_bytes(ty).unwrap_or_else(|| panic!("packed::group_amx: {ty} has no packed form"));
+    let nb = a.tiles.len();
+    assert!(
+        units.len() == nb * unit && a.k >= 1,
+        "packed::group_amx: {} bytes of {ty} units for {nb} activation blocks",
+        units.len()
+    );
+    let _ = tiles;
+    #[cfg(target_arch = "x86_64")]
+    {
+        type Kernel = unsafe fn(*const u8, &AmxActs) -> [[f32; ROWS]; AMX_ROWS];
+        fn pick<const X2: bool, const F: u8>(k: usize) -> Kernel {
+            match k {
+                1 => amx::product::<1, X2, F>,
+                2 => amx::product::<2, X2, F>,
+                3 => amx::product::<3, X2, F>,
+                4 => amx::product::<4, X2, F>,
+                5 => amx::product::<5, X2, F>,
+                6 => amx::product::<6, X2, F>,
+                7 => amx::product::<7, X2, F>,
+                _ => amx::product::<8, X2, F>,
+            }
+        }
+        use avx512::{Q4_0, Q4_1, Q5_0, Q8_0};
+        let f = match (ty, a.x2) {
+            (GgmlType::Q4_0, false) => pick::<false, Q4_0>(a.k),
+            (GgmlType::Q4_0, true) => pick::<true, Q4_0>(a.k),
+            (GgmlType::Q4_1, false) => pick::<false, Q4_1>(a.k),
+            (GgmlType::Q4_1, true) => pick::<true, Q4_1>(a.k),
+            (GgmlType::Q5_0, false) => pick::<false, Q5_0>(a.k),
+            (GgmlType::Q5_0, true) => pick::<true, Q5_0>(a.k),
+            (_, false) => pick::<false, Q8_0>(a.k),
+            (_, true) => pick::<true, Q8_0>(a.k),
+        };
+        // SAFETY: `tiles` proves Isa::Amx (hence avx512f/bw/vl/vnni, avx2, fma, f16c) and
+        // this thread's tile configuration; `units` holds nb units of ty (checked above)
+        // and `a` nb blocks of each of its rows.
+        unsafe { f(units.as_ptr(), a) }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    unreachable!("packed::group_amx: AmxTiles exists only on x86-64")
+}
+
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
     use std::arch::x86_64::*;
@@ -303,6 +520,104 @@ mod avx512 {
     pub const Q4_1: u8 = 0;
     pub const Q4_0: u8 = 1;
     pub const Q5_0: u8 = 2;
+    /// Q8_0, for the AMX products (the AVX-512 ones have [`q8_0`]).
+    pub const Q8_0: u8 = 3;
+
+    /// Bytes of one unit of format `F`.
+    pub const fn unit_q4<const F: u8>() -> usize {
+        match F {
+            Q4_0 => 288,
+            Q5_0 => 352,
+            _ => 320,
+        }
+    }
+
+    /// Prefetches the unit `AHEAD` units past `u` (a hint: it may point past the matrix).
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    fn prefetch(u: *const u8, unit: usize) {
+        for line in 0..unit.div_ceil(64) {
+            let a = u.wrapping_add(AHEAD * unit + 64 * line);
+            // A prefetch never faults.
+            _mm_prefetch::<_MM_HINT_T0>(a as *const i8);
+        }
+    }
+
+    /// One Q4_1, Q4_0 or Q5_0 unit (`F`) at `u`, prefetching ahead: its 8 chunks of weights
+    /// as bytes 0..32 (chunk c lane n = row n's elements `4c..4c + 4`, chunk 4 + c its
+    /// elements `16 + 4c..`; the layout of a `vpdpbusd` operand and of an AMX B tile), its
+    /// 16 `d` and its 16 offsets `m` (`-8 d` for Q4_0, `-16 d` for Q5_0).
+    ///
+    /// # Safety
+    /// avx512f/bw/vl/vnni, avx2, fma and f16c must be available; `u` points at a unit of `F`.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    pub unsafe fn unpack_q4<const F: u8>(u: *const u8) -> ([__m512i; 8], __m512, __m512) {
+        let d_at = if F == Q5_0 { 320 } else { 256 };
+        prefetch(u, unit_q4::<F>());
+        let mask = _mm512_set1_epi8(0x0F);
+        // SAFETY: the unit lies at u (caller's contract).
+        unsafe {
+            // Chunk c's low nibbles are elements 4c.. (quad c), its high nibbles
+            // elements 16 + 4c.. (quad 4 + c).
+            let mut q = [_mm512_setzero_si512(); 8];
+            for c in 0..4 {
+                let w = _mm512_loadu_si512(u.add(64 * c) as *const __m512i);
+                q[c] = _mm512_and_si512(w, mask);
+                q[4 + c] = _mm512_and_si512(_mm512_srli_epi16::<4>(w), mask);
+            }
+            if F == Q5_0 {
+                // Chunk c's fifth bits are bit c of each byte of h: to bit 4.
+                let h = _mm512_loadu_si512(u.add(256) as *const __m512i);
+                let b4 = _mm512_set1_epi8(0x10);
+                for (c, qc) in q.iter_mut().enumerate() {
+                    let at4 = match c {
+                        0 => _mm512_slli_epi32::<4>(h),
+                        1 => _mm512_slli_epi32::<3>(h),
+                        2 => _mm512_slli_epi32::<2>(h),
+                        3 => _mm512_slli_epi32::<1>(h),
+                        4 => h,
+                        5 => _mm512_srli_epi32::<1>(h),
+                        6 => _mm512_srli_epi32::<2>(h),
+                        _ => _mm512_srli_epi32::<3>(h),
+                    };
+                    *qc = _mm512_or_si512(*qc, _mm512_and_si512(at4, b4));
+                }
+            }
+            let d = _mm512_cvtph_ps(_mm256_loadu_si256(u.add(d_at) as *const __m256i));
+            let m = match F {
+                Q4_0 => _mm512_mul_ps(d, _mm512_set1_ps(-8.0)),
+                Q5_0 => _mm512_mul_ps(d, _mm512_set1_ps(-16.0)),
+                _ => _mm512_cvtph_ps(_mm256_loadu_si256(u.add(288) as *const __m256i)),
+            };
+            (q, d, m)
+        }
+    }
+
+    /// One Q8_0 unit at `u`, prefetching ahead: its 8 chunks (weights plus 128, as u8) and
+    /// its 16 `d`.
+    ///
+    /// # Safety
+    /// As [`unpack_q4`], with `u` at a Q8_0 unit.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    pub unsafe fn unpack_q8_0(u: *const u8) -> ([__m512i; 8], __m512) {
+        prefetch(u, Q8_0_UNIT);
+        // SAFETY: the unit lies at u (caller's contract).
+        unsafe {
+            let mut q = [_mm512_setzero_si512(); 8];
+            for (c, qc) in q.iter_mut().enumerate() {
+                *qc = _mm512_loadu_si512(u.add(64 * c) as *const __m512i);
+            }
+            (
+                q,
+                _mm512_cvtph_ps(_mm256_loadu_si256(u.add(512) as *const __m256i)),
+            )
+        }
+    }
+
+    /// Bytes of one Q8_0 unit.
+    pub const Q8_0_UNIT: usize = 544;
 
     /// Q4_1, Q4_0 or Q5_0 units (`F`): lane n of `out[k]` is row n's product with activation
     /// row k. Per unit and k: `s = sum(q * hi)` (q8x2: `256 * sum(q * hi) + sum(q * lo)`) in
@@ -320,55 +635,13 @@ mod avx512 {
         hi: [*const BlockQ8; K],
         lo: [*const BlockQ8; K],
     ) -> [[f32; ROWS]; K] {
-        let (unit, d_at): (usize, usize) = match F {
-            Q4_0 => (288, 256),
-            Q5_0 => (352, 320),
-            _ => (320, 256),
-        };
-        let mask = _mm512_set1_epi8(0x0F);
         let mut acc = [_mm512_setzero_ps(); K];
         let mut offs = [_mm512_setzero_ps(); K];
         for b in 0..nb {
-            // SAFETY: unit b lies at p (caller's contract); the prefetch is a hint only and
-            // may point past the matrix; blocks b of the activation rows exist.
+            // SAFETY: unit b lies at p (caller's contract); blocks b of the activation rows
+            // exist.
             unsafe {
-                let u = p.add(b * unit);
-                for line in 0..unit.div_ceil(64) {
-                    let a = u.wrapping_add(AHEAD * unit + 64 * line);
-                    _mm_prefetch::<_MM_HINT_T0>(a as *const i8);
-                }
-                // Chunk c's low nibbles are elements 4c.. (quad c), its high nibbles
-                // elements 16 + 4c.. (quad 4 + c).
-                let mut q = [_mm512_setzero_si512(); 8];
-                for c in 0..4 {
-                    let w = _mm512_loadu_si512(u.add(64 * c) as *const __m512i);
-                    q[c] = _mm512_and_si512(w, mask);
-                    q[4 + c] = _mm512_and_si512(_mm512_srli_epi16::<4>(w), mask);
-                }
-                if F == Q5_0 {
-                    // Chunk c's fifth bits are bit c of each byte of h: to bit 4.
-                    let h = _mm512_loadu_si512(u.add(256) as *const __m512i);
-                    let b4 = _mm512_set1_epi8(0x10);
-                    for (c, qc) in q.iter_mut().enumerate() {
-                        let at4 = match c {
-                            0 => _mm512_slli_epi32::<4>(h),
-                            1 => _mm512_slli_epi32::<3>(h),
-                            2 => _mm512_slli_epi32::<2>(h),
-                            3 => _mm512_slli_epi32::<1>(h),
-                            4 => h,
-                            5 => _mm512_srli_epi32::<1>(h),
-                            6 => _mm512_srli_epi32::<2>(h),
-                            _ => _mm512_srli_epi32::<3>(h),
-                        };
-                        *qc = _mm512_or_si512(*qc, _mm512_and_si512(at4, b4));
-                    }
-                }
-                let d = _mm512_cvtph_ps(_mm256_loadu_si256(u.add(d_at) as *const __m256i));
-                let m = match F {
-                    Q4_0 => _mm512_mul_ps(d, _mm512_set1_ps(-8.0)),
-                    Q5_0 => _mm512_mul_ps(d, _mm512_set1_ps(-16.0)),
-                    _ => _mm512_cvtph_ps(_mm256_loadu_si256(u.add(288) as *const __m256i)),
-                };
+                let (q, d, m) = unpack_q4::<F>(p.add(b * unit_q4::<F>()));
                 for k in 0..K {
                     let h = hi[k].add(b);
                     let mut s = dot8(&q, h);
@@ -409,21 +682,11 @@ mod avx512 {
         sums: [*const i32; K],
         sums_lo: [*const i32; K],
     ) -> [[f32; ROWS]; K] {
-        const UNIT: usize = 544;
         let mut acc = [_mm512_setzero_ps(); K];
         for b in 0..nb {
             // SAFETY: as in q4; sums[k] (and sums_lo[k]) hold nb values.
             unsafe {
-                let u = p.add(b * UNIT);
-                for line in 0..9 {
-                    let a = u.wrapping_add(AHEAD * UNIT + 64 * line);
-                    _mm_prefetch::<_MM_HINT_T0>(a as *const i8);
-                }
-                let mut q = [_mm512_setzero_si512(); 8];
-                for (c, qc) in q.iter_mut().enumerate() {
-                    *qc = _mm512_loadu_si512(u.add(64 * c) as *const __m512i);
-                }
-                let d = _mm512_cvtph_ps(_mm256_loadu_si256(u.add(512) as *const __m256i));
+                let (q, d) = unpack_q8_0(p.add(b * Q8_0_UNIT));
                 for k in 0..K {
                     let h = hi[k].add(b);
                     let mut s = dot8(&q, h);
@@ -446,6 +709,164 @@ mod avx512 {
         for k in 0..K {
             // SAFETY: out[k] holds 16 f32.
             unsafe { _mm512_storeu_ps(out[k].as_mut_ptr(), acc[k]) };
+        }
+        out
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod amx {
+    use std::arch::asm;
+    use std::arch::x86_64::*;
+    use std::mem::MaybeUninit;
+
+    use super::avx512::{unit_q4, unpack_q4, unpack_q8_0, Q8_0, Q8_0_UNIT};
+    use super::{AmxActs, AMX_ROWS, ROWS};
+
+    #[repr(C, align(64))]
+    #[derive(Clone, Copy)]
+    struct Buf<const N: usize>([u8; N]);
+
+    /// [`super::group_amx`] for `K` rows of format `F` (q8x2 when `X2`): per unit, the
+    /// weights decoded as the AVX-512 kernels decode them are stored as the B tile, one
+    /// `tdpbsud` (activations signed, weights unsigned) makes the 32-bit sums of every
+    /// (activation row, weight row), and the AVX-512 kernels' float steps follow on them.
+    ///
+    /// # Safety
+    /// avx512f/bw/vl/vnni, avx2, fma, f16c and AMX-INT8 must be available with this
+    /// thread's tile configuration loaded ([`super::AmxTiles`]); `p` points at as many
+    /// units of `F` as `a` has blocks; `K <= a.k`.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    pub unsafe fn product<const K: usize, const X2: bool, const F: u8>(
+        p: *const u8,
+        a: &AmxActs,
+    ) -> [[f32; ROWS]; AMX_ROWS] {
+        let unit = if F == Q8_0 { Q8_0_UNIT } else { unit_q4::<F>() };
+        let nb = a.tiles.len();
+        // Passes of two units on two sets of tiles (tmm0-2, tmm3-5), software-pipelined:
+        // pass i's tile work runs on weights decoded (stored as B tiles) during pass i - 1,
+        // and its sums are read back during pass i + 1, so that no tile load waits for
+        // vector stores just made and no vector load for a tile store just made.
+        let passes = nb.div_ceil(2);
+        let width = |i: usize| if 2 * i + 1 < nb { 2 } else { 1 };
+        // Uninitialized: every byte is written (decode, tilestored) before it is read.
+        let mut wb = [MaybeUninit::<Buf<1024>>::uninit(); 2];
+        let mut cb = [MaybeUninit::<Buf<2048>>::uninit(); 2];
+        let zero = _mm512_setzero_ps();
+        // Decodes pass i's units into wb[i % 2]; their (d, m).
+        let decode = |wb: &mut MaybeUninit<Buf<1024>>, i: usize| {
+            let mut dm = [(zero, zero); 2];
+            for (j, dm) in dm.iter_mut().enumerate().take(width(i)) {
+                // SAFETY: unit 2i + j < nb lies at p (caller's contract); wb holds two
+                // 8 x 64-byte B tiles.
+                unsafe {
+                    let u = p.add((2 * i + j) * unit);
+                    let (q, d, m) = if F == Q8_0 {
+                        let (q, d) = unpack_q8_0(u);
+                        (q, d, d)
+                    } else {
+                        unpack_q4::<F>(u)
+                    };
+                    for (c, qc) in q.iter().enumerate() {
+                        let at = (wb.as_mut_ptr() as *mut u8).add(512 * j + 64 * c) as *mut __m512i;
+                        _mm512_store_si512(at, *qc);
+                    }
+                    *dm = (d, m);
+                }
+            }
+            dm
+        };
+        let mut acc = [zero; K];
+        let mut offs = [zero; K];
+        let mut dm_next = decode(&mut wb[0], 0);
+        let mut dm_prev = [(zero, zero); 2];
+        for i in 0..=passes {
+            let dm_cur = dm_next;
+            if i < passes {
+                let w = wb[i % 2].as_ptr() as *const u8;
+                let c = cb[i % 2].as_mut_ptr() as *mut u8;
+                // SAFETY: a.tiles[2i] (and 2i + 1 when the pass has two units) are 16 x
+                // 32-byte A tiles; w holds the pass's B tiles, c room for its C tiles.
+                unsafe {
+                    let at = a.tiles.as_ptr().add(2 * i) as *const u8;
+                    if width(i) == 2 {
+                        asm!(
+                            "tileloadd tmm1, [{w} + {s64}*1]",
+                            "tileloadd tmm0, [{a} + {s32}*1]",
+                            "tilezero tmm2",
+                            "tdpbsud tmm2, tmm0, tmm1",
+                            "tileloadd tmm4, [{w} + {s64}*1 + 512]",
+                            "tileloadd tmm3, [{a} + {s32}*1 + 512]",
+                            "tilezero tmm5",
+                            "tdpbsud tmm5, tmm3, tmm4",
+                            "tilestored [{c} + {s64}*1], tmm2",
+                            "tilestored [{c} + {s64}*1 + 1024], tmm5",
+                            w = in(reg) w,
+                            a = in(reg) at,
+                            c = in(reg) c,
+                            s64 = in(reg) 64usize,
+                            s32 = in(reg) 32usize,
+                            options(nostack),
+                        );
+                    } else {
+                        asm!(
+                            "tileloadd tmm1, [{w} + {s64}*1]",
+                            "tileloadd tmm0, [{a} + {s32}*1]",
+                            "tilezero tmm2",
+                            "tdpbsud tmm2, tmm0, tmm1",
+                            "tilestored [{c} + {s64}*1], tmm2",
+                            w = in(reg) w,
+                            a = in(reg) at,
+                            c = in(reg) c,
+                            s64 = in(reg) 64usize,
+                            s32 = in(reg) 32usize,
+                            options(nostack),
+                        );
+                    }
+                }
+                if i + 1 < passes {
+                    dm_next = decode(&mut wb[(i + 1) % 2], i + 1);
+                }
+            }
+            if i >= 1 {
+                let pi = i - 1;
+                for (j, &(d, m)) in dm_prev.iter().enumerate().take(width(pi)) {
+                    let b = 2 * pi + j;
+                    // SAFETY: cb[pi % 2] holds pass pi's C tiles (16 x 16 i32 each).
+                    unsafe {
+                        let c = (cb[pi % 2].as_ptr() as *const u8).add(1024 * j) as *const __m512i;
+                        let (xd, xs, corr) = (&a.xd[b], &a.xs[b], &a.corr[b]);
+                        for k in 0..K {
+                            let mut s = _mm512_load_si512(c.add(k));
+                            if X2 {
+                                s = _mm512_add_epi32(
+                                    _mm512_slli_epi32::<8>(s),
+                                    _mm512_load_si512(c.add(AMX_ROWS + k)),
+                                );
+                            }
+                            if F == Q8_0 {
+                                s = _mm512_sub_epi32(s, _mm512_set1_epi32(corr[k]));
+                            }
+                            let scale = _mm512_mul_ps(d, _mm512_set1_ps(xd[k]));
+                            acc[k] = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(s), acc[k]);
+                            if F != Q8_0 {
+                                offs[k] = _mm512_fmadd_ps(m, _mm512_set1_ps(xs[k]), offs[k]);
+                            }
+                        }
+                    }
+                }
+            }
+            dm_prev = dm_cur;
+        }
+        let mut out = [[0f32; ROWS]; AMX_ROWS];
+        for k in 0..K {
+            let v = if F == Q8_0 {
+                acc[k]
+            } else {
+                _mm512_add_ps(acc[k], offs[k])
+            };
+            // SAFETY: out[k] holds 16 f32.
+            unsafe { _mm512_storeu_ps(out[k].as_mut_ptr(), v) };
         }
         out
     }
@@ -544,6 +965,77 @@ mod tests {
                                     );
                                     assert!((refp[n] - want).abs() <= tol, "{what} n={n} scalar");
                                 }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// On AMX, every format, q8 and q8x2, 1 to 8 activation rows at once: each row's
+    /// products are the AVX-512 kernel's bits for that row alone (so the engine's batched
+    /// logits stay equal to the single-sequence ones), and rows past the filled ones are 0.
+    #[test]
+    fn amx_groups_equal_avx512_bits() {
+        if !Isa::available().contains(&Isa::Amx) {
+            eprintln!("amx_groups_equal_avx512_bits: skipped, this CPU or OS offers no AMX-INT8");
+            return;
+        }
+        let tiles = AmxTiles::load(Isa::Amx).expect("Isa::Amx is available");
+        for (ty, bytes, scales) in [
+            (GgmlType::Q4_0, Q4_0_BYTES, &[0usize][..]),
+            (GgmlType::Q4_1, Q4_1_BYTES, &[0usize, 2][..]),
+            (GgmlType::Q5_0, Q5_0_BYTES, &[0][..]),
+            (GgmlType::Q8_0, Q8_0_BYTES, &[0][..]),
+        ] {
+            let nb = 18;
+            let rows = 2 * ROWS;
+            let data = rand_blocks(rows * nb, bytes, scales, 5);
+            let packed = pack(ty, rows, nb * 32, &data).unwrap();
+            let unit = unit_bytes(ty).unwrap() * nb;
+            let (mut hi, mut lo) = (Vec::new(), Vec::new());
+            for k in 0..AMX_ROWS as u64 {
+                // Large values in one row exercise the sums' range.
+                let mut x = rand_f32(nb * 32, 300 + k);
+                if k == 3 {
+                    x.iter_mut().for_each(|v| *v *= 1e4);
+                }
+                let (mut h, mut l) = (vec![BlockQ8::default(); nb], vec![BlockQ8::default(); nb]);
+                quantize_q8x2(&x, &mut h, &mut l);
+                hi.push(h);
+                lo.push(l);
+            }
+            let sh: Vec<Vec<i32>> = hi.iter().map(|h| sums(h)).collect();
+            let sl: Vec<Vec<i32>> = lo.iter().map(|l| sums(l)).collect();
+            let mut acts = AmxActs::default();
+            for x2 in [false, true] {
+                for k in 1..=AMX_ROWS {
+                    let h: Vec<&[BlockQ8]> = hi[..k].iter().map(|v| &v[..]).collect();
+                    let l: Vec<&[BlockQ8]> = lo[..k].iter().map(|v| &v[..]).collect();
+                    let s: Vec<&[i32]> = sh[..k].iter().map(|v| &v[..]).collect();
+                    let s_lo: Vec<&[i32]> = sl[..k].iter().map(|v| &v[..]).collect();
+                    acts.fill(&h, x2.then_some(&l[..]), &s, x2.then_some(&s_lo[..]));
+                    for g in 0..2 {
+                        let units = &packed[g * unit..][..unit];
+                        let got = group_amx(&tiles, ty, units, &acts);
+                        for (r, got) in got.iter().enumerate() {
+                            let what = format!("{ty} x2={x2} k={k} g={g} row {r}");
+                            if r >= k {
+                                assert!(got.iter().all(|&v| v == 0.0), "{what}: not zero");
+                                continue;
+                            }
+                            let [want] = group(
+                                Isa::Avx512,
+                                ty,
+                                units,
+                                [h[r]],
+                                x2.then(|| [l[r]]),
+                                [s[r]],
+                                x2.then(|| [s_lo[r]]),
+                            );
+                            for n in 0..ROWS {
+                                assert_eq!(got[n].to_bits(), want[n].to_bits(), "{what} n={n}");
                             }
                         }
                     }

@@ -27,8 +27,8 @@ pub fn dot_q4_0(isa: Isa, w: &[u8], a: &[BlockQ8]) -> f32 {
 pub fn dot_q4_1(isa: Isa, w: &[u8], a: &[BlockQ8]) -> f32 {
     assert!(w.len() >= a.len() * Q4_1_BYTES);
     #[cfg(target_arch = "x86_64")]
-    if isa == Isa::Avx512 {
-        // SAFETY: Isa::Avx512 implies runtime-detected avx512f/bw/vl/vnni, avx2, fma and
+    if isa >= Isa::Avx512 {
+        // SAFETY: Isa::Avx512 and above imply runtime-detected avx512f/bw/vl/vnni, avx2, fma and
         // f16c; lengths checked above.
         return unsafe { avx512::tile::<avx512::Q4_1, _, _>([w], [a], None) }[0][0];
     }
@@ -47,8 +47,8 @@ pub fn dot_q4_1_x4(isa: Isa, w: &[u8], a: [&[BlockQ8]; 4]) -> [f32; 4] {
     let nb = a[0].len();
     assert!(a.iter().all(|x| x.len() == nb) && w.len() >= nb * Q4_1_BYTES);
     #[cfg(target_arch = "x86_64")]
-    if isa == Isa::Avx512 {
-        // SAFETY: Isa::Avx512 implies runtime-detected avx512f/bw/vl/vnni, avx2, fma and
+    if isa >= Isa::Avx512 {
+        // SAFETY: Isa::Avx512 and above imply runtime-detected avx512f/bw/vl/vnni, avx2, fma and
         // f16c; lengths checked above.
         return unsafe { avx512::tile::<avx512::Q4_1, _, _>([w], a, None) }[0];
     }
@@ -70,8 +70,8 @@ pub fn dot_q4_1_x4_x2(isa: Isa, w: &[u8], hi: [&[BlockQ8]; 4], lo: [&[BlockQ8]; 
         "dot_q4_1_x4_x2: activation rows of unequal length or a short weight row"
     );
     #[cfg(target_arch = "x86_64")]
-    if isa == Isa::Avx512 {
-        // SAFETY: Isa::Avx512 implies runtime-detected avx512f/bw/vl/vnni, avx2, fma and
+    if isa >= Isa::Avx512 {
+        // SAFETY: Isa::Avx512 and above imply runtime-detected avx512f/bw/vl/vnni, avx2, fma and
         // f16c; lengths checked above.
         return unsafe { avx512::tile::<avx512::Q4_1, _, _>([w], hi, Some(lo)) }[0];
     }
@@ -89,8 +89,8 @@ pub fn dot_q4_1_x4_x2(isa: Isa, w: &[u8], hi: [&[BlockQ8]; 4], lo: [&[BlockQ8]; 
 pub fn dot_q4_1_rows4(isa: Isa, w: [&[u8]; 4], a: &[BlockQ8]) -> [f32; 4] {
     assert!(w.iter().all(|r| r.len() >= a.len() * Q4_1_BYTES));
     #[cfg(target_arch = "x86_64")]
-    if isa == Isa::Avx512 {
-        // SAFETY: Isa::Avx512 implies runtime-detected avx512f/bw/vl/vnni, avx2, fma and
+    if isa >= Isa::Avx512 {
+        // SAFETY: Isa::Avx512 and above imply runtime-detected avx512f/bw/vl/vnni, avx2, fma and
         // f16c; lengths checked above.
         return unsafe { avx512::tile::<avx512::Q4_1, _, _>(w, [a], None) }.map(|o| o[0]);
     }
@@ -114,8 +114,8 @@ pub fn dot_q4_1_rows4(isa: Isa, w: [&[u8]; 4], a: &[BlockQ8]) -> [f32; 4] {
 pub fn dot_q4_1_x2(isa: Isa, w: &[u8], hi: &[BlockQ8], lo: &[BlockQ8]) -> f32 {
     assert!(w.len() >= hi.len() * Q4_1_BYTES && lo.len() == hi.len());
     #[cfg(target_arch = "x86_64")]
-    if isa == Isa::Avx512 {
-        // SAFETY: Isa::Avx512 implies runtime-detected avx512f/bw/vl/vnni, avx2, fma and
+    if isa >= Isa::Avx512 {
+        // SAFETY: Isa::Avx512 and above imply runtime-detected avx512f/bw/vl/vnni, avx2, fma and
         // f16c; lengths checked above.
         return unsafe { avx512::tile::<avx512::Q4_1, _, _>([w], [hi], Some([lo])) }[0][0];
     }
@@ -133,8 +133,8 @@ pub fn dot_q4_1_x2(isa: Isa, w: &[u8], hi: &[BlockQ8], lo: &[BlockQ8]) -> f32 {
 pub fn dot_q4_1_rows4_x2(isa: Isa, w: [&[u8]; 4], hi: &[BlockQ8], lo: &[BlockQ8]) -> [f32; 4] {
     assert!(w.iter().all(|r| r.len() >= hi.len() * Q4_1_BYTES) && lo.len() == hi.len());
     #[cfg(target_arch = "x86_64")]
-    if isa == Isa::Avx512 {
-        // SAFETY: Isa::Avx512 implies runtime-detected avx512f/bw/vl/vnni, avx2, fma and
+    if isa >= Isa::Avx512 {
+        // SAFETY: Isa::Avx512 and above imply runtime-detected avx512f/bw/vl/vnni, avx2, fma and
         // f16c; lengths checked above.
         return unsafe { avx512::tile::<avx512::Q4_1, _, _>(w, [hi], Some([lo])) }.map(|o| o[0]);
     }
@@ -165,8 +165,8 @@ pub fn dot_q4_1_tile<const R: usize, const K: usize>(
 ) -> [[f32; K]; R] {
     super::check_tile("dot_q4_1_tile", Q4_1_BYTES, &w, &hi, lo.as_ref());
     #[cfg(target_arch = "x86_64")]
-    if isa == Isa::Avx512 {
-        // SAFETY: Isa::Avx512 is only produced after runtime detection of avx512f/bw/vl/vnni,
+    if isa >= Isa::Avx512 {
+        // SAFETY: Isa::Avx512 and above are only produced after runtime detection of avx512f/bw/vl/vnni,
         // avx2, fma and f16c; every row holds nb blocks (checked above).
         return unsafe { avx512::tile::<avx512::Q4_1, _, _>(w, hi, lo) };
     }

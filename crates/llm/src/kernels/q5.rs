@@ -16,8 +16,8 @@ pub const Q5_1_BYTES: usize = 24;
 pub fn dot_q5_0(isa: Isa, w: &[u8], a: &[BlockQ8]) -> f32 {
     assert!(w.len() >= a.len() * Q5_0_BYTES);
     #[cfg(target_arch = "x86_64")]
-    if isa == Isa::Avx512 {
-        // SAFETY: Isa::Avx512 implies runtime-detected avx512f/bw/vl/vnni, avx2, fma and
+    if isa >= Isa::Avx512 {
+        // SAFETY: Isa::Avx512 and above imply runtime-detected avx512f/bw/vl/vnni, avx2, fma and
         // f16c; length checked above.
         return unsafe { pair_tile::tile::<avx512::Q5_0, 1, 1>([w], [a], None) }[0][0];
     }
@@ -41,8 +41,8 @@ pub fn dot_q5_0_tile<const R: usize, const K: usize>(
 ) -> [[f32; K]; R] {
     super::check_tile("dot_q5_0_tile", Q5_0_BYTES, &w, &hi, lo.as_ref());
     #[cfg(target_arch = "x86_64")]
-    if isa == Isa::Avx512 {
-        // SAFETY: Isa::Avx512 is only produced after runtime detection of avx512f/bw/vl/vnni,
+    if isa >= Isa::Avx512 {
+        // SAFETY: Isa::Avx512 and above are only produced after runtime detection of avx512f/bw/vl/vnni,
         // avx2, fma and f16c; every row holds nb blocks (checked above).
         return unsafe { pair_tile::tile::<avx512::Q5_0, R, K>(w, hi, lo) };
     }

@@ -22,8 +22,8 @@ pub fn quantize_q8(x: &[f32], out: &mut [BlockQ8]) {
         "quantize_q8: x is not 32 x out.len()"
     );
     #[cfg(target_arch = "x86_64")]
-    if super::Isa::cached() == super::Isa::Avx512 {
-        // SAFETY: Isa::Avx512 implies runtime-detected avx512f/bw/vl and avx2; lengths
+    if super::Isa::cached() >= super::Isa::Avx512 {
+        // SAFETY: Isa::Avx512 and above imply runtime-detected avx512f/bw/vl and avx2; lengths
         // checked above.
         unsafe { avx512::quantize::<false>(x, out, &mut []) };
         return;
@@ -65,8 +65,8 @@ pub fn quantize_q8x2(x: &[f32], hi: &mut [BlockQ8], lo: &mut [BlockQ8]) {
         "quantize_q8x2: x is not 32 x hi.len() or lo is not as long as hi"
     );
     #[cfg(target_arch = "x86_64")]
-    if super::Isa::cached() == super::Isa::Avx512 {
-        // SAFETY: Isa::Avx512 implies runtime-detected avx512f/bw/vl and avx2; lengths
+    if super::Isa::cached() >= super::Isa::Avx512 {
+        // SAFETY: Isa::Avx512 and above imply runtime-detected avx512f/bw/vl and avx2; lengths
         // checked above.
         unsafe { avx512::quantize::<true>(x, hi, lo) };
         return;

@@ -9,8 +9,8 @@ pub const Q8_0_BYTES: usize = 34;
 pub fn dot_q8_0(isa: Isa, w: &[u8], a: &[BlockQ8]) -> f32 {
     assert!(w.len() >= a.len() * Q8_0_BYTES);
     #[cfg(target_arch = "x86_64")]
-    if isa == Isa::Avx512 {
-        // SAFETY: Isa::Avx512 implies runtime-detected avx512f/bw/vl/vnni, avx2, fma and
+    if isa >= Isa::Avx512 {
+        // SAFETY: Isa::Avx512 and above imply runtime-detected avx512f/bw/vl/vnni, avx2, fma and
         // f16c; lengths checked above.
         return unsafe { avx512::tile([w], [a], None) }[0][0];
     }
@@ -30,8 +30,8 @@ pub fn dot_q8_0_x4(isa: Isa, w: &[u8], a: [&[BlockQ8]; 4]) -> [f32; 4] {
     let nb = a[0].len();
     assert!(a.iter().all(|x| x.len() == nb) && w.len() >= nb * Q8_0_BYTES);
     #[cfg(target_arch = "x86_64")]
-    if isa == Isa::Avx512 {
-        // SAFETY: Isa::Avx512 implies runtime-detected avx512f/bw/vl/vnni, avx2, fma and
+    if isa >= Isa::Avx512 {
+        // SAFETY: Isa::Avx512 and above imply runtime-detected avx512f/bw/vl/vnni, avx2, fma and
         // f16c; lengths checked above.
         return unsafe { avx512::tile([w], a, None) }[0];
     }
@@ -49,8 +49,8 @@ pub fn dot_q8_0_x4(isa: Isa, w: &[u8], a: [&[BlockQ8]; 4]) -> [f32; 4] {
 pub fn dot_q8_0_x2(isa: Isa, w: &[u8], hi: &[BlockQ8], lo: &[BlockQ8]) -> f32 {
     assert!(w.len() >= hi.len() * Q8_0_BYTES && lo.len() == hi.len());
     #[cfg(target_arch = "x86_64")]
-    if isa == Isa::Avx512 {
-        // SAFETY: Isa::Avx512 implies runtime-detected avx512f/bw/vl/vnni, avx2, fma and
+    if isa >= Isa::Avx512 {
+        // SAFETY: Isa::Avx512 and above imply runtime-detected avx512f/bw/vl/vnni, avx2, fma and
         // f16c; lengths checked above.
         return unsafe { avx512::tile([w], [hi], Some([lo])) }[0][0];
     }
@@ -81,8 +81,8 @@ pub fn dot_q8_0_tile<const R: usize, const K: usize>(
 ) -> [[f32; K]; R] {
     super::check_tile("dot_q8_0_tile", Q8_0_BYTES, &w, &hi, lo.as_ref());
     #[cfg(target_arch = "x86_64")]
-    if isa == Isa::Avx512 {
-        // SAFETY: Isa::Avx512 is only produced after runtime detection of avx512f/bw/vl/vnni,
+    if isa >= Isa::Avx512 {
+        // SAFETY: Isa::Avx512 and above are only produced after runtime detection of avx512f/bw/vl/vnni,
         // avx2, fma and f16c; every row holds nb blocks (checked above).
         return unsafe { avx512::tile(w, hi, lo) };
     }

@@ -348,7 +348,7 @@ impl Model {
     fn product_mat<'s>(&'s self, w: &'s Weight) -> QMat<'s> {
         let q = self.mat(w);
         let packed = w.packed.0.get_or_init(|| {
-            let p = (self.isa == Isa::Avx512)
+            let p = (self.isa >= Isa::Avx512)
                 .then(|| kernels::packed::pack(q.ty, q.rows, q.cols, q.data))
                 .flatten()?;
             // Every row is in the copy: the file's pages of this weight are not read again

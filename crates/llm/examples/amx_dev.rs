@@ -1,0 +1,93 @@
+//! Times one packed Q4_1 product (1536 x 576, SmolLM2's gate) with 8 q8x2 activation rows:
+//! the AVX-512 kernels (two passes of four rows) against the AMX tiles (one pass of eight),
+//! on one thread. `cargo run --release -p ferrite-llm --example amx_dev`
+use std::time::Instant;
+
+use ferrite_gguf::GgmlType;
+use ferrite_llm::kernels::packed::{self, AmxActs, AmxTiles};
+use ferrite_llm::kernels::q8::{quantize_q8x2, BlockQ8};
+use ferrite_llm::kernels::Isa;
+
+fn main() {
+    let (rows, cols) = (1536usize, 576usize);
+    let nb = cols / 32;
+    let mut seed = 1u64;
+    let mut rnd = || {
+        seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (seed >> 33) as u32
+    };
+    let mut data = vec![0u8; rows * nb * 20];
+    for b in data.chunks_exact_mut(20) {
+        b[0..2].copy_from_slice(&half::f16::from_f32(0.01).to_le_bytes());
+        b[2..4].copy_from_slice(&half::f16::from_f32(-0.05).to_le_bytes());
+        for x in &mut b[4..] {
+            *x = rnd() as u8;
+        }
+    }
+    let p = packed::pack(GgmlType::Q4_1, rows, cols, &data).unwrap();
+    let unit = packed::unit_bytes(GgmlType::Q4_1).unwrap() * nb;
+    let mut hi = vec![vec![BlockQ8::default(); nb]; 8];
+    let mut lo = hi.clone();
+    for k in 0..8 {
+        let x: Vec<f32> = (0..cols)
+            .map(|_| rnd() as f32 / u32::MAX as f32 - 0.5)
+            .collect();
+        quantize_q8x2(&x, &mut hi[k], &mut lo[k]);
+    }
+    let sums: Vec<Vec<i32>> = hi
+        .iter()
+        .map(|h| {
+            h.iter()
+                .map(|b| b.qs.iter().map(|&q| q as i32).sum())
+                .collect()
+        })
+        .collect();
+    let sums_lo: Vec<Vec<i32>> = lo
+        .iter()
+        .map(|h| {
+            h.iter()
+                .map(|b| b.qs.iter().map(|&q| q as i32).sum())
+                .collect()
+        })
+        .collect();
+    let iters = 2000;
+    let units_total = (rows / 16 * nb * iters) as f64;
+    let mut sink = 0f32;
+    let t = Instant::now();
+    for _ in 0..iters {
+        for g in 0..rows / 16 {
+            let u = &p[g * unit..][..unit];
+            for k0 in [0, 4] {
+                let h: [&[BlockQ8]; 4] = std::array::from_fn(|k| &hi[k0 + k][..]);
+                let l: [&[BlockQ8]; 4] = std::array::from_fn(|k| &lo[k0 + k][..]);
+                let s: [&[i32]; 4] = std::array::from_fn(|k| &sums[k0 + k][..]);
+                let sl: [&[i32]; 4] = std::array::from_fn(|k| &sums_lo[k0 + k][..]);
+                sink += packed::group::<4>(Isa::Avx512, GgmlType::Q4_1, u, h, Some(l), s, Some(sl))
+                    [0][0];
+            }
+        }
+    }
+    let avx = t.elapsed().as_secs_f64();
+    let tiles = AmxTiles::load(Isa::detect()).expect("AMX");
+    let mut a = AmxActs::default();
+    let h: Vec<&[BlockQ8]> = hi.iter().map(|v| &v[..]).collect();
+    let l: Vec<&[BlockQ8]> = lo.iter().map(|v| &v[..]).collect();
+    let s: Vec<&[i32]> = sums.iter().map(|v| &v[..]).collect();
+    let sl: Vec<&[i32]> = sums_lo.iter().map(|v| &v[..]).collect();
+    a.fill(&h, Some(&l), &s, Some(&sl));
+    let t = Instant::now();
+    for _ in 0..iters {
+        for g in 0..rows / 16 {
+            let u = &p[g * unit..][..unit];
+            sink += packed::group_amx(&tiles, GgmlType::Q4_1, u, &a)[0][0];
+        }
+    }
+    let amx = t.elapsed().as_secs_f64();
+    println!(
+        "per unit (16 rows x 32, 8 q8x2 rows): avx-512 {:.1} ns, amx {:.1} ns ({sink})",
+        avx * 1e9 / units_total,
+        amx * 1e9 / units_total
+    );
+}
