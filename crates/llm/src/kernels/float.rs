@@ -29,6 +29,34 @@ pub fn dot_f32_scalar(a: &[f32], b: &[f32]) -> f32 {
     s.iter().sum::<f32>() + tail
 }
 
+/// Attention scores over a run of keys: `out[j] = dot(q, rows[j * n..(j + 1) * n]) * scale`
+/// for every `j < out.len()` (`n = q.len()`); returns the largest (`-inf` for none). On
+/// AVX-512 with `n` a multiple of 16, one 512-bit pass per row; elsewhere `dot_f32` per row.
+///
+/// # Panics
+/// Where `rows` holds fewer than `out.len()` rows of `n`, naming the op.
+pub fn dot_rows(isa: Isa, q: &[f32], rows: &[f32], scale: f32, out: &mut [f32]) -> f32 {
+    let n = q.len();
+    assert!(
+        rows.len() >= out.len() * n,
+        "dot_rows: {} rows of {n} need {} values, found {}",
+        out.len(),
+        out.len() * n,
+        rows.len()
+    );
+    #[cfg(target_arch = "x86_64")]
+    if isa >= Isa::Avx512 && n.is_multiple_of(16) {
+        // SAFETY: Isa::Avx512 and above imply runtime-detected avx512f; lengths checked.
+        return unsafe { x86::dot_rows512(q, rows, scale, out) };
+    }
+    let mut max = f32::NEG_INFINITY;
+    for (j, o) in out.iter_mut().enumerate() {
+        *o = dot_f32(isa, q, &rows[j * n..(j + 1) * n]) * scale;
+        max = max.max(*o);
+    }
+    max
+}
+
 /// y[i] += alpha * x[i] over the shorter length.
 pub fn axpy(isa: Isa, alpha: f32, x: &[f32], y: &mut [f32]) {
     let n = x.len().min(y.len());
@@ -57,6 +85,12 @@ pub fn axpy_rows(isa: Isa, w: &[f32], rows: &[f32], y: &mut [f32]) {
         w.len() * n,
         rows.len()
     );
+    #[cfg(target_arch = "x86_64")]
+    if isa >= Isa::Avx512 && n.is_multiple_of(16) {
+        // SAFETY: Isa::Avx512 and above imply runtime-detected avx512f; lengths checked.
+        unsafe { x86::axpy_rows512(w, rows, y) };
+        return;
+    }
     #[cfg(target_arch = "x86_64")]
     if isa.avx2() {
         // SAFETY: Isa::Avx2 implies runtime-detected avx2/fma; lengths checked above.
@@ -180,6 +214,92 @@ mod x86 {
             }
         }
     }
+
+    /// [`super::dot_rows`] on AVX-512: per row two chains of 512-bit FMAs, added, then one
+    /// reduction.
+    ///
+    /// # Safety
+    /// avx512f must be available; `q.len()` is a multiple of 16 and `rows` holds
+    /// `out.len()` rows of it.
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    pub unsafe fn dot_rows512(q: &[f32], rows: &[f32], scale: f32, out: &mut [f32]) -> f32 {
+        let n = q.len();
+        let mut max = f32::NEG_INFINITY;
+        for (j, o) in out.iter_mut().enumerate() {
+            // SAFETY: row j spans rows[j * n..(j + 1) * n] (caller's contract); every load
+            // reads [c, c + 16) with c + 16 <= n.
+            unsafe {
+                let r = rows.as_ptr().add(j * n);
+                let (mut s0, mut s1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
+                let mut c = 0;
+                while c + 32 <= n {
+                    s0 = _mm512_fmadd_ps(
+                        _mm512_loadu_ps(q.as_ptr().add(c)),
+                        _mm512_loadu_ps(r.add(c)),
+                        s0,
+                    );
+                    s1 = _mm512_fmadd_ps(
+                        _mm512_loadu_ps(q.as_ptr().add(c + 16)),
+                        _mm512_loadu_ps(r.add(c + 16)),
+                        s1,
+                    );
+                    c += 32;
+                }
+                if c < n {
+                    s0 = _mm512_fmadd_ps(
+                        _mm512_loadu_ps(q.as_ptr().add(c)),
+                        _mm512_loadu_ps(r.add(c)),
+                        s0,
+                    );
+                }
+                *o = _mm512_reduce_add_ps(_mm512_add_ps(s0, s1)) * scale;
+            }
+            max = max.max(*o);
+        }
+        max
+    }
+
+    /// [`super::axpy_rows`] on AVX-512, 64 columns per pass: per element the same fused
+    /// multiply-adds in the same order as `axpy`, so the same bits.
+    ///
+    /// # Safety
+    /// avx512f must be available; `y.len()` is a multiple of 16 and `rows` holds
+    /// `w.len()` rows of it.
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    pub unsafe fn axpy_rows512(w: &[f32], rows: &[f32], y: &mut [f32]) {
+        let n = y.len();
+        let (yp, rp) = (y.as_mut_ptr(), rows.as_ptr());
+        let mut c = 0;
+        // SAFETY: every access covers columns [c, c + width) with c + width <= n, of rows
+        // j < w.len() (caller's contract).
+        unsafe {
+            while c + 64 <= n {
+                let mut acc = [_mm512_setzero_ps(); 4];
+                for (k, a) in acc.iter_mut().enumerate() {
+                    *a = _mm512_loadu_ps(yp.add(c + 16 * k));
+                }
+                for (j, &wj) in w.iter().enumerate() {
+                    let va = _mm512_set1_ps(wj);
+                    let p = rp.add(j * n + c);
+                    for (k, a) in acc.iter_mut().enumerate() {
+                        *a = _mm512_fmadd_ps(va, _mm512_loadu_ps(p.add(16 * k)), *a);
+                    }
+                }
+                for (k, a) in acc.iter().enumerate() {
+                    _mm512_storeu_ps(yp.add(c + 16 * k), *a);
+                }
+                c += 64;
+            }
+            while c + 16 <= n {
+                let mut a = _mm512_loadu_ps(yp.add(c));
+                for (j, &wj) in w.iter().enumerate() {
+                    a = _mm512_fmadd_ps(_mm512_set1_ps(wj), _mm512_loadu_ps(rp.add(j * n + c)), a);
+                }
+                _mm512_storeu_ps(yp.add(c), a);
+                c += 16;
+            }
+        }
+    }
 }
 
 #[cfg(test)]
@@ -210,10 +330,36 @@ mod tests {
         }
     }
 
+    /// `dot_rows` stays within rounding of the scalar dot product per row, on every
+    /// instruction set, and returns the largest score.
+    #[test]
+    fn dot_rows_match_scalar_dots() {
+        for n in [8usize, 16, 48, 64, 65, 256] {
+            for rows in [0usize, 1, 5, 17] {
+                let q = rand_f32(n, 3 + n as u64);
+                let x = rand_f32(rows * n, 4 + rows as u64);
+                for isa in Isa::available() {
+                    let mut out = vec![0f32; rows];
+                    let max = dot_rows(isa, &q, &x, 0.125, &mut out);
+                    let mut want_max = f32::NEG_INFINITY;
+                    for (j, &o) in out.iter().enumerate() {
+                        let want = dot_f32_scalar(&q, &x[j * n..(j + 1) * n]) * 0.125;
+                        want_max = want_max.max(o);
+                        assert!(
+                            (o - want).abs() <= 1e-5 * (1.0 + want.abs()),
+                            "{isa:?} n={n} row {j}: {o} vs {want}"
+                        );
+                    }
+                    assert_eq!(max, want_max, "{isa:?} n={n} rows={rows}");
+                }
+            }
+        }
+    }
+
     /// `axpy_rows` gives the bits of the `axpy` loop it replaces, on every instruction set.
     #[test]
     fn axpy_rows_equals_axpy_loop_bit_for_bit() {
-        for n in [1usize, 7, 8, 64, 65, 136] {
+        for n in [1usize, 7, 8, 64, 65, 80, 136] {
             for rows in [0usize, 1, 5, 17] {
                 let x = rand_f32(rows * n, 5 + n as u64);
                 let w = rand_f32(rows, 6 + rows as u64);

@@ -6,7 +6,7 @@ use super::config::Config;
 use super::step::{Batch, Buf, Glu, Kernels, Mat, Norm};
 use super::{rms_norm_in_place, rms_norm_rows, Model, Product};
 use crate::error::Result;
-use crate::kernels::float::{axpy_rows, dot_f32};
+use crate::kernels::float::{axpy_rows, dot_rows};
 use crate::kernels::{self, Acts, Isa, MatOut};
 use crate::kv_cache::{BlockId, CpuKvStore};
 
@@ -483,7 +483,9 @@ impl SendPtr {
 
 /// Causal attention of every sequence's rows over its cached positions (through its block
 /// table) in layer `il`. q, out: `[rows][nh * hd]`; a row at position p sees keys 0..=p, or
-/// (p - window, p] with `window > 0`. One task per (sequence, head).
+/// (p - window, p] with `window > 0`. One task per (sequence, KV head): the query heads that
+/// share a KV head read each block of keys and values while it is in cache; each head sees
+/// the same operations in the same order as alone.
 #[allow(clippy::too_many_arguments)]
 fn attention(
     isa: Isa,
@@ -501,16 +503,18 @@ fn attention(
     let bs = kv.block_size();
     let group = nh / nkv;
     let max_len = seqs.iter().map(|s| s.pos + s.n).max().unwrap_or(0);
-    let n_tasks = seqs.len() * nh;
-    if scores.len() < n_tasks * max_len {
-        scores.resize(n_tasks * max_len, 0.0);
+    let n_tasks = seqs.len() * nkv;
+    let per_task = group * max_len;
+    if scores.len() < n_tasks * per_task {
+        scores.resize(n_tasks * per_task, 0.0);
     }
     let outp = SendPtr(out.as_mut_ptr());
     let w = nh * hd;
     let work = |task: usize, sc: &mut [f32]| {
-        let (s, h) = (&seqs[task / nh], task % nh);
-        let g = h / group;
+        let (s, g) = (&seqs[task / nkv], task % nkv);
+        let heads = g * group..(g + 1) * group;
         let table = &blocks[s.blocks.clone()];
+        let mut max = vec![f32::NEG_INFINITY; group];
         for i in 0..s.n {
             let (p, r) = (s.pos + i, s.r0 + i);
             let lo = if window > 0 {
@@ -518,50 +522,51 @@ fn attention(
             } else {
                 0
             };
-            let qh = &q[r * w + h * hd..r * w + (h + 1) * hd];
-            let sc = &mut sc[..p + 1 - lo];
-            let mut max = f32::NEG_INFINITY;
+            let len = p + 1 - lo;
+            max.fill(f32::NEG_INFINITY);
             let mut j = lo;
             while j <= p {
                 let (blk, slot0) = (table[j / bs], j % bs);
                 let end = (p + 1).min((j / bs + 1) * bs);
-                let keys = kv.keys(blk, il, g);
-                for jj in j..end {
-                    let o = (jj - j + slot0) * hd;
-                    let v = dot_f32(isa, qh, &keys[o..o + hd]) * scale;
-                    sc[jj - lo] = v;
-                    max = max.max(v);
+                let keys = &kv.keys(blk, il, g)[slot0 * hd..];
+                for (k, h) in heads.clone().enumerate() {
+                    let qh = &q[r * w + h * hd..r * w + (h + 1) * hd];
+                    let sc = &mut sc[k * max_len + j - lo..k * max_len + end - lo];
+                    max[k] = max[k].max(dot_rows(isa, qh, keys, scale, sc));
                 }
                 j = end;
             }
-            let sum = kernels::exp::exp_sub_sum(isa, sc, max);
-            // SAFETY: this task alone writes head h of its sequence's rows; the slice lies
-            // inside `out` (rows x nh*hd).
-            let o = unsafe { std::slice::from_raw_parts_mut(outp.get().add(r * w + h * hd), hd) };
-            o.fill(0.0);
-            let inv = 1.0 / sum;
-            for v in sc.iter_mut() {
-                *v *= inv;
+            // SAFETY: this task alone writes heads `heads` of its sequence's rows; each
+            // slice lies inside `out` (rows x nh*hd).
+            let o = |h: usize| unsafe {
+                std::slice::from_raw_parts_mut(outp.get().add(r * w + h * hd), hd)
+            };
+            for (k, h) in heads.clone().enumerate() {
+                let sc = &mut sc[k * max_len..k * max_len + len];
+                let sum = kernels::exp::exp_sub_sum(isa, sc, max[k]);
+                o(h).fill(0.0);
+                let inv = 1.0 / sum;
+                for v in sc.iter_mut() {
+                    *v *= inv;
+                }
             }
             let mut j = lo;
             while j <= p {
                 let (blk, slot0) = (table[j / bs], j % bs);
                 let end = (p + 1).min((j / bs + 1) * bs);
-                let vals = kv.values(blk, il, g);
-                axpy_rows(
-                    isa,
-                    &sc[j - lo..end - lo],
-                    &vals[slot0 * hd..(slot0 + end - j) * hd],
-                    o,
-                );
+                let vals = &kv.values(blk, il, g)[slot0 * hd..(slot0 + end - j) * hd];
+                for (k, h) in heads.clone().enumerate() {
+                    let sc = &sc[k * max_len + j - lo..k * max_len + end - lo];
+                    axpy_rows(isa, sc, vals, o(h));
+                }
                 j = end;
             }
         }
     };
     let work_size: usize = seqs.iter().map(|s| s.n * (s.pos + s.n)).sum::<usize>() * nh * hd;
     if work_size < 32 * 1024 || n_tasks == 1 {
-        for (task, sc) in scores[..n_tasks * max_len]
-            .chunks_mut(max_len.max(1))
+        for (task, sc) in scores[..n_tasks * per_task]
+            .chunks_mut(per_task.max(1))
             .enumerate()
         {
             work(task, sc);
@@ -569,10 +574,10 @@ fn attention(
     } else {
         let sp = SendPtr(scores.as_mut_ptr());
         crate::pool::Pool::global().run(n_tasks, &|task| {
-            // SAFETY: task `task` alone uses scores[task * max_len..(task + 1) * max_len],
+            // SAFETY: task `task` alone uses scores[task * per_task..(task + 1) * per_task],
             // inside `scores` (resized above).
             let sc =
-                unsafe { std::slice::from_raw_parts_mut(sp.get().add(task * max_len), max_len) };
+                unsafe { std::slice::from_raw_parts_mut(sp.get().add(task * per_task), per_task) };
             work(task, sc);
         });
     }
