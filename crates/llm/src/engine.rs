@@ -43,7 +43,16 @@ pub trait EngineKernels: Kernels<Kv: KvStore> {
 impl EngineKernels for CpuKernels<'_> {
     fn new_store(&self, n_blocks: usize) -> Result<CpuKvStore> {
         let c = &self.model().cfg;
-        CpuKvStore::new(c.n_layer, c.n_kv_head, c.head_dim, BLOCK_SIZE, n_blocks)
+        // f16 KV as on CUDA, f32 for the exact mode (its reference contract).
+        let half = self.model().precision() != crate::model::Precision::Exact;
+        CpuKvStore::new(
+            c.n_layer,
+            c.n_kv_head,
+            c.head_dim,
+            BLOCK_SIZE,
+            n_blocks,
+            half,
+        )
     }
 
     fn greedy_tokens(&mut self) -> Result<Option<Vec<u32>>> {

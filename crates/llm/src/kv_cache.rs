@@ -15,6 +15,9 @@
 use std::collections::{BTreeMap, HashMap};
 use std::hash::{DefaultHasher, Hash, Hasher};
 
+use half::f16;
+use half::slice::HalfFloatSliceExt;
+
 use crate::error::{Error, Result};
 
 /// Positions per block unless a cache is built with another size.
@@ -357,27 +360,53 @@ impl PagedKv {
     }
 }
 
-/// f32 keys and values of every block on the CPU. Layout: `[block][layer][kv_head][slot]
-/// [head_dim]` for keys and for values, so one head's keys of a block are contiguous and a
-/// block (all layers) is one contiguous range to copy.
+/// Keys and values of every block on the CPU: f16 (as on CUDA: rounded to nearest when
+/// stored, widened exactly when read; half the bytes a long context's attention reads), or
+/// f32 for the exact mode. Layout: `[block][layer][kv_head][slot][head_dim]` for keys and
+/// for values, so one head's keys of a block are contiguous and a block (all layers) is one
+/// contiguous range to copy.
 pub struct CpuKvStore {
     n_layer: usize,
     n_kv_head: usize,
     head_dim: usize,
     block_size: usize,
     n_blocks: usize,
-    k: Vec<f32>,
-    v: Vec<f32>,
+    data: KvData,
+}
+
+/// The keys and values of a [`CpuKvStore`], in its element type.
+enum KvData {
+    F16 { k: Vec<f16>, v: Vec<f16> },
+    F32 { k: Vec<f32>, v: Vec<f32> },
+}
+
+/// One head's keys or values of a block (`[block_size][head_dim]`), in the store's type.
+#[derive(Clone, Copy)]
+pub enum KvRows<'a> {
+    F16(&'a [f16]),
+    F32(&'a [f32]),
+}
+
+impl<'a> KvRows<'a> {
+    /// The rows from slot `slot` on.
+    pub fn from_slot(self, slot: usize, head_dim: usize) -> KvRows<'a> {
+        match self {
+            KvRows::F16(r) => KvRows::F16(&r[slot * head_dim..]),
+            KvRows::F32(r) => KvRows::F32(&r[slot * head_dim..]),
+        }
+    }
 }
 
 impl CpuKvStore {
-    /// Storage for `n_blocks` blocks (zeroed allocations: pages are touched as blocks fill).
+    /// Storage for `n_blocks` blocks (zeroed allocations: pages are touched as blocks fill),
+    /// f16 where `half`, else f32.
     pub fn new(
         n_layer: usize,
         n_kv_head: usize,
         head_dim: usize,
         block_size: usize,
         n_blocks: usize,
+        half: bool,
     ) -> Result<CpuKvStore> {
         // An absurd size would abort the process even though zeroed pages are lazy.
         const MAX_BYTES: usize = 64 << 30;
@@ -398,8 +427,17 @@ impl CpuKvStore {
             head_dim,
             block_size,
             n_blocks,
-            k: vec![0.0; n],
-            v: vec![0.0; n],
+            data: if half {
+                KvData::F16 {
+                    k: vec![f16::ZERO; n],
+                    v: vec![f16::ZERO; n],
+                }
+            } else {
+                KvData::F32 {
+                    k: vec![0.0; n],
+                    v: vec![0.0; n],
+                }
+            },
         })
     }
 
@@ -423,15 +461,21 @@ impl CpuKvStore {
 
     /// Keys of block `b`, layer `il`, kv head `g`: `[block_size][head_dim]`.
     #[inline]
-    pub fn keys(&self, b: BlockId, il: usize, g: usize) -> &[f32] {
-        let o = self.base(b, il, g);
-        &self.k[o..o + self.block_size * self.head_dim]
+    pub fn keys(&self, b: BlockId, il: usize, g: usize) -> KvRows<'_> {
+        let r = self.base(b, il, g)..self.base(b, il, g) + self.block_size * self.head_dim;
+        match &self.data {
+            KvData::F16 { k, .. } => KvRows::F16(&k[r]),
+            KvData::F32 { k, .. } => KvRows::F32(&k[r]),
+        }
     }
 
     #[inline]
-    pub fn values(&self, b: BlockId, il: usize, g: usize) -> &[f32] {
-        let o = self.base(b, il, g);
-        &self.v[o..o + self.block_size * self.head_dim]
+    pub fn values(&self, b: BlockId, il: usize, g: usize) -> KvRows<'_> {
+        let r = self.base(b, il, g)..self.base(b, il, g) + self.block_size * self.head_dim;
+        match &self.data {
+            KvData::F16 { v, .. } => KvRows::F16(&v[r]),
+            KvData::F32 { v, .. } => KvRows::F32(&v[r]),
+        }
     }
 
     /// Stores one position's keys and values (`[n_kv_head * head_dim]` each) of layer `il`
@@ -440,8 +484,17 @@ impl CpuKvStore {
         let hd = self.head_dim;
         for g in 0..self.n_kv_head {
             let o = self.base(b, il, g) + slot * hd;
-            self.k[o..o + hd].copy_from_slice(&k[g * hd..(g + 1) * hd]);
-            self.v[o..o + hd].copy_from_slice(&v[g * hd..(g + 1) * hd]);
+            let (ks, vs) = (&k[g * hd..(g + 1) * hd], &v[g * hd..(g + 1) * hd]);
+            match &mut self.data {
+                KvData::F16 { k, v } => {
+                    k[o..o + hd].convert_from_f32_slice(ks);
+                    v[o..o + hd].convert_from_f32_slice(vs);
+                }
+                KvData::F32 { k, v } => {
+                    k[o..o + hd].copy_from_slice(ks);
+                    v[o..o + hd].copy_from_slice(vs);
+                }
+            }
         }
     }
 }
@@ -450,8 +503,16 @@ impl KvStore for CpuKvStore {
     fn copy_block(&mut self, src: BlockId, dst: BlockId) -> Result<()> {
         let n = self.block_len();
         let (s, d) = (src as usize * n, dst as usize * n);
-        self.k.copy_within(s..s + n, d);
-        self.v.copy_within(s..s + n, d);
+        match &mut self.data {
+            KvData::F16 { k, v } => {
+                k.copy_within(s..s + n, d);
+                v.copy_within(s..s + n, d);
+            }
+            KvData::F32 { k, v } => {
+                k.copy_within(s..s + n, d);
+                v.copy_within(s..s + n, d);
+            }
+        }
         Ok(())
     }
 }
@@ -692,16 +753,32 @@ mod tests {
     #[test]
     fn cpu_store_copies_whole_blocks_and_addresses_slots() {
         let (nl, nkv, hd, bs) = (2, 2, 4, 3);
-        let mut s = CpuKvStore::new(nl, nkv, hd, bs, 3).unwrap();
-        let k: Vec<f32> = (0..8).map(|i| i as f32).collect();
-        let v: Vec<f32> = (0..8).map(|i| -(i as f32)).collect();
-        s.store(1, 1, 2, &k, &v);
-        assert_eq!(&s.keys(1, 1, 1)[2 * hd..3 * hd], &k[4..8]);
-        assert_eq!(&s.values(1, 1, 0)[2 * hd..3 * hd], &v[0..4]);
-        s.copy_block(1, 2).unwrap();
-        assert_eq!(s.keys(2, 1, 1), s.keys(1, 1, 1));
-        assert_eq!(s.values(2, 1, 0), s.values(1, 1, 0));
-        assert!(s.keys(0, 1, 1).iter().all(|&x| x == 0.0));
-        assert!(CpuKvStore::new(1 << 20, 64, 128, 16, 1 << 20).is_err());
+        for half in [true, false] {
+            let mut s = CpuKvStore::new(nl, nkv, hd, bs, 3, half).unwrap();
+            // Small integers are exact in f16; 0.1 is rounded to nearest there.
+            let mut k: Vec<f32> = (0..8).map(|i| i as f32).collect();
+            k[7] = 0.1;
+            let v: Vec<f32> = (0..8).map(|i| -(i as f32)).collect();
+            s.store(1, 1, 2, &k, &v);
+            let f = |r: KvRows<'_>| match r {
+                KvRows::F16(x) => x.iter().map(|v| v.to_f32()).collect::<Vec<_>>(),
+                KvRows::F32(x) => x.to_vec(),
+            };
+            let mut want = k[4..8].to_vec();
+            if half {
+                want[3] = f16::from_f32(0.1).to_f32();
+            }
+            assert_eq!(f(s.keys(1, 1, 1))[2 * hd..3 * hd], want);
+            assert_eq!(f(s.values(1, 1, 0))[2 * hd..3 * hd], v[0..4]);
+            s.copy_block(1, 2).unwrap();
+            assert_eq!(f(s.keys(2, 1, 1)), f(s.keys(1, 1, 1)));
+            assert_eq!(f(s.values(2, 1, 0)), f(s.values(1, 1, 0)));
+            assert!(f(s.keys(0, 1, 1)).iter().all(|&x| x == 0.0));
+            assert!(matches!(
+                (half, s.keys(0, 0, 0)),
+                (true, KvRows::F16(_)) | (false, KvRows::F32(_))
+            ));
+        }
+        assert!(CpuKvStore::new(1 << 20, 64, 128, 16, 1 << 20, true).is_err());
     }
 }

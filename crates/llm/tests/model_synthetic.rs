@@ -237,10 +237,12 @@ fn quantized_activations_stay_near_exact() {
         .unwrap()
         .to_vec();
     let spread = exact.iter().fold(0f32, |m, v| m.max(v.abs()));
-    // 8-bit activations: a few percent of the logit range; Q8x2: ~256x less.
+    // 8-bit activations: a few percent of the logit range; Q8x2: ~256x less, plus the f16
+    // KV cache of the non-exact modes (each stored key and value rounded by up to 2^-11 of
+    // itself; measured 1.5e-3 of the range here, 4e-4 before the KV was f16).
     for (p, tol) in [
         (Precision::Q8, 0.05 * spread),
-        (Precision::Q8x2, 1e-3 * spread),
+        (Precision::Q8x2, 2.5e-3 * spread),
     ] {
         m.set_precision(p);
         let got = Session::new(&m, 16)

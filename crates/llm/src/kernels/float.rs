@@ -1,7 +1,40 @@
 //! f32 dot product, used by formats without an integer kernel (their rows are dequantized
 //! first) and by attention.
 
+use half::f16;
+use half::slice::HalfFloatSliceExt;
+
 use super::Isa;
+
+/// The element of KV rows the attention kernels read: f32, or f16 widened exactly to f32.
+pub trait KvElem: Copy + Send + Sync + 'static {
+    /// Whether the type is f16 (else f32).
+    const F16: bool;
+    /// The rows as f32 where they are f32.
+    fn as_f32(s: &[Self]) -> Option<&[f32]>;
+    /// Widens `s` into `out` (as long as `s`).
+    fn widen(s: &[Self], out: &mut [f32]);
+}
+
+impl KvElem for f32 {
+    const F16: bool = false;
+    fn as_f32(s: &[f32]) -> Option<&[f32]> {
+        Some(s)
+    }
+    fn widen(s: &[f32], out: &mut [f32]) {
+        out.copy_from_slice(s);
+    }
+}
+
+impl KvElem for f16 {
+    const F16: bool = true;
+    fn as_f32(_: &[f16]) -> Option<&[f32]> {
+        None
+    }
+    fn widen(s: &[f16], out: &mut [f32]) {
+        s.convert_to_f32_slice(out);
+    }
+}
 
 /// sum(a[i] * b[i]) over the shorter length.
 pub fn dot_f32(isa: Isa, a: &[f32], b: &[f32]) -> f32 {
@@ -30,12 +63,13 @@ pub fn dot_f32_scalar(a: &[f32], b: &[f32]) -> f32 {
 }
 
 /// Attention scores over a run of keys: `out[j] = dot(q, rows[j * n..(j + 1) * n]) * scale`
-/// for every `j < out.len()` (`n = q.len()`); returns the largest (`-inf` for none). On
-/// AVX-512 with `n` a multiple of 16, one 512-bit pass per row; elsewhere `dot_f32` per row.
+/// for every `j < out.len()` (`n = q.len()`; f16 keys widened to f32 exactly); returns the
+/// largest (`-inf` for none). On AVX-512 with `n` a multiple of 16, one 512-bit pass per
+/// row; elsewhere `dot_f32` per row.
 ///
 /// # Panics
 /// Where `rows` holds fewer than `out.len()` rows of `n`, naming the op.
-pub fn dot_rows(isa: Isa, q: &[f32], rows: &[f32], scale: f32, out: &mut [f32]) -> f32 {
+pub fn dot_rows<T: KvElem>(isa: Isa, q: &[f32], rows: &[T], scale: f32, out: &mut [f32]) -> f32 {
     let n = q.len();
     assert!(
         rows.len() >= out.len() * n,
@@ -46,12 +80,19 @@ pub fn dot_rows(isa: Isa, q: &[f32], rows: &[f32], scale: f32, out: &mut [f32]) 
     );
     #[cfg(target_arch = "x86_64")]
     if isa >= Isa::Avx512 && n.is_multiple_of(16) {
-        // SAFETY: Isa::Avx512 and above imply runtime-detected avx512f; lengths checked.
+        // SAFETY: Isa::Avx512 and above imply runtime-detected avx512f and f16c; lengths
+        // checked.
         return unsafe { x86::dot_rows512(q, rows, scale, out) };
     }
     let mut max = f32::NEG_INFINITY;
+    let mut wide = vec![0f32; if T::F16 { n } else { 0 }];
     for (j, o) in out.iter_mut().enumerate() {
-        *o = dot_f32(isa, q, &rows[j * n..(j + 1) * n]) * scale;
+        let r = &rows[j * n..(j + 1) * n];
+        let row = T::as_f32(r).unwrap_or_else(|| {
+            T::widen(r, &mut wide);
+            &wide
+        });
+        *o = dot_f32(isa, q, row) * scale;
         max = max.max(*o);
     }
     max
@@ -72,11 +113,12 @@ pub fn axpy(isa: Isa, alpha: f32, x: &[f32], y: &mut [f32]) {
     }
 }
 
-/// `y += sum_j w[j] * rows[j]`, where row j is `rows[j * n..(j + 1) * n]` and `n = y.len()`
-/// (attention's weighted sum of values): per element the same operations in the same order
-/// as `axpy(isa, w[j], row j, y)` for j = 0, 1, .., so the bits are those of that loop, with
-/// `y` held in registers across the rows instead of read and written per row.
-pub fn axpy_rows(isa: Isa, w: &[f32], rows: &[f32], y: &mut [f32]) {
+/// `y += sum_j w[j] * rows[j]`, where row j is `rows[j * n..(j + 1) * n]` (f16 widened to
+/// f32 exactly) and `n = y.len()` (attention's weighted sum of values): per element the same
+/// operations in the same order as `axpy(isa, w[j], row j, y)` for j = 0, 1, .., so the bits
+/// are those of that loop, with `y` held in registers across the rows instead of read and
+/// written per row.
+pub fn axpy_rows<T: KvElem>(isa: Isa, w: &[f32], rows: &[T], y: &mut [f32]) {
     let n = y.len();
     assert!(
         rows.len() >= w.len() * n,
@@ -87,24 +129,67 @@ pub fn axpy_rows(isa: Isa, w: &[f32], rows: &[f32], y: &mut [f32]) {
     );
     #[cfg(target_arch = "x86_64")]
     if isa >= Isa::Avx512 && n.is_multiple_of(16) {
-        // SAFETY: Isa::Avx512 and above imply runtime-detected avx512f; lengths checked.
+        // SAFETY: Isa::Avx512 and above imply runtime-detected avx512f and f16c; lengths
+        // checked.
         unsafe { x86::axpy_rows512(w, rows, y) };
         return;
     }
     #[cfg(target_arch = "x86_64")]
     if isa.avx2() {
-        // SAFETY: Isa::Avx2 implies runtime-detected avx2/fma; lengths checked above.
+        // SAFETY: Isa::Avx2 implies runtime-detected avx2/fma/f16c; lengths checked above.
         unsafe { x86::axpy_rows(w, rows, y) };
         return;
     }
+    let mut wide = vec![0f32; if T::F16 { n } else { 0 }];
     for (j, &a) in w.iter().enumerate() {
-        axpy(isa, a, &rows[j * n..(j + 1) * n], y);
+        let r = &rows[j * n..(j + 1) * n];
+        let row = T::as_f32(r).unwrap_or_else(|| {
+            T::widen(r, &mut wide);
+            &wide
+        });
+        axpy(isa, a, row, y);
     }
 }
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use std::arch::x86_64::*;
+
+    use super::KvElem;
+
+    /// Eight values at `p` as f32 (f16 widened).
+    ///
+    /// # Safety
+    /// avx2 and f16c must be available; `p` points at 8 values.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn ph8<T: KvElem>(p: *const T) -> __m256 {
+        // SAFETY: 8 values at p (caller's contract), f16 where T::F16, else f32.
+        unsafe {
+            if T::F16 {
+                _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i))
+            } else {
+                _mm256_loadu_ps(p as *const f32)
+            }
+        }
+    }
+
+    /// Sixteen values at `p` as f32 (f16 widened).
+    ///
+    /// # Safety
+    /// avx512f must be available; `p` points at 16 values.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+    unsafe fn ph16<T: KvElem>(p: *const T) -> __m512 {
+        // SAFETY: 16 values at p (caller's contract), f16 where T::F16, else f32.
+        unsafe {
+            if T::F16 {
+                _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i))
+            } else {
+                _mm512_loadu_ps(p as *const f32)
+            }
+        }
+    }
 
     use super::super::x86::hsum_ps;
 
@@ -174,7 +259,7 @@ mod x86 {
     /// # Safety
     /// avx2 and fma must be available; `rows` holds `w.len()` rows of `y.len()` values.
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn axpy_rows(w: &[f32], rows: &[f32], y: &mut [f32]) {
+    pub unsafe fn axpy_rows<T: KvElem>(w: &[f32], rows: &[T], y: &mut [f32]) {
         let n = y.len();
         let (yp, rp) = (y.as_mut_ptr(), rows.as_ptr());
         let mut c = 0;
@@ -190,7 +275,7 @@ mod x86 {
                     let va = _mm256_set1_ps(wj);
                     let p = rp.add(j * n + c);
                     for (k, a) in acc.iter_mut().enumerate() {
-                        *a = _mm256_fmadd_ps(va, _mm256_loadu_ps(p.add(8 * k)), *a);
+                        *a = _mm256_fmadd_ps(va, ph8(p.add(8 * k)), *a);
                     }
                 }
                 for (k, a) in acc.iter().enumerate() {
@@ -201,7 +286,7 @@ mod x86 {
             while c + 8 <= n {
                 let mut a = _mm256_loadu_ps(yp.add(c));
                 for (j, &wj) in w.iter().enumerate() {
-                    a = _mm256_fmadd_ps(_mm256_set1_ps(wj), _mm256_loadu_ps(rp.add(j * n + c)), a);
+                    a = _mm256_fmadd_ps(_mm256_set1_ps(wj), ph8(rp.add(j * n + c)), a);
                 }
                 _mm256_storeu_ps(yp.add(c), a);
                 c += 8;
@@ -210,7 +295,9 @@ mod x86 {
         // The tail as `axpy`'s: a product, then a sum.
         for e in c..n {
             for (j, &wj) in w.iter().enumerate() {
-                y[e] += wj * rows[j * n + e];
+                let mut x = [0f32];
+                T::widen(&rows[j * n + e..j * n + e + 1], &mut x);
+                y[e] += wj * x[0];
             }
         }
     }
@@ -221,8 +308,13 @@ mod x86 {
     /// # Safety
     /// avx512f must be available; `q.len()` is a multiple of 16 and `rows` holds
     /// `out.len()` rows of it.
-    #[target_feature(enable = "avx512f,avx2,fma")]
-    pub unsafe fn dot_rows512(q: &[f32], rows: &[f32], scale: f32, out: &mut [f32]) -> f32 {
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+    pub unsafe fn dot_rows512<T: KvElem>(
+        q: &[f32],
+        rows: &[T],
+        scale: f32,
+        out: &mut [f32],
+    ) -> f32 {
         let n = q.len();
         let mut max = f32::NEG_INFINITY;
         for (j, o) in out.iter_mut().enumerate() {
@@ -233,24 +325,16 @@ mod x86 {
                 let (mut s0, mut s1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
                 let mut c = 0;
                 while c + 32 <= n {
-                    s0 = _mm512_fmadd_ps(
-                        _mm512_loadu_ps(q.as_ptr().add(c)),
-                        _mm512_loadu_ps(r.add(c)),
-                        s0,
-                    );
+                    s0 = _mm512_fmadd_ps(_mm512_loadu_ps(q.as_ptr().add(c)), ph16(r.add(c)), s0);
                     s1 = _mm512_fmadd_ps(
                         _mm512_loadu_ps(q.as_ptr().add(c + 16)),
-                        _mm512_loadu_ps(r.add(c + 16)),
+                        ph16(r.add(c + 16)),
                         s1,
                     );
                     c += 32;
                 }
                 if c < n {
-                    s0 = _mm512_fmadd_ps(
-                        _mm512_loadu_ps(q.as_ptr().add(c)),
-                        _mm512_loadu_ps(r.add(c)),
-                        s0,
-                    );
+                    s0 = _mm512_fmadd_ps(_mm512_loadu_ps(q.as_ptr().add(c)), ph16(r.add(c)), s0);
                 }
                 *o = _mm512_reduce_add_ps(_mm512_add_ps(s0, s1)) * scale;
             }
@@ -265,8 +349,8 @@ mod x86 {
     /// # Safety
     /// avx512f must be available; `y.len()` is a multiple of 16 and `rows` holds
     /// `w.len()` rows of it.
-    #[target_feature(enable = "avx512f,avx2,fma")]
-    pub unsafe fn axpy_rows512(w: &[f32], rows: &[f32], y: &mut [f32]) {
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+    pub unsafe fn axpy_rows512<T: KvElem>(w: &[f32], rows: &[T], y: &mut [f32]) {
         let n = y.len();
         let (yp, rp) = (y.as_mut_ptr(), rows.as_ptr());
         let mut c = 0;
@@ -282,7 +366,7 @@ mod x86 {
                     let va = _mm512_set1_ps(wj);
                     let p = rp.add(j * n + c);
                     for (k, a) in acc.iter_mut().enumerate() {
-                        *a = _mm512_fmadd_ps(va, _mm512_loadu_ps(p.add(16 * k)), *a);
+                        *a = _mm512_fmadd_ps(va, ph16(p.add(16 * k)), *a);
                     }
                 }
                 for (k, a) in acc.iter().enumerate() {
@@ -293,7 +377,7 @@ mod x86 {
             while c + 16 <= n {
                 let mut a = _mm512_loadu_ps(yp.add(c));
                 for (j, &wj) in w.iter().enumerate() {
-                    a = _mm512_fmadd_ps(_mm512_set1_ps(wj), _mm512_loadu_ps(rp.add(j * n + c)), a);
+                    a = _mm512_fmadd_ps(_mm512_set1_ps(wj), ph16(rp.add(j * n + c)), a);
                 }
                 _mm512_storeu_ps(yp.add(c), a);
                 c += 16;
@@ -330,49 +414,66 @@ mod tests {
         }
     }
 
-    /// `dot_rows` stays within rounding of the scalar dot product per row, on every
-    /// instruction set, and returns the largest score.
+    /// `dot_rows` stays within rounding of the scalar dot product per row (f32 keys, and f16
+    /// keys widened), on every instruction set, and returns the largest score.
     #[test]
     fn dot_rows_match_scalar_dots() {
         for n in [8usize, 16, 48, 64, 65, 256] {
             for rows in [0usize, 1, 5, 17] {
                 let q = rand_f32(n, 3 + n as u64);
-                let x = rand_f32(rows * n, 4 + rows as u64);
-                for isa in Isa::available() {
+                let x: Vec<f16> = rand_f32(rows * n, 4 + rows as u64)
+                    .into_iter()
+                    .map(f16::from_f32)
+                    .collect();
+                let xf: Vec<f32> = x.iter().map(|v| v.to_f32()).collect();
+                for (isa, half) in Isa::available()
+                    .into_iter()
+                    .flat_map(|i| [(i, false), (i, true)])
+                {
                     let mut out = vec![0f32; rows];
-                    let max = dot_rows(isa, &q, &x, 0.125, &mut out);
-                    let mut want_max = f32::NEG_INFINITY;
+                    let max = if half {
+                        dot_rows(isa, &q, &x, 0.125, &mut out)
+                    } else {
+                        dot_rows(isa, &q, &xf, 0.125, &mut out)
+                    };
                     for (j, &o) in out.iter().enumerate() {
-                        let want = dot_f32_scalar(&q, &x[j * n..(j + 1) * n]) * 0.125;
-                        want_max = want_max.max(o);
+                        let want = dot_f32_scalar(&q, &xf[j * n..(j + 1) * n]) * 0.125;
                         assert!(
                             (o - want).abs() <= 1e-5 * (1.0 + want.abs()),
                             "{isa:?} n={n} row {j}: {o} vs {want}"
                         );
                     }
+                    let want_max = out.iter().fold(f32::NEG_INFINITY, |m, &o| m.max(o));
                     assert_eq!(max, want_max, "{isa:?} n={n} rows={rows}");
                 }
             }
         }
     }
 
-    /// `axpy_rows` gives the bits of the `axpy` loop it replaces, on every instruction set.
+    /// `axpy_rows` gives the bits of the `axpy` loop it replaces (over f32 rows, and over f16
+    /// rows widened), on every instruction set.
     #[test]
     fn axpy_rows_equals_axpy_loop_bit_for_bit() {
         for n in [1usize, 7, 8, 64, 65, 80, 136] {
             for rows in [0usize, 1, 5, 17] {
-                let x = rand_f32(rows * n, 5 + n as u64);
+                let x: Vec<f16> = rand_f32(rows * n, 5 + n as u64)
+                    .into_iter()
+                    .map(f16::from_f32)
+                    .collect();
+                let xf: Vec<f32> = x.iter().map(|v| v.to_f32()).collect();
                 let w = rand_f32(rows, 6 + rows as u64);
                 let y0 = rand_f32(n, 7);
                 for isa in Isa::available() {
                     let mut want = y0.clone();
                     for (j, &a) in w.iter().enumerate() {
-                        axpy(isa, a, &x[j * n..(j + 1) * n], &mut want);
+                        axpy(isa, a, &xf[j * n..(j + 1) * n], &mut want);
                     }
-                    let mut got = y0.clone();
+                    let (mut got, mut got_f32) = (y0.clone(), y0.clone());
                     axpy_rows(isa, &w, &x, &mut got);
+                    axpy_rows(isa, &w, &xf, &mut got_f32);
                     let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
-                    assert_eq!(bits(&got), bits(&want), "{isa:?} n={n} rows={rows}");
+                    assert_eq!(bits(&got), bits(&want), "{isa:?} n={n} rows={rows} f16");
+                    assert_eq!(bits(&got_f32), bits(&want), "{isa:?} n={n} rows={rows} f32");
                 }
             }
         }

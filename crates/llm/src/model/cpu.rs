@@ -8,7 +8,7 @@ use super::{rms_norm_in_place, rms_norm_rows, Model, Product};
 use crate::error::Result;
 use crate::kernels::float::{axpy_rows, dot_rows};
 use crate::kernels::{self, Acts, Isa, MatOut};
-use crate::kv_cache::{BlockId, CpuKvStore};
+use crate::kv_cache::{BlockId, CpuKvStore, KvRows};
 
 const N_BUFS: usize = 8;
 
@@ -528,11 +528,15 @@ fn attention(
             while j <= p {
                 let (blk, slot0) = (table[j / bs], j % bs);
                 let end = (p + 1).min((j / bs + 1) * bs);
-                let keys = &kv.keys(blk, il, g)[slot0 * hd..];
+                let keys = kv.keys(blk, il, g).from_slot(slot0, hd);
                 for (k, h) in heads.clone().enumerate() {
                     let qh = &q[r * w + h * hd..r * w + (h + 1) * hd];
                     let sc = &mut sc[k * max_len + j - lo..k * max_len + end - lo];
-                    max[k] = max[k].max(dot_rows(isa, qh, keys, scale, sc));
+                    let m = match keys {
+                        KvRows::F16(keys) => dot_rows(isa, qh, keys, scale, sc),
+                        KvRows::F32(keys) => dot_rows(isa, qh, keys, scale, sc),
+                    };
+                    max[k] = max[k].max(m);
                 }
                 j = end;
             }
@@ -554,10 +558,14 @@ fn attention(
             while j <= p {
                 let (blk, slot0) = (table[j / bs], j % bs);
                 let end = (p + 1).min((j / bs + 1) * bs);
-                let vals = &kv.values(blk, il, g)[slot0 * hd..(slot0 + end - j) * hd];
+                let (a, b) = (slot0 * hd, (slot0 + end - j) * hd);
+                let vals = kv.values(blk, il, g);
                 for (k, h) in heads.clone().enumerate() {
                     let sc = &sc[k * max_len + j - lo..k * max_len + end - lo];
-                    axpy_rows(isa, sc, vals, o(h));
+                    match vals {
+                        KvRows::F16(v) => axpy_rows(isa, sc, &v[a..b], o(h)),
+                        KvRows::F32(v) => axpy_rows(isa, sc, &v[a..b], o(h)),
+                    }
                 }
                 j = end;
             }

@@ -507,7 +507,9 @@ impl<'m> Session<'m> {
             )));
         }
         let blocks = ctx.div_ceil(BLOCK_SIZE);
-        let store = CpuKvStore::new(c.n_layer, c.n_kv_head, c.head_dim, BLOCK_SIZE, blocks)?;
+        // f16 KV as on CUDA, f32 for the exact mode (its reference contract).
+        let half = model.precision() != Precision::Exact;
+        let store = CpuKvStore::new(c.n_layer, c.n_kv_head, c.head_dim, BLOCK_SIZE, blocks, half)?;
         let mut kv = PagedKv::new(blocks, BLOCK_SIZE)?;
         kv.add_seq(SEQ, &[])?;
         Ok(Session {
