@@ -3,7 +3,9 @@
 //! jobs start in well under a microsecond instead of paying a wake-up each (rayon's cost
 //! here measured larger than the work itself on 2 cores).
 //!
-//! Tasks are claimed one at a time through an atomic (epoch, next index) word, and a job is
+//! Tasks are claimed one at a time through an atomic (epoch, task count, next index) word
+//! (the count in the same word, so a worker that saw one job late can never pair its epoch
+//! with the next job's count and claim from a job that is over), and a job is
 //! complete when every task has *finished*, not when every worker has checked in: a worker
 //! that is descheduled (a busy machine) costs nothing, the caller just runs more tasks.
 //! A worker preempted while holding a task still stalls the caller; when such waits grow
@@ -17,12 +19,11 @@ use std::time::{Duration, Instant};
 type JobRef<'a> = &'a (dyn Fn(usize) + Sync);
 
 struct Inner {
-    /// High 32 bits: job epoch; low 32 bits: next unclaimed task index.
+    /// Bits 32..64: job epoch; 16..32: its task count; 0..16: next unclaimed task index.
     state: AtomicU64,
     /// Points at the current job's `JobRef` (on the caller's stack), published before the
     /// epoch; dereferenced only after claiming a task of that epoch.
     job: AtomicPtr<u8>,
-    n_tasks: AtomicUsize,
     done: AtomicUsize,
     sleeping: AtomicUsize,
     panicked: AtomicBool,
@@ -51,10 +52,11 @@ const SOLO: Duration = Duration::from_millis(100);
 impl Inner {
     /// Claims the next task of epoch `epoch`; None when that job has no task left or a newer
     /// job replaced it.
-    fn claim(&self, epoch: u64, n_tasks: usize) -> Option<usize> {
+    fn claim(&self, epoch: u64) -> Option<usize> {
         let mut cur = self.state.load(Ordering::Acquire);
         loop {
-            if cur >> 32 != epoch || (cur & 0xFFFF_FFFF) as usize >= n_tasks {
+            let (n_tasks, next) = ((cur >> 16) & 0xFFFF, cur & 0xFFFF);
+            if cur >> 32 != epoch || next >= n_tasks {
                 return None;
             }
             match self.state.compare_exchange_weak(
@@ -63,15 +65,15 @@ impl Inner {
                 Ordering::AcqRel,
                 Ordering::Acquire,
             ) {
-                Ok(_) => return Some((cur & 0xFFFF_FFFF) as usize),
+                Ok(_) => return Some(next as usize),
                 Err(now) => cur = now,
             }
         }
     }
 
     /// Runs claimed tasks of `epoch` until none is left.
-    fn work(&self, epoch: u64, n_tasks: usize, job: *const JobRef<'_>) {
-        while let Some(i) = self.claim(epoch, n_tasks) {
+    fn work(&self, epoch: u64, job: *const JobRef<'_>) {
+        while let Some(i) = self.claim(epoch) {
             // SAFETY: a task of `epoch` was claimed and is not finished, so the caller of
             // `run` for that epoch is still waiting and its `JobRef` is alive.
             let f = unsafe { *job };
@@ -91,7 +93,6 @@ impl Pool {
         let inner = Arc::new(Inner {
             state: AtomicU64::new(0),
             job: AtomicPtr::new(std::ptr::null_mut()),
-            n_tasks: AtomicUsize::new(0),
             done: AtomicUsize::new(0),
             sleeping: AtomicUsize::new(0),
             panicked: AtomicBool::new(false),
@@ -138,7 +139,14 @@ impl Pool {
             (0..n_tasks).for_each(f);
             return;
         }
-        assert!(n_tasks < u32::MAX as usize, "Pool::run: too many tasks");
+        // The state word holds 16-bit task counts: larger jobs run as several.
+        const MAX_TASKS: usize = 0xFFFF;
+        if n_tasks > MAX_TASKS {
+            for s in (0..n_tasks).step_by(MAX_TASKS) {
+                self.run((n_tasks - s).min(MAX_TASKS), &|i| f(s + i));
+            }
+            return;
+        }
         // One job at a time (a second caller, e.g. another session's thread, waits).
         let mut adapt = self.run_lock.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(until) = adapt.solo_until {
@@ -151,17 +159,17 @@ impl Pool {
         let s = &*self.inner;
         let job: JobRef<'_> = f;
         let job_ptr: *const JobRef<'_> = &job;
-        let epoch = (s.state.load(Ordering::Relaxed) >> 32) + 1;
-        s.n_tasks.store(n_tasks, Ordering::Relaxed);
+        let epoch = ((s.state.load(Ordering::Relaxed) >> 32) + 1) & 0xFFFF_FFFF;
         s.done.store(0, Ordering::Relaxed);
         s.job.store(job_ptr as *mut u8, Ordering::Relaxed);
-        s.state.store(epoch << 32, Ordering::SeqCst);
+        s.state
+            .store(epoch << 32 | (n_tasks as u64) << 16, Ordering::SeqCst);
         if s.sleeping.load(Ordering::SeqCst) > 0 {
             let _l = s.lock.lock().unwrap_or_else(|e| e.into_inner());
             s.cv.notify_all();
         }
         let t0 = Instant::now();
-        s.work(epoch, n_tasks, job_ptr);
+        s.work(epoch, job_ptr);
         let t1 = Instant::now();
         let mut spins = 0u32;
         while s.done.load(Ordering::Acquire) < n_tasks {
@@ -225,10 +233,10 @@ fn worker(s: &Inner) {
         };
         seen = epoch;
         // Published before the epoch (Release/Acquire through `state`); only dereferenced
-        // after a successful claim of a task of this epoch.
+        // after a successful claim of a task of this epoch, which succeeds only while that
+        // job's `run` waits, that is before a newer job is published.
         let job = s.job.load(Ordering::Acquire) as *const JobRef<'_>;
-        let n_tasks = s.n_tasks.load(Ordering::Acquire);
-        s.work(epoch, n_tasks, job);
+        s.work(epoch, job);
     }
 }
 
@@ -239,7 +247,7 @@ mod tests {
     #[test]
     fn every_task_runs_once_across_many_jobs() {
         let pool = Pool::new(3);
-        for n in [1usize, 2, 5, 64, 1000] {
+        for n in [1usize, 2, 5, 64, 1000, 70_000] {
             let hits: Vec<AtomicUsize> = (0..n).map(|_| AtomicUsize::new(0)).collect();
             for _ in 0..50 {
                 pool.run(n, &|i| {
@@ -257,5 +265,28 @@ mod tests {
             sum.fetch_add(i, Ordering::Relaxed);
         });
         assert_eq!(sum.load(Ordering::Relaxed), 45);
+    }
+
+    /// Back-to-back jobs of different sizes on more threads than cores (workers preempted
+    /// between seeing a job and claiming from it): every task of every job runs exactly
+    /// once, within its `run`. A worker that paired an old epoch with the next job's task
+    /// count once ran a task of the next job early and let its `run` return too soon.
+    #[test]
+    fn jobs_never_mix_under_preemption() {
+        let pool = Pool::new(8);
+        for round in 0..100_000usize {
+            let n = 1 + round % 7;
+            let hits: Vec<AtomicUsize> = (0..8).map(|_| AtomicUsize::new(0)).collect();
+            pool.run(n, &|i| {
+                hits[i].fetch_add(1, Ordering::Relaxed);
+            });
+            for (i, h) in hits.iter().enumerate() {
+                assert_eq!(
+                    h.load(Ordering::Relaxed),
+                    usize::from(i < n),
+                    "round {round} task {i}"
+                );
+            }
+        }
     }
 }
