@@ -46,7 +46,7 @@ fn bad_environment_variables_are_errors_naming_them() {
         (
             "FERRITE_ISA",
             "avx9",
-            "FERRITE_ISA=\"avx9\": expected scalar, avx2, vnni or avx512",
+            "FERRITE_ISA=\"avx9\": expected scalar, avx2, vnni, avx512 or amx",
         ),
         (
             "FERRITE_GPU_EAGER",
