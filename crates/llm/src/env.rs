@@ -14,7 +14,7 @@ pub const VARIABLES: &[(&str, &str)] = &[
     ("FERRITE_PRECISION", "q8x2, q8 or exact"),
     (
         "FERRITE_ISA",
-        "scalar, avx2, vnni or avx512 (caps the CPU kernels)",
+        "scalar, avx2, vnni, avx512 or amx (caps the CPU kernels)",
     ),
     (
         "FERRITE_GPU_MV_UPT",
