@@ -36,22 +36,16 @@ fn main() {
             .collect();
         quantize_q8x2(&x, &mut hi[k], &mut lo[k]);
     }
-    let sums: Vec<Vec<i32>> = hi
-        .iter()
-        .map(|h| {
-            h.iter()
-                .map(|b| b.qs.iter().map(|&q| q as i32).sum())
-                .collect()
-        })
-        .collect();
-    let sums_lo: Vec<Vec<i32>> = lo
-        .iter()
-        .map(|h| {
-            h.iter()
-                .map(|b| b.qs.iter().map(|&q| q as i32).sum())
-                .collect()
-        })
-        .collect();
+    let sums_of = |rows: &[Vec<BlockQ8>]| -> Vec<Vec<i32>> {
+        rows.iter()
+            .map(|r| {
+                r.iter()
+                    .map(|b| b.qs.iter().map(|&q| q as i32).sum())
+                    .collect()
+            })
+            .collect()
+    };
+    let (sums, sums_lo) = (sums_of(&hi), sums_of(&lo));
     let iters = 2000;
     let units_total = (rows / 16 * nb * iters) as f64;
     let mut sink = 0f32;

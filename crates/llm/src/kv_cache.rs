@@ -388,11 +388,12 @@ pub enum KvRows<'a> {
 }
 
 impl<'a> KvRows<'a> {
-    /// The rows from slot `slot` on.
-    pub fn from_slot(self, slot: usize, head_dim: usize) -> KvRows<'a> {
+    /// The rows of slots `slots` (each `head_dim` values).
+    pub fn slots(self, slots: std::ops::Range<usize>, head_dim: usize) -> KvRows<'a> {
+        let r = slots.start * head_dim..slots.end * head_dim;
         match self {
-            KvRows::F16(r) => KvRows::F16(&r[slot * head_dim..]),
-            KvRows::F32(r) => KvRows::F32(&r[slot * head_dim..]),
+            KvRows::F16(x) => KvRows::F16(&x[r]),
+            KvRows::F32(x) => KvRows::F32(&x[r]),
         }
     }
 }
@@ -415,7 +416,11 @@ impl CpuKvStore {
             .and_then(|x| x.checked_mul(head_dim))
             .and_then(|x| x.checked_mul(block_size))
             .and_then(|x| x.checked_mul(n_blocks))
-            .filter(|&n| n.checked_mul(8).is_some_and(|b| b <= MAX_BYTES))
+            // Keys and values: 2 x 2 bytes per element in f16, 2 x 4 in f32.
+            .filter(|&n| {
+                n.checked_mul(if half { 4 } else { 8 })
+                    .is_some_and(|b| b <= MAX_BYTES)
+            })
             .ok_or_else(|| {
                 Error::Context(format!(
                     "KV cache of {n_blocks} blocks of {block_size} positions needs more than 64 GiB; use fewer positions"

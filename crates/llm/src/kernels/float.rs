@@ -14,6 +14,25 @@ pub trait KvElem: Copy + Send + Sync + 'static {
     fn as_f32(s: &[Self]) -> Option<&[f32]>;
     /// Widens `s` into `out` (as long as `s`).
     fn widen(s: &[Self], out: &mut [f32]);
+    /// One value as f32.
+    fn to_f32(self) -> f32;
+
+    /// `f` of the row `r` as f32: `r` itself where it is f32, else widened into a buffer on
+    /// the stack (rows of up to 256 values; longer ones on the heap).
+    fn with_f32<R>(r: &[Self], f: impl FnOnce(&[f32]) -> R) -> R {
+        if let Some(x) = Self::as_f32(r) {
+            return f(x);
+        }
+        let (mut stack, mut heap) = ([0f32; 256], Vec::new());
+        let buf = if r.len() <= stack.len() {
+            &mut stack[..r.len()]
+        } else {
+            heap.resize(r.len(), 0.0);
+            &mut heap[..]
+        };
+        Self::widen(r, buf);
+        f(buf)
+    }
 }
 
 impl KvElem for f32 {
@@ -24,6 +43,9 @@ impl KvElem for f32 {
     fn widen(s: &[f32], out: &mut [f32]) {
         out.copy_from_slice(s);
     }
+    fn to_f32(self) -> f32 {
+        self
+    }
 }
 
 impl KvElem for f16 {
@@ -33,6 +55,9 @@ impl KvElem for f16 {
     }
     fn widen(s: &[f16], out: &mut [f32]) {
         s.convert_to_f32_slice(out);
+    }
+    fn to_f32(self) -> f32 {
+        f16::to_f32(self)
     }
 }
 
@@ -85,14 +110,8 @@ pub fn dot_rows<T: KvElem>(isa: Isa, q: &[f32], rows: &[T], scale: f32, out: &mu
         return unsafe { x86::dot_rows512(q, rows, scale, out) };
     }
     let mut max = f32::NEG_INFINITY;
-    let mut wide = vec![0f32; if T::F16 { n } else { 0 }];
     for (j, o) in out.iter_mut().enumerate() {
-        let r = &rows[j * n..(j + 1) * n];
-        let row = T::as_f32(r).unwrap_or_else(|| {
-            T::widen(r, &mut wide);
-            &wide
-        });
-        *o = dot_f32(isa, q, row) * scale;
+        *o = T::with_f32(&rows[j * n..(j + 1) * n], |row| dot_f32(isa, q, row)) * scale;
         max = max.max(*o);
     }
     max
@@ -140,14 +159,8 @@ pub fn axpy_rows<T: KvElem>(isa: Isa, w: &[f32], rows: &[T], y: &mut [f32]) {
         unsafe { x86::axpy_rows(w, rows, y) };
         return;
     }
-    let mut wide = vec![0f32; if T::F16 { n } else { 0 }];
     for (j, &a) in w.iter().enumerate() {
-        let r = &rows[j * n..(j + 1) * n];
-        let row = T::as_f32(r).unwrap_or_else(|| {
-            T::widen(r, &mut wide);
-            &wide
-        });
-        axpy(isa, a, row, y);
+        T::with_f32(&rows[j * n..(j + 1) * n], |row| axpy(isa, a, row, y));
     }
 }
 
@@ -295,9 +308,7 @@ mod x86 {
         // The tail as `axpy`'s: a product, then a sum.
         for e in c..n {
             for (j, &wj) in w.iter().enumerate() {
-                let mut x = [0f32];
-                T::widen(&rows[j * n + e..j * n + e + 1], &mut x);
-                y[e] += wj * x[0];
+                y[e] += wj * rows[j * n + e].to_f32();
             }
         }
     }

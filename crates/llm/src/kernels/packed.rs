@@ -789,39 +789,39 @@ mod amx {
                 // 32-byte A tiles; w holds the pass's B tiles, c room for its C tiles.
                 unsafe {
                     let at = a.tiles.as_ptr().add(2 * i) as *const u8;
+                    // The first unit on tmm0-2; the next (`$second`, its store `$store`) on
+                    // tmm3-5, its product issued before the first's sums are stored.
+                    macro_rules! pass {
+                        ([$($second:literal),*], [$($store:literal),*]) => {
+                            asm!(
+                                "tileloadd tmm1, [{w} + {s64}*1]",
+                                "tileloadd tmm0, [{a} + {s32}*1]",
+                                "tilezero tmm2",
+                                "tdpbsud tmm2, tmm0, tmm1",
+                                $($second,)*
+                                "tilestored [{c} + {s64}*1], tmm2",
+                                $($store,)*
+                                w = in(reg) w,
+                                a = in(reg) at,
+                                c = in(reg) c,
+                                s64 = in(reg) 64usize,
+                                s32 = in(reg) 32usize,
+                                options(nostack),
+                            )
+                        };
+                    }
                     if width(i) == 2 {
-                        asm!(
-                            "tileloadd tmm1, [{w} + {s64}*1]",
-                            "tileloadd tmm0, [{a} + {s32}*1]",
-                            "tilezero tmm2",
-                            "tdpbsud tmm2, tmm0, tmm1",
-                            "tileloadd tmm4, [{w} + {s64}*1 + 512]",
-                            "tileloadd tmm3, [{a} + {s32}*1 + 512]",
-                            "tilezero tmm5",
-                            "tdpbsud tmm5, tmm3, tmm4",
-                            "tilestored [{c} + {s64}*1], tmm2",
-                            "tilestored [{c} + {s64}*1 + 1024], tmm5",
-                            w = in(reg) w,
-                            a = in(reg) at,
-                            c = in(reg) c,
-                            s64 = in(reg) 64usize,
-                            s32 = in(reg) 32usize,
-                            options(nostack),
+                        pass!(
+                            [
+                                "tileloadd tmm4, [{w} + {s64}*1 + 512]",
+                                "tileloadd tmm3, [{a} + {s32}*1 + 512]",
+                                "tilezero tmm5",
+                                "tdpbsud tmm5, tmm3, tmm4"
+                            ],
+                            ["tilestored [{c} + {s64}*1 + 1024], tmm5"]
                         );
                     } else {
-                        asm!(
-                            "tileloadd tmm1, [{w} + {s64}*1]",
-                            "tileloadd tmm0, [{a} + {s32}*1]",
-                            "tilezero tmm2",
-                            "tdpbsud tmm2, tmm0, tmm1",
-                            "tilestored [{c} + {s64}*1], tmm2",
-                            w = in(reg) w,
-                            a = in(reg) at,
-                            c = in(reg) c,
-                            s64 = in(reg) 64usize,
-                            s32 = in(reg) 32usize,
-                            options(nostack),
-                        );
+                        pass!([], []);
                     }
                 }
                 if i + 1 < passes {

@@ -528,7 +528,7 @@ fn attention(
             while j <= p {
                 let (blk, slot0) = (table[j / bs], j % bs);
                 let end = (p + 1).min((j / bs + 1) * bs);
-                let keys = kv.keys(blk, il, g).from_slot(slot0, hd);
+                let keys = kv.keys(blk, il, g).slots(slot0..slot0 + end - j, hd);
                 for (k, h) in heads.clone().enumerate() {
                     let qh = &q[r * w + h * hd..r * w + (h + 1) * hd];
                     let sc = &mut sc[k * max_len + j - lo..k * max_len + end - lo];
@@ -558,13 +558,12 @@ fn attention(
             while j <= p {
                 let (blk, slot0) = (table[j / bs], j % bs);
                 let end = (p + 1).min((j / bs + 1) * bs);
-                let (a, b) = (slot0 * hd, (slot0 + end - j) * hd);
-                let vals = kv.values(blk, il, g);
+                let vals = kv.values(blk, il, g).slots(slot0..slot0 + end - j, hd);
                 for (k, h) in heads.clone().enumerate() {
                     let sc = &sc[k * max_len + j - lo..k * max_len + end - lo];
                     match vals {
-                        KvRows::F16(v) => axpy_rows(isa, sc, &v[a..b], o(h)),
-                        KvRows::F32(v) => axpy_rows(isa, sc, &v[a..b], o(h)),
+                        KvRows::F16(v) => axpy_rows(isa, sc, v, o(h)),
+                        KvRows::F32(v) => axpy_rows(isa, sc, v, o(h)),
                     }
                 }
                 j = end;
