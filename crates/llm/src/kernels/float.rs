@@ -87,34 +87,76 @@ pub fn dot_f32_scalar(a: &[f32], b: &[f32]) -> f32 {
     s.iter().sum::<f32>() + tail
 }
 
-/// Attention scores over a run of keys: `out[j] = dot(q, rows[j * n..(j + 1) * n]) * scale`
-/// for every `j < out.len()` (`n = q.len()`; f16 keys widened to f32 exactly); returns the
-/// largest (`-inf` for none). On AVX-512 with `n` a multiple of 16, one 512-bit pass per
-/// row; elsewhere `dot_f32` per row.
+/// Attention scores of `heads = max.len()` query heads over a run of keys. With
+/// `n = q.len() / heads`, query head h `q[h * n..(h + 1) * n]` and `len = rows.len() / n` keys
+/// (row j `rows[j * n..(j + 1) * n]`, f16 widened to f32 exactly):
+/// `out[h * stride + j] = dot(q_h, row j) * scale` for j < len, and `max[h]` raised to the
+/// largest of them. A score's bits depend only on its query head and key, not on the run or
+/// the heads beside it. On AVX-512 with `n` a multiple of 16, each key is widened once for up
+/// to four heads and sixteen keys' sums are reduced together; elsewhere `dot_f32` per score.
 ///
 /// # Panics
-/// Where `rows` holds fewer than `out.len()` rows of `n`, naming the op.
-pub fn dot_rows<T: KvElem>(isa: Isa, q: &[f32], rows: &[T], scale: f32, out: &mut [f32]) -> f32 {
-    let n = q.len();
+/// Where `q` does not hold `heads` rows of n or `out` is too short, naming the op.
+pub fn dot_rows<T: KvElem>(
+    isa: Isa,
+    q: &[f32],
+    rows: &[T],
+    scale: f32,
+    out: &mut [f32],
+    stride: usize,
+    max: &mut [f32],
+) {
+    let heads = max.len();
+    if heads == 0 {
+        return;
+    }
+    let n = q.len() / heads;
     assert!(
-        rows.len() >= out.len() * n,
-        "dot_rows: {} rows of {n} need {} values, found {}",
-        out.len(),
-        out.len() * n,
-        rows.len()
+        n > 0 && q.len() == heads * n,
+        "dot_rows: {} query values are not {heads} heads",
+        q.len()
+    );
+    let len = rows.len() / n;
+    assert!(
+        (heads == 1 || stride >= len) && out.len() >= (heads - 1) * stride + len,
+        "dot_rows: {heads} heads of {len} scores at stride {stride} need more than {} values",
+        out.len()
     );
     #[cfg(target_arch = "x86_64")]
     if isa >= Isa::Avx512 && n.is_multiple_of(16) {
-        // SAFETY: Isa::Avx512 and above imply runtime-detected avx512f and f16c; lengths
-        // checked.
-        return unsafe { x86::dot_rows512(q, rows, scale, out) };
+        let rows = &rows[..len * n];
+        let mut h0 = 0;
+        while h0 < heads {
+            let hn = (heads - h0).min(4);
+            let (q, out, max) = (
+                &q[h0 * n..(h0 + hn) * n],
+                &mut out[h0 * stride..],
+                &mut max[h0..h0 + hn],
+            );
+            // SAFETY: Isa::Avx512 and above imply runtime-detected avx512f and f16c; q holds
+            // hn heads of n, rows len keys of n, and out (checked above) hn runs of len
+            // scores at `stride`.
+            unsafe {
+                match hn {
+                    1 => x86::dot_rows512::<T, 1>(q, rows, scale, out, stride, max),
+                    2 => x86::dot_rows512::<T, 2>(q, rows, scale, out, stride, max),
+                    3 => x86::dot_rows512::<T, 3>(q, rows, scale, out, stride, max),
+                    _ => x86::dot_rows512::<T, 4>(q, rows, scale, out, stride, max),
+                }
+            }
+            h0 += hn;
+        }
+        return;
     }
-    let mut max = f32::NEG_INFINITY;
-    for (j, o) in out.iter_mut().enumerate() {
-        *o = T::with_f32(&rows[j * n..(j + 1) * n], |row| dot_f32(isa, q, row)) * scale;
-        max = max.max(*o);
+    for j in 0..len {
+        T::with_f32(&rows[j * n..(j + 1) * n], |row| {
+            for (h, m) in max.iter_mut().enumerate() {
+                let o = dot_f32(isa, &q[h * n..(h + 1) * n], row) * scale;
+                out[h * stride + j] = o;
+                *m = m.max(o);
+            }
+        });
     }
-    max
 }
 
 /// y[i] += alpha * x[i] over the shorter length.
@@ -132,35 +174,73 @@ pub fn axpy(isa: Isa, alpha: f32, x: &[f32], y: &mut [f32]) {
     }
 }
 
-/// `y += sum_j w[j] * rows[j]`, where row j is `rows[j * n..(j + 1) * n]` (f16 widened to
-/// f32 exactly) and `n = y.len()` (attention's weighted sum of values): per element the same
-/// operations in the same order as `axpy(isa, w[j], row j, y)` for j = 0, 1, .., so the bits
-/// are those of that loop, with `y` held in registers across the rows instead of read and
-/// written per row.
-pub fn axpy_rows<T: KvElem>(isa: Isa, w: &[f32], rows: &[T], y: &mut [f32]) {
-    let n = y.len();
+/// Attention's weighted sums of values for `heads` query heads: with `n = y.len() / heads`
+/// and `len = rows.len() / n`, `y_h += sum_j w[h * stride + j] * rows[j]` for each head h
+/// (`y_h = y[h * n..(h + 1) * n]`, row j `rows[j * n..(j + 1) * n]`, f16 widened to f32
+/// exactly): per element the same operations in the same order as
+/// `axpy(isa, w[h * stride + j], row j, y_h)` for j = 0, 1, .., so the bits are those of that
+/// loop, with `y` held in registers across the rows instead of read and written per row. On
+/// AVX-512 each row is widened once for up to four heads.
+///
+/// # Panics
+/// Where `y` does not hold `heads` rows or `w` is too short, naming the op.
+pub fn axpy_rows<T: KvElem>(
+    isa: Isa,
+    w: &[f32],
+    stride: usize,
+    rows: &[T],
+    y: &mut [f32],
+    heads: usize,
+) {
+    if heads == 0 || y.is_empty() {
+        return;
+    }
+    let n = y.len() / heads;
     assert!(
-        rows.len() >= w.len() * n,
-        "axpy_rows: {} rows of {n} need {} values, found {}",
-        w.len(),
-        w.len() * n,
-        rows.len()
+        y.len() == heads * n,
+        "axpy_rows: {} output values are not {heads} heads",
+        y.len()
     );
+    let len = rows.len() / n;
+    assert!(
+        (heads == 1 || stride >= len) && w.len() >= (heads - 1) * stride + len,
+        "axpy_rows: {heads} heads of {len} weights at stride {stride} need more than {} values",
+        w.len()
+    );
+    let rows = &rows[..len * n];
     #[cfg(target_arch = "x86_64")]
     if isa >= Isa::Avx512 && n.is_multiple_of(16) {
-        // SAFETY: Isa::Avx512 and above imply runtime-detected avx512f and f16c; lengths
-        // checked.
-        unsafe { x86::axpy_rows512(w, rows, y) };
+        let mut h0 = 0;
+        while h0 < heads {
+            let hn = (heads - h0).min(4);
+            let (w, y) = (&w[h0 * stride..], &mut y[h0 * n..(h0 + hn) * n]);
+            // SAFETY: Isa::Avx512 and above imply runtime-detected avx512f and f16c; y holds
+            // hn heads of n, rows len rows of n, and w (checked above) hn runs of len
+            // weights at `stride`.
+            unsafe {
+                match hn {
+                    1 => x86::axpy_rows512::<T, 1>(w, stride, rows, y),
+                    2 => x86::axpy_rows512::<T, 2>(w, stride, rows, y),
+                    3 => x86::axpy_rows512::<T, 3>(w, stride, rows, y),
+                    _ => x86::axpy_rows512::<T, 4>(w, stride, rows, y),
+                }
+            }
+            h0 += hn;
+        }
         return;
     }
-    #[cfg(target_arch = "x86_64")]
-    if isa.avx2() {
-        // SAFETY: Isa::Avx2 implies runtime-detected avx2/fma/f16c; lengths checked above.
-        unsafe { x86::axpy_rows(w, rows, y) };
-        return;
-    }
-    for (j, &a) in w.iter().enumerate() {
-        T::with_f32(&rows[j * n..(j + 1) * n], |row| axpy(isa, a, row, y));
+    for (h, yh) in y.chunks_exact_mut(n).enumerate() {
+        let wh = &w[h * stride..h * stride + len];
+        #[cfg(target_arch = "x86_64")]
+        if isa.avx2() {
+            // SAFETY: Isa::Avx2 implies runtime-detected avx2/fma/f16c; rows holds len rows
+            // of n.
+            unsafe { x86::axpy_rows(wh, rows, yh) };
+            continue;
+        }
+        for (j, &a) in wh.iter().enumerate() {
+            T::with_f32(&rows[j * n..(j + 1) * n], |row| axpy(isa, a, row, yh));
+        }
     }
 }
 
@@ -313,84 +393,177 @@ mod x86 {
         }
     }
 
-    /// [`super::dot_rows`] on AVX-512: per row two chains of 512-bit FMAs, added, then one
-    /// reduction.
+    /// Lane k: the sum of `v[k]`'s sixteen lanes, pairing lanes (i, i + 8), then (i, i + 4),
+    /// (i, i + 2) and (i, i + 1): the same tree for every k.
     ///
     /// # Safety
-    /// avx512f must be available; `q.len()` is a multiple of 16 and `rows` holds
-    /// `out.len()` rows of it.
+    /// avx512f must be available.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn sum16(v: &[__m512; 16]) -> __m512 {
+        // Pairs of vectors: [a's 8 sums | b's 8 sums].
+        let mut t = [_mm512_setzero_ps(); 8];
+        for (i, t) in t.iter_mut().enumerate() {
+            let (a, b) = (v[2 * i], v[2 * i + 1]);
+            *t = _mm512_add_ps(
+                _mm512_shuffle_f32x4::<0x44>(a, b),
+                _mm512_shuffle_f32x4::<0xEE>(a, b),
+            );
+        }
+        // Four sums of one vector per 128-bit lane: u[i] holds v[4i..4i + 4]'s.
+        let mut u = [_mm512_setzero_ps(); 4];
+        for (i, u) in u.iter_mut().enumerate() {
+            let (a, b) = (t[2 * i], t[2 * i + 1]);
+            *u = _mm512_add_ps(
+                _mm512_shuffle_f32x4::<0x88>(a, b),
+                _mm512_shuffle_f32x4::<0xDD>(a, b),
+            );
+        }
+        // Lane L of w[0]: two sums each of v[L] and v[4 + L]; of w[1]: of v[8 + L], v[12 + L].
+        let mut w = [_mm512_setzero_ps(); 2];
+        for (i, w) in w.iter_mut().enumerate() {
+            let (a, b) = (_mm512_castps_pd(u[2 * i]), _mm512_castps_pd(u[2 * i + 1]));
+            *w = _mm512_add_ps(
+                _mm512_castpd_ps(_mm512_unpacklo_pd(a, b)),
+                _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)),
+            );
+        }
+        // Lane 4L + m: v[4m + L]'s sum; permuted to lane k: v[k]'s.
+        let r = _mm512_add_ps(
+            _mm512_shuffle_ps::<0x88>(w[0], w[1]),
+            _mm512_shuffle_ps::<0xDD>(w[0], w[1]),
+        );
+        let idx = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+        _mm512_permutexvar_ps(idx, r)
+    }
+
+    /// [`super::dot_rows`] on AVX-512 for `H` heads: per (head, key) two chains of 512-bit
+    /// FMAs over the columns, added; then sixteen keys' sums reduced at once ([`sum16`]).
+    ///
+    /// # Safety
+    /// avx512f and f16c must be available; `q` holds H heads of n (a multiple of 16),
+    /// `rows` whole keys of n, and `out` H runs of `rows.len() / n` at `stride`.
     #[target_feature(enable = "avx512f,avx2,fma,f16c")]
-    pub unsafe fn dot_rows512<T: KvElem>(
+    pub unsafe fn dot_rows512<T: KvElem, const H: usize>(
         q: &[f32],
         rows: &[T],
         scale: f32,
         out: &mut [f32],
-    ) -> f32 {
-        let n = q.len();
-        let mut max = f32::NEG_INFINITY;
-        for (j, o) in out.iter_mut().enumerate() {
-            // SAFETY: row j spans rows[j * n..(j + 1) * n] (caller's contract); every load
-            // reads [c, c + 16) with c + 16 <= n.
-            unsafe {
-                let r = rows.as_ptr().add(j * n);
-                let (mut s0, mut s1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
-                let mut c = 0;
-                while c + 32 <= n {
-                    s0 = _mm512_fmadd_ps(_mm512_loadu_ps(q.as_ptr().add(c)), ph16(r.add(c)), s0);
-                    s1 = _mm512_fmadd_ps(
-                        _mm512_loadu_ps(q.as_ptr().add(c + 16)),
-                        ph16(r.add(c + 16)),
-                        s1,
-                    );
-                    c += 32;
+        stride: usize,
+        max: &mut [f32],
+    ) {
+        let n = q.len() / H;
+        let len = rows.len() / n;
+        let zero = _mm512_setzero_ps();
+        let mut part = [[zero; 16]; H];
+        let mut j0 = 0;
+        while j0 < len {
+            let m = (len - j0).min(16);
+            for jj in 0..16 {
+                if jj >= m {
+                    part.iter_mut().for_each(|p| p[jj] = zero);
+                    continue;
                 }
-                if c < n {
-                    s0 = _mm512_fmadd_ps(_mm512_loadu_ps(q.as_ptr().add(c)), ph16(r.add(c)), s0);
-                }
-                *o = _mm512_reduce_add_ps(_mm512_add_ps(s0, s1)) * scale;
-            }
-            max = max.max(*o);
-        }
-        max
-    }
-
-    /// [`super::axpy_rows`] on AVX-512, 64 columns per pass: per element the same fused
-    /// multiply-adds in the same order as `axpy`, so the same bits.
-    ///
-    /// # Safety
-    /// avx512f must be available; `y.len()` is a multiple of 16 and `rows` holds
-    /// `w.len()` rows of it.
-    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
-    pub unsafe fn axpy_rows512<T: KvElem>(w: &[f32], rows: &[T], y: &mut [f32]) {
-        let n = y.len();
-        let (yp, rp) = (y.as_mut_ptr(), rows.as_ptr());
-        let mut c = 0;
-        // SAFETY: every access covers columns [c, c + width) with c + width <= n, of rows
-        // j < w.len() (caller's contract).
-        unsafe {
-            while c + 64 <= n {
-                let mut acc = [_mm512_setzero_ps(); 4];
-                for (k, a) in acc.iter_mut().enumerate() {
-                    *a = _mm512_loadu_ps(yp.add(c + 16 * k));
-                }
-                for (j, &wj) in w.iter().enumerate() {
-                    let va = _mm512_set1_ps(wj);
-                    let p = rp.add(j * n + c);
-                    for (k, a) in acc.iter_mut().enumerate() {
-                        *a = _mm512_fmadd_ps(va, ph16(p.add(16 * k)), *a);
+                // SAFETY: key j0 + jj < len spans rows[(j0 + jj) * n..][..n]; every load
+                // reads columns [c, c + 16) with c + 16 <= n of a key or a query head.
+                unsafe {
+                    let r = rows.as_ptr().add((j0 + jj) * n);
+                    let (mut s0, mut s1) = ([zero; H], [zero; H]);
+                    let mut c = 0;
+                    while c + 32 <= n {
+                        let (k0, k1) = (ph16(r.add(c)), ph16(r.add(c + 16)));
+                        for h in 0..H {
+                            let qh = q.as_ptr().add(h * n + c);
+                            s0[h] = _mm512_fmadd_ps(_mm512_loadu_ps(qh), k0, s0[h]);
+                            s1[h] = _mm512_fmadd_ps(_mm512_loadu_ps(qh.add(16)), k1, s1[h]);
+                        }
+                        c += 32;
+                    }
+                    if c < n {
+                        let k0 = ph16(r.add(c));
+                        for (h, s) in s0.iter_mut().enumerate() {
+                            let qh = q.as_ptr().add(h * n + c);
+                            *s = _mm512_fmadd_ps(_mm512_loadu_ps(qh), k0, *s);
+                        }
+                    }
+                    for ((p, a), b) in part.iter_mut().zip(s0).zip(s1) {
+                        p[jj] = _mm512_add_ps(a, b);
                     }
                 }
-                for (k, a) in acc.iter().enumerate() {
-                    _mm512_storeu_ps(yp.add(c + 16 * k), *a);
+            }
+            for (h, mx) in max.iter_mut().enumerate() {
+                // SAFETY: sum16 needs avx512f only.
+                let v = _mm512_mul_ps(unsafe { sum16(&part[h]) }, _mm512_set1_ps(scale));
+                let mut lanes = [0f32; 16];
+                // SAFETY: 16 floats.
+                unsafe { _mm512_storeu_ps(lanes.as_mut_ptr(), v) };
+                let o = &mut out[h * stride + j0..h * stride + j0 + m];
+                o.copy_from_slice(&lanes[..m]);
+                *mx = o.iter().fold(*mx, |a, &b| a.max(b));
+            }
+            j0 += 16;
+        }
+    }
+
+    /// [`super::axpy_rows`] on AVX-512 for `H` heads, 64 columns per pass: each row's
+    /// columns widened once, then per head and element the same fused multiply-adds in the
+    /// same order as `axpy`, so the same bits.
+    ///
+    /// # Safety
+    /// avx512f and f16c must be available; `y` holds H heads of n (a multiple of 16),
+    /// `rows` whole rows of n, and `w` H runs of `rows.len() / n` at `stride`.
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+    pub unsafe fn axpy_rows512<T: KvElem, const H: usize>(
+        w: &[f32],
+        stride: usize,
+        rows: &[T],
+        y: &mut [f32],
+    ) {
+        let n = y.len() / H;
+        let len = rows.len() / n;
+        let (yp, rp, wp) = (y.as_mut_ptr(), rows.as_ptr(), w.as_ptr());
+        let mut c = 0;
+        // SAFETY: every access covers columns [c, c + width) with c + width <= n of head
+        // h < H's output or of row j < len, and weights h * stride + j (caller's contract).
+        unsafe {
+            while c + 64 <= n {
+                let mut acc = [[_mm512_setzero_ps(); 4]; H];
+                for (h, a) in acc.iter_mut().enumerate() {
+                    for (k, a) in a.iter_mut().enumerate() {
+                        *a = _mm512_loadu_ps(yp.add(h * n + c + 16 * k));
+                    }
+                }
+                for j in 0..len {
+                    let p = rp.add(j * n + c);
+                    let x = [ph16(p), ph16(p.add(16)), ph16(p.add(32)), ph16(p.add(48))];
+                    for (h, a) in acc.iter_mut().enumerate() {
+                        let va = _mm512_set1_ps(*wp.add(h * stride + j));
+                        for (k, a) in a.iter_mut().enumerate() {
+                            *a = _mm512_fmadd_ps(va, x[k], *a);
+                        }
+                    }
+                }
+                for (h, a) in acc.iter().enumerate() {
+                    for (k, a) in a.iter().enumerate() {
+                        _mm512_storeu_ps(yp.add(h * n + c + 16 * k), *a);
+                    }
                 }
                 c += 64;
             }
             while c + 16 <= n {
-                let mut a = _mm512_loadu_ps(yp.add(c));
-                for (j, &wj) in w.iter().enumerate() {
-                    a = _mm512_fmadd_ps(_mm512_set1_ps(wj), ph16(rp.add(j * n + c)), a);
+                let mut acc = [_mm512_setzero_ps(); H];
+                for (h, a) in acc.iter_mut().enumerate() {
+                    *a = _mm512_loadu_ps(yp.add(h * n + c));
                 }
-                _mm512_storeu_ps(yp.add(c), a);
+                for j in 0..len {
+                    let x = ph16(rp.add(j * n + c));
+                    for (h, a) in acc.iter_mut().enumerate() {
+                        *a = _mm512_fmadd_ps(_mm512_set1_ps(*wp.add(h * stride + j)), x, *a);
+                    }
+                }
+                for (h, a) in acc.iter().enumerate() {
+                    _mm512_storeu_ps(yp.add(h * n + c), *a);
+                }
                 c += 16;
             }
         }
@@ -425,66 +598,107 @@ mod tests {
         }
     }
 
-    /// `dot_rows` stays within rounding of the scalar dot product per row (f32 keys, and f16
-    /// keys widened), on every instruction set, and returns the largest score.
+    /// `dot_rows` stays within rounding of the scalar dot product per (head, key) (f32 keys,
+    /// and f16 keys widened), on every instruction set, raises each head's max to its largest
+    /// score, and gives a score the same bits alone as in a longer run or beside other heads.
     #[test]
     fn dot_rows_match_scalar_dots() {
         for n in [8usize, 16, 48, 64, 65, 256] {
-            for rows in [0usize, 1, 5, 17] {
-                let q = rand_f32(n, 3 + n as u64);
-                let x: Vec<f16> = rand_f32(rows * n, 4 + rows as u64)
-                    .into_iter()
-                    .map(f16::from_f32)
-                    .collect();
-                let xf: Vec<f32> = x.iter().map(|v| v.to_f32()).collect();
-                for (isa, half) in Isa::available()
-                    .into_iter()
-                    .flat_map(|i| [(i, false), (i, true)])
-                {
-                    let mut out = vec![0f32; rows];
-                    let max = if half {
-                        dot_rows(isa, &q, &x, 0.125, &mut out)
-                    } else {
-                        dot_rows(isa, &q, &xf, 0.125, &mut out)
-                    };
-                    for (j, &o) in out.iter().enumerate() {
-                        let want = dot_f32_scalar(&q, &xf[j * n..(j + 1) * n]) * 0.125;
-                        assert!(
-                            (o - want).abs() <= 1e-5 * (1.0 + want.abs()),
-                            "{isa:?} n={n} row {j}: {o} vs {want}"
-                        );
+            for rows in [0usize, 1, 5, 17, 40] {
+                for heads in [1usize, 3, 4, 7] {
+                    let q = rand_f32(heads * n, 3 + n as u64);
+                    let x: Vec<f16> = rand_f32(rows * n, 4 + rows as u64)
+                        .into_iter()
+                        .map(f16::from_f32)
+                        .collect();
+                    let xf: Vec<f32> = x.iter().map(|v| v.to_f32()).collect();
+                    let stride = rows + 3;
+                    for (isa, half) in Isa::available()
+                        .into_iter()
+                        .flat_map(|i| [(i, false), (i, true)])
+                    {
+                        let run = |q: &[f32], from: usize, heads: usize| {
+                            let mut out = vec![f32::NAN; heads * stride];
+                            let mut max = vec![-1e30f32; heads];
+                            if half {
+                                dot_rows(isa, q, &x[from * n..], 0.125, &mut out, stride, &mut max);
+                            } else {
+                                dot_rows(
+                                    isa,
+                                    q,
+                                    &xf[from * n..],
+                                    0.125,
+                                    &mut out,
+                                    stride,
+                                    &mut max,
+                                );
+                            }
+                            (out, max)
+                        };
+                        let (out, max) = run(&q, 0, heads);
+                        let tag = format!("{isa:?} n={n} rows={rows} heads={heads} f16={half}");
+                        for h in 0..heads {
+                            let qh = &q[h * n..(h + 1) * n];
+                            for j in 0..rows {
+                                let o = out[h * stride + j];
+                                let want = dot_f32_scalar(qh, &xf[j * n..(j + 1) * n]) * 0.125;
+                                assert!(
+                                    (o - want).abs() <= 1e-5 * (1.0 + want.abs()),
+                                    "{tag} head {h} key {j}: {o} vs {want}"
+                                );
+                            }
+                            assert!(out[h * stride + rows..(h + 1) * stride]
+                                .iter()
+                                .all(|v| v.is_nan()));
+                            let run_max = out[h * stride..h * stride + rows]
+                                .iter()
+                                .fold(-1e30f32, |m, &o| m.max(o));
+                            assert_eq!(max[h], run_max, "{tag} head {h}");
+                            let (alone, _) = run(qh, rows.min(3), 1);
+                            for j in rows.min(3)..rows {
+                                assert_eq!(
+                                    alone[j - rows.min(3)].to_bits(),
+                                    out[h * stride + j].to_bits(),
+                                    "{tag} head {h} key {j} alone"
+                                );
+                            }
+                        }
                     }
-                    let want_max = out.iter().fold(f32::NEG_INFINITY, |m, &o| m.max(o));
-                    assert_eq!(max, want_max, "{isa:?} n={n} rows={rows}");
                 }
             }
         }
     }
 
-    /// `axpy_rows` gives the bits of the `axpy` loop it replaces (over f32 rows, and over f16
-    /// rows widened), on every instruction set.
+    /// `axpy_rows` gives the bits of the `axpy` loop it replaces per head (over f32 rows, and
+    /// over f16 rows widened), on every instruction set.
     #[test]
     fn axpy_rows_equals_axpy_loop_bit_for_bit() {
         for n in [1usize, 7, 8, 64, 65, 80, 136] {
             for rows in [0usize, 1, 5, 17] {
-                let x: Vec<f16> = rand_f32(rows * n, 5 + n as u64)
-                    .into_iter()
-                    .map(f16::from_f32)
-                    .collect();
-                let xf: Vec<f32> = x.iter().map(|v| v.to_f32()).collect();
-                let w = rand_f32(rows, 6 + rows as u64);
-                let y0 = rand_f32(n, 7);
-                for isa in Isa::available() {
-                    let mut want = y0.clone();
-                    for (j, &a) in w.iter().enumerate() {
-                        axpy(isa, a, &xf[j * n..(j + 1) * n], &mut want);
+                for heads in [1usize, 3, 4, 7] {
+                    let x: Vec<f16> = rand_f32(rows * n, 5 + n as u64)
+                        .into_iter()
+                        .map(f16::from_f32)
+                        .collect();
+                    let xf: Vec<f32> = x.iter().map(|v| v.to_f32()).collect();
+                    let stride = rows + 2;
+                    let w = rand_f32(heads * stride, 6 + rows as u64);
+                    let y0 = rand_f32(heads * n, 7);
+                    for isa in Isa::available() {
+                        let mut want = y0.clone();
+                        for (h, yh) in want.chunks_exact_mut(n).enumerate() {
+                            for j in 0..rows {
+                                axpy(isa, w[h * stride + j], &xf[j * n..(j + 1) * n], yh);
+                            }
+                        }
+                        let (mut got, mut got_f32) = (y0.clone(), y0.clone());
+                        axpy_rows(isa, &w, stride, &x, &mut got, heads);
+                        axpy_rows(isa, &w, stride, &xf, &mut got_f32, heads);
+                        let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                        let tag = format!("{isa:?} n={n} rows={rows} heads={heads}");
+                        assert_eq!(bits(&got), bits(&want), "{tag} f16");
+                        assert_eq!(bits(&got_f32), bits(&want), "{tag} f32");
                     }
-                    let (mut got, mut got_f32) = (y0.clone(), y0.clone());
-                    axpy_rows(isa, &w, &x, &mut got);
-                    axpy_rows(isa, &w, &xf, &mut got_f32);
-                    let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
-                    assert_eq!(bits(&got), bits(&want), "{isa:?} n={n} rows={rows} f16");
-                    assert_eq!(bits(&got_f32), bits(&want), "{isa:?} n={n} rows={rows} f32");
                 }
             }
         }

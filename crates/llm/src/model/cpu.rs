@@ -203,14 +203,8 @@ impl Kernels for CpuKernels<'_> {
         let m = self.m;
         let src: &[f32] = match norm {
             Some(n) => {
-                let w = self.norm_w(n);
-                rms_norm_rows(
-                    &self.bufs[idx(x)],
-                    &mut self.xb[..t * cols],
-                    w,
-                    cols,
-                    m.cfg.eps,
-                );
+                let (w, eps) = (self.norm_w(n), m.cfg.eps);
+                rms_norm_rows(&self.bufs[idx(x)], &mut self.xb[..t * cols], w, cols, eps);
                 &self.xb[..t * cols]
             }
             None => &self.bufs[idx(x)],
@@ -512,7 +506,6 @@ fn attention(
     let w = nh * hd;
     let work = |task: usize, sc: &mut [f32]| {
         let (s, g) = (&seqs[task / nkv], task % nkv);
-        let heads = g * group..(g + 1) * group;
         let table = &blocks[s.blocks.clone()];
         let mut max = vec![f32::NEG_INFINITY; group];
         for i in 0..s.n {
@@ -523,33 +516,30 @@ fn attention(
                 0
             };
             let len = p + 1 - lo;
+            // This task's query heads, side by side in the row.
+            let qg = &q[r * w + g * group * hd..r * w + (g + 1) * group * hd];
             max.fill(f32::NEG_INFINITY);
             let mut j = lo;
             while j <= p {
                 let (blk, slot0) = (table[j / bs], j % bs);
                 let end = (p + 1).min((j / bs + 1) * bs);
                 let keys = kv.keys(blk, il, g).slots(slot0..slot0 + end - j, hd);
-                for (k, h) in heads.clone().enumerate() {
-                    let qh = &q[r * w + h * hd..r * w + (h + 1) * hd];
-                    let sc = &mut sc[k * max_len + j - lo..k * max_len + end - lo];
-                    let m = match keys {
-                        KvRows::F16(keys) => dot_rows(isa, qh, keys, scale, sc),
-                        KvRows::F32(keys) => dot_rows(isa, qh, keys, scale, sc),
-                    };
-                    max[k] = max[k].max(m);
+                let sc = &mut sc[j - lo..];
+                match keys {
+                    KvRows::F16(keys) => dot_rows(isa, qg, keys, scale, sc, max_len, &mut max),
+                    KvRows::F32(keys) => dot_rows(isa, qg, keys, scale, sc, max_len, &mut max),
                 }
                 j = end;
             }
-            // SAFETY: this task alone writes heads `heads` of its sequence's rows; each
-            // slice lies inside `out` (rows x nh*hd).
-            let o = |h: usize| unsafe {
-                std::slice::from_raw_parts_mut(outp.get().add(r * w + h * hd), hd)
+            // SAFETY: this task alone writes heads `g * group..(g + 1) * group` of its
+            // sequence's rows; that slice lies inside `out` (rows x nh*hd).
+            let og = unsafe {
+                std::slice::from_raw_parts_mut(outp.get().add(r * w + g * group * hd), group * hd)
             };
-            for (k, h) in heads.clone().enumerate() {
+            og.fill(0.0);
+            for (k, &m) in max.iter().enumerate() {
                 let sc = &mut sc[k * max_len..k * max_len + len];
-                let sum = kernels::exp::exp_sub_sum(isa, sc, max[k]);
-                o(h).fill(0.0);
-                let inv = 1.0 / sum;
+                let inv = 1.0 / kernels::exp::exp_sub_sum(isa, sc, m);
                 for v in sc.iter_mut() {
                     *v *= inv;
                 }
@@ -559,12 +549,10 @@ fn attention(
                 let (blk, slot0) = (table[j / bs], j % bs);
                 let end = (p + 1).min((j / bs + 1) * bs);
                 let vals = kv.values(blk, il, g).slots(slot0..slot0 + end - j, hd);
-                for (k, h) in heads.clone().enumerate() {
-                    let sc = &sc[k * max_len + j - lo..k * max_len + end - lo];
-                    match vals {
-                        KvRows::F16(v) => axpy_rows(isa, sc, v, o(h)),
-                        KvRows::F32(v) => axpy_rows(isa, sc, v, o(h)),
-                    }
+                let sc = &sc[j - lo..];
+                match vals {
+                    KvRows::F16(v) => axpy_rows(isa, sc, max_len, v, og, group),
+                    KvRows::F32(v) => axpy_rows(isa, sc, max_len, v, og, group),
                 }
                 j = end;
             }
