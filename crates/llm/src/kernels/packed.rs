@@ -539,7 +539,7 @@ mod avx512 {
         for line in 0..unit.div_ceil(64) {
             let a = u.wrapping_add(AHEAD * unit + 64 * line);
             // A prefetch never faults.
-            _mm_prefetch::<_MM_HINT_T0>(a as *const i8);
+            _mm_prefetch::<_MM_HINT_T1>(a as *const i8);
         }
     }
 
