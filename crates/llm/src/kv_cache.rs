@@ -388,6 +388,14 @@ pub enum KvRows<'a> {
 }
 
 impl<'a> KvRows<'a> {
+    /// Asks for these rows in cache ahead of their use.
+    pub fn prefetch(self) {
+        match self {
+            KvRows::F16(x) => crate::kernels::float::prefetch(x),
+            KvRows::F32(x) => crate::kernels::float::prefetch(x),
+        }
+    }
+
     /// The rows of slots `slots` (each `head_dim` values).
     pub fn slots(self, slots: std::ops::Range<usize>, head_dim: usize) -> KvRows<'a> {
         let r = slots.start * head_dim..slots.end * head_dim;

@@ -159,6 +159,23 @@ pub fn dot_rows<T: KvElem>(
     }
 }
 
+/// Asks for `s` in L1 ahead of its use (a hint: attention's next KV block, whose address
+/// the hardware prefetchers cannot guess).
+#[inline]
+pub fn prefetch<T>(s: &[T]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        let p = s.as_ptr() as *const i8;
+        for off in (0..std::mem::size_of_val(s)).step_by(64) {
+            // SAFETY: prefetch never faults; the address lies inside `s`.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(p.add(off)) };
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = s;
+}
+
 /// y[i] += alpha * x[i] over the shorter length.
 pub fn axpy(isa: Isa, alpha: f32, x: &[f32], y: &mut [f32]) {
     let n = x.len().min(y.len());
@@ -497,9 +514,13 @@ mod x86 {
                 let mut lanes = [0f32; 16];
                 // SAFETY: 16 floats.
                 unsafe { _mm512_storeu_ps(lanes.as_mut_ptr(), v) };
-                let o = &mut out[h * stride + j0..h * stride + j0 + m];
-                o.copy_from_slice(&lanes[..m]);
-                *mx = o.iter().fold(*mx, |a, &b| a.max(b));
+                out[h * stride + j0..h * stride + j0 + m].copy_from_slice(&lanes[..m]);
+                let keys = _mm512_mask_blend_ps(
+                    ((1u32 << m) - 1) as u16,
+                    _mm512_set1_ps(f32::NEG_INFINITY),
+                    v,
+                );
+                *mx = mx.max(_mm512_reduce_max_ps(keys));
             }
             j0 += 16;
         }

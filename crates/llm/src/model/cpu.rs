@@ -524,6 +524,11 @@ fn attention(
                 let (blk, slot0) = (table[j / bs], j % bs);
                 let end = (p + 1).min((j / bs + 1) * bs);
                 let keys = kv.keys(blk, il, g).slots(slot0..slot0 + end - j, hd);
+                if end <= p {
+                    kv.keys(table[end / bs], il, g).prefetch();
+                } else {
+                    kv.values(table[lo / bs], il, g).prefetch();
+                }
                 let sc = &mut sc[j - lo..];
                 match keys {
                     KvRows::F16(keys) => dot_rows(isa, qg, keys, scale, sc, max_len, &mut max),
@@ -549,6 +554,9 @@ fn attention(
                 let (blk, slot0) = (table[j / bs], j % bs);
                 let end = (p + 1).min((j / bs + 1) * bs);
                 let vals = kv.values(blk, il, g).slots(slot0..slot0 + end - j, hd);
+                if end <= p {
+                    kv.values(table[end / bs], il, g).prefetch();
+                }
                 let sc = &sc[j - lo..];
                 match vals {
                     KvRows::F16(v) => axpy_rows(isa, sc, max_len, v, og, group),
