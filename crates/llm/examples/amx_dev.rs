@@ -1,6 +1,7 @@
 //! Times one packed Q4_1 product (1536 x 576, SmolLM2's gate) with 8 q8x2 activation rows:
 //! the AVX-512 kernels (two passes of four rows) against the AMX tiles (one pass of eight),
-//! on one thread. `cargo run --release -p ferrite-llm --example amx_dev`
+//! on one thread. `cargo run --release -p ferrite-llm --example amx_dev`; `AMX_DEV_ROWS=98304`
+//! makes the matrix 35 MB, larger than L2, to time the product streaming from L3.
 use std::time::Instant;
 
 use ferrite_gguf::GgmlType;
@@ -9,7 +10,12 @@ use ferrite_llm::kernels::q8::{quantize_q8x2, BlockQ8};
 use ferrite_llm::kernels::Isa;
 
 fn main() {
-    let (rows, cols) = (1536usize, 576usize);
+    let rows: usize = std::env::var("AMX_DEV_ROWS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|r: &usize| r % 16 == 0 && *r > 0)
+        .unwrap_or(1536);
+    let cols = 576usize;
     let nb = cols / 32;
     let mut seed = 1u64;
     let mut rnd = || {
@@ -46,7 +52,7 @@ fn main() {
             .collect()
     };
     let (sums, sums_lo) = (sums_of(&hi), sums_of(&lo));
-    let iters = 2000;
+    let iters = (2000 * 1536 / rows).max(1);
     let units_total = (rows / 16 * nb * iters) as f64;
     let mut sink = 0f32;
     let t = Instant::now();
