@@ -13,7 +13,7 @@ fn main() {
     let rows: usize = std::env::var("AMX_DEV_ROWS")
         .ok()
         .and_then(|v| v.parse().ok())
-        .filter(|r: &usize| r % 16 == 0 && *r > 0)
+        .filter(|r: &usize| r.is_multiple_of(16) && *r > 0)
         .unwrap_or(1536);
     let cols = 576usize;
     let nb = cols / 32;
