@@ -24,16 +24,44 @@ fn main() {
             .wrapping_add(1442695040888963407);
         (seed >> 33) as u32
     };
-    let mut data = vec![0u8; rows * nb * 20];
-    for b in data.chunks_exact_mut(20) {
+    // AMX_DEV_Q8_0=1: a Q8_0 matrix (the output matrix's type) instead of Q4_1.
+    let ty = match std::env::var("AMX_DEV_Q8_0").as_deref() {
+        Ok("1") => GgmlType::Q8_0,
+        _ => GgmlType::Q4_1,
+    };
+    let block = if ty == GgmlType::Q8_0 { 34 } else { 20 };
+    let mut data = vec![0u8; rows * nb * block];
+    for b in data.chunks_exact_mut(block) {
         b[0..2].copy_from_slice(&half::f16::from_f32(0.01).to_le_bytes());
-        b[2..4].copy_from_slice(&half::f16::from_f32(-0.05).to_le_bytes());
-        for x in &mut b[4..] {
+        let q0 = if ty == GgmlType::Q8_0 {
+            2
+        } else {
+            b[2..4].copy_from_slice(&half::f16::from_f32(-0.05).to_le_bytes());
+            4
+        };
+        for x in &mut b[q0..] {
             *x = rnd() as u8;
         }
     }
-    let p = packed::pack(GgmlType::Q4_1, rows, cols, &data).unwrap();
-    let unit = packed::unit_bytes(GgmlType::Q4_1).unwrap() * nb;
+    let p0 = packed::pack(ty, rows, cols, &data).unwrap();
+    // AMX_DEV_HUGE=1: the packed matrix in transparent huge pages (madvise before first touch).
+    let p: Vec<u8> = if std::env::var("AMX_DEV_HUGE").as_deref() == Ok("1") {
+        let mut v: Vec<u8> = Vec::with_capacity(p0.len() + (2 << 20));
+        let base = v.as_mut_ptr() as usize;
+        let start = base.next_multiple_of(2 << 20);
+        unsafe {
+            libc::madvise(
+                start as *mut libc::c_void,
+                (base + v.capacity() - start) & !((2 << 20) - 1),
+                libc::MADV_HUGEPAGE,
+            );
+        }
+        v.extend_from_slice(&p0);
+        v
+    } else {
+        p0
+    };
+    let unit = packed::unit_bytes(ty).unwrap() * nb;
     let mut hi = vec![vec![BlockQ8::default(); nb]; 8];
     let mut lo = hi.clone();
     for k in 0..8 {
@@ -64,8 +92,7 @@ fn main() {
                 let l: [&[BlockQ8]; 4] = std::array::from_fn(|k| &lo[k0 + k][..]);
                 let s: [&[i32]; 4] = std::array::from_fn(|k| &sums[k0 + k][..]);
                 let sl: [&[i32]; 4] = std::array::from_fn(|k| &sums_lo[k0 + k][..]);
-                sink += packed::group::<4>(Isa::Avx512, GgmlType::Q4_1, u, h, Some(l), s, Some(sl))
-                    [0][0];
+                sink += packed::group::<4>(Isa::Avx512, ty, u, h, Some(l), s, Some(sl))[0][0];
             }
         }
     }
@@ -81,7 +108,7 @@ fn main() {
     for _ in 0..iters {
         for g in 0..rows / 16 {
             let u = &p[g * unit..][..unit];
-            sink += packed::group_amx(&tiles, GgmlType::Q4_1, u, &a)[0][0];
+            sink += packed::group_amx(&tiles, ty, u, &a)[0][0];
         }
     }
     let amx = t.elapsed().as_secs_f64();

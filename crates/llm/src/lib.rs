@@ -6,6 +6,7 @@
 //! (`GpuSession`), still a model of its own and the default on CUDA until the engine is
 //! measured against it.
 
+mod arena;
 pub mod chat;
 pub mod engine;
 pub mod env;

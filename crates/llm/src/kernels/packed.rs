@@ -51,14 +51,31 @@ pub fn unit_bytes(ty: GgmlType) -> Option<usize> {
 /// (`data`, `rows * cols / 32` blocks); `None` where `ty` has no packed form or the matrix
 /// has fewer than 16 rows.
 pub fn pack(ty: GgmlType, rows: usize, cols: usize, data: &[u8]) -> Option<Vec<u8>> {
-    let unit = unit_bytes(ty)?;
+    let mut out = vec![0u8; packed_len(ty, rows, cols)?];
+    pack_into(ty, rows, cols, data, &mut out).then_some(out)
+}
+
+/// The bytes of [`pack`]'s result; `None` where there is none.
+pub fn packed_len(ty: GgmlType, rows: usize, cols: usize) -> Option<usize> {
+    let groups = rows / ROWS;
+    (groups > 0)
+        .then(|| groups * (cols / 32) * unit_bytes(ty).unwrap_or(0))
+        .filter(|&n| n > 0)
+}
+
+/// [`pack`] into `out` (every byte written); false, `out` untouched, where there is no packed
+/// form or `out` or `data` is not of the length of the matrix's.
+pub fn pack_into(ty: GgmlType, rows: usize, cols: usize, data: &[u8], out: &mut [u8]) -> bool {
+    let (Some(unit), Some(len)) = (unit_bytes(ty), packed_len(ty, rows, cols)) else {
+        return false;
+    };
     let groups = rows / ROWS;
     let nb = cols / 32;
     let bb = unit / ROWS;
-    if groups == 0 || data.len() < rows * nb * bb {
-        return None;
+    if data.len() < rows * nb * bb || out.len() != len {
+        return false;
     }
-    let mut out = vec![0u8; groups * nb * unit];
+    out.fill(0);
     for g in 0..groups {
         for b in 0..nb {
             let u = &mut out[(g * nb + b) * unit..][..unit];
@@ -102,7 +119,7 @@ pub fn pack(ty: GgmlType, rows: usize, cols: usize, data: &[u8]) -> Option<Vec<u
             }
         }
     }
-    Some(out)
+    true
 }
 
 /// One group's products with `K` activation rows: `out[k][n] = dot(row 16g + n, hi[k] +

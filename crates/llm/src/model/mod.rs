@@ -19,6 +19,7 @@ pub use wgpu::{WgpuKernels, WgpuKvStore, WgpuModel, WgpuSession};
 
 use ferrite_gguf::{GgmlType, GgufFile, TensorInfo};
 
+use crate::arena::Arena;
 use crate::error::{Error, Result};
 use crate::kernels::{self, ActFormat, Isa, QMat};
 use crate::kv_cache::{CpuKvStore, PagedKv, BLOCK_SIZE};
@@ -34,14 +35,24 @@ struct Weight {
 }
 
 /// A weight's packed copy: empty until the CPU first multiplies by it, then the packed
-/// bytes, or `None` where the weight has no packed form or the CPU cannot use one.
+/// bytes (in the model's [`Arena`]), or `None` where the weight has no packed form or the CPU
+/// cannot use one.
 #[derive(Clone, Default)]
-struct Packed(std::sync::OnceLock<Option<Box<[u8]>>>);
+struct Packed(std::sync::OnceLock<Option<ArenaBytes>>);
+
+/// Bytes in a model's arena: valid, and never written again, as long as the model lives.
+#[derive(Clone, Copy)]
+struct ArenaBytes(*const u8, usize);
+// SAFETY: read-only bytes owned by the model's arena, which outlives every use (through
+// `Model::product_mat`, borrowing the model).
+unsafe impl Send for ArenaBytes {}
+// SAFETY: as above.
+unsafe impl Sync for ArenaBytes {}
 
 impl std::fmt::Debug for Packed {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self.0.get() {
-            Some(Some(p)) => write!(f, "Packed({} bytes)", p.len()),
+            Some(Some(p)) => write!(f, "Packed({} bytes)", p.1),
             Some(None) => f.write_str("Packed(none)"),
             None => f.write_str("Packed(not yet)"),
         }
@@ -82,6 +93,8 @@ pub struct Model {
     /// Activation format of each product, derived from `precision` (or set directly).
     plan: PrecisionPlan,
     precision_explicit: bool,
+    /// The packed weight copies (huge pages where the OS offers them).
+    arena: Arena,
 }
 
 /// The quantized products of one layer, in graph order (index into a [`PrecisionPlan`] row).
@@ -263,6 +276,7 @@ impl Model {
             precision: Precision::Q8x2,
             plan: PrecisionPlan::uniform(0, ActFormat::Q8),
             precision_explicit: std::env::var_os("FERRITE_PRECISION").is_some(),
+            arena: Arena::default(),
         };
         m.precision = Model::default_precision()?;
         m.plan = m.precision.plan(&m.cfg);
@@ -348,19 +362,27 @@ impl Model {
     fn product_mat<'s>(&'s self, w: &'s Weight) -> QMat<'s> {
         let q = self.mat(w);
         let packed = w.packed.0.get_or_init(|| {
-            let p = (self.isa >= Isa::Avx512)
-                .then(|| kernels::packed::pack(q.ty, q.rows, q.cols, q.data))
-                .flatten()?;
+            if self.isa < Isa::Avx512 {
+                return None;
+            }
+            let out = self
+                .arena
+                .alloc(kernels::packed::packed_len(q.ty, q.rows, q.cols)?)?;
+            if !kernels::packed::pack_into(q.ty, q.rows, q.cols, q.data, out) {
+                return None;
+            }
             // Every row is in the copy: the file's pages of this weight are not read again
             // by the products (the f32 path of `exact` and embedding lookups fault back in
             // what they read).
             if q.rows.is_multiple_of(kernels::packed::ROWS) {
                 self.file.release(&w.info);
             }
-            Some(p.into_boxed_slice())
+            Some(ArenaBytes(out.as_ptr(), out.len()))
         });
         match packed {
-            Some(p) => q.with_packed(p),
+            // SAFETY: the bytes live in `self.arena`, borrowed for 's with `self`, and were
+            // written once, above, before being shared.
+            Some(p) => q.with_packed(unsafe { std::slice::from_raw_parts(p.0, p.1) }),
             None => q,
         }
     }
