@@ -159,17 +159,18 @@ pub fn dot_rows<T: KvElem>(
     }
 }
 
-/// Asks for `s` in L1 ahead of its use (a hint: attention's next KV block, whose address
-/// the hardware prefetchers cannot guess).
+/// Asks for `s` in L2 ahead of its use (a hint: attention's next KV block, whose address
+/// the hardware prefetchers cannot guess). L2 rather than L1: T0 prefetches of whole blocks
+/// stalled on the fill buffers (batch 8 at 512-token contexts: 476 / 486 -> 505 / 540 tok/s).
 #[inline]
 pub fn prefetch<T>(s: &[T]) {
     #[cfg(target_arch = "x86_64")]
     {
-        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T1};
         let p = s.as_ptr() as *const i8;
         for off in (0..std::mem::size_of_val(s)).step_by(64) {
             // SAFETY: prefetch never faults; the address lies inside `s`.
-            unsafe { _mm_prefetch::<_MM_HINT_T0>(p.add(off)) };
+            unsafe { _mm_prefetch::<_MM_HINT_T1>(p.add(off)) };
         }
     }
     #[cfg(not(target_arch = "x86_64"))]
