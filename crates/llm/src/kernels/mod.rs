@@ -414,17 +414,16 @@ pub struct Acts {
     sums_lo: Vec<i32>,
     f32: Vec<f32>,
     has: [bool; 3],
-    /// With two or more rows on an AMX host: the q8 rows laid out for
-    /// [`packed::group_amx`], eight rows per entry (the first `t.div_ceil(8)` are current).
-    amx: Vec<packed::AmxActs>,
-    amx_ready: bool,
 }
 
 /// The sum of each block's `qs`.
-fn block_sums(blocks: &[BlockQ8], out: &mut [i32]) {
-    for (o, b) in out.iter_mut().zip(blocks) {
-        *o = b.qs.iter().map(|&q| q as i32).sum::<i32>();
-    }
+fn block_sums(blocks: &[BlockQ8], out: &mut Vec<i32>) {
+    out.clear();
+    out.extend(
+        blocks
+            .iter()
+            .map(|b| b.qs.iter().map(|&q| q as i32).sum::<i32>()),
+    );
 }
 
 impl Acts {
@@ -434,48 +433,43 @@ impl Acts {
         self.t = t;
         self.cols = cols;
         self.has = [false; 3];
-        self.amx_ready = false;
-        if formats.contains(&ActFormat::F32) {
-            self.f32.clear();
-            self.f32.extend_from_slice(x);
-            self.has[ActFormat::F32 as usize] = true;
+        for &f in formats {
+            let i = f as usize;
+            if self.has[i] {
+                continue;
+            }
+            match f {
+                ActFormat::Q8 => {
+                    assert_eq!(
+                        cols % 32,
+                        0,
+                        "Acts::quantize: cols {cols} not a multiple of 32"
+                    );
+                    self.q8.resize(t * cols / 32, BlockQ8::default());
+                    q8::quantize_q8(x, &mut self.q8);
+                    block_sums(&self.q8, &mut self.sums);
+                }
+                ActFormat::Q8x2 => {
+                    assert_eq!(
+                        cols % 32,
+                        0,
+                        "Acts::quantize: cols {cols} not a multiple of 32"
+                    );
+                    self.q8.resize(t * cols / 32, BlockQ8::default());
+                    self.q8_lo.resize(t * cols / 32, BlockQ8::default());
+                    q8::quantize_q8x2(x, &mut self.q8, &mut self.q8_lo);
+                    block_sums(&self.q8, &mut self.sums);
+                    block_sums(&self.q8_lo, &mut self.sums_lo);
+                    // The hi half is plain Q8 of x.
+                    self.has[ActFormat::Q8 as usize] = true;
+                }
+                ActFormat::F32 => {
+                    self.f32.clear();
+                    self.f32.extend_from_slice(x);
+                }
+            }
+            self.has[i] = true;
         }
-        // The hi half of q8x2 is plain Q8 of x.
-        let x2 = formats.contains(&ActFormat::Q8x2);
-        if !x2 && !formats.contains(&ActFormat::Q8) {
-            return;
-        }
-        assert_eq!(
-            cols % 32,
-            0,
-            "Acts::quantize: cols {cols} not a multiple of 32"
-        );
-        let nb = cols / 32;
-        let n_lo = if x2 { t * nb } else { 0 };
-        self.q8.resize(t * nb, BlockQ8::default());
-        self.sums.resize(t * nb, 0);
-        self.q8_lo.resize(n_lo, BlockQ8::default());
-        self.sums_lo.resize(n_lo, 0);
-        let (hi, sums) = (&mut self.q8[..t * nb], &mut self.sums[..t * nb]);
-        if x2 {
-            q8::quantize_q8x2(x, hi, &mut self.q8_lo);
-            block_sums(&self.q8_lo, &mut self.sums_lo);
-        } else {
-            q8::quantize_q8(x, hi);
-        }
-        block_sums(hi, sums);
-        self.has[ActFormat::Q8 as usize] = true;
-        self.has[ActFormat::Q8x2 as usize] = x2;
-        if t >= 2 && Isa::cached() >= Isa::Amx {
-            let mut amx = std::mem::take(&mut self.amx);
-            amx_layout(self, &mut amx);
-            self.amx = amx;
-            self.amx_ready = true;
-        }
-    }
-
-    fn has_q8(&self) -> bool {
-        self.has[ActFormat::Q8 as usize]
     }
 
     pub fn t(&self) -> usize {
@@ -553,16 +547,10 @@ pub fn matmul(isa: Isa, acts: &Acts, ops: &mut [MatOut<'_, '_>]) {
     let ws: Vec<QMat<'_>> = ops.iter().map(|o| o.w).collect();
     // Two or more activation rows on AMX: their A tiles, eight rows each, laid out once for
     // every task (`packed::group_amx`).
-    let mut built = Vec::new();
-    let amx: &[packed::AmxActs] = if isa >= Isa::Amx && t >= 2 && any_packed && acts.has_q8() {
-        if acts.amx_ready {
-            &acts.amx[..t.div_ceil(packed::AMX_ROWS)]
-        } else {
-            amx_layout(acts, &mut built);
-            &built
-        }
+    let amx: Vec<packed::AmxActs> = if isa >= Isa::Amx && t >= 2 && any_packed {
+        amx_acts(acts)
     } else {
-        &[]
+        Vec::new()
     };
     let run = |&(k, r0, r1): &(usize, usize, usize)| {
         let w = &ws[k];
@@ -589,7 +577,7 @@ pub fn matmul(isa: Isa, acts: &Acts, ops: &mut [MatOut<'_, '_>]) {
         if let (Some(p), true) = (w.packed, isa >= Isa::Avx512) {
             let end = r1.min(w.rows / packed::ROWS * packed::ROWS);
             if r0 < end {
-                groups(isa, w, p, acts, amx, x2, r0, end, out);
+                groups(isa, w, p, acts, &amx, x2, r0, end, out);
                 r0 = end;
             }
         }
@@ -620,41 +608,43 @@ pub fn matmul(isa: Isa, acts: &Acts, ops: &mut [MatOut<'_, '_>]) {
 }
 
 /// The activation rows of `acts` (q8, with q8x2's `lo` where it has them) laid out for
-/// [`packed::group_amx`], eight rows per entry of `out` (grown as needed; the first
-/// `acts.t.div_ceil(8)` entries are written).
-fn amx_layout(acts: &Acts, out: &mut Vec<packed::AmxActs>) {
+/// [`packed::group_amx`], eight rows per entry.
+fn amx_acts(acts: &Acts) -> Vec<packed::AmxActs> {
     let (t, nb) = (acts.t, acts.cols / 32);
     let x2 = acts.has[ActFormat::Q8x2 as usize];
-    let groups = t.div_ceil(packed::AMX_ROWS);
-    if out.len() < groups {
-        out.resize_with(groups, Default::default);
+    if !acts.has[ActFormat::Q8 as usize] {
+        return Vec::new();
     }
     fn rows<T>(v: &[T], r: std::ops::Range<usize>, nb: usize) -> Vec<&[T]> {
         r.map(|ti| &v[ti * nb..(ti + 1) * nb]).collect()
     }
-    for (g, a) in out[..groups].iter_mut().enumerate() {
-        let t0 = g * packed::AMX_ROWS;
-        let r = t0..(t0 + packed::AMX_ROWS).min(t);
-        let (lo, sl) = if x2 {
-            (
-                rows(&acts.q8_lo, r.clone(), nb),
-                rows(&acts.sums_lo, r.clone(), nb),
-            )
-        } else {
-            (Vec::new(), Vec::new())
-        };
-        a.fill(
-            &rows(&acts.q8, r.clone(), nb),
-            x2.then_some(&lo[..]),
-            &rows(&acts.sums, r, nb),
-            x2.then_some(&sl[..]),
-        );
-    }
+    (0..t)
+        .step_by(packed::AMX_ROWS)
+        .map(|t0| {
+            let r = t0..(t0 + packed::AMX_ROWS).min(t);
+            let mut a = packed::AmxActs::default();
+            let (lo, sl) = if x2 {
+                (
+                    rows(&acts.q8_lo, r.clone(), nb),
+                    rows(&acts.sums_lo, r.clone(), nb),
+                )
+            } else {
+                (Vec::new(), Vec::new())
+            };
+            a.fill(
+                &rows(&acts.q8, r.clone(), nb),
+                x2.then_some(&lo[..]),
+                &rows(&acts.sums, r, nb),
+                x2.then_some(&sl[..]),
+            );
+            a
+        })
+        .collect()
 }
 
 /// Rows `r0..r1` (whole groups: `r0` and `r1` multiples of 16) of a product whose weight
 /// is packed (`p`, [`packed`]), for all activation rows: eight at a time on AMX tiles
-/// where `amx` holds them laid out ([`amx_layout`]), else four at a time.
+/// where `amx` holds them laid out ([`amx_acts`]), else four at a time.
 #[allow(clippy::too_many_arguments)]
 fn groups(
     isa: Isa,

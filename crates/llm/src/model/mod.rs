@@ -626,31 +626,10 @@ impl Model {
     }
 }
 
-/// The sum of the squares of `x`: sixteen running sums (element i into sum i % 16, so the
-/// compiler keeps them in vector registers), added pairwise at the end, then the tail.
-fn sum_squares(x: &[f32]) -> f32 {
-    let mut s = [0f32; 16];
-    let c = x.chunks_exact(16);
-    let tail: f32 = c.remainder().iter().map(|v| v * v).sum();
-    for xs in c {
-        for (a, v) in s.iter_mut().zip(xs) {
-            *a += v * v;
-        }
-    }
-    let mut w = 16;
-    while w > 1 {
-        w /= 2;
-        for i in 0..w {
-            s[i] += s[i + w];
-        }
-    }
-    s[0] + tail
-}
-
 /// `y[r] = x[r] / rms(x[r]) * w` for each row of `n` values.
 pub fn rms_norm_rows(x: &[f32], y: &mut [f32], w: &[f32], n: usize, eps: f32) {
     for (xr, yr) in x.chunks_exact(n).zip(y.chunks_exact_mut(n)) {
-        let ss = sum_squares(xr) / n as f32;
+        let ss: f32 = xr.iter().map(|v| v * v).sum::<f32>() / n as f32;
         let inv = 1.0 / (ss + eps).sqrt();
         for ((o, &v), &g) in yr.iter_mut().zip(xr).zip(w) {
             *o = v * inv * g;
@@ -661,7 +640,7 @@ pub fn rms_norm_rows(x: &[f32], y: &mut [f32], w: &[f32], n: usize, eps: f32) {
 /// RMS norm of each `n`-value piece of `x`, in place.
 pub fn rms_norm_in_place(x: &mut [f32], w: &[f32], n: usize, eps: f32) {
     for xr in x.chunks_exact_mut(n) {
-        let ss = sum_squares(xr) / n as f32;
+        let ss: f32 = xr.iter().map(|v| v * v).sum::<f32>() / n as f32;
         let inv = 1.0 / (ss + eps).sqrt();
         xr.iter_mut().zip(w).for_each(|(v, &g)| *v = *v * inv * g);
     }
