@@ -57,10 +57,8 @@ pub fn pack(ty: GgmlType, rows: usize, cols: usize, data: &[u8]) -> Option<Vec<u
 
 /// The bytes of [`pack`]'s result; `None` where there is none.
 pub fn packed_len(ty: GgmlType, rows: usize, cols: usize) -> Option<usize> {
-    let groups = rows / ROWS;
-    (groups > 0)
-        .then(|| groups * (cols / 32) * unit_bytes(ty).unwrap_or(0))
-        .filter(|&n| n > 0)
+    let n = rows / ROWS * (cols / 32) * unit_bytes(ty)?;
+    (n > 0).then_some(n)
 }
 
 /// [`pack`] into `out` (every byte written); false, `out` untouched, where there is no packed
@@ -75,7 +73,6 @@ pub fn pack_into(ty: GgmlType, rows: usize, cols: usize, data: &[u8], out: &mut 
     if data.len() < rows * nb * bb || out.len() != len {
         return false;
     }
-    out.fill(0);
     for g in 0..groups {
         for b in 0..nb {
             let u = &mut out[(g * nb + b) * unit..][..unit];

@@ -203,8 +203,14 @@ impl Kernels for CpuKernels<'_> {
         let m = self.m;
         let src: &[f32] = match norm {
             Some(n) => {
-                let (w, eps) = (self.norm_w(n), m.cfg.eps);
-                rms_norm_rows(&self.bufs[idx(x)], &mut self.xb[..t * cols], w, cols, eps);
+                let w = self.norm_w(n);
+                rms_norm_rows(
+                    &self.bufs[idx(x)],
+                    &mut self.xb[..t * cols],
+                    w,
+                    cols,
+                    m.cfg.eps,
+                );
                 &self.xb[..t * cols]
             }
             None => &self.bufs[idx(x)],
