@@ -414,6 +414,9 @@ pub struct Acts {
     sums_lo: Vec<i32>,
     f32: Vec<f32>,
     has: [bool; 3],
+    /// The AMX layout's buffers ([`amx_acts`]), reused by every product that needs them
+    /// (one at a time), so none allocates or zeroes its own.
+    amx: std::sync::Mutex<Vec<packed::AmxActs>>,
 }
 
 /// The sum of each block's `qs`.
@@ -547,10 +550,11 @@ pub fn matmul(isa: Isa, acts: &Acts, ops: &mut [MatOut<'_, '_>]) {
     let ws: Vec<QMat<'_>> = ops.iter().map(|o| o.w).collect();
     // Two or more activation rows on AMX: their A tiles, eight rows each, laid out once for
     // every task (`packed::group_amx`).
-    let amx: Vec<packed::AmxActs> = if isa >= Isa::Amx && t >= 2 && any_packed {
-        amx_acts(acts)
+    let mut amx_bufs = acts.amx.lock().unwrap_or_else(|e| e.into_inner());
+    let amx: &[packed::AmxActs] = if isa >= Isa::Amx && t >= 2 && any_packed {
+        amx_acts(acts, &mut amx_bufs)
     } else {
-        Vec::new()
+        &[]
     };
     let run = |&(k, r0, r1): &(usize, usize, usize)| {
         let w = &ws[k];
@@ -577,7 +581,7 @@ pub fn matmul(isa: Isa, acts: &Acts, ops: &mut [MatOut<'_, '_>]) {
         if let (Some(p), true) = (w.packed, isa >= Isa::Avx512) {
             let end = r1.min(w.rows / packed::ROWS * packed::ROWS);
             if r0 < end {
-                groups(isa, w, p, acts, &amx, x2, r0, end, out);
+                groups(isa, w, p, acts, amx, x2, r0, end, out);
                 r0 = end;
             }
         }
@@ -608,38 +612,38 @@ pub fn matmul(isa: Isa, acts: &Acts, ops: &mut [MatOut<'_, '_>]) {
 }
 
 /// The activation rows of `acts` (q8, with q8x2's `lo` where it has them) laid out for
-/// [`packed::group_amx`], eight rows per entry.
-fn amx_acts(acts: &Acts) -> Vec<packed::AmxActs> {
+/// [`packed::group_amx`], eight rows per entry, in `bufs` (grown as needed).
+fn amx_acts<'b>(acts: &Acts, bufs: &'b mut Vec<packed::AmxActs>) -> &'b [packed::AmxActs] {
     let (t, nb) = (acts.t, acts.cols / 32);
     let x2 = acts.has[ActFormat::Q8x2 as usize];
     if !acts.has[ActFormat::Q8 as usize] {
-        return Vec::new();
+        return &[];
     }
     fn rows<T>(v: &[T], r: std::ops::Range<usize>, nb: usize) -> Vec<&[T]> {
         r.map(|ti| &v[ti * nb..(ti + 1) * nb]).collect()
     }
-    (0..t)
-        .step_by(packed::AMX_ROWS)
-        .map(|t0| {
-            let r = t0..(t0 + packed::AMX_ROWS).min(t);
-            let mut a = packed::AmxActs::default();
-            let (lo, sl) = if x2 {
-                (
-                    rows(&acts.q8_lo, r.clone(), nb),
-                    rows(&acts.sums_lo, r.clone(), nb),
-                )
-            } else {
-                (Vec::new(), Vec::new())
-            };
-            a.fill(
-                &rows(&acts.q8, r.clone(), nb),
-                x2.then_some(&lo[..]),
-                &rows(&acts.sums, r, nb),
-                x2.then_some(&sl[..]),
-            );
-            a
-        })
-        .collect()
+    let groups = t.div_ceil(packed::AMX_ROWS);
+    if bufs.len() < groups {
+        bufs.resize_with(groups, Default::default);
+    }
+    for (g, a) in bufs[..groups].iter_mut().enumerate() {
+        let r = g * packed::AMX_ROWS..((g + 1) * packed::AMX_ROWS).min(t);
+        let (lo, sl) = if x2 {
+            (
+                rows(&acts.q8_lo, r.clone(), nb),
+                rows(&acts.sums_lo, r.clone(), nb),
+            )
+        } else {
+            (Vec::new(), Vec::new())
+        };
+        a.fill(
+            &rows(&acts.q8, r.clone(), nb),
+            x2.then_some(&lo[..]),
+            &rows(&acts.sums, r, nb),
+            x2.then_some(&sl[..]),
+        );
+    }
+    &bufs[..groups]
 }
 
 /// Rows `r0..r1` (whole groups: `r0` and `r1` multiples of 16) of a product whose weight
