@@ -68,14 +68,19 @@ if [ "$mode" = bench ] || [ "$mode" = all ]; then
   python3 scripts/gpu/torch_cross_entropy.py 2>&1 | tee -a "$out/torch.log"
   .device/bin/optim-bench 2>&1 | tee -a "$out/bench.log"
   python3 scripts/gpu/torch_optim_step.py 2>&1 | tee -a "$out/torch.log"
-  # char-GPT training steps/s (bf16 autocast and f32) beside torch_train.py's T3 lines.
-  .device/bin/char-gpt-bench 2>&1 | tee -a "$out/bench.log"
-  for ref in ../shared/reference/torch_train.py shared/reference/torch_train.py; do
-    if [ -f "$ref" ]; then python3 "$ref" 2>&1 | tee -a "$out/torch.log"; break; fi
+  # Training steps/s of the reference workloads (seed CNN, MLP, char-GPT, GPT-2 124M) beside
+  # torch_train.py and gpt2_train.py, from ../shared/reference or a copy in .device/reference.
+  .device/bin/train-bench seed-cnn mlp char-gpt gpt2 2>&1 | tee -a "$out/bench.log"
+  for dir in ../shared/reference shared/reference .device/reference; do
+    if [ -f "$dir/torch_train.py" ]; then
+      python3 "$dir/torch_train.py" 2>&1 | tee -a "$out/torch.log"
+      python3 "$dir/gpt2_train.py" 16 1024 20 2>&1 | tee -a "$out/torch.log"
+      break
+    fi
   done
 fi
 echo "== summary"
 grep -h "cuda tests:\|gpu tests:\|^failed:" "$out/tests.log" "$out/llm-tests.log" "$out/nn-tests.log" "$out/train-tests.log" "$out/serve-tests.log" 2>/dev/null
 grep -h "^|" "$out/bench.log" "$out/torch.log" 2>/dev/null
-grep -h "gpt_char" "$out/bench.log" "$out/torch.log" 2>/dev/null
+grep -h "\"workload\"\|^anchor gpt2" "$out/bench.log" "$out/torch.log" 2>/dev/null
 exit "$status"

@@ -727,9 +727,12 @@ __device__ __forceinline__ void mma_load_tile(T* dst, const T* base, i64 rs, i64
     }
 }
 
-template <typename T, int D>
+// With STATS (the tensor-core backward's first step) it writes no output but stats[3 row] as
+// attn_fwd_body<STATS> does: (max score in log2 units, sum of 2^(s - max), D = sum_c g[c] o[c]).
+template <typename T, int D, bool STATS>
 __device__ void attn_mma_body(const AttnDims& a, float sl2, const T* __restrict__ q, const T* __restrict__ k,
-                              const T* __restrict__ v, T* __restrict__ o) {
+                              const T* __restrict__ v, T* __restrict__ o, const T* __restrict__ g = nullptr,
+                              float* __restrict__ stats = nullptr) {
     constexpr int LD = D + 8, KS = D / 16, DT = D / 8;
     // Heads up to 128 keep the warp's Q fragments in registers for the whole key walk; wider
     // heads (256: acc alone takes 128 registers) read them from shared memory per key tile.
@@ -737,7 +740,7 @@ __device__ void attn_mma_body(const AttnDims& a, float sl2, const T* __restrict_
     T* Qs = (T*)at_smem;
     T* Ks = Qs + 64 * LD;       // [2][64][LD]
     T* Vs = Ks + 2 * 64 * LD;   // [2][64][LD]
-    const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, tq = lane & 3;
+    const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gr = lane >> 2, tq = lane & 3;
     const u32 nbh = a.b * a.hq;
     const u32 tiles = (a.lq + AT_BM - 1) / AT_BM;
     const u32 bh = blockIdx.x % nbh, tile = tiles - 1 - blockIdx.x / nbh;
@@ -757,8 +760,8 @@ __device__ void attn_mma_body(const AttnDims& a, float sl2, const T* __restrict_
     }
     cp_async_commit();
 
-    // This thread's rows (of its warp's 16): g and g + 8.
-    const u32 row0 = i0 + warp * 16 + g;
+    // This thread's rows (of its warp's 16): gr and gr + 8.
+    const u32 row0 = i0 + warp * 16 + gr;
     const i64 lim[2] = {visible_keys(a, row0) - 1, visible_keys(a, row0 + 8) - 1};
     float m[2] = {neg_inf<float>(), neg_inf<float>()}, l[2] = {0.f, 0.f};
     float acc[DT][4];
@@ -871,13 +874,335 @@ __device__ void attn_mma_body(const AttnDims& a, float sl2, const T* __restrict_
         lt += __shfl_xor_sync(0xffffffffu, lt, 1);
         lt += __shfl_xor_sync(0xffffffffu, lt, 2);
         const u32 i = row0 + rr * 8;
-        if (i >= a.lq) continue;
-        const float inv = lt > 0.f ? 1.f / lt : nan_of<float>();  // no visible unmasked key
-        T* orw = o + ((u64)bh * a.lq + i) * a.dv;
+        if constexpr (STATS) {
+            // D = sum_c g[c] o[c] over the quad's columns; rows with no visible key get D = 0.
+            const bool ok = i < a.lq;
+            const float inv = lt > 0.f ? 1.f / lt : 0.f;
+            const T* grw = g + bi * a.sg[0] + h * a.sg[1] + (ok ? i : 0) * a.sg[2];
+            float dsum = 0.f;
 #pragma unroll
-        for (int dt = 0; dt < DT; ++dt)
-            *(u32*)(orw + dt * 8 + tq * 2) = Mma<T>::pack(acc[dt][rr * 2] * inv, acc[dt][rr * 2 + 1] * inv);
+            for (int dt = 0; dt < DT; ++dt)
+#pragma unroll
+                for (int c = 0; c < 2; ++c)
+                    if (ok) dsum += Num<T>::load(grw[(dt * 8 + tq * 2 + c) * a.sg[3]]) * (acc[dt][rr * 2 + c] * inv);
+            dsum += __shfl_xor_sync(0xffffffffu, dsum, 1);
+            dsum += __shfl_xor_sync(0xffffffffu, dsum, 2);
+            if (ok && tq == 0) {
+                float* st = stats + 3 * ((u64)bh * a.lq + i);
+                st[0] = lt > 0.f ? m[rr] : 0.f;
+                st[1] = lt;
+                st[2] = dsum;
+            }
+        } else {
+            if (i >= a.lq) continue;
+            const float inv = lt > 0.f ? 1.f / lt : nan_of<float>();  // no visible unmasked key
+            T* orw = o + ((u64)bh * a.lq + i) * a.dv;
+#pragma unroll
+            for (int dt = 0; dt < DT; ++dt)
+                *(u32*)(orw + dt * 8 + tq * 2) = Mma<T>::pack(acc[dt][rr * 2] * inv, acc[dt][rr * 2 + 1] * inv);
+        }
     }
+}
+
+// ---- tensor-core backward (f16/bf16, d == dv in {64, 96, 128}) ----
+//
+// FlashAttention-2's backward on mma.sync m16n8k16, split in two kernels so that every output
+// row is written by one block (no atomics: the same bits on every run), after the statistics
+// pass (attn_mma_body<STATS>). Probabilities P and dS = P (dP - D) scale are rounded to T for
+// the products that read them; every sum is f32. Same input requirements, grid order and
+// shared-memory row padding as the tensor-core forward; blockDim 128 (4 warps x 16 rows).
+// Heads up to 64 keep a warp's fixed A fragments in registers; wider heads reread them from
+// shared memory (registers would spill).
+
+// A fragments (16 rows x 16 columns from row m0, column k0) of a [rows][LD] tile.
+template <typename T, int LD>
+__device__ __forceinline__ void frag_a(u32 (&r)[4], const T* base, u32 m0, u32 k0) {
+    const u32 lane = threadIdx.x & 31;
+    ldsm_x4(r, smem_addr(base + (m0 + (lane & 15)) * LD + k0 + (lane >> 4) * 8));
+}
+// B fragments of two n-tiles (n0 .. n0 + 15) x 16 k (from k0) of a tile stored [n][k]:
+// (r[0], r[1]) for n0 .. n0 + 7, (r[2], r[3]) for n0 + 8 .. n0 + 15.
+template <typename T, int LD>
+__device__ __forceinline__ void frag_b_nk(u32 (&r)[4], const T* base, u32 n0, u32 k0) {
+    const u32 lane = threadIdx.x & 31;
+    ldsm_x4(r, smem_addr(base + (n0 + ((lane >> 4) << 3) + (lane & 7)) * LD + k0 + ((lane >> 3) & 1) * 8));
+}
+// The same from a tile stored [k][n] (transposed by ldmatrix).
+template <typename T, int LD>
+__device__ __forceinline__ void frag_b_kn(u32 (&r)[4], const T* base, u32 k0, u32 n0) {
+    const u32 lane = threadIdx.x & 31;
+    ldsm_x4_t(r, smem_addr(base + (k0 + ((lane >> 3) & 1) * 8 + (lane & 7)) * LD + n0 + (lane >> 4) * 8));
+}
+// C (16 x 64) += A (16 x D, fragments af or rows m0.. of As) times the 64 rows of Bs ([n][k]).
+template <typename T, int D, bool REG>
+__device__ __forceinline__ void mma_rows64(float (&c)[8][4], const u32 (&af)[REG ? D / 16 : 1][4], const T* As,
+                                           u32 m0, const T* Bs) {
+    constexpr int LD = D + 8;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+        u32 a[4];
+        if (REG) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) a[e] = af[REG ? kk : 0][e];
+        } else {
+            frag_a<T, LD>(a, As, m0, kk * 16);
+        }
+#pragma unroll
+        for (int np = 0; np < 4; ++np) {
+            u32 b[4];
+            frag_b_nk<T, LD>(b, Bs, np * 16, kk * 16);
+            Mma<T>::mma(c[2 * np], a, b[0], b[1]);
+            Mma<T>::mma(c[2 * np + 1], a, b[2], b[3]);
+        }
+    }
+}
+// acc (16 x D) += P (16 x 64, C-fragment values in p) times Bs (64 rows [k][n], n < D).
+template <typename T, int D>
+__device__ __forceinline__ void mma_p_rows(float (&acc)[D / 8][4], const float (&p)[8][4], const T* Bs) {
+    constexpr int LD = D + 8;
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+        const u32 pa[4] = {Mma<T>::pack(p[2 * kk][0], p[2 * kk][1]), Mma<T>::pack(p[2 * kk][2], p[2 * kk][3]),
+                           Mma<T>::pack(p[2 * kk + 1][0], p[2 * kk + 1][1]),
+                           Mma<T>::pack(p[2 * kk + 1][2], p[2 * kk + 1][3])};
+#pragma unroll
+        for (int dp = 0; dp < D / 16; ++dp) {
+            u32 b[4];
+            frag_b_kn<T, LD>(b, Bs, kk * 16, dp * 16);
+            Mma<T>::mma(acc[2 * dp], pa, b[0], b[1]);
+            Mma<T>::mma(acc[2 * dp + 1], pa, b[2], b[3]);
+        }
+    }
+}
+// Writes a warp's 16 x D accumulator rows r0 + gr, r0 + gr + 8 (< rows) to out (row stride D).
+template <typename T, int D>
+__device__ __forceinline__ void mma_store_rows(T* out, const float (&acc)[D / 8][4], u32 r0, u32 rows) {
+    const u32 lane = threadIdx.x & 31, gr = lane >> 2, tq = lane & 3;
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+        const u32 r = r0 + gr + rr * 8;
+        if (r >= rows) continue;
+#pragma unroll
+        for (int dt = 0; dt < D / 8; ++dt)
+            *(u32*)(out + (u64)r * D + dt * 8 + tq * 2) = Mma<T>::pack(acc[dt][rr * 2], acc[dt][rr * 2 + 1]);
+    }
+}
+
+// dq, per 64 query rows of one (batch, head), for each visible key tile: S = Q K^T,
+// dP = G V^T, dS = P (dP - D) scale, dQ += dS K. Shared memory (T): Q, G [64][D + 8],
+// K and V [2][64][D + 8] (double-buffered by cp.async). Grid as the forward.
+template <typename T, int D>
+__device__ void attn_mma_bdq_body(const AttnDims& a, float sl2, float scale, const T* __restrict__ q,
+                                  const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ g,
+                                  const float* __restrict__ stats, T* __restrict__ dq) {
+    constexpr int LD = D + 8, KS = D / 16, DT = D / 8;
+    constexpr bool REG = D <= 64;
+    T* Qs = (T*)at_smem;
+    T* Gs = Qs + 64 * LD;
+    T* Ks = Gs + 64 * LD;      // [2][64][LD]
+    T* Vs = Ks + 2 * 64 * LD;  // [2][64][LD]
+    const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gr = lane >> 2, tq = lane & 3;
+    const u32 nbh = a.b * a.hq;
+    const u32 tiles = (a.lq + AT_BM - 1) / AT_BM;
+    const u32 bh = blockIdx.x % nbh, tile = tiles - 1 - blockIdx.x / nbh;
+    const u32 bi = bh / a.hq, h = bh % a.hq, kvh = h / (a.hq / a.hkv);
+    const u32 i0 = tile * AT_BM;
+    const T* kb = k + bi * a.sk[0] + kvh * a.sk[1];
+    const T* vb = v + bi * a.sv[0] + kvh * a.sv[1];
+
+    const u32 il = i0 + AT_BM - 1 < a.lq - 1 ? i0 + AT_BM - 1 : a.lq - 1;
+    const i64 ntiles = (visible_keys(a, il) + AT_BN - 1) / AT_BN;
+    mma_load_tile<T, D>(Qs, q + bi * a.sq[0] + h * a.sq[1], a.sq[2], i0, a.lq);
+    mma_load_tile<T, D>(Gs, g + bi * a.sg[0] + h * a.sg[1], a.sg[2], i0, a.lq);
+    cp_async_commit();
+    if (ntiles > 0) {
+        mma_load_tile<T, D>(Ks, kb, a.sk[2], 0, a.lk);
+        mma_load_tile<T, D>(Vs, vb, a.sv[2], 0, a.lk);
+    }
+    cp_async_commit();
+
+    const u32 row0 = i0 + warp * 16 + gr;
+    i64 lim[2];
+    float mx[2], inv[2], dd[2];
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+        const u32 i = row0 + rr * 8;
+        const bool ok = i < a.lq;
+        const float* st = stats + 3 * ((u64)bh * a.lq + (ok ? i : 0));
+        lim[rr] = ok ? visible_keys(a, i) - 1 : -1;
+        mx[rr] = ok ? st[0] : 0.f;
+        inv[rr] = ok && st[1] > 0.f ? 1.f / st[1] : 0.f;
+        dd[rr] = ok ? st[2] : 0.f;
+    }
+    float acc[DT][4];
+#pragma unroll
+    for (int dt = 0; dt < DT; ++dt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[dt][e] = 0.f;
+
+    cp_async_wait<1>();  // Q and G have landed
+    __syncthreads();
+    u32 qf[REG ? KS : 1][4], gf[REG ? KS : 1][4];
+    if (REG) {
+#pragma unroll
+        for (int kk = 0; kk < KS; ++kk) {
+            frag_a<T, LD>(qf[REG ? kk : 0], Qs, warp * 16, kk * 16);
+            frag_a<T, LD>(gf[REG ? kk : 0], Gs, warp * 16, kk * 16);
+        }
+    }
+
+    for (i64 t = 0; t < ntiles; ++t) {
+        const int buf = (int)(t & 1);
+        const T* Kc = Ks + buf * 64 * LD;
+        const T* Vc = Vs + buf * 64 * LD;
+        if (t + 1 < ntiles) {
+            mma_load_tile<T, D>(Ks + (buf ^ 1) * 64 * LD, kb, a.sk[2], (t + 1) * AT_BN, a.lk);
+            mma_load_tile<T, D>(Vs + (buf ^ 1) * 64 * LD, vb, a.sv[2], (t + 1) * AT_BN, a.lk);
+        }
+        cp_async_commit();
+        cp_async_wait<1>();  // tile t has landed
+        __syncthreads();
+
+        float s[8][4], dp[8][4];
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) s[nt][e] = dp[nt][e] = 0.f;
+        mma_rows64<T, D, REG>(s, qf, Qs, warp * 16, Kc);
+        mma_rows64<T, D, REG>(dp, gf, Gs, warp * 16, Vc);
+
+        const i64 j0 = t * AT_BN;
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+            for (int c = 0; c < 2; ++c) {
+                const i64 j = j0 + nt * 8 + tq * 2 + c;
+                const bool km = j < a.lk && key_masked(a, bi, j);
+#pragma unroll
+                for (int rr = 0; rr < 2; ++rr) {
+                    float& x = s[nt][rr * 2 + c];
+                    const float p = j <= lim[rr] && !km ? ex2(x * sl2 - mx[rr]) * inv[rr] : 0.f;
+                    x = p * (dp[nt][rr * 2 + c] - dd[rr]) * scale;
+                }
+            }
+        mma_p_rows<T, D>(acc, s, Kc);
+        __syncthreads();  // every warp is done with this buffer before it is refilled
+    }
+    mma_store_rows<T, D>(dq + (u64)bh * a.lq * D, acc, i0 + warp * 16, a.lq);
+}
+
+// dk and dv, per 64 key rows of one (batch, kv head), for each query head of its group and each
+// query tile that sees a key of the block: S^T = K Q^T, dP^T = V G^T, P^T from the query rows'
+// statistics, dS^T = P^T (dP^T - D) scale, dV += P^T G, dK += dS^T Q. Shared memory: K, V
+// [64][D + 8] (T), Q and G [2][64][D + 8] (T, double-buffered by cp.async), then the query
+// tiles' statistics [2][64][3] (f32: max, 1 / sum, D). Grid as attn_bdkv_body.
+template <typename T, int D>
+__device__ void attn_mma_bdkv_body(const AttnDims& a, float sl2, float scale, const T* __restrict__ q,
+                                   const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ g,
+                                   const float* __restrict__ stats, T* __restrict__ dk, T* __restrict__ dvo) {
+    constexpr int LD = D + 8, KS = D / 16, DT = D / 8;
+    constexpr bool REG = D <= 64;
+    T* Ks = (T*)at_smem;
+    T* Vs = Ks + 64 * LD;
+    T* Qs = Vs + 64 * LD;      // [2][64][LD]
+    T* Gs = Qs + 2 * 64 * LD;  // [2][64][LD]
+    float* St = (float*)(Gs + 2 * 64 * LD);  // [2][64][3]
+    const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gr = lane >> 2, tq = lane & 3;
+    const u32 nbkv = a.b * a.hkv, group = a.hq / a.hkv;
+    const u32 bkv = blockIdx.x % nbkv, j0 = (blockIdx.x / nbkv) * AT_BN;
+    const u32 bi = bkv / a.hkv, kvh = bkv % a.hkv;
+    mma_load_tile<T, D>(Ks, k + bi * a.sk[0] + kvh * a.sk[1], a.sk[2], j0, a.lk);
+    mma_load_tile<T, D>(Vs, v + bi * a.sv[0] + kvh * a.sv[1], a.sv[2], j0, a.lk);
+    cp_async_commit();
+    // First query that sees a key of this block (every query sees key 0).
+    i64 first = 0;
+    if (a.causal && j0 > 0) {
+        const i64 f = (i64)j0 + a.lq - a.lk;
+        first = f > 0 ? f : 0;
+    }
+    const u32 qt0 = (u32)(first / AT_BM), nqt = (a.lq + AT_BM - 1) / AT_BM - qt0;
+    const u32 items = group * nqt;  // (query head of the group, query tile), in that order
+    // Loads item `it`'s Q and G tiles (cp.async) and its statistics into buffer `buf`.
+    auto load_item = [&](u32 it, int buf) {
+        const u32 h = kvh * group + it / nqt, i0 = (qt0 + it % nqt) * AT_BM;
+        mma_load_tile<T, D>(Qs + buf * 64 * LD, q + bi * a.sq[0] + h * a.sq[1], a.sq[2], i0, a.lq);
+        mma_load_tile<T, D>(Gs + buf * 64 * LD, g + bi * a.sg[0] + h * a.sg[1], a.sg[2], i0, a.lq);
+        const u64 row0 = ((u64)bi * a.hq + h) * a.lq;
+        for (u32 r = threadIdx.x; r < 64; r += blockDim.x) {
+            const bool ok = i0 + r < a.lq;
+            const float* st = stats + 3 * (row0 + (ok ? i0 + r : 0));
+            float* o = St + (buf * 64 + r) * 3;
+            o[0] = ok ? st[0] : 0.f;
+            o[1] = ok && st[1] > 0.f ? 1.f / st[1] : 0.f;
+            o[2] = ok ? st[2] : 0.f;
+        }
+    };
+    if (items > 0) load_item(0, 0);
+    cp_async_commit();
+
+    const u32 key0 = j0 + warp * 16 + gr;  // this thread's keys: key0 and key0 + 8
+    bool km[2];
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) km[rr] = key0 + rr * 8 < a.lk && key_masked(a, bi, key0 + rr * 8);
+    float ak[DT][4], av[DT][4];
+#pragma unroll
+    for (int dt = 0; dt < DT; ++dt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) ak[dt][e] = av[dt][e] = 0.f;
+
+    cp_async_wait<1>();  // K and V have landed
+    __syncthreads();
+    u32 kf[REG ? KS : 1][4], vf[REG ? KS : 1][4];
+    if (REG) {
+#pragma unroll
+        for (int kk = 0; kk < KS; ++kk) {
+            frag_a<T, LD>(kf[REG ? kk : 0], Ks, warp * 16, kk * 16);
+            frag_a<T, LD>(vf[REG ? kk : 0], Vs, warp * 16, kk * 16);
+        }
+    }
+
+    for (u32 it = 0; it < items; ++it) {
+        const int buf = (int)(it & 1);
+        const T* Qc = Qs + buf * 64 * LD;
+        const T* Gc = Gs + buf * 64 * LD;
+        const float* Sc = St + buf * 64 * 3;
+        if (it + 1 < items) load_item(it + 1, buf ^ 1);
+        cp_async_commit();
+        cp_async_wait<1>();  // item it has landed
+        __syncthreads();
+        const u32 i0 = (qt0 + it % nqt) * AT_BM;
+
+        float s[8][4], dp[8][4];  // rows: this warp's 16 keys; columns: the tile's 64 queries
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) s[nt][e] = dp[nt][e] = 0.f;
+        mma_rows64<T, D, REG>(s, kf, Ks, warp * 16, Qc);
+        mma_rows64<T, D, REG>(dp, vf, Vs, warp * 16, Gc);
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+            for (int c = 0; c < 2; ++c) {
+                const u32 r = nt * 8 + tq * 2 + c;
+                const u32 i = i0 + r;
+                const i64 lim = i < a.lq ? visible_keys(a, i) - 1 : -1;
+                const float smax = Sc[3 * r], sinv = Sc[3 * r + 1], dd = Sc[3 * r + 2];
+#pragma unroll
+                for (int rr = 0; rr < 2; ++rr) {
+                    const i64 j = (i64)key0 + rr * 8;
+                    float& x = s[nt][rr * 2 + c];
+                    const float p = j <= lim && !km[rr] ? ex2(x * sl2 - smax) * sinv : 0.f;
+                    x = p;
+                    dp[nt][rr * 2 + c] = p * (dp[nt][rr * 2 + c] - dd) * scale;
+                }
+            }
+        mma_p_rows<T, D>(av, s, Gc);
+        mma_p_rows<T, D>(ak, dp, Qc);
+        __syncthreads();  // every warp is done with this buffer before it is refilled
+    }
+    const u64 kr0 = (u64)bkv * a.lk;
+    mma_store_rows<T, D>(dk + kr0 * D, ak, j0 + warp * 16, a.lk);
+    mma_store_rows<T, D>(dvo + kr0 * D, av, j0 + warp * 16, a.lk);
 }
 
 // ---- entry points ----
@@ -926,14 +1251,23 @@ ATTN_TILE_KERNELS(f32, float)
 ATTN_TILE_KERNELS(f16, f16)
 ATTN_TILE_KERNELS(bf16, bf16)
 
+#define ATTN_MMA_FWD(S, T, D)                                                                           \
+    extern "C" __global__ void __launch_bounds__(128) attn_mma##D##_##S(AttnDims a, float sl2, const T* q, \
+        const T* k, const T* v, T* o) { attn_mma_body<T, D, false>(a, sl2, q, k, v, o); }
+#define ATTN_MMA_BWD(S, T, D)                                                                           \
+    extern "C" __global__ void __launch_bounds__(128) attn_mmas##D##_##S(AttnDims a, float sl2,         \
+        const T* q, const T* k, const T* v, const T* g, float* stats) {                                 \
+        attn_mma_body<T, D, true>(a, sl2, q, k, v, nullptr, g, stats);                                  \
+    }                                                                                                   \
+    extern "C" __global__ void __launch_bounds__(128) attn_mmadq##D##_##S(AttnDims a, float sl2,        \
+        float scale, const T* q, const T* k, const T* v, const T* g, const float* stats, T* dq) {       \
+        attn_mma_bdq_body<T, D>(a, sl2, scale, q, k, v, g, stats, dq);                                  \
+    }                                                                                                   \
+    extern "C" __global__ void __launch_bounds__(128) attn_mmadkv##D##_##S(AttnDims a, float sl2,       \
+        float scale, const T* q, const T* k, const T* v, const T* g, const float* stats, T* dk,         \
+        T* dv) { attn_mma_bdkv_body<T, D>(a, sl2, scale, q, k, v, g, stats, dk, dv); }
 #define ATTN_MMA_KERNELS(S, T)                                                                          \
-    extern "C" __global__ void __launch_bounds__(128) attn_mma64_##S(AttnDims a, float sl2, const T* q, \
-        const T* k, const T* v, T* o) { attn_mma_body<T, 64>(a, sl2, q, k, v, o); }                     \
-    extern "C" __global__ void __launch_bounds__(128) attn_mma96_##S(AttnDims a, float sl2, const T* q, \
-        const T* k, const T* v, T* o) { attn_mma_body<T, 96>(a, sl2, q, k, v, o); }                     \
-    extern "C" __global__ void __launch_bounds__(128) attn_mma128_##S(AttnDims a, float sl2, const T* q, \
-        const T* k, const T* v, T* o) { attn_mma_body<T, 128>(a, sl2, q, k, v, o); }                    \
-    extern "C" __global__ void __launch_bounds__(128) attn_mma256_##S(AttnDims a, float sl2, const T* q, \
-        const T* k, const T* v, T* o) { attn_mma_body<T, 256>(a, sl2, q, k, v, o); }
+    ATTN_MMA_FWD(S, T, 64) ATTN_MMA_FWD(S, T, 96) ATTN_MMA_FWD(S, T, 128) ATTN_MMA_FWD(S, T, 256)       \
+    ATTN_MMA_BWD(S, T, 64) ATTN_MMA_BWD(S, T, 96) ATTN_MMA_BWD(S, T, 128)
 ATTN_MMA_KERNELS(f16, f16)
 ATTN_MMA_KERNELS(bf16, bf16)

@@ -179,31 +179,31 @@ fn row_grid(op: &'static str, groups: usize, rows_per: usize) -> Result<Cfg> {
     ))
 }
 
-/// Threads per block of the tensor-core forward kernel.
+/// Threads per block of the tensor-core kernels.
 const MMA_THREADS: u32 = 128;
 /// Head sizes the tensor-core forward kernel is built for (`attn_mma{64,96,128,256}`).
 const MMA_HEADS: [usize; 4] = [64, 96, 128, 256];
+/// Head sizes of the tensor-core backward (`attn_mmas`, `attn_mmadq`, `attn_mmadkv`).
+const MMA_BWD_HEADS: [usize; 3] = [64, 96, 128];
 
-/// Head size of the tensor-core forward kernel when it applies: f16/bf16, d == dv in
-/// `MMA_HEADS`, unit last-dim strides, and every row 16-byte aligned (pointers aligned, the
-/// strides of dims larger than 1 multiples of 8 elements).
-fn mma_head(dt: DType, a: &Dims, ts: (&Tensor, &Tensor, &Tensor), ptrs: [u64; 3]) -> Option<usize> {
+/// Head size of the tensor-core kernels when they apply: f16/bf16, d == dv in `heads`, unit
+/// last-dim strides, and every row 16-byte aligned (pointers aligned, the strides of dims
+/// larger than 1 multiples of 8 elements). `ts` and `ptrs` are the operands the kernels read
+/// through shared memory (q, k, v; and g for the backward).
+fn mma_head(dt: DType, a: &Dims, heads: &[usize], ts: &[(&Tensor, u64)]) -> Option<usize> {
     let hd = a.d as usize;
-    if !matches!(dt, DType::F16 | DType::BF16) || a.d != a.dv || !MMA_HEADS.contains(&hd) {
+    if !matches!(dt, DType::F16 | DType::BF16) || a.d != a.dv || !heads.contains(&hd) {
         return None;
     }
-    let rows_ok = |t: &Tensor, st: &[i64; 4]| {
-        st[3] == 1 && (0..3).all(|i| t.dims()[i] == 1 || st[i] % 8 == 0)
+    let rows_ok = |t: &Tensor, p: u64| {
+        let st = t.layout().strides();
+        p.is_multiple_of(16)
+            && st[3] == 1
+            && (0..3).all(|i| t.dims()[i] == 1 || st[i].is_multiple_of(8))
     };
-    let ok = rows_ok(ts.0, &a.sq)
-        && rows_ok(ts.1, &a.sk)
-        && rows_ok(ts.2, &a.sv)
-        && ptrs.iter().all(|p| p % 16 == 0);
-    ok.then_some(hd)
+    ts.iter().all(|&(t, p)| rows_ok(t, p)).then_some(hd)
 }
 
-/// Row stride (floats) of the Q and K tiles for head size `d`: a multiple of 4 whose quarter
-/// is odd, at least `TILE_PS` (the probability tile reuses the K tile).
 fn tile_ld(d: usize) -> usize {
     let mut ld = d.next_multiple_of(4);
     if (ld / 4).is_multiple_of(2) {
@@ -245,8 +245,8 @@ pub(crate) fn attention(
             CudaBackend::ptr(v, sv),
         );
         let blocks = b * hq * lq.div_ceil(TILE);
-        if let Some(hd) =
-            mma_head(dt, &a, (q, k, v), [qp, kp, vp]).filter(|_| blocks <= i32::MAX as usize)
+        if let Some(hd) = mma_head(dt, &a, &MMA_HEADS, &[(q, qp), (k, kp), (v, vp)])
+            .filter(|_| blocks <= i32::MAX as usize)
         {
             let smem = 5 * TILE * (hd + 8) * dt.size_in_bytes();
             let cfg = Cfg::new((blocks as u32, 1, 1), (MMA_THREADS, 1, 1), smem as u32);
@@ -361,13 +361,68 @@ pub(crate) fn attention_backward(
     let sfx = suffix(dt);
     let q_blocks = b * hq * lq.div_ceil(TILE);
     let k_blocks = b * hkv * lk.div_ceil(TILE);
+    let sl2 = (scale * std::f64::consts::LOG2_E) as f32;
+    let mma = mma_head(
+        dt,
+        &a,
+        &MMA_BWD_HEADS,
+        &[(q, qp), (k, kp), (v, vp), (g, gp)],
+    );
+    if let Some(hd) = mma.filter(|_| q_blocks.max(k_blocks) <= i32::MAX as usize) {
+        // Statistics from the tensor-core forward, then dq and dk/dv on tensor cores.
+        let tile = TILE * (hd + 8) * dt.size_in_bytes();
+        let cfg = |blocks: usize, bytes: usize| {
+            Cfg::new((blocks as u32, 1, 1), (MMA_THREADS, 1, 1), bytes as u32)
+        };
+        let args = Args::new()
+            .arg(a)
+            .arg(sl2)
+            .arg(qp)
+            .arg(kp)
+            .arg(vp)
+            .arg(gp)
+            .arg(stats.ptr());
+        dev.launch(
+            op,
+            &SOURCE,
+            &format!("attn_mmas{hd}_{sfx}"),
+            cfg(q_blocks, 5 * tile),
+            args,
+        )?;
+        let tail = |args: Args| {
+            args.arg(sl2)
+                .arg(scale as f32)
+                .arg(qp)
+                .arg(kp)
+                .arg(vp)
+                .arg(gp)
+                .arg(stats.ptr())
+        };
+        let args = tail(Args::new().arg(a)).arg(dq.ptr());
+        dev.launch(
+            op,
+            &SOURCE,
+            &format!("attn_mmadq{hd}_{sfx}"),
+            cfg(q_blocks, 6 * tile),
+            args,
+        )?;
+        let args = tail(Args::new().arg(a)).arg(dk.ptr()).arg(dvo.ptr());
+        let bytes = 6 * tile + 2 * TILE * 3 * 4;
+        dev.launch(
+            op,
+            &SOURCE,
+            &format!("attn_mmadkv{hd}_{sfx}"),
+            cfg(k_blocks, bytes),
+            args,
+        )?;
+        return dev.finish(vec![dq, dk, dvo]);
+    }
     if dt != DType::F64
         && d <= TILE_MAX_BWD_HEAD
         && dv <= TILE_MAX_BWD_HEAD
         && q_blocks.max(k_blocks) <= i32::MAX as usize
     {
         let (dc, dvc) = (d.div_ceil(64), dv.div_ceil(64));
-        let sl2 = (scale * std::f64::consts::LOG2_E) as f32;
         let grid = |blocks: usize, floats: usize| {
             Cfg::new(
                 (blocks as u32, 1, 1),
