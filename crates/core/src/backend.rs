@@ -1,6 +1,6 @@
 //! The interface between `Tensor` and the devices that run ops.
 
-use crate::optim::FusedUpdate;
+use crate::optim::{FusedUpdate, StepScalars};
 use crate::{DType, HostBuffer, Layout, Op, Result, Shape, Tensor};
 use std::any::Any;
 use std::sync::Arc;
@@ -68,6 +68,9 @@ pub trait Backend: Send + Sync + 'static {
     /// contiguous floats on this device), accumulated in f64 in an order fixed by the sizes
     /// alone: one f64 element.
     fn sum_squares(&self, tensors: &[Tensor]) -> Result<Arc<dyn Storage>>;
+    /// An optimizer step's device scalars (validated by `optim::step_scalars`), rewritten in
+    /// place with `write_into`'s ordering contract; returns the bool `finite` scalar.
+    fn step_scalars(&self, s: &StepScalars<'_>) -> Result<Arc<dyn Storage>>;
     /// One fused optimizer update, in place (validated by `optim::fused_update`); the same
     /// ordering contract as `write_into` for every parameter and state tensor it writes.
     fn fused_update(&self, update: &FusedUpdate<'_>) -> Result<()>;

@@ -3,9 +3,11 @@
 //!
 //! Why not an `Op`: ops are pure (each returns new storages and autodiff records it); an
 //! optimizer update rewrites many existing buffers in place (parameters and their state), the
-//! same contract as `Backend::write_into`. So it is two `Backend` methods beside `write_into`,
-//! [`Backend::sum_squares`] (the multi-tensor norm) and [`Backend::fused_update`], reached
-//! through [`sum_squares`] and [`fused_update`] here, which validate the request first.
+//! same contract as `Backend::write_into`. So it is three `Backend` methods beside `write_into`,
+//! [`Backend::sum_squares`] (the multi-tensor norm), [`Backend::step_scalars`] (the step's
+//! device scalars: norm, finiteness, step counters) and [`Backend::fused_update`], reached
+//! through [`sum_squares`], [`step_scalars`] and [`fused_update`] here, which validate the
+//! request first.
 //!
 //! Numerics (what the composed reference in `ferrite-train` does, op for op): per-element work
 //! in f32 for f32/f16/bf16 tensors (f64 for f64), each f64 hyperparameter rounded once to the
@@ -167,6 +169,45 @@ pub fn sum_squares(tensors: &[Tensor], device: &Device) -> Result<Tensor> {
         s,
         Layout::contiguous(crate::Shape::from(())),
         device.clone(),
+    ))
+}
+
+/// An optimizer step's device scalars, computed from the gradients' sum of squares and
+/// rewritten in place (f64 scalars on one device), in this order:
+/// `norm = sqrt(grad_sq)` (times `grad_scale` when given) into `grad_norm`; `finite` when
+/// `norm - norm == 0`; `steps += 1`; when `first_nonfinite` is given and holds 0 and the norm
+/// is not finite, it takes the new `steps`; every `group_steps` counter `+= 1` when finite.
+/// One launch on CUDA in place of a dozen scalar ops (what the composed optimizer runs).
+pub struct StepScalars<'a> {
+    pub grad_sq: &'a Tensor,
+    pub grad_scale: Option<&'a Tensor>,
+    pub grad_norm: &'a Tensor,
+    pub steps: &'a Tensor,
+    pub first_nonfinite: Option<&'a Tensor>,
+    pub group_steps: &'a [Tensor],
+}
+
+/// Validates and runs [`StepScalars`]; returns `finite` (a bool scalar).
+pub fn step_scalars(s: &StepScalars<'_>) -> Result<Tensor> {
+    let op = "step_scalars";
+    let dev = s.grad_sq.device().clone();
+    f64_scalar(op, "the gradient sum of squares", s.grad_sq, &dev)?;
+    f64_scalar(op, "the gradient norm", s.grad_norm, &dev)?;
+    f64_scalar(op, "the step counter", s.steps, &dev)?;
+    if let Some(t) = s.grad_scale {
+        f64_scalar(op, "the gradient scale", t, &dev)?;
+    }
+    if let Some(t) = s.first_nonfinite {
+        f64_scalar(op, "the first non-finite step", t, &dev)?;
+    }
+    for t in s.group_steps {
+        f64_scalar(op, "a group's step counter", t, &dev)?;
+    }
+    let out = dev.backend().step_scalars(s)?;
+    Ok(Tensor::from_storage(
+        out,
+        Layout::contiguous(crate::Shape::from(())),
+        dev,
     ))
 }
 

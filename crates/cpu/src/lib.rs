@@ -101,6 +101,11 @@ impl Backend for CpuBackend {
         profile::time("sum_squares", shapes, || optim::sum_squares(tensors))
     }
 
+    fn step_scalars(&self, s: &ferrite_core::optim::StepScalars<'_>) -> Result<Arc<dyn Storage>> {
+        let shapes = || (vec![s.group_steps.len()], vec![]);
+        profile::time("step_scalars", shapes, || optim::step_scalars(s))
+    }
+
     fn fused_update(&self, update: &ferrite_core::optim::FusedUpdate<'_>) -> Result<()> {
         let shapes = || (vec![update.params.len()], vec![]);
         profile::time("fused_update", shapes, || optim::fused_update(update))

@@ -8,7 +8,7 @@
 //! accumulated in f64 over fixed chunks, there summed by the reduction op).
 
 use crate::storage::{self, CpuStorage, ReadGuard, WriteGuard};
-use ferrite_core::optim::{FusedUpdate, UpdateClip, UpdateRule};
+use ferrite_core::optim::{FusedUpdate, StepScalars, UpdateClip, UpdateRule};
 use ferrite_core::{bf16, f16, DType, Error, HostBuffer, Result, Storage, Tensor};
 use num_traits::Float;
 use rayon::prelude::*;
@@ -145,6 +145,38 @@ pub(crate) fn sum_squares(tensors: &[Tensor]) -> Result<Arc<dyn Storage>> {
         total += s;
     }
     Ok(Arc::new(CpuStorage::new(HostBuffer::F64(vec![total]))))
+}
+
+fn write_scalar(t: &Tensor, v: f64, op: &'static str) -> Result<()> {
+    let mut guard = cpu_storage(t, op)?.lock_write();
+    let at = buf_ptr(guard.buffer()) + t.layout().offset() * 8;
+    // SAFETY: `t` is a validated f64 scalar inside the storage held exclusively by `guard`.
+    unsafe { *(at as *mut f64) = v };
+    Ok(())
+}
+
+/// `ferrite_core::optim::StepScalars`, in the order its contract gives.
+pub(crate) fn step_scalars(s: &StepScalars<'_>) -> Result<Arc<dyn Storage>> {
+    let op = "step_scalars";
+    let mut norm = read_scalar(s.grad_sq, op)?.sqrt();
+    if let Some(t) = s.grad_scale {
+        norm *= read_scalar(t, op)?;
+    }
+    write_scalar(s.grad_norm, norm, op)?;
+    let finite = norm.is_finite();
+    let steps = read_scalar(s.steps, op)? + 1.0;
+    write_scalar(s.steps, steps, op)?;
+    if let Some(t) = s.first_nonfinite {
+        if !finite && read_scalar(t, op)? == 0.0 {
+            write_scalar(t, steps, op)?;
+        }
+    }
+    if finite {
+        for t in s.group_steps {
+            write_scalar(t, read_scalar(t, op)? + 1.0, op)?;
+        }
+    }
+    Ok(Arc::new(CpuStorage::new(HostBuffer::Bool(vec![finite]))))
 }
 
 /// The per-tensor constants of one update, rounded to the compute type as the composed

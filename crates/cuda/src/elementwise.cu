@@ -1,7 +1,9 @@
 // Elementwise ops: unary, binary, comparisons, where, strided copy.
 // `_c` kernels: contiguous operands, n elements, 16-byte vector loads when every pointer is
 // 16-byte aligned (grid-stride over packs, scalar tail). `_s` kernels: strided operands
-// described by an Idx (output contiguous, one thread per element, grid-stride).
+// described by an Idx (output contiguous, one thread per element, grid-stride). `binary_r`: one
+// operand contiguous, the other one row of m elements repeated over the rows (a bias added to
+// every row), vector loads when m is a multiple of the pack and every pointer is aligned.
 // Op codes follow the order of UnaryOp::ALL / BinaryOp::ALL / CmpOp::ALL in ferrite-core.
 
 template <typename T> struct Uns { typedef T t; };
@@ -188,6 +190,33 @@ __device__ void binary_s_impl(u32 op, Idx ix, const T* a, const T* b, T* y, ErrF
     }
 }
 
+// y[i] = a[i] op row[i % m] (row_b) or row[i % m] op b[i] (!row_b), i < n (a multiple of m).
+template <typename T>
+__device__ void binary_r_impl(u32 op, u64 n, u64 m, const T* a, const T* b, T* y, u32 row_b, ErrFlag* err) {
+    constexpr int V = 16 / sizeof(T);
+    const T* full = row_b ? a : b;
+    const T* row = row_b ? b : a;
+    if (m % V == 0 && aligned16(a) && aligned16(b) && aligned16(y)) {
+        const u64 np = n / V, mp = m / V;
+        const Pack<T, V>* fp = (const Pack<T, V>*)full;
+        const Pack<T, V>* rp = (const Pack<T, V>*)row;
+        Pack<T, V>* yp = (Pack<T, V>*)y;
+        for (u64 i = gtid(); i < np; i += gstride()) {
+            Pack<T, V> f = fp[i];
+            const Pack<T, V> r = rp[i % mp];
+#pragma unroll
+            for (int j = 0; j < V; ++j)
+                f.v[j] = row_b ? binary_apply(op, f.v[j], r.v[j], err) : binary_apply(op, r.v[j], f.v[j], err);
+            yp[i] = f;
+        }
+        return;
+    }
+    for (u64 i = gtid(); i < n; i += gstride()) {
+        const T r = row[i % m];
+        y[i] = row_b ? binary_apply(op, full[i], r, err) : binary_apply(op, r, full[i], err);
+    }
+}
+
 template <typename T>
 __device__ void cmp_s_impl(u32 op, Idx ix, const T* a, const T* b, u8* y) {
     for (u64 i = gtid(); i < ix.n; i += gstride()) {
@@ -201,7 +230,8 @@ __device__ void cmp_s_impl(u32 op, Idx ix, const T* a, const T* b, u8* y) {
 extern "C" __global__ void unary_c_##S(u32 op, u64 n, const T* x, T* y) { unary_c_impl<T>(op, n, x, y); } \
 extern "C" __global__ void unary_s_##S(u32 op, Idx ix, const T* x, T* y) { unary_s_impl<T>(op, ix, x, y); } \
 extern "C" __global__ void binary_c_##S(u32 op, u64 n, const T* a, const T* b, T* y, ErrFlag* err) { binary_c_impl<T>(op, n, a, b, y, err); } \
-extern "C" __global__ void binary_s_##S(u32 op, Idx ix, const T* a, const T* b, T* y, ErrFlag* err) { binary_s_impl<T>(op, ix, a, b, y, err); }
+extern "C" __global__ void binary_s_##S(u32 op, Idx ix, const T* a, const T* b, T* y, ErrFlag* err) { binary_s_impl<T>(op, ix, a, b, y, err); } \
+extern "C" __global__ void binary_r_##S(u32 op, u64 n, u64 m, const T* a, const T* b, T* y, u32 row_b, ErrFlag* err) { binary_r_impl<T>(op, n, m, a, b, y, row_b, err); }
 FOR_NUMERIC(EW_KERNELS)
 
 #define CMP_KERNELS(S, T) \

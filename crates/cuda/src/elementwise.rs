@@ -108,6 +108,24 @@ pub(crate) fn binary(
                 cfg,
                 args,
             )?;
+        } else if let Some((m, row_b)) = ix.row_broadcast() {
+            let args = Args::new()
+                .arg(opc)
+                .arg(n as u64)
+                .arg(m)
+                .arg(CudaBackend::ptr(a, sa))
+                .arg(CudaBackend::ptr(b, sb))
+                .arg(out.ptr())
+                .arg(row_b as u32)
+                .arg(dev.fault_dev);
+            let cfg = grid(dev, n as u64, vec_width(dt));
+            dev.launch(
+                name,
+                &SOURCE,
+                &format!("binary_r_{}", suffix(dt)),
+                cfg,
+                args,
+            )?;
         } else {
             let args = Args::new()
                 .arg(opc)

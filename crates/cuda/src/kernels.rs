@@ -463,6 +463,24 @@ impl Idx {
     pub fn contiguous(&self, k: usize) -> bool {
         self.rank == 0 || (self.rank == 1 && (0..k).all(|j| self.st[j][0] == 1))
     }
+
+    /// For two operands over [rows, m] (after merging), one walking its storage contiguously
+    /// and the other one row of m elements repeated (strides [0, 1]): `(m, true)` when the
+    /// repeated row is the second operand, `(m, false)` when it is the first.
+    pub fn row_broadcast(&self) -> Option<(u64, bool)> {
+        if self.rank != 2 {
+            return None;
+        }
+        let m = self.dims[1];
+        let full = [m as i64, 1];
+        let row = [0, 1];
+        let st = |j: usize| [self.st[j][0], self.st[j][1]];
+        match (st(0), st(1)) {
+            (a, b) if a == full && b == row => Some((m, true)),
+            (a, b) if a == row && b == full => Some((m, false)),
+            _ => None,
+        }
+    }
 }
 
 #[cfg(test)]

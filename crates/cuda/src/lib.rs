@@ -234,6 +234,13 @@ impl Backend for Handle {
             .ok_or_else(|| Error::backend("sum_squares", "no output"))
     }
 
+    fn step_scalars(&self, s: &ferrite_core::optim::StepScalars<'_>) -> Result<Arc<dyn Storage>> {
+        self.0.bind()?;
+        optim::step_scalars(&self.0, s)?
+            .pop()
+            .ok_or_else(|| Error::backend("step_scalars", "no output"))
+    }
+
     fn fused_update(&self, update: &ferrite_core::optim::FusedUpdate<'_>) -> Result<()> {
         self.0.bind()?;
         optim::fused_update(&self.0, update)

@@ -355,6 +355,40 @@ extern "C" __global__ void sum_squares_finish(const double* part, u64 n, double*
     if (threadIdx.x == 0) out[0] = acc;
 }
 
+// ferrite_core::optim::StepScalars on one thread: the step's norm, finiteness and counters.
+// Launches after the first (more than SS_GROUPS groups) only add to their group counters,
+// reading `finite` from the first.
+#define SS_GROUPS 16
+struct StepScalarArgs {
+    const double* sq;
+    const double* scale;  // null: none
+    double* norm;
+    double* steps;
+    double* first;        // null: not tracked
+    u8* finite;
+    double* groups[SS_GROUPS];
+    u32 ngroups;
+    u32 groups_only;
+};
+extern "C" __global__ void step_scalars(StepScalarArgs a) {
+    if (threadIdx.x != 0 || blockIdx.x != 0) return;
+    bool fin;
+    if (a.groups_only) {
+        fin = *a.finite != 0;
+    } else {
+        double n = sqrt(*a.sq);
+        if (a.scale) n = n * *a.scale;
+        *a.norm = n;
+        fin = n - n == 0.0;
+        const double st = *a.steps + 1.0;
+        *a.steps = st;
+        if (a.first && !fin && *a.first == 0.0) *a.first = st;
+        *a.finite = fin;
+    }
+    if (fin)
+        for (u32 i = 0; i < a.ngroups; ++i) *a.groups[i] = *a.groups[i] + 1.0;
+}
+
 #define OPTIM_KERNELS(S, T) \
 extern "C" __global__ void __launch_bounds__(THREADS) fused_update_##S(TensorList tl, Hyper hp, const double* lr, const double* step, const double* sq, const double* gs) { fused_update_impl<T>(tl, hp, lr, step, sq, gs); } \
 extern "C" __global__ void __launch_bounds__(THREADS) lamb_moments_##S(TensorList tl, Hyper hp, const double* lr, const double* step, const double* sq, const double* gs, double* part) { lamb_moments_impl<T>(tl, hp, lr, step, sq, gs, part); } \

@@ -13,7 +13,7 @@
 use crate::device::CudaBackend;
 use crate::kernels::{suffix, Args, Cfg, KernelSource};
 use crate::storage::CudaStorage;
-use ferrite_core::optim::{FusedUpdate, UpdateClip, UpdateRule};
+use ferrite_core::optim::{FusedUpdate, StepScalars, UpdateClip, UpdateRule};
 use ferrite_core::{DType, Error, Result, Storage, Tensor};
 use std::sync::Arc;
 
@@ -220,6 +220,87 @@ pub(crate) fn sum_squares(dev: &CudaBackend, tensors: &[Tensor]) -> Result<Vec<A
     )?;
     drop(part);
     dev.finish_one(out)
+}
+
+/// Group counters per `step_scalars` launch (`SS_GROUPS` in optim.cu).
+const SS_GROUPS: usize = 16;
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+struct StepScalarArgs {
+    sq: u64,
+    scale: u64,
+    norm: u64,
+    steps: u64,
+    first: u64,
+    finite: u64,
+    groups: [u64; SS_GROUPS],
+    ngroups: u32,
+    groups_only: u32,
+}
+
+pub(crate) fn step_scalars(
+    dev: &CudaBackend,
+    s: &StepScalars<'_>,
+) -> Result<Vec<Arc<dyn Storage>>> {
+    let op = "step_scalars";
+    let finite = dev.alloc_out(1, DType::Bool, op)?;
+    let mut written: Vec<&CudaStorage> = Vec::new();
+    // The device address of scalar `t`, noted as written when `write`.
+    fn ptr<'a>(
+        dev: &CudaBackend,
+        t: &'a Tensor,
+        written: &mut Vec<&'a CudaStorage>,
+        write: bool,
+    ) -> Result<u64> {
+        let st = dev.input(t, "step_scalars")?;
+        if write {
+            written.push(st);
+        }
+        Ok(CudaBackend::ptr(t, st))
+    }
+    let w = &mut written;
+    let mut a = StepScalarArgs {
+        sq: ptr(dev, s.grad_sq, w, false)?,
+        scale: match s.grad_scale {
+            Some(t) => ptr(dev, t, w, false)?,
+            None => 0,
+        },
+        norm: ptr(dev, s.grad_norm, w, true)?,
+        steps: ptr(dev, s.steps, w, true)?,
+        first: match s.first_nonfinite {
+            Some(t) => ptr(dev, t, w, true)?,
+            None => 0,
+        },
+        finite: finite.ptr(),
+        groups: [0; SS_GROUPS],
+        ngroups: 0,
+        groups_only: 0,
+    };
+    let chunks: Vec<&[Tensor]> = match s.group_steps.is_empty() {
+        true => vec![&[]],
+        false => s.group_steps.chunks(SS_GROUPS).collect(),
+    };
+    for (i, chunk) in chunks.into_iter().enumerate() {
+        a.groups = [0; SS_GROUPS];
+        for (j, t) in chunk.iter().enumerate() {
+            a.groups[j] = ptr(dev, t, &mut written, true)?;
+        }
+        a.ngroups = chunk.len() as u32;
+        a.groups_only = u32::from(i > 0);
+        let cfg = Cfg::new((1, 1, 1), (32, 1, 1), 0);
+        dev.launch(op, &SOURCE, "step_scalars", cfg, Args::new().arg(a))?;
+    }
+    // The written scalars become valid after these launches (as after `write_into`).
+    let ready = if dev.capturing.load(std::sync::atomic::Ordering::Acquire) {
+        None
+    } else {
+        Some(dev.mark()?)
+    };
+    for st in written {
+        st.rewritten(ready.clone());
+    }
+    dev.finish_one(finite)
 }
 
 pub(crate) fn fused_update(dev: &CudaBackend, u: &FusedUpdate<'_>) -> Result<()> {

@@ -19,7 +19,7 @@
 
 use crate::lr_scheduler::ParamGroups;
 use crate::{Error, Result};
-use ferrite_core::optim::{FusedUpdate, UpdateClip, UpdateRule};
+use ferrite_core::optim::{FusedUpdate, StepScalars, UpdateClip, UpdateRule};
 use ferrite_core::{DType, Device, DeviceKind, Tensor};
 use ferrite_nn::{Buffer, Parameter};
 use serde_json::{json, Value};
@@ -553,20 +553,23 @@ impl Optimizer {
         }
         let all: Vec<Tensor> = grads.iter().flatten().flatten().cloned().collect();
         let sq = ferrite_core::optim::sum_squares(&all, &dev)?;
-        let norm = match grad_scale {
-            Some(s) => sq.sqrt()?.mul(s)?,
-            None => sq.sqrt()?,
-        };
-        let finite = self.note_norm(&norm, grad_scale.is_some())?;
+        // The norm, the non-finite flag and every step counter in one launch (what
+        // `note_norm` and the per-group counters compose from tensor ops).
+        let group_steps: Vec<Tensor> = self.groups.iter().map(|g| g.step_t.clone()).collect();
+        let finite = ferrite_core::optim::step_scalars(&StepScalars {
+            grad_sq: &sq,
+            grad_scale,
+            grad_norm: &self.grad_norm,
+            steps: &self.steps_t,
+            first_nonfinite: grad_scale.is_none().then_some(&self.first_nonfinite),
+            group_steps: &group_steps,
+        })?;
         let clip = match self.clip {
             None => UpdateClip::None,
             Some(Clip::Norm(m)) => UpdateClip::Norm(m),
             Some(Clip::Value(v)) => UpdateClip::Value(v),
         };
         for (g, gr) in self.groups.iter_mut().zip(grads) {
-            let step = g.step_t.add_scalar(1.0)?;
-            g.step_t
-                .copy_(&Tensor::where_cond(&finite, &step, &g.step_t)?)?;
             // Per dtype: the parameters with a gradient, their state and first-step flags.
             let mut buckets: Vec<(DType, Bucket)> = Vec::new();
             for (i, grad) in gr.into_iter().enumerate() {

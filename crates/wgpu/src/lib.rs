@@ -365,6 +365,14 @@ impl Backend for Handle {
         ))
     }
 
+    fn step_scalars(&self, _s: &ferrite_core::optim::StepScalars<'_>) -> Result<Arc<dyn Storage>> {
+        Err(Error::backend(
+            "step_scalars",
+            "the wgpu backend has no fused optimizer kernels; optimizers on wgpu take their \
+             composed implementation (tensor ops)",
+        ))
+    }
+
     fn fused_update(&self, _update: &ferrite_core::optim::FusedUpdate<'_>) -> Result<()> {
         Err(Error::backend(
             "fused_update",
