@@ -5,7 +5,10 @@
 //! f32/f16/bf16 inputs to the policy's dtype, compute in it, and return their output cast back
 //! to f32 when any input was f32. Every other op (reductions, norms, softmax, losses,
 //! elementwise) is untouched and so stays in f32. Ops with an f64 input are not eligible
-//! (as in PyTorch).
+//! (as in PyTorch). Layers whose products feed each other keep the intermediate in the low
+//! dtype through [`to_low`] (ferrite-nn: `MultiheadAttention`'s projections and attention,
+//! the first Linear, bias and activation of `TransformerEncoderLayer`'s feed-forward block, as
+//! PyTorch computes them), so only a layer's output comes back to f32.
 //!
 //! Gradients follow the casts: the backward rule of `cast` casts the gradient back to the
 //! input's dtype, so an f32 parameter receives an f32 gradient, and the product's backward
@@ -166,6 +169,21 @@ fn cast_cached(t: &Tensor, dtype: DType) -> Result<Tensor> {
     let c = cast_in_storage_order(t, dtype)?;
     STATE.with(|s| s.borrow_mut().cache.insert(key, (t.clone(), c.clone())));
     Ok(c)
+}
+
+/// `t` in the autocast dtype for a product that keeps its output there (a layer whose next op
+/// is another product, as `MultiheadAttention`'s projections feeding the fused attention):
+/// cast as the eligible ops cast their inputs (cached for trainable leaves and their views),
+/// or `None` when autocast is off or `t` is not f32/f16/bf16.
+pub fn to_low(t: &Tensor) -> Result<Option<Tensor>> {
+    let Some(low) = autocast_dtype() else {
+        return Ok(None);
+    };
+    match t.dtype() {
+        DType::F32 | DType::F16 | DType::BF16 if t.dtype() == low => Ok(Some(t.clone())),
+        DType::F32 | DType::F16 | DType::BF16 => cast_cached(t, low).map(Some),
+        _ => Ok(None),
+    }
 }
 
 /// Runs an autocast-eligible op: `f` gets `inputs` cast to the policy's dtype when autocast

@@ -265,3 +265,118 @@ fn scopes_nest_switch_off_and_cache_parameter_casts() {
         "{err}"
     );
 }
+
+/// Inside a layer whose products feed each other, the intermediates stay in the low dtype:
+/// `MultiheadAttention`'s projections (bias added in bf16) feed the fused attention uncast, and
+/// only `out_proj` returns to f32; `TransformerEncoderLayer`'s first Linear, bias and
+/// activation run in bf16 and only `linear2` returns to f32. Bit for bit against the same
+/// computation spelled out, and the gradients reach the f32 parameters.
+#[test]
+fn layers_keep_intermediates_in_the_low_dtype() {
+    use ferrite_nn::{EncoderConfig, TransformerEncoderLayer};
+    let dev = cpu();
+    let low = DType::BF16;
+    let c = |t: &Tensor| t.cast(low).unwrap();
+    let (e, h, l) = (16, 4, 6);
+    let mha = MultiheadAttention::new(e, h, true, true, DType::F32, &dev).unwrap();
+    let x = randn(&[2, l, e], 9);
+    let y = autocast(low, || mha.attend(&x, &x, &x, None, true))
+        .unwrap()
+        .unwrap();
+    let (w, b) = (
+        mha.in_proj_weight.tensor(),
+        mha.in_proj_bias.as_ref().unwrap().tensor(),
+    );
+    let xl = c(&x);
+    let proj = |i: usize| {
+        let wi = c(&w.narrow(0, i * e, e).unwrap());
+        let bi = c(&b.narrow(0, i * e, e).unwrap());
+        xl.matmul(&wi.t().unwrap())
+            .unwrap()
+            .add(&bi)
+            .unwrap()
+            .reshape([2, l, h, e / h])
+            .unwrap()
+            .permute(&[0, 2, 1, 3])
+            .unwrap()
+    };
+    let o = Tensor::attention(&proj(0), &proj(1), &proj(2), true, None).unwrap();
+    assert_eq!(o.dtype(), low);
+    let o = o
+        .permute(&[0, 2, 1, 3])
+        .unwrap()
+        .reshape([2, l, e])
+        .unwrap();
+    let op = &mha.out_proj;
+    let explicit = o
+        .matmul(&c(&op.weight.tensor()).t().unwrap())
+        .unwrap()
+        .cast(DType::F32)
+        .unwrap()
+        .add(&op.bias.as_ref().unwrap().tensor())
+        .unwrap();
+    assert_eq!(y.dtype(), DType::F32);
+    assert_eq!(
+        bits(&y),
+        bits(&explicit),
+        "MultiheadAttention under bf16 autocast"
+    );
+    backward(&y.sum_all().unwrap()).unwrap();
+    let g = grads(&mha);
+    assert_eq!(g.len(), 4);
+    for (n, t) in &g {
+        assert_eq!(t.dtype(), DType::F32, "{n}");
+        assert!(
+            t.to_vec_f64().unwrap().iter().any(|v| *v != 0.0),
+            "{n} got no gradient"
+        );
+    }
+
+    let mut cfg = EncoderConfig::new(e, h);
+    cfg.dim_feedforward = 32;
+    cfg.dropout = 0.0;
+    cfg.gelu = true;
+    cfg.batch_first = true;
+    cfg.norm_first = true;
+    let layer = TransformerEncoderLayer::new(cfg, DType::F32, &dev).unwrap();
+    let y = autocast(low, || layer.forward_masked(&x, None, true))
+        .unwrap()
+        .unwrap();
+    // Spelled out: x + sa(norm1(x)), then + linear2(gelu(linear1(norm2(.))) in bf16).
+    let sa = autocast(low, || {
+        layer
+            .self_attn
+            .attend(
+                &layer.norm1.forward(&x).unwrap(),
+                &layer.norm1.forward(&x).unwrap(),
+                &layer.norm1.forward(&x).unwrap(),
+                None,
+                true,
+            )
+            .unwrap()
+    })
+    .unwrap();
+    let x1 = x.add(&sa).unwrap();
+    let n2 = layer.norm2.forward(&x1).unwrap();
+    let (l1, l2) = (&layer.linear1, &layer.linear2);
+    let hid = c(&n2)
+        .matmul(&c(&l1.weight.tensor()).t().unwrap())
+        .unwrap()
+        .add(&c(&l1.bias.as_ref().unwrap().tensor()))
+        .unwrap();
+    let hid = ferrite_nn::functional::gelu(&hid, false).unwrap();
+    assert_eq!(hid.dtype(), low);
+    let ff = hid
+        .matmul(&c(&l2.weight.tensor()).t().unwrap())
+        .unwrap()
+        .cast(DType::F32)
+        .unwrap()
+        .add(&l2.bias.as_ref().unwrap().tensor())
+        .unwrap();
+    let explicit = x1.add(&ff).unwrap();
+    assert_eq!(
+        bits(&y),
+        bits(&explicit),
+        "TransformerEncoderLayer under bf16 autocast"
+    );
+}

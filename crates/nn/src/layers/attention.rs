@@ -6,9 +6,11 @@
 //! default p = 0; the fused op has none).
 
 use crate::layers::activation::{gelu, relu};
+use crate::layers::linear::linear_low;
 use crate::module::{forward_child, in_child};
 use crate::{init, Dropout, LayerNorm, Linear, Members, MembersMut, Module, Parameter};
 use ferrite_core::{DType, Device, Error, Result, Tensor};
+use std::sync::Arc;
 
 pub struct MultiheadAttention {
     pub in_proj_weight: Parameter,
@@ -109,12 +111,8 @@ impl MultiheadAttention {
         let bias = self.in_proj_bias.as_ref().map(|p| p.tensor());
         // Projected in the caller's layout ([len, B, E], or [B, len, E] with batch_first, so
         // that the rows of a contiguous input are one product), then viewed as [B, h, len, d].
-        let project = |x: &Tensor, i: usize| -> Result<Tensor> {
-            let wi = w.narrow(0, i * e, e)?;
-            let mut y = x.matmul(&wi.t()?)?;
-            if let Some(bb) = &bias {
-                y = y.add(&bb.narrow(0, i * e, e)?)?;
-            }
+        // [d0, d1, E] -> [B, h, len, d] (a view).
+        let heads = |y: &Tensor, x: &Tensor| -> Result<Tensor> {
             let (d0, d1) = (x.dims()[0], x.dims()[1]);
             let order: &[usize] = if self.batch_first {
                 &[0, 2, 1, 3]
@@ -123,7 +121,53 @@ impl MultiheadAttention {
             };
             y.reshape([d0, d1, h, d])?.permute(order)
         };
-        let (qh, kh, vh) = (project(query, 0)?, project(key, 1)?, project(value, 2)?);
+        let project = |x: &Tensor, i: usize| -> Result<Tensor> {
+            let wi = w.narrow(0, i * e, e)?;
+            let mut y = x.matmul(&wi.t()?)?;
+            if let Some(bb) = &bias {
+                y = y.add(&bb.narrow(0, i * e, e)?)?;
+            }
+            heads(&y, x)
+        };
+        // Under autocast the projections stay in the low dtype (bias included) and feed the
+        // fused attention without casts; an input given for several roles is cast once.
+        let low_inputs = match ferrite_core::autocast::to_low(query)? {
+            Some(ql) => {
+                let same = |t: &Tensor| {
+                    Arc::ptr_eq(t.storage_arc(), query.storage_arc())
+                        && t.layout() == query.layout()
+                };
+                let other = |t: &Tensor| -> Result<Option<Tensor>> {
+                    match same(t) {
+                        true => Ok(Some(ql.clone())),
+                        false => Ok(ferrite_core::autocast::to_low(t)?),
+                    }
+                };
+                match (other(key)?, other(value)?) {
+                    (Some(kl), Some(vl)) => Some((ql, kl, vl)),
+                    _ => None,
+                }
+            }
+            None => None,
+        };
+        let (qh, kh, vh) = match low_inputs {
+            Some((ql, kl, vl)) => {
+                let project_low = |x: &Tensor, i: usize| -> Result<Tensor> {
+                    let wi = w.narrow(0, i * e, e)?;
+                    let bi = bias.as_ref().map(|bb| bb.narrow(0, i * e, e)).transpose()?;
+                    match linear_low(x, &wi, bi.as_ref())? {
+                        Some(y) => heads(&y, x),
+                        None => project(x, i),
+                    }
+                };
+                (
+                    project_low(&ql, 0)?,
+                    project_low(&kl, 1)?,
+                    project_low(&vl, 2)?,
+                )
+            }
+            None => (project(query, 0)?, project(key, 1)?, project(value, 2)?),
+        };
         if let Some(mask) = key_padding_mask {
             if mask.dims() != [b, s] || mask.dtype() != DType::Bool {
                 return Err(Error::module(
@@ -272,7 +316,15 @@ impl TransformerEncoderLayer {
     }
 
     fn ff(&self, x: &Tensor) -> Result<Tensor> {
-        let h = forward_child("linear1", &self.linear1, x)?;
+        // Under autocast linear1's output, its bias and the activation stay in the low dtype
+        // (linear2 reads them without a cast), as PyTorch computes them.
+        let w1 = self.linear1.weight.tensor();
+        let b1 = self.linear1.bias.as_ref().map(|b| b.tensor());
+        let h =
+            match linear_low(x, &w1, b1.as_ref()).map_err(|e| in_child(e, "linear1", "Linear"))? {
+                Some(h) => h,
+                None => forward_child("linear1", &self.linear1, x)?,
+            };
         let h = if self.gelu {
             gelu(&h, false)?
         } else {
@@ -415,7 +467,15 @@ impl TransformerDecoderLayer {
     }
 
     fn ff(&self, x: &Tensor) -> Result<Tensor> {
-        let h = forward_child("linear1", &self.linear1, x)?;
+        // Under autocast linear1's output, its bias and the activation stay in the low dtype
+        // (linear2 reads them without a cast), as PyTorch computes them.
+        let w1 = self.linear1.weight.tensor();
+        let b1 = self.linear1.bias.as_ref().map(|b| b.tensor());
+        let h =
+            match linear_low(x, &w1, b1.as_ref()).map_err(|e| in_child(e, "linear1", "Linear"))? {
+                Some(h) => h,
+                None => forward_child("linear1", &self.linear1, x)?,
+            };
         let h = if self.gelu {
             gelu(&h, false)?
         } else {

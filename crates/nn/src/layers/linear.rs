@@ -85,6 +85,28 @@ pub fn linear(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -> Result<Tens
     }
 }
 
+/// `x Wᵀ + b` computed and returned in the autocast dtype (bias added in it, as PyTorch's
+/// autocast `addmm` does) when autocast applies to `x` and `weight`; `None` otherwise. For
+/// layers whose next op is another product or an activation (no cast back to f32 between).
+pub(crate) fn linear_low(
+    x: &Tensor,
+    weight: &Tensor,
+    bias: Option<&Tensor>,
+) -> Result<Option<Tensor>> {
+    use ferrite_core::autocast::to_low;
+    let (Some(xl), Some(wl)) = (to_low(x)?, to_low(weight)?) else {
+        return Ok(None);
+    };
+    let y = xl.matmul(&wl.t()?)?;
+    match bias {
+        None => Ok(Some(y)),
+        Some(b) => match to_low(b)? {
+            Some(bl) => Ok(Some(y.add(&bl)?)),
+            None => Ok(None),
+        },
+    }
+}
+
 impl Module for Linear {
     fn type_name(&self) -> &'static str {
         "Linear"
