@@ -264,3 +264,5 @@ MOVE_KERNELS(b1, u8)
 MOVE_KERNELS(b2, unsigned short)
 MOVE_KERNELS(b4, u32)
 MOVE_KERNELS(b8, u64)
+// 16-byte units: copies whose innermost dim is contiguous and 16-byte aligned (Idx::in_packs).
+MOVE_KERNELS(b16, uint4)

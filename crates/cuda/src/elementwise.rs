@@ -260,6 +260,11 @@ pub(crate) fn copy_to(
                     .result()
                     .map_err(|e| crate::driver::drv(op, e))?;
             }
+        } else if let Some(px) = ix.in_packs(dt.size_in_bytes(), &[s.device_ptr()], dst) {
+            // Rows of 16-byte packs (a permuted view whose innermost dim is contiguous).
+            let args = Args::new().arg(px).arg(s.device_ptr()).arg(dst);
+            let cfg = grid(dev, px.n, 1);
+            dev.launch(op, &SOURCE, "copy_s_b16", cfg, args)?;
         } else {
             let args = Args::new().arg(ix).arg(s.device_ptr()).arg(dst);
             let cfg = grid(dev, n as u64, 1);

@@ -464,6 +464,38 @@ impl Idx {
         self.rank == 0 || (self.rank == 1 && (0..k).all(|j| self.st[j][0] == 1))
     }
 
+    /// The same walk in 16-byte units, for elements of `elem` bytes, when every operand's
+    /// innermost dim is contiguous and every operand (base pointers `bases`, offsets and
+    /// strides) and the contiguous output `out` are 16-byte aligned; `None` otherwise.
+    pub fn in_packs(&self, elem: usize, bases: &[u64], out: u64) -> Option<Idx> {
+        let r = self.rank as usize;
+        if r == 0 || elem == 0 || !16usize.is_multiple_of(elem) || !out.is_multiple_of(16) {
+            return None;
+        }
+        let v = (16 / elem) as u64;
+        if !self.dims[r - 1].is_multiple_of(v) {
+            return None;
+        }
+        let mut px = *self;
+        px.dims[r - 1] /= v;
+        px.n /= v;
+        for (j, &base) in bases.iter().enumerate() {
+            let aligned = |x: i64| x.rem_euclid(v as i64) == 0;
+            if base % 16 != 0
+                || self.st[j][r - 1] != 1
+                || !aligned(self.off[j])
+                || !(0..r - 1).all(|d| aligned(self.st[j][d]))
+            {
+                return None;
+            }
+            px.off[j] /= v as i64;
+            for d in 0..r - 1 {
+                px.st[j][d] /= v as i64;
+            }
+        }
+        Some(px)
+    }
+
     /// For two operands over [rows, m] (after merging), one walking its storage contiguously
     /// and the other one row of m elements repeated (strides [0, 1]): `(m, true)` when the
     /// repeated row is the second operand, `(m, false)` when it is the first.
@@ -486,6 +518,41 @@ impl Idx {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A [b, h, l, d] -> [b, l, h, d] permutation of bf16 rows walks 16-byte packs of 8
+    /// elements; an odd innermost length, an unaligned offset or a strided innermost dim
+    /// stay element by element.
+    #[test]
+    fn copies_walk_16_byte_packs_when_rows_allow() {
+        let (b, h, l, d) = (2usize, 3usize, 5usize, 16usize);
+        // The source is contiguous [b, h, l, d]; the copy reads it as [b, l, h, d].
+        let strides = [h * l * d, d, l * d, 1];
+        let ix = Idx::new("t", &[b, l, h, d], &[(&strides, 0)]).unwrap();
+        let px = ix.in_packs(2, &[256], 512).expect("packs");
+        assert_eq!(px.n, ix.n / 8);
+        assert_eq!(&px.dims[..4], &[2, 5, 3, 2]);
+        assert_eq!(
+            &px.st[0][..4],
+            &[(h * l * d / 8) as i64, 2, (l * d / 8) as i64, 1]
+        );
+        assert!(ix.in_packs(2, &[256 + 2], 512).is_none(), "unaligned base");
+        assert!(ix.in_packs(2, &[256], 514).is_none(), "unaligned output");
+        let odd = Idx::new("t", &[b, l, h, 12], &[(&[h * l * 12, 12, l * 12, 1], 0)]).unwrap();
+        assert!(
+            odd.in_packs(2, &[256], 512).is_none(),
+            "12 bf16 are not whole packs"
+        );
+        let off = Idx::new("t", &[b, l, h, d], &[(&strides, 3)]).unwrap();
+        assert!(
+            off.in_packs(2, &[256], 512).is_none(),
+            "offset of 3 elements"
+        );
+        let col = Idx::new("t", &[4, 8], &[(&[1, 4], 0)]).unwrap();
+        assert!(
+            col.in_packs(2, &[256], 512).is_none(),
+            "transposed: innermost dim strided"
+        );
+    }
 
     /// A build-time cubin is used for its architecture only, and only while its key is the
     /// source's; otherwise `compile` goes to NVRTC.
