@@ -99,8 +99,9 @@ fn class_weight(op: &'static str, w: &Option<Tensor>, c: usize, like: &Tensor) -
     }
 }
 
-/// Σ over rows whose target is not ignored of weight[target] (the mean's denominator).
-fn weight_sum(t: &Tensor, w: &Tensor, ignore_index: i64) -> Result<Tensor> {
+/// The mean's denominator: the summed class weights of the targets that are not
+/// `ignore_index` (with no class weights, their count in `like`'s dtype, in fewer kernels).
+fn weight_sum(t: &Tensor, w: Option<&Tensor>, like: &Tensor, ignore_index: i64) -> Result<Tensor> {
     no_grad(|| {
         let t = t.cast(DType::I64)?;
         let valid = t.ne(&Tensor::full(
@@ -109,6 +110,9 @@ fn weight_sum(t: &Tensor, w: &Tensor, ignore_index: i64) -> Result<Tensor> {
             DType::I64,
             t.device(),
         )?)?;
+        let Some(w) = w else {
+            return valid.cast(like.dtype())?.sum_all();
+        };
         let safe = Tensor::where_cond(&valid, &t, &t.zeros_like()?)?;
         w.index_select(&safe, 0)?
             .mul(&valid.cast(w.dtype())?)?
@@ -163,7 +167,11 @@ pub fn cross_entropy(input: &Tensor, target: &Tensor, o: &CrossEntropyOptions) -
     match o.reduction {
         Reduction::None => l.reshape(lead),
         Reduction::Sum => l.sum_all(),
-        Reduction::Mean => l.sum_all()?.div(&weight_sum(&t, &w, o.ignore_index)?),
+        Reduction::Mean => {
+            let explicit = o.weight.as_ref().map(|_| &w);
+            l.sum_all()?
+                .div(&weight_sum(&t, explicit, &l, o.ignore_index)?)
+        }
     }
 }
 
