@@ -7,7 +7,7 @@
 //! elementwise) is untouched and so stays in f32. Ops with an f64 input are not eligible
 //! (as in PyTorch). Layers whose products feed each other keep the intermediate in the low
 //! dtype through [`to_low`] (ferrite-nn: `MultiheadAttention`'s projections and attention,
-//! the first Linear, bias and activation of `TransformerEncoderLayer`'s feed-forward block, as
+//! the first Linear, bias and activation of the transformer layers' feed-forward blocks, as
 //! PyTorch computes them), so only a layer's output comes back to f32.
 //!
 //! Gradients follow the casts: the backward rule of `cast` casts the gradient back to the

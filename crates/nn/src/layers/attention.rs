@@ -281,6 +281,31 @@ impl EncoderConfig {
     }
 }
 
+/// The feed-forward block of the encoder and decoder layers: `linear2(dropout(act(linear1(x))))`
+/// with GELU or ReLU. Under autocast linear1's output, its bias and the activation stay in the
+/// low dtype (linear2 reads them without a cast), as PyTorch computes them.
+fn feed_forward(
+    x: &Tensor,
+    linear1: &Linear,
+    dropout: &Dropout,
+    linear2: &Linear,
+    use_gelu: bool,
+) -> Result<Tensor> {
+    let w1 = linear1.weight.tensor();
+    let b1 = linear1.bias.as_ref().map(|b| b.tensor());
+    let h = match linear_low(x, &w1, b1.as_ref()).map_err(|e| in_child(e, "linear1", "Linear"))? {
+        Some(h) => h,
+        None => forward_child("linear1", linear1, x)?,
+    };
+    let h = if use_gelu {
+        gelu(&h, false)?
+    } else {
+        relu(&h)?
+    };
+    let h = forward_child("dropout", dropout, &h)?;
+    forward_child("linear2", linear2, &h)
+}
+
 impl TransformerEncoderLayer {
     pub fn new(c: EncoderConfig, dtype: DType, dev: &Device) -> Result<TransformerEncoderLayer> {
         let ln =
@@ -316,22 +341,7 @@ impl TransformerEncoderLayer {
     }
 
     fn ff(&self, x: &Tensor) -> Result<Tensor> {
-        // Under autocast linear1's output, its bias and the activation stay in the low dtype
-        // (linear2 reads them without a cast), as PyTorch computes them.
-        let w1 = self.linear1.weight.tensor();
-        let b1 = self.linear1.bias.as_ref().map(|b| b.tensor());
-        let h =
-            match linear_low(x, &w1, b1.as_ref()).map_err(|e| in_child(e, "linear1", "Linear"))? {
-                Some(h) => h,
-                None => forward_child("linear1", &self.linear1, x)?,
-            };
-        let h = if self.gelu {
-            gelu(&h, false)?
-        } else {
-            relu(&h)?
-        };
-        let h = forward_child("dropout", &self.dropout, &h)?;
-        let h = forward_child("linear2", &self.linear2, &h)?;
+        let h = feed_forward(x, &self.linear1, &self.dropout, &self.linear2, self.gelu)?;
         forward_child("dropout2", &self.dropout2, &h)
     }
 
@@ -467,22 +477,7 @@ impl TransformerDecoderLayer {
     }
 
     fn ff(&self, x: &Tensor) -> Result<Tensor> {
-        // Under autocast linear1's output, its bias and the activation stay in the low dtype
-        // (linear2 reads them without a cast), as PyTorch computes them.
-        let w1 = self.linear1.weight.tensor();
-        let b1 = self.linear1.bias.as_ref().map(|b| b.tensor());
-        let h =
-            match linear_low(x, &w1, b1.as_ref()).map_err(|e| in_child(e, "linear1", "Linear"))? {
-                Some(h) => h,
-                None => forward_child("linear1", &self.linear1, x)?,
-            };
-        let h = if self.gelu {
-            gelu(&h, false)?
-        } else {
-            relu(&h)?
-        };
-        let h = forward_child("dropout", &self.dropout, &h)?;
-        let h = forward_child("linear2", &self.linear2, &h)?;
+        let h = feed_forward(x, &self.linear1, &self.dropout, &self.linear2, self.gelu)?;
         forward_child("dropout3", &self.dropout3, &h)
     }
 
