@@ -933,6 +933,18 @@ __device__ __forceinline__ void frag_b_kn(u32 (&r)[4], const T* base, u32 k0, u3
     const u32 lane = threadIdx.x & 31;
     ldsm_x4_t(r, smem_addr(base + (k0 + ((lane >> 3) & 1) * 8 + (lane & 7)) * LD + n0 + (lane >> 4) * 8));
 }
+// When REG, the A fragments of rows m0 .. m0 + 15 over all D columns of two [64][D + 8] tiles
+// (a warp's fixed operands, kept in registers for the whole walk).
+template <typename T, int D, bool REG>
+__device__ __forceinline__ void frag_a_pair(u32 (&x)[REG ? D / 16 : 1][4], u32 (&y)[REG ? D / 16 : 1][4],
+                                            const T* Xs, const T* Ys, u32 m0) {
+    if (!REG) return;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+        frag_a<T, D + 8>(x[REG ? kk : 0], Xs, m0, kk * 16);
+        frag_a<T, D + 8>(y[REG ? kk : 0], Ys, m0, kk * 16);
+    }
+}
 // C (16 x 64) += A (16 x D, fragments af or rows m0.. of As) times the 64 rows of Bs ([n][k]).
 template <typename T, int D, bool REG>
 __device__ __forceinline__ void mma_rows64(float (&c)[8][4], const u32 (&af)[REG ? D / 16 : 1][4], const T* As,
@@ -1043,13 +1055,7 @@ __device__ void attn_mma_bdq_body(const AttnDims& a, float sl2, float scale, con
     cp_async_wait<1>();  // Q and G have landed
     __syncthreads();
     u32 qf[REG ? KS : 1][4], gf[REG ? KS : 1][4];
-    if (REG) {
-#pragma unroll
-        for (int kk = 0; kk < KS; ++kk) {
-            frag_a<T, LD>(qf[REG ? kk : 0], Qs, warp * 16, kk * 16);
-            frag_a<T, LD>(gf[REG ? kk : 0], Gs, warp * 16, kk * 16);
-        }
-    }
+    frag_a_pair<T, D, REG>(qf, gf, Qs, Gs, warp * 16);
 
     for (i64 t = 0; t < ntiles; ++t) {
         const int buf = (int)(t & 1);
@@ -1153,13 +1159,7 @@ __device__ void attn_mma_bdkv_body(const AttnDims& a, float sl2, float scale, co
     cp_async_wait<1>();  // K and V have landed
     __syncthreads();
     u32 kf[REG ? KS : 1][4], vf[REG ? KS : 1][4];
-    if (REG) {
-#pragma unroll
-        for (int kk = 0; kk < KS; ++kk) {
-            frag_a<T, LD>(kf[REG ? kk : 0], Ks, warp * 16, kk * 16);
-            frag_a<T, LD>(vf[REG ? kk : 0], Vs, warp * 16, kk * 16);
-        }
-    }
+    frag_a_pair<T, D, REG>(kf, vf, Ks, Vs, warp * 16);
 
     for (u32 it = 0; it < items; ++it) {
         const int buf = (int)(it & 1);

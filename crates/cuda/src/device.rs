@@ -272,13 +272,7 @@ impl CudaBackend {
 
     /// Seals op outputs: records where in the compute stream they become valid.
     pub(crate) fn finish(&self, outs: Vec<Out>) -> Result<Vec<Arc<dyn Storage>>> {
-        let ready = if self.capturing.load(Ordering::Acquire) {
-            None
-        } else {
-            let e = self.events.get()?;
-            e.record(&self.compute)?;
-            Some(Arc::new(e))
-        };
+        let ready = self.ready_now()?;
         Ok(outs
             .into_iter()
             .map(|o| {
@@ -534,6 +528,15 @@ impl CudaBackend {
         let e = self.events.get()?;
         e.record(&self.compute)?;
         Ok(Arc::new(e))
+    }
+
+    /// Where the work enqueued so far becomes valid: an event at the current end of the
+    /// compute stream, or `None` inside a graph capture (the replay orders it).
+    pub(crate) fn ready_now(&self) -> Result<Option<Arc<Event>>> {
+        match self.capturing.load(Ordering::Acquire) {
+            true => Ok(None),
+            false => self.mark().map(Some),
+        }
     }
 }
 

@@ -296,11 +296,7 @@ pub(crate) fn write_into(dev: &CudaBackend, dst: &Tensor, src: &Tensor) -> Resul
         return Err(Error::backend(op, "destination range outside its storage"));
     }
     copy_to(dev, s, src.layout(), CudaBackend::ptr(dst, d), op)?;
-    let ready = if dev.capturing.load(std::sync::atomic::Ordering::Acquire) {
-        None
-    } else {
-        Some(dev.mark()?)
-    };
+    let ready = dev.ready_now()?;
     d.rewritten(ready);
     Ok(())
 }

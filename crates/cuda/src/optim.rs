@@ -292,11 +292,7 @@ pub(crate) fn step_scalars(
         dev.launch(op, &SOURCE, "step_scalars", cfg, Args::new().arg(a))?;
     }
     // The written scalars become valid after these launches (as after `write_into`).
-    let ready = if dev.capturing.load(std::sync::atomic::Ordering::Acquire) {
-        None
-    } else {
-        Some(dev.mark()?)
-    };
+    let ready = dev.ready_now()?;
     for st in written {
         st.rewritten(ready.clone());
     }
@@ -377,11 +373,7 @@ pub(crate) fn fused_update(dev: &CudaBackend, u: &FusedUpdate<'_>) -> Result<()>
         }
     }
     // The written buffers now become valid after these launches (as after `write_into`).
-    let ready = if dev.capturing.load(std::sync::atomic::Ordering::Acquire) {
-        None
-    } else {
-        Some(dev.mark()?)
-    };
+    let ready = dev.ready_now()?;
     for s in written {
         s.rewritten(ready.clone());
     }

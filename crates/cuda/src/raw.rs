@@ -196,11 +196,7 @@ impl CudaDevice {
         }
         let be = self.be();
         be.bind()?;
-        let ready = if be.capturing.load(std::sync::atomic::Ordering::Acquire) {
-            None
-        } else {
-            Some(be.mark()?)
-        };
+        let ready = be.ready_now()?;
         let len = buf.bytes / esz;
         let storage = Arc::new(CudaStorage::new(
             buf.block.clone(),

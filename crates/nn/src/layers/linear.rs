@@ -97,14 +97,16 @@ pub(crate) fn linear_low(
     let (Some(xl), Some(wl)) = (to_low(x)?, to_low(weight)?) else {
         return Ok(None);
     };
+    let bl = match bias.map(to_low).transpose()? {
+        Some(None) => return Ok(None),
+        Some(Some(bl)) => Some(bl),
+        None => None,
+    };
     let y = xl.matmul(&wl.t()?)?;
-    match bias {
-        None => Ok(Some(y)),
-        Some(b) => match to_low(b)? {
-            Some(bl) => Ok(Some(y.add(&bl)?)),
-            None => Ok(None),
-        },
-    }
+    Ok(Some(match bl {
+        Some(bl) => y.add(&bl)?,
+        None => y,
+    }))
 }
 
 impl Module for Linear {
