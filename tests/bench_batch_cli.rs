@@ -20,9 +20,12 @@ fn stderr(o: &Output) -> String {
 struct Synth(PathBuf);
 
 impl Synth {
-    fn new() -> Synth {
-        let p =
-            std::env::temp_dir().join(format!("ferrite-bench-batch-{}.gguf", std::process::id()));
+    /// `name`: the test's, so tests running at once use files of their own.
+    fn new(name: &str) -> Synth {
+        let p = std::env::temp_dir().join(format!(
+            "ferrite-bench-batch-{}-{name}.gguf",
+            std::process::id()
+        ));
         let o = ferrite(&[
             "synth",
             "--preset",
@@ -50,7 +53,7 @@ impl Drop for Synth {
 
 #[test]
 fn bench_batch_reports_aggregate_and_per_sequence_speeds() {
-    let m = Synth::new();
+    let m = Synth::new("speeds");
     let o = ferrite(&[
         "bench",
         "--device",
@@ -102,4 +105,46 @@ fn bench_batch_reports_aggregate_and_per_sequence_speeds() {
     let o = ferrite(&["bench", "-m", m.s(), "--batch", "0"]);
     assert!(!o.status.success());
     assert!(stderr(&o).contains("--batch"), "{}", stderr(&o));
+}
+
+#[test]
+fn bench_batch_samples_with_temp() {
+    let m = Synth::new("temp");
+    let args = |extra: &[&'static str]| {
+        let mut a = vec![
+            "bench",
+            "--device",
+            "cpu",
+            "-m",
+            m.s(),
+            "-p",
+            "8",
+            "-n",
+            "4",
+            "-r",
+            "1",
+            "--json",
+        ];
+        a.extend_from_slice(extra);
+        a
+    };
+    let o = ferrite(&args(&["--batch", "2", "--temp", "0.8"]));
+    assert!(o.status.success(), "{}", stderr(&o));
+    let j: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(j["temperature"].as_f64(), Some(0.8f32 as f64), "{j}");
+    assert!(
+        j["detail"]
+            .as_str()
+            .unwrap()
+            .contains("sampling at temperature 0.8"),
+        "{j}"
+    );
+    assert!(j["results"][1]["tok_s_mean"].as_f64().unwrap() > 0.0, "{j}");
+    // Batch-1 figures without --batch are greedy: --temp there is refused, naming --batch.
+    let o = ferrite(&args(&["--temp", "0.8"]));
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(stderr(&o).contains("give --batch too"), "{}", stderr(&o));
+    let o = ferrite(&args(&["--batch", "2", "--temp", "nan"]));
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("temperature"), "{}", stderr(&o));
 }

@@ -5,6 +5,7 @@
 # server warmed up first (64 then 1 short requests, not recorded).
 # Usage: scripts/gpu/serve_bench.sh OUTDIR MODEL [LLAMA_SERVER_BIN]
 #   env: CLIENTS="1 8 32 64" PARALLEL=64 CTX=512 (per sequence) FERRITE_BIN=.device/bin/ferrite
+#        TEMP=0 (the requests' temperature; OpenAI's default is 1)
 # llama-server runs with -np PARALLEL, a context of PARALLEL*CTX, flash attention, all layers
 # on the GPU. One JSON line per run in OUTDIR/serve.jsonl and a table on stdout.
 set -uo pipefail
@@ -38,7 +39,7 @@ bench() { # name port
     --json > /dev/null 2>&1
   for n in ${CLIENTS:-1 8 32 64}; do
     "$bin" bench-serve "http://127.0.0.1:$2" -c "$n" -r $((2 * n)) --max-tokens 128 \
-      --prompt "$prompt" --json \
+      --prompt "$prompt" --temp "${TEMP:-0}" --json \
       | python3 -c 'import json,sys; j=json.load(sys.stdin); j["server"]=sys.argv[1]; print(json.dumps(j))' "$1" \
       >> "$out/serve.jsonl"
   done

@@ -36,6 +36,10 @@ pub struct Args {
     /// prompt and generates `-n` tokens; reports aggregate and per-sequence decode tok/s and pp.
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=256))]
     pub batch: Option<u32>,
+    /// With --batch: the sequences sample at this temperature (top-k 40, top-p 0.95, min-p
+    /// 0.05, a seed per sequence) instead of greedy; 0 = greedy.
+    #[arg(long = "temp", default_value_t = 0.0, value_parser = super::llm_args::parse_temp)]
+    pub temp: f32,
 }
 
 const MIB: f64 = 1024.0 * 1024.0;
@@ -100,6 +104,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     };
     if let Some(b) = args.batch {
         return run_batch(&args, &loaded, b as usize, on);
+    }
+    if args.temp > 0.0 {
+        anyhow::bail!(
+            "--temp {} samples through the engine: give --batch too (--batch 1 for one sequence)",
+            args.temp
+        );
     }
     if cuda.is_some() && ferrite_llm::env::flag_or("FERRITE_ENGINE", false) {
         // the engine's CUDA kernel set at batch 1 instead of the launch plan
@@ -372,12 +382,17 @@ fn run_batch(args: &Args, loaded: &Loaded, b: usize, on: BenchDevice<'_>) -> any
     let per_seq: Vec<f64> = tg.iter().map(|v| v / b as f64).collect();
     let ((ppm, pps), (tgm, tgs), (psm, pss)) = (mean_sd(&pp), mean_sd(&tg), mean_sd(&per_seq));
     let name = file_name(loaded);
+    let detail = if args.temp > 0.0 {
+        format!("{detail}, sampling at temperature {}", args.temp)
+    } else {
+        detail
+    };
     if args.json {
         let out = serde_json::json!({
             "model": name, "arch": model.cfg.arch_name, "backend": backend, "device": device,
             "detail": detail, "threads": ferrite_llm::pool::Pool::global().threads(),
             "isa": model.isa().name(),
-            "precision": format!("{:?}", model.precision()), "batch": b,
+            "precision": format!("{:?}", model.precision()), "batch": b, "temperature": args.temp,
             "n_prompt": args.p, "n_gen": args.n, "repetitions": args.r,
             "results": [
                 {"test": format!("pp{}", args.p), "tok_s_mean": ppm, "tok_s_sd": pps, "samples": pp},
@@ -419,7 +434,15 @@ fn engine_runs<K: ferrite_llm::engine::EngineKernels>(
                     ((i * 7919 + (s + 1) * 104_729 + rep as usize * 15_485_863) % vocab) as u32
                 })
                 .collect();
-            engine.add_request(Request::greedy(prompt, args.n))?;
+            let mut req = Request::greedy(prompt, args.n);
+            if args.temp > 0.0 {
+                req.sampling = ferrite_llm::sampler::SamplerConfig {
+                    temperature: args.temp,
+                    seed: s as u64 + 1,
+                    ..Default::default()
+                };
+            }
+            engine.add_request(req)?;
         }
         let mut started = std::collections::HashSet::new();
         let mut t_first = None;

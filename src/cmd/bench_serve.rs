@@ -1,4 +1,4 @@
-//! `ferrite bench-serve URL [-c CLIENTS] [-r REQUESTS] [--max-tokens N] [--prompt TEXT]`:
+//! `ferrite bench-serve URL [-c CLIENTS] [-r REQUESTS] [--max-tokens N] [--prompt TEXT] [--temp T]`:
 //! drives an OpenAI-compatible server (ferrite serve, llama-server) with concurrent streaming
 //! completions and reports aggregate tokens/s, time to first token and inter-token latency
 //! (p50/p90/p99).
@@ -37,9 +37,21 @@ pub struct Args {
     /// Seconds before one request counts as failed.
     #[arg(long, default_value_t = 600)]
     pub timeout: u64,
+    /// Sampling temperature of every request (0: greedy; OpenAI's default is 1).
+    #[arg(long = "temp", default_value_t = 0.0, value_parser = parse_temp)]
+    pub temp: f64,
     /// Print one JSON object.
     #[arg(long)]
     pub json: bool,
+}
+
+fn parse_temp(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if (0.0..=2.0).contains(&v) => Ok(v),
+        _ => Err(format!(
+            "expected a temperature from 0 to 2 (the API's range), got {s:?}"
+        )),
+    }
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
@@ -52,6 +64,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         model: args.model.clone(),
         api_key: args.api_key.clone(),
         timeout: Duration::from_secs(args.timeout),
+        temperature: args.temp,
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

@@ -175,7 +175,7 @@ impl DeviceArgs {
     }
 }
 
-fn parse_temp(s: &str) -> Result<f32, String> {
+pub fn parse_temp(s: &str) -> Result<f32, String> {
     let v: f32 = s.parse().map_err(|e| format!("{e}"))?;
     if !(v.is_finite() && v >= 0.0) {
         return Err(format!("temperature must be finite and >= 0, got {v}"));

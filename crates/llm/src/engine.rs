@@ -29,10 +29,36 @@ use crate::sampler::{Sampler, SamplerConfig};
 pub trait EngineKernels: Kernels<Kv: KvStore> {
     /// Storage for `n_blocks` blocks of [`BLOCK_SIZE`] positions.
     fn new_store(&self, n_blocks: usize) -> Result<Self::Kv>;
-    /// The greedy token (largest logit, lowest id on ties) of each logit row of the last
-    /// step, where the kernel set computes them (CUDA); None: the engine samples from
+    /// The token of each logit row of the last step, where the kernel set picks them
+    /// (CUDA): the greedy one (largest logit, lowest id on ties), or the device sampler's for
+    /// the rows given to [`EngineKernels::sample_rows`]; None: the engine samples from
     /// [`EngineKernels::host_logits`].
-    fn greedy_tokens(&mut self) -> Result<Option<Vec<u32>>>;
+    fn device_tokens(&mut self) -> Result<Option<Vec<u32>>>;
+    /// Starts sampling request `id` on the device (settings `cfg`, token history `history`,
+    /// room for `cap` history tokens in all); false where the kernel set has no device
+    /// sampler and the engine samples on the host.
+    fn add_sampler(
+        &mut self,
+        _id: u64,
+        _cfg: &SamplerConfig,
+        _history: &[u32],
+        _cap: usize,
+    ) -> Result<bool> {
+        Ok(false)
+    }
+    /// Ends request `id`'s device sampler, if it has one.
+    fn remove_sampler(&mut self, _id: u64) {}
+    /// Draws the tokens of the given (logit row, request id) pairs of the last step with
+    /// their device samplers; [`EngineKernels::device_tokens`] then returns them.
+    fn sample_rows(&mut self, rows: &[(usize, u64)]) -> Result<()> {
+        if rows.is_empty() {
+            Ok(())
+        } else {
+            Err(Error::Other(
+                "engine: this kernel set samples on the host".into(),
+            ))
+        }
+    }
     /// The last step's logits on the host, `[logit rows][vocab]` (the sampler's penalties
     /// change them in place).
     fn host_logits(&mut self) -> Result<&mut [f32]>;
@@ -55,7 +81,7 @@ impl EngineKernels for CpuKernels<'_> {
         )
     }
 
-    fn greedy_tokens(&mut self) -> Result<Option<Vec<u32>>> {
+    fn device_tokens(&mut self) -> Result<Option<Vec<u32>>> {
         Ok(None)
     }
 
@@ -73,8 +99,31 @@ impl EngineKernels for CudaKernels<'_> {
         CudaKvStore::new(self.model(), n_blocks)
     }
 
-    fn greedy_tokens(&mut self) -> Result<Option<Vec<u32>>> {
+    fn device_tokens(&mut self) -> Result<Option<Vec<u32>>> {
         self.read_tokens().map(Some)
+    }
+
+    fn add_sampler(
+        &mut self,
+        id: u64,
+        cfg: &SamplerConfig,
+        history: &[u32],
+        cap: usize,
+    ) -> Result<bool> {
+        // FERRITE_GPU_DEVICE_SAMPLING=0: on the host (to compare)
+        if !crate::env::flag_or("FERRITE_GPU_DEVICE_SAMPLING", true) {
+            return Ok(false);
+        }
+        CudaKernels::add_sampler(self, id, cfg, history, cap)?;
+        Ok(true)
+    }
+
+    fn remove_sampler(&mut self, id: u64) {
+        CudaKernels::remove_sampler(self, id);
+    }
+
+    fn sample_rows(&mut self, rows: &[(usize, u64)]) -> Result<()> {
+        CudaKernels::sample_rows(self, rows)
     }
 
     fn host_logits(&mut self) -> Result<&mut [f32]> {
@@ -187,6 +236,8 @@ struct Seq {
     need_blocks: usize,
     /// Runs on the logits before the sampler (logit bias, constrained decoding).
     processor: Option<Box<dyn LogitsProcessor>>,
+    /// Its tokens are drawn by the kernel set's device sampler (not `sampler`).
+    on_device: bool,
 }
 
 impl Seq {
@@ -371,6 +422,7 @@ impl<'m, K: EngineKernels> Engine<'m, K> {
             sampler,
             need_blocks: need,
             processor,
+            on_device: false,
         };
         if self.waiting.is_empty() && self.fits_now(need) {
             self.start(seq)?;
@@ -405,7 +457,21 @@ impl<'m, K: EngineKernels> Engine<'m, K> {
     }
 
     fn start(&mut self, mut seq: Seq) -> Result<()> {
-        seq.computed = self.kv.add_seq(seq.id.0, &seq.tokens)?;
+        // A request that samples (not greedy) without a logits processor draws its tokens on
+        // the device where the kernel set can: no logits to the host.
+        if seq.processor.is_none() && !crate::gpu::device_greedy(seq.sampler.config()) {
+            let cap = seq.prompt_len + seq.max_new;
+            seq.on_device = self
+                .k
+                .add_sampler(seq.id.0, seq.sampler.config(), &seq.tokens, cap)?;
+        }
+        match self.kv.add_seq(seq.id.0, &seq.tokens) {
+            Ok(c) => seq.computed = c,
+            Err(e) => {
+                self.k.remove_sampler(seq.id.0);
+                return Err(e);
+            }
+        }
         self.running.push(seq);
         Ok(())
     }
@@ -416,6 +482,7 @@ impl<'m, K: EngineKernels> Engine<'m, K> {
         if let Some(i) = self.running.iter().position(|s| s.id == id) {
             self.running.remove(i);
             self.kv.remove(id.0);
+            self.k.remove_sampler(id.0);
             true
         } else if let Some(i) = self.waiting.iter().position(|s| s.id == id) {
             self.waiting.remove(i);
@@ -471,14 +538,31 @@ impl<'m, K: EngineKernels> Engine<'m, K> {
         }
         step::forward(self.mcfg, &mut self.k, &mut self.store, &self.batch)?;
         let vocab = self.mcfg.vocab;
-        let host = self.keep_logits
-            || self.plan.iter().any(|&(i, n)| {
-                let s = &self.running[i];
-                s.computed + n == s.tokens.len()
-                    && (s.processor.is_some() || !crate::gpu::device_greedy(s.sampler.config()))
-            });
-        let greedy = if host { None } else { self.k.greedy_tokens()? };
-        if greedy.is_none() {
+        // Logit rows follow the plan: one per sequence whose input ends this step. Rows of
+        // device samplers are drawn there; the others need the host logits unless they are
+        // greedy (the kernel set's pick) and nothing asked for the logits.
+        let mut on_device = Vec::new();
+        let mut host = self.keep_logits;
+        let mut row = 0;
+        for &(i, n) in &self.plan {
+            let s = &self.running[i];
+            if s.computed + n == s.tokens.len() {
+                if s.on_device {
+                    on_device.push((row, s.id.0));
+                } else if s.processor.is_some() || !crate::gpu::device_greedy(s.sampler.config()) {
+                    host = true;
+                }
+                row += 1;
+            }
+        }
+        self.k.sample_rows(&on_device)?;
+        let picked = if host && on_device.is_empty() {
+            None
+        } else {
+            self.k.device_tokens()?
+        };
+        let host = host || picked.is_none();
+        if host {
             self.k.host_logits()?;
             self.run_processors()?;
         }
@@ -493,9 +577,9 @@ impl<'m, K: EngineKernels> Engine<'m, K> {
                 continue;
             }
             self.sampled.push((s.id, row));
-            let tok = match &greedy {
-                Some(t) => t[row],
-                None => {
+            let tok = match &picked {
+                Some(t) if s.on_device || !host => t[row],
+                _ => {
                     // Its processor (if any) has run on this row in `run_processors`.
                     let logits = &mut self.k.host_logits()?[row * vocab..(row + 1) * vocab];
                     s.sampler

@@ -114,6 +114,10 @@ fn gpu_tests() -> Vec<(&'static str, TestFn)> {
         ),
         ("engine_cuda_cancel_frees_blocks", engine_cancel),
         (
+            "engine_cuda_samples_on_the_device_per_request",
+            engine_device_sampling,
+        ),
+        (
             "engine_cuda_tensor_core_steps_match_cpu",
             engine_tensor_core,
         ),
@@ -2624,6 +2628,156 @@ fn engine_cancel(dev: &CudaDevice) -> Option<String> {
     let got: Vec<u32> = runs.get(&short).map(|r| r.0.clone()).unwrap_or_default();
     // the short request's first tokens came out before the drain
     assert!(want[0].1.ends_with(&got), "{got:?} vs {:?}", want[0].1);
+    let _ = std::fs::remove_dir_all(&dir);
+    None
+}
+
+/// Passes the logits through unchanged: a request with it samples on the host.
+struct HostSampling;
+
+impl ferrite_llm::logits_processor::LogitsProcessor for HostSampling {
+    fn process(&mut self, _logits: &mut [f32], _history: &[u32]) -> ferrite_llm::Result<()> {
+        Ok(())
+    }
+    fn accept(&mut self, _token: u32) {}
+}
+
+/// Requests that sample (not greedy) draw their tokens on the device, every such row of a
+/// step in one launch (`sample_rows`), beside greedy requests:
+/// - each drawn token is the device sampler's for its row of the step's logits: `sample_once`
+///   on the logits the engine kept (after the penalties, so drawn again without them), with
+///   that request's seed and draw count;
+/// - the penalties start from the prompt: the first step's penalized logits equal the host
+///   sampler's on the same logits (the same request with a pass-through processor samples on
+///   the host);
+/// - the tokens do not depend on reading the logits to the host, and a request drawn in a
+///   batch gets the tokens it gets alone (its logits are the same bits);
+/// - cancelling a sampling request ends it like any other.
+fn engine_device_sampling(dev: &CudaDevice) -> Option<String> {
+    let dir = tmp_dir();
+    let model = leak(synth_model(GgmlType::Q4_0, &dir, 2, 256));
+    let gm = leak(GpuModel::load(model, dev, 96).unwrap());
+    let vocab = model.cfg.vocab;
+    let plain = SamplerConfig {
+        temperature: 1.3,
+        top_k: 50,
+        top_p: 0.95,
+        min_p: 0.0,
+        repeat_penalty: 1.0,
+        seed: 11,
+        ..SamplerConfig::default()
+    };
+    let penal = SamplerConfig {
+        temperature: 0.9,
+        top_k: 0,
+        top_p: 1.0,
+        min_p: 0.02,
+        repeat_penalty: 1.3,
+        presence_penalty: 0.5,
+        frequency_penalty: 0.25,
+        penalty_last_n: 16,
+        seed: 5,
+    };
+    let n_new = 24;
+    let reqs = [
+        (prompt(12, 1, vocab), SamplerConfig::greedy()),
+        (prompt(30, 2, vocab), plain.clone()),
+        (prompt(7, 3, vocab), penal.clone()),
+        (prompt(7, 3, vocab), SamplerConfig::greedy()),
+    ];
+    let request = |k: usize| Request {
+        sampling: reqs[k].1.clone(),
+        ..Request::greedy(reqs[k].0.clone(), n_new)
+    };
+    // (requests to add, keep the logits, index of a request sampled on the host)
+    let run = |which: &[usize], keep: bool, host: Option<usize>| -> Vec<Run> {
+        let mut e = Engine::cuda(gm, engine_cfg()).unwrap();
+        e.set_keep_logits(keep);
+        let ids: Vec<RequestId> = which
+            .iter()
+            .map(|&k| {
+                let p: Option<Box<dyn ferrite_llm::logits_processor::LogitsProcessor>> =
+                    (host == Some(k)).then(|| Box::new(HostSampling) as _);
+                e.add_request_with(request(k), p).unwrap()
+            })
+            .collect();
+        let mut runs: HashMap<RequestId, Run> = HashMap::new();
+        while e.has_work() {
+            for o in e.step().unwrap() {
+                let r = runs.entry(o.id).or_default();
+                if keep {
+                    r.1.push(e.last_logits(o.id).unwrap().to_vec());
+                }
+                r.0.extend(o.token);
+            }
+        }
+        ids.iter().map(|id| runs.remove(id).unwrap()).collect()
+    };
+    let kept = run(&[0, 1, 2], true, None);
+    let unread = run(&[0, 1, 2], false, None);
+    for k in 0..3 {
+        assert_eq!(
+            kept[k].0.len(),
+            n_new,
+            "request {k}: {} tokens",
+            kept[k].0.len()
+        );
+        assert_eq!(
+            kept[k].0, unread[k].0,
+            "request {k}: its tokens depend on reading the logits"
+        );
+    }
+    for (i, (t, l)) in kept[0].0.iter().zip(&kept[0].1).enumerate() {
+        assert_eq!(*t, argmax(l), "greedy request, token {i}");
+    }
+    for (k, cfg) in [(1usize, &plain), (2, &penal)] {
+        let nopen = SamplerConfig {
+            repeat_penalty: 1.0,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            ..cfg.clone()
+        };
+        for (i, (t, l)) in kept[k].0.iter().zip(&kept[k].1).enumerate() {
+            let buf = up(dev, l);
+            let want =
+                ferrite_llm::gpu::sample_once(dev, &nopen, &buf, vocab, &[], i as u64).unwrap();
+            assert_eq!(
+                *t, want,
+                "request {k}, token {i}: not the device sampler's draw"
+            );
+        }
+        let distinct: std::collections::HashSet<_> = kept[k].0.iter().collect();
+        assert!(distinct.len() > 3, "request {k} drew {:?}", kept[k].0);
+    }
+    // The penalized request's first logits, penalized on the device and on the host, and
+    // unpenalized (request 3: its prompt, greedy; a row's logits do not depend on the batch).
+    let host = run(&[0, 1, 2], true, Some(2));
+    let raw = run(&[3], true, None);
+    let (d, h, r) = (&kept[2].1[0], &host[2].1[0], &raw[0].1[0]);
+    for (j, (a, b)) in d.iter().zip(h).enumerate() {
+        assert!(
+            (a - b).abs() <= 1e-6 * b.abs().max(1.0),
+            "logit {j}: device penalty {a}, host {b}"
+        );
+        let recent = reqs[2].0.contains(&(j as u32));
+        assert_eq!(a != &r[j], recent, "logit {j}: penalized {a}, raw {}", r[j]);
+    }
+    let alone2 = run(&[2], false, None);
+    assert_eq!(alone2[0].0, kept[2].0, "request 2 alone draws other tokens");
+    let alone = run(&[1], false, None);
+    assert_eq!(alone[0].0, kept[1].0, "request 1 alone draws other tokens");
+    // Cancelling a request that samples on the device.
+    let mut e = Engine::cuda(gm, engine_cfg()).unwrap();
+    let a = e.add_request(request(1)).unwrap();
+    let b = e.add_request(request(2)).unwrap();
+    for _ in 0..5 {
+        e.step().unwrap();
+    }
+    assert!(e.cancel(a));
+    let rest = e.run_to_end().unwrap();
+    assert_eq!(rest.len(), 1);
+    assert_eq!(rest[0].0, b);
+    assert_eq!(e.stats().kv.blocks_used, 0);
     let _ = std::fs::remove_dir_all(&dir);
     None
 }

@@ -25,6 +25,8 @@ pub struct BenchConfig {
     pub api_key: Option<String>,
     /// Give up on one request after this long.
     pub timeout: Duration,
+    /// Sampling temperature of every request (0: greedy).
+    pub temperature: f64,
 }
 
 /// Nearest-rank percentiles, in seconds.
@@ -103,7 +105,7 @@ async fn one(client: &reqwest::Client, cfg: &BenchConfig) -> Result<One, String>
         "model": cfg.model,
         "prompt": cfg.prompt,
         "max_tokens": cfg.max_tokens,
-        "temperature": 0.0,
+        "temperature": cfg.temperature,
         "stream": true,
         "stream_options": {"include_usage": true},
         "ignore_eos": true,

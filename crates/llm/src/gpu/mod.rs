@@ -31,7 +31,7 @@ pub(crate) mod matvec;
 pub mod ops;
 pub(crate) mod paged;
 pub(crate) mod prefill;
-mod sample;
+pub(crate) mod sample;
 mod session;
 pub(crate) mod weights;
 

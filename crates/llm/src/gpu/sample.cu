@@ -194,25 +194,16 @@ __device__ u64 sp_select(const float* logits, const u64* q, u32 n, float inv_t, 
     return st.sel;  // not reached
 }
 
-// One block of SP_T threads. `sp`: SampleParams; `hist`: u32 [hist_cap]; `logits`: f32 [n]
-// (penalized in place); `q`: u64 [n] scratch; `out`: the step parameter block (u32 [token,
-// pos, next, sample]): samples only when out[3] != 0, writing the token to out[2].
-extern "C" __global__ void __launch_bounds__(SP_T) sample(u64 spp, u64 histp, u64 logitsp, u32 n,
-                                                         u64 qp, u64 outp) {
+// The sampler of one block of SP_T threads: `sp` its settings and counters, `hist` its token
+// history (u32 [hist_cap]), `logits` f32 [n] (penalized in place), `q` u64 [n] scratch; the
+// token goes to `*out`, is appended to the history, and the draw counter advances.
+__device__ __forceinline__ void sp_run(SampleParams* sp, u32* hist, float* logits, u32 n, u64* q, u32* out) {
     __shared__ SpState st;
     __shared__ u32 hc[256];
     __shared__ u64 hq[256];
     __shared__ u64 red[SP_W];
     __shared__ float redf[SP_W];
     __shared__ u32 redi[SP_W];
-    pdl_wait();
-    pdl_launch();
-    u32* params = (u32*)outp;
-    if (params[3] == 0) return;
-    SampleParams* sp = (SampleParams*)spp;
-    u32* hist = (u32*)histp;
-    float* logits = (float*)logitsp;
-    u64* q = (u64*)qp;
     const u32 tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
 
     // 1. Penalties.
@@ -376,11 +367,34 @@ extern "C" __global__ void __launch_bounds__(SP_T) sample(u64 spp, u64 histp, u6
     }
     if (tid == 0) {
         const u32 tok = st.token;
-        params[2] = tok;
+        *out = tok;
         if (hl < sp->hist_cap) {
             hist[hl] = tok;
             sp->hist_len = hl + 1;
         }
         sp->step += 1;
     }
+}
+
+// One sampler for a decode step: `out` is the step parameter block (u32 [token, pos, next,
+// sample]); samples only when out[3] != 0, writing the token to out[2].
+extern "C" __global__ void __launch_bounds__(SP_T) sample(u64 spp, u64 histp, u64 logitsp, u32 n,
+                                                         u64 qp, u64 outp) {
+    pdl_wait();
+    pdl_launch();
+    u32* params = (u32*)outp;
+    if (params[3] == 0) return;
+    sp_run((SampleParams*)spp, (u32*)histp, (float*)logitsp, n, (u64*)qp, params + 2);
+}
+
+// The samplers of several logit rows (the engine's step), one block each: `table` holds a
+// SpRow per block (its sampler state and scratch, its logit row, where its token goes).
+struct SpRow {
+    u64 sp, hist, logits, q, out;
+};
+extern "C" __global__ void __launch_bounds__(SP_T) sample_rows(u64 table, u32 n) {
+    pdl_wait();
+    pdl_launch();
+    const SpRow r = ((const SpRow*)table)[blockIdx.x];
+    sp_run((SampleParams*)r.sp, (u32*)r.hist, (float*)r.logits, n, (u64*)r.q, (u32*)r.out);
 }

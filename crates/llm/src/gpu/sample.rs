@@ -73,6 +73,21 @@ pub(crate) struct GpuSampler {
     hist_cap: usize,
 }
 
+/// A validated `SampleParams` of `cfg` with an empty history of `hist_cap` tokens, and that
+/// history, on the device.
+fn sampler_state(
+    dev: &CudaDevice,
+    cfg: &SamplerConfig,
+    hist_cap: usize,
+) -> Result<(Buffer, Buffer)> {
+    cfg.validate().map_err(|e| Error::Other(e.to_string()))?;
+    let params = zeros(dev, PARAMS_BYTES, "llm sampler params")?;
+    dev.write_bytes(&params, 0, &params_bytes(cfg, hist_cap))
+        .gpu()?;
+    let hist = zeros(dev, hist_cap.max(1) * 4, "llm sampler history")?;
+    Ok((params, hist))
+}
+
 impl GpuSampler {
     /// Validates `cfg` and allocates the state for `vocab` logits and `hist_cap` history tokens.
     pub(crate) fn new(
@@ -81,11 +96,7 @@ impl GpuSampler {
         vocab: usize,
         hist_cap: usize,
     ) -> Result<GpuSampler> {
-        cfg.validate().map_err(|e| Error::Other(e.to_string()))?;
-        let params = zeros(dev, PARAMS_BYTES, "llm sampler params")?;
-        dev.write_bytes(&params, 0, &params_bytes(cfg, hist_cap))
-            .gpu()?;
-        let hist = zeros(dev, hist_cap * 4, "llm sampler history")?;
+        let (params, hist) = sampler_state(dev, cfg, hist_cap)?;
         let scratch = zeros(dev, vocab * 8, "llm sampler scratch")?;
         Ok(GpuSampler {
             cfg: cfg.clone(),
@@ -152,6 +163,70 @@ impl SampleLaunch {
             .arg(self.out);
         super::launch(dev, "sample", &SOURCE, "sample", cfg, args)
     }
+}
+
+/// The device sampler of one engine request (its settings, draw counter and token history);
+/// the scratch belongs to the kernel set, one per logit row (`sample_rows`).
+pub(crate) struct RowSampler {
+    params: Buffer,
+    hist: Buffer,
+}
+
+impl RowSampler {
+    /// Validates `cfg` and starts the history with `history` (the prompt), room for `hist_cap`
+    /// tokens in all (the request's positions; the kernel appends each drawn token while
+    /// there is room).
+    pub(crate) fn new(
+        dev: &CudaDevice,
+        cfg: &SamplerConfig,
+        history: &[u32],
+        hist_cap: usize,
+    ) -> Result<RowSampler> {
+        let cap = hist_cap.max(history.len());
+        let (params, hist) = sampler_state(dev, cfg, cap)?;
+        if !history.is_empty() {
+            let b: Vec<u8> = history.iter().flat_map(|v| v.to_le_bytes()).collect();
+            dev.write_bytes(&hist, 0, &b).gpu()?;
+            dev.write_bytes(&params, HIST_LEN_OFF, &(history.len() as u32).to_le_bytes())
+                .gpu()?;
+        }
+        Ok(RowSampler { params, hist })
+    }
+}
+
+/// Bytes of `SpRow` (sample.cu): one row of a `sample_rows` table.
+pub(crate) const ROW_BYTES: usize = 40;
+
+/// Draws one token for each of `rows` in one launch (`sample_rows`, a block of 1024 threads per
+/// row): row i = (its request's sampler, its f32 [vocab] logits (penalized in place), a u64
+/// [vocab] scratch of its own, where its u32 token goes), all device addresses. `table` (at
+/// least `rows.len() * ROW_BYTES` bytes) is rewritten, stream-ordered, before the launch.
+pub(crate) fn sample_rows(
+    dev: &CudaDevice,
+    table: &Buffer,
+    rows: &[(&RowSampler, u64, u64, u64)],
+    vocab: usize,
+) -> Result<()> {
+    if rows.is_empty() {
+        return Ok(());
+    }
+    if table.bytes() < rows.len() * ROW_BYTES {
+        return Err(Error::Other(format!(
+            "sample_rows: a table of {} bytes for {} rows",
+            table.bytes(),
+            rows.len()
+        )));
+    }
+    let mut b = Vec::with_capacity(rows.len() * ROW_BYTES);
+    for (s, logits, scratch, out) in rows {
+        for p in [s.params.ptr(), s.hist.ptr(), *logits, *scratch, *out] {
+            b.extend_from_slice(&p.to_le_bytes());
+        }
+    }
+    dev.write_bytes(table, 0, &b).gpu()?;
+    let cfg = LaunchConfig::new((rows.len() as u32, 1, 1), (1024, 1, 1), 0);
+    let args = KernelArgs::new().arg(table.ptr()).arg(vocab as u32);
+    super::launch(dev, "sample", &SOURCE, "sample_rows", cfg, args)
 }
 
 /// Samples one token from `logits` (f32 [vocab] on the device; penalized in place) with the

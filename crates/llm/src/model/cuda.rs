@@ -27,9 +27,11 @@ use crate::error::{Error, Result};
 use crate::gpu::decode::{self, AttnShape};
 use crate::gpu::matvec::{self, Mode, Seg};
 use crate::gpu::paged::{self, PagedAttnArgs, PagedLaunch, RopeStoreArgs, KV_BS, PAD_ROW};
+use crate::gpu::sample::{self, RowSampler};
 use crate::gpu::weights::{GpuMatrix, GpuModel};
 use crate::gpu::{zeros, CudaResult, Launch};
 use crate::kv_cache::{BlockId, KvStore};
+use crate::sampler::SamplerConfig;
 
 /// Largest batch-size bucket with a captured graph.
 pub const MAX_GRAPH_ROWS: usize = 64;
@@ -244,6 +246,12 @@ pub struct CudaKernels<'g> {
     /// out (the f32 cuBLASLt products then).
     mq2: Option<Mq2>,
     mq2_tried: bool,
+    /// The device samplers of requests that sample on the device, by request id
+    /// (`add_sampler`); the table and the per-row scratch of `sample_rows` (made at its first
+    /// call: a u64 per vocabulary entry and logit row).
+    samplers: HashMap<u64, RowSampler>,
+    sample_table: Option<Buffer>,
+    sample_q: Option<Buffer>,
 }
 
 /// Layer and slot (`prefill::SLOT_*`) of a matrix, as `GpuModel::mmq_copies` keeps them.
@@ -411,6 +419,9 @@ impl<'g> CudaKernels<'g> {
             mma_part,
             mq2: None,
             mq2_tried: false,
+            samplers: HashMap::new(),
+            sample_table: None,
+            sample_q: None,
         })
     }
 
@@ -462,8 +473,8 @@ impl<'g> CudaKernels<'g> {
         self.n_out
     }
 
-    /// The greedy token (largest logit, lowest id on ties) of each logit row of the last
-    /// step (waits for the step).
+    /// The token of each logit row of the last step (waits for the step): the greedy one
+    /// (largest logit, lowest id on ties), or the device sampler's where `sample_rows` drew it.
     pub fn read_tokens(&self) -> Result<Vec<u32>> {
         let b = self
             .dev
@@ -472,6 +483,77 @@ impl<'g> CudaKernels<'g> {
         Ok(b.chunks_exact(4)
             .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
             .collect())
+    }
+
+    /// Samples request `id`'s tokens on the device from now on (`sample_rows`): settings `cfg`
+    /// (validated here), token history `history` (its prompt), room for `cap` history tokens
+    /// in all.
+    pub fn add_sampler(
+        &mut self,
+        id: u64,
+        cfg: &SamplerConfig,
+        history: &[u32],
+        cap: usize,
+    ) -> Result<()> {
+        let s = RowSampler::new(&self.dev, cfg, history, cap)?;
+        self.samplers.insert(id, s);
+        Ok(())
+    }
+
+    /// Frees request `id`'s device sampler (none: nothing happens).
+    pub fn remove_sampler(&mut self, id: u64) {
+        self.samplers.remove(&id);
+    }
+
+    /// Draws the token of each (logit row, request id) of the last step with that request's
+    /// device sampler, in one launch after the step: the token goes to the row's slot of the
+    /// step's tokens (`read_tokens`, replacing the greedy pick), the row's logits are
+    /// penalized in place, the sampler's history and draw counter advance.
+    pub fn sample_rows(&mut self, rows: &[(usize, u64)]) -> Result<()> {
+        if rows.is_empty() {
+            return Ok(());
+        }
+        let (vocab, max) = (self.m.cfg.vocab, self.lim.max_out);
+        if rows.len() > max {
+            return Err(Error::Other(format!(
+                "cuda kernels: {} rows to sample; at most {max}",
+                rows.len()
+            )));
+        }
+        if self.sample_table.is_none() || self.sample_q.is_none() {
+            self.sample_table = Some(zeros(
+                &self.dev,
+                max * sample::ROW_BYTES,
+                "llm engine sampler table",
+            )?);
+            self.sample_q = Some(zeros(
+                &self.dev,
+                max * vocab * 8,
+                "llm engine sampler scratch",
+            )?);
+        }
+        let (Some(table), Some(q)) = (&self.sample_table, &self.sample_q) else {
+            return Err(Error::Other("cuda kernels: sampler scratch missing".into()));
+        };
+        let mut list = Vec::with_capacity(rows.len());
+        for (slot, &(row, id)) in rows.iter().enumerate() {
+            if row >= self.n_out {
+                return Err(Error::Other(format!(
+                    "cuda kernels: logit row {row} to sample; the step has {}",
+                    self.n_out
+                )));
+            }
+            let s = self.samplers.get(&id).ok_or_else(|| {
+                Error::Other(format!("cuda kernels: request {id} has no device sampler"))
+            })?;
+            list.push((
+                s,
+                self.logits.ptr() + (row * vocab * 4) as u64,
+                q.ptr() + (slot * vocab * 8) as u64,
+                self.tokens_out.ptr() + (row * 4) as u64,
+            ));
+        }
+        sample::sample_rows(&self.dev, table, &list, vocab)
     }
 
     /// The logits of the last step, `[out rows][vocab]` (waits for the step).

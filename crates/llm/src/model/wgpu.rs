@@ -1848,7 +1848,7 @@ impl EngineKernels for WgpuKernels<'_> {
         WgpuKvStore::new(self.m, n_blocks)
     }
 
-    fn greedy_tokens(&mut self) -> Result<Option<Vec<u32>>> {
+    fn device_tokens(&mut self) -> Result<Option<Vec<u32>>> {
         self.read_tokens().map(Some)
     }
 
