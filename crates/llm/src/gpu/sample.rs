@@ -64,28 +64,44 @@ fn params_bytes(cfg: &SamplerConfig, hist_cap: usize) -> [u8; PARAMS_BYTES] {
     b
 }
 
-/// The sampler state of a session on the device.
-pub(crate) struct GpuSampler {
-    pub(crate) cfg: SamplerConfig,
+/// A sampler's state on the device: its settings and draw counter (`SampleParams`) and its
+/// token history, with room for `cap` tokens. A session's sampler (`GpuSampler`) adds a
+/// scratch of its own; an engine request's is the kernel set's, one per logit row
+/// (`sample_rows`).
+pub(crate) struct SamplerState {
     params: Buffer,
     hist: Buffer,
-    scratch: Buffer,
-    hist_cap: usize,
+    cap: usize,
 }
 
-/// A validated `SampleParams` of `cfg` with an empty history of `hist_cap` tokens, and that
-/// history, on the device.
-fn sampler_state(
-    dev: &CudaDevice,
-    cfg: &SamplerConfig,
-    hist_cap: usize,
-) -> Result<(Buffer, Buffer)> {
-    cfg.validate().map_err(|e| Error::Other(e.to_string()))?;
-    let params = zeros(dev, PARAMS_BYTES, "llm sampler params")?;
-    dev.write_bytes(&params, 0, &params_bytes(cfg, hist_cap))
-        .gpu()?;
-    let hist = zeros(dev, hist_cap.max(1) * 4, "llm sampler history")?;
-    Ok((params, hist))
+impl SamplerState {
+    /// Validates `cfg`; the history starts empty and the draw counter at 0.
+    pub(crate) fn new(dev: &CudaDevice, cfg: &SamplerConfig, cap: usize) -> Result<SamplerState> {
+        cfg.validate().map_err(|e| Error::Other(e.to_string()))?;
+        let params = zeros(dev, PARAMS_BYTES, "llm sampler params")?;
+        dev.write_bytes(&params, 0, &params_bytes(cfg, cap)).gpu()?;
+        let hist = zeros(dev, cap.max(1) * 4, "llm sampler history")?;
+        Ok(SamplerState { params, hist, cap })
+    }
+
+    /// Replaces the history with `tokens` (their last `cap` if longer); the draw counter
+    /// keeps counting.
+    pub(crate) fn set_history(&self, dev: &CudaDevice, tokens: &[u32]) -> Result<()> {
+        let t = &tokens[tokens.len().saturating_sub(self.cap)..];
+        if !t.is_empty() {
+            let b: Vec<u8> = t.iter().flat_map(|v| v.to_le_bytes()).collect();
+            dev.write_bytes(&self.hist, 0, &b).gpu()?;
+        }
+        dev.write_bytes(&self.params, HIST_LEN_OFF, &(t.len() as u32).to_le_bytes())
+            .gpu()
+    }
+}
+
+/// The sampler of a session on the device.
+pub(crate) struct GpuSampler {
+    pub(crate) cfg: SamplerConfig,
+    state: SamplerState,
+    scratch: Buffer,
 }
 
 impl GpuSampler {
@@ -96,27 +112,17 @@ impl GpuSampler {
         vocab: usize,
         hist_cap: usize,
     ) -> Result<GpuSampler> {
-        let (params, hist) = sampler_state(dev, cfg, hist_cap)?;
-        let scratch = zeros(dev, vocab * 8, "llm sampler scratch")?;
         Ok(GpuSampler {
             cfg: cfg.clone(),
-            params,
-            hist,
-            scratch,
-            hist_cap,
+            state: SamplerState::new(dev, cfg, hist_cap)?,
+            scratch: zeros(dev, vocab * 8, "llm sampler scratch")?,
         })
     }
 
     /// Replaces the history with `tokens` (their last `hist_cap` if longer); the draw counter
     /// keeps counting.
     pub(crate) fn set_history(&self, dev: &CudaDevice, tokens: &[u32]) -> Result<()> {
-        let t = &tokens[tokens.len().saturating_sub(self.hist_cap)..];
-        if !t.is_empty() {
-            let b: Vec<u8> = t.iter().flat_map(|v| v.to_le_bytes()).collect();
-            dev.write_bytes(&self.hist, 0, &b).gpu()?;
-        }
-        dev.write_bytes(&self.params, HIST_LEN_OFF, &(t.len() as u32).to_le_bytes())
-            .gpu()
+        self.state.set_history(dev, tokens)
     }
 
     /// The launch that samples from `logits` (f32 [vocab]) into the step parameter block.
@@ -130,8 +136,8 @@ impl GpuSampler {
             return Err(Error::Other("sample: buffers too small".into()));
         }
         Ok(SampleLaunch {
-            params: self.params.ptr(),
-            hist: self.hist.ptr(),
+            params: self.state.params.ptr(),
+            hist: self.state.hist.ptr(),
             logits: logits.ptr(),
             n: vocab as u32,
             scratch: self.scratch.ptr(),
@@ -165,46 +171,17 @@ impl SampleLaunch {
     }
 }
 
-/// The device sampler of one engine request (its settings, draw counter and token history);
-/// the scratch belongs to the kernel set, one per logit row (`sample_rows`).
-pub(crate) struct RowSampler {
-    params: Buffer,
-    hist: Buffer,
-}
-
-impl RowSampler {
-    /// Validates `cfg` and starts the history with `history` (the prompt), room for `hist_cap`
-    /// tokens in all (the request's positions; the kernel appends each drawn token while
-    /// there is room).
-    pub(crate) fn new(
-        dev: &CudaDevice,
-        cfg: &SamplerConfig,
-        history: &[u32],
-        hist_cap: usize,
-    ) -> Result<RowSampler> {
-        let cap = hist_cap.max(history.len());
-        let (params, hist) = sampler_state(dev, cfg, cap)?;
-        if !history.is_empty() {
-            let b: Vec<u8> = history.iter().flat_map(|v| v.to_le_bytes()).collect();
-            dev.write_bytes(&hist, 0, &b).gpu()?;
-            dev.write_bytes(&params, HIST_LEN_OFF, &(history.len() as u32).to_le_bytes())
-                .gpu()?;
-        }
-        Ok(RowSampler { params, hist })
-    }
-}
-
 /// Bytes of `SpRow` (sample.cu): one row of a `sample_rows` table.
 pub(crate) const ROW_BYTES: usize = 40;
 
 /// Draws one token for each of `rows` in one launch (`sample_rows`, a block of 1024 threads per
-/// row): row i = (its request's sampler, its f32 [vocab] logits (penalized in place), a u64
+/// row): row i = (its request's sampler state, its f32 [vocab] logits (penalized in place), a u64
 /// [vocab] scratch of its own, where its u32 token goes), all device addresses. `table` (at
 /// least `rows.len() * ROW_BYTES` bytes) is rewritten, stream-ordered, before the launch.
 pub(crate) fn sample_rows(
     dev: &CudaDevice,
     table: &Buffer,
-    rows: &[(&RowSampler, u64, u64, u64)],
+    rows: &[(&SamplerState, u64, u64, u64)],
     vocab: usize,
 ) -> Result<()> {
     if rows.is_empty() {
@@ -243,7 +220,8 @@ pub fn sample_once(
 ) -> Result<u32> {
     let s = GpuSampler::new(dev, cfg, vocab, history.len().max(1))?;
     s.set_history(dev, history)?;
-    dev.write_bytes(&s.params, 56, &step.to_le_bytes()).gpu()?;
+    dev.write_bytes(&s.state.params, 56, &step.to_le_bytes())
+        .gpu()?;
     let out = zeros(dev, 16, "llm sample step")?;
     dev.write_bytes(&out, 12, &1u32.to_le_bytes()).gpu()?;
     s.plan(logits, vocab, &out)?.enqueue(dev)?;

@@ -27,7 +27,7 @@ use crate::error::{Error, Result};
 use crate::gpu::decode::{self, AttnShape};
 use crate::gpu::matvec::{self, Mode, Seg};
 use crate::gpu::paged::{self, PagedAttnArgs, PagedLaunch, RopeStoreArgs, KV_BS, PAD_ROW};
-use crate::gpu::sample::{self, RowSampler};
+use crate::gpu::sample::{self, SamplerState};
 use crate::gpu::weights::{GpuMatrix, GpuModel};
 use crate::gpu::{zeros, CudaResult, Launch};
 use crate::kv_cache::{BlockId, KvStore};
@@ -249,7 +249,7 @@ pub struct CudaKernels<'g> {
     /// The device samplers of requests that sample on the device, by request id
     /// (`add_sampler`); the table and the per-row scratch of `sample_rows` (made at its first
     /// call: a u64 per vocabulary entry and logit row).
-    samplers: HashMap<u64, RowSampler>,
+    samplers: HashMap<u64, SamplerState>,
     sample_table: Option<Buffer>,
     sample_q: Option<Buffer>,
 }
@@ -495,7 +495,8 @@ impl<'g> CudaKernels<'g> {
         history: &[u32],
         cap: usize,
     ) -> Result<()> {
-        let s = RowSampler::new(&self.dev, cfg, history, cap)?;
+        let s = SamplerState::new(&self.dev, cfg, cap.max(history.len()))?;
+        s.set_history(&self.dev, history)?;
         self.samplers.insert(id, s);
         Ok(())
     }
