@@ -216,7 +216,9 @@ const MIB: f64 = 1024.0 * 1024.0;
 
 /// Device bytes the CUDA engine of `ecfg` allocates besides the weights: the paged KV cache
 /// (keys and values, f16, every layer, `ecfg.kv_blocks` blocks) and the step's activation,
-/// logit and attention scratch (a lower bound: `CudaKernels` sizes it exactly).
+/// logit and attention scratch (a lower bound: `CudaKernels` sizes it exactly), with the
+/// device sampler's scratch (a u64 per vocabulary entry and sequence, made at the first
+/// sampled step).
 pub fn cuda_engine_bytes(c: &ferrite_llm::Config, ecfg: &EngineConfig) -> (usize, usize) {
     let block = c.n_layer * c.n_kv_head * BLOCK_SIZE * c.head_dim * 2;
     let kv = 2usize.saturating_mul(block).saturating_mul(ecfg.kv_blocks);
@@ -228,6 +230,7 @@ pub fn cuda_engine_bytes(c: &ferrite_llm::Config, ecfg: &EngineConfig) -> (usize
     let scratch = rows
         .saturating_mul(per_row)
         .saturating_add(ecfg.max_seqs.saturating_mul(c.d_model + c.vocab))
+        .saturating_add(ecfg.max_seqs.saturating_mul(c.vocab).saturating_mul(2))
         .saturating_mul(4);
     (kv, scratch)
 }
