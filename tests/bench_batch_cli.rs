@@ -51,25 +51,17 @@ impl Drop for Synth {
     }
 }
 
+/// `ferrite bench --device cpu -m M -r 1 --json` with `extra` flags.
+fn bench_json(m: &Synth, extra: &[&str]) -> Output {
+    let mut a = vec!["bench", "--device", "cpu", "-m", m.s(), "-r", "1", "--json"];
+    a.extend_from_slice(extra);
+    ferrite(&a)
+}
+
 #[test]
 fn bench_batch_reports_aggregate_and_per_sequence_speeds() {
     let m = Synth::new("speeds");
-    let o = ferrite(&[
-        "bench",
-        "--device",
-        "cpu",
-        "-m",
-        m.s(),
-        "-p",
-        "20",
-        "-n",
-        "5",
-        "-r",
-        "1",
-        "--batch",
-        "3",
-        "--json",
-    ]);
+    let o = bench_json(&m, &["-p", "20", "-n", "5", "--batch", "3"]);
     assert!(o.status.success(), "{}", stderr(&o));
     let j: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(j["batch"], 3);
@@ -83,19 +75,7 @@ fn bench_batch_reports_aggregate_and_per_sequence_speeds() {
     assert!(pp > 0.0 && tg > 0.0, "{j}");
     assert!((per * 3.0 / tg - 1.0).abs() < 1e-9, "{per} x 3 vs {tg}");
 
-    let o = ferrite(&[
-        "bench",
-        "--device",
-        "cpu",
-        "-m",
-        m.s(),
-        "-p",
-        "0",
-        "-n",
-        "5",
-        "--batch",
-        "2",
-    ]);
+    let o = bench_json(&m, &["-p", "0", "-n", "5", "--batch", "2"]);
     assert!(!o.status.success());
     assert!(
         stderr(&o).contains("--batch needs -p and -n of at least 1"),
@@ -110,25 +90,7 @@ fn bench_batch_reports_aggregate_and_per_sequence_speeds() {
 #[test]
 fn bench_batch_samples_with_temp() {
     let m = Synth::new("temp");
-    let args = |extra: &[&'static str]| {
-        let mut a = vec![
-            "bench",
-            "--device",
-            "cpu",
-            "-m",
-            m.s(),
-            "-p",
-            "8",
-            "-n",
-            "4",
-            "-r",
-            "1",
-            "--json",
-        ];
-        a.extend_from_slice(extra);
-        a
-    };
-    let o = ferrite(&args(&["--batch", "2", "--temp", "0.8"]));
+    let o = bench_json(&m, &["-p", "8", "-n", "4", "--batch", "2", "--temp", "0.8"]);
     assert!(o.status.success(), "{}", stderr(&o));
     let j: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(j["temperature"].as_f64(), Some(0.8f32 as f64), "{j}");
@@ -141,10 +103,10 @@ fn bench_batch_samples_with_temp() {
     );
     assert!(j["results"][1]["tok_s_mean"].as_f64().unwrap() > 0.0, "{j}");
     // Batch-1 figures without --batch are greedy: --temp there is refused, naming --batch.
-    let o = ferrite(&args(&["--temp", "0.8"]));
+    let o = bench_json(&m, &["-p", "8", "-n", "4", "--temp", "0.8"]);
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
     assert!(stderr(&o).contains("give --batch too"), "{}", stderr(&o));
-    let o = ferrite(&args(&["--batch", "2", "--temp", "nan"]));
+    let o = bench_json(&m, &["-p", "8", "-n", "4", "--batch", "2", "--temp", "nan"]);
     assert!(!o.status.success());
     assert!(stderr(&o).contains("temperature"), "{}", stderr(&o));
 }

@@ -250,8 +250,7 @@ pub struct CudaKernels<'g> {
     /// (`add_sampler`); the table and the per-row scratch of `sample_rows` (made at its first
     /// call: a u64 per vocabulary entry and logit row).
     samplers: HashMap<u64, SamplerState>,
-    sample_table: Option<Buffer>,
-    sample_q: Option<Buffer>,
+    sample_scratch: Option<(Buffer, Buffer)>,
 }
 
 /// Layer and slot (`prefill::SLOT_*`) of a matrix, as `GpuModel::mmq_copies` keeps them.
@@ -420,8 +419,7 @@ impl<'g> CudaKernels<'g> {
             mq2: None,
             mq2_tried: false,
             samplers: HashMap::new(),
-            sample_table: None,
-            sample_q: None,
+            sample_scratch: None,
         })
     }
 
@@ -521,19 +519,16 @@ impl<'g> CudaKernels<'g> {
                 rows.len()
             )));
         }
-        if self.sample_table.is_none() || self.sample_q.is_none() {
-            self.sample_table = Some(zeros(
+        if self.sample_scratch.is_none() {
+            let table = zeros(
                 &self.dev,
                 max * sample::ROW_BYTES,
                 "llm engine sampler table",
-            )?);
-            self.sample_q = Some(zeros(
-                &self.dev,
-                max * vocab * 8,
-                "llm engine sampler scratch",
-            )?);
+            )?;
+            let q = zeros(&self.dev, max * vocab * 8, "llm engine sampler scratch")?;
+            self.sample_scratch = Some((table, q));
         }
-        let (Some(table), Some(q)) = (&self.sample_table, &self.sample_q) else {
+        let Some((table, q)) = &self.sample_scratch else {
             return Err(Error::Other("cuda kernels: sampler scratch missing".into()));
         };
         let mut list = Vec::with_capacity(rows.len());
