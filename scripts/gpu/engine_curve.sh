@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The CUDA engine's batch curve on a machine with an NVIDIA GPU: for each MODEL, today's
-# batch-1 launch plan (`ferrite bench`, GpuSession) and then the engine (`ferrite bench
-# --batch B`, the CUDA kernel set of the one model definition) at B = 1, 2, 4, ... 64, each
+# The CUDA engine's batch curve on a machine with an NVIDIA GPU: for each MODEL, one sequence
+# (`ferrite bench`, `Session::cuda`) and then the engine (`ferrite bench --batch B`), both the
+# CUDA kernel set of the one model definition, at B = 1, 2, 4, ... 64, each
 # sequence with a -p token prompt and -n generated tokens; one JSON line per run in
 # OUTDIR/curve.jsonl and a table on stdout.
 # Usage: scripts/gpu/engine_curve.sh OUTDIR MODEL... [env: P=512 N=128 R=2 BATCHES="1 2 4 8 16 32 64"]

@@ -9,7 +9,7 @@
 //! definition) and reports aggregate and per-sequence speeds. On a wgpu adapter (`--device
 //! wgpu|vulkan|metal|dx12`) the engine's wgpu kernel set always runs (`--batch 1` unless given).
 
-use ferrite_llm::gpu::{CudaDevice, GpuModel, GpuSession};
+use ferrite_llm::gpu::{CudaDevice, GpuModel};
 use ferrite_llm::{Logits, Session};
 
 use super::llm_args::{DeviceArgs, Loaded, ModelArgs};
@@ -111,10 +111,6 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             args.temp
         );
     }
-    if cuda.is_some() && ferrite_llm::env::flag_or("FERRITE_ENGINE", false) {
-        // the engine's CUDA kernel set at batch 1 instead of the launch plan
-        return run_batch(&args, &loaded, 1, on);
-    }
     if let Some(dev) = cuda {
         return run_cuda(&args, &loaded, &dev, need, &tokens);
     }
@@ -189,7 +185,8 @@ fn file_name(loaded: &Loaded) -> String {
     )
 }
 
-/// pp and tg on the GPU; tg also as GB/s of weights read.
+/// pp and tg on the GPU, one sequence (`Session::cuda`: the model definition on the CUDA kernel
+/// set, decode steps replayed from a graph); tg also as GB/s of weights read.
 fn run_cuda(
     args: &Args,
     loaded: &Loaded,
@@ -201,7 +198,7 @@ fn run_cuda(
     dev.reset_peak_memory();
     let free0 = dev.mem_info()?.0;
     let gm = GpuModel::load(model, dev, need)?;
-    let mut session = GpuSession::new(&gm)?;
+    let mut session = Session::cuda(&gm, need)?;
     let per_token = gm.bytes_per_token() as f64;
     let mut results = Vec::new();
     for (name, count) in [("pp", args.p), ("tg", args.n)] {
@@ -212,11 +209,12 @@ fn run_cuda(
         for rep in 0..=args.r {
             session.truncate(0);
             let t0 = std::time::Instant::now();
+            // each step reads back its greedy token, as generation does
             if name == "pp" {
-                session.forward_tokens(&tokens[..count])?;
+                session.forward_pick(&tokens[..count])?;
             } else {
                 for &t in &tokens[..count] {
-                    session.forward_token(t)?;
+                    session.forward_pick(&[t])?;
                 }
             }
             let secs = t0.elapsed().as_secs_f64();
@@ -232,19 +230,20 @@ fn run_cuda(
     // modules, cuBLASLt's workspace and the graph), against weights + KV cache + 10% + 256 MiB.
     let mem = dev.memory_stats();
     let taken = free0.saturating_sub(dev.mem_info()?.0);
-    let (wb, kvb) = (gm.weight_bytes(), session.kv_bytes());
+    let (wb, kvb) = (gm.weight_bytes(), session.kv_store().bytes());
     let bound = (wb + kvb) as f64 * 1.1 + 256.0 * MIB;
     let name = file_name(loaded);
     let size_mib = model.gguf().file_size() as f64 / MIB;
     let backend = format!("CUDA ({})", dev.name());
+    let q8 = model.precision() == ferrite_llm::Precision::Q8;
     let mode = format!(
         "{}, {} activations",
-        if session.is_eager() {
-            "eager launches"
-        } else {
+        if session.kernels().uses_graphs() {
             "graph"
+        } else {
+            "eager launches"
         },
-        if session.is_q8() { "q8" } else { "f32" }
+        if q8 { "q8" } else { "f32" }
     );
     let gb_s = |tok_s: f64| per_token * tok_s / 1e9;
     if args.json {
@@ -263,9 +262,9 @@ fn run_cuda(
         let out = serde_json::json!({
             "model": loaded.path, "model_file": name, "size_mib": size_mib,
             "arch": model.cfg.arch_name, "backend": "cuda", "device": backend,
-            "precision": if session.is_q8() { "q8" } else { "f32" },
+            "precision": if q8 { "q8" } else { "f32" },
             "n_prompt": args.p, "n_gen": args.n, "ctx": need,
-            "version": env!("CARGO_PKG_VERSION"), "mode": mode, "kernels_per_token": session.launches_per_token(),
+            "version": env!("CARGO_PKG_VERSION"), "mode": mode, "step_rows": ferrite_llm::session::CUDA_ROWS,
             "weight_bytes_per_token": per_token, "repetitions": args.r, "results": tests,
             "memory": {"peak_in_use": mem.peak_in_use, "reserved": mem.reserved,
                        "taken_from_driver": taken, "weights": wb, "kv_cache": kvb, "bound": bound},
@@ -283,17 +282,9 @@ fn run_cuda(
             println!("| {name} | {size_mib:.2} MiB | {backend} | {mode} | {t} | {m:.2} ± {s:.2} | {bw} |");
         }
         eprintln!(
-            "{} kernels per decode token; {:.1} MiB of weights read per token; pp: {}",
-            session.launches_per_token(),
+            "{:.1} MiB of weights read per token; pp: steps of up to {} tokens",
             per_token / MIB,
-            if session.is_batched() {
-                format!(
-                    "batched prefill, chunks of {} tokens",
-                    session.prefill_chunk()
-                )
-            } else {
-                "one decode step per token (FERRITE_GPU_PREFILL=0)".to_string()
-            }
+            ferrite_llm::session::CUDA_ROWS,
         );
         eprintln!(
             "device memory: peak {:.1} MiB allocated ({:.1} MiB reserved), {:.1} MiB taken from the driver; weights {:.1} MiB + KV cache {:.1} MiB ({} positions): bound (+10% + 256 MiB) {:.1} MiB",

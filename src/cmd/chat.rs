@@ -85,8 +85,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         None => None,
     };
     let mut session = match (&gm, &wm) {
-        (_, Some(wm)) => Sess::Wgpu(Box::new(ferrite_llm::model::WgpuSession::new(wm, ctx)?)),
-        (Some(gm), None) => Sess::Gpu(ferrite_llm::gpu::GpuSession::new(gm)?),
+        (_, Some(wm)) => Sess::Wgpu(Box::new(Session::wgpu(wm, ctx)?)),
+        (Some(gm), None) => Sess::Gpu(Box::new(Session::cuda(gm, ctx)?)),
         (None, None) => Sess::Cpu(Session::new(model, ctx)?),
     };
     // Ctrl-C outside line editing (while a reply streams) sets this flag; the generation loop
@@ -171,9 +171,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         let mut out = |t: &str| print_flush(t);
         let gen = match &mut session {
             Sess::Cpu(s) => generate(s, tok, &mut sampler, prompt, max_new, &[], &mut out)?,
-            Sess::Gpu(s) => {
-                ferrite_llm::gpu::generate(s, tok, &mut sampler, prompt, max_new, &[], &mut out)?
-            }
+            Sess::Gpu(s) => generate(&mut **s, tok, &mut sampler, prompt, max_new, &[], &mut out)?,
             Sess::Wgpu(s) => generate(&mut **s, tok, &mut sampler, prompt, max_new, &[], &mut out)?,
         };
         print_flush("\n");
@@ -354,12 +352,12 @@ impl Conversation<'_> {
     }
 }
 
-/// The conversation's session on the CPU or on a CUDA device (`--device`).
+/// The conversation's session on the CPU, a CUDA device or a wgpu device (`--device`).
 enum Sess<'m> {
     Cpu(Session<'m>),
-    Gpu(ferrite_llm::gpu::GpuSession<'m>),
-    // Boxed: its kernels' scratch handles make it several times the others' size.
-    Wgpu(Box<ferrite_llm::model::WgpuSession<'m>>),
+    // Boxed: their kernels' scratch handles make them several times the CPU's size.
+    Gpu(Box<Session<'m, ferrite_llm::model::CudaKernels<'m>>>),
+    Wgpu(Box<Session<'m, ferrite_llm::model::WgpuKernels<'m>>>),
 }
 
 impl Sess<'_> {

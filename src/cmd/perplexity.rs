@@ -115,25 +115,24 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
         anyhow::Ok(())
     };
-    match &cuda {
-        _ if wgpu.is_some() => {
-            let dev = wgpu.as_ref().context("wgpu device")?;
+    match (&cuda, &wgpu) {
+        (_, Some(dev)) => {
             let wm = ferrite_llm::model::WgpuModel::new(model, dev)?;
-            let mut session = ferrite_llm::model::WgpuSession::new(&wm, ctx)?;
+            let mut session = Session::wgpu(&wm, ctx)?;
             for w in &wins {
                 session.truncate(0);
                 score(w, &mut |t| Ok(session.forward(t, Logits::All)?.to_vec()))?;
             }
         }
-        Some(dev) => {
+        (Some(dev), None) => {
             let gm = ferrite_llm::gpu::GpuModel::load(model, dev, ctx)?;
-            let mut session = ferrite_llm::gpu::GpuSession::new(&gm)?;
+            let mut session = Session::cuda(&gm, ctx)?;
             for w in &wins {
                 session.truncate(0);
-                score(w, &mut |t| Ok(session.forward_logits(t)?))?;
+                score(w, &mut |t| Ok(session.forward(t, Logits::All)?.to_vec()))?;
             }
         }
-        None => {
+        (None, None) => {
             let mut session = Session::new(model, ctx)?;
             for w in &wins {
                 session.truncate(0);

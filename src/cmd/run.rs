@@ -181,63 +181,22 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             print_flush(s)
         }
     };
-    let gen = match &cuda {
-        _ if wgpu.is_some() => {
-            // The engine's wgpu kernel set (one sequence): the only path on wgpu.
-            use ferrite_llm::engine::{Engine, EngineConfig};
-            let dev = wgpu.as_ref().context("wgpu device")?;
+    let (stops, out) = (&args.stop, &mut on_text);
+    // One sequence through the model definition on the chosen kernel set.
+    let gen = match (&cuda, &wgpu) {
+        (_, Some(dev)) => {
             let wm = ferrite_llm::model::WgpuModel::new(model, dev)?;
-            let mut engine = Engine::wgpu(&wm, EngineConfig::new(ctx, 1))?;
-            ferrite_llm::generate::generate_engine(
-                &mut engine,
-                tok,
-                &sampler,
-                &ids,
-                max_new,
-                &args.stop,
-                &mut on_text,
-            )?
+            let mut session = Session::wgpu(&wm, ctx)?;
+            generate(&mut session, tok, &mut sampler, &ids, max_new, stops, out)?
         }
-        Some(dev) if ferrite_llm::env::flag_or("FERRITE_ENGINE", false) => {
-            // The engine's CUDA kernel set (one sequence); the launch plan below stays the
-            // default until the engine is measured against it.
-            use ferrite_llm::engine::{Engine, EngineConfig};
+        (Some(dev), None) => {
             let gm = ferrite_llm::gpu::GpuModel::load(model, dev, ctx)?;
-            let mut engine = Engine::cuda(&gm, EngineConfig::new(ctx, 1))?;
-            ferrite_llm::generate::generate_engine(
-                &mut engine,
-                tok,
-                &sampler,
-                &ids,
-                max_new,
-                &args.stop,
-                &mut on_text,
-            )?
+            let mut session = Session::cuda(&gm, ctx)?;
+            generate(&mut session, tok, &mut sampler, &ids, max_new, stops, out)?
         }
-        Some(dev) => {
-            let gm = ferrite_llm::gpu::GpuModel::load(model, dev, ctx)?;
-            let mut session = ferrite_llm::gpu::GpuSession::new(&gm)?;
-            ferrite_llm::gpu::generate(
-                &mut session,
-                tok,
-                &mut sampler,
-                &ids,
-                max_new,
-                &args.stop,
-                &mut on_text,
-            )?
-        }
-        None => {
+        (None, None) => {
             let mut session = Session::new(model, ctx)?;
-            generate(
-                &mut session,
-                tok,
-                &mut sampler,
-                &ids,
-                max_new,
-                &args.stop,
-                &mut on_text,
-            )?
+            generate(&mut session, tok, &mut sampler, &ids, max_new, stops, out)?
         }
     };
     let stop = if unlimited && gen.stop == StopReason::MaxTokens {

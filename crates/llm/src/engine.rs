@@ -459,7 +459,7 @@ impl<'m, K: EngineKernels> Engine<'m, K> {
     fn start(&mut self, mut seq: Seq) -> Result<()> {
         // A request that samples (not greedy) without a logits processor draws its tokens on
         // the device where the kernel set can: no logits to the host.
-        if seq.processor.is_none() && !crate::gpu::device_greedy(seq.sampler.config()) {
+        if seq.processor.is_none() && !seq.sampler.config().is_plain_greedy() {
             let cap = seq.prompt_len + seq.max_new;
             seq.on_device = self
                 .k
@@ -549,7 +549,7 @@ impl<'m, K: EngineKernels> Engine<'m, K> {
             if s.computed + n == s.tokens.len() {
                 if s.on_device {
                     on_device.push((row, s.id.0));
-                } else if s.processor.is_some() || !crate::gpu::device_greedy(s.sampler.config()) {
+                } else if s.processor.is_some() || !s.sampler.config().is_plain_greedy() {
                     host = true;
                 }
                 row += 1;

@@ -3,6 +3,7 @@
 
 use std::time::Instant;
 
+use crate::engine::EngineKernels;
 use crate::error::{Error, Result};
 use crate::model::{Logits, Session};
 use crate::sampler::{Sampler, StopStrings};
@@ -61,40 +62,9 @@ impl Generation {
     }
 }
 
-/// One sequence that the generation loop runs: the CPU [`Session`] or a device's
-/// (`crate::model::WgpuSession`).
-pub trait Sequence {
-    /// Runs `tokens` after the cached ones and returns the logits asked for.
-    fn forward(&mut self, tokens: &[u32], which: Logits) -> Result<&[f32]>;
-    /// Tokens in the cache.
-    fn pos(&self) -> usize;
-    /// Capacity of the cache in tokens.
-    fn ctx(&self) -> usize;
-    /// The model's context length.
-    fn ctx_train(&self) -> usize;
-}
-
-impl Sequence for Session<'_> {
-    fn forward(&mut self, tokens: &[u32], which: Logits) -> Result<&[f32]> {
-        Session::forward(self, tokens, which)
-    }
-
-    fn pos(&self) -> usize {
-        Session::pos(self)
-    }
-
-    fn ctx(&self) -> usize {
-        Session::ctx(self)
-    }
-
-    fn ctx_train(&self) -> usize {
-        self.model().cfg.ctx_train
-    }
-}
-
 /// Checks that `new_prompt` more tokens plus up to `max_new` generated ones fit the session.
-pub fn check_fits<S: Sequence + ?Sized>(
-    session: &S,
+pub fn check_fits<K: EngineKernels>(
+    session: &Session<'_, K>,
     new_prompt: usize,
     max_new: usize,
 ) -> Result<()> {
@@ -105,7 +75,7 @@ pub fn check_fits<S: Sequence + ?Sized>(
             new_prompt,
             if session.pos() > 0 { format!(" after {} cached", session.pos()) } else { String::new() },
             session.ctx(),
-            session.ctx_train(),
+            session.config().ctx_train,
         )));
     }
     Ok(())
@@ -116,8 +86,12 @@ pub fn check_fits<S: Sequence + ?Sized>(
 /// half a character; control tokens print nothing; text from a stop string on is withheld).
 /// The session ends up holding the prompt and the generated tokens it ran: every one after an
 /// end-of-text token, all but the last otherwise (`Session::pos()` says how many).
-pub fn generate<S: Sequence + ?Sized>(
-    session: &mut S,
+///
+/// Where the kernel set picks tokens (CUDA, wgpu), greedy tokens are its pick, and on CUDA
+/// sampled ones its device sampler's (same distribution as `sampler`, another random stream;
+/// penalties over the prompt and the generated tokens): 4 bytes back per token.
+pub fn generate<K: EngineKernels>(
+    session: &mut Session<'_, K>,
     tok: &Tokenizer,
     sampler: &mut Sampler,
     prompt: &[u32],
@@ -126,12 +100,23 @@ pub fn generate<S: Sequence + ?Sized>(
     on_text: &mut dyn FnMut(&str),
 ) -> Result<Generation> {
     check_fits(session, prompt.len(), max_new)?;
+    if prompt.is_empty() {
+        return Err(Error::Other("generate: empty prompt".into()));
+    }
+    let cfg = sampler.config().clone();
+    // Greedy without penalties: the kernel set's pick where it has one. Otherwise its device
+    // sampler where it has one, else the host sampler over the logits.
+    let device =
+        cfg.is_plain_greedy() || session.set_sampler(Some(&cfg), prompt, prompt.len() + max_new)?;
     let mut history: Vec<u32> = prompt.to_vec();
     let t0 = Instant::now();
-    let mut logits = if prompt.is_empty() {
-        return Err(Error::Other("generate: empty prompt".into()));
-    } else {
-        session.forward(prompt, Logits::Last)?.to_vec()
+    let first = next_token(session, sampler, prompt, &history, device);
+    let mut next = match first {
+        Ok(t) => t,
+        Err(e) => {
+            session.set_sampler(None, &[], 0)?;
+            return Err(e);
+        }
     };
     let prefill_secs = t0.elapsed().as_secs_f64();
     let mut gen = Generation {
@@ -151,14 +136,13 @@ pub fn generate<S: Sequence + ?Sized>(
             gen.text.push_str(s);
         }
     };
+    let mut result = Ok(());
     for i in 0..max_new {
         if sampler.cancelled() {
             gen.stop = StopReason::Interrupted;
             break;
         }
-        let id = sampler
-            .sample(&mut logits, &history)
-            .map_err(|e| Error::Other(e.to_string()))?;
+        let id = next;
         if tok.is_eog(id) && !sampler.ignores_eos() {
             gen.stop = StopReason::EndOfText;
             break;
@@ -175,9 +159,17 @@ pub fn generate<S: Sequence + ?Sized>(
             }
         }
         if i + 1 < max_new {
-            logits.copy_from_slice(session.forward(&[id], Logits::Last)?);
+            match next_token(session, sampler, &[id], &history, device) {
+                Ok(t) => next = t,
+                Err(e) => {
+                    result = Err(e);
+                    break;
+                }
+            }
         }
     }
+    session.set_sampler(None, &[], 0)?;
+    result?;
     gen.decode_secs = t1.elapsed().as_secs_f64();
     if gen.stop != StopReason::StopString {
         let rest = utf8.finish();
@@ -192,17 +184,54 @@ pub fn generate<S: Sequence + ?Sized>(
 
 /// Greedy continuation of `prompt` by `n` tokens, without sampling machinery (for tests and
 /// benchmarks): returns the chosen ids.
-pub fn greedy(session: &mut Session<'_>, prompt: &[u32], n: usize) -> Result<Vec<u32>> {
+/// On a kernel set that picks tokens, its greedy pick (the same contract as `argmax`).
+pub fn greedy<K: EngineKernels>(
+    session: &mut Session<'_, K>,
+    prompt: &[u32],
+    n: usize,
+) -> Result<Vec<u32>> {
     check_fits(session, prompt.len(), n)?;
     let mut out = Vec::with_capacity(n);
-    let mut next = argmax(session.forward(prompt, Logits::Last)?);
+    let mut next = greedy_step(session, prompt)?;
     for i in 0..n {
         out.push(next);
         if i + 1 < n {
-            next = argmax(session.forward(&[next], Logits::Last)?);
+            next = greedy_step(session, &[next])?;
         }
     }
     Ok(out)
+}
+
+/// Runs `tokens` and returns the greedy next token.
+fn greedy_step<K: EngineKernels>(session: &mut Session<'_, K>, tokens: &[u32]) -> Result<u32> {
+    match session.forward_pick(tokens)? {
+        Some(t) => Ok(t),
+        None => Ok(argmax(session.logits()?)),
+    }
+}
+
+/// Runs `tokens` and returns the next token: the kernel set's pick (greedy or its device
+/// sampler's) when `device` and it has one, else `sampler`'s over the host logits (penalties
+/// over `history`).
+fn next_token<K: EngineKernels>(
+    session: &mut Session<'_, K>,
+    sampler: &mut Sampler,
+    tokens: &[u32],
+    history: &[u32],
+    device: bool,
+) -> Result<u32> {
+    let logits = if device {
+        if let Some(t) = session.forward_pick(tokens)? {
+            return Ok(t);
+        }
+        session.logits()?
+    } else {
+        session.forward(tokens, Logits::Last)?;
+        session.logits()?
+    };
+    sampler
+        .sample(logits, history)
+        .map_err(|e| Error::Other(e.to_string()))
 }
 
 /// Index of the largest value (the first one on ties).
@@ -218,7 +247,10 @@ pub fn argmax(v: &[f32]) -> u32 {
 
 /// Mean negative log-likelihood (nats) of `ids[1..]`, each predicted from the ids before it,
 /// in one window starting at position 0 of a fresh session. Returns (mean NLL, count).
-pub fn mean_nll(session: &mut Session<'_>, ids: &[u32]) -> Result<(f64, usize)> {
+pub fn mean_nll<K: EngineKernels>(
+    session: &mut Session<'_, K>,
+    ids: &[u32],
+) -> Result<(f64, usize)> {
     if ids.len() < 2 {
         return Err(Error::Other(format!(
             "perplexity needs at least 2 tokens, got {}",
@@ -227,7 +259,7 @@ pub fn mean_nll(session: &mut Session<'_>, ids: &[u32]) -> Result<(f64, usize)> 
     }
     session.truncate(0);
     check_fits(session, ids.len(), 0)?;
-    let vocab = session.model().cfg.vocab;
+    let vocab = session.config().vocab;
     if let Some(&id) = ids.iter().find(|&&id| id as usize >= vocab) {
         return Err(Error::Token { id, vocab });
     }
@@ -259,91 +291,4 @@ pub fn chunk_nll(logits: &[f32], vocab: usize, targets: &[u32]) -> f64 {
             lse - row[target as usize] as f64
         })
         .sum()
-}
-
-/// `generate` through the engine (any kernel set): the prompt as one request with the
-/// sampler's settings (the engine's own sampler, seeded the same), stepped until a stop
-/// condition; an end-of-generation token, a stop string or the cancel flag cancels the
-/// request. Text streaming and stop strings as `generate`.
-pub fn generate_engine<K: crate::engine::EngineKernels>(
-    engine: &mut crate::engine::Engine<'_, K>,
-    tok: &Tokenizer,
-    sampler: &Sampler,
-    prompt: &[u32],
-    max_new: usize,
-    stops: &[String],
-    on_text: &mut dyn FnMut(&str),
-) -> Result<Generation> {
-    use crate::engine::Request;
-    let t0 = Instant::now();
-    let mut gen = Generation {
-        prompt_tokens: prompt.len(),
-        tokens: Vec::with_capacity(max_new),
-        text: String::new(),
-        stop: StopReason::MaxTokens,
-        prefill_secs: 0.0,
-        decode_secs: 0.0,
-    };
-    if max_new == 0 {
-        return Ok(gen);
-    }
-    let id = engine.add_request(Request {
-        prompt: prompt.to_vec(),
-        sampling: sampler.config().clone(),
-        max_new,
-        stop_tokens: Vec::new(),
-        queue: false,
-    })?;
-    let mut utf8 = StreamDecoder::new();
-    let mut stop_strings = StopStrings::new(stops.iter().cloned());
-    let mut t1 = None;
-    let mut emit = |s: &str, gen: &mut Generation| {
-        if !s.is_empty() {
-            on_text(s);
-            gen.text.push_str(s);
-        }
-    };
-    'run: while engine.has_work() {
-        if sampler.cancelled() {
-            gen.stop = StopReason::Interrupted;
-            engine.cancel(id);
-            break;
-        }
-        for o in engine.step()? {
-            if o.id != id {
-                continue;
-            }
-            let Some(t) = o.token else { continue };
-            if t1.is_none() {
-                gen.prefill_secs = t0.elapsed().as_secs_f64();
-                t1 = Some(Instant::now());
-            }
-            if tok.is_eog(t) && !sampler.ignores_eos() {
-                gen.stop = StopReason::EndOfText;
-                engine.cancel(id);
-                break 'run;
-            }
-            gen.tokens.push(t);
-            if tok.token_type(t) != Some(TokenType::Control) {
-                let piece = utf8.push(tok.token_bytes(t));
-                let out = stop_strings.push(&piece);
-                emit(&out, &mut gen);
-                if stop_strings.stopped() {
-                    gen.stop = StopReason::StopString;
-                    engine.cancel(id);
-                    break 'run;
-                }
-            }
-        }
-    }
-    gen.decode_secs = t1.map_or(0.0, |t| t.elapsed().as_secs_f64());
-    if gen.stop != StopReason::StopString {
-        let rest = utf8.finish();
-        let mut out = stop_strings.push(&rest);
-        if !stop_strings.stopped() {
-            out.push_str(&stop_strings.finish());
-        }
-        emit(&out, &mut gen);
-    }
-    Ok(gen)
 }

@@ -1,10 +1,10 @@
 //! LLM inference from GGUF files: one model definition (llama family, qwen2, gemma3) over a
 //! kernel set (the CPU's here: quantized kernels that compute directly on GGUF blocks), the
 //! paged KV cache, the engine (batched steps over many requests), tokenizer, chat templates,
-//! sampler and the generation loop. `model::cuda` is the CUDA kernel set of the same model
-//! definition (its kernels in `gpu`); `gpu` also holds the older CUDA launch plan
-//! (`GpuSession`), still a model of its own and the default on CUDA until the engine is
-//! measured against it.
+//! sampler and the generation loop. `model::cuda` and `model::wgpu` are the CUDA and wgpu
+//! kernel sets of the same model definition (the CUDA kernels and weights in `gpu`). A
+//! [`Session`] runs one sequence on any kernel set (`run`, `chat`, `perplexity`), the engine
+//! many.
 
 mod arena;
 pub mod chat;
@@ -24,6 +24,7 @@ mod prebuilt {
     include!(concat!(env!("OUT_DIR"), "/prebuilt.rs"));
 }
 pub mod sampler;
+pub mod session;
 pub mod synth;
 pub mod tokenizer;
 

@@ -76,6 +76,16 @@ impl SamplerConfig {
         }
     }
 
+    /// Whether these settings always pick the argmax of the raw logits (lowest id on ties),
+    /// as a kernel set's own greedy pick does.
+    pub fn is_plain_greedy(&self) -> bool {
+        let no_penalty = self.penalty_last_n == 0
+            || (self.repeat_penalty == 1.0
+                && self.presence_penalty == 0.0
+                && self.frequency_penalty == 0.0);
+        self.temperature == 0.0 && no_penalty
+    }
+
     /// Checks every setting's range (see the field docs).
     pub fn validate(&self) -> Result<(), SamplerError> {
         let bad = |name, range, value: f32| {

@@ -468,50 +468,56 @@ fn random_traffic_keeps_the_books_and_the_tokens() {
     }
 }
 
-/// `generate_engine` (the loop of `ferrite run` with FERRITE_ENGINE=1) gives what `generate`
-/// over a `Session` gives: the same tokens and text, greedy and seeded sampling, ending at the
-/// token limit, at end of text and at a stop string.
+/// One engine request gives what `generate` over a `Session` gives (the loop of `run` and
+/// `chat`): the same tokens, greedy and seeded sampling, ending at the token limit and at
+/// end of text (the engine's stop token).
 #[test]
-fn generate_through_the_engine_equals_the_session_loop() {
-    use ferrite_llm::generate::{generate, generate_engine, StopReason};
+fn engine_request_equals_the_session_loop() {
+    use ferrite_llm::engine::{FinishReason, Request};
+    use ferrite_llm::generate::{generate, StopReason};
     use ferrite_llm::tokenizer::Tokenizer;
     let m = Model::load(ferrite_gguf::fetch::smollm2_135m_instruct_q4_1().expect("fetch SmolLM2"))
         .unwrap();
     let tok = Tokenizer::from_gguf(m.gguf()).unwrap();
     let ids = tok.encode("The capital of France is", true).unwrap();
+    let eog: Vec<u32> = (0..m.cfg.vocab as u32).filter(|&t| tok.is_eog(t)).collect();
+    assert!(!eog.is_empty(), "SmolLM2 has end-of-generation tokens");
     let sampled = SamplerConfig {
         temperature: 0.8,
         seed: 5,
         ..SamplerConfig::greedy()
     };
-    let mut stops_seen = 0;
-    for (cfg, stops) in [
-        (SamplerConfig::greedy(), vec![]),
-        (sampled, vec![]),
-        (
-            SamplerConfig::greedy(),
-            vec![" Paris".to_string(), ".".to_string()],
-        ),
+    for (cfg, n) in [
+        (SamplerConfig::greedy(), 12),
+        (sampled, 12),
+        (SamplerConfig::greedy(), 40),
     ] {
         let mut s = Session::new(&m, 64).unwrap();
         let mut sampler = Sampler::new(cfg.clone()).unwrap();
-        let want = generate(&mut s, &tok, &mut sampler, &ids, 12, &stops, &mut |_| {}).unwrap();
+        let want = generate(&mut s, &tok, &mut sampler, &ids, n, &[], &mut |_| {}).unwrap();
         let mut e = Engine::new(&m, EngineConfig::new(64, 1)).unwrap();
-        let sampler = Sampler::new(cfg).unwrap();
-        let mut streamed = String::new();
-        let got = generate_engine(&mut e, &tok, &sampler, &ids, 12, &stops, &mut |t| {
-            streamed.push_str(t)
+        e.add_request(Request {
+            prompt: ids.clone(),
+            sampling: cfg,
+            max_new: n,
+            stop_tokens: eog.clone(),
+            queue: false,
         })
         .unwrap();
-        assert_eq!(got.tokens, want.tokens);
-        assert_eq!(got.text, want.text);
-        assert_eq!(streamed, want.text);
-        assert_eq!(got.stop, want.stop);
-        stops_seen += usize::from(got.stop == StopReason::StopString);
+        let got = e.run_to_end().unwrap();
+        assert_eq!(got.len(), 1);
+        let (_, toks, finish) = &got[0];
+        assert_eq!(toks, &want.tokens);
+        match want.stop {
+            StopReason::EndOfText => {
+                assert!(matches!(finish, FinishReason::StopToken(t) if eog.contains(t)))
+            }
+            StopReason::MaxTokens => assert_eq!(*finish, FinishReason::MaxTokens),
+            other => panic!("unexpected stop {other}"),
+        }
         assert!(!e.has_work(), "the request ended");
         assert_eq!(e.stats().kv.blocks_used, 0);
     }
-    assert_eq!(stops_seen, 1, "the stop-string case stops at one");
 }
 
 /// Requests under a grammar constraint (json_object over a hand-made byte vocabulary of the

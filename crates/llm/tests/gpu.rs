@@ -17,9 +17,10 @@ use ferrite_gguf::{quant, GgmlType};
 use ferrite_llm::engine::{Engine, EngineConfig, EngineKernels, Request, RequestId};
 use ferrite_llm::gpu::ops::{self, AttnShape, KvLayer, Mode, RopeSpec, Seg};
 use ferrite_llm::gpu::{read_f32, upload_bytes, upload_f32, zeros, Buffer, CudaDevice};
-use ferrite_llm::gpu::{GpuMatrix, GpuModel, GpuSession, Layout};
+use ferrite_llm::gpu::{GpuMatrix, GpuModel, Layout};
 use ferrite_llm::kv_cache::BLOCK_SIZE;
 use ferrite_llm::model::cuda::TENSOR_CORE_ROWS_F32;
+use ferrite_llm::model::CudaKernels;
 use ferrite_llm::sampler::{Sampler, SamplerConfig};
 use ferrite_llm::synth::{write_synthetic, SynthConfig, VocabStyle, QUANTS};
 use ferrite_llm::tokenizer::Tokenizer;
@@ -1179,11 +1180,98 @@ fn tmp_dir() -> PathBuf {
     d
 }
 
+/// One sequence on the CUDA kernel set (`Session::cuda`), with the calls these tests make:
+/// prompts in pieces of `chunk` tokens (1: token by token, the decode steps alone), every
+/// step's greedy token (or device sampler's draw) read back.
+struct Gs<'g> {
+    s: Session<'g, CudaKernels<'g>>,
+    chunk: usize,
+}
+
+impl<'g> Gs<'g> {
+    fn new(gm: &'g GpuModel) -> ferrite_llm::Result<Gs<'g>> {
+        Ok(Gs {
+            s: Session::cuda(gm, gm.ctx())?,
+            chunk: usize::MAX,
+        })
+    }
+
+    fn pos(&self) -> usize {
+        self.s.pos()
+    }
+
+    fn truncate(&mut self, pos: usize) {
+        self.s.truncate(pos)
+    }
+
+    /// Prompts in pieces of `chunk` tokens.
+    fn set_prefill_chunk(&mut self, chunk: usize) {
+        self.chunk = chunk.max(1);
+    }
+
+    /// Graph replay (default) or every kernel launched.
+    fn set_eager(&mut self, eager: bool) {
+        self.s.kernels_mut().set_graphs(!eager)
+    }
+
+    fn forward_token(&mut self, t: u32) -> ferrite_llm::Result<u32> {
+        self.forward_tokens(&[t])
+    }
+
+    /// Runs `tokens`; the next token as the device picks it.
+    fn forward_tokens(&mut self, tokens: &[u32]) -> ferrite_llm::Result<u32> {
+        let mut next = None;
+        for piece in tokens.chunks(self.chunk.min(tokens.len().max(1))) {
+            next = self.s.forward_pick(piece)?;
+        }
+        Ok(next.expect("the CUDA kernel set picks tokens"))
+    }
+
+    /// The last step's last logit row.
+    fn logits(&mut self) -> ferrite_llm::Result<Vec<f32>> {
+        let vocab = self.s.config().vocab;
+        let l = self.s.logits()?;
+        Ok(l[l.len() - vocab..].to_vec())
+    }
+
+    /// Every position's logits of `tokens`.
+    fn forward_logits(&mut self, tokens: &[u32]) -> ferrite_llm::Result<Vec<f32>> {
+        let mut out = Vec::new();
+        for piece in tokens.chunks(self.chunk.min(tokens.len().max(1))) {
+            out.extend_from_slice(self.s.forward(piece, Logits::All)?);
+        }
+        Ok(out)
+    }
+
+    fn greedy(&mut self, prompt: &[u32], n: usize) -> ferrite_llm::Result<Vec<u32>> {
+        let mut out = Vec::with_capacity(n);
+        if n == 0 {
+            return Ok(out);
+        }
+        let mut next = self.forward_tokens(prompt)?;
+        for i in 0..n {
+            out.push(next);
+            if i + 1 < n {
+                next = self.forward_token(next)?;
+            }
+        }
+        Ok(out)
+    }
+
+    /// Draws with a device sampler of `cfg` (penalty history `history`), or the greedy pick
+    /// for plain greedy settings; returns whether a device sampler is set.
+    fn set_sampler(&mut self, cfg: &SamplerConfig, history: &[u32]) -> ferrite_llm::Result<bool> {
+        let cap = self.s.ctx();
+        let cfg = (!cfg.is_plain_greedy()).then_some(cfg);
+        self.s.set_sampler(cfg, history, cap)
+    }
+}
+
 fn session_errors(dev: &CudaDevice) -> Option<String> {
     let dir = tmp_dir();
     let model = synth_model(GgmlType::Q8_0, &dir, 1, 256);
     let gm = GpuModel::load(&model, dev, 8).unwrap();
-    let mut s = GpuSession::new(&gm).unwrap();
+    let mut s = Gs::new(&gm).unwrap();
     let e = s.forward_token(1000).unwrap_err().to_string();
     assert!(e.contains("out of range"), "{e}");
     assert_eq!(s.pos(), 0);
@@ -1271,7 +1359,7 @@ fn compare_model_at(
     // Split rows wherever the format has them (for small models `load` keeps GGUF rows; the
     // greedy and prefill tests take that path)
     let gm = GpuModel::load_with(model, dev, 256, Layout::Split).unwrap();
-    let mut gs = GpuSession::new(&gm).unwrap();
+    let mut gs = Gs::new(&gm).unwrap();
     let mut cs = Session::new(model, 256).unwrap();
     let mut worst = (0f32, 0f32);
     for (i, &t) in tokens.iter().enumerate() {
@@ -1334,8 +1422,8 @@ fn gpu_logits(
 ) -> Vec<Vec<f32>> {
     model.set_precision(precision);
     let gm = GpuModel::load(model, dev, 256).unwrap();
-    let mut s = GpuSession::new(&gm).unwrap();
-    assert_eq!(s.is_q8(), precision == Precision::Q8);
+    assert_eq!(gm.precision(), precision);
+    let mut s = Gs::new(&gm).unwrap();
     tokens
         .iter()
         .map(|&t| {
@@ -1388,7 +1476,7 @@ fn graph_equals_eager(dev: &CudaDevice) -> Option<String> {
     let tokens: Vec<u32> = (0..12).map(|i| (i * 91 + 3) % 1000).collect();
     let mut runs = Vec::new();
     for eager in [false, true] {
-        let mut s = GpuSession::new(&gm).unwrap();
+        let mut s = Gs::new(&gm).unwrap();
         s.set_eager(eager);
         let mut out = Vec::new();
         for &t in &tokens {
@@ -1434,8 +1522,8 @@ fn smollm2_logits(dev: &CudaDevice) -> Option<String> {
     // Measured tolerances are printed; these bound f16 KV rounding over 30 layers.
     compare_model("SmolLM2", &mut model, dev, &prompt, 0.1, 0.02, 0.2);
     let gm = GpuModel::load(&model, dev, 64).unwrap();
-    let mut s = GpuSession::new(&gm).unwrap();
-    s.set_batched(false);
+    let mut s = Gs::new(&gm).unwrap();
+    s.set_prefill_chunk(1);
     s.forward_tokens(&prompt).unwrap();
     let got = s.logits().unwrap();
     let want: Vec<f32> = std::fs::read(fixture("smollm2_logits.bin"))
@@ -1460,7 +1548,7 @@ fn smollm2_greedy(dev: &CudaDevice) -> Option<String> {
     let mut cs = Session::new(&model, 64).unwrap();
     let want = ferrite_llm::generate::greedy(&mut cs, &ids, 32).unwrap();
     let gm = GpuModel::load(&model, dev, 64).unwrap();
-    let mut gs = GpuSession::new(&gm).unwrap();
+    let mut gs = Gs::new(&gm).unwrap();
     let got = gs.greedy(&ids, 32).unwrap();
     eprintln!("GPU greedy: {:?}", tok.decode(&got));
     assert_eq!(
@@ -1535,8 +1623,8 @@ fn smollm2_q8(dev: &CudaDevice) -> Option<String> {
     );
     let mut gm = GpuModel::load(&model, dev, 64).unwrap();
     gm.set_precision(Precision::Q8);
-    let mut gs = GpuSession::new(&gm).unwrap();
-    assert!(gs.is_q8());
+    assert_eq!(gm.precision(), Precision::Q8);
+    let mut gs = Gs::new(&gm).unwrap();
     let got = gs.greedy(&ids, 32).unwrap();
     eprintln!("SmolLM2 q8 greedy on the GPU: {:?}", tok.decode(&got));
     None
@@ -1555,7 +1643,7 @@ fn gemma3(dev: &CudaDevice) -> Option<String> {
     let mut cs = Session::new(&model, 64).unwrap();
     let want = ferrite_llm::generate::greedy(&mut cs, &ids, 16).unwrap();
     let gm = GpuModel::load(&model, dev, 64).unwrap();
-    let mut gs = GpuSession::new(&gm).unwrap();
+    let mut gs = Gs::new(&gm).unwrap();
     let got = gs.greedy(&ids, 16).unwrap();
     eprintln!("Gemma3 GPU greedy: {:?}", tok.decode(&got));
     assert_eq!(
@@ -1588,7 +1676,7 @@ fn prefill_vs_cpu_in(
     let gm = GpuModel::load_with(model, dev, ctx, layout).unwrap();
     let mut cs = Session::new(model, ctx).unwrap();
     let want = cs.forward(tokens, Logits::All).unwrap().to_vec();
-    let mut gs = GpuSession::new(&gm).unwrap();
+    let mut gs = Gs::new(&gm).unwrap();
     gs.set_prefill_chunk(chunk);
     let got = gs.forward_logits(tokens).unwrap();
     assert_eq!(gs.pos(), tokens.len());
@@ -1596,7 +1684,7 @@ fn prefill_vs_cpu_in(
     let (max, rms, _) = diff_stats(&got, &want);
     // The last position again by forward_tokens (greedy token and logits() of the decode
     // step's own output product).
-    let mut gs = GpuSession::new(&gm).unwrap();
+    let mut gs = Gs::new(&gm).unwrap();
     gs.set_prefill_chunk(chunk);
     let next = gs.forward_tokens(tokens).unwrap();
     let last = gs.logits().unwrap();
@@ -1668,9 +1756,9 @@ fn prefill_then_decode(dev: &CudaDevice) -> Option<String> {
     let gm = GpuModel::load(&model, dev, 128).unwrap();
     let prompt: Vec<u32> = (0..33).map(|i| (i * 29 + 7) % 1000).collect();
     let cont: Vec<u32> = (0..16).map(|i| (i * 71 + 2) % 1000).collect();
-    let mut a = GpuSession::new(&gm).unwrap();
-    let mut b = GpuSession::new(&gm).unwrap();
-    b.set_batched(false);
+    let mut a = Gs::new(&gm).unwrap();
+    let mut b = Gs::new(&gm).unwrap();
+    b.set_prefill_chunk(1);
     a.set_prefill_chunk(16);
     let (ta, tb) = (
         a.forward_tokens(&prompt).unwrap(),
@@ -1706,9 +1794,11 @@ fn cpu_ppl(model: &mut Model, ids: &[u32]) -> f64 {
 
 fn gpu_ppl(model: &Model, dev: &CudaDevice, ids: &[u32], chunk: usize) -> f64 {
     let gm = GpuModel::load(model, dev, ids.len()).unwrap();
-    let mut gs = GpuSession::new(&gm).unwrap();
+    let mut gs = Gs::new(&gm).unwrap();
     gs.set_prefill_chunk(chunk);
-    ferrite_llm::gpu::mean_nll(&mut gs, ids).unwrap().0.exp()
+    let logits = gs.forward_logits(&ids[..ids.len() - 1]).unwrap();
+    let nll = ferrite_llm::generate::chunk_nll(&logits, model.cfg.vocab, &ids[1..]);
+    (nll / (ids.len() - 1) as f64).exp()
 }
 
 fn prefill_ppl_synthetic(dev: &CudaDevice) -> Option<String> {
@@ -1742,7 +1832,7 @@ fn prefill_smollm2(dev: &CudaDevice) -> Option<String> {
     let (max, rms) = prefill_vs_cpu(&mut model, dev, &prompt, 512);
     eprintln!("SmolLM2 prefill, all positions vs CPU exact: max {max:.4}, rms {rms:.4}");
     let gm = GpuModel::load(&model, dev, 512).unwrap();
-    let mut s = GpuSession::new(&gm).unwrap();
+    let mut s = Gs::new(&gm).unwrap();
     s.forward_tokens(&prompt).unwrap();
     let got = s.logits().unwrap();
     let want: Vec<f32> = std::fs::read(fixture("smollm2_logits.bin"))
@@ -1756,10 +1846,10 @@ fn prefill_smollm2(dev: &CudaDevice) -> Option<String> {
     );
     let tok = Tokenizer::from_gguf(model.gguf()).unwrap();
     let ids = tok.encode("The capital of France is", true).unwrap();
-    let mut a = GpuSession::new(&gm).unwrap();
+    let mut a = Gs::new(&gm).unwrap();
     let ga = a.greedy(&ids, 32).unwrap();
-    let mut b = GpuSession::new(&gm).unwrap();
-    b.set_batched(false);
+    let mut b = Gs::new(&gm).unwrap();
+    b.set_prefill_chunk(1);
     let gb = b.greedy(&ids, 32).unwrap();
     eprintln!("SmolLM2 prefill+decode greedy: {:?}", tok.decode(&ga));
     let text = std::fs::read_to_string(fixture("genesis_1.txt")).unwrap();
@@ -2097,11 +2187,9 @@ fn sampled_generation(dev: &CudaDevice) -> Option<String> {
     };
     let n = 64;
     let run = |eager: bool, cfg: &SamplerConfig| -> (Vec<u32>, u64) {
-        let mut s = GpuSession::new(&gm).unwrap();
+        let mut s = Gs::new(&gm).unwrap();
         s.set_eager(eager);
-        s.set_sampler(Some(cfg)).unwrap();
-        assert!(s.is_sampling());
-        s.set_history(&prompt).unwrap();
+        assert!(s.set_sampler(cfg, &prompt).unwrap());
         let mut out = vec![s.forward_tokens(&prompt).unwrap()];
         let w0 = dev.sync_stats().host_waits;
         for i in 0..n - 1 {
@@ -2140,12 +2228,11 @@ fn sampled_generation(dev: &CudaDevice) -> Option<String> {
         );
     }
     // Greedy restores the argmax: the same tokens as the session's greedy path.
-    let mut s = GpuSession::new(&gm).unwrap();
-    s.set_sampler(Some(&cfg)).unwrap();
-    s.set_sampler(Some(&SamplerConfig::greedy())).unwrap();
-    assert!(!s.is_sampling());
+    let mut s = Gs::new(&gm).unwrap();
+    assert!(s.set_sampler(&cfg, &prompt).unwrap());
+    assert!(!s.set_sampler(&SamplerConfig::greedy(), &[]).unwrap());
     let g1 = s.greedy(&prompt, 8).unwrap();
-    let g2 = GpuSession::new(&gm).unwrap().greedy(&prompt, 8).unwrap();
+    let g2 = Gs::new(&gm).unwrap().greedy(&prompt, 8).unwrap();
     assert_eq!(g1, g2);
     eprintln!(
         "sampled generation: {n} tokens, {distinct} distinct, {waits} host waits for {} replays",
@@ -2194,7 +2281,7 @@ fn default_precision_chat(label: &str, path: &std::path::Path, dev: &CudaDevice)
         let ids = encode_prompt(&tok, &text).unwrap();
         let mut cs = Session::new(&model, ids.len() + 12).unwrap();
         let want = cut(ferrite_llm::generate::greedy(&mut cs, &ids, 12).unwrap());
-        let mut gs = GpuSession::new(&gm).unwrap();
+        let mut gs = Gs::new(&gm).unwrap();
         let got = cut(gs.greedy(&ids, 12).unwrap());
         assert_eq!(
             got,

@@ -21,7 +21,7 @@ use std::path::PathBuf;
 use ferrite_gguf::GgmlType;
 use ferrite_llm::engine::{Engine, EngineConfig, EngineKernels, Request, RequestId};
 use ferrite_llm::kv_cache::BLOCK_SIZE;
-use ferrite_llm::model::{WgpuKvStore, WgpuModel, WgpuSession};
+use ferrite_llm::model::{WgpuKvStore, WgpuModel};
 use ferrite_llm::synth::{write_synthetic, SynthConfig, VocabStyle, QUANTS};
 use ferrite_llm::{Logits, Model, Precision, Session};
 use ferrite_testing::runner::Runner;
@@ -442,7 +442,7 @@ fn profile_kernels(dev: &WgpuDevice) -> Option<String> {
     let wm = leak(WgpuModel::new(model, dev).unwrap());
     let p = prompt(12, 3, model.cfg.vocab);
     let run = |profile: bool| {
-        let mut s = WgpuSession::new(wm, 64).unwrap();
+        let mut s = Session::wgpu(wm, 64).unwrap();
         if profile {
             s.kernels_mut().enable_profile()?;
         }
@@ -497,7 +497,7 @@ fn long_context(dev: &WgpuDevice) -> Option<String> {
     let wm = leak(WgpuModel::new(model, dev).unwrap());
     let vocab = model.cfg.vocab;
     let p = prompt(600, 9, vocab);
-    let mut g = WgpuSession::new(wm, 700).unwrap();
+    let mut g = Session::wgpu(wm, 700).unwrap();
     let mut c = Session::new(model, 700).unwrap();
     let mut gl = g.forward(&p, Logits::All).unwrap().to_vec();
     let mut cl = c.forward(&p, Logits::All).unwrap().to_vec();
@@ -520,7 +520,7 @@ fn long_context(dev: &WgpuDevice) -> Option<String> {
         d / range
     );
     assert!(d <= 1e-5 * range, "wgpu vs CPU: {d} of {range}");
-    let mut h = WgpuSession::new(wm, 700).unwrap();
+    let mut h = Session::wgpu(wm, 700).unwrap();
     let mut hl = Vec::new();
     for chunk in [&p[..37], &p[37..300], &p[300..]] {
         hl.extend_from_slice(h.forward(chunk, Logits::All).unwrap());

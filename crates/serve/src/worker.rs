@@ -222,16 +222,7 @@ const MIB: f64 = 1024.0 * 1024.0;
 pub fn cuda_engine_bytes(c: &ferrite_llm::Config, ecfg: &EngineConfig) -> (usize, usize) {
     let block = c.n_layer * c.n_kv_head * BLOCK_SIZE * c.head_dim * 2;
     let kv = 2usize.saturating_mul(block).saturating_mul(ecfg.kv_blocks);
-    let rows = ecfg.step_tokens;
-    let per_row = 2 * c.d_model
-        + (c.n_head + 2 * c.n_kv_head) * c.head_dim
-        + c.n_head * c.head_dim
-        + 2 * c.n_ff;
-    let scratch = rows
-        .saturating_mul(per_row)
-        .saturating_add(ecfg.max_seqs.saturating_mul(c.d_model + c.vocab))
-        .saturating_add(ecfg.max_seqs.saturating_mul(c.vocab).saturating_mul(2))
-        .saturating_mul(4);
+    let scratch = ferrite_llm::model::cuda::step_scratch_bytes(c, ecfg.step_tokens, ecfg.max_seqs);
     (kv, scratch)
 }
 

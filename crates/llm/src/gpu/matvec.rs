@@ -762,13 +762,6 @@ impl MvLaunch {
         self.q8.is_some()
     }
 
-    /// Kernel launches of `enqueue` (the fast mode's quantization, the product, the split-K
-    /// reduction of the tensor-core kernels).
-    pub(crate) fn kernels(&self) -> usize {
-        1 + (self.q8.is_some() && self.quantize) as usize
-            + (self.mma != 0 && self.args.chunk > 1) as usize
-    }
-
     pub(crate) fn enqueue(&self, dev: &CudaDevice) -> Result<()> {
         if let Some(q) = self.q8.as_ref().filter(|_| self.quantize) {
             let cfg = LaunchConfig::new((q.grid, self.rows, 1), (256, 1, 1), 0);

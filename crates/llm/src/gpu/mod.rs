@@ -1,46 +1,30 @@
-//! LLM decode on a CUDA GPU, one graph per token.
+//! The CUDA side of LLM inference: the weights on the device and the kernels of the CUDA
+//! kernel set (`crate::model::cuda`, the model definition's kernels on CUDA).
 //!
 //! - [`GpuModel`] uploads every weight matrix's GGUF block bytes once, as they are in the file
 //!   (formats without a kernel are converted to f16 at load, with a notice), after checking
 //!   that weights plus KV cache fit the free device memory.
-//! - [`GpuSession`] runs one token at a time: embedding, then per layer five kernels: a fused
-//!   RMS-norm + QKV product; the attention step (RoPE, append to the f16 KV cache preallocated
-//!   to the context, decode attention split over the KV length, merge of the splits by the last
-//!   block); the output product with the residual add; a fused RMS-norm + gate/up product with
-//!   SwiGLU/GeGLU; the down product with the residual add. Then the final norm and output
-//!   product with per-block argmax partials, and the final argmax. The whole step is captured
-//!   once as a CUDA graph and replayed; between replays the host writes the token and position
-//!   (8 bytes) and reads back the greedy token id (4 bytes). With a sampler set
-//!   (`GpuSession::set_sampler`), the last kernel is the full sampler (`sample.rs`) instead of
-//!   the argmax: still one token id back per step.
-//! - Activations follow the CPU model's `Precision` at load: `Q8` (the llama default) quantizes
-//!   each product's input to 8-bit units as the CPU does and takes `__dp4a` integer dot
-//!   products (the fast mode, `matvec.cu`); `Exact` (and `Q8x2`) keep f32 activations, so the
-//!   logits follow the CPU's exact mode up to summation order and the f16 KV cache.
-//!
-//! - Prompts of two or more tokens go through the batched prefill (`prefill.rs`): chunks of up
-//!   to 512 tokens, dequantized f16 weights x tensor-core products, the CUDA flash attention op
-//!   over the KV cache written in place.
-//!
-//! Kernels are CUDA C++ next to their wrappers: `matvec.cu` (with `quant.cuh`, the block
-//! formats) by `matvec.rs`, `decode.cu` by `decode.rs`.
+//! - Kernels are CUDA C++ next to their wrappers: `matvec.cu` (with `quant.cuh`, the block
+//!   formats) by `matvec.rs` (quantized products of a few rows, the embedding, the greedy
+//!   pick), `paged.cu` by `paged.rs` (RoPE, the KV append and attention through block tables,
+//!   the split-K and gated-unit epilogues), `prefill.cu` by `prefill.rs` (dequantization and
+//!   the int8 tensor-core products of large steps), `sample.cu` by `sample.rs` (the device
+//!   sampler), `decode.cu` by `decode.rs` (the RMS norms; the one-sequence attention step
+//!   that the `ops` tests compare `paged_attn` against).
+//! - Activations follow the CPU model's `Precision` at load: `Q8` quantizes each product's
+//!   input to 8-bit units as the CPU does (`__dp4a` and int8 tensor cores); `Exact` and `Q8x2`
+//!   keep f32 activations (q8x2 two-level units on the tensor cores for large steps).
 
 pub(crate) mod decode;
-mod generate;
 pub(crate) mod matvec;
 pub mod ops;
 pub(crate) mod paged;
 pub(crate) mod prefill;
 pub(crate) mod sample;
-mod session;
 pub(crate) mod weights;
 
 pub use ferrite_cuda::{device_count, is_available, Buffer, CudaDevice, KernelSource};
-pub use generate::{generate, mean_nll};
-pub use prefill::CHUNK as PREFILL_CHUNK;
 pub use sample::{sample_many, sample_once};
-pub(crate) use session::device_greedy;
-pub use session::GpuSession;
 pub use weights::{default_precision, Fmt, GpuMatrix, GpuModel, Layout, F32_ACTS_MAX_WEIGHT_BYTES};
 
 use crate::error::{Error, Result};
@@ -133,9 +117,7 @@ pub(crate) enum Launch {
     Matvec(matvec::MvLaunch),
     Embed(matvec::EmbedLaunch),
     Argmax(matvec::ArgmaxLaunch),
-    Attn(decode::AttnLaunch),
     Norm(decode::NormLaunch),
-    Sample(sample::SampleLaunch),
     Paged(paged::PagedLaunch),
 }
 
@@ -145,9 +127,7 @@ impl Launch {
             Launch::Matvec(l) => l.enqueue(dev),
             Launch::Embed(l) => l.enqueue(dev),
             Launch::Argmax(l) => l.enqueue(dev),
-            Launch::Attn(l) => l.enqueue(dev),
             Launch::Norm(l) => l.enqueue(dev),
-            Launch::Sample(l) => l.enqueue(dev),
             Launch::Paged(l) => l.enqueue(dev),
         }
     }

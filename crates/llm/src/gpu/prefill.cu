@@ -97,105 +97,6 @@ extern "C" __global__ void __launch_bounds__(PFD_T) pf_dequant(u64 w, u32 fmt, u
     }
 }
 
-// out[i][:] (f32) = row tokens[i] of the embedding matrix, times scale.
-extern "C" __global__ void pf_embed(u64 w, u32 fmt, u32 row_bytes, u32 cols, u32 rows, u64 tokens,
-                                    u32 n, float scale, u64 out) {
-    const u32 upr = cols >> 5;
-    const u32 upb = fmt_bs(fmt) / 32, ts = fmt_ts(fmt);
-    for (u32 u = blockIdx.x * blockDim.x + threadIdx.x; u < n * upr; u += gridDim.x * blockDim.x) {
-        const u32 i = u / upr, c = u % upr;
-        u32 tok = ((const u32*)tokens)[i];
-        if (tok >= rows) tok = 0;  // validated by the host
-        const u8* blk = (const u8*)w + (u64)tok * row_bytes + (c / upb) * ts;
-        const int sub = (int)(c % upb);
-        float y[32];
-#define PF_DEQ(F) deq<F>(blk, sub, y)
-        FMT_DISPATCH(fmt, PF_DEQ)
-#undef PF_DEQ
-        float* o = (float*)out + (u64)i * cols + c * 32;
-#pragma unroll
-        for (int l = 0; l < 32; ++l) o[l] = scale != 1.0f ? y[l] * scale : y[l];
-    }
-}
-
-// out[i] (by mode `bf`) = RMS norm of row i of x (f32 [rows][n]) times w. One block per row.
-extern "C" __global__ void pf_norm(u64 x, u64 w, u32 n, float eps, u64 out, u32 bf) {
-    __shared__ float sh[32];
-    const float* xp = (const float*)x + (u64)blockIdx.x * n;
-    float ss = 0.f;
-    for (u32 i = threadIdx.x; i < n; i += blockDim.x) ss += xp[i] * xp[i];
-    ss = block_sum(ss, sh);
-    const float inv = 1.0f / sqrtf(ss / (float)n + eps);
-    for (u32 i = threadIdx.x; i < n; i += blockDim.x) {
-        st_act(out, (u64)blockIdx.x * n + i, xp[i] * inv * ((const float*)w)[i], bf);
-    }
-}
-
-// x[i] += y[i] (w == 0) or x[i] += RMS norm of y[i] times w (gemma3's post-norms); f32 rows of
-// n. One block per row.
-extern "C" __global__ void pf_add(u64 x, u64 y, u64 w, u32 n, float eps) {
-    __shared__ float sh[32];
-    const float* yp = (const float*)y + (u64)blockIdx.x * n;
-    float* xp = (float*)x + (u64)blockIdx.x * n;
-    float inv = 1.0f;
-    if (w) {
-        float ss = 0.f;
-        for (u32 i = threadIdx.x; i < n; i += blockDim.x) ss += yp[i] * yp[i];
-        ss = block_sum(ss, sh);
-        inv = 1.0f / sqrtf(ss / (float)n + eps);
-    }
-    for (u32 i = threadIdx.x; i < n; i += blockDim.x) {
-        xp[i] += w ? yp[i] * inv * ((const float*)w)[i] : yp[i];
-    }
-}
-
-// Layout of `RopeKvArgs` in gpu/prefill.rs.
-struct RopeKvArgs {
-    u64 qkv;       // f32 [L][nh*hd | nkv*hd | nkv*hd]: the chunk's q, k, v before RoPE
-    u64 bq, bk, bv;  // f32 biases or 0
-    u64 qnorm, knorm;  // f32 [hd] per-head norms (gemma3) or 0
-    u64 inv_freq;  // f32 [rope_dim / 2]
-    u64 q;         // f16 [L][nh][hd]: q normed and rotated
-    u64 kc, vc;    // f16 [nkv][ctx][hd] of this layer: rows p0..p0+L written
-    u32 nh, nkv, hd, ctx;
-    u32 p0, rope_dim, neox, pad;
-    float pos_scale, eps, pad1, pad2;
-};
-
-// One block per token i of the chunk (position p0 + i): biases, q/k norms and RoPE exactly as
-// the decode step (norm_rope of decode.cu), q out as f16, k and v stored into the cache.
-// Dynamic shared memory: (nh + nkv) * hd + nh floats.
-extern "C" __global__ void pf_rope_kv(const RopeKvArgs a) {
-    extern __shared__ __align__(16) float sm[];
-    const u32 i = blockIdx.x, hd = a.hd, nq = a.nh * hd, nk = a.nkv * hd;
-    const u32 pos = a.p0 + i;
-    float* qs = sm;
-    float* ks = sm + nq;
-    float* tmp = ks + nk;
-    const float* row = (const float*)a.qkv + (u64)i * (nq + 2 * nk);
-    for (u32 j = threadIdx.x; j < nq; j += blockDim.x) {
-        qs[j] = row[j] + (a.bq ? ((const float*)a.bq)[j] : 0.f);
-    }
-    for (u32 j = threadIdx.x; j < nk; j += blockDim.x) {
-        ks[j] = row[nq + j] + (a.bk ? ((const float*)a.bk)[j] : 0.f);
-    }
-    __syncthreads();
-    const float* inv = (const float*)a.inv_freq;
-    norm_rope(qs, a.nh, hd, (const float*)a.qnorm, a.eps, pos, a.pos_scale, inv, a.rope_dim, a.neox,
-              tmp);
-    norm_rope(ks, a.nkv, hd, (const float*)a.knorm, a.eps, pos, a.pos_scale, inv, a.rope_dim,
-              a.neox, tmp);
-    f16* q = (f16*)a.q + (u64)i * nq;
-    for (u32 j = threadIdx.x; j < nq; j += blockDim.x) q[j] = f32_to_f16(qs[j]);
-    for (u32 j = threadIdx.x; j < nk; j += blockDim.x) {
-        const u32 g = j / hd, d = j % hd;
-        const u64 at = ((u64)g * a.ctx + pos) * hd + d;
-        ((f16*)a.kc)[at] = f32_to_f16(ks[j]);
-        const float v = row[nq + nk + j] + (a.bv ? ((const float*)a.bv)[j] : 0.f);
-        ((f16*)a.vc)[at] = f32_to_f16(v);
-    }
-}
-
 // out[i][h*hd + d] (by mode `bf`) = o[h][i][d] (f16, the attention op's [1, nh, L, hd] output).
 extern "C" __global__ void pf_attn_out(u64 o, u32 nh, u32 n, u32 hd, u64 out, u32 bf) {
     const u64 total = (u64)n * nh * hd;
@@ -223,13 +124,6 @@ extern "C" __global__ void pf_glu(u64 gu, u32 n, u32 ff, u32 gelu, u64 out, u32 
         const float g = ((const float*)gu)[i * 2 * ff + j];
         const float u = ((const float*)gu)[i * 2 * ff + ff + j];
         st_act(out, e, (gelu ? pf_gelu(g) : pf_silu(g)) * u, bf);
-    }
-}
-
-// dst[0..n] = src[0..n] (f32).
-extern "C" __global__ void pf_copy(u64 src, u64 dst, u32 n) {
-    for (u32 j = blockIdx.x * blockDim.x + threadIdx.x; j < n; j += gridDim.x * blockDim.x) {
-        ((float*)dst)[j] = ((const float*)src)[j];
     }
 }
 

@@ -376,17 +376,6 @@ __device__ __forceinline__ void sp_run(SampleParams* sp, u32* hist, float* logit
     }
 }
 
-// One sampler for a decode step: `out` is the step parameter block (u32 [token, pos, next,
-// sample]); samples only when out[3] != 0, writing the token to out[2].
-extern "C" __global__ void __launch_bounds__(SP_T) sample(u64 spp, u64 histp, u64 logitsp, u32 n,
-                                                         u64 qp, u64 outp) {
-    pdl_wait();
-    pdl_launch();
-    u32* params = (u32*)outp;
-    if (params[3] == 0) return;
-    sp_run((SampleParams*)spp, (u32*)histp, (float*)logitsp, n, (u64*)qp, params + 2);
-}
-
 // The samplers of several logit rows (the engine's step), one block each: `table` holds a
 // SpRow per block (its sampler state and scratch, its logit row, where its token goes).
 struct SpRow {

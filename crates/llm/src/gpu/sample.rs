@@ -1,5 +1,6 @@
-//! The CPU sampler (`crate::sampler`) on the device: the last kernel of the decode step when a
-//! session samples (`GpuSession::set_sampler`), so a sampled step reads back one token id.
+//! The CPU sampler (`crate::sampler`) on the device: one launch after a step draws the token of
+//! every logit row whose sequence samples (`sample_rows`), so a sampled step reads back one
+//! token id per sequence.
 //!
 //! State on the device: `SampleParams` (64 bytes: the settings, the history length and the draw
 //! counter, both advanced by the kernel), the token history (u32, one per context position:
@@ -31,6 +32,8 @@ pub(crate) static SOURCE: KernelSource = KernelSource {
 const PARAMS_BYTES: usize = 64;
 /// Byte offset of `hist_len` in `SampleParams`.
 const HIST_LEN_OFF: usize = 36;
+/// Byte offset of the draw counter (u64) in `SampleParams`.
+const STEP_OFF: usize = 56;
 
 /// `SampleParams` of `cfg`, with an empty history of `hist_cap` tokens and draw counter 0.
 fn params_bytes(cfg: &SamplerConfig, hist_cap: usize) -> [u8; PARAMS_BYTES] {
@@ -65,9 +68,8 @@ fn params_bytes(cfg: &SamplerConfig, hist_cap: usize) -> [u8; PARAMS_BYTES] {
 }
 
 /// A sampler's state on the device: its settings and draw counter (`SampleParams`) and its
-/// token history, with room for `cap` tokens. A session's sampler (`GpuSampler`) adds a
-/// scratch of its own; an engine request's is the kernel set's, one per logit row
-/// (`sample_rows`).
+/// token history, with room for `cap` tokens. Its scratch is the kernel set's, one per logit
+/// row (`sample_rows`).
 pub(crate) struct SamplerState {
     params: Buffer,
     hist: Buffer,
@@ -94,80 +96,6 @@ impl SamplerState {
         }
         dev.write_bytes(&self.params, HIST_LEN_OFF, &(t.len() as u32).to_le_bytes())
             .gpu()
-    }
-}
-
-/// The sampler of a session on the device.
-pub(crate) struct GpuSampler {
-    pub(crate) cfg: SamplerConfig,
-    state: SamplerState,
-    scratch: Buffer,
-}
-
-impl GpuSampler {
-    /// Validates `cfg` and allocates the state for `vocab` logits and `hist_cap` history tokens.
-    pub(crate) fn new(
-        dev: &CudaDevice,
-        cfg: &SamplerConfig,
-        vocab: usize,
-        hist_cap: usize,
-    ) -> Result<GpuSampler> {
-        Ok(GpuSampler {
-            cfg: cfg.clone(),
-            state: SamplerState::new(dev, cfg, hist_cap)?,
-            scratch: zeros(dev, vocab * 8, "llm sampler scratch")?,
-        })
-    }
-
-    /// Replaces the history with `tokens` (their last `hist_cap` if longer); the draw counter
-    /// keeps counting.
-    pub(crate) fn set_history(&self, dev: &CudaDevice, tokens: &[u32]) -> Result<()> {
-        self.state.set_history(dev, tokens)
-    }
-
-    /// The launch that samples from `logits` (f32 [vocab]) into the step parameter block.
-    pub(crate) fn plan(
-        &self,
-        logits: &Buffer,
-        vocab: usize,
-        step: &Buffer,
-    ) -> Result<SampleLaunch> {
-        if logits.bytes() < vocab * 4 || self.scratch.bytes() < vocab * 8 || step.bytes() < 16 {
-            return Err(Error::Other("sample: buffers too small".into()));
-        }
-        Ok(SampleLaunch {
-            params: self.state.params.ptr(),
-            hist: self.state.hist.ptr(),
-            logits: logits.ptr(),
-            n: vocab as u32,
-            scratch: self.scratch.ptr(),
-            out: step.ptr(),
-        })
-    }
-}
-
-/// One launch of `sample` (a single block of 1024 threads).
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct SampleLaunch {
-    params: u64,
-    hist: u64,
-    logits: u64,
-    n: u32,
-    scratch: u64,
-    out: u64,
-}
-
-impl SampleLaunch {
-    pub(crate) fn enqueue(&self, dev: &CudaDevice) -> Result<()> {
-        let cfg = LaunchConfig::new((1, 1, 1), (1024, 1, 1), 0);
-        let args = KernelArgs::new()
-            .arg(self.params)
-            .arg(self.hist)
-            .arg(self.logits)
-            .arg(self.n)
-            .arg(self.scratch)
-            .arg(self.out);
-        super::launch(dev, "sample", &SOURCE, "sample", cfg, args)
     }
 }
 
@@ -207,9 +135,10 @@ pub(crate) fn sample_rows(
 }
 
 /// Samples one token from `logits` (f32 [vocab] on the device; penalized in place) with the
-/// device sampler, as a decode step would: `history` is the token history, `step` the draw
-/// counter (the random number of draw `step` for `cfg.seed`). For tests of the kernel against
-/// the CPU sampler: each call allocates the sampler's state and reads back the token.
+/// device sampler, as a step would (`sample_rows`, one row): `history` is the token history,
+/// `step` the draw counter (the random number of draw `step` for `cfg.seed`). For tests of the
+/// kernel against the CPU sampler: each call allocates the sampler's state and reads back the
+/// token.
 pub fn sample_once(
     dev: &CudaDevice,
     cfg: &SamplerConfig,
@@ -218,15 +147,34 @@ pub fn sample_once(
     history: &[u32],
     step: u64,
 ) -> Result<u32> {
-    let s = GpuSampler::new(dev, cfg, vocab, history.len().max(1))?;
+    if logits.bytes() < vocab * 4 {
+        return Err(Error::Other(format!(
+            "sample_once: {} bytes of logits for a vocabulary of {vocab}",
+            logits.bytes()
+        )));
+    }
+    let s = SamplerState::new(dev, cfg, history.len().max(1))?;
     s.set_history(dev, history)?;
-    dev.write_bytes(&s.state.params, 56, &step.to_le_bytes())
+    dev.write_bytes(&s.params, STEP_OFF, &step.to_le_bytes())
         .gpu()?;
-    let out = zeros(dev, 16, "llm sample step")?;
-    dev.write_bytes(&out, 12, &1u32.to_le_bytes()).gpu()?;
-    s.plan(logits, vocab, &out)?.enqueue(dev)?;
-    let b = dev.read_bytes(&out, 8, 4).gpu()?;
+    let (table, scratch) = one_row_scratch(dev, vocab)?;
+    let out = zeros(dev, 16, "llm sample token")?;
+    sample_rows(
+        dev,
+        &table,
+        &[(&s, logits.ptr(), scratch.ptr(), out.ptr())],
+        vocab,
+    )?;
+    let b = dev.read_bytes(&out, 0, 4).gpu()?;
     Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+}
+
+/// The row table and the u64 [vocab] scratch of a one-row `sample_rows`.
+fn one_row_scratch(dev: &CudaDevice, vocab: usize) -> Result<(Buffer, Buffer)> {
+    Ok((
+        zeros(dev, ROW_BYTES, "llm sample table")?,
+        zeros(dev, vocab * 8, "llm sampler scratch")?,
+    ))
 }
 
 /// Draws `draws` tokens from the same `logits` (f32 [vocab], host), draw counters 0, 1, ...,
@@ -241,24 +189,19 @@ pub fn sample_many(
     draws: usize,
 ) -> Result<Vec<u32>> {
     let vocab = logits.len();
-    let s = GpuSampler::new(dev, cfg, vocab, history.len() + 1)?;
+    let s = SamplerState::new(dev, cfg, history.len() + 1)?;
     let lbytes: Vec<u8> = logits.iter().flat_map(|v| v.to_le_bytes()).collect();
     let lbuf = super::upload_bytes(dev, &lbytes, "llm sample logits")?;
-    let out = zeros(dev, draws.max(1) * 16, "llm sample steps")?;
+    let (table, scratch) = one_row_scratch(dev, vocab)?;
+    let out = zeros(dev, draws.max(1) * 4, "llm sample tokens")?;
     for i in 0..draws {
         dev.write_bytes(&lbuf, 0, &lbytes).gpu()?;
         s.set_history(dev, history)?;
-        let mut step = [0u8; 16];
-        step[12..].copy_from_slice(&1u32.to_le_bytes());
-        dev.write_bytes(&out, i * 16, &step).gpu()?;
-        let l = SampleLaunch {
-            out: out.ptr() + (i * 16) as u64,
-            ..s.plan(&lbuf, vocab, &out)?
-        };
-        l.enqueue(dev)?;
+        let at = out.ptr() + (i * 4) as u64;
+        sample_rows(dev, &table, &[(&s, lbuf.ptr(), scratch.ptr(), at)], vocab)?;
     }
-    let b = dev.read_bytes(&out, 0, draws * 16).gpu()?;
-    Ok(b.chunks_exact(16)
-        .map(|c| u32::from_le_bytes([c[8], c[9], c[10], c[11]]))
+    let b = dev.read_bytes(&out, 0, draws * 4).gpu()?;
+    Ok(b.chunks_exact(4)
+        .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
         .collect())
 }

@@ -561,7 +561,11 @@ impl GpuModel {
         // Norms, biases: a few vectors of d_model (or smaller) per layer.
         weights += (c.n_layer * 8 + 4) * (c.d_model.max(c.n_head * c.head_dim) * 4 + 256);
         let kv = c.n_layer * 2 * shape.kv_layer_bytes();
-        let scratch = super::session::scratch_bytes(c, ctx, dev.sm_count());
+        let scratch = crate::model::cuda::step_scratch_bytes(
+            c,
+            crate::session::CUDA_ROWS,
+            crate::session::cuda_out_rows(c.vocab),
+        );
         dev.empty_cache().gpu()?;
         let (free, total) = dev.mem_info().gpu()?;
         let need = weights + kv + scratch;

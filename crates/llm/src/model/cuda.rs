@@ -22,6 +22,7 @@ use std::collections::{HashMap, HashSet};
 
 use ferrite_cuda::{Buffer, CudaDevice, Graph};
 
+use super::config::Config;
 use super::step::{Batch, Buf, Glu, Kernels, Mat, Norm};
 use crate::error::{Error, Result};
 use crate::gpu::decode::{self, AttnShape};
@@ -295,6 +296,21 @@ pub const FLASH_ROWS: usize = 16;
 /// tensor cores from 8 (1,440 vs 1,180).
 pub const MMA_ROWS: usize = 5;
 
+/// Device bytes of the step scratch `CudaKernels::new` allocates for steps of `rows` rows
+/// and `out_rows` logit rows (activations, logits and their f16 copies, a lower bound of what
+/// `new` sizes exactly), plus the device sampler's scratch for `out_rows` sequences (a u64 per
+/// vocabulary entry, made at the first sampled step).
+pub fn step_scratch_bytes(c: &Config, rows: usize, out_rows: usize) -> usize {
+    let per_row = 2 * c.d_model
+        + (c.n_head + 2 * c.n_kv_head) * c.head_dim
+        + c.n_head * c.head_dim
+        + 2 * c.n_ff;
+    rows.saturating_mul(per_row)
+        .saturating_add(out_rows.saturating_mul(c.d_model + c.vocab))
+        .saturating_add(out_rows.saturating_mul(c.vocab).saturating_mul(2))
+        .saturating_mul(4)
+}
+
 fn u32_of(v: usize, what: &str) -> Result<u32> {
     u32::try_from(v).map_err(|_| Error::Other(format!("cuda kernels: {what} = {v} exceeds u32")))
 }
@@ -459,6 +475,11 @@ impl<'g> CudaKernels<'g> {
     /// tests use small values).
     pub fn set_flash_rows(&mut self, rows: usize) {
         self.flash_rows = rows.max(1);
+    }
+
+    /// Whether decode-only steps replay captured graphs (else every kernel is launched).
+    pub fn uses_graphs(&self) -> bool {
+        self.graphs_on && !self.eager
     }
 
     /// Graphs captured so far, and replays run.

@@ -3,7 +3,7 @@
 //!
 //! [`Model`] holds the file and validated weight descriptions; [`step`] is the model
 //! definition (one batched step over a kernel set), [`cpu`] the CPU kernel set. A [`Session`]
-//! runs one sequence through them; [`crate::engine`] runs many.
+//! runs one sequence through them on any kernel set; [`crate::engine`] runs many.
 
 mod config;
 pub mod cpu;
@@ -11,18 +11,18 @@ pub mod cuda;
 pub mod step;
 pub mod wgpu;
 
+pub use crate::session::Session;
 pub use config::{Arch, Config};
 pub use cpu::CpuKernels;
 pub use cuda::{CudaKernels, CudaKvStore, CudaLimits};
 pub use step::{Batch, Out};
-pub use wgpu::{WgpuKernels, WgpuKvStore, WgpuModel, WgpuSession};
+pub use wgpu::{WgpuKernels, WgpuKvStore, WgpuModel};
 
 use ferrite_gguf::{GgmlType, GgufFile, TensorInfo};
 
 use crate::arena::Arena;
 use crate::error::{Error, Result};
 use crate::kernels::{self, ActFormat, Isa, QMat};
-use crate::kv_cache::{CpuKvStore, PagedKv, BLOCK_SIZE};
 
 /// A validated `rows x cols` weight in the file.
 #[derive(Clone, Debug)]
@@ -500,118 +500,6 @@ pub enum Logits {
 
 /// Largest number of tokens run through the layers at once; longer inputs go in pieces.
 pub const MAX_BATCH: usize = 256;
-
-/// One sequence over one model on the CPU: its paged KV cache (`ctx` positions) and the
-/// kernels' scratch; runs batches of tokens (prefill) or one token (decode) through the
-/// model definition ([`step::forward`]), as a batch of one sequence.
-pub struct Session<'m> {
-    model: &'m Model,
-    ctx: usize,
-    // Boxed: keeps a session near a GPU session's size (the CLI holds either in one enum).
-    kv: Box<PagedKv>,
-    store: CpuKvStore,
-    k: CpuKernels<'m>,
-    batch: Batch,
-    logits: Vec<f32>,
-}
-
-/// The sequence id of a session's only sequence.
-const SEQ: u64 = 0;
-
-impl<'m> Session<'m> {
-    /// A session whose KV cache holds `ctx` positions (1..=the model's context length).
-    pub fn new(model: &'m Model, ctx: usize) -> Result<Session<'m>> {
-        let c = &model.cfg;
-        if ctx == 0 || ctx > c.ctx_train {
-            return Err(Error::Context(format!(
-                "context size {ctx} must be between 1 and the model's context length {}",
-                c.ctx_train
-            )));
-        }
-        let blocks = ctx.div_ceil(BLOCK_SIZE);
-        // f16 KV as on CUDA, f32 for the exact mode (its reference contract).
-        let half = model.precision() != Precision::Exact;
-        let store = CpuKvStore::new(c.n_layer, c.n_kv_head, c.head_dim, BLOCK_SIZE, blocks, half)?;
-        let mut kv = PagedKv::new(blocks, BLOCK_SIZE)?;
-        kv.add_seq(SEQ, &[])?;
-        Ok(Session {
-            model,
-            ctx,
-            kv: Box::new(kv),
-            store,
-            k: CpuKernels::new(model),
-            batch: Batch::default(),
-            logits: Vec::new(),
-        })
-    }
-
-    pub fn model(&self) -> &'m Model {
-        self.model
-    }
-
-    /// Tokens processed so far (the position of the next token).
-    pub fn pos(&self) -> usize {
-        self.kv.len(SEQ)
-    }
-
-    /// Capacity of the KV cache in tokens.
-    pub fn ctx(&self) -> usize {
-        self.ctx
-    }
-
-    /// Forgets every position from `pos` on (`pos <= self.pos()`).
-    pub fn truncate(&mut self, pos: usize) {
-        self.kv.truncate(SEQ, pos);
-    }
-
-    /// Runs `tokens` at positions `pos()..pos() + tokens.len()`, appending them to the KV
-    /// cache, and returns the logits asked for. Errors (before any work) if the tokens do not
-    /// fit the cache or an id is outside the vocabulary.
-    pub fn forward(&mut self, tokens: &[u32], which: Logits) -> Result<&[f32]> {
-        let vocab = self.model.cfg.vocab;
-        if tokens.is_empty() {
-            return Err(Error::Other("forward: no tokens".into()));
-        }
-        let need = self.pos() + tokens.len();
-        if need > self.ctx() {
-            return Err(Error::Context(format!(
-                "{} tokens already in the cache plus {} new need {need} positions, but the context size is {}",
-                self.pos(),
-                tokens.len(),
-                self.ctx()
-            )));
-        }
-        if let Some(&id) = tokens.iter().find(|&&t| t as usize >= vocab) {
-            return Err(Error::Token { id, vocab });
-        }
-        let n_chunks = tokens.len().div_ceil(MAX_BATCH);
-        if which == Logits::All && n_chunks > 1 {
-            self.logits.clear();
-        }
-        for (i, chunk) in tokens.chunks(MAX_BATCH).enumerate() {
-            let last = i + 1 == n_chunks;
-            let out = match which {
-                Logits::All => Out::All,
-                Logits::Last if last => Out::Last,
-                Logits::Last => Out::None,
-            };
-            let pos = self.pos();
-            self.kv.prepare(SEQ, chunk.len(), &mut self.store)?;
-            self.batch.clear();
-            self.batch.push(chunk, pos, self.kv.table(SEQ), out);
-            step::forward(&self.model.cfg, &mut self.k, &mut self.store, &self.batch)?;
-            self.kv.commit(SEQ, chunk)?;
-            if which == Logits::All && n_chunks > 1 {
-                self.logits.extend_from_slice(self.k.logits());
-            }
-        }
-        if which == Logits::All && n_chunks > 1 {
-            Ok(&self.logits)
-        } else {
-            Ok(self.k.logits())
-        }
-    }
-}
 
 impl Model {
     /// Activation formats for products over `ws` taking `f` (f32 where a weight has no

@@ -28,11 +28,11 @@ use ferrite_wgpu::raw as wgpu;
 use ferrite_wgpu::WgpuDevice;
 
 use super::config::Config;
-use super::step::{self, Batch, Buf, Glu, Kernels, Mat, Norm, Out};
-use super::{Logits, Model, Weight, MAX_BATCH};
+use super::step::{Batch, Buf, Glu, Kernels, Mat, Norm};
+use super::{Model, Weight};
 use crate::engine::{Engine, EngineConfig, EngineKernels};
 use crate::error::{Error, Result};
-use crate::kv_cache::{BlockId, KvStore, PagedKv, BLOCK_SIZE};
+use crate::kv_cache::{BlockId, KvStore, BLOCK_SIZE};
 
 const QUANT: &str = include_str!("wgpu/quant.wgsl");
 const MATVEC: &str = include_str!("wgpu/matvec.wgsl");
@@ -1866,124 +1866,5 @@ impl<'g> Engine<'g, WgpuKernels<'g>> {
     /// KV cache of `cfg.kv_blocks` blocks).
     pub fn wgpu(m: &'g WgpuModel, cfg: EngineConfig) -> Result<Engine<'g, WgpuKernels<'g>>> {
         Engine::with_kernels(&m.cfg, cfg, WgpuKernels::new(m))
-    }
-}
-
-/// One sequence on a wgpu device (`run`, `chat`, `perplexity`): the model definition over
-/// the wgpu kernel set as a batch of one sequence, with a paged KV cache of `ctx` positions
-/// (the CPU [`super::Session`]'s interface).
-pub struct WgpuSession<'g> {
-    ctx: usize,
-    kv: PagedKv,
-    store: WgpuKvStore,
-    k: WgpuKernels<'g>,
-    batch: Batch,
-    logits: Vec<f32>,
-}
-
-/// The sequence id of a session's only sequence.
-const SEQ: u64 = 0;
-
-impl<'g> WgpuSession<'g> {
-    /// A session whose KV cache holds `ctx` positions (1..=the model's context length).
-    pub fn new(m: &'g WgpuModel, ctx: usize) -> Result<WgpuSession<'g>> {
-        if ctx == 0 || ctx > m.cfg.ctx_train {
-            return Err(Error::Context(format!(
-                "context size {ctx} must be between 1 and the model's context length {}",
-                m.cfg.ctx_train
-            )));
-        }
-        let blocks = ctx.div_ceil(BLOCK_SIZE);
-        let store = WgpuKvStore::new(m, blocks)?;
-        let mut kv = PagedKv::new(blocks, BLOCK_SIZE)?;
-        kv.add_seq(SEQ, &[])?;
-        Ok(WgpuSession {
-            ctx,
-            kv,
-            store,
-            k: WgpuKernels::new(m),
-            batch: Batch::default(),
-            logits: Vec::new(),
-        })
-    }
-
-    /// Tokens processed so far (the position of the next token).
-    pub fn pos(&self) -> usize {
-        self.kv.len(SEQ)
-    }
-
-    pub fn kernels_mut(&mut self) -> &mut WgpuKernels<'g> {
-        &mut self.k
-    }
-
-    /// Capacity of the KV cache in tokens.
-    pub fn ctx(&self) -> usize {
-        self.ctx
-    }
-
-    /// Forgets every position from `pos` on (`pos <= self.pos()`).
-    pub fn truncate(&mut self, pos: usize) {
-        self.kv.truncate(SEQ, pos);
-    }
-
-    /// Runs `tokens` at positions `pos()..pos() + tokens.len()` and returns the logits asked
-    /// for (`[rows][vocab]`). Errors (before any work) if the tokens do not fit the cache or
-    /// an id is outside the vocabulary.
-    pub fn forward(&mut self, tokens: &[u32], which: Logits) -> Result<&[f32]> {
-        let vocab = self.k.m.cfg.vocab;
-        if tokens.is_empty() {
-            return Err(Error::Other("forward: no tokens".into()));
-        }
-        let need = self.pos() + tokens.len();
-        if need > self.ctx {
-            return Err(Error::Context(format!(
-                "{} tokens already in the cache plus {} new need {need} positions, but the context size is {}",
-                self.pos(),
-                tokens.len(),
-                self.ctx
-            )));
-        }
-        if let Some(&id) = tokens.iter().find(|&&t| t as usize >= vocab) {
-            return Err(Error::Token { id, vocab });
-        }
-        self.logits.clear();
-        let n_chunks = tokens.len().div_ceil(MAX_BATCH);
-        for (i, chunk) in tokens.chunks(MAX_BATCH).enumerate() {
-            let last = i + 1 == n_chunks;
-            let out = match which {
-                Logits::All => Out::All,
-                Logits::Last if last => Out::Last,
-                Logits::Last => Out::None,
-            };
-            let pos = self.pos();
-            self.kv.prepare(SEQ, chunk.len(), &mut self.store)?;
-            self.batch.clear();
-            self.batch.push(chunk, pos, self.kv.table(SEQ), out);
-            step::forward(&self.k.m.cfg, &mut self.k, &mut self.store, &self.batch)?;
-            self.kv.commit(SEQ, chunk)?;
-            if out != Out::None {
-                let l = self.k.fetch_logits()?;
-                self.logits.extend_from_slice(l);
-            }
-        }
-        Ok(&self.logits)
-    }
-}
-
-impl crate::generate::Sequence for WgpuSession<'_> {
-    fn forward(&mut self, tokens: &[u32], which: Logits) -> Result<&[f32]> {
-        WgpuSession::forward(self, tokens, which)
-    }
-
-    fn pos(&self) -> usize {
-        WgpuSession::pos(self)
-    }
-
-    fn ctx(&self) -> usize {
-        WgpuSession::ctx(self)
-    }
-
-    fn ctx_train(&self) -> usize {
-        self.k.m.cfg.ctx_train
     }
 }
