@@ -87,7 +87,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let mut session = match (&gm, &wm) {
         (_, Some(wm)) => Sess::Wgpu(Box::new(Session::wgpu(wm, ctx)?)),
         (Some(gm), None) => Sess::Gpu(Box::new(Session::cuda(gm, ctx)?)),
-        (None, None) => Sess::Cpu(Session::new(model, ctx)?),
+        (None, None) => Sess::Cpu(Box::new(Session::new(model, ctx)?)),
     };
     // Ctrl-C outside line editing (while a reply streams) sets this flag; the generation loop
     // stops before its next token. At the prompt rustyline reads Ctrl-C as a key.
@@ -170,7 +170,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         stop.store(false, Ordering::Relaxed);
         let mut out = |t: &str| print_flush(t);
         let gen = match &mut session {
-            Sess::Cpu(s) => generate(s, tok, &mut sampler, prompt, max_new, &[], &mut out)?,
+            Sess::Cpu(s) => generate(&mut **s, tok, &mut sampler, prompt, max_new, &[], &mut out)?,
             Sess::Gpu(s) => generate(&mut **s, tok, &mut sampler, prompt, max_new, &[], &mut out)?,
             Sess::Wgpu(s) => generate(&mut **s, tok, &mut sampler, prompt, max_new, &[], &mut out)?,
         };
@@ -353,9 +353,9 @@ impl Conversation<'_> {
 }
 
 /// The conversation's session on the CPU, a CUDA device or a wgpu device (`--device`).
+// Boxed: a session holds its kernel set's scratch handles (hundreds of bytes).
 enum Sess<'m> {
-    Cpu(Session<'m>),
-    // Boxed: their kernels' scratch handles make them several times the CPU's size.
+    Cpu(Box<Session<'m>>),
     Gpu(Box<Session<'m, ferrite_llm::model::CudaKernels<'m>>>),
     Wgpu(Box<Session<'m, ferrite_llm::model::WgpuKernels<'m>>>),
 }
