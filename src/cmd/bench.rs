@@ -209,9 +209,18 @@ fn run_cuda(
         for rep in 0..=args.r {
             session.truncate(0);
             let t0 = std::time::Instant::now();
-            // each step reads back its greedy token, as generation does
+            // each step reads back its greedy token, as generation does; decode keeps one
+            // step queued ahead of the token it reads where the kernel set chains its picks
+            // (FERRITE_GPU_CHAIN=0: each step waits for the last one's token)
             if name == "pp" {
                 session.forward_pick(&tokens[..count])?;
+            } else if session.chains() {
+                session.forward_queue(&tokens[..1])?;
+                for _ in 1..count {
+                    session.forward_chained()?;
+                    session.take_pick()?;
+                }
+                session.take_pick()?;
             } else {
                 for &t in &tokens[..count] {
                     session.forward_pick(&[t])?;
@@ -237,12 +246,13 @@ fn run_cuda(
     let backend = format!("CUDA ({})", dev.name());
     let q8 = model.precision() == ferrite_llm::Precision::Q8;
     let mode = format!(
-        "{}, {} activations",
+        "{}{}, {} activations",
         if session.kernels().uses_graphs() {
             "graph"
         } else {
             "eager launches"
         },
+        if session.chains() { ", chained" } else { "" },
         if q8 { "q8" } else { "f32" }
     );
     let gb_s = |tok_s: f64| per_token * tok_s / 1e9;

@@ -33,15 +33,15 @@ pub(crate) mod fault {
     pub const CROSS_ENTROPY: u32 = 5;
 }
 
-struct Pinned {
-    ptr: *mut u8,
-    len: usize,
+pub(crate) struct Pinned {
+    pub(crate) ptr: *mut u8,
+    pub(crate) len: usize,
     /// Completes when the last copy that used this buffer is done.
     busy: Option<Event>,
 }
 
 impl Pinned {
-    fn new(len: usize) -> Result<Pinned> {
+    pub(crate) fn new(len: usize) -> Result<Pinned> {
         // SAFETY: page-locked host allocation.
         let ptr = unsafe { dr::malloc_host(len, 0) }.op("cuda")? as *mut u8;
         Ok(Pinned {
@@ -206,6 +206,11 @@ impl CudaBackend {
     }
 
     /// Reports (and clears) a fault a kernel recorded since the last check.
+    /// Counts a host wait (`SyncStats::host_waits`) made outside this module.
+    pub(crate) fn count_host_wait(&self) {
+        self.host_waits.fetch_add(1, Ordering::Relaxed);
+    }
+
     pub(crate) fn check_fault(&self) -> Result<()> {
         // SAFETY: fault_host is valid for the device's lifetime; the device writes it only
         // through atomics, and all its writers have finished (the caller just waited).

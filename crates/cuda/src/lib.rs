@@ -47,7 +47,7 @@ pub use kernels::{
 mod prebuilt {
     include!(concat!(env!("OUT_DIR"), "/prebuilt.rs"));
 }
-pub use raw::{Buffer, KernelArgs};
+pub use raw::{Buffer, KernelArgs, ReadBack};
 pub use storage::CudaStorage;
 
 use ferrite_core::{

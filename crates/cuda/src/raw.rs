@@ -4,7 +4,8 @@
 //! on the device's compute stream, like the ops; host reads wait for it.
 
 use crate::alloc::Block;
-use crate::device::CudaBackend;
+use crate::device::{CudaBackend, Pinned};
+use crate::driver::Event;
 use crate::kernels::{Args, Cfg, KernelSource};
 use crate::storage::CudaStorage;
 use crate::CudaDevice;
@@ -96,6 +97,61 @@ impl CudaDevice {
         }
         self.be().bind()?;
         self.be().read_compute(src.ptr() + offset as u64, len)
+    }
+
+    /// Queues a copy of `len` bytes at `offset` of `src` into `rb`, behind the work queued so
+    /// far on the compute stream; work queued after it does not wait for it, and the host
+    /// waits only in [`ReadBack::wait`]. `rb` must not hold an unread copy.
+    pub fn queue_read(
+        &self,
+        rb: &mut ReadBack,
+        src: &Buffer,
+        offset: usize,
+        len: usize,
+    ) -> Result<()> {
+        let op = "queue_read";
+        if offset.checked_add(len).is_none_or(|e| e > src.bytes) || len > rb.buf.len {
+            return Err(Error::backend(
+                op,
+                format!(
+                    "{len} bytes at {offset} of a buffer of {} into a read-back of {}",
+                    src.bytes, rb.buf.len
+                ),
+            ));
+        }
+        if rb.done.is_some() {
+            return Err(Error::backend(op, "the read-back holds an unread copy"));
+        }
+        let be = self.be();
+        be.bind()?;
+        // SAFETY: rb.buf holds len bytes and no copy writes it (done is None); the source
+        // range lies in the buffer; ordered on the compute stream.
+        unsafe {
+            sys::cuMemcpyDtoHAsync_v2(
+                rb.buf.ptr as *mut std::ffi::c_void,
+                src.ptr() + offset as u64,
+                len,
+                be.compute.0,
+            )
+        }
+        .result()
+        .map_err(|e| crate::driver::drv(op, e))?;
+        let e = be.events.get()?;
+        e.record(&be.compute)?;
+        rb.done = Some(e);
+        rb.len = len;
+        Ok(())
+    }
+
+    /// A read-back buffer of `bytes` bytes (page-locked host memory) for `queue_read`.
+    pub fn read_back(&self, bytes: usize) -> Result<ReadBack> {
+        self.be().bind()?;
+        Ok(ReadBack {
+            buf: Pinned::new(bytes.max(16))?,
+            len: 0,
+            done: None,
+            dev: self.clone(),
+        })
     }
 
     /// Fills a byte range with zeros (stream-ordered).
@@ -282,5 +338,51 @@ impl CudaBackend {
     pub(crate) fn read_compute(&self, src: u64, len: usize) -> Result<Vec<u8>> {
         let e = self.mark()?;
         self.read_after(src, len, Some(e))
+    }
+}
+
+/// Page-locked host memory that a device copy lands in without stalling the stream
+/// (`CudaDevice::queue_read`); `wait` returns the bytes once that copy is done.
+pub struct ReadBack {
+    buf: Pinned,
+    len: usize,
+    /// Completes with the queued copy; None: no copy is queued.
+    done: Option<Event>,
+    dev: CudaDevice,
+}
+
+// SAFETY: the pinned memory is owned by the ReadBack and touched only through &mut self (the
+// device writes it only between queue_read and wait, which take &mut).
+unsafe impl Send for ReadBack {}
+
+impl ReadBack {
+    /// Whether a queued copy has not been read yet.
+    pub fn is_queued(&self) -> bool {
+        self.done.is_some()
+    }
+
+    /// Waits for the queued copy (only it and the work queued before it) and returns its
+    /// bytes; counted as a host wait. Errors if nothing is queued or the device faulted.
+    pub fn wait(&mut self) -> Result<&[u8]> {
+        let e = self
+            .done
+            .take()
+            .ok_or_else(|| Error::backend("read_back", "no copy is queued"))?;
+        let be = self.dev.backend();
+        be.bind()?;
+        be.count_host_wait();
+        e.synchronize()?;
+        be.check_fault()?;
+        // SAFETY: the copy into buf[..len] is complete (waited above); nothing else writes it.
+        Ok(unsafe { std::slice::from_raw_parts(self.buf.ptr, self.len) })
+    }
+}
+
+impl Drop for ReadBack {
+    fn drop(&mut self) {
+        // The pinned buffer must outlive any copy into it.
+        if let Some(e) = self.done.take() {
+            let _ = e.synchronize();
+        }
     }
 }

@@ -59,6 +59,24 @@ pub trait EngineKernels: Kernels<Kv: KvStore> {
             ))
         }
     }
+    /// Whether a step's input token may be the previous step's pick of the same row left on
+    /// the device (`step::PREV_TOKEN`), with picks read later (`queue_tokens`, `take_tokens`):
+    /// a decode loop then queues step n + 1 before it waits for step n's token.
+    fn chains_picks(&self) -> bool {
+        false
+    }
+    /// Queues the read of the last step's picks (`device_tokens`' values) without waiting.
+    fn queue_tokens(&mut self) -> Result<()> {
+        Err(Error::Other(
+            "engine: this kernel set does not chain its picks".into(),
+        ))
+    }
+    /// The picks of the oldest step whose read `queue_tokens` queued (waits for that step).
+    fn take_tokens(&mut self) -> Result<Vec<u32>> {
+        Err(Error::Other(
+            "engine: this kernel set does not chain its picks".into(),
+        ))
+    }
     /// The last step's logits on the host, `[logit rows][vocab]` (the sampler's penalties
     /// change them in place).
     fn host_logits(&mut self) -> Result<&mut [f32]>;
@@ -124,6 +142,18 @@ impl EngineKernels for CudaKernels<'_> {
 
     fn sample_rows(&mut self, rows: &[(usize, u64)]) -> Result<()> {
         CudaKernels::sample_rows(self, rows)
+    }
+
+    fn chains_picks(&self) -> bool {
+        self.chains()
+    }
+
+    fn queue_tokens(&mut self) -> Result<()> {
+        CudaKernels::queue_tokens(self)
+    }
+
+    fn take_tokens(&mut self) -> Result<Vec<u32>> {
+        CudaKernels::take_tokens(self)
     }
 
     fn host_logits(&mut self) -> Result<&mut [f32]> {

@@ -108,9 +108,16 @@ pub fn generate<K: EngineKernels>(
     // sampler where it has one, else the host sampler over the logits.
     let device =
         cfg.is_plain_greedy() || session.set_sampler(Some(&cfg), prompt, prompt.len() + max_new)?;
+    // Chained (CUDA): one step stays queued ahead of the token the host reads, so the device
+    // does not idle while the host reads a token and queues the next step.
+    let chain = device && session.chains();
     let mut history: Vec<u32> = prompt.to_vec();
     let t0 = Instant::now();
-    let first = next_token(session, sampler, prompt, &history, device);
+    let first = if chain {
+        session.forward_queue(prompt).map(|()| 0)
+    } else {
+        next_token(session, sampler, prompt, &history, device)
+    };
     let mut next = match first {
         Ok(t) => t,
         Err(e) => {
@@ -118,18 +125,19 @@ pub fn generate<K: EngineKernels>(
             return Err(e);
         }
     };
-    let prefill_secs = t0.elapsed().as_secs_f64();
+    // Picks queued and not read yet (chained).
+    let mut queued = usize::from(chain);
     let mut gen = Generation {
         prompt_tokens: prompt.len(),
         tokens: Vec::with_capacity(max_new),
         text: String::new(),
         stop: StopReason::MaxTokens,
-        prefill_secs,
+        prefill_secs: t0.elapsed().as_secs_f64(),
         decode_secs: 0.0,
     };
     let mut utf8 = StreamDecoder::new();
     let mut stop_strings = StopStrings::new(stops.iter().cloned());
-    let t1 = Instant::now();
+    let mut t1 = Instant::now();
     let mut emit = |s: &str, gen: &mut Generation| {
         if !s.is_empty() {
             on_text(s);
@@ -141,6 +149,19 @@ pub fn generate<K: EngineKernels>(
         if sampler.cancelled() {
             gen.stop = StopReason::Interrupted;
             break;
+        }
+        if chain {
+            match chained_pick(session, i, max_new, &mut queued) {
+                Ok(t) => next = t,
+                Err(e) => {
+                    result = Err(e);
+                    break;
+                }
+            }
+            if i == 0 {
+                gen.prefill_secs = t0.elapsed().as_secs_f64();
+                t1 = Instant::now();
+            }
         }
         let id = next;
         if tok.is_eog(id) && !sampler.ignores_eos() {
@@ -158,7 +179,7 @@ pub fn generate<K: EngineKernels>(
                 break;
             }
         }
-        if i + 1 < max_new {
+        if !chain && i + 1 < max_new {
             match next_token(session, sampler, &[id], &history, device) {
                 Ok(t) => next = t,
                 Err(e) => {
@@ -167,6 +188,14 @@ pub fn generate<K: EngineKernels>(
                 }
             }
         }
+    }
+    if queued > 0 && result.is_ok() {
+        // Steps queued past the stop: read their picks and forget their positions, so the
+        // session holds what the unchained loop would have run.
+        for _ in 0..queued {
+            session.take_pick()?;
+        }
+        session.truncate(session.pos() - queued);
     }
     session.set_sampler(None, &[], 0)?;
     result?;
@@ -200,6 +229,23 @@ pub fn greedy<K: EngineKernels>(
         }
     }
     Ok(out)
+}
+
+/// Token `i` of a chained loop: first queues the step that picks token `i + 1` (when the
+/// loop may still need it), then reads the oldest queued pick. `queued` counts the picks
+/// queued and not read.
+fn chained_pick<K: EngineKernels>(
+    session: &mut Session<'_, K>,
+    i: usize,
+    max_new: usize,
+    queued: &mut usize,
+) -> Result<u32> {
+    if i + *queued < max_new {
+        session.forward_chained()?;
+        *queued += 1;
+    }
+    *queued -= 1;
+    session.take_pick()
 }
 
 /// Runs `tokens` and returns the greedy next token.

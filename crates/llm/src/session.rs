@@ -6,13 +6,18 @@
 //!
 //! Where the kernel set picks tokens itself (CUDA, wgpu: the greedy pick, and on CUDA a
 //! device sampler set by [`Session::set_sampler`]), [`Session::forward_pick`] returns the next
-//! token with 4 bytes read back; the logits stay on the device unless asked for.
+//! token with 4 bytes read back; the logits stay on the device unless asked for. Where it
+//! also chains its picks (CUDA), a decode loop keeps one step queued ahead of the token it
+//! reads ([`Session::forward_queue`], [`Session::forward_chained`], [`Session::take_pick`]),
+//! so the device does not idle while the host reads a token and queues the next step. A
+//! chained step's input is recorded in the KV bookkeeping as `PREV_TOKEN` (a session never
+//! shares its blocks by prefix, so those records are not read).
 
 use crate::engine::EngineKernels;
 use crate::error::{Error, Result};
 use crate::gpu::GpuModel;
 use crate::kv_cache::{PagedKv, BLOCK_SIZE};
-use crate::model::step::{self, Batch, Out};
+use crate::model::step::{self, Batch, Out, PREV_TOKEN};
 use crate::model::{
     Config, CpuKernels, CudaKernels, CudaLimits, Logits, Model, WgpuKernels, WgpuModel, MAX_BATCH,
 };
@@ -239,6 +244,12 @@ impl<'m, K: EngineKernels> Session<'m, K> {
     /// lowest id on ties), or None where it does not (the CPU): then [`Session::logits`]
     /// holds the last row's logits.
     pub fn forward_pick(&mut self, tokens: &[u32]) -> Result<Option<u32>> {
+        self.run_to_pick(tokens)?;
+        Ok(self.k.device_tokens()?.and_then(|t| t.first().copied()))
+    }
+
+    /// Runs `tokens` (Out::Last on the last piece) and the device sampler, if set.
+    fn run_to_pick(&mut self, tokens: &[u32]) -> Result<()> {
         self.check(tokens)?;
         let n_chunks = tokens.len().div_ceil(self.rows);
         for (i, chunk) in tokens.chunks(self.rows).enumerate() {
@@ -248,7 +259,54 @@ impl<'m, K: EngineKernels> Session<'m, K> {
         if self.device_sampler {
             self.k.sample_rows(&[(0, SEQ)])?;
         }
-        Ok(self.k.device_tokens()?.and_then(|t| t.first().copied()))
+        Ok(())
+    }
+
+    /// Whether the kernel set chains its picks (CUDA): `forward_queue`, `forward_chained`
+    /// and `take_pick` run only there.
+    pub fn chains(&self) -> bool {
+        self.k.chains_picks()
+    }
+
+    /// Runs `tokens` as `forward_pick` does, but queues the read of the pick instead of
+    /// waiting for it ([`Session::take_pick`] returns it).
+    pub fn forward_queue(&mut self, tokens: &[u32]) -> Result<()> {
+        self.run_to_pick(tokens)?;
+        self.k.queue_tokens()
+    }
+
+    /// Queues one decode step whose input is the previous step's pick, still on the device
+    /// (not read yet), and the read of this step's pick. Picks are read in order by
+    /// [`Session::take_pick`]. Errors if the kernel set does not chain its picks or the cache
+    /// is full.
+    pub fn forward_chained(&mut self) -> Result<()> {
+        if !self.chains() {
+            return Err(Error::Other(
+                "session: this kernel set does not chain its picks".into(),
+            ));
+        }
+        if self.pos() + 1 > self.ctx {
+            return Err(Error::Context(format!(
+                "{} tokens already in the cache plus 1 new need {} positions, but the context size is {}",
+                self.pos(),
+                self.pos() + 1,
+                self.ctx
+            )));
+        }
+        self.step(&[PREV_TOKEN], Out::Last)?;
+        if self.device_sampler {
+            self.k.sample_rows(&[(0, SEQ)])?;
+        }
+        self.k.queue_tokens()
+    }
+
+    /// The oldest queued pick (`forward_queue`, `forward_chained`): waits for its step only.
+    pub fn take_pick(&mut self) -> Result<u32> {
+        self.k
+            .take_tokens()?
+            .first()
+            .copied()
+            .ok_or_else(|| Error::Other("session: a step picked no token".into()))
     }
 
     /// The last step's logits on the host, `[logit rows][vocab]` (read from the device once

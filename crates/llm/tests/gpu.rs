@@ -93,6 +93,10 @@ fn gpu_tests() -> Vec<(&'static str, TestFn)> {
             sampled_generation,
         ),
         (
+            "chained_decode_equals_one_token_at_a_time",
+            chained_generation,
+        ),
+        (
             "engine_cuda_synthetic_every_format_batch_equals_alone_and_cpu",
             engine_synthetic,
         ),
@@ -2237,6 +2241,76 @@ fn sampled_generation(dev: &CudaDevice) -> Option<String> {
     eprintln!(
         "sampled generation: {n} tokens, {distinct} distinct, {waits} host waits for {} replays",
         n - 1
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+    None
+}
+
+/// `generate` on CUDA with the chained loop (one step queued ahead of the token read, its input
+/// the previous pick left on the device) against the loop that waits for each token: the same
+/// tokens, text, stop reason and session position, greedy and sampled (device sampler), at the
+/// token limit, at a stop string (a queued step past the stop is dropped), and for a second
+/// generation after the first (a chat's next turn); one host wait per token.
+fn chained_generation(dev: &CudaDevice) -> Option<String> {
+    use ferrite_llm::generate::{generate, Generation, StopReason};
+    let dir = tmp_dir();
+    let model = synth_model(GgmlType::Q4_0, &dir, 2, 256);
+    let tok = Tokenizer::from_gguf(model.gguf()).unwrap();
+    let gm = GpuModel::load(&model, dev, 256).unwrap();
+    let prompt: Vec<u32> = (0..9).map(|i| (i * 37 + 5) % 1000).collect();
+    let sampled = SamplerConfig {
+        temperature: 1.5,
+        top_k: 0,
+        top_p: 0.98,
+        min_p: 0.0,
+        seed: 7,
+        ..SamplerConfig::default()
+    };
+    let run = |chain: bool, cfg: &SamplerConfig, stops: &[String]| -> Vec<(Generation, usize)> {
+        let mut s = Session::cuda(&gm, 256).unwrap();
+        s.kernels_mut().set_chain(chain);
+        assert_eq!(s.chains(), chain);
+        let mut out = Vec::new();
+        for turn in 0..2 {
+            let mut sampler = Sampler::new(cfg.clone()).unwrap();
+            let w0 = dev.sync_stats().host_waits;
+            let p = &prompt[turn..];
+            let g = generate(&mut s, &tok, &mut sampler, p, 40, stops, &mut |_| {}).unwrap();
+            let waits = dev.sync_stats().host_waits - w0;
+            if chain && g.stop == StopReason::MaxTokens {
+                assert_eq!(waits, 40, "one host wait per token");
+            }
+            out.push((g, s.pos()));
+        }
+        out
+    };
+    let greedy = run(false, &SamplerConfig::greedy(), &[]);
+    let text = &greedy[0].0.text;
+    // a stop string from the middle of the greedy text: a later token ends the generation
+    let stop: String = text
+        .chars()
+        .skip(text.chars().count() / 2)
+        .take(3)
+        .collect();
+    for (cfg, stops) in [
+        (SamplerConfig::greedy(), vec![]),
+        (sampled.clone(), vec![]),
+        (SamplerConfig::greedy(), vec![stop.clone()]),
+    ] {
+        let (a, b) = (run(false, &cfg, &stops), run(true, &cfg, &stops));
+        for ((ga, pa), (gb, pb)) in a.iter().zip(&b) {
+            assert_eq!(gb.tokens, ga.tokens, "tokens ({cfg:?}, stops {stops:?})");
+            assert_eq!(gb.text, ga.text);
+            assert_eq!(gb.stop, ga.stop);
+            assert_eq!(pb, pa, "session position after the generation");
+        }
+        if !stops.is_empty() {
+            assert_eq!(b[0].0.stop, StopReason::StopString, "{stop:?} in {text:?}");
+        }
+    }
+    eprintln!(
+        "chained decode: greedy {:?}, stop {stop:?}",
+        greedy[0].0.text
     );
     let _ = std::fs::remove_dir_all(&dir);
     None

@@ -1313,14 +1313,17 @@ struct EmbedArgs {
     u32 rows;
     float scale;    // multiplies every value unless 1
     u32 pad;
+    u64 prev;       // u32 [rows]: the previous step's picks (PREV_TOKEN rows read theirs), or 0
 };
 
 // out = row `token` of w, dequantized, times scale. One thread per 32-element unit.
-// blockIdx.y: the row of a batch (params: u32 tokens [rows], out: f32 [rows][cols]).
+// blockIdx.y: the row of a batch (params: u32 tokens [rows], out: f32 [rows][cols]). A token
+// of 0xffffffff (PREV_TOKEN in model/step.rs) is the previous step's pick of the same row, `prev`.
 extern "C" __global__ void embed(const EmbedArgs a) {
     pdl_wait();
     pdl_launch();
     u32 tok = ((const u32*)a.params)[blockIdx.y];
+    if (tok == 0xffffffffu && a.prev) tok = ((const u32*)a.prev)[blockIdx.y];
     if (tok >= a.rows) tok = 0;  // validated by the host; this only keeps the reads in bounds
     const u8* row = (const u8*)a.w + (u64)tok * a.row_bytes;
     const u32 units = a.cols >> 5;

@@ -94,7 +94,7 @@ pub(crate) struct MvArgs {
 const _: () = {
     assert!(std::mem::size_of::<MvSeg>() == 40);
     assert!(std::mem::size_of::<MvArgs>() == 200);
-    assert!(std::mem::size_of::<EmbedArgs>() == 48);
+    assert!(std::mem::size_of::<EmbedArgs>() == 56);
 };
 
 /// One matrix of a product: its weights, optional bias (f32 [rows]) and the output element
@@ -977,6 +977,9 @@ pub(crate) struct EmbedArgs {
     rows: u32,
     scale: f32,
     pad: u32,
+    /// u32 [rows]: the previous step's picks, read for rows whose token is
+    /// `step::PREV_TOKEN`; or 0.
+    prev: u64,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -993,6 +996,7 @@ pub(crate) fn plan_embed(
     params: &Buffer,
     out: &Buffer,
     scale: f32,
+    prev: Option<&Buffer>,
 ) -> Result<EmbedLaunch> {
     if w.split {
         return Err(Error::Other(
@@ -1012,6 +1016,7 @@ pub(crate) fn plan_embed(
             rows: u32_of(w.rows, "rows")?,
             scale,
             pad: 0,
+            prev: prev.map_or(0, |b| b.ptr()),
         },
         grid: u32_of((w.cols / 32).div_ceil(128).max(1), "blocks")?,
         rows: 1,

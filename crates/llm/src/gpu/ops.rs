@@ -270,7 +270,7 @@ pub fn embed(
     out: &Buffer,
     scale: f32,
 ) -> Result<()> {
-    matvec::plan_embed(w, params, out, scale)?.enqueue(dev)
+    matvec::plan_embed(w, params, out, scale, None)?.enqueue(dev)
 }
 
 /// `y = x / rms(x) * w` over `n` values.

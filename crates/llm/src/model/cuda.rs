@@ -20,7 +20,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use ferrite_cuda::{Buffer, CudaDevice, Graph};
+use ferrite_cuda::{Buffer, CudaDevice, Graph, ReadBack};
 
 use super::config::Config;
 use super::step::{Batch, Buf, Glu, Kernels, Mat, Norm};
@@ -252,6 +252,12 @@ pub struct CudaKernels<'g> {
     /// call: a u64 per vocabulary entry and logit row).
     samplers: HashMap<u64, SamplerState>,
     sample_scratch: Option<(Buffer, Buffer)>,
+    /// Steps may take the previous step's picks as input on the device (`step::PREV_TOKEN`;
+    /// off with `FERRITE_GPU_CHAIN=0`); the queued reads of steps' picks, oldest first, and
+    /// read-back buffers to reuse (`queue_tokens`, `take_tokens`).
+    chain: bool,
+    queued: std::collections::VecDeque<ReadBack>,
+    spare: Vec<ReadBack>,
 }
 
 /// Layer and slot (`prefill::SLOT_*`) of a matrix, as `GpuModel::mmq_copies` keeps them.
@@ -436,6 +442,9 @@ impl<'g> CudaKernels<'g> {
             mq2_tried: false,
             samplers: HashMap::new(),
             sample_scratch: None,
+            chain: crate::env::flag_or("FERRITE_GPU_CHAIN", true),
+            queued: Default::default(),
+            spare: Vec::new(),
         })
     }
 
@@ -477,6 +486,17 @@ impl<'g> CudaKernels<'g> {
         self.flash_rows = rows.max(1);
     }
 
+    /// Whether steps may take the previous step's picks as input (`step::PREV_TOKEN`): on
+    /// unless `FERRITE_GPU_CHAIN=0`.
+    pub fn chains(&self) -> bool {
+        self.chain
+    }
+
+    /// Turns chained picks on or off (`chains`).
+    pub fn set_chain(&mut self, on: bool) {
+        self.chain = on;
+    }
+
     /// Whether decode-only steps replay captured graphs (else every kernel is launched).
     pub fn uses_graphs(&self) -> bool {
         self.graphs_on && !self.eager
@@ -502,6 +522,38 @@ impl<'g> CudaKernels<'g> {
         Ok(b.chunks_exact(4)
             .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
             .collect())
+    }
+
+    /// Queues the read of the last step's tokens (as `read_tokens` would return them) behind
+    /// the step, without waiting: later steps can be queued before the host waits for these
+    /// (`take_tokens`, oldest first).
+    pub fn queue_tokens(&mut self) -> Result<()> {
+        let mut rb = match self.spare.pop() {
+            Some(rb) => rb,
+            None => self.dev.read_back(self.lim.max_out * 4).gpu()?,
+        };
+        self.dev
+            .queue_read(&mut rb, &self.tokens_out, 0, self.n_out * 4)
+            .gpu()?;
+        self.queued.push_back(rb);
+        Ok(())
+    }
+
+    /// The tokens of the oldest step whose read `queue_tokens` queued (waits for that step and
+    /// the work before it, not for later steps).
+    pub fn take_tokens(&mut self) -> Result<Vec<u32>> {
+        let mut rb = self
+            .queued
+            .pop_front()
+            .ok_or_else(|| Error::Other("cuda kernels: no queued token read".into()))?;
+        let t = rb
+            .wait()
+            .gpu()?
+            .chunks_exact(4)
+            .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect();
+        self.spare.push(rb);
+        Ok(t)
     }
 
     /// Samples request `id`'s tokens on the device from now on (`sample_rows`): settings `cfg`
@@ -1135,7 +1187,8 @@ impl Kernels for CudaKernels<'_> {
 
     fn embed(&mut self, out: Buf) -> Result<()> {
         let o = self.input(out)?;
-        let l = matvec::plan_embed(&self.m.tok_embd, &self.meta, o, self.m.cfg.embed_scale)?
+        let (w, scale) = (&self.m.tok_embd, self.m.cfg.embed_scale);
+        let l = matvec::plan_embed(w, &self.meta, o, scale, Some(&self.tokens_out))?
             .with_rows(u32_of(self.rows, "rows")?);
         self.push(Launch::Embed(l))?;
         Ok(())

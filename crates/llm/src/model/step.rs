@@ -24,6 +24,11 @@ pub enum Out {
     All,
 }
 
+/// A batch token that stands for the token the previous step picked for the same row, still on
+/// the device: a kernel set that chains picks (`EngineKernels::chains_picks`) reads it there,
+/// so a decode step can be queued before the host has read the previous one's token.
+pub const PREV_TOKEN: u32 = u32::MAX;
+
 /// One sequence's part of a step.
 #[derive(Clone, Debug)]
 pub struct BatchSeq {
