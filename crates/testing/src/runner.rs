@@ -2,13 +2,15 @@
 //! run time that a test is skipped, and CI must see each GPU test reported skipped by name.
 //!
 //! Each test returns `None` when it ran, or the reason it was skipped; a panic is a failure.
-//! The first non-flag argument filters tests by substring, like libtest.
+//! The first non-flag argument filters tests by substring, like libtest; `--skip SUBSTRING`
+//! (repeatable) leaves out the tests whose names contain it.
 
 use std::panic::AssertUnwindSafe;
 use std::time::Instant;
 
 pub struct Runner {
     filter: Option<String>,
+    skip: Vec<String>,
     passed: usize,
     skipped: usize,
     failed: Vec<String>,
@@ -16,8 +18,24 @@ pub struct Runner {
 
 impl Runner {
     pub fn from_args() -> Runner {
+        let args: Vec<String> = std::env::args().skip(1).collect();
+        let mut skip = Vec::new();
+        let mut filter = None;
+        let mut i = 0;
+        while i < args.len() {
+            if args[i] == "--skip" {
+                skip.extend(args.get(i + 1).cloned());
+                i += 2;
+                continue;
+            }
+            if filter.is_none() && !args[i].starts_with('-') {
+                filter = Some(args[i].clone());
+            }
+            i += 1;
+        }
         Runner {
-            filter: std::env::args().skip(1).find(|a| !a.starts_with('-')),
+            filter,
+            skip,
             passed: 0,
             skipped: 0,
             failed: Vec::new(),
@@ -30,6 +48,7 @@ impl Runner {
             .filter
             .as_ref()
             .is_some_and(|s| !name.contains(s.as_str()))
+            || self.skip.iter().any(|s| name.contains(s.as_str()))
         {
             return;
         }
