@@ -28,11 +28,14 @@ struct RopeStoreArgs {
     u32 nh, nkv, hd, layer;
     u32 n_layer, rope_dim, neox, qkv_w;
     float pos_scale;
-    u32 pad;
+    float eps;      // of the q/k head norms
+    u64 qnorm;      // f32 [hd]: per-head RMS norm of q before RoPE (gemma3), or 0
+    u64 knorm;      // same for k
 };
 
-// Row blockIdx.x: q and k rotated at the row's position (q in place), k and v stored as f16
-// into the row's slot of the cache. Dynamic shared memory: (nh + nkv) * (hd + 1) floats.
+// Row blockIdx.x: q and k normed per head (gemma3) and rotated at the row's position (q in
+// place), k and v stored as f16 into the row's slot of the cache. Dynamic shared memory:
+// (nh + nkv) * (hd + 1) floats.
 extern "C" __global__ void __launch_bounds__(128) rope_store(const RopeStoreArgs a) {
     extern __shared__ __align__(16) float rs_sm[];
     pdl_wait();
@@ -47,8 +50,14 @@ extern "C" __global__ void __launch_bounds__(128) rope_store(const RopeStoreArgs
     float* tmp = rs_sm + nq + nk;
     for (u32 i = threadIdx.x; i < nq + nk; i += blockDim.x) x[i] = row[i];
     __syncthreads();
-    norm_rope(x, a.nh + a.nkv, a.hd, nullptr, 0.f, pos, a.pos_scale, (const float*)a.inv_freq, a.rope_dim,
-              a.neox, tmp);
+    const float* inv = (const float*)a.inv_freq;
+    if (a.qnorm) {
+        norm_rope(x, a.nh, a.hd, (const float*)a.qnorm, a.eps, pos, a.pos_scale, inv, a.rope_dim, a.neox, tmp);
+        norm_rope(x + nq, a.nkv, a.hd, (const float*)a.knorm, a.eps, pos, a.pos_scale, inv, a.rope_dim, a.neox,
+                  tmp);
+    } else {
+        norm_rope(x, a.nh + a.nkv, a.hd, nullptr, 0.f, pos, a.pos_scale, inv, a.rope_dim, a.neox, tmp);
+    }
     for (u32 i = threadIdx.x; i < nq; i += blockDim.x) row[i] = x[i];
     const u32 blk = ((const u32*)a.tables)[toff + pos / KV_BS];
     const u32 slot = pos % KV_BS;
@@ -79,6 +88,9 @@ struct PagedAttnArgs {
     u32 rope_dim, neox;
     float pos_scale;
     u32 fused;
+    u64 qnorm, knorm;  // fused: per-head RMS norms of q and k before RoPE (gemma3), or 0
+    float eps;
+    u32 pad;
 };
 
 // Causal attention of row blockIdx.z (at position pos) over its sequence's keys lo..=pos in
@@ -144,9 +156,9 @@ extern "C" __global__ void __launch_bounds__(AT_T) paged_attn(const PagedAttnArg
     __syncthreads();
     if (a.fused) {
         const float* inv = (const float*)a.inv_freq;
-        norm_rope(qs, nhb, hd, nullptr, 0.f, pos, a.pos_scale, inv, a.rope_dim, a.neox, tmp);
+        norm_rope(qs, nhb, hd, (const float*)a.qnorm, a.eps, pos, a.pos_scale, inv, a.rope_dim, a.neox, tmp);
         if (own) {
-            norm_rope(cur, 1, hd, nullptr, 0.f, pos, a.pos_scale, inv, a.rope_dim, a.neox, tmp);
+            norm_rope(cur, 1, hd, (const float*)a.knorm, a.eps, pos, a.pos_scale, inv, a.rope_dim, a.neox, tmp);
             const u64 at = (pre ? tb[pos / KV_BS - kb0] : kv_at(tab[pos / KV_BS], a.layer, a.n_layer, a.nkv, g, 0, hd)) +
                            (pos % KV_BS) * hd;
             for (u32 d = tid; d < hd; d += AT_T) {

@@ -49,7 +49,9 @@ pub(crate) struct RopeStoreArgs {
     pub neox: u32,
     pub qkv_w: u32,
     pub pos_scale: f32,
-    pub pad: u32,
+    pub eps: f32,
+    pub qnorm: u64,
+    pub knorm: u64,
 }
 
 /// `PagedAttnArgs` in paged.cu.
@@ -79,11 +81,15 @@ pub(crate) struct PagedAttnArgs {
     pub neox: u32,
     pub pos_scale: f32,
     pub fused: u32,
+    pub qnorm: u64,
+    pub knorm: u64,
+    pub eps: f32,
+    pub pad: u32,
 }
 
 const _: () = {
-    assert!(std::mem::size_of::<RopeStoreArgs>() == 88);
-    assert!(std::mem::size_of::<PagedAttnArgs>() == 128);
+    assert!(std::mem::size_of::<RopeStoreArgs>() == 104);
+    assert!(std::mem::size_of::<PagedAttnArgs>() == 152);
 };
 
 /// Head-group blocks per KV head of the attention (`ngrp`).

@@ -256,6 +256,9 @@ pub struct CudaKernels<'g> {
     /// off with `FERRITE_GPU_CHAIN=0`); the queued reads of steps' picks, oldest first, and
     /// read-back buffers to reuse (`queue_tokens`, `take_tokens`).
     chain: bool,
+    /// Per-head q and k norm weights (device addresses; 0: none) that `head_norm` left for
+    /// the next `rope_attention` to apply before RoPE.
+    head_norms: (u64, u64),
     queued: std::collections::VecDeque<ReadBack>,
     spare: Vec<ReadBack>,
 }
@@ -443,6 +446,7 @@ impl<'g> CudaKernels<'g> {
             samplers: HashMap::new(),
             sample_scratch: None,
             chain: crate::env::flag_or("FERRITE_GPU_CHAIN", true),
+            head_norms: (0, 0),
             queued: Default::default(),
             spare: Vec::new(),
         })
@@ -1282,6 +1286,18 @@ impl Kernels for CudaKernels<'_> {
 
     fn head_norm(&mut self, x: Buf, norm: Norm) -> Result<()> {
         let w = self.norm_w(norm)?;
+        // q and k norms right before the attention: applied there, with RoPE (no launch)
+        match (x, norm) {
+            (Buf::Q, Norm::QHead(_)) => {
+                self.head_norms.0 = w.ptr();
+                return Ok(());
+            }
+            (Buf::K, Norm::KHead(_)) => {
+                self.head_norms.1 = w.ptr();
+                return Ok(());
+            }
+            _ => {}
+        }
         let hd = self.m.cfg.head_dim;
         let (buf, off, stride, width) = self.view(x);
         self.push(Launch::Paged(PagedLaunch::HeadNorm {
@@ -1327,6 +1343,13 @@ impl Kernels for CudaKernels<'_> {
         let qkv_w = (nh + 2 * nkv) * hd;
         let rows = u32_of(self.rows, "rows")?;
         self.kv_key = kv.kc.ptr();
+        // q and k head norms queued by head_norm (both or neither)
+        let (qnorm, knorm) = std::mem::take(&mut self.head_norms);
+        if (qnorm == 0) != (knorm == 0) {
+            return Err(Error::Other(
+                "cuda kernels: a q head norm without a k head norm (or the reverse)".into(),
+            ));
+        }
         let rs = RopeStoreArgs {
             qkv: self.qkv.ptr(),
             kc: kv.kc.ptr(),
@@ -1343,7 +1366,9 @@ impl Kernels for CudaKernels<'_> {
             neox: u32::from(c.rope_neox),
             qkv_w: u32_of(qkv_w, "qkv width")?,
             pos_scale: if local { 1.0 } else { 1.0 / c.rope_scale },
-            pad: 0,
+            eps: c.eps,
+            qnorm,
+            knorm,
         };
         // A decode-only step (one row per sequence) rotates and stores inside the attention;
         // a step with prompt chunks stores every row's keys before any row attends.
@@ -1386,6 +1411,10 @@ impl Kernels for CudaKernels<'_> {
             neox: rs.neox,
             pos_scale: rs.pos_scale,
             fused: u32::from(fused),
+            qnorm,
+            knorm,
+            eps: c.eps,
+            pad: 0,
         };
         if !self.tc {
             return self.push(Launch::Paged(PagedLaunch::Attn { args: at, rows }));
