@@ -31,6 +31,9 @@ struct RopeStoreArgs {
     float eps;      // of the q/k head norms
     u64 qnorm;      // f32 [hd]: per-head RMS norm of q before RoPE (gemma3), or 0
     u64 knorm;      // same for k
+    u64 qh;         // f16 [rows][nh * hd]: each row's rotated q for the flash op, or 0
+    u64 kh, vh;     // f16 [nkv][lk][hd]: k and v of rows f0..f1 at their positions, or 0
+    u32 f0, f1, lk, pad2;
 };
 
 // Row blockIdx.x: q and k normed per head (gemma3) and rotated at the row's position (q in
@@ -59,6 +62,17 @@ extern "C" __global__ void __launch_bounds__(128) rope_store(const RopeStoreArgs
         norm_rope(x, a.nh + a.nkv, a.hd, nullptr, 0.f, pos, a.pos_scale, inv, a.rope_dim, a.neox, tmp);
     }
     for (u32 i = threadIdx.x; i < nq; i += blockDim.x) row[i] = x[i];
+    if (a.qh) {
+        f16* qh = (f16*)a.qh + (u64)r * nq;
+        for (u32 i = threadIdx.x; i < nq; i += blockDim.x) qh[i] = f32_to_f16(x[i]);
+    }
+    if (a.kh && r >= a.f0 && r < a.f1) {
+        for (u32 i = threadIdx.x; i < nk; i += blockDim.x) {
+            const u64 at = ((u64)(i / a.hd) * a.lk + pos) * a.hd + i % a.hd;
+            ((f16*)a.kh)[at] = f32_to_f16(x[nq + i]);
+            ((f16*)a.vh)[at] = f32_to_f16(row[nq + nk + i]);
+        }
+    }
     const u32 blk = ((const u32*)a.tables)[toff + pos / KV_BS];
     const u32 slot = pos % KV_BS;
     for (u32 i = threadIdx.x; i < nk; i += blockDim.x) {
@@ -484,17 +498,6 @@ extern "C" __global__ void kv_gather(u64 kc, u64 vc, u64 table, u32 layer, u32 n
         const u64 at = kv_at(tab[j / KV_BS], layer, n_layer, nkv, g, j % KV_BS, hd) + 8 * c;
         ((U4*)kout)[e] = *(const U4*)((const f16*)kc + at);
         ((U4*)vout)[e] = *(const U4*)((const f16*)vc + at);
-    }
-}
-
-// out (f16 [n][w]) = the first w values of each of n f32 rows of x (row stride `stride` floats).
-extern "C" __global__ void rows_f16(u64 x, u32 stride, u32 w, u32 n, u64 out) {
-    pdl_wait();
-    pdl_launch();
-    const u64 total = (u64)n * w;
-    for (u64 e = (u64)blockIdx.x * blockDim.x + threadIdx.x; e < total; e += (u64)gridDim.x * blockDim.x) {
-        const u64 i = e / w, j = e % w;
-        ((f16*)out)[e] = f32_to_f16(((const float*)x)[i * stride + j]);
     }
 }
 

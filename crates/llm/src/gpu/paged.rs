@@ -52,6 +52,13 @@ pub(crate) struct RopeStoreArgs {
     pub eps: f32,
     pub qnorm: u64,
     pub knorm: u64,
+    pub qh: u64,
+    pub kh: u64,
+    pub vh: u64,
+    pub f0: u32,
+    pub f1: u32,
+    pub lk: u32,
+    pub pad2: u32,
 }
 
 /// `PagedAttnArgs` in paged.cu.
@@ -88,7 +95,7 @@ pub(crate) struct PagedAttnArgs {
 }
 
 const _: () = {
-    assert!(std::mem::size_of::<RopeStoreArgs>() == 104);
+    assert!(std::mem::size_of::<RopeStoreArgs>() == 144);
     assert!(std::mem::size_of::<PagedAttnArgs>() == 152);
 };
 
@@ -184,14 +191,6 @@ pub(crate) enum PagedLaunch {
         lk: u32,
         kout: u64,
         vout: u64,
-    },
-    /// The first `w` values of `n` f32 rows (`stride` floats apart) as packed f16 rows.
-    RowsF16 {
-        x: u64,
-        stride: u32,
-        w: u32,
-        n: u32,
-        out: u64,
     },
     /// The attention op's f16 `[1, nh, n, hd]` output as operand rows of `nh * hd` (`mode`, as
     /// `ToHalf`).
@@ -350,17 +349,6 @@ impl PagedLaunch {
                     .arg(kout)
                     .arg(vout);
                 super::launch(dev, "kv_gather", &SOURCE, "kv_gather", flat(dev, n), a)
-            }
-            PagedLaunch::RowsF16 {
-                x,
-                stride,
-                w,
-                n,
-                out,
-            } => {
-                let a = KernelArgs::new().arg(x).arg(stride).arg(w).arg(n).arg(out);
-                let total = n as u64 * w as u64;
-                super::launch(dev, "rows_f16", &SOURCE, "rows_f16", flat(dev, total), a)
             }
             PagedLaunch::AttnRows {
                 o,

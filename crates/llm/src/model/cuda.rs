@@ -986,18 +986,12 @@ impl<'g> CudaKernels<'g> {
     /// at position `lk - 1`, block table at `toff`) on the flash attention op: keys and
     /// values of positions `0..lk` gathered from the blocks into f16 rows, q (rotated by
     /// rope_store) as f16, the op's output into those rows of the 16-bit scratch.
-    fn flash_rows(
-        &mut self,
-        kv: &CudaKvStore,
-        il: usize,
-        r0: usize,
-        n: usize,
-        lk: usize,
-        toff: usize,
-    ) -> Result<()> {
-        let c = &self.m.cfg;
-        let (hd, nh, nkv) = (c.head_dim, c.n_head, c.n_kv_head);
+    /// The flash op's f16 operands: q rows ([max rows][nh * hd], row r of the step at row r,
+    /// written by `rope_store`), keys and values (`[nkv][lk][hd]`), made at first use.
+    fn flash_scratch(&mut self) -> Result<[Buffer; 3]> {
         if self.flash.is_none() {
+            let c = &self.m.cfg;
+            let (hd, nh, nkv) = (c.head_dim, c.n_head, c.n_kv_head);
             let kvb = nkv * self.lim.ctx * hd * 2;
             self.flash = Some([
                 zeros(
@@ -1009,33 +1003,47 @@ impl<'g> CudaKernels<'g> {
                 zeros(&self.dev, kvb, "llm engine f16 values")?,
             ]);
         }
-        let Some([qh, kh, vh]) = self.flash.clone() else {
-            return Err(Error::Other("cuda kernels: flash scratch missing".into()));
-        };
-        let qkv_w = (nh + 2 * nkv) * hd;
-        self.push(Launch::Paged(PagedLaunch::KvGather {
-            kc: kv.kc.ptr(),
-            vc: kv.vc.ptr(),
-            table: self.meta_ptr(self.layout.tables + toff),
-            layer: u32_of(il, "layer")?,
-            n_layer: u32_of(c.n_layer, "layers")?,
-            nkv: nkv as u32,
-            hd: hd as u32,
-            lk: u32_of(lk, "positions")?,
-            kout: kh.ptr(),
-            vout: vh.ptr(),
-        }))?;
-        self.push(Launch::Paged(PagedLaunch::RowsF16 {
-            x: self.qkv.ptr() + (r0 * qkv_w * 4) as u64,
-            stride: u32_of(qkv_w, "qkv width")?,
-            w: u32_of(nh * hd, "q width")?,
-            n: u32_of(n, "rows")?,
-            out: qh.ptr(),
-        }))?;
+        self.flash
+            .clone()
+            .ok_or_else(|| Error::Other("cuda kernels: flash scratch missing".into()))
+    }
+
+    /// Rows `r0..r0 + n` (a prompt chunk whose keys end at position `lk`, block table at
+    /// `toff`) on the flash attention op. Their f16 q rows are in the flash scratch
+    /// (`rope_store`); the keys and values of positions `0..lk` are gathered from the blocks
+    /// unless `rope_store` wrote them there (`keys_written`: a chunk that starts its sequence).
+    #[allow(clippy::too_many_arguments)]
+    fn flash_rows(
+        &mut self,
+        kv: &CudaKvStore,
+        il: usize,
+        r0: usize,
+        n: usize,
+        lk: usize,
+        toff: usize,
+        keys_written: bool,
+    ) -> Result<()> {
+        let c = &self.m.cfg;
+        let (hd, nh, nkv) = (c.head_dim, c.n_head, c.n_kv_head);
+        let [qh, kh, vh] = self.flash_scratch()?;
+        if !keys_written {
+            self.push(Launch::Paged(PagedLaunch::KvGather {
+                kc: kv.kc.ptr(),
+                vc: kv.vc.ptr(),
+                table: self.meta_ptr(self.layout.tables + toff),
+                layer: u32_of(il, "layer")?,
+                n_layer: u32_of(c.n_layer, "layers")?,
+                nkv: nkv as u32,
+                hd: hd as u32,
+                lk: u32_of(lk, "positions")?,
+                kout: kh.ptr(),
+                vout: vh.ptr(),
+            }))?;
+        }
         let f16 = ferrite_core::DType::F16;
         let qt = self
             .dev
-            .tensor(&qh, 0, &[1, n, nh, hd], f16)
+            .tensor(&qh, r0 * nh * hd * 2, &[1, n, nh, hd], f16)
             .gpu()?
             .transpose(1, 2)
             .gpu()?;
@@ -1343,6 +1351,36 @@ impl Kernels for CudaKernels<'_> {
         let qkv_w = (nh + 2 * nkv) * hd;
         let rows = u32_of(self.rows, "rows")?;
         self.kv_key = kv.kc.ptr();
+        // A decode-only step (one row per sequence) rotates and stores inside the attention;
+        // a step with prompt chunks stores every row's keys before any row attends.
+        let fused = self.all_rows_out;
+        // A large step's prompt chunks of at least FLASH_ROWS rows (within a local layer's
+        // window) attend on the flash op: rope_store then also writes every row's f16 q for
+        // it, and the keys and values of a lone such chunk that starts its sequence (no
+        // gather from the blocks).
+        let window = if local { c.sliding_window } else { 0 };
+        let flash_rows = self.flash_rows;
+        let on_flash =
+            move |n: usize, pos: usize| n >= flash_rows && (window == 0 || pos + n <= window);
+        let mut flash_out = (0u64, 0u64, 0u64, 0u32, 0u32, 0u32);
+        let mut keys_written = false;
+        if self.tc && !fused {
+            let chunks: Vec<(usize, usize, usize)> = self
+                .seqs
+                .iter()
+                .filter(|&&(_, n, pos, _)| on_flash(n, pos))
+                .map(|&(r0, n, pos, _)| (r0, n, pos))
+                .collect();
+            if !chunks.is_empty() {
+                let [q, k, v] = self.flash_scratch()?;
+                flash_out.0 = q.ptr();
+                if let [(r0, n, 0)] = chunks[..] {
+                    let (f0, f1) = (u32_of(r0, "rows")?, u32_of(r0 + n, "rows")?);
+                    flash_out = (q.ptr(), k.ptr(), v.ptr(), f0, f1, u32_of(n, "positions")?);
+                    keys_written = true;
+                }
+            }
+        }
         // q and k head norms queued by head_norm (both or neither)
         let (qnorm, knorm) = std::mem::take(&mut self.head_norms);
         if (qnorm == 0) != (knorm == 0) {
@@ -1369,10 +1407,14 @@ impl Kernels for CudaKernels<'_> {
             eps: c.eps,
             qnorm,
             knorm,
+            qh: flash_out.0,
+            kh: flash_out.1,
+            vh: flash_out.2,
+            f0: flash_out.3,
+            f1: flash_out.4,
+            lk: flash_out.5,
+            pad2: 0,
         };
-        // A decode-only step (one row per sequence) rotates and stores inside the attention;
-        // a step with prompt chunks stores every row's keys before any row attends.
-        let fused = self.all_rows_out;
         if !fused {
             self.push(Launch::Paged(PagedLaunch::RopeStore {
                 args: rs,
@@ -1419,17 +1461,16 @@ impl Kernels for CudaKernels<'_> {
         if !self.tc {
             return self.push(Launch::Paged(PagedLaunch::Attn { args: at, rows }));
         }
-        // A large step: prompt chunks of at least FLASH_ROWS rows (within a local layer's
-        // window) attend on the flash op, the other rows on paged_attn, in runs of rows.
-        let window = if local { c.sliding_window } else { 0 };
+        // A large step: the flash chunks on the flash op, the other rows on paged_attn, in
+        // runs of rows.
         let seqs = std::mem::take(&mut self.seqs);
         let mut run = 0..0;
         let mut res = Ok(());
         for &(r0, n, pos, toff) in &seqs {
-            if n >= self.flash_rows && (window == 0 || pos + n <= window) {
+            if on_flash(n, pos) {
                 res = self
                     .paged_rows(&at, run.clone())
-                    .and_then(|()| self.flash_rows(kv, il, r0, n, pos + n, toff));
+                    .and_then(|()| self.flash_rows(kv, il, r0, n, pos + n, toff, keys_written));
                 if res.is_err() {
                     break;
                 }
