@@ -2173,22 +2173,28 @@ fn sampler_seed(dev: &CudaDevice) -> Option<String> {
     None
 }
 
-/// Sampled decoding on a synthetic model: the graph replays with the sampler as its last
-/// kernel, one host wait per token; graph and eager launches give the same tokens; the same
-/// seed gives the same tokens; penalties keep recent tokens out.
-fn sampled_generation(dev: &CudaDevice) -> Option<String> {
-    let dir = tmp_dir();
-    let model = synth_model(GgmlType::Q4_0, &dir, 2, 256);
-    let gm = GpuModel::load(&model, dev, 160).unwrap();
-    let prompt: Vec<u32> = (0..9).map(|i| (i * 37 + 5) % 1000).collect();
-    let cfg = SamplerConfig {
+/// Sampling settings that spread the draws of a random-weight model: temperature 1.5, top-p
+/// 0.98, seed 7.
+fn hot_sampler() -> SamplerConfig {
+    SamplerConfig {
         temperature: 1.5,
         top_k: 0,
         top_p: 0.98,
         min_p: 0.0,
         seed: 7,
         ..SamplerConfig::default()
-    };
+    }
+}
+
+/// Sampled decoding on a synthetic model (`Session::cuda`, the device sampler's launch after
+/// each replayed step): one host wait per token; graph and eager launches give the same tokens; the same
+/// seed gives the same tokens; penalties keep recent tokens out.
+fn sampled_generation(dev: &CudaDevice) -> Option<String> {
+    let dir = tmp_dir();
+    let model = synth_model(GgmlType::Q4_0, &dir, 2, 256);
+    let gm = GpuModel::load(&model, dev, 160).unwrap();
+    let prompt: Vec<u32> = (0..9).map(|i| (i * 37 + 5) % 1000).collect();
+    let cfg = hot_sampler();
     let n = 64;
     let run = |eager: bool, cfg: &SamplerConfig| -> (Vec<u32>, u64) {
         let mut s = Gs::new(&gm).unwrap();
@@ -2258,14 +2264,7 @@ fn chained_generation(dev: &CudaDevice) -> Option<String> {
     let tok = Tokenizer::from_gguf(model.gguf()).unwrap();
     let gm = GpuModel::load(&model, dev, 256).unwrap();
     let prompt: Vec<u32> = (0..9).map(|i| (i * 37 + 5) % 1000).collect();
-    let sampled = SamplerConfig {
-        temperature: 1.5,
-        top_k: 0,
-        top_p: 0.98,
-        min_p: 0.0,
-        seed: 7,
-        ..SamplerConfig::default()
-    };
+    let sampled = hot_sampler();
     let run = |chain: bool, cfg: &SamplerConfig, stops: &[String]| -> Vec<(Generation, usize)> {
         let mut s = Session::cuda(&gm, 256).unwrap();
         s.kernels_mut().set_chain(chain);
