@@ -6,7 +6,7 @@
 //! RoPE and softmax attention in f64 over the same f16-rounded KV values); whole models
 //! against the CPU model in its exact mode (f32 activations, which the GPU path also uses).
 //!
-//! Usage: `cargo test -p ferrite-llm --test gpu [-- FILTER]`.
+//! Usage: `cargo test -p ferrite-llm --test gpu [-- FILTER] [--skip SUBSTRING]`.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
