@@ -116,6 +116,14 @@ fn fetch(m: &Model) -> Result<PathBuf> {
     if fs::metadata(&dest).is_ok_and(|md| md.len() == m.size) {
         return Ok(dest);
     }
+    // One download at a time in this process (threads of a test binary ask together): the
+    // later callers find the file in place. Other processes download into work folders of
+    // their own; the first rename wins and the others' are the same bytes.
+    static ONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one = ONE.lock().unwrap_or_else(|p| p.into_inner());
+    if fs::metadata(&dest).is_ok_and(|md| md.len() == m.size) {
+        return Ok(dest);
+    }
     fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
     check_pip().map_err(|what| {
         err(format!(
