@@ -982,10 +982,6 @@ impl<'g> CudaKernels<'g> {
         }))
     }
 
-    /// Causal attention of the `n` rows from `r0` (one sequence's prompt chunk, its last row
-    /// at position `lk - 1`, block table at `toff`) on the flash attention op: keys and
-    /// values of positions `0..lk` gathered from the blocks into f16 rows, q (rotated by
-    /// rope_store) as f16, the op's output into those rows of the 16-bit scratch.
     /// The flash op's f16 operands: q rows ([max rows][nh * hd], row r of the step at row r,
     /// written by `rope_store`), keys and values (`[nkv][lk][hd]`), made at first use.
     fn flash_scratch(&mut self) -> Result<[Buffer; 3]> {
@@ -1008,21 +1004,20 @@ impl<'g> CudaKernels<'g> {
             .ok_or_else(|| Error::Other("cuda kernels: flash scratch missing".into()))
     }
 
-    /// Rows `r0..r0 + n` (a prompt chunk whose keys end at position `lk`, block table at
-    /// `toff`) on the flash attention op. Their f16 q rows are in the flash scratch
-    /// (`rope_store`); the keys and values of positions `0..lk` are gathered from the blocks
-    /// unless `rope_store` wrote them there (`keys_written`: a chunk that starts its sequence).
-    #[allow(clippy::too_many_arguments)]
+    /// Causal attention of a prompt chunk `(r0, n, pos, toff)` (rows `r0..r0 + n` at
+    /// positions `pos..pos + n`, block table at `toff`) on the flash attention op, its output
+    /// into those rows of the 16-bit scratch. Their f16 q rows are in the flash scratch
+    /// (`rope_store`); the keys and values of positions `0..pos + n` are gathered from the
+    /// blocks unless `rope_store` wrote them there (`keys_written`: a chunk that starts its
+    /// sequence).
     fn flash_rows(
         &mut self,
         kv: &CudaKvStore,
         il: usize,
-        r0: usize,
-        n: usize,
-        lk: usize,
-        toff: usize,
+        (r0, n, pos, toff): (usize, usize, usize, usize),
         keys_written: bool,
     ) -> Result<()> {
+        let lk = pos + n;
         let c = &self.m.cfg;
         let (hd, nh, nkv) = (c.head_dim, c.n_head, c.n_kv_head);
         let [qh, kh, vh] = self.flash_scratch()?;
@@ -1362,8 +1357,8 @@ impl Kernels for CudaKernels<'_> {
         let flash_rows = self.flash_rows;
         let on_flash =
             move |n: usize, pos: usize| n >= flash_rows && (window == 0 || pos + n <= window);
-        let mut flash_out = (0u64, 0u64, 0u64, 0u32, 0u32, 0u32);
-        let mut keys_written = false;
+        // (qh, kh, vh) device addresses, 0 where not written; rows f0..f1 write kh and vh
+        let (mut qh, mut kh, mut vh, mut f0, mut f1) = (0u64, 0u64, 0u64, 0, 0);
         if self.tc && !fused {
             let chunks: Vec<(usize, usize, usize)> = self
                 .seqs
@@ -1373,14 +1368,14 @@ impl Kernels for CudaKernels<'_> {
                 .collect();
             if !chunks.is_empty() {
                 let [q, k, v] = self.flash_scratch()?;
-                flash_out.0 = q.ptr();
+                qh = q.ptr();
                 if let [(r0, n, 0)] = chunks[..] {
-                    let (f0, f1) = (u32_of(r0, "rows")?, u32_of(r0 + n, "rows")?);
-                    flash_out = (q.ptr(), k.ptr(), v.ptr(), f0, f1, u32_of(n, "positions")?);
-                    keys_written = true;
+                    (kh, vh) = (k.ptr(), v.ptr());
+                    (f0, f1) = (u32_of(r0, "rows")?, u32_of(r0 + n, "rows")?);
                 }
             }
         }
+        let keys_written = kh != 0;
         // q and k head norms queued by head_norm (both or neither)
         let (qnorm, knorm) = std::mem::take(&mut self.head_norms);
         if (qnorm == 0) != (knorm == 0) {
@@ -1407,12 +1402,13 @@ impl Kernels for CudaKernels<'_> {
             eps: c.eps,
             qnorm,
             knorm,
-            qh: flash_out.0,
-            kh: flash_out.1,
-            vh: flash_out.2,
-            f0: flash_out.3,
-            f1: flash_out.4,
-            lk: flash_out.5,
+            qh,
+            kh,
+            vh,
+            f0,
+            f1,
+            // the lone chunk starts at position 0: its keys end at f1 - f0
+            lk: f1 - f0,
             pad2: 0,
         };
         if !fused {
@@ -1470,7 +1466,7 @@ impl Kernels for CudaKernels<'_> {
             if on_flash(n, pos) {
                 res = self
                     .paged_rows(&at, run.clone())
-                    .and_then(|()| self.flash_rows(kv, il, r0, n, pos + n, toff, keys_written));
+                    .and_then(|()| self.flash_rows(kv, il, (r0, n, pos, toff), keys_written));
                 if res.is_err() {
                     break;
                 }
