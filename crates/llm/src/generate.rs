@@ -266,17 +266,15 @@ fn next_token<K: EngineKernels>(
     history: &[u32],
     device: bool,
 ) -> Result<u32> {
-    let logits = if device {
+    if device {
         if let Some(t) = session.forward_pick(tokens)? {
             return Ok(t);
         }
-        session.logits()?
     } else {
         session.forward(tokens, Logits::Last)?;
-        session.logits()?
-    };
+    }
     sampler
-        .sample(logits, history)
+        .sample(session.logits()?, history)
         .map_err(|e| Error::Other(e.to_string()))
 }
 
