@@ -1,6 +1,6 @@
 //! Times one packed Q4_1 product (1536 x 576, SmolLM2's gate) with 8 q8x2 activation rows:
-//! the AVX-512 kernels (two passes of four rows) against the AMX tiles (one pass of eight),
-//! on one thread. `cargo run --release -p ferrite-llm --example amx_dev`; `AMX_DEV_ROWS=98304`
+//! the AVX-512 kernels (two passes of four rows) against the 16-bit pairs (`group_w16`) and,
+//! where the CPU has them, the AMX tiles (one pass of eight each), on one thread. `cargo run --release -p ferrite-llm --example amx_dev`; `AMX_DEV_ROWS=98304`
 //! makes the matrix 35 MB, larger than L2, to time the product streaming from L3.
 use std::time::Instant;
 
@@ -97,24 +97,36 @@ fn main() {
         }
     }
     let avx = t.elapsed().as_secs_f64();
-    let tiles = AmxTiles::load(Isa::detect()).expect("AMX");
-    let mut a = AmxActs::default();
     let h: Vec<&[BlockQ8]> = hi.iter().map(|v| &v[..]).collect();
     let l: Vec<&[BlockQ8]> = lo.iter().map(|v| &v[..]).collect();
     let s: Vec<&[i32]> = sums.iter().map(|v| &v[..]).collect();
     let sl: Vec<&[i32]> = sums_lo.iter().map(|v| &v[..]).collect();
-    a.fill(&h, Some(&l), &s, Some(&sl));
+    let mut a = AmxActs::default();
+    a.fill(&h, Some(&l), &s, Some(&sl), Isa::Avx512);
     let t = Instant::now();
     for _ in 0..iters {
         for g in 0..rows / 16 {
             let u = &p[g * unit..][..unit];
-            sink += packed::group_amx(&tiles, ty, u, &a)[0][0];
+            sink += packed::group_w16(Isa::Avx512, ty, u, &a)[0][0];
         }
     }
-    let amx = t.elapsed().as_secs_f64();
-    println!(
-        "per unit (16 rows x 32, 8 q8x2 rows): avx-512 {:.1} ns, amx {:.1} ns ({sink})",
-        avx * 1e9 / units_total,
-        amx * 1e9 / units_total
+    let w16 = t.elapsed().as_secs_f64();
+    let ns = |secs: f64| secs * 1e9 / units_total;
+    print!(
+        "per unit (16 rows x 32, 8 q8x2 rows): avx-512 {:.1} ns, avx-512 16-bit pairs {:.1} ns",
+        ns(avx),
+        ns(w16)
     );
+    if let Some(tiles) = AmxTiles::load(Isa::detect()) {
+        a.fill(&h, Some(&l), &s, Some(&sl), Isa::Amx);
+        let t = Instant::now();
+        for _ in 0..iters {
+            for g in 0..rows / 16 {
+                let u = &p[g * unit..][..unit];
+                sink += packed::group_amx(&tiles, ty, u, &a)[0][0];
+            }
+        }
+        print!(", amx {:.1} ns", ns(t.elapsed().as_secs_f64()));
+    }
+    println!(" ({sink})");
 }

@@ -548,11 +548,12 @@ pub fn matmul(isa: Isa, acts: &Acts, ops: &mut [MatOut<'_, '_>]) {
     }
     let ptrs: Vec<OutPtr> = ops.iter_mut().map(|o| OutPtr(o.out.as_mut_ptr())).collect();
     let ws: Vec<QMat<'_>> = ops.iter().map(|o| o.w).collect();
-    // Two or more activation rows on AMX: their A tiles, eight rows each, laid out once for
-    // every task (`packed::group_amx`).
+    // Two or more activation rows on AMX, or q8x2 rows on AVX-512: eight rows at a time laid
+    // out once for every task (`packed::group_amx`, `packed::group_w16`).
     let mut amx_bufs = acts.amx.lock().unwrap_or_else(|e| e.into_inner());
-    let amx: &[packed::AmxActs] = if isa >= Isa::Amx && t >= 2 && any_packed {
-        amx_acts(acts, &mut amx_bufs)
+    let wide = isa >= Isa::Amx || (isa >= Isa::Avx512 && acts.has[ActFormat::Q8x2 as usize]);
+    let amx: &[packed::AmxActs] = if wide && t >= 2 && any_packed {
+        amx_acts(acts, isa, &mut amx_bufs)
     } else {
         &[]
     };
@@ -612,8 +613,13 @@ pub fn matmul(isa: Isa, acts: &Acts, ops: &mut [MatOut<'_, '_>]) {
 }
 
 /// The activation rows of `acts` (q8, with q8x2's `lo` where it has them) laid out for
-/// [`packed::group_amx`], eight rows per entry, in `bufs` (grown as needed).
-fn amx_acts<'b>(acts: &Acts, bufs: &'b mut Vec<packed::AmxActs>) -> &'b [packed::AmxActs] {
+/// [`packed::group_amx`] (on [`Isa::Amx`]) or [`packed::group_w16`], eight rows per entry, in
+/// `bufs` (grown as needed).
+fn amx_acts<'b>(
+    acts: &Acts,
+    isa: Isa,
+    bufs: &'b mut Vec<packed::AmxActs>,
+) -> &'b [packed::AmxActs] {
     let (t, nb) = (acts.t, acts.cols / 32);
     let x2 = acts.has[ActFormat::Q8x2 as usize];
     if !acts.has[ActFormat::Q8 as usize] {
@@ -641,14 +647,16 @@ fn amx_acts<'b>(acts: &Acts, bufs: &'b mut Vec<packed::AmxActs>) -> &'b [packed:
             x2.then_some(&lo[..]),
             &rows(&acts.sums, r, nb),
             x2.then_some(&sl[..]),
+            isa,
         );
     }
     &bufs[..groups]
 }
 
 /// Rows `r0..r1` (whole groups: `r0` and `r1` multiples of 16) of a product whose weight
-/// is packed (`p`, [`packed`]), for all activation rows: eight at a time on AMX tiles
-/// where `amx` holds them laid out ([`amx_acts`]), else four at a time.
+/// is packed (`p`, [`packed`]), for all activation rows: eight at a time where `amx` holds
+/// them laid out ([`amx_acts`]: on AMX tiles, or in 16-bit pairs on AVX-512), else four at a
+/// time.
 #[allow(clippy::too_many_arguments)]
 fn groups(
     isa: Isa,
@@ -685,6 +693,20 @@ fn groups(
             for r in (r0..r1).step_by(packed::ROWS) {
                 let units = &p[r / packed::ROWS * unit..][..unit];
                 let v = packed::group_amx(&tiles, w.ty, units, a);
+                for (k, v) in v[..a.rows()].iter().enumerate() {
+                    store(t0 + k, r, v);
+                }
+            }
+            t0 += a.rows();
+        }
+        return;
+    }
+    if !amx.is_empty() {
+        let mut t0 = 0;
+        for a in amx {
+            for r in (r0..r1).step_by(packed::ROWS) {
+                let units = &p[r / packed::ROWS * unit..][..unit];
+                let v = packed::group_w16(isa, w.ty, units, a);
                 for (k, v) in v[..a.rows()].iter().enumerate() {
                     store(t0 + k, r, v);
                 }

@@ -352,14 +352,19 @@ impl Drop for AmxTiles {
 #[derive(Clone, Copy)]
 struct ATile([[i8; 32]; 16]);
 
-/// Up to [`AMX_ROWS`] activation rows laid out for [`group_amx`]: per block, the A tile and
-/// the per-row scalars of [`group`]'s kernels (`hi.d`, `/ 256` for q8x2; `hi.s + lo.s`; the
-/// Q8_0 correction), computed as those kernels compute them.
+/// Up to [`AMX_ROWS`] activation rows laid out for [`group_amx`] and [`group_w16`]: per
+/// block, the per-row scalars of [`group`]'s kernels (`hi.d`, `/ 256` for q8x2; `hi.s +
+/// lo.s`; the Q8_0 correction), computed as those kernels compute them; then the A tile
+/// (for AMX) or, for q8x2 rows, the 16-bit pairs of [`group_w16`].
 #[derive(Default)]
 pub struct AmxActs {
     k: usize,
     x2: bool,
     tiles: Vec<ATile>,
+    /// Per block and row, 16 pairs of 16-bit integers `x = 256 hi.qs + lo.qs` (|x| <= 32639):
+    /// pair `2c + p` (c < 8, p < 2) is `x[4c + p]` (low half) and `x[4c + p + 2]` (high),
+    /// the elements a `vpdpwssd` meets in chunk c's even (p = 0) or odd bytes.
+    pairs: Vec<[[u32; 16]; AMX_ROWS]>,
     xd: Vec<[f32; AMX_ROWS]>,
     xs: Vec<[f32; AMX_ROWS]>,
     corr: Vec<[i32; AMX_ROWS]>,
@@ -367,7 +372,8 @@ pub struct AmxActs {
 
 impl AmxActs {
     /// Lays out the activation rows `hi` (1 to 8; `lo` for q8x2, as `quantize_q8x2` writes
-    /// it) and their block sums (`sums`, `sums_lo`: as for [`group`]).
+    /// it) and their block sums (`sums`, `sums_lo`: as for [`group`]): the A tiles on
+    /// [`Isa::Amx`], else (q8x2 only) the 16-bit pairs.
     ///
     /// # Panics
     /// Where there are no rows or more than 8, or the rows' lengths disagree, naming the op.
@@ -377,6 +383,7 @@ impl AmxActs {
         lo: Option<&[&[BlockQ8]]>,
         sums: &[&[i32]],
         sums_lo: Option<&[&[i32]]>,
+        isa: Isa,
     ) {
         let k = hi.len();
         let nb = hi.first().map_or(0, |h| h.len());
@@ -399,19 +406,31 @@ impl AmxActs {
         );
         self.k = k;
         self.x2 = lo.is_some();
-        // Rows past k keep what they held: their sums land in C rows no kernel reads.
-        self.tiles.resize(nb, ATile([[0; 32]; 16]));
+        // Rows past k keep what they held: their sums land in C rows no kernel reads (AMX),
+        // and group_w16 reads no row past k.
+        let amx = isa >= Isa::Amx;
+        let pairs = !amx && lo.is_some();
+        self.tiles
+            .resize(if amx { nb } else { 0 }, ATile([[0; 32]; 16]));
+        self.pairs
+            .resize(if pairs { nb } else { 0 }, [[0; 16]; AMX_ROWS]);
         self.xd.resize(nb, [0.0; AMX_ROWS]);
         self.xs.resize(nb, [0.0; AMX_ROWS]);
         self.corr.resize(nb, [0; AMX_ROWS]);
         for b in 0..nb {
             for r in 0..k {
                 let h = &hi[r][b];
-                self.tiles[b].0[r] = h.qs;
+                if amx {
+                    self.tiles[b].0[r] = h.qs;
+                }
                 let mut corr = 128 * sums[r][b];
                 if let (Some(lo), Some(sl)) = (lo, sums_lo) {
                     let l = &lo[r][b];
-                    self.tiles[b].0[AMX_ROWS + r] = l.qs;
+                    if amx {
+                        self.tiles[b].0[AMX_ROWS + r] = l.qs;
+                    } else {
+                        pairs_w16(isa, &h.qs, &l.qs, &mut self.pairs[b][r]);
+                    }
                     corr = 256 * corr + 128 * sl[r][b];
                     self.xd[b][r] = h.d * (1.0 / 256.0);
                     self.xs[b][r] = h.s + l.s;
@@ -446,6 +465,10 @@ pub fn group_amx(
     let unit =
         unit_bytes(ty).unwrap_or_else(|| panic!("packed::group_amx: {ty} has no packed form"));
     let nb = a.tiles.len();
+    assert!(
+        nb == a.xd.len(),
+        "packed::group_amx: the activation rows were laid out without their A tiles"
+    );
     assert!(
         units.len() == nb * unit && a.k >= 1,
         "packed::group_amx: {} bytes of {ty} units for {nb} activation blocks",
@@ -485,6 +508,71 @@ pub fn group_amx(
     }
     #[cfg(not(target_arch = "x86_64"))]
     unreachable!("packed::group_amx: AmxTiles exists only on x86-64")
+}
+
+/// One block's 16-bit pairs of [`AmxActs`] from its q8x2 `hi` and `lo` quants.
+fn pairs_w16(isa: Isa, hi: &[i8; 32], lo: &[i8; 32], out: &mut [u32; 16]) {
+    #[cfg(target_arch = "x86_64")]
+    if isa >= Isa::Avx512 {
+        // SAFETY: Isa::Avx512 is only produced after runtime detection of avx512f/bw.
+        unsafe { avx512::pairs_w16(hi, lo, out) };
+        return;
+    }
+    let x = |j: usize| (256 * hi[j] as i32 + lo[j] as i32) as u16 as u32;
+    for (i, p) in out.iter_mut().enumerate() {
+        let j = 4 * (i / 2) + i % 2;
+        *p = x(j) | x(j + 2) << 16;
+    }
+}
+
+/// [`group`] for the q8x2 activation rows of `a` (laid out without AMX tiles), all in one
+/// pass over the units: per unit and row, sixteen `vpdpwssd` multiply the weights (widened to
+/// 16 bits) by `256 hi + lo` in 16 bits, which gives the 32-bit sum of [`group`]'s two
+/// passes (`256 sum(q hi) + sum(q lo)`) exactly; the float steps are [`group`]'s, so row k
+/// of the result is `group`'s row k, bit for bit. Rows past `a.rows()` are zero.
+///
+/// # Panics
+/// Below [`Isa::Avx512`], where `a` holds no 16-bit pairs (not q8x2, or laid out for AMX),
+/// or where `units` is not as many units of `ty` as `a` has blocks, naming the op.
+pub fn group_w16(isa: Isa, ty: GgmlType, units: &[u8], a: &AmxActs) -> [[f32; ROWS]; AMX_ROWS] {
+    let unit =
+        unit_bytes(ty).unwrap_or_else(|| panic!("packed::group_w16: {ty} has no packed form"));
+    let nb = a.xd.len();
+    assert!(
+        isa >= Isa::Avx512 && a.x2 && a.pairs.len() == nb && units.len() == nb * unit && a.k >= 1,
+        "packed::group_w16: {} bytes of {ty} units for {nb} activation blocks (q8x2 rows laid \
+         out without AMX tiles, on AVX-512)",
+        units.len()
+    );
+    #[cfg(target_arch = "x86_64")]
+    {
+        type Kernel = unsafe fn(*const u8, &AmxActs) -> [[f32; ROWS]; AMX_ROWS];
+        fn pick<const F: u8>(k: usize) -> Kernel {
+            match k {
+                1 => avx512::w16::<1, F>,
+                2 => avx512::w16::<2, F>,
+                3 => avx512::w16::<3, F>,
+                4 => avx512::w16::<4, F>,
+                5 => avx512::w16::<5, F>,
+                6 => avx512::w16::<6, F>,
+                7 => avx512::w16::<7, F>,
+                _ => avx512::w16::<8, F>,
+            }
+        }
+        use avx512::{Q4_0, Q4_1, Q5_0, Q8_0};
+        let f = match ty {
+            GgmlType::Q4_0 => pick::<Q4_0>(a.k),
+            GgmlType::Q4_1 => pick::<Q4_1>(a.k),
+            GgmlType::Q5_0 => pick::<Q5_0>(a.k),
+            _ => pick::<Q8_0>(a.k),
+        };
+        // SAFETY: Isa::Avx512 and above are only produced after runtime detection of
+        // avx512f/bw/vl/vnni, avx2, fma and f16c; `units` holds nb units of ty and `a` nb
+        // blocks of pairs and scalars for each of its rows (checked above).
+        unsafe { f(units.as_ptr(), a) }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    unreachable!("packed::group_w16: Isa::Avx512 exists only on x86-64")
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -723,6 +811,154 @@ mod avx512 {
         for k in 0..K {
             // SAFETY: out[k] holds 16 f32.
             unsafe { _mm512_storeu_ps(out[k].as_mut_ptr(), acc[k]) };
+        }
+        out
+    }
+    /// [`super::pairs_w16`]: `x = 256 hi + lo` as 32 words, then words `4c + p`, `4c + p + 2`
+    /// side by side (one `vpermw`).
+    ///
+    /// # Safety
+    /// avx512f/bw must be available.
+    #[target_feature(enable = "avx512f,avx512bw")]
+    pub unsafe fn pairs_w16(hi: &[i8; 32], lo: &[i8; 32], out: &mut [u32; 16]) {
+        // SAFETY: hi and lo are 32 bytes, out 64.
+        unsafe {
+            let h = _mm512_cvtepi8_epi16(_mm256_loadu_si256(hi.as_ptr() as *const __m256i));
+            let l = _mm512_cvtepi8_epi16(_mm256_loadu_si256(lo.as_ptr() as *const __m256i));
+            let x = _mm512_add_epi16(_mm512_slli_epi16::<8>(h), l);
+            // word 2i + e of the result is x[4 (i / 2) + i % 2 + 2 e]
+            let idx: [i16; 32] = std::array::from_fn(|w| {
+                let (i, e) = (w / 2, w % 2);
+                (4 * (i / 2) + i % 2 + 2 * e) as i16
+            });
+            let idx = _mm512_loadu_si512(idx.as_ptr() as *const __m512i);
+            _mm512_storeu_si512(
+                out.as_mut_ptr() as *mut __m512i,
+                _mm512_permutexvar_epi16(idx, x),
+            );
+        }
+    }
+
+    /// `acc + a * b` by 16-bit pairs (`vpdpwssd`, `b` broadcast from memory), written as
+    /// assembly: LLVM splits the intrinsic into `vpmaddwd` and `vpaddd`, twice the uops.
+    ///
+    /// # Safety
+    /// avx512f/vnni must be available.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512vnni")]
+    unsafe fn dpwssd(acc: __m512i, a: __m512i, b: &u32) -> __m512i {
+        let mut acc = acc;
+        // SAFETY: reads the 4 bytes of b; the caller guarantees avx512vnni.
+        unsafe {
+            std::arch::asm!(
+                "vpdpwssd {acc}, {a}, dword ptr [{b}]{{1to16}}",
+                acc = inout(zmm_reg) acc,
+                a = in(zmm_reg) a,
+                b = in(reg) b,
+                options(pure, readonly, nostack, preserves_flags)
+            )
+        };
+        acc
+    }
+
+    /// [`super::group_w16`] for `K` rows of format `F`: per unit, chunk c of the weights
+    /// (c < 8: row n's elements `4c..4c + 4` in lane n, as [`unpack_q4`] and
+    /// [`unpack_q8_0`] give them) split into its even and odd bytes as 16-bit lanes, each
+    /// multiplied by the row's pair `2c` or `2c + 1` ([`super::AmxActs`]); then [`q4`]'s
+    /// (or [`q8_0`]'s) float steps on the sums.
+    ///
+    /// # Safety
+    /// avx512f/bw/vl/vnni, avx2, fma and f16c must be available; `p` points at as many
+    /// units of `F` as `a` has blocks of pairs; `K <= a.k`.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    pub unsafe fn w16<const K: usize, const F: u8>(
+        p: *const u8,
+        a: &super::AmxActs,
+    ) -> [[f32; ROWS]; super::AMX_ROWS] {
+        let nb = a.pairs.len();
+        let unit = if F == Q8_0 { Q8_0_UNIT } else { unit_q4::<F>() };
+        let even = _mm512_set1_epi32(0x00FF_00FF);
+        let mut acc = [_mm512_setzero_ps(); K];
+        let mut offs = [_mm512_setzero_ps(); K];
+        for b in 0..nb {
+            // SAFETY: unit b lies at p and block b of the pairs exists (caller's contract).
+            unsafe {
+                let u = p.add(b * unit);
+                let pr = &a.pairs[b];
+                let mut s = [_mm512_setzero_si512(); K];
+                macro_rules! dp {
+                    ($c:expr, $q:expr) => {{
+                        let (c, q) = ($c, $q);
+                        let (ev, od) = (_mm512_and_si512(q, even), _mm512_srli_epi16::<8>(q));
+                        for k in 0..K {
+                            s[k] = dpwssd(s[k], ev, &pr[k][2 * c]);
+                            s[k] = dpwssd(s[k], od, &pr[k][2 * c + 1]);
+                        }
+                    }};
+                }
+                if F == Q8_0 {
+                    prefetch(u, Q8_0_UNIT);
+                    for c in 0..8 {
+                        dp!(c, _mm512_loadu_si512(u.add(64 * c) as *const __m512i));
+                    }
+                    let d = _mm512_cvtph_ps(_mm256_loadu_si256(u.add(512) as *const __m256i));
+                    for k in 0..K {
+                        let s = _mm512_sub_epi32(s[k], _mm512_set1_epi32(a.corr[b][k]));
+                        let scale = _mm512_mul_ps(d, _mm512_set1_ps(a.xd[b][k]));
+                        acc[k] = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(s), acc[k]);
+                    }
+                    continue;
+                }
+                prefetch(u, unit_q4::<F>());
+                let mask = _mm512_set1_epi8(0x0F);
+                let h = if F == Q5_0 {
+                    _mm512_loadu_si512(u.add(256) as *const __m512i)
+                } else {
+                    _mm512_setzero_si512()
+                };
+                let b4 = _mm512_set1_epi8(0x10);
+                for c in 0..4 {
+                    let w = _mm512_loadu_si512(u.add(64 * c) as *const __m512i);
+                    let mut lo = _mm512_and_si512(w, mask);
+                    let mut hi = _mm512_and_si512(_mm512_srli_epi16::<4>(w), mask);
+                    if F == Q5_0 {
+                        // As unpack_q4: chunk c's fifth bits are bit c of h's bytes, chunk
+                        // 4 + c's bit 4 + c.
+                        let (l5, h5) = match c {
+                            0 => (_mm512_slli_epi32::<4>(h), h),
+                            1 => (_mm512_slli_epi32::<3>(h), _mm512_srli_epi32::<1>(h)),
+                            2 => (_mm512_slli_epi32::<2>(h), _mm512_srli_epi32::<2>(h)),
+                            _ => (_mm512_slli_epi32::<1>(h), _mm512_srli_epi32::<3>(h)),
+                        };
+                        lo = _mm512_or_si512(lo, _mm512_and_si512(l5, b4));
+                        hi = _mm512_or_si512(hi, _mm512_and_si512(h5, b4));
+                    }
+                    dp!(c, lo);
+                    dp!(4 + c, hi);
+                }
+                let d_at = if F == Q5_0 { 320 } else { 256 };
+                let d = _mm512_cvtph_ps(_mm256_loadu_si256(u.add(d_at) as *const __m256i));
+                let m = match F {
+                    Q4_0 => _mm512_mul_ps(d, _mm512_set1_ps(-8.0)),
+                    Q5_0 => _mm512_mul_ps(d, _mm512_set1_ps(-16.0)),
+                    _ => _mm512_cvtph_ps(_mm256_loadu_si256(u.add(288) as *const __m256i)),
+                };
+                for k in 0..K {
+                    let scale = _mm512_mul_ps(d, _mm512_set1_ps(a.xd[b][k]));
+                    acc[k] = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(s[k]), acc[k]);
+                    offs[k] = _mm512_fmadd_ps(m, _mm512_set1_ps(a.xs[b][k]), offs[k]);
+                }
+            }
+        }
+        let mut out = [[0f32; ROWS]; super::AMX_ROWS];
+        for k in 0..K {
+            let v = if F == Q8_0 {
+                acc[k]
+            } else {
+                _mm512_add_ps(acc[k], offs[k])
+            };
+            // SAFETY: out[k] holds 16 f32.
+            unsafe { _mm512_storeu_ps(out[k].as_mut_ptr(), v) };
         }
         out
     }
@@ -987,16 +1223,17 @@ mod tests {
         }
     }
 
-    /// On AMX, every format, q8 and q8x2, 1 to 8 activation rows at once: each row's
-    /// products are the AVX-512 kernel's bits for that row alone (so the engine's batched
-    /// logits stay equal to the single-sequence ones), and rows past the filled ones are 0.
-    #[test]
-    fn amx_groups_equal_avx512_bits() {
-        if !Isa::available().contains(&Isa::Amx) {
-            eprintln!("amx_groups_equal_avx512_bits: skipped, this CPU or OS offers no AMX-INT8");
-            return;
-        }
-        let tiles = AmxTiles::load(Isa::Amx).expect("Isa::Amx is available");
+    /// One product per weight row of a group, for eight activation rows.
+    type EightRows = [[f32; ROWS]; AMX_ROWS];
+
+    /// Every format, 1 to 8 activation rows laid out at once (q8 and q8x2 on AMX tiles; q8x2
+    /// in 16-bit pairs otherwise), run by `run`: each row's products must be the AVX-512
+    /// kernel's bits for that row alone (so the engine's batched logits stay equal to the
+    /// single-sequence ones), and rows past the filled ones 0.
+    fn eight_rows_equal_avx512_bits(
+        amx: bool,
+        run: &dyn Fn(GgmlType, &[u8], &AmxActs) -> EightRows,
+    ) {
         for (ty, bytes, scales) in [
             (GgmlType::Q4_0, Q4_0_BYTES, &[0usize][..]),
             (GgmlType::Q4_1, Q4_1_BYTES, &[0usize, 2][..]),
@@ -1023,16 +1260,17 @@ mod tests {
             let sh: Vec<Vec<i32>> = hi.iter().map(|h| sums(h)).collect();
             let sl: Vec<Vec<i32>> = lo.iter().map(|l| sums(l)).collect();
             let mut acts = AmxActs::default();
-            for x2 in [false, true] {
+            for x2 in [false, true].into_iter().filter(|&x2| amx || x2) {
                 for k in 1..=AMX_ROWS {
                     let h: Vec<&[BlockQ8]> = hi[..k].iter().map(|v| &v[..]).collect();
                     let l: Vec<&[BlockQ8]> = lo[..k].iter().map(|v| &v[..]).collect();
                     let s: Vec<&[i32]> = sh[..k].iter().map(|v| &v[..]).collect();
                     let s_lo: Vec<&[i32]> = sl[..k].iter().map(|v| &v[..]).collect();
-                    acts.fill(&h, x2.then_some(&l[..]), &s, x2.then_some(&s_lo[..]));
+                    let isa = if amx { Isa::Amx } else { Isa::Avx512 };
+                    acts.fill(&h, x2.then_some(&l[..]), &s, x2.then_some(&s_lo[..]), isa);
                     for g in 0..2 {
                         let units = &packed[g * unit..][..unit];
-                        let got = group_amx(&tiles, ty, units, &acts);
+                        let got = run(ty, units, &acts);
                         for (r, got) in got.iter().enumerate() {
                             let what = format!("{ty} x2={x2} k={k} g={g} row {r}");
                             if r >= k {
@@ -1055,6 +1293,52 @@ mod tests {
                     }
                 }
             }
+        }
+    }
+
+    #[test]
+    fn amx_groups_equal_avx512_bits() {
+        if !Isa::available().contains(&Isa::Amx) {
+            eprintln!("amx_groups_equal_avx512_bits: skipped, this CPU or OS offers no AMX-INT8");
+            return;
+        }
+        let tiles = AmxTiles::load(Isa::Amx).expect("Isa::Amx is available");
+        eight_rows_equal_avx512_bits(true, &|ty, units, a| group_amx(&tiles, ty, units, a));
+    }
+
+    #[test]
+    fn w16_groups_equal_avx512_bits() {
+        if !Isa::available().contains(&Isa::Avx512) {
+            eprintln!("w16_groups_equal_avx512_bits: skipped, this CPU offers no AVX-512 VNNI");
+            return;
+        }
+        eight_rows_equal_avx512_bits(false, &|ty, units, a| group_w16(Isa::Avx512, ty, units, a));
+    }
+
+    #[test]
+    fn pairs_w16_avx512_equals_scalar() {
+        if !Isa::available().contains(&Isa::Avx512) {
+            eprintln!("pairs_w16_avx512_equals_scalar: skipped, this CPU offers no AVX-512");
+            return;
+        }
+        let mut seed = 9u32;
+        for case in 0..64 {
+            let mut byte = || {
+                seed = seed.wrapping_mul(1664525).wrapping_add(1013904223);
+                (seed >> 24) as u8 as i8
+            };
+            let mut hi: [i8; 32] = std::array::from_fn(|_| byte());
+            let lo: [i8; 32] = std::array::from_fn(|_| byte());
+            // The extremes of quantize_q8x2's range.
+            hi[case % 32] = if case % 2 == 0 { 127 } else { -127 };
+            let (mut want, mut got) = ([0u32; 16], [0u32; 16]);
+            pairs_w16(Isa::Scalar, &hi, &lo, &mut want);
+            pairs_w16(Isa::Avx512, &hi, &lo, &mut got);
+            assert_eq!(got, want, "case {case}");
+            assert_eq!(
+                want[3] >> 16,
+                (256 * hi[7] as i32 + lo[7] as i32) as u16 as u32
+            );
         }
     }
 
