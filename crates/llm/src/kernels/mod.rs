@@ -18,8 +18,9 @@
 //! On AVX-512 a matrix may also carry a [`packed`] copy of its whole 16-row groups (Q4_0,
 //! Q4_1, Q5_0, Q8_0; the CPU model makes one per weight): those rows run the packed kernel
 //! for every batch size instead of the tiles, so a row's bits still do not depend on its
-//! batch. On AMX ([`Isa::Amx`]) the packed rows of two or more activation rows run on the
-//! tiles (`packed::group_amx`), with the AVX-512 kernel's bits.
+//! batch. Two or more activation rows run the packed rows eight at a time, with the AVX-512
+//! kernel's bits: on AMX ([`Isa::Amx`]) on the tiles (`packed::group_amx`), else, for q8x2
+//! activations, as 16-bit pairs `256 hi + lo` through `vpdpwssd` (`packed::group_w16`).
 
 pub mod exp;
 pub mod float;
