@@ -950,6 +950,17 @@ mod avx512 {
                 }
             }
         }
+        eight_rows::<K, F>(&acc, &offs)
+    }
+
+    /// The eight-row kernels' result: row k < K is `acc[k] + offs[k]` (`acc[k]` alone for
+    /// Q8_0, which has no offset term), the rows past K zero.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    pub fn eight_rows<const K: usize, const F: u8>(
+        acc: &[__m512; K],
+        offs: &[__m512; K],
+    ) -> [[f32; ROWS]; super::AMX_ROWS] {
         let mut out = [[0f32; ROWS]; super::AMX_ROWS];
         for k in 0..K {
             let v = if F == Q8_0 {
@@ -970,7 +981,7 @@ mod amx {
     use std::arch::x86_64::*;
     use std::mem::MaybeUninit;
 
-    use super::avx512::{unit_q4, unpack_q4, unpack_q8_0, Q8_0, Q8_0_UNIT};
+    use super::avx512::{eight_rows, unit_q4, unpack_q4, unpack_q8_0, Q8_0, Q8_0_UNIT};
     use super::{AmxActs, AMX_ROWS, ROWS};
 
     #[repr(C, align(64))]
@@ -1108,17 +1119,7 @@ mod amx {
             }
             dm_prev = dm_cur;
         }
-        let mut out = [[0f32; ROWS]; AMX_ROWS];
-        for k in 0..K {
-            let v = if F == Q8_0 {
-                acc[k]
-            } else {
-                _mm512_add_ps(acc[k], offs[k])
-            };
-            // SAFETY: out[k] holds 16 f32.
-            unsafe { _mm512_storeu_ps(out[k].as_mut_ptr(), v) };
-        }
-        out
+        eight_rows::<K, F>(&acc, &offs)
     }
 }
 
