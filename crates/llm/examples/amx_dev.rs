@@ -5,7 +5,7 @@
 use std::time::Instant;
 
 use ferrite_gguf::GgmlType;
-use ferrite_llm::kernels::packed::{self, AmxActs, AmxTiles};
+use ferrite_llm::kernels::packed::{self, AmxTiles, GroupActs};
 use ferrite_llm::kernels::q8::{quantize_q8x2, BlockQ8};
 use ferrite_llm::kernels::Isa;
 
@@ -101,7 +101,7 @@ fn main() {
     let l: Vec<&[BlockQ8]> = lo.iter().map(|v| &v[..]).collect();
     let s: Vec<&[i32]> = sums.iter().map(|v| &v[..]).collect();
     let sl: Vec<&[i32]> = sums_lo.iter().map(|v| &v[..]).collect();
-    let mut a = AmxActs::default();
+    let mut a = GroupActs::default();
     a.fill(&h, Some(&l), &s, Some(&sl), Isa::Avx512);
     let t = Instant::now();
     for _ in 0..iters {

@@ -415,9 +415,9 @@ pub struct Acts {
     sums_lo: Vec<i32>,
     f32: Vec<f32>,
     has: [bool; 3],
-    /// The AMX layout's buffers ([`amx_acts`]), reused by every product that needs them
+    /// The eight-row layouts' buffers ([`lay_out_rows`]), reused by every product that needs them
     /// (one at a time), so none allocates or zeroes its own.
-    amx: std::sync::Mutex<Vec<packed::AmxActs>>,
+    laid: std::sync::Mutex<Vec<packed::GroupActs>>,
 }
 
 /// The sum of each block's `qs`.
@@ -551,10 +551,10 @@ pub fn matmul(isa: Isa, acts: &Acts, ops: &mut [MatOut<'_, '_>]) {
     let ws: Vec<QMat<'_>> = ops.iter().map(|o| o.w).collect();
     // Two or more activation rows on AMX, or q8x2 rows on AVX-512: eight rows at a time laid
     // out once for every task (`packed::group_amx`, `packed::group_w16`).
-    let mut amx_bufs = acts.amx.lock().unwrap_or_else(|e| e.into_inner());
+    let mut laid_bufs = acts.laid.lock().unwrap_or_else(|e| e.into_inner());
     let wide = isa >= Isa::Amx || (isa >= Isa::Avx512 && acts.has[ActFormat::Q8x2 as usize]);
-    let amx: &[packed::AmxActs] = if wide && t >= 2 && any_packed {
-        amx_acts(acts, isa, &mut amx_bufs)
+    let laid: &[packed::GroupActs] = if wide && t >= 2 && any_packed {
+        lay_out_rows(acts, isa, &mut laid_bufs)
     } else {
         &[]
     };
@@ -583,7 +583,7 @@ pub fn matmul(isa: Isa, acts: &Acts, ops: &mut [MatOut<'_, '_>]) {
         if let (Some(p), true) = (w.packed, isa >= Isa::Avx512) {
             let end = r1.min(w.rows / packed::ROWS * packed::ROWS);
             if r0 < end {
-                groups(isa, w, p, acts, amx, x2, r0, end, out);
+                groups(isa, w, p, acts, laid, x2, r0, end, out);
                 r0 = end;
             }
         }
@@ -616,11 +616,11 @@ pub fn matmul(isa: Isa, acts: &Acts, ops: &mut [MatOut<'_, '_>]) {
 /// The activation rows of `acts` (q8, with q8x2's `lo` where it has them) laid out for
 /// [`packed::group_amx`] (on [`Isa::Amx`]) or [`packed::group_w16`], eight rows per entry, in
 /// `bufs` (grown as needed).
-fn amx_acts<'b>(
+fn lay_out_rows<'b>(
     acts: &Acts,
     isa: Isa,
-    bufs: &'b mut Vec<packed::AmxActs>,
-) -> &'b [packed::AmxActs] {
+    bufs: &'b mut Vec<packed::GroupActs>,
+) -> &'b [packed::GroupActs] {
     let (t, nb) = (acts.t, acts.cols / 32);
     let x2 = acts.has[ActFormat::Q8x2 as usize];
     if !acts.has[ActFormat::Q8 as usize] {
@@ -655,8 +655,8 @@ fn amx_acts<'b>(
 }
 
 /// Rows `r0..r1` (whole groups: `r0` and `r1` multiples of 16) of a product whose weight
-/// is packed (`p`, [`packed`]), for all activation rows: eight at a time where `amx` holds
-/// them laid out ([`amx_acts`]: on AMX tiles, or in 16-bit pairs on AVX-512), else four at a
+/// is packed (`p`, [`packed`]), for all activation rows: eight at a time where `laid` holds
+/// them laid out ([`lay_out_rows`]: on AMX tiles, or in 16-bit pairs on AVX-512), else four at a
 /// time.
 #[allow(clippy::too_many_arguments)]
 fn groups(
@@ -664,7 +664,7 @@ fn groups(
     w: &QMat<'_>,
     p: &[u8],
     acts: &Acts,
-    amx: &[packed::AmxActs],
+    laid: &[packed::GroupActs],
     x2: bool,
     r0: usize,
     r1: usize,
@@ -683,31 +683,19 @@ fn groups(
         };
     };
     let t = acts.t;
-    // AMX: eight activation rows at a time through the tiles, the same bits as the AVX-512
-    // kernels below (`packed::group_amx`).
-    if let Some(tiles) = (!amx.is_empty())
-        .then(|| packed::AmxTiles::load(isa))
-        .flatten()
-    {
+    // Eight activation rows at a time, laid out once per product: through the AMX tiles where
+    // the layout holds them, else as 16-bit pairs; both the bits of the AVX-512 kernels below
+    // (`packed::group_amx`, `packed::group_w16`).
+    if !laid.is_empty() {
+        let tiles = packed::AmxTiles::load(isa);
         let mut t0 = 0;
-        for a in amx {
+        for a in laid {
             for r in (r0..r1).step_by(packed::ROWS) {
                 let units = &p[r / packed::ROWS * unit..][..unit];
-                let v = packed::group_amx(&tiles, w.ty, units, a);
-                for (k, v) in v[..a.rows()].iter().enumerate() {
-                    store(t0 + k, r, v);
-                }
-            }
-            t0 += a.rows();
-        }
-        return;
-    }
-    if !amx.is_empty() {
-        let mut t0 = 0;
-        for a in amx {
-            for r in (r0..r1).step_by(packed::ROWS) {
-                let units = &p[r / packed::ROWS * unit..][..unit];
-                let v = packed::group_w16(isa, w.ty, units, a);
+                let v = match &tiles {
+                    Some(tiles) => packed::group_amx(tiles, w.ty, units, a),
+                    None => packed::group_w16(isa, w.ty, units, a),
+                };
                 for (k, v) in v[..a.rows()].iter().enumerate() {
                     store(t0 + k, r, v);
                 }

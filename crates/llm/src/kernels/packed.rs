@@ -357,7 +357,7 @@ struct ATile([[i8; 32]; 16]);
 /// lo.s`; the Q8_0 correction), computed as those kernels compute them; then the A tile
 /// (for AMX) or, for q8x2 rows, the 16-bit pairs of [`group_w16`].
 #[derive(Default)]
-pub struct AmxActs {
+pub struct GroupActs {
     k: usize,
     x2: bool,
     tiles: Vec<ATile>,
@@ -370,7 +370,7 @@ pub struct AmxActs {
     corr: Vec<[i32; AMX_ROWS]>,
 }
 
-impl AmxActs {
+impl GroupActs {
     /// Lays out the activation rows `hi` (1 to 8; `lo` for q8x2, as `quantize_q8x2` writes
     /// it) and their block sums (`sums`, `sums_lo`: as for [`group`]): the A tiles on
     /// [`Isa::Amx`], else (q8x2 only) the 16-bit pairs.
@@ -401,7 +401,7 @@ impl AmxActs {
                 && sums.len() == k
                 && sums_lo.is_none_or(|s| s.len() == k)
                 && lo.is_some() == sums_lo.is_some(),
-            "packed::AmxActs::fill: {k} activation rows (1 to {AMX_ROWS}) or rows, blocks and \
+            "packed::GroupActs::fill: {k} activation rows (1 to {AMX_ROWS}) or rows, blocks and \
              sums of unequal lengths"
         );
         self.k = k;
@@ -460,7 +460,7 @@ pub fn group_amx(
     tiles: &AmxTiles,
     ty: GgmlType,
     units: &[u8],
-    a: &AmxActs,
+    a: &GroupActs,
 ) -> [[f32; ROWS]; AMX_ROWS] {
     let unit =
         unit_bytes(ty).unwrap_or_else(|| panic!("packed::group_amx: {ty} has no packed form"));
@@ -477,7 +477,7 @@ pub fn group_amx(
     let _ = tiles;
     #[cfg(target_arch = "x86_64")]
     {
-        type Kernel = unsafe fn(*const u8, &AmxActs) -> [[f32; ROWS]; AMX_ROWS];
+        type Kernel = unsafe fn(*const u8, &GroupActs) -> [[f32; ROWS]; AMX_ROWS];
         fn pick<const X2: bool, const F: u8>(k: usize) -> Kernel {
             match k {
                 1 => amx::product::<1, X2, F>,
@@ -510,7 +510,7 @@ pub fn group_amx(
     unreachable!("packed::group_amx: AmxTiles exists only on x86-64")
 }
 
-/// One block's 16-bit pairs of [`AmxActs`] from its q8x2 `hi` and `lo` quants.
+/// One block's 16-bit pairs of [`GroupActs`] from its q8x2 `hi` and `lo` quants.
 fn pairs_w16(isa: Isa, hi: &[i8; 32], lo: &[i8; 32], out: &mut [u32; 16]) {
     #[cfg(target_arch = "x86_64")]
     if isa >= Isa::Avx512 {
@@ -534,7 +534,7 @@ fn pairs_w16(isa: Isa, hi: &[i8; 32], lo: &[i8; 32], out: &mut [u32; 16]) {
 /// # Panics
 /// Below [`Isa::Avx512`], where `a` holds no 16-bit pairs (not q8x2, or laid out for AMX),
 /// or where `units` is not as many units of `ty` as `a` has blocks, naming the op.
-pub fn group_w16(isa: Isa, ty: GgmlType, units: &[u8], a: &AmxActs) -> [[f32; ROWS]; AMX_ROWS] {
+pub fn group_w16(isa: Isa, ty: GgmlType, units: &[u8], a: &GroupActs) -> [[f32; ROWS]; AMX_ROWS] {
     let unit =
         unit_bytes(ty).unwrap_or_else(|| panic!("packed::group_w16: {ty} has no packed form"));
     let nb = a.xd.len();
@@ -546,7 +546,7 @@ pub fn group_w16(isa: Isa, ty: GgmlType, units: &[u8], a: &AmxActs) -> [[f32; RO
     );
     #[cfg(target_arch = "x86_64")]
     {
-        type Kernel = unsafe fn(*const u8, &AmxActs) -> [[f32; ROWS]; AMX_ROWS];
+        type Kernel = unsafe fn(*const u8, &GroupActs) -> [[f32; ROWS]; AMX_ROWS];
         fn pick<const F: u8>(k: usize) -> Kernel {
             match k {
                 1 => avx512::w16::<1, F>,
@@ -864,7 +864,7 @@ mod avx512 {
     /// [`super::group_w16`] for `K` rows of format `F`: per unit, chunk c of the weights
     /// (c < 8: row n's elements `4c..4c + 4` in lane n, as [`unpack_q4`] and
     /// [`unpack_q8_0`] give them) split into its even and odd bytes as 16-bit lanes, each
-    /// multiplied by the row's pair `2c` or `2c + 1` ([`super::AmxActs`]); then [`q4`]'s
+    /// multiplied by the row's pair `2c` or `2c + 1` ([`super::GroupActs`]); then [`q4`]'s
     /// (or [`q8_0`]'s) float steps on the sums.
     ///
     /// # Safety
@@ -873,7 +873,7 @@ mod avx512 {
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
     pub unsafe fn w16<const K: usize, const F: u8>(
         p: *const u8,
-        a: &super::AmxActs,
+        a: &super::GroupActs,
     ) -> [[f32; ROWS]; super::AMX_ROWS] {
         let nb = a.pairs.len();
         let unit = if F == Q8_0 { Q8_0_UNIT } else { unit_q4::<F>() };
@@ -909,6 +909,8 @@ mod avx512 {
                     }
                     continue;
                 }
+                // The chunks are decoded one at a time as unpack_q4 decodes them (not through
+                // it): its eight chunks live at once with the K sums spill registers at K = 8.
                 prefetch(u, unit_q4::<F>());
                 let mask = _mm512_set1_epi8(0x0F);
                 let h = if F == Q5_0 {
@@ -982,7 +984,7 @@ mod amx {
     use std::mem::MaybeUninit;
 
     use super::avx512::{eight_rows, unit_q4, unpack_q4, unpack_q8_0, Q8_0, Q8_0_UNIT};
-    use super::{AmxActs, AMX_ROWS, ROWS};
+    use super::{GroupActs, AMX_ROWS, ROWS};
 
     #[repr(C, align(64))]
     #[derive(Clone, Copy)]
@@ -1000,7 +1002,7 @@ mod amx {
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
     pub unsafe fn product<const K: usize, const X2: bool, const F: u8>(
         p: *const u8,
-        a: &AmxActs,
+        a: &GroupActs,
     ) -> [[f32; ROWS]; AMX_ROWS] {
         let unit = if F == Q8_0 { Q8_0_UNIT } else { unit_q4::<F>() };
         let nb = a.tiles.len();
@@ -1233,7 +1235,7 @@ mod tests {
     /// single-sequence ones), and rows past the filled ones 0.
     fn eight_rows_equal_avx512_bits(
         amx: bool,
-        run: &dyn Fn(GgmlType, &[u8], &AmxActs) -> EightRows,
+        run: &dyn Fn(GgmlType, &[u8], &GroupActs) -> EightRows,
     ) {
         for (ty, bytes, scales) in [
             (GgmlType::Q4_0, Q4_0_BYTES, &[0usize][..]),
@@ -1260,7 +1262,7 @@ mod tests {
             }
             let sh: Vec<Vec<i32>> = hi.iter().map(|h| sums(h)).collect();
             let sl: Vec<Vec<i32>> = lo.iter().map(|l| sums(l)).collect();
-            let mut acts = AmxActs::default();
+            let mut acts = GroupActs::default();
             for x2 in [false, true].into_iter().filter(|&x2| amx || x2) {
                 for k in 1..=AMX_ROWS {
                     let h: Vec<&[BlockQ8]> = hi[..k].iter().map(|v| &v[..]).collect();
