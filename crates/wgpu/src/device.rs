@@ -18,7 +18,7 @@ use crate::shader::{self, Kernel, Variant};
 use crate::storage::WgpuStorage;
 use ferrite_core::{DType, Error, HostBuffer, Layout, Result, Storage};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 /// Dispatches per submitted batch.
@@ -46,6 +46,10 @@ pub(crate) enum Arg<'a> {
 struct Batch {
     /// Sequence number of the open batch; storages written in it carry this id.
     id: u64,
+    /// The open compute pass of `encoder`, holding the batch's dispatches since its last copy
+    /// (wgpu orders the dispatches of a pass with barriers where one reads what another
+    /// wrote). Ended before any copy is recorded and before the encoder is finished.
+    pass: Option<wgpu::ComputePass<'static>>,
     encoder: Option<wgpu::CommandEncoder>,
     params: Vec<u32>,
     param_buf: Option<wgpu::Buffer>,
@@ -54,6 +58,10 @@ struct Batch {
 }
 
 type LayoutKey = Vec<bool>;
+/// A compiled pipeline: kernel file, entry, variant and its binding layout key.
+type PipeKey = (&'static str, &'static str, Variant, LayoutKey);
+type Layouts = (wgpu::BindGroupLayout, wgpu::PipelineLayout);
+type Pipeline = (Arc<wgpu::ComputePipeline>, Arc<Layouts>);
 
 pub struct WgpuBackend {
     pub(crate) index: usize,
@@ -63,8 +71,11 @@ pub struct WgpuBackend {
     pub(crate) limits: wgpu::Limits,
     pub(crate) pool: Arc<Pool>,
     batch: Mutex<Batch>,
-    pipelines: Mutex<HashMap<String, Arc<wgpu::ComputePipeline>>>,
-    layouts: Mutex<HashMap<LayoutKey, Arc<(wgpu::BindGroupLayout, wgpu::PipelineLayout)>>>,
+    pipelines: Mutex<HashMap<PipeKey, Pipeline>>,
+    layouts: Mutex<HashMap<LayoutKey, Arc<Layouts>>>,
+    /// Whether variants with subgroup operations are used (the adapter has them, and tests
+    /// may turn them off to run the fallback).
+    subgroups: AtomicBool,
     /// The first error wgpu reported outside an error scope (validation, out of memory).
     error: Arc<Mutex<Option<String>>>,
     host_waits: AtomicU64,
@@ -88,10 +99,12 @@ impl WgpuBackend {
         let limits = adapter.limits();
         let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
             label: Some("ferrite"),
-            // Timestamps inside passes where the adapter has them: the LLM kernel set's
-            // per-dispatch profile (`FERRITE_WGPU_PROFILE`); nothing else uses a feature.
+            // Where the adapter has them: timestamps inside passes (the LLM kernel set's
+            // per-dispatch profile, `FERRITE_WGPU_PROFILE`) and subgroup operations (sums).
             required_features: adapter.features()
-                & (wgpu::Features::TIMESTAMP_QUERY | wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES),
+                & (wgpu::Features::TIMESTAMP_QUERY
+                    | wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES
+                    | wgpu::Features::SUBGROUP),
             required_limits: limits.clone(),
             experimental_features: wgpu::ExperimentalFeatures::disabled(),
             memory_hints: wgpu::MemoryHints::Performance,
@@ -133,6 +146,7 @@ impl WgpuBackend {
             pool,
             batch: Mutex::new(Batch {
                 id: 1,
+                pass: None,
                 encoder: None,
                 params: Vec::new(),
                 param_buf: None,
@@ -141,6 +155,7 @@ impl WgpuBackend {
             }),
             pipelines: Mutex::new(HashMap::new()),
             layouts: Mutex::new(HashMap::new()),
+            subgroups: AtomicBool::new(adapter.features().contains(wgpu::Features::SUBGROUP)),
             error,
             host_waits: AtomicU64::new(0),
             launches: AtomicU64::new(0),
@@ -152,6 +167,18 @@ impl WgpuBackend {
 
     pub fn memory_stats(&self) -> MemoryStats {
         self.pool.stats()
+    }
+
+    /// Whether kernels may use subgroup operations.
+    pub(crate) fn subgroups(&self) -> bool {
+        self.subgroups.load(Ordering::Relaxed)
+    }
+
+    /// Turns subgroup operations off (or back on, where the device has them): the fallback
+    /// kernels run instead.
+    pub(crate) fn set_subgroups(&self, on: bool) {
+        let has = self.device.features().contains(wgpu::Features::SUBGROUP);
+        self.subgroups.store(on && has, Ordering::Relaxed);
     }
 
     pub fn sync_stats(&self) -> SyncStats {
@@ -186,7 +213,7 @@ impl WgpuBackend {
         Ok(WgpuStorage::new(block, dt, n, 0))
     }
 
-    fn layout(&self, key: &[bool]) -> Arc<(wgpu::BindGroupLayout, wgpu::PipelineLayout)> {
+    fn layout(&self, key: &[bool]) -> Arc<Layouts> {
         let mut layouts = lock(&self.layouts);
         if let Some(l) = layouts.get(key) {
             return l.clone();
@@ -223,21 +250,22 @@ impl WgpuBackend {
         l
     }
 
-    /// The pipeline of `kernel`'s `entry` as variant `v`, compiled at first use.
+    /// The pipeline of `kernel`'s `entry` as variant `v` and its layouts, compiled at first
+    /// use.
     fn pipeline(
         &self,
         op: &'static str,
         kernel: &'static Kernel,
         entry: &'static str,
         v: &Variant,
-        key: &[bool],
-    ) -> Result<Arc<wgpu::ComputePipeline>> {
-        let name = format!("{}:{entry}:{v:?}:{key:?}", kernel.file);
+        key: LayoutKey,
+    ) -> Result<Pipeline> {
+        let name: PipeKey = (kernel.file, entry, v.clone(), key);
         if let Some(p) = lock(&self.pipelines).get(&name) {
             return Ok(p.clone());
         }
         let src = shader::source(kernel, v)?;
-        let layout = self.layout(key);
+        let layout = self.layout(&name.3);
         let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
         let module = self
             .device
@@ -261,7 +289,7 @@ impl WgpuBackend {
                 format!("compiling {} entry {entry} ({v:?}): {e}", kernel.file),
             ));
         }
-        let p = Arc::new(pipe);
+        let p = (Arc::new(pipe), layout);
         lock(&self.pipelines).insert(name, p.clone());
         Ok(p)
     }
@@ -323,8 +351,7 @@ impl WgpuBackend {
         }
         let mut key = vec![true];
         key.extend(args.iter().map(|a| matches!(a, Arg::R(_))));
-        let pipe = self.pipeline(op, kernel, entry, v, &key)?;
-        let layout = self.layout(&key);
+        let (pipe, layout) = self.pipeline(op, kernel, entry, v, key)?;
         let mut b = lock(&self.batch);
         let need = params.len().max(1);
         let start = b.params.len().div_ceil(self.param_align) * self.param_align;
@@ -372,16 +399,10 @@ impl WgpuBackend {
             layout: &layout.0,
             entries: &entries,
         });
-        let enc = self.encoder(&mut b);
-        {
-            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
-                label: Some(op),
-                timestamp_writes: None,
-            });
-            pass.set_pipeline(&pipe);
-            pass.set_bind_group(0, &bind, &[]);
-            pass.dispatch_workgroups(gx as u32, gy as u32, 1);
-        }
+        let pass = self.pass(&mut b);
+        pass.set_pipeline(&pipe);
+        pass.set_bind_group(0, &bind, &[]);
+        pass.dispatch_workgroups(gx as u32, gy as u32, 1);
         b.dispatches += 1;
         self.launches.fetch_add(1, Ordering::Relaxed);
         let id = b.id;
@@ -391,15 +412,35 @@ impl WgpuBackend {
         Ok(id)
     }
 
+    /// The batch's encoder for a copy or clear: ends the open compute pass, so the command
+    /// lands after the dispatches recorded so far.
     fn encoder<'a>(&self, b: &'a mut Batch) -> &'a mut wgpu::CommandEncoder {
+        b.pass = None;
         b.encoder.get_or_insert_with(|| {
             self.device
                 .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None })
         })
     }
 
+    /// The batch's open compute pass, begun if there is none.
+    fn pass<'a>(&self, b: &'a mut Batch) -> &'a mut wgpu::ComputePass<'static> {
+        let enc = &mut b.encoder;
+        b.pass.get_or_insert_with(|| {
+            enc.get_or_insert_with(|| {
+                self.device
+                    .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None })
+            })
+            .begin_compute_pass(&wgpu::ComputePassDescriptor {
+                label: Some("ferrite"),
+                timestamp_writes: None,
+            })
+            .forget_lifetime()
+        })
+    }
+
     /// Submits the open batch (if it recorded anything) and opens the next one.
     fn submit_locked(&self, b: &mut Batch) -> Option<wgpu::SubmissionIndex> {
+        b.pass = None;
         let enc = b.encoder.take()?;
         if let Some(pb) = &b.param_buf {
             if !b.params.is_empty() {

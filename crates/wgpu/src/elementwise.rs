@@ -14,7 +14,7 @@ pub(crate) static ELEMENTWISE: Kernel = kernel!(
     "elementwise",
     &["unary", "binary", "cmp", "where_", "copy"],
     &[("T", shader::ALL)],
-    &[&[], &["DIV_CHECK"]]
+    &[&[], &["DIV_CHECK"], &["V4"]]
 );
 
 pub(crate) static CAST: Kernel = kernel!(
@@ -33,10 +33,37 @@ fn code<T: PartialEq>(all: &[T], x: T) -> u32 {
     all.iter().position(|a| *a == x).unwrap_or(0) as u32
 }
 
+/// The offset of `t`'s first element in vec4 units, where the `V4` kernels can read it: a
+/// contiguous layout starting at a multiple of 4 elements.
+fn vec4_offset(t: &Tensor) -> Option<u32> {
+    let l = t.layout();
+    (l.is_contiguous() && l.offset().is_multiple_of(4))
+        .then(|| u32::try_from(l.offset() / 4).ok())
+        .flatten()
+}
+
 pub(crate) fn unary(dev: &WgpuBackend, op: UnaryOp, x: &Tensor) -> Result<Vec<Arc<dyn Storage>>> {
     let name = op.name();
     let n = x.elem_count();
     let out = dev.alloc(name, x.dtype(), n)?;
+    if let Some(o) = vec4_offset(x) {
+        let q = n.div_ceil(4);
+        let p = [uw(name, q)?, code(&UnaryOp::ALL, op), o];
+        let v = Variant::new(&[("T", x.dtype())], &["V4"]);
+        let ins = [storage(x, name)?.buffer()];
+        dev.launch(
+            name,
+            &ELEMENTWISE,
+            "unary",
+            &v,
+            &p,
+            &[&out],
+            &ins,
+            false,
+            groups(q),
+        )?;
+        return Ok(vec![Arc::new(out)]);
+    }
     let mut p = vec![uw(name, n)?, code(&UnaryOp::ALL, op)];
     p.extend(layout_words(name, x.layout())?);
     let v = Variant::new(&[("T", x.dtype())], &[]);
@@ -67,10 +94,28 @@ pub(crate) fn binary(
     }
     let n = a.elem_count();
     let out = dev.alloc(name, dt, n)?;
+    let check = op == BinaryOp::Div && !dt.is_float();
+    if let (Some(oa), Some(ob), false) = (vec4_offset(a), vec4_offset(b), check) {
+        let q = n.div_ceil(4);
+        let p = [uw(name, q)?, code(&BinaryOp::ALL, op), oa, ob];
+        let v = Variant::new(&[("T", dt)], &["V4"]);
+        let ins = [storage(a, name)?.buffer(), storage(b, name)?.buffer()];
+        dev.launch(
+            name,
+            &ELEMENTWISE,
+            "binary",
+            &v,
+            &p,
+            &[&out],
+            &ins,
+            false,
+            groups(q),
+        )?;
+        return Ok(vec![Arc::new(out)]);
+    }
     let mut p = vec![uw(name, n)?, code(&BinaryOp::ALL, op)];
     p.extend(layout_words(name, a.layout())?);
     p.extend(layout_words(name, b.layout())?);
-    let check = op == BinaryOp::Div && !dt.is_float();
     let v = Variant::new(&[("T", dt)], if check { &["DIV_CHECK"] } else { &[] });
     dev.launch(
         name,

@@ -1,10 +1,20 @@
 // Elementwise kernels over strided inputs, writing a contiguous output.
 // Words: T is the element type of the inputs (S for cast's source); booleans are u32 0/1.
 // P: [n, op, layout of X0, layout of X1, layout of X2] (layouts as in common.wgsl).
+// V4 (unary and binary over contiguous inputs at offsets that are multiples of 4): a thread
+// per 4 elements, one vec4 load per input; P: [ceil(n / 4), op, offset of X0 / 4, offset of
+// X1 / 4]. The last vec4 may run past n into the buffers' padding (buffers are whole 16-byte
+// multiples, see pool.rs); its extra outputs land in Y's padding.
 
+#if V4
+@group(0) @binding(1) var<storage, read_write> Y: array<vec4<u32>>;
+@group(0) @binding(2) var<storage, read> X0: array<vec4<u32>>;
+@group(0) @binding(3) var<storage, read> X1: array<vec4<u32>>;
+#else
 @group(0) @binding(1) var<storage, read_write> Y: array<u32>;
 @group(0) @binding(2) var<storage, read> X0: array<u32>;
 @group(0) @binding(3) var<storage, read> X1: array<u32>;
+#endif
 // Integer division reports division by zero in the device error word (see `errors.rs`).
 #if DIV_CHECK
 @group(0) @binding(4) var<storage, read_write> ERR: atomic<u32>;
@@ -145,6 +155,34 @@ fn cmp_op(op: u32, a: T, b: T) -> bool {
     }
 }
 
+#if V4
+fn st4(i: u32, v: vec4<T>) {
+    Y[i] = vec4<u32>(bitcast<u32>(fit_T(v.x)), bitcast<u32>(fit_T(v.y)), bitcast<u32>(fit_T(v.z)),
+                     bitcast<u32>(fit_T(v.w)));
+}
+
+@compute @workgroup_size(256)
+fn unary(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>,
+         @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = thread_id(wid, lid, nwg);
+    if (i >= P[0]) { return; }
+    let op = P[1];
+    let x = bitcast<vec4<T>>(X0[P[2] + i]);
+    st4(i, vec4<T>(unary_op(op, x.x), unary_op(op, x.y), unary_op(op, x.z), unary_op(op, x.w)));
+}
+
+@compute @workgroup_size(256)
+fn binary(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>,
+          @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = thread_id(wid, lid, nwg);
+    if (i >= P[0]) { return; }
+    let op = P[1];
+    let a = bitcast<vec4<T>>(X0[P[2] + i]);
+    let b = bitcast<vec4<T>>(X1[P[3] + i]);
+    st4(i, vec4<T>(binary_op(op, a.x, b.x), binary_op(op, a.y, b.y), binary_op(op, a.z, b.z),
+                   binary_op(op, a.w, b.w)));
+}
+#else
 fn st(i: u32, v: T) {
     Y[i] = bitcast<u32>(fit_T(v));
 }
@@ -199,4 +237,5 @@ fn copy(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     if (i >= P[0]) { return; }
     Y[strided(2u + layout_len(2u), i)] = X0[strided(2u, i)];
 }
+#endif
 #endif

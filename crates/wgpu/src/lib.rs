@@ -31,6 +31,7 @@ mod util;
 pub use ::wgpu as raw;
 pub use device::{SyncStats, WgpuBackend};
 pub use pool::MemoryStats;
+pub use shader::SUBGROUP_MARK;
 pub use storage::WgpuStorage;
 
 use ferrite_core::{
@@ -293,6 +294,17 @@ impl WgpuDevice {
     /// Caps the bytes the pool may reserve (tests of the out-of-memory path).
     pub fn set_memory_limit(&self, bytes: Option<usize>) {
         self.0.pool.set_limit(bytes)
+    }
+
+    /// Whether kernels may use subgroup operations where the adapter has them (the default);
+    /// `false` runs the workgroup-memory fallbacks (tests compare both).
+    pub fn use_subgroups(&self, on: bool) {
+        self.0.set_subgroups(on);
+    }
+
+    /// Whether kernels use subgroup operations on this device.
+    pub fn subgroups(&self) -> bool {
+        self.0.subgroups()
     }
 
     pub fn sync_stats(&self) -> SyncStats {

@@ -13,11 +13,39 @@ pub(crate) static REDUCE: Kernel = kernel!(
     "reduce",
     &["reduce"],
     &[("T", shader::ALL), ("O", shader::ALL)],
-    &[&[]]
+    &[&[], &["V4"], &["SG"], &["V4", "SG"]]
 );
 
-/// Elements one workgroup of the first pass reduces.
-const CHUNK: usize = 8192;
+/// Elements one workgroup of the first pass of a two-pass reduction takes: enough
+/// workgroups (about 1,024) to fill a large GPU, each at least 2,048 elements, at most 16,384.
+fn chunk_of(rows: usize, m: usize) -> usize {
+    (m * rows)
+        .div_ceil(1024)
+        .next_multiple_of(1024)
+        .clamp(2048, 16384)
+}
+
+/// The variant reducing rows of `m` elements of `dt` at word `off` into `out` with `op` in
+/// chunks of `chunk`: vec4 loads where the words align, subgroup sums where the adapter has
+/// them.
+fn variant(
+    dev: &WgpuBackend,
+    op: ReduceOp,
+    dt: DType,
+    out: DType,
+    off: u32,
+    m: usize,
+    chunk: usize,
+) -> Variant {
+    let mut d: Vec<&'static str> = Vec::new();
+    if off.is_multiple_of(4) && m.is_multiple_of(4) && chunk.is_multiple_of(4) {
+        d.push("V4");
+    }
+    if op == ReduceOp::Sum && dev.subgroups() {
+        d.push(shader::SUBGROUPS);
+    }
+    Variant::new(&[("T", dt), ("O", out)], &d)
+}
 
 fn code(op: ReduceOp) -> u32 {
     match op {
@@ -45,12 +73,19 @@ pub(crate) fn reduce_rows(
 ) -> Result<WgpuStorage> {
     let out = dev.alloc(name, out_dt, rows)?;
     let arg = matches!(op, ReduceOp::ArgMax | ReduceOp::ArgMin);
-    if !arg && m > 2 * CHUNK && rows < 256 {
-        let chunks = m.div_ceil(CHUNK);
+    let chunk = chunk_of(rows, m);
+    if !arg && m > 2 * chunk && rows < 256 {
+        let chunks = m.div_ceil(chunk);
         let part_dt = if dt.is_float() { DType::F32 } else { dt };
         let part = dev.alloc(name, part_dt, rows * chunks)?;
-        let p = [uw(name, rows)?, uw(name, m)?, code(op), off, CHUNK as u32];
-        let v = Variant::new(&[("T", dt), ("O", part_dt)], &[]);
+        let p = [
+            uw(name, rows)?,
+            uw(name, m)?,
+            code(op),
+            off,
+            uw(name, chunk)?,
+        ];
+        let v = variant(dev, op, dt, part_dt, off, m, chunk);
         dev.launch(
             name,
             &REDUCE,
@@ -69,7 +104,7 @@ pub(crate) fn reduce_rows(
             0,
             uw(name, chunks)?,
         ];
-        let v = Variant::new(&[("T", part_dt), ("O", out_dt)], &[]);
+        let v = variant(dev, op, part_dt, out_dt, 0, chunks, chunks);
         dev.launch(
             name,
             &REDUCE,
@@ -89,7 +124,7 @@ pub(crate) fn reduce_rows(
             off,
             uw(name, m.max(1))?,
         ];
-        let v = Variant::new(&[("T", dt), ("O", out_dt)], &[]);
+        let v = variant(dev, op, dt, out_dt, off, m, m);
         dev.launch(name, &REDUCE, "reduce", &v, &p, &[&out], &[x], false, rows)?;
     }
     Ok(out)

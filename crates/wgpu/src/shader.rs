@@ -11,7 +11,8 @@
 //! A variant's source is `common.wgsl`, then per alias `alias T = f32;` and `fn fit_T`, then
 //! the kernel file after a small preprocessor: `#if NAME` / `#else` / `#endif` lines keep or
 //! drop text by the variant's defines. Each alias `X` defines `X_F`, `X_I` or `X_U` (its word
-//! type) and `X_F16`, `X_BF16`, `X_U8`, `X_BOOL`, `X_I64` for those dtypes.
+//! type) and `X_F16`, `X_BF16`, `X_U8`, `X_BOOL`, `X_I64` for those dtypes. Variants defining
+//! `SG` use subgroup operations.
 
 use ferrite_core::{DType, Error, Result};
 
@@ -165,6 +166,12 @@ pub(crate) fn preprocess(file: &str, src: &str, defines: &[String]) -> Result<St
     Ok(out)
 }
 
+/// The define of variants that use subgroup operations (compiled only where the adapter has
+/// them); their source begins with [`SUBGROUP_MARK`].
+pub(crate) const SUBGROUPS: &str = "SG";
+/// The first line of a variant that uses subgroup operations.
+pub const SUBGROUP_MARK: &str = "// uses subgroup operations\n";
+
 /// One compiled variant of a kernel: its element types and extra defines.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub(crate) struct Variant {
@@ -183,7 +190,14 @@ impl Variant {
 
 /// The full WGSL source of `kernel` instantiated as `v`.
 pub(crate) fn source(kernel: &Kernel, v: &Variant) -> Result<String> {
-    let mut head = String::from(COMMON);
+    // naga takes subgroup builtins without an `enable` directive (it rejects `enable
+    // subgroups;`); the first line marks the variants that need the capability.
+    let mut head = if v.defines.contains(&SUBGROUPS) {
+        String::from(SUBGROUP_MARK)
+    } else {
+        String::new()
+    };
+    head.push_str(COMMON);
     let mut defines: Vec<String> = v.defines.iter().map(|d| d.to_string()).collect();
     for &(alias, dt) in &v.types {
         head.push_str(&format!(

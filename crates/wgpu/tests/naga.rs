@@ -16,11 +16,14 @@ fn every_shader_validates_and_translates_to_msl_and_spirv() {
                 continue;
             }
         };
-        let info = match naga::valid::Validator::new(
-            naga::valid::ValidationFlags::all(),
-            naga::valid::Capabilities::empty(),
-        )
-        .validate(&module)
+        // Subgroup variants are compiled only where the adapter has subgroups.
+        let caps = if src.starts_with(ferrite_wgpu::SUBGROUP_MARK) {
+            naga::valid::Capabilities::SUBGROUP
+        } else {
+            naga::valid::Capabilities::empty()
+        };
+        let info = match naga::valid::Validator::new(naga::valid::ValidationFlags::all(), caps)
+            .validate(&module)
         {
             Ok(i) => i,
             Err(e) => {

@@ -33,6 +33,14 @@ fn tests() -> Vec<(&'static str, TestFn)> {
         ("device_side_errors_name_the_op", device_errors),
         ("matmul_large_and_views_match_cpu", matmul_large),
         ("gradients_match_cpu", gradients_match_cpu),
+        (
+            "contiguous_elementwise_vec4_edges_match_cpu",
+            vec4_elementwise,
+        ),
+        (
+            "reductions_with_and_without_subgroups_match_cpu",
+            reductions_both_ways,
+        ),
     ]
 }
 
@@ -463,4 +471,172 @@ fn gradients_match_cpu(d: &WgpuDevice) {
         failures.join("\n")
     );
     assert!(compared > 300, "only {compared} gradient cases compared");
+}
+
+/// Values of `t` as f64, whatever its dtype.
+fn values(t: &Tensor) -> Vec<f64> {
+    t.cast(DType::F32)
+        .unwrap()
+        .to_vec::<f32>()
+        .unwrap()
+        .iter()
+        .map(|&v| v as f64)
+        .collect()
+}
+
+/// Contiguous elementwise ops take the vec4 kernels when their first element sits at a
+/// multiple of 4; lengths that are not, views at other offsets and broadcasts take the
+/// strided ones. Every case against the CPU: exact for integer and rounding-free ops.
+fn vec4_elementwise(d: &WgpuDevice) {
+    let dev = d.device();
+    let cpu = ferrite_cpu::cpu();
+    let mut failures = Vec::new();
+    for dt in [DType::F32, DType::F16, DType::BF16, DType::I32] {
+        for n in [1usize, 3, 4, 5, 255, 1024, 1027] {
+            for off in [0usize, 1, 4] {
+                let base =
+                    Tensor::rand_uniform([n + off + 8], -4.0, 4.0, n as u64, DType::F32, &cpu)
+                        .unwrap()
+                        .cast(dt)
+                        .unwrap();
+                let other = Tensor::rand_uniform([n + 8], -4.0, 4.0, 7, DType::F32, &cpu)
+                    .unwrap()
+                    .cast(dt)
+                    .unwrap();
+                let a_c = base.narrow(0, off, n).unwrap();
+                let b_c = other.narrow(0, 4, n).unwrap();
+                let a_g = base.to_device(&dev).unwrap().narrow(0, off, n).unwrap();
+                let b_g = other.to_device(&dev).unwrap().narrow(0, 4, n).unwrap();
+                let mut ops: Vec<(&str, Tensor, Tensor)> = vec![
+                    ("add", a_c.add(&b_c).unwrap(), a_g.add(&b_g).unwrap()),
+                    ("mul", a_c.mul(&b_c).unwrap(), a_g.mul(&b_g).unwrap()),
+                    ("neg", a_c.neg().unwrap(), a_g.neg().unwrap()),
+                    (
+                        "max",
+                        a_c.maximum(&b_c).unwrap(),
+                        a_g.maximum(&b_g).unwrap(),
+                    ),
+                ];
+                if dt.is_float() {
+                    ops.push(("exp", a_c.exp().unwrap(), a_g.exp().unwrap()));
+                    ops.push(("div", a_c.div(&b_c).unwrap(), a_g.div(&b_g).unwrap()));
+                }
+                for (op, want, got) in ops {
+                    let (w, g) = (values(&want), values(&got));
+                    let exact = op != "exp" && op != "div";
+                    let bad = w.iter().zip(&g).position(|(w, g)| {
+                        let tol = if exact { 0.0 } else { 1e-5 * w.abs().max(1.0) };
+                        !((w - g).abs() <= tol || (w.is_nan() && g.is_nan()))
+                    });
+                    if let Some(i) = bad {
+                        failures.push(format!(
+                            "{op} {dt:?} n={n} offset {off}: element {i}: wgpu {} cpu {}",
+                            g[i], w[i]
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// Sums, maxima and argmaxima of rows short and long (one and two passes), at word offsets
+/// that are and are not multiples of 4, against the CPU; with subgroup sums where the adapter
+/// has them and again with the workgroup-memory fallback.
+fn reductions_both_ways(d: &WgpuDevice) {
+    let dev = d.device();
+    let cpu = ferrite_cpu::cpu();
+    let mut failures = Vec::new();
+    println!(
+        "  subgroup operations: {}",
+        if d.subgroups() {
+            "yes"
+        } else {
+            "no (fallback only)"
+        }
+    );
+    for subgroups in [true, false] {
+        d.use_subgroups(subgroups);
+        for dt in [DType::F32, DType::BF16, DType::I32] {
+            for (rows, m) in [
+                (1usize, 1usize),
+                (3, 5),
+                (4, 256),
+                (2, 4100),
+                (1, 100_003),
+                (1, 65_536),
+                (300, 64),
+            ] {
+                for off in [0usize, 1] {
+                    let n = rows * m;
+                    let scale = if dt == DType::I32 { 100.0 } else { 1.0 };
+                    let base = Tensor::rand_uniform(
+                        [n + off],
+                        -scale,
+                        scale,
+                        (n + off) as u64,
+                        DType::F32,
+                        &cpu,
+                    )
+                    .unwrap()
+                    .cast(dt)
+                    .unwrap();
+                    let x_c = base.narrow(0, off, n).unwrap().reshape([rows, m]).unwrap();
+                    let x_g = base
+                        .to_device(&dev)
+                        .unwrap()
+                        .narrow(0, off, n)
+                        .unwrap()
+                        .reshape([rows, m])
+                        .unwrap();
+                    let abs: Vec<f64> = values(
+                        &x_c.abs()
+                            .unwrap()
+                            .cast(DType::F32)
+                            .unwrap()
+                            .sum(&[-1], false)
+                            .unwrap(),
+                    );
+                    let cases = [
+                        (
+                            "sum",
+                            x_c.sum(&[-1], false).unwrap(),
+                            x_g.sum(&[-1], false).unwrap(),
+                        ),
+                        (
+                            "max",
+                            x_c.max(&[-1], false).unwrap(),
+                            x_g.max(&[-1], false).unwrap(),
+                        ),
+                        (
+                            "argmax",
+                            x_c.argmax(-1, false).unwrap(),
+                            x_g.argmax(-1, false).unwrap(),
+                        ),
+                    ];
+                    for (op, want, got) in cases {
+                        let (w, g) = (values(&want), values(&got));
+                        let bad = w.iter().zip(&g).enumerate().position(|(r, (w, g))| {
+                            let tol = match (op, dt) {
+                                ("sum", DType::F32) => 1e-5 * abs[r].max(1.0),
+                                // bf16 sums are rounded once, at the end, from f32 partials.
+                                ("sum", DType::BF16) => 1e-2 * abs[r].max(1.0),
+                                _ => 0.0,
+                            };
+                            (w - g).abs() > tol
+                        });
+                        if let Some(r) = bad {
+                            failures.push(format!(
+                                "{op} {dt:?} [{rows}, {m}] offset {off} subgroups {subgroups}: row {r}: wgpu {} cpu {}",
+                                g[r], w[r]
+                            ));
+                        }
+                    }
+                }
+            }
+        }
+    }
+    d.use_subgroups(true);
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
