@@ -44,39 +44,33 @@ fn vec4_offset(t: &Tensor) -> Option<u32> {
 
 pub(crate) fn unary(dev: &WgpuBackend, op: UnaryOp, x: &Tensor) -> Result<Vec<Arc<dyn Storage>>> {
     let name = op.name();
+    let dt = x.dtype();
     let n = x.elem_count();
-    let out = dev.alloc(name, x.dtype(), n)?;
-    if let Some(o) = vec4_offset(x) {
-        let q = n.div_ceil(4);
-        let p = [uw(name, q)?, code(&UnaryOp::ALL, op), o];
-        let v = Variant::new(&[("T", x.dtype())], &["V4"]);
-        let ins = [storage(x, name)?.buffer()];
-        dev.launch(
-            name,
-            &ELEMENTWISE,
-            "unary",
-            &v,
-            &p,
-            &[&out],
-            &ins,
-            false,
-            groups(q),
-        )?;
-        return Ok(vec![Arc::new(out)]);
-    }
-    let mut p = vec![uw(name, n)?, code(&UnaryOp::ALL, op)];
-    p.extend(layout_words(name, x.layout())?);
-    let v = Variant::new(&[("T", x.dtype())], &[]);
+    let out = dev.alloc(name, dt, n)?;
+    let code = code(&UnaryOp::ALL, op);
+    // (parameters, defines, threads)
+    let (p, defines, threads) = match vec4_offset(x) {
+        Some(o) => (
+            vec![uw(name, n.div_ceil(4))?, code, o],
+            &["V4"][..],
+            n.div_ceil(4),
+        ),
+        None => {
+            let mut p = vec![uw(name, n)?, code];
+            p.extend(layout_words(name, x.layout())?);
+            (p, &[][..], n)
+        }
+    };
     dev.launch(
         name,
         &ELEMENTWISE,
         "unary",
-        &v,
+        &Variant::new(&[("T", dt)], defines),
         &p,
         &[&out],
         &[storage(x, name)?.buffer()],
         false,
-        groups(n),
+        groups(threads),
     )?;
     Ok(vec![Arc::new(out)])
 }
@@ -94,39 +88,32 @@ pub(crate) fn binary(
     }
     let n = a.elem_count();
     let out = dev.alloc(name, dt, n)?;
+    let code = code(&BinaryOp::ALL, op);
+    // Integer division checks for zero divisors, which the V4 variants (reading the buffers'
+    // padding past n) must not meet.
     let check = op == BinaryOp::Div && !dt.is_float();
-    if let (Some(oa), Some(ob), false) = (vec4_offset(a), vec4_offset(b), check) {
-        let q = n.div_ceil(4);
-        let p = [uw(name, q)?, code(&BinaryOp::ALL, op), oa, ob];
-        let v = Variant::new(&[("T", dt)], &["V4"]);
-        let ins = [storage(a, name)?.buffer(), storage(b, name)?.buffer()];
-        dev.launch(
-            name,
-            &ELEMENTWISE,
-            "binary",
-            &v,
-            &p,
-            &[&out],
-            &ins,
-            false,
-            groups(q),
-        )?;
-        return Ok(vec![Arc::new(out)]);
-    }
-    let mut p = vec![uw(name, n)?, code(&BinaryOp::ALL, op)];
-    p.extend(layout_words(name, a.layout())?);
-    p.extend(layout_words(name, b.layout())?);
-    let v = Variant::new(&[("T", dt)], if check { &["DIV_CHECK"] } else { &[] });
+    let (p, defines, threads) = match (vec4_offset(a), vec4_offset(b), check) {
+        (Some(oa), Some(ob), false) => {
+            let q = n.div_ceil(4);
+            (vec![uw(name, q)?, code, oa, ob], &["V4"][..], q)
+        }
+        _ => {
+            let mut p = vec![uw(name, n)?, code];
+            p.extend(layout_words(name, a.layout())?);
+            p.extend(layout_words(name, b.layout())?);
+            (p, if check { &["DIV_CHECK"][..] } else { &[][..] }, n)
+        }
+    };
     dev.launch(
         name,
         &ELEMENTWISE,
         "binary",
-        &v,
+        &Variant::new(&[("T", dt)], defines),
         &p,
         &[&out],
         &[storage(a, name)?.buffer(), storage(b, name)?.buffer()],
         check,
-        groups(n),
+        groups(threads),
     )?;
     Ok(vec![Arc::new(out)])
 }
