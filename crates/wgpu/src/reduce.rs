@@ -13,7 +13,12 @@ pub(crate) static REDUCE: Kernel = kernel!(
     "reduce",
     &["reduce"],
     &[("T", shader::ALL), ("O", shader::ALL)],
-    &[&[], &["V4"], &["SG"], &["V4", "SG"]]
+    &[
+        &[],
+        &["V4"],
+        &[shader::SUBGROUPS],
+        &["V4", shader::SUBGROUPS]
+    ]
 );
 
 /// Elements one workgroup of the first pass of a two-pass reduction takes: enough

@@ -5,9 +5,9 @@
 // argmax/argmin give the first extreme, NaN counting as the extreme.
 // T: input words; O: output words (f32 partials for floats in the first pass).
 // V4: `off`, `m` and `chunk` are multiples of 4 and X0 is read a vec4 at a time.
-// SG (sums only, where the adapter has subgroups): each
-// subgroup adds its threads' sums with subgroupAdd, then thread 0 adds the subgroups' sums in
-// order; otherwise a tree in workgroup memory.
+// SG (sums only, where the adapter has subgroups): each subgroup adds its threads' sums with
+// subgroupAdd, then thread 0 adds the subgroups' sums in order; otherwise a tree in workgroup
+// memory.
 
 @group(0) @binding(1) var<storage, read_write> Y: array<u32>;
 #if V4
