@@ -468,13 +468,16 @@ fn profile_kernels(dev: &WgpuDevice) -> Option<String> {
     assert!(report.contains("2 steps"), "{report}");
     let layers = cfg.n_layer as f64;
     for (kernel, per_step) in [
-        // The prompt step's four products per layer at 8 rows, its logit row at 1; the
-        // decode step's all at 1 (averaged over the two steps).
-        ("matvec q4_0 x8", 2.0 * layers),
-        ("matvec q4_0 x1", 2.0 * layers + 1.0),
+        // Averaged over the two steps: the 12-row prompt step's four products per layer at
+        // 8 rows, its logit row at 1; the decode step's products at 1. q|k|v and gate/up
+        // have the norm folded in; the only norm launch left is each step's output norm.
+        ("norm+matvec q4_0 x8", layers),
+        ("matvec q4_0 x8", layers),
+        ("norm+matvec q4_0 x1", layers),
+        ("matvec q4_0 x1", layers + 1.0),
         ("attention", layers),
         ("rope_store", layers),
-        ("rms_norm", 2.0 * layers + 1.0),
+        ("rms_norm", 1.0),
         ("argmax", 1.0),
         ("embed q4_0", 1.0),
     ] {

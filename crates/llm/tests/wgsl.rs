@@ -6,8 +6,9 @@ use ferrite_testing::wgsl::dynamic_array_value_accesses;
 #[test]
 fn every_llm_shader_validates_and_translates_to_msl_and_spirv() {
     let sources = ferrite_llm::model::wgpu::shader_sources();
-    // 13 weight formats x 3 row variants, ops, paged.
-    assert_eq!(sources.len(), 13 * 3 + 2);
+    // 13 weight formats x 4 row variants (1 row with 1 or 2 outputs a subgroup, 4 rows, 8
+    // rows) x with and without the input's norm, ops, paged.
+    assert_eq!(sources.len(), 13 * 4 * 2 + 2);
     let mut failures = Vec::new();
     for (name, entries, src) in &sources {
         let module = match naga::front::wgsl::parse_str(src) {

@@ -22,6 +22,7 @@
 //! read the GGUF block layouts of this crate.
 
 use std::collections::HashMap;
+use std::sync::Mutex;
 
 use ferrite_gguf::GgmlType;
 use ferrite_wgpu::raw as wgpu;
@@ -42,7 +43,7 @@ const PAGED: &str = include_str!("wgpu/paged.wgsl");
 /// Activation rows a product workgroup takes (`ROWS` of `matvec.wgsl`): 1 for steps of one
 /// row, 4 for up to 7 rows, else 8 (each weight unit is dequantized once per ROWS rows).
 const ROW_VARIANTS: [u32; 3] = [1, 4, 8];
-/// Output rows per product workgroup (`OUTS` of `matvec.wgsl`).
+/// Output rows per product workgroup (`OUTS` of `matvec.wgsl`) at OPW = 1.
 const MATVEC_OUTS: usize = 4;
 /// Largest head_dim the attention kernel takes (the size of `qs` in `paged.wgsl`).
 const MAX_HEAD_DIM: usize = 256;
@@ -106,9 +107,26 @@ pub const WGPU_WEIGHT_TYPES: [GgmlType; 13] = {
     ]
 };
 
-fn matvec_source(f: &Format, rows: u32) -> String {
+/// Output rows per product subgroup (`OPW` of `matvec.wgsl`) for a chunk of `n` output rows
+/// and a step of `rows` rows: 2 for single-row steps of tall matrices (each activation load
+/// serves two output rows), else 1 (a short matrix needs its rows spread over enough
+/// workgroups to keep a large GPU busy; SmolLM2's 576-row products get 144).
+fn outs_per_subgroup(n: usize, rows: u32) -> u32 {
+    if rows == 1 && n >= 2048 {
+        2
+    } else {
+        1
+    }
+}
+
+/// The product module of format `f` for `rows` activation rows and `opw` output rows per
+/// subgroup, with the RMS norm of its input folded in (`norm`) or not.
+fn matvec_source(f: &Format, rows: u32, norm: bool, opw: u32) -> String {
+    // Formats whose values carry a min (`d * q + m`, `quant.wgsl`).
+    let mins = matches!(f.name, "q4_1" | "q5_1" | "q2_k" | "q4_k" | "q5_k");
     format!(
-        "const ROWS: u32 = {rows}u;\nconst BLOCK_BYTES: u32 = {}u;\nconst UNITS: u32 = {}u;\n{QUANT}\n\
+        "const ROWS: u32 = {rows}u;\nconst BLOCK_BYTES: u32 = {}u;\nconst UNITS: u32 = {}u;\n\
+         const MINS: bool = {mins};\nconst NORM: bool = {norm};\nconst OPW: u32 = {opw}u;\n{QUANT}\n\
          fn head(a: u32, s: u32) -> Head {{\n    return head_{n}(a, s);\n}}\n\
          fn pair(a: u32, s: u32, h: Head, w: u32) -> Pair {{\n    return pair_{n}(a, s, h, w);\n}}\n{MATVEC}",
         f.block_bytes,
@@ -124,11 +142,16 @@ pub fn shader_sources() -> Vec<(String, &'static [&'static str], String)> {
     for ty in WGPU_WEIGHT_TYPES {
         let Some(f) = format_of(ty) else { continue };
         for rows in ROW_VARIANTS {
-            out.push((
-                format!("matvec.wgsl ({}, {rows} rows)", f.name),
-                &["matvec", "embed"][..],
-                matvec_source(&f, rows),
-            ));
+            for norm in [false, true] {
+                for opw in if rows == 1 { &[1, 2][..] } else { &[1][..] } {
+                    let what = if norm { ", normed input" } else { "" };
+                    out.push((
+                        format!("matvec.wgsl ({}, {rows} rows, {opw} outputs{what})", f.name),
+                        &["matvec", "embed"][..],
+                        matvec_source(&f, rows, norm, *opw),
+                    ));
+                }
+            }
         }
     }
     out.push((
@@ -301,6 +324,9 @@ pub struct WgpuModel {
     dummy: wgpu::Buffer,
     weight_bytes: usize,
     max_binding: u64,
+    /// Pipelines compiled by any kernel set of this model, shared by the later ones (a
+    /// session or engine compiles each entry point once per model, not once per session).
+    pipes: Mutex<HashMap<(Module, &'static str), Pipe>>,
 }
 
 impl WgpuModel {
@@ -485,7 +511,8 @@ impl WgpuModel {
             });
         }
         let output_norm = upload_f32(d, "norm", &m.output_norm)?;
-        let dummy = zeros(d, "no bias", 4);
+        // Bound where a product has no bias or no norm (16 bytes: one vec4).
+        let dummy = zeros(d, "no bias", 16);
         dev.check_errors("wgpu model upload")
             .map_err(|e| err(e.to_string()))?;
         Ok(WgpuModel {
@@ -499,6 +526,7 @@ impl WgpuModel {
             dummy,
             weight_bytes,
             max_binding,
+            pipes: Mutex::new(HashMap::new()),
         })
     }
 
@@ -611,6 +639,7 @@ enum Epilogue {
 }
 
 /// A compiled entry point and the layout of its bind group.
+#[derive(Clone)]
 struct Pipe {
     pipe: wgpu::ComputePipeline,
     layout: wgpu::BindGroupLayout,
@@ -637,6 +666,8 @@ struct Profile {
     steps: u64,
     /// Sum over steps of each step's first-to-last timestamp.
     span_ns: f64,
+    /// Host nanoseconds spent recording and submitting the steps' dispatches.
+    host_ns: f64,
 }
 
 impl Profile {
@@ -685,6 +716,7 @@ impl Profile {
             totals: HashMap::new(),
             steps: 0,
             span_ns: 0.0,
+            host_ns: 0.0,
         })
     }
 
@@ -738,11 +770,12 @@ impl Profile {
         rows.sort_by(|a, b| b.1 .0.total_cmp(&a.1 .0));
         let mut out = format!(
             "wgpu LLM profile: {} steps; per step: {:.3} ms in dispatches, {:.3} ms from the \
-             first timestamp to the last\n| kernel | dispatches / step | ms / step | share |\n\
-             | --- | ---: | ---: | ---: |\n",
+             first timestamp to the last, {:.3} ms of host time recording and submitting them\n\
+             | kernel | dispatches / step | ms / step | share |\n| --- | ---: | ---: | ---: |\n",
             self.steps,
             busy / steps / 1e6,
-            self.span_ns / steps / 1e6
+            self.span_ns / steps / 1e6,
+            self.host_ns / steps / 1e6
         );
         for (name, (ns, count)) in rows {
             out.push_str(&format!(
@@ -767,7 +800,8 @@ struct Disp {
 /// Which shader module a pipeline comes from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 enum Module {
-    Matvec(Format, u32),
+    /// Format, ROWS, NORM, OPW.
+    Matvec(Format, u32, bool, u32),
     Ops,
     Paged,
 }
@@ -777,8 +811,6 @@ struct Scratch {
     rows: usize,
     out: usize,
     bufs: [wgpu::Buffer; 8],
-    /// Normalized activations (d_model wide).
-    xn: wgpu::Buffer,
     /// The logit rows' normalized activations, logits, greedy tokens.
     xo: wgpu::Buffer,
     logits: wgpu::Buffer,
@@ -931,14 +963,34 @@ impl<'g> WgpuKernels<'g> {
         if let Some(&i) = self.pipe_ids.get(&(module, entry)) {
             return Ok(i);
         }
+        let shared = self
+            .m
+            .pipes
+            .lock()
+            .ok()
+            .and_then(|c| c.get(&(module, entry)).cloned());
+        if let Some(p) = shared {
+            self.pipes.push(p);
+            let i = self.pipes.len() - 1;
+            self.pipe_ids.insert((module, entry), i);
+            return Ok(i);
+        }
         let (label, src) = match module {
-            Module::Matvec(f, rows) => (format!("matvec {}", f.name), matvec_source(&f, rows)),
+            Module::Matvec(f, rows, norm, opw) => (
+                format!("matvec {}", f.name),
+                matvec_source(&f, rows, norm, opw),
+            ),
             Module::Ops => ("ops".to_string(), OPS.to_string()),
             Module::Paged => ("paged".to_string(), PAGED.to_string()),
         };
         let name = match module {
-            Module::Matvec(f, rows) if entry == "matvec" => format!("matvec {} x{rows}", f.name),
-            Module::Matvec(f, _) => format!("{entry} {}", f.name),
+            Module::Matvec(f, rows, false, _) if entry == "matvec" => {
+                format!("matvec {} x{rows}", f.name)
+            }
+            Module::Matvec(f, rows, true, _) if entry == "matvec" => {
+                format!("norm+matvec {} x{rows}", f.name)
+            }
+            Module::Matvec(f, ..) => format!("{entry} {}", f.name),
             _ => entry.to_string(),
         };
         let dev = self.dev();
@@ -959,7 +1011,11 @@ impl<'g> WgpuKernels<'g> {
             return Err(err(format!("compiling {label} entry {entry}: {e}")));
         }
         let layout = pipe.get_bind_group_layout(0);
-        self.pipes.push(Pipe { pipe, layout, name });
+        let p = Pipe { pipe, layout, name };
+        if let Ok(mut c) = self.m.pipes.lock() {
+            c.insert((module, entry), p.clone());
+        }
+        self.pipes.push(p);
         let i = self.pipes.len() - 1;
         self.pipe_ids.insert((module, entry), i);
         Ok(i)
@@ -1069,7 +1125,6 @@ impl<'g> WgpuKernels<'g> {
             rows,
             out,
             bufs,
-            xn: f32s(rows * c.d_model, "llm normed activations"),
             xo: f32s(out * c.d_model, "llm logit rows"),
             logits: f32s(out * c.vocab, "llm logits"),
             toks: f32s(out, "llm greedy tokens"),
@@ -1124,12 +1179,14 @@ impl<'g> WgpuKernels<'g> {
 
     /// Plans `out[:, col0..col0 + w.rows] (+)= x @ w^T (+ bias)` over the step's rows, with
     /// `x` rows `x_stride` wide and `out` rows `out_stride` wide (`Epilogue::Glu`: `w` holds
-    /// gate/up row pairs and `out[:, i] = act(gate_i) * up_i`).
+    /// gate/up row pairs and `out[:, i] = act(gate_i) * up_i`); with `norm` (the weights of
+    /// an RMS norm over x's w.cols values), x's rows are normed on the way in.
     #[allow(clippy::too_many_arguments)]
     fn product(
         &mut self,
         w: &'g WMat,
         x: wgpu::Buffer,
+        norm: Option<wgpu::Buffer>,
         x_stride: usize,
         rows: usize,
         out: wgpu::Buffer,
@@ -1142,7 +1199,8 @@ impl<'g> WgpuKernels<'g> {
             2..8 => 4,
             _ => 8,
         };
-        let pipe = self.pipe(Module::Matvec(w.fmt, r), "matvec")?;
+        let normed = norm.is_some();
+        let nw = norm.unwrap_or_else(|| self.m.dummy.clone());
         let nrg = rows.div_ceil(r as usize);
         let flags = match mode {
             Epilogue::Store => 0,
@@ -1152,6 +1210,8 @@ impl<'g> WgpuKernels<'g> {
         } | if w.bias.is_some() { 2 } else { 0 };
         let bias = w.bias.clone().unwrap_or_else(|| self.m.dummy.clone());
         for ch in &w.chunks {
+            let opw = outs_per_subgroup(ch.rows, r);
+            let pipe = self.pipe(Module::Matvec(w.fmt, r, normed, opw), "matvec")?;
             let params = vec![
                 u32_of(rows, "rows")?,
                 u32_of(w.cols, "cols")?,
@@ -1162,14 +1222,16 @@ impl<'g> WgpuKernels<'g> {
                 flags,
                 u32_of(x_stride, "input stride")?,
                 u32_of(col0, "output column")?,
+                self.m.cfg.eps.to_bits(),
             ];
             let binds = vec![
                 (1, ch.buf.clone()),
                 (2, x.clone()),
                 (3, out.clone()),
                 (4, bias.clone()),
+                (6, nw.clone()),
             ];
-            let groups = ch.rows.div_ceil(MATVEC_OUTS) * nrg;
+            let groups = ch.rows.div_ceil(MATVEC_OUTS * opw as usize) * nrg;
             self.push(pipe, params, binds, groups)?;
         }
         Ok(())
@@ -1264,6 +1326,7 @@ impl<'g> WgpuKernels<'g> {
     /// (one queue write). `last`: the step's final chunk, which also copies the greedy tokens
     /// to the readback buffer (and the profile's timestamps).
     fn flush(&mut self, last: bool) -> Result<()> {
+        let t0 = std::time::Instant::now();
         let plan = std::mem::take(&mut self.plan);
         let al = self.param_align;
         let base = self.step_words.div_ceil(al) * al;
@@ -1372,6 +1435,9 @@ impl<'g> WgpuKernels<'g> {
             enc.copy_buffer_to_buffer(&s.toks, 0, &s.toks_rb, 0, (self.n_out * 4) as u64);
         }
         self.submitted = Some(q.submit([enc.finish()]));
+        if let Some(pr) = &mut self.profile {
+            pr.host_ns += t0.elapsed().as_nanos() as f64;
+        }
         if !last {
             self.prof_names = names;
         } else if let Some(pr) = &mut self.profile {
@@ -1569,7 +1635,7 @@ impl Kernels for WgpuKernels<'_> {
     fn embed(&mut self, out: Buf) -> Result<()> {
         let w = &self.m.tok_embd;
         let rows = self.n_rows;
-        let pipe = self.pipe(Module::Matvec(w.fmt, 1), "embed")?;
+        let pipe = self.pipe(Module::Matvec(w.fmt, 1, false, 1), "embed")?;
         let y = self.buf(out)?;
         let meta = self.meta_buf()?;
         let units = w.cols / 32;
@@ -1592,17 +1658,16 @@ impl Kernels for WgpuKernels<'_> {
     fn norm_matmul(&mut self, x: Buf, norm: Option<Norm>, outs: &[(Mat, Buf)]) -> Result<()> {
         let rows = self.n_rows;
         let cols = self.width(x);
-        let src = match norm {
+        let (src, nw) = match norm {
             Some(n) => {
-                let xn = self.scratch()?.xn.clone();
-                let w = self.norm_w(n)?.clone();
                 if cols != self.m.cfg.d_model {
                     return Err(err(format!("norm_matmul: a norm over {x:?} ({cols} wide)")));
                 }
-                self.rms_norm(self.buf(x)?, xn.clone(), w, cols, rows, false, false)?;
-                xn
+                // Folded into each product (`NORM` of matvec.wgsl), whatever the step's
+                // rows: a row's result must not depend on its batch.
+                (self.buf(x)?, Some(self.norm_w(n)?.clone()))
             }
-            None => self.buf(x)?,
+            None => (self.buf(x)?, None),
         };
         if let [(Mat::Q(a), Buf::Q), (Mat::K(b), Buf::K), (Mat::V(c), Buf::V)] = *outs {
             if let (true, Qkv::Fused(w)) = (a == b && b == c, &self.m.layers[a].qkv) {
@@ -1613,7 +1678,7 @@ impl Kernels for WgpuKernels<'_> {
                         w.rows, w.cols
                     )));
                 }
-                return self.product(w, src, cols, rows, ob, stride, 0, Epilogue::Store);
+                return self.product(w, src, nw, cols, rows, ob, stride, 0, Epilogue::Store);
             }
         }
         for &(m, o) in outs {
@@ -1630,6 +1695,7 @@ impl Kernels for WgpuKernels<'_> {
             self.product(
                 w,
                 src.clone(),
+                nw.clone(),
                 cols,
                 rows,
                 ob,
@@ -1770,11 +1836,10 @@ impl Kernels for WgpuKernels<'_> {
                     w.rows, w.cols
                 )));
             }
-            let xn = self.scratch()?.xn.clone();
-            let nw = self.norm_w(norm)?.clone();
-            self.rms_norm(self.buf(x)?, xn.clone(), nw, cols, rows, false, false)?;
+            let (xb, nw) = (self.buf(x)?, Some(self.norm_w(norm)?.clone()));
             let ob = self.buf(out)?;
-            return self.product(w, xn, cols, rows, ob, w.rows / 2, 0, Epilogue::Glu(act));
+            let glu = Epilogue::Glu(act);
+            return self.product(w, xb, nw, cols, rows, ob, w.rows / 2, 0, glu);
         }
         self.norm_matmul(x, Some(norm), &[(gate, out), (up, Buf::Up)])?;
         let pipe = self.pipe(Module::Ops, "glu")?;
@@ -1804,10 +1869,11 @@ impl Kernels for WgpuKernels<'_> {
         let xb = self.buf(x)?;
         let yb = self.buf(y)?;
         match post_norm {
-            None => self.product(wm, xb, cols, rows, yb, wm.rows, 0, Epilogue::Add),
+            None => self.product(wm, xb, None, cols, rows, yb, wm.rows, 0, Epilogue::Add),
             Some(n) => {
                 let tmp = self.buf(Buf::Tmp)?;
-                self.product(wm, xb, cols, rows, tmp.clone(), wm.rows, 0, Epilogue::Store)?;
+                let store = Epilogue::Store;
+                self.product(wm, xb, None, cols, rows, tmp.clone(), wm.rows, 0, store)?;
                 let nw = self.norm_w(n)?.clone();
                 self.rms_norm(tmp, yb, nw, wm.rows, rows, true, false)
             }
@@ -1828,6 +1894,7 @@ impl Kernels for WgpuKernels<'_> {
             self.product(
                 w,
                 xo,
+                None,
                 c.d_model,
                 n,
                 logits.clone(),

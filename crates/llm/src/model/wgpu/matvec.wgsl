@@ -1,41 +1,106 @@
 // Quantized matrix products and the embedding lookup over GGUF blocks (`quant.wgsl`, with
-// `head`, `pair`, BLOCK_BYTES, UNITS (32-value units per block) and ROWS prepended by
-// `wgpu.rs`).
+// `head`, `pair`, BLOCK_BYTES, UNITS (32-value units per block), MINS, ROWS, NORM and OPW
+// prepended by `wgpu.rs`).
 //
 // matvec: y[r][n0 + o] (+)= sum_k W[o][k] * x[r][k] (+ bias[n0 + o]) for the output rows o of
-// one matrix chunk and the activation rows r of the step. A workgroup of 128 threads takes
-// OUTS = 4 output rows (LANES = 32 threads each, striding over the row's 32-value units) and
-// ROWS activation rows, so each weight unit is dequantized once for ROWS rows; workgroups are numbered
-// (output group, row group) with the row group fastest, so the row groups of one weight tile
-// run side by side. A unit is read as its head (scales) and four pairs of vec4 values, each
-// multiplied into the accumulators at once (no per-value arrays). The lanes' sums meet in
-// workgroup memory after one barrier and are added in lane order by one thread per (output,
-// row): the same order whatever ROWS is, so a row's result does not depend on its batch.
+// one matrix chunk and the activation rows r of the step. A workgroup of 128 threads (four
+// subgroups of LANES = 32) takes OUTS = 4 * OPW output rows, OPW (1 or 2) per subgroup, and
+// ROWS activation rows, so each weight unit is dequantized once for ROWS rows and each
+// activation load serves OPW output rows; workgroups are numbered (output group, row group)
+// with the row group fastest, so the row groups of one weight tile run side by side.
+// - Four lanes share a 32-value unit, each taking its head (scales) and one pair of vec4
+//   values (no per-value arrays); eight units lie side by side, so a subgroup's activation
+//   loads cover whole 128-byte spans and its weight loads consecutive bytes.
+// - A lane takes four units at once (their loads issued together) and adds them to each
+//   sum as ((u0 + u1) + (u2 + u3)), then the remaining units one by one.
+// - The lanes' sums meet in workgroup memory after one barrier and are added in lane order
+//   by one thread per (output, row). Neither the grouping nor that order depends on ROWS or
+//   OPW, so a row's result does not depend on its batch.
+//
+// NORM: x is RMS-normed on the fly (no launch of its own): y = inv_rms(x[r]) * sum_k W[o][k] *
+// (nw[k] * x[r][k]), the norm weights folded into each pair and each row's sum of squares
+// summed alongside by subgroup 0's lanes (the only ones that do), then in lane order.
 //
 // params: [0] R activation rows, [1] K columns, [2] n output rows in the chunk, [3] n0 first
 // output column in y, [4] y row stride, [5] weight bytes per row, [6] flags (1: add to y,
 // 2: add the bias, 4: rows are gate/up pairs, the gated unit in the epilogue (8: tanh-GELU,
 // else SiLU)), [7] x row stride (f32, a multiple of 4), [8] first output column of the
-// matrix in y (its row o of chunk row n0 lands in column [8] + n0 + o).
+// matrix in y (its row o of chunk row n0 lands in column [8] + n0 + o), [9] the norm's
+// epsilon (f32 bits; NORM).
 
 @group(0) @binding(0) var<storage, read> p: array<u32>;
 @group(0) @binding(2) var<storage, read> x: array<vec4<f32>>;
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;
 @group(0) @binding(4) var<storage, read> bias: array<f32>;
 @group(0) @binding(5) var<storage, read> sdata: array<u32>;
+@group(0) @binding(6) var<storage, read> nw: array<vec4<f32>>;
 
 const WG: u32 = 128u;
 const LANES: u32 = 32u;
-const OUTS: u32 = WG / LANES;
+const OUTS: u32 = (WG / LANES) * OPW;
+// Lanes per unit (one pair each) and units side by side: lane l takes pair l % PAIRS of
+// units l / PAIRS, l / PAIRS + STEP, ...
+const PAIRS: u32 = 4u;
+const STEP: u32 = LANES / PAIRS;
 
-// Lane partial sums, [thread][row].
-var<workgroup> red: array<f32, WG * ROWS>;
+// A pair with its head and (NORM) the norm weights of its values, already folded into v.
+struct Unit {
+    h: Head,
+    v: Pair,
+    nl: vec4<f32>,
+    nh: vec4<f32>,
+}
 
-// Sum over the lanes of output o (of this workgroup) for row r, in lane order.
-fn lane_sum(o: u32, r: u32) -> f32 {
+// Pair w of 32-value unit u of the row whose blocks start at byte `base`, with its head.
+fn unit_at(base: u32, u: u32, w: u32) -> Unit {
+    let a = base + (u / UNITS) * BLOCK_BYTES;
+    let s = u % UNITS;
+    let h = head(a, s);
+    let v = pair(a, s, h, w);
+    if (NORM) {
+        let nl = nw[u * 8u + w];
+        let nh = nw[u * 8u + w + 4u];
+        return Unit(h, Pair(v.lo * nl, v.hi * nh), nl, nh);
+    }
+    return Unit(h, v, vec4<f32>(1.0), vec4<f32>(1.0));
+}
+
+// A pair's products with one row's activations xl (values 4w..4w+4 of the unit) and xh
+// (16+4w..): scales and mins applied once per pair.
+fn unit_dot(q: Unit, xl: vec4<f32>, xh: vec4<f32>) -> f32 {
+    var v = q.h.d.x * dot(q.v.lo, xl) + q.h.d.y * dot(q.v.hi, xh);
+    if (MINS) {
+        v += q.h.m.x * dot(xl, q.nl) + q.h.m.y * dot(xh, q.nh);
+    }
+    return v;
+}
+
+// A row's sum of squares over one pair's activations (NORM).
+fn squares(xl: vec4<f32>, xh: vec4<f32>) -> f32 {
+    return dot(xl, xl) + dot(xh, xh);
+}
+
+// Lane partial sums, [thread][output of the subgroup][row], and subgroup 0's sums of
+// squares, [lane][row] (NORM).
+var<workgroup> red: array<f32, WG * OPW * ROWS>;
+var<workgroup> ssq: array<f32, LANES * ROWS>;
+
+// 1 / rms of row r (NORM): subgroup 0's sums of squares in lane order.
+fn inv_rms(r: u32, k: u32) -> f32 {
     var v = 0.0;
     for (var l = 0u; l < LANES; l++) {
-        v += red[(o * LANES + l) * ROWS + r];
+        v += ssq[l * ROWS + r];
+    }
+    return 1.0 / sqrt(v / f32(k) + bitcast<f32>(p[9]));
+}
+
+// Sum over the lanes of output i (of this workgroup) for row r, in lane order.
+fn lane_sum(i: u32, r: u32) -> f32 {
+    let sg = i / OPW;
+    let j = i % OPW;
+    var v = 0.0;
+    for (var l = 0u; l < LANES; l++) {
+        v += red[((sg * LANES + l) * OPW + j) * ROWS + r];
     }
     return v;
 }
@@ -54,30 +119,85 @@ fn matvec(
     let og = g / nrg;
     let r0 = (g % nrg) * ROWS;
     let lane = t % LANES;
-    let o = og * OUTS + t / LANES;
+    // This subgroup's output rows o and (OPW = 2) o + 1; a row past n is computed from row
+    // n - 1 and never stored.
+    let o = og * OUTS + (t / LANES) * OPW;
     var acc: array<f32, ROWS>;
+    var acc2: array<f32, ROWS>;
+    var ss: array<f32, ROWS>;
     for (var r = 0u; r < ROWS; r++) {
         acc[r] = 0.0;
+        acc2[r] = 0.0;
+        ss[r] = 0.0;
     }
     if (o < n) {
         let units = k / 32u;
         let base = o * p[5];
+        let base2 = min(o + 1u, n - 1u) * p[5];
         let xs = p[7] / 4u;
-        for (var u = lane; u < units; u += LANES) {
-            let a = base + (u / UNITS) * BLOCK_BYTES;
-            let s = u % UNITS;
-            let h = head(a, s);
-            for (var w = 0u; w < 4u; w++) {
-                let v = pair(a, s, h, w);
-                for (var r = 0u; r < ROWS; r++) {
-                    let xi = min(r0 + r, rows - 1u) * xs + u * 8u + w;
-                    acc[r] += dot(v.lo, x[xi]) + dot(v.hi, x[xi + 4u]);
+        let w = lane % PAIRS;
+        var u = lane / PAIRS;
+        // Four units a lane at once (STEP apart), their loads issued together; with OPW = 2
+        // (ROWS = 1) each activation load serves both output rows.
+        for (; u + 3u * STEP < units; u += 4u * STEP) {
+            let q0 = unit_at(base, u, w);
+            let q1 = unit_at(base, u + STEP, w);
+            let q2 = unit_at(base, u + 2u * STEP, w);
+            let q3 = unit_at(base, u + 3u * STEP, w);
+            // Row o + 1's units (OPW = 2), loaded here beside row o's, not inside the `if`
+            // below, from where a driver may issue them only after row o's sums. Unused
+            // (and dropped by the compiler) where OPW = 1.
+            let b0 = unit_at(base2, u, w);
+            let b1 = unit_at(base2, u + STEP, w);
+            let b2 = unit_at(base2, u + 2u * STEP, w);
+            let b3 = unit_at(base2, u + 3u * STEP, w);
+            for (var r = 0u; r < ROWS; r++) {
+                let xi = min(r0 + r, rows - 1u) * xs + u * 8u + w;
+                let xa = x[xi];
+                let xb = x[xi + 4u];
+                let xc = x[xi + STEP * 8u];
+                let xd = x[xi + STEP * 8u + 4u];
+                let xe = x[xi + STEP * 16u];
+                let xf = x[xi + STEP * 16u + 4u];
+                let xg = x[xi + STEP * 24u];
+                let xh = x[xi + STEP * 24u + 4u];
+                acc[r] += (unit_dot(q0, xa, xb) + unit_dot(q1, xc, xd))
+                    + (unit_dot(q2, xe, xf) + unit_dot(q3, xg, xh));
+                if (OPW == 2u) {
+                    acc2[r] += (unit_dot(b0, xa, xb) + unit_dot(b1, xc, xd))
+                        + (unit_dot(b2, xe, xf) + unit_dot(b3, xg, xh));
+                }
+                if (NORM && t < LANES) {
+                    ss[r] += (squares(xa, xb) + squares(xc, xd))
+                        + (squares(xe, xf) + squares(xg, xh));
+                }
+            }
+        }
+        for (; u < units; u += STEP) {
+            let q = unit_at(base, u, w);
+            let b = unit_at(base2, u, w);
+            for (var r = 0u; r < ROWS; r++) {
+                let xi = min(r0 + r, rows - 1u) * xs + u * 8u + w;
+                let xa = x[xi];
+                let xb = x[xi + 4u];
+                acc[r] += unit_dot(q, xa, xb);
+                if (OPW == 2u) {
+                    acc2[r] += unit_dot(b, xa, xb);
+                }
+                if (NORM && t < LANES) {
+                    ss[r] += squares(xa, xb);
                 }
             }
         }
     }
     for (var r = 0u; r < ROWS; r++) {
-        red[t * ROWS + r] = acc[r];
+        red[t * OPW * ROWS + r] = acc[r];
+        if (OPW == 2u) {
+            red[(t * OPW + 1u) * ROWS + r] = acc2[r];
+        }
+        if (NORM && t < LANES) {
+            ssq[t * ROWS + r] = ss[r];
+        }
     }
     workgroupBarrier();
     let flags = p[6];
@@ -89,8 +209,13 @@ fn matvec(
         let i = t / ROWS;
         let oo = og * OUTS + 2u * i;
         if (i < OUTS / 2u && row < rows && oo < n) {
-            let gv = lane_sum(2u * i, r);
-            let uv = lane_sum(2u * i + 1u, r);
+            var gv = lane_sum(2u * i, r);
+            var uv = lane_sum(2u * i + 1u, r);
+            if (NORM) {
+                let inv = inv_rms(r, k);
+                gv *= inv;
+                uv *= inv;
+            }
             y[row * p[4] + p[8] + (p[3] + oo) / 2u] = glu_act(gv, (flags & 8u) != 0u) * uv;
         }
         return;
@@ -99,6 +224,9 @@ fn matvec(
     let oo = og * OUTS + i;
     if (i < OUTS && row < rows && oo < n) {
         var v = lane_sum(i, r);
+        if (NORM) {
+            v *= inv_rms(r, k);
+        }
         if ((flags & 2u) != 0u) {
             v += bias[p[3] + oo];
         }
@@ -147,9 +275,11 @@ fn embed(
     let y0 = r * p[1] + u * 32u;
     for (var w = 0u; w < 4u; w++) {
         let v = pair(a, s, h, w);
+        let lo = (h.d.x * v.lo + h.m.x) * scale;
+        let hi = (h.d.y * v.hi + h.m.y) * scale;
         for (var j = 0u; j < 4u; j++) {
-            y[y0 + 4u * w + j] = v.lo[j] * scale;
-            y[y0 + 16u + 4u * w + j] = v.hi[j] * scale;
+            y[y0 + 4u * w + j] = lo[j];
+            y[y0 + 16u + 4u * w + j] = hi[j];
         }
     }
 }

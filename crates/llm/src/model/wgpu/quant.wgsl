@@ -5,22 +5,25 @@
 //
 // Every format exposes `head_<fmt>(a, s) -> Head` and `pair_<fmt>(a, s, h, w) -> Pair`: for
 // unit `s` of the block starting at byte `a` (32-value formats have one unit per block,
-// K-quants eight), pair w (0..4) holds values 4w..4w+4 (`lo`) and 16+4w..16+4w+4 (`hi`), by
-// the same expressions as ferrite_gguf's reference dequantization. The head holds what the
-// unit's pairs share (scales of its first and second 16 values in .x and .y), read once per
-// unit; a pair is one or two word loads and vector bit operations (no per-value arrays, which
-// shader compilers may keep in local memory).
+// K-quants eight), pair w (0..4) holds the quantized values q of 4w..4w+4 (`lo`) and
+// 16+4w..16+4w+4 (`hi`) as floats, offset included, and the head what the unit's pairs share:
+// value = d.x * lo + m.x (first 16 values), d.y * hi + m.y (last 16), by the same expressions
+// as ferrite_gguf's reference dequantization. A product applies d and m once per pair and
+// row (`MINS`, prepended per format, says whether m can be non-zero). A pair is one or two
+// word loads and vector bit operations: small integers become floats through the exponent
+// bits (`uf`), not conversion instructions, and there are no per-value arrays (which shader
+// compilers may keep in local memory).
 
 @group(0) @binding(1) var<storage, read> wq: array<u32>;
 
+// Branch-free (both words are always read: the padding word makes that safe), so a
+// product's loads of several units can be issued together.
 fn u32_at(a: u32) -> u32 {
     let i = a >> 2u;
     let s = (a & 3u) * 8u;
     let lo = wq[i];
-    if (s == 0u) {
-        return lo;
-    }
-    return (lo >> s) | (wq[i + 1u] << (32u - s));
+    let hi = wq[i + 1u];
+    return select((lo >> s) | (hi << (32u - s)), lo, s == 0u);
 }
 
 // `a` even.
@@ -34,13 +37,10 @@ fn half(h: u32) -> f32 {
     let s = (h & 0x8000u) << 16u;
     let e = (h >> 10u) & 31u;
     let m = h & 1023u;
-    if (e == 0u) {
-        return bitcast<f32>(s | bitcast<u32>(f32(m) * 5.9604645e-8));
-    }
-    if (e == 31u) {
-        return bitcast<f32>(s | 0x7f800000u | (m << 13u));
-    }
-    return bitcast<f32>(s | ((e + 112u) << 23u) | (m << 13u));
+    let sub = bitcast<f32>(s | bitcast<u32>(uf1(m) * 5.9604645e-8));
+    let special = bitcast<f32>(s | 0x7f800000u | (m << 13u));
+    let normal = bitcast<f32>(s | ((e + 112u) << 23u) | (m << 13u));
+    return select(select(normal, special, e == 31u), sub, e == 0u);
 }
 
 fn f16_at(a: u32) -> f32 {
@@ -67,14 +67,24 @@ struct Pair {
 
 const SH8: vec4<u32> = vec4<u32>(0u, 8u, 16u, 24u);
 
+// Unsigned integers below 2^23 as floats, minus `off`, exactly: the integer is the mantissa of
+// 2^23 + v (its exponent bits or-ed in), from which 2^23 + off is subtracted.
+fn uf(v: vec4<u32>, off: f32) -> vec4<f32> {
+    return bitcast<vec4<f32>>(v | vec4<u32>(0x4b000000u)) - (8388608.0 + off);
+}
+
+fn uf1(v: u32) -> f32 {
+    return bitcast<f32>(v | 0x4b000000u) - 8388608.0;
+}
+
 // The four bytes of q, low byte first.
 fn bytes4(q: u32) -> vec4<u32> {
     return (vec4<u32>(q) >> SH8) & vec4<u32>(255u);
 }
 
-// The four bytes of q as signed values.
+// The four bytes of q as signed values (the sign bit flipped makes them v + 128).
 fn sbytes4(q: u32) -> vec4<f32> {
-    return vec4<f32>(bitcast<vec4<i32>>(vec4<u32>(q) << vec4<u32>(24u, 16u, 8u, 0u)) >> vec4<u32>(24u));
+    return uf(bytes4(q ^ 0x80808080u), 128.0);
 }
 
 fn no_head() -> Head {
@@ -139,7 +149,7 @@ fn head_q4_0(a: u32, s: u32) -> Head {
 
 fn pair_q4_0(a: u32, s: u32, h: Head, w: u32) -> Pair {
     let q = u32_at(a + 2u + 4u * w);
-    return Pair(h.d.x * (vec4<f32>(nib_lo(q)) - 8.0), h.d.x * (vec4<f32>(nib_hi(q)) - 8.0));
+    return Pair(uf(nib_lo(q), 8.0), uf(nib_hi(q), 8.0));
 }
 
 // Q4_1 (20 bytes): d, m, qs[16]; y = d * q + m.
@@ -149,7 +159,7 @@ fn head_q4_1(a: u32, s: u32) -> Head {
 
 fn pair_q4_1(a: u32, s: u32, h: Head, w: u32) -> Pair {
     let q = wq[(a >> 2u) + 1u + w];
-    return Pair(h.d.x * vec4<f32>(nib_lo(q)) + h.m.x, h.d.x * vec4<f32>(nib_hi(q)) + h.m.x);
+    return Pair(uf(nib_lo(q), 0.0), uf(nib_hi(q), 0.0));
 }
 
 // Bit 4 of weights j..j+4 (bits j.. of qh).
@@ -164,9 +174,9 @@ fn head_q5_0(a: u32, s: u32) -> Head {
 
 fn pair_q5_0(a: u32, s: u32, h: Head, w: u32) -> Pair {
     let q = u32_at(a + 6u + 4u * w);
-    let lo = vec4<f32>(nib_lo(q) | high4(h.aux, 4u * w));
-    let hi = vec4<f32>(nib_hi(q) | high4(h.aux, 4u * w + 16u));
-    return Pair(h.d.x * (lo - 16.0), h.d.x * (hi - 16.0));
+    let lo = uf(nib_lo(q) | high4(h.aux, 4u * w), 16.0);
+    let hi = uf(nib_hi(q) | high4(h.aux, 4u * w + 16u), 16.0);
+    return Pair(lo, hi);
 }
 
 // Q5_1 (24 bytes): d, m, qh, qs[16]; y = d * q + m.
@@ -176,9 +186,9 @@ fn head_q5_1(a: u32, s: u32) -> Head {
 
 fn pair_q5_1(a: u32, s: u32, h: Head, w: u32) -> Pair {
     let q = wq[(a >> 2u) + 2u + w];
-    let lo = vec4<f32>(nib_lo(q) | high4(h.aux, 4u * w));
-    let hi = vec4<f32>(nib_hi(q) | high4(h.aux, 4u * w + 16u));
-    return Pair(h.d.x * lo + h.m.x, h.d.x * hi + h.m.x);
+    let lo = uf(nib_lo(q) | high4(h.aux, 4u * w), 0.0);
+    let hi = uf(nib_hi(q) | high4(h.aux, 4u * w + 16u), 0.0);
+    return Pair(lo, hi);
 }
 
 // Q8_0 (34 bytes): d, qs[32] (i8); y = d * q.
@@ -188,17 +198,19 @@ fn head_q8_0(a: u32, s: u32) -> Head {
 
 fn pair_q8_0(a: u32, s: u32, h: Head, w: u32) -> Pair {
     let b = a + 2u + 4u * w;
-    return Pair(h.d.x * sbytes4(u32_at(b)), h.d.x * sbytes4(u32_at(b + 16u)));
+    return Pair(sbytes4(u32_at(b)), sbytes4(u32_at(b + 16u)));
 }
 
 // The 6-bit (scale, min) pair j of a Q4_K / Q5_K block whose 12 scale bytes start at `sa`.
+// Branch-free: bytes j % 4, j % 4 + 4 and j % 4 + 8 hold pair j whatever j is.
 fn scale_min_k4(j: u32, sa: u32) -> vec2<u32> {
-    if (j < 4u) {
-        return vec2<u32>(byte_at(sa + j) & 63u, byte_at(sa + j + 4u) & 63u);
-    }
-    let sc = (byte_at(sa + j + 4u) & 15u) | ((byte_at(sa + j - 4u) >> 6u) << 4u);
-    let m = (byte_at(sa + j + 4u) >> 4u) | ((byte_at(sa + j) >> 6u) << 4u);
-    return vec2<u32>(sc, m);
+    let jj = j % 4u;
+    let b0 = byte_at(sa + jj);
+    let b4 = byte_at(sa + jj + 4u);
+    let b8 = byte_at(sa + jj + 8u);
+    let low = vec2<u32>(b0 & 63u, b4 & 63u);
+    let high = vec2<u32>((b8 & 15u) | ((b0 >> 6u) << 4u), (b8 >> 4u) | ((b4 >> 6u) << 4u));
+    return select(high, low, j < 4u);
 }
 
 // Q2_K (84 bytes): scales[16], qs[64], d, dmin. Unit s: weights 32s..32s+32; its values
@@ -207,7 +219,9 @@ fn head_q2_k(a: u32, s: u32) -> Head {
     let d = f16_at(a + 80u);
     let dmin = f16_at(a + 82u);
     let sc = vec2<u32>(byte_at(a + 2u * s), byte_at(a + 2u * s + 1u));
-    return Head(d * vec2<f32>(sc & vec2<u32>(15u)), dmin * vec2<f32>(sc >> vec2<u32>(4u)), 0u);
+    let dm = vec2<f32>(uf1(sc.x & 15u), uf1(sc.y & 15u));
+    let mm = vec2<f32>(uf1(sc.x >> 4u), uf1(sc.y >> 4u));
+    return Head(d * dm, -dmin * mm, 0u);
 }
 
 fn pair_q2_k(a: u32, s: u32, h: Head, w: u32) -> Pair {
@@ -215,14 +229,14 @@ fn pair_q2_k(a: u32, s: u32, h: Head, w: u32) -> Pair {
     let sh = vec4<u32>(2u * (s % 4u));
     let lo = (bytes4(u32_at(b)) >> sh) & vec4<u32>(3u);
     let hi = (bytes4(u32_at(b + 16u)) >> sh) & vec4<u32>(3u);
-    return Pair(h.d.x * vec4<f32>(lo) - h.m.x, h.d.y * vec4<f32>(hi) - h.m.y);
+    return Pair(uf(lo, 0.0), uf(hi, 0.0));
 }
 
 // Q3_K (110 bytes): hmask[32], qs[64], scales[12] (16 packed 6-bit), d.
 fn q3_scale(a: u32, i: u32, d: f32) -> f32 {
     let lo = (byte_at(a + 96u + i % 8u) >> (4u * (i / 8u))) & 15u;
     let hi = (byte_at(a + 96u + 8u + i % 4u) >> (2u * (i / 4u))) & 3u;
-    return d * f32(i32(lo | (hi << 4u)) - 32);
+    return d * (uf1(lo | (hi << 4u)) - 32.0);
 }
 
 fn head_q3_k(a: u32, s: u32) -> Head {
@@ -230,27 +244,27 @@ fn head_q3_k(a: u32, s: u32) -> Head {
     return Head(vec2<f32>(q3_scale(a, 2u * s, d), q3_scale(a, 2u * s + 1u, d)), vec2<f32>(0.0), 0u);
 }
 
-// Values 16h + 4w.. of unit s, times dl.
-fn q3_four(a: u32, s: u32, hh: u32, w: u32, dl: f32) -> vec4<f32> {
+// Quantized values 16h + 4w.. of unit s: the low two bits, minus 4 where the hmask bit is
+// clear (low + 4 * high - 4).
+fn q3_four(a: u32, s: u32, hh: u32, w: u32) -> vec4<f32> {
     let q = u32_at(a + 32u + 32u * (s / 4u) + 16u * hh + 4u * w);
     let hm = u32_at(a + 16u * hh + 4u * w);
-    let low = vec4<i32>((bytes4(q) >> vec4<u32>(2u * (s % 4u))) & vec4<u32>(3u));
+    let low = (bytes4(q) >> vec4<u32>(2u * (s % 4u))) & vec4<u32>(3u);
     let high = (bytes4(hm) >> vec4<u32>(s)) & vec4<u32>(1u);
-    let v = select(low - vec4<i32>(4), low, high == vec4<u32>(1u));
-    return dl * vec4<f32>(v);
+    return uf(low | (high << vec4<u32>(2u)), 4.0);
 }
 
 fn pair_q3_k(a: u32, s: u32, h: Head, w: u32) -> Pair {
-    return Pair(q3_four(a, s, 0u, w, h.d.x), q3_four(a, s, 1u, w, h.d.y));
+    return Pair(q3_four(a, s, 0u, w), q3_four(a, s, 1u, w));
 }
 
 // Q4_K (144 bytes): d, dmin, scales[12], qs[128]; weight 64c + 32h + l is nibble h of
 // qs[32c + l]; unit s = 2c + h.
 fn head_q4_k(a: u32, s: u32) -> Head {
     let sm = scale_min_k4(s, a + 4u);
-    let d1 = f16_at(a) * f32(sm.x);
-    let m1 = f16_at(a + 2u) * f32(sm.y);
-    return Head(vec2<f32>(d1), vec2<f32>(m1), 0u);
+    let d1 = f16_at(a) * uf1(sm.x);
+    let m1 = f16_at(a + 2u) * uf1(sm.y);
+    return Head(vec2<f32>(d1), vec2<f32>(-m1), 0u);
 }
 
 fn pair_q4_k(a: u32, s: u32, h: Head, w: u32) -> Pair {
@@ -258,7 +272,7 @@ fn pair_q4_k(a: u32, s: u32, h: Head, w: u32) -> Pair {
     let sh = vec4<u32>(4u * (s % 2u));
     let lo = (bytes4(wq[i]) >> sh) & vec4<u32>(15u);
     let hi = (bytes4(wq[i + 4u]) >> sh) & vec4<u32>(15u);
-    return Pair(h.d.x * vec4<f32>(lo) - h.m.x, h.d.x * vec4<f32>(hi) - h.m.x);
+    return Pair(uf(lo, 0.0), uf(hi, 0.0));
 }
 
 // Q5_K (176 bytes): Q4_K plus qh[32] (bit s of qh[l]: bit 4 of weight 32s + l) before qs.
@@ -273,7 +287,7 @@ fn pair_q5_k(a: u32, s: u32, h: Head, w: u32) -> Pair {
     let hs = vec4<u32>(s);
     let lo = ((bytes4(wq[i]) >> sh) & vec4<u32>(15u)) | (((bytes4(wq[j]) >> hs) & vec4<u32>(1u)) << vec4<u32>(4u));
     let hi = ((bytes4(wq[i + 4u]) >> sh) & vec4<u32>(15u)) | (((bytes4(wq[j + 4u]) >> hs) & vec4<u32>(1u)) << vec4<u32>(4u));
-    return Pair(h.d.x * vec4<f32>(lo) - h.m.x, h.d.x * vec4<f32>(hi) - h.m.x);
+    return Pair(uf(lo, 0.0), uf(hi, 0.0));
 }
 
 // Q6_K (210 bytes): ql[128], qh[64], scales[16] (i8), d; weight e = 32s + l:
@@ -282,12 +296,12 @@ fn pair_q5_k(a: u32, s: u32, h: Head, w: u32) -> Pair {
 fn head_q6_k(a: u32, s: u32) -> Head {
     let d = f16_at(a + 208u);
     let sb = vec2<u32>(byte_at(a + 192u + 2u * s), byte_at(a + 193u + 2u * s));
-    let sc = vec2<f32>(bitcast<vec2<i32>>(sb << vec2<u32>(24u)) >> vec2<u32>(24u));
+    let sc = vec2<f32>(uf1(sb.x ^ 0x80u), uf1(sb.y ^ 0x80u)) - 128.0;
     return Head(d * sc, vec2<f32>(0.0), 0u);
 }
 
-// Values 16hh + 4w.. of unit s, times ds.
-fn q6_four(a: u32, s: u32, hh: u32, w: u32, ds: f32) -> vec4<f32> {
+// Quantized values 16hh + 4w.. of unit s (offset included).
+fn q6_four(a: u32, s: u32, hh: u32, w: u32) -> vec4<f32> {
     let n = s / 4u;
     let r = s % 4u;
     let l0 = 16u * hh + 4u * w;
@@ -295,10 +309,9 @@ fn q6_four(a: u32, s: u32, hh: u32, w: u32, ds: f32) -> vec4<f32> {
     let qh = u32_at(a + 128u + 32u * n + l0);
     let low = (bytes4(ql) >> vec4<u32>(4u * (r / 2u))) & vec4<u32>(15u);
     let high = (bytes4(qh) >> vec4<u32>(2u * r)) & vec4<u32>(3u);
-    let q = vec4<i32>(low | (high << vec4<u32>(4u))) - vec4<i32>(32);
-    return ds * vec4<f32>(q);
+    return uf(low | (high << vec4<u32>(4u)), 32.0);
 }
 
 fn pair_q6_k(a: u32, s: u32, h: Head, w: u32) -> Pair {
-    return Pair(q6_four(a, s, 0u, w, h.d.x), q6_four(a, s, 1u, w, h.d.y));
+    return Pair(q6_four(a, s, 0u, w), q6_four(a, s, 1u, w));
 }
