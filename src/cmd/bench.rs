@@ -7,7 +7,8 @@
 //! bandwidth, weight bytes read per token x tok/s. `--batch B` runs B sequences through the
 //! engine at once (on the CPU or, with `--device cuda`, the CUDA kernel set of the same model
 //! definition) and reports aggregate and per-sequence speeds. On a wgpu adapter (`--device
-//! wgpu|vulkan|metal|dx12`) the engine's wgpu kernel set always runs (`--batch 1` unless given).
+//! wgpu|vulkan|metal|dx12`) one sequence runs as `ferrite run` runs it (a session on the wgpu
+//! kernel set, decode chained), `--batch B` through the engine's wgpu kernel set.
 
 use ferrite_llm::gpu::{CudaDevice, GpuModel};
 use ferrite_llm::{Logits, Session};
@@ -32,7 +33,7 @@ pub struct Args {
     /// Print JSON instead of a table.
     #[arg(long)]
     pub json: bool,
-    /// Sequences decoded together through the engine (CPU or CUDA): each gets a `-p`-token
+    /// Sequences decoded together through the engine (CPU, CUDA or wgpu): each gets a `-p`-token
     /// prompt and generates `-n` tokens; reports aggregate and per-sequence decode tok/s and pp.
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=256))]
     pub batch: Option<u32>,
@@ -94,9 +95,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         .map(|i| ((i * 7919 + 13) % vocab) as u32)
         .collect();
     if let Some(dev) = &wgpu {
-        // wgpu runs only through the engine (its kernel set): `--batch 1` by default
-        let b = args.batch.map_or(1, |b| b as usize);
-        return run_batch(&args, &loaded, b, BenchDevice::Wgpu(dev));
+        return match args.batch {
+            Some(b) => run_batch(&args, &loaded, b as usize, BenchDevice::Wgpu(dev)),
+            None if args.temp > 0.0 => anyhow::bail!(
+                "--temp {} samples through the engine: give --batch too (--batch 1 for one sequence)",
+                args.temp
+            ),
+            None => run_wgpu(&args, &loaded, dev, need, &tokens),
+        };
     }
     let on = match &cuda {
         Some(dev) => BenchDevice::Cuda(dev),
@@ -185,21 +191,18 @@ fn file_name(loaded: &Loaded) -> String {
     )
 }
 
-/// pp and tg on the GPU, one sequence (`Session::cuda`: the model definition on the CUDA kernel
-/// set, decode steps replayed from a graph); tg also as GB/s of weights read.
-fn run_cuda(
+/// One test result: name (`pp512`), mean and sd tok/s, each repetition's tok/s.
+type TestResult = (String, f64, f64, Vec<f64>);
+
+/// pp and tg of one sequence on a GPU kernel set, `-r` repetitions after a warm-up, each from
+/// an empty cache. Each step reads back its greedy token, as generation does; decode keeps one
+/// step queued ahead of the token it reads where the kernel set chains its picks
+/// (`FERRITE_GPU_CHAIN=0` / `FERRITE_WGPU_CHAIN=0`: each step waits for the last one's token).
+fn session_runs<K: ferrite_llm::engine::EngineKernels>(
+    session: &mut Session<'_, K>,
     args: &Args,
-    loaded: &Loaded,
-    dev: &CudaDevice,
-    need: usize,
     tokens: &[u32],
-) -> anyhow::Result<()> {
-    let model = &loaded.model;
-    dev.reset_peak_memory();
-    let free0 = dev.mem_info()?.0;
-    let gm = GpuModel::load(model, dev, need)?;
-    let mut session = Session::cuda(&gm, need)?;
-    let per_token = gm.bytes_per_token() as f64;
+) -> anyhow::Result<Vec<TestResult>> {
     let mut results = Vec::new();
     for (name, count) in [("pp", args.p), ("tg", args.n)] {
         if count == 0 {
@@ -209,9 +212,6 @@ fn run_cuda(
         for rep in 0..=args.r {
             session.truncate(0);
             let t0 = std::time::Instant::now();
-            // each step reads back its greedy token, as generation does; decode keeps one
-            // step queued ahead of the token it reads where the kernel set chains its picks
-            // (FERRITE_GPU_CHAIN=0: each step waits for the last one's token)
             if name == "pp" {
                 session.forward_pick(&tokens[..count])?;
             } else if session.chains() {
@@ -234,6 +234,72 @@ fn run_cuda(
         let (mean, sd) = mean_sd(&speeds);
         results.push((format!("{name}{count}"), mean, sd, speeds));
     }
+    Ok(results)
+}
+
+/// pp and tg on a wgpu adapter, one sequence (`Session::wgpu`: the model definition on the
+/// wgpu kernel set, decode chained as `ferrite run` runs it).
+fn run_wgpu(
+    args: &Args,
+    loaded: &Loaded,
+    dev: &ferrite_wgpu::WgpuDevice,
+    need: usize,
+    tokens: &[u32],
+) -> anyhow::Result<()> {
+    let model = &loaded.model;
+    let wm = ferrite_llm::model::WgpuModel::new(model, dev)?;
+    let mut session = Session::wgpu(&wm, need)?;
+    let results = session_runs(&mut session, args, tokens)?;
+    let name = file_name(loaded);
+    let device = format!("{}, {}", dev.name(), dev.backend_name());
+    let mode = format!(
+        "{}f32 activations",
+        if session.chains() { "chained, " } else { "" }
+    );
+    if args.json {
+        let tests: Vec<_> = results
+            .iter()
+            .map(|(t, m, s, v)| {
+                let (np, ng) = test_sizes(t, args);
+                serde_json::json!({"test": t, "n_prompt": np, "n_gen": ng,
+                    "tok_s_mean": m, "tok_s_sd": s, "samples": v})
+            })
+            .collect();
+        let out = serde_json::json!({
+            "model": loaded.path, "model_file": name,
+            "size_mib": model.gguf().file_size() as f64 / MIB,
+            "arch": model.cfg.arch_name, "backend": "wgpu", "device": device, "mode": mode,
+            "batch": 1, "n_prompt": args.p, "n_gen": args.n, "ctx": need,
+            "version": env!("CARGO_PKG_VERSION"), "weight_bytes": wm.weight_bytes(),
+            "repetitions": args.r, "results": tests,
+        });
+        println!("{}", serde_json::to_string_pretty(&out)?);
+    } else {
+        println!("| model | backend | mode | test | t/s |");
+        println!("| --- | --- | --- | ---: | ---: |");
+        for (t, m, s, _) in &results {
+            println!("| {name} | wgpu ({device}) | {mode} | {t} | {m:.2} ± {s:.2} |");
+        }
+    }
+    Ok(())
+}
+
+/// pp and tg on the GPU, one sequence (`Session::cuda`: the model definition on the CUDA kernel
+/// set, decode steps replayed from a graph); tg also as GB/s of weights read.
+fn run_cuda(
+    args: &Args,
+    loaded: &Loaded,
+    dev: &CudaDevice,
+    need: usize,
+    tokens: &[u32],
+) -> anyhow::Result<()> {
+    let model = &loaded.model;
+    dev.reset_peak_memory();
+    let free0 = dev.mem_info()?.0;
+    let gm = GpuModel::load(model, dev, need)?;
+    let mut session = Session::cuda(&gm, need)?;
+    let per_token = gm.bytes_per_token() as f64;
+    let results = session_runs(&mut session, args, tokens)?;
     // Device memory: the allocator's peak (weights, KV cache, activations, prefill scratch),
     // and what the process took from the driver since before the load (adds the kernels'
     // modules, cuBLASLt's workspace and the graph), against weights + KV cache + 10% + 256 MiB.

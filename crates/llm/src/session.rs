@@ -7,7 +7,7 @@
 //! Where the kernel set picks tokens itself (CUDA, wgpu: the greedy pick, and on CUDA a
 //! device sampler set by [`Session::set_sampler`]), [`Session::forward_pick`] returns the next
 //! token with 4 bytes read back; the logits stay on the device unless asked for. Where it
-//! also chains its picks (CUDA), a decode loop keeps one step queued ahead of the token it
+//! also chains its picks (CUDA, wgpu), a decode loop keeps one step queued ahead of the token it
 //! reads ([`Session::forward_queue`], [`Session::forward_chained`], [`Session::take_pick`]),
 //! so the device does not idle while the host reads a token and queues the next step. A
 //! chained step's input is recorded in the KV bookkeeping as `PREV_TOKEN` (a session never
@@ -262,7 +262,7 @@ impl<'m, K: EngineKernels> Session<'m, K> {
         Ok(())
     }
 
-    /// Whether the kernel set chains its picks (CUDA): `forward_queue`, `forward_chained`
+    /// Whether the kernel set chains its picks (CUDA, wgpu): `forward_queue`, `forward_chained`
     /// and `take_pick` run only there.
     pub fn chains(&self) -> bool {
         self.k.chains_picks()

@@ -49,6 +49,10 @@ fn tests() -> Vec<(&'static str, TestFn)> {
         ),
         ("wgpu_engine_cancel_frees_blocks", engine_cancel),
         (
+            "wgpu_chained_decode_equals_one_token_at_a_time",
+            chained_generation,
+        ),
+        (
             "wgpu_profile_times_every_kernel_and_changes_no_logit",
             profile_kernels,
         ),
@@ -426,6 +430,80 @@ fn engine_gemma3(dev: &WgpuDevice) -> Option<String> {
         same >= 4,
         "Gemma3: {same}/6 requests with all tokens as the CPU's (max diff {d:.2e})"
     );
+    None
+}
+
+/// Chained decode (`PREV_TOKEN`: step n + 1 submitted before the host reads step n's pick)
+/// against one token at a time: the same tokens, text, stop reason and session position over
+/// two turns, greedy and with a stop string from the middle of the greedy text (steps queued
+/// past the stop are dropped). A chained step where chaining is off is refused.
+fn chained_generation(dev: &WgpuDevice) -> Option<String> {
+    use ferrite_llm::generate::{generate, Generation, StopReason};
+    use ferrite_llm::sampler::{Sampler, SamplerConfig};
+    use ferrite_llm::tokenizer::Tokenizer;
+    let dir = tmp_dir();
+    let model = leak(synth_model(
+        &synth_cfg(GgmlType::Q4_0),
+        GgmlType::Q4_0,
+        &dir,
+    ));
+    let tok = Tokenizer::from_gguf(model.gguf()).unwrap();
+    let wm = leak(WgpuModel::new(model, dev).unwrap());
+    let p: Vec<u32> = (0..9).map(|i| (i * 37 + 5) % 1000).collect();
+    let run = |chain: bool, stops: &[String]| -> Vec<(Generation, usize)> {
+        let mut s = Session::wgpu(wm, 96).unwrap();
+        s.kernels_mut().set_chain(chain);
+        assert_eq!(s.chains(), chain);
+        (0..2)
+            .map(|turn| {
+                let mut sampler = Sampler::new(SamplerConfig::greedy()).unwrap();
+                let g = generate(
+                    &mut s,
+                    &tok,
+                    &mut sampler,
+                    &p[turn..],
+                    24,
+                    stops,
+                    &mut |_| {},
+                )
+                .unwrap();
+                (g, s.pos())
+            })
+            .collect()
+    };
+    let greedy = run(false, &[]);
+    let text = &greedy[0].0.text;
+    let stop: String = text
+        .chars()
+        .skip(text.chars().count() / 2)
+        .take(3)
+        .collect();
+    for stops in [vec![], vec![stop.clone()]] {
+        let (a, b) = (run(false, &stops), run(true, &stops));
+        for ((ga, pa), (gb, pb)) in a.iter().zip(&b) {
+            assert_eq!(gb.tokens, ga.tokens, "tokens (stops {stops:?})");
+            assert_eq!(gb.text, ga.text);
+            assert_eq!(gb.stop, ga.stop);
+            assert_eq!(pb, pa, "session position after the generation");
+        }
+        if !stops.is_empty() {
+            assert_eq!(b[0].0.stop, StopReason::StopString, "{stop:?} in {text:?}");
+        }
+    }
+    let mut s = Session::wgpu(wm, 96).unwrap();
+    s.kernels_mut().set_chain(false);
+    s.forward_pick(&p).unwrap();
+    s.forward_chained()
+        .expect_err("a chained step where chaining is off");
+    let mut s = Session::wgpu(wm, 96).unwrap();
+    s.forward_queue(&p).unwrap();
+    s.forward_chained().unwrap();
+    let picks = [s.take_pick().unwrap(), s.take_pick().unwrap()];
+    let e = s.take_pick().expect_err("no pick left to read");
+    assert!(e.to_string().contains("no queued token read"), "{e}");
+    let n = greedy[0].0.tokens.len().min(2);
+    assert_eq!(picks[..n], greedy[0].0.tokens[..n], "two chained picks");
+    let _ = std::fs::remove_dir_all(&dir);
     None
 }
 

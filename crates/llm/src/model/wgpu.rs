@@ -12,6 +12,10 @@
 //!   (`wgpu/ops.wgsl`), RoPE with the KV append and causal attention over the paged cache,
 //!   split over workgroups for long rows (`wgpu/paged.wgsl`). The host waits only when it
 //!   reads the step's tokens or logits (or, with `FERRITE_WGPU_PROFILE`, the timestamps).
+//!   Each step's picks are copied to a readback buffer of their own, so a decode loop can
+//!   submit step n + 1, whose input is step n's pick still on the device (`PREV_TOKEN`),
+//!   before it waits for step n's token (`queue_tokens`, `take_tokens`): the device works
+//!   while the host records.
 //! - [`WgpuKvStore`]: f32 keys and values, `[block][layer][kv_head][16][head_dim]` each.
 //!
 //! A step's data (tokens, each row's position and block table, the logit rows, RoPE angles
@@ -29,7 +33,7 @@ use ferrite_wgpu::raw as wgpu;
 use ferrite_wgpu::WgpuDevice;
 
 use super::config::Config;
-use super::step::{Batch, Buf, Glu, Kernels, Mat, Norm};
+use super::step::{Batch, Buf, Glu, Kernels, Mat, Norm, PREV_TOKEN};
 use super::{Model, Weight};
 use crate::engine::{Engine, EngineConfig, EngineKernels};
 use crate::error::{Error, Result};
@@ -815,8 +819,17 @@ struct Scratch {
     xo: wgpu::Buffer,
     logits: wgpu::Buffer,
     toks: wgpu::Buffer,
-    toks_rb: wgpu::Buffer,
     logits_rb: wgpu::Buffer,
+}
+
+/// A step's picks copied into a mappable buffer by the step's last submission: read when the
+/// host asks for them (`read_tokens`), or queued (`queue_tokens`) and read later, oldest first.
+struct PickRead {
+    buf: wgpu::Buffer,
+    /// Bytes it holds (one u32 per logit row), and its capacity.
+    bytes: usize,
+    cap: usize,
+    done: wgpu::SubmissionIndex,
 }
 
 /// The wgpu kernel set (see the module docs).
@@ -851,6 +864,13 @@ pub struct WgpuKernels<'g> {
     n_rows: usize,
     n_out: usize,
     submitted: Option<wgpu::SubmissionIndex>,
+    /// Steps may take the previous step's picks as input on the device (`step::PREV_TOKEN`;
+    /// off with `FERRITE_WGPU_CHAIN=0`).
+    chain: bool,
+    /// The last step's picks, not queued; queued reads, oldest first; buffers to reuse.
+    pick: Option<PickRead>,
+    queued: std::collections::VecDeque<PickRead>,
+    spare: Vec<(wgpu::Buffer, usize)>,
     host_logits: Vec<f32>,
     fetched: bool,
     param_align: usize,
@@ -924,6 +944,10 @@ impl<'g> WgpuKernels<'g> {
             n_rows: 0,
             n_out: 0,
             submitted: None,
+            chain: crate::env::flag_or("FERRITE_WGPU_CHAIN", true),
+            pick: None,
+            queued: std::collections::VecDeque::new(),
+            spare: Vec::new(),
             host_logits: Vec::new(),
             fetched: false,
             param_align: align.max(1),
@@ -1121,14 +1145,20 @@ impl<'g> WgpuKernels<'g> {
                 mapped_at_creation: false,
             })
         };
+        let toks = f32s(out, "llm greedy tokens");
+        if let Some(old) = &self.scratch {
+            // The last step's picks move along: the next step may read them (PREV_TOKEN).
+            let mut enc = d.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
+            enc.copy_buffer_to_buffer(&old.toks, 0, &toks, 0, (old.out * 4) as u64);
+            self.submitted = Some(self.m.dev.raw_queue().submit([enc.finish()]));
+        }
         self.scratch = Some(Scratch {
             rows,
             out,
             bufs,
             xo: f32s(out * c.d_model, "llm logit rows"),
             logits: f32s(out * c.vocab, "llm logits"),
-            toks: f32s(out, "llm greedy tokens"),
-            toks_rb: rb(out * 4),
+            toks,
             logits_rb: rb(out * c.vocab * 4),
         });
         Ok(())
@@ -1430,11 +1460,39 @@ impl<'g> WgpuKernels<'g> {
         if let Some(e) = pollster::block_on(scope.pop()) {
             return Err(err(format!("recording the step: {e}")));
         }
+        let mut pick = None;
         if last && self.n_out > 0 {
-            let s = self.scratch()?;
-            enc.copy_buffer_to_buffer(&s.toks, 0, &s.toks_rb, 0, (self.n_out * 4) as u64);
+            let bytes = self.n_out * 4;
+            // A buffer no queued read holds (the step before's goes back to the spares).
+            if let Some(old) = self.pick.take() {
+                self.spare.push((old.buf, old.cap));
+            }
+            let (buf, cap) = match self.spare.iter().position(|&(_, c)| c >= bytes) {
+                Some(i) => self.spare.swap_remove(i),
+                None => {
+                    let cap = self.scratch()?.out * 4;
+                    let b = dev.create_buffer(&wgpu::BufferDescriptor {
+                        label: Some("llm picks readback"),
+                        size: cap as u64,
+                        usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                        mapped_at_creation: false,
+                    });
+                    (b, cap)
+                }
+            };
+            enc.copy_buffer_to_buffer(&self.scratch()?.toks, 0, &buf, 0, bytes as u64);
+            pick = Some((buf, bytes, cap));
         }
-        self.submitted = Some(q.submit([enc.finish()]));
+        let idx = q.submit([enc.finish()]);
+        if let Some((buf, bytes, cap)) = pick {
+            self.pick = Some(PickRead {
+                buf,
+                bytes,
+                cap,
+                done: idx.clone(),
+            });
+        }
+        self.submitted = Some(idx);
         if let Some(pr) = &mut self.profile {
             pr.host_ns += t0.elapsed().as_nanos() as f64;
         }
@@ -1446,8 +1504,14 @@ impl<'g> WgpuKernels<'g> {
         Ok(())
     }
 
-    /// Maps `buf`'s first `bytes` bytes after the step and returns them as words.
-    fn read_back(&self, buf: &wgpu::Buffer, bytes: usize) -> Result<Vec<u32>> {
+    /// Maps `buf`'s first `bytes` bytes after submission `done` (and those before it) and
+    /// returns them as words.
+    fn read_back(
+        &self,
+        buf: &wgpu::Buffer,
+        bytes: usize,
+        done: Option<wgpu::SubmissionIndex>,
+    ) -> Result<Vec<u32>> {
         if bytes == 0 {
             return Ok(Vec::new());
         }
@@ -1457,7 +1521,7 @@ impl<'g> WgpuKernels<'g> {
         });
         self.dev()
             .poll(wgpu::PollType::Wait {
-                submission_index: self.submitted.clone(),
+                submission_index: done,
                 timeout: None,
             })
             .map_err(|e| err(format!("waiting for the device: {e}")))?;
@@ -1483,10 +1547,50 @@ impl<'g> WgpuKernels<'g> {
     }
 
     /// The greedy token (largest logit, lowest id on ties) of each logit row of the last
-    /// step (waits for the step).
+    /// step (waits for the step, not for steps queued after it).
     pub fn read_tokens(&self) -> Result<Vec<u32>> {
-        let s = self.scratch()?;
-        self.read_back(&s.toks_rb, self.n_out * 4)
+        match &self.pick {
+            Some(p) => self.read_back(&p.buf, p.bytes, Some(p.done.clone())),
+            None if self.n_out == 0 => Ok(Vec::new()),
+            None => Err(err(
+                "the last step's tokens were queued for a later read (take_tokens)",
+            )),
+        }
+    }
+
+    /// Whether steps may take the previous step's picks as input (`step::PREV_TOKEN`): on
+    /// unless `FERRITE_WGPU_CHAIN=0`.
+    pub fn chains(&self) -> bool {
+        self.chain
+    }
+
+    /// Turns chained picks on or off (`chains`).
+    pub fn set_chain(&mut self, on: bool) {
+        self.chain = on;
+    }
+
+    /// Queues the read of the last step's tokens (as `read_tokens` would return them)
+    /// without waiting: later steps can be recorded and submitted before the host waits for
+    /// these (`take_tokens`, oldest first).
+    pub fn queue_tokens(&mut self) -> Result<()> {
+        let p = self
+            .pick
+            .take()
+            .ok_or_else(|| err("queue_tokens: the last step returned no logit rows"))?;
+        self.queued.push_back(p);
+        Ok(())
+    }
+
+    /// The tokens of the oldest step whose read `queue_tokens` queued (waits for that step and
+    /// the work before it, not for later steps).
+    pub fn take_tokens(&mut self) -> Result<Vec<u32>> {
+        let p = self
+            .queued
+            .pop_front()
+            .ok_or_else(|| err("take_tokens: no queued token read"))?;
+        let t = self.read_back(&p.buf, p.bytes, Some(p.done.clone()));
+        self.spare.push((p.buf, p.cap));
+        t
     }
 
     /// The last step's logits on the host (read once per step, then kept).
@@ -1503,7 +1607,7 @@ impl<'g> WgpuKernels<'g> {
                 self.submitted = Some(idx);
             }
             let s = self.scratch()?;
-            let w = self.read_back(&s.logits_rb, n)?;
+            let w = self.read_back(&s.logits_rb, n, self.submitted.clone())?;
             self.host_logits = w.into_iter().map(f32::from_bits).collect();
             self.fetched = true;
         }
@@ -1547,6 +1651,19 @@ impl Kernels for WgpuKernels<'_> {
         let c = &self.m.cfg;
         let rows = batch.rows();
         let n_out = batch.out_rows();
+        // A PREV_TOKEN row r reads pick r of the step before (which had self.n_out picks).
+        if let Some(r) = batch.tokens.iter().position(|&t| t == PREV_TOKEN) {
+            if !self.chain || r >= self.n_out {
+                return Err(err(format!(
+                    "row {r} takes the previous step's pick, but {}",
+                    if self.chain {
+                        format!("that step picked {} tokens", self.n_out)
+                    } else {
+                        "this kernel set does not chain its picks".to_string()
+                    }
+                )));
+            }
+        }
         let sizes = (
             self.meta_cap,
             self.trig_cap,
@@ -1638,6 +1755,7 @@ impl Kernels for WgpuKernels<'_> {
         let pipe = self.pipe(Module::Matvec(w.fmt, 1, false, 1), "embed")?;
         let y = self.buf(out)?;
         let meta = self.meta_buf()?;
+        let toks = self.scratch()?.toks.clone();
         let units = w.cols / 32;
         for ch in &w.chunks {
             let params = vec![
@@ -1649,7 +1767,12 @@ impl Kernels for WgpuKernels<'_> {
                 0,
                 self.m.cfg.embed_scale.to_bits(),
             ];
-            let binds = vec![(1, ch.buf.clone()), (3, y.clone()), (5, meta.clone())];
+            let binds = vec![
+                (1, ch.buf.clone()),
+                (3, y.clone()),
+                (5, meta.clone()),
+                (7, toks.clone()),
+            ];
             self.push(pipe, params, binds, (rows * units).div_ceil(64))?;
         }
         Ok(())
@@ -1917,6 +2040,18 @@ impl EngineKernels for WgpuKernels<'_> {
 
     fn device_tokens(&mut self) -> Result<Option<Vec<u32>>> {
         self.read_tokens().map(Some)
+    }
+
+    fn chains_picks(&self) -> bool {
+        self.chains()
+    }
+
+    fn queue_tokens(&mut self) -> Result<()> {
+        WgpuKernels::queue_tokens(self)
+    }
+
+    fn take_tokens(&mut self) -> Result<Vec<u32>> {
+        WgpuKernels::take_tokens(self)
     }
 
     fn host_logits(&mut self) -> Result<&mut [f32]> {

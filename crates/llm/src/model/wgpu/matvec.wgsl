@@ -34,6 +34,7 @@
 @group(0) @binding(4) var<storage, read> bias: array<f32>;
 @group(0) @binding(5) var<storage, read> sdata: array<u32>;
 @group(0) @binding(6) var<storage, read> nw: array<vec4<f32>>;
+@group(0) @binding(7) var<storage, read> prev: array<u32>;
 
 const WG: u32 = 128u;
 const LANES: u32 = 32u;
@@ -248,7 +249,8 @@ fn glu_act(g: f32, gelu: bool) -> f32 {
 }
 
 // embed: y[r][:] = row tokens[r] of the embedding matrix * scale, for the rows whose token
-// lies in this chunk (rows c0..c0 + n of the matrix). One thread per 32-value unit.
+// lies in this chunk (rows c0..c0 + n of the matrix). One thread per 32-value unit. A token
+// of 0xffffffff (PREV_TOKEN of model/step.rs) is the previous step's pick of row r, prev[r].
 // params: [0] R rows, [1] K columns (d_model), [2] n rows in the chunk, [3] c0 first row of
 // the chunk, [4] weight bytes per row, [5] offset of the tokens in sdata, [6] scale (f32 bits).
 @compute @workgroup_size(64)
@@ -264,7 +266,10 @@ fn embed(
     }
     let r = i / units;
     let u = i % units;
-    let tok = sdata[p[5] + r];
+    var tok = sdata[p[5] + r];
+    if (tok == 0xffffffffu) {
+        tok = prev[r];
+    }
     if (tok < p[3] || tok >= p[3] + p[2]) {
         return;
     }
