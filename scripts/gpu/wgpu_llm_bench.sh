@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The LLM engine on wgpu (Vulkan on the NVIDIA driver) beside ferrite's own CUDA figures on the
-# same GPU, for each MODEL: `ferrite bench` on CUDA (the default launch plan), the CUDA engine
-# at batch 1, and the wgpu engine (`--device vulkan`) at batch 1 and at each of WGPU_BATCHES;
+# same GPU, for each MODEL: `ferrite bench` on CUDA (a session, decode chained), the CUDA
+# engine at batch 1, `ferrite bench --device vulkan` (a session on the wgpu kernel set, decode
+# chained; again with FERRITE_WGPU_CHAIN=0), and the wgpu engine at each of WGPU_BATCHES;
 # one JSON line per run in OUTDIR/wgpu-llm.jsonl and a table with the wgpu/CUDA ratio (the
 # issue's bars: SmolLM2 decode >= 50% of CUDA, the 8B-shaped Q4_0 >= 60%).
 # Usage: scripts/gpu/wgpu_llm_bench.sh OUTDIR MODEL...
@@ -45,6 +46,7 @@ for model in "$@"; do
   one -m "$model" --device cuda
   one -m "$model" --device cuda --batch 1
   one -m "$model" --device vulkan
+  FERRITE_WGPU_CHAIN=0 one -m "$model" --device vulkan
   for b in ${WGPU_BATCHES:-8}; do
     one -m "$model" --device vulkan --batch "$b"
   done
@@ -71,5 +73,6 @@ for j in rows:
     pp, tg = res.get("pp", {}).get("tok_s_mean", 0), res.get("tg", {}).get("tok_s_mean", 0)
     b = j.get("batch", 1)
     ratio = f"{tg / best[name]:.0%}" if best.get(name) and b == 1 else "-"
-    print(f"| {name} | {j.get('backend')} ({j.get('device', '')}) | {b} | {pp:.0f} | {tg:.1f} | {ratio} |")
+    mode = f", {j['mode']}" if j.get("mode") else ""
+    print(f"| {name} | {j.get('backend')} ({j.get('device', '')}{mode}) | {b} | {pp:.0f} | {tg:.1f} | {ratio} |")
 PY

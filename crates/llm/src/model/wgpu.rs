@@ -51,15 +51,15 @@ const ROW_VARIANTS: [u32; 3] = [1, 4, 8];
 const MATVEC_OUTS: usize = 4;
 /// Largest head_dim the attention kernel takes (the size of `qs` in `paged.wgsl`).
 const MAX_HEAD_DIM: usize = 256;
-/// Keys per attention tile (`AWG` of `paged.wgsl`).
-const ATTN_TILE: usize = 256;
+/// Keys per attention split (`SPLIT_KEYS` of `paged.wgsl`).
+const ATTN_SPLIT_KEYS: usize = 256;
 /// Most workgroups the attention of one (row, head) is split over (`MAX_SPLITS` of
-/// `paged.wgsl`): a row of `len` keys takes min(ceil(len / ATTN_TILE), MAX_SPLITS).
+/// `paged.wgsl`): a row of `len` keys takes min(ceil(len / ATTN_SPLIT_KEYS), MAX_SPLITS).
 const MAX_SPLITS: usize = 8;
 
 /// Attention splits of a row whose window holds `len` keys (as `splits_of` in `paged.wgsl`).
 fn attn_splits(len: usize) -> usize {
-    len.div_ceil(ATTN_TILE).clamp(1, MAX_SPLITS)
+    len.div_ceil(ATTN_SPLIT_KEYS).clamp(1, MAX_SPLITS)
 }
 
 fn err(msg: impl Into<String>) -> Error {
@@ -335,7 +335,8 @@ pub struct WgpuModel {
 
 impl WgpuModel {
     /// Uploads `m`'s weights to `dev`. Every tensor is checked first (a type without a
-    /// kernel, a row larger than the adapter's largest storage binding, a head_dim over 256):
+    /// kernel, a row larger than the adapter's largest storage binding, a head_dim over 256 or not a
+    /// multiple of 4):
     /// a refusal names the tensor, its size and the limit before any upload.
     pub fn new(m: &Model, dev: &WgpuDevice) -> Result<WgpuModel> {
         WgpuModel::load(m, dev, true, None)
@@ -355,9 +356,13 @@ impl WgpuModel {
         let lim = dev.limits();
         let max_binding = lim.max_storage_buffer_binding_size.min(lim.max_buffer_size) / 4 * 4;
         let weight_max = weight_binding.map_or(max_binding, |b| b.min(max_binding));
-        if c.head_dim > MAX_HEAD_DIM || c.n_kv_head == 0 || !c.n_head.is_multiple_of(c.n_kv_head) {
+        if c.head_dim > MAX_HEAD_DIM
+            || !c.head_dim.is_multiple_of(4)
+            || c.n_kv_head == 0
+            || !c.n_head.is_multiple_of(c.n_kv_head)
+        {
             return Err(err(format!(
-                "attention: head_dim {} (at most {MAX_HEAD_DIM}) with {} heads over {} KV heads is not supported",
+                "attention: head_dim {} (a multiple of 4, at most {MAX_HEAD_DIM}) with {} heads over {} KV heads is not supported",
                 c.head_dim, c.n_head, c.n_kv_head
             )));
         }
@@ -1914,7 +1919,7 @@ impl Kernels for WgpuKernels<'_> {
             store,
             params.clone(),
             binds,
-            (rows * c.n_kv_head * c.head_dim).div_ceil(64),
+            (rows * c.n_kv_head * c.head_dim / 4).div_ceil(64),
         )?;
         let attn = self.pipe(Module::Paged, "attention")?;
         // Bound where no row is split (never written then).

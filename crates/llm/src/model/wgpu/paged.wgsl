@@ -1,6 +1,7 @@
 // RoPE, the paged KV cache and causal attention.
 //
-// Cache layout (keys `kc`, values `vc`, f32): [block][layer][kv_head][16 slots][head_dim].
+// Cache layout (keys `kc`, values `vc`, f32, read as vec4s: head_dim is a multiple of 4):
+// [block][layer][kv_head][16 slots][head_dim].
 // sdata (u32): per batch row r, at [rows_at + 2r]: its position and the index in sdata of its
 // sequence's block table (entry i: the block of positions 16i..16i + 16).
 // trig (f32): cos then sin of the rows' angles, [rows][rope_dim / 2] each, at [cos_at] and
@@ -13,7 +14,7 @@
 // [14] first column of q, [15] of k, [16] of v, [17] S: splits per (row, head) in the grid
 // (attention, attn_merge).
 //
-// Splits: a row whose window holds `len` keys takes ns = min(ceil(len / AWG), MAX_SPLITS)
+// Splits: a row whose window holds `len` keys takes ns = min(ceil(len / SPLIT_KEYS), MAX_SPLITS)
 // workgroups per head, split i taking keys [lo + i * per, lo + (i + 1) * per) with
 // per = ceil(len / ns); a row of one split writes its output, the others write partial
 // (values, max, sum) to `part` ([row][head][S][head_dim + 2]) and attn_merge combines them
@@ -26,8 +27,8 @@
 @group(0) @binding(3) var<storage, read> q: array<f32>;
 @group(0) @binding(4) var<storage, read> kin: array<f32>;
 @group(0) @binding(5) var<storage, read> vin: array<f32>;
-@group(0) @binding(6) var<storage, read_write> kc: array<f32>;
-@group(0) @binding(7) var<storage, read_write> vc: array<f32>;
+@group(0) @binding(6) var<storage, read_write> kc: array<vec4<f32>>;
+@group(0) @binding(7) var<storage, read_write> vc: array<vec4<f32>>;
 @group(0) @binding(8) var<storage, read_write> out: array<f32>;
 @group(0) @binding(9) var<storage, read_write> part: array<f32>;
 
@@ -77,13 +78,12 @@ fn apply_rot(v: f32, o: f32, rt: Rot) -> f32 {
     return o * rt.s + v * rt.c;
 }
 
-fn cache_index(blk: u32, g: u32, slot: u32) -> u32 {
-    let nkv = p[2];
-    let hd = p[3];
-    return (((blk * p[9] + p[8]) * nkv + g) * BS + slot) * hd;
+// Index (in vec4s) of the first 4 values of slot `slot` of kv head g of block blk.
+fn cache_index4(blk: u32, g: u32, slot: u32) -> u32 {
+    return (((blk * p[9] + p[8]) * p[2] + g) * BS + slot) * (p[3] / 4u);
 }
 
-// rope_store: one thread per (row, kv head, dim): k rotated and v into the row's cache slot.
+// rope_store: one thread per (row, kv head, 4 dims): k rotated and v into the row's cache slot.
 @compute @workgroup_size(64)
 fn rope_store(
     @builtin(workgroup_id) wid: vec3<u32>,
@@ -93,25 +93,44 @@ fn rope_store(
     let i = (wid.x + wid.y * nwg.x) * WG + t;
     let nkv = p[2];
     let hd = p[3];
-    if (i >= p[0] * nkv * hd) {
+    let hd4 = hd / 4u;
+    if (i >= p[0] * nkv * hd4) {
         return;
     }
-    let r = i / (nkv * hd);
-    let g = (i / hd) % nkv;
-    let d = i % hd;
+    let r = i / (nkv * hd4);
+    let g = (i / hd4) % nkv;
+    let d = 4u * (i % hd4);
     let pos = sdata[p[10] + 2u * r];
     let tab = sdata[p[10] + 2u * r + 1u];
     let blk = sdata[tab + pos / BS];
-    let ci = cache_index(blk, g, pos % BS) + d;
+    let ci = cache_index4(blk, g, pos % BS) + d / 4u;
     let k0 = r * p[13] + p[15] + g * hd;
-    let rt = rot_of(d, r);
-    kc[ci] = apply_rot(kin[k0 + d], kin[k0 + rt.partner], rt);
-    vc[ci] = vin[r * p[13] + p[16] + g * hd + d];
+    let r0 = rot_of(d, r);
+    let r1 = rot_of(d + 1u, r);
+    let r2 = rot_of(d + 2u, r);
+    let r3 = rot_of(d + 3u, r);
+    kc[ci] = vec4<f32>(
+        apply_rot(kin[k0 + d], kin[k0 + r0.partner], r0),
+        apply_rot(kin[k0 + d + 1u], kin[k0 + r1.partner], r1),
+        apply_rot(kin[k0 + d + 2u], kin[k0 + r2.partner], r2),
+        apply_rot(kin[k0 + d + 3u], kin[k0 + r3.partner], r3),
+    );
+    let v0 = r * p[13] + p[16] + g * hd + d;
+    vc[ci] = vec4<f32>(vin[v0], vin[v0 + 1u], vin[v0 + 2u], vin[v0 + 3u]);
 }
 
-// attention's workgroup: AWG threads, AWG keys per tile.
+// attention's workgroup: AWG threads.
 const AWG: u32 = 256u;
-// Most workgroups one (row, head) is split over (`MAX_SPLITS` in wgpu.rs).
+// Keys per tile; lanes that score one key together (KL, each a vec4 of every 16); keys
+// scored at once (AWG / KL); the stride of a key's partial sums in `ps` (padded against
+// bank conflicts).
+const TILE: u32 = 128u;
+const KL: u32 = 16u;
+const KPASS: u32 = 16u;
+const PS: u32 = 17u;
+// Keys per split (ATTN_SPLIT_KEYS in wgpu.rs) and most workgroups one (row, head) is split
+// over (`MAX_SPLITS` in wgpu.rs).
+const SPLIT_KEYS: u32 = 256u;
 const MAX_SPLITS: u32 = 8u;
 
 // The first key of row r's window and its number of keys.
@@ -126,34 +145,28 @@ fn window_of(r: u32) -> vec2<u32> {
 }
 
 fn splits_of(len: u32) -> u32 {
-    return min((len + AWG - 1u) / AWG, MAX_SPLITS);
+    return min((len + SPLIT_KEYS - 1u) / SPLIT_KEYS, MAX_SPLITS);
 }
 
-var<workgroup> qs: array<f32, 256>;
-var<workgroup> sc: array<f32, AWG>;
-var<workgroup> kb: array<u32, AWG>;
-var<workgroup> cm: array<f32, AWG>;
-var<workgroup> cl: array<f32, AWG>;
-var<workgroup> ca: array<vec4<f32>, AWG>;
-
-// Values d..d + 4 of the cache row at `base` (zeros past head_dim).
-fn v4(base: u32, d: u32, hd: u32) -> vec4<f32> {
-    let i = base + d;
-    return vec4<f32>(
-        vc[i],
-        select(0.0, vc[i + 1u], d + 1u < hd),
-        select(0.0, vc[i + 2u], d + 2u < hd),
-        select(0.0, vc[i + 3u], d + 3u < hd),
-    );
-}
+// q of the (row, head), rotated (head_dim / 4 vec4s).
+var<workgroup> qs: array<vec4<f32>, 64>;
+// The tile's partial dot products, [key][KL] at stride PS; after the last tile, the groups'
+// (values, max, sum) for the final merge: values at [0, 4 * AWG), max at [4 * AWG + g],
+// sum at [5 * AWG + g].
+var<workgroup> ps: array<f32, 2176>;
+var<workgroup> sc: array<f32, TILE>;
+var<workgroup> kb: array<u32, TILE>;
 
 // attention: one workgroup of AWG threads per (row, head, split): q rotated into workgroup
-// memory, then the split's keys through the row's block table in tiles of AWG, in parallel
-// over positions: each thread scores one key of the tile, then the threads form AWG / T key
-// groups of T = ceil(head_dim / 4) threads (4 output dims each), each group running an online
-// softmax over its share of the tile's keys (keys g, g + groups, ...); at the end the groups'
-// (max, sum, values) are merged in group order. Two barriers per tile; the order of every sum
-// depends on the row alone.
+// memory, then the split's keys through the row's block table in tiles of TILE keys.
+// - Scores: KL lanes take one key, each lane a vec4 of every KL (so a key's row is read by
+//   consecutive lanes: 16-byte loads side by side), KPASS keys at once, TILE / KPASS passes;
+//   thread t < TILE then sums key t's KL partials in lane order.
+// - Values: groups of T = head_dim / 4 lanes (a vec4 of output each) take the tile's keys
+//   g, g + groups, ...; each group rescales its running (max, sum, values) once per tile to
+//   the tile's max over its keys, then adds its keys in order, four loads in flight.
+// - At the end the groups' (max, sum, values) are merged in group order.
+// Three barriers per tile; the order of every sum depends on the row alone.
 @compute @workgroup_size(256)
 fn attention(
     @builtin(workgroup_id) wid: vec3<u32>,
@@ -163,6 +176,7 @@ fn attention(
     let gs = wid.x + wid.y * nwg.x;
     let nh = p[1];
     let hd = p[3];
+    let hd4 = hd / 4u;
     let S = p[17];
     let gi = gs / S;
     let split = gs % S;
@@ -182,92 +196,132 @@ fn attention(
     let g = h / (nh / p[2]);
     let h0 = r * nh * hd + h * hd;
     let q0 = r * p[13] + p[14] + h * hd;
-    for (var d = t; d < hd; d += AWG) {
-        let rt = rot_of(d, r);
-        qs[d] = apply_rot(q[q0 + d], q[q0 + rt.partner], rt);
+    for (var d4 = t; d4 < hd4; d4 += AWG) {
+        let d = 4u * d4;
+        let r0 = rot_of(d, r);
+        let r1 = rot_of(d + 1u, r);
+        let r2 = rot_of(d + 2u, r);
+        let r3 = rot_of(d + 3u, r);
+        qs[d4] = vec4<f32>(
+            apply_rot(q[q0 + d], q[q0 + r0.partner], r0),
+            apply_rot(q[q0 + d + 1u], q[q0 + r1.partner], r1),
+            apply_rot(q[q0 + d + 2u], q[q0 + r2.partner], r2),
+            apply_rot(q[q0 + d + 3u], q[q0 + r3.partner], r3),
+        );
     }
     let tab = sdata[p[10] + 2u * r + 1u];
     let scale = bitcast<f32>(p[12]);
-    let tpg = (hd + 3u) / 4u;
-    let ng = AWG / tpg;
-    let grp = t / tpg;
-    let d4 = (t % tpg) * 4u;
+    let lane = t % KL;
+    let kk = t / KL;
+    let ng = AWG / hd4;
+    let grp = t / hd4;
+    let v4 = t % hd4;
     workgroupBarrier();
     var m = NEG;
     var l = 0.0;
     var acc = vec4<f32>(0.0);
-    for (var t0 = k0; t0 < k1; t0 += AWG) {
-        let j = t0 + t;
-        var s = NEG;
-        if (j < k1) {
-            let base = cache_index(sdata[tab + j / BS], g, j % BS);
-            kb[t] = base;
-            // Four values per step: four independent loads in flight per thread.
-            var dt = 0.0;
-            var d = 0u;
-            for (; d + 4u <= hd; d += 4u) {
-                let k4 = vec4<f32>(kc[base + d], kc[base + d + 1u], kc[base + d + 2u], kc[base + d + 3u]);
-                dt += dot(vec4<f32>(qs[d], qs[d + 1u], qs[d + 2u], qs[d + 3u]), k4);
-            }
-            for (; d < hd; d++) {
-                dt += qs[d] * kc[base + d];
-            }
-            s = dt * scale;
-        }
-        sc[t] = s;
-        workgroupBarrier();
-        let cnt = min(AWG, k1 - t0);
-        if (grp < ng) {
-            for (var jj = grp; jj < cnt; jj += ng) {
-                let sj = sc[jj];
-                let v = v4(kb[jj], d4, hd);
-                if (sj > m) {
-                    let c = exp(m - sj);
-                    acc = acc * c + v;
-                    l = l * c + 1.0;
-                    m = sj;
-                } else {
-                    let pj = exp(sj - m);
-                    acc += pj * v;
-                    l += pj;
+    for (var t0 = k0; t0 < k1; t0 += TILE) {
+        let cnt = min(TILE, k1 - t0);
+        for (var i = 0u; i < TILE / KPASS; i++) {
+            let jt = i * KPASS + kk;
+            var pd = 0.0;
+            if (jt < cnt) {
+                let j = t0 + jt;
+                let base = cache_index4(sdata[tab + j / BS], g, j % BS);
+                for (var v = lane; v < hd4; v += KL) {
+                    pd += dot(qs[v], kc[base + v]);
                 }
+                if (lane == 0u) {
+                    kb[jt] = base;
+                }
+            }
+            ps[jt * PS + lane] = pd;
+        }
+        workgroupBarrier();
+        if (t < TILE) {
+            var s = NEG;
+            if (t < cnt) {
+                var dt = 0.0;
+                for (var x = 0u; x < KL; x++) {
+                    dt += ps[t * PS + x];
+                }
+                s = dt * scale;
+            }
+            sc[t] = s;
+        }
+        workgroupBarrier();
+        if (grp < ng) {
+            var mx = m;
+            for (var jj = grp; jj < cnt; jj += ng) {
+                mx = max(mx, sc[jj]);
+            }
+            let c = exp(m - mx);
+            acc *= c;
+            l *= c;
+            m = mx;
+            var jj = grp;
+            for (; jj + 3u * ng < cnt; jj += 4u * ng) {
+                let v0 = vc[kb[jj] + v4];
+                let v1 = vc[kb[jj + ng] + v4];
+                let v2 = vc[kb[jj + 2u * ng] + v4];
+                let v3 = vc[kb[jj + 3u * ng] + v4];
+                let p0 = exp(sc[jj] - m);
+                let p1 = exp(sc[jj + ng] - m);
+                let p2 = exp(sc[jj + 2u * ng] - m);
+                let p3 = exp(sc[jj + 3u * ng] - m);
+                acc += p0 * v0;
+                acc += p1 * v1;
+                acc += p2 * v2;
+                acc += p3 * v3;
+                l += p0;
+                l += p1;
+                l += p2;
+                l += p3;
+            }
+            for (; jj < cnt; jj += ng) {
+                let pj = exp(sc[jj] - m);
+                acc += pj * vc[kb[jj] + v4];
+                l += pj;
             }
         }
         workgroupBarrier();
     }
     if (grp < ng) {
-        if (d4 == 0u) {
-            cm[grp] = m;
-            cl[grp] = l;
+        if (v4 == 0u) {
+            ps[4u * AWG + grp] = m;
+            ps[5u * AWG + grp] = l;
         }
-        ca[t] = acc;
+        ps[4u * t] = acc.x;
+        ps[4u * t + 1u] = acc.y;
+        ps[4u * t + 2u] = acc.z;
+        ps[4u * t + 3u] = acc.w;
     }
     workgroupBarrier();
-    if (t < tpg) {
+    if (t < hd4) {
         var mm = NEG;
         for (var k = 0u; k < ng; k++) {
-            mm = max(mm, cm[k]);
+            mm = max(mm, ps[4u * AWG + k]);
         }
         var ll = 0.0;
         var aa = vec4<f32>(0.0);
         for (var k = 0u; k < ng; k++) {
-            let c = exp(cm[k] - mm);
-            ll += cl[k] * c;
-            aa += ca[k * tpg + t] * c;
+            let c = exp(ps[4u * AWG + k] - mm);
+            ll += ps[5u * AWG + k] * c;
+            let b = 4u * (k * hd4 + t);
+            aa += vec4<f32>(ps[b], ps[b + 1u], ps[b + 2u], ps[b + 3u]) * c;
         }
+        let d = 4u * t;
         if (ns == 1u) {
-            for (var i = 0u; i < 4u; i++) {
-                if (d4 + i < hd) {
-                    out[h0 + d4 + i] = aa[i] / ll;
-                }
-            }
+            out[h0 + d] = aa.x / ll;
+            out[h0 + d + 1u] = aa.y / ll;
+            out[h0 + d + 2u] = aa.z / ll;
+            out[h0 + d + 3u] = aa.w / ll;
         } else {
             let pb = gs * (hd + 2u);
-            for (var i = 0u; i < 4u; i++) {
-                if (d4 + i < hd) {
-                    part[pb + d4 + i] = aa[i];
-                }
-            }
+            part[pb + d] = aa.x;
+            part[pb + d + 1u] = aa.y;
+            part[pb + d + 2u] = aa.z;
+            part[pb + d + 3u] = aa.w;
             if (t == 0u) {
                 part[pb + hd] = mm;
                 part[pb + hd + 1u] = ll;
