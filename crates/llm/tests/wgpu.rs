@@ -554,7 +554,6 @@ fn profile_kernels(dev: &WgpuDevice) -> Option<String> {
         ("norm+matvec q4_0 x1", layers),
         ("matvec q4_0 x1", layers + 1.0),
         ("attention", layers),
-        ("rope_store", layers),
         ("rms_norm", 1.0),
         ("argmax", 1.0),
         ("embed q4_0", 1.0),

@@ -9,8 +9,8 @@
 //!   submits them in chunks of `CHUNK_DISPATCHES` (a command buffer and a compute pass
 //!   each, the last at `logits`): products (`wgpu/matvec.wgsl`, a workgroup per 4 output
 //!   rows and up to 8 activation rows), norms, the gated unit and greedy argmax
-//!   (`wgpu/ops.wgsl`), RoPE with the KV append and causal attention over the paged cache,
-//!   split over workgroups for long rows (`wgpu/paged.wgsl`). The host waits only when it
+//!   (`wgpu/ops.wgsl`), RoPE, the KV append and causal attention over the paged cache in one
+//!   kernel, split over workgroups for long rows (`wgpu/paged.wgsl`). The host waits only when it
 //!   reads the step's tokens or logits (or, with `FERRITE_WGPU_PROFILE`, the timestamps).
 //!   Each step's picks are copied to a readback buffer of their own, so a decode loop can
 //!   submit step n + 1, whose input is step n's pick still on the device (`PREV_TOKEN`),
@@ -165,7 +165,7 @@ pub fn shader_sources() -> Vec<(String, &'static [&'static str], String)> {
     ));
     out.push((
         "paged.wgsl".into(),
-        &["rope_store", "attention", "attn_merge"][..],
+        &["attention", "attn_merge"][..],
         PAGED.to_string(),
     ));
     out
@@ -1682,17 +1682,19 @@ impl Kernels for WgpuKernels<'_> {
         self.fetched = false;
         self.n_rows = rows;
         self.n_out = n_out;
-        // meta: tokens [rows], (position, table index) [rows][2], logit rows [n_out], tables.
+        // meta: tokens [rows], (position, table index, the sequence's first position in the
+        // step) [rows][3], logit rows [n_out], tables.
         self.rows_at = rows;
-        self.out_at = 3 * rows;
-        let tables_at = 3 * rows + n_out;
+        self.out_at = 4 * rows;
+        let tables_at = 4 * rows + n_out;
         let mut meta = vec![0u32; tables_at + batch.blocks.len() + 1];
         meta[..rows].copy_from_slice(&batch.tokens);
         let mut positions = Vec::with_capacity(rows);
         for s in &batch.seqs {
             for (k, r) in s.rows.clone().enumerate() {
-                meta[self.rows_at + 2 * r] = u32_of(s.pos + k, "position")?;
-                meta[self.rows_at + 2 * r + 1] = u32_of(tables_at + s.blocks.start, "table")?;
+                meta[self.rows_at + 3 * r] = u32_of(s.pos + k, "position")?;
+                meta[self.rows_at + 3 * r + 1] = u32_of(tables_at + s.blocks.start, "table")?;
+                meta[self.rows_at + 3 * r + 2] = u32_of(s.pos, "position")?;
                 positions.push(s.pos + k);
             }
         }
@@ -1875,9 +1877,9 @@ impl Kernels for WgpuKernels<'_> {
         let (qb, q0, qs) = self.view(q)?;
         let (kb, k0, ks) = self.view(k)?;
         let (vb, v0, vs) = self.view(v)?;
-        if ks != qs || vs != qs {
+        if ks != qs || vs != qs || kb != qb || vb != qb {
             return Err(err(format!(
-                "rope_attention: {q:?}, {k:?} and {v:?} must share a row stride"
+                "rope_attention: {q:?}, {k:?} and {v:?} must be column ranges of one buffer"
             )));
         }
         let params = vec![
@@ -1906,25 +1908,11 @@ impl Kernels for WgpuKernels<'_> {
             .trig
             .clone()
             .ok_or_else(|| err("rope_attention before begin"))?;
-        let store = self.pipe(Module::Paged, "rope_store")?;
-        let binds = vec![
-            (1, meta.clone()),
-            (2, trig.clone()),
-            (4, kb),
-            (5, vb),
-            (6, kv.kc.clone()),
-            (7, kv.vc.clone()),
-        ];
-        self.push(
-            store,
-            params.clone(),
-            binds,
-            (rows * c.n_kv_head * c.head_dim / 4).div_ceil(64),
-        )?;
         let attn = self.pipe(Module::Paged, "attention")?;
         // Bound where no row is split (never written then).
         let part = self.part.clone().unwrap_or_else(|| self.m.dummy.clone());
         let ob = self.buf(out)?;
+        // The attention also writes each row's key and value into the cache.
         let binds = vec![
             (1, meta.clone()),
             (2, trig),

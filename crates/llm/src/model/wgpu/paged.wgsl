@@ -1,16 +1,19 @@
-// RoPE, the paged KV cache and causal attention.
+// RoPE, the paged KV cache and causal attention, in one kernel.
 //
 // Cache layout (keys `kc`, values `vc`, f32, read as vec4s: head_dim is a multiple of 4):
 // [block][layer][kv_head][16 slots][head_dim].
-// sdata (u32): per batch row r, at [rows_at + 2r]: its position and the index in sdata of its
-// sequence's block table (entry i: the block of positions 16i..16i + 16).
+// sdata (u32): per batch row r, at [rows_at + 3r]: its position, the index in sdata of its
+// sequence's block table (entry i: the block of positions 16i..16i + 16), and the position
+// of its sequence's first row in this step. Keys from that position on are this step's rows:
+// read from the q|k|v rows (rotated on the way, `step_k4`), not from the cache, which this
+// dispatch writes them into.
 // trig (f32): cos then sin of the rows' angles, [rows][rope_dim / 2] each, at [cos_at] and
 // [sin_at] (global or local angles, by the layer).
 //
 // params: [0] rows, [1] n_head, [2] n_kv_head, [3] head_dim, [4] rope_dim, [5] neox (1: pairs
 // (i, i + rope_dim/2), 0: (2i, 2i + 1)), [6] cos_at, [7] sin_at, [8] layer, [9] n_layer,
 // [10] rows_at, [11] window (0: none; else keys in (pos - window, pos]), [12] scale (f32 bits),
-// [13] row stride of q, k and v (one [rows][q | k | v] buffer, bound as q, kin and vin),
+// [13] row stride of the q|k|v rows (`qkv`, [rows][q | k | v]),
 // [14] first column of q, [15] of k, [16] of v, [17] S: splits per (row, head) in the grid
 // (attention, attn_merge).
 //
@@ -24,9 +27,7 @@
 @group(0) @binding(0) var<storage, read> p: array<u32>;
 @group(0) @binding(1) var<storage, read> sdata: array<u32>;
 @group(0) @binding(2) var<storage, read> trig: array<f32>;
-@group(0) @binding(3) var<storage, read> q: array<f32>;
-@group(0) @binding(4) var<storage, read> kin: array<f32>;
-@group(0) @binding(5) var<storage, read> vin: array<f32>;
+@group(0) @binding(3) var<storage, read> qkv: array<f32>;
 @group(0) @binding(6) var<storage, read_write> kc: array<vec4<f32>>;
 @group(0) @binding(7) var<storage, read_write> vc: array<vec4<f32>>;
 @group(0) @binding(8) var<storage, read_write> out: array<f32>;
@@ -35,6 +36,14 @@
 const BS: u32 = 16u;
 const WG: u32 = 64u;
 const NEG: f32 = -3.0e38;
+// Marks a key of this step in `kb` (or-ed with its row).
+const STEP: u32 = 0x80000000u;
+
+// Row r's position, block table index and its sequence's first position in this step.
+fn row_info(r: u32) -> vec3<u32> {
+    let b = p[10] + 3u * r;
+    return vec3<u32>(sdata[b], sdata[b + 1u], sdata[b + 2u]);
+}
 
 // How element d of a head of trig row r rotates: its partner's index, cos, sin, and whether it
 // is the pair's first element; `on` false past rope_dim (kept as is).
@@ -83,40 +92,33 @@ fn cache_index4(blk: u32, g: u32, slot: u32) -> u32 {
     return (((blk * p[9] + p[8]) * p[2] + g) * BS + slot) * (p[3] / 4u);
 }
 
-// rope_store: one thread per (row, kv head, 4 dims): k rotated and v into the row's cache slot.
-@compute @workgroup_size(64)
-fn rope_store(
-    @builtin(workgroup_id) wid: vec3<u32>,
-    @builtin(num_workgroups) nwg: vec3<u32>,
-    @builtin(local_invocation_index) t: u32,
-) {
-    let i = (wid.x + wid.y * nwg.x) * WG + t;
-    let nkv = p[2];
-    let hd = p[3];
-    let hd4 = hd / 4u;
-    if (i >= p[0] * nkv * hd4) {
-        return;
-    }
-    let r = i / (nkv * hd4);
-    let g = (i / hd4) % nkv;
-    let d = 4u * (i % hd4);
-    let pos = sdata[p[10] + 2u * r];
-    let tab = sdata[p[10] + 2u * r + 1u];
-    let blk = sdata[tab + pos / BS];
-    let ci = cache_index4(blk, g, pos % BS) + d / 4u;
-    let k0 = r * p[13] + p[15] + g * hd;
+// Dims d..d + 4 of kv head g's key of step row r, rotated: what the cache holds for it.
+fn step_k4(r: u32, g: u32, d: u32) -> vec4<f32> {
+    let k0 = r * p[13] + p[15] + g * p[3];
     let r0 = rot_of(d, r);
     let r1 = rot_of(d + 1u, r);
     let r2 = rot_of(d + 2u, r);
     let r3 = rot_of(d + 3u, r);
-    kc[ci] = vec4<f32>(
-        apply_rot(kin[k0 + d], kin[k0 + r0.partner], r0),
-        apply_rot(kin[k0 + d + 1u], kin[k0 + r1.partner], r1),
-        apply_rot(kin[k0 + d + 2u], kin[k0 + r2.partner], r2),
-        apply_rot(kin[k0 + d + 3u], kin[k0 + r3.partner], r3),
+    return vec4<f32>(
+        apply_rot(qkv[k0 + d], qkv[k0 + r0.partner], r0),
+        apply_rot(qkv[k0 + d + 1u], qkv[k0 + r1.partner], r1),
+        apply_rot(qkv[k0 + d + 2u], qkv[k0 + r2.partner], r2),
+        apply_rot(qkv[k0 + d + 3u], qkv[k0 + r3.partner], r3),
     );
-    let v0 = r * p[13] + p[16] + g * hd + d;
-    vc[ci] = vec4<f32>(vin[v0], vin[v0 + 1u], vin[v0 + 2u], vin[v0 + 3u]);
+}
+
+// Dims d..d + 4 of kv head g's value of step row r.
+fn step_v4(r: u32, g: u32, d: u32) -> vec4<f32> {
+    let v0 = r * p[13] + p[16] + g * p[3] + d;
+    return vec4<f32>(qkv[v0], qkv[v0 + 1u], qkv[v0 + 2u], qkv[v0 + 3u]);
+}
+
+// Value vec4 v4 of the key `kb` names: a cache slot (its first vec4) or STEP | a step row.
+fn value4(b: u32, g: u32, v4: u32) -> vec4<f32> {
+    if (b >= STEP) {
+        return step_v4(b - STEP, g, 4u * v4);
+    }
+    return vc[b + v4];
 }
 
 // attention's workgroup: AWG threads.
@@ -135,7 +137,7 @@ const MAX_SPLITS: u32 = 8u;
 
 // The first key of row r's window and its number of keys.
 fn window_of(r: u32) -> vec2<u32> {
-    let pos = sdata[p[10] + 2u * r];
+    let pos = sdata[p[10] + 3u * r];
     let window = p[11];
     var lo = 0u;
     if (window > 0u && pos + 1u > window) {
@@ -158,7 +160,9 @@ var<workgroup> sc: array<f32, TILE>;
 var<workgroup> kb: array<u32, TILE>;
 
 // attention: one workgroup of AWG threads per (row, head, split): q rotated into workgroup
-// memory, then the split's keys through the row's block table in tiles of TILE keys.
+// memory, then the split's keys through the row's block table in tiles of TILE keys (this
+// step's keys from the q|k|v rows). The last split of each kv group's first head also writes
+// the row's key (rotated) and value into its cache slot.
 // - Scores: KL lanes take one key, each lane a vec4 of every KL (so a key's row is read by
 //   consecutive lanes: 16-byte loads side by side), KPASS keys at once, TILE / KPASS passes;
 //   thread t < TILE then sums key t's KL partials in lane order.
@@ -193,7 +197,19 @@ fn attention(
     let per = (win.y + ns - 1u) / ns;
     let k0 = win.x + split * per;
     let k1 = min(k0 + per, win.x + win.y);
-    let g = h / (nh / p[2]);
+    let group = nh / p[2];
+    let g = h / group;
+    let info = row_info(r);
+    let pos = info.x;
+    let tab = info.y;
+    let first = info.z;
+    if (h % group == 0u && split == ns - 1u) {
+        let base = cache_index4(sdata[tab + pos / BS], g, pos % BS);
+        for (var d4 = t; d4 < hd4; d4 += AWG) {
+            kc[base + d4] = step_k4(r, g, 4u * d4);
+            vc[base + d4] = step_v4(r, g, 4u * d4);
+        }
+    }
     let h0 = r * nh * hd + h * hd;
     let q0 = r * p[13] + p[14] + h * hd;
     for (var d4 = t; d4 < hd4; d4 += AWG) {
@@ -203,13 +219,12 @@ fn attention(
         let r2 = rot_of(d + 2u, r);
         let r3 = rot_of(d + 3u, r);
         qs[d4] = vec4<f32>(
-            apply_rot(q[q0 + d], q[q0 + r0.partner], r0),
-            apply_rot(q[q0 + d + 1u], q[q0 + r1.partner], r1),
-            apply_rot(q[q0 + d + 2u], q[q0 + r2.partner], r2),
-            apply_rot(q[q0 + d + 3u], q[q0 + r3.partner], r3),
+            apply_rot(qkv[q0 + d], qkv[q0 + r0.partner], r0),
+            apply_rot(qkv[q0 + d + 1u], qkv[q0 + r1.partner], r1),
+            apply_rot(qkv[q0 + d + 2u], qkv[q0 + r2.partner], r2),
+            apply_rot(qkv[q0 + d + 3u], qkv[q0 + r3.partner], r3),
         );
     }
-    let tab = sdata[p[10] + 2u * r + 1u];
     let scale = bitcast<f32>(p[12]);
     let lane = t % KL;
     let kk = t / KL;
@@ -227,12 +242,20 @@ fn attention(
             var pd = 0.0;
             if (jt < cnt) {
                 let j = t0 + jt;
-                let base = cache_index4(sdata[tab + j / BS], g, j % BS);
-                for (var v = lane; v < hd4; v += KL) {
-                    pd += dot(qs[v], kc[base + v]);
+                var b: u32;
+                if (j >= first) {
+                    b = STEP | (r + j - pos);
+                    for (var v = lane; v < hd4; v += KL) {
+                        pd += dot(qs[v], step_k4(r + j - pos, g, 4u * v));
+                    }
+                } else {
+                    b = cache_index4(sdata[tab + j / BS], g, j % BS);
+                    for (var v = lane; v < hd4; v += KL) {
+                        pd += dot(qs[v], kc[b + v]);
+                    }
                 }
                 if (lane == 0u) {
-                    kb[jt] = base;
+                    kb[jt] = b;
                 }
             }
             ps[jt * PS + lane] = pd;
@@ -261,10 +284,10 @@ fn attention(
             m = mx;
             var jj = grp;
             for (; jj + 3u * ng < cnt; jj += 4u * ng) {
-                let v0 = vc[kb[jj] + v4];
-                let v1 = vc[kb[jj + ng] + v4];
-                let v2 = vc[kb[jj + 2u * ng] + v4];
-                let v3 = vc[kb[jj + 3u * ng] + v4];
+                let v0 = value4(kb[jj], g, v4);
+                let v1 = value4(kb[jj + ng], g, v4);
+                let v2 = value4(kb[jj + 2u * ng], g, v4);
+                let v3 = value4(kb[jj + 3u * ng], g, v4);
                 let p0 = exp(sc[jj] - m);
                 let p1 = exp(sc[jj + ng] - m);
                 let p2 = exp(sc[jj + 2u * ng] - m);
@@ -280,7 +303,7 @@ fn attention(
             }
             for (; jj < cnt; jj += ng) {
                 let pj = exp(sc[jj] - m);
-                acc += pj * vc[kb[jj] + v4];
+                acc += pj * value4(kb[jj], g, v4);
                 l += pj;
             }
         }
