@@ -74,5 +74,7 @@ for j in rows:
     b = j.get("batch", 1)
     ratio = f"{tg / best[name]:.0%}" if best.get(name) and b == 1 else "-"
     mode = f", {j['mode']}" if j.get("mode") else ""
+    if j.get("pick_read_us"):
+        mode += f", {j['pick_read_us']:.0f} us/token waiting for picks"
     print(f"| {name} | {j.get('backend')} ({j.get('device', '')}{mode}) | {b} | {pp:.0f} | {tg:.1f} | {ratio} |")
 PY

@@ -250,6 +250,9 @@ fn run_wgpu(
     let wm = ferrite_llm::model::WgpuModel::new(model, dev)?;
     let mut session = Session::wgpu(&wm, need)?;
     let results = session_runs(&mut session, args, tokens)?;
+    // Time the chained decode's token reads waited for the device, per token.
+    let (wait, reads) = session.kernels().pick_wait();
+    let wait_us = wait.as_secs_f64() * 1e6 / reads.max(1) as f64;
     let name = file_name(loaded);
     let device = format!("{}, {}", dev.name(), dev.backend_name());
     let mode = format!(
@@ -271,7 +274,7 @@ fn run_wgpu(
             "arch": model.cfg.arch_name, "backend": "wgpu", "device": device, "mode": mode,
             "batch": 1, "n_prompt": args.p, "n_gen": args.n, "ctx": need,
             "version": env!("CARGO_PKG_VERSION"), "weight_bytes": wm.weight_bytes(),
-            "repetitions": args.r, "results": tests,
+            "repetitions": args.r, "results": tests, "pick_read_us": wait_us,
         });
         println!("{}", serde_json::to_string_pretty(&out)?);
     } else {
@@ -279,6 +282,9 @@ fn run_wgpu(
         println!("| --- | --- | --- | ---: | ---: |");
         for (t, m, s, _) in &results {
             println!("| {name} | wgpu ({device}) | {mode} | {t} | {m:.2} ± {s:.2} |");
+        }
+        if reads > 0 {
+            eprintln!("chained decode: {wait_us:.0} us a token waiting for the device and reading the pick");
         }
     }
     Ok(())
