@@ -118,6 +118,14 @@ fn glu(
     dst[i] = a * src[i];
 }
 
+const NONE: u32 = 0xffffffffu;
+
+// Whether candidate (v, j) beats (w, k) in argmax: j set, and k unset, v larger, or v equal at
+// a lower index.
+fn beats(v: f32, j: u32, w: f32, k: u32) -> bool {
+    return j != NONE && (k == NONE || v > w || (v == w && j < k));
+}
+
 // argmax: toks[r] = the index of the largest value of row r of src (n = [0] values; the
 // lowest index on ties; NaN never wins).
 @compute @workgroup_size(256)
@@ -131,30 +139,72 @@ fn argmax(
     if (r >= p[1]) {
         return;
     }
-    var best = -3.4e38;
-    var bi = 0xffffffffu;
-    for (var i = t; i < n; i += RW) {
-        let v = src[r * n + i];
-        if (v > best || (bi == 0xffffffffu && v == best)) {
-            best = v;
-            bi = i;
+    // Four chains a thread (values t, t + RW, t + 2 RW, t + 3 RW, then 4 RW on), so four
+    // loads are in flight; each chain keeps its first largest value, and the chains and then
+    // the threads meet by `beats` (larger, or equal at a lower index): the same answer in any
+    // order of meeting.
+    let row = r * n;
+    var b0 = -3.4e38;
+    var b1 = -3.4e38;
+    var b2 = -3.4e38;
+    var b3 = -3.4e38;
+    var i0 = NONE;
+    var i1 = NONE;
+    var i2 = NONE;
+    var i3 = NONE;
+    var i = t;
+    for (; i + 3u * RW < n; i += 4u * RW) {
+        let v0 = src[row + i];
+        let v1 = src[row + i + RW];
+        let v2 = src[row + i + 2u * RW];
+        let v3 = src[row + i + 3u * RW];
+        if (v0 > b0 || (i0 == NONE && v0 == b0)) {
+            b0 = v0;
+            i0 = i;
+        }
+        if (v1 > b1 || (i1 == NONE && v1 == b1)) {
+            b1 = v1;
+            i1 = i + RW;
+        }
+        if (v2 > b2 || (i2 == NONE && v2 == b2)) {
+            b2 = v2;
+            i2 = i + 2u * RW;
+        }
+        if (v3 > b3 || (i3 == NONE && v3 == b3)) {
+            b3 = v3;
+            i3 = i + 3u * RW;
         }
     }
-    red[t] = best;
-    redi[t] = bi;
+    for (; i < n; i += RW) {
+        let v = src[row + i];
+        if (v > b0 || (i0 == NONE && v == b0)) {
+            b0 = v;
+            i0 = i;
+        }
+    }
+    if (beats(b1, i1, b0, i0)) {
+        b0 = b1;
+        i0 = i1;
+    }
+    if (beats(b2, i2, b0, i0)) {
+        b0 = b2;
+        i0 = i2;
+    }
+    if (beats(b3, i3, b0, i0)) {
+        b0 = b3;
+        i0 = i3;
+    }
+    red[t] = b0;
+    redi[t] = i0;
     workgroupBarrier();
     for (var st = RW / 2u; st > 0u; st >>= 1u) {
-        if (t < st) {
-            let v = red[t + st];
-            let j = redi[t + st];
-            if (j != 0xffffffffu && (redi[t] == 0xffffffffu || v > red[t] || (v == red[t] && j < redi[t]))) {
-                red[t] = v;
-                redi[t] = j;
-            }
+        if (t < st && beats(red[t + st], redi[t + st], red[t], redi[t])) {
+            red[t] = red[t + st];
+            redi[t] = redi[t + st];
         }
         workgroupBarrier();
     }
     if (t == 0u) {
-        toks[r] = select(redi[0], 0u, redi[0] == 0xffffffffu);
+        toks[r] = select(redi[0], 0u, redi[0] == NONE);
     }
 }
