@@ -1474,12 +1474,15 @@ impl<'g> WgpuKernels<'g> {
             return Err(err(format!("recording the step: {e}")));
         }
         let mut pick = None;
-        if last && self.n_out > 0 {
-            let bytes = self.n_out * 4;
-            // A buffer no queued read holds (the step before's goes back to the spares).
+        if last {
+            // The step before's picks, unless queued, go back to the spares.
             if let Some(old) = self.pick.take() {
                 self.spare.push((old.buf, old.cap));
             }
+        }
+        if last && self.n_out > 0 {
+            let bytes = self.n_out * 4;
+            // A buffer no queued read holds.
             let (buf, cap) = match self.spare.iter().position(|&(_, c)| c >= bytes) {
                 Some(i) => self.spare.swap_remove(i),
                 None => {
