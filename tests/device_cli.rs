@@ -1,7 +1,7 @@
 //! `--device` on `run` and `bench`: malformed values are usage errors; `cuda` where there is no
 //! CUDA device is a clear error before any model is loaded (skipped where a device exists);
-//! wgpu names resolve against the adapters found, or list them, and `run` on one takes the
-//! LLM engine's wgpu kernel set; `ferrite devices` lists all.
+//! wgpu names resolve against the adapters found, or list them, and `run` and `bench` on one
+//! take the LLM engine's wgpu kernel set; `ferrite devices` lists all.
 
 use std::process::{Command, Output};
 
@@ -126,7 +126,26 @@ fn wgpu_runs_the_llm_engine_and_serve_refuses_it() {
     };
     let (wgpu, dev) = tokens("wgpu");
     let (cpu, _) = tokens("cpu");
+    // bench without --batch runs one sequence as `run` does: a session, decode chained.
+    let o = ferrite(&[
+        "bench", "-m", &file, "--device", "wgpu", "-p", "4", "-n", "4", "-r", "1", "--json",
+    ]);
+    assert!(o.status.success(), "bench --device wgpu: {}", stderr(&o));
+    let b: serde_json::Value = serde_json::from_slice(&o.stdout).expect("bench --json prints JSON");
     let _ = std::fs::remove_file(&path);
+    assert_eq!(b["backend"], "wgpu", "{b}");
+    assert_eq!(b["batch"], 1, "{b}");
+    assert!(
+        b["mode"].as_str().is_some_and(|m| m.starts_with("chained")),
+        "{b}"
+    );
+    assert!(b["pick_read_us"].as_f64().is_some_and(|w| w >= 0.0), "{b}");
+    let tests: Vec<_> = b["results"].as_array().expect("results").iter().collect();
+    assert_eq!(tests.len(), 2, "{b}");
+    for (t, name) in tests.iter().zip(["pp4", "tg4"]) {
+        assert_eq!(t["test"], name, "{b}");
+        assert!(t["tok_s_mean"].as_f64().is_some_and(|v| v > 0.0), "{b}");
+    }
     assert!(
         dev.as_str().is_some_and(|d| d.starts_with("wgpu:")),
         "{dev}"

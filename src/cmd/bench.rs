@@ -94,19 +94,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let tokens: Vec<u32> = (0..need)
         .map(|i| ((i * 7919 + 13) % vocab) as u32)
         .collect();
-    if let Some(dev) = &wgpu {
-        return match args.batch {
-            Some(b) => run_batch(&args, &loaded, b as usize, BenchDevice::Wgpu(dev)),
-            None if args.temp > 0.0 => anyhow::bail!(
-                "--temp {} samples through the engine: give --batch too (--batch 1 for one sequence)",
-                args.temp
-            ),
-            None => run_wgpu(&args, &loaded, dev, need, &tokens),
-        };
-    }
-    let on = match &cuda {
-        Some(dev) => BenchDevice::Cuda(dev),
-        None => BenchDevice::Cpu,
+    let on = match (&wgpu, &cuda) {
+        (Some(dev), _) => BenchDevice::Wgpu(dev),
+        (None, Some(dev)) => BenchDevice::Cuda(dev),
+        (None, None) => BenchDevice::Cpu,
     };
     if let Some(b) = args.batch {
         return run_batch(&args, &loaded, b as usize, on);
@@ -116,6 +107,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             "--temp {} samples through the engine: give --batch too (--batch 1 for one sequence)",
             args.temp
         );
+    }
+    if let Some(dev) = &wgpu {
+        return run_wgpu(&args, &loaded, dev, need, &tokens);
     }
     if let Some(dev) = cuda {
         return run_cuda(&args, &loaded, &dev, need, &tokens);

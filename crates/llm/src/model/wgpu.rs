@@ -9,9 +9,10 @@
 //!   submits them in chunks of `CHUNK_DISPATCHES` (a command buffer and a compute pass
 //!   each, the last at `logits`): products (`wgpu/matvec.wgsl`, a workgroup per 4 output
 //!   rows and up to 8 activation rows), norms, the gated unit and greedy argmax
-//!   (`wgpu/ops.wgsl`), RoPE, the KV append and causal attention over the paged cache in one
-//!   kernel, split over workgroups for long rows (`wgpu/paged.wgsl`). The host waits only when it
-//!   reads the step's tokens or logits (or, with `FERRITE_WGPU_PROFILE`, the timestamps).
+//!   (`wgpu/ops.wgsl`), RoPE, the KV append and causal attention over the paged cache in
+//!   one kernel, split over workgroups for long rows (`wgpu/paged.wgsl`). The host waits
+//!   only when it reads the step's tokens or logits (or, with `FERRITE_WGPU_PROFILE`, the
+//!   timestamps).
 //!   Each step's picks are copied to a readback buffer of their own, so a decode loop can
 //!   submit step n + 1, whose input is step n's pick still on the device (`PREV_TOKEN`),
 //!   before it waits for step n's token (`queue_tokens`, `take_tokens`): the device works
@@ -335,9 +336,9 @@ pub struct WgpuModel {
 
 impl WgpuModel {
     /// Uploads `m`'s weights to `dev`. Every tensor is checked first (a type without a
-    /// kernel, a row larger than the adapter's largest storage binding, a head_dim over 256 or not a
-    /// multiple of 4):
-    /// a refusal names the tensor, its size and the limit before any upload.
+    /// kernel, a row larger than the adapter's largest storage binding, a head_dim over 256
+    /// or not a multiple of 4): a refusal names the tensor, its size and the limit before any
+    /// upload.
     pub fn new(m: &Model, dev: &WgpuDevice) -> Result<WgpuModel> {
         WgpuModel::load(m, dev, true, None)
     }
