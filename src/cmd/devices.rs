@@ -26,6 +26,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                     "max_storage_binding": a.max_storage_binding,
                     "max_workgroup_storage": a.max_workgroup_storage,
                     "shader_f16": a.shader_f16,
+                    "f16_in_f32": a.f16_in_f32,
                     "subgroups": a.subgroups,
                     "features": a.features,
                 })
@@ -78,8 +79,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             a.max_workgroup_storage >> 10
         );
         println!(
-            "    shader-f16: {}, subgroups: {}",
+            "    shader-f16: {}, unpack2x16float: {}, subgroups: {}",
             yes(a.shader_f16),
+            yes(a.f16_in_f32),
             yes(a.subgroups)
         );
         println!("    features: {}", a.features);

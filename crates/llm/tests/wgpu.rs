@@ -53,6 +53,10 @@ fn tests() -> Vec<(&'static str, TestFn)> {
             chained_generation,
         ),
         (
+            "wgpu_f16_fields_by_unpack2x16float_equal_bit_operations",
+            f16_unpack,
+        ),
+        (
             "wgpu_profile_times_every_kernel_and_changes_no_logit",
             profile_kernels,
         ),
@@ -430,6 +434,38 @@ fn engine_gemma3(dev: &WgpuDevice) -> Option<String> {
         same >= 4,
         "Gemma3: {same}/6 requests with all tokens as the CPU's (max diff {d:.2e})"
     );
+    None
+}
+
+/// The products read f16 scales with `unpack2x16float` where the adapter has it and with bit
+/// operations elsewhere; both are exact, so a prompt's logits and a decode step's are the same
+/// bit for bit either way (Q4_0: f16 d; Q4_K: f16 d and dmin; F16 weights).
+fn f16_unpack(dev: &WgpuDevice) -> Option<String> {
+    if !dev.f16_in_f32() {
+        return Some("the adapter has no unpack2x16float (SHADER_F16_IN_F32)".into());
+    }
+    let dir = tmp_dir();
+    for quant in [GgmlType::Q4_0, GgmlType::Q4_K, GgmlType::F16] {
+        let model = leak(synth_model(&synth_cfg(quant), quant, &dir));
+        let p = prompt(12, 5, model.cfg.vocab);
+        let run = |unpack: bool| {
+            dev.use_f16_in_f32(unpack);
+            let wm = WgpuModel::new(model, dev).unwrap();
+            let mut s = Session::wgpu(&wm, 64).unwrap();
+            let mut l = s.forward(&p, Logits::Last).unwrap().to_vec();
+            l.extend_from_slice(s.forward(&[7], Logits::Last).unwrap());
+            l
+        };
+        let (bits, unpack) = (run(false), run(true));
+        dev.use_f16_in_f32(true);
+        assert!(dev.f16_in_f32());
+        assert!(bits.iter().all(|v| v.is_finite()), "{quant:?}");
+        assert_eq!(
+            bits, unpack,
+            "{quant:?}: logits with unpack2x16float and with bit operations"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
     None
 }
 

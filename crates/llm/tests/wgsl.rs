@@ -3,14 +3,31 @@
 //! Language and SPIR-V. Needs no adapter: it runs in CI, where nothing can run Metal.
 
 use ferrite_testing::wgsl::dynamic_array_value_accesses;
+
+/// What a module needs of naga beyond core WGSL: `unpack2x16float` for the products' variant
+/// that reads f16 fields with it (on adapters with `SHADER_F16_IN_F32`).
+fn caps(f16_in_f32: bool) -> naga::valid::Capabilities {
+    if f16_in_f32 {
+        naga::valid::Capabilities::SHADER_FLOAT16_IN_FLOAT32
+    } else {
+        naga::valid::Capabilities::empty()
+    }
+}
+
 #[test]
 fn every_llm_shader_validates_and_translates_to_msl_and_spirv() {
     let sources = ferrite_llm::model::wgpu::shader_sources();
     // 13 weight formats x 4 row variants (1 row with 1 or 2 outputs a subgroup, 4 rows, 8
-    // rows) x with and without the input's norm, ops, paged.
-    assert_eq!(sources.len(), 13 * 4 * 2 + 2);
+    // rows) x with and without the input's norm x f16 fields by bit operations or
+    // unpack2x16float, ops, paged.
+    assert_eq!(sources.len(), 13 * 4 * 2 * 2 + 2);
     let mut failures = Vec::new();
-    for (name, entries, src) in &sources {
+    for (name, entries, src, f16_in_f32) in &sources {
+        if *f16_in_f32 != src.contains("return unpack2x16float(") {
+            failures.push(format!(
+                "{name}: unpack2x16float where it is not asked for, or not where it is"
+            ));
+        }
         let module = match naga::front::wgsl::parse_str(src) {
             Ok(m) => m,
             Err(e) => {
@@ -20,7 +37,7 @@ fn every_llm_shader_validates_and_translates_to_msl_and_spirv() {
         };
         let info = match naga::valid::Validator::new(
             naga::valid::ValidationFlags::all(),
-            naga::valid::Capabilities::empty(),
+            caps(*f16_in_f32),
         )
         .validate(&module)
         {
@@ -81,14 +98,12 @@ fn every_llm_shader_validates_and_translates_to_msl_and_spirv() {
 #[test]
 fn no_llm_shader_indexes_an_array_value_dynamically() {
     let mut found = Vec::new();
-    for (name, _, src) in ferrite_llm::model::wgpu::shader_sources() {
+    for (name, _, src, f16_in_f32) in ferrite_llm::model::wgpu::shader_sources() {
         let module = naga::front::wgsl::parse_str(&src).expect("parses");
-        let info = naga::valid::Validator::new(
-            naga::valid::ValidationFlags::all(),
-            naga::valid::Capabilities::empty(),
-        )
-        .validate(&module)
-        .expect("validates");
+        let info =
+            naga::valid::Validator::new(naga::valid::ValidationFlags::all(), caps(f16_in_f32))
+                .validate(&module)
+                .expect("validates");
         found.extend(
             dynamic_array_value_accesses(&module, &info)
                 .into_iter()

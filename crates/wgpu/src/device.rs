@@ -76,6 +76,10 @@ pub struct WgpuBackend {
     /// Whether variants with subgroup operations are used (the adapter has them, and tests
     /// may turn them off to run the fallback).
     subgroups: AtomicBool,
+    /// The adapter's `DownlevelFlags::SHADER_F16_IN_F32` (`unpack2x16float` in shaders), and
+    /// whether kernels use it (tests may turn it off to run the bit-operation fallback).
+    pub(crate) f16_in_f32: bool,
+    pub(crate) f16_unpack: AtomicBool,
     /// The first error wgpu reported outside an error scope (validation, out of memory).
     error: Arc<Mutex<Option<String>>>,
     host_waits: AtomicU64,
@@ -129,6 +133,10 @@ impl WgpuBackend {
             limits.max_storage_buffer_binding_size,
         ));
         let param_align = (limits.min_storage_buffer_offset_alignment as usize / 4).max(1);
+        let f16_in_f32 = adapter
+            .get_downlevel_capabilities()
+            .flags
+            .contains(wgpu::DownlevelFlags::SHADER_F16_IN_F32);
         let err_buf = device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("errors"),
             size: 4,
@@ -156,6 +164,8 @@ impl WgpuBackend {
             pipelines: Mutex::new(HashMap::new()),
             layouts: Mutex::new(HashMap::new()),
             subgroups: AtomicBool::new(adapter.features().contains(wgpu::Features::SUBGROUP)),
+            f16_in_f32,
+            f16_unpack: AtomicBool::new(f16_in_f32),
             error,
             host_waits: AtomicU64::new(0),
             launches: AtomicU64::new(0),

@@ -70,6 +70,8 @@ pub struct AdapterSummary {
     pub max_storage_binding: u64,
     pub max_workgroup_storage: u32,
     pub shader_f16: bool,
+    /// `unpack2x16float` in shaders (`DownlevelFlags::SHADER_F16_IN_F32`).
+    pub f16_in_f32: bool,
     pub subgroups: bool,
     /// Every optional feature, as wgpu names them.
     pub features: String,
@@ -103,6 +105,10 @@ pub fn adapters() -> Vec<AdapterSummary> {
                 max_storage_binding: l.max_storage_buffer_binding_size,
                 max_workgroup_storage: l.max_compute_workgroup_storage_size,
                 shader_f16: f.contains(wgpu::Features::SHADER_F16),
+                f16_in_f32: a
+                    .get_downlevel_capabilities()
+                    .flags
+                    .contains(wgpu::DownlevelFlags::SHADER_F16_IN_F32),
                 subgroups: f.contains(wgpu::Features::SUBGROUP),
                 features: format!("{f:?}"),
             }
@@ -305,6 +311,22 @@ impl WgpuDevice {
     /// Whether kernels use subgroup operations on this device.
     pub fn subgroups(&self) -> bool {
         self.0.subgroups()
+    }
+
+    /// Whether shaders use `unpack2x16float` and friends (f16 values held in f32s): where the
+    /// adapter has them (`DownlevelFlags::SHADER_F16_IN_F32`; Vulkan on Mesa lacks them
+    /// without `shader-f16`) unless turned off by [`WgpuDevice::use_f16_in_f32`].
+    pub fn f16_in_f32(&self) -> bool {
+        self.0.f16_unpack.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Turns the use of `unpack2x16float` on (where the adapter has it) or off (kernels
+    /// compiled after this call read f16 fields with bit operations; tests compare both).
+    pub fn use_f16_in_f32(&self, on: bool) {
+        self.0.f16_unpack.store(
+            on && self.0.f16_in_f32,
+            std::sync::atomic::Ordering::Relaxed,
+        );
     }
 
     pub fn sync_stats(&self) -> SyncStats {

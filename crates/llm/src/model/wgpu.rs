@@ -124,14 +124,25 @@ fn outs_per_subgroup(n: usize, rows: u32) -> u32 {
     }
 }
 
+/// `half` of `quant.wgsl` as the bit operations it is written with.
+const HALF_BITS: &str = "fn half(h: u32) -> f32 {\n    return half_bits(h);\n}";
+/// `half` as one conversion (adapters with `DownlevelFlags::SHADER_F16_IN_F32`).
+const HALF_UNPACK: &str = "fn half(h: u32) -> f32 {\n    return unpack2x16float(h).x;\n}";
+
 /// The product module of format `f` for `rows` activation rows and `opw` output rows per
-/// subgroup, with the RMS norm of its input folded in (`norm`) or not.
-fn matvec_source(f: &Format, rows: u32, norm: bool, opw: u32) -> String {
+/// subgroup, with the RMS norm of its input folded in (`norm`) or not, and f16 fields read
+/// with `unpack2x16float` (`unpack`) or bit operations.
+fn matvec_source(f: &Format, rows: u32, norm: bool, opw: u32, unpack: bool) -> String {
     // Formats whose values carry a min (`d * q + m`, `quant.wgsl`).
     let mins = matches!(f.name, "q4_1" | "q5_1" | "q2_k" | "q4_k" | "q5_k");
+    let quant = if unpack {
+        QUANT.replace(HALF_BITS, HALF_UNPACK)
+    } else {
+        QUANT.to_string()
+    };
     format!(
         "const ROWS: u32 = {rows}u;\nconst BLOCK_BYTES: u32 = {}u;\nconst UNITS: u32 = {}u;\n\
-         const MINS: bool = {mins};\nconst NORM: bool = {norm};\nconst OPW: u32 = {opw}u;\n{QUANT}\n\
+         const MINS: bool = {mins};\nconst NORM: bool = {norm};\nconst OPW: u32 = {opw}u;\n{quant}\n\
          fn head(a: u32, s: u32) -> Head {{\n    return head_{n}(a, s);\n}}\n\
          fn pair(a: u32, s: u32, h: Head, w: u32) -> Pair {{\n    return pair_{n}(a, s, h, w);\n}}\n{MATVEC}",
         f.block_bytes,
@@ -140,21 +151,29 @@ fn matvec_source(f: &Format, rows: u32, norm: bool, opw: u32) -> String {
     )
 }
 
-/// Every WGSL module the kernel set compiles, as (name, entry points, source): what the naga
-/// test validates and translates to Metal Shading Language and SPIR-V.
-pub fn shader_sources() -> Vec<(String, &'static [&'static str], String)> {
+/// Every WGSL module the kernel set compiles, as (name, entry points, source, whether it needs
+/// naga's `SHADER_FLOAT16_IN_FLOAT32` capability): what the naga test validates and
+/// translates to Metal Shading Language and SPIR-V.
+pub fn shader_sources() -> Vec<(String, &'static [&'static str], String, bool)> {
     let mut out = Vec::new();
     for ty in WGPU_WEIGHT_TYPES {
         let Some(f) = format_of(ty) else { continue };
         for rows in ROW_VARIANTS {
             for norm in [false, true] {
                 for opw in if rows == 1 { &[1, 2][..] } else { &[1][..] } {
-                    let what = if norm { ", normed input" } else { "" };
-                    out.push((
-                        format!("matvec.wgsl ({}, {rows} rows, {opw} outputs{what})", f.name),
-                        &["matvec", "embed"][..],
-                        matvec_source(&f, rows, norm, *opw),
-                    ));
+                    for unpack in [false, true] {
+                        let what = if norm { ", normed input" } else { "" };
+                        let how = if unpack { ", unpack2x16float" } else { "" };
+                        out.push((
+                            format!(
+                                "matvec.wgsl ({}, {rows} rows, {opw} outputs{what}{how})",
+                                f.name
+                            ),
+                            &["matvec", "embed"][..],
+                            matvec_source(&f, rows, norm, *opw, unpack),
+                            unpack,
+                        ));
+                    }
                 }
             }
         }
@@ -163,11 +182,13 @@ pub fn shader_sources() -> Vec<(String, &'static [&'static str], String)> {
         "ops.wgsl".into(),
         &["rms_norm", "rms_norm_inplace", "glu", "argmax"][..],
         OPS.to_string(),
+        false,
     ));
     out.push((
         "paged.wgsl".into(),
         &["attention", "attn_merge"][..],
         PAGED.to_string(),
+        false,
     ));
     out
 }
@@ -1013,7 +1034,7 @@ impl<'g> WgpuKernels<'g> {
         let (label, src) = match module {
             Module::Matvec(f, rows, norm, opw) => (
                 format!("matvec {}", f.name),
-                matvec_source(&f, rows, norm, opw),
+                matvec_source(&f, rows, norm, opw, self.m.dev.f16_in_f32()),
             ),
             Module::Ops => ("ops".to_string(), OPS.to_string()),
             Module::Paged => ("paged".to_string(), PAGED.to_string()),

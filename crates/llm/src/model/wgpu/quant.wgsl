@@ -31,9 +31,14 @@ fn u16_at(a: u32) -> u32 {
     return (wq[a >> 2u] >> ((a & 2u) * 8u)) & 0xffffu;
 }
 
-// The f16 with bits h, exactly (bit operations: unpack2x16float needs a capability that not
-// every adapter has).
+// The f16 with bits h, exactly. `wgpu.rs` makes this `unpack2x16float(h).x` (one instruction
+// where the bit operations below are a dozen) on adapters with that capability
+// (`DownlevelFlags::SHADER_F16_IN_F32`; Mesa's Vulkan drivers lack it without `shader-f16`).
 fn half(h: u32) -> f32 {
+    return half_bits(h);
+}
+
+fn half_bits(h: u32) -> f32 {
     let s = (h & 0x8000u) << 16u;
     let e = (h >> 10u) & 31u;
     let m = h & 1023u;
