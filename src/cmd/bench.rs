@@ -146,13 +146,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     );
     let size_mib = model.gguf().file_size() as f64 / (1024.0 * 1024.0);
     if args.json {
-        let tests: Vec<_> = results
-            .iter()
-            .map(|(t, m, s, v)| {
-                let (np, ng) = test_sizes(t, &args);
-                serde_json::json!({"test": t, "n_prompt": np, "n_gen": ng, "tok_s_mean": m, "tok_s_sd": s, "samples": v})
-            })
-            .collect();
+        let tests: Vec<_> = results.iter().map(|r| test_json(r, &args)).collect();
         let out = serde_json::json!({
             "model": loaded.path, "model_file": name, "size_mib": size_mib,
             "arch": model.cfg.arch_name, "backend": "cpu",
@@ -187,6 +181,13 @@ fn file_name(loaded: &Loaded) -> String {
 
 /// One test result: name (`pp512`), mean and sd tok/s, each repetition's tok/s.
 type TestResult = (String, f64, f64, Vec<f64>);
+
+/// A test result as `--json` prints it.
+fn test_json((t, m, s, v): &TestResult, args: &Args) -> serde_json::Value {
+    let (np, ng) = test_sizes(t, args);
+    serde_json::json!({"test": t, "n_prompt": np, "n_gen": ng,
+        "tok_s_mean": m, "tok_s_sd": s, "samples": v})
+}
 
 /// pp and tg of one sequence on a GPU kernel set, `-r` repetitions after a warm-up, each from
 /// an empty cache. Each step reads back its greedy token, as generation does; decode keeps one
@@ -254,14 +255,7 @@ fn run_wgpu(
         if session.chains() { "chained, " } else { "" }
     );
     if args.json {
-        let tests: Vec<_> = results
-            .iter()
-            .map(|(t, m, s, v)| {
-                let (np, ng) = test_sizes(t, args);
-                serde_json::json!({"test": t, "n_prompt": np, "n_gen": ng,
-                    "tok_s_mean": m, "tok_s_sd": s, "samples": v})
-            })
-            .collect();
+        let tests: Vec<_> = results.iter().map(|r| test_json(r, args)).collect();
         let out = serde_json::json!({
             "model": loaded.path, "model_file": name,
             "size_mib": model.gguf().file_size() as f64 / MIB,
@@ -325,12 +319,10 @@ fn run_cuda(
     if args.json {
         let tests: Vec<_> = results
             .iter()
-            .map(|(t, m, s, v)| {
-                let (np, ng) = test_sizes(t, args);
-                let mut j = serde_json::json!({"test": t, "n_prompt": np, "n_gen": ng,
-                    "tok_s_mean": m, "tok_s_sd": s, "samples": v});
-                if t.starts_with("tg") {
-                    j["weight_gb_s"] = serde_json::json!(gb_s(*m));
+            .map(|r| {
+                let mut j = test_json(r, args);
+                if r.0.starts_with("tg") {
+                    j["weight_gb_s"] = serde_json::json!(gb_s(r.1));
                 }
                 j
             })

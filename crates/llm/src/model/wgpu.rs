@@ -853,9 +853,8 @@ struct Scratch {
 /// host asks for them (`read_tokens`), or queued (`queue_tokens`) and read later, oldest first.
 struct PickRead {
     buf: wgpu::Buffer,
-    /// Bytes it holds (one u32 per logit row), and its capacity.
+    /// Bytes it holds (one u32 per logit row).
     bytes: usize,
-    cap: usize,
     done: wgpu::SubmissionIndex,
 }
 
@@ -897,7 +896,7 @@ pub struct WgpuKernels<'g> {
     /// The last step's picks, not queued; queued reads, oldest first; buffers to reuse.
     pick: Option<PickRead>,
     queued: std::collections::VecDeque<PickRead>,
-    spare: Vec<(wgpu::Buffer, usize)>,
+    spare: Vec<wgpu::Buffer>,
     /// Host time spent waiting for the device in reads of picks, and their count.
     pick_wait: std::time::Duration,
     pick_reads: u64,
@@ -1499,34 +1498,29 @@ impl<'g> WgpuKernels<'g> {
         if last {
             // The step before's picks, unless queued, go back to the spares.
             if let Some(old) = self.pick.take() {
-                self.spare.push((old.buf, old.cap));
+                self.spare.push(old.buf);
             }
         }
         if last && self.n_out > 0 {
             let bytes = self.n_out * 4;
             // A buffer no queued read holds.
-            let (buf, cap) = match self.spare.iter().position(|&(_, c)| c >= bytes) {
+            let buf = match self.spare.iter().position(|b| b.size() >= bytes as u64) {
                 Some(i) => self.spare.swap_remove(i),
-                None => {
-                    let cap = self.scratch()?.out * 4;
-                    let b = dev.create_buffer(&wgpu::BufferDescriptor {
-                        label: Some("llm picks readback"),
-                        size: cap as u64,
-                        usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-                        mapped_at_creation: false,
-                    });
-                    (b, cap)
-                }
+                None => dev.create_buffer(&wgpu::BufferDescriptor {
+                    label: Some("llm picks readback"),
+                    size: (self.scratch()?.out * 4) as u64,
+                    usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                    mapped_at_creation: false,
+                }),
             };
             enc.copy_buffer_to_buffer(&self.scratch()?.toks, 0, &buf, 0, bytes as u64);
-            pick = Some((buf, bytes, cap));
+            pick = Some((buf, bytes));
         }
         let idx = q.submit([enc.finish()]);
-        if let Some((buf, bytes, cap)) = pick {
+        if let Some((buf, bytes)) = pick {
             self.pick = Some(PickRead {
                 buf,
                 bytes,
-                cap,
                 done: idx.clone(),
             });
         }
@@ -1630,7 +1624,7 @@ impl<'g> WgpuKernels<'g> {
         let t = self.read_back(&p.buf, p.bytes, Some(p.done.clone()));
         self.pick_wait += t0.elapsed();
         self.pick_reads += 1;
-        self.spare.push((p.buf, p.cap));
+        self.spare.push(p.buf);
         t
     }
 
