@@ -14,29 +14,40 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-/// Median milliseconds per call of `f` (5 samples of `reps` calls, each ended by `sync`).
-fn time(reps: usize, sync: &dyn Fn() -> Result<()>, f: &dyn Fn() -> Result<Tensor>) -> f64 {
+/// Per call of `f`, in milliseconds (medians of 5 samples of `reps` calls): the whole time
+/// until `sync.wait` returns; the host's time issuing the calls; and the host's time in
+/// `sync.flush`, which submits what the calls recorded (nothing for CUDA, whose launches are
+/// submitted as they are made).
+fn time(reps: usize, sync: &Waits, f: &dyn Fn() -> Result<Tensor>) -> [f64; 3] {
     for _ in 0..3 {
         f().unwrap();
     }
-    sync().unwrap();
-    let samples = (0..5)
-        .map(|_| {
-            let t = Instant::now();
-            for _ in 0..reps {
-                f().unwrap();
-            }
-            sync().unwrap();
-            t.elapsed().as_secs_f64() * 1e3 / reps as f64
-        })
-        .collect();
-    median(samples)
+    (sync.wait)().unwrap();
+    let mut samples: [Vec<f64>; 3] = Default::default();
+    for _ in 0..5 {
+        let t = Instant::now();
+        for _ in 0..reps {
+            f().unwrap();
+        }
+        let issued = t.elapsed().as_secs_f64();
+        (sync.flush)();
+        let flushed = t.elapsed().as_secs_f64();
+        (sync.wait)().unwrap();
+        let per = 1e3 / reps as f64;
+        samples[0].push(t.elapsed().as_secs_f64() * per);
+        samples[1].push(issued * per);
+        samples[2].push((flushed - issued) * per);
+    }
+    samples.map(median)
 }
 
 /// One timed op, made ready on a device (inputs allocated there).
 type Op = Box<dyn Fn() -> Result<Tensor>>;
-/// Waits for a device's queued work.
-type Sync = Box<dyn Fn() -> Result<()>>;
+/// Submits a device's recorded work (`flush`), and waits for all of it (`wait`).
+struct Waits {
+    flush: Box<dyn Fn()>,
+    wait: Box<dyn Fn() -> Result<()>>,
+}
 
 struct Case {
     name: String,
@@ -94,12 +105,17 @@ fn cases(quick: bool) -> Vec<Case> {
 
 fn main() {
     let quick = std::env::args().any(|a| a == "--quick");
-    let mut devices: Vec<(String, Device, Sync)> = Vec::new();
+    let mut devices: Vec<(String, Device, Waits)> = Vec::new();
     match ferrite_wgpu::default_adapter().map(ferrite_wgpu::WgpuDevice::new) {
         Some(Ok(w)) => {
             let label = format!("wgpu ({}, {})", w.name(), w.backend_name());
             let dev = w.device();
-            devices.push((label, dev, Box::new(move || w.synchronize())));
+            let w2 = w.clone();
+            let sync = Waits {
+                flush: Box::new(move || w2.flush()),
+                wait: Box::new(move || w.synchronize()),
+            };
+            devices.push((label, dev, sync));
         }
         Some(Err(e)) => println!("wgpu adapter failed to open: {e}"),
         None => println!("bandwidth: no wgpu adapter"),
@@ -109,7 +125,11 @@ fn main() {
             Ok(c) => {
                 let label = format!("cuda ({})", c.name());
                 let dev = c.device();
-                devices.push((label, dev, Box::new(move || c.synchronize())));
+                let sync = Waits {
+                    flush: Box::new(|| {}),
+                    wait: Box::new(move || c.synchronize()),
+                };
+                devices.push((label, dev, sync));
             }
             Err(e) => println!("CUDA device 0 failed to open: {e}"),
         }
@@ -119,35 +139,32 @@ fn main() {
         return;
     }
     let reps = if quick { 3 } else { 50 };
-    println!(
-        "| op | {} | wgpu / cuda |",
-        devices
-            .iter()
-            .map(|d| d.0.as_str())
-            .collect::<Vec<_>>()
-            .join(" GB/s | ")
-            + " GB/s"
-    );
-    println!("|---|{}---|", "---|".repeat(devices.len()));
+    // Per device: GB/s, then the host's microseconds per op issuing and submitting them.
+    let head: Vec<String> = devices
+        .iter()
+        .map(|d| format!("{} GB/s | issue us/op | submit us/op", d.0))
+        .collect();
+    println!("| op | {} | wgpu / cuda |", head.join(" | "));
+    println!("|---|{}---|", "---|---|---|".repeat(devices.len()));
     for case in cases(quick) {
         let mut gbs = Vec::new();
+        let mut cells = Vec::new();
         for (_, dev, sync) in &devices {
             let f = (case.run)(dev);
-            let ms = time(reps, sync.as_ref(), f.as_ref());
+            let [ms, issue, submit] = time(reps, sync, f.as_ref());
             gbs.push(case.bytes / ms / 1e6);
+            cells.push(format!(
+                "{:.0} | {:.1} | {:.1}",
+                case.bytes / ms / 1e6,
+                issue * 1e3,
+                submit * 1e3
+            ));
         }
         let ratio = if gbs.len() == 2 {
             format!("{:.0}%", 100.0 * gbs[0] / gbs[1])
         } else {
             "-".to_string()
         };
-        println!(
-            "| {} | {} | {ratio} |",
-            case.name,
-            gbs.iter()
-                .map(|g| format!("{g:.0}"))
-                .collect::<Vec<_>>()
-                .join(" | ")
-        );
+        println!("| {} | {} | {ratio} |", case.name, cells.join(" | "));
     }
 }

@@ -2,8 +2,11 @@
 //!
 //! Execution model (the CUDA backend's, on one wgpu queue):
 //! - Ops record compute passes into the device's open command encoder (the *batch*) and return
-//!   at once. A batch is submitted when it holds `BATCH_DISPATCHES` dispatches, when its
-//!   parameter buffer is full, or when a host read needs its work.
+//!   at once. A batch is submitted when it holds its dispatch limit, when its parameter buffer
+//!   is full, or when a host read needs its work. After the host waited for the device (which
+//!   is then idle) the limit starts at `FIRST_DISPATCHES` and doubles with each batch up to
+//!   `BATCH_DISPATCHES`, so the device starts on the first ops while the host records the
+//!   next ones, and long runs of ops still go in few submissions.
 //! - Each storage remembers the batch that last wrote it. A host read submits that batch if it
 //!   is still open, then a copy into a mappable buffer, and waits for exactly that copy's
 //!   submission (which the queue orders after every write it needs); a storage written in an
@@ -21,10 +24,13 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-/// Dispatches per submitted batch.
+/// Dispatches per submitted batch, at most.
 const BATCH_DISPATCHES: u32 = 256;
-/// Parameter words per batch (a dispatch with more gets a batch of its own size).
-const PARAM_WORDS: usize = 1 << 16;
+/// Dispatches of the first batch after a host wait.
+const FIRST_DISPATCHES: u32 = 8;
+/// Parameter words per dispatch the parameter buffer is sized for (a batch that needs more
+/// is submitted early; a dispatch with more gets a buffer of its own size).
+const PARAM_WORDS_PER_DISPATCH: usize = 256;
 
 /// Host synchronization counters.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -55,6 +61,8 @@ struct Batch {
     param_buf: Option<wgpu::Buffer>,
     param_cap: usize,
     dispatches: u32,
+    /// Dispatches at which this batch is submitted (see the module's contract).
+    limit: u32,
 }
 
 type LayoutKey = Vec<bool>;
@@ -160,6 +168,7 @@ impl WgpuBackend {
                 param_buf: None,
                 param_cap: 0,
                 dispatches: 0,
+                limit: FIRST_DISPATCHES,
             }),
             pipelines: Mutex::new(HashMap::new()),
             layouts: Mutex::new(HashMap::new()),
@@ -369,7 +378,7 @@ impl WgpuBackend {
             self.submit_locked(&mut b);
         }
         if b.param_buf.is_none() {
-            let cap = PARAM_WORDS.max(need);
+            let cap = (PARAM_WORDS_PER_DISPATCH * b.limit as usize).max(need);
             b.param_buf = Some(self.device.create_buffer(&wgpu::BufferDescriptor {
                 label: Some("params"),
                 size: (cap * 4) as u64,
@@ -416,8 +425,9 @@ impl WgpuBackend {
         b.dispatches += 1;
         self.launches.fetch_add(1, Ordering::Relaxed);
         let id = b.id;
-        if b.dispatches >= BATCH_DISPATCHES {
+        if b.dispatches >= b.limit {
             self.submit_locked(&mut b);
+            b.limit = (b.limit * 2).min(BATCH_DISPATCHES);
         }
         Ok(id)
     }
@@ -466,6 +476,13 @@ impl WgpuBackend {
         Some(idx)
     }
 
+    /// After a host wait: the device may be idle, so the open batch goes out after its first
+    /// few dispatches.
+    fn waited(&self) {
+        let mut b = lock(&self.batch);
+        b.limit = FIRST_DISPATCHES.max(b.dispatches + 1);
+    }
+
     /// Submits the open batch (benchmarks and tests; reads submit what they need).
     pub fn flush(&self) {
         let mut b = lock(&self.batch);
@@ -479,6 +496,7 @@ impl WgpuBackend {
         self.device
             .poll(wgpu::PollType::wait_indefinitely())
             .map_err(|e| Error::backend("synchronize", e.to_string()))?;
+        self.waited();
         self.check("synchronize")
     }
 
@@ -568,6 +586,7 @@ impl WgpuBackend {
                 timeout: None,
             })
             .map_err(|e| Error::backend("to_host", format!("waiting for the device: {e}")))?;
+        self.waited();
         self.check("to_host")?;
         match rx.recv() {
             Ok(Ok(())) => {}

@@ -333,6 +333,11 @@ impl WgpuDevice {
         self.0.sync_stats()
     }
 
+    /// Submits the ops recorded so far without waiting (benchmarks: to time the submission).
+    pub fn flush(&self) {
+        self.0.flush()
+    }
+
     /// Waits for all queued work (benchmarks only; reads already wait for what they need).
     pub fn synchronize(&self) -> Result<()> {
         self.0.synchronize()

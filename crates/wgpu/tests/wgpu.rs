@@ -222,9 +222,20 @@ fn thousand_ops_wait_once(d: &WgpuDevice) {
     let dev = d.device();
     let mut x = Tensor::from_vec(vec![1.0f32; 4096], [4096], &dev).unwrap();
     let one = Tensor::from_vec(vec![1.0f32; 4096], [4096], &dev).unwrap();
+    // After a wait the device is idle: the first batch goes out after 8 dispatches, and each
+    // later one holds twice as many, up to 256 (device.rs).
+    d.synchronize().unwrap();
     let before = d.sync_stats();
-    for _ in 0..1000 {
+    for i in 0..1000 {
         x = x.add(&one).unwrap();
+        if i == 7 {
+            let s = d.sync_stats();
+            assert_eq!(
+                s.submits - before.submits,
+                1,
+                "8 dispatches after a wait: {s:?}"
+            );
+        }
     }
     let after_enqueue = d.sync_stats();
     let v = x.to_vec::<f32>().unwrap();
@@ -241,8 +252,13 @@ fn thousand_ops_wait_once(d: &WgpuDevice) {
         "the read waited more than once"
     );
     assert_eq!(after.launches - before.launches, 1000);
-    // Batched: far fewer submissions than dispatches.
-    assert!(after.submits - before.submits <= 10, "{after:?}");
+    // Batches of 8, 16, ..., 256, 256 (760 dispatches); the read submits the other 240.
+    assert_eq!(
+        after_enqueue.submits - before.submits,
+        7,
+        "{after_enqueue:?}"
+    );
+    assert_eq!(after.submits - before.submits, 8, "{after:?}");
 }
 
 fn pool_counters(d: &WgpuDevice) {
