@@ -349,7 +349,8 @@ fn engine_vs_with(
 }
 
 /// Synthetic 2-layer models of all 13 weight formats `ferrite synth` writes (every product,
-/// the embedding lookup and, for Q4_1, an untied output matrix through its format's kernel).
+/// the embedding lookup and, for Q4_1, an untied output matrix through its format's kernel),
+/// and the 32-value formats wgpu.rs regroups in both of their upload layouts.
 /// Tolerance: f32 on both sides, summation order only (lavapipe: under 1e-6 of the range).
 fn engine_synthetic(dev: &WgpuDevice) -> Option<String> {
     let dir = tmp_dir();
@@ -377,6 +378,17 @@ fn engine_synthetic(dev: &WgpuDevice) -> Option<String> {
         6,
         1e-5,
     );
+    // Q4_0, Q5_0 and Q8_0 rows of a whole number of 256 values (all of the above) are uploaded
+    // regrouped by eight blocks; rows of 544 and 800 values keep the GGUF layout.
+    for quant in [GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::Q8_0] {
+        let mut cfg = synth_cfg(quant);
+        cfg.preset = "wgpu-gguf-layout";
+        cfg.d_model = 544;
+        cfg.n_ff = 800;
+        let model = leak(synth_model(&cfg, quant, &dir));
+        let name = format!("synthetic {quant}, rows of 544 and 800 values");
+        engine_vs(&name, model, dev, 6, 1e-5);
+    }
     let _ = std::fs::remove_dir_all(&dir);
     None
 }
@@ -585,14 +597,15 @@ fn profile_kernels(dev: &WgpuDevice) -> Option<String> {
         // Averaged over the two steps: the 12-row prompt step's four products per layer at
         // 8 rows, its logit row at 1; the decode step's products at 1. q|k|v and gate/up
         // have the norm folded in; the only norm launch left is each step's output norm.
-        ("norm+matvec q4_0 x8", layers),
-        ("matvec q4_0 x8", layers),
-        ("norm+matvec q4_0 x1", layers),
-        ("matvec q4_0 x1", layers + 1.0),
+        // Rows of 512 and 768 values: Q4_0 regrouped by eight blocks (q4_0x8).
+        ("norm+matvec q4_0x8 x8", layers),
+        ("matvec q4_0x8 x8", layers),
+        ("norm+matvec q4_0x8 x1", layers),
+        ("matvec q4_0x8 x1", layers + 1.0),
         ("attention", layers),
         ("rms_norm", 1.0),
         ("argmax", 1.0),
-        ("embed q4_0", 1.0),
+        ("embed q4_0x8", 1.0),
     ] {
         let row = format!("| {kernel} | {per_step:.1} | ");
         assert!(report.contains(&row), "{row:?} missing in\n{report}");

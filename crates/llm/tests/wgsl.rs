@@ -17,10 +17,10 @@ fn caps(f16_in_f32: bool) -> naga::valid::Capabilities {
 #[test]
 fn every_llm_shader_validates_and_translates_to_msl_and_spirv() {
     let sources = ferrite_llm::model::wgpu::shader_sources();
-    // 13 weight formats x 4 row variants (1 row with 1 or 2 outputs a subgroup, 4 rows, 8
-    // rows) x with and without the input's norm x f16 fields by bit operations or
-    // unpack2x16float, ops, paged.
-    assert_eq!(sources.len(), 13 * 4 * 2 * 2 + 2);
+    // 13 weight formats and 3 regrouped ones x 4 row variants (1 row with 1 or 2 outputs a
+    // subgroup, 4 rows, 8 rows) x with and without the input's norm x f16 fields by bit
+    // operations or unpack2x16float, ops, paged.
+    assert_eq!(sources.len(), 16 * 4 * 2 * 2 + 2);
     let mut failures = Vec::new();
     for (name, entries, src, f16_in_f32) in &sources {
         if *f16_in_f32 != src.contains("return unpack2x16float(") {

@@ -67,14 +67,16 @@ fn err(msg: impl Into<String>) -> Error {
     Error::Other(format!("wgpu kernels: {}", msg.into()))
 }
 
-/// How a weight type is read: its `deq_*` function, bytes of a block, 32-value units per
-/// block and values per block (float types as blocks of 32 values).
+/// How a weight type is read: its `head_*` / `pair_*` functions (`quant.wgsl`), bytes of a
+/// block, 32-value units per block and values per block (float types as blocks of 32 values).
+/// `grouped`: eight GGUF blocks regrouped on upload (`regroup`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 struct Format {
     name: &'static str,
     block_bytes: usize,
     units: usize,
     values: usize,
+    grouped: bool,
 }
 
 fn format_of(ty: GgmlType) -> Option<Format> {
@@ -101,7 +103,71 @@ fn format_of(ty: GgmlType) -> Option<Format> {
         block_bytes: ty.type_size() * values / ty.block_size(),
         units: values / 32,
         values,
+        grouped: false,
     })
+}
+
+/// The 32-value formats whose blocks are not 4-byte aligned and open with an f16 scale
+/// (Q4_0 18 bytes, Q5_0 22, Q8_0 34): rows of a whole number of 256 values are uploaded in
+/// groups of eight blocks, their eight scales first (16 bytes) and then the rest of each block
+/// in order (`regroup`). Every field is then read by aligned word loads, where the GGUF
+/// layout needs two loads and a shift for most of them; the bytes and the values, and the
+/// order the products add them in, are the same.
+fn grouped_name(ty: GgmlType) -> Option<&'static str> {
+    match ty {
+        GgmlType::Q4_0 => Some("q4_0x8"),
+        GgmlType::Q5_0 => Some("q5_0x8"),
+        GgmlType::Q8_0 => Some("q8_0x8"),
+        _ => None,
+    }
+}
+
+/// The format a matrix of `ty` with rows of `cols` values is uploaded in.
+fn format_for(ty: GgmlType, cols: usize) -> Option<Format> {
+    let f = format_of(ty)?;
+    match grouped_name(ty) {
+        Some(name) if cols.is_multiple_of(8 * f.values) => Some(Format {
+            name,
+            block_bytes: 8 * f.block_bytes,
+            units: 8,
+            values: 8 * f.values,
+            grouped: true,
+        }),
+        _ => Some(f),
+    }
+}
+
+/// Every format the kernel set reads: each weight type's, and the regrouped ones.
+fn formats() -> Vec<Format> {
+    WGPU_WEIGHT_TYPES
+        .iter()
+        .flat_map(|&ty| [format_for(ty, 32), format_for(ty, 256)])
+        .flatten()
+        .fold(Vec::new(), |mut v, f| {
+            if !v.contains(&f) {
+                v.push(f);
+            }
+            v
+        })
+}
+
+/// `data` (whole groups of eight blocks of `f`'s GGUF type) in `f`'s upload layout: each
+/// group's eight 2-byte scales, then the other bytes of each block.
+fn regroup(f: &Format, data: &[u8]) -> Vec<u8> {
+    if !f.grouped {
+        return data.to_vec();
+    }
+    let block = f.block_bytes / 8;
+    let mut out = Vec::with_capacity(data.len());
+    for g in data.chunks_exact(f.block_bytes) {
+        for b in g.chunks_exact(block) {
+            out.extend_from_slice(&b[..2]);
+        }
+        for b in g.chunks_exact(block) {
+            out.extend_from_slice(&b[2..]);
+        }
+    }
+    out
 }
 
 /// Every weight type the kernel set reads.
@@ -156,8 +222,7 @@ fn matvec_source(f: &Format, rows: u32, norm: bool, opw: u32, unpack: bool) -> S
 /// translates to Metal Shading Language and SPIR-V.
 pub fn shader_sources() -> Vec<(String, &'static [&'static str], String, bool)> {
     let mut out = Vec::new();
-    for ty in WGPU_WEIGHT_TYPES {
-        let Some(f) = format_of(ty) else { continue };
+    for f in formats() {
         for rows in ROW_VARIANTS {
             for norm in [false, true] {
                 for opw in if rows == 1 { &[1, 2][..] } else { &[1][..] } {
@@ -233,7 +298,7 @@ impl Shape {
 
 /// Where a weight's rows go: (first row, rows) of each chunk.
 fn plan_chunks(name: &str, w: Shape, max_bytes: u64) -> Result<(Format, Vec<(usize, usize)>)> {
-    let fmt = format_of(w.ty).ok_or_else(|| {
+    let fmt = format_for(w.ty, w.cols).ok_or_else(|| {
         err(format!(
             "tensor {name}: weight type {} has no wgpu kernel (supported: {})",
             w.ty,
@@ -441,7 +506,11 @@ impl WgpuModel {
                 .into_iter()
                 .map(|(r0, n)| {
                     Ok(Chunk {
-                        buf: upload_bytes(d, name, &data[r0 * row_bytes..(r0 + n) * row_bytes])?,
+                        buf: upload_bytes(
+                            d,
+                            name,
+                            &regroup(&fmt, &data[r0 * row_bytes..(r0 + n) * row_bytes]),
+                        )?,
                         row0: r0,
                         rows: n,
                     })

@@ -206,6 +206,41 @@ fn pair_q8_0(a: u32, s: u32, h: Head, w: u32) -> Pair {
     return Pair(sbytes4(u32_at(b)), sbytes4(u32_at(b + 16u)));
 }
 
+// Eight Q4_0 / Q5_0 / Q8_0 blocks regrouped (`regroup` in wgpu.rs): the eight f16 scales d
+// (16 bytes), then the rest of each block, so unit s's fields are aligned words.
+
+// Q4_0 x8 (144 bytes): d[8], then qs[16] of each block.
+fn head_q4_0x8(a: u32, s: u32) -> Head {
+    return Head(vec2<f32>(f16_at(a + 2u * s)), vec2<f32>(0.0), 0u);
+}
+
+fn pair_q4_0x8(a: u32, s: u32, h: Head, w: u32) -> Pair {
+    let q = wq[(a >> 2u) + 4u + 4u * s + w];
+    return Pair(uf(nib_lo(q), 8.0), uf(nib_hi(q), 8.0));
+}
+
+// Q5_0 x8 (176 bytes): d[8], then (qh, qs[16]) of each block.
+fn head_q5_0x8(a: u32, s: u32) -> Head {
+    return Head(vec2<f32>(f16_at(a + 2u * s)), vec2<f32>(0.0), wq[(a >> 2u) + 4u + 5u * s]);
+}
+
+fn pair_q5_0x8(a: u32, s: u32, h: Head, w: u32) -> Pair {
+    let q = wq[(a >> 2u) + 5u + 5u * s + w];
+    let lo = uf(nib_lo(q) | high4(h.aux, 4u * w), 16.0);
+    let hi = uf(nib_hi(q) | high4(h.aux, 4u * w + 16u), 16.0);
+    return Pair(lo, hi);
+}
+
+// Q8_0 x8 (272 bytes): d[8], then qs[32] of each block.
+fn head_q8_0x8(a: u32, s: u32) -> Head {
+    return Head(vec2<f32>(f16_at(a + 2u * s)), vec2<f32>(0.0), 0u);
+}
+
+fn pair_q8_0x8(a: u32, s: u32, h: Head, w: u32) -> Pair {
+    let i = (a >> 2u) + 4u + 8u * s + w;
+    return Pair(sbytes4(wq[i]), sbytes4(wq[i + 4u]));
+}
+
 // The 6-bit (scale, min) pair j of a Q4_K / Q5_K block whose 12 scale bytes start at `sa`.
 // Branch-free: bytes j % 4, j % 4 + 4 and j % 4 + 8 hold pair j whatever j is.
 fn scale_min_k4(j: u32, sa: u32) -> vec2<u32> {
