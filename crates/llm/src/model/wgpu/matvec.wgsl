@@ -13,13 +13,14 @@
 //   loads cover whole 128-byte spans and its weight loads consecutive bytes.
 // - A lane takes four units at once (their loads issued together) and adds them to each
 //   sum as ((u0 + u1) + (u2 + u3)), then the remaining units one by one.
-// - The lanes' sums meet in workgroup memory after one barrier and are added in lane order
-//   by one thread per (output, row). Neither the grouping nor that order depends on ROWS or
-//   OPW, so a row's result does not depend on its batch.
+// - The lanes' sums meet in workgroup memory and are added in two steps (`quad`): four lanes
+//   into one, spread over the workgroup's threads, then eight by the thread that stores the
+//   output. Neither the grouping nor that order depends on ROWS or OPW, so a row's result
+//   does not depend on its batch.
 //
 // NORM: x is RMS-normed on the fly (no launch of its own): y = inv_rms(x[r]) * sum_k W[o][k] *
 // (nw[k] * x[r][k]), the norm weights folded into each pair and each row's sum of squares
-// summed alongside by subgroup 0's lanes (the only ones that do), then in lane order.
+// summed alongside by subgroup 0's lanes (the only ones that do), then added as the sums are.
 //
 // params: [0] R activation rows, [1] K columns, [2] n output rows in the chunk, [3] n0 first
 // output column in y, [4] y row stride, [5] weight bytes per row, [6] flags (1: add to y,
@@ -86,24 +87,40 @@ fn squares(xl: vec4<f32>, xh: vec4<f32>) -> f32 {
 var<workgroup> red: array<f32, WG * OPW * ROWS>;
 var<workgroup> ssq: array<f32, LANES * ROWS>;
 
-// 1 / rms of row r (NORM): subgroup 0's sums of squares in lane order.
-fn inv_rms(r: u32, k: u32) -> f32 {
-    var v = 0.0;
-    for (var l = 0u; l < LANES; l++) {
-        v += ssq[l * ROWS + r];
+// The lanes' sums in two steps: lane l < 8 of every (output, row) takes ((l + l8) + (l16 +
+// l24)) (l8: lane l + 8, ...), and (NORM) so do subgroup 0's sums of squares; after a barrier
+// the thread that needs a sum adds lanes 0..8 as a balanced tree (`lane_sum`, `inv_rms`).
+fn quad(t: u32) {
+    let st = 8u * OPW * ROWS;
+    for (var e = t; e < OUTS * ROWS * 8u; e += WG) {
+        let l = e % 8u;
+        let r = (e / 8u) % ROWS;
+        let i = e / (8u * ROWS);
+        let a = (((i / OPW) * LANES + l) * OPW + i % OPW) * ROWS + r;
+        red[a] = (red[a] + red[a + st]) + (red[a + 2u * st] + red[a + 3u * st]);
     }
+    if (NORM) {
+        let sq = 8u * ROWS;
+        for (var a = t; a < sq; a += WG) {
+            ssq[a] = (ssq[a] + ssq[a + sq]) + (ssq[a + 2u * sq] + ssq[a + 3u * sq]);
+        }
+    }
+}
+
+// 1 / rms of row r (NORM), after `quad`.
+fn inv_rms(r: u32, k: u32) -> f32 {
+    let s = ROWS;
+    let v = ((ssq[r] + ssq[r + s]) + (ssq[r + 2u * s] + ssq[r + 3u * s]))
+        + ((ssq[r + 4u * s] + ssq[r + 5u * s]) + (ssq[r + 6u * s] + ssq[r + 7u * s]));
     return 1.0 / sqrt(v / f32(k) + bitcast<f32>(p[9]));
 }
 
-// Sum over the lanes of output i (of this workgroup) for row r, in lane order.
+// Sum over the lanes of output i (of this workgroup) for row r, after `quad`.
 fn lane_sum(i: u32, r: u32) -> f32 {
-    let sg = i / OPW;
-    let j = i % OPW;
-    var v = 0.0;
-    for (var l = 0u; l < LANES; l++) {
-        v += red[((sg * LANES + l) * OPW + j) * ROWS + r];
-    }
-    return v;
+    let b = ((i / OPW) * LANES * OPW + i % OPW) * ROWS + r;
+    let s = OPW * ROWS;
+    return ((red[b] + red[b + s]) + (red[b + 2u * s] + red[b + 3u * s]))
+        + ((red[b + 4u * s] + red[b + 5u * s]) + (red[b + 6u * s] + red[b + 7u * s]));
 }
 
 @compute @workgroup_size(128)
@@ -200,6 +217,8 @@ fn matvec(
             ssq[t * ROWS + r] = ss[r];
         }
     }
+    workgroupBarrier();
+    quad(t);
     workgroupBarrier();
     let flags = p[6];
     let r = t % ROWS;
