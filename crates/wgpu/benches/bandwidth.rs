@@ -152,10 +152,10 @@ fn main() {
         for (_, dev, sync) in &devices {
             let f = (case.run)(dev);
             let [ms, issue, submit] = time(reps, sync, f.as_ref());
-            gbs.push(case.bytes / ms / 1e6);
+            let gb = case.bytes / ms / 1e6;
+            gbs.push(gb);
             cells.push(format!(
-                "{:.0} | {:.1} | {:.1}",
-                case.bytes / ms / 1e6,
+                "{gb:.0} | {:.1} | {:.1}",
                 issue * 1e3,
                 submit * 1e3
             ));

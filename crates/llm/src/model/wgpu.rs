@@ -26,6 +26,7 @@
 //! The kernels live here rather than in `ferrite-wgpu` for the reason `cuda.rs` gives: they
 //! read the GGUF block layouts of this crate.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::Mutex;
 
@@ -122,40 +123,41 @@ fn grouped_name(ty: GgmlType) -> Option<&'static str> {
     }
 }
 
+/// The regrouped format of `ty`, if it has one.
+fn grouped_format(ty: GgmlType) -> Option<Format> {
+    let (name, f) = (grouped_name(ty)?, format_of(ty)?);
+    Some(Format {
+        name,
+        block_bytes: 8 * f.block_bytes,
+        units: 8,
+        values: 8 * f.values,
+        grouped: true,
+    })
+}
+
 /// The format a matrix of `ty` with rows of `cols` values is uploaded in.
 fn format_for(ty: GgmlType, cols: usize) -> Option<Format> {
-    let f = format_of(ty)?;
-    match grouped_name(ty) {
-        Some(name) if cols.is_multiple_of(8 * f.values) => Some(Format {
-            name,
-            block_bytes: 8 * f.block_bytes,
-            units: 8,
-            values: 8 * f.values,
-            grouped: true,
-        }),
-        _ => Some(f),
+    match grouped_format(ty) {
+        Some(g) if cols.is_multiple_of(g.values) => Some(g),
+        _ => format_of(ty),
     }
 }
 
 /// Every format the kernel set reads: each weight type's, and the regrouped ones.
 fn formats() -> Vec<Format> {
-    WGPU_WEIGHT_TYPES
-        .iter()
-        .flat_map(|&ty| [format_for(ty, 32), format_for(ty, 256)])
-        .flatten()
-        .fold(Vec::new(), |mut v, f| {
-            if !v.contains(&f) {
-                v.push(f);
-            }
-            v
-        })
+    let types = WGPU_WEIGHT_TYPES.iter();
+    types
+        .clone()
+        .filter_map(|&ty| format_of(ty))
+        .chain(types.filter_map(|&ty| grouped_format(ty)))
+        .collect()
 }
 
-/// `data` (whole groups of eight blocks of `f`'s GGUF type) in `f`'s upload layout: each
-/// group's eight 2-byte scales, then the other bytes of each block.
-fn regroup(f: &Format, data: &[u8]) -> Vec<u8> {
+/// `data` (whole rows of `f`'s GGUF type) in `f`'s upload layout: as it is, or (`f.grouped`)
+/// each group of eight blocks as their eight 2-byte scales, then the other bytes of each block.
+fn regroup<'d>(f: &Format, data: &'d [u8]) -> Cow<'d, [u8]> {
     if !f.grouped {
-        return data.to_vec();
+        return Cow::Borrowed(data);
     }
     let block = f.block_bytes / 8;
     let mut out = Vec::with_capacity(data.len());
@@ -167,7 +169,7 @@ fn regroup(f: &Format, data: &[u8]) -> Vec<u8> {
             out.extend_from_slice(&b[2..]);
         }
     }
-    out
+    Cow::Owned(out)
 }
 
 /// Every weight type the kernel set reads.
@@ -341,7 +343,8 @@ fn storage_usage() -> wgpu::BufferUsages {
     wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::COPY_SRC
 }
 
-/// A storage buffer holding `bytes` (padded with zeros to whole words plus one).
+/// A storage buffer holding `bytes`, padded with zeros to whole words plus one (written in
+/// place: no padded copy).
 fn upload_bytes(dev: &wgpu::Device, label: &str, bytes: &[u8]) -> Result<wgpu::Buffer> {
     let size = (bytes.len().div_ceil(4) + 1) * 4;
     let buf = dev.create_buffer(&wgpu::BufferDescriptor {
@@ -350,12 +353,14 @@ fn upload_bytes(dev: &wgpu::Device, label: &str, bytes: &[u8]) -> Result<wgpu::B
         usage: storage_usage(),
         mapped_at_creation: true,
     });
-    let mut padded = Vec::with_capacity(size);
-    padded.extend_from_slice(bytes);
-    padded.resize(size, 0);
-    buf.get_mapped_range_mut(..)
-        .map_err(|e| err(format!("uploading {label}: mapping {size} bytes: {e}")))?
-        .copy_from_slice(&padded);
+    {
+        let mut view = buf
+            .get_mapped_range_mut(..)
+            .map_err(|e| err(format!("uploading {label}: mapping {size} bytes: {e}")))?;
+        view.slice(..bytes.len()).copy_from_slice(bytes);
+        view.slice(bytes.len()..)
+            .copy_from_slice(&[0; 8][..size - bytes.len()]);
+    }
     buf.unmap();
     Ok(buf)
 }
