@@ -232,6 +232,15 @@ fn session_runs<K: ferrite_llm::engine::EngineKernels>(
     Ok(results)
 }
 
+/// A GPU kernel set's activations by its precision: 8-bit (`q8`) or `f32`.
+fn acts_name(p: ferrite_llm::Precision) -> &'static str {
+    if p == ferrite_llm::Precision::Q8 {
+        "q8"
+    } else {
+        "f32"
+    }
+}
+
 /// pp and tg on a wgpu adapter, one sequence (`Session::wgpu`: the model definition on the
 /// wgpu kernel set, decode chained as `ferrite run` runs it).
 fn run_wgpu(
@@ -251,8 +260,9 @@ fn run_wgpu(
     let name = file_name(loaded);
     let device = format!("{}, {}", dev.name(), dev.backend_name());
     let mode = format!(
-        "{}f32 activations",
-        if session.chains() { "chained, " } else { "" }
+        "{}{} activations",
+        if session.chains() { "chained, " } else { "" },
+        acts_name(wm.precision())
     );
     if args.json {
         let tests: Vec<_> = results.iter().map(|r| test_json(r, args)).collect();
@@ -260,6 +270,7 @@ fn run_wgpu(
             "model": loaded.path, "model_file": name,
             "size_mib": model.gguf().file_size() as f64 / MIB,
             "arch": model.cfg.arch_name, "backend": "wgpu", "device": device, "mode": mode,
+            "precision": acts_name(wm.precision()),
             "batch": 1, "n_prompt": args.p, "n_gen": args.n, "ctx": need,
             "version": env!("CARGO_PKG_VERSION"), "weight_bytes": wm.weight_bytes(),
             "repetitions": args.r, "results": tests, "pick_read_us": wait_us,
@@ -304,16 +315,15 @@ fn run_cuda(
     let name = file_name(loaded);
     let size_mib = model.gguf().file_size() as f64 / MIB;
     let backend = format!("CUDA ({})", dev.name());
-    let q8 = model.precision() == ferrite_llm::Precision::Q8;
+    let acts = acts_name(gm.precision());
     let mode = format!(
-        "{}{}, {} activations",
+        "{}{}, {acts} activations",
         if session.kernels().uses_graphs() {
             "graph"
         } else {
             "eager launches"
         },
         if session.chains() { ", chained" } else { "" },
-        if q8 { "q8" } else { "f32" }
     );
     let gb_s = |tok_s: f64| per_token * tok_s / 1e9;
     if args.json {
@@ -330,7 +340,7 @@ fn run_cuda(
         let out = serde_json::json!({
             "model": loaded.path, "model_file": name, "size_mib": size_mib,
             "arch": model.cfg.arch_name, "backend": "cuda", "device": backend,
-            "precision": if q8 { "q8" } else { "f32" },
+            "precision": acts,
             "n_prompt": args.p, "n_gen": args.n, "ctx": need,
             "version": env!("CARGO_PKG_VERSION"), "mode": mode, "step_rows": ferrite_llm::session::CUDA_ROWS,
             "weight_bytes_per_token": per_token, "repetitions": args.r, "results": tests,
@@ -405,7 +415,7 @@ fn run_batch(args: &Args, loaded: &Loaded, b: usize, on: BenchDevice<'_>) -> any
                 runs,
                 "wgpu engine",
                 format!("{}, {}", dev.name(), dev.backend_name()),
-                "f32 activations".to_string(),
+                format!("{} activations", acts_name(wm.precision())),
             )
         }
         BenchDevice::Cuda(dev) => {
@@ -413,14 +423,13 @@ fn run_batch(args: &Args, loaded: &Loaded, b: usize, on: BenchDevice<'_>) -> any
             let mut engine = Engine::cuda(&gm, EngineConfig::new(ctx, b))?;
             let runs = engine_runs(&mut engine, args, b, model.cfg.vocab)?;
             let (graphs, replays) = engine.kernels().graph_stats();
-            let q8 = gm.precision() == ferrite_llm::Precision::Q8;
             (
                 runs,
                 "CUDA engine",
                 dev.name().to_string(),
                 format!(
                     "{} activations, {graphs} graphs, {replays} replays",
-                    if q8 { "q8" } else { "f32" }
+                    acts_name(gm.precision())
                 ),
             )
         }
