@@ -36,6 +36,10 @@ fn tests() -> Vec<(&'static str, TestFn)> {
             engine_synthetic,
         ),
         (
+            "wgpu_engine_q8_every_format_batch_equals_alone_and_cpu_q8",
+            engine_synthetic_q8,
+        ),
+        (
             "wgpu_engine_gemma3_shaped_synthetic_matches_cpu",
             engine_synthetic_gemma_shape,
         ),
@@ -388,6 +392,59 @@ fn engine_synthetic(dev: &WgpuDevice) -> Option<String> {
         let model = leak(synth_model(&cfg, quant, &dir));
         let name = format!("synthetic {quant}, rows of 544 and 800 values");
         engine_vs(&name, model, dev, 6, 1e-5);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    None
+}
+
+/// The q8 precision (8-bit activations quantized in each product's workgroup, `Q8` of
+/// matvec.wgsl) for the weight types that have it, against the CPU's q8 mode, which
+/// quantizes the same way: batched equals alone bit for bit, logits within 0.025 of the
+/// range (the CUDA q8 tests' tolerance). The CPU's q8 mode keeps its KV cache in f16, this
+/// kernel set in f32, and each input that this moves across a rounding edge moves a product
+/// by a whole 8-bit step: ~1e-2 of the range here (with the CPU's KV cache in f32, measured
+/// once: 4e-7, the same bytes). Also rows of 8,448 values (264 units: two activation tiles of
+/// a one-row product, nine of an 8-row one), and Q4_0, Q5_0, Q8_0 in the GGUF layout.
+fn engine_synthetic_q8(dev: &WgpuDevice) -> Option<String> {
+    let dir = tmp_dir();
+    let q8_types = [
+        GgmlType::Q4_0,
+        GgmlType::Q4_1,
+        GgmlType::Q5_0,
+        GgmlType::Q5_1,
+        GgmlType::Q8_0,
+        GgmlType::Q4_K,
+        GgmlType::Q6_K,
+    ];
+    let mut cases = Vec::new();
+    for quant in q8_types {
+        cases.push((synth_cfg(quant), quant, "rows of 512 and 768 values"));
+    }
+    for quant in [GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::Q8_0] {
+        let mut cfg = synth_cfg(quant);
+        cfg.preset = "wgpu-gguf-layout";
+        cfg.d_model = 544;
+        cfg.n_ff = 800;
+        cases.push((cfg, quant, "rows of 544 and 800 values"));
+    }
+    let mut cfg = synth_cfg(GgmlType::Q4_0);
+    cfg.preset = "wgpu-long-rows";
+    cfg.d_model = 256;
+    cfg.n_ff = 8448;
+    cases.push((cfg, GgmlType::Q4_0, "rows of 8,448 values"));
+    for (cfg, quant, what) in cases {
+        let mut model = synth_model(&cfg, quant, &dir);
+        model.set_precision(Precision::Q8);
+        let model = leak(model);
+        let wm = leak(WgpuModel::new(model, dev).unwrap());
+        assert_eq!(wm.precision(), Precision::Q8);
+        engine_vs_with(
+            &format!("synthetic {quant} q8, {what}"),
+            model,
+            wm,
+            6,
+            0.025,
+        );
     }
     let _ = std::fs::remove_dir_all(&dir);
     None

@@ -1,5 +1,11 @@
 //! The wgpu kernel set of the model definition ([`super::step`]): WGSL compute shaders on
-//! any wgpu adapter (Vulkan, Metal, DX12; Mesa's lavapipe on the CPU), f32 activations.
+//! any wgpu adapter (Vulkan, Metal, DX12; Mesa's lavapipe on the CPU).
+//!
+//! Activations are f32, or 8-bit in the q8 precision (the CUDA kernel set's rule where none
+//! was chosen: q8 above 1 GiB of weights): there each product of Q4_0, Q4_1, Q5_0, Q5_1,
+//! Q8_0, Q4_K or Q6_K weights takes its input quantized (and RMS-normed) by a `quantize_q8`
+//! dispatch of its own, in the CPU's blocks (32 values, an f32 scale), and sums integer dot
+//! products (`dot4I8Packed`).
 //!
 //! - [`WgpuModel`] uploads the weights in their GGUF blocks (read by the shaders as
 //!   `array<u32>`, `wgpu/quant.wgsl`), split by rows over as many buffers as the adapter's
@@ -36,7 +42,7 @@ use ferrite_wgpu::WgpuDevice;
 
 use super::config::Config;
 use super::step::{Batch, Buf, Glu, Kernels, Mat, Norm, PREV_TOKEN};
-use super::{Model, Weight};
+use super::{Model, Precision, Weight};
 use crate::engine::{Engine, EngineConfig, EngineKernels};
 use crate::error::{Error, Result};
 use crate::kv_cache::{BlockId, KvStore, BLOCK_SIZE};
@@ -192,15 +198,41 @@ fn outs_per_subgroup(n: usize, rows: u32) -> u32 {
     }
 }
 
+/// Whether `f` has 8-bit products (`ipair_*` of `quant.wgsl`): the weight types the CPU's
+/// and CUDA's q8 mode multiply with 8-bit activations (`ActFormat::for_weight`), the others
+/// keep f32 activations there too.
+fn has_q8(f: &Format) -> bool {
+    matches!(
+        f.name,
+        "q4_0"
+            | "q4_1"
+            | "q5_0"
+            | "q5_1"
+            | "q8_0"
+            | "q4_k"
+            | "q6_k"
+            | "q4_0x8"
+            | "q5_0x8"
+            | "q8_0x8"
+    )
+}
+
+/// Words of one row of `cols` values quantized by `quantize_q8` (ops.wgsl): the values as
+/// four signed bytes a word, then a block scale per 32 values.
+fn q8_row_words(cols: usize) -> usize {
+    cols / 4 + cols / 32
+}
+
 /// `half` of `quant.wgsl` as the bit operations it is written with.
 const HALF_BITS: &str = "fn half(h: u32) -> f32 {\n    return half_bits(h);\n}";
 /// `half` as one conversion (adapters with `DownlevelFlags::SHADER_F16_IN_F32`).
 const HALF_UNPACK: &str = "fn half(h: u32) -> f32 {\n    return unpack2x16float(h).x;\n}";
 
 /// The product module of format `f` for `rows` activation rows and `opw` output rows per
-/// subgroup, with the RMS norm of its input folded in (`norm`) or not, and f16 fields read
-/// with `unpack2x16float` (`unpack`) or bit operations.
-fn matvec_source(f: &Format, rows: u32, norm: bool, opw: u32, unpack: bool) -> String {
+/// subgroup, with the RMS norm of its input folded in (`norm`) or not, f16 fields read
+/// with `unpack2x16float` (`unpack`) or bit operations, and 8-bit activations (`q8`, formats
+/// with `has_q8`, inputs quantized and normed by `quantize_q8`: `norm` false) or f32.
+fn matvec_source(f: &Format, rows: u32, norm: bool, opw: u32, unpack: bool, q8: bool) -> String {
     // Formats whose values carry a min (`d * q + m`, `quant.wgsl`).
     let mins = matches!(f.name, "q4_1" | "q5_1" | "q2_k" | "q4_k" | "q5_k");
     let quant = if unpack {
@@ -208,11 +240,20 @@ fn matvec_source(f: &Format, rows: u32, norm: bool, opw: u32, unpack: bool) -> S
     } else {
         QUANT.to_string()
     };
+    let q8 = q8 && has_q8(f) && !norm;
+    let ipair = if has_q8(f) {
+        format!("return ipair_{}(a, s, h, w);", f.name)
+    } else {
+        // Q8 is false and nothing calls it.
+        "return vec2<u32>(0u);".to_string()
+    };
     format!(
         "const ROWS: u32 = {rows}u;\nconst BLOCK_BYTES: u32 = {}u;\nconst UNITS: u32 = {}u;\n\
-         const MINS: bool = {mins};\nconst NORM: bool = {norm};\nconst OPW: u32 = {opw}u;\n{quant}\n\
+         const MINS: bool = {mins};\nconst NORM: bool = {norm};\nconst OPW: u32 = {opw}u;\n\
+         const Q8: bool = {q8};\n{quant}\n\
          fn head(a: u32, s: u32) -> Head {{\n    return head_{n}(a, s);\n}}\n\
-         fn pair(a: u32, s: u32, h: Head, w: u32) -> Pair {{\n    return pair_{n}(a, s, h, w);\n}}\n{MATVEC}",
+         fn pair(a: u32, s: u32, h: Head, w: u32) -> Pair {{\n    return pair_{n}(a, s, h, w);\n}}\n\
+         fn ipair(a: u32, s: u32, h: Head, w: u32) -> vec2<u32> {{\n    {ipair}\n}}\n{MATVEC}",
         f.block_bytes,
         f.units,
         n = f.name
@@ -229,17 +270,25 @@ pub fn shader_sources() -> Vec<(String, &'static [&'static str], String, bool)> 
             for norm in [false, true] {
                 for opw in if rows == 1 { &[1, 2][..] } else { &[1][..] } {
                     for unpack in [false, true] {
-                        let what = if norm { ", normed input" } else { "" };
-                        let how = if unpack { ", unpack2x16float" } else { "" };
-                        out.push((
-                            format!(
-                                "matvec.wgsl ({}, {rows} rows, {opw} outputs{what}{how})",
-                                f.name
-                            ),
-                            &["matvec", "embed"][..],
-                            matvec_source(&f, rows, norm, *opw, unpack),
-                            unpack,
-                        ));
+                        let q8s = if has_q8(&f) && !norm {
+                            &[false, true][..]
+                        } else {
+                            &[false][..]
+                        };
+                        for q8 in q8s {
+                            let what = if norm { ", normed input" } else { "" };
+                            let how = if unpack { ", unpack2x16float" } else { "" };
+                            let acts = if *q8 { ", 8-bit activations" } else { "" };
+                            out.push((
+                                format!(
+                                    "matvec.wgsl ({}, {rows} rows, {opw} outputs{what}{how}{acts})",
+                                    f.name
+                                ),
+                                &["matvec", "embed"][..],
+                                matvec_source(&f, rows, norm, *opw, unpack, *q8),
+                                unpack,
+                            ));
+                        }
                     }
                 }
             }
@@ -247,7 +296,13 @@ pub fn shader_sources() -> Vec<(String, &'static [&'static str], String, bool)> 
     }
     out.push((
         "ops.wgsl".into(),
-        &["rms_norm", "rms_norm_inplace", "glu", "argmax"][..],
+        &[
+            "rms_norm",
+            "rms_norm_inplace",
+            "glu",
+            "argmax",
+            "quantize_q8",
+        ][..],
         OPS.to_string(),
         false,
     ));
@@ -419,6 +474,8 @@ pub struct WgpuModel {
     /// Bound where a product has no bias.
     dummy: wgpu::Buffer,
     weight_bytes: usize,
+    /// Products of quantized weights take 8-bit activations (the q8 precision).
+    q8: bool,
     max_binding: u64,
     /// Pipelines compiled by any kernel set of this model, shared by the later ones (a
     /// session or engine compiles each entry point once per model, not once per session).
@@ -616,6 +673,13 @@ impl WgpuModel {
             });
         }
         let output_norm = upload_f32(d, "norm", &m.output_norm)?;
+        // The CUDA kernel set's rule where none was chosen: f32 activations up to 1 GiB of
+        // weights, 8-bit above (where bandwidth decides); q8x2 means f32 here.
+        let precision = if m.precision_is_explicit() {
+            m.precision()
+        } else {
+            crate::gpu::default_precision(weight_bytes)
+        };
         // Bound where a product has no bias or no norm (16 bytes: one vec4).
         let dummy = zeros(d, "no bias", 16);
         dev.check_errors("wgpu model upload")
@@ -630,6 +694,7 @@ impl WgpuModel {
             rope_freq_factors: m.rope_freq_factors.clone(),
             dummy,
             weight_bytes,
+            q8: precision == Precision::Q8,
             max_binding,
             pipes: Mutex::new(HashMap::new()),
         })
@@ -642,6 +707,15 @@ impl WgpuModel {
     /// Bytes of weight blocks on the device.
     pub fn weight_bytes(&self) -> usize {
         self.weight_bytes
+    }
+
+    /// The products' activations: `Q8` (8-bit, for quantized weights) or `Exact` (f32).
+    pub fn precision(&self) -> Precision {
+        if self.q8 {
+            Precision::Q8
+        } else {
+            Precision::Exact
+        }
     }
 
     /// A buffer size check against the adapter's largest storage binding.
@@ -905,8 +979,8 @@ struct Disp {
 /// Which shader module a pipeline comes from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 enum Module {
-    /// Format, ROWS, NORM, OPW.
-    Matvec(Format, u32, bool, u32),
+    /// Format, ROWS, NORM, OPW, Q8.
+    Matvec(Format, u32, bool, u32, bool),
     Ops,
     Paged,
 }
@@ -918,6 +992,9 @@ struct Scratch {
     bufs: [wgpu::Buffer; 8],
     /// The logit rows' normalized activations, logits, greedy tokens.
     xo: wgpu::Buffer,
+    /// A product's input quantized by `quantize_q8` (the q8 precision), rows of the widest
+    /// input.
+    xq: wgpu::Buffer,
     logits: wgpu::Buffer,
     toks: wgpu::Buffer,
     logits_rb: wgpu::Buffer,
@@ -1105,19 +1182,18 @@ impl<'g> WgpuKernels<'g> {
             return Ok(i);
         }
         let (label, src) = match module {
-            Module::Matvec(f, rows, norm, opw) => (
+            Module::Matvec(f, rows, norm, opw, q8) => (
                 format!("matvec {}", f.name),
-                matvec_source(&f, rows, norm, opw, self.m.dev.f16_in_f32()),
+                matvec_source(&f, rows, norm, opw, self.m.dev.f16_in_f32(), q8),
             ),
             Module::Ops => ("ops".to_string(), OPS.to_string()),
             Module::Paged => ("paged".to_string(), PAGED.to_string()),
         };
         let name = match module {
-            Module::Matvec(f, rows, false, _) if entry == "matvec" => {
-                format!("matvec {} x{rows}", f.name)
-            }
-            Module::Matvec(f, rows, true, _) if entry == "matvec" => {
-                format!("norm+matvec {} x{rows}", f.name)
+            Module::Matvec(f, rows, norm, _, q8) if entry == "matvec" => {
+                let norm = if norm { "norm+" } else { "" };
+                let q8 = if q8 { " q8" } else { "" };
+                format!("{norm}matvec {}{q8} x{rows}", f.name)
             }
             Module::Matvec(f, ..) => format!("{entry} {}", f.name),
             _ => entry.to_string(),
@@ -1220,6 +1296,10 @@ impl<'g> WgpuKernels<'g> {
             &format!("logits of {out} rows of {}", c.vocab),
             out * c.vocab * 4,
         )?;
+        let widest = c.d_model.max(c.n_ff).max(c.n_head * c.head_dim);
+        let xq_bytes = rows.max(out) * q8_row_words(widest) * 4;
+        self.m
+            .check_binding(&format!("8-bit activations of {rows} rows"), xq_bytes)?;
         let d = self.dev();
         let f32s = |n: usize, l: &str| zeros(d, l, n * 4);
         let bufs = [
@@ -1262,6 +1342,7 @@ impl<'g> WgpuKernels<'g> {
             out,
             bufs,
             xo: f32s(out * c.d_model, "llm logit rows"),
+            xq: zeros(d, "llm 8-bit activations", xq_bytes),
             logits: f32s(out * c.vocab, "llm logits"),
             toks,
             logits_rb: rb(out * c.vocab * 4),
@@ -1337,6 +1418,14 @@ impl<'g> WgpuKernels<'g> {
             2..8 => 4,
             _ => 8,
         };
+        let q8 = self.m.q8 && has_q8(&w.fmt);
+        // q8: the input quantized (and normed) once, by its own dispatch.
+        let xq = if q8 {
+            Some(self.quantize_q8(&x, norm.as_ref(), w.cols, x_stride, rows)?)
+        } else {
+            None
+        };
+        let norm = if q8 { None } else { norm };
         let normed = norm.is_some();
         let nw = norm.unwrap_or_else(|| self.m.dummy.clone());
         let nrg = rows.div_ceil(r as usize);
@@ -1349,7 +1438,7 @@ impl<'g> WgpuKernels<'g> {
         let bias = w.bias.clone().unwrap_or_else(|| self.m.dummy.clone());
         for ch in &w.chunks {
             let opw = outs_per_subgroup(ch.rows, r);
-            let pipe = self.pipe(Module::Matvec(w.fmt, r, normed, opw), "matvec")?;
+            let pipe = self.pipe(Module::Matvec(w.fmt, r, normed, opw, q8), "matvec")?;
             let params = vec![
                 u32_of(rows, "rows")?,
                 u32_of(w.cols, "cols")?,
@@ -1362,17 +1451,47 @@ impl<'g> WgpuKernels<'g> {
                 u32_of(col0, "output column")?,
                 self.m.cfg.eps.to_bits(),
             ];
-            let binds = vec![
+            let mut binds = vec![
                 (1, ch.buf.clone()),
                 (2, x.clone()),
                 (3, out.clone()),
                 (4, bias.clone()),
                 (6, nw.clone()),
             ];
+            // The Q8 products read their input at 5 (`sdata`), which the f32 ones declare too.
+            binds.push((5, xq.clone().unwrap_or_else(|| self.m.dummy.clone())));
             let groups = ch.rows.div_ceil(MATVEC_OUTS * opw as usize) * nrg;
             self.push(pipe, params, binds, groups)?;
         }
         Ok(())
+    }
+
+    /// Plans `quantize_q8` of `rows` rows of `x` (`cols` values, `x_stride` apart), normed
+    /// with `norm` where given; returns the buffer it fills.
+    fn quantize_q8(
+        &mut self,
+        x: &wgpu::Buffer,
+        norm: Option<&wgpu::Buffer>,
+        cols: usize,
+        x_stride: usize,
+        rows: usize,
+    ) -> Result<wgpu::Buffer> {
+        let xq = self.scratch()?.xq.clone();
+        let pipe = self.pipe(Module::Ops, "quantize_q8")?;
+        // QB of ops.wgsl: blocks of 32 values a workgroup.
+        let per_row = (cols / 32).div_ceil(64);
+        let params = vec![
+            u32_of(cols, "cols")?,
+            u32_of(rows, "rows")?,
+            self.m.cfg.eps.to_bits(),
+            u32::from(norm.is_some()),
+            u32_of(x_stride, "input stride")?,
+            u32_of(per_row, "workgroups per row")?,
+        ];
+        let nw = norm.cloned().unwrap_or_else(|| self.m.dummy.clone());
+        let binds = vec![(1, x.clone()), (3, nw), (6, xq.clone())];
+        self.push(pipe, params, binds, rows * per_row)?;
+        Ok(xq)
     }
 
     fn mat(&self, w: Mat) -> Result<&'g WMat> {
@@ -1870,7 +1989,7 @@ impl Kernels for WgpuKernels<'_> {
     fn embed(&mut self, out: Buf) -> Result<()> {
         let w = &self.m.tok_embd;
         let rows = self.n_rows;
-        let pipe = self.pipe(Module::Matvec(w.fmt, 1, false, 1), "embed")?;
+        let pipe = self.pipe(Module::Matvec(w.fmt, 1, false, 1, false), "embed")?;
         let y = self.buf(out)?;
         let meta = self.meta_buf()?;
         let toks = self.scratch()?.toks.clone();

@@ -1,6 +1,6 @@
 // Quantized matrix products and the embedding lookup over GGUF blocks (`quant.wgsl`, with
-// `head`, `pair`, BLOCK_BYTES, UNITS (32-value units per block), MINS, ROWS, NORM and OPW
-// prepended by `wgpu.rs`).
+// `head`, `pair`, `ipair`, BLOCK_BYTES, UNITS (32-value units per block), MINS, ROWS, NORM,
+// OPW and Q8 prepended by `wgpu.rs`).
 //
 // matvec: y[r][n0 + o] (+)= sum_k W[o][k] * x[r][k] (+ bias[n0 + o]) for the output rows o of
 // one matrix chunk and the activation rows r of the step. A workgroup of 128 threads (four
@@ -21,6 +21,12 @@
 // NORM: x is RMS-normed on the fly (no launch of its own): y = inv_rms(x[r]) * sum_k W[o][k] *
 // (nw[k] * x[r][k]), the norm weights folded into each pair and each row's sum of squares
 // summed alongside by subgroup 0's lanes (the only ones that do), then added as the sums are.
+//
+// Q8 (the q8 precision): x is 8-bit, quantized by `quantize_q8` of ops.wgsl (the RMS norm
+// applied there: NORM is false) and bound as words at binding 5, each row `k / 4` words of
+// four signed bytes and then `k / 32` f32 block scales; each pair's products are two
+// `dot4I8Packed` of its weight bytes (`ipair`) against the activation words, scaled once per
+// pair, the units grouped and added in the order of the f32 path.
 //
 // params: [0] R activation rows, [1] K columns, [2] n output rows in the chunk, [3] n0 first
 // output column in y, [4] y row stride, [5] weight bytes per row, [6] flags (1: add to y,
@@ -80,6 +86,89 @@ fn unit_dot(q: Unit, xl: vec4<f32>, xh: vec4<f32>) -> f32 {
 // A row's sum of squares over one pair's activations (NORM).
 fn squares(xl: vec4<f32>, xh: vec4<f32>) -> f32 {
     return dot(xl, xl) + dot(xh, xh);
+}
+
+// Q8: a pair as two words of four signed bytes (values 4w.. and 16 + 4w..), with its head.
+struct IUnit {
+    h: Head,
+    lo: u32,
+    hi: u32,
+}
+
+fn iunit_at(base: u32, u: u32, w: u32) -> IUnit {
+    let a = base + (u / UNITS) * BLOCK_BYTES;
+    let s = u % UNITS;
+    let h = head(a, s);
+    let v = ipair(a, s, h, w);
+    return IUnit(h, v.x, v.y);
+}
+
+const ONES: u32 = 0x01010101u;
+
+// A pair's products with one row's quantized activations (words xl, xh of a block of scale
+// d): integer dots, then the pair's scales (and mins, through the activations' sums).
+fn unit_q8(q: IUnit, xl: u32, xh: u32, d: f32) -> f32 {
+    var v = q.h.d.x * f32(dot4I8Packed(q.lo, xl)) + q.h.d.y * f32(dot4I8Packed(q.hi, xh));
+    if (MINS) {
+        v += q.h.m.x * f32(dot4I8Packed(xl, ONES)) + q.h.m.y * f32(dot4I8Packed(xh, ONES));
+    }
+    return d * v;
+}
+
+// Q8: this lane's products over the row's units, grouped as the f32 loop groups them.
+fn products_q8(lane: u32, units: u32, r0: u32, rows: u32, k: u32, base: u32, base2: u32,
+               acc: ptr<function, array<f32, ROWS>>, acc2: ptr<function, array<f32, ROWS>>) {
+    let w = lane % PAIRS;
+    let rs = k / 4u + units;
+    var u = lane / PAIRS;
+    for (; u + 3u * STEP < units; u += 4u * STEP) {
+        let q0 = iunit_at(base, u, w);
+        let q1 = iunit_at(base, u + STEP, w);
+        let q2 = iunit_at(base, u + 2u * STEP, w);
+        let q3 = iunit_at(base, u + 3u * STEP, w);
+        let b0 = iunit_at(base2, u, w);
+        let b1 = iunit_at(base2, u + STEP, w);
+        let b2 = iunit_at(base2, u + 2u * STEP, w);
+        let b3 = iunit_at(base2, u + 3u * STEP, w);
+        for (var r = 0u; r < ROWS; r++) {
+            let xr = min(r0 + r, rows - 1u) * rs;
+            let xi = xr + u * 8u + w;
+            let xa = sdata[xi];
+            let xb = sdata[xi + 4u];
+            let xc = sdata[xi + STEP * 8u];
+            let xd = sdata[xi + STEP * 8u + 4u];
+            let xe = sdata[xi + STEP * 16u];
+            let xf = sdata[xi + STEP * 16u + 4u];
+            let xg = sdata[xi + STEP * 24u];
+            let xh = sdata[xi + STEP * 24u + 4u];
+            let di = xr + k / 4u + u;
+            let d0 = bitcast<f32>(sdata[di]);
+            let d1 = bitcast<f32>(sdata[di + STEP]);
+            let d2 = bitcast<f32>(sdata[di + 2u * STEP]);
+            let d3 = bitcast<f32>(sdata[di + 3u * STEP]);
+            (*acc)[r] += (unit_q8(q0, xa, xb, d0) + unit_q8(q1, xc, xd, d1))
+                + (unit_q8(q2, xe, xf, d2) + unit_q8(q3, xg, xh, d3));
+            if (OPW == 2u) {
+                (*acc2)[r] += (unit_q8(b0, xa, xb, d0) + unit_q8(b1, xc, xd, d1))
+                    + (unit_q8(b2, xe, xf, d2) + unit_q8(b3, xg, xh, d3));
+            }
+        }
+    }
+    for (; u < units; u += STEP) {
+        let q = iunit_at(base, u, w);
+        let b = iunit_at(base2, u, w);
+        for (var r = 0u; r < ROWS; r++) {
+            let xr = min(r0 + r, rows - 1u) * rs;
+            let xi = xr + u * 8u + w;
+            let xl = sdata[xi];
+            let xh = sdata[xi + 4u];
+            let d = bitcast<f32>(sdata[xr + k / 4u + u]);
+            (*acc)[r] += unit_q8(q, xl, xh, d);
+            if (OPW == 2u) {
+                (*acc2)[r] += unit_q8(b, xl, xh, d);
+            }
+        }
+    }
 }
 
 // Lane partial sums, [thread][output of the subgroup][row], and subgroup 0's sums of
@@ -148,11 +237,15 @@ fn matvec(
         acc2[r] = 0.0;
         ss[r] = 0.0;
     }
-    if (o < n) {
-        let units = k / 32u;
-        let base = o * p[5];
-        let base2 = min(o + 1u, n - 1u) * p[5];
-        let xs = p[7] / 4u;
+    let units = k / 32u;
+    let xs = p[7] / 4u;
+    let base = o * p[5];
+    let base2 = min(o + 1u, n - 1u) * p[5];
+    if (Q8) {
+        if (o < n) {
+            products_q8(lane, units, r0, rows, k, base, base2, &acc, &acc2);
+        }
+    } else if (o < n) {
         let w = lane % PAIRS;
         var u = lane / PAIRS;
         // Four units a lane at once (STEP apart), their loads issued together; with OPW = 2

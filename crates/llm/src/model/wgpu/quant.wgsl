@@ -13,6 +13,11 @@
 // word loads and vector bit operations: small integers become floats through the exponent
 // bits (`uf`), not conversion instructions, and there are no per-value arrays (which shader
 // compilers may keep in local memory).
+//
+// The formats with 8-bit products (those of the CPU's and CUDA's q8 mode: Q4_0, Q4_1, Q5_0,
+// Q5_1, Q8_0, Q4_K, Q6_K) also expose `ipair_<fmt>(a, s, h, w) -> vec2<u32>`: the same eight
+// values (offset included) as two words of four signed bytes, for `dot4I8Packed` (Q8 of
+// matvec.wgsl).
 
 @group(0) @binding(1) var<storage, read> wq: array<u32>;
 
@@ -146,6 +151,18 @@ fn nib_hi(q: u32) -> vec4<u32> {
     return (vec4<u32>(q) >> (SH8 + vec4<u32>(4u))) & vec4<u32>(15u);
 }
 
+// Bytes of v (each at most 127) minus `off`, as signed bytes: no byte borrows from the next.
+fn sub_bytes(v: u32, off: u32) -> u32 {
+    return ((v | 0x80808080u) - off * 0x01010101u) ^ 0x80808080u;
+}
+
+const M4: u32 = 0x0f0f0f0fu;
+
+// Bits 0..4 of b as bit 4 of the four bytes (the fifth bit of four Q5 values).
+fn bit4(b: u32) -> u32 {
+    return (((b & 15u) * 0x00204081u) & 0x01010101u) << 4u;
+}
+
 // Q4_0 (18 bytes): d, qs[16]; y[j] = d * (lo(qs[j]) - 8), y[j + 16] = d * (hi(qs[j]) - 8).
 fn head_q4_0(a: u32, s: u32) -> Head {
     let d = f16_at(a);
@@ -157,6 +174,11 @@ fn pair_q4_0(a: u32, s: u32, h: Head, w: u32) -> Pair {
     return Pair(uf(nib_lo(q), 8.0), uf(nib_hi(q), 8.0));
 }
 
+fn ipair_q4_0(a: u32, s: u32, h: Head, w: u32) -> vec2<u32> {
+    let q = u32_at(a + 2u + 4u * w);
+    return vec2<u32>(sub_bytes(q & M4, 8u), sub_bytes((q >> 4u) & M4, 8u));
+}
+
 // Q4_1 (20 bytes): d, m, qs[16]; y = d * q + m.
 fn head_q4_1(a: u32, s: u32) -> Head {
     return Head(vec2<f32>(f16_at(a)), vec2<f32>(f16_at(a + 2u)), 0u);
@@ -165,6 +187,11 @@ fn head_q4_1(a: u32, s: u32) -> Head {
 fn pair_q4_1(a: u32, s: u32, h: Head, w: u32) -> Pair {
     let q = wq[(a >> 2u) + 1u + w];
     return Pair(uf(nib_lo(q), 0.0), uf(nib_hi(q), 0.0));
+}
+
+fn ipair_q4_1(a: u32, s: u32, h: Head, w: u32) -> vec2<u32> {
+    let q = wq[(a >> 2u) + 1u + w];
+    return vec2<u32>(q & M4, (q >> 4u) & M4);
 }
 
 // Bit 4 of weights j..j+4 (bits j.. of qh).
@@ -184,6 +211,13 @@ fn pair_q5_0(a: u32, s: u32, h: Head, w: u32) -> Pair {
     return Pair(lo, hi);
 }
 
+fn ipair_q5_0(a: u32, s: u32, h: Head, w: u32) -> vec2<u32> {
+    let q = u32_at(a + 6u + 4u * w);
+    let lo = (q & M4) | bit4(h.aux >> (4u * w));
+    let hi = ((q >> 4u) & M4) | bit4(h.aux >> (4u * w + 16u));
+    return vec2<u32>(sub_bytes(lo, 16u), sub_bytes(hi, 16u));
+}
+
 // Q5_1 (24 bytes): d, m, qh, qs[16]; y = d * q + m.
 fn head_q5_1(a: u32, s: u32) -> Head {
     return Head(vec2<f32>(f16_at(a)), vec2<f32>(f16_at(a + 2u)), wq[(a >> 2u) + 1u]);
@@ -196,6 +230,13 @@ fn pair_q5_1(a: u32, s: u32, h: Head, w: u32) -> Pair {
     return Pair(lo, hi);
 }
 
+fn ipair_q5_1(a: u32, s: u32, h: Head, w: u32) -> vec2<u32> {
+    let q = wq[(a >> 2u) + 2u + w];
+    let lo = (q & M4) | bit4(h.aux >> (4u * w));
+    let hi = ((q >> 4u) & M4) | bit4(h.aux >> (4u * w + 16u));
+    return vec2<u32>(lo, hi);
+}
+
 // Q8_0 (34 bytes): d, qs[32] (i8); y = d * q.
 fn head_q8_0(a: u32, s: u32) -> Head {
     return Head(vec2<f32>(f16_at(a)), vec2<f32>(0.0), 0u);
@@ -204,6 +245,11 @@ fn head_q8_0(a: u32, s: u32) -> Head {
 fn pair_q8_0(a: u32, s: u32, h: Head, w: u32) -> Pair {
     let b = a + 2u + 4u * w;
     return Pair(sbytes4(u32_at(b)), sbytes4(u32_at(b + 16u)));
+}
+
+fn ipair_q8_0(a: u32, s: u32, h: Head, w: u32) -> vec2<u32> {
+    let b = a + 2u + 4u * w;
+    return vec2<u32>(u32_at(b), u32_at(b + 16u));
 }
 
 // Eight Q4_0 / Q5_0 / Q8_0 blocks regrouped (`regroup` in wgpu.rs): the eight f16 scales d
@@ -219,6 +265,11 @@ fn pair_q4_0x8(a: u32, s: u32, h: Head, w: u32) -> Pair {
     return Pair(uf(nib_lo(q), 8.0), uf(nib_hi(q), 8.0));
 }
 
+fn ipair_q4_0x8(a: u32, s: u32, h: Head, w: u32) -> vec2<u32> {
+    let q = wq[(a >> 2u) + 4u + 4u * s + w];
+    return vec2<u32>(sub_bytes(q & M4, 8u), sub_bytes((q >> 4u) & M4, 8u));
+}
+
 // Q5_0 x8 (176 bytes): d[8], then (qh, qs[16]) of each block.
 fn head_q5_0x8(a: u32, s: u32) -> Head {
     return Head(vec2<f32>(f16_at(a + 2u * s)), vec2<f32>(0.0), wq[(a >> 2u) + 4u + 5u * s]);
@@ -231,6 +282,13 @@ fn pair_q5_0x8(a: u32, s: u32, h: Head, w: u32) -> Pair {
     return Pair(lo, hi);
 }
 
+fn ipair_q5_0x8(a: u32, s: u32, h: Head, w: u32) -> vec2<u32> {
+    let q = wq[(a >> 2u) + 5u + 5u * s + w];
+    let lo = (q & M4) | bit4(h.aux >> (4u * w));
+    let hi = ((q >> 4u) & M4) | bit4(h.aux >> (4u * w + 16u));
+    return vec2<u32>(sub_bytes(lo, 16u), sub_bytes(hi, 16u));
+}
+
 // Q8_0 x8 (272 bytes): d[8], then qs[32] of each block.
 fn head_q8_0x8(a: u32, s: u32) -> Head {
     return Head(vec2<f32>(f16_at(a + 2u * s)), vec2<f32>(0.0), 0u);
@@ -239,6 +297,11 @@ fn head_q8_0x8(a: u32, s: u32) -> Head {
 fn pair_q8_0x8(a: u32, s: u32, h: Head, w: u32) -> Pair {
     let i = (a >> 2u) + 4u + 8u * s + w;
     return Pair(sbytes4(wq[i]), sbytes4(wq[i + 4u]));
+}
+
+fn ipair_q8_0x8(a: u32, s: u32, h: Head, w: u32) -> vec2<u32> {
+    let i = (a >> 2u) + 4u + 8u * s + w;
+    return vec2<u32>(wq[i], wq[i + 4u]);
 }
 
 // The 6-bit (scale, min) pair j of a Q4_K / Q5_K block whose 12 scale bytes start at `sa`.
@@ -315,6 +378,12 @@ fn pair_q4_k(a: u32, s: u32, h: Head, w: u32) -> Pair {
     return Pair(uf(lo, 0.0), uf(hi, 0.0));
 }
 
+fn ipair_q4_k(a: u32, s: u32, h: Head, w: u32) -> vec2<u32> {
+    let i = (a >> 2u) + 4u + 8u * (s / 2u) + w;
+    let sh = 4u * (s % 2u);
+    return vec2<u32>((wq[i] >> sh) & M4, (wq[i + 4u] >> sh) & M4);
+}
+
 // Q5_K (176 bytes): Q4_K plus qh[32] (bit s of qh[l]: bit 4 of weight 32s + l) before qs.
 fn head_q5_k(a: u32, s: u32) -> Head {
     return head_q4_k(a, s);
@@ -354,4 +423,20 @@ fn q6_four(a: u32, s: u32, hh: u32, w: u32) -> vec4<f32> {
 
 fn pair_q6_k(a: u32, s: u32, h: Head, w: u32) -> Pair {
     return Pair(q6_four(a, s, 0u, w), q6_four(a, s, 1u, w));
+}
+
+// Quantized values 16hh + 4w.. of unit s as signed bytes.
+fn q6_ifour(a: u32, s: u32, hh: u32, w: u32) -> u32 {
+    let n = s / 4u;
+    let r = s % 4u;
+    let l0 = 16u * hh + 4u * w;
+    let ql = u32_at(a + 64u * n + 32u * (r % 2u) + l0);
+    let qh = u32_at(a + 128u + 32u * n + l0);
+    let low = (ql >> (4u * (r / 2u))) & M4;
+    let high = (qh >> (2u * r)) & 0x03030303u;
+    return sub_bytes(low | (high << 4u), 32u);
+}
+
+fn ipair_q6_k(a: u32, s: u32, h: Head, w: u32) -> vec2<u32> {
+    return vec2<u32>(q6_ifour(a, s, 0u, w), q6_ifour(a, s, 1u, w));
 }
