@@ -20,6 +20,7 @@ use std::path::PathBuf;
 
 use ferrite_gguf::GgmlType;
 use ferrite_llm::engine::{Engine, EngineConfig, EngineKernels, Request, RequestId};
+use ferrite_llm::kernels::ActFormat;
 use ferrite_llm::kv_cache::BLOCK_SIZE;
 use ferrite_llm::model::{WgpuKvStore, WgpuModel};
 use ferrite_llm::synth::{write_synthetic, SynthConfig, VocabStyle, QUANTS};
@@ -407,19 +408,14 @@ fn engine_synthetic(dev: &WgpuDevice) -> Option<String> {
 /// a one-row product, nine of an 8-row one), and Q4_0, Q5_0, Q8_0 in the GGUF layout.
 fn engine_synthetic_q8(dev: &WgpuDevice) -> Option<String> {
     let dir = tmp_dir();
-    let q8_types = [
-        GgmlType::Q4_0,
-        GgmlType::Q4_1,
-        GgmlType::Q5_0,
-        GgmlType::Q5_1,
-        GgmlType::Q8_0,
-        GgmlType::Q4_K,
-        GgmlType::Q6_K,
-    ];
+    let q8_types = QUANTS
+        .into_iter()
+        .filter(|&q| ActFormat::for_weight(q) == ActFormat::Q8);
     let mut cases = Vec::new();
     for quant in q8_types {
         cases.push((synth_cfg(quant), quant, "rows of 512 and 768 values"));
     }
+    assert_eq!(cases.len(), 7, "Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q6_K");
     for quant in [GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::Q8_0] {
         let mut cfg = synth_cfg(quant);
         cfg.preset = "wgpu-gguf-layout";

@@ -45,6 +45,7 @@ use super::step::{Batch, Buf, Glu, Kernels, Mat, Norm, PREV_TOKEN};
 use super::{Model, Precision, Weight};
 use crate::engine::{Engine, EngineConfig, EngineKernels};
 use crate::error::{Error, Result};
+use crate::kernels::ActFormat;
 use crate::kv_cache::{BlockId, KvStore, BLOCK_SIZE};
 
 const QUANT: &str = include_str!("wgpu/quant.wgsl");
@@ -79,6 +80,7 @@ fn err(msg: impl Into<String>) -> Error {
 /// `grouped`: eight GGUF blocks regrouped on upload (`regroup`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 struct Format {
+    ty: GgmlType,
     name: &'static str,
     block_bytes: usize,
     units: usize,
@@ -106,6 +108,7 @@ fn format_of(ty: GgmlType) -> Option<Format> {
     };
     let values = ty.block_size().max(32);
     Some(Format {
+        ty,
         name,
         block_bytes: ty.type_size() * values / ty.block_size(),
         units: values / 32,
@@ -133,6 +136,7 @@ fn grouped_name(ty: GgmlType) -> Option<&'static str> {
 fn grouped_format(ty: GgmlType) -> Option<Format> {
     let (name, f) = (grouped_name(ty)?, format_of(ty)?);
     Some(Format {
+        ty,
         name,
         block_bytes: 8 * f.block_bytes,
         units: 8,
@@ -199,22 +203,10 @@ fn outs_per_subgroup(n: usize, rows: u32) -> u32 {
 }
 
 /// Whether `f` has 8-bit products (`ipair_*` of `quant.wgsl`): the weight types the CPU's
-/// and CUDA's q8 mode multiply with 8-bit activations (`ActFormat::for_weight`), the others
-/// keep f32 activations there too.
+/// and CUDA's q8 mode multiply with 8-bit activations; the others keep f32 activations there
+/// too.
 fn has_q8(f: &Format) -> bool {
-    matches!(
-        f.name,
-        "q4_0"
-            | "q4_1"
-            | "q5_0"
-            | "q5_1"
-            | "q8_0"
-            | "q4_k"
-            | "q6_k"
-            | "q4_0x8"
-            | "q5_0x8"
-            | "q8_0x8"
-    )
+    ActFormat::for_weight(f.ty) == ActFormat::Q8
 }
 
 /// Words of one row of `cols` values quantized by `quantize_q8` (ops.wgsl): the values as
