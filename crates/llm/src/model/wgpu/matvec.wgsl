@@ -4,9 +4,9 @@
 //
 // matvec: y[r][n0 + o] (+)= sum_k W[o][k] * x[r][k] (+ bias[n0 + o]) for the output rows o of
 // one matrix chunk and the activation rows r of the step. A workgroup of 128 threads (four
-// subgroups of LANES = 32) takes OUTS = 4 * OPW output rows, OPW (1 or 2) per subgroup, and
-// ROWS activation rows, so each weight unit is dequantized once for ROWS rows and each
-// activation load serves OPW output rows; workgroups are numbered (output group, row group)
+// subgroups of LANES = 32) takes OUTS = 4 * OPW output rows, OPW (1, 2, or 4 with Q8) per
+// subgroup, and ROWS activation rows, so each weight unit is dequantized once for ROWS rows
+// and each activation load serves OPW output rows; workgroups are numbered (output group, row group)
 // with the row group fastest, so the row groups of one weight tile run side by side.
 // - Four lanes share a 32-value unit, each taking its head (scales) and one pair of vec4
 //   values (no per-value arrays); eight units lie side by side, so a subgroup's activation
@@ -115,21 +115,32 @@ fn unit_q8(q: IUnit, xl: u32, xh: u32, d: f32) -> f32 {
     return d * v;
 }
 
-// Q8: this lane's products over the row's units, grouped as the f32 loop groups them.
-fn products_q8(lane: u32, units: u32, r0: u32, rows: u32, k: u32, base: u32, base2: u32,
-               acc: ptr<function, array<f32, ROWS>>, acc2: ptr<function, array<f32, ROWS>>) {
+// Q8: this lane's products over the row's units, grouped as the f32 loop groups them, for
+// the subgroup's OPW output rows (1, 2 or 4) whose weights start at bases .x, .y, .z, .w.
+fn products_q8(lane: u32, units: u32, r0: u32, rows: u32, k: u32, base: vec4<u32>,
+               acc: ptr<function, array<f32, ROWS>>, acc2: ptr<function, array<f32, ROWS>>,
+               acc3: ptr<function, array<f32, ROWS>>, acc4: ptr<function, array<f32, ROWS>>) {
     let w = lane % PAIRS;
     let rs = k / 4u + units;
     var u = lane / PAIRS;
     for (; u + 3u * STEP < units; u += 4u * STEP) {
-        let q0 = iunit_at(base, u, w);
-        let q1 = iunit_at(base, u + STEP, w);
-        let q2 = iunit_at(base, u + 2u * STEP, w);
-        let q3 = iunit_at(base, u + 3u * STEP, w);
-        let b0 = iunit_at(base2, u, w);
-        let b1 = iunit_at(base2, u + STEP, w);
-        let b2 = iunit_at(base2, u + 2u * STEP, w);
-        let b3 = iunit_at(base2, u + 3u * STEP, w);
+        let q0 = iunit_at(base.x, u, w);
+        let q1 = iunit_at(base.x, u + STEP, w);
+        let q2 = iunit_at(base.x, u + 2u * STEP, w);
+        let q3 = iunit_at(base.x, u + 3u * STEP, w);
+        // Rows o + 1.. (OPW > 1), loaded beside row o's (unused and dropped where OPW = 1).
+        let b0 = iunit_at(base.y, u, w);
+        let b1 = iunit_at(base.y, u + STEP, w);
+        let b2 = iunit_at(base.y, u + 2u * STEP, w);
+        let b3 = iunit_at(base.y, u + 3u * STEP, w);
+        let c0 = iunit_at(base.z, u, w);
+        let c1 = iunit_at(base.z, u + STEP, w);
+        let c2 = iunit_at(base.z, u + 2u * STEP, w);
+        let c3 = iunit_at(base.z, u + 3u * STEP, w);
+        let e0 = iunit_at(base.w, u, w);
+        let e1 = iunit_at(base.w, u + STEP, w);
+        let e2 = iunit_at(base.w, u + 2u * STEP, w);
+        let e3 = iunit_at(base.w, u + 3u * STEP, w);
         for (var r = 0u; r < ROWS; r++) {
             let xr = min(r0 + r, rows - 1u) * rs;
             let xi = xr + u * 8u + w;
@@ -148,15 +159,23 @@ fn products_q8(lane: u32, units: u32, r0: u32, rows: u32, k: u32, base: u32, bas
             let d3 = bitcast<f32>(sdata[di + 3u * STEP]);
             (*acc)[r] += (unit_q8(q0, xa, xb, d0) + unit_q8(q1, xc, xd, d1))
                 + (unit_q8(q2, xe, xf, d2) + unit_q8(q3, xg, xh, d3));
-            if (OPW == 2u) {
+            if (OPW >= 2u) {
                 (*acc2)[r] += (unit_q8(b0, xa, xb, d0) + unit_q8(b1, xc, xd, d1))
                     + (unit_q8(b2, xe, xf, d2) + unit_q8(b3, xg, xh, d3));
+            }
+            if (OPW == 4u) {
+                (*acc3)[r] += (unit_q8(c0, xa, xb, d0) + unit_q8(c1, xc, xd, d1))
+                    + (unit_q8(c2, xe, xf, d2) + unit_q8(c3, xg, xh, d3));
+                (*acc4)[r] += (unit_q8(e0, xa, xb, d0) + unit_q8(e1, xc, xd, d1))
+                    + (unit_q8(e2, xe, xf, d2) + unit_q8(e3, xg, xh, d3));
             }
         }
     }
     for (; u < units; u += STEP) {
-        let q = iunit_at(base, u, w);
-        let b = iunit_at(base2, u, w);
+        let q = iunit_at(base.x, u, w);
+        let b = iunit_at(base.y, u, w);
+        let c = iunit_at(base.z, u, w);
+        let e = iunit_at(base.w, u, w);
         for (var r = 0u; r < ROWS; r++) {
             let xr = min(r0 + r, rows - 1u) * rs;
             let xi = xr + u * 8u + w;
@@ -164,8 +183,12 @@ fn products_q8(lane: u32, units: u32, r0: u32, rows: u32, k: u32, base: u32, bas
             let xh = sdata[xi + 4u];
             let d = bitcast<f32>(sdata[xr + k / 4u + u]);
             (*acc)[r] += unit_q8(q, xl, xh, d);
-            if (OPW == 2u) {
+            if (OPW >= 2u) {
                 (*acc2)[r] += unit_q8(b, xl, xh, d);
+            }
+            if (OPW == 4u) {
+                (*acc3)[r] += unit_q8(c, xl, xh, d);
+                (*acc4)[r] += unit_q8(e, xl, xh, d);
             }
         }
     }
@@ -241,9 +264,14 @@ fn matvec(
     let xs = p[7] / 4u;
     let base = o * p[5];
     let base2 = min(o + 1u, n - 1u) * p[5];
+    // Output rows o + 2, o + 3 (OPW = 4, Q8 only).
+    var acc3: array<f32, ROWS>;
+    var acc4: array<f32, ROWS>;
     if (Q8) {
         if (o < n) {
-            products_q8(lane, units, r0, rows, k, base, base2, &acc, &acc2);
+            let last = n - 1u;
+            let bases = vec4<u32>(o, min(o + 1u, last), min(o + 2u, last), min(o + 3u, last)) * p[5];
+            products_q8(lane, units, r0, rows, k, bases, &acc, &acc2, &acc3, &acc4);
         }
     } else if (o < n) {
         let w = lane % PAIRS;
@@ -303,8 +331,12 @@ fn matvec(
     }
     for (var r = 0u; r < ROWS; r++) {
         red[t * OPW * ROWS + r] = acc[r];
-        if (OPW == 2u) {
+        if (OPW >= 2u) {
             red[(t * OPW + 1u) * ROWS + r] = acc2[r];
+        }
+        if (OPW == 4u) {
+            red[(t * OPW + 2u) * ROWS + r] = acc3[r];
+            red[(t * OPW + 3u) * ROWS + r] = acc4[r];
         }
         if (NORM && t < LANES) {
             ssq[t * ROWS + r] = ss[r];
