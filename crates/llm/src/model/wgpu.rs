@@ -234,7 +234,10 @@ fn matvec_source(f: &Format, rows: u32, norm: bool, opw: u32, unpack: bool, q8: 
     } else {
         QUANT.to_string()
     };
-    let q8 = q8 && has_q8(f) && !norm;
+    debug_assert!(
+        !q8 || (has_q8(f) && !norm),
+        "Q8 products take quantized, normed input"
+    );
     let ipair = if has_q8(f) {
         format!("return ipair_{}(a, s, h, w);", f.name)
     } else {
@@ -966,6 +969,27 @@ impl Profile {
     }
 }
 
+/// A product's input: rows of `x`, `stride` floats apart, RMS-normed with `norm` on the way
+/// where given; `q8` its 8-bit form once a q8 product has quantized it (the other products of
+/// the same input reuse it).
+struct Input {
+    x: wgpu::Buffer,
+    norm: Option<wgpu::Buffer>,
+    stride: usize,
+    q8: Option<wgpu::Buffer>,
+}
+
+impl Input {
+    fn new(x: wgpu::Buffer, norm: Option<wgpu::Buffer>, stride: usize) -> Input {
+        Input {
+            x,
+            norm,
+            stride,
+            q8: None,
+        }
+    }
+}
+
 /// One recorded dispatch of a step.
 struct Disp {
     pipe: usize,
@@ -1395,16 +1419,14 @@ impl<'g> WgpuKernels<'g> {
     }
 
     /// Plans `out[:, col0..col0 + w.rows] (+)= x @ w^T (+ bias)` over the step's rows, with
-    /// `x` rows `x_stride` wide and `out` rows `out_stride` wide (`Epilogue::Glu`: `w` holds
-    /// gate/up row pairs and `out[:, i] = act(gate_i) * up_i`); with `norm` (the weights of
-    /// an RMS norm over x's w.cols values), x's rows are normed on the way in.
+    /// `x` the rows of `input` (normed on the way in where it has a norm over its w.cols
+    /// values) and `out` rows `out_stride` wide (`Epilogue::Glu`: `w` holds gate/up row pairs
+    /// and `out[:, i] = act(gate_i) * up_i`).
     #[allow(clippy::too_many_arguments)]
     fn product(
         &mut self,
         w: &'g WMat,
-        x: wgpu::Buffer,
-        norm: Option<wgpu::Buffer>,
-        x_stride: usize,
+        input: &mut Input,
         rows: usize,
         out: wgpu::Buffer,
         out_stride: usize,
@@ -1417,13 +1439,14 @@ impl<'g> WgpuKernels<'g> {
             _ => 8,
         };
         let q8 = self.m.q8 && has_q8(&w.fmt);
-        // q8: the input quantized (and normed) once, by its own dispatch.
-        let xq = if q8 {
-            Some(self.quantize_q8(&x, norm.as_ref(), w.cols, x_stride, rows)?)
-        } else {
-            None
-        };
-        let norm = if q8 { None } else { norm };
+        // q8: the input quantized (and normed) by a dispatch of its own, once for all the
+        // products of this input.
+        if q8 && input.q8.is_none() {
+            let (x, nw) = (&input.x, input.norm.as_ref());
+            input.q8 = Some(self.quantize_q8(x, nw, w.cols, input.stride, rows)?);
+        }
+        let xq = if q8 { input.q8.clone() } else { None };
+        let norm = if q8 { None } else { input.norm.clone() };
         let normed = norm.is_some();
         let nw = norm.unwrap_or_else(|| self.m.dummy.clone());
         let nrg = rows.div_ceil(r as usize);
@@ -1445,13 +1468,13 @@ impl<'g> WgpuKernels<'g> {
                 u32_of(out_stride, "output stride")?,
                 u32_of(w.row_bytes, "row bytes")?,
                 flags,
-                u32_of(x_stride, "input stride")?,
+                u32_of(input.stride, "input stride")?,
                 u32_of(col0, "output column")?,
                 self.m.cfg.eps.to_bits(),
             ];
             let mut binds = vec![
                 (1, ch.buf.clone()),
-                (2, x.clone()),
+                (2, input.x.clone()),
                 (3, out.clone()),
                 (4, bias.clone()),
                 (6, nw.clone()),
@@ -2036,9 +2059,11 @@ impl Kernels for WgpuKernels<'_> {
                         w.rows, w.cols
                     )));
                 }
-                return self.product(w, src, nw, cols, rows, ob, stride, 0, Epilogue::Store);
+                let mut input = Input::new(src, nw, cols);
+                return self.product(w, &mut input, rows, ob, stride, 0, Epilogue::Store);
             }
         }
+        let mut input = Input::new(src, nw, cols);
         for &(m, o) in outs {
             let w = self.mat(m)?;
             if w.cols != cols || w.rows != self.width(o) {
@@ -2050,17 +2075,7 @@ impl Kernels for WgpuKernels<'_> {
                 )));
             }
             let (ob, col0, stride) = self.view(o)?;
-            self.product(
-                w,
-                src.clone(),
-                nw.clone(),
-                cols,
-                rows,
-                ob,
-                stride,
-                col0,
-                Epilogue::Store,
-            )?;
+            self.product(w, &mut input, rows, ob, stride, col0, Epilogue::Store)?;
         }
         Ok(())
     }
@@ -2183,7 +2198,8 @@ impl Kernels for WgpuKernels<'_> {
             let (xb, nw) = (self.buf(x)?, Some(self.norm_w(norm)?.clone()));
             let ob = self.buf(out)?;
             let glu = Epilogue::Glu(act);
-            return self.product(w, xb, nw, cols, rows, ob, w.rows / 2, 0, glu);
+            let mut input = Input::new(xb, nw, cols);
+            return self.product(w, &mut input, rows, ob, w.rows / 2, 0, glu);
         }
         self.norm_matmul(x, Some(norm), &[(gate, out), (up, Buf::Up)])?;
         let pipe = self.pipe(Module::Ops, "glu")?;
@@ -2210,14 +2226,14 @@ impl Kernels for WgpuKernels<'_> {
                 wm.rows, wm.cols
             )));
         }
-        let xb = self.buf(x)?;
+        let mut input = Input::new(self.buf(x)?, None, cols);
         let yb = self.buf(y)?;
         match post_norm {
-            None => self.product(wm, xb, None, cols, rows, yb, wm.rows, 0, Epilogue::Add),
+            None => self.product(wm, &mut input, rows, yb, wm.rows, 0, Epilogue::Add),
             Some(n) => {
                 let tmp = self.buf(Buf::Tmp)?;
                 let store = Epilogue::Store;
-                self.product(wm, xb, None, cols, rows, tmp.clone(), wm.rows, 0, store)?;
+                self.product(wm, &mut input, rows, tmp.clone(), wm.rows, 0, store)?;
                 let nw = self.norm_w(n)?.clone();
                 self.rms_norm(tmp, yb, nw, wm.rows, rows, true, false)
             }
@@ -2235,11 +2251,10 @@ impl Kernels for WgpuKernels<'_> {
             let on = self.m.output_norm.clone();
             self.rms_norm(self.buf(x)?, xo.clone(), on, c.d_model, n, false, true)?;
             let w = self.m.output.as_ref().unwrap_or(&self.m.tok_embd);
+            let mut input = Input::new(xo, None, c.d_model);
             self.product(
                 w,
-                xo,
-                None,
-                c.d_model,
+                &mut input,
                 n,
                 logits.clone(),
                 c.vocab,

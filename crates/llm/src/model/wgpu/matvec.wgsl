@@ -115,6 +115,26 @@ fn unit_q8(q: IUnit, xl: u32, xh: u32, d: f32) -> f32 {
     return d * v;
 }
 
+// Four units STEP apart of one output row, for a lane's loads issued together.
+struct Four {
+    u0: IUnit,
+    u1: IUnit,
+    u2: IUnit,
+    u3: IUnit,
+}
+
+fn four_at(base: u32, u: u32, w: u32) -> Four {
+    return Four(iunit_at(base, u, w), iunit_at(base, u + STEP, w), iunit_at(base, u + 2u * STEP, w),
+                iunit_at(base, u + 3u * STEP, w));
+}
+
+// Their products with one row's activation words (lo, hi of each unit) and block scales,
+// added as ((u0 + u1) + (u2 + u3)).
+fn four_q8(f: Four, xl: vec4<u32>, xh: vec4<u32>, d: vec4<f32>) -> f32 {
+    return (unit_q8(f.u0, xl.x, xh.x, d.x) + unit_q8(f.u1, xl.y, xh.y, d.y))
+        + (unit_q8(f.u2, xl.z, xh.z, d.z) + unit_q8(f.u3, xl.w, xh.w, d.w));
+}
+
 // Q8: this lane's products over the row's units, grouped as the f32 loop groups them, for
 // the subgroup's OPW output rows (1, 2 or 4) whose weights start at bases .x, .y, .z, .w.
 fn products_q8(lane: u32, units: u32, r0: u32, rows: u32, k: u32, base: vec4<u32>,
@@ -124,50 +144,28 @@ fn products_q8(lane: u32, units: u32, r0: u32, rows: u32, k: u32, base: vec4<u32
     let rs = k / 4u + units;
     var u = lane / PAIRS;
     for (; u + 3u * STEP < units; u += 4u * STEP) {
-        let q0 = iunit_at(base.x, u, w);
-        let q1 = iunit_at(base.x, u + STEP, w);
-        let q2 = iunit_at(base.x, u + 2u * STEP, w);
-        let q3 = iunit_at(base.x, u + 3u * STEP, w);
         // Rows o + 1.. (OPW > 1), loaded beside row o's (unused and dropped where OPW = 1).
-        let b0 = iunit_at(base.y, u, w);
-        let b1 = iunit_at(base.y, u + STEP, w);
-        let b2 = iunit_at(base.y, u + 2u * STEP, w);
-        let b3 = iunit_at(base.y, u + 3u * STEP, w);
-        let c0 = iunit_at(base.z, u, w);
-        let c1 = iunit_at(base.z, u + STEP, w);
-        let c2 = iunit_at(base.z, u + 2u * STEP, w);
-        let c3 = iunit_at(base.z, u + 3u * STEP, w);
-        let e0 = iunit_at(base.w, u, w);
-        let e1 = iunit_at(base.w, u + STEP, w);
-        let e2 = iunit_at(base.w, u + 2u * STEP, w);
-        let e3 = iunit_at(base.w, u + 3u * STEP, w);
+        let fa = four_at(base.x, u, w);
+        let fb = four_at(base.y, u, w);
+        let fc = four_at(base.z, u, w);
+        let fe = four_at(base.w, u, w);
         for (var r = 0u; r < ROWS; r++) {
             let xr = min(r0 + r, rows - 1u) * rs;
             let xi = xr + u * 8u + w;
-            let xa = sdata[xi];
-            let xb = sdata[xi + 4u];
-            let xc = sdata[xi + STEP * 8u];
-            let xd = sdata[xi + STEP * 8u + 4u];
-            let xe = sdata[xi + STEP * 16u];
-            let xf = sdata[xi + STEP * 16u + 4u];
-            let xg = sdata[xi + STEP * 24u];
-            let xh = sdata[xi + STEP * 24u + 4u];
+            let s8 = STEP * 8u;
+            let xl = vec4<u32>(sdata[xi], sdata[xi + s8], sdata[xi + 2u * s8], sdata[xi + 3u * s8]);
+            let xh = vec4<u32>(sdata[xi + 4u], sdata[xi + s8 + 4u], sdata[xi + 2u * s8 + 4u],
+                               sdata[xi + 3u * s8 + 4u]);
             let di = xr + k / 4u + u;
-            let d0 = bitcast<f32>(sdata[di]);
-            let d1 = bitcast<f32>(sdata[di + STEP]);
-            let d2 = bitcast<f32>(sdata[di + 2u * STEP]);
-            let d3 = bitcast<f32>(sdata[di + 3u * STEP]);
-            (*acc)[r] += (unit_q8(q0, xa, xb, d0) + unit_q8(q1, xc, xd, d1))
-                + (unit_q8(q2, xe, xf, d2) + unit_q8(q3, xg, xh, d3));
+            let d = bitcast<vec4<f32>>(vec4<u32>(sdata[di], sdata[di + STEP], sdata[di + 2u * STEP],
+                                                 sdata[di + 3u * STEP]));
+            (*acc)[r] += four_q8(fa, xl, xh, d);
             if (OPW >= 2u) {
-                (*acc2)[r] += (unit_q8(b0, xa, xb, d0) + unit_q8(b1, xc, xd, d1))
-                    + (unit_q8(b2, xe, xf, d2) + unit_q8(b3, xg, xh, d3));
+                (*acc2)[r] += four_q8(fb, xl, xh, d);
             }
             if (OPW == 4u) {
-                (*acc3)[r] += (unit_q8(c0, xa, xb, d0) + unit_q8(c1, xc, xd, d1))
-                    + (unit_q8(c2, xe, xf, d2) + unit_q8(c3, xg, xh, d3));
-                (*acc4)[r] += (unit_q8(e0, xa, xb, d0) + unit_q8(e1, xc, xd, d1))
-                    + (unit_q8(e2, xe, xf, d2) + unit_q8(e3, xg, xh, d3));
+                (*acc3)[r] += four_q8(fc, xl, xh, d);
+                (*acc4)[r] += four_q8(fe, xl, xh, d);
             }
         }
     }

@@ -20,6 +20,16 @@ fn group_index(wid: vec3<u32>, nwg: vec3<u32>) -> u32 {
     return wid.x + wid.y * nwg.x;
 }
 
+// This thread's share of the sum of squares of src[s0..s0 + n]: values t, t + RW, ...
+fn squares(s0: u32, n: u32, t: u32) -> f32 {
+    var ss = 0.0;
+    for (var i = t; i < n; i += RW) {
+        let v = src[s0 + i];
+        ss += v * v;
+    }
+    return ss;
+}
+
 // Sum of the RW threads' `v` (every thread gets it).
 fn wg_sum(t: u32, v: f32) -> f32 {
     red[t] = v;
@@ -55,12 +65,7 @@ fn rms_norm(
     }
     let s0 = sr * n;
     let d0 = piece * n;
-    var ss = 0.0;
-    for (var i = t; i < n; i += RW) {
-        let v = src[s0 + i];
-        ss += v * v;
-    }
-    let inv = 1.0 / sqrt(wg_sum(t, ss) / f32(n) + bitcast<f32>(p[2]));
+    let inv = 1.0 / sqrt(wg_sum(t, squares(s0, n, t)) / f32(n) + bitcast<f32>(p[2]));
     for (var i = t; i < n; i += RW) {
         let v = src[s0 + i] * inv * nw[i];
         if (p[3] == 1u) {
@@ -236,13 +241,8 @@ fn quantize_q8(
     let s0 = row * p[4];
     var inv = 1.0;
     if (p[3] == 1u) {
-        var ss = 0.0;
-        for (var i = t; i < n; i += RW) {
-            let v = src[s0 + i];
-            ss += v * v;
-        }
         // 256 sums -> 32 -> one, in the same order in every workgroup.
-        red[t] = ss;
+        red[t] = squares(s0, n, t);
         workgroupBarrier();
         if (t < 32u) {
             var s8 = 0.0;
