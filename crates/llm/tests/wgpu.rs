@@ -669,7 +669,9 @@ fn profile_kernels(dev: &WgpuDevice) -> Option<String> {
 /// Rows of more than 256 keys split their attention over workgroups (1, 2 and 3 splits in a
 /// 600-token prompt) and merge the partial results: every row's logits against the CPU
 /// session in exact mode, then three greedy decode steps; and the same prompt fed in other
-/// chunks (so each row meets other batches) gives the same logits bit for bit.
+/// chunks (so each row meets other batches) gives the same logits bit for bit. Then the same
+/// in the q8 precision (the normed products' 1 / rms from the quantization's block sums of
+/// squares at every row count), against the CPU's q8 mode within the q8 tests' tolerance.
 fn long_context(dev: &WgpuDevice) -> Option<String> {
     let dir = tmp_dir();
     let mut cfg = synth_cfg(GgmlType::Q8_0);
@@ -677,6 +679,19 @@ fn long_context(dev: &WgpuDevice) -> Option<String> {
     cfg.ctx = 1024;
     let model = leak(synth_model(&cfg, GgmlType::Q8_0, &dir));
     let wm = leak(WgpuModel::new(model, dev).unwrap());
+    long_prompt("exact", model, wm, 1e-5);
+    let mut q8 = synth_model(&cfg, GgmlType::Q8_0, &dir);
+    q8.set_precision(Precision::Q8);
+    let q8 = leak(q8);
+    let wq = leak(WgpuModel::new(q8, dev).unwrap());
+    assert_eq!(wq.precision(), Precision::Q8);
+    long_prompt("q8", q8, wq, 0.025);
+    let _ = std::fs::remove_dir_all(&dir);
+    None
+}
+
+/// `long_context`'s checks for one model: logits within `tol` of the range of the CPU's.
+fn long_prompt(name: &str, model: &'static Model, wm: &'static WgpuModel, tol: f32) {
     let vocab = model.cfg.vocab;
     let p = prompt(600, 9, vocab);
     let mut g = Session::wgpu(wm, 700).unwrap();
@@ -698,10 +713,10 @@ fn long_context(dev: &WgpuDevice) -> Option<String> {
         .zip(&cl)
         .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
     println!(
-        "600-token prompt + 3 steps: wgpu vs CPU logits within {:.2e} of the range",
+        "{name}: 600-token prompt + 3 steps: wgpu vs CPU logits within {:.2e} of the range",
         d / range
     );
-    assert!(d <= 1e-5 * range, "wgpu vs CPU: {d} of {range}");
+    assert!(d <= tol * range, "{name}: wgpu vs CPU: {d} of {range}");
     let mut h = Session::wgpu(wm, 700).unwrap();
     let mut hl = Vec::new();
     for chunk in [&p[..37], &p[37..300], &p[300..]] {
@@ -710,10 +725,8 @@ fn long_context(dev: &WgpuDevice) -> Option<String> {
     hl.extend_from_slice(h.forward(&[tok], Logits::Last).unwrap());
     assert!(
         hl[..600 * vocab] == gl[..600 * vocab],
-        "prompt logits depend on the chunking"
+        "{name}: prompt logits depend on the chunking"
     );
-    let _ = std::fs::remove_dir_all(&dir);
-    None
 }
 
 fn engine_cancel(dev: &WgpuDevice) -> Option<String> {

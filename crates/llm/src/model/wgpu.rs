@@ -3,9 +3,11 @@
 //!
 //! Activations are f32, or 8-bit in the q8 precision (the CUDA kernel set's rule where none
 //! was chosen: q8 above 1 GiB of weights): there each product of Q4_0, Q4_1, Q5_0, Q5_1,
-//! Q8_0, Q4_K or Q6_K weights takes its input quantized (and RMS-normed) by a `quantize_q8`
-//! dispatch of its own, in the CPU's blocks (32 values, an f32 scale), and sums integer dot
-//! products (`dot4I8Packed`).
+//! Q8_0, Q4_K or Q6_K weights takes its input quantized by a `quantize_q8` dispatch of its
+//! own, in the CPU's blocks (32 values, an f32 scale), and sums integer dot products
+//! (`dot4I8Packed`). Where the product has an RMS norm, the blocks hold the input times the
+//! norm weights and the product applies the row's 1 / rms to its sums (from the blocks' sums
+//! of squares): no dispatch sums a whole row.
 //!
 //! - [`WgpuModel`] uploads the weights in their GGUF blocks (read by the shaders as
 //!   `array<u32>`, `wgpu/quant.wgsl`), split by rows over as many buffers as the adapter's
@@ -212,9 +214,10 @@ fn has_q8(f: &Format) -> bool {
 }
 
 /// Words of one row of `cols` values quantized by `quantize_q8` (ops.wgsl): the values as
-/// four signed bytes a word, then a block scale per 32 values.
+/// four signed bytes a word, a block scale per 32 values, and (a normed input) a sum of
+/// squares per 32 values.
 fn q8_row_words(cols: usize) -> usize {
-    cols / 4 + cols / 32
+    cols / 4 + 2 * (cols / 32)
 }
 
 /// `half` of `quant.wgsl` as the bit operations it is written with.
@@ -225,7 +228,8 @@ const HALF_UNPACK: &str = "fn half(h: u32) -> f32 {\n    return unpack2x16float(
 /// The product module of format `f` for `rows` activation rows and `opw` output rows per
 /// subgroup, with the RMS norm of its input folded in (`norm`) or not, f16 fields read
 /// with `unpack2x16float` (`unpack`) or bit operations, and 8-bit activations (`q8`, formats
-/// with `has_q8`, inputs quantized and normed by `quantize_q8`: `norm` false) or f32.
+/// with `has_q8`, inputs quantized by `quantize_q8`, times the norm weights where `norm`) or
+/// f32.
 fn matvec_source(f: &Format, rows: u32, norm: bool, opw: u32, unpack: bool, q8: bool) -> String {
     // Formats whose values carry a min (`d * q + m`, `quant.wgsl`).
     let mins = matches!(f.name, "q4_1" | "q5_1" | "q2_k" | "q4_k" | "q5_k");
@@ -234,10 +238,7 @@ fn matvec_source(f: &Format, rows: u32, norm: bool, opw: u32, unpack: bool, q8: 
     } else {
         QUANT.to_string()
     };
-    debug_assert!(
-        !q8 || (has_q8(f) && !norm),
-        "Q8 products take quantized, normed input"
-    );
+    debug_assert!(!q8 || has_q8(f), "Q8 products of a format without them");
     let ipair = if has_q8(f) {
         format!("return ipair_{}(a, s, h, w);", f.name)
     } else {
@@ -267,7 +268,7 @@ pub fn shader_sources() -> Vec<(String, &'static [&'static str], String, bool)> 
             for norm in [false, true] {
                 for opw in if rows == 1 { &[1, 2, 4][..] } else { &[1][..] } {
                     for unpack in [false, true] {
-                        let q8s = if has_q8(&f) && !norm {
+                        let q8s = if has_q8(&f) {
                             &[false, true][..]
                         } else {
                             &[false][..]
@@ -1446,8 +1447,9 @@ impl<'g> WgpuKernels<'g> {
             input.q8 = Some(self.quantize_q8(x, nw, w.cols, input.stride, rows)?);
         }
         let xq = if q8 { input.q8.clone() } else { None };
+        let normed = input.norm.is_some();
+        // q8: the norm weights are in the quantized input already.
         let norm = if q8 { None } else { input.norm.clone() };
-        let normed = norm.is_some();
         let nw = norm.unwrap_or_else(|| self.m.dummy.clone());
         let nrg = rows.div_ceil(r as usize);
         let flags = match mode {
@@ -1487,8 +1489,9 @@ impl<'g> WgpuKernels<'g> {
         Ok(())
     }
 
-    /// Plans `quantize_q8` of `rows` rows of `x` (`cols` values, `x_stride` apart), normed
-    /// with `norm` where given; returns the buffer it fills.
+    /// Plans `quantize_q8` of `rows` rows of `x` (`cols` values, `x_stride` apart), times the
+    /// norm weights `norm` where given (with the blocks' sums of squares, for the product to
+    /// apply 1 / rms); returns the buffer it fills.
     fn quantize_q8(
         &mut self,
         x: &wgpu::Buffer,

@@ -22,11 +22,12 @@
 // (nw[k] * x[r][k]), the norm weights folded into each pair and each row's sum of squares
 // summed alongside by subgroup 0's lanes (the only ones that do), then added as the sums are.
 //
-// Q8 (the q8 precision): x is 8-bit, quantized by `quantize_q8` of ops.wgsl (the RMS norm
-// applied there: NORM is false) and bound as words at binding 5, each row `k / 4` words of
-// four signed bytes and then `k / 32` f32 block scales; each pair's products are two
-// `dot4I8Packed` of its weight bytes (`ipair`) against the activation words, scaled once per
-// pair, the units grouped and added in the order of the f32 path.
+// Q8 (the q8 precision): x is 8-bit, quantized by `quantize_q8` of ops.wgsl and bound as
+// words at binding 5, each row `k / 4` words of four signed bytes and then `k / 32` f32 block
+// scales; each pair's products are two `dot4I8Packed` of its weight bytes (`ipair`) against
+// the activation words, scaled once per pair, the units grouped and added in the order of the
+// f32 path. With NORM the norm weights are in those bytes already and the row's 1 / rms is
+// applied here, from the blocks' sums of squares that `quantize_q8` wrote after all rows.
 //
 // params: [0] R activation rows, [1] K columns, [2] n output rows in the chunk, [3] n0 first
 // output column in y, [4] y row stride, [5] weight bytes per row, [6] flags (1: add to y,
@@ -192,8 +193,26 @@ fn products_q8(lane: u32, units: u32, r0: u32, rows: u32, k: u32, base: vec4<u32
     }
 }
 
+// Q8 with NORM: blocks l, l + LANES, ... of the blocks' sums of squares starting at sdata[b],
+// four loads at a time.
+fn block_squares(b: u32, l: u32, units: u32) -> f32 {
+    var s = 0.0;
+    var i = l;
+    for (; i + 3u * LANES < units; i += 4u * LANES) {
+        let a0 = bitcast<f32>(sdata[b + i]);
+        let a1 = bitcast<f32>(sdata[b + i + LANES]);
+        let a2 = bitcast<f32>(sdata[b + i + 2u * LANES]);
+        let a3 = bitcast<f32>(sdata[b + i + 3u * LANES]);
+        s += (a0 + a1) + (a2 + a3);
+    }
+    for (; i < units; i += LANES) {
+        s += bitcast<f32>(sdata[b + i]);
+    }
+    return s;
+}
+
 // Lane partial sums, [thread][output of the subgroup][row], and subgroup 0's sums of
-// squares, [lane][row] (NORM).
+// squares, [lane][row] (NORM; with Q8, every thread's share of them).
 var<workgroup> red: array<f32, WG * OPW * ROWS>;
 var<workgroup> ssq: array<f32, LANES * ROWS>;
 
@@ -271,6 +290,17 @@ fn matvec(
             let bases = vec4<u32>(o, min(o + 1u, last), min(o + 2u, last), min(o + 3u, last)) * p[5];
             products_q8(lane, units, r0, rows, k, bases, &acc, &acc2, &acc3, &acc4);
         }
+        if (NORM) {
+            // The rows' sums of squares from the blocks' (after all rows' words and scales):
+            // entry [l][r] of `ssq` takes blocks l, l + LANES, ... of row r, whichever
+            // thread adds them (the threads share the rows' entries).
+            let sq0 = rows * (k / 4u + units);
+            for (var e = t; e < LANES * ROWS; e += WG) {
+                let r = e / LANES;
+                ssq[(e % LANES) * ROWS + r] = block_squares(sq0 + min(r0 + r, rows - 1u) * units,
+                                                            e % LANES, units);
+            }
+        }
     } else if (o < n) {
         let w = lane % PAIRS;
         var u = lane / PAIRS;
@@ -336,7 +366,7 @@ fn matvec(
             red[(t * OPW + 2u) * ROWS + r] = acc3[r];
             red[(t * OPW + 3u) * ROWS + r] = acc4[r];
         }
-        if (NORM && t < LANES) {
+        if (NORM && !Q8 && t < LANES) {
             ssq[t * ROWS + r] = ss[r];
         }
     }

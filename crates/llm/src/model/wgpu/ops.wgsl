@@ -216,14 +216,18 @@ fn argmax(
     }
 }
 
-// quantize_q8: row r of src (n values, at src[r * stride..]), RMS-normed with weights nw
-// where asked, as 32-value blocks of signed bytes for the Q8 products (matvec.wgsl): xq row r
-// is n / 4 words of four bytes (value 4i + j in byte j of word i), then n / 32 block scales
-// (f32 bits). A block's scale d = max|v| / 127 and q = v / d rounded half away from zero: the
-// CPU's `quantize_q8`. A workgroup takes QB = 64 blocks of one row, four threads a block
-// (eight values each); with the norm, every workgroup of a row sums the row's squares itself.
-// params: [0] n (a multiple of 32), [1] rows, [2] eps (f32 bits), [3] 1: RMS norm, [4] src
-// row stride (f32), [5] workgroups per row.
+// quantize_q8: row r of src (n values, at src[r * stride..]) as 32-value blocks of signed
+// bytes for the Q8 products (matvec.wgsl): xq row r is n / 4 words of four bytes (value
+// 4i + j in byte j of word i), then n / 32 block scales (f32 bits). A block's scale d =
+// max|v| / 127 and q = v / d rounded half away from zero: the CPU's `quantize_q8`. A
+// workgroup takes QB = 64 blocks of one row, four threads a block (eight values each).
+// With the RMS norm ([3] = 1) the values quantized are src * nw, without the row's 1 / rms:
+// a block's bytes do not change when all its values are scaled, so the product that reads
+// them applies 1 / rms after its sums, from each block's sum of squares of src, written after
+// all the rows' words and scales (at rows * (n / 4 + n / 32) + r * n / 32 + block). No sum
+// over the whole row here: a normed input costs what a plain one does.
+// params: [0] n (a multiple of 32), [1] rows, [2] eps (f32 bits, unused), [3] 1: RMS norm,
+// [4] src row stride (f32), [5] workgroups per row.
 const QB: u32 = 64u;
 
 @compute @workgroup_size(256)
@@ -238,54 +242,39 @@ fn quantize_q8(
     if (row >= p[1]) {
         return;
     }
+    let norm = p[3] == 1u;
     let s0 = row * p[4];
-    var inv = 1.0;
-    if (p[3] == 1u) {
-        // 256 sums -> 32 -> one, in the same order in every workgroup.
-        red[t] = squares(s0, n, t);
-        workgroupBarrier();
-        if (t < 32u) {
-            var s8 = 0.0;
-            for (var i = 0u; i < 8u; i++) {
-                s8 += red[t * 8u + i];
-            }
-            redi[t] = bitcast<u32>(s8);
-        }
-        workgroupBarrier();
-        var s = 0.0;
-        for (var i = 0u; i < 32u; i++) {
-            s += bitcast<f32>(redi[i]);
-        }
-        inv = 1.0 / sqrt(s / f32(n) + bitcast<f32>(p[2]));
-    }
     let blocks = n / 32u;
     let b = (g % p[5]) * QB + t / 4u;
     let j = t % 4u;
     let i0 = b * 32u + 8u * j;
     var v: array<f32, 8>;
     var m = 0.0;
+    var sq = 0.0;
     if (b < blocks) {
         for (var i = 0u; i < 8u; i++) {
             var e = src[s0 + i0 + i];
-            if (p[3] == 1u) {
-                e = e * inv * nw[i0 + i];
+            if (norm) {
+                sq += e * e;
+                e = e * nw[i0 + i];
             }
             v[i] = e;
             m = max(m, abs(e));
         }
     }
-    // The block's four maxima meet in workgroup memory (after the norm's last read of it).
-    workgroupBarrier();
+    // The block's four maxima (and the threads' sums of squares) meet in workgroup memory.
     red[t] = m;
+    redi[t] = bitcast<u32>(sq);
     workgroupBarrier();
     let q0 = t & ~3u;
     m = max(max(red[q0], red[q0 + 1u]), max(red[q0 + 2u], red[q0 + 3u]));
+    let rw = n / 4u + blocks;
     if (b >= blocks) {
         return;
     }
     let d = m / 127.0;
     let id = select(0.0, 1.0 / d, d != 0.0);
-    let o0 = row * (n / 4u + blocks);
+    let o0 = row * rw;
     for (var w = 0u; w < 2u; w++) {
         var word = 0u;
         for (var k = 0u; k < 4u; k++) {
@@ -297,5 +286,10 @@ fn quantize_q8(
     }
     if (j == 0u) {
         xq[o0 + n / 4u + b] = bitcast<u32>(d);
+        if (norm) {
+            let s = (bitcast<f32>(redi[q0]) + bitcast<f32>(redi[q0 + 1u]))
+                + (bitcast<f32>(redi[q0 + 2u]) + bitcast<f32>(redi[q0 + 3u]));
+            xq[p[1] * rw + row * blocks + b] = bitcast<u32>(s);
+        }
     }
 }
