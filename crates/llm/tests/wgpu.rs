@@ -20,10 +20,12 @@ use std::path::PathBuf;
 
 use ferrite_gguf::GgmlType;
 use ferrite_llm::engine::{Engine, EngineConfig, EngineKernels, Request, RequestId};
+use ferrite_llm::generate::mean_nll;
 use ferrite_llm::kernels::ActFormat;
 use ferrite_llm::kv_cache::BLOCK_SIZE;
 use ferrite_llm::model::{WgpuKvStore, WgpuModel};
 use ferrite_llm::synth::{write_synthetic, SynthConfig, VocabStyle, QUANTS};
+use ferrite_llm::tokenizer::Tokenizer;
 use ferrite_llm::{Logits, Model, Precision, Session};
 use ferrite_testing::runner::Runner;
 use ferrite_wgpu::WgpuDevice;
@@ -467,6 +469,8 @@ fn engine_synthetic_gemma_shape(dev: &WgpuDevice) -> Option<String> {
     None
 }
 
+/// SmolLM2-135M-Instruct Q4_1: the engine scenario against the CPU engine (exact mode), and
+/// the perplexity of a text against the CPU session's (`perplexity_vs_cpu`).
 fn engine_smollm2(dev: &WgpuDevice) -> Option<String> {
     let Some(path) = cached_model("SmolLM2-135M-Instruct.Q4_1.gguf", 98_362_432) else {
         return Some("SmolLM2-135M-Instruct.Q4_1.gguf is not in the model cache".into());
@@ -476,12 +480,39 @@ fn engine_smollm2(dev: &WgpuDevice) -> Option<String> {
     // lavapipe measured 1.8e-6 of the range; 1e-3 leaves room for a GPU's exp and tanh
     // (the CUDA engine test allows 2e-2 with its f16 KV cache). Few tokens: lavapipe runs
     // 135M parameters on the CPU.
-    let (d, same) = engine_vs("SmolLM2 exact", leak(model), dev, 4, 1e-3);
+    let model = leak(model);
+    let (d, same) = engine_vs("SmolLM2 exact", model, dev, 4, 1e-3);
     assert!(
         same >= 5,
         "SmolLM2: {same}/6 requests with all tokens as the CPU's (max diff {d:.2e})"
     );
+    perplexity_vs_cpu("SmolLM2", model, dev);
     None
+}
+
+/// Perplexity of the first 128 tokens of a text (`fixtures/genesis_1.txt`) on wgpu within 1%
+/// of the CPU session's, the model in its current precision on both.
+fn perplexity_vs_cpu(name: &str, model: &'static Model, dev: &WgpuDevice) {
+    let tok = Tokenizer::from_gguf(model.gguf()).unwrap();
+    let text = std::fs::read_to_string(
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/genesis_1.txt"),
+    )
+    .unwrap();
+    let mut ids = tok.encode(&text, true).unwrap();
+    ids.truncate(128);
+    let wm = WgpuModel::new(model, dev).unwrap();
+    let mut g = Session::wgpu(&wm, ids.len()).unwrap();
+    let mut c = Session::new(model, ids.len()).unwrap();
+    let gp = mean_nll(&mut g, &ids).unwrap().0.exp();
+    let cp = mean_nll(&mut c, &ids).unwrap().0.exp();
+    println!(
+        "{name}: perplexity over {} tokens: wgpu {gp:.4}, CPU {cp:.4}",
+        ids.len()
+    );
+    assert!(
+        (gp / cp - 1.0).abs() < 0.01,
+        "{name}: perplexity wgpu {gp} against the CPU's {cp}"
+    );
 }
 
 /// Gemma-3 270M Q4_K_M (F32, Q5_0, Q8_0, Q4_K, Q6_K weights; head norms, post norms,
@@ -494,11 +525,13 @@ fn engine_gemma3(dev: &WgpuDevice) -> Option<String> {
     let mut model = Model::load(&path).unwrap();
     model.set_precision(Precision::Exact);
     // lavapipe measured 5.5e-6 of the range (see SmolLM2 for the tolerance).
-    let (d, same) = engine_vs("Gemma3 exact", leak(model), dev, 3, 1e-3);
+    let model = leak(model);
+    let (d, same) = engine_vs("Gemma3 exact", model, dev, 3, 1e-3);
     assert!(
         same >= 4,
         "Gemma3: {same}/6 requests with all tokens as the CPU's (max diff {d:.2e})"
     );
+    perplexity_vs_cpu("Gemma3", model, dev);
     None
 }
 
