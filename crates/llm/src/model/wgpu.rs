@@ -1507,7 +1507,6 @@ impl<'g> WgpuKernels<'g> {
         let params = vec![
             u32_of(cols, "cols")?,
             u32_of(rows, "rows")?,
-            self.m.cfg.eps.to_bits(),
             u32::from(norm.is_some()),
             u32_of(x_stride, "input stride")?,
             u32_of(per_row, "workgroups per row")?,

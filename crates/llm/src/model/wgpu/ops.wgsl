@@ -20,16 +20,6 @@ fn group_index(wid: vec3<u32>, nwg: vec3<u32>) -> u32 {
     return wid.x + wid.y * nwg.x;
 }
 
-// This thread's share of the sum of squares of src[s0..s0 + n]: values t, t + RW, ...
-fn squares(s0: u32, n: u32, t: u32) -> f32 {
-    var ss = 0.0;
-    for (var i = t; i < n; i += RW) {
-        let v = src[s0 + i];
-        ss += v * v;
-    }
-    return ss;
-}
-
 // Sum of the RW threads' `v` (every thread gets it).
 fn wg_sum(t: u32, v: f32) -> f32 {
     red[t] = v;
@@ -65,7 +55,12 @@ fn rms_norm(
     }
     let s0 = sr * n;
     let d0 = piece * n;
-    let inv = 1.0 / sqrt(wg_sum(t, squares(s0, n, t)) / f32(n) + bitcast<f32>(p[2]));
+    var ss = 0.0;
+    for (var i = t; i < n; i += RW) {
+        let v = src[s0 + i];
+        ss += v * v;
+    }
+    let inv = 1.0 / sqrt(wg_sum(t, ss) / f32(n) + bitcast<f32>(p[2]));
     for (var i = t; i < n; i += RW) {
         let v = src[s0 + i] * inv * nw[i];
         if (p[3] == 1u) {
@@ -226,8 +221,8 @@ fn argmax(
 // them applies 1 / rms after its sums, from each block's sum of squares of src, written after
 // all the rows' words and scales (at rows * (n / 4 + n / 32) + r * n / 32 + block). No sum
 // over the whole row here: a normed input costs what a plain one does.
-// params: [0] n (a multiple of 32), [1] rows, [2] eps (f32 bits, unused), [3] 1: RMS norm,
-// [4] src row stride (f32), [5] workgroups per row.
+// params: [0] n (a multiple of 32), [1] rows, [2] 1: RMS norm, [3] src row stride (f32),
+// [4] workgroups per row.
 const QB: u32 = 64u;
 
 @compute @workgroup_size(256)
@@ -237,15 +232,15 @@ fn quantize_q8(
     @builtin(local_invocation_index) t: u32,
 ) {
     let g = group_index(wid, nwg);
-    let row = g / p[5];
+    let row = g / p[4];
     let n = p[0];
     if (row >= p[1]) {
         return;
     }
-    let norm = p[3] == 1u;
-    let s0 = row * p[4];
+    let norm = p[2] == 1u;
+    let s0 = row * p[3];
     let blocks = n / 32u;
-    let b = (g % p[5]) * QB + t / 4u;
+    let b = (g % p[4]) * QB + t / 4u;
     let j = t % 4u;
     let i0 = b * 32u + 8u * j;
     var v: array<f32, 8>;
