@@ -1,7 +1,8 @@
 //! Elementwise and reduction bandwidth, wgpu vs CUDA on the same sizes in the same run (the
 //! issue's bar: wgpu reaches at least 70% of CUDA's bandwidth). On the GPU machine through
 //! Vulkan: `scripts/gpu/run.sh wgpu`; anywhere: `cargo bench -p ferrite-wgpu --bench
-//! bandwidth [-- --quick]` (`--quick`: small sizes, a check that it runs).
+//! bandwidth [-- --quick] [--reps=N] [FILTER]` (`--quick`: small sizes, a check that it runs;
+//! `--reps`: ops per sample, default 50; FILTER: only the cases whose name contains it).
 //!
 //! Timing: wall clock around `reps` ops after a warm-up, ending with a device-wide wait, median
 //! of 5 samples. Bandwidth counts bytes read + written once each.
@@ -105,6 +106,8 @@ fn cases(quick: bool) -> Vec<Case> {
 
 fn main() {
     let quick = std::env::args().any(|a| a == "--quick");
+    // cargo bench passes `--bench`; any other argument not starting with `--` filters cases
+    let filter: Option<String> = std::env::args().skip(1).find(|a| !a.starts_with("--"));
     let mut devices: Vec<(String, Device, Waits)> = Vec::new();
     match ferrite_wgpu::default_adapter().map(ferrite_wgpu::WgpuDevice::new) {
         Some(Ok(w)) => {
@@ -138,7 +141,12 @@ fn main() {
         println!("bandwidth: skipped: neither a wgpu adapter nor a CUDA device");
         return;
     }
-    let reps = if quick { 3 } else { 50 };
+    let reps = std::env::args()
+        .find_map(|a| {
+            a.strip_prefix("--reps=")
+                .and_then(|n| n.parse::<usize>().ok())
+        })
+        .unwrap_or(if quick { 3 } else { 50 });
     // Per device: GB/s, then the host's microseconds per op issuing and submitting them.
     let head: Vec<String> = devices
         .iter()
@@ -147,6 +155,12 @@ fn main() {
     println!("| op | {} | wgpu / cuda |", head.join(" | "));
     println!("|---|{}---|", "---|---|---|".repeat(devices.len()));
     for case in cases(quick) {
+        if filter
+            .as_ref()
+            .is_some_and(|f| !case.name.contains(f.as_str()))
+        {
+            continue;
+        }
         let mut gbs = Vec::new();
         let mut cells = Vec::new();
         for (_, dev, sync) in &devices {

@@ -14,7 +14,13 @@
 //! - Uploads go through a fresh staging buffer copied inside the batch, so they are ordered
 //!   with the dispatches around them (a pooled buffer may still be read by earlier dispatches).
 //! - Dispatch parameters (sizes, strides, scalars) are appended to the batch's parameter
-//!   buffer, each at an aligned offset bound as binding 0; it is written once, at submit.
+//!   buffer, each at an aligned offset; it is written once, at submit. Parameter buffers are
+//!   a ring of `PARAM_RING` buffers reused in turn (wgpu orders a write after the earlier
+//!   submissions that read the buffer). Binding 0 is a window of `PARAM_WORDS_PER_DISPATCH`
+//!   words at a dynamic offset, so a bind group does not depend on where a dispatch's
+//!   parameters lie, and bind groups are cached by (layout, parameter buffer, buffers bound).
+//!   The cache holds clones of the buffers it binds; it is cleared whenever the pool destroys
+//!   buffers (`Pool::generation`) and when it grows past `BIND_GROUP_CACHE` entries.
 
 use crate::pool::{MemoryStats, Pool};
 use crate::shader::{self, Kernel, Variant};
@@ -28,9 +34,14 @@ use std::sync::{Arc, Mutex, MutexGuard};
 const BATCH_DISPATCHES: u32 = 256;
 /// Dispatches of the first batch after a host wait.
 const FIRST_DISPATCHES: u32 = 8;
-/// Parameter words per dispatch the parameter buffer is sized for (a batch that needs more
-/// is submitted early; a dispatch with more gets a buffer of its own size).
+/// Parameter words a dispatch may have in the ring's window (binding 0's size); a dispatch
+/// with more gets a buffer of its own. The ring's buffers hold this many words per dispatch of
+/// a full batch.
 const PARAM_WORDS_PER_DISPATCH: usize = 256;
+/// Parameter buffers reused in turn, one per submitted batch.
+const PARAM_RING: usize = 4;
+/// Cached bind groups, at most (the cache is cleared past it).
+const BIND_GROUP_CACHE: usize = 2048;
 
 /// Host synchronization counters.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -41,6 +52,8 @@ pub struct SyncStats {
     pub launches: u64,
     /// Command buffers submitted.
     pub submits: u64,
+    /// Bind groups created (dispatches with the same buffers reuse one).
+    pub bind_groups: u64,
 }
 
 /// A buffer bound to a dispatch: read-only or read-write.
@@ -57,15 +70,23 @@ struct Batch {
     /// wrote). Ended before any copy is recorded and before the encoder is finished.
     pass: Option<wgpu::ComputePass<'static>>,
     encoder: Option<wgpu::CommandEncoder>,
+    /// The parameters of the batch's dispatches, written into `ring[ring_at]` at submit.
     params: Vec<u32>,
-    param_buf: Option<wgpu::Buffer>,
-    param_cap: usize,
+    /// The parameter ring (created at first use), and the buffer of the open batch.
+    ring: Vec<wgpu::Buffer>,
+    ring_at: usize,
+    /// Bind groups by (layout, parameter buffer, buffers bound), valid for pool generation
+    /// `bind_gen`.
+    binds: HashMap<BindKey, wgpu::BindGroup>,
+    bind_gen: u64,
     dispatches: u32,
     /// Dispatches at which this batch is submitted (see the module's contract).
     limit: u32,
 }
 
 type LayoutKey = Vec<bool>;
+/// A bind group's identity: its layout's address, the parameter buffer and the buffers bound.
+type BindKey = (usize, wgpu::Buffer, Vec<wgpu::Buffer>);
 /// A compiled pipeline: kernel file, entry, variant and its binding layout key.
 type PipeKey = (&'static str, &'static str, Variant, LayoutKey);
 type Layouts = (wgpu::BindGroupLayout, wgpu::PipelineLayout);
@@ -93,6 +114,7 @@ pub struct WgpuBackend {
     host_waits: AtomicU64,
     launches: AtomicU64,
     submits: AtomicU64,
+    bind_groups: AtomicU64,
     /// Parameter offsets must be multiples of this many words.
     param_align: usize,
     /// The device error word: kernels that meet bad data (an index out of range, an integer
@@ -165,8 +187,10 @@ impl WgpuBackend {
                 pass: None,
                 encoder: None,
                 params: Vec::new(),
-                param_buf: None,
-                param_cap: 0,
+                ring: Vec::new(),
+                ring_at: 0,
+                binds: HashMap::new(),
+                bind_gen: 0,
                 dispatches: 0,
                 limit: FIRST_DISPATCHES,
             }),
@@ -179,6 +203,7 @@ impl WgpuBackend {
             host_waits: AtomicU64::new(0),
             launches: AtomicU64::new(0),
             submits: AtomicU64::new(0),
+            bind_groups: AtomicU64::new(0),
             param_align,
             err_buf,
         })
@@ -186,6 +211,12 @@ impl WgpuBackend {
 
     pub fn memory_stats(&self) -> MemoryStats {
         self.pool.stats()
+    }
+
+    /// Destroys the pool's cached buffers, and the cached bind groups that hold them.
+    pub(crate) fn empty_cache(&self) {
+        lock(&self.batch).binds.clear();
+        self.pool.empty_cache();
     }
 
     /// Whether kernels may use subgroup operations.
@@ -205,6 +236,7 @@ impl WgpuBackend {
             host_waits: self.host_waits.load(Ordering::Relaxed),
             launches: self.launches.load(Ordering::Relaxed),
             submits: self.submits.load(Ordering::Relaxed),
+            bind_groups: self.bind_groups.load(Ordering::Relaxed),
         }
     }
 
@@ -245,7 +277,8 @@ impl WgpuBackend {
                 visibility: wgpu::ShaderStages::COMPUTE,
                 ty: wgpu::BindingType::Buffer {
                     ty: wgpu::BufferBindingType::Storage { read_only },
-                    has_dynamic_offset: false,
+                    // the parameter window moves with each dispatch
+                    has_dynamic_offset: i == 0,
                     min_binding_size: None,
                 },
                 count: None,
@@ -373,35 +406,108 @@ impl WgpuBackend {
         let (pipe, layout) = self.pipeline(op, kernel, entry, v, key)?;
         let mut b = lock(&self.batch);
         let need = params.len().max(1);
-        let start = b.params.len().div_ceil(self.param_align) * self.param_align;
-        if b.param_buf.is_some() && start + need > b.param_cap {
-            self.submit_locked(&mut b);
-        }
-        if b.param_buf.is_none() {
-            let cap = (PARAM_WORDS_PER_DISPATCH * b.limit as usize).max(need);
-            b.param_buf = Some(self.device.create_buffer(&wgpu::BufferDescriptor {
-                label: Some("params"),
-                size: (cap * 4) as u64,
-                usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
-                mapped_at_creation: false,
-            }));
-            b.param_cap = cap;
-        }
-        let start = b.params.len().div_ceil(self.param_align) * self.param_align;
-        b.params.resize(start, 0);
-        b.params.extend_from_slice(params);
-        if params.is_empty() {
-            b.params.push(0);
-        }
-        let Some(param_buf) = b.param_buf.clone() else {
-            return Err(Error::backend(op, "no parameter buffer"));
+        let (bind, offset) = if need > PARAM_WORDS_PER_DISPATCH {
+            // a buffer of its own, written now (before any later submission), bound at 0
+            use wgpu::util::DeviceExt;
+            let mut words = params.to_vec();
+            words.resize(need, 0);
+            let own = self
+                .device
+                .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                    label: Some("params"),
+                    contents: &words_to_bytes(&words),
+                    usage: wgpu::BufferUsages::STORAGE,
+                });
+            (self.bind_group(&layout.0, &own, need, args), 0)
+        } else {
+            let start = b.params.len().div_ceil(self.param_align) * self.param_align;
+            if start + PARAM_WORDS_PER_DISPATCH > self.ring_words() {
+                self.submit_locked(&mut b);
+            }
+            let start = b.params.len().div_ceil(self.param_align) * self.param_align;
+            b.params.resize(start, 0);
+            b.params.extend_from_slice(params);
+            if params.is_empty() {
+                b.params.push(0);
+            }
+            let param_buf = self.ring_buffer(&mut b);
+            let gen = self.pool.generation();
+            if b.bind_gen != gen || b.binds.len() >= BIND_GROUP_CACHE {
+                b.binds.clear();
+                b.bind_gen = gen;
+            }
+            let key: BindKey = (
+                Arc::as_ptr(&layout) as usize,
+                param_buf.clone(),
+                args.iter()
+                    .map(|a| match a {
+                        Arg::R(buf) | Arg::W(buf) => (*buf).clone(),
+                    })
+                    .collect(),
+            );
+            let bind = match b.binds.get(&key) {
+                Some(g) => g.clone(),
+                None => {
+                    let g = self.bind_group(&layout.0, &param_buf, PARAM_WORDS_PER_DISPATCH, args);
+                    b.binds.insert(key, g.clone());
+                    g
+                }
+            };
+            (bind, (start * 4) as u32)
         };
+        let pass = self.pass(&mut b);
+        pass.set_pipeline(&pipe);
+        pass.set_bind_group(0, &bind, &[offset]);
+        pass.dispatch_workgroups(gx as u32, gy as u32, 1);
+        b.dispatches += 1;
+        self.launches.fetch_add(1, Ordering::Relaxed);
+        let id = b.id;
+        if b.dispatches >= b.limit {
+            self.submit_locked(&mut b);
+            b.limit = (b.limit * 2).min(BATCH_DISPATCHES);
+        }
+        Ok(id)
+    }
+
+    /// Words in each buffer of the parameter ring: a full batch's windows, and room for the
+    /// last window past the last aligned start.
+    fn ring_words(&self) -> usize {
+        PARAM_WORDS_PER_DISPATCH * (BATCH_DISPATCHES as usize + 1) + self.param_align
+    }
+
+    /// The open batch's parameter buffer (the ring is created at first use).
+    fn ring_buffer(&self, b: &mut Batch) -> wgpu::Buffer {
+        if b.ring.is_empty() {
+            let words = self.ring_words();
+            b.ring = (0..PARAM_RING)
+                .map(|_| {
+                    self.device.create_buffer(&wgpu::BufferDescriptor {
+                        label: Some("params"),
+                        size: (words * 4) as u64,
+                        usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
+                        mapped_at_creation: false,
+                    })
+                })
+                .collect();
+        }
+        b.ring[b.ring_at].clone()
+    }
+
+    /// A bind group of `layout`: binding 0 the first `words` parameter words of `params` (at
+    /// the dispatch's dynamic offset), then `args` at bindings 1...
+    fn bind_group(
+        &self,
+        layout: &wgpu::BindGroupLayout,
+        params: &wgpu::Buffer,
+        words: usize,
+        args: &[Arg<'_>],
+    ) -> wgpu::BindGroup {
         let mut entries = vec![wgpu::BindGroupEntry {
             binding: 0,
             resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-                buffer: &param_buf,
-                offset: (start * 4) as u64,
-                size: wgpu::BufferSize::new((need * 4) as u64),
+                buffer: params,
+                offset: 0,
+                size: wgpu::BufferSize::new((words * 4) as u64),
             }),
         }];
         for (i, a) in args.iter().enumerate() {
@@ -413,23 +519,12 @@ impl WgpuBackend {
                 resource: buf.as_entire_binding(),
             });
         }
-        let bind = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
+        self.bind_groups.fetch_add(1, Ordering::Relaxed);
+        self.device.create_bind_group(&wgpu::BindGroupDescriptor {
             label: None,
-            layout: &layout.0,
+            layout,
             entries: &entries,
-        });
-        let pass = self.pass(&mut b);
-        pass.set_pipeline(&pipe);
-        pass.set_bind_group(0, &bind, &[]);
-        pass.dispatch_workgroups(gx as u32, gy as u32, 1);
-        b.dispatches += 1;
-        self.launches.fetch_add(1, Ordering::Relaxed);
-        let id = b.id;
-        if b.dispatches >= b.limit {
-            self.submit_locked(&mut b);
-            b.limit = (b.limit * 2).min(BATCH_DISPATCHES);
-        }
-        Ok(id)
+        })
     }
 
     /// The batch's encoder for a copy or clear: ends the open compute pass, so the command
@@ -462,15 +557,15 @@ impl WgpuBackend {
     fn submit_locked(&self, b: &mut Batch) -> Option<wgpu::SubmissionIndex> {
         b.pass = None;
         let enc = b.encoder.take()?;
-        if let Some(pb) = &b.param_buf {
-            if !b.params.is_empty() {
+        if !b.params.is_empty() {
+            if let Some(pb) = b.ring.get(b.ring_at) {
                 self.queue.write_buffer(pb, 0, &words_to_bytes(&b.params));
             }
+            b.ring_at = (b.ring_at + 1) % PARAM_RING;
         }
         let idx = self.queue.submit([enc.finish()]);
         self.submits.fetch_add(1, Ordering::Relaxed);
         b.params.clear();
-        b.param_buf = None;
         b.dispatches = 0;
         b.id += 1;
         Some(idx)

@@ -294,7 +294,7 @@ impl WgpuDevice {
 
     /// Releases cached, unused buffers.
     pub fn empty_cache(&self) {
-        self.0.pool.empty_cache()
+        self.0.empty_cache()
     }
 
     /// Caps the bytes the pool may reserve (tests of the out-of-memory path).

@@ -10,6 +10,7 @@
 
 use ferrite_core::{Error, Result};
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// Pool counters, in bytes unless named otherwise (the same fields as CUDA's).
@@ -56,6 +57,9 @@ struct State {
 
 pub(crate) struct Pool {
     state: Mutex<State>,
+    /// Times cached buffers were destroyed: holders of buffer clones (the device's bind-group
+    /// cache) drop theirs when it changes.
+    generation: AtomicU64,
     /// The adapter's largest buffer and storage binding, in bytes.
     pub max_buffer: u64,
     pub max_binding: u64,
@@ -83,6 +87,7 @@ impl Pool {
     pub fn new(max_buffer: u64, max_binding: u64) -> Pool {
         Pool {
             state: Mutex::new(State::default()),
+            generation: AtomicU64::new(0),
             max_buffer,
             max_binding,
         }
@@ -122,7 +127,7 @@ impl Pool {
                 if let Some(l) = s.limit {
                     if s.stats.reserved + class > l {
                         // Give back the cache first, like the CUDA allocator's retry.
-                        Self::drop_cached(&mut s);
+                        self.drop_cached(&mut s);
                         if s.stats.reserved + class > l {
                             return Err(Error::backend(
                                 op,
@@ -155,7 +160,10 @@ impl Pool {
         }))
     }
 
-    fn drop_cached(s: &mut State) {
+    fn drop_cached(&self, s: &mut State) {
+        if s.free.values().any(|v| !v.is_empty()) {
+            self.generation.fetch_add(1, Ordering::Relaxed);
+        }
         for (class, bufs) in s.free.drain() {
             for b in bufs {
                 // Dropped, not destroyed: wgpu keeps a buffer that recorded work uses alive
@@ -178,7 +186,12 @@ impl Pool {
 
     /// Releases every cached (unused) buffer; safe at any time (see `drop_cached`).
     pub fn empty_cache(&self) {
-        Self::drop_cached(&mut self.lock());
+        self.drop_cached(&mut self.lock());
+    }
+
+    /// Changes whenever cached buffers are destroyed.
+    pub fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Relaxed)
     }
 
     pub fn set_limit(&self, bytes: Option<usize>) {

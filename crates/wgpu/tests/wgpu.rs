@@ -252,6 +252,10 @@ fn thousand_ops_wait_once(d: &WgpuDevice) {
         "the read waited more than once"
     );
     assert_eq!(after.launches - before.launches, 1000);
+    // The chain's outputs take turns in two pooled buffers, and parameter buffers in a ring
+    // of 4: bind groups are made once per (output, input, parameter buffer) and reused.
+    let made = after.bind_groups - before.bind_groups;
+    assert!((1..=8).contains(&made), "{made} bind groups for 1000 adds");
     // Batches of 8, 16, ..., 256, 256 (760 dispatches); the read submits the other 240.
     assert_eq!(
         after_enqueue.submits - before.submits,
