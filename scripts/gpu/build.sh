@@ -48,6 +48,7 @@ stage train-bench bench -p ferrite-train --bench train_step --no-run
 stage wgpu-tests test -p ferrite-wgpu --test wgpu --no-run
 stage wgpu-bench bench -p ferrite-wgpu --bench bandwidth --no-run
 stage llm-wgpu-tests test -p ferrite-llm --test wgpu --no-run
+stage serve-wgpu-tests test -p ferrite-serve --test wgpu --no-run
 # The GPU machine has NVIDIA's Vulkan driver (ICD) but no Vulkan loader: carry Debian's loader
 # (and the EGL/GLVND libraries the ICD links) as .debs; run.sh unpacks them there.
 mkdir -p .device/debs

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs the staged GPU binaries (scripts/gpu/build.sh) on a machine with an NVIDIA GPU and
 # prints a summary. Usage: scripts/gpu/run.sh [tests|bench|all|wgpu] [OUTDIR] [-- test filter]
-# `wgpu` runs only the wgpu backend's tests, the LLM engine's wgpu tests and the bandwidth
+# `wgpu` runs only the wgpu backend's tests, the LLM engine's and the server's wgpu tests and the bandwidth
 # bench through Vulkan (the Vulkan loader comes from the .debs build.sh staged; the NVIDIA ICD
 # is the machine's own). The LLM engine's wgpu-vs-CUDA figures: scripts/gpu/wgpu_llm_bench.sh.
 set -uo pipefail
@@ -36,12 +36,15 @@ run_wgpu() {
   [ "${PIPESTATUS[0]}" = 0 ] || status=1
   .device/bin/llm-wgpu-tests "$@" 2>&1 | tee "$out/llm-wgpu-tests.log"
   [ "${PIPESTATUS[0]}" = 0 ] || status=1
+  .device/bin/serve-wgpu-tests "$@" 2>&1 | tee "$out/serve-wgpu-tests.log"
+  [ "${PIPESTATUS[0]}" = 0 ] || status=1
   .device/bin/wgpu-bench 2>&1 | tee "$out/wgpu-bench.log"
 }
 if [ "$mode" = wgpu ]; then
   run_wgpu "$@"
   echo "== summary"
-  grep -h "wgpu tests:\|^failed:\|^adapter:" "$out/wgpu-tests.log" "$out/llm-wgpu-tests.log" 2>/dev/null
+  grep -h "wgpu tests:\|^failed:\|^adapter:" "$out/wgpu-tests.log" "$out/llm-wgpu-tests.log" \
+    "$out/serve-wgpu-tests.log" 2>/dev/null
   grep -h "^|" "$out/wgpu-bench.log" 2>/dev/null
   exit "$status"
 fi

@@ -161,10 +161,10 @@ impl DeviceArgs {
         };
         let i = match device {
             Some(DeviceChoice::Cpu) => return Ok(None),
-            Some(DeviceChoice::Wgpu(i)) => anyhow::bail!(
-                "--device wgpu:{i}: this command has no wgpu path yet (run, chat, bench and \
-                 perplexity run the LLM engine on wgpu); use cpu or cuda"
-            ),
+            // every command resolves `wgpu()` first
+            Some(DeviceChoice::Wgpu(i)) => {
+                anyhow::bail!("--device wgpu:{i} names a wgpu adapter, not a CUDA device")
+            }
             Some(DeviceChoice::Cuda(i)) => i,
             None if ferrite_llm::gpu::is_available() => 0,
             None => return Ok(None),

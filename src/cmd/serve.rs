@@ -1,14 +1,14 @@
-//! `ferrite serve [-m FILE] [--host 127.0.0.1] [--port 8080] [--device cpu|cuda[:N]] [-ngl N]
-//! [--parallel N] [--ctx N] [--api-key KEY | --api-key-file F]`: an OpenAI-compatible HTTP
-//! server over the batched engine (docs/serve.md), on a CUDA device when one is present (as
-//! `run` chooses), else the CPU. It listens at once and loads the model in the background
+//! `ferrite serve [-m FILE] [--host 127.0.0.1] [--port 8080] [--device cpu|cuda[:N]|wgpu[:N]|
+//! vulkan|metal|dx12] [-ngl N] [--parallel N] [--ctx N] [--api-key KEY | --api-key-file F]`: an
+//! OpenAI-compatible HTTP server over the batched engine (docs/serve.md), on the device asked
+//! for, else on a CUDA device when one is present (as `run` chooses), else the CPU. It listens at once and loads the model in the background
 //! (`/health` answers 503 until it is ready); SIGINT or SIGTERM shuts it down.
 
 use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Context;
-use ferrite_serve::{Loaded, ServeConfig};
+use ferrite_serve::{Loaded, ServeConfig, ServeDevice};
 
 use super::llm_args::{DeviceArgs, ModelArgs};
 
@@ -64,10 +64,11 @@ fn api_key(args: &Args) -> anyhow::Result<Option<String>> {
 
 pub fn run(args: Args) -> anyhow::Result<()> {
     // Resolved before listening, as `run` does: an unusable --device is an error at once.
-    let device = args.device.cuda()?;
-    let where_ = device
-        .as_ref()
-        .map_or_else(|| "the CPU".to_string(), |d| d.name().to_string());
+    let device = match args.device.wgpu()? {
+        Some(w) => ServeDevice::Wgpu(w),
+        None => args.device.cuda()?.into(),
+    };
+    let where_ = device.name();
     let key = api_key(&args)?;
     let model_args = args.model.clone();
     let model_id = match &args.model.model {

@@ -21,7 +21,7 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 pub use error::ApiError;
-pub use worker::{Loaded, Loader};
+pub use worker::{Loaded, Loader, ServeDevice};
 
 use metrics::Metrics;
 use worker::{Cmd, Ready, WorkerConfig};

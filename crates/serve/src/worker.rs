@@ -1,6 +1,6 @@
-//! The engine thread: it loads the model, owns it and the [`Engine`] (on the CPU, or on a
-//! CUDA device over the weights uploaded once, [`GpuModel`]; one loop drives either kernel
-//! set), and talks to the HTTP handlers through channels. A handler sends [`Cmd::Submit`]
+//! The engine thread: it loads the model, owns it and the [`Engine`] (on the CPU, on a CUDA
+//! device over the weights uploaded once, [`GpuModel`], or on a wgpu adapter over
+//! [`WgpuModel`]; one loop drives every kernel set), and talks to the HTTP handlers through channels. A handler sends [`Cmd::Submit`]
 //! with a per-request event channel; the thread admits the request (answering on a
 //! oneshot), steps the engine while any request runs, and sends each request its tokens
 //! (detokenized, stop strings applied, log-probabilities if asked) and its end.
@@ -19,6 +19,7 @@ use ferrite_llm::gpu::{CudaDevice, GpuModel};
 use ferrite_llm::grammar::{GrammarConstraint, TokenTrie};
 use ferrite_llm::kv_cache::BLOCK_SIZE;
 use ferrite_llm::logits_processor::{Chain, LogitBias, LogitsProcessor};
+use ferrite_llm::model::WgpuModel;
 use ferrite_llm::sampler::StopStrings;
 use ferrite_llm::tokenizer::{StreamDecoder, TokenType, Tokenizer};
 use ferrite_llm::Model;
@@ -32,9 +33,33 @@ use crate::metrics::Metrics;
 pub struct Loaded {
     pub model: Model,
     pub tok: Tokenizer,
-    /// None: the engine runs on the CPU; Some: on this CUDA device (the weights are uploaded
-    /// on the engine thread, after the memory check).
-    pub device: Option<CudaDevice>,
+    pub device: ServeDevice,
+}
+
+/// Where the engine runs. On a GPU the weights are uploaded on the engine thread (on CUDA
+/// after the memory check).
+pub enum ServeDevice {
+    Cpu,
+    Cuda(CudaDevice),
+    /// A wgpu adapter (Vulkan, Metal, DX12): the LLM engine's WGSL kernel set.
+    Wgpu(ferrite_wgpu::WgpuDevice),
+}
+
+impl ServeDevice {
+    /// The device as the server names it in messages.
+    pub fn name(&self) -> String {
+        match self {
+            ServeDevice::Cpu => "the CPU".to_string(),
+            ServeDevice::Cuda(d) => d.name().to_string(),
+            ServeDevice::Wgpu(d) => format!("{} ({})", d.name(), d.backend_name()),
+        }
+    }
+}
+
+impl From<Option<CudaDevice>> for ServeDevice {
+    fn from(d: Option<CudaDevice>) -> ServeDevice {
+        d.map_or(ServeDevice::Cpu, ServeDevice::Cuda)
+    }
 }
 
 impl Loaded {
@@ -43,7 +68,7 @@ impl Loaded {
         Loaded {
             model,
             tok,
-            device: None,
+            device: ServeDevice::Cpu,
         }
     }
 }
@@ -192,11 +217,22 @@ pub fn run(
         trie: OnceLock::new(),
     });
     match device {
-        None => match Engine::new(&model, ecfg) {
+        ServeDevice::Cpu => match Engine::new(&model, ecfg) {
             Ok(mut engine) => serve_loop(&mut engine, &rx, cfg, &metrics, shared, ready),
             Err(e) => failed(e.to_string()),
         },
-        Some(dev) => {
+        ServeDevice::Wgpu(dev) => {
+            let where_ = ServeDevice::Wgpu(dev.clone()).name();
+            let wm = match WgpuModel::new(&model, &dev) {
+                Ok(m) => m,
+                Err(e) => return failed(format!("serve on {where_}: {e}")),
+            };
+            match Engine::wgpu(&wm, ecfg) {
+                Ok(mut engine) => serve_loop(&mut engine, &rx, cfg, &metrics, shared, ready),
+                Err(e) => failed(format!("serve on {where_}: {e}")),
+            };
+        }
+        ServeDevice::Cuda(dev) => {
             let gm = match GpuModel::load(&model, &dev, ctx) {
                 Ok(g) => g,
                 Err(e) => return failed(format!("serve on {}: {e}", dev.name())),

@@ -82,7 +82,11 @@ fn start(path: &Path, device: Option<CudaDevice>) -> RunningServer {
         // decode tests), where 8-bit activations would flip near ties between the two.
         model.set_precision(Precision::Exact);
         let tok = Tokenizer::from_gguf(model.gguf()).map_err(|e| e.to_string())?;
-        Ok(Loaded { model, tok, device })
+        Ok(Loaded {
+            model,
+            tok,
+            device: device.into(),
+        })
     });
     let mut cfg = ServeConfig::new("smollm2");
     cfg.ctx = Some(256);
