@@ -5,13 +5,15 @@
 //!
 //! Usage: `cargo test -p ferrite-serve --test gpu [-- FILTER]`.
 
-use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::path::Path;
+use std::time::Duration;
 
+mod device_support;
+
+use device_support::{check_greedy_texts, post, runtime, smollm2_path};
 use ferrite_llm::gpu::CudaDevice;
-use ferrite_llm::tokenizer::Tokenizer;
-use ferrite_llm::{Model, Precision};
-use ferrite_serve::{Loaded, RunningServer, ServeConfig};
+use ferrite_llm::Model;
+use ferrite_serve::RunningServer;
 use ferrite_testing::runner::Runner;
 use serde_json::{json, Value};
 
@@ -62,76 +64,9 @@ fn main() {
     r.finish("serve gpu tests");
 }
 
-/// The cached SmolLM2 file, if it is there whole (no fetch).
-fn smollm2_path() -> Option<PathBuf> {
-    let p = ferrite_gguf::fetch::cache_dir()
-        .ok()?
-        .join("SmolLM2-135M-Instruct.Q4_1.gguf");
-    std::fs::metadata(&p)
-        .ok()
-        .filter(|m| m.len() == 98_362_432)
-        .map(|_| p)
-}
-
+/// A server on `device` (None: the CPU) that is ready: context 256, 8 parallel.
 fn start(path: &Path, device: Option<CudaDevice>) -> RunningServer {
-    let path = path.to_path_buf();
-    let load: ferrite_serve::Loader = Box::new(move || {
-        let mut model = Model::load(&path).map_err(|e| e.to_string())?;
-        // f32 activations on both (`--precision exact`): the GPU follows the CPU's logits up
-        // to summation order and the f16 KV cache (SmolLM2: max 0.1, rms 0.02 in the llm
-        // decode tests), where 8-bit activations would flip near ties between the two.
-        model.set_precision(Precision::Exact);
-        let tok = Tokenizer::from_gguf(model.gguf()).map_err(|e| e.to_string())?;
-        Ok(Loaded {
-            model,
-            tok,
-            device: device.into(),
-        })
-    });
-    let mut cfg = ServeConfig::new("smollm2");
-    cfg.ctx = Some(256);
-    cfg.parallel = 8;
-    let s = RunningServer::start("127.0.0.1:0".parse().unwrap(), cfg, load).unwrap();
-    let t0 = Instant::now();
-    let rt = runtime();
-    loop {
-        let status = rt.block_on(async {
-            reqwest::get(format!("{}/health", s.url()))
-                .await
-                .map(|r| r.status().as_u16())
-                .unwrap_or(0)
-        });
-        if status == 200 {
-            return s;
-        }
-        assert!(
-            status == 503 && t0.elapsed() < Duration::from_secs(120),
-            "/health: {status} after {:?}",
-            t0.elapsed()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap()
-}
-
-async fn post(url: &str, path: &str, body: &Value) -> Value {
-    let r = reqwest::Client::new()
-        .post(format!("{url}{path}"))
-        .header("content-type", "application/json")
-        .body(body.to_string())
-        .send()
-        .await
-        .unwrap();
-    let status = r.status().as_u16();
-    let text = r.text().await.unwrap();
-    assert_eq!(status, 200, "{path}: {text}");
-    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{path}: not JSON ({e}): {text}"))
+    device_support::start(path, device.into(), 8, Duration::from_secs(120))
 }
 
 /// Greedy completions on the CUDA server (sent at once with a logprobs request, so greedy
@@ -183,21 +118,7 @@ fn greedy_matches_cpu_and_logprobs(dev: &CudaDevice, path: &Path) -> Option<Stri
     ));
     gpu.stop().unwrap();
 
-    let mut same = 0;
-    for (i, (c, g)) in cpu_texts.iter().zip(&gpu_texts).enumerate() {
-        println!("  {:?}: CUDA {g:?}, CPU {c:?}", prompts[i]);
-        assert!(!g.is_empty());
-        same += usize::from(g == c);
-    }
-    assert_eq!(
-        gpu_texts[0], cpu_texts[0],
-        "CUDA text differs from the CPU's"
-    );
-    assert!(
-        same >= 3,
-        "only {same}/{} CUDA texts equal the CPU's",
-        prompts.len()
-    );
+    let same = check_greedy_texts("CUDA", &prompts, &cpu_texts, &gpu_texts);
     assert_eq!(alone["choices"][0]["text"].as_str().unwrap(), gpu_texts[1]);
 
     let (c, g) = (&cpu_lp["choices"][0], &gpu_lp["choices"][0]);

@@ -6,12 +6,14 @@
 //!
 //! Usage: `cargo test -p ferrite-serve --test wgpu [-- FILTER]`.
 
-use std::path::{Path, PathBuf};
+mod device_support;
+
+use std::path::Path;
 use std::time::{Duration, Instant};
 
-use ferrite_llm::tokenizer::Tokenizer;
-use ferrite_llm::{Model, Precision};
-use ferrite_serve::{Loaded, RunningServer, ServeConfig, ServeDevice};
+use device_support::{check_greedy_texts, health, post, runtime, server, smollm2_path};
+use ferrite_llm::Model;
+use ferrite_serve::{RunningServer, ServeDevice};
 use ferrite_testing::runner::Runner;
 use ferrite_wgpu::WgpuDevice;
 use serde_json::{json, Value};
@@ -56,78 +58,9 @@ fn main() {
     r.finish("serve wgpu tests");
 }
 
-/// The cached SmolLM2 file, if it is there whole (no fetch).
-fn smollm2_path() -> Option<PathBuf> {
-    let p = ferrite_gguf::fetch::cache_dir()
-        .ok()?
-        .join("SmolLM2-135M-Instruct.Q4_1.gguf");
-    std::fs::metadata(&p)
-        .ok()
-        .filter(|m| m.len() == 98_362_432)
-        .map(|_| p)
-}
-
-fn server(path: &Path, device: ServeDevice, ctx: usize, parallel: usize) -> RunningServer {
-    let path = path.to_path_buf();
-    let load: ferrite_serve::Loader = Box::new(move || {
-        let mut model = Model::load(&path).map_err(|e| e.to_string())?;
-        // f32 activations on both: the wgpu kernel set follows the CPU's logits up to the
-        // summation order
-        model.set_precision(Precision::Exact);
-        let tok = Tokenizer::from_gguf(model.gguf()).map_err(|e| e.to_string())?;
-        Ok(Loaded { model, tok, device })
-    });
-    let mut cfg = ServeConfig::new("smollm2");
-    cfg.ctx = Some(ctx);
-    cfg.parallel = parallel;
-    RunningServer::start("127.0.0.1:0".parse().unwrap(), cfg, load).unwrap()
-}
-
-/// A server that answered /health with 200.
+/// A ready server on `device`: context 256, 4 parallel.
 fn start(path: &Path, device: ServeDevice) -> RunningServer {
-    let s = server(path, device, 256, 4);
-    let t0 = Instant::now();
-    let rt = runtime();
-    loop {
-        let status = rt.block_on(health(&s.url()));
-        if status == 200 {
-            return s;
-        }
-        assert!(
-            status == 503 && t0.elapsed() < Duration::from_secs(300),
-            "/health: {status} after {:?}",
-            t0.elapsed()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
-async fn health(url: &str) -> u16 {
-    reqwest::get(format!("{url}/health"))
-        .await
-        .map(|r| r.status().as_u16())
-        .unwrap_or(0)
-}
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap()
-}
-
-async fn post(url: &str, path: &str, body: &Value) -> Value {
-    let r = reqwest::Client::new()
-        .post(format!("{url}{path}"))
-        .header("content-type", "application/json")
-        .body(body.to_string())
-        .send()
-        .await
-        .unwrap();
-    let status = r.status().as_u16();
-    let text = r.text().await.unwrap();
-    assert_eq!(status, 200, "{path}: {text}");
-    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{path}: not JSON ({e}): {text}"))
+    device_support::start(path, device, 4, Duration::from_secs(300))
 }
 
 fn text(v: &Value) -> String {
@@ -170,21 +103,7 @@ fn greedy_matches_cpu(dev: &WgpuDevice, path: &Path) -> Option<String> {
     let sampled = seeded_sampling(&rt, &gpu.url());
     gpu.stop().unwrap();
 
-    let mut same = 0;
-    for (i, (c, g)) in cpu_texts.iter().zip(&gpu_texts).enumerate() {
-        println!("  {:?}: wgpu {g:?}, CPU {c:?}", prompts[i]);
-        assert!(!g.is_empty());
-        same += usize::from(g == c);
-    }
-    assert_eq!(
-        gpu_texts[0], cpu_texts[0],
-        "wgpu text differs from the CPU's"
-    );
-    assert!(
-        same >= 3,
-        "only {same}/{} wgpu texts equal the CPU's",
-        prompts.len()
-    );
+    check_greedy_texts("wgpu", &prompts, &cpu_texts, &gpu_texts);
     assert_eq!(alone, gpu_texts[1], "alone against batched");
     println!("  seeds 7, 7, 8, 9: {sampled:?}");
     assert!(sampled.iter().all(|t| !t.is_empty()));
