@@ -30,7 +30,7 @@ pub trait EngineKernels: Kernels<Kv: KvStore> {
     /// Storage for `n_blocks` blocks of [`BLOCK_SIZE`] positions.
     fn new_store(&self, n_blocks: usize) -> Result<Self::Kv>;
     /// The token of each logit row of the last step, where the kernel set picks them
-    /// (CUDA): the greedy one (largest logit, lowest id on ties), or the device sampler's for
+    /// (CUDA, wgpu): the greedy one (largest logit, lowest id on ties), or the device sampler's for
     /// the rows given to [`EngineKernels::sample_rows`]; None: the engine samples from
     /// [`EngineKernels::host_logits`].
     fn device_tokens(&mut self) -> Result<Option<Vec<u32>>>;
@@ -370,7 +370,7 @@ impl<'m, K: EngineKernels> Engine<'m, K> {
     }
 
     /// Read every step's logits to the host (for [`Engine::last_logits`]) even where the
-    /// kernel set picks greedy tokens itself (CUDA). Off by default.
+    /// kernel set picks greedy tokens itself (CUDA, wgpu). Off by default.
     pub fn set_keep_logits(&mut self, on: bool) {
         self.keep_logits = on;
     }
@@ -697,8 +697,8 @@ impl<'m, K: EngineKernels> Engine<'m, K> {
 
     /// The logits request `id` sampled from in the last step (after the sampler's
     /// penalties, if it has any), or None if it did not sample then.
-    /// On CUDA only where the step read its logits (a sampling request was in it, or
-    /// [`Engine::set_keep_logits`]).
+    /// On CUDA and wgpu only where the step read its logits (a request sampling on the host
+    /// was in it, or [`Engine::set_keep_logits`]).
     pub fn last_logits(&self, id: RequestId) -> Option<&[f32]> {
         let vocab = self.mcfg.vocab;
         let &(_, row) = self.sampled.iter().find(|(r, _)| *r == id)?;

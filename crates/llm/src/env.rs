@@ -42,6 +42,7 @@ pub const VARIABLES: &[(&str, &str)] = &[
     ("FERRITE_GPU_DEVICE_SAMPLING", "0 or 1"),
     ("FERRITE_GPU_CHAIN", "0 or 1"),
     ("FERRITE_WGPU_CHAIN", "0 or 1"),
+    ("FERRITE_WGPU_DEVICE_SAMPLING", "0 or 1"),
 ];
 
 /// The variable's value; None when unset. Not UTF-8 is an error.

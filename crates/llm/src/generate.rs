@@ -87,8 +87,8 @@ pub fn check_fits<K: EngineKernels>(
 /// The session ends up holding the prompt and the generated tokens it ran: every one after an
 /// end-of-text token, all but the last otherwise (`Session::pos()` says how many).
 ///
-/// Where the kernel set picks tokens (CUDA, wgpu), greedy tokens are its pick, and on CUDA
-/// sampled ones its device sampler's (same distribution as `sampler`, another random stream;
+/// Where the kernel set picks tokens (CUDA, wgpu), greedy tokens are its pick, and sampled
+/// ones its device sampler's (same distribution as `sampler`, another random stream;
 /// penalties over the prompt and the generated tokens): 4 bytes back per token.
 pub fn generate<K: EngineKernels>(
     session: &mut Session<'_, K>,
@@ -108,7 +108,7 @@ pub fn generate<K: EngineKernels>(
     // sampler where it has one, else the host sampler over the logits.
     let device =
         cfg.is_plain_greedy() || session.set_sampler(Some(&cfg), prompt, prompt.len() + max_new)?;
-    // Chained (CUDA): one step stays queued ahead of the token the host reads, so the device
+    // Chained (CUDA, wgpu): one step stays queued ahead of the token the host reads, so the device
     // does not idle while the host reads a token and queues the next step.
     let chain = device && session.chains();
     let mut history: Vec<u32> = prompt.to_vec();

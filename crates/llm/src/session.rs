@@ -4,8 +4,8 @@
 //! kernel set's step limits; [`crate::engine::Engine`] runs many sequences over the same
 //! kernel sets.
 //!
-//! Where the kernel set picks tokens itself (CUDA, wgpu: the greedy pick, and on CUDA a
-//! device sampler set by [`Session::set_sampler`]), [`Session::forward_pick`] returns the next
+//! Where the kernel set picks tokens itself (CUDA, wgpu: the greedy pick, or a device
+//! sampler set by [`Session::set_sampler`]), [`Session::forward_pick`] returns the next
 //! token with 4 bytes read back; the logits stay on the device unless asked for. Where it
 //! also chains its picks (CUDA, wgpu), a decode loop keeps one step queued ahead of the token it
 //! reads ([`Session::forward_queue`], [`Session::forward_chained`], [`Session::take_pick`]),

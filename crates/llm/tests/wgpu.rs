@@ -24,6 +24,7 @@ use ferrite_llm::generate::mean_nll;
 use ferrite_llm::kernels::ActFormat;
 use ferrite_llm::kv_cache::BLOCK_SIZE;
 use ferrite_llm::model::{WgpuKvStore, WgpuModel};
+use ferrite_llm::sampler::{Sampler, SamplerConfig};
 use ferrite_llm::synth::{write_synthetic, SynthConfig, VocabStyle, QUANTS};
 use ferrite_llm::tokenizer::Tokenizer;
 use ferrite_llm::{Logits, Model, Precision, Session};
@@ -79,6 +80,27 @@ fn tests() -> Vec<(&'static str, TestFn)> {
         (
             "wgpu_kv_cache_over_the_binding_limit_is_refused",
             kv_over_limit,
+        ),
+        (
+            "wgpu_sampler_distribution_matches_cpu_probabilities",
+            sampler_distribution,
+        ),
+        ("wgpu_sampler_same_seed_same_tokens", sampler_seed),
+        (
+            "wgpu_sampled_generation_chained_reads_back_only_ids",
+            sampled_generation,
+        ),
+        (
+            "wgpu_greedy_with_penalties_equals_cpu_pick",
+            greedy_penalties,
+        ),
+        (
+            "wgpu_engine_samples_on_the_device_per_request",
+            engine_device_sampling,
+        ),
+        (
+            "wgpu_device_sampler_states_survive_repacking",
+            sampler_states_repack,
         ),
     ]
 }
@@ -573,7 +595,6 @@ fn f16_unpack(dev: &WgpuDevice) -> Option<String> {
 /// past the stop are dropped). A chained step where chaining is off is refused.
 fn chained_generation(dev: &WgpuDevice) -> Option<String> {
     use ferrite_llm::generate::{generate, Generation, StopReason};
-    use ferrite_llm::sampler::{Sampler, SamplerConfig};
     use ferrite_llm::tokenizer::Tokenizer;
     let dir = tmp_dir();
     let model = leak(synth_model(
@@ -889,6 +910,743 @@ fn weight_row_over_limit(dev: &WgpuDevice) -> Option<String> {
     assert!(
         e.contains("tensor token_embd.weight: one row takes 544 bytes")
             && e.contains("largest storage binding (256 bytes)"),
+        "{e}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+    None
+}
+
+// ---- The device sampler (`wgpu/sample.wgsl`) ----
+
+/// SplitMix64 test data.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// n values uniform in [-1, 1).
+    fn vec(&mut self, n: usize) -> Vec<f32> {
+        (0..n)
+            .map(|_| (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0)
+            .collect()
+    }
+}
+
+/// `logits` with the CPU sampler's penalties over the last `penalty_last_n` of `history`
+/// (llama.cpp's formulas, once per distinct token with its count).
+fn penalized(cfg: &SamplerConfig, logits: &[f32], history: &[u32]) -> Vec<f32> {
+    let mut l = logits.to_vec();
+    let pen = cfg.penalty_last_n > 0
+        && (cfg.repeat_penalty != 1.0
+            || cfg.presence_penalty != 0.0
+            || cfg.frequency_penalty != 0.0);
+    if pen {
+        let w = &history[history.len().saturating_sub(cfg.penalty_last_n)..];
+        let mut seen = std::collections::BTreeMap::new();
+        for &t in w {
+            *seen.entry(t).or_insert(0u32) += 1;
+        }
+        for (&t, &n) in &seen {
+            let v = &mut l[t as usize];
+            if *v > 0.0 {
+                *v /= cfg.repeat_penalty;
+            } else {
+                *v *= cfg.repeat_penalty;
+            }
+            *v -= n as f32 * cfg.frequency_penalty + cfg.presence_penalty;
+        }
+    }
+    l
+}
+
+/// The CPU sampler's probabilities (crate::sampler's documented order: penalties, argmax at
+/// temperature 0, temperature, top-k, top-p, min-p, renormalized), in f64.
+fn cpu_probs(cfg: &SamplerConfig, logits: &[f32], history: &[u32]) -> Vec<f64> {
+    let l = penalized(cfg, logits, history);
+    let mut p = vec![0f64; l.len()];
+    if cfg.temperature == 0.0 {
+        p[argmax(&l) as usize] = 1.0;
+        return p;
+    }
+    let inv_t = 1.0 / cfg.temperature;
+    let mut c: Vec<(f32, u32)> = l
+        .iter()
+        .enumerate()
+        .filter(|(_, v)| v.is_finite())
+        .map(|(i, &v)| (v * inv_t, i as u32))
+        .collect();
+    c.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+    if cfg.top_k > 0 {
+        c.truncate(cfg.top_k);
+    }
+    let max = f64::from(c[0].0);
+    let z: f64 = c.iter().map(|&(v, _)| (f64::from(v) - max).exp()).sum();
+    let mut keep = c.len();
+    let mut cum = 0.0;
+    for (i, &(v, _)) in c.iter().enumerate() {
+        let q = (f64::from(v) - max).exp() / z;
+        if q < f64::from(cfg.min_p) / z {
+            keep = i.max(1);
+            break;
+        }
+        cum += q;
+        if cum >= f64::from(cfg.top_p) {
+            keep = i + 1;
+            break;
+        }
+    }
+    let kept = &c[..keep];
+    let t: f64 = kept.iter().map(|&(v, _)| (f64::from(v) - max).exp()).sum();
+    for &(v, id) in kept {
+        p[id as usize] = (f64::from(v) - max).exp() / t;
+    }
+    p
+}
+
+fn argmax(v: &[f32]) -> u32 {
+    ferrite_llm::generate::argmax(v)
+}
+
+fn histogram(ids: &[u32], vocab: usize) -> Vec<f64> {
+    let mut h = vec![0f64; vocab];
+    for &t in ids {
+        h[t as usize] += 1.0;
+    }
+    h.iter_mut().for_each(|v| *v /= ids.len() as f64);
+    h
+}
+
+/// The bound on max |freq - p| over a vocabulary for `draws` draws: 4.5 times the largest
+/// binomial standard deviation of a frequency, sqrt(p (1 - p) / draws) <= 0.5 / sqrt(draws)
+/// (40,000 draws: 0.01125; 4,000: 0.0356).
+fn freq_tol(draws: usize) -> f64 {
+    4.5 * 0.5 / (draws as f64).sqrt()
+}
+
+/// Draws `draws` tokens with the device sampler (`sample_many`) and checks them against
+/// `cpu_probs`: no token outside the CPU's kept set, every frequency within `freq_tol` of its
+/// probability; the reference itself against the CPU sampler's own draws. Returns the max
+/// |freq - p| on the device.
+fn check_sampler(
+    dev: &WgpuDevice,
+    name: &str,
+    cfg: &SamplerConfig,
+    logits: &[f32],
+    history: &[u32],
+    draws: usize,
+) -> f64 {
+    let vocab = logits.len();
+    let tol = freq_tol(draws);
+    let p = cpu_probs(cfg, logits, history);
+    let ids = ferrite_llm::model::wgpu::sample_many(dev, cfg, logits, history, draws).unwrap();
+    assert_eq!(ids.len(), draws, "{name}: tokens drawn");
+    for &t in &ids {
+        assert!(
+            (t as usize) < vocab && p[t as usize] > 0.0,
+            "{name}: drew token {t}, outside the CPU's kept set"
+        );
+    }
+    let max_diff = |h: &[f64]| {
+        h.iter()
+            .zip(&p)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0, f64::max)
+    };
+    let dev_max = max_diff(&histogram(&ids, vocab));
+    let mut cpu = Sampler::new(cfg.clone()).unwrap();
+    let cpu_ids: Vec<u32> = (0..draws)
+        .map(|_| cpu.sample(&mut logits.to_vec(), history).unwrap())
+        .collect();
+    let cpu_max = max_diff(&histogram(&cpu_ids, vocab));
+    let kept = p.iter().filter(|&&v| v > 0.0).count();
+    eprintln!(
+        "sampler {name}: {kept} kept of {vocab}, {draws} draws: max |freq - p| device \
+         {dev_max:.4}, CPU sampler {cpu_max:.4} (bound {tol:.4})"
+    );
+    assert!(
+        cpu_max < tol,
+        "{name}: the reference disagrees with the CPU sampler: {cpu_max}"
+    );
+    assert!(dev_max < tol, "{name}: device frequencies off by {dev_max}");
+    dev_max
+}
+
+/// The device sampler's empirical distribution against the CPU sampler's probabilities for
+/// each setting (temperature alone, the defaults, top-k, top-p, min-p, all three, penalties
+/// over a history; a 49,152-token vocabulary as SmolLM2's), top-k 1 on a tie (the lowest
+/// id), and penalties that move the argmax at temperature 0 and at top-k 1 (the CPU's pick).
+fn sampler_distribution(dev: &WgpuDevice) -> Option<String> {
+    let mut rng = Rng(11);
+    let vocab = 64;
+    let logits: Vec<f32> = rng.vec(vocab).iter().map(|v| v * 3.0).collect();
+    let raw_top = argmax(&logits);
+    let base = SamplerConfig {
+        temperature: 1.0,
+        top_k: 0,
+        top_p: 1.0,
+        min_p: 0.0,
+        repeat_penalty: 1.0,
+        presence_penalty: 0.0,
+        frequency_penalty: 0.0,
+        penalty_last_n: 64,
+        seed: 5,
+    };
+    let history: Vec<u32> = vec![raw_top, 3, 9, raw_top, 17, 3, raw_top, 40];
+    let sets: Vec<(&str, SamplerConfig)> = vec![
+        (
+            "full softmax t=0.8",
+            SamplerConfig {
+                temperature: 0.8,
+                ..base.clone()
+            },
+        ),
+        (
+            "defaults (t 0.8, k 40, p 0.95, min-p 0.05)",
+            SamplerConfig {
+                seed: 5,
+                ..SamplerConfig::default()
+            },
+        ),
+        (
+            "top-k 5, t 1.5",
+            SamplerConfig {
+                temperature: 1.5,
+                top_k: 5,
+                ..base.clone()
+            },
+        ),
+        (
+            "top-p 0.5",
+            SamplerConfig {
+                top_p: 0.5,
+                ..base.clone()
+            },
+        ),
+        (
+            "min-p 0.2",
+            SamplerConfig {
+                min_p: 0.2,
+                ..base.clone()
+            },
+        ),
+        (
+            "top-k 10 + top-p 0.8 + min-p 0.1",
+            SamplerConfig {
+                top_k: 10,
+                top_p: 0.8,
+                min_p: 0.1,
+                ..base.clone()
+            },
+        ),
+        (
+            "penalties (repeat 1.5, presence 0.5, frequency 0.3, last 6), t 0.7",
+            SamplerConfig {
+                temperature: 0.7,
+                repeat_penalty: 1.5,
+                presence_penalty: 0.5,
+                frequency_penalty: 0.3,
+                penalty_last_n: 6,
+                ..base.clone()
+            },
+        ),
+    ];
+    let mut worst = 0f64;
+    for (name, cfg) in &sets {
+        worst = worst.max(check_sampler(dev, name, cfg, &logits, &history, 40_000));
+    }
+    // top-k 1 is the argmax (lowest id on ties).
+    let mut tied = logits.clone();
+    tied[50] = tied[raw_top as usize];
+    let lo = raw_top.min(50);
+    let k1 = SamplerConfig {
+        top_k: 1,
+        ..base.clone()
+    };
+    let ids = ferrite_llm::model::wgpu::sample_many(dev, &k1, &tied, &[], 200).unwrap();
+    assert!(
+        ids.iter().all(|&t| t == lo),
+        "top-k 1: {ids:?} (argmax {lo})"
+    );
+    // Penalties that move the argmax, sampled at top-k 1 (the greedy ones: `greedy_penalties`).
+    let pen_k1 = SamplerConfig {
+        top_k: 1,
+        repeat_penalty: 3.0,
+        presence_penalty: 2.0,
+        ..base.clone()
+    };
+    let want = argmax(&penalized(&pen_k1, &logits, &history));
+    assert_ne!(want, raw_top, "the penalties should move the argmax");
+    let ids = ferrite_llm::model::wgpu::sample_many(dev, &pen_k1, &logits, &history, 50).unwrap();
+    assert!(
+        ids.iter().all(|&t| t == want),
+        "top-k 1 with penalties: {ids:?}, CPU {want}"
+    );
+    // A SmolLM2-sized vocabulary (radix passes over many keys, large kept sets).
+    let big: Vec<f32> = rng.vec(49_152).iter().map(|v| v * 4.0).collect();
+    let bh: Vec<u32> = (0..64).map(|i| (i * 769) % 49_152).collect();
+    for (name, cfg) in [
+        (
+            "49152: defaults",
+            SamplerConfig {
+                seed: 9,
+                ..SamplerConfig::default()
+            },
+        ),
+        (
+            "49152: top-p 0.9 alone (large kept set)",
+            SamplerConfig {
+                top_p: 0.9,
+                ..base.clone()
+            },
+        ),
+        (
+            "49152: top-k 200, min-p 0.3, penalties",
+            SamplerConfig {
+                top_k: 200,
+                min_p: 0.3,
+                repeat_penalty: 1.3,
+                frequency_penalty: 0.2,
+                ..base.clone()
+            },
+        ),
+    ] {
+        // The large kept set's probabilities are all under 1e-3: fewer draws test its cut.
+        let draws = if cfg.top_p == 0.9 { 1_000 } else { 4_000 };
+        worst = worst.max(check_sampler(dev, name, &cfg, &big, &bh, draws));
+    }
+    eprintln!("device sampler: worst max |freq - p| {worst:.4}");
+    None
+}
+
+/// Same seed, same tokens; another seed, other tokens; `sample_once` at draw counter i is
+/// draw i of `sample_many` (the draw depends on the seed and the counter alone).
+fn sampler_seed(dev: &WgpuDevice) -> Option<String> {
+    use ferrite_llm::model::wgpu::{sample_many, sample_once};
+    let logits: Vec<f32> = Rng(3).vec(1000).iter().map(|v| v * 2.0).collect();
+    let cfg = SamplerConfig {
+        seed: 42,
+        ..SamplerConfig::default()
+    };
+    let h = [1, 2, 3];
+    let a = sample_many(dev, &cfg, &logits, &h, 300).unwrap();
+    let b = sample_many(dev, &cfg, &logits, &h, 300).unwrap();
+    assert_eq!(a, b, "same seed, different tokens");
+    let other = SamplerConfig {
+        seed: 43,
+        ..cfg.clone()
+    };
+    let c = sample_many(dev, &other, &logits, &h, 300).unwrap();
+    assert_ne!(a, c, "another seed, the same 300 tokens");
+    let distinct = a.iter().collect::<std::collections::BTreeSet<_>>().len();
+    assert!(distinct > 5, "300 draws gave {distinct} distinct tokens");
+    for i in [0usize, 7, 299] {
+        let t = sample_once(dev, &cfg, &logits, &h, i as u64).unwrap();
+        assert_eq!(t, a[i], "draw {i} alone");
+    }
+    None
+}
+
+/// Settings that spread the draws of a random-weight model: temperature 1.5, top-p 0.98,
+/// seed 7.
+fn hot_sampler() -> SamplerConfig {
+    SamplerConfig {
+        temperature: 1.5,
+        top_k: 0,
+        top_p: 0.98,
+        min_p: 0.0,
+        seed: 7,
+        ..SamplerConfig::default()
+    }
+}
+
+/// Sampled generation through `Session::wgpu` (`generate`: the device sampler after each
+/// step): chained (`forward_chained`, `take_pick`) and unchained give the same tokens, text
+/// and session position, with and without penalties; no logits are read to the host, and the
+/// chained loop reads one pick per token; the same seed gives the same tokens, another seed
+/// others; a presence penalty over the whole history keeps every recent token out; after the
+/// sampler is removed the session picks greedily again.
+fn sampled_generation(dev: &WgpuDevice) -> Option<String> {
+    use ferrite_llm::generate::{generate, Generation, StopReason};
+    let dir = tmp_dir();
+    let model = leak(synth_model(
+        &synth_cfg(GgmlType::Q4_0),
+        GgmlType::Q4_0,
+        &dir,
+    ));
+    let tok = Tokenizer::from_gguf(model.gguf()).unwrap();
+    let wm = leak(WgpuModel::new(model, dev).unwrap());
+    let prompt: Vec<u32> = (0..9).map(|i| (i * 37 + 5) % 1000).collect();
+    let n = 32;
+    let run = |chain: bool, cfg: &SamplerConfig| -> (Generation, usize) {
+        let mut s = Session::wgpu(wm, 96).unwrap();
+        s.kernels_mut().set_chain(chain);
+        let mut sampler = Sampler::new(cfg.clone()).unwrap();
+        sampler.set_ignore_eos(true);
+        let g = generate(&mut s, &tok, &mut sampler, &prompt, n, &[], &mut |_| {}).unwrap();
+        assert_eq!(g.stop, StopReason::MaxTokens);
+        assert_eq!(g.tokens.len(), n);
+        let k = s.kernels();
+        assert_eq!(k.logit_reads(), 0, "logits read to the host ({cfg:?})");
+        if chain {
+            assert_eq!(
+                k.pick_wait().1,
+                n as u64,
+                "pick reads of a chained generation"
+            );
+        }
+        (g, s.pos())
+    };
+    let hot = hot_sampler();
+    let penal = SamplerConfig {
+        repeat_penalty: 1.3,
+        presence_penalty: 0.5,
+        frequency_penalty: 0.25,
+        penalty_last_n: 16,
+        ..hot.clone()
+    };
+    let mut first = Vec::new();
+    for cfg in [&hot, &penal] {
+        let (a, pa) = run(false, cfg);
+        let (b, pb) = run(true, cfg);
+        assert_eq!(b.tokens, a.tokens, "chained vs unchained tokens ({cfg:?})");
+        assert_eq!(b.text, a.text);
+        assert_eq!(pb, pa, "session position after the generation");
+        let distinct = a
+            .tokens
+            .iter()
+            .collect::<std::collections::BTreeSet<_>>()
+            .len();
+        assert!(
+            distinct > 8,
+            "sampling at t 1.5 gave {distinct} distinct tokens: {:?}",
+            a.tokens
+        );
+        first.push(a.tokens);
+    }
+    assert_ne!(first[0], first[1], "the penalties changed no token");
+    assert_eq!(run(true, &hot).0.tokens, first[0], "same seed");
+    let reseeded = SamplerConfig {
+        seed: 8,
+        ..hot.clone()
+    };
+    assert_ne!(run(true, &reseeded).0.tokens, first[0], "another seed");
+    // A strong presence penalty over the whole history: no token repeats a recent one.
+    let never = SamplerConfig {
+        presence_penalty: 1e4,
+        penalty_last_n: 256,
+        ..hot.clone()
+    };
+    let (d, _) = run(true, &never);
+    for (i, t) in d.tokens.iter().enumerate() {
+        assert!(
+            !prompt.contains(t) && !d.tokens[..i].contains(t),
+            "token {i} ({t}) repeats: {:?}",
+            d.tokens
+        );
+    }
+    // Back to the greedy pick once the sampler is removed.
+    let mut s = Session::wgpu(wm, 96).unwrap();
+    assert!(s.set_sampler(Some(&hot), &prompt, 96).unwrap());
+    assert!(!s.set_sampler(None, &[], 0).unwrap());
+    let g1 = ferrite_llm::generate::greedy(&mut s, &prompt, 8).unwrap();
+    let mut s2 = Session::wgpu(wm, 96).unwrap();
+    let g2 = ferrite_llm::generate::greedy(&mut s2, &prompt, 8).unwrap();
+    assert_eq!(g1, g2, "greedy after the sampler was removed");
+    eprintln!("sampled generation: {:?}", first[0]);
+    let _ = std::fs::remove_dir_all(&dir);
+    None
+}
+
+/// Greedy (temperature 0) with penalties: the device sampler's pick is the CPU sampler's.
+/// On fixed logits whose argmax the penalties move (`sample_many`); and through
+/// `Session::wgpu` step by step against a session without a sampler (its logits are the same
+/// bits: each row is computed alone), the CPU sampler picking from those raw logits: the same
+/// token every step, and the logits the device penalized in place equal the CPU's penalized
+/// ones.
+fn greedy_penalties(dev: &WgpuDevice) -> Option<String> {
+    let logits: Vec<f32> = Rng(11).vec(64).iter().map(|v| v * 3.0).collect();
+    let raw_top = argmax(&logits);
+    let history: Vec<u32> = vec![raw_top, 3, 9, raw_top, 17, 3, raw_top, 40];
+    let pen = SamplerConfig {
+        temperature: 0.0,
+        repeat_penalty: 3.0,
+        presence_penalty: 2.0,
+        ..SamplerConfig::greedy()
+    };
+    let want = Sampler::new(pen.clone())
+        .unwrap()
+        .sample(&mut logits.clone(), &history)
+        .unwrap();
+    assert_ne!(want, raw_top, "the penalties should move the argmax");
+    let ids = ferrite_llm::model::wgpu::sample_many(dev, &pen, &logits, &history, 20).unwrap();
+    assert!(
+        ids.iter().all(|&t| t == want),
+        "greedy with penalties: {ids:?}, CPU {want}"
+    );
+
+    let dir = tmp_dir();
+    let model = leak(synth_model(
+        &synth_cfg(GgmlType::Q4_0),
+        GgmlType::Q4_0,
+        &dir,
+    ));
+    let wm = leak(WgpuModel::new(model, dev).unwrap());
+    let prompt: Vec<u32> = (0..9).map(|i| (i * 37 + 5) % 1000).collect();
+    let cfg = SamplerConfig {
+        temperature: 0.0,
+        repeat_penalty: 1.5,
+        presence_penalty: 0.5,
+        frequency_penalty: 0.5,
+        penalty_last_n: 12,
+        ..SamplerConfig::greedy()
+    };
+    let mut raw = Session::wgpu(wm, 96).unwrap();
+    let mut dev_s = Session::wgpu(wm, 96).unwrap();
+    assert!(dev_s.set_sampler(Some(&cfg), &prompt, 96).unwrap());
+    let mut cpu = Sampler::new(cfg.clone()).unwrap();
+    let mut history = prompt.clone();
+    let mut input = prompt.clone();
+    let mut moved = 0;
+    for step in 0..24 {
+        let l = raw.forward(&input, Logits::Last).unwrap().to_vec();
+        let want = cpu.sample(&mut l.clone(), &history).unwrap();
+        moved += usize::from(want != argmax(&l));
+        let got = dev_s.forward_pick(&input).unwrap();
+        assert_eq!(
+            got,
+            Some(want),
+            "step {step}: device pick vs the CPU sampler's"
+        );
+        let p = penalized(&cfg, &l, &history);
+        let d = dev_s.logits().unwrap();
+        for (j, (a, b)) in d.iter().zip(&p).enumerate() {
+            assert!(
+                (a - b).abs() <= 1e-6 * b.abs().max(1.0),
+                "step {step}, logit {j}: penalized on the device {a}, on the host {b}"
+            );
+        }
+        history.push(want);
+        input = vec![want];
+    }
+    assert!(moved > 0, "the penalties never moved the argmax");
+    eprintln!("greedy with penalties: {moved} of 24 picks moved by the penalties");
+    let _ = std::fs::remove_dir_all(&dir);
+    None
+}
+
+/// Passes the logits through unchanged: a request with it samples on the host.
+struct HostSampling;
+
+impl ferrite_llm::logits_processor::LogitsProcessor for HostSampling {
+    fn process(&mut self, _logits: &mut [f32], _history: &[u32]) -> ferrite_llm::Result<()> {
+        Ok(())
+    }
+    fn accept(&mut self, _token: u32) {}
+}
+
+/// Requests that sample (not greedy) draw their tokens on the device, every such row of a
+/// step in one dispatch (`sample_rows`), beside greedy requests:
+/// - each drawn token is the device sampler's for its row of the step's logits: `sample_once`
+///   on the logits the engine kept (after the penalties, so drawn again without them), with
+///   that request's seed and draw counter;
+/// - the penalties start from the prompt: the first step's penalized logits equal the host
+///   sampler's on the same logits (the same request with a pass-through processor samples on
+///   the host), and differ from the raw ones exactly at the prompt's tokens;
+/// - the tokens do not depend on reading the logits to the host, and a request drawn in a
+///   batch gets the tokens it gets alone;
+/// - cancelling a sampling request ends it like any other.
+fn engine_device_sampling(dev: &WgpuDevice) -> Option<String> {
+    let dir = tmp_dir();
+    let model = leak(synth_model(
+        &synth_cfg(GgmlType::Q4_0),
+        GgmlType::Q4_0,
+        &dir,
+    ));
+    let wm = leak(WgpuModel::new(model, dev).unwrap());
+    let vocab = model.cfg.vocab;
+    let plain = SamplerConfig {
+        temperature: 1.3,
+        top_k: 50,
+        top_p: 0.95,
+        min_p: 0.0,
+        repeat_penalty: 1.0,
+        seed: 11,
+        ..SamplerConfig::default()
+    };
+    let penal = SamplerConfig {
+        temperature: 0.9,
+        top_k: 0,
+        top_p: 1.0,
+        min_p: 0.02,
+        repeat_penalty: 1.3,
+        presence_penalty: 0.5,
+        frequency_penalty: 0.25,
+        penalty_last_n: 16,
+        seed: 5,
+    };
+    let n_new = 16;
+    let reqs = [
+        (prompt(12, 1, vocab), SamplerConfig::greedy()),
+        (prompt(30, 2, vocab), plain.clone()),
+        (prompt(7, 3, vocab), penal.clone()),
+        (prompt(7, 3, vocab), SamplerConfig::greedy()),
+    ];
+    let request = |k: usize| Request {
+        sampling: reqs[k].1.clone(),
+        ..Request::greedy(reqs[k].0.clone(), n_new)
+    };
+    // (requests to add, keep the logits, index of a request sampled on the host)
+    let run = |which: &[usize], keep: bool, host: Option<usize>| -> Vec<Run> {
+        let mut e = Engine::wgpu(wm, engine_cfg()).unwrap();
+        e.set_keep_logits(keep);
+        let ids: Vec<RequestId> = which
+            .iter()
+            .map(|&k| {
+                let p: Option<Box<dyn ferrite_llm::logits_processor::LogitsProcessor>> =
+                    (host == Some(k)).then(|| Box::new(HostSampling) as _);
+                e.add_request_with(request(k), p).unwrap()
+            })
+            .collect();
+        let mut runs: HashMap<RequestId, Run> = HashMap::new();
+        while e.has_work() {
+            for o in e.step().unwrap() {
+                let r = runs.entry(o.id).or_default();
+                if keep {
+                    r.1.push(e.last_logits(o.id).unwrap().to_vec());
+                }
+                r.0.extend(o.token);
+            }
+        }
+        ids.iter().map(|id| runs.remove(id).unwrap()).collect()
+    };
+    let kept = run(&[0, 1, 2], true, None);
+    let unread = run(&[0, 1, 2], false, None);
+    for k in 0..3 {
+        assert_eq!(
+            kept[k].0.len(),
+            n_new,
+            "request {k}: {} tokens",
+            kept[k].0.len()
+        );
+        assert_eq!(
+            kept[k].0, unread[k].0,
+            "request {k}: its tokens depend on reading the logits"
+        );
+    }
+    for (i, (t, l)) in kept[0].0.iter().zip(&kept[0].1).enumerate() {
+        assert_eq!(*t, argmax(l), "greedy request, token {i}");
+    }
+    for (k, cfg) in [(1usize, &plain), (2, &penal)] {
+        let nopen = SamplerConfig {
+            repeat_penalty: 1.0,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            ..cfg.clone()
+        };
+        for (i, (t, l)) in kept[k].0.iter().zip(&kept[k].1).enumerate() {
+            let want =
+                ferrite_llm::model::wgpu::sample_once(dev, &nopen, l, &[], i as u64).unwrap();
+            assert_eq!(
+                *t, want,
+                "request {k}, token {i}: not the device sampler's draw"
+            );
+        }
+        let distinct: std::collections::HashSet<_> = kept[k].0.iter().collect();
+        assert!(distinct.len() > 3, "request {k} drew {:?}", kept[k].0);
+    }
+    // The penalized request's first logits, penalized on the device and on the host, and
+    // unpenalized (request 3: its prompt, greedy; a row's logits do not depend on the batch).
+    let host = run(&[0, 1, 2], true, Some(2));
+    let raw = run(&[3], true, None);
+    let (d, h, r) = (&kept[2].1[0], &host[2].1[0], &raw[0].1[0]);
+    for (j, (a, b)) in d.iter().zip(h).enumerate() {
+        assert!(
+            (a - b).abs() <= 1e-6 * b.abs().max(1.0),
+            "logit {j}: device penalty {a}, host {b}"
+        );
+        let recent = reqs[2].0.contains(&(j as u32));
+        assert_eq!(a != &r[j], recent, "logit {j}: penalized {a}, raw {}", r[j]);
+    }
+    let alone2 = run(&[2], false, None);
+    assert_eq!(alone2[0].0, kept[2].0, "request 2 alone draws other tokens");
+    let alone = run(&[1], false, None);
+    assert_eq!(alone[0].0, kept[1].0, "request 1 alone draws other tokens");
+    // Cancelling a request that samples on the device.
+    let mut e = Engine::wgpu(wm, engine_cfg()).unwrap();
+    let a = e.add_request(request(1)).unwrap();
+    let b = e.add_request(request(2)).unwrap();
+    for _ in 0..5 {
+        e.step().unwrap();
+    }
+    assert!(e.cancel(a));
+    let rest = e.run_to_end().unwrap();
+    assert_eq!(rest.len(), 1);
+    assert_eq!(rest[0].0, b);
+    assert_eq!(e.stats().kv.blocks_used, 0);
+    let _ = std::fs::remove_dir_all(&dir);
+    None
+}
+
+/// Device sampler states stay whole when the kernel set repacks them into a larger buffer
+/// (sixteen states of 216 words added, five removed: the buffer is repacked twice): each
+/// live sampler's first two draws on a step's logits are `sample_once`'s for its settings,
+/// history and draw counters 0 and 1 (the second with the first token appended to the
+/// history: the ring and the counter advanced on the device).
+fn sampler_states_repack(dev: &WgpuDevice) -> Option<String> {
+    let dir = tmp_dir();
+    let model = leak(synth_model(
+        &synth_cfg(GgmlType::Q4_0),
+        GgmlType::Q4_0,
+        &dir,
+    ));
+    let wm = leak(WgpuModel::new(model, dev).unwrap());
+    let vocab = model.cfg.vocab;
+    let p = prompt(10, 9, vocab);
+    let cfg = |id: u64| SamplerConfig {
+        temperature: 1.2,
+        top_k: 0,
+        top_p: 1.0,
+        min_p: 0.0,
+        presence_penalty: 3.0,
+        frequency_penalty: 0.5,
+        penalty_last_n: 200,
+        seed: 100 + id,
+        ..SamplerConfig::default()
+    };
+    let hist = |id: u64| prompt(20 + id as usize, 20 + id as usize, vocab);
+    let mut s = Session::wgpu(wm, 96).unwrap();
+    let mut live = Vec::new();
+    for id in 1..=16u64 {
+        s.kernels_mut()
+            .add_sampler(id, &cfg(id), &hist(id), 200)
+            .unwrap();
+        live.push(id);
+        if id % 3 == 0 {
+            let gone = live.remove(0);
+            s.kernels_mut().remove_sampler(gone);
+        }
+    }
+    for &id in &live {
+        let mut h = hist(id);
+        for step in 0..2u64 {
+            s.truncate(0);
+            let l = s.forward(&p, Logits::Last).unwrap().to_vec();
+            s.kernels_mut().sample_rows(&[(0, id)]).unwrap();
+            let got = s.kernels().read_tokens().unwrap()[0];
+            let want = ferrite_llm::model::wgpu::sample_once(dev, &cfg(id), &l, &h, step).unwrap();
+            assert_eq!(got, want, "sampler {id}, draw {step}");
+            h.push(got);
+        }
+    }
+    let e = s.kernels_mut().sample_rows(&[(0, 1)]).unwrap_err();
+    assert!(
+        e.to_string().contains("request 1 has no device sampler"),
         "{e}"
     );
     let _ = std::fs::remove_dir_all(&dir);

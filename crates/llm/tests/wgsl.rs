@@ -21,8 +21,8 @@ fn every_llm_shader_validates_and_translates_to_msl_and_spirv() {
     // subgroup, 4 rows, 8 rows) x with and without the input's norm x f16 fields by bit
     // operations or unpack2x16float; the same again with 8-bit activations for the 10 formats
     // of Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q6_K, and for those 1 row with 4 outputs a
-    // subgroup; ops, paged.
-    assert_eq!(sources.len(), (16 * 2 + 10 * 2) * 4 * 2 + 10 * 2 * 2 + 2);
+    // subgroup; ops, paged, sample (the device sampler).
+    assert_eq!(sources.len(), (16 * 2 + 10 * 2) * 4 * 2 + 10 * 2 * 2 + 3);
     let mut failures = Vec::new();
     for (name, entries, src, f16_in_f32) in &sources {
         if *f16_in_f32 != src.contains("return unpack2x16float(") {

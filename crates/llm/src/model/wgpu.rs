@@ -25,6 +25,11 @@
 //!   submit step n + 1, whose input is step n's pick still on the device (`PREV_TOKEN`),
 //!   before it waits for step n's token (`queue_tokens`, `take_tokens`): the device works
 //!   while the host records.
+//! - Device sampling (`wgpu/sample.wgsl`, the CPU sampler's operations in its order, as
+//!   CUDA's `gpu/sample.cu`): requests that sample get a sampler state on the device
+//!   (`add_sampler`: settings, draw counter, a ring of the last `penalty_last_n` history
+//!   tokens), and after a step one `sample_rows` dispatch draws their rows' tokens into the
+//!   step's picks, which replace the greedy ones: a sampled step reads back only token ids.
 //! - [`WgpuKvStore`]: f32 keys and values, `[block][layer][kv_head][16][head_dim]` each.
 //!
 //! A step's data (tokens, each row's position and block table, the logit rows, RoPE angles
@@ -49,11 +54,13 @@ use crate::engine::{Engine, EngineConfig, EngineKernels};
 use crate::error::{Error, Result};
 use crate::kernels::ActFormat;
 use crate::kv_cache::{BlockId, KvStore, BLOCK_SIZE};
+use crate::sampler::SamplerConfig;
 
 const QUANT: &str = include_str!("wgpu/quant.wgsl");
 const MATVEC: &str = include_str!("wgpu/matvec.wgsl");
 const OPS: &str = include_str!("wgpu/ops.wgsl");
 const PAGED: &str = include_str!("wgpu/paged.wgsl");
+const SAMPLE: &str = include_str!("wgpu/sample.wgsl");
 
 /// Activation rows a product workgroup takes (`ROWS` of `matvec.wgsl`): 1 for steps of one
 /// row, 4 for up to 7 rows, else 8 (each weight unit is dequantized once per ROWS rows).
@@ -312,6 +319,12 @@ pub fn shader_sources() -> Vec<(String, &'static [&'static str], String, bool)> 
         "paged.wgsl".into(),
         &["attention", "attn_merge"][..],
         PAGED.to_string(),
+        false,
+    ));
+    out.push((
+        "sample.wgsl".into(),
+        &["sample_rows"][..],
+        SAMPLE.to_string(),
         false,
     ));
     out
@@ -828,6 +841,75 @@ struct Pipe {
     name: String,
 }
 
+/// Compiles entry point `entry` of WGSL module `src` (`label` in errors, `name` in the
+/// profile).
+fn compile(
+    dev: &wgpu::Device,
+    label: &str,
+    src: String,
+    entry: &'static str,
+    name: String,
+) -> Result<Pipe> {
+    let scope = dev.push_error_scope(wgpu::ErrorFilter::Validation);
+    let sm = dev.create_shader_module(wgpu::ShaderModuleDescriptor {
+        label: Some(label),
+        source: wgpu::ShaderSource::Wgsl(src.into()),
+    });
+    let pipe = dev.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+        label: Some(entry),
+        layout: None,
+        module: &sm,
+        entry_point: Some(entry),
+        compilation_options: Default::default(),
+        cache: None,
+    });
+    if let Some(e) = pollster::block_on(scope.pop()) {
+        return Err(err(format!("compiling {label} entry {entry}: {e}")));
+    }
+    let layout = pipe.get_bind_group_layout(0);
+    Ok(Pipe { pipe, layout, name })
+}
+
+/// Maps `buf`'s first `bytes` bytes after submission `done` (and those before it) and
+/// returns them as words; device errors before then fail it, naming `op`.
+fn map_words(
+    dev: &WgpuDevice,
+    op: &'static str,
+    buf: &wgpu::Buffer,
+    bytes: usize,
+    done: Option<wgpu::SubmissionIndex>,
+) -> Result<Vec<u32>> {
+    if bytes == 0 {
+        return Ok(Vec::new());
+    }
+    let (tx, rx) = std::sync::mpsc::channel();
+    buf.map_async(wgpu::MapMode::Read, 0..bytes as u64, move |r| {
+        let _ = tx.send(r);
+    });
+    dev.raw_device()
+        .poll(wgpu::PollType::Wait {
+            submission_index: done,
+            timeout: None,
+        })
+        .map_err(|e| err(format!("{op}: waiting for the device: {e}")))?;
+    dev.check_errors(op).map_err(|e| err(e.to_string()))?;
+    match rx.recv() {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => return Err(err(format!("{op}: mapping: {e}"))),
+        Err(_) => return Err(err(format!("{op}: the mapping never completed"))),
+    }
+    let words = {
+        let view = buf
+            .get_mapped_range(0..bytes as u64)
+            .map_err(|e| err(format!("{op}: mapping: {e}")))?;
+        view.chunks_exact(4)
+            .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect()
+    };
+    buf.unmap();
+    Ok(words)
+}
+
 /// Timestamps most dispatches of a step get in the profile (two queries each; wgpu allows
 /// 4,096 queries per set).
 const PROFILED_DISPATCHES: usize = 2048;
@@ -901,8 +983,9 @@ impl Profile {
         })
     }
 
-    /// Adds the step whose `names.len()` dispatches were timed (waits for it).
-    fn collect(&mut self, d: &wgpu::Device, names: &[String]) -> Result<()> {
+    /// Adds the `names.len()` dispatches just timed (waits for them): a step's (`new_step`),
+    /// or the device sampler's after it, which count as part of that step.
+    fn collect(&mut self, d: &wgpu::Device, names: &[String], new_step: bool) -> Result<()> {
         let n = names.len();
         if n == 0 {
             return Ok(());
@@ -939,7 +1022,7 @@ impl Profile {
             e.1 += 1;
         }
         self.span_ns += ticks[2 * n - 1].saturating_sub(ticks[0]) as f64 * self.period;
-        self.steps += 1;
+        self.steps += u64::from(new_step);
         Ok(())
     }
 
@@ -1006,6 +1089,7 @@ enum Module {
     Matvec(Format, u32, bool, u32, bool),
     Ops,
     Paged,
+    Sample,
 }
 
 /// Scratch of a step, grown to the largest step seen.
@@ -1021,6 +1105,256 @@ struct Scratch {
     logits: wgpu::Buffer,
     toks: wgpu::Buffer,
     logits_rb: wgpu::Buffer,
+}
+
+/// Words of a device sampler's state before its history ring (`HEAD` of `sample.wgsl`).
+const SAMPLER_HEAD: usize = 16;
+
+/// The history ring of a device sampler of settings `cfg` whose history may grow to `cap`
+/// tokens: the last `penalty_last_n` tokens (no more than `cap`), none where no penalty
+/// applies.
+fn sampler_ring(cfg: &SamplerConfig, cap: usize) -> usize {
+    let pen =
+        cfg.repeat_penalty != 1.0 || cfg.presence_penalty != 0.0 || cfg.frequency_penalty != 0.0;
+    if pen {
+        cfg.penalty_last_n.min(cap).min(u32::MAX as usize)
+    } else {
+        0
+    }
+}
+
+/// A device sampler's state in `sample.wgsl`'s layout (`SAMPLER_HEAD` words of settings and
+/// counters, then a ring of `ring` tokens): settings `cfg` (validated by the caller), the
+/// history `history` (its last `ring` tokens kept), draw counter `step`.
+fn sampler_words(cfg: &SamplerConfig, history: &[u32], ring: usize, step: u64) -> Vec<u32> {
+    let greedy = cfg.temperature == 0.0;
+    let inv_t: f32 = if greedy { 1.0 } else { 1.0 / cfg.temperature };
+    let clamp = |v: usize| v.min(u32::MAX as usize) as u32;
+    let mut w = vec![0u32; SAMPLER_HEAD + ring];
+    w[..6].copy_from_slice(&[
+        inv_t.to_bits(),
+        cfg.top_p.to_bits(),
+        cfg.min_p.to_bits(),
+        cfg.repeat_penalty.to_bits(),
+        cfg.presence_penalty.to_bits(),
+        cfg.frequency_penalty.to_bits(),
+    ]);
+    w[6] = clamp(cfg.top_k);
+    w[7] = clamp(cfg.penalty_last_n);
+    w[8] = u32::from(greedy);
+    w[9] = clamp(history.len());
+    w[10] = ring as u32;
+    w[12] = cfg.seed as u32;
+    w[13] = (cfg.seed >> 32) as u32;
+    w[14] = step as u32;
+    w[15] = (step >> 32) as u32;
+    if ring > 0 {
+        let first = history.len().saturating_sub(ring);
+        for (h, &tok) in history.iter().enumerate().skip(first) {
+            w[SAMPLER_HEAD + h % ring] = tok;
+        }
+    }
+    w
+}
+
+/// The device samplers of a kernel set (`add_sampler`): their states packed in one buffer,
+/// which `sample_rows` binds. States are appended; when the buffer is full, the live ones
+/// are copied, packed, into a new buffer (twice their size plus the new one).
+#[derive(Default)]
+struct SamplerArena {
+    buf: Option<wgpu::Buffer>,
+    /// Words the buffer holds, and words from its start taken (live states and gaps).
+    cap: usize,
+    end: usize,
+    /// Request id -> (first word, words) of its state.
+    at: HashMap<u64, (usize, usize)>,
+}
+
+impl SamplerArena {
+    /// Stores state `words` for request `id` (replacing its state, if it has one).
+    fn add(&mut self, m: &WgpuModel, id: u64, words: &[u32]) -> Result<()> {
+        self.at.remove(&id);
+        let n = words.len();
+        if self.buf.is_none() || self.end + n > self.cap {
+            let live: usize = self.at.values().map(|r| r.1).sum();
+            let cap = (2 * (live + n)).next_power_of_two().max(1024);
+            m.check_binding(
+                &format!("the states of {} device samplers", self.at.len() + 1),
+                cap * 4,
+            )?;
+            let d = m.dev.raw_device();
+            let buf = zeros(d, "llm device samplers", cap * 4);
+            let mut end = 0;
+            if let Some(old) = &self.buf {
+                let mut enc =
+                    d.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
+                let mut live: Vec<_> = self.at.iter_mut().collect();
+                live.sort_by_key(|(_, r)| r.0);
+                for (_, r) in live {
+                    let bytes = (r.1 * 4) as u64;
+                    enc.copy_buffer_to_buffer(old, (r.0 * 4) as u64, &buf, (end * 4) as u64, bytes);
+                    r.0 = end;
+                    end += r.1;
+                }
+                m.dev.raw_queue().submit([enc.finish()]);
+            }
+            self.buf = Some(buf);
+            self.cap = cap;
+            self.end = end;
+        }
+        let Some(buf) = &self.buf else {
+            return Err(err("device samplers: no state buffer"));
+        };
+        let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+        m.dev
+            .raw_queue()
+            .write_buffer(buf, (self.end * 4) as u64, &bytes);
+        self.at.insert(id, (self.end, n));
+        self.end += n;
+        Ok(())
+    }
+
+    /// Forgets request `id`'s state (its words are reclaimed when the buffer is repacked, or
+    /// when no sampler is left).
+    fn remove(&mut self, id: u64) {
+        self.at.remove(&id);
+        if self.at.is_empty() {
+            self.end = 0;
+        }
+    }
+}
+
+/// Draws `draws` tokens from the same `logits` (f32 [vocab]) with the device sampler of
+/// `cfg`, draw i with draw counter i, the logits and the history `history` as given (the
+/// penalties apply to a fresh copy each time), reading back once per batch of draws (tests:
+/// the empirical distribution of the device sampler against the CPU sampler's
+/// probabilities). Draws run as rows of `sample_rows` dispatches, up to 4M logits a batch.
+pub fn sample_many(
+    dev: &WgpuDevice,
+    cfg: &SamplerConfig,
+    logits: &[f32],
+    history: &[u32],
+    draws: usize,
+) -> Result<Vec<u32>> {
+    sample_draws(dev, cfg, logits, history, 0, draws)
+}
+
+/// The token the device sampler of `cfg` draws from `logits` (f32 [vocab]; a copy is
+/// penalized) with history `history` at draw counter `step`, as a step's `sample_rows` would
+/// (tests: a step's draw against the sampler alone).
+pub fn sample_once(
+    dev: &WgpuDevice,
+    cfg: &SamplerConfig,
+    logits: &[f32],
+    history: &[u32],
+    step: u64,
+) -> Result<u32> {
+    let t = sample_draws(dev, cfg, logits, history, step, 1)?;
+    t.first()
+        .copied()
+        .ok_or_else(|| err("sample_once: no token drawn"))
+}
+
+/// `draws` draws of `sample_many`, draw counters `first`, `first + 1`, ...
+fn sample_draws(
+    dev: &WgpuDevice,
+    cfg: &SamplerConfig,
+    logits: &[f32],
+    history: &[u32],
+    first: u64,
+    draws: usize,
+) -> Result<Vec<u32>> {
+    cfg.validate()
+        .map_err(|e| err(format!("sample_many: {e}")))?;
+    let vocab = logits.len();
+    if vocab == 0 {
+        return Err(err("sample_many: no logits"));
+    }
+    let n = u32_of(vocab, "sample_many: vocab")?;
+    let d = dev.raw_device();
+    let q = dev.raw_queue();
+    let pipe = compile(
+        d,
+        "sample",
+        SAMPLE.to_string(),
+        "sample_rows",
+        "sample_rows".into(),
+    )?;
+    let ring = sampler_ring(cfg, history.len());
+    let state_words = SAMPLER_HEAD + ring;
+    let batch = ((4 << 20) / vocab).clamp(1, 4096).min(draws.max(1));
+    let lim = dev.limits();
+    let max_binding = lim.max_storage_buffer_binding_size.min(lim.max_buffer_size) as usize;
+    if batch * vocab * 8 > max_binding {
+        return Err(err(format!(
+            "sample_many: {} bytes of masses for a vocabulary of {vocab}, more than the \
+             adapter's largest storage binding ({max_binding} bytes)",
+            batch * vocab * 8
+        )));
+    }
+    let states = zeros(d, "sample_many states", batch * state_words * 4);
+    let lbuf = zeros(d, "sample_many logits", batch * vocab * 4);
+    let qs = zeros(d, "sample_many masses", batch * vocab * 8);
+    let toks = zeros(d, "sample_many tokens", batch * 4);
+    let rb = d.create_buffer(&wgpu::BufferDescriptor {
+        label: Some("sample_many readback"),
+        size: (batch * 4).max(4) as u64,
+        usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+        mapped_at_creation: false,
+    });
+    let lrow: Vec<u8> = logits.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let lbytes = lrow.repeat(batch);
+    let mut out = Vec::with_capacity(draws);
+    while out.len() < draws {
+        let rows = batch.min(draws - out.len());
+        let mut sw = Vec::with_capacity(rows * state_words);
+        let mut params = vec![n, rows as u32];
+        for r in 0..rows {
+            let step = first + (out.len() + r) as u64;
+            sw.extend(sampler_words(cfg, history, ring, step));
+            params.extend([(r * state_words) as u32, r as u32, r as u32]);
+        }
+        let sb: Vec<u8> = sw.iter().flat_map(|w| w.to_le_bytes()).collect();
+        q.write_buffer(&states, 0, &sb);
+        q.write_buffer(&lbuf, 0, &lbytes[..rows * vocab * 4]);
+        let pb: Vec<u8> = params.iter().flat_map(|w| w.to_le_bytes()).collect();
+        let pbuf = upload_bytes(d, "sample_many params", &pb)?;
+        let bind = d.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: None,
+            layout: &pipe.layout,
+            entries: &[(0, &pbuf), (1, &states), (2, &lbuf), (3, &qs), (4, &toks)].map(
+                |(binding, b)| wgpu::BindGroupEntry {
+                    binding,
+                    resource: b.as_entire_binding(),
+                },
+            ),
+        });
+        let mut enc = d.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
+        {
+            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                label: Some("sample_many"),
+                timestamp_writes: None,
+            });
+            pass.set_pipeline(&pipe.pipe);
+            pass.set_bind_group(0, &bind, &[]);
+            pass.dispatch_workgroups(rows as u32, 1, 1);
+        }
+        enc.copy_buffer_to_buffer(&toks, 0, &rb, 0, (rows * 4) as u64);
+        let idx = q.submit([enc.finish()]);
+        out.extend(map_words(dev, "sample_many", &rb, rows * 4, Some(idx))?);
+    }
+    Ok(out)
+}
+
+/// What a submission of planned dispatches (`flush`) ends.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Flush {
+    /// A chunk of [`CHUNK_DISPATCHES`] inside a step.
+    Chunk,
+    /// The step (its logits and greedy picks).
+    Step,
+    /// The device sampler's draws after the step (`sample_rows`), which replace picks.
+    Sample,
 }
 
 /// A step's picks copied into a mappable buffer by the step's last submission: read when the
@@ -1076,6 +1410,13 @@ pub struct WgpuKernels<'g> {
     pick_reads: u64,
     host_logits: Vec<f32>,
     fetched: bool,
+    /// Reads of a step's logits to the host (`fetch_logits`), since the kernel set was made.
+    logit_reads: u64,
+    /// The device samplers of requests that sample on the device (`add_sampler`), and the
+    /// masses scratch of `sample_rows` (u64 [rows][vocab], grown to the most rows sampled
+    /// in one step), with its rows.
+    samplers: SamplerArena,
+    sample_q: Option<(wgpu::Buffer, usize)>,
     param_align: usize,
     /// Bind groups by (pipeline, parameter offset and length, buffers): a decode step plans
     /// the same dispatches over the same buffers as the one before it.
@@ -1155,6 +1496,9 @@ impl<'g> WgpuKernels<'g> {
             pick_reads: 0,
             host_logits: Vec::new(),
             fetched: false,
+            logit_reads: 0,
+            samplers: SamplerArena::default(),
+            sample_q: None,
             param_align: align.max(1),
             bind_cache: HashMap::new(),
             profile: Profile::from_env(&m.dev),
@@ -1211,6 +1555,7 @@ impl<'g> WgpuKernels<'g> {
             ),
             Module::Ops => ("ops".to_string(), OPS.to_string()),
             Module::Paged => ("paged".to_string(), PAGED.to_string()),
+            Module::Sample => ("sample".to_string(), SAMPLE.to_string()),
         };
         let name = match module {
             Module::Matvec(f, rows, norm, _, q8) if entry == "matvec" => {
@@ -1221,25 +1566,7 @@ impl<'g> WgpuKernels<'g> {
             Module::Matvec(f, ..) => format!("{entry} {}", f.name),
             _ => entry.to_string(),
         };
-        let dev = self.dev();
-        let scope = dev.push_error_scope(wgpu::ErrorFilter::Validation);
-        let sm = dev.create_shader_module(wgpu::ShaderModuleDescriptor {
-            label: Some(&label),
-            source: wgpu::ShaderSource::Wgsl(src.into()),
-        });
-        let pipe = dev.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-            label: Some(entry),
-            layout: None,
-            module: &sm,
-            entry_point: Some(entry),
-            compilation_options: Default::default(),
-            cache: None,
-        });
-        if let Some(e) = pollster::block_on(scope.pop()) {
-            return Err(err(format!("compiling {label} entry {entry}: {e}")));
-        }
-        let layout = pipe.get_bind_group_layout(0);
-        let p = Pipe { pipe, layout, name };
+        let p = compile(self.dev(), &label, src, entry, name)?;
         if let Ok(mut c) = self.m.pipes.lock() {
             c.insert((module, entry), p.clone());
         }
@@ -1414,7 +1741,7 @@ impl<'g> WgpuKernels<'g> {
             });
         }
         if self.plan.len() >= CHUNK_DISPATCHES && self.queued.is_empty() {
-            self.flush(false)?;
+            self.flush(Flush::Chunk)?;
         }
         Ok(())
     }
@@ -1598,14 +1925,16 @@ impl<'g> WgpuKernels<'g> {
     /// Submits the planned dispatches (one command buffer) and the copies of the step's
     /// greedy tokens to the readback buffer.
     fn run(&mut self) -> Result<()> {
-        self.flush(true)
+        self.flush(Flush::Step)
     }
 
     /// Records the planned dispatches (one command buffer, one compute pass) and submits them;
     /// their parameters go to the step's parameter buffer after those of the chunks before
-    /// (one queue write). `last`: the step's final chunk, which also copies the greedy tokens
-    /// to the readback buffer (and the profile's timestamps).
-    fn flush(&mut self, last: bool) -> Result<()> {
+    /// (one queue write). The step's final chunk and the device sampler's dispatch after it
+    /// (`Flush::Step`, `Flush::Sample`) also copy the step's picks to a readback buffer of
+    /// their own (and the profile's timestamps).
+    fn flush(&mut self, kind: Flush) -> Result<()> {
+        let last = kind != Flush::Chunk;
         let t0 = std::time::Instant::now();
         let plan = std::mem::take(&mut self.plan);
         let al = self.param_align;
@@ -1747,7 +2076,7 @@ impl<'g> WgpuKernels<'g> {
         if !last {
             self.prof_names = names;
         } else if let Some(pr) = &mut self.profile {
-            pr.collect(dev, &names)?;
+            pr.collect(dev, &names, kind == Flush::Step)?;
         }
         Ok(())
     }
@@ -1760,42 +2089,87 @@ impl<'g> WgpuKernels<'g> {
         bytes: usize,
         done: Option<wgpu::SubmissionIndex>,
     ) -> Result<Vec<u32>> {
-        if bytes == 0 {
-            return Ok(Vec::new());
-        }
-        let (tx, rx) = std::sync::mpsc::channel();
-        buf.map_async(wgpu::MapMode::Read, 0..bytes as u64, move |r| {
-            let _ = tx.send(r);
-        });
-        self.dev()
-            .poll(wgpu::PollType::Wait {
-                submission_index: done,
-                timeout: None,
-            })
-            .map_err(|e| err(format!("waiting for the device: {e}")))?;
-        self.m
-            .dev
-            .check_errors("llm step")
-            .map_err(|e| err(e.to_string()))?;
-        match rx.recv() {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => return Err(err(format!("mapping: {e}"))),
-            Err(_) => return Err(err("the mapping never completed")),
-        }
-        let words = {
-            let view = buf
-                .get_mapped_range(0..bytes as u64)
-                .map_err(|e| err(format!("mapping: {e}")))?;
-            view.chunks_exact(4)
-                .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                .collect()
-        };
-        buf.unmap();
-        Ok(words)
+        map_words(&self.m.dev, "llm step", buf, bytes, done)
     }
 
-    /// The greedy token (largest logit, lowest id on ties) of each logit row of the last
-    /// step (waits for the step, not for steps queued after it).
+    /// Samples request `id`'s tokens on the device from now on (`sample_rows`): settings `cfg`
+    /// (validated here), token history `history` (its prompt: the penalties' window starts
+    /// there), room for `cap` history tokens in all (the ring holds the last
+    /// min(`penalty_last_n`, `cap`)). Replaces the request's sampler if it has one.
+    pub fn add_sampler(
+        &mut self,
+        id: u64,
+        cfg: &SamplerConfig,
+        history: &[u32],
+        cap: usize,
+    ) -> Result<()> {
+        cfg.validate()
+            .map_err(|e| err(format!("add_sampler: request {id}: {e}")))?;
+        let ring = sampler_ring(cfg, cap.max(history.len()));
+        let words = sampler_words(cfg, history, ring, 0);
+        self.samplers.add(self.m, id, &words)
+    }
+
+    /// Frees request `id`'s device sampler (none: nothing happens).
+    pub fn remove_sampler(&mut self, id: u64) {
+        self.samplers.remove(id);
+    }
+
+    /// Draws the token of each (logit row, request id) of the last step with that request's
+    /// device sampler, in one dispatch after the step (a workgroup per row): the token goes to
+    /// the row's slot of the step's picks (`read_tokens`, `queue_tokens`, and the next step's
+    /// `PREV_TOKEN`, replacing the greedy pick), the row's logits are penalized in place, the
+    /// sampler's history and draw counter advance. Only the picks are read back.
+    pub fn sample_rows(&mut self, rows: &[(usize, u64)]) -> Result<()> {
+        if rows.is_empty() {
+            return Ok(());
+        }
+        let vocab = self.m.cfg.vocab;
+        let mut params = vec![
+            u32_of(vocab, "vocab")?,
+            u32_of(rows.len(), "rows to sample")?,
+        ];
+        for &(row, id) in rows {
+            if row >= self.n_out {
+                return Err(err(format!(
+                    "sample_rows: logit row {row} to sample; the step has {}",
+                    self.n_out
+                )));
+            }
+            let &(at, _) =
+                self.samplers.at.get(&id).ok_or_else(|| {
+                    err(format!("sample_rows: request {id} has no device sampler"))
+                })?;
+            params.extend([u32_of(at, "sampler offset")?, row as u32, row as u32]);
+        }
+        if self.sample_q.as_ref().is_none_or(|q| q.1 < rows.len()) {
+            let n = rows.len().max(self.sample_q.as_ref().map_or(0, |q| q.1));
+            self.m.check_binding(
+                &format!("the sampler's masses of {n} rows of {vocab}"),
+                n * vocab * 8,
+            )?;
+            let q = zeros(self.dev(), "llm sampler masses", n * vocab * 8);
+            self.sample_q = Some((q, n));
+        }
+        let (Some((q, _)), Some(states)) = (&self.sample_q, &self.samplers.buf) else {
+            return Err(err("sample_rows: no sampler state"));
+        };
+        let binds = vec![
+            (1, states.clone()),
+            (2, self.scratch()?.logits.clone()),
+            (3, q.clone()),
+            (4, self.scratch()?.toks.clone()),
+        ];
+        let pipe = self.pipe(Module::Sample, "sample_rows")?;
+        self.push(pipe, params, binds, rows.len())?;
+        // The penalties changed the logits on the device.
+        self.fetched = false;
+        self.flush(Flush::Sample)
+    }
+
+    /// The token of each logit row of the last step (waits for the step, not for steps
+    /// queued after it): the greedy one (largest logit, lowest id on ties), or the device
+    /// sampler's where `sample_rows` drew it.
     pub fn read_tokens(&self) -> Result<Vec<u32>> {
         match &self.pick {
             Some(p) => self.read_back(&p.buf, p.bytes, Some(p.done.clone())),
@@ -1868,6 +2242,7 @@ impl<'g> WgpuKernels<'g> {
             let w = self.read_back(&s.logits_rb, n, self.submitted.clone())?;
             self.host_logits = w.into_iter().map(f32::from_bits).collect();
             self.fetched = true;
+            self.logit_reads += 1;
         }
         Ok(&mut self.host_logits)
     }
@@ -1875,6 +2250,12 @@ impl<'g> WgpuKernels<'g> {
     /// The logits `fetch_logits` read in the last step, if it did.
     pub fn fetched_logits(&self) -> Option<&[f32]> {
         self.fetched.then_some(self.host_logits.as_slice())
+    }
+
+    /// Reads of a step's logits to the host since the kernel set was made (a decode loop whose
+    /// tokens the kernel set picks or samples makes none).
+    pub fn logit_reads(&self) -> u64 {
+        self.logit_reads
     }
 
     /// Logit rows of the last step.
@@ -2278,6 +2659,29 @@ impl EngineKernels for WgpuKernels<'_> {
 
     fn device_tokens(&mut self) -> Result<Option<Vec<u32>>> {
         self.read_tokens().map(Some)
+    }
+
+    fn add_sampler(
+        &mut self,
+        id: u64,
+        cfg: &SamplerConfig,
+        history: &[u32],
+        cap: usize,
+    ) -> Result<bool> {
+        // FERRITE_WGPU_DEVICE_SAMPLING=0: on the host (to compare)
+        if !crate::env::flag_or("FERRITE_WGPU_DEVICE_SAMPLING", true) {
+            return Ok(false);
+        }
+        WgpuKernels::add_sampler(self, id, cfg, history, cap)?;
+        Ok(true)
+    }
+
+    fn remove_sampler(&mut self, id: u64) {
+        WgpuKernels::remove_sampler(self, id);
+    }
+
+    fn sample_rows(&mut self, rows: &[(usize, u64)]) -> Result<()> {
+        WgpuKernels::sample_rows(self, rows)
     }
 
     fn chains_picks(&self) -> bool {
