@@ -662,8 +662,6 @@ fn chained_generation(dev: &WgpuDevice) -> Option<String> {
     None
 }
 
-/// Cancelling frees a request's blocks at once; the other requests go on with the tokens
-/// they have alone.
 /// `FERRITE_WGPU_PROFILE`'s timing (`enable_profile`): a prompt chunk and a decode step of
 /// a session, each kernel named in the report with its dispatches per step; the logits equal
 /// those of a session without the profile bit for bit. Skipped where the adapter has no
@@ -783,6 +781,8 @@ fn long_prompt(name: &str, model: &'static Model, wm: &'static WgpuModel, tol: f
     );
 }
 
+/// Cancelling frees a request's blocks at once; the other requests go on with the tokens
+/// they have alone.
 fn engine_cancel(dev: &WgpuDevice) -> Option<String> {
     let dir = tmp_dir();
     let model = leak(synth_model(
