@@ -85,7 +85,10 @@ fn tests() -> Vec<(&'static str, TestFn)> {
             "wgpu_sampler_distribution_matches_cpu_probabilities",
             sampler_distribution,
         ),
-        ("wgpu_sampler_same_seed_same_tokens", sampler_seed),
+        (
+            "wgpu_sampler_same_seed_same_tokens_at_256_and_1024_threads",
+            sampler_seed,
+        ),
         (
             "wgpu_sampled_generation_chained_reads_back_only_ids",
             sampled_generation,
@@ -1225,9 +1228,11 @@ fn sampler_distribution(dev: &WgpuDevice) -> Option<String> {
 }
 
 /// Same seed, same tokens; another seed, other tokens; `sample_once` at draw counter i is
-/// draw i of `sample_many` (the draw depends on the seed and the counter alone).
+/// draw i of `sample_many` (the draw depends on the seed and the counter alone); workgroups
+/// of 256 and of 1024 threads draw the same tokens (every sum is exact), on 1,000 and on
+/// 49,152 logits.
 fn sampler_seed(dev: &WgpuDevice) -> Option<String> {
-    use ferrite_llm::model::wgpu::{sample_many, sample_once};
+    use ferrite_llm::model::wgpu::{sample_many, sample_many_threads, sample_once};
     let logits: Vec<f32> = Rng(3).vec(1000).iter().map(|v| v * 2.0).collect();
     let cfg = SamplerConfig {
         seed: 42,
@@ -1248,6 +1253,35 @@ fn sampler_seed(dev: &WgpuDevice) -> Option<String> {
     for i in [0usize, 7, 299] {
         let t = sample_once(dev, &cfg, &logits, &h, i as u64).unwrap();
         assert_eq!(t, a[i], "draw {i} alone");
+    }
+    let big: Vec<f32> = Rng(5).vec(49_152).iter().map(|v| v * 4.0).collect();
+    let bh: Vec<u32> = (0..64).map(|i| (i * 769) % 49_152).collect();
+    let wide = SamplerConfig {
+        top_k: 0,
+        top_p: 0.9,
+        repeat_penalty: 1.3,
+        ..cfg.clone()
+    };
+    let limits = dev.limits();
+    for (name, cfg, l, hist, draws) in [
+        ("1000 logits, defaults", &cfg, &logits, &h[..], 300),
+        (
+            "49152 logits, top-p 0.9, penalties",
+            &wide,
+            &big,
+            &bh[..],
+            100,
+        ),
+    ] {
+        let small = sample_many_threads(dev, cfg, l, hist, draws, 256).unwrap();
+        if limits.max_compute_invocations_per_workgroup < 1024 {
+            continue;
+        }
+        let large = sample_many_threads(dev, cfg, l, hist, draws, 1024).unwrap();
+        assert_eq!(small, large, "{name}: 256 against 1024 threads");
+    }
+    if limits.max_compute_invocations_per_workgroup < 1024 {
+        eprintln!("  this adapter has no workgroups of 1024: 256 threads only");
     }
     None
 }

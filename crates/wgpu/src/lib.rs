@@ -261,6 +261,12 @@ impl WgpuDevice {
         self.0.info.backend.to_str()
     }
 
+    /// Whether the adapter runs on the CPU (Mesa's lavapipe, WARP): kernels that size their
+    /// workgroups to a GPU's width may take smaller ones there.
+    pub fn is_cpu(&self) -> bool {
+        self.0.info.device_type == wgpu::DeviceType::Cpu
+    }
+
     /// The limits the device was opened with (the adapter's own).
     pub fn limits(&self) -> &wgpu::Limits {
         &self.0.limits

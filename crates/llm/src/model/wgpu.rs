@@ -321,13 +321,49 @@ pub fn shader_sources() -> Vec<(String, &'static [&'static str], String, bool)> 
         PAGED.to_string(),
         false,
     ));
-    out.push((
-        "sample.wgsl".into(),
-        &["sample_rows"][..],
-        SAMPLE.to_string(),
-        false,
-    ));
+    for threads in SAMPLE_THREADS {
+        out.push((
+            format!("sample.wgsl ({threads} threads)"),
+            &["sample_rows"][..],
+            sample_source(threads),
+            false,
+        ));
+    }
     out
+}
+
+/// Workgroup sizes of `sample.wgsl`: 256 on every adapter, 1024 where its limits allow.
+const SAMPLE_THREADS: [u32; 2] = [256, 1024];
+
+/// `sample.wgsl` with `threads` threads a workgroup.
+fn sample_source(threads: u32) -> String {
+    SAMPLE.replace(
+        "const SW: u32 = 256u;",
+        &format!("const SW: u32 = {threads}u;"),
+    )
+}
+
+/// Workgroup memory `sample.wgsl` takes with 1024 threads, at most (16 bytes a thread, 4 KiB
+/// of bins and a few scalars): more than the 16 KiB every adapter offers, so that size runs
+/// only where the adapter's limit allows it (the naga test checks the module against it).
+pub const SAMPLE_1024_WORKGROUP_BYTES: u32 = 16 * 1024 + 4096 + 256;
+
+/// The workgroup size the device sampler takes on `dev`: 1024 threads on a GPU that allows a
+/// workgroup of 1024 and `SAMPLE_1024_WORKGROUP_BYTES` of workgroup memory, else 256 (the
+/// size every adapter allows). A CPU adapter takes 256: there the wider workgroup runs no
+/// faster and its barriers cost more (lavapipe: the sampler tests 4x slower).
+pub fn sample_threads(dev: &WgpuDevice) -> u32 {
+    let l = dev.limits();
+    let big = SAMPLE_THREADS[1];
+    if !dev.is_cpu()
+        && l.max_compute_invocations_per_workgroup >= big
+        && l.max_compute_workgroup_size_x >= big
+        && l.max_compute_workgroup_storage_size >= SAMPLE_1024_WORKGROUP_BYTES
+    {
+        big
+    } else {
+        SAMPLE_THREADS[0]
+    }
 }
 
 /// One buffer of whole rows of a matrix.
@@ -1089,7 +1125,8 @@ enum Module {
     Matvec(Format, u32, bool, u32, bool),
     Ops,
     Paged,
-    Sample,
+    /// Threads a workgroup.
+    Sample(u32),
 }
 
 /// Scratch of a step, grown to the largest step seen.
@@ -1236,7 +1273,25 @@ pub fn sample_many(
     history: &[u32],
     draws: usize,
 ) -> Result<Vec<u32>> {
-    sample_draws(dev, cfg, logits, history, 0, draws)
+    sample_draws(dev, cfg, logits, history, 0, draws, sample_threads(dev))
+}
+
+/// [`sample_many`] with workgroups of `threads` threads (256 or 1024; tests: the draws do
+/// not depend on it).
+pub fn sample_many_threads(
+    dev: &WgpuDevice,
+    cfg: &SamplerConfig,
+    logits: &[f32],
+    history: &[u32],
+    draws: usize,
+    threads: u32,
+) -> Result<Vec<u32>> {
+    if !SAMPLE_THREADS.contains(&threads) {
+        return Err(err(format!(
+            "sample_many: {threads} threads a workgroup (256 or 1024)"
+        )));
+    }
+    sample_draws(dev, cfg, logits, history, 0, draws, threads)
 }
 
 /// The token the device sampler of `cfg` draws from `logits` (f32 [vocab]; a copy is
@@ -1249,7 +1304,7 @@ pub fn sample_once(
     history: &[u32],
     step: u64,
 ) -> Result<u32> {
-    let t = sample_draws(dev, cfg, logits, history, step, 1)?;
+    let t = sample_draws(dev, cfg, logits, history, step, 1, sample_threads(dev))?;
     t.first()
         .copied()
         .ok_or_else(|| err("sample_once: no token drawn"))
@@ -1263,6 +1318,7 @@ fn sample_draws(
     history: &[u32],
     first: u64,
     draws: usize,
+    threads: u32,
 ) -> Result<Vec<u32>> {
     cfg.validate()
         .map_err(|e| err(format!("sample_many: {e}")))?;
@@ -1276,7 +1332,7 @@ fn sample_draws(
     let pipe = compile(
         d,
         "sample",
-        SAMPLE.to_string(),
+        sample_source(threads),
         "sample_rows",
         "sample_rows".into(),
     )?;
@@ -1555,7 +1611,7 @@ impl<'g> WgpuKernels<'g> {
             ),
             Module::Ops => ("ops".to_string(), OPS.to_string()),
             Module::Paged => ("paged".to_string(), PAGED.to_string()),
-            Module::Sample => ("sample".to_string(), SAMPLE.to_string()),
+            Module::Sample(threads) => ("sample".to_string(), sample_source(threads)),
         };
         let name = match module {
             Module::Matvec(f, rows, norm, _, q8) if entry == "matvec" => {
@@ -2160,7 +2216,8 @@ impl<'g> WgpuKernels<'g> {
             (3, q.clone()),
             (4, self.scratch()?.toks.clone()),
         ];
-        let pipe = self.pipe(Module::Sample, "sample_rows")?;
+        let threads = sample_threads(&self.m.dev);
+        let pipe = self.pipe(Module::Sample(threads), "sample_rows")?;
         self.push(pipe, params, binds, rows.len())?;
         // The penalties changed the logits on the device.
         self.fetched = false;

@@ -1,5 +1,7 @@
 // Token sampling on the device, after a step's logits (`sample_rows`): the CPU sampler's
-// operations (crate::sampler) in its order, one workgroup of SW = 256 threads per logit row.
+// operations (crate::sampler) in its order, one workgroup of SW threads per logit row (SW =
+// 256, or 1024 where the adapter allows it: the host rewrites the constant; the draws are the
+// same for either, every sum being exact).
 // The twin of the CUDA kernel set's gpu/sample.cu. WGSL has no u64: 64-bit values (keys,
 // fixed-point masses, the random numbers) are vec2<u32>, x the low word and y the high word.
 //
@@ -44,6 +46,7 @@
 @group(0) @binding(3) var<storage, read_write> qs: array<vec2<u32>>;
 @group(0) @binding(4) var<storage, read_write> toks: array<u32>;
 
+// Threads of a workgroup: a power of two, at least the 256 bins of a radix pass.
 const SW: u32 = 256u;
 const NONE: u32 = 0xffffffffu;
 // Words of a sampler's state before its history ring.
@@ -75,9 +78,9 @@ var<workgroup> hql: array<atomic<u32>, 256>;
 var<workgroup> hqh: array<atomic<u32>, 256>;
 var<workgroup> hid: array<atomic<u32>, 256>;
 // Scans and sums of u64 values; the argmax's values and ids.
-var<workgroup> scan: array<vec2<u32>, 256>;
-var<workgroup> redf: array<f32, 256>;
-var<workgroup> redi: array<u32, 256>;
+var<workgroup> scan: array<vec2<u32>, SW>;
+var<workgroup> redf: array<f32, SW>;
+var<workgroup> redi: array<u32, SW>;
 // Radix select state: key prefix so far, the quantity above it, the selected bin, whether the
 // bin holds a single key (then the result), the result.
 var<workgroup> w_prefix: vec2<u32>;
@@ -270,9 +273,11 @@ fn select_key(
     }
     for (var pass_i = 0u; pass_i < 8u; pass_i++) {
         let shift = 56u - 8u * pass_i;
-        atomicStore(&hc[t], 0u);
-        atomicStore(&hql[t], 0u);
-        atomicStore(&hqh[t], 0u);
+        if (t < 256u) {
+            atomicStore(&hc[t], 0u);
+            atomicStore(&hql[t], 0u);
+            atomicStore(&hqh[t], 0u);
+        }
         if (t == 0u) {
             w_bin = NONE;
         }
@@ -299,16 +304,20 @@ fn select_key(
             }
         }
         workgroupBarrier();
-        // Thread t holds bin 255 - t: the scan runs in descending key order.
-        let b = 255u - t;
-        var v = vec2<u32>(atomicLoad(&hc[b]), 0u);
-        if (by_mass) {
-            v = vec2<u32>(atomicLoad(&hql[b]), atomicLoad(&hqh[b]));
+        // Thread t < 256 holds bin 255 - t: the scan runs in descending key order (threads
+        // past the bins add nothing).
+        let b = 255u - min(t, 255u);
+        var v = vec2<u32>(0u, 0u);
+        if (t < 256u) {
+            v = vec2<u32>(atomicLoad(&hc[b]), 0u);
+            if (by_mass) {
+                v = vec2<u32>(atomicLoad(&hql[b]), atomicLoad(&hqh[b]));
+            }
         }
         let incl = scan_incl(t, v);
         let need = sub64(goal, w_above);
         let excl = sub64(incl, v);
-        if (ge64(incl, need) && lt64(excl, need)) {
+        if (t < 256u && ge64(incl, need) && lt64(excl, need)) {
             w_bin = b;
             w_acc = excl;
         }
@@ -371,7 +380,7 @@ fn kept(lrow: u32, qb: u32, i: u32, inv_t: f32, kfloor: vec2<u32>, qmin: vec2<u3
 }
 
 // sample_rows: workgroup r draws the token of row r of the params' table (see the header).
-@compute @workgroup_size(256)
+@compute @workgroup_size(SW)
 fn sample_rows(
     @builtin(workgroup_id) wid: vec3<u32>,
     @builtin(num_workgroups) nwg: vec3<u32>,
