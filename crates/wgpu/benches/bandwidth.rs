@@ -2,10 +2,14 @@
 //! issue's bar: wgpu reaches at least 70% of CUDA's bandwidth). On the GPU machine through
 //! Vulkan: `scripts/gpu/run.sh wgpu`; anywhere: `cargo bench -p ferrite-wgpu --bench
 //! bandwidth [-- --quick] [--reps=N] [FILTER]` (`--quick`: small sizes, a check that it runs;
-//! `--reps`: ops per sample, default 50; FILTER: only the cases whose name contains it).
+//! `--reps`: ops per sample, default 200; FILTER: only the cases whose name contains it).
 //!
 //! Timing: wall clock around `reps` ops after a warm-up, ending with a device-wide wait, median
-//! of 5 samples. Bandwidth counts bytes read + written once each.
+//! of 5 samples. Bandwidth counts bytes read + written once each. 200 ops a sample measure
+//! the sustained rate: with 50, a 4 MiB op's sample is a burst of ~0.4 ms whose start (the
+//! first batch recorded before the device begins) and end (the last batch, which no host
+//! work overlaps) weigh on wgpu's figure (docs/benchmarks.md, "Bind groups cached" and
+//! after: 50 ops gave 48-79% of CUDA at 4 MiB where 200 give 97-107%).
 
 use ferrite_core::{DType, Device, Result, Tensor};
 use std::time::Instant;
@@ -141,12 +145,22 @@ fn main() {
         println!("bandwidth: skipped: neither a wgpu adapter nor a CUDA device");
         return;
     }
-    let reps = std::env::args()
-        .find_map(|a| {
-            a.strip_prefix("--reps=")
-                .and_then(|n| n.parse::<usize>().ok())
-        })
-        .unwrap_or(if quick { 3 } else { 50 });
+    let reps = match std::env::args().find_map(|a| a.strip_prefix("--reps=").map(str::to_string)) {
+        None => {
+            if quick {
+                3
+            } else {
+                200
+            }
+        }
+        Some(n) => match n.parse::<usize>() {
+            Ok(n) if n > 0 => n,
+            _ => {
+                eprintln!("bandwidth: --reps={n}: expected a count of ops of at least 1");
+                std::process::exit(2);
+            }
+        },
+    };
     // Per device: GB/s, then the host's microseconds per op issuing and submitting them.
     let head: Vec<String> = devices
         .iter()
