@@ -8,6 +8,8 @@
 //!
 //! Usage: `cargo test -p ferrite-llm --test gpu [-- FILTER] [--skip SUBSTRING]`.
 
+mod sampler_support;
+
 use std::collections::HashMap;
 use std::path::PathBuf;
 
@@ -25,6 +27,7 @@ use ferrite_llm::sampler::{Sampler, SamplerConfig};
 use ferrite_llm::synth::{write_synthetic, SynthConfig, VocabStyle, QUANTS};
 use ferrite_llm::tokenizer::Tokenizer;
 use ferrite_llm::{Logits, Model, Precision, Session};
+use sampler_support::{check_draws, Rng};
 
 /// A test returns None when it ran, or the reason it was skipped.
 type TestFn = fn(&CudaDevice) -> Option<String>;
@@ -194,26 +197,6 @@ fn every_kernel_compiles() {
 }
 
 // ---- helpers ----
-
-/// Deterministic pseudo-random numbers (splitmix64).
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    /// Uniform in [-1, 1).
-    fn f(&mut self) -> f32 {
-        (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-    }
-    fn vec(&mut self, n: usize) -> Vec<f32> {
-        (0..n).map(|_| self.f()).collect()
-    }
-}
 
 /// A random `rows x cols` matrix of `ty` on the device, and its dequantized values (the CPU
 /// reference's weights).
@@ -1877,82 +1860,9 @@ fn prefill_smollm2(dev: &CudaDevice) -> Option<String> {
 
 // ---- device sampler ----
 
-/// The CPU sampler's probabilities (crate::sampler's documented order: penalties, argmax at
-/// temperature 0, temperature, top-k, top-p, min-p, renormalized), in f64.
-fn cpu_probs(cfg: &SamplerConfig, logits: &[f32], history: &[u32]) -> Vec<f64> {
-    let mut l = logits.to_vec();
-    let pen = cfg.penalty_last_n > 0
-        && (cfg.repeat_penalty != 1.0
-            || cfg.presence_penalty != 0.0
-            || cfg.frequency_penalty != 0.0);
-    if pen {
-        let w = &history[history.len().saturating_sub(cfg.penalty_last_n)..];
-        let mut seen = std::collections::BTreeMap::new();
-        for &t in w {
-            *seen.entry(t).or_insert(0u32) += 1;
-        }
-        for (&t, &n) in &seen {
-            let v = &mut l[t as usize];
-            if *v > 0.0 {
-                *v /= cfg.repeat_penalty;
-            } else {
-                *v *= cfg.repeat_penalty;
-            }
-            *v -= n as f32 * cfg.frequency_penalty + cfg.presence_penalty;
-        }
-    }
-    let mut p = vec![0f64; l.len()];
-    if cfg.temperature == 0.0 {
-        p[argmax(&l) as usize] = 1.0;
-        return p;
-    }
-    let inv_t = 1.0 / cfg.temperature;
-    let mut c: Vec<(f32, u32)> = l
-        .iter()
-        .enumerate()
-        .filter(|(_, v)| v.is_finite())
-        .map(|(i, &v)| (v * inv_t, i as u32))
-        .collect();
-    c.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
-    if cfg.top_k > 0 {
-        c.truncate(cfg.top_k);
-    }
-    let max = f64::from(c[0].0);
-    let z: f64 = c.iter().map(|&(v, _)| (f64::from(v) - max).exp()).sum();
-    let mut keep = c.len();
-    let mut cum = 0.0;
-    for (i, &(v, _)) in c.iter().enumerate() {
-        let q = (f64::from(v) - max).exp() / z;
-        if q < f64::from(cfg.min_p) / z {
-            keep = i.max(1);
-            break;
-        }
-        cum += q;
-        if cum >= f64::from(cfg.top_p) {
-            keep = i + 1;
-            break;
-        }
-    }
-    let kept = &c[..keep];
-    let t: f64 = kept.iter().map(|&(v, _)| (f64::from(v) - max).exp()).sum();
-    for &(v, id) in kept {
-        p[id as usize] = (f64::from(v) - max).exp() / t;
-    }
-    p
-}
-
-fn histogram(ids: &[u32], vocab: usize) -> Vec<f64> {
-    let mut h = vec![0f64; vocab];
-    for &t in ids {
-        h[t as usize] += 1.0;
-    }
-    h.iter_mut().for_each(|v| *v /= ids.len() as f64);
-    h
-}
-
-/// Draws `draws` tokens on the device and checks them against `cpu_probs`: no token outside
-/// the CPU's kept set, and every frequency within `tol` of its probability. Returns the max
-/// abs difference. Also checks the reference against the CPU sampler's own draws.
+/// Draws `draws` tokens on the device and checks them against the CPU sampler's
+/// probabilities within `tol` (`sampler_support::check_draws`). Returns the max abs
+/// difference.
 fn check_sampler(
     dev: &CudaDevice,
     name: &str,
@@ -1962,42 +1872,8 @@ fn check_sampler(
     draws: usize,
     tol: f64,
 ) -> f64 {
-    let vocab = logits.len();
-    let p = cpu_probs(cfg, logits, history);
     let ids = ferrite_llm::gpu::sample_many(dev, cfg, logits, history, draws).unwrap();
-    for &t in &ids {
-        assert!(
-            p[t as usize] > 0.0,
-            "{name}: drew token {t}, outside the CPU's kept set"
-        );
-    }
-    let h = histogram(&ids, vocab);
-    let gpu_max = h
-        .iter()
-        .zip(&p)
-        .map(|(a, b)| (a - b).abs())
-        .fold(0.0, f64::max);
-    // The reference against the CPU sampler itself.
-    let mut cpu = Sampler::new(cfg.clone()).unwrap();
-    let cpu_ids: Vec<u32> = (0..draws)
-        .map(|_| cpu.sample(&mut logits.to_vec(), history).unwrap())
-        .collect();
-    let hc = histogram(&cpu_ids, vocab);
-    let cpu_max = hc
-        .iter()
-        .zip(&p)
-        .map(|(a, b)| (a - b).abs())
-        .fold(0.0, f64::max);
-    let kept = p.iter().filter(|&&v| v > 0.0).count();
-    eprintln!(
-        "sampler {name}: {kept} kept of {vocab}, {draws} draws: max |freq - p| GPU {gpu_max:.4}, CPU sampler {cpu_max:.4}"
-    );
-    assert!(
-        cpu_max < tol,
-        "{name}: the reference disagrees with the CPU sampler: {cpu_max}"
-    );
-    assert!(gpu_max < tol, "{name}: GPU frequencies off by {gpu_max}");
-    gpu_max
+    check_draws("GPU", name, cfg, logits, history, &ids, tol)
 }
 
 fn sampler_distribution(dev: &CudaDevice) -> Option<String> {

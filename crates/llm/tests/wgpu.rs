@@ -15,6 +15,8 @@
 //! Usage: `cargo test -p ferrite-llm --test wgpu [-- FILTER]`; `FERRITE_WGPU_ADAPTER=i` picks
 //! an adapter (default: `ferrite_wgpu::default_adapter()`).
 
+mod sampler_support;
+
 use std::collections::HashMap;
 use std::path::PathBuf;
 
@@ -30,6 +32,7 @@ use ferrite_llm::tokenizer::Tokenizer;
 use ferrite_llm::{Logits, Model, Precision, Session};
 use ferrite_testing::runner::Runner;
 use ferrite_wgpu::WgpuDevice;
+use sampler_support::{check_draws, penalized, Rng};
 
 type TestFn = fn(&WgpuDevice) -> Option<String>;
 
@@ -921,108 +924,8 @@ fn weight_row_over_limit(dev: &WgpuDevice) -> Option<String> {
 
 // ---- The device sampler (`wgpu/sample.wgsl`) ----
 
-/// SplitMix64 test data.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// n values uniform in [-1, 1).
-    fn vec(&mut self, n: usize) -> Vec<f32> {
-        (0..n)
-            .map(|_| (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0)
-            .collect()
-    }
-}
-
-/// `logits` with the CPU sampler's penalties over the last `penalty_last_n` of `history`
-/// (llama.cpp's formulas, once per distinct token with its count).
-fn penalized(cfg: &SamplerConfig, logits: &[f32], history: &[u32]) -> Vec<f32> {
-    let mut l = logits.to_vec();
-    let pen = cfg.penalty_last_n > 0
-        && (cfg.repeat_penalty != 1.0
-            || cfg.presence_penalty != 0.0
-            || cfg.frequency_penalty != 0.0);
-    if pen {
-        let w = &history[history.len().saturating_sub(cfg.penalty_last_n)..];
-        let mut seen = std::collections::BTreeMap::new();
-        for &t in w {
-            *seen.entry(t).or_insert(0u32) += 1;
-        }
-        for (&t, &n) in &seen {
-            let v = &mut l[t as usize];
-            if *v > 0.0 {
-                *v /= cfg.repeat_penalty;
-            } else {
-                *v *= cfg.repeat_penalty;
-            }
-            *v -= n as f32 * cfg.frequency_penalty + cfg.presence_penalty;
-        }
-    }
-    l
-}
-
-/// The CPU sampler's probabilities (crate::sampler's documented order: penalties, argmax at
-/// temperature 0, temperature, top-k, top-p, min-p, renormalized), in f64.
-fn cpu_probs(cfg: &SamplerConfig, logits: &[f32], history: &[u32]) -> Vec<f64> {
-    let l = penalized(cfg, logits, history);
-    let mut p = vec![0f64; l.len()];
-    if cfg.temperature == 0.0 {
-        p[argmax(&l) as usize] = 1.0;
-        return p;
-    }
-    let inv_t = 1.0 / cfg.temperature;
-    let mut c: Vec<(f32, u32)> = l
-        .iter()
-        .enumerate()
-        .filter(|(_, v)| v.is_finite())
-        .map(|(i, &v)| (v * inv_t, i as u32))
-        .collect();
-    c.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
-    if cfg.top_k > 0 {
-        c.truncate(cfg.top_k);
-    }
-    let max = f64::from(c[0].0);
-    let z: f64 = c.iter().map(|&(v, _)| (f64::from(v) - max).exp()).sum();
-    let mut keep = c.len();
-    let mut cum = 0.0;
-    for (i, &(v, _)) in c.iter().enumerate() {
-        let q = (f64::from(v) - max).exp() / z;
-        if q < f64::from(cfg.min_p) / z {
-            keep = i.max(1);
-            break;
-        }
-        cum += q;
-        if cum >= f64::from(cfg.top_p) {
-            keep = i + 1;
-            break;
-        }
-    }
-    let kept = &c[..keep];
-    let t: f64 = kept.iter().map(|&(v, _)| (f64::from(v) - max).exp()).sum();
-    for &(v, id) in kept {
-        p[id as usize] = (f64::from(v) - max).exp() / t;
-    }
-    p
-}
-
 fn argmax(v: &[f32]) -> u32 {
     ferrite_llm::generate::argmax(v)
-}
-
-fn histogram(ids: &[u32], vocab: usize) -> Vec<f64> {
-    let mut h = vec![0f64; vocab];
-    for &t in ids {
-        h[t as usize] += 1.0;
-    }
-    h.iter_mut().for_each(|v| *v /= ids.len() as f64);
-    h
 }
 
 /// The bound on max |freq - p| over a vocabulary for `draws` draws: 4.5 times the largest
@@ -1032,10 +935,9 @@ fn freq_tol(draws: usize) -> f64 {
     4.5 * 0.5 / (draws as f64).sqrt()
 }
 
-/// Draws `draws` tokens with the device sampler (`sample_many`) and checks them against
-/// `cpu_probs`: no token outside the CPU's kept set, every frequency within `freq_tol` of its
-/// probability; the reference itself against the CPU sampler's own draws. Returns the max
-/// |freq - p| on the device.
+/// Draws `draws` tokens with the device sampler (`sample_many`) and checks them against the
+/// CPU sampler's probabilities within `freq_tol` (`sampler_support::check_draws`). Returns the
+/// max |freq - p| on the device.
 fn check_sampler(
     dev: &WgpuDevice,
     name: &str,
@@ -1044,40 +946,9 @@ fn check_sampler(
     history: &[u32],
     draws: usize,
 ) -> f64 {
-    let vocab = logits.len();
-    let tol = freq_tol(draws);
-    let p = cpu_probs(cfg, logits, history);
     let ids = ferrite_llm::model::wgpu::sample_many(dev, cfg, logits, history, draws).unwrap();
     assert_eq!(ids.len(), draws, "{name}: tokens drawn");
-    for &t in &ids {
-        assert!(
-            (t as usize) < vocab && p[t as usize] > 0.0,
-            "{name}: drew token {t}, outside the CPU's kept set"
-        );
-    }
-    let max_diff = |h: &[f64]| {
-        h.iter()
-            .zip(&p)
-            .map(|(a, b)| (a - b).abs())
-            .fold(0.0, f64::max)
-    };
-    let dev_max = max_diff(&histogram(&ids, vocab));
-    let mut cpu = Sampler::new(cfg.clone()).unwrap();
-    let cpu_ids: Vec<u32> = (0..draws)
-        .map(|_| cpu.sample(&mut logits.to_vec(), history).unwrap())
-        .collect();
-    let cpu_max = max_diff(&histogram(&cpu_ids, vocab));
-    let kept = p.iter().filter(|&&v| v > 0.0).count();
-    eprintln!(
-        "sampler {name}: {kept} kept of {vocab}, {draws} draws: max |freq - p| device \
-         {dev_max:.4}, CPU sampler {cpu_max:.4} (bound {tol:.4})"
-    );
-    assert!(
-        cpu_max < tol,
-        "{name}: the reference disagrees with the CPU sampler: {cpu_max}"
-    );
-    assert!(dev_max < tol, "{name}: device frequencies off by {dev_max}");
-    dev_max
+    check_draws("device", name, cfg, logits, history, &ids, freq_tol(draws))
 }
 
 /// The device sampler's empirical distribution against the CPU sampler's probabilities for
