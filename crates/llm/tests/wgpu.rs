@@ -311,6 +311,18 @@ fn leak<T>(v: T) -> &'static T {
     Box::leak(Box::new(v))
 }
 
+/// The synthetic Q4_0 model (`synth_cfg`) in a fresh test folder, and its upload to `dev`.
+fn q4_0_model(dev: &WgpuDevice) -> (PathBuf, &'static Model, &'static WgpuModel) {
+    let dir = tmp_dir();
+    let model = leak(synth_model(
+        &synth_cfg(GgmlType::Q4_0),
+        GgmlType::Q4_0,
+        &dir,
+    ));
+    let wm = leak(WgpuModel::new(model, dev).unwrap());
+    (dir, model, wm)
+}
+
 /// The wgpu engine's scenario against the same prompts alone on wgpu (tokens and logits
 /// equal) and against the CPU engine in exact mode (logits within `tol` of the largest
 /// |logit| while the tokens agree; the first token equal or a near tie on the CPU). Returns
@@ -602,14 +614,8 @@ fn f16_unpack(dev: &WgpuDevice) -> Option<String> {
 fn chained_generation(dev: &WgpuDevice) -> Option<String> {
     use ferrite_llm::generate::{generate, Generation, StopReason};
     use ferrite_llm::tokenizer::Tokenizer;
-    let dir = tmp_dir();
-    let model = leak(synth_model(
-        &synth_cfg(GgmlType::Q4_0),
-        GgmlType::Q4_0,
-        &dir,
-    ));
+    let (dir, model, wm) = q4_0_model(dev);
     let tok = Tokenizer::from_gguf(model.gguf()).unwrap();
-    let wm = leak(WgpuModel::new(model, dev).unwrap());
     let p: Vec<u32> = (0..9).map(|i| (i * 37 + 5) % 1000).collect();
     let run = |chain: bool, stops: &[String]| -> Vec<(Generation, usize)> {
         let mut s = Session::wgpu(wm, 96).unwrap();
@@ -1178,14 +1184,8 @@ fn hot_sampler() -> SamplerConfig {
 /// sampler is removed the session picks greedily again.
 fn sampled_generation(dev: &WgpuDevice) -> Option<String> {
     use ferrite_llm::generate::{generate, Generation, StopReason};
-    let dir = tmp_dir();
-    let model = leak(synth_model(
-        &synth_cfg(GgmlType::Q4_0),
-        GgmlType::Q4_0,
-        &dir,
-    ));
+    let (dir, model, wm) = q4_0_model(dev);
     let tok = Tokenizer::from_gguf(model.gguf()).unwrap();
-    let wm = leak(WgpuModel::new(model, dev).unwrap());
     let prompt: Vec<u32> = (0..9).map(|i| (i * 37 + 5) % 1000).collect();
     let n = 32;
     let run = |chain: bool, cfg: &SamplerConfig| -> (Generation, usize) {
@@ -1295,13 +1295,7 @@ fn greedy_penalties(dev: &WgpuDevice) -> Option<String> {
         "greedy with penalties: {ids:?}, CPU {want}"
     );
 
-    let dir = tmp_dir();
-    let model = leak(synth_model(
-        &synth_cfg(GgmlType::Q4_0),
-        GgmlType::Q4_0,
-        &dir,
-    ));
-    let wm = leak(WgpuModel::new(model, dev).unwrap());
+    let (dir, _, wm) = q4_0_model(dev);
     let prompt: Vec<u32> = (0..9).map(|i| (i * 37 + 5) % 1000).collect();
     let cfg = SamplerConfig {
         temperature: 0.0,
@@ -1367,13 +1361,7 @@ impl ferrite_llm::logits_processor::LogitsProcessor for HostSampling {
 ///   batch gets the tokens it gets alone;
 /// - cancelling a sampling request ends it like any other.
 fn engine_device_sampling(dev: &WgpuDevice) -> Option<String> {
-    let dir = tmp_dir();
-    let model = leak(synth_model(
-        &synth_cfg(GgmlType::Q4_0),
-        GgmlType::Q4_0,
-        &dir,
-    ));
-    let wm = leak(WgpuModel::new(model, dev).unwrap());
+    let (dir, model, wm) = q4_0_model(dev);
     let vocab = model.cfg.vocab;
     let plain = SamplerConfig {
         temperature: 1.3,
@@ -1504,13 +1492,7 @@ fn engine_device_sampling(dev: &WgpuDevice) -> Option<String> {
 /// history and draw counters 0 and 1 (the second with the first token appended to the
 /// history: the ring and the counter advanced on the device).
 fn sampler_states_repack(dev: &WgpuDevice) -> Option<String> {
-    let dir = tmp_dir();
-    let model = leak(synth_model(
-        &synth_cfg(GgmlType::Q4_0),
-        GgmlType::Q4_0,
-        &dir,
-    ));
-    let wm = leak(WgpuModel::new(model, dev).unwrap());
+    let (dir, model, wm) = q4_0_model(dev);
     let vocab = model.cfg.vocab;
     let p = prompt(10, 9, vocab);
     let cfg = |id: u64| SamplerConfig {
