@@ -216,13 +216,13 @@ pub fn run(
         vocab,
         trie: OnceLock::new(),
     });
+    let where_ = device.name();
     match device {
         ServeDevice::Cpu => match Engine::new(&model, ecfg) {
             Ok(mut engine) => serve_loop(&mut engine, &rx, cfg, &metrics, shared, ready),
             Err(e) => failed(e.to_string()),
         },
         ServeDevice::Wgpu(dev) => {
-            let where_ = ServeDevice::Wgpu(dev.clone()).name();
             let wm = match WgpuModel::new(&model, &dev) {
                 Ok(m) => m,
                 Err(e) => return failed(format!("serve on {where_}: {e}")),
