@@ -115,7 +115,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         return run_cuda(&args, &loaded, &dev, need, &tokens);
     }
     let mut session = Session::new(model, need)?;
-    let threads = ferrite_llm::pool::Pool::global().threads();
+    let threads = ferrite_cpu::spin_pool::Pool::global().threads();
     let mut results = Vec::new();
     for (name, count) in [("pp", args.p), ("tg", args.n)] {
         if count == 0 {
@@ -436,7 +436,7 @@ fn run_batch(args: &Args, loaded: &Loaded, b: usize, on: BenchDevice<'_>) -> any
         BenchDevice::Cpu => {
             let mut engine = Engine::new(model, EngineConfig::new(ctx, b))?;
             let runs = engine_runs(&mut engine, args, b, model.cfg.vocab)?;
-            let threads = ferrite_llm::pool::Pool::global().threads();
+            let threads = ferrite_cpu::spin_pool::Pool::global().threads();
             (
                 runs,
                 "CPU engine",
@@ -458,7 +458,7 @@ fn run_batch(args: &Args, loaded: &Loaded, b: usize, on: BenchDevice<'_>) -> any
     if args.json {
         let out = serde_json::json!({
             "model": name, "arch": model.cfg.arch_name, "backend": backend, "device": device,
-            "detail": detail, "threads": ferrite_llm::pool::Pool::global().threads(),
+            "detail": detail, "threads": ferrite_cpu::spin_pool::Pool::global().threads(),
             "isa": model.isa().name(),
             "precision": format!("{:?}", model.precision()), "batch": b, "temperature": args.temp,
             "n_prompt": args.p, "n_gen": args.n, "repetitions": args.r,

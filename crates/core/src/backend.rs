@@ -1,6 +1,7 @@
 //! The interface between `Tensor` and the devices that run ops.
 
 use crate::optim::{FusedUpdate, StepScalars};
+use crate::quant::{ActFormat, QBytes, QStorage, QTensor, QType};
 use crate::{DType, HostBuffer, Layout, Op, Result, Shape, Tensor};
 use std::any::Any;
 use std::sync::Arc;
@@ -74,6 +75,20 @@ pub trait Backend: Send + Sync + 'static {
     /// One fused optimizer update, in place (validated by `optim::fused_update`); the same
     /// ordering contract as `write_into` for every parameter and state tensor it writes.
     fn fused_update(&self, update: &FusedUpdate<'_>) -> Result<()>;
+    /// Takes a quantized matrix's host bytes (validated by `QTensor::new`: a matrix format,
+    /// exactly `rows x cols` elements in GGUF layout) as this device's form of it.
+    fn upload_quant(
+        &self,
+        ty: QType,
+        rows: usize,
+        cols: usize,
+        bytes: &QBytes,
+    ) -> Result<Arc<dyn QStorage>>;
+    /// `x @ w^T` (validated by `QTensor::qmatmul`: `w` and `x` on this device, `x` contiguous
+    /// f32 `[t, w.cols()]` in any number of leading dims): one contiguous f32 storage of
+    /// `t x w.rows()`, activations taken in `act` where the weight has integer kernels
+    /// (`ActFormat::for_product`).
+    fn qmatmul(&self, w: &QTensor, x: &Tensor, act: ActFormat) -> Result<Arc<dyn Storage>>;
 }
 
 /// A handle to a backend; cheap to clone. Two handles are the same device when their kinds are

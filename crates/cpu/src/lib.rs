@@ -10,6 +10,7 @@ mod conv;
 mod create;
 mod cross_entropy;
 mod elementwise;
+pub mod env;
 mod index;
 mod machine;
 mod matmul;
@@ -17,8 +18,11 @@ mod norm;
 mod optim;
 mod pool;
 pub mod profile;
+pub mod qmatmul;
+pub mod quant;
 mod reduce;
 mod scan;
+pub mod spin_pool;
 mod storage;
 
 use ferrite_core::{
@@ -109,6 +113,31 @@ impl Backend for CpuBackend {
     fn fused_update(&self, update: &ferrite_core::optim::FusedUpdate<'_>) -> Result<()> {
         let shapes = || (vec![update.params.len()], vec![]);
         profile::time("fused_update", shapes, || optim::fused_update(update))
+    }
+
+    fn upload_quant(
+        &self,
+        ty: ferrite_core::QType,
+        rows: usize,
+        cols: usize,
+        bytes: &ferrite_core::QBytes,
+    ) -> Result<Arc<dyn ferrite_core::QStorage>> {
+        Ok(Arc::new(qmatmul::CpuQMat::new(
+            ty,
+            rows,
+            cols,
+            bytes.clone(),
+        )?))
+    }
+
+    fn qmatmul(
+        &self,
+        w: &ferrite_core::QTensor,
+        x: &Tensor,
+        act: ferrite_core::ActFormat,
+    ) -> Result<Arc<dyn Storage>> {
+        let shapes = || (vec![w.rows(), w.cols()], vec![x.elem_count()]);
+        profile::time("qmatmul", shapes, || qmatmul::qmatmul(w, x, act))
     }
 
     fn exec(

@@ -207,6 +207,11 @@ pub fn cuda(ordinal: usize) -> Result<Device> {
     Ok(CudaDevice::new(ordinal)?.device())
 }
 
+/// Why `QTensor`s cannot live on this backend yet: its quantized products are the LLM
+/// kernel set's (`ferrite_llm::model::cuda`), over that set's own copies of the weights.
+const QUANT_MISSING: &str = "the CUDA backend does not hold quantized matrices yet: its products \
+     run inside the LLM kernel set (ferrite_llm::model::cuda), which uploads its own copies";
+
 struct Handle(Arc<CudaBackend>);
 
 impl Backend for Handle {
@@ -244,6 +249,25 @@ impl Backend for Handle {
     fn fused_update(&self, update: &ferrite_core::optim::FusedUpdate<'_>) -> Result<()> {
         self.0.bind()?;
         optim::fused_update(&self.0, update)
+    }
+
+    fn upload_quant(
+        &self,
+        _ty: ferrite_core::QType,
+        _rows: usize,
+        _cols: usize,
+        _bytes: &ferrite_core::QBytes,
+    ) -> Result<Arc<dyn ferrite_core::QStorage>> {
+        Err(Error::backend("upload_quant", QUANT_MISSING))
+    }
+
+    fn qmatmul(
+        &self,
+        _w: &ferrite_core::QTensor,
+        _x: &Tensor,
+        _act: ferrite_core::ActFormat,
+    ) -> Result<Arc<dyn Storage>> {
+        Err(Error::backend("qmatmul", QUANT_MISSING))
     }
 
     fn exec(

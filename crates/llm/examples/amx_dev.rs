@@ -4,10 +4,10 @@
 //! makes the matrix 35 MB, larger than L2, to time the product streaming from L3.
 use std::time::Instant;
 
+use ferrite_cpu::quant::packed::{self, AmxTiles, GroupActs};
+use ferrite_cpu::quant::q8::{quantize_q8x2, BlockQ8};
+use ferrite_cpu::quant::Isa;
 use ferrite_gguf::GgmlType;
-use ferrite_llm::kernels::packed::{self, AmxTiles, GroupActs};
-use ferrite_llm::kernels::q8::{quantize_q8x2, BlockQ8};
-use ferrite_llm::kernels::Isa;
 
 fn main() {
     let rows: usize = std::env::var("AMX_DEV_ROWS")

@@ -10,8 +10,8 @@
 //! q8x2, f32. Example: `all=q8,down=q8x2,out=q8x2`.
 use std::time::Instant;
 
+use ferrite_cpu::quant::ActFormat;
 use ferrite_llm::chat::{encode_prompt, ChatTemplate, Message};
-use ferrite_llm::kernels::ActFormat;
 use ferrite_llm::tokenizer::Tokenizer;
 use ferrite_llm::{Logits, Model, Precision, PrecisionPlan, Session};
 

@@ -120,7 +120,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
     println!(
         "threads {} isa {:?}: pp128 {} tok/s, tg64 {} tok/s",
-        ferrite_llm::pool::Pool::global().threads(),
+        ferrite_cpu::spin_pool::Pool::global().threads(),
         model.isa(),
         stat(&pp),
         stat(&tg)

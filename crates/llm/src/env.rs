@@ -6,7 +6,7 @@
 use crate::error::{Error, Result};
 
 /// Largest `FERRITE_THREADS` (as `--threads`).
-pub const MAX_THREADS: usize = 1024;
+pub use ferrite_cpu::env::MAX_THREADS;
 
 /// Every variable, what it takes, for `check` and the docs.
 pub const VARIABLES: &[(&str, &str)] = &[
@@ -86,22 +86,12 @@ pub fn flag_or(name: &str, default: bool) -> bool {
 
 /// `FERRITE_THREADS`, checked.
 pub fn threads() -> Result<Option<usize>> {
-    int("FERRITE_THREADS", 1, MAX_THREADS)
+    ferrite_cpu::env::threads().map_err(Error::Other)
 }
 
 /// `FERRITE_ISA`, checked: the instruction-set cap by name.
 pub fn isa() -> Result<Option<&'static str>> {
-    let Some(v) = raw("FERRITE_ISA")? else {
-        return Ok(None);
-    };
-    match v.trim() {
-        "scalar" => Ok(Some("scalar")),
-        "avx2" => Ok(Some("avx2")),
-        "vnni" => Ok(Some("vnni")),
-        "avx512" => Ok(Some("avx512")),
-        "amx" => Ok(Some("amx")),
-        _ => Err(bad("FERRITE_ISA", &v, "scalar, avx2, vnni, avx512 or amx")),
-    }
+    ferrite_cpu::env::isa().map_err(Error::Other)
 }
 
 /// Checks every variable of [`VARIABLES`]; the first bad one is the error.

@@ -391,8 +391,8 @@ impl<'a> KvRows<'a> {
     /// Asks for these rows in cache ahead of their use.
     pub fn prefetch(self) {
         match self {
-            KvRows::F16(x) => crate::kernels::float::prefetch(x),
-            KvRows::F32(x) => crate::kernels::float::prefetch(x),
+            KvRows::F16(x) => ferrite_cpu::quant::float::prefetch(x),
+            KvRows::F32(x) => ferrite_cpu::quant::float::prefetch(x),
         }
     }
 

@@ -6,7 +6,6 @@
 //! [`Session`] runs one sequence on any kernel set (`run`, `chat`, `perplexity`), the engine
 //! many.
 
-mod arena;
 pub mod chat;
 pub mod engine;
 pub mod env;
@@ -14,11 +13,9 @@ pub mod error;
 pub mod generate;
 pub mod gpu;
 pub mod grammar;
-pub mod kernels;
 pub mod kv_cache;
 pub mod logits_processor;
 pub mod model;
-pub mod pool;
 /// The GPU kernels compiled at build time (`build.rs`): one `&[Prebuilt]` per source.
 mod prebuilt {
     include!(concat!(env!("OUT_DIR"), "/prebuilt.rs"));

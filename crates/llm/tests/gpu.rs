@@ -240,7 +240,7 @@ fn layouts(ty: GgmlType, cols: usize) -> Vec<bool> {
 /// `x` as the fast mode sees it: quantized to 8-bit units by the CPU's `quantize_q8`, then
 /// scaled back.
 fn q8_values(x: &[f32]) -> Vec<f32> {
-    use ferrite_llm::kernels::q8::{quantize_q8, BlockQ8};
+    use ferrite_cpu::quant::q8::{quantize_q8, BlockQ8};
     let mut qb = vec![BlockQ8::default(); x.len() / 32];
     quantize_q8(x, &mut qb);
     qb.iter()
@@ -251,7 +251,7 @@ fn q8_values(x: &[f32]) -> Vec<f32> {
 /// `x` as the two-level mode sees it: the CPU's `quantize_q8x2` (8 bits, then the residual in
 /// steps of 1/256 of the first), scaled back: `d * (hi + lo / 256)`.
 fn q8x2_values(x: &[f32]) -> Vec<f32> {
-    use ferrite_llm::kernels::q8::{quantize_q8x2, BlockQ8};
+    use ferrite_cpu::quant::q8::{quantize_q8x2, BlockQ8};
     let mut hi = vec![BlockQ8::default(); x.len() / 32];
     let mut lo = hi.clone();
     quantize_q8x2(x, &mut hi, &mut lo);

@@ -20,10 +20,10 @@ mod sampler_support;
 use std::collections::HashMap;
 use std::path::PathBuf;
 
+use ferrite_cpu::quant::ActFormat;
 use ferrite_gguf::GgmlType;
 use ferrite_llm::engine::{Engine, EngineConfig, EngineKernels, Request, RequestId};
 use ferrite_llm::generate::mean_nll;
-use ferrite_llm::kernels::ActFormat;
 use ferrite_llm::kv_cache::BLOCK_SIZE;
 use ferrite_llm::model::{WgpuKvStore, WgpuModel};
 use ferrite_llm::sampler::{Sampler, SamplerConfig};

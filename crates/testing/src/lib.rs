@@ -11,6 +11,7 @@
 pub mod bench_shapes;
 mod cases;
 mod gradcheck;
+pub mod quant_cases;
 pub mod reference;
 pub mod runner;
 pub mod torch_layers;

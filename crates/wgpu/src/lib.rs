@@ -383,6 +383,11 @@ fn all_kernels() -> Vec<&'static shader::Kernel> {
     ]
 }
 
+/// Why `QTensor`s cannot live on this backend yet: its quantized products are the LLM
+/// kernel set's (`ferrite_llm::model::wgpu`), over that set's own copies of the weights.
+const QUANT_MISSING: &str = "the wgpu backend does not hold quantized matrices yet: its products \
+     run inside the LLM kernel set (ferrite_llm::model::wgpu), which uploads its own copies";
+
 struct Handle(Arc<WgpuBackend>);
 
 impl Backend for Handle {
@@ -424,6 +429,25 @@ impl Backend for Handle {
             "the wgpu backend has no fused optimizer kernels; optimizers on wgpu take their \
              composed implementation (tensor ops)",
         ))
+    }
+
+    fn upload_quant(
+        &self,
+        _ty: ferrite_core::QType,
+        _rows: usize,
+        _cols: usize,
+        _bytes: &ferrite_core::QBytes,
+    ) -> Result<Arc<dyn ferrite_core::QStorage>> {
+        Err(Error::backend("upload_quant", QUANT_MISSING))
+    }
+
+    fn qmatmul(
+        &self,
+        _w: &ferrite_core::QTensor,
+        _x: &Tensor,
+        _act: ferrite_core::ActFormat,
+    ) -> Result<Arc<dyn Storage>> {
+        Err(Error::backend("qmatmul", QUANT_MISSING))
     }
 
     fn exec(

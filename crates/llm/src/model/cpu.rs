@@ -1,14 +1,14 @@
 //! The CPU kernel set of the model definition ([`super::step`]): f32 activations, quantized
-//! products on the GGUF blocks ([`crate::kernels::matmul`]: every weight row is read once for
+//! products on the GGUF blocks ([`ferrite_cpu::quant::matmul`]: every weight row is read once for
 //! all rows of the step), f32 KV blocks ([`CpuKvStore`]).
 
 use super::config::Config;
 use super::step::{Batch, Buf, Glu, Kernels, Mat, Norm};
 use super::{rms_norm_in_place, rms_norm_rows, Model, Product};
 use crate::error::Result;
-use crate::kernels::float::{axpy_rows, dot_rows};
-use crate::kernels::{self, Acts, Isa, MatOut};
 use crate::kv_cache::{BlockId, CpuKvStore, KvRows};
+use ferrite_cpu::quant::float::{axpy_rows, dot_rows};
+use ferrite_cpu::quant::{self, Acts, Isa, MatOut};
 
 const N_BUFS: usize = 8;
 
@@ -112,7 +112,7 @@ impl<'m> CpuKernels<'m> {
         v.map_or(&[], |v| v.as_slice())
     }
 
-    fn mat(&self, w: Mat) -> (kernels::QMat<'m>, Option<&'m [f32]>) {
+    fn mat(&self, w: Mat) -> (quant::QMat<'m>, Option<&'m [f32]>) {
         let m = self.m;
         let ls = &m.layers;
         let (w, b) = match w {
@@ -216,7 +216,7 @@ impl Kernels for CpuKernels<'_> {
             None => &self.bufs[idx(x)],
         };
         let mats: Vec<_> = outs.iter().map(|&(w, _)| self.mat(w)).collect();
-        let qs: Vec<&kernels::QMat<'_>> = mats.iter().map(|(q, _)| q).collect();
+        let qs: Vec<&quant::QMat<'_>> = mats.iter().map(|(q, _)| q).collect();
         // The precision plan's activation format for this product (all matrices of one
         // launch belong to the same product).
         let fmt = match outs.first().map(|&(w, _)| w) {
@@ -240,7 +240,7 @@ impl Kernels for CpuKernels<'_> {
                 .zip(taken.iter_mut())
                 .map(|((w, _), out)| MatOut { w: *w, out })
                 .collect();
-            kernels::matmul(m.isa, &self.acts, &mut ops);
+            quant::matmul(m.isa, &self.acts, &mut ops);
         }
         for (((_, b), (_, bias)), buf) in outs.iter().zip(&mats).zip(taken) {
             let mut buf = buf;
@@ -352,7 +352,7 @@ impl CpuKernels<'_> {
     fn glu(&mut self, gate: Buf, up: Buf, act: Glu) {
         let ub = std::mem::take(&mut self.bufs[idx(up)]);
         let g = &mut self.bufs[idx(gate)];
-        kernels::exp::glu_mul(self.m.isa, act == Glu::GeluTanh, g, &ub);
+        quant::exp::glu_mul(self.m.isa, act == Glu::GeluTanh, g, &ub);
         self.bufs[idx(up)] = ub;
     }
 
@@ -389,7 +389,7 @@ impl CpuKernels<'_> {
         let wout = m.product_mat(&m.output);
         self.acts
             .quantize(xo, n, d, &m.formats(&[&wout], m.plan().output));
-        kernels::matmul(
+        quant::matmul(
             m.isa,
             &self.acts,
             &mut [MatOut {
@@ -550,7 +550,7 @@ fn attention(
             og.fill(0.0);
             for (k, &m) in max.iter().enumerate() {
                 let sc = &mut sc[k * max_len..k * max_len + len];
-                let inv = 1.0 / kernels::exp::exp_sub_sum(isa, sc, m);
+                let inv = 1.0 / quant::exp::exp_sub_sum(isa, sc, m);
                 for v in sc.iter_mut() {
                     *v *= inv;
                 }
@@ -582,7 +582,7 @@ fn attention(
         }
     } else {
         let sp = SendPtr(scores.as_mut_ptr());
-        crate::pool::Pool::global().run(n_tasks, &|task| {
+        ferrite_cpu::spin_pool::Pool::global().run(n_tasks, &|task| {
             // SAFETY: task `task` alone uses scores[task * per_task..(task + 1) * per_task],
             // inside `scores` (resized above).
             let sc =

@@ -18,44 +18,37 @@ pub use cuda::{CudaKernels, CudaKvStore, CudaLimits};
 pub use step::{Batch, Out};
 pub use wgpu::{WgpuKernels, WgpuKvStore, WgpuModel};
 
+use std::sync::Arc;
+
+use ferrite_core::{HostBytes, QBytes, QTensor};
+use ferrite_cpu::qmatmul::CpuQMat;
+use ferrite_cpu::quant::{ActFormat, Isa, QMat};
 use ferrite_gguf::{GgmlType, GgufFile, TensorInfo};
 
-use crate::arena::Arena;
 use crate::error::{Error, Result};
-use crate::kernels::{self, ActFormat, Isa, QMat};
 
-/// A validated `rows x cols` weight in the file.
+/// A validated `rows x cols` weight in the file, as a CPU [`QTensor`] over the mapped bytes
+/// (the CPU products' packed copy made at first use, `ferrite_cpu::qmatmul`).
 #[derive(Clone, Debug)]
 struct Weight {
     info: TensorInfo,
     rows: usize,
     cols: usize,
-    /// The CPU products' interleaved copy ([`kernels::packed`]), made at first use.
-    packed: Packed,
+    q: QTensor,
 }
 
-/// A weight's packed copy: empty until the CPU first multiplies by it, then the packed
-/// bytes (in the model's [`Arena`]), or `None` where the weight has no packed form or the CPU
-/// cannot use one.
-#[derive(Clone, Default)]
-struct Packed(std::sync::OnceLock<Option<ArenaBytes>>);
+/// One tensor's bytes in the mapped file, shared with the file's owner.
+struct FileTensor {
+    file: Arc<GgufFile>,
+    info: TensorInfo,
+}
 
-/// Bytes in a model's arena: valid, and never written again, as long as the model lives.
-#[derive(Clone, Copy)]
-struct ArenaBytes(*const u8, usize);
-// SAFETY: read-only bytes owned by the model's arena, which outlives every use (through
-// `Model::product_mat`, borrowing the model).
-unsafe impl Send for ArenaBytes {}
-// SAFETY: as above.
-unsafe impl Sync for ArenaBytes {}
-
-impl std::fmt::Debug for Packed {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self.0.get() {
-            Some(Some(p)) => write!(f, "Packed({} bytes)", p.1),
-            Some(None) => f.write_str("Packed(none)"),
-            None => f.write_str("Packed(not yet)"),
-        }
+impl HostBytes for FileTensor {
+    fn bytes(&self) -> &[u8] {
+        self.file.tensor_data(&self.info)
+    }
+    fn release(&self) {
+        self.file.release(&self.info)
     }
 }
 
@@ -81,7 +74,7 @@ struct Layer {
 /// A loaded model: hyperparameters, the mapped file, and weight descriptions.
 pub struct Model {
     pub cfg: Config,
-    file: GgufFile,
+    file: Arc<GgufFile>,
     tok_embd: Weight,
     output: Weight,
     output_norm: Vec<f32>,
@@ -93,8 +86,6 @@ pub struct Model {
     /// Activation format of each product, derived from `precision` (or set directly).
     plan: PrecisionPlan,
     precision_explicit: bool,
-    /// The packed weight copies (huge pages where the OS offers them).
-    arena: Arena,
 }
 
 /// The quantized products of one layer, in graph order (index into a [`PrecisionPlan`] row).
@@ -197,6 +188,7 @@ impl Model {
     }
 
     pub fn from_gguf(file: GgufFile) -> Result<Model> {
+        let file = Arc::new(file);
         let mut cfg = Config::from_gguf(&file)?;
         let tok_embd = weight(&file, "token_embd.weight", None, Some(cfg.d_model))?;
         cfg.vocab = tok_embd.rows;
@@ -276,7 +268,6 @@ impl Model {
             precision: Precision::Q8x2,
             plan: PrecisionPlan::uniform(0, ActFormat::Q8),
             precision_explicit: std::env::var_os("FERRITE_PRECISION").is_some(),
-            arena: Arena::default(),
         };
         m.precision = Model::default_precision()?;
         m.plan = m.precision.plan(&m.cfg);
@@ -351,40 +342,20 @@ impl Model {
         2 * self.cfg.n_layer * self.cfg.n_kv_head * self.cfg.head_dim * 4
     }
 
-    fn mat(&self, w: &Weight) -> QMat<'_> {
-        // Validated in `weight` at load: the type is supported and the bytes match the shape.
-        QMat::new(w.info.ty, w.rows, w.cols, self.file.tensor_data(&w.info))
-            .unwrap_or_else(|e| unreachable!("weight {} validated at load: {e}", w.info.name))
+    fn mat<'s>(&'s self, w: &'s Weight) -> QMat<'s> {
+        self.cpu_mat(w).qmat()
     }
 
     /// `mat(w)` for a CPU product: with its packed copy on AVX-512 (made by the first call,
-    /// once per weight; `kernels::packed`).
+    /// once per weight; `ferrite_cpu::quant::packed`).
     fn product_mat<'s>(&'s self, w: &'s Weight) -> QMat<'s> {
-        let q = self.mat(w);
-        let packed = w.packed.0.get_or_init(|| {
-            if self.isa < Isa::Avx512 {
-                return None;
-            }
-            let out = self
-                .arena
-                .alloc(kernels::packed::packed_len(q.ty, q.rows, q.cols)?)?;
-            if !kernels::packed::pack_into(q.ty, q.rows, q.cols, q.data, out) {
-                return None;
-            }
-            // Every row is in the copy: the file's pages of this weight are not read again
-            // by the products (the f32 path of `exact` and embedding lookups fault back in
-            // what they read).
-            if q.rows.is_multiple_of(kernels::packed::ROWS) {
-                self.file.release(&w.info);
-            }
-            Some(ArenaBytes(out.as_ptr(), out.len()))
-        });
-        match packed {
-            // SAFETY: the bytes live in `self.arena`, borrowed for 's with `self`, and were
-            // written once, above, before being shared.
-            Some(p) => q.with_packed(unsafe { std::slice::from_raw_parts(p.0, p.1) }),
-            None => q,
-        }
+        self.cpu_mat(w).product_qmat(self.isa)
+    }
+
+    fn cpu_mat<'s>(&'s self, w: &'s Weight) -> &'s CpuQMat {
+        // Made on the CPU in `weight` at load.
+        CpuQMat::of(&w.q, "Model::mat")
+            .unwrap_or_else(|e| unreachable!("weight {} is a CPU matrix: {e}", w.info.name))
     }
 
     /// Embedding of `token` into `out` (d_model long), times the embedding scale.
@@ -434,7 +405,12 @@ fn check_token_ids(f: &GgufFile, vocab: usize) -> Result<()> {
 }
 
 /// Looks up a 2-D weight and checks its shape (`rows`/`cols` when given) and type.
-fn weight(f: &GgufFile, name: &str, rows: Option<usize>, cols: Option<usize>) -> Result<Weight> {
+fn weight(
+    f: &Arc<GgufFile>,
+    name: &str,
+    rows: Option<usize>,
+    cols: Option<usize>,
+) -> Result<Weight> {
     let info = f
         .tensor(name)
         .ok_or_else(|| Error::Model(format!("missing tensor {name}")))?;
@@ -453,19 +429,23 @@ fn weight(f: &GgufFile, name: &str, rows: Option<usize>, cols: Option<usize>) ->
             info.dims
         )));
     }
-    if !kernels::is_supported(info.ty) {
+    if !ferrite_core::quant::is_supported(info.ty) {
         return Err(Error::Model(format!(
             "tensor {name}: unsupported type {}",
             info.ty
         )));
     }
-    QMat::new(info.ty, r, c, f.tensor_data(info))
+    let bytes = QBytes::new(Arc::new(FileTensor {
+        file: Arc::clone(f),
+        info: info.clone(),
+    }));
+    let q = QTensor::new(&ferrite_cpu::cpu(), info.ty, r, c, bytes)
         .map_err(|e| Error::Model(format!("tensor {name}: {e}")))?;
     Ok(Weight {
         info: info.clone(),
         rows: r,
         cols: c,
-        packed: Packed::default(),
+        q,
     })
 }
 

@@ -52,9 +52,9 @@ use super::step::{Batch, Buf, Glu, Kernels, Mat, Norm, PREV_TOKEN};
 use super::{Model, Precision, Weight};
 use crate::engine::{Engine, EngineConfig, EngineKernels};
 use crate::error::{Error, Result};
-use crate::kernels::ActFormat;
 use crate::kv_cache::{BlockId, KvStore, BLOCK_SIZE};
 use crate::sampler::SamplerConfig;
+use ferrite_cpu::quant::ActFormat;
 
 const QUANT: &str = include_str!("wgpu/quant.wgsl");
 const MATVEC: &str = include_str!("wgpu/matvec.wgsl");

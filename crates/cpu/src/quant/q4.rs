@@ -676,7 +676,7 @@ pub(crate) mod avx512 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernels::test_util::{acts_q8, rand_blocks};
+    use crate::quant::test_util::{acts_q8, rand_blocks};
 
     #[test]
     fn simd_matches_scalar_odd_sizes() {
@@ -721,9 +721,9 @@ mod tests {
 
     #[test]
     fn x2_kernels_match_two_scalar_passes() {
-        use crate::kernels::q8::quantize_q8x2;
+        use crate::quant::q8::quantize_q8x2;
         for nb in [1usize, 2, 18, 33] {
-            let x: Vec<f32> = crate::kernels::test_util::rand_f32(nb * 32, 60 + nb as u64)
+            let x: Vec<f32> = crate::quant::test_util::rand_f32(nb * 32, 60 + nb as u64)
                 .iter()
                 .enumerate()
                 .map(|(i, v)| if i % 29 == 3 { v * 40.0 } else { *v })
@@ -847,7 +847,7 @@ mod tests {
     /// the AVX-512 kernels' lone last block.
     #[test]
     fn tiles_agree_bit_for_bit_and_match_scalar() {
-        crate::kernels::check_tiles!(
+        crate::quant::check_tiles!(
             tile: dot_q4_1_tile,
             block: Q4_1_BYTES,
             scales: &[0, 2],

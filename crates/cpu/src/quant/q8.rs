@@ -190,7 +190,7 @@ mod tests {
     /// bits, for values of every magnitude, exact halves and all-zero blocks.
     #[test]
     fn quantizers_equal_scalar_references_bit_for_bit() {
-        let mut x = crate::kernels::test_util::rand_f32(32 * 40, 5);
+        let mut x = crate::quant::test_util::rand_f32(32 * 40, 5);
         for (i, v) in x.iter_mut().enumerate() {
             match i / 32 {
                 0 => *v = 0.0,

@@ -1128,11 +1128,11 @@ mod amx {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernels::q4::{dot_q4_0_scalar, dot_q4_1_scalar};
-    use crate::kernels::q5::dot_q5_scalar;
-    use crate::kernels::q8::quantize_q8x2;
-    use crate::kernels::q8_0::dot_q8_0_scalar;
-    use crate::kernels::test_util::{rand_blocks, rand_f32};
+    use crate::quant::q4::{dot_q4_0_scalar, dot_q4_1_scalar};
+    use crate::quant::q5::dot_q5_scalar;
+    use crate::quant::q8::quantize_q8x2;
+    use crate::quant::q8_0::dot_q8_0_scalar;
+    use crate::quant::test_util::{rand_blocks, rand_f32};
 
     fn sums(a: &[BlockQ8]) -> Vec<i32> {
         a.iter()

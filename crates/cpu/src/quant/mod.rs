@@ -22,6 +22,7 @@
 //! kernel's bits: on AMX ([`Isa::Amx`]) on the tiles (`packed::group_amx`), else, for q8x2
 //! activations, as 16-bit pairs `256 hi + lo` through `vpdpwssd` (`packed::group_w16`).
 
+pub mod arena;
 pub mod exp;
 pub mod float;
 pub mod k_quants;
@@ -297,34 +298,7 @@ pub(crate) mod x86 {
     }
 }
 
-/// The activation format a weight type is multiplied with.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ActFormat {
-    Q8,
-    /// Q8 plus an 8-bit residual (`q8::quantize_q8x2`): two integer passes, ~15-bit accuracy.
-    Q8x2,
-    F32,
-}
-
-impl ActFormat {
-    pub fn for_weight(ty: GgmlType) -> ActFormat {
-        match ty {
-            GgmlType::Q4_0
-            | GgmlType::Q4_1
-            | GgmlType::Q5_0
-            | GgmlType::Q5_1
-            | GgmlType::Q8_0
-            | GgmlType::Q4_K
-            | GgmlType::Q6_K => ActFormat::Q8,
-            _ => ActFormat::F32,
-        }
-    }
-}
-
-/// Whether `matmul` can multiply weights of this type (fast kernel or dequantizing fallback).
-pub fn is_supported(ty: GgmlType) -> bool {
-    ty.is_supported() && ty != GgmlType::Q8_1 && ty != GgmlType::Q8_K
-}
+pub use ferrite_core::quant::{is_supported, ActFormat};
 
 /// A borrowed `rows x cols` weight matrix in GGUF block layout.
 #[derive(Clone, Copy, Debug)]
@@ -525,7 +499,7 @@ pub fn matmul(isa: Isa, acts: &Acts, ops: &mut [MatOut<'_, '_>]) {
         );
     }
     let total_rows: usize = ops.iter().map(|o| o.w.rows).sum();
-    let pool = crate::pool::Pool::global();
+    let pool = crate::spin_pool::Pool::global();
     let threads = pool.threads();
     // Chunks: `CHUNKS` per thread, at least 16 rows, and for big batches
     // small enough that a chunk's weights stay in L2 while every activation row passes.
@@ -844,9 +818,9 @@ fn dot_row_x2(isa: Isa, w: &QMat<'_>, r: usize, hi: &[BlockQ8], lo: &[BlockQ8]) 
 macro_rules! check_tiles {
     (tile: $tile:path, block: $block:expr, scales: $scales:expr, nbs: $nbs:expr,
      seeds: ($act_seed:expr, $w_seed:expr), scalar: $scalar:expr $(, direct: $direct:expr)?) => {{
-        use crate::kernels::q8::{quantize_q8x2, BlockQ8};
-        use crate::kernels::test_util::{rand_blocks, rand_f32};
-        use crate::kernels::Isa;
+        use crate::quant::q8::{quantize_q8x2, BlockQ8};
+        use crate::quant::test_util::{rand_blocks, rand_f32};
+        use crate::quant::Isa;
         for nb in $nbs {
             let (mut hi, mut lo) = (Vec::new(), Vec::new());
             for k in 0..4u64 {

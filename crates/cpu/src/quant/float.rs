@@ -595,7 +595,7 @@ mod x86 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernels::test_util::rand_f32;
+    use crate::quant::test_util::rand_f32;
 
     #[test]
     fn simd_matches_scalar_odd_sizes() {

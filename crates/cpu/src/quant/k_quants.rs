@@ -201,8 +201,8 @@ mod x86 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernels::q8::quantize_q8;
-    use crate::kernels::test_util::{rand_blocks, rand_f32};
+    use crate::quant::q8::quantize_q8;
+    use crate::quant::test_util::{rand_blocks, rand_f32};
     use ferrite_gguf::GgmlType;
 
     fn acts(nb: usize, seed: u64) -> Vec<BlockQ8> {

@@ -206,14 +206,14 @@ pub(crate) mod avx512 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernels::test_util::{acts_q8, rand_blocks};
+    use crate::quant::test_util::{acts_q8, rand_blocks};
     use ferrite_gguf::GgmlType;
 
     /// The Q5_0 tiles (4x4, 1x4, 4x1; q8 and q8x2) give each pair the one-row bits and stay
     /// within rounding of the scalar reference, on every instruction set.
     #[test]
     fn q5_0_tiles_agree_bit_for_bit_and_match_scalar() {
-        crate::kernels::check_tiles!(
+        crate::quant::check_tiles!(
             tile: dot_q5_0_tile,
             block: Q5_0_BYTES,
             scales: &[0],

@@ -163,7 +163,7 @@ pub(crate) mod x86 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernels::test_util::rand_f32;
+    use crate::quant::test_util::rand_f32;
 
     #[test]
     fn exp16_is_within_2e7_of_exact() {

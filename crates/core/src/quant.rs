@@ -1,0 +1,327 @@
+//! Quantized matrices: a `rows x cols` weight kept in its GGUF block format on its device
+//! (never dequantized in memory), and the products over it, `qmatmul` / `qmatvec`.
+//!
+//! Layout: row `r` is `cols` contiguous elements, `cols / block_size` blocks of the format
+//! (ggml's layout, the file's bytes). A product computes `y[t][r] = dot(W[r], x[t])`, the
+//! `Linear` convention (`x @ W^T`), with the activations in the [`ActFormat`] asked for.
+//! The block formats themselves (sizes, reference dequantization) are `ferrite_gguf`'s.
+
+use std::any::Any;
+use std::sync::Arc;
+
+pub use ferrite_gguf::GgmlType as QType;
+
+use crate::{DType, Device, Error, Layout, Result, Tensor};
+
+/// How a quantized product takes its activations.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ActFormat {
+    /// 8-bit blocks of 32 with one scale each (llama.cpp's scheme).
+    Q8,
+    /// 8 bits plus the 8-bit rounding residual in steps of 1/256 of the first (~16 bits).
+    Q8x2,
+    /// f32 activations against the dequantized weights: the reference.
+    F32,
+}
+
+impl ActFormat {
+    /// The format a weight of `ty` multiplies with when 8-bit activations are asked for:
+    /// `Q8` for the formats with integer kernels (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q6_K),
+    /// else `F32`.
+    pub fn for_weight(ty: QType) -> ActFormat {
+        match ty {
+            QType::Q4_0
+            | QType::Q4_1
+            | QType::Q5_0
+            | QType::Q5_1
+            | QType::Q8_0
+            | QType::Q4_K
+            | QType::Q6_K => ActFormat::Q8,
+            _ => ActFormat::F32,
+        }
+    }
+
+    /// What a product over a weight of `ty` runs when `self` is asked for: `self` where the
+    /// weight has integer kernels, else `F32`.
+    pub fn for_product(self, ty: QType) -> ActFormat {
+        match ActFormat::for_weight(ty) {
+            ActFormat::F32 => ActFormat::F32,
+            _ => self,
+        }
+    }
+}
+
+/// Whether a matrix may be of this type: every block format and float type that GGUF files
+/// hold weights in, except the activation-only Q8_1 and Q8_K.
+pub fn is_supported(ty: QType) -> bool {
+    ty.is_supported() && ty != QType::Q8_1 && ty != QType::Q8_K
+}
+
+/// The host bytes of one quantized matrix, owned elsewhere (a mapped file, a buffer) and
+/// shared: a matrix on the host borrows them without a copy and keeps the owner alive.
+pub trait HostBytes: Send + Sync {
+    fn bytes(&self) -> &[u8];
+    /// A hint that no product reads these bytes again soon (the CPU keeps them in another
+    /// layout): a mapped file may drop its resident pages. They must read back the same.
+    fn release(&self) {}
+}
+
+impl HostBytes for Vec<u8> {
+    fn bytes(&self) -> &[u8] {
+        self
+    }
+}
+
+/// A shared handle to a matrix's host bytes; cheap to clone.
+#[derive(Clone)]
+pub struct QBytes(Arc<dyn HostBytes>);
+
+impl QBytes {
+    pub fn new(owner: Arc<dyn HostBytes>) -> QBytes {
+        QBytes(owner)
+    }
+
+    /// Owned bytes.
+    pub fn from_vec(bytes: Vec<u8>) -> QBytes {
+        QBytes(Arc::new(bytes))
+    }
+
+    pub fn as_slice(&self) -> &[u8] {
+        self.0.bytes()
+    }
+
+    /// See [`HostBytes::release`].
+    pub fn release(&self) {
+        self.0.release()
+    }
+}
+
+impl std::fmt::Debug for QBytes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "QBytes({} bytes)", self.as_slice().len())
+    }
+}
+
+/// A backend's form of a quantized matrix (the backend downcasts through `as_any`).
+pub trait QStorage: Any + Send + Sync {
+    fn as_any(&self) -> &dyn Any;
+    /// Device bytes this storage holds (its copies and layouts included).
+    fn device_bytes(&self) -> usize;
+}
+
+struct Inner {
+    ty: QType,
+    rows: usize,
+    cols: usize,
+    host: QBytes,
+    storage: Arc<dyn QStorage>,
+    device: Device,
+}
+
+/// A quantized `rows x cols` matrix on a device; cheap to clone. It keeps its host bytes'
+/// owner (for a mapped file, the mapping: no copy) so that it can move to another device.
+#[derive(Clone)]
+pub struct QTensor(Arc<Inner>);
+
+impl std::fmt::Debug for QTensor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "QTensor({}x{} {} on {})",
+            self.0.rows, self.0.cols, self.0.ty, self.0.device
+        )
+    }
+}
+
+/// The bytes `rows x cols` elements of `ty` take; an error naming the op where the type is
+/// not a matrix format, `cols` is not whole blocks or the size overflows.
+pub fn matrix_bytes(op: &'static str, ty: QType, rows: usize, cols: usize) -> Result<usize> {
+    if !is_supported(ty) {
+        return Err(Error::Backend {
+            op,
+            msg: format!("{ty} is not a matrix format"),
+        });
+    }
+    let bs = ty.block_size();
+    if !cols.is_multiple_of(bs) {
+        return Err(Error::Backend {
+            op,
+            msg: format!("row length {cols} is not a multiple of the {ty} block size {bs}"),
+        });
+    }
+    (cols / bs)
+        .checked_mul(ty.type_size())
+        .and_then(|r| r.checked_mul(rows))
+        .ok_or_else(|| Error::Backend {
+            op,
+            msg: format!("{rows}x{cols} {ty} overflows the address space"),
+        })
+}
+
+impl QTensor {
+    /// `bytes` as a `rows x cols` matrix of `ty` on `device`: checked (a matrix format,
+    /// whole blocks a row, exactly the bytes the shape needs), then the backend's
+    /// `upload_quant` (the CPU wraps the bytes; a GPU copies them to its memory).
+    pub fn new(
+        device: &Device,
+        ty: QType,
+        rows: usize,
+        cols: usize,
+        bytes: QBytes,
+    ) -> Result<QTensor> {
+        let need = matrix_bytes("QTensor::new", ty, rows, cols)?;
+        if bytes.as_slice().len() != need {
+            return Err(Error::Backend {
+                op: "QTensor::new",
+                msg: format!(
+                    "{rows}x{cols} {ty} needs {need} bytes, found {}",
+                    bytes.as_slice().len()
+                ),
+            });
+        }
+        let storage = device.backend().upload_quant(ty, rows, cols, &bytes)?;
+        Ok(QTensor(Arc::new(Inner {
+            ty,
+            rows,
+            cols,
+            host: bytes,
+            storage,
+            device: device.clone(),
+        })))
+    }
+
+    /// This matrix on `device` (the same matrix where it is there already).
+    pub fn to_device(&self, device: &Device) -> Result<QTensor> {
+        if self.0.device.same(device) {
+            return Ok(self.clone());
+        }
+        QTensor::new(
+            device,
+            self.0.ty,
+            self.0.rows,
+            self.0.cols,
+            self.0.host.clone(),
+        )
+    }
+
+    pub fn ty(&self) -> QType {
+        self.0.ty
+    }
+    pub fn rows(&self) -> usize {
+        self.0.rows
+    }
+    pub fn cols(&self) -> usize {
+        self.0.cols
+    }
+    pub fn device(&self) -> &Device {
+        &self.0.device
+    }
+    /// The backend's storage (for the backend and its fused kernels).
+    pub fn storage(&self) -> &dyn QStorage {
+        &*self.0.storage
+    }
+    /// The matrix's bytes in GGUF layout, on the host.
+    pub fn host_bytes(&self) -> &[u8] {
+        self.0.host.as_slice()
+    }
+    /// The shared handle to those bytes.
+    pub fn host(&self) -> &QBytes {
+        &self.0.host
+    }
+    /// Row `r`'s bytes in GGUF layout, on the host. Panics where `r >= rows`.
+    pub fn host_row(&self, r: usize) -> &[u8] {
+        let rb = self.host_bytes().len() / self.0.rows.max(1);
+        &self.host_bytes()[r * rb..(r + 1) * rb]
+    }
+
+    /// Row `r` dequantized into `out` (`cols` long), on the host: the reference every
+    /// backend's product is checked against.
+    pub fn dequantize_row(&self, r: usize, out: &mut [f32]) -> Result<()> {
+        if r >= self.0.rows || out.len() != self.0.cols {
+            return Err(Error::Backend {
+                op: "QTensor::dequantize_row",
+                msg: format!(
+                    "row {r} into {} values of a {}x{} matrix",
+                    out.len(),
+                    self.0.rows,
+                    self.0.cols
+                ),
+            });
+        }
+        ferrite_gguf::quant::dequantize(self.0.ty, self.host_row(r), out).map_err(|e| {
+            Error::Backend {
+                op: "QTensor::dequantize_row",
+                msg: e.to_string(),
+            }
+        })
+    }
+
+    /// The whole matrix dequantized, an f32 `[rows, cols]` tensor on the same device.
+    pub fn dequantize(&self) -> Result<Tensor> {
+        let mut out = vec![0f32; self.0.rows * self.0.cols];
+        if self.0.cols > 0 {
+            for (r, row) in out.chunks_exact_mut(self.0.cols).enumerate() {
+                self.dequantize_row(r, row)?;
+            }
+        }
+        Tensor::from_vec(out, [self.0.rows, self.0.cols], &self.0.device)
+    }
+
+    /// `x @ W^T`: `x` is f32 `[..., cols]` on this matrix's device; the result is f32
+    /// `[..., rows]`, each row's activations taken in `act` (for the weight formats without
+    /// integer kernels always f32: [`ActFormat::for_product`]). Not differentiable: an `x`
+    /// that requires a gradient is an error.
+    pub fn qmatmul(&self, x: &Tensor, act: ActFormat) -> Result<Tensor> {
+        const OP: &str = "qmatmul";
+        if !x.device().same(&self.0.device) {
+            return Err(Error::DeviceMismatch {
+                op: OP,
+                lhs: self.0.device.to_string(),
+                rhs: x.device().to_string(),
+            });
+        }
+        if x.dtype() != DType::F32 {
+            return Err(Error::DType {
+                op: OP,
+                found: x.dtype(),
+                msg: "activations must be f32".into(),
+            });
+        }
+        if x.requires_grad() {
+            return Err(Error::Backend {
+                op: OP,
+                msg: "quantized products are not differentiable; detach the input".into(),
+            });
+        }
+        let dims = x.dims();
+        if dims.last() != Some(&self.0.cols) {
+            return Err(Error::Shape {
+                op: OP,
+                msg: format!(
+                    "input {:?} does not end in the matrix's {} columns ({}x{} {})",
+                    dims, self.0.cols, self.0.rows, self.0.cols, self.0.ty
+                ),
+            });
+        }
+        let x = x.contiguous()?;
+        let mut out_dims = dims.to_vec();
+        *out_dims.last_mut().expect("rank checked above") = self.0.rows;
+        let storage = self.0.device.backend().qmatmul(self, &x, act)?;
+        Ok(Tensor::from_storage(
+            storage,
+            Layout::contiguous(out_dims),
+            self.0.device.clone(),
+        ))
+    }
+
+    /// `W x` for one vector `x` of `cols` values: `[rows]`.
+    pub fn qmatvec(&self, x: &Tensor, act: ActFormat) -> Result<Tensor> {
+        if x.rank() != 1 {
+            return Err(Error::Shape {
+                op: "qmatvec",
+                msg: format!("input {:?} is not a vector", x.dims()),
+            });
+        }
+        self.qmatmul(x, act)
+    }
+}
