@@ -6,7 +6,7 @@ mod aot;
 #[path = "src/kernel_key.rs"]
 mod kernel_key;
 
-/// Every kernel source of the crate (`kernels::all_sources`): `src/<name>.cu`.
+/// Every kernel source of the crate (`kernels::all_sources`) but `matvec`: `src/<name>.cu`.
 const SOURCES: [&str; 12] = [
     "elementwise",
     "cast",
@@ -30,7 +30,7 @@ fn main() {
         "build/aot.rs".into(),
         dir.join("kernel_key.rs"),
     ];
-    let sources: Vec<aot::Source> = SOURCES
+    let mut sources: Vec<aot::Source> = SOURCES
         .iter()
         .map(|&name| {
             files.push(dir.join(format!("{name}.cu")));
@@ -40,6 +40,14 @@ fn main() {
             }
         })
         .collect();
+    // The quantized products: the block formats (also read by ferrite-llm's kernels), then
+    // the kernels (`matvec::SOURCE`).
+    files.push(dir.join("quant.cuh"));
+    files.push(dir.join("matvec.cu"));
+    sources.push(aot::Source {
+        name: "matvec",
+        src: read("quant.cuh") + &read("matvec.cu"),
+    });
     aot::rerun_on(&files);
     aot::build(&read("common.cuh"), &sources, "crate::Prebuilt");
 }

@@ -6,10 +6,10 @@ mod aot;
 #[path = "../cuda/src/kernel_key.rs"]
 mod kernel_key;
 
-/// Each kernel source of `gpu` (`gpu::sources`): its name and its files in `src/gpu`, in the
-/// order its `KernelSource` concatenates them.
-const SOURCES: [(&str, &[&str]); 5] = [
-    ("llm_matvec", &["quant.cuh", "matvec.cu"]),
+/// Each kernel source of `gpu` (`gpu::sources`): its name and its files in `src/gpu`
+/// (`quant.cuh`, the block formats, is ferrite-cuda's), in the order its `KernelSource`
+/// concatenates them.
+const SOURCES: [(&str, &[&str]); 4] = [
     ("llm_decode", &["quant.cuh", "decode.cu"]),
     ("llm_prefill", &["quant.cuh", "decode.cu", "prefill.cu"]),
     ("llm_sample", &["quant.cuh", "sample.cu"]),
@@ -19,9 +19,15 @@ const SOURCES: [(&str, &[&str]); 5] = [
 fn main() {
     let dir = std::path::Path::new("src/gpu");
     let common_path = std::path::Path::new("../cuda/src/common.cuh");
+    let quant_path = std::path::Path::new("../cuda/src/quant.cuh");
     let read = |p: &std::path::Path| std::fs::read_to_string(p).expect("reading a kernel source");
+    let part = |f: &str| match f {
+        "quant.cuh" => quant_path.to_path_buf(),
+        _ => dir.join(f),
+    };
     let mut files = vec![
         common_path.to_path_buf(),
+        quant_path.to_path_buf(),
         "../cuda/build/aot.rs".into(),
         "../cuda/src/kernel_key.rs".into(),
     ];
@@ -29,17 +35,10 @@ fn main() {
         .iter()
         .map(|&(name, parts)| aot::Source {
             name,
-            src: parts.iter().map(|f| read(&dir.join(f))).collect(),
+            src: parts.iter().map(|f| read(&part(f))).collect(),
         })
         .collect();
-    for f in [
-        "quant.cuh",
-        "matvec.cu",
-        "decode.cu",
-        "prefill.cu",
-        "sample.cu",
-        "paged.cu",
-    ] {
+    for f in ["decode.cu", "prefill.cu", "sample.cu", "paged.cu"] {
         files.push(dir.join(f));
     }
     aot::rerun_on(&files);

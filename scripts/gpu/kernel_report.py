@@ -32,8 +32,10 @@ import tempfile
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
 GPU = os.path.join(ROOT, "crates", "llm", "src", "gpu")
-COMMON = os.path.join(ROOT, "crates", "cuda", "src", "common.cuh")
-# As crates/llm/build.rs: each source's files after common.cuh.
+CUDA = os.path.join(ROOT, "crates", "cuda", "src")
+COMMON = os.path.join(CUDA, "common.cuh")
+# As crates/llm/build.rs and crates/cuda/build.rs: each source's files after common.cuh
+# (quant.cuh and matvec.cu in ferrite-cuda, the others in the llm crate).
 SOURCES = {
     "matvec.cu": ["quant.cuh", "matvec.cu"],
     "decode.cu": ["quant.cuh", "decode.cu"],
@@ -86,7 +88,10 @@ def main():
                     help="compile only these kernel definitions (one line each)")
     ap.add_argument("--sass", action="store_true", help="instruction mix of the IMMA loop")
     a = ap.parse_args()
-    parts = [open(COMMON).read()] + [open(os.path.join(GPU, f)).read() for f in SOURCES[a.source]]
+    where = lambda f: CUDA if f in ("quant.cuh", "matvec.cu") else GPU
+    parts = [open(COMMON).read()] + [
+        open(os.path.join(where(f), f)).read() for f in SOURCES[a.source]
+    ]
     if a.only:
         last = parts[-1].split("\n")
         keep = [l for l in last if not re.match(r"^[A-Z0-9_]+_KERNELS\(", l)

@@ -101,6 +101,7 @@ pub fn all_sources() -> Vec<&'static KernelSource> {
         &crate::conv::SOURCE,
         &crate::channel_norm::SOURCE,
         &crate::optim::SOURCE,
+        &crate::matvec::SOURCE,
     ]
 }
 

@@ -26,11 +26,15 @@ mod index;
 mod kernel_key;
 mod kernels;
 mod matmul;
+pub mod matvec;
 mod norm;
 mod optim;
+pub mod qmatmul;
+pub mod qmatrix;
 mod raw;
 mod reduce;
 mod scan;
+pub mod step;
 mod storage;
 
 pub use alloc::MemoryStats;
@@ -207,11 +211,6 @@ pub fn cuda(ordinal: usize) -> Result<Device> {
     Ok(CudaDevice::new(ordinal)?.device())
 }
 
-/// Why `QTensor`s cannot live on this backend yet: its quantized products are the LLM
-/// kernel set's (`ferrite_llm::model::cuda`), over that set's own copies of the weights.
-const QUANT_MISSING: &str = "the CUDA backend does not hold quantized matrices yet: its products \
-     run inside the LLM kernel set (ferrite_llm::model::cuda), which uploads its own copies";
-
 struct Handle(Arc<CudaBackend>);
 
 impl Backend for Handle {
@@ -253,21 +252,21 @@ impl Backend for Handle {
 
     fn upload_quant(
         &self,
-        _ty: ferrite_core::QType,
-        _rows: usize,
-        _cols: usize,
-        _bytes: &ferrite_core::QBytes,
+        ty: ferrite_core::QType,
+        rows: usize,
+        cols: usize,
+        bytes: &ferrite_core::QBytes,
     ) -> Result<Arc<dyn ferrite_core::QStorage>> {
-        Err(Error::backend("upload_quant", QUANT_MISSING))
+        qmatmul::upload_quant(&CudaDevice(self.0.clone()), ty, rows, cols, bytes)
     }
 
     fn qmatmul(
         &self,
-        _w: &ferrite_core::QTensor,
-        _x: &Tensor,
-        _act: ferrite_core::ActFormat,
+        w: &ferrite_core::QTensor,
+        x: &Tensor,
+        act: ferrite_core::ActFormat,
     ) -> Result<Arc<dyn Storage>> {
-        Err(Error::backend("qmatmul", QUANT_MISSING))
+        qmatmul::qmatmul(&CudaDevice(self.0.clone()), w, x, act)
     }
 
     fn exec(

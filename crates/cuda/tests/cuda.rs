@@ -23,6 +23,10 @@ fn gpu_tests() -> Vec<(&'static str, TestFn)> {
         ("invalid_device_index_is_an_error", invalid_device_index),
         ("upload_download_roundtrip_every_dtype", roundtrip),
         ("op_cases_match_cpu_and_f64_reference", op_cases),
+        (
+            "quantized_products_match_cpu_and_f64_reference",
+            quant_cases,
+        ),
         ("thousand_op_chain_waits_once", thousand_ops_wait_once),
         ("allocator_reuses_splits_and_counts", allocator_counters),
         ("out_of_memory_is_an_error_with_counters", out_of_memory),
@@ -210,6 +214,59 @@ fn op_cases(d: &CudaDevice) {
         failures.join("\n")
     );
     assert_eq!(passed, total);
+}
+
+/// `QTensor::qmatmul` on CUDA (`ferrite_cuda::qmatmul`, the LLM decode products) for every
+/// matrix format and activation format, against the f64 reference and the CPU's products.
+/// Q2_K and Q3_K have no kernel on CUDA: it stores them as f16 (`GpuMatrix::upload`).
+fn quant_cases(d: &CudaDevice) {
+    use ferrite_core::QType;
+    let dev = d.device();
+    let cases = ferrite_testing::quant_cases::quant_cases_for(&[QType::Q2_K, QType::Q3_K]);
+    let failures: Vec<String> = cases
+        .iter()
+        .enumerate()
+        .filter_map(|(i, c)| {
+            ferrite_testing::check_case_vs(c, &dev, &ferrite_cpu::cpu(), 9000 + i as u64).err()
+        })
+        .collect();
+    println!(
+        "  {} of {} quantized cases match",
+        cases.len() - failures.len(),
+        cases.len()
+    );
+    assert!(
+        failures.is_empty(),
+        "{} of {} cases failed:\n{}",
+        failures.len(),
+        cases.len(),
+        failures.join("\n")
+    );
+    // A CUDA matrix multiplies CUDA inputs only, and moves back to the CPU with its bytes.
+    let q = ferrite_core::QTensor::new(
+        &ferrite_cpu::cpu(),
+        ferrite_core::QType::Q4_0,
+        2,
+        64,
+        ferrite_core::QBytes::from_vec(ferrite_testing::quant_cases::matrix_bytes(
+            ferrite_core::QType::Q4_0,
+            2,
+            64,
+            1,
+        )),
+    )
+    .unwrap();
+    let g = q.to_device(&dev).unwrap();
+    let x = Tensor::zeros([64], DType::F32, &ferrite_cpu::cpu()).unwrap();
+    let msg = g
+        .qmatvec(&x, ferrite_core::ActFormat::Q8)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        msg.starts_with("qmatmul: tensors are on different devices"),
+        "{msg}"
+    );
+    assert_eq!(g.host_bytes(), q.host_bytes());
 }
 
 fn thousand_ops_wait_once(d: &CudaDevice) {

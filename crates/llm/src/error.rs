@@ -20,4 +20,12 @@ pub enum Error {
     Other(String),
 }
 
+/// A device backend's error (the CUDA products' planning and launches): as the
+/// backend worded it, prefixed with `cuda: ` as `gpu::CudaResult` does.
+impl From<ferrite_core::Error> for Error {
+    fn from(e: ferrite_core::Error) -> Error {
+        Error::Other(format!("cuda: {e}"))
+    }
+}
+
 pub type Result<T, E = Error> = std::result::Result<T, E>;

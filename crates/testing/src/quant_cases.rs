@@ -7,7 +7,10 @@
 //! activation rounding each format makes: 8-bit blocks of 32 round each value by at most
 //! half a step of `amax / 127`; q8x2's residual steps are 1/256 of that; the error of a dot
 //! product of `k` terms with weights of rms `w` is then about `sqrt(k) * w * step /
-//! sqrt(12)`, and the tolerance is six times that (plus f32 summation for every format).
+//! sqrt(12)`, and the tolerance is six times that (plus f32 summation for every format). A
+//! backend that keeps some formats as f16 (CUDA: Q2_K and Q3_K, which have no kernel there)
+//! names them ([`quant_cases_for`]): their tolerance adds the f16 rounding of each weight
+//! (half an ulp, 2^-11 relative).
 
 use std::sync::Arc;
 
@@ -47,15 +50,21 @@ pub fn matrix_bytes(ty: QType, rows: usize, cols: usize, seed: u64) -> Vec<u8> {
         .unwrap_or_else(|e| unreachable!("quantizing test values: {e}"))
 }
 
-fn tol(act: ActFormat, ty: QType, k: usize) -> Tol {
+fn tol(act: ActFormat, ty: QType, k: usize, f16_weights: bool) -> Tol {
     let sk = (k as f64).sqrt();
     let step = match act.for_product(ty) {
         ActFormat::Q8 => 1.0 / 127.0,
         ActFormat::Q8x2 => 1.0 / (127.0 * 256.0),
         ActFormat::F32 => 0.0,
     };
+    // Inputs are uniform in [-1, 1) too (rms 1/sqrt(3)); f16 rounds a weight by at most
+    // 2^-11 of it, uniformly: rms 2^-11 / sqrt(3) of the weight.
+    let f16 = match f16_weights {
+        true => 6.0 * sk * W_RMS * W_RMS * W_RMS * 2f64.powi(-11) / 3f64.sqrt(),
+        false => 0.0,
+    };
     Tol {
-        atol: 6.0 * sk * W_RMS * step / 12f64.sqrt() + 2e-6 * sk,
+        atol: 6.0 * sk * W_RMS * step / 12f64.sqrt() + 2e-6 * sk + f16,
         rtol: 1e-5,
     }
 }
@@ -71,6 +80,11 @@ fn act_name(act: ActFormat) -> &'static str {
 /// Every (format, activation format, shape) case: rows 1, 33 and 48 (three whole 16-row
 /// groups), inputs of one vector (`qmatvec`), 3 and 9 rows and `[2, 5, cols]`.
 pub fn quant_cases() -> Vec<OpCase> {
+    quant_cases_for(&[])
+}
+
+/// [`quant_cases`] for a backend that stores the formats `f16_stored` as f16.
+pub fn quant_cases_for(f16_stored: &[QType]) -> Vec<OpCase> {
     let mut out = Vec::new();
     for (ti, &ty) in QTYPES.iter().enumerate() {
         let bs = ty.block_size();
@@ -82,7 +96,8 @@ pub fn quant_cases() -> Vec<OpCase> {
                 for x_shape in inputs {
                     for act in [ActFormat::Q8, ActFormat::Q8x2, ActFormat::F32] {
                         let seed = 77 + 1000 * ti as u64 + (rows * 7 + cols) as u64;
-                        out.push(case(ty, rows, cols, x_shape.clone(), act, seed));
+                        let f16 = f16_stored.contains(&ty);
+                        out.push(case(ty, rows, cols, x_shape.clone(), act, seed, f16));
                     }
                 }
             }
@@ -98,6 +113,7 @@ fn case(
     x_shape: Vec<usize>,
     act: ActFormat,
     seed: u64,
+    f16_weights: bool,
 ) -> OpCase {
     let vector = x_shape.len() == 1;
     let name = format!(
@@ -149,7 +165,7 @@ fn case(
         }],
         run: Arc::new(run),
         reference: Arc::new(reference),
-        tol: vec![tol(act, ty, cols)],
+        tol: vec![tol(act, ty, cols, f16_weights)],
         differentiable: false,
     }
 }

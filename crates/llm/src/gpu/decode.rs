@@ -7,7 +7,10 @@ use crate::error::{Error, Result};
 
 pub(crate) static SOURCE: KernelSource = KernelSource {
     name: "llm_decode",
-    src: concat!(include_str!("quant.cuh"), include_str!("decode.cu")),
+    src: concat!(
+        include_str!("../../../cuda/src/quant.cuh"),
+        include_str!("decode.cu")
+    ),
     prebuilt: crate::prebuilt::LLM_DECODE,
 };
 

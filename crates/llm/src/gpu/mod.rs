@@ -4,9 +4,9 @@
 //! - [`GpuModel`] uploads every weight matrix's GGUF block bytes once, as they are in the file
 //!   (formats without a kernel are converted to f16 at load, with a notice), after checking
 //!   that weights plus KV cache fit the free device memory.
-//! - Kernels are CUDA C++ next to their wrappers: `matvec.cu` (with `quant.cuh`, the block
-//!   formats) by `matvec.rs` (quantized products of a few rows, the embedding, the greedy
-//!   pick), `paged.cu` by `paged.rs` (RoPE, the KV append and attention through block tables,
+//! - Kernels are CUDA C++ next to their wrappers: ferrite-cuda's `matvec` (with `quant.cuh`,
+//!   the block formats; quantized products of a few rows, the embedding, the greedy pick) and
+//!   `qmatrix` (`GpuMatrix`, the weights on the device), then here `paged.cu` by `paged.rs` (RoPE, the KV append and attention through block tables,
 //!   the split-K and gated-unit epilogues), `prefill.cu` by `prefill.rs` (dequantization and
 //!   the int8 tensor-core products of large steps), `sample.cu` by `sample.rs` (the device
 //!   sampler), `decode.cu` by `decode.rs` (the RMS norms; the one-sequence attention step
@@ -16,23 +16,24 @@
 //!   keep f32 activations (q8x2 two-level units on the tensor cores for large steps).
 
 pub(crate) mod decode;
-pub(crate) mod matvec;
 pub mod ops;
 pub(crate) mod paged;
 pub(crate) mod prefill;
 pub(crate) mod sample;
 pub(crate) mod weights;
 
+pub use ferrite_cuda::matvec;
+pub use ferrite_cuda::qmatrix::{Fmt, GpuMatrix};
 pub use ferrite_cuda::{device_count, is_available, Buffer, CudaDevice, KernelSource};
 pub use sample::{sample_many, sample_once};
-pub use weights::{default_precision, Fmt, GpuMatrix, GpuModel, Layout, F32_ACTS_MAX_WEIGHT_BYTES};
+pub use weights::{default_precision, GpuModel, Layout, F32_ACTS_MAX_WEIGHT_BYTES};
 
 use crate::error::{Error, Result};
 
-/// Every kernel source of the GPU decode path (the compile-all test walks this list).
+/// Every kernel source of this crate's GPU kernels (the compile-all test walks this list;
+/// the products, `ferrite_cuda::matvec`, are ferrite-cuda's and its tests').
 pub fn sources() -> Vec<&'static KernelSource> {
     vec![
-        &matvec::SOURCE,
         &decode::SOURCE,
         &prefill::SOURCE,
         &sample::SOURCE,
@@ -40,16 +41,7 @@ pub fn sources() -> Vec<&'static KernelSource> {
     ]
 }
 
-/// Whether kernels go out with programmatic dependent launch: on sm_90+ unless
-/// `FERRITE_GPU_PDL=0`. Every kernel of the step waits for its predecessors before it touches
-/// activations (`pdl_wait` in quant.cuh), so results are the same either way.
-fn pdl(dev: &CudaDevice) -> bool {
-    static ENV: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ENV.get_or_init(|| crate::env::flag_or("FERRITE_GPU_PDL", true))
-        && dev.compute_capability().0 >= 9
-}
-
-/// Launches one kernel of the decode path on the compute stream.
+/// Launches one kernel of the decode path on the compute stream (`ferrite_cuda::step`).
 pub(crate) fn launch(
     dev: &CudaDevice,
     op: &'static str,
@@ -58,11 +50,7 @@ pub(crate) fn launch(
     cfg: ferrite_cuda::LaunchConfig,
     args: ferrite_cuda::KernelArgs,
 ) -> Result<()> {
-    if pdl(dev) {
-        dev.launch_pdl(op, src, name, cfg, args).gpu()
-    } else {
-        dev.launch(op, src, name, cfg, args).gpu()
-    }
+    ferrite_cuda::step::launch(dev, op, src, name, cfg, args).gpu()
 }
 
 /// Maps a CUDA backend error into this crate's error type.
@@ -124,9 +112,9 @@ pub(crate) enum Launch {
 impl Launch {
     pub(crate) fn enqueue(&self, dev: &CudaDevice) -> Result<()> {
         match self {
-            Launch::Matvec(l) => l.enqueue(dev),
-            Launch::Embed(l) => l.enqueue(dev),
-            Launch::Argmax(l) => l.enqueue(dev),
+            Launch::Matvec(l) => l.enqueue(dev).gpu(),
+            Launch::Embed(l) => l.enqueue(dev).gpu(),
+            Launch::Argmax(l) => l.enqueue(dev).gpu(),
             Launch::Norm(l) => l.enqueue(dev),
             Launch::Paged(l) => l.enqueue(dev),
         }

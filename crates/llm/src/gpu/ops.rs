@@ -7,9 +7,9 @@ use ferrite_cuda::{Buffer, CudaDevice};
 pub use super::decode::{AttnScratch, AttnShape, KvLayer, RopeSpec, HD_MAX};
 pub use super::matvec::{Mode, Seg};
 
-use super::weights::GpuMatrix;
 use super::{decode, matvec, zeros, Launch};
 use crate::error::Result;
+use ferrite_cuda::qmatrix::GpuMatrix;
 
 /// `out` (16-bit [w.rows][w.cols], row-major; bf16 if `bf16`, else f16) = the weights of `w`
 /// dequantized: the batched prefill's weight operand of its tensor-core products.
@@ -34,7 +34,7 @@ pub fn matvec(
     norm: Option<(&Buffer, f32)>,
     out: &Buffer,
 ) -> Result<()> {
-    matvec::plan(dev.sm_count(), segs, mode, x, norm, out, None)?.enqueue(dev)
+    Ok(matvec::plan(dev.sm_count(), segs, mode, x, norm, out, None)?.enqueue(dev)?)
 }
 
 /// `matvec` in the fast mode: norm(x) quantized to 8-bit units (32 values, a scale and their
@@ -270,7 +270,7 @@ pub fn embed(
     out: &Buffer,
     scale: f32,
 ) -> Result<()> {
-    matvec::plan_embed(w, params, out, scale, None)?.enqueue(dev)
+    Ok(matvec::plan_embed(w, params, out, scale, None)?.enqueue(dev)?)
 }
 
 /// `y = x / rms(x) * w` over `n` values.

@@ -11,7 +11,7 @@ use crate::error::{Error, Result};
 pub(crate) static SOURCE: KernelSource = KernelSource {
     name: "llm_paged",
     src: concat!(
-        include_str!("quant.cuh"),
+        include_str!("../../../cuda/src/quant.cuh"),
         include_str!("decode.cu"),
         include_str!("paged.cu")
     ),

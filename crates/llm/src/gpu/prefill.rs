@@ -13,14 +13,15 @@
 use ferrite_cuda::{Buffer, CudaDevice, KernelArgs, KernelSource, LaunchConfig};
 
 use super::matvec::{self, Mode, Seg};
-use super::weights::{split_fields, Fmt, GpuMatrix, GpuModel};
+use super::weights::GpuModel;
 use super::CudaResult;
 use crate::error::{Error, Result};
+use ferrite_cuda::qmatrix::{split_fields, Fmt, GpuMatrix};
 
 pub(crate) static SOURCE: KernelSource = KernelSource {
     name: "llm_prefill",
     src: concat!(
-        include_str!("quant.cuh"),
+        include_str!("../../../cuda/src/quant.cuh"),
         include_str!("decode.cu"),
         include_str!("prefill.cu")
     ),

@@ -24,7 +24,10 @@ use crate::sampler::SamplerConfig;
 
 pub(crate) static SOURCE: KernelSource = KernelSource {
     name: "llm_sample",
-    src: concat!(include_str!("quant.cuh"), include_str!("sample.cu")),
+    src: concat!(
+        include_str!("../../../cuda/src/quant.cuh"),
+        include_str!("sample.cu")
+    ),
     prebuilt: crate::prebuilt::LLM_SAMPLE,
 };
 

@@ -29,10 +29,11 @@ use crate::gpu::decode::{self, AttnShape};
 use crate::gpu::matvec::{self, Mode, Seg};
 use crate::gpu::paged::{self, PagedAttnArgs, PagedLaunch, RopeStoreArgs, KV_BS, PAD_ROW};
 use crate::gpu::sample::{self, SamplerState};
-use crate::gpu::weights::{GpuMatrix, GpuModel};
+use crate::gpu::weights::GpuModel;
 use crate::gpu::{zeros, CudaResult, Launch};
 use crate::kv_cache::{BlockId, KvStore};
 use crate::sampler::SamplerConfig;
+use ferrite_cuda::qmatrix::GpuMatrix;
 
 /// Largest batch-size bucket with a captured graph.
 pub const MAX_GRAPH_ROWS: usize = 64;

@@ -14,15 +14,27 @@
 //! loading its blocks straight into registers, 4 warps a block; in the fast mode the 8-bit
 //! input is read from global memory, so those launches need no shared memory at all.
 
-use ferrite_cuda::{Buffer, CudaDevice, KernelArgs, KernelSource, LaunchConfig};
+use crate::{Buffer, CudaDevice, KernelArgs, KernelSource, LaunchConfig};
 
-use super::weights::{Fmt, GpuMatrix};
-use crate::error::{Error, Result};
+use ferrite_core::{Error, Result};
 
-pub(crate) static SOURCE: KernelSource = KernelSource {
-    name: "llm_matvec",
+use crate::qmatrix::{Fmt, GpuMatrix};
+
+/// A planning error; the message starts with the op it names (`matvec: `, `embed: `).
+fn other(msg: impl Into<String>) -> Error {
+    let msg: String = msg.into();
+    for op in ["matvec", "embed", "argmax"] {
+        if let Some(rest) = msg.strip_prefix(op).and_then(|r| r.strip_prefix(": ")) {
+            return Error::backend(op, rest);
+        }
+    }
+    Error::backend("matvec", msg)
+}
+
+pub static SOURCE: KernelSource = KernelSource {
+    name: "matvec",
     src: concat!(include_str!("quant.cuh"), include_str!("matvec.cu")),
-    prebuilt: crate::prebuilt::LLM_MATVEC,
+    prebuilt: crate::prebuilt::MATVEC,
 };
 
 /// Threads per block (`MV_T`).
@@ -36,7 +48,7 @@ const XPAD: usize = 36;
 /// Scratch floats (`MV_RED`).
 const MV_RED: usize = 64;
 /// Dynamic shared memory a block may have on sm_90 (227 KiB).
-pub(crate) const SMEM_MAX: usize = 227 * 1024;
+pub const SMEM_MAX: usize = 227 * 1024;
 
 /// What the product does with its results (`MV_*` in matvec.cu).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -54,7 +66,7 @@ pub enum Mode {
 /// `MvSeg` in matvec.cu.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
-pub(crate) struct MvSeg {
+pub struct MvSeg {
     w: u64,
     bias: u64,
     fmt: u32,
@@ -68,7 +80,7 @@ pub(crate) struct MvSeg {
 /// `MvArgs` in matvec.cu.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct MvArgs {
+pub struct MvArgs {
     seg: [MvSeg; 3],
     nseg: u32,
     mode: u32,
@@ -108,7 +120,7 @@ pub struct Seg<'a> {
 
 /// A planned product.
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct MvLaunch {
+pub struct MvLaunch {
     args: MvArgs,
     grid: u32,
     smem: u32,
@@ -135,7 +147,7 @@ pub(crate) struct MvLaunch {
 /// `quantize_q8` in matvec.cu: x (f32 [cols], optionally RMS-normed) into cols / 32 units of
 /// `Q8_UNIT` bytes.
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct QuantLaunch {
+pub struct QuantLaunch {
     x: u64,
     norm: u64,
     eps: f32,
@@ -145,19 +157,19 @@ pub(crate) struct QuantLaunch {
 }
 
 /// Bytes per 32-element unit of a quantized input (`Q8U`).
-pub(crate) const Q8_UNIT: usize = 48;
+pub const Q8_UNIT: usize = 48;
 
 /// Bytes of the quantized input of rows of `cols` elements (the fast mode's scratch).
-pub(crate) fn q8_bytes(cols: usize) -> usize {
+pub fn q8_bytes(cols: usize) -> usize {
     cols / 32 * Q8_UNIT
 }
 
 /// Bytes per 32-element unit of a two-level input (`Q8X2U`: a `Q8_UNIT` unit, then the
 /// residual's 32 bytes).
-pub(crate) const Q8X2_UNIT: usize = 80;
+pub const Q8X2_UNIT: usize = 80;
 
 /// Bytes of the two-level input of one row of `cols` elements.
-pub(crate) fn q8x2_bytes(cols: usize) -> usize {
+pub fn q8x2_bytes(cols: usize) -> usize {
     cols / 32 * Q8X2_UNIT
 }
 
@@ -175,7 +187,7 @@ const Q8_FMTS: [Fmt; 7] = [
 
 /// The formats of the two-level tensor-core kernels (`mmq2_*`), on split rows; the first five
 /// are those of the 8-bit ones (`mmq_*`) too.
-pub(crate) const MMQ2_FMTS: [Fmt; 7] = [
+pub const MMQ2_FMTS: [Fmt; 7] = [
     Fmt::Q4_0,
     Fmt::Q4_1,
     Fmt::Q5_0,
@@ -189,12 +201,12 @@ pub(crate) const MMQ2_FMTS: [Fmt; 7] = [
 const MV_BLOCKS_PER_SM: usize = 6;
 
 fn u32_of(v: usize, what: &str) -> Result<u32> {
-    u32::try_from(v).map_err(|_| Error::Other(format!("matvec: {what} = {v} exceeds u32")))
+    u32::try_from(v).map_err(|_| other(format!("matvec: {what} = {v} exceeds u32")))
 }
 
 fn check_len(buf: &Buffer, need: usize, what: &str) -> Result<()> {
     if buf.bytes() < need {
-        return Err(Error::Other(format!(
+        return Err(other(format!(
             "matvec: {what} holds {} bytes, needs {need}",
             buf.bytes()
         )));
@@ -206,12 +218,7 @@ fn check_len(buf: &Buffer, need: usize, what: &str) -> Result<()> {
 /// 8): more give larger tiles, so fewer steps (each with a fixed cost) per byte streamed.
 fn units_per_thread() -> usize {
     static U: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *U.get_or_init(|| {
-        crate::env::int("FERRITE_GPU_MV_UPT", 1, 64)
-            .ok()
-            .flatten()
-            .unwrap_or(8)
-    })
+    *U.get_or_init(|| crate::step::int("FERRITE_GPU_MV_UPT", 1, 64).unwrap_or(8))
 }
 
 /// Blocks per multiprocessor that the tensor-core kernels' K splits aim at
@@ -219,12 +226,7 @@ fn units_per_thread() -> usize {
 /// 2, 4 and 8 gave 3,929, 3,875 and 3,900 tok/s).
 fn mma_blocks_per_sm() -> u32 {
     static B: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
-    *B.get_or_init(|| {
-        crate::env::int("FERRITE_GPU_MMA_BLOCKS", 1, 16)
-            .ok()
-            .flatten()
-            .map_or(2, |v| v as u32)
-    })
+    *B.get_or_init(|| crate::step::int("FERRITE_GPU_MMA_BLOCKS", 1, 16).map_or(2, |v| v as u32))
 }
 
 /// Most 8-row input tiles a block of the two-level tensor-core kernels takes
@@ -233,14 +235,9 @@ fn mma_blocks_per_sm() -> u32 {
 /// restaging its weights, beat fewer blocks with more rows each at these sizes).
 fn mmq_x2_tiles() -> u32 {
     static T: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
-    *T.get_or_init(|| {
-        match crate::env::int("FERRITE_GPU_MMQ_TILES", 1, 8)
-            .ok()
-            .flatten()
-        {
-            Some(n) if n.is_power_of_two() => n as u32,
-            _ => 2,
-        }
+    *T.get_or_init(|| match crate::step::int("FERRITE_GPU_MMQ_TILES", 1, 8) {
+        Some(n) if n.is_power_of_two() => n as u32,
+        _ => 2,
     })
 }
 
@@ -249,7 +246,7 @@ fn mmq_x2_tiles() -> u32 {
 /// whether the tiles are packed (whole rows staged in one copy per matrix). About
 /// units_per_thread() units per thread, whole rows in a stage where they fit, and at least
 /// `sm_count` tiles where the rows allow.
-pub(crate) fn tile_rows(
+pub fn tile_rows(
     cols: usize,
     row_bytes: usize,
     rows: usize,
@@ -274,7 +271,7 @@ pub(crate) fn tile_rows(
     (per as u32, packed)
 }
 
-pub(crate) fn plan(
+pub fn plan(
     sm_count: u32,
     segs: &[Seg<'_>],
     mode: Mode,
@@ -284,11 +281,9 @@ pub(crate) fn plan(
     argmax: Option<&Buffer>,
 ) -> Result<MvLaunch> {
     let glu = matches!(mode, Mode::GluSilu | Mode::GluGelu);
-    let first = segs
-        .first()
-        .ok_or_else(|| Error::Other("matvec: no matrices".into()))?;
+    let first = segs.first().ok_or_else(|| other("matvec: no matrices"))?;
     if segs.len() > 3 || (glu && segs.len() != 2) {
-        return Err(Error::Other(format!(
+        return Err(other(format!(
             "matvec: {} matrices for {mode:?} (1..=3, or gate and up)",
             segs.len()
         )));
@@ -296,7 +291,7 @@ pub(crate) fn plan(
     let cols = first.w.cols;
     for s in segs {
         if s.w.cols != cols {
-            return Err(Error::Other(format!(
+            return Err(other(format!(
                 "matvec: matrices of one launch share the input: {} vs {cols} columns",
                 s.w.cols
             )));
@@ -308,7 +303,7 @@ pub(crate) fn plan(
         check_len(out, end * 4, "output")?;
     }
     if glu && segs[0].w.rows != segs[1].w.rows {
-        return Err(Error::Other(format!(
+        return Err(other(format!(
             "matvec: gate has {} rows, up {}",
             segs[0].w.rows, segs[1].w.rows
         )));
@@ -324,13 +319,12 @@ pub(crate) fn plan(
     };
     if segs.iter().any(|s| s.w.split) {
         if !segs.iter().all(|s| s.w.split) {
-            return Err(Error::Other(
-                "matvec: split rows and GGUF rows in one launch (the matrices of a launch take one layout)"
-                    .into(),
+            return Err(other(
+                "matvec: split rows and GGUF rows in one launch (the matrices of a launch take one layout)",
             ));
         }
         if glu && segs[0].w.fmt != segs[1].w.fmt {
-            return Err(Error::Other(format!(
+            return Err(other(format!(
                 "matvec: gate ({:?}) and up ({:?}) on split rows must share a format",
                 segs[0].w.fmt, segs[1].w.fmt
             )));
@@ -354,7 +348,7 @@ pub(crate) fn plan(
     // Room for the 16-byte aligned cover of a row's chunk: its bytes plus up to 30.
     let per = (stride - 32) / gb;
     if per == 0 {
-        return Err(Error::Other(format!(
+        return Err(other(format!(
             "matvec: {nr} rows of {gb}-byte granules do not fit the staging buffer"
         )));
     }
@@ -366,7 +360,7 @@ pub(crate) fn plan(
     let units = cols / 32;
     let smem = units * XPAD * 4 + MV_S * MV_STAGE + MV_RED * 4;
     if smem > SMEM_MAX {
-        return Err(Error::Other(format!(
+        return Err(other(format!(
             "matvec: rows of {cols} elements need {smem} bytes of shared memory for the input; at most {SMEM_MAX}"
         )));
     }
@@ -418,14 +412,12 @@ fn segments(
         if !glu || i == 0 {
             tiles = tiles
                 .checked_add(blocks)
-                .ok_or_else(|| Error::Other("matvec: too many tiles".into()))?;
+                .ok_or_else(|| other("matvec: too many tiles"))?;
         }
     }
     if let Some(a) = argmax {
         if segs.len() != 1 || glu {
-            return Err(Error::Other(
-                "matvec: argmax partials need a single stored matrix".into(),
-            ));
+            return Err(other("matvec: argmax partials need a single stored matrix"));
         }
         check_len(a, tiles as usize * 8, "argmax partials")?;
     }
@@ -488,7 +480,7 @@ fn plan_split(
     let rpb = if glu { MVR_NS / 2 } else { MVR_NS };
     let smem = cols / 32 * XPAD * 4 + MV_RED * 4;
     if smem > SMEM_MAX {
-        return Err(Error::Other(format!(
+        return Err(other(format!(
             "matvec: rows of {cols} elements need {smem} bytes of shared memory for the input; at most {SMEM_MAX}"
         )));
     }
@@ -530,14 +522,14 @@ fn grid_for(sm_count: u32, smem: usize, tiles: u32) -> (u32, bool) {
 
 impl MvLaunch {
     /// Row tiles (= argmax partials written).
-    pub(crate) fn tiles(&self) -> u32 {
+    pub fn tiles(&self) -> u32 {
         self.args.tiles
     }
 
     /// The same product in the fast mode, if every segment's format is `q8_capable` (else
     /// unchanged): a `quantize_q8` launch puts norm(x) as 8-bit units into `scratch` (at least
     /// `q8_bytes(cols)`), from which `matvec_q8` takes integer dot products.
-    pub(crate) fn with_q8(self, sm_count: u32, scratch: &Buffer) -> Result<MvLaunch> {
+    pub fn with_q8(self, sm_count: u32, scratch: &Buffer) -> Result<MvLaunch> {
         self.quantized(sm_count, scratch, &Q8_FMTS)
     }
 
@@ -576,7 +568,7 @@ impl MvLaunch {
             "quantized input",
         )?;
         if self.rows > 1 && a.xstride as usize != cols * 4 {
-            return Err(Error::Other(format!(
+            return Err(other(format!(
                 "matvec: the fast mode quantizes packed input rows ({} bytes apart), not rows {} bytes apart",
                 cols * 4,
                 a.xstride
@@ -604,7 +596,7 @@ impl MvLaunch {
     /// Where the tiles give fewer blocks than `FERRITE_GPU_MMA_BLOCKS` (2) per multiprocessor, the units are split among up to
     /// `MQ_MAX_SPLITS` blocks a tile (split K) whose partial sums go to `part` (f32; a split
     /// count whose partials do not fit is not taken) and are added by `mmq_reduce`.
-    pub(crate) fn with_mma(
+    pub fn with_mma(
         self,
         cc: (u32, u32),
         sm_count: u32,
@@ -646,7 +638,7 @@ impl MvLaunch {
             if !glu || i == 0 {
                 tiles = tiles
                     .checked_add(s.blocks)
-                    .ok_or_else(|| Error::Other("matvec: too many tiles".into()))?;
+                    .ok_or_else(|| other("matvec: too many tiles"))?;
             }
         }
         let nt = self
@@ -689,7 +681,7 @@ impl MvLaunch {
     /// and `mmq2_*` sums `256 w.hi + w.lo` per unit in integers: the CPU's default precision,
     /// without dequantized weights. None where `with_mma` would not apply (formats, layout,
     /// compute capability). Split-K partials as `with_mma`.
-    pub(crate) fn with_q8x2_mma(
+    pub fn with_q8x2_mma(
         self,
         cc: (u32, u32),
         sm_count: u32,
@@ -697,9 +689,7 @@ impl MvLaunch {
         part: Option<&Buffer>,
     ) -> Result<Option<MvLaunch>> {
         if self.q8.is_some() {
-            return Err(Error::Other(
-                "matvec: with_q8x2_mma on a launch already quantized".into(),
-            ));
+            return Err(other("matvec: with_q8x2_mma on a launch already quantized"));
         }
         let cols = self.args.cols as usize;
         let rows = self.rows as usize;
@@ -720,7 +710,7 @@ impl MvLaunch {
 
     /// The same launch without its quantization: an earlier launch of the same input, rows
     /// and precision (its `enqueue` first, on the same stream) left the units in the scratch.
-    pub(crate) fn reusing_input(mut self) -> MvLaunch {
+    pub fn reusing_input(mut self) -> MvLaunch {
         self.quantize = false;
         self
     }
@@ -729,21 +719,12 @@ impl MvLaunch {
     /// row i - 1's (f32 rows; in the fast mode the quantized rows follow each other) and
     /// writes its outputs `ostride` bytes after row i - 1's. The caller sized the buffers for
     /// `rows` rows. Call before `with_q8`.
-    pub(crate) fn with_rows(
-        mut self,
-        rows: usize,
-        xstride: usize,
-        ostride: usize,
-    ) -> Result<MvLaunch> {
+    pub fn with_rows(mut self, rows: usize, xstride: usize, ostride: usize) -> Result<MvLaunch> {
         if self.q8.is_some() {
-            return Err(Error::Other(
-                "matvec: with_rows must come before with_q8".into(),
-            ));
+            return Err(other("matvec: with_rows must come before with_q8"));
         }
         if self.args.argmax != 0 && rows > 1 {
-            return Err(Error::Other(
-                "matvec: argmax partials are for one row".into(),
-            ));
+            return Err(other("matvec: argmax partials are for one row"));
         }
         self.rows = u32_of(rows.max(1), "rows")?;
         self.args.nrows = self.rows;
@@ -753,16 +734,16 @@ impl MvLaunch {
     }
 
     /// Whether the product runs on the int8 tensor-core kernels.
-    pub(crate) fn is_mma(&self) -> bool {
+    pub fn is_mma(&self) -> bool {
         self.mma != 0
     }
 
     /// Whether the product runs in the fast mode (8-bit activations).
-    pub(crate) fn is_q8(&self) -> bool {
+    pub fn is_q8(&self) -> bool {
         self.q8.is_some()
     }
 
-    pub(crate) fn enqueue(&self, dev: &CudaDevice) -> Result<()> {
+    pub fn enqueue(&self, dev: &CudaDevice) -> Result<()> {
         if let Some(q) = self.q8.as_ref().filter(|_| self.quantize) {
             let cfg = LaunchConfig::new((q.grid, self.rows, 1), (256, 1, 1), 0);
             let args = KernelArgs::new()
@@ -776,13 +757,13 @@ impl MvLaunch {
             } else {
                 "quantize_q8"
             };
-            super::launch(dev, "matvec", &SOURCE, name, cfg, args)?;
+            crate::step::launch(dev, "matvec", &SOURCE, name, cfg, args)?;
         }
         let groups = self.args.nrows.div_ceil(self.args.rpg);
         let grid = self
             .grid
             .checked_mul(groups)
-            .ok_or_else(|| Error::Other("matvec: too many blocks".into()))?;
+            .ok_or_else(|| other("matvec: too many blocks"))?;
         let cfg = LaunchConfig::new((grid, 1, 1), (MV_T, 1, 1), self.smem);
         let q8 = self.q8.is_some();
         let name = match (self.split, q8, self.persist) {
@@ -793,7 +774,7 @@ impl MvLaunch {
             (false, true, false) => "matvec_q8",
             (false, true, true) => "matvec_q8_persist",
         };
-        super::launch(
+        crate::step::launch(
             dev,
             "matvec",
             &SOURCE,
@@ -810,7 +791,7 @@ impl MvLaunch {
             };
             let n = (a.nrows as u64 * outs as u64).div_ceil(256);
             let cfg = LaunchConfig::new((u32_of(n as usize, "blocks")?, 1, 1), (256, 1, 1), 0);
-            super::launch(
+            crate::step::launch(
                 dev,
                 "matvec",
                 &SOURCE,
@@ -931,7 +912,7 @@ fn mmq_kernel(fmt: Option<Fmt>, nt: u32, x2: bool) -> Result<&'static str> {
         .copied()
         .filter(|s| !s.is_empty())
         .ok_or_else(|| {
-            Error::Other(format!(
+            other(format!(
                 "matvec: no tensor-core kernel for {fmt:?} x {nt} tiles{}",
                 if x2 { " (two-level inputs)" } else { "" }
             ))
@@ -960,14 +941,14 @@ fn mvr_kernel(fmt: Option<Fmt>, q8: bool, batched: bool) -> &'static str {
 
 /// Most tiles of the product of `rows` rows (one matrix, Store/Add modes): room for its argmax
 /// partials.
-pub(crate) fn blocks_for(rows: usize) -> usize {
+pub fn blocks_for(rows: usize) -> usize {
     rows
 }
 
 /// `EmbedArgs` in matvec.cu.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct EmbedArgs {
+pub struct EmbedArgs {
     w: u64,
     params: u64,
     out: u64,
@@ -983,7 +964,7 @@ pub(crate) struct EmbedArgs {
 }
 
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct EmbedLaunch {
+pub struct EmbedLaunch {
     args: EmbedArgs,
     grid: u32,
     /// Rows of a batch: tokens `params[0..rows]`, outputs `[rows][cols]`.
@@ -991,7 +972,7 @@ pub(crate) struct EmbedLaunch {
 }
 
 /// out (f32 [cols]) = row `params[0]` of `w` times `scale`.
-pub(crate) fn plan_embed(
+pub fn plan_embed(
     w: &GpuMatrix,
     params: &Buffer,
     out: &Buffer,
@@ -999,8 +980,8 @@ pub(crate) fn plan_embed(
     prev: Option<&Buffer>,
 ) -> Result<EmbedLaunch> {
     if w.split {
-        return Err(Error::Other(
-            "embed: the embedding matrix must be in GGUF layout, not split rows".into(),
+        return Err(other(
+            "embed: the embedding matrix must be in GGUF layout, not split rows",
         ));
     }
     check_len(out, w.cols * 4, "embedding output")?;
@@ -1026,14 +1007,14 @@ pub(crate) fn plan_embed(
 impl EmbedLaunch {
     /// The embedding of `rows` tokens (`params`: u32 [rows], output f32 [rows][cols]; sized by
     /// the caller).
-    pub(crate) fn with_rows(mut self, rows: u32) -> EmbedLaunch {
+    pub fn with_rows(mut self, rows: u32) -> EmbedLaunch {
         self.rows = rows.max(1);
         self
     }
 
-    pub(crate) fn enqueue(&self, dev: &CudaDevice) -> Result<()> {
+    pub fn enqueue(&self, dev: &CudaDevice) -> Result<()> {
         let cfg = LaunchConfig::new((self.grid, self.rows, 1), (128, 1, 1), 0);
-        super::launch(
+        crate::step::launch(
             dev,
             "embed",
             &SOURCE,
@@ -1046,13 +1027,13 @@ impl EmbedLaunch {
 
 /// The final argmax over `n` partials (ArgPart) into a u32 at `out` (byte offset `off`).
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct ArgmaxLaunch {
+pub struct ArgmaxLaunch {
     part: u64,
     n: u32,
     out: u64,
 }
 
-pub(crate) fn plan_argmax(part: &Buffer, n: u32, out: &Buffer, off: usize) -> Result<ArgmaxLaunch> {
+pub fn plan_argmax(part: &Buffer, n: u32, out: &Buffer, off: usize) -> Result<ArgmaxLaunch> {
     check_len(part, n as usize * 8, "argmax partials")?;
     check_len(out, off + 4, "argmax output")?;
     Ok(ArgmaxLaunch {
@@ -1063,9 +1044,9 @@ pub(crate) fn plan_argmax(part: &Buffer, n: u32, out: &Buffer, off: usize) -> Re
 }
 
 impl ArgmaxLaunch {
-    pub(crate) fn enqueue(&self, dev: &CudaDevice) -> Result<()> {
+    pub fn enqueue(&self, dev: &CudaDevice) -> Result<()> {
         let cfg = LaunchConfig::new((1, 1, 1), (1024, 1, 1), 0);
         let args = KernelArgs::new().arg(self.part).arg(self.n).arg(self.out);
-        super::launch(dev, "argmax", &SOURCE, "argmax_final", cfg, args)
+        crate::step::launch(dev, "argmax", &SOURCE, "argmax_final", cfg, args)
     }
 }
