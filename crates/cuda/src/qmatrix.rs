@@ -318,3 +318,67 @@ impl GpuMatrix {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every field of every block lands where quant.cuh's `sp_load` / `q6s_load` read it.
+    #[test]
+    fn split_rows_places_every_field() {
+        for fmt in [
+            Fmt::Q4_0,
+            Fmt::Q4_1,
+            Fmt::Q5_0,
+            Fmt::Q5_1,
+            Fmt::Q8_0,
+            Fmt::Q6_K,
+        ] {
+            let [q, qh, h] = split_fields(fmt).unwrap();
+            let ts = fmt.block_bytes();
+            assert_eq!(q.len() + qh.len() + h.len(), ts, "{fmt:?}");
+            let (rows, n) = (3, 8);
+            let data: Vec<u8> = (0..rows * n * ts).map(|i| (i * 7 % 251) as u8).collect();
+            let out = split_rows(fmt, n, &data).unwrap();
+            assert_eq!(out.len(), data.len());
+            let (ql, qhl, hl) = (q.len(), qh.len(), h.len());
+            for r in 0..rows {
+                let row = &out[r * n * ts..(r + 1) * n * ts];
+                for b in 0..n {
+                    let blk = &data[(r * n + b) * ts..(r * n + b + 1) * ts];
+                    assert_eq!(
+                        &row[b * ql..(b + 1) * ql],
+                        &blk[q.clone()],
+                        "{fmt:?} quants"
+                    );
+                    let qs = n * ql + b * qhl;
+                    assert_eq!(&row[qs..qs + qhl], &blk[qh.clone()], "{fmt:?} qh");
+                    let hs = n * (ql + qhl) + b * hl;
+                    assert_eq!(&row[hs..hs + hl], &blk[h.clone()], "{fmt:?} scales");
+                }
+            }
+        }
+        // Q6_K: ql, qh and scales of block 1 follow block 0's 208 bytes; d of block 1 at
+        // n * 208 + 2.
+        let data: Vec<u8> = (0..2 * 210).map(|i| (i % 256) as u8).collect();
+        let out = split_rows(Fmt::Q6_K, 2, &data).unwrap();
+        assert_eq!(&out[208..416], &data[210..418]);
+        assert_eq!(&out[418..420], &data[418..420]);
+        assert_eq!(&out[416..418], &data[208..210]);
+        assert!(split_rows(Fmt::Q4_K, 1, &[0; 144]).is_none());
+        assert!(split_rows(Fmt::Q4_0, 8, &[0; 100]).is_none());
+    }
+
+    #[test]
+    fn splittable_needs_a_format_and_16_byte_rows() {
+        assert!(GpuMatrix::splittable(GgmlType::Q4_0, 4096));
+        assert!(GpuMatrix::splittable(GgmlType::Q8_0, 512));
+        assert!(!GpuMatrix::splittable(GgmlType::Q8_0, 576)); // 18 blocks of 34 bytes
+        assert!(!GpuMatrix::splittable(GgmlType::Q4_1, 576)); // 360 bytes
+        assert!(GpuMatrix::splittable(GgmlType::Q4_K, 4096));
+        assert!(GpuMatrix::splittable(GgmlType::Q6_K, 4096)); // 16 x 210 bytes
+        assert!(!GpuMatrix::splittable(GgmlType::Q6_K, 768)); // 3 x 210 bytes
+        assert!(!GpuMatrix::splittable(GgmlType::Q5_K, 4096));
+        assert!(!GpuMatrix::splittable(GgmlType::F16, 4096));
+    }
+}
