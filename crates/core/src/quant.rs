@@ -190,6 +190,37 @@ impl QTensor {
         })))
     }
 
+    /// A matrix whose device form a backend made itself (a layout of its choosing, e.g. the
+    /// CUDA kernel set's split rows), over `host`'s bytes in GGUF layout (checked as in
+    /// [`QTensor::new`]).
+    pub fn from_storage(
+        device: &Device,
+        ty: QType,
+        rows: usize,
+        cols: usize,
+        host: QBytes,
+        storage: Arc<dyn QStorage>,
+    ) -> Result<QTensor> {
+        let need = matrix_bytes("QTensor::from_storage", ty, rows, cols)?;
+        if host.as_slice().len() != need {
+            return Err(Error::Backend {
+                op: "QTensor::from_storage",
+                msg: format!(
+                    "{rows}x{cols} {ty} needs {need} bytes, found {}",
+                    host.as_slice().len()
+                ),
+            });
+        }
+        Ok(QTensor(Arc::new(Inner {
+            ty,
+            rows,
+            cols,
+            host,
+            storage,
+            device: device.clone(),
+        })))
+    }
+
     /// This matrix on `device` (the same matrix where it is there already).
     pub fn to_device(&self, device: &Device) -> Result<QTensor> {
         if self.0.device.same(device) {

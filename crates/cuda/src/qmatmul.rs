@@ -35,6 +35,12 @@ impl CudaQMat {
         &self.0
     }
 
+    /// `m` (uploaded from `host`'s GGUF bytes, in any layout) as a `QTensor` on `dev`.
+    pub fn qtensor(dev: &CudaDevice, m: GpuMatrix, host: QBytes) -> Result<QTensor> {
+        let (ty, rows, cols) = (m.file_type, m.rows, m.cols);
+        QTensor::from_storage(&dev.device(), ty, rows, cols, host, Arc::new(CudaQMat(m)))
+    }
+
     /// The CUDA form of `w`; an error naming the op where `w` lives elsewhere.
     pub fn of<'a>(w: &'a QTensor, op: &'static str) -> Result<&'a CudaQMat> {
         w.storage()

@@ -13,7 +13,7 @@
 use ferrite_cuda::{Buffer, CudaDevice, KernelArgs, KernelSource, LaunchConfig};
 
 use super::matvec::{self, Mode, Seg};
-use super::weights::GpuModel;
+use super::weights::{gm, GpuModel};
 use super::CudaResult;
 use crate::error::{Error, Result};
 use ferrite_cuda::qmatrix::{split_fields, Fmt, GpuMatrix};
@@ -205,13 +205,13 @@ pub(crate) fn mmq_launches(
 /// The matrix of `l` in scratch slot `slot` (`SLOT_*`).
 fn layer_mat(l: &super::weights::GpuLayer, slot: usize) -> &GpuMatrix {
     match slot {
-        SLOT_Q => &l.wq,
-        SLOT_K => &l.wk,
-        SLOT_V => &l.wv,
-        SLOT_O => &l.wo,
-        SLOT_GATE => &l.w_gate,
-        SLOT_UP => &l.w_up,
-        _ => &l.w_down,
+        SLOT_Q => gm(&l.wq),
+        SLOT_K => gm(&l.wk),
+        SLOT_V => gm(&l.wv),
+        SLOT_O => gm(&l.wo),
+        SLOT_GATE => gm(&l.w_gate),
+        SLOT_UP => gm(&l.w_up),
+        _ => gm(&l.w_down),
     }
 }
 

@@ -2,6 +2,8 @@
 //! file, into its own buffer (16-byte aligned, 16 bytes of slack for the kernels' aligned
 //! loads). Norm weights, biases and RoPE tables go up as f32.
 
+use ferrite_core::QTensor;
+use ferrite_cuda::qmatmul::CudaQMat;
 use ferrite_cuda::qmatrix::GpuMatrix;
 use ferrite_cuda::{Buffer, CudaDevice};
 use ferrite_gguf::{GgmlType, GgufFile};
@@ -11,13 +13,21 @@ use super::{upload_f32, CudaResult};
 use crate::error::{Error, Result};
 use crate::model::{Arch, Config, Model};
 
-/// One layer's weights on the device.
+/// The CUDA form of a matrix of a [`GpuModel`] (each is a CUDA `QTensor`, made in
+/// `upload_group`).
+pub(crate) fn gm(q: &QTensor) -> &GpuMatrix {
+    CudaQMat::of(q, "GpuModel")
+        .map(CudaQMat::matrix)
+        .unwrap_or_else(|e| unreachable!("a GpuModel matrix is on CUDA: {e}"))
+}
+
+/// One layer's weights on the device (matrices as CUDA `QTensor`s over the file's bytes).
 pub(crate) struct GpuLayer {
     pub attn_norm: Buffer,
-    pub wq: GpuMatrix,
-    pub wk: GpuMatrix,
-    pub wv: GpuMatrix,
-    pub wo: GpuMatrix,
+    pub wq: QTensor,
+    pub wk: QTensor,
+    pub wv: QTensor,
+    pub wo: QTensor,
     pub bq: Option<Buffer>,
     pub bk: Option<Buffer>,
     pub bv: Option<Buffer>,
@@ -25,9 +35,9 @@ pub(crate) struct GpuLayer {
     pub k_norm: Option<Buffer>,
     pub post_attn_norm: Option<Buffer>,
     pub ffn_norm: Buffer,
-    pub w_gate: GpuMatrix,
-    pub w_up: GpuMatrix,
-    pub w_down: GpuMatrix,
+    pub w_gate: QTensor,
+    pub w_up: QTensor,
+    pub w_down: QTensor,
     pub post_ffn_norm: Option<Buffer>,
 }
 
@@ -36,9 +46,9 @@ pub struct GpuModel {
     pub cfg: Config,
     pub(crate) dev: CudaDevice,
     pub(crate) ctx: usize,
-    pub(crate) tok_embd: GpuMatrix,
+    pub(crate) tok_embd: QTensor,
     /// None: the output projection is the embedding matrix (tied).
-    pub(crate) output: Option<GpuMatrix>,
+    pub(crate) output: Option<QTensor>,
     pub(crate) output_norm: Buffer,
     pub(crate) layers: Vec<GpuLayer>,
     /// RoPE inverse frequencies of global and of sliding-window layers.
@@ -83,8 +93,8 @@ fn mat_info<'f>(f: &'f GgufFile, name: &str) -> Result<(usize, usize, GgmlType, 
     ))
 }
 
-fn upload_mat(dev: &CudaDevice, f: &GgufFile, name: &str, layout: Layout) -> Result<GpuMatrix> {
-    upload_group(dev, f, &[name], layout, true).map(|mut v| v.remove(0))
+fn upload_mat(dev: &CudaDevice, m: &Model, name: &str, layout: Layout) -> Result<QTensor> {
+    upload_group(dev, m, &[name], layout, true).map(|mut v| v.remove(0))
 }
 
 /// How `GpuModel::load_with` lays out the weight matrices of the decode products.
@@ -108,11 +118,12 @@ pub enum Layout {
 /// 818 tok/s split, 928 staged).
 fn upload_group(
     dev: &CudaDevice,
-    f: &GgufFile,
+    m: &Model,
     names: &[&str],
     layout: Layout,
     one_format: bool,
-) -> Result<Vec<GpuMatrix>> {
+) -> Result<Vec<QTensor>> {
+    let f = m.gguf();
     let infos = names
         .iter()
         .map(|n| mat_info(f, n))
@@ -134,7 +145,9 @@ fn upload_group(
         .iter()
         .zip(infos)
         .map(|(name, (rows, cols, ty, data))| {
-            GpuMatrix::upload_with(dev, name, ty, rows, cols, data, split).map_err(model_err)
+            let g = GpuMatrix::upload_with(dev, name, ty, rows, cols, data, split)
+                .map_err(model_err)?;
+            Ok(CudaQMat::qtensor(dev, g, m.tensor_bytes(name)?)?)
         })
         .collect()
 }
@@ -295,10 +308,10 @@ impl GpuModel {
         }
 
         // The embedding rows are read by the embedding kernels, which take the GGUF layout.
-        let (rows, cols, ty, data) = mat_info(f, "token_embd.weight")?;
-        let tok_embd = GpuMatrix::upload(dev, "token_embd.weight", ty, rows, cols, data)?;
+        let tok_embd =
+            upload_group(dev, model, &["token_embd.weight"], Layout::Gguf, true)?.remove(0);
         let output = match f.tensor("output.weight") {
-            Some(_) => Some(upload_mat(dev, f, "output.weight", layout)?),
+            Some(_) => Some(upload_mat(dev, model, "output.weight", layout)?),
             None => None,
         };
         let mut layers = Vec::with_capacity(c.n_layer);
@@ -312,9 +325,9 @@ impl GpuModel {
                     Ok(None)
                 }
             };
-            let [wq, wk, wv]: [GpuMatrix; 3] = upload_group(
+            let [wq, wk, wv]: [QTensor; 3] = upload_group(
                 dev,
-                f,
+                model,
                 &[
                     &n("attn_q.weight"),
                     &n("attn_k.weight"),
@@ -325,9 +338,9 @@ impl GpuModel {
             )?
             .try_into()
             .map_err(|_| Error::Other("upload: three matrices expected".into()))?;
-            let [w_gate, w_up]: [GpuMatrix; 2] = upload_group(
+            let [w_gate, w_up]: [QTensor; 2] = upload_group(
                 dev,
-                f,
+                model,
                 &[&n("ffn_gate.weight"), &n("ffn_up.weight")],
                 layout,
                 true,
@@ -339,7 +352,7 @@ impl GpuModel {
                 wq,
                 wk,
                 wv,
-                wo: upload_mat(dev, f, &n("attn_output.weight"), layout)?,
+                wo: upload_mat(dev, model, &n("attn_output.weight"), layout)?,
                 bq: upload_opt(dev, f, &n("attn_q.bias"))?,
                 bk: upload_opt(dev, f, &n("attn_k.bias"))?,
                 bv: upload_opt(dev, f, &n("attn_v.bias"))?,
@@ -349,7 +362,7 @@ impl GpuModel {
                 ffn_norm: upload_vec(dev, f, &n("ffn_norm.weight"))?,
                 w_gate,
                 w_up,
-                w_down: upload_mat(dev, f, &n("ffn_down.weight"), layout)?,
+                w_down: upload_mat(dev, model, &n("ffn_down.weight"), layout)?,
                 post_ffn_norm: req_gemma("post_ffw_norm.weight")?,
             });
         }
@@ -402,6 +415,7 @@ impl GpuModel {
                     .iter()
                     .flat_map(|l| [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down]),
             )
+            .map(gm)
     }
 
     /// The device the weights live on.
@@ -422,17 +436,20 @@ impl GpuModel {
     /// Weight bytes one decode step reads: every layer matrix, the output projection, and one
     /// embedding row.
     pub fn bytes_per_token(&self) -> usize {
-        let out = self.output.as_ref().unwrap_or(&self.tok_embd);
         self.layers
             .iter()
             .flat_map(|l| [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down])
-            .map(|w| w.bytes())
+            .map(|w| gm(w).bytes())
             .sum::<usize>()
-            + out.bytes()
-            + self.tok_embd.row_bytes
+            + self.output_matrix().bytes()
+            + self.embedding().row_bytes
     }
 
     pub(crate) fn output_matrix(&self) -> &GpuMatrix {
-        self.output.as_ref().unwrap_or(&self.tok_embd)
+        gm(self.output.as_ref().unwrap_or(&self.tok_embd))
+    }
+
+    pub(crate) fn embedding(&self) -> &GpuMatrix {
+        gm(&self.tok_embd)
     }
 }

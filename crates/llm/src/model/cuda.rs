@@ -29,7 +29,7 @@ use crate::gpu::decode::{self, AttnShape};
 use crate::gpu::matvec::{self, Mode, Seg};
 use crate::gpu::paged::{self, PagedAttnArgs, PagedLaunch, RopeStoreArgs, KV_BS, PAD_ROW};
 use crate::gpu::sample::{self, SamplerState};
-use crate::gpu::weights::GpuModel;
+use crate::gpu::weights::{gm, GpuModel};
 use crate::gpu::{zeros, CudaResult, Launch};
 use crate::kv_cache::{BlockId, KvStore};
 use crate::sampler::SamplerConfig;
@@ -680,13 +680,13 @@ impl<'g> CudaKernels<'g> {
     fn mat(&self, w: Mat) -> (&'g GpuMatrix, Option<&'g Buffer>) {
         let ls = &self.m.layers;
         match w {
-            Mat::Q(il) => (&ls[il].wq, ls[il].bq.as_ref()),
-            Mat::K(il) => (&ls[il].wk, ls[il].bk.as_ref()),
-            Mat::V(il) => (&ls[il].wv, ls[il].bv.as_ref()),
-            Mat::O(il) => (&ls[il].wo, None),
-            Mat::Gate(il) => (&ls[il].w_gate, None),
-            Mat::Up(il) => (&ls[il].w_up, None),
-            Mat::Down(il) => (&ls[il].w_down, None),
+            Mat::Q(il) => (gm(&ls[il].wq), ls[il].bq.as_ref()),
+            Mat::K(il) => (gm(&ls[il].wk), ls[il].bk.as_ref()),
+            Mat::V(il) => (gm(&ls[il].wv), ls[il].bv.as_ref()),
+            Mat::O(il) => (gm(&ls[il].wo), None),
+            Mat::Gate(il) => (gm(&ls[il].w_gate), None),
+            Mat::Up(il) => (gm(&ls[il].w_up), None),
+            Mat::Down(il) => (gm(&ls[il].w_down), None),
         }
     }
 
@@ -846,10 +846,10 @@ impl<'g> CudaKernels<'g> {
                 .layers
                 .iter()
                 .map(|l| {
-                    size(&[&l.wq, &l.wk, &l.wv])
-                        .max(size(&[&l.w_gate, &l.w_up]))
-                        .max(size(&[&l.wo]))
-                        .max(size(&[&l.w_down]))
+                    size(&[gm(&l.wq), gm(&l.wk), gm(&l.wv)])
+                        .max(size(&[gm(&l.w_gate), gm(&l.w_up)]))
+                        .max(size(&[gm(&l.wo)]))
+                        .max(size(&[gm(&l.w_down)]))
                 })
                 .max()
                 .unwrap_or(0);
@@ -1195,7 +1195,7 @@ impl Kernels for CudaKernels<'_> {
 
     fn embed(&mut self, out: Buf) -> Result<()> {
         let o = self.input(out)?;
-        let (w, scale) = (&self.m.tok_embd, self.m.cfg.embed_scale);
+        let (w, scale) = (self.m.embedding(), self.m.cfg.embed_scale);
         let l = matvec::plan_embed(w, &self.meta, o, scale, Some(&self.tokens_out))?
             .with_rows(u32_of(self.rows, "rows")?);
         self.push(Launch::Embed(l))?;

@@ -278,6 +278,19 @@ impl Model {
         &self.file
     }
 
+    /// The bytes of tensor `name` in the mapped file, shared (no copy): the host side of a
+    /// device's `QTensor`.
+    pub(crate) fn tensor_bytes(&self, name: &str) -> Result<QBytes> {
+        let info = self
+            .file
+            .tensor(name)
+            .ok_or_else(|| Error::Model(format!("missing tensor {name}")))?;
+        Ok(QBytes::new(Arc::new(FileTensor {
+            file: Arc::clone(&self.file),
+            info: info.clone(),
+        })))
+    }
+
     /// The precision used unless set: `FERRITE_PRECISION` when given (checked: an unknown
     /// name is an error naming the variable), else `Q8x2` for every model. Plain 8-bit
     /// activations (llama.cpp's scheme) move SmolLM2's logits by 0.27 rms and change the
