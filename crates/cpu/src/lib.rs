@@ -1,6 +1,8 @@
 //! ferrite-cpu: the CPU backend. Every primitive op, threaded with rayon and written so the
 //! compiler vectorizes the inner loops; matmul through the `gemm` crate. It is also the oracle
-//! other backends are tested against.
+//! other backends are tested against. Quantized matrices (`QTensor`, [`qmatmul`]) run the
+//! LLM kernels of [`quant`] (SIMD products on GGUF blocks, per instruction set) on their own
+//! low-latency thread pool ([`spin_pool`]).
 
 mod alloc;
 mod attention;

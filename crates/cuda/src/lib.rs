@@ -7,6 +7,9 @@
 //! - Kernels are CUDA C++ next to their wrappers (`elementwise.cu` by `elementwise.rs`, ...),
 //!   compiled by NVRTC at first use and cached on disk (`kernels.rs`).
 //! - Matmul goes through cuBLASLt (`matmul.rs`); CUDA graphs through `graph.rs`.
+//! - Quantized matrices (`QTensor`): `GpuMatrix` (`qmatrix.rs`) and the LLM decode products
+//!   over GGUF blocks (`matvec.cu` with `quant.cuh`, by `matvec.rs`), `qmatmul.rs` between
+//!   them and the backend; the LLM kernel set launches them through `step.rs`.
 //! - The driver, NVRTC and cuBLASLt are loaded at run time: this crate builds and runs where
 //!   there is no CUDA, and asking for a device there is an error ("no CUDA device").
 
