@@ -105,8 +105,6 @@ impl std::fmt::Debug for QBytes {
 /// A backend's form of a quantized matrix (the backend downcasts through `as_any`).
 pub trait QStorage: Any + Send + Sync {
     fn as_any(&self) -> &dyn Any;
-    /// Device bytes this storage holds (its copies and layouts included).
-    fn device_bytes(&self) -> usize;
 }
 
 struct Inner {
@@ -158,6 +156,27 @@ pub fn matrix_bytes(op: &'static str, ty: QType, rows: usize, cols: usize) -> Re
         })
 }
 
+/// Checks that `bytes` holds exactly a `rows x cols` matrix of `ty` (see [`matrix_bytes`]).
+pub fn check_matrix(
+    op: &'static str,
+    ty: QType,
+    rows: usize,
+    cols: usize,
+    bytes: &[u8],
+) -> Result<()> {
+    let need = matrix_bytes(op, ty, rows, cols)?;
+    if bytes.len() != need {
+        return Err(Error::Backend {
+            op,
+            msg: format!(
+                "{rows}x{cols} {ty} needs {need} bytes, found {}",
+                bytes.len()
+            ),
+        });
+    }
+    Ok(())
+}
+
 impl QTensor {
     /// `bytes` as a `rows x cols` matrix of `ty` on `device`: checked (a matrix format,
     /// whole blocks a row, exactly the bytes the shape needs), then the backend's
@@ -169,16 +188,7 @@ impl QTensor {
         cols: usize,
         bytes: QBytes,
     ) -> Result<QTensor> {
-        let need = matrix_bytes("QTensor::new", ty, rows, cols)?;
-        if bytes.as_slice().len() != need {
-            return Err(Error::Backend {
-                op: "QTensor::new",
-                msg: format!(
-                    "{rows}x{cols} {ty} needs {need} bytes, found {}",
-                    bytes.as_slice().len()
-                ),
-            });
-        }
+        check_matrix("QTensor::new", ty, rows, cols, bytes.as_slice())?;
         let storage = device.backend().upload_quant(ty, rows, cols, &bytes)?;
         Ok(QTensor(Arc::new(Inner {
             ty,
@@ -201,16 +211,7 @@ impl QTensor {
         host: QBytes,
         storage: Arc<dyn QStorage>,
     ) -> Result<QTensor> {
-        let need = matrix_bytes("QTensor::from_storage", ty, rows, cols)?;
-        if host.as_slice().len() != need {
-            return Err(Error::Backend {
-                op: "QTensor::from_storage",
-                msg: format!(
-                    "{rows}x{cols} {ty} needs {need} bytes, found {}",
-                    host.as_slice().len()
-                ),
-            });
-        }
+        check_matrix("QTensor::from_storage", ty, rows, cols, host.as_slice())?;
         Ok(QTensor(Arc::new(Inner {
             ty,
             rows,
@@ -255,49 +256,6 @@ impl QTensor {
     pub fn host_bytes(&self) -> &[u8] {
         self.0.host.as_slice()
     }
-    /// The shared handle to those bytes.
-    pub fn host(&self) -> &QBytes {
-        &self.0.host
-    }
-    /// Row `r`'s bytes in GGUF layout, on the host. Panics where `r >= rows`.
-    pub fn host_row(&self, r: usize) -> &[u8] {
-        let rb = self.host_bytes().len() / self.0.rows.max(1);
-        &self.host_bytes()[r * rb..(r + 1) * rb]
-    }
-
-    /// Row `r` dequantized into `out` (`cols` long), on the host: the reference every
-    /// backend's product is checked against.
-    pub fn dequantize_row(&self, r: usize, out: &mut [f32]) -> Result<()> {
-        if r >= self.0.rows || out.len() != self.0.cols {
-            return Err(Error::Backend {
-                op: "QTensor::dequantize_row",
-                msg: format!(
-                    "row {r} into {} values of a {}x{} matrix",
-                    out.len(),
-                    self.0.rows,
-                    self.0.cols
-                ),
-            });
-        }
-        ferrite_gguf::quant::dequantize(self.0.ty, self.host_row(r), out).map_err(|e| {
-            Error::Backend {
-                op: "QTensor::dequantize_row",
-                msg: e.to_string(),
-            }
-        })
-    }
-
-    /// The whole matrix dequantized, an f32 `[rows, cols]` tensor on the same device.
-    pub fn dequantize(&self) -> Result<Tensor> {
-        let mut out = vec![0f32; self.0.rows * self.0.cols];
-        if self.0.cols > 0 {
-            for (r, row) in out.chunks_exact_mut(self.0.cols).enumerate() {
-                self.dequantize_row(r, row)?;
-            }
-        }
-        Tensor::from_vec(out, [self.0.rows, self.0.cols], &self.0.device)
-    }
-
     /// `x @ W^T`: `x` is f32 `[..., cols]` on this matrix's device; the result is f32
     /// `[..., rows]`, each row's activations taken in `act` (for the weight formats without
     /// integer kernels always f32: [`ActFormat::for_product`]). Not differentiable: an `x`

@@ -6,7 +6,7 @@
 use std::any::Any;
 use std::sync::{Arc, OnceLock};
 
-use ferrite_core::quant::{matrix_bytes, ActFormat, QBytes, QStorage, QTensor, QType};
+use ferrite_core::quant::{check_matrix, ActFormat, QBytes, QStorage, QTensor, QType};
 use ferrite_core::{Error, HostBuffer, Result, Storage, Tensor};
 
 use crate::quant::arena::{Arena, Piece};
@@ -28,29 +28,12 @@ impl QStorage for CpuQMat {
     fn as_any(&self) -> &dyn Any {
         self
     }
-    fn device_bytes(&self) -> usize {
-        self.bytes.as_slice().len()
-            + self
-                .packed
-                .get()
-                .and_then(|p| p.as_ref())
-                .map_or(0, |p| p.as_slice().len())
-    }
 }
 
 impl CpuQMat {
     /// `bytes` as a `rows x cols` matrix of `ty` (checked: the bytes the shape needs).
     pub fn new(ty: QType, rows: usize, cols: usize, bytes: QBytes) -> Result<CpuQMat> {
-        let need = matrix_bytes("CpuQMat::new", ty, rows, cols)?;
-        if bytes.as_slice().len() != need {
-            return Err(Error::backend(
-                "CpuQMat::new",
-                format!(
-                    "{rows}x{cols} {ty} needs {need} bytes, found {}",
-                    bytes.as_slice().len()
-                ),
-            ));
-        }
+        check_matrix("CpuQMat::new", ty, rows, cols, bytes.as_slice())?;
         Ok(CpuQMat {
             ty,
             rows,

@@ -20,17 +20,6 @@ use ferrite_core::{Error, Result};
 
 use crate::qmatrix::{Fmt, GpuMatrix};
 
-/// A planning error; the message starts with the op it names (`matvec: `, `embed: `).
-fn other(msg: impl Into<String>) -> Error {
-    let msg: String = msg.into();
-    for op in ["matvec", "embed", "argmax"] {
-        if let Some(rest) = msg.strip_prefix(op).and_then(|r| r.strip_prefix(": ")) {
-            return Error::backend(op, rest);
-        }
-    }
-    Error::backend("matvec", msg)
-}
-
 pub static SOURCE: KernelSource = KernelSource {
     name: "matvec",
     src: concat!(include_str!("quant.cuh"), include_str!("matvec.cu")),
@@ -201,15 +190,15 @@ pub const MMQ2_FMTS: [Fmt; 7] = [
 const MV_BLOCKS_PER_SM: usize = 6;
 
 fn u32_of(v: usize, what: &str) -> Result<u32> {
-    u32::try_from(v).map_err(|_| other(format!("matvec: {what} = {v} exceeds u32")))
+    u32::try_from(v).map_err(|_| Error::backend("matvec", format!("{what} = {v} exceeds u32")))
 }
 
 fn check_len(buf: &Buffer, need: usize, what: &str) -> Result<()> {
     if buf.bytes() < need {
-        return Err(other(format!(
-            "matvec: {what} holds {} bytes, needs {need}",
-            buf.bytes()
-        )));
+        return Err(Error::backend(
+            "matvec",
+            format!("{what} holds {} bytes, needs {need}", buf.bytes()),
+        ));
     }
     Ok(())
 }
@@ -281,20 +270,28 @@ pub fn plan(
     argmax: Option<&Buffer>,
 ) -> Result<MvLaunch> {
     let glu = matches!(mode, Mode::GluSilu | Mode::GluGelu);
-    let first = segs.first().ok_or_else(|| other("matvec: no matrices"))?;
+    let first = segs
+        .first()
+        .ok_or_else(|| Error::backend("matvec", "no matrices"))?;
     if segs.len() > 3 || (glu && segs.len() != 2) {
-        return Err(other(format!(
-            "matvec: {} matrices for {mode:?} (1..=3, or gate and up)",
-            segs.len()
-        )));
+        return Err(Error::backend(
+            "matvec",
+            format!(
+                "{} matrices for {mode:?} (1..=3, or gate and up)",
+                segs.len()
+            ),
+        ));
     }
     let cols = first.w.cols;
     for s in segs {
         if s.w.cols != cols {
-            return Err(other(format!(
-                "matvec: matrices of one launch share the input: {} vs {cols} columns",
-                s.w.cols
-            )));
+            return Err(Error::backend(
+                "matvec",
+                format!(
+                    "matrices of one launch share the input: {} vs {cols} columns",
+                    s.w.cols
+                ),
+            ));
         }
         if let Some(b) = s.bias {
             check_len(b, s.w.rows * 4, "bias")?;
@@ -303,10 +300,10 @@ pub fn plan(
         check_len(out, end * 4, "output")?;
     }
     if glu && segs[0].w.rows != segs[1].w.rows {
-        return Err(other(format!(
-            "matvec: gate has {} rows, up {}",
-            segs[0].w.rows, segs[1].w.rows
-        )));
+        return Err(Error::backend(
+            "matvec",
+            format!("gate has {} rows, up {}", segs[0].w.rows, segs[1].w.rows),
+        ));
     }
     check_len(x, cols * 4, "input")?;
     if let Some((w, _)) = norm {
@@ -319,15 +316,19 @@ pub fn plan(
     };
     if segs.iter().any(|s| s.w.split) {
         if !segs.iter().all(|s| s.w.split) {
-            return Err(other(
-                "matvec: split rows and GGUF rows in one launch (the matrices of a launch take one layout)",
+            return Err(Error::backend(
+                "matvec",
+                "split rows and GGUF rows in one launch (the matrices of a launch take one layout)",
             ));
         }
         if glu && segs[0].w.fmt != segs[1].w.fmt {
-            return Err(other(format!(
-                "matvec: gate ({:?}) and up ({:?}) on split rows must share a format",
-                segs[0].w.fmt, segs[1].w.fmt
-            )));
+            return Err(Error::backend(
+                "matvec",
+                format!(
+                    "gate ({:?}) and up ({:?}) on split rows must share a format",
+                    segs[0].w.fmt, segs[1].w.fmt
+                ),
+            ));
         }
         return plan_split(segs, mode, glu, x, norm, out, argmax);
     }
@@ -348,9 +349,10 @@ pub fn plan(
     // Room for the 16-byte aligned cover of a row's chunk: its bytes plus up to 30.
     let per = (stride - 32) / gb;
     if per == 0 {
-        return Err(other(format!(
-            "matvec: {nr} rows of {gb}-byte granules do not fit the staging buffer"
-        )));
+        return Err(Error::backend(
+            "matvec",
+            format!("{nr} rows of {gb}-byte granules do not fit the staging buffer"),
+        ));
     }
     let chunk = if packed {
         cols
@@ -360,8 +362,8 @@ pub fn plan(
     let units = cols / 32;
     let smem = units * XPAD * 4 + MV_S * MV_STAGE + MV_RED * 4;
     if smem > SMEM_MAX {
-        return Err(other(format!(
-            "matvec: rows of {cols} elements need {smem} bytes of shared memory for the input; at most {SMEM_MAX}"
+        return Err(Error::backend("matvec", format!(
+            "rows of {cols} elements need {smem} bytes of shared memory for the input; at most {SMEM_MAX}"
         )));
     }
     let (seg, tiles) = segments(segs, rpb as usize, glu, argmax)?;
@@ -412,12 +414,15 @@ fn segments(
         if !glu || i == 0 {
             tiles = tiles
                 .checked_add(blocks)
-                .ok_or_else(|| other("matvec: too many tiles"))?;
+                .ok_or_else(|| Error::backend("matvec", "too many tiles"))?;
         }
     }
     if let Some(a) = argmax {
         if segs.len() != 1 || glu {
-            return Err(other("matvec: argmax partials need a single stored matrix"));
+            return Err(Error::backend(
+                "matvec",
+                "argmax partials need a single stored matrix",
+            ));
         }
         check_len(a, tiles as usize * 8, "argmax partials")?;
     }
@@ -480,8 +485,8 @@ fn plan_split(
     let rpb = if glu { MVR_NS / 2 } else { MVR_NS };
     let smem = cols / 32 * XPAD * 4 + MV_RED * 4;
     if smem > SMEM_MAX {
-        return Err(other(format!(
-            "matvec: rows of {cols} elements need {smem} bytes of shared memory for the input; at most {SMEM_MAX}"
+        return Err(Error::backend("matvec", format!(
+            "rows of {cols} elements need {smem} bytes of shared memory for the input; at most {SMEM_MAX}"
         )));
     }
     let (seg, tiles) = segments(segs, rpb, glu, argmax)?;
@@ -568,8 +573,8 @@ impl MvLaunch {
             "quantized input",
         )?;
         if self.rows > 1 && a.xstride as usize != cols * 4 {
-            return Err(other(format!(
-                "matvec: the fast mode quantizes packed input rows ({} bytes apart), not rows {} bytes apart",
+            return Err(Error::backend("matvec", format!(
+                "the fast mode quantizes packed input rows ({} bytes apart), not rows {} bytes apart",
                 cols * 4,
                 a.xstride
             )));
@@ -638,7 +643,7 @@ impl MvLaunch {
             if !glu || i == 0 {
                 tiles = tiles
                     .checked_add(s.blocks)
-                    .ok_or_else(|| other("matvec: too many tiles"))?;
+                    .ok_or_else(|| Error::backend("matvec", "too many tiles"))?;
             }
         }
         let nt = self
@@ -689,7 +694,10 @@ impl MvLaunch {
         part: Option<&Buffer>,
     ) -> Result<Option<MvLaunch>> {
         if self.q8.is_some() {
-            return Err(other("matvec: with_q8x2_mma on a launch already quantized"));
+            return Err(Error::backend(
+                "matvec",
+                "with_q8x2_mma on a launch already quantized",
+            ));
         }
         let cols = self.args.cols as usize;
         let rows = self.rows as usize;
@@ -721,10 +729,13 @@ impl MvLaunch {
     /// `rows` rows. Call before `with_q8`.
     pub fn with_rows(mut self, rows: usize, xstride: usize, ostride: usize) -> Result<MvLaunch> {
         if self.q8.is_some() {
-            return Err(other("matvec: with_rows must come before with_q8"));
+            return Err(Error::backend(
+                "matvec",
+                "with_rows must come before with_q8",
+            ));
         }
         if self.args.argmax != 0 && rows > 1 {
-            return Err(other("matvec: argmax partials are for one row"));
+            return Err(Error::backend("matvec", "argmax partials are for one row"));
         }
         self.rows = u32_of(rows.max(1), "rows")?;
         self.args.nrows = self.rows;
@@ -763,7 +774,7 @@ impl MvLaunch {
         let grid = self
             .grid
             .checked_mul(groups)
-            .ok_or_else(|| other("matvec: too many blocks"))?;
+            .ok_or_else(|| Error::backend("matvec", "too many blocks"))?;
         let cfg = LaunchConfig::new((grid, 1, 1), (MV_T, 1, 1), self.smem);
         let q8 = self.q8.is_some();
         let name = match (self.split, q8, self.persist) {
@@ -912,10 +923,13 @@ fn mmq_kernel(fmt: Option<Fmt>, nt: u32, x2: bool) -> Result<&'static str> {
         .copied()
         .filter(|s| !s.is_empty())
         .ok_or_else(|| {
-            other(format!(
-                "matvec: no tensor-core kernel for {fmt:?} x {nt} tiles{}",
-                if x2 { " (two-level inputs)" } else { "" }
-            ))
+            Error::backend(
+                "matvec",
+                format!(
+                    "no tensor-core kernel for {fmt:?} x {nt} tiles{}",
+                    if x2 { " (two-level inputs)" } else { "" }
+                ),
+            )
         })
 }
 
@@ -980,8 +994,9 @@ pub fn plan_embed(
     prev: Option<&Buffer>,
 ) -> Result<EmbedLaunch> {
     if w.split {
-        return Err(other(
-            "embed: the embedding matrix must be in GGUF layout, not split rows",
+        return Err(Error::backend(
+            "embed",
+            "the embedding matrix must be in GGUF layout, not split rows",
         ));
     }
     check_len(out, w.cols * 4, "embedding output")?;

@@ -21,9 +21,6 @@ impl QStorage for CudaQMat {
     fn as_any(&self) -> &dyn Any {
         self
     }
-    fn device_bytes(&self) -> usize {
-        self.0.buffer().bytes()
-    }
 }
 
 impl CudaQMat {

@@ -130,7 +130,7 @@ fn case(
             ty,
             rows,
             cols,
-            QBytes::from_vec((*run_bytes).clone()),
+            QBytes::new(run_bytes.clone()),
         )?;
         Ok(vec![if vector {
             q.qmatvec(&x[0], act)?

@@ -55,7 +55,7 @@ pub(crate) fn launch(
 
 /// Maps a CUDA backend error into this crate's error type.
 pub(crate) fn cuda_err(e: ferrite_core::Error) -> Error {
-    Error::Other(format!("cuda: {e}"))
+    Error::from(e)
 }
 
 pub(crate) trait CudaResult<T> {

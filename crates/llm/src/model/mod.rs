@@ -43,6 +43,16 @@ struct FileTensor {
     info: TensorInfo,
 }
 
+impl FileTensor {
+    /// `info`'s bytes in `file`, shared.
+    fn bytes_of(file: &Arc<GgufFile>, info: &TensorInfo) -> QBytes {
+        QBytes::new(Arc::new(FileTensor {
+            file: Arc::clone(file),
+            info: info.clone(),
+        }))
+    }
+}
+
 impl HostBytes for FileTensor {
     fn bytes(&self) -> &[u8] {
         self.file.tensor_data(&self.info)
@@ -285,10 +295,7 @@ impl Model {
             .file
             .tensor(name)
             .ok_or_else(|| Error::Model(format!("missing tensor {name}")))?;
-        Ok(QBytes::new(Arc::new(FileTensor {
-            file: Arc::clone(&self.file),
-            info: info.clone(),
-        })))
+        Ok(FileTensor::bytes_of(&self.file, info))
     }
 
     /// The precision used unless set: `FERRITE_PRECISION` when given (checked: an unknown
@@ -448,12 +455,14 @@ fn weight(
             info.ty
         )));
     }
-    let bytes = QBytes::new(Arc::new(FileTensor {
-        file: Arc::clone(f),
-        info: info.clone(),
-    }));
-    let q = QTensor::new(&ferrite_cpu::cpu(), info.ty, r, c, bytes)
-        .map_err(|e| Error::Model(format!("tensor {name}: {e}")))?;
+    let q = QTensor::new(
+        &ferrite_cpu::cpu(),
+        info.ty,
+        r,
+        c,
+        FileTensor::bytes_of(f, info),
+    )
+    .map_err(|e| Error::Model(format!("tensor {name}: {e}")))?;
     Ok(Weight {
         info: info.clone(),
         rows: r,
