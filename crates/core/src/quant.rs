@@ -61,6 +61,11 @@ pub fn is_supported(ty: QType) -> bool {
 /// shared: a matrix on the host borrows them without a copy and keeps the owner alive.
 pub trait HostBytes: Send + Sync {
     fn bytes(&self) -> &[u8];
+    /// How many bytes [`HostBytes::bytes`] holds, without building them where they are built
+    /// at the first read.
+    fn byte_len(&self) -> usize {
+        self.bytes().len()
+    }
     /// A hint that no product reads these bytes again soon (the CPU keeps them in another
     /// layout): a mapped file may drop its resident pages. They must read back the same.
     fn release(&self) {}
@@ -86,8 +91,28 @@ impl QBytes {
         QBytes(Arc::new(bytes))
     }
 
+    /// Rows of `parts` (matrices of `row_bytes`-byte rows) as one matrix's bytes, in `order`,
+    /// built at the first read: a backend that joins matrices on the device (q, k and v
+    /// stacked; gate and up interleaved) keeps no second host copy until one is asked for.
+    /// `Interleaved` takes parts of equal row counts.
+    pub fn join(parts: Vec<QBytes>, row_bytes: usize, order: RowOrder) -> QBytes {
+        let len = parts.iter().map(QBytes::byte_len).sum();
+        QBytes(Arc::new(Joined {
+            parts,
+            row_bytes,
+            order,
+            len,
+            built: std::sync::OnceLock::new(),
+        }))
+    }
+
     pub fn as_slice(&self) -> &[u8] {
         self.0.bytes()
+    }
+
+    /// The length of [`QBytes::as_slice`] (not building bytes that are built lazily).
+    pub fn byte_len(&self) -> usize {
+        self.0.byte_len()
     }
 
     /// See [`HostBytes::release`].
@@ -99,6 +124,52 @@ impl QBytes {
 impl std::fmt::Debug for QBytes {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "QBytes({} bytes)", self.as_slice().len())
+    }
+}
+
+/// How [`QBytes::join`] and [`join_rows`] order the rows of several matrices.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RowOrder {
+    /// All rows of the first part, then all of the second, ...
+    Stacked,
+    /// Row 0 of each part in turn, then row 1 of each, ...
+    Interleaved,
+}
+
+/// The rows of `parts` (`row_bytes` bytes each) as one matrix's bytes, in `order`.
+pub fn join_rows(parts: &[&[u8]], row_bytes: usize, order: RowOrder) -> Vec<u8> {
+    let mut out = Vec::with_capacity(parts.iter().map(|p| p.len()).sum());
+    match order {
+        RowOrder::Stacked => parts.iter().for_each(|p| out.extend_from_slice(p)),
+        RowOrder::Interleaved => {
+            let rows = parts.first().map_or(0, |p| p.len() / row_bytes.max(1));
+            for r in 0..rows {
+                for p in parts {
+                    out.extend_from_slice(&p[r * row_bytes..(r + 1) * row_bytes]);
+                }
+            }
+        }
+    }
+    out
+}
+
+struct Joined {
+    parts: Vec<QBytes>,
+    row_bytes: usize,
+    order: RowOrder,
+    len: usize,
+    built: std::sync::OnceLock<Vec<u8>>,
+}
+
+impl HostBytes for Joined {
+    fn bytes(&self) -> &[u8] {
+        self.built.get_or_init(|| {
+            let parts: Vec<&[u8]> = self.parts.iter().map(QBytes::as_slice).collect();
+            join_rows(&parts, self.row_bytes, self.order)
+        })
+    }
+    fn byte_len(&self) -> usize {
+        self.len
     }
 }
 
@@ -156,22 +227,19 @@ pub fn matrix_bytes(op: &'static str, ty: QType, rows: usize, cols: usize) -> Re
         })
 }
 
-/// Checks that `bytes` holds exactly a `rows x cols` matrix of `ty` (see [`matrix_bytes`]).
+/// Checks that `len` bytes are exactly a `rows x cols` matrix of `ty` (see [`matrix_bytes`]).
 pub fn check_matrix(
     op: &'static str,
     ty: QType,
     rows: usize,
     cols: usize,
-    bytes: &[u8],
+    len: usize,
 ) -> Result<()> {
     let need = matrix_bytes(op, ty, rows, cols)?;
-    if bytes.len() != need {
+    if len != need {
         return Err(Error::Backend {
             op,
-            msg: format!(
-                "{rows}x{cols} {ty} needs {need} bytes, found {}",
-                bytes.len()
-            ),
+            msg: format!("{rows}x{cols} {ty} needs {need} bytes, found {len}"),
         });
     }
     Ok(())
@@ -188,7 +256,7 @@ impl QTensor {
         cols: usize,
         bytes: QBytes,
     ) -> Result<QTensor> {
-        check_matrix("QTensor::new", ty, rows, cols, bytes.as_slice())?;
+        check_matrix("QTensor::new", ty, rows, cols, bytes.byte_len())?;
         let storage = device.backend().upload_quant(ty, rows, cols, &bytes)?;
         Ok(QTensor(Arc::new(Inner {
             ty,
@@ -211,7 +279,7 @@ impl QTensor {
         host: QBytes,
         storage: Arc<dyn QStorage>,
     ) -> Result<QTensor> {
-        check_matrix("QTensor::from_storage", ty, rows, cols, host.as_slice())?;
+        check_matrix("QTensor::from_storage", ty, rows, cols, host.byte_len())?;
         Ok(QTensor(Arc::new(Inner {
             ty,
             rows,
@@ -312,5 +380,47 @@ impl QTensor {
             });
         }
         self.qmatmul(x, act)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Counts reads of its bytes (a joined matrix must not build them to learn its length).
+    struct Counted(Vec<u8>, std::sync::atomic::AtomicUsize);
+
+    impl HostBytes for Counted {
+        fn bytes(&self) -> &[u8] {
+            self.1.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            &self.0
+        }
+        fn byte_len(&self) -> usize {
+            self.0.len()
+        }
+    }
+
+    #[test]
+    fn joined_rows_are_stacked_or_interleaved_and_built_at_the_first_read() {
+        let a = Arc::new(Counted(vec![1, 2, 3, 4], Default::default()));
+        let b = QBytes::from_vec(vec![5, 6, 7, 8]);
+        let parts = vec![QBytes::new(a.clone()), b];
+        let stacked = QBytes::join(parts.clone(), 2, RowOrder::Stacked);
+        let inter = QBytes::join(parts, 2, RowOrder::Interleaved);
+        assert_eq!((stacked.byte_len(), inter.byte_len()), (8, 8));
+        let reads = || a.1.load(std::sync::atomic::Ordering::Relaxed);
+        assert_eq!(reads(), 0);
+        assert_eq!(stacked.as_slice(), [1, 2, 3, 4, 5, 6, 7, 8]);
+        assert_eq!(inter.as_slice(), [1, 2, 5, 6, 3, 4, 7, 8]);
+        assert_eq!(reads(), 2);
+        // Built once.
+        assert_eq!(inter.as_slice(), [1, 2, 5, 6, 3, 4, 7, 8]);
+        assert_eq!(reads(), 2);
+        // A matrix over joined bytes is checked by their length alone.
+        check_matrix("test", QType::F32, 2, 1, stacked.byte_len()).unwrap();
+        let e = check_matrix("test", QType::F32, 3, 1, 8)
+            .unwrap_err()
+            .to_string();
+        assert_eq!(e, "test: 3x1 F32 needs 12 bytes, found 8");
     }
 }

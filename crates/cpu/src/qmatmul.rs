@@ -33,7 +33,7 @@ impl QStorage for CpuQMat {
 impl CpuQMat {
     /// `bytes` as a `rows x cols` matrix of `ty` (checked: the bytes the shape needs).
     pub fn new(ty: QType, rows: usize, cols: usize, bytes: QBytes) -> Result<CpuQMat> {
-        check_matrix("CpuQMat::new", ty, rows, cols, bytes.as_slice())?;
+        check_matrix("CpuQMat::new", ty, rows, cols, bytes.byte_len())?;
         Ok(CpuQMat {
             ty,
             rows,

@@ -30,6 +30,7 @@ use crate::pool::{MemoryStats, Pool};
 use crate::shader::{self, Kernel, Variant};
 use crate::storage::WgpuStorage;
 use ferrite_core::{DType, Error, HostBuffer, Layout, Result, Storage};
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -58,6 +59,17 @@ pub struct SyncStats {
     pub submits: u64,
     /// Bind groups created (dispatches with the same buffers reuse one).
     pub bind_groups: u64,
+}
+
+/// Where a dispatch's WGSL comes from: a kernel file instantiated as a variant, or a module
+/// generated at run time (the quantized products' per-format modules), named by a key that
+/// identifies its source and built only when the key is not compiled yet.
+pub(crate) enum Src<'a> {
+    Kernel(&'static Kernel, &'a Variant),
+    Module {
+        key: &'a str,
+        build: &'a dyn Fn() -> String,
+    },
 }
 
 /// A buffer bound to a dispatch: read-only or read-write.
@@ -91,8 +103,9 @@ struct Batch {
 type LayoutKey = Vec<bool>;
 /// A bind group's identity: its layout's address, the parameter buffer and the buffers bound.
 type BindKey = (usize, wgpu::Buffer, Vec<wgpu::Buffer>);
-/// A compiled pipeline: kernel file, entry, variant and its binding layout key.
-type PipeKey = (&'static str, &'static str, Variant, LayoutKey);
+/// A compiled pipeline: module (a kernel file, or a generated module's key), entry, variant
+/// and its binding layout key.
+type PipeKey = (Cow<'static, str>, &'static str, Variant, LayoutKey);
 type Layouts = (wgpu::BindGroupLayout, wgpu::PipelineLayout);
 type Pipeline = (Arc<wgpu::ComputePipeline>, Arc<Layouts>);
 
@@ -306,28 +319,37 @@ impl WgpuBackend {
         l
     }
 
-    /// The pipeline of `kernel`'s `entry` as variant `v` and its layouts, compiled at first
-    /// use.
+    /// The pipeline of `src`'s `entry` with binding layout `key`, compiled at first use.
     fn pipeline(
         &self,
         op: &'static str,
-        kernel: &'static Kernel,
+        src: &Src<'_>,
         entry: &'static str,
-        v: &Variant,
         key: LayoutKey,
     ) -> Result<Pipeline> {
-        let name: PipeKey = (kernel.file, entry, v.clone(), key);
+        let name: PipeKey = match src {
+            Src::Kernel(k, v) => (Cow::Borrowed(k.file), entry, (*v).clone(), key),
+            Src::Module { key: m, .. } => (
+                Cow::Owned(m.to_string()),
+                entry,
+                Variant::new(&[], &[]),
+                key,
+            ),
+        };
         if let Some(p) = lock(&self.pipelines).get(&name) {
             return Ok(p.clone());
         }
-        let src = shader::source(kernel, v)?;
+        let (label, text) = match src {
+            Src::Kernel(k, v) => (k.file, shader::source(k, v)?),
+            Src::Module { build, .. } => ("generated module", build()),
+        };
         let layout = self.layout(&name.3);
         let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
         let module = self
             .device
             .create_shader_module(wgpu::ShaderModuleDescriptor {
-                label: Some(kernel.file),
-                source: wgpu::ShaderSource::Wgsl(src.into()),
+                label: Some(label),
+                source: wgpu::ShaderSource::Wgsl(text.into()),
             });
         let pipe = self
             .device
@@ -340,10 +362,11 @@ impl WgpuBackend {
                 cache: None,
             });
         if let Some(e) = pollster::block_on(scope.pop()) {
-            return Err(Error::backend(
-                op,
-                format!("compiling {} entry {entry} ({v:?}): {e}", kernel.file),
-            ));
+            let what = match src {
+                Src::Kernel(k, v) => format!("{} entry {entry} ({v:?})", k.file),
+                Src::Module { key, .. } => format!("{key} entry {entry}"),
+            };
+            return Err(Error::backend(op, format!("compiling {what}: {e}")));
         }
         let p = (Arc::new(pipe), layout);
         lock(&self.pipelines).insert(name, p.clone());
@@ -372,20 +395,39 @@ impl WgpuBackend {
         if err {
             args.push(Arg::W(&self.err_buf));
         }
-        let id = self.dispatch(op, kernel, entry, v, params, &args, groups)?;
+        let id = self.dispatch(op, &Src::Kernel(kernel, v), entry, params, &args, groups)?;
         for o in outs {
             o.set_written(id);
         }
         Ok(())
     }
 
+    /// Records one dispatch of `groups` workgroups of `src`'s `entry` with `params` at
+    /// binding 0 and `args` at bindings 1.. in that order; marks `written` (the storages among
+    /// `args` it writes) as written by the batch it lands in.
     #[allow(clippy::too_many_arguments)]
+    pub(crate) fn launch_args(
+        &self,
+        op: &'static str,
+        src: &Src<'_>,
+        entry: &'static str,
+        params: &[u32],
+        args: &[Arg<'_>],
+        written: &[&WgpuStorage],
+        groups: usize,
+    ) -> Result<()> {
+        let id = self.dispatch(op, src, entry, params, args, groups)?;
+        for o in written {
+            o.set_written(id);
+        }
+        Ok(())
+    }
+
     fn dispatch(
         &self,
         op: &'static str,
-        kernel: &'static Kernel,
+        src: &Src<'_>,
         entry: &'static str,
-        v: &Variant,
         params: &[u32],
         args: &[Arg<'_>],
         groups: usize,
@@ -407,7 +449,7 @@ impl WgpuBackend {
         }
         let mut key = vec![true];
         key.extend(args.iter().map(|a| matches!(a, Arg::R(_))));
-        let (pipe, layout) = self.pipeline(op, kernel, entry, v, key)?;
+        let (pipe, layout) = self.pipeline(op, src, entry, key)?;
         let mut b = lock(&self.batch);
         let need = params.len().max(1);
         let (bind, offset) = if need > PARAM_WORDS_PER_DISPATCH {

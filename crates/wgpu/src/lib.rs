@@ -8,6 +8,8 @@
 //!   32-bit word per element, instantiated per dtype and compiled once per pipeline
 //!   (`shader.rs` says how dtypes map to words).
 //! - Errors found on the device (bad indices, integer division by zero): `errors.rs`.
+//! - Quantized matrices (`QTensor`s in GGUF block formats) and their products:
+//!   `qmatrix.rs` (storage, per-format WGSL modules), `qmatmul.rs` (the op).
 
 mod attention;
 mod channel_norm;
@@ -20,6 +22,8 @@ mod index;
 mod matmul;
 mod norm;
 mod pool;
+mod qmatmul;
+pub mod qmatrix;
 mod reduce;
 mod scan;
 mod shader;
@@ -355,14 +359,19 @@ pub fn wgpu(index: usize) -> Result<Device> {
     Ok(WgpuDevice::new(index)?.device())
 }
 
-/// Every WGSL variant the backend can compile, as (file, entry points, full source): what the
-/// naga test validates and translates to MSL and SPIR-V.
-pub fn all_shader_sources() -> Result<Vec<(&'static str, &'static [&'static str], String)>> {
+/// Every WGSL variant the backend can compile, as (file or generated module, entry points,
+/// full source): what the naga test validates and translates to MSL and SPIR-V. Sources that
+/// use subgroup operations begin with [`SUBGROUP_MARK`]; those that call `unpack2x16float`
+/// need `SHADER_F16_IN_F32`.
+pub fn all_shader_sources() -> Result<Vec<(String, &'static [&'static str], String)>> {
     let mut out = Vec::new();
     for k in all_kernels() {
         for v in k.variants() {
-            out.push((k.file, k.entries, shader::source(k, &v)?));
+            out.push((k.file.to_string(), k.entries, shader::source(k, &v)?));
         }
+    }
+    for (name, entries, src, _) in qmatrix::shader_sources() {
+        out.push((name, entries, src));
     }
     Ok(out)
 }
@@ -382,11 +391,6 @@ fn all_kernels() -> Vec<&'static shader::Kernel> {
         &channel_norm::CHANNEL_NORM,
     ]
 }
-
-/// Why `QTensor`s cannot live on this backend yet: its quantized products are the LLM
-/// kernel set's (`ferrite_llm::model::wgpu`), over that set's own copies of the weights.
-const QUANT_MISSING: &str = "the wgpu backend does not hold quantized matrices yet: its products \
-     run inside the LLM kernel set (ferrite_llm::model::wgpu), which uploads its own copies";
 
 struct Handle(Arc<WgpuBackend>);
 
@@ -433,21 +437,21 @@ impl Backend for Handle {
 
     fn upload_quant(
         &self,
-        _ty: ferrite_core::QType,
-        _rows: usize,
-        _cols: usize,
-        _bytes: &ferrite_core::QBytes,
+        ty: ferrite_core::QType,
+        rows: usize,
+        cols: usize,
+        bytes: &ferrite_core::QBytes,
     ) -> Result<Arc<dyn ferrite_core::QStorage>> {
-        Err(Error::backend("upload_quant", QUANT_MISSING))
+        qmatmul::upload_quant(&self.0, ty, rows, cols, bytes)
     }
 
     fn qmatmul(
         &self,
-        _w: &ferrite_core::QTensor,
-        _x: &Tensor,
-        _act: ferrite_core::ActFormat,
+        w: &ferrite_core::QTensor,
+        x: &Tensor,
+        act: ferrite_core::ActFormat,
     ) -> Result<Arc<dyn Storage>> {
-        Err(Error::backend("qmatmul", QUANT_MISSING))
+        qmatmul::qmatmul(&self.0, w, x, act)
     }
 
     fn exec(

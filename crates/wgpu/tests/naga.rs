@@ -17,11 +17,13 @@ fn every_shader_validates_and_translates_to_msl_and_spirv() {
             }
         };
         // Subgroup variants are compiled only where the adapter has subgroups.
-        let caps = if src.starts_with(ferrite_wgpu::SUBGROUP_MARK) {
-            naga::valid::Capabilities::SUBGROUP
-        } else {
-            naga::valid::Capabilities::empty()
-        };
+        let mut caps = naga::valid::Capabilities::empty();
+        if src.starts_with(ferrite_wgpu::SUBGROUP_MARK) {
+            caps |= naga::valid::Capabilities::SUBGROUP;
+        }
+        if src.contains("unpack2x16float(") {
+            caps |= naga::valid::Capabilities::SHADER_FLOAT16_IN_FLOAT32;
+        }
         let info = match naga::valid::Validator::new(naga::valid::ValidationFlags::all(), caps)
             .validate(&module)
         {
@@ -31,13 +33,25 @@ fn every_shader_validates_and_translates_to_msl_and_spirv() {
                 continue;
             }
         };
+        // Workgroup memory within the 16 KiB every WebGPU adapter offers.
+        let mut layouter = naga::proc::Layouter::default();
+        layouter.update(module.to_ctx()).expect("layout");
+        let shared: u32 = module
+            .global_variables
+            .iter()
+            .filter(|(_, g)| g.space == naga::AddressSpace::WorkGroup)
+            .map(|(_, g)| layouter[g.ty].size)
+            .sum();
+        if shared > 16384 {
+            failures.push(format!("{file}: {shared} bytes of workgroup memory"));
+        }
         for ep in &module.entry_points {
             assert!(
                 entries.contains(&ep.name.as_str()),
                 "{file}: entry point {} is not listed",
                 ep.name
             );
-            found.insert((*file, ep.name.clone()));
+            found.insert((file.clone(), ep.name.clone()));
         }
         let msl = naga::back::msl::Options {
             lang_version: (2, 1),
@@ -64,7 +78,7 @@ fn every_shader_validates_and_translates_to_msl_and_spirv() {
     }
     for (file, entries, _) in &sources {
         for e in *entries {
-            if !found.contains(&(*file, e.to_string())) {
+            if !found.contains(&(file.clone(), e.to_string())) {
                 failures.push(format!("{file}: no variant has entry point {e}"));
             }
         }
@@ -77,4 +91,25 @@ fn every_shader_validates_and_translates_to_msl_and_spirv() {
         sources.len(),
         failures.join("\n")
     );
+}
+
+#[test]
+fn quantized_product_modules_cover_every_format() {
+    let sources = ferrite_wgpu::qmatrix::shader_sources();
+    // 13 weight formats and 3 regrouped ones x 4 row variants (1 row with 1 or 2 outputs a
+    // subgroup, 4 rows, 8 rows) x with and without the input's norm x f16 fields by bit
+    // operations or unpack2x16float; the same again with 8-bit activations for the 10 formats
+    // of Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q6_K, and for those 1 row with 4 outputs a
+    // subgroup; and quantize_q8.
+    assert_eq!(sources.len(), (16 * 2 + 10 * 2) * 4 * 2 + 10 * 2 * 2 + 1);
+    for (name, _, src, f16_in_f32) in &sources {
+        assert_eq!(
+            *f16_in_f32,
+            src.contains("return unpack2x16float("),
+            "{name}: unpack2x16float where it is not asked for, or not where it is"
+        );
+        assert_eq!(*f16_in_f32, name.contains(" unpack"), "{name}");
+    }
+    let names: std::collections::HashSet<&String> = sources.iter().map(|s| &s.0).collect();
+    assert_eq!(names.len(), sources.len(), "two modules share a cache key");
 }

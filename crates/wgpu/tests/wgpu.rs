@@ -30,7 +30,10 @@ fn tests() -> Vec<(&'static str, TestFn)> {
             "fused_optimizer_kernels_are_an_explicit_error",
             fused_optimizer_error,
         ),
-        ("quantized_matrices_are_an_explicit_error", quantized_error),
+        (
+            "quantized_products_match_cpu_and_f64_reference",
+            quantized_products,
+        ),
         ("device_side_errors_name_the_op", device_errors),
         ("matmul_large_and_views_match_cpu", matmul_large),
         ("gradients_match_cpu", gradients_match_cpu),
@@ -375,15 +378,85 @@ fn fused_optimizer_error(d: &WgpuDevice) {
 
 /// The wgpu backend has no `QTensor`s yet (its products run inside the LLM kernel set): a
 /// matrix that moves there is refused naming the op and why.
-fn quantized_error(d: &WgpuDevice) {
-    use ferrite_core::{QBytes, QTensor, QType};
-    let bytes = QBytes::from_vec(vec![0u8; 2 * 18]);
-    let q = QTensor::new(&ferrite_cpu::cpu(), QType::Q4_0, 2, 32, bytes).unwrap();
-    let msg = q.to_device(&d.device()).unwrap_err().to_string();
+/// Every `quant_cases` case (13 formats x q8 / q8x2 / f32 activations x 1, 33, 48 rows x
+/// inputs of 1, 3, 9 and 2x5 rows) within its activation format's tolerance of the f64
+/// product, beside the CPU's; then, where the adapter reads f16 fields with
+/// `unpack2x16float`, the cases of 9 input rows again with the bit operations of adapters
+/// without it.
+fn quantized_products(d: &WgpuDevice) {
+    use ferrite_core::{ActFormat, QBytes, QTensor, QType};
+    let dev = d.device();
+    let cpu = ferrite_cpu::cpu();
+    let run = |cases: &[&ferrite_testing::OpCase], seed0: u64| -> Vec<String> {
+        cases
+            .iter()
+            .enumerate()
+            .filter_map(|(i, c)| {
+                ferrite_testing::check_case_vs(c, &dev, &cpu, seed0 + i as u64).err()
+            })
+            .collect()
+    };
+    let cases = ferrite_testing::quant_cases::quant_cases();
+    let failures = run(&cases.iter().collect::<Vec<_>>(), 9000);
+    println!(
+        "  {} of {} quantized cases match",
+        cases.len() - failures.len(),
+        cases.len()
+    );
     assert!(
-        msg.starts_with("upload_quant: the wgpu backend does not hold quantized matrices yet"),
+        failures.is_empty(),
+        "{} of {} cases failed:\n{}",
+        failures.len(),
+        cases.len(),
+        failures.join("\n")
+    );
+    if d.f16_in_f32() {
+        d.use_f16_in_f32(false);
+        let bits: Vec<_> = cases.iter().filter(|c| c.name.contains("/x[9,")).collect();
+        let failures = run(&bits, 19000);
+        d.use_f16_in_f32(true);
+        println!(
+            "  {} of {} with f16 fields by bit operations",
+            bits.len() - failures.len(),
+            bits.len()
+        );
+        assert!(!bits.is_empty());
+        assert!(failures.is_empty(), "{}", failures.join("\n"));
+    }
+    // A wgpu matrix multiplies wgpu inputs only, and moves back to the CPU with its bytes.
+    let bytes = ferrite_testing::quant_cases::matrix_bytes(QType::Q4_0, 2, 64, 1);
+    let q = QTensor::new(&cpu, QType::Q4_0, 2, 64, QBytes::from_vec(bytes)).unwrap();
+    let g = q.to_device(&dev).unwrap();
+    let x = Tensor::zeros([64], DType::F32, &cpu).unwrap();
+    let msg = g.qmatvec(&x, ActFormat::Q8).unwrap_err().to_string();
+    assert!(
+        msg.starts_with("qmatmul: tensors are on different devices"),
         "{msg}"
     );
+    assert_eq!(g.host_bytes(), q.host_bytes());
+    let back = g.to_device(&cpu).unwrap();
+    let x = Tensor::from_vec(
+        (0..64).map(|i| i as f32 / 64.0).collect::<Vec<_>>(),
+        [64],
+        &cpu,
+    )
+    .unwrap();
+    let want = q
+        .qmatvec(&x, ActFormat::F32)
+        .unwrap()
+        .to_vec::<f32>()
+        .unwrap();
+    assert_eq!(
+        back.qmatvec(&x, ActFormat::F32)
+            .unwrap()
+            .to_vec::<f32>()
+            .unwrap(),
+        want
+    );
+    // Bad input is an error naming the op, not a panic.
+    let wrong = Tensor::zeros([3, 32], DType::F32, &dev).unwrap();
+    let msg = g.qmatmul(&wrong, ActFormat::F32).unwrap_err().to_string();
+    assert!(msg.starts_with("qmatmul: "), "{msg}");
 }
 
 fn copy_in_place(d: &WgpuDevice) {

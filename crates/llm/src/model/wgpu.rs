@@ -9,14 +9,15 @@
 //! norm weights and the product applies the row's 1 / rms to its sums (from the blocks' sums
 //! of squares): no dispatch sums a whole row.
 //!
-//! - [`WgpuModel`] uploads the weights in their GGUF blocks (read by the shaders as
-//!   `array<u32>`, `wgpu/quant.wgsl`), split by rows over as many buffers as the adapter's
-//!   largest storage binding needs; norms as f32. Everything is checked against the adapter's
+//! - [`WgpuModel`] holds the weight matrices as wgpu `QTensor`s (`ferrite_wgpu::qmatrix`:
+//!   GGUF blocks read by the shaders as `array<u32>`, split by rows over as many buffers as
+//!   the adapter's largest storage binding needs; q, k, v stacked and gate/up interleaved
+//!   where they share a type), norms as f32. Everything is checked against the adapter's
 //!   limits before the first upload.
 //! - [`WgpuKernels`] records a step's dispatches as the definition calls its kernels and
 //!   submits them in chunks of `CHUNK_DISPATCHES` (a command buffer and a compute pass
-//!   each, the last at `logits`): products (`wgpu/matvec.wgsl`, a workgroup per 4 output
-//!   rows and up to 8 activation rows), norms, the gated unit and greedy argmax
+//!   each, the last at `logits`): products (ferrite-wgpu's `matvec.wgsl` and
+//!   `quantize_q8.wgsl`, a workgroup per 4 output rows and up to 8 activation rows), norms, the gated unit and greedy argmax
 //!   (`wgpu/ops.wgsl`), RoPE, the KV append and causal attention over the paged cache in
 //!   one kernel, split over workgroups for long rows (`wgpu/paged.wgsl`). The host waits
 //!   only when it reads the step's tokens or logits (or, with `FERRITE_WGPU_PROFILE`, the
@@ -36,14 +37,16 @@
 //! computed on the host as the CPU kernel set computes them) goes to the device in two
 //! writes at `begin`; dispatch parameters in one buffer at aligned offsets.
 //!
-//! The kernels live here rather than in `ferrite-wgpu` for the reason `cuda.rs` gives: they
-//! read the GGUF block layouts of this crate.
+//! The products and their modules are ferrite-wgpu's (the backend's `qmatmul` runs the same
+//! ones); this kernel set records them into its own steps, with its norms, attention and
+//! sampling, which are still this crate's.
 
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::Mutex;
 
-use ferrite_gguf::GgmlType;
+use ferrite_core::quant::{join_rows, QBytes, QTensor, RowOrder};
+use ferrite_wgpu::qmatrix::{self, Format, WgpuQMat};
 use ferrite_wgpu::raw as wgpu;
 use ferrite_wgpu::WgpuDevice;
 
@@ -54,19 +57,11 @@ use crate::engine::{Engine, EngineConfig, EngineKernels};
 use crate::error::{Error, Result};
 use crate::kv_cache::{BlockId, KvStore, BLOCK_SIZE};
 use crate::sampler::SamplerConfig;
-use ferrite_cpu::quant::ActFormat;
 
-const QUANT: &str = include_str!("wgpu/quant.wgsl");
-const MATVEC: &str = include_str!("wgpu/matvec.wgsl");
 const OPS: &str = include_str!("wgpu/ops.wgsl");
 const PAGED: &str = include_str!("wgpu/paged.wgsl");
 const SAMPLE: &str = include_str!("wgpu/sample.wgsl");
 
-/// Activation rows a product workgroup takes (`ROWS` of `matvec.wgsl`): 1 for steps of one
-/// row, 4 for up to 7 rows, else 8 (each weight unit is dequantized once per ROWS rows).
-const ROW_VARIANTS: [u32; 3] = [1, 4, 8];
-/// Output rows per product workgroup (`OUTS` of `matvec.wgsl`) at OPW = 1.
-const MATVEC_OUTS: usize = 4;
 /// Largest head_dim the attention kernel takes (the size of `qs` in `paged.wgsl`).
 const MAX_HEAD_DIM: usize = 256;
 /// Keys per attention split (`SPLIT_KEYS` of `paged.wgsl`).
@@ -84,249 +79,27 @@ fn err(msg: impl Into<String>) -> Error {
     Error::Other(format!("wgpu kernels: {}", msg.into()))
 }
 
-/// How a weight type is read: its `head_*` / `pair_*` functions (`quant.wgsl`), bytes of a
-/// block, 32-value units per block and values per block (float types as blocks of 32 values).
-/// `grouped`: eight GGUF blocks regrouped on upload (`regroup`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-struct Format {
-    ty: GgmlType,
-    name: &'static str,
-    block_bytes: usize,
-    units: usize,
-    values: usize,
-    grouped: bool,
-}
-
-fn format_of(ty: GgmlType) -> Option<Format> {
-    use GgmlType::*;
-    let name = match ty {
-        F32 => "f32",
-        F16 => "f16",
-        BF16 => "bf16",
-        Q4_0 => "q4_0",
-        Q4_1 => "q4_1",
-        Q5_0 => "q5_0",
-        Q5_1 => "q5_1",
-        Q8_0 => "q8_0",
-        Q2_K => "q2_k",
-        Q3_K => "q3_k",
-        Q4_K => "q4_k",
-        Q5_K => "q5_k",
-        Q6_K => "q6_k",
-        _ => return None,
-    };
-    let values = ty.block_size().max(32);
-    Some(Format {
-        ty,
-        name,
-        block_bytes: ty.type_size() * values / ty.block_size(),
-        units: values / 32,
-        values,
-        grouped: false,
-    })
-}
-
-/// The 32-value formats whose blocks are not 4-byte aligned and open with an f16 scale
-/// (Q4_0 18 bytes, Q5_0 22, Q8_0 34): rows of a whole number of 256 values are uploaded in
-/// groups of eight blocks, their eight scales first (16 bytes) and then the rest of each block
-/// in order (`regroup`). Every field is then read by aligned word loads, where the GGUF
-/// layout needs two loads and a shift for most of them; the bytes and the values, and the
-/// order the products add them in, are the same.
-fn grouped_name(ty: GgmlType) -> Option<&'static str> {
-    match ty {
-        GgmlType::Q4_0 => Some("q4_0x8"),
-        GgmlType::Q5_0 => Some("q5_0x8"),
-        GgmlType::Q8_0 => Some("q8_0x8"),
-        _ => None,
-    }
-}
-
-/// The regrouped format of `ty`, if it has one.
-fn grouped_format(ty: GgmlType) -> Option<Format> {
-    let (name, f) = (grouped_name(ty)?, format_of(ty)?);
-    Some(Format {
-        ty,
-        name,
-        block_bytes: 8 * f.block_bytes,
-        units: 8,
-        values: 8 * f.values,
-        grouped: true,
-    })
-}
-
-/// The format a matrix of `ty` with rows of `cols` values is uploaded in.
-fn format_for(ty: GgmlType, cols: usize) -> Option<Format> {
-    match grouped_format(ty) {
-        Some(g) if cols.is_multiple_of(g.values) => Some(g),
-        _ => format_of(ty),
-    }
-}
-
-/// Every format the kernel set reads: each weight type's, and the regrouped ones.
-fn formats() -> Vec<Format> {
-    let types = WGPU_WEIGHT_TYPES.iter();
-    types
-        .clone()
-        .filter_map(|&ty| format_of(ty))
-        .chain(types.filter_map(|&ty| grouped_format(ty)))
-        .collect()
-}
-
-/// `data` (whole rows of `f`'s GGUF type) in `f`'s upload layout: as it is, or (`f.grouped`)
-/// each group of eight blocks as their eight 2-byte scales, then the other bytes of each block.
-fn regroup<'d>(f: &Format, data: &'d [u8]) -> Cow<'d, [u8]> {
-    if !f.grouped {
-        return Cow::Borrowed(data);
-    }
-    let block = f.block_bytes / 8;
-    let mut out = Vec::with_capacity(data.len());
-    for g in data.chunks_exact(f.block_bytes) {
-        for b in g.chunks_exact(block) {
-            out.extend_from_slice(&b[..2]);
-        }
-        for b in g.chunks_exact(block) {
-            out.extend_from_slice(&b[2..]);
-        }
-    }
-    Cow::Owned(out)
-}
-
-/// Every weight type the kernel set reads.
-pub const WGPU_WEIGHT_TYPES: [GgmlType; 13] = {
-    use GgmlType::*;
-    [
-        F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K,
-    ]
-};
-
-/// Output rows per product subgroup (`OPW` of `matvec.wgsl`) for a chunk of `n` output rows
-/// and a step of `rows` rows, with 8-bit activations (`q8`) or not: for single-row steps of
-/// tall matrices 2 (each activation load serves two output rows), and 4 with 8-bit
-/// activations from 8,192 rows (8B-shaped decode +3% on an H200; from 4,096 rows -3%); else
-/// 1 (a short matrix needs its rows spread over enough workgroups to keep a large GPU busy;
-/// SmolLM2's 576-row products get 144).
-fn outs_per_subgroup(n: usize, rows: u32, q8: bool) -> u32 {
-    match (rows, n) {
-        (1, 8192..) if q8 => 4,
-        (1, 2048..) => 2,
-        _ => 1,
-    }
-}
-
-/// Whether `f` has 8-bit products (`ipair_*` of `quant.wgsl`): the weight types the CPU's
-/// and CUDA's q8 mode multiply with 8-bit activations; the others keep f32 activations there
-/// too.
-fn has_q8(f: &Format) -> bool {
-    ActFormat::for_weight(f.ty) == ActFormat::Q8
-}
-
-/// Words of one row of `cols` values quantized by `quantize_q8` (ops.wgsl): the values as
-/// four signed bytes a word, a block scale per 32 values, and (a normed input) a sum of
-/// squares per 32 values.
-fn q8_row_words(cols: usize) -> usize {
-    cols / 4 + 2 * (cols / 32)
-}
-
-/// `half` of `quant.wgsl` as the bit operations it is written with.
-const HALF_BITS: &str = "fn half(h: u32) -> f32 {\n    return half_bits(h);\n}";
-/// `half` as one conversion (adapters with `DownlevelFlags::SHADER_F16_IN_F32`).
-const HALF_UNPACK: &str = "fn half(h: u32) -> f32 {\n    return unpack2x16float(h).x;\n}";
-
-/// The product module of format `f` for `rows` activation rows and `opw` output rows per
-/// subgroup, with the RMS norm of its input folded in (`norm`) or not, f16 fields read
-/// with `unpack2x16float` (`unpack`) or bit operations, and 8-bit activations (`q8`, formats
-/// with `has_q8`, inputs quantized by `quantize_q8`, times the norm weights where `norm`) or
-/// f32.
-fn matvec_source(f: &Format, rows: u32, norm: bool, opw: u32, unpack: bool, q8: bool) -> String {
-    // Formats whose values carry a min (`d * q + m`, `quant.wgsl`).
-    let mins = matches!(f.name, "q4_1" | "q5_1" | "q2_k" | "q4_k" | "q5_k");
-    let quant = if unpack {
-        QUANT.replace(HALF_BITS, HALF_UNPACK)
-    } else {
-        QUANT.to_string()
-    };
-    debug_assert!(!q8 || has_q8(f), "Q8 products of a format without them");
-    let ipair = if has_q8(f) {
-        format!("return ipair_{}(a, s, h, w);", f.name)
-    } else {
-        // Q8 is false and nothing calls it.
-        "return vec2<u32>(0u);".to_string()
-    };
-    format!(
-        "const ROWS: u32 = {rows}u;\nconst BLOCK_BYTES: u32 = {}u;\nconst UNITS: u32 = {}u;\n\
-         const MINS: bool = {mins};\nconst NORM: bool = {norm};\nconst OPW: u32 = {opw}u;\n\
-         const Q8: bool = {q8};\n{quant}\n\
-         fn head(a: u32, s: u32) -> Head {{\n    return head_{n}(a, s);\n}}\n\
-         fn pair(a: u32, s: u32, h: Head, w: u32) -> Pair {{\n    return pair_{n}(a, s, h, w);\n}}\n\
-         fn ipair(a: u32, s: u32, h: Head, w: u32) -> vec2<u32> {{\n    {ipair}\n}}\n{MATVEC}",
-        f.block_bytes,
-        f.units,
-        n = f.name
-    )
-}
-
-/// Every WGSL module the kernel set compiles, as (name, entry points, source, whether it needs
-/// naga's `SHADER_FLOAT16_IN_FLOAT32` capability): what the naga test validates and
-/// translates to Metal Shading Language and SPIR-V.
-pub fn shader_sources() -> Vec<(String, &'static [&'static str], String, bool)> {
-    let mut out = Vec::new();
-    for f in formats() {
-        for rows in ROW_VARIANTS {
-            for norm in [false, true] {
-                for opw in if rows == 1 { &[1, 2, 4][..] } else { &[1][..] } {
-                    for unpack in [false, true] {
-                        let q8s = if has_q8(&f) {
-                            &[false, true][..]
-                        } else {
-                            &[false][..]
-                        };
-                        for q8 in q8s {
-                            // Four output rows a subgroup only with 8-bit activations.
-                            if *opw == 4 && !q8 {
-                                continue;
-                            }
-                            let what = if norm { ", normed input" } else { "" };
-                            let how = if unpack { ", unpack2x16float" } else { "" };
-                            let acts = if *q8 { ", 8-bit activations" } else { "" };
-                            out.push((
-                                format!(
-                                    "matvec.wgsl ({}, {rows} rows, {opw} outputs{what}{how}{acts})",
-                                    f.name
-                                ),
-                                &["matvec", "embed"][..],
-                                matvec_source(&f, rows, norm, *opw, unpack, *q8),
-                                unpack,
-                            ));
-                        }
-                    }
-                }
-            }
-        }
-    }
-    out.push((
-        "ops.wgsl".into(),
-        &[
-            "rms_norm",
-            "rms_norm_inplace",
-            "glu",
-            "argmax",
-            "quantize_q8",
-        ][..],
-        OPS.to_string(),
-        false,
-    ));
-    out.push((
-        "paged.wgsl".into(),
-        &["attention", "attn_merge"][..],
-        PAGED.to_string(),
-        false,
-    ));
+/// Every WGSL module of this kernel set's own, as (name, entry points, source): what the naga
+/// test validates and translates to Metal Shading Language and SPIR-V. The products it
+/// records are ferrite-wgpu's (`ferrite_wgpu::qmatrix`), tested there.
+pub fn shader_sources() -> Vec<(String, &'static [&'static str], String)> {
+    let mut out = vec![
+        (
+            "ops.wgsl".into(),
+            &["rms_norm", "rms_norm_inplace", "glu", "argmax"][..],
+            OPS.to_string(),
+        ),
+        (
+            "paged.wgsl".into(),
+            &["attention", "attn_merge"][..],
+            PAGED.to_string(),
+        ),
+    ];
     for threads in SAMPLE_THREADS {
         out.push((
             format!("sample.wgsl ({threads} threads)"),
             &["sample_rows"][..],
             sample_source(threads),
-            false,
         ));
     }
     out
@@ -366,109 +139,33 @@ pub fn sample_threads(dev: &WgpuDevice) -> u32 {
     }
 }
 
-/// One buffer of whole rows of a matrix.
-struct Chunk {
-    buf: wgpu::Buffer,
-    row0: usize,
-    rows: usize,
-}
-
-/// A weight matrix on the device, in its GGUF blocks.
+/// A weight matrix on the device: a wgpu `QTensor` (its rows in chunks of the largest
+/// storage binding, `ferrite_wgpu::qmatrix`) and its bias.
 struct WMat {
-    fmt: Format,
-    rows: usize,
-    cols: usize,
-    row_bytes: usize,
-    chunks: Vec<Chunk>,
+    q: QTensor,
     bias: Option<wgpu::Buffer>,
 }
 
-/// Shape and type of a matrix to upload.
-#[derive(Clone, Copy, Debug)]
-struct Shape {
-    ty: GgmlType,
-    rows: usize,
-    cols: usize,
-    /// Chunks start at even rows (gate/up pairs).
-    pairs: bool,
-}
-
-impl Shape {
-    fn of(w: &Weight) -> Shape {
-        Shape {
-            ty: w.info.ty,
-            rows: w.rows,
-            cols: w.cols,
-            pairs: false,
-        }
+impl WMat {
+    fn rows(&self) -> usize {
+        self.q.rows()
+    }
+    fn cols(&self) -> usize {
+        self.q.cols()
+    }
+    fn m(&self) -> Result<&WgpuQMat> {
+        WgpuQMat::of(&self.q, "wgpu kernels").map_err(werr)
     }
 }
 
-/// Where a weight's rows go: (first row, rows) of each chunk.
-fn plan_chunks(name: &str, w: Shape, max_bytes: u64) -> Result<(Format, Vec<(usize, usize)>)> {
-    let fmt = format_for(w.ty, w.cols).ok_or_else(|| {
-        err(format!(
-            "tensor {name}: weight type {} has no wgpu kernel (supported: {})",
-            w.ty,
-            WGPU_WEIGHT_TYPES
-                .iter()
-                .map(|t| t.name())
-                .collect::<Vec<_>>()
-                .join(", ")
-        ))
-    })?;
-    if !w.cols.is_multiple_of(fmt.values) {
-        return Err(err(format!(
-            "tensor {name}: rows of {} values are not a whole number of {}-value units",
-            w.cols, fmt.values
-        )));
-    }
-    let row_bytes = w.cols / fmt.values * fmt.block_bytes;
-    // Each chunk is padded to whole words plus one (`u32_at` reads the word after a field).
-    let mut per = (max_bytes.saturating_sub(8) / row_bytes as u64) as usize;
-    if w.pairs {
-        per &= !1;
-    }
-    if per == 0 {
-        return Err(err(format!(
-            "tensor {name}: one row takes {row_bytes} bytes, more than the adapter's largest \
-             storage binding ({max_bytes} bytes)"
-        )));
-    }
-    let mut out = Vec::new();
-    let mut r = 0;
-    while r < w.rows {
-        let n = per.min(w.rows - r);
-        out.push((r, n));
-        r += n;
-    }
-    Ok((fmt, out))
+/// A ferrite-wgpu error as this module's.
+fn werr(e: ferrite_core::Error) -> Error {
+    err(e.to_string())
 }
 
-fn storage_usage() -> wgpu::BufferUsages {
-    wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::COPY_SRC
-}
-
-/// A storage buffer holding `bytes`, padded with zeros to whole words plus one (written in
-/// place: no padded copy).
+/// A storage buffer holding `bytes`, padded to whole words plus one.
 fn upload_bytes(dev: &wgpu::Device, label: &str, bytes: &[u8]) -> Result<wgpu::Buffer> {
-    let size = (bytes.len().div_ceil(4) + 1) * 4;
-    let buf = dev.create_buffer(&wgpu::BufferDescriptor {
-        label: Some(label),
-        size: size as u64,
-        usage: storage_usage(),
-        mapped_at_creation: true,
-    });
-    {
-        let mut view = buf
-            .get_mapped_range_mut(..)
-            .map_err(|e| err(format!("uploading {label}: mapping {size} bytes: {e}")))?;
-        view.slice(..bytes.len()).copy_from_slice(bytes);
-        view.slice(bytes.len()..)
-            .copy_from_slice(&[0; 8][..size - bytes.len()]);
-    }
-    buf.unmap();
-    Ok(buf)
+    qmatrix::upload_bytes(dev, label, bytes).map_err(werr)
 }
 
 fn upload_f32(dev: &wgpu::Device, label: &str, v: &[f32]) -> Result<wgpu::Buffer> {
@@ -480,7 +177,7 @@ fn zeros(dev: &wgpu::Device, label: &str, bytes: usize) -> wgpu::Buffer {
     dev.create_buffer(&wgpu::BufferDescriptor {
         label: Some(label),
         size: (bytes.max(4).div_ceil(4) * 4) as u64,
-        usage: storage_usage(),
+        usage: qmatrix::storage_usage(),
         mapped_at_creation: false,
     })
 }
@@ -554,7 +251,7 @@ impl WgpuModel {
     ) -> Result<WgpuModel> {
         let c = &m.cfg;
         let lim = dev.limits();
-        let max_binding = lim.max_storage_buffer_binding_size.min(lim.max_buffer_size) / 4 * 4;
+        let max_binding = qmatrix::max_binding(dev);
         let weight_max = weight_binding.map_or(max_binding, |b| b.min(max_binding));
         if c.head_dim > MAX_HEAD_DIM
             || !c.head_dim.is_multiple_of(4)
@@ -581,8 +278,11 @@ impl WgpuModel {
         for l in &m.layers {
             all.extend([&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down]);
         }
+        let plan = |name: &str, ty, rows, cols, pairs| {
+            qmatrix::plan_chunks(name, ty, rows, cols, pairs, weight_max).map_err(werr)
+        };
         for w in &all {
-            plan_chunks(&w.info.name, Shape::of(w), weight_max)?;
+            plan(&w.info.name, w.info.ty, w.rows, w.cols, false)?;
         }
         let fused = |l: &super::Layer| fuse && l.w_gate.info.ty == l.w_up.info.ty;
         let stacked = |l: &super::Layer| {
@@ -592,92 +292,78 @@ impl WgpuModel {
                 && (biases == [true; 3] || biases == [false; 3])
         };
         for l in m.layers.iter().filter(|l| stacked(l)) {
-            let mut sh = Shape::of(&l.wq);
-            sh.rows = l.wq.rows + l.wk.rows + l.wv.rows;
-            plan_chunks(&l.wq.info.name, sh, weight_max)?;
+            let rows = l.wq.rows + l.wk.rows + l.wv.rows;
+            plan(&l.wq.info.name, l.wq.info.ty, rows, l.wq.cols, false)?;
         }
         for l in m.layers.iter().filter(|l| fused(l)) {
-            let mut sh = Shape::of(&l.w_gate);
-            sh.rows *= 2;
-            sh.pairs = true;
-            plan_chunks(&l.w_gate.info.name, sh, weight_max)?;
+            let w = &l.w_gate;
+            plan(&w.info.name, w.info.ty, 2 * w.rows, w.cols, true)?;
         }
         let d = dev.raw_device();
         let mut weight_bytes = 0usize;
-        let mut upload = |name: &str, sh: Shape, data: &[u8], bias: Option<&Vec<f32>>| {
-            let (fmt, chunks) = plan_chunks(name, sh, weight_max)?;
-            let row_bytes = sh.cols / fmt.values * fmt.block_bytes;
-            if data.len() != row_bytes * sh.rows {
-                return Err(err(format!(
-                    "tensor {name}: {} bytes for {} rows of {row_bytes}",
-                    data.len(),
-                    sh.rows
-                )));
-            }
+        // `parts` (weights of one type and width) as one matrix: as they are (one part),
+        // stacked, or with their rows interleaved (gate/up row pairs); its host bytes are
+        // the file's, joined only where something reads them.
+        let mut upload = |parts: &[&Weight], order: RowOrder, bias: Option<Vec<f32>>| {
+            let w0 = parts[0];
+            let rows = parts.iter().map(|w| w.rows).sum();
+            let files: Vec<&[u8]> = parts.iter().map(|w| m.file.tensor_data(&w.info)).collect();
+            let row_bytes = files[0].len() / w0.rows.max(1);
+            let data = match parts.len() {
+                1 => Cow::Borrowed(files[0]),
+                _ => Cow::Owned(join_rows(&files, row_bytes, order)),
+            };
             weight_bytes += data.len();
-            let chunks = chunks
-                .into_iter()
-                .map(|(r0, n)| {
-                    Ok(Chunk {
-                        buf: upload_bytes(
-                            d,
-                            name,
-                            &regroup(&fmt, &data[r0 * row_bytes..(r0 + n) * row_bytes]),
-                        )?,
-                        row0: r0,
-                        rows: n,
-                    })
-                })
+            let name = &w0.info.name;
+            let pairs = order == RowOrder::Interleaved;
+            let q = WgpuQMat::upload(
+                d,
+                name,
+                w0.info.ty,
+                (rows, w0.cols),
+                &data,
+                pairs,
+                weight_max,
+            )
+            .map_err(werr)?;
+            let host = parts
+                .iter()
+                .map(|w| m.tensor_bytes(&w.info.name))
                 .collect::<Result<Vec<_>>>()?;
-            Ok(WMat {
-                fmt,
-                rows: sh.rows,
-                cols: sh.cols,
-                row_bytes,
-                chunks,
-                bias: bias.map(|b| upload_f32(d, "bias", b)).transpose()?,
+            let host = match host.len() {
+                1 => host.into_iter().next().expect("one part"),
+                _ => QBytes::join(host, row_bytes, order),
+            };
+            Ok::<_, Error>(WMat {
+                q: WgpuQMat::qtensor(dev, q, host).map_err(werr)?,
+                bias: bias.map(|b| upload_f32(d, "bias", &b)).transpose()?,
             })
         };
-        macro_rules! mat {
-            ($w:expr, $bias:expr) => {
-                upload(
-                    &$w.info.name,
-                    Shape::of($w),
-                    m.file.tensor_data(&$w.info),
-                    $bias,
-                )
-            };
-        }
-        let tok_embd = mat!(&m.tok_embd, None)?;
+        let one = RowOrder::Stacked;
+        let tok_embd = upload(&[&m.tok_embd], one, None)?;
         let output = if tied {
             None
         } else {
-            Some(mat!(&m.output, None)?)
+            Some(upload(&[&m.output], one, None)?)
         };
         let mut layers = Vec::with_capacity(m.layers.len());
         for l in &m.layers {
             layers.push(WLayer {
                 attn_norm: upload_f32(d, "norm", &l.attn_norm)?,
                 qkv: if stacked(l) {
-                    let f = &m.file;
-                    let mut all = f.tensor_data(&l.wq.info).to_vec();
-                    all.extend_from_slice(f.tensor_data(&l.wk.info));
-                    all.extend_from_slice(f.tensor_data(&l.wv.info));
                     let bias: Option<Vec<f32>> = match (&l.bq, &l.bk, &l.bv) {
                         (Some(a), Some(b), Some(c)) => Some([&a[..], b, c].concat()),
                         _ => None,
                     };
-                    let mut sh = Shape::of(&l.wq);
-                    sh.rows = l.wq.rows + l.wk.rows + l.wv.rows;
-                    Qkv::Fused(upload(&l.wq.info.name, sh, &all, bias.as_ref())?)
+                    Qkv::Fused(upload(&[&l.wq, &l.wk, &l.wv], one, bias)?)
                 } else {
                     Qkv::Split(Box::new([
-                        mat!(&l.wq, l.bq.as_ref())?,
-                        mat!(&l.wk, l.bk.as_ref())?,
-                        mat!(&l.wv, l.bv.as_ref())?,
+                        upload(&[&l.wq], one, l.bq.clone())?,
+                        upload(&[&l.wk], one, l.bk.clone())?,
+                        upload(&[&l.wv], one, l.bv.clone())?,
                     ]))
                 },
-                wo: mat!(&l.wo, None)?,
+                wo: upload(&[&l.wo], one, None)?,
                 q_norm: l
                     .q_norm
                     .as_ref()
@@ -695,27 +381,14 @@ impl WgpuModel {
                     .transpose()?,
                 ffn_norm: upload_f32(d, "norm", &l.ffn_norm)?,
                 ffn: if fused(l) {
-                    let (g, u) = (
-                        m.file.tensor_data(&l.w_gate.info),
-                        m.file.tensor_data(&l.w_up.info),
-                    );
-                    let rb = g.len() / l.w_gate.rows.max(1);
-                    let mut both = Vec::with_capacity(2 * g.len());
-                    for (gr, ur) in g.chunks_exact(rb).zip(u.chunks_exact(rb)) {
-                        both.extend_from_slice(gr);
-                        both.extend_from_slice(ur);
-                    }
-                    let mut sh = Shape::of(&l.w_gate);
-                    sh.rows *= 2;
-                    sh.pairs = true;
-                    Ffn::Fused(upload(&l.w_gate.info.name, sh, &both, None)?)
+                    Ffn::Fused(upload(&[&l.w_gate, &l.w_up], RowOrder::Interleaved, None)?)
                 } else {
                     Ffn::Split {
-                        gate: mat!(&l.w_gate, None)?,
-                        up: mat!(&l.w_up, None)?,
+                        gate: upload(&[&l.w_gate], one, None)?,
+                        up: upload(&[&l.w_up], one, None)?,
                     }
                 },
-                w_down: mat!(&l.w_down, None)?,
+                w_down: upload(&[&l.w_down], one, None)?,
                 post_ffn_norm: l
                     .post_ffn_norm
                     .as_ref()
@@ -1123,6 +796,8 @@ struct Disp {
 enum Module {
     /// Format, ROWS, NORM, OPW, Q8.
     Matvec(Format, u32, bool, u32, bool),
+    /// ferrite-wgpu's `quantize_q8.wgsl`.
+    Quantize,
     Ops,
     Paged,
     /// Threads a workgroup.
@@ -1607,8 +1282,9 @@ impl<'g> WgpuKernels<'g> {
         let (label, src) = match module {
             Module::Matvec(f, rows, norm, opw, q8) => (
                 format!("matvec {}", f.name),
-                matvec_source(&f, rows, norm, opw, self.m.dev.f16_in_f32(), q8),
+                qmatrix::matvec_source(&f, rows, norm, opw, self.m.dev.f16_in_f32(), q8),
             ),
+            Module::Quantize => ("quantize_q8".to_string(), qmatrix::QUANTIZE_Q8.to_string()),
             Module::Ops => ("ops".to_string(), OPS.to_string()),
             Module::Paged => ("paged".to_string(), PAGED.to_string()),
             Module::Sample(threads) => ("sample".to_string(), sample_source(threads)),
@@ -1703,7 +1379,7 @@ impl<'g> WgpuKernels<'g> {
             out * c.vocab * 4,
         )?;
         let widest = c.d_model.max(c.n_ff).max(c.n_head * c.head_dim);
-        let xq_bytes = rows.max(out) * q8_row_words(widest) * 4;
+        let xq_bytes = rows.max(out) * qmatrix::q8_row_words(widest) * 4;
         self.m
             .check_binding(&format!("8-bit activations of {rows} rows"), xq_bytes)?;
         let d = self.dev();
@@ -1817,17 +1493,14 @@ impl<'g> WgpuKernels<'g> {
         col0: usize,
         mode: Epilogue,
     ) -> Result<()> {
-        let r = match rows {
-            1 => 1,
-            2..8 => 4,
-            _ => 8,
-        };
-        let q8 = self.m.q8 && has_q8(&w.fmt);
+        let r = qmatrix::rows_variant(rows);
+        let qm = w.m()?;
+        let q8 = self.m.q8 && qmatrix::has_q8(&qm.fmt);
         // q8: the input quantized (and normed) by a dispatch of its own, once for all the
         // products of this input.
         if q8 && input.q8.is_none() {
             let (x, nw) = (&input.x, input.norm.as_ref());
-            input.q8 = Some(self.quantize_q8(x, nw, w.cols, input.stride, rows)?);
+            input.q8 = Some(self.quantize_q8(x, nw, qm.cols, input.stride, rows)?);
         }
         let xq = if q8 { input.q8.clone() } else { None };
         let normed = input.norm.is_some();
@@ -1842,16 +1515,16 @@ impl<'g> WgpuKernels<'g> {
             Epilogue::Glu(Glu::GeluTanh) => 4 | 8,
         } | if w.bias.is_some() { 2 } else { 0 };
         let bias = w.bias.clone().unwrap_or_else(|| self.m.dummy.clone());
-        for ch in &w.chunks {
-            let opw = outs_per_subgroup(ch.rows, r, q8);
-            let pipe = self.pipe(Module::Matvec(w.fmt, r, normed, opw, q8), "matvec")?;
+        for ch in &qm.chunks {
+            let opw = qmatrix::outs_per_subgroup(ch.rows, r, q8);
+            let pipe = self.pipe(Module::Matvec(qm.fmt, r, normed, opw, q8), "matvec")?;
             let params = vec![
                 u32_of(rows, "rows")?,
-                u32_of(w.cols, "cols")?,
+                u32_of(qm.cols, "cols")?,
                 u32_of(ch.rows, "rows of a chunk")?,
                 u32_of(ch.row0, "first row of a chunk")?,
                 u32_of(out_stride, "output stride")?,
-                u32_of(w.row_bytes, "row bytes")?,
+                u32_of(qm.row_bytes, "row bytes")?,
                 flags,
                 u32_of(input.stride, "input stride")?,
                 u32_of(col0, "output column")?,
@@ -1866,7 +1539,7 @@ impl<'g> WgpuKernels<'g> {
             ];
             // The Q8 products read their input at 5 (`sdata`), which the f32 ones declare too.
             binds.push((5, xq.clone().unwrap_or_else(|| self.m.dummy.clone())));
-            let groups = ch.rows.div_ceil(MATVEC_OUTS * opw as usize) * nrg;
+            let groups = ch.rows.div_ceil(qmatrix::MATVEC_OUTS * opw as usize) * nrg;
             self.push(pipe, params, binds, groups)?;
         }
         Ok(())
@@ -1884,7 +1557,7 @@ impl<'g> WgpuKernels<'g> {
         rows: usize,
     ) -> Result<wgpu::Buffer> {
         let xq = self.scratch()?.xq.clone();
-        let pipe = self.pipe(Module::Ops, "quantize_q8")?;
+        let pipe = self.pipe(Module::Quantize, "quantize_q8")?;
         // QB of ops.wgsl: blocks of 32 values a workgroup.
         let per_row = (cols / 32).div_ceil(64);
         let params = vec![
@@ -1895,7 +1568,7 @@ impl<'g> WgpuKernels<'g> {
             u32_of(per_row, "workgroups per row")?,
         ];
         let nw = norm.cloned().unwrap_or_else(|| self.m.dummy.clone());
-        let binds = vec![(1, x.clone()), (3, nw), (6, xq.clone())];
+        let binds = vec![(1, xq.clone()), (2, x.clone()), (3, nw)];
         self.push(pipe, params, binds, rows * per_row)?;
         Ok(xq)
     }
@@ -2450,18 +2123,19 @@ impl Kernels for WgpuKernels<'_> {
     fn embed(&mut self, out: Buf) -> Result<()> {
         let w = &self.m.tok_embd;
         let rows = self.n_rows;
-        let pipe = self.pipe(Module::Matvec(w.fmt, 1, false, 1, false), "embed")?;
+        let qm = w.m()?;
+        let pipe = self.pipe(Module::Matvec(qm.fmt, 1, false, 1, false), "embed")?;
         let y = self.buf(out)?;
         let meta = self.meta_buf()?;
         let toks = self.scratch()?.toks.clone();
-        let units = w.cols / 32;
-        for ch in &w.chunks {
+        let units = qm.cols / 32;
+        for ch in &qm.chunks {
             let params = vec![
                 u32_of(rows, "rows")?,
-                u32_of(w.cols, "cols")?,
+                u32_of(qm.cols, "cols")?,
                 u32_of(ch.rows, "rows of a chunk")?,
                 u32_of(ch.row0, "first row of a chunk")?,
-                u32_of(w.row_bytes, "row bytes")?,
+                u32_of(qm.row_bytes, "row bytes")?,
                 0,
                 self.m.cfg.embed_scale.to_bits(),
             ];
@@ -2493,10 +2167,11 @@ impl Kernels for WgpuKernels<'_> {
         if let [(Mat::Q(a), Buf::Q), (Mat::K(b), Buf::K), (Mat::V(c), Buf::V)] = *outs {
             if let (true, Qkv::Fused(w)) = (a == b && b == c, &self.m.layers[a].qkv) {
                 let (ob, _, stride) = self.view(Buf::Q)?;
-                if w.cols != cols || w.rows != stride {
+                if w.cols() != cols || w.rows() != stride {
                     return Err(err(format!(
                         "norm_matmul: q|k|v [{}, {}] for {x:?} ({cols} wide)",
-                        w.rows, w.cols
+                        w.rows(),
+                        w.cols()
                     )));
                 }
                 let mut input = Input::new(src, nw, cols);
@@ -2506,11 +2181,11 @@ impl Kernels for WgpuKernels<'_> {
         let mut input = Input::new(src, nw, cols);
         for &(m, o) in outs {
             let w = self.mat(m)?;
-            if w.cols != cols || w.rows != self.width(o) {
+            if w.cols() != cols || w.rows() != self.width(o) {
                 return Err(err(format!(
                     "norm_matmul: {m:?} is [{}, {}] for {x:?} ({cols} wide) into {o:?} ({} wide)",
-                    w.rows,
-                    w.cols,
+                    w.rows(),
+                    w.cols(),
                     self.width(o)
                 )));
             }
@@ -2629,17 +2304,18 @@ impl Kernels for WgpuKernels<'_> {
         };
         if let Some(Ffn::Fused(w)) = il.map(|il| &self.m.layers[il].ffn) {
             let (rows, cols) = (self.n_rows, self.width(x));
-            if w.cols != cols || w.rows != 2 * self.width(out) {
+            if w.cols() != cols || w.rows() != 2 * self.width(out) {
                 return Err(err(format!(
                     "norm_glu: gate/up pairs [{}, {}] for {x:?} ({cols} wide) into {out:?}",
-                    w.rows, w.cols
+                    w.rows(),
+                    w.cols()
                 )));
             }
             let (xb, nw) = (self.buf(x)?, Some(self.norm_w(norm)?.clone()));
             let ob = self.buf(out)?;
             let glu = Epilogue::Glu(act);
             let mut input = Input::new(xb, nw, cols);
-            return self.product(w, &mut input, rows, ob, w.rows / 2, 0, glu);
+            return self.product(w, &mut input, rows, ob, w.rows() / 2, 0, glu);
         }
         self.norm_matmul(x, Some(norm), &[(gate, out), (up, Buf::Up)])?;
         let pipe = self.pipe(Module::Ops, "glu")?;
@@ -2660,22 +2336,23 @@ impl Kernels for WgpuKernels<'_> {
         let rows = self.n_rows;
         let wm = self.mat(w)?;
         let cols = self.width(x);
-        if wm.cols != cols || wm.rows != self.width(y) {
+        if wm.cols() != cols || wm.rows() != self.width(y) {
             return Err(err(format!(
                 "matmul_residual: {w:?} is [{}, {}] for {x:?} ({cols} wide) onto {y:?}",
-                wm.rows, wm.cols
+                wm.rows(),
+                wm.cols()
             )));
         }
         let mut input = Input::new(self.buf(x)?, None, cols);
         let yb = self.buf(y)?;
         match post_norm {
-            None => self.product(wm, &mut input, rows, yb, wm.rows, 0, Epilogue::Add),
+            None => self.product(wm, &mut input, rows, yb, wm.rows(), 0, Epilogue::Add),
             Some(n) => {
                 let tmp = self.buf(Buf::Tmp)?;
                 let store = Epilogue::Store;
-                self.product(wm, &mut input, rows, tmp.clone(), wm.rows, 0, store)?;
+                self.product(wm, &mut input, rows, tmp.clone(), wm.rows(), 0, store)?;
                 let nw = self.norm_w(n)?.clone();
-                self.rms_norm(tmp, yb, nw, wm.rows, rows, true, false)
+                self.rms_norm(tmp, yb, nw, wm.rows(), rows, true, false)
             }
         }
     }

@@ -1,5 +1,4 @@
-// Row-wise kernels of the LLM kernel set: RMS norms, the gated unit, greedy argmax, the
-// 8-bit quantization of a product's input.
+// Row-wise kernels of the LLM kernel set: RMS norms, the gated unit, greedy argmax.
 // One workgroup of RW = 256 threads per row (norms, argmax: a 4096-wide row is 16 values per
 // thread); sums meet in workgroup memory. The gated unit: a thread per value.
 
@@ -9,7 +8,6 @@
 @group(0) @binding(3) var<storage, read> nw: array<f32>;
 @group(0) @binding(4) var<storage, read> sdata: array<u32>;
 @group(0) @binding(5) var<storage, read_write> toks: array<u32>;
-@group(0) @binding(6) var<storage, read_write> xq: array<u32>;
 
 const RW: u32 = 256u;
 
@@ -208,83 +206,5 @@ fn argmax(
     }
     if (t == 0u) {
         toks[r] = select(redi[0], 0u, redi[0] == NONE);
-    }
-}
-
-// quantize_q8: row r of src (n values, at src[r * stride..]) as 32-value blocks of signed
-// bytes for the Q8 products (matvec.wgsl): xq row r is n / 4 words of four bytes (value
-// 4i + j in byte j of word i), then n / 32 block scales (f32 bits). A block's scale d =
-// max|v| / 127 and q = v / d rounded half away from zero: the CPU's `quantize_q8`. A
-// workgroup takes QB = 64 blocks of one row, four threads a block (eight values each).
-// With the RMS norm ([3] = 1) the values quantized are src * nw, without the row's 1 / rms:
-// a block's bytes do not change when all its values are scaled, so the product that reads
-// them applies 1 / rms after its sums, from each block's sum of squares of src, written after
-// all the rows' words and scales (at rows * (n / 4 + n / 32) + r * n / 32 + block). No sum
-// over the whole row here: a normed input costs what a plain one does.
-// params: [0] n (a multiple of 32), [1] rows, [2] 1: RMS norm, [3] src row stride (f32),
-// [4] workgroups per row.
-const QB: u32 = 64u;
-
-@compute @workgroup_size(256)
-fn quantize_q8(
-    @builtin(workgroup_id) wid: vec3<u32>,
-    @builtin(num_workgroups) nwg: vec3<u32>,
-    @builtin(local_invocation_index) t: u32,
-) {
-    let g = group_index(wid, nwg);
-    let row = g / p[4];
-    let n = p[0];
-    if (row >= p[1]) {
-        return;
-    }
-    let norm = p[2] == 1u;
-    let s0 = row * p[3];
-    let blocks = n / 32u;
-    let b = (g % p[4]) * QB + t / 4u;
-    let j = t % 4u;
-    let i0 = b * 32u + 8u * j;
-    var v: array<f32, 8>;
-    var m = 0.0;
-    var sq = 0.0;
-    if (b < blocks) {
-        for (var i = 0u; i < 8u; i++) {
-            var e = src[s0 + i0 + i];
-            if (norm) {
-                sq += e * e;
-                e = e * nw[i0 + i];
-            }
-            v[i] = e;
-            m = max(m, abs(e));
-        }
-    }
-    // The block's four maxima (and the threads' sums of squares) meet in workgroup memory.
-    red[t] = m;
-    redi[t] = bitcast<u32>(sq);
-    workgroupBarrier();
-    let q0 = t & ~3u;
-    m = max(max(red[q0], red[q0 + 1u]), max(red[q0 + 2u], red[q0 + 3u]));
-    let rw = n / 4u + blocks;
-    if (b >= blocks) {
-        return;
-    }
-    let d = m / 127.0;
-    let id = select(0.0, 1.0 / d, d != 0.0);
-    let o0 = row * rw;
-    for (var w = 0u; w < 2u; w++) {
-        var word = 0u;
-        for (var k = 0u; k < 4u; k++) {
-            let r = v[4u * w + k] * id;
-            let q = i32(r + select(-0.5, 0.5, r >= 0.0));
-            word |= (bitcast<u32>(q) & 255u) << (8u * k);
-        }
-        xq[o0 + b * 8u + 2u * j + w] = word;
-    }
-    if (j == 0u) {
-        xq[o0 + n / 4u + b] = bitcast<u32>(d);
-        if (norm) {
-            let s = (bitcast<f32>(redi[q0]) + bitcast<f32>(redi[q0 + 1u]))
-                + (bitcast<f32>(redi[q0 + 2u]) + bitcast<f32>(redi[q0 + 3u]));
-            xq[p[1] * rw + row * blocks + b] = bitcast<u32>(s);
-        }
     }
 }

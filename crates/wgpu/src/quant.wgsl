@@ -36,9 +36,10 @@ fn u16_at(a: u32) -> u32 {
     return (wq[a >> 2u] >> ((a & 2u) * 8u)) & 0xffffu;
 }
 
-// The f16 with bits h, exactly. `wgpu.rs` makes this `unpack2x16float(h).x` (one instruction
-// where the bit operations below are a dozen) on adapters with that capability
-// (`DownlevelFlags::SHADER_F16_IN_F32`; Mesa's Vulkan drivers lack it without `shader-f16`).
+// The f16 with bits h, exactly. `matvec_source` (qmatrix.rs) makes this
+// `unpack2x16float(h).x` (one instruction where the bit operations below are a dozen) on
+// adapters with that capability (`DownlevelFlags::SHADER_F16_IN_F32`; Mesa's Vulkan drivers
+// lack it without `shader-f16`).
 fn half(h: u32) -> f32 {
     return half_bits(h);
 }
@@ -252,7 +253,7 @@ fn ipair_q8_0(a: u32, s: u32, h: Head, w: u32) -> vec2<u32> {
     return vec2<u32>(u32_at(b), u32_at(b + 16u));
 }
 
-// Eight Q4_0 / Q5_0 / Q8_0 blocks regrouped (`regroup` in wgpu.rs): the eight f16 scales d
+// Eight Q4_0 / Q5_0 / Q8_0 blocks regrouped (`regroup` in qmatrix.rs): the eight f16 scales d
 // (16 bytes), then the rest of each block, so unit s's fields are aligned words.
 
 // Q4_0 x8 (144 bytes): d[8], then qs[16] of each block.

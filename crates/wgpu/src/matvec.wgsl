@@ -1,6 +1,6 @@
 // Quantized matrix products and the embedding lookup over GGUF blocks (`quant.wgsl`, with
 // `head`, `pair`, `ipair`, BLOCK_BYTES, UNITS (32-value units per block), MINS, ROWS, NORM,
-// OPW and Q8 prepended by `wgpu.rs`).
+// OPW and Q8 prepended by `matvec_source` of qmatrix.rs).
 //
 // matvec: y[r][n0 + o] (+)= sum_k W[o][k] * x[r][k] (+ bias[n0 + o]) for the output rows o of
 // one matrix chunk and the activation rows r of the step. A workgroup of 128 threads (four
@@ -22,7 +22,7 @@
 // (nw[k] * x[r][k]), the norm weights folded into each pair and each row's sum of squares
 // summed alongside by subgroup 0's lanes (the only ones that do), then added as the sums are.
 //
-// Q8 (the q8 precision): x is 8-bit, quantized by `quantize_q8` of ops.wgsl and bound as
+// Q8 (the q8 precision): x is 8-bit, quantized by `quantize_q8.wgsl` and bound as
 // words at binding 5, each row `k / 4` words of four signed bytes and then `k / 32` f32 block
 // scales; each pair's products are two `dot4I8Packed` of its weight bytes (`ipair`) against
 // the activation words, scaled once per pair, the units grouped and added in the order of the
@@ -411,7 +411,7 @@ fn matvec(
     }
 }
 
-// SiLU, or tanh-GELU with `gelu` (as ops.wgsl's glu).
+// SiLU, or tanh-GELU with `gelu` (as the LLM kernel set's glu in its ops.wgsl).
 fn glu_act(g: f32, gelu: bool) -> f32 {
     if (!gelu) {
         return g / (1.0 + exp(-g));
