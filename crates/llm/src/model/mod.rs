@@ -32,9 +32,16 @@ use crate::error::{Error, Result};
 #[derive(Clone, Debug)]
 struct Weight {
     info: TensorInfo,
-    rows: usize,
-    cols: usize,
     q: QTensor,
+}
+
+impl Weight {
+    fn rows(&self) -> usize {
+        self.q.rows()
+    }
+    fn cols(&self) -> usize {
+        self.q.cols()
+    }
 }
 
 /// One tensor's bytes in the mapped file, shared with the file's owner.
@@ -201,7 +208,7 @@ impl Model {
         let file = Arc::new(file);
         let mut cfg = Config::from_gguf(&file)?;
         let tok_embd = weight(&file, "token_embd.weight", None, Some(cfg.d_model))?;
-        cfg.vocab = tok_embd.rows;
+        cfg.vocab = tok_embd.rows();
         let output = match file.tensor("output.weight") {
             Some(_) => weight(&file, "output.weight", Some(cfg.vocab), Some(cfg.d_model))?,
             None => tok_embd.clone(),
@@ -465,8 +472,6 @@ fn weight(
     .map_err(|e| Error::Model(format!("tensor {name}: {e}")))?;
     Ok(Weight {
         info: info.clone(),
-        rows: r,
-        cols: c,
         q,
     })
 }

@@ -282,7 +282,7 @@ impl WgpuModel {
             qmatrix::plan_chunks(name, ty, rows, cols, pairs, weight_max).map_err(werr)
         };
         for w in &all {
-            plan(&w.info.name, w.info.ty, w.rows, w.cols, false)?;
+            plan(&w.info.name, w.info.ty, w.rows(), w.cols(), false)?;
         }
         let fused = |l: &super::Layer| fuse && l.w_gate.info.ty == l.w_up.info.ty;
         let stacked = |l: &super::Layer| {
@@ -292,12 +292,12 @@ impl WgpuModel {
                 && (biases == [true; 3] || biases == [false; 3])
         };
         for l in m.layers.iter().filter(|l| stacked(l)) {
-            let rows = l.wq.rows + l.wk.rows + l.wv.rows;
-            plan(&l.wq.info.name, l.wq.info.ty, rows, l.wq.cols, false)?;
+            let rows = l.wq.rows() + l.wk.rows() + l.wv.rows();
+            plan(&l.wq.info.name, l.wq.info.ty, rows, l.wq.cols(), false)?;
         }
         for l in m.layers.iter().filter(|l| fused(l)) {
             let w = &l.w_gate;
-            plan(&w.info.name, w.info.ty, 2 * w.rows, w.cols, true)?;
+            plan(&w.info.name, w.info.ty, 2 * w.rows(), w.cols(), true)?;
         }
         let d = dev.raw_device();
         let mut weight_bytes = 0usize;
@@ -306,9 +306,9 @@ impl WgpuModel {
         // the file's, joined only where something reads them.
         let mut upload = |parts: &[&Weight], order: RowOrder, bias: Option<Vec<f32>>| {
             let w0 = parts[0];
-            let rows = parts.iter().map(|w| w.rows).sum();
+            let rows = parts.iter().map(|w| w.rows()).sum();
             let files: Vec<&[u8]> = parts.iter().map(|w| m.file.tensor_data(&w.info)).collect();
-            let row_bytes = files[0].len() / w0.rows.max(1);
+            let row_bytes = files[0].len() / w0.rows().max(1);
             let data = match parts.len() {
                 1 => Cow::Borrowed(files[0]),
                 _ => Cow::Owned(join_rows(&files, row_bytes, order)),
@@ -320,7 +320,7 @@ impl WgpuModel {
                 d,
                 name,
                 w0.info.ty,
-                (rows, w0.cols),
+                (rows, w0.cols()),
                 &data,
                 pairs,
                 weight_max,
