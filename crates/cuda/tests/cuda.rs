@@ -223,25 +223,9 @@ fn quant_cases(d: &CudaDevice) {
     use ferrite_core::QType;
     let dev = d.device();
     let cases = ferrite_testing::quant_cases::quant_cases_for(&[QType::Q2_K, QType::Q3_K]);
-    let failures: Vec<String> = cases
-        .iter()
-        .enumerate()
-        .filter_map(|(i, c)| {
-            ferrite_testing::check_case_vs(c, &dev, &ferrite_cpu::cpu(), 9000 + i as u64).err()
-        })
-        .collect();
-    println!(
-        "  {} of {} quantized cases match",
-        cases.len() - failures.len(),
-        cases.len()
-    );
-    assert!(
-        failures.is_empty(),
-        "{} of {} cases failed:\n{}",
-        failures.len(),
-        cases.len(),
-        failures.join("\n")
-    );
+    let all: Vec<_> = cases.iter().collect();
+    let cpu = ferrite_cpu::cpu();
+    ferrite_testing::quant_cases::assert_cases(&all, &dev, &cpu, 9000, "quantized cases");
     // A CUDA matrix multiplies CUDA inputs only, and moves back to the CPU with its bytes.
     let q = ferrite_core::QTensor::new(
         &ferrite_cpu::cpu(),

@@ -33,14 +33,7 @@ fn every_llm_shader_validates_and_translates_to_msl_and_spirv() {
         };
         // Workgroup memory within the 16 KiB every WebGPU adapter offers; the sampler's
         // 1024-thread variant within what the host asks of an adapter before taking it.
-        let mut layouter = naga::proc::Layouter::default();
-        layouter.update(module.to_ctx()).expect("layout");
-        let shared: u32 = module
-            .global_variables
-            .iter()
-            .filter(|(_, g)| g.space == naga::AddressSpace::WorkGroup)
-            .map(|(_, g)| layouter[g.ty].size)
-            .sum();
+        let shared = ferrite_testing::wgsl::workgroup_bytes(&module);
         let limit = if name.contains("(1024 threads)") {
             ferrite_llm::model::wgpu::SAMPLE_1024_WORKGROUP_BYTES
         } else {

@@ -83,6 +83,34 @@ pub fn quant_cases() -> Vec<OpCase> {
     quant_cases_for(&[])
 }
 
+/// Runs `cases` on `device` against the f64 reference and `oracle` (seeds from `seed0`),
+/// prints how many match under `what` and panics listing every failure.
+pub fn assert_cases(
+    cases: &[&OpCase],
+    device: &ferrite_core::Device,
+    oracle: &ferrite_core::Device,
+    seed0: u64,
+    what: &str,
+) {
+    let failures: Vec<String> = cases
+        .iter()
+        .enumerate()
+        .filter_map(|(i, c)| crate::check_case_vs(c, device, oracle, seed0 + i as u64).err())
+        .collect();
+    println!(
+        "  {} of {} {what} match",
+        cases.len() - failures.len(),
+        cases.len()
+    );
+    assert!(
+        failures.is_empty(),
+        "{} of {} {what} failed:\n{}",
+        failures.len(),
+        cases.len(),
+        failures.join("\n")
+    );
+}
+
 /// [`quant_cases`] for a backend that stores the formats `f16_stored` as f16.
 pub fn quant_cases_for(f16_stored: &[QType]) -> Vec<OpCase> {
     let mut out = Vec::new();

@@ -1,5 +1,19 @@
 //! Checks on WGSL shaders (through naga) that the wgpu backends' tests share.
 
+/// Bytes of workgroup memory `module` declares (every WebGPU adapter offers 16 KiB).
+pub fn workgroup_bytes(module: &naga::Module) -> u32 {
+    let mut layouter = naga::proc::Layouter::default();
+    layouter
+        .update(module.to_ctx())
+        .unwrap_or_else(|e| unreachable!("a validated module lays out: {e}"));
+    module
+        .global_variables
+        .iter()
+        .filter(|(_, g)| g.space == naga::AddressSpace::WorkGroup)
+        .map(|(_, g)| layouter[g.ty].size)
+        .sum()
+}
+
 /// Array *values* indexed with a dynamic index, as `function: expression` lines. naga's SPIR-V
 /// backend spills such a value to a function variable and stores the whole array again at
 /// every access (`spill_to_internal_variable`), which the NVIDIA Vulkan driver keeps: a

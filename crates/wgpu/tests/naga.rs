@@ -34,14 +34,7 @@ fn every_shader_validates_and_translates_to_msl_and_spirv() {
             }
         };
         // Workgroup memory within the 16 KiB every WebGPU adapter offers.
-        let mut layouter = naga::proc::Layouter::default();
-        layouter.update(module.to_ctx()).expect("layout");
-        let shared: u32 = module
-            .global_variables
-            .iter()
-            .filter(|(_, g)| g.space == naga::AddressSpace::WorkGroup)
-            .map(|(_, g)| layouter[g.ty].size)
-            .sum();
+        let shared = ferrite_testing::wgsl::workgroup_bytes(&module);
         if shared > 16384 {
             failures.push(format!("{file}: {shared} bytes of workgroup memory"));
         }

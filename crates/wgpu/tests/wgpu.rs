@@ -387,41 +387,21 @@ fn quantized_products(d: &WgpuDevice) {
     use ferrite_core::{ActFormat, QBytes, QTensor, QType};
     let dev = d.device();
     let cpu = ferrite_cpu::cpu();
-    let run = |cases: &[&ferrite_testing::OpCase], seed0: u64| -> Vec<String> {
-        cases
-            .iter()
-            .enumerate()
-            .filter_map(|(i, c)| {
-                ferrite_testing::check_case_vs(c, &dev, &cpu, seed0 + i as u64).err()
-            })
-            .collect()
-    };
     let cases = ferrite_testing::quant_cases::quant_cases();
-    let failures = run(&cases.iter().collect::<Vec<_>>(), 9000);
-    println!(
-        "  {} of {} quantized cases match",
-        cases.len() - failures.len(),
-        cases.len()
-    );
-    assert!(
-        failures.is_empty(),
-        "{} of {} cases failed:\n{}",
-        failures.len(),
-        cases.len(),
-        failures.join("\n")
-    );
+    let all: Vec<_> = cases.iter().collect();
+    ferrite_testing::quant_cases::assert_cases(&all, &dev, &cpu, 9000, "quantized cases");
     if d.f16_in_f32() {
         d.use_f16_in_f32(false);
         let bits: Vec<_> = cases.iter().filter(|c| c.name.contains("/x[9,")).collect();
-        let failures = run(&bits, 19000);
-        d.use_f16_in_f32(true);
-        println!(
-            "  {} of {} with f16 fields by bit operations",
-            bits.len() - failures.len(),
-            bits.len()
-        );
         assert!(!bits.is_empty());
-        assert!(failures.is_empty(), "{}", failures.join("\n"));
+        let what = "cases with f16 fields by bit operations";
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            ferrite_testing::quant_cases::assert_cases(&bits, &dev, &cpu, 19000, what)
+        }));
+        d.use_f16_in_f32(true);
+        if let Err(e) = r {
+            std::panic::resume_unwind(e);
+        }
     }
     // A wgpu matrix multiplies wgpu inputs only, and moves back to the CPU with its bytes.
     let bytes = ferrite_testing::quant_cases::matrix_bytes(QType::Q4_0, 2, 64, 1);
