@@ -395,11 +395,8 @@ impl WgpuBackend {
         if err {
             args.push(Arg::W(&self.err_buf));
         }
-        let id = self.dispatch(op, &Src::Kernel(kernel, v), entry, params, &args, groups)?;
-        for o in outs {
-            o.set_written(id);
-        }
-        Ok(())
+        let src = Src::Kernel(kernel, v);
+        self.launch_args(op, &src, entry, params, &args, outs, groups)
     }
 
     /// Records one dispatch of `groups` workgroups of `src`'s `entry` with `params` at
