@@ -17,11 +17,11 @@
 //! - [`WgpuKernels`] records a step's dispatches as the definition calls its kernels and
 //!   submits them in chunks of `CHUNK_DISPATCHES` (a command buffer and a compute pass
 //!   each, the last at `logits`): products (ferrite-wgpu's `matvec.wgsl` and
-//!   `quantize_q8.wgsl`, a workgroup per 4 output rows and up to 8 activation rows), norms, the gated unit and greedy argmax
-//!   (`wgpu/ops.wgsl`), RoPE, the KV append and causal attention over the paged cache in
-//!   one kernel, split over workgroups for long rows (`wgpu/paged.wgsl`). The host waits
-//!   only when it reads the step's tokens or logits (or, with `FERRITE_WGPU_PROFILE`, the
-//!   timestamps).
+//!   `quantize_q8.wgsl`, a workgroup per 4 output rows and up to 8 activation rows), norms,
+//!   the gated unit and greedy argmax (`wgpu/ops.wgsl`), RoPE, the KV append and causal
+//!   attention over the paged cache in one kernel, split over workgroups for long rows
+//!   (`wgpu/paged.wgsl`). The host waits only when it reads the step's tokens or logits
+//!   (or, with `FERRITE_WGPU_PROFILE`, the timestamps).
 //!   Each step's picks are copied to a readback buffer of their own, so a decode loop can
 //!   submit step n + 1, whose input is step n's pick still on the device (`PREV_TOKEN`),
 //!   before it waits for step n's token (`queue_tokens`, `take_tokens`): the device works
