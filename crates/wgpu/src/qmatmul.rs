@@ -11,7 +11,7 @@ use ferrite_core::{DType, Result, Storage, Tensor};
 
 use crate::device::{Arg, Src, WgpuBackend};
 use crate::qmatrix::{self, WgpuQMat};
-use crate::util::{storage, uw};
+use crate::util::storage;
 
 const OP: &str = "qmatmul";
 
@@ -24,8 +24,7 @@ pub(crate) fn upload_quant(
     cols: usize,
     bytes: &QBytes,
 ) -> Result<Arc<dyn QStorage>> {
-    let l = &dev.limits;
-    let max = l.max_storage_buffer_binding_size.min(l.max_buffer_size) / 4 * 4;
+    let max = qmatrix::max_binding(&dev.limits);
     let m = WgpuQMat::upload(
         &dev.device,
         "QTensor",
@@ -59,20 +58,12 @@ pub(crate) fn qmatmul(
         x.copy()?
     };
     let xs = storage(&x, OP)?;
-    let q8 = act.for_product(w.ty()) == ActFormat::Q8 && qmatrix::has_q8(&m.fmt);
+    let q8 = act.for_product(w.ty()) == ActFormat::Q8;
     // Bound where a product reads no bias, no norm weights or no 8-bit input.
     let dummy = dev.alloc(OP, DType::F32, 4)?;
     let xq = if q8 {
         let xq = dev.alloc(OP, DType::U32, qmatrix::q8_row_words(cols) * t)?;
-        // QB of quantize_q8.wgsl: blocks of 32 values a workgroup.
-        let per_row = (cols / 32).div_ceil(64);
-        let params = [
-            uw(OP, cols)?,
-            uw(OP, t)?,
-            0,
-            uw(OP, cols)?,
-            uw(OP, per_row)?,
-        ];
+        let (params, groups) = qmatrix::quantize_q8_dispatch(cols, t, false, cols)?;
         let args = [
             Arg::W(xq.buffer()),
             Arg::R(xs.buffer()),
@@ -82,29 +73,26 @@ pub(crate) fn qmatmul(
             key: "quantize_q8.wgsl",
             build: &|| qmatrix::QUANTIZE_Q8.to_string(),
         };
-        dev.launch_args(OP, &src, "quantize_q8", &params, &args, &[&xq], t * per_row)?;
+        dev.launch_args(OP, &src, "quantize_q8", &params, &args, &[&xq], groups)?;
         Some(xq)
     } else {
         None
     };
     let r = qmatrix::rows_variant(t);
+    let call = qmatrix::Matvec {
+        rows: t,
+        x_stride: cols,
+        out_stride: rows,
+        col0: 0,
+        flags: 0,
+        eps: 0.0,
+    };
     let unpack = dev.f16_unpack.load(std::sync::atomic::Ordering::Relaxed);
     for ch in &m.chunks {
         let opw = qmatrix::outs_per_subgroup(ch.rows, r, q8);
         let key = qmatrix::matvec_key(&m.fmt, r, false, opw, unpack, q8);
         let build = || qmatrix::matvec_source(&m.fmt, r, false, opw, unpack, q8);
-        let params = [
-            uw(OP, t)?,
-            uw(OP, cols)?,
-            uw(OP, ch.rows)?,
-            uw(OP, ch.row0)?,
-            uw(OP, rows)?,
-            uw(OP, m.row_bytes)?,
-            0,
-            uw(OP, cols)?,
-            0,
-            0,
-        ];
+        let (params, groups) = call.dispatch(m, ch, opw)?;
         let args = [
             Arg::R(&ch.buf),
             Arg::R(xs.buffer()),
@@ -113,7 +101,6 @@ pub(crate) fn qmatmul(
             Arg::R(xq.as_ref().unwrap_or(&dummy).buffer()),
             Arg::R(dummy.buffer()),
         ];
-        let groups = ch.rows.div_ceil(qmatrix::MATVEC_OUTS * opw as usize) * t.div_ceil(r as usize);
         let src = Src::Module {
             key: &key,
             build: &build,

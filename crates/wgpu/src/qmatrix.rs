@@ -185,6 +185,77 @@ pub fn q8_row_words(cols: usize) -> usize {
     cols / 4 + 2 * (cols / 32)
 }
 
+/// `matvec.wgsl`'s flags (parameter 6): add the sums to the output instead of storing them.
+pub const FLAG_ADD: u32 = 1;
+/// Add the bias (binding 4).
+pub const FLAG_BIAS: u32 = 2;
+/// Output rows 2i, 2i + 1 are gate and up of unit i: store the gated unit (SiLU).
+pub const FLAG_GLU: u32 = 4;
+/// With `FLAG_GLU`: tanh-GELU instead of SiLU.
+pub const FLAG_GELU: u32 = 8;
+
+/// A size as a parameter word of `op`'s dispatch.
+fn word(op: &'static str, what: &str, v: usize) -> Result<u32> {
+    u32::try_from(v).map_err(|_| Error::backend(op, format!("{what} = {v} exceeds u32")))
+}
+
+/// One product `out[:, col0 + ..] (+)= x @ W^T` over `rows` activation rows (`x_stride`
+/// floats apart; `out` rows `out_stride` apart), as `matvec.wgsl` takes it.
+pub struct Matvec {
+    pub rows: usize,
+    pub x_stride: usize,
+    pub out_stride: usize,
+    pub col0: usize,
+    /// `FLAG_*`.
+    pub flags: u32,
+    /// The folded RMS norm's epsilon (`NORM` modules).
+    pub eps: f32,
+}
+
+impl Matvec {
+    /// The parameter words and workgroups of the dispatch over chunk `ch` of `m` by the module
+    /// of `outs_per_subgroup` `opw` (and `rows_variant(self.rows)` rows a workgroup).
+    pub fn dispatch(&self, m: &WgpuQMat, ch: &QChunk, opw: u32) -> Result<([u32; 10], usize)> {
+        const OP: &str = "matvec";
+        let params = [
+            word(OP, "rows", self.rows)?,
+            word(OP, "cols", m.cols)?,
+            word(OP, "rows of a chunk", ch.rows)?,
+            word(OP, "first row of a chunk", ch.row0)?,
+            word(OP, "output stride", self.out_stride)?,
+            word(OP, "row bytes", m.row_bytes)?,
+            self.flags,
+            word(OP, "input stride", self.x_stride)?,
+            word(OP, "output column", self.col0)?,
+            self.eps.to_bits(),
+        ];
+        let row_groups = self.rows.div_ceil(rows_variant(self.rows) as usize);
+        let groups = ch.rows.div_ceil(MATVEC_OUTS * opw as usize) * row_groups;
+        Ok((params, groups))
+    }
+}
+
+/// The parameter words and workgroups of `quantize_q8` over `rows` rows of `cols` values,
+/// `x_stride` floats apart, times the norm weights where `norm`.
+pub fn quantize_q8_dispatch(
+    cols: usize,
+    rows: usize,
+    norm: bool,
+    x_stride: usize,
+) -> Result<([u32; 5], usize)> {
+    const OP: &str = "quantize_q8";
+    // QB of quantize_q8.wgsl: blocks of 32 values a workgroup.
+    let per_row = (cols / 32).div_ceil(64);
+    let params = [
+        word(OP, "cols", cols)?,
+        word(OP, "rows", rows)?,
+        u32::from(norm),
+        word(OP, "input stride", x_stride)?,
+        word(OP, "workgroups per row", per_row)?,
+    ];
+    Ok((params, rows * per_row))
+}
+
 /// `half` of `quant.wgsl` as the bit operations it is written with.
 const HALF_BITS: &str = "fn half(h: u32) -> f32 {\n    return half_bits(h);\n}";
 /// `half` as one conversion (adapters with `DownlevelFlags::SHADER_F16_IN_F32`).
@@ -307,9 +378,9 @@ impl QStorage for WgpuQMat {
     }
 }
 
-/// The largest storage binding of `dev` in whole words: the most bytes one chunk may hold.
-pub fn max_binding(dev: &WgpuDevice) -> u64 {
-    let l = dev.limits();
+/// The largest storage binding of an adapter with limits `l`, in whole words: the most bytes
+/// one chunk may hold.
+pub fn max_binding(l: &wgpu::Limits) -> u64 {
     l.max_storage_buffer_binding_size.min(l.max_buffer_size) / 4 * 4
 }
 

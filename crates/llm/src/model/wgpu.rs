@@ -251,7 +251,7 @@ impl WgpuModel {
     ) -> Result<WgpuModel> {
         let c = &m.cfg;
         let lim = dev.limits();
-        let max_binding = qmatrix::max_binding(dev);
+        let max_binding = qmatrix::max_binding(lim);
         let weight_max = weight_binding.map_or(max_binding, |b| b.min(max_binding));
         if c.head_dim > MAX_HEAD_DIM
             || !c.head_dim.is_multiple_of(4)
@@ -1507,29 +1507,29 @@ impl<'g> WgpuKernels<'g> {
         // q8: the norm weights are in the quantized input already.
         let norm = if q8 { None } else { input.norm.clone() };
         let nw = norm.unwrap_or_else(|| self.m.dummy.clone());
-        let nrg = rows.div_ceil(r as usize);
         let flags = match mode {
             Epilogue::Store => 0,
-            Epilogue::Add => 1,
-            Epilogue::Glu(Glu::Silu) => 4,
-            Epilogue::Glu(Glu::GeluTanh) => 4 | 8,
-        } | if w.bias.is_some() { 2 } else { 0 };
+            Epilogue::Add => qmatrix::FLAG_ADD,
+            Epilogue::Glu(Glu::Silu) => qmatrix::FLAG_GLU,
+            Epilogue::Glu(Glu::GeluTanh) => qmatrix::FLAG_GLU | qmatrix::FLAG_GELU,
+        } | if w.bias.is_some() {
+            qmatrix::FLAG_BIAS
+        } else {
+            0
+        };
+        let call = qmatrix::Matvec {
+            rows,
+            x_stride: input.stride,
+            out_stride,
+            col0,
+            flags,
+            eps: self.m.cfg.eps,
+        };
         let bias = w.bias.clone().unwrap_or_else(|| self.m.dummy.clone());
         for ch in &qm.chunks {
             let opw = qmatrix::outs_per_subgroup(ch.rows, r, q8);
             let pipe = self.pipe(Module::Matvec(qm.fmt, r, normed, opw, q8), "matvec")?;
-            let params = vec![
-                u32_of(rows, "rows")?,
-                u32_of(qm.cols, "cols")?,
-                u32_of(ch.rows, "rows of a chunk")?,
-                u32_of(ch.row0, "first row of a chunk")?,
-                u32_of(out_stride, "output stride")?,
-                u32_of(qm.row_bytes, "row bytes")?,
-                flags,
-                u32_of(input.stride, "input stride")?,
-                u32_of(col0, "output column")?,
-                self.m.cfg.eps.to_bits(),
-            ];
+            let (params, groups) = call.dispatch(qm, ch, opw).map_err(werr)?;
             let mut binds = vec![
                 (1, ch.buf.clone()),
                 (2, input.x.clone()),
@@ -1539,8 +1539,7 @@ impl<'g> WgpuKernels<'g> {
             ];
             // The Q8 products read their input at 5 (`sdata`), which the f32 ones declare too.
             binds.push((5, xq.clone().unwrap_or_else(|| self.m.dummy.clone())));
-            let groups = ch.rows.div_ceil(qmatrix::MATVEC_OUTS * opw as usize) * nrg;
-            self.push(pipe, params, binds, groups)?;
+            self.push(pipe, params.to_vec(), binds, groups)?;
         }
         Ok(())
     }
@@ -1558,18 +1557,11 @@ impl<'g> WgpuKernels<'g> {
     ) -> Result<wgpu::Buffer> {
         let xq = self.scratch()?.xq.clone();
         let pipe = self.pipe(Module::Quantize, "quantize_q8")?;
-        // QB of ops.wgsl: blocks of 32 values a workgroup.
-        let per_row = (cols / 32).div_ceil(64);
-        let params = vec![
-            u32_of(cols, "cols")?,
-            u32_of(rows, "rows")?,
-            u32::from(norm.is_some()),
-            u32_of(x_stride, "input stride")?,
-            u32_of(per_row, "workgroups per row")?,
-        ];
+        let (params, groups) =
+            qmatrix::quantize_q8_dispatch(cols, rows, norm.is_some(), x_stride).map_err(werr)?;
         let nw = norm.cloned().unwrap_or_else(|| self.m.dummy.clone());
         let binds = vec![(1, xq.clone()), (2, x.clone()), (3, nw)];
-        self.push(pipe, params, binds, rows * per_row)?;
+        self.push(pipe, params.to_vec(), binds, groups)?;
         Ok(xq)
     }
 
