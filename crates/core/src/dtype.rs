@@ -43,6 +43,14 @@ impl DType {
         matches!(self, DType::F32 | DType::F16 | DType::BF16 | DType::F64)
     }
 
+    /// The type float kernels accumulate in: f32 for the 16-bit floats, else the type itself.
+    pub fn accumulator(self) -> DType {
+        match self {
+            DType::F16 | DType::BF16 => DType::F32,
+            d => d,
+        }
+    }
+
     pub fn is_int(self) -> bool {
         matches!(self, DType::I32 | DType::I64 | DType::U32 | DType::U8)
     }

@@ -1555,7 +1555,8 @@ impl Tensor {
     }
 
     /// Fused log-softmax + NLL over class indices (`Op::CrossEntropy`): per row (loss, lse)
-    /// as an [n, 2] tensor; the gradient flows to `logits` only.
+    /// as an [n, 2] tensor in the logits' accumulator dtype (f32 for f16/bf16 logits); the
+    /// gradient flows to `logits` only.
     pub fn cross_entropy_rows(
         logits: &Tensor,
         target: &Tensor,
@@ -1572,12 +1573,12 @@ impl Tensor {
             },
             &[logits, target, weight],
             Shape::from(vec![n, 2]),
-            logits.dtype(),
+            logits.dtype().accumulator(),
         )
     }
 
     /// dlogits of `cross_entropy_rows` given its output `out` and upstream gradient `g`
-    /// (both [n, 2]; only g's column 0 is read).
+    /// (both [n, 2] in its output dtype; only g's column 0 is read), in the logits' dtype.
     pub fn cross_entropy_backward(
         logits: &Tensor,
         target: &Tensor,
@@ -1589,16 +1590,12 @@ impl Tensor {
     ) -> Result<Tensor> {
         let op = "cross_entropy_backward";
         let (n, _) = Tensor::check_cross_entropy(op, logits, target, weight, label_smoothing)?;
+        let acc = logits.dtype().accumulator();
         for t in [out, g] {
-            if t.dims() != [n, 2] || t.dtype() != logits.dtype() {
+            if t.dims() != [n, 2] || t.dtype() != acc {
                 return Err(Error::shape(
                     op,
-                    format!(
-                        "expected {} [{n}, 2], got {} {}",
-                        logits.dtype(),
-                        t.dtype(),
-                        t.shape()
-                    ),
+                    format!("expected {acc} [{n}, 2], got {} {}", t.dtype(), t.shape()),
                 ));
             }
         }

@@ -1,6 +1,6 @@
 //! Fused cross-entropy over class indices (`Op::CrossEntropy` and its backward): one pass over
 //! each row of logits for (loss, logsumexp), one for the gradient; probabilities are never
-//! stored. Rows run in parallel; f16/bf16 compute in f32.
+//! stored. Rows run in parallel; f16/bf16 compute in f32, and their (loss, lse) stay f32.
 
 use crate::storage::{float_kernel, indices};
 use ferrite_core::{Error, HostBuffer, Result, Tensor};
@@ -93,7 +93,7 @@ pub(crate) fn cross_entropy(
     let t = targets(target, c, ignore_index, op)?;
     Ok(float_kernel!(
         op,
-        logits.dtype(),
+        logits.dtype().accumulator(),
         [logits, weight],
         |x, w| forward_rows(x, w, &t, c, eps)
     ))

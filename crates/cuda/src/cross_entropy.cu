@@ -1,7 +1,8 @@
 // Fused cross-entropy over class indices (the reference is ferrite-cpu cross_entropy.rs).
 // One block per row (grid-stride over rows). The forward reads each row once (an online max
 // and sum of exponentials per thread, 16-byte loads when the row allows), writing per row
-// (loss, lse); the backward reads the row once more and writes dlogits, using the saved lse.
+// (loss, lse) in the accumulator type A (f32 for 16-bit logits); the backward reads the row
+// once more and writes dlogits (in T), using the saved lse.
 // Probabilities are never stored. A target outside [0, c) that is not ignore_index raises
 // FAULT_CROSS_ENTROPY and its row yields 0. With label smoothing the kernels also read the
 // class weights and `wsum` (their sum as A: f64 for f64 logits, else f32; a device scalar the
@@ -51,7 +52,7 @@ __device__ __forceinline__ void ce_chunk(const T* v16, typename Num<T>::A& m, ty
 template <typename T, typename I>
 __device__ void ce_fwd_impl(const T* __restrict__ x, u64 n, u32 c, const I* __restrict__ tgt,
                             const T* __restrict__ w, const void* wsum, i64 ignore, double eps,
-                            u32 vec16, T* __restrict__ out, ErrFlag* err) {
+                            u32 vec16, typename Num<T>::A* __restrict__ out, ErrFlag* err) {
     typedef typename Num<T>::A A;
     __shared__ A sh[32];
     const int V = 16 / sizeof(T);
@@ -101,8 +102,8 @@ __device__ void ce_fwd_impl(const T* __restrict__ x, u64 n, u32 c, const I* __re
                     if (smooth) loss += (A)eps / (A)c * (*(const A*)wsum * l - SW);
                 }
             }
-            out[2 * r] = Num<T>::store(loss);
-            out[2 * r + 1] = Num<T>::store(l);
+            out[2 * r] = loss;
+            out[2 * r + 1] = l;
         }
         __syncthreads();
     }
@@ -122,7 +123,8 @@ __device__ __forceinline__ T ce_grad(T xv, u32 j, u32 tt, typename Num<T>::A l,
 template <typename T, typename I>
 __device__ void ce_bwd_impl(const T* __restrict__ x, u64 n, u32 c, const I* __restrict__ tgt,
                             const T* __restrict__ w, const void* wsum, i64 ignore, double eps,
-                            const T* __restrict__ saved, const T* __restrict__ g, u32 vec16,
+                            const typename Num<T>::A* __restrict__ saved,
+                            const typename Num<T>::A* __restrict__ g, u32 vec16,
                             T* __restrict__ dx, ErrFlag* err) {
     typedef typename Num<T>::A A;
     const int V = 16 / sizeof(T);
@@ -141,8 +143,8 @@ __device__ void ce_bwd_impl(const T* __restrict__ x, u64 n, u32 c, const I* __re
         A gi = (A)0, l = (A)0, a = (A)0, es = (A)0, coef = (A)0;
         u32 tt = 0xffffffffu;
         if (!skip) {
-            gi = Num<T>::load(g[2 * r]);
-            l = Num<T>::load(saved[2 * r + 1]);
+            gi = g[2 * r];
+            l = saved[2 * r + 1];
             a = ((A)1 - (A)eps) * Num<T>::load(w[t]);
             es = (A)eps / (A)c;
             coef = a + (smooth ? es * *(const A*)wsum : (A)0);
@@ -182,12 +184,13 @@ __device__ void ce_bwd_impl(const T* __restrict__ x, u64 n, u32 c, const I* __re
 
 #define CE_KERNELS(S, T, IS, I)                                                                 \
 extern "C" __global__ void __launch_bounds__(1024) ce_fwd_##S##_##IS(const T* x, u64 n, u32 c, \
-    const I* tgt, const T* w, const void* wsum, i64 ignore, double eps, u32 vec16, T* out,      \
+    const I* tgt, const T* w, const void* wsum, i64 ignore, double eps, u32 vec16,             \
+    Num<T>::A* out,                                                                             \
     ErrFlag* err) {                                                                             \
     ce_fwd_impl<T, I>(x, n, c, tgt, w, wsum, ignore, eps, vec16, out, err); }                   \
 extern "C" __global__ void __launch_bounds__(1024) ce_bwd_##S##_##IS(const T* x, u64 n, u32 c, \
-    const I* tgt, const T* w, const void* wsum, i64 ignore, double eps, const T* saved,        \
-    const T* g, u32 vec16, T* dx, ErrFlag* err) {                                               \
+    const I* tgt, const T* w, const void* wsum, i64 ignore, double eps,                        \
+    const Num<T>::A* saved, const Num<T>::A* g, u32 vec16, T* dx, ErrFlag* err) {              \
     ce_bwd_impl<T, I>(x, n, c, tgt, w, wsum, ignore, eps, saved, g, vec16, dx, err); }
 
 #define CE_FOR_INDEX(S, T) CE_KERNELS(S, T, i32, i32) CE_KERNELS(S, T, i64, i64)               \

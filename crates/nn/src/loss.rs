@@ -113,9 +113,11 @@ fn weight_sum(t: &Tensor, w: Option<&Tensor>, like: &Tensor, ignore_index: i64) 
         let Some(w) = w else {
             return valid.cast(like.dtype())?.sum_all();
         };
+        // Summed in the losses' dtype (f32 for 16-bit logits and weights).
         let safe = Tensor::where_cond(&valid, &t, &t.zeros_like()?)?;
-        w.index_select(&safe, 0)?
-            .mul(&valid.cast(w.dtype())?)?
+        w.cast(like.dtype())?
+            .index_select(&safe, 0)?
+            .mul(&valid.cast(like.dtype())?)?
             .sum_all()
     })
 }
@@ -162,9 +164,10 @@ pub fn cross_entropy(input: &Tensor, target: &Tensor, o: &CrossEntropyOptions) -
         ));
     }
     let t = target.reshape([rows.dims()[0]])?;
+    // Per row (loss, lse) in the accumulator dtype: f32 for 16-bit logits, computed in f32.
     let out = Tensor::cross_entropy_rows(&rows, &t, &w, o.ignore_index, o.label_smoothing)?;
     let l = out.narrow(1, 0, 1)?.reshape([rows.dims()[0]])?;
-    match o.reduction {
+    let loss = match o.reduction {
         Reduction::None => l.reshape(lead),
         Reduction::Sum => l.sum_all(),
         Reduction::Mean => {
@@ -172,6 +175,13 @@ pub fn cross_entropy(input: &Tensor, target: &Tensor, o: &CrossEntropyOptions) -
             l.sum_all()?
                 .div(&weight_sum(&t, explicit, &l, o.ignore_index)?)
         }
+    }?;
+    // Under autocast the loss stays f32 (PyTorch's autocast runs cross_entropy in f32, so
+    // 16-bit logits reach it without an f32 copy of them); otherwise it has the logits' dtype.
+    if loss.dtype() == input.dtype() || ferrite_core::autocast::autocast_dtype().is_some() {
+        Ok(loss)
+    } else {
+        loss.cast(input.dtype())
     }
 }
 

@@ -86,6 +86,83 @@ fn fused_rows_match_the_reference_and_finite_differences() {
     }
 }
 
+/// f16/bf16 logits compute in f32: the op's (loss, lse) are f32 and equal the op on the
+/// logits cast to f32; under autocast the loss (f32) and the logits' gradient (16-bit) equal
+/// those of `cross_entropy(logits.cast(f32))`, PyTorch's `cross_entropy(logits.float())`, bit
+/// for bit; outside autocast the loss has the logits' dtype.
+#[test]
+fn sixteen_bit_logits_compute_in_f32() {
+    let dev = cpu();
+    let (n, c) = (37, 301);
+    let tv: Vec<i64> = (0..n as i64)
+        .map(|i| if i == 5 { -7 } else { (i * 53) % c as i64 })
+        .collect();
+    let t = Tensor::from_vec(tv, [n], &dev).unwrap();
+    for dt in [DType::BF16, DType::F16] {
+        let x = Tensor::rand_normal([n, c], 0.0, 3.0, 11, DType::F32, &dev)
+            .unwrap()
+            .cast(dt)
+            .unwrap();
+        let w = Tensor::rand_uniform([c], 0.5, 2.0, 12, DType::F32, &dev)
+            .unwrap()
+            .cast(dt)
+            .unwrap();
+        let (xf, wf) = (x.cast(DType::F32).unwrap(), w.cast(DType::F32).unwrap());
+        let out = Tensor::cross_entropy_rows(&x, &t, &w, -7, 0.1).unwrap();
+        assert_eq!(out.dtype(), DType::F32, "{dt}");
+        let want = Tensor::cross_entropy_rows(&xf, &t, &wf, -7, 0.1).unwrap();
+        assert_eq!(
+            out.to_vec::<f32>().unwrap(),
+            want.to_vec::<f32>().unwrap(),
+            "{dt}"
+        );
+        let opts = |w: &Tensor| CrossEntropyOptions {
+            weight: Some(w.clone()),
+            ignore_index: -7,
+            label_smoothing: 0.1,
+            ..Default::default()
+        };
+        // (loss, gradient) through autodiff, the loss taken from `f(logits)`.
+        let run = |f: &dyn Fn(&Tensor) -> Tensor, w: &Tensor| {
+            let v = Var::new(&x).unwrap();
+            let l = ferrite_core::autocast::autocast(dt, || {
+                cross_entropy(&f(v.tensor()), &t, &opts(w)).unwrap()
+            })
+            .unwrap();
+            backward(&l).unwrap();
+            let g = v.grad().unwrap();
+            assert_eq!(g.dtype(), dt);
+            (l, g.cast(DType::F32).unwrap().to_vec::<f32>().unwrap())
+        };
+        let (l16, g16) = run(&|x| x.clone(), &w);
+        let (l32, g32) = run(&|x| x.cast(DType::F32).unwrap(), &wf);
+        assert_eq!(l16.dtype(), DType::F32, "{dt}");
+        assert_eq!(
+            l16.item::<f32>().unwrap(),
+            l32.item::<f32>().unwrap(),
+            "{dt}"
+        );
+        assert!(
+            l16.item::<f32>().unwrap() > 1.0,
+            "{dt}: the loss is not trivial"
+        );
+        assert_eq!(g16, g32, "{dt}");
+        assert!(g16.iter().any(|&g| g != 0.0));
+        // Outside autocast: the logits' dtype.
+        let plain = cross_entropy(&x, &t, &opts(&w)).unwrap();
+        assert_eq!(plain.dtype(), dt);
+        assert_eq!(
+            plain.cast(DType::F32).unwrap().item::<f32>().unwrap(),
+            l32.cast(dt)
+                .unwrap()
+                .cast(DType::F32)
+                .unwrap()
+                .item::<f32>()
+                .unwrap()
+        );
+    }
+}
+
 #[test]
 fn infinite_logits_follow_the_log_softmax_rules() {
     let dev = cpu();

@@ -142,7 +142,7 @@ fn ce_nonfinite_rows(d: &CudaDevice) {
                 .unwrap();
             let t = Tensor::from_vec(t.clone(), [7], &cpu).unwrap();
             let w = Tensor::ones([c], dt, &cpu).unwrap();
-            let g = Tensor::full(0.5, [7, 2], dt, &cpu).unwrap();
+            let g = Tensor::full(0.5, [7, 2], dt.accumulator(), &cpu).unwrap();
             let run = |dev: &Device| ce_fwd_bwd(dev, [&x, &t, &w, &g], -100, 0.0);
             let ((o1, d1), (o0, d0)) = (run(&cuda), run(&cpu));
             let (eo, ed) = (max_rel(&o1, &o0), max_rel(&d1, &d0));
@@ -187,11 +187,12 @@ fn ce_matches_cpu(d: &CudaDevice) {
                     .unwrap();
                 let g = Tensor::rand_uniform([n, 2], -1.0, 1.0, 5, DType::F32, &cpu)
                     .unwrap()
-                    .cast(dt)
+                    .cast(dt.accumulator())
                     .unwrap();
                 let run = |dev: &Device| ce_fwd_bwd(dev, [&x, &t, &w, &g], ignore, eps);
                 let (o1, d1) = run(&cuda);
                 let (o0, d0) = run(&cpu);
+                assert_eq!((o1.dtype(), d1.dtype()), (dt.accumulator(), dt));
                 let (eo, ed) = (max_rel(&o1, &o0), max_rel(&d1, &d0));
                 assert!(
                     eo <= tol && ed <= tol,

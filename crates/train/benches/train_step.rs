@@ -31,7 +31,9 @@
 //! Workloads default to `seed-cnn mlp char-gpt` (add `gpt2`, or name any subset). `cpu` forces
 //! the CPU; `eager` runs the eager modes only (bf16 where there is one; for a profiler's
 //! per-kernel table); `quick` shrinks every workload and runs 3 steps (a check that it runs,
-//! not a measurement).
+//! not a measurement); `f32-logits` casts the transformers' logits to f32 before the loss
+//! (autocast's plain `Linear` output; the loss then reads f32 logits), for comparison with the
+//! default bf16 logits.
 
 use ferrite_core::{ConvArgs, DType, Device, Padding, Tensor};
 use ferrite_nn::functional::relu;
@@ -144,7 +146,7 @@ struct Gpt {
     tied: bool,
 }
 
-fn gpt(name: &str, s: &Gpt, dev: &Device) -> Result<Workload<'static>> {
+fn gpt(name: &str, s: &Gpt, f32_logits: bool, dev: &Device) -> Result<Workload<'static>> {
     let mut c = EncoderConfig::new(s.width, s.heads);
     c.dim_feedforward = 4 * s.width;
     c.dropout = 0.0;
@@ -170,11 +172,24 @@ fn gpt(name: &str, s: &Gpt, dev: &Device) -> Result<Workload<'static>> {
     let vocab = s.vocab;
     let ce = CrossEntropyOptions::default();
     Ok(Workload {
-        name: format!("{name}_{}x{}_t{}_b{}", s.layers, s.width, s.ctx, s.batch),
+        name: format!(
+            "{name}_{}x{}_t{}_b{}{}",
+            s.layers,
+            s.width,
+            s.ctx,
+            s.batch,
+            if f32_logits { "_f32logits" } else { "" }
+        ),
         params,
         loss: Box::new(move || {
             let x = tok.forward(&ids)?.add(&pos.forward(&at)?)?;
-            let logits = head.forward(&blocks.forward_masked(&x, None, true)?)?;
+            // Logits in bf16 under autocast: the loss computes in f32 from them (as
+            // PyTorch's `cross_entropy(logits.float())`), no f32 copy of them is written.
+            let h = blocks.forward_masked(&x, None, true)?;
+            let logits = match f32_logits {
+                true => head.forward(&h)?,
+                false => head.forward_low(&h)?,
+            };
             cross_entropy(&logits.reshape([n, vocab])?, &tgt, &ce)
         }),
         tokens: n,
@@ -287,7 +302,7 @@ fn main() {
 fn bench() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let has = |a: &str| args.iter().any(|x| x == a);
-    let (quick, eager_only) = (has("quick"), has("eager"));
+    let (quick, eager_only, f32_logits) = (has("quick"), has("eager"), has("f32-logits"));
     let dev = if !has("cpu") && ferrite_cuda::is_available() {
         ferrite_cuda::cuda(0)?
     } else {
@@ -297,7 +312,8 @@ fn bench() -> Result<()> {
     let known = ["seed-cnn", "mlp", "char-gpt", "gpt2"];
     let mut chosen: Vec<&str> = known.iter().copied().filter(|w| has(w)).collect();
     if let Some(bad) = args.iter().find(|a| {
-        !known.contains(&a.as_str()) && !["cpu", "quick", "eager", "--bench"].contains(&a.as_str())
+        !known.contains(&a.as_str())
+            && !["cpu", "quick", "eager", "f32-logits", "--bench"].contains(&a.as_str())
     }) {
         return Err(ferrite_train::Error::config(
             "train_step",
@@ -364,7 +380,7 @@ fn bench() -> Result<()> {
                     },
                 };
                 ferrite_nn::init::manual_seed(0);
-                let wl = gpt("gpt_char", &s, &dev)?;
+                let wl = gpt("gpt_char", &s, f32_logits, &dev)?;
                 let mut ms = modes(Precision::Bf16, 10, 50);
                 if !eager_only {
                     ms.extend(
@@ -399,7 +415,7 @@ fn bench() -> Result<()> {
                     },
                 };
                 ferrite_nn::init::manual_seed(0);
-                let wl = gpt("gpt2", &s, &dev)?;
+                let wl = gpt("gpt2", &s, f32_logits, &dev)?;
                 let rule = Rule::Adam {
                     betas: (0.9, 0.95),
                     eps: 1e-8,

@@ -316,14 +316,16 @@ fn cross_entropy(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocatio
         } else if (tg != -1) {
             atomicMax(&ERR, P[8]);
         }
-        Y0[2u * row] = st(loss);
-        Y0[2u * row + 1u] = st(lse);
+        // (loss, lse) in f32, the logits' accumulator type.
+        Y0[2u * row] = bitcast<u32>(loss);
+        Y0[2u * row + 1u] = bitcast<u32>(lse);
     }
 }
 #endif
 
 #if CEB
-// X3: the forward output [rows, 2] (its lse), X4: g [rows, 2]. P: head, then out_off, g_off.
+// X3: the forward output [rows, 2] (its lse), X4: g [rows, 2], both f32. P: head, then out_off,
+// g_off.
 @compute @workgroup_size(256)
 fn cross_entropy_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>,
                           @builtin(num_workgroups) nwg: vec3<u32>) {
@@ -338,8 +340,8 @@ fn cross_entropy_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_
     sw = wg_sum(sw, t);
     let tg = row_target(row);
     let ok = tg >= 0 && u32(tg) < c;
-    let lse = ld(X3[P[9] + 2u * row + 1u]);
-    let g = ld(X4[P[10] + 2u * row]);
+    let lse = bitcast<f32>(X3[P[9] + 2u * row + 1u]);
+    let g = bitcast<f32>(X4[P[10] + 2u * row]);
     var wt = 0.0;
     if (ok) { wt = ld(X2[P[7] + u32(tg)]); }
     for (var j = t; j < c; j += WG) {

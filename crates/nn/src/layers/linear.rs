@@ -74,6 +74,34 @@ impl Linear {
     pub fn out_features(&self) -> usize {
         self.weight.dims()[0]
     }
+
+    fn check_input(&self, x: &Tensor) -> Result<()> {
+        if x.rank() == 0 || x.dims()[x.rank() - 1] != self.in_features() {
+            return Err(Error::module(
+                "Linear",
+                format!(
+                    "expected {} input features, got input {}",
+                    self.in_features(),
+                    x.shape()
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// `forward`, with the output left in the autocast dtype where autocast applies (what
+    /// PyTorch's autocast `F.linear` returns) instead of cast back to f32: for a layer whose
+    /// output goes to an op that computes in f32 itself, as a language model's head feeding
+    /// `cross_entropy` (16-bit logits, f32 loss), so that no f32 copy of the output is
+    /// written. Outside autocast it is `forward`.
+    pub fn forward_low(&self, x: &Tensor) -> Result<Tensor> {
+        self.check_input(x)?;
+        let b = self.bias.as_ref().map(|b| b.tensor());
+        match linear_low(x, &self.weight.tensor(), b.as_ref())? {
+            Some(y) => Ok(y),
+            None => self.forward(x),
+        }
+    }
 }
 
 /// `x Wᵀ + b` over the last axis of `x` (PyTorch's `F.linear`).
@@ -115,16 +143,7 @@ impl Module for Linear {
     }
 
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        if x.rank() == 0 || x.dims()[x.rank() - 1] != self.in_features() {
-            return Err(Error::module(
-                "Linear",
-                format!(
-                    "expected {} input features, got input {}",
-                    self.in_features(),
-                    x.shape()
-                ),
-            ));
-        }
+        self.check_input(x)?;
         let b = self.bias.as_ref().map(|b| b.tensor());
         linear(x, &self.weight.tensor(), b.as_ref())
     }
