@@ -13,11 +13,20 @@
 //!
 //! Out of memory: the cache is emptied (after the compute stream drains) and the allocation
 //! retried once; a second failure is an error carrying the counters.
+//!
+//! During a CUDA graph capture every block handed out is the graph's: its kernels use the
+//! address on every replay, so the graph keeps the block out of the cache until it is dropped;
+//! so is every older block a captured kernel reads (`hold`), whether or not its tensor
+//! outlives the capture.
+//! A tensor's handle on such a block that drops while the capture is still recording returns
+//! the block to that capture's own free list, and a later request of the same capture may take
+//! it (stream order holds inside the graph as it does on the stream): a captured step needs
+//! about the memory of its eager run, not the sum of everything it allocates.
 
 use crate::driver::Check;
 use cudarc::driver::{result as dr, sys};
 use ferrite_core::{Error, Result};
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 
 const ROUND: usize = 512;
@@ -69,9 +78,21 @@ struct Pool {
     blocks: HashMap<u64, Meta>,
     segments: HashMap<u64, usize>,
     stats: MemoryStats,
-    /// Set while a CUDA graph is captured: blocks handed out then are also kept alive by the
-    /// graph (its kernels keep using their addresses on every replay).
-    capture: Option<Vec<Arc<Block>>>,
+    /// Set while a CUDA graph is captured.
+    capture: Option<Capture>,
+    /// Captures begun so far (names a capture in the handles it lends).
+    captures: u64,
+}
+
+/// The blocks of the capture being recorded.
+struct Capture {
+    id: u64,
+    /// Every block the capture took from the cache; the graph keeps them.
+    keep: Vec<Arc<Block>>,
+    /// Blocks of `keep` whose handle dropped during the capture, by (size, address).
+    free: BTreeMap<(usize, u64), Arc<Block>>,
+    /// Blocks from before the capture that its kernels read, by address.
+    held: HashMap<u64, Arc<Block>>,
 }
 
 impl Pool {
@@ -96,16 +117,20 @@ pub(crate) struct Allocator {
 unsafe impl Send for Allocator {}
 unsafe impl Sync for Allocator {}
 
-/// A device block; returns to the allocator's cache when dropped.
+/// A device block; returns to the allocator's cache when dropped. A block handed out during
+/// a capture is a handle lending the capture's own block (`lent`: it and the capture's id).
 pub struct Block {
     pub ptr: u64,
     alloc: Option<Arc<Allocator>>,
+    lent: Option<(Arc<Block>, u64)>,
 }
 
 impl Drop for Block {
     fn drop(&mut self) {
-        if let Some(a) = &self.alloc {
-            a.release(self.ptr);
+        let Some(a) = &self.alloc else { return };
+        match self.lent.take() {
+            Some((block, id)) => a.give_back(block, id),
+            None => a.release(self.ptr),
         }
     }
 }
@@ -138,11 +163,62 @@ impl Allocator {
     }
 
     pub fn begin_capture(&self) {
-        self.lock().capture = Some(Vec::new());
+        let mut p = self.lock();
+        p.captures += 1;
+        p.capture = Some(Capture {
+            id: p.captures,
+            keep: Vec::new(),
+            free: BTreeMap::new(),
+            held: HashMap::new(),
+        });
     }
 
+    /// Ends the capture; its blocks and those it read, for the graph to keep.
     pub fn end_capture(&self) -> Vec<Arc<Block>> {
-        self.lock().capture.take().unwrap_or_default()
+        let c = self.lock().capture.take();
+        c.map(|c| c.keep.into_iter().chain(c.held.into_values()).collect())
+            .unwrap_or_default()
+    }
+
+    /// A kernel being captured reads `block`: the graph keeps it (blocks the capture handed
+    /// out are kept already).
+    pub fn hold(&self, block: &Arc<Block>) {
+        let mut p = self.lock();
+        let Some(c) = p.capture.as_mut() else { return };
+        if block.ptr == 0 || block.lent.as_ref().is_some_and(|(_, id)| *id == c.id) {
+            return;
+        }
+        c.held.entry(block.ptr).or_insert_with(|| block.clone());
+    }
+
+    /// A handle on capture `id`'s `block` dropped: while that capture records, the block may
+    /// serve one of its later requests; after, the graph alone holds it.
+    fn give_back(&self, block: Arc<Block>, id: u64) {
+        let mut p = self.lock();
+        let size = p.blocks.get(&block.ptr).map_or(0, |m| m.size);
+        if let Some(c) = p.capture.as_mut().filter(|c| c.id == id) {
+            c.free.insert((size, block.ptr), block);
+            return;
+        }
+        drop(p);
+        drop(block);
+    }
+
+    /// During a capture, a handle on one of its freed blocks that fits `size` (at most twice
+    /// as large).
+    fn reuse_in_capture(self: &Arc<Self>, p: &mut Pool, size: usize) -> Option<Block> {
+        let c = p.capture.as_mut()?;
+        let (&(bsize, ptr), _) = c.free.range((size, 0)..).next()?;
+        if bsize > 2 * size {
+            return None;
+        }
+        let block = c.free.remove(&(bsize, ptr))?;
+        p.stats.cache_hits += 1;
+        Some(Block {
+            ptr,
+            alloc: Some(self.clone()),
+            lent: Some((block, c.id)),
+        })
     }
 
     /// A block of at least `bytes` bytes for `op`.
@@ -151,12 +227,16 @@ impl Allocator {
             return Ok(Arc::new(Block {
                 ptr: 0,
                 alloc: None,
+                lent: None,
             }));
         }
         let size = bytes.div_ceil(ROUND) * ROUND;
         let small = size <= SMALL_MAX;
         let ptr = {
             let mut p = self.lock();
+            if let Some(b) = self.reuse_in_capture(&mut p, size) {
+                return Ok(Arc::new(b));
+            }
             match take_fit(&mut p, size, small) {
                 Some(ptr) => {
                     p.stats.cache_hits += 1;
@@ -214,11 +294,19 @@ impl Allocator {
         let block = Arc::new(Block {
             ptr,
             alloc: Some(self.clone()),
+            lent: None,
         });
-        if let Some(keep) = p.capture.as_mut() {
-            keep.push(block.clone());
+        match p.capture.as_mut() {
+            Some(c) => {
+                c.keep.push(block.clone());
+                Ok(Arc::new(Block {
+                    ptr,
+                    alloc: Some(self.clone()),
+                    lent: Some((block, c.id)),
+                }))
+            }
+            None => Ok(block),
         }
-        Ok(block)
     }
 
     fn device_alloc(&self, bytes: usize) -> std::result::Result<u64, String> {

@@ -310,6 +310,9 @@ impl CudaBackend {
                 )
             })?;
         s.ready_for_compute(self)?;
+        if self.capturing.load(std::sync::atomic::Ordering::Acquire) {
+            self.alloc.hold(&s.block);
+        }
         Ok(s)
     }
 

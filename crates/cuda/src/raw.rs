@@ -313,12 +313,8 @@ impl CudaDevice {
 
     /// The buffer behind a CUDA tensor, and the byte offset of its first element.
     pub fn buffer_of(&self, t: &Tensor) -> Result<(Buffer, usize)> {
-        let s = t
-            .storage()
-            .as_any()
-            .downcast_ref::<CudaStorage>()
-            .ok_or_else(|| Error::backend("buffer_of", "tensor is not on CUDA"))?;
-        s.ready_for_compute(self.be())?;
+        // Readied for the compute stream, and held by a graph being captured.
+        let s = self.be().input(t, "buffer_of")?;
         let esz = t.dtype().size_in_bytes();
         Ok((
             Buffer {
