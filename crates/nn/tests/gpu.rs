@@ -15,6 +15,7 @@ use ferrite_core::{DType, Device, HostBuffer, Tensor};
 use ferrite_cuda::CudaDevice;
 use ferrite_nn::loss::{cross_entropy, CrossEntropyOptions, Reduction};
 use ferrite_nn::{Dropout, Linear, Module, ModuleExt};
+use ferrite_testing::ce_cases::max_rel;
 use ferrite_testing::runner::Runner;
 
 type TestFn = fn(&CudaDevice);
@@ -93,19 +94,6 @@ fn torch_state_dict(d: &CudaDevice) {
     assert!(fails.is_empty(), "{}", fails.join("\n"));
 }
 
-fn max_rel(a: &Tensor, b: &Tensor) -> f64 {
-    let (a, b) = (a.to_vec_f64().unwrap(), b.to_vec_f64().unwrap());
-    a.iter()
-        .zip(&b)
-        .map(|(x, y)| match (x.is_nan(), y.is_nan()) {
-            (true, true) => 0.0,
-            (false, false) if x == y => 0.0,
-            (false, false) => (x - y).abs() / (1.0 + y.abs()),
-            _ => f64::INFINITY,
-        })
-        .fold(0.0, f64::max)
-}
-
 /// The fused cross-entropy (loss, lse) and its dlogits on `dev` for (x, t, w, g) copied there.
 fn ce_fwd_bwd(dev: &Device, [x, t, w, g]: [&Tensor; 4], ignore: i64, eps: f64) -> (Tensor, Tensor) {
     let [x, t, w, g] = [x, t, w, g].map(|a| a.to_device(dev).unwrap());
@@ -161,46 +149,15 @@ fn ce_nonfinite_rows(d: &CudaDevice) {
 fn ce_matches_cpu(d: &CudaDevice) {
     let cuda = d.device();
     let cpu = ferrite_cpu::cpu();
-    for (dt, tol) in [
+    let dtypes = [
         (DType::F64, 1e-12),
         (DType::F32, 1e-5),
         (DType::F16, 4e-3),
         (DType::BF16, 3e-2),
-    ] {
-        for (n, c) in [
-            (7usize, 1usize),
-            (33, 65),
-            (16, 4096),
-            (5, 50304),
-            (64, 1000),
-        ] {
-            for (eps, ignore) in [(0.0, -100i64), (0.1, 2)] {
-                let x = Tensor::rand_normal([n, c], 0.0, 2.0, 3, DType::F32, &cpu)
-                    .unwrap()
-                    .cast(dt)
-                    .unwrap();
-                let t: Vec<i64> = (0..n).map(|i| ((i * 7919) % c) as i64).collect();
-                let t = Tensor::from_vec(t, [n], &cpu).unwrap();
-                let w = Tensor::rand_uniform([c], 0.5, 1.5, 4, DType::F32, &cpu)
-                    .unwrap()
-                    .cast(dt)
-                    .unwrap();
-                let g = Tensor::rand_uniform([n, 2], -1.0, 1.0, 5, DType::F32, &cpu)
-                    .unwrap()
-                    .cast(dt.accumulator())
-                    .unwrap();
-                let run = |dev: &Device| ce_fwd_bwd(dev, [&x, &t, &w, &g], ignore, eps);
-                let (o1, d1) = run(&cuda);
-                let (o0, d0) = run(&cpu);
-                assert_eq!((o1.dtype(), d1.dtype()), (dt.accumulator(), dt));
-                let (eo, ed) = (max_rel(&o1, &o0), max_rel(&d1, &d0));
-                assert!(
-                    eo <= tol && ed <= tol,
-                    "{dt} [{n}, {c}] eps {eps}: out {eo:e}, dx {ed:e}"
-                );
-            }
-        }
-    }
+    ];
+    let shapes = [(7, 1), (33, 65), (16, 4096), (5, 50304), (64, 1000)];
+    let n = ferrite_testing::ce_cases::cross_entropy_matches(&cuda, &cpu, &dtypes, &shapes);
+    println!("  {n} cross-entropy cases match the CPU");
     // Through the loss API with autodiff, [N, C, d] input, against the CPU.
     let x = Tensor::rand_normal([4, 6, 3], 0.0, 1.0, 9, DType::F64, &cpu).unwrap();
     let t = Tensor::from_vec(

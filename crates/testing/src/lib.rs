@@ -10,6 +10,7 @@
 
 pub mod bench_shapes;
 mod cases;
+pub mod ce_cases;
 mod gradcheck;
 pub mod quant_cases;
 pub mod reference;

@@ -724,49 +724,13 @@ fn reductions_both_ways(d: &WgpuDevice) {
 /// f32 (the accumulator of every wgpu float), dlogits in the logits' dtype; with class weights,
 /// label smoothing and an ignored row.
 fn cross_entropy_matches_cpu(d: &WgpuDevice) {
-    let dev = d.device();
-    let cpu = ferrite_cpu::cpu();
-    let rel = |a: &Tensor, b: &Tensor| -> f64 {
-        let (a, b) = (a.to_vec_f64().unwrap(), b.to_vec_f64().unwrap());
-        assert_eq!(a.len(), b.len());
-        a.iter()
-            .zip(&b)
-            .map(|(x, y)| (x - y).abs() / (1.0 + y.abs()))
-            .fold(0.0, f64::max)
-    };
-    let mut compared = 0;
-    for (dt, tol) in [(DType::F32, 1e-5), (DType::F16, 4e-3), (DType::BF16, 3e-2)] {
-        for (n, c) in [(7usize, 1usize), (33, 65), (5, 4099)] {
-            for (eps, ignore) in [(0.0, -100i64), (0.1, 2)] {
-                let x = Tensor::rand_normal([n, c], 0.0, 2.0, 3, DType::F32, &cpu)
-                    .unwrap()
-                    .cast(dt)
-                    .unwrap();
-                let t: Vec<i64> = (0..n).map(|i| ((i * 7919) % c) as i64).collect();
-                let t = Tensor::from_vec(t, [n], &cpu).unwrap();
-                let w = Tensor::rand_uniform([c], 0.5, 1.5, 4, DType::F32, &cpu)
-                    .unwrap()
-                    .cast(dt)
-                    .unwrap();
-                let g = Tensor::rand_uniform([n, 2], -1.0, 1.0, 5, DType::F32, &cpu).unwrap();
-                let run = |on: &ferrite_core::Device| {
-                    let [x, t, w, g] = [&x, &t, &w, &g].map(|a| a.to_device(on).unwrap());
-                    let o = Tensor::cross_entropy_rows(&x, &t, &w, ignore, eps).unwrap();
-                    let dx =
-                        Tensor::cross_entropy_backward(&x, &t, &w, &o, &g, ignore, eps).unwrap();
-                    (o, dx)
-                };
-                let ((o1, d1), (o0, d0)) = (run(&dev), run(&cpu));
-                assert_eq!((o1.dtype(), d1.dtype()), (DType::F32, dt));
-                let (eo, ed) = (rel(&o1, &o0), rel(&d1, &d0));
-                assert!(
-                    eo <= tol && ed <= tol,
-                    "{dt} [{n}, {c}] eps {eps}: out {eo:e}, dx {ed:e}"
-                );
-                assert!(o0.to_vec_f64().unwrap().iter().any(|&v| v > 0.1));
-                compared += 1;
-            }
-        }
-    }
-    println!("  {compared} cross-entropy cases match the CPU");
+    let dtypes = [(DType::F32, 1e-5), (DType::F16, 4e-3), (DType::BF16, 3e-2)];
+    let shapes = [(7, 1), (33, 65), (5, 4099)];
+    let n = ferrite_testing::ce_cases::cross_entropy_matches(
+        &d.device(),
+        &ferrite_cpu::cpu(),
+        &dtypes,
+        &shapes,
+    );
+    println!("  {n} cross-entropy cases match the CPU");
 }
