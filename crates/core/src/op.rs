@@ -427,7 +427,8 @@ pub enum Op {
     /// Fused log-softmax + NLL over class indices, never materializing probabilities:
     /// (logits [n, c] float, target [n] int, weight [c] logits' dtype) -> [n, 2] in the
     /// logits' accumulator dtype (f32 for f16/bf16 logits, which compute in f32: the loss and
-    /// lse keep f32 precision), per row (loss, lse) with lse = logsumexp(x) and, ε = `label_smoothing`,
+    /// lse keep f32 precision), per row (loss, lse) with lse = logsumexp(x) and,
+    /// ε = `label_smoothing`,
     /// loss = (1 - ε) w[t] (lse - x[t]) + (ε / c) Σ_j w[j] (lse - x[j]); rows whose target is
     /// `ignore_index` give (0, lse); any other target outside [0, c) is an error.
     CrossEntropy {
@@ -435,7 +436,8 @@ pub enum Op {
         label_smoothing: f64,
     },
     /// Backward of `CrossEntropy`: (logits, target, weight, out [n, 2] (its output), g [n, 2],
-    /// both in the forward's output dtype) -> dlogits [n, c] in the logits' dtype = g[i, 0] ((1 - ε) w[t] (p - onehot(t)) + (ε / c) (p Σ_j w[j] - w)),
+    /// both in the forward's output dtype) -> dlogits [n, c] in the logits' dtype
+    /// = g[i, 0] ((1 - ε) w[t] (p - onehot(t)) + (ε / c) (p Σ_j w[j] - w)),
     /// p = exp(x - lse); zero on ignored rows. Only column 0 of g is read (lse carries no
     /// gradient).
     CrossEntropyBackward {

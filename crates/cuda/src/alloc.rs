@@ -17,11 +17,11 @@
 //! During a CUDA graph capture every block handed out is the graph's: its kernels use the
 //! address on every replay, so the graph keeps the block out of the cache until it is dropped;
 //! so is every older block a captured kernel reads (`hold`), whether or not its tensor
-//! outlives the capture.
-//! A tensor's handle on such a block that drops while the capture is still recording returns
-//! the block to that capture's own free list, and a later request of the same capture may take
-//! it (stream order holds inside the graph as it does on the stream): a captured step needs
-//! about the memory of its eager run, not the sum of everything it allocates.
+//! outlives the capture. A tensor's handle on such a block that drops while the capture is
+//! still recording returns the block to that capture's own free list, and a later request of
+//! the same capture may take it (stream order holds inside the graph as it does on the
+//! stream): a captured step needs about the memory of its eager run, not the sum of
+//! everything it allocates.
 
 use crate::driver::Check;
 use cudarc::driver::{result as dr, sys};

@@ -352,11 +352,7 @@ pub(crate) fn attention_backward(
         CudaBackend::ptr(g, sg),
     );
     let (qp, kp, vp, gp) = ptrs;
-    let ct = if dt == DType::F64 {
-        DType::F64
-    } else {
-        DType::F32
-    };
+    let ct = dt.accumulator();
     let stats = dev.alloc_out(3 * b * hq * lq, ct, op)?;
     let sfx = suffix(dt);
     let q_blocks = b * hq * lq.div_ceil(TILE);

@@ -153,11 +153,7 @@ pub(crate) fn group_norm_backward(
     let dx = dev.alloc_out(x.elem_count(), dt, op)?;
     let dw = dev.alloc_out(c, dt, op)?;
     let db = dev.alloc_out(c, dt, op)?;
-    let stat_dt = if dt == DType::F64 {
-        DType::F64
-    } else {
-        DType::F32
-    };
+    let stat_dt = dt.accumulator();
     let stats = dev.alloc_out(2 * n * groups, stat_dt, op)?;
     if n * groups > 0 && c * s > 0 {
         let (sx, sw, sg) = (dev.input(&x, op)?, dev.input(&w, op)?, dev.input(&g, op)?);

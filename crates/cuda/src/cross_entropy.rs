@@ -5,7 +5,7 @@
 
 use crate::device::CudaBackend;
 use crate::kernels::{suffix, Args, Cfg, KernelSource};
-use ferrite_core::{DType, Error, Result, Storage, Tensor};
+use ferrite_core::{Error, Result, Storage, Tensor};
 use std::sync::Arc;
 
 pub(crate) static SOURCE: KernelSource = KernelSource {
@@ -50,14 +50,7 @@ fn prepare(
     }
     let (x, t, w) = (x.contiguous()?, t.contiguous()?, w.contiguous()?);
     let wsum = match eps > 0.0 {
-        true => {
-            let acc = if x.dtype() == DType::F64 {
-                DType::F64
-            } else {
-                DType::F32
-            };
-            Some(w.cast(acc)?.sum_all()?.contiguous()?)
-        }
+        true => Some(w.cast(x.dtype().accumulator())?.sum_all()?.contiguous()?),
         false => None,
     };
     let esz = x.dtype().size_in_bytes();

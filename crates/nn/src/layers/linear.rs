@@ -97,9 +97,10 @@ impl Linear {
     pub fn forward_low(&self, x: &Tensor) -> Result<Tensor> {
         self.check_input(x)?;
         let b = self.bias.as_ref().map(|b| b.tensor());
-        match linear_low(x, &self.weight.tensor(), b.as_ref())? {
+        let w = self.weight.tensor();
+        match linear_low(x, &w, b.as_ref())? {
             Some(y) => Ok(y),
-            None => self.forward(x),
+            None => linear(x, &w, b.as_ref()),
         }
     }
 }
