@@ -70,9 +70,10 @@ pub fn keeps(op: &GradOp, k: usize, requires_grad: impl Fn(usize) -> bool) -> Ke
     }
     let op = match op {
         GradOp::View(ViewOp::Permute(_)) => return Keep::Edge,
-        // Reshape, narrow and broadcast need the dims. The input shares its storage with the
-        // view, so keeping it whole keeps no more data alive and costs no allocation.
-        GradOp::View(_) => return Keep::Value,
+        // Reshape, narrow and broadcast need the dims only. Not the values: the view's
+        // consumer may keep nothing (a cast, an add), and the node would then be all that keeps
+        // the input's storage alive until backward.
+        GradOp::View(_) => return Keep::Meta,
         GradOp::Op(op) => op,
     };
     match op {

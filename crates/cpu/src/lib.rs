@@ -34,7 +34,7 @@ use ferrite_core::{
 use std::sync::{Arc, OnceLock};
 
 pub use machine::{gemm_isa, machine_summary};
-pub use storage::{bytes_in_use, CpuStorage};
+pub use storage::{bytes_in_use, peak_bytes_in_use, reset_peak, CpuStorage};
 
 /// The CPU device (one per process).
 pub fn cpu() -> Device {

@@ -28,6 +28,7 @@ const WRITING: usize = usize::MAX;
 unsafe impl Sync for CpuStorage {}
 
 static IN_USE: AtomicUsize = AtomicUsize::new(0);
+static PEAK: AtomicUsize = AtomicUsize::new(0);
 
 fn bytes(b: &HostBuffer) -> usize {
     b.len() * b.dtype().size_in_bytes()
@@ -35,7 +36,8 @@ fn bytes(b: &HostBuffer) -> usize {
 
 impl CpuStorage {
     pub fn new(b: HostBuffer) -> CpuStorage {
-        IN_USE.fetch_add(bytes(&b), Ordering::Relaxed);
+        let now = IN_USE.fetch_add(bytes(&b), Ordering::Relaxed) + bytes(&b);
+        PEAK.fetch_max(now, Ordering::Relaxed);
         CpuStorage {
             dtype: b.dtype(),
             len: b.len(),
@@ -140,6 +142,16 @@ impl Drop for ReadGuard<'_> {
 /// Bytes held by live CPU tensor storages (pooled idle buffers not included).
 pub fn bytes_in_use() -> usize {
     IN_USE.load(Ordering::Relaxed)
+}
+
+/// The highest `bytes_in_use` since the last `reset_peak` (or since start).
+pub fn peak_bytes_in_use() -> usize {
+    PEAK.load(Ordering::Relaxed)
+}
+
+/// Starts a new peak at the bytes in use now.
+pub fn reset_peak() {
+    PEAK.store(IN_USE.load(Ordering::Relaxed), Ordering::Relaxed);
 }
 
 impl Drop for CpuStorage {

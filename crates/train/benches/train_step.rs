@@ -253,8 +253,9 @@ fn run(
     };
     step()?;
     sync(&last)?;
-    if let Some(d) = &cuda {
-        d.reset_peak_memory();
+    match &cuda {
+        Some(d) => d.reset_peak_memory(),
+        None => ferrite_cpu::reset_peak(),
     }
     let launches = || cuda.as_ref().map_or(0, |d| d.sync_stats().launches);
     let l0 = launches();
@@ -267,9 +268,12 @@ fn run(
     let rate = m.iters as f64 / t0.elapsed().as_secs_f64();
     // Kernels launched per step from the host (a replayed graph launches none).
     let per_step = (launches() - l0) as f64 / m.iters as f64;
-    let peak = cuda
-        .as_ref()
-        .map(|d| d.memory_stats().peak_in_use as f64 / (1u64 << 20) as f64);
+    // Device memory held by tensors (CPU: storages' bytes, without the idle pool).
+    let peak = match &cuda {
+        Some(d) => d.memory_stats().peak_in_use,
+        None => ferrite_cpu::peak_bytes_in_use(),
+    } as f64
+        / (1u64 << 20) as f64;
     let loss = match loss {
         Some(l) => l.item::<f32>()? as f64,
         None => f64::NAN,
@@ -279,7 +283,7 @@ fn run(
         t => format!(", \"tokens_per_s\": {:.0}", rate * t as f64),
     };
     println!(
-        "{{\"workload\": \"{}\", \"device\": \"{dev}\", \"optimizer\": \"{}\", \"precision\": \"{}\", \"cuda_graph\": {}, \"params\": {n_params}, \"steps_per_s\": {rate:.2}{tokens}, \"launches_per_step\": {per_step:.0}, \"peak_mib\": {}, \"last_loss\": {loss:.4}}}",
+        "{{\"workload\": \"{}\", \"device\": \"{dev}\", \"optimizer\": \"{}\", \"precision\": \"{}\", \"cuda_graph\": {}, \"params\": {n_params}, \"steps_per_s\": {rate:.2}{tokens}, \"launches_per_step\": {per_step:.0}, \"peak_mib\": {peak:.0}, \"last_loss\": {loss:.4}}}",
         w.name,
         rule.name().to_lowercase(),
         match precision {
@@ -287,7 +291,6 @@ fn run(
             _ => precision.name(),
         },
         captured.is_some(),
-        peak.map_or("null".to_string(), |m| format!("{m:.0}")),
     );
     Ok(())
 }
