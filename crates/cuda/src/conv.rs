@@ -19,7 +19,7 @@
 
 use crate::device::CudaBackend;
 use crate::elementwise::grid;
-use crate::kernels::{suffix, Args, KernelSource};
+use crate::kernels::{suffix, Args, Cfg, KernelSource};
 use ferrite_core::{
     no_grad, Conv2dParams, DType, Error, Layout, Pool2dParams, Result, Shape, Storage, Tensor,
 };
@@ -295,11 +295,14 @@ pub(crate) fn conv2d_backward_weight(
     out: &Shape,
 ) -> Result<Vec<Arc<dyn Storage>>> {
     let op = "conv2d_backward_weight";
+    let geo = Geo::new(x.dims(), out.dims(), gy.dims(), *p);
+    if dev.conv_settings().imp == crate::ConvImpl::Auto && small_filter(&geo, x.dtype()) {
+        return wgrad_small(dev, x, gy, &geo);
+    }
     if let Some(dw) = crate::cudnn::conv2d_backward_weight(dev, x, gy, p, out)? {
         return Ok(dw);
     }
     dev.conv_im2col_calls.fetch_add(1, Ordering::Relaxed);
-    let geo = Geo::new(x.dims(), out.dims(), gy.dims(), *p);
     let (n, g, k, pix) = (geo.n, geo.groups(), geo.k(), geo.pix());
     let og = geo.o / g;
     no_grad(|| {
@@ -319,6 +322,89 @@ pub(crate) fn conv2d_backward_weight(
             .contiguous()?
             .reshape([g, og, n * pix])?;
         storage_of(gyt.matmul(&cols.transpose(-1, -2)?)?, out.dims())
+    })
+}
+
+/// Positions `wgrad_small` stages at a time, outputs per thread, most input taps (`WG_R`,
+/// `WG_PER`, `WG_CK` in conv.cu); threads per block.
+const WG_R: usize = 32;
+const WG_PER: usize = 4;
+const WG_CK: usize = 512;
+const WG_THREADS: usize = 256;
+
+/// Whether the weight gradient is a small filter over a long reduction, which `wgrad_small`
+/// computes directly (the seed CNN's 8 x 3 x 3 x 3 filter over 32 x 32 x 32 positions: GEMM
+/// shapes of 8 or 27 rows by 32,768, which leave cuDNN's and cuBLAS's kernels mostly idle).
+/// Every thread of a block owns at most `WG_PER` of the filter's entries, and the staged
+/// positions (the output gradient of every filter and the tap of every input channel) fit
+/// in 24 KiB of shared memory; indices fit 32 bits.
+fn small_filter(g: &Geo, dt: DType) -> bool {
+    let kk = g.kh * g.kw;
+    let staged = (g.o + g.c * kk) * WG_R * dt.accumulator().size_in_bytes();
+    let fits_i32 = |n: usize| n < 1 << 31;
+    g.o * g.cg() * kk <= WG_PER * WG_THREADS
+        && g.c * kk <= WG_CK
+        && staged <= 24 << 10
+        && g.n * g.oh * g.ow >= 1024
+        && fits_i32(g.n * g.c * g.h * g.w)
+        && fits_i32(g.n * g.o * g.oh * g.ow)
+}
+
+/// conv2d's weight gradient through `wgrad_small` (per-block sums over a range of output
+/// positions) and `wgrad_sum` (the blocks' sums added in a fixed order: deterministic).
+fn wgrad_small(
+    dev: &CudaBackend,
+    x: &Tensor,
+    gy: &Tensor,
+    geo: &Geo,
+) -> Result<Vec<Arc<dyn Storage>>> {
+    let op = "conv2d_backward_weight";
+    let sfx = float_suffix(op, x.dtype())?;
+    dev.conv_direct_calls.fetch_add(1, Ordering::Relaxed);
+    let acc = x.dtype().accumulator();
+    let w_total = geo.o * geo.cg() * geo.kh * geo.kw;
+    let r = geo.n * geo.oh * geo.ow;
+    // Ranges of whole stages, about 256 blocks.
+    let len = WG_R * r.div_ceil(WG_R * 256).max(1);
+    let blocks = r.div_ceil(len);
+    no_grad(|| {
+        let (x, gy) = (x.contiguous()?, gy.contiguous()?);
+        let part = dev.alloc_out(blocks * w_total, acc, op)?;
+        let dw = dev.alloc_out(w_total, x.dtype(), op)?;
+        let (sx, sg) = (dev.input(&x, op)?, dev.input(&gy, op)?);
+        let smem = (geo.o + geo.c * geo.kh * geo.kw) * WG_R * acc.size_in_bytes();
+        let args = Args::new()
+            .arg(kernel_geo(geo))
+            .arg(geo.o as i64)
+            .arg(CudaBackend::ptr(&x, sx))
+            .arg(CudaBackend::ptr(&gy, sg))
+            .arg(part.ptr())
+            .arg(len as i64);
+        dev.launch(
+            op,
+            &SOURCE,
+            &format!("wgrad_small_{sfx}"),
+            Cfg::new(
+                (blocks as u32, 1, 1),
+                (WG_THREADS as u32, 1, 1),
+                smem as u32,
+            ),
+            args,
+        )?;
+        let args = Args::new()
+            .arg(part.ptr())
+            .arg(blocks as i64)
+            .arg(w_total as i64)
+            .arg(dw.ptr());
+        dev.launch(
+            op,
+            &SOURCE,
+            &format!("wgrad_sum_{sfx}"),
+            Cfg::new((w_total as u32, 1, 1), (256, 1, 1), 0),
+            args,
+        )?;
+        drop(part);
+        dev.finish_one(dw)
     })
 }
 

@@ -31,7 +31,9 @@ use std::sync::{Arc, OnceLock};
 /// Which convolution implementation a CUDA device uses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ConvImpl {
-    /// cuDNN where it loads and accepts the problem, im2col + cuBLASLt otherwise (default).
+    /// cuDNN where it loads and accepts the problem, im2col + cuBLASLt otherwise (default);
+    /// the weight gradient of a small filter over a long reduction runs its own kernel
+    /// (`wgrad_small` in conv.rs).
     Auto,
     /// cuDNN only: a missing library or a rejected problem is an error naming the op.
     Cudnn,
@@ -117,6 +119,8 @@ pub struct ConvStats {
     pub cudnn: u64,
     /// Calls the im2col path ran (cuDNN off, absent or rejecting the problem).
     pub im2col: u64,
+    /// Weight gradients of small filters that `wgrad_small` ran (conv.rs, `Auto` only).
+    pub direct: u64,
 }
 
 /// Largest workspace an algorithm may use.

@@ -183,6 +183,7 @@ impl CudaDevice {
         ConvStats {
             cudnn: self.0.conv_cudnn_calls.load(Relaxed),
             im2col: self.0.conv_im2col_calls.load(Relaxed),
+            direct: self.0.conv_direct_calls.load(Relaxed),
         }
     }
 

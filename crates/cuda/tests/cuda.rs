@@ -56,6 +56,10 @@ fn gpu_tests() -> Vec<(&'static str, TestFn)> {
             conv_resnet_sizes,
         ),
         ("conv_pool_norm_layers_match_pytorch", torch_layers),
+        (
+            "conv_weight_gradient_of_small_filters_matches_cpu",
+            conv_small_filter_wgrad,
+        ),
     ]
 }
 
@@ -911,6 +915,67 @@ fn cudnn_vs_im2col(d: &CudaDevice) {
         after.cudnn - before.cudnn,
         after.im2col - before.im2col
     );
+}
+
+/// The weight gradient of small filters over long reductions (`wgrad_small`, taken in
+/// `Auto` mode) against the CPU in f64, f32, f16 and bf16: the seed CNN's layer, stride,
+/// dilation and groups, a reduction that ends inside a staged tile, and a filter at the
+/// per-thread limit (1,008 entries); and the shapes it must leave to cuDNN / im2col (a filter
+/// over the limit, a short reduction, f64 staging over the shared-memory bound).
+fn conv_small_filter_wgrad(d: &CudaDevice) {
+    use ferrite_cuda::ConvImpl;
+    let dev = d.device();
+    let cpu = ferrite_cpu::cpu();
+    d.set_conv_impl(ConvImpl::Auto);
+    // (case, whether f32 takes the direct kernel)
+    let cases: [(ConvCase, bool); 7] = [
+        (([32, 3, 32, 32], [8, 3, 3, 3], 1, 1, 1, 1), true),
+        (([8, 5, 29, 23], [6, 5, 3, 3], 2, 1, 2, 1), true),
+        (([2, 8, 30, 30], [12, 2, 3, 3], 1, 1, 1, 4), true),
+        (([1, 3, 33, 35], [4, 3, 5, 5], 1, 2, 1, 1), true),
+        (([4, 16, 20, 20], [7, 16, 3, 3], 1, 1, 1, 1), true),
+        (([4, 16, 20, 20], [8, 16, 3, 3], 1, 1, 1, 1), false),
+        (([1, 3, 20, 20], [8, 3, 3, 3], 1, 1, 1, 1), false),
+    ];
+    let mut direct = 0;
+    for dt in [DType::F64, DType::F32, DType::F16, DType::BF16] {
+        let tol = match dt {
+            DType::F64 => 1e-12,
+            DType::F32 => 1e-5,
+            _ => 2e-2,
+        };
+        for (case, small) in &cases {
+            let (xs, ws, stride, pad, dil, groups) = *case;
+            let p = ferrite_core::Conv2dParams {
+                stride: [stride; 2],
+                padding: [pad; 2],
+                dilation: [dil; 2],
+                groups,
+            };
+            // Inputs made on the CPU and copied, so both sides read the same values.
+            let mk = |dims: Vec<usize>, seed: u64| {
+                Tensor::rand_normal(dims, 0.0, 1.0, seed, DType::F32, &cpu)
+                    .and_then(|t| t.cast(dt))
+                    .unwrap()
+            };
+            let x = mk(xs.to_vec(), 31);
+            let y = x.conv2d_raw(&mk(ws.to_vec(), 32), &p).unwrap();
+            let g = mk(y.dims().to_vec(), 33);
+            let want = Tensor::conv2d_backward_weight(&x, &g, &p, &ws).unwrap();
+            let (xd, gd) = (x.to_device(&dev).unwrap(), g.to_device(&dev).unwrap());
+            let s0 = d.conv_stats();
+            let got = Tensor::conv2d_backward_weight(&xd, &gd, &p, &ws).unwrap();
+            let ran = d.conv_stats().direct - s0.direct;
+            // f64 stages twice the bytes: the 1,008-entry filter's 151 rows do not fit.
+            let expect = *small && !(dt == DType::F64 && case.1 == [7, 16, 3, 3]);
+            assert_eq!(ran, u64::from(expect), "{dt} {case:?}: direct kernel runs");
+            direct += ran;
+            let e = rel_err(&got.to_vec_f64().unwrap(), &want.to_vec_f64().unwrap());
+            assert!(e <= tol, "{dt} {case:?} dw: {e:e} > {tol:e}");
+        }
+    }
+    assert_eq!(direct, 19);
+    println!("  {direct} small-filter weight gradients match the CPU");
 }
 
 /// A conv2d forward and both gradients captured into a CUDA graph (cuDNN picks by
