@@ -2,8 +2,10 @@
 //! axes of any layout.
 //!
 //! Each output reduces one run of R elements. The reduced axes must merge into one run of a
-//! single stride (they usually do; otherwise a permuted contiguous copy is made first); the
-//! kept axes are walked by an `Idx`, so any kept layout works without a copy.
+//! single stride (they usually do). Where they do not, f32/f64 sums and max/min reduce the
+//! innermost run first and the remaining axes of that result next (`two_stage`); anything
+//! else gets a permuted contiguous copy first. The kept axes are walked by an `Idx`, so any
+//! kept layout works without a copy.
 //! - stride-1 runs of at least 16 bytes: `reduce_row` (up to 1024 elements a group of 4 to
 //!   32 lanes per output, sized to the run, else a block), 16-byte loads;
 //! - other strides and shorter runs: `reduce_col` (threads over consecutive outputs, so reads coalesce when
@@ -13,7 +15,7 @@
 
 use crate::device::CudaBackend;
 use crate::kernels::{suffix, Args, Cfg, Idx, KernelSource};
-use ferrite_core::{DType, Error, ReduceOp, Result, Storage, Tensor};
+use ferrite_core::{DType, Error, Layout, ReduceOp, Result, Shape, Storage, Tensor};
 use std::sync::Arc;
 
 pub(crate) static SOURCE: KernelSource = KernelSource {
@@ -42,6 +44,53 @@ fn merge_run(mut dims: Vec<(usize, usize)>) -> Option<(usize, usize)> {
         };
     }
     Some(run.unwrap_or((1, 1)))
+}
+
+/// (axis, len, stride) of each reduced axis.
+fn dims_strides(x: &Tensor, axes: &[usize]) -> Vec<(usize, usize, usize)> {
+    let (d, s) = (x.dims(), x.layout().strides());
+    axes.iter().map(|&a| (a, d[a], s[a])).collect()
+}
+
+/// Reduced axes that do not merge into one run, split into the innermost run (the axes of
+/// smallest stride that merge) and the rest: two reductions without a permuted copy of the
+/// input (a conv bias gradient: [n, c, h, w] over n, h and w). Sums of f32 and f64 only,
+/// whose partial sums keep the accumulator's precision, and max/min (exact); `None` when
+/// the axes merge or the split does not apply.
+fn two_stage(
+    op: ReduceOp,
+    dt: DType,
+    axes: &[(usize, usize, usize)],
+) -> Option<(Vec<usize>, Vec<usize>)> {
+    let eligible = match op {
+        ReduceOp::Sum => matches!(dt, DType::F32 | DType::F64),
+        ReduceOp::Max | ReduceOp::Min => true,
+        ReduceOp::ArgMax | ReduceOp::ArgMin => false,
+    };
+    let real: Vec<_> = axes.iter().copied().filter(|&(_, d, _)| d > 1).collect();
+    if !eligible
+        || real.iter().any(|&(_, d, _)| d == 0)
+        || merge_run(real.iter().map(|&(_, d, s)| (d, s)).collect()).is_some()
+    {
+        return None;
+    }
+    let mut by_stride = real;
+    by_stride.sort_by_key(|&(_, _, s)| s);
+    let mut inner = vec![by_stride[0].0];
+    let mut next = by_stride[0].1 * by_stride[0].2;
+    for &(a, d, s) in &by_stride[1..] {
+        if s != next {
+            break;
+        }
+        inner.push(a);
+        next = d * s;
+    }
+    let outer: Vec<usize> = axes
+        .iter()
+        .map(|&(a, _, _)| a)
+        .filter(|a| !inner.contains(a))
+        .collect();
+    (!outer.is_empty()).then_some((inner, outer))
 }
 
 /// Byte size of the kernels' accumulator type (`Red<T, OP>::A` in reduce.cu).
@@ -102,6 +151,28 @@ pub(crate) fn reduce(
         return dev.finish_one(out);
     }
     let kept_dims: Vec<usize> = kept.iter().map(|&a| dims[a]).collect();
+    if let Some((inner, outer)) = two_stage(op, dt, &dims_strides(x, axes)) {
+        // The inner run first (its output is the accumulator for f32/f64 sums and exact for
+        // max/min), then the rest of the axes of that contiguous result.
+        drop(out);
+        let part = reduce(dev, op, x, &inner)?;
+        let pdims: Vec<usize> = (0..dims.len())
+            .filter(|a| !inner.contains(a))
+            .map(|a| dims[a])
+            .collect();
+        let part = Tensor::from_storage(
+            part.into_iter()
+                .next()
+                .ok_or_else(|| Error::backend(name, "no output"))?,
+            Layout::contiguous(Shape::new(pdims)),
+            x.device().clone(),
+        );
+        let outer: Vec<usize> = outer
+            .iter()
+            .map(|&a| a - inner.iter().filter(|&&i| i < a).count())
+            .collect();
+        return reduce(dev, op, &part, &outer);
+    }
     // (kept walk, base pointer, run, a permuted copy kept alive until the launches are queued)
     let (ko, base, (rlen, rs), _copy) =
         match merge_run(axes.iter().map(|&a| (dims[a], st[a])).collect()) {
@@ -228,4 +299,37 @@ pub(crate) fn reduce(
         dev.launch(name, &SOURCE, &kname("fin"), cfg, args)?;
     }
     dev.finish_one(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn two_stage_splits_the_innermost_run() {
+        // [4, 3, 5, 7] contiguous over n, h, w: h and w merge (stride 1, then 7), n is left.
+        let nhw = [(0, 4, 105), (2, 5, 7), (3, 7, 1)];
+        assert_eq!(
+            two_stage(ReduceOp::Sum, DType::F32, &nhw),
+            Some((vec![3, 2], vec![0]))
+        );
+        assert_eq!(
+            two_stage(ReduceOp::Max, DType::BF16, &nhw),
+            Some((vec![3, 2], vec![0]))
+        );
+        // 16-bit sums keep one pass (their partial sums would round); axes that merge and
+        // arg ops need no split.
+        assert_eq!(two_stage(ReduceOp::Sum, DType::BF16, &nhw), None);
+        assert_eq!(two_stage(ReduceOp::Sum, DType::F32, &nhw[1..]), None);
+        assert_eq!(two_stage(ReduceOp::ArgMax, DType::F32, &nhw[..1]), None);
+        // Size-1 axes do not count; a lone size-1 outer axis leaves a mergeable set.
+        assert_eq!(
+            two_stage(
+                ReduceOp::Sum,
+                DType::F32,
+                &[(0, 1, 105), (2, 5, 7), (3, 7, 1)]
+            ),
+            None
+        );
+    }
 }

@@ -295,6 +295,8 @@ fn reduce_cases(b: &mut B) {
         (vec![45, 65], View::Transposed, vec![0]),
         (vec![45, 65], View::Contiguous, vec![-1]),
         (vec![5, 31, 33], View::Narrowed, vec![0, 2]),
+        // A conv bias gradient's reduction: n, h, w of [n, c, h, w].
+        (vec![4, 3, 5, 7], View::Contiguous, vec![0, 2, 3]),
         (vec![5, 31, 33], View::Contiguous, vec![1]),
         (vec![1, 1], View::Contiguous, vec![0, 1]),
         (vec![3, 1000], View::Contiguous, vec![1]),
