@@ -4,6 +4,8 @@
 // described by an Idx (output contiguous, one thread per element, grid-stride). `binary_r`: one
 // operand contiguous, the other one row of m elements repeated over the rows (a bias added to
 // every row), vector loads when m is a multiple of the pack and every pointer is aligned.
+// `binary_k`: one operand contiguous, the other one value per run of consecutive elements (a
+// per-channel bias over [n, c, h, w]).
 // Op codes follow the order of UnaryOp::ALL / BinaryOp::ALL / CmpOp::ALL in ferrite-core.
 
 template <typename T> struct Uns { typedef T t; };
@@ -217,6 +219,34 @@ __device__ void binary_r_impl(u32 op, u64 n, u64 m, const T* a, const T* b, T* y
     }
 }
 
+// binary_k: one operand contiguous, the other one value per run of `inner` consecutive
+// elements, the values cycling with period m (a per-channel bias over [n, c, h, w]: m = c,
+// inner = h w); vector loads when inner is a multiple of the pack and the pointers are aligned.
+template <typename T>
+__device__ void binary_k_impl(u32 op, u64 n, u64 m, u64 inner, const T* a, const T* b, T* y, u32 col_b, ErrFlag* err) {
+    constexpr int V = 16 / sizeof(T);
+    const T* full = col_b ? a : b;
+    const T* col = col_b ? b : a;
+    if (inner % V == 0 && aligned16(full) && aligned16(y)) {
+        const u64 np = n / V, ip = inner / V;
+        const Pack<T, V>* fp = (const Pack<T, V>*)full;
+        Pack<T, V>* yp = (Pack<T, V>*)y;
+        for (u64 i = gtid(); i < np; i += gstride()) {
+            Pack<T, V> f = fp[i];
+            const T c = col[(i / ip) % m];
+#pragma unroll
+            for (int j = 0; j < V; ++j)
+                f.v[j] = col_b ? binary_apply(op, f.v[j], c, err) : binary_apply(op, c, f.v[j], err);
+            yp[i] = f;
+        }
+        return;
+    }
+    for (u64 i = gtid(); i < n; i += gstride()) {
+        const T c = col[(i / inner) % m];
+        y[i] = col_b ? binary_apply(op, full[i], c, err) : binary_apply(op, c, full[i], err);
+    }
+}
+
 template <typename T>
 __device__ void cmp_s_impl(u32 op, Idx ix, const T* a, const T* b, u8* y) {
     for (u64 i = gtid(); i < ix.n; i += gstride()) {
@@ -231,7 +261,8 @@ extern "C" __global__ void unary_c_##S(u32 op, u64 n, const T* x, T* y) { unary_
 extern "C" __global__ void unary_s_##S(u32 op, Idx ix, const T* x, T* y) { unary_s_impl<T>(op, ix, x, y); } \
 extern "C" __global__ void binary_c_##S(u32 op, u64 n, const T* a, const T* b, T* y, ErrFlag* err) { binary_c_impl<T>(op, n, a, b, y, err); } \
 extern "C" __global__ void binary_s_##S(u32 op, Idx ix, const T* a, const T* b, T* y, ErrFlag* err) { binary_s_impl<T>(op, ix, a, b, y, err); } \
-extern "C" __global__ void binary_r_##S(u32 op, u64 n, u64 m, const T* a, const T* b, T* y, u32 row_b, ErrFlag* err) { binary_r_impl<T>(op, n, m, a, b, y, row_b, err); }
+extern "C" __global__ void binary_r_##S(u32 op, u64 n, u64 m, const T* a, const T* b, T* y, u32 row_b, ErrFlag* err) { binary_r_impl<T>(op, n, m, a, b, y, row_b, err); } \
+extern "C" __global__ void binary_k_##S(u32 op, u64 n, u64 m, u64 inner, const T* a, const T* b, T* y, u32 col_b, ErrFlag* err) { binary_k_impl<T>(op, n, m, inner, a, b, y, col_b, err); }
 FOR_NUMERIC(EW_KERNELS)
 
 #define CMP_KERNELS(S, T) \

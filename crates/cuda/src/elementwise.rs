@@ -126,6 +126,25 @@ pub(crate) fn binary(
                 cfg,
                 args,
             )?;
+        } else if let Some((m, inner, col_b)) = ix.col_broadcast() {
+            let args = Args::new()
+                .arg(opc)
+                .arg(n as u64)
+                .arg(m)
+                .arg(inner)
+                .arg(CudaBackend::ptr(a, sa))
+                .arg(CudaBackend::ptr(b, sb))
+                .arg(out.ptr())
+                .arg(col_b as u32)
+                .arg(dev.fault_dev);
+            let cfg = grid(dev, n as u64, vec_width(dt));
+            dev.launch(
+                name,
+                &SOURCE,
+                &format!("binary_k_{}", suffix(dt)),
+                cfg,
+                args,
+            )?;
         } else {
             let args = Args::new()
                 .arg(opc)

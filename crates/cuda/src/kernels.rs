@@ -516,9 +516,58 @@ impl Idx {
     }
 }
 
+impl Idx {
+    /// For a two-operand walk: `Some((m, inner, col_b))` when one operand is contiguous and
+    /// the other holds one value per run of `inner` consecutive elements, cycling with period
+    /// m (merged dims [o, m, inner] with strides [0, 1, 0], or [m, inner] with [1, 0]: a
+    /// per-channel value over [n, c, h, w], a per-row value over [rows, cols]); `col_b`: that
+    /// operand is the second.
+    pub fn col_broadcast(&self) -> Option<(u64, u64, bool)> {
+        let r = self.rank as usize;
+        if !(2..=3).contains(&r) {
+            return None;
+        }
+        let (m, inner) = (self.dims[r - 2], self.dims[r - 1]);
+        let mut full = [0i64; 3];
+        let mut acc = 1i64;
+        for k in (0..r).rev() {
+            full[k] = acc;
+            acc *= self.dims[k] as i64;
+        }
+        let col: &[i64] = if r == 3 { &[0, 1, 0] } else { &[1, 0] };
+        let st = |j: usize| &self.st[j][..r];
+        match (st(0), st(1)) {
+            (a, b) if a == &full[..r] && b == col => Some((m, inner, true)),
+            (a, b) if a == col && b == &full[..r] => Some((m, inner, false)),
+            _ => None,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A per-channel bias over [n, c, h, w] and a per-row value over [rows, cols] walk as
+    /// `binary_k`'s runs, either operand order; other broadcasts do not.
+    #[test]
+    fn column_broadcasts_are_recognised() {
+        let full = [3 * 5 * 7, 5 * 7, 7, 1];
+        let chan = [0, 1, 0, 0];
+        let ix = Idx::new("t", &[2, 3, 5, 7], &[(&full, 0), (&chan, 0)]).unwrap();
+        assert_eq!(ix.col_broadcast(), Some((3, 35, true)));
+        let ix = Idx::new("t", &[2, 3, 5, 7], &[(&chan, 0), (&full, 0)]).unwrap();
+        assert_eq!(ix.col_broadcast(), Some((3, 35, false)));
+        // [6, 40] with a [6, 1] operand: one value a row.
+        let ix = Idx::new("t", &[6, 40], &[(&[40, 1], 0), (&[1, 0], 0)]).unwrap();
+        assert_eq!(ix.col_broadcast(), Some((6, 40, true)));
+        // A row bias ([cols] over [rows, cols]) is `row_broadcast`'s, and a transposed
+        // operand is neither.
+        let ix = Idx::new("t", &[6, 40], &[(&[40, 1], 0), (&[0, 1], 0)]).unwrap();
+        assert_eq!(ix.col_broadcast(), None);
+        let ix = Idx::new("t", &[6, 40], &[(&[1, 6], 0), (&[1, 0], 0)]).unwrap();
+        assert_eq!(ix.col_broadcast(), None);
+    }
 
     /// A [b, h, l, d] -> [b, l, h, d] permutation of bf16 rows walks 16-byte packs of 8
     /// elements; an odd innermost length, an unaligned offset or a strided innermost dim

@@ -148,6 +148,10 @@ fn binary_shapes() -> Vec<(Vec<usize>, View, Vec<usize>, View)> {
         (vec![45, 65], Contiguous, vec![], Contiguous),
         (vec![1], Contiguous, vec![2, 3, 33], Contiguous),
         (vec![0, 3], Contiguous, vec![3], Contiguous),
+        // Per-channel values over [n, c, h, w] (a conv bias), either side, and per-row values.
+        (vec![2, 3, 5, 8], Contiguous, vec![3, 1, 1], Contiguous),
+        (vec![3, 1, 1], Contiguous, vec![2, 3, 5, 7], Contiguous),
+        (vec![6, 40], Contiguous, vec![6, 1], Contiguous),
     ]
 }
 
