@@ -92,59 +92,30 @@ pub(crate) fn binary(
     if n > 0 {
         let opc = code(&BinaryOp::ALL, &op);
         let ix = Idx::new(name, a.dims(), &[strides_of(a), strides_of(b)])?;
+        // The kernels over contiguous packs: (op, n, their shape arguments, a, b, y, their
+        // operand-order flag, the fault flag).
+        let packed = |kind: &str, shape: &[u64], flag: Option<u32>| -> Result<()> {
+            let mut args = Args::new().arg(opc).arg(n as u64);
+            for &v in shape {
+                args = args.arg(v);
+            }
+            args = args
+                .arg(CudaBackend::ptr(a, sa))
+                .arg(CudaBackend::ptr(b, sb))
+                .arg(out.ptr());
+            if let Some(f) = flag {
+                args = args.arg(f);
+            }
+            let cfg = grid(dev, n as u64, vec_width(dt));
+            let kernel = format!("binary_{kind}_{}", suffix(dt));
+            dev.launch(name, &SOURCE, &kernel, cfg, args.arg(dev.fault_dev))
+        };
         if ix.contiguous(2) {
-            let args = Args::new()
-                .arg(opc)
-                .arg(n as u64)
-                .arg(CudaBackend::ptr(a, sa))
-                .arg(CudaBackend::ptr(b, sb))
-                .arg(out.ptr())
-                .arg(dev.fault_dev);
-            let cfg = grid(dev, n as u64, vec_width(dt));
-            dev.launch(
-                name,
-                &SOURCE,
-                &format!("binary_c_{}", suffix(dt)),
-                cfg,
-                args,
-            )?;
+            packed("c", &[], None)?;
         } else if let Some((m, row_b)) = ix.row_broadcast() {
-            let args = Args::new()
-                .arg(opc)
-                .arg(n as u64)
-                .arg(m)
-                .arg(CudaBackend::ptr(a, sa))
-                .arg(CudaBackend::ptr(b, sb))
-                .arg(out.ptr())
-                .arg(row_b as u32)
-                .arg(dev.fault_dev);
-            let cfg = grid(dev, n as u64, vec_width(dt));
-            dev.launch(
-                name,
-                &SOURCE,
-                &format!("binary_r_{}", suffix(dt)),
-                cfg,
-                args,
-            )?;
+            packed("r", &[m], Some(row_b as u32))?;
         } else if let Some((m, inner, col_b)) = ix.col_broadcast() {
-            let args = Args::new()
-                .arg(opc)
-                .arg(n as u64)
-                .arg(m)
-                .arg(inner)
-                .arg(CudaBackend::ptr(a, sa))
-                .arg(CudaBackend::ptr(b, sb))
-                .arg(out.ptr())
-                .arg(col_b as u32)
-                .arg(dev.fault_dev);
-            let cfg = grid(dev, n as u64, vec_width(dt));
-            dev.launch(
-                name,
-                &SOURCE,
-                &format!("binary_k_{}", suffix(dt)),
-                cfg,
-                args,
-            )?;
+            packed("k", &[m, inner], Some(col_b as u32))?;
         } else {
             let args = Args::new()
                 .arg(opc)
