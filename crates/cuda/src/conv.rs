@@ -340,14 +340,19 @@ const WG_THREADS: usize = 256;
 /// in 24 KiB of shared memory; indices fit 32 bits.
 fn small_filter(g: &Geo, dt: DType) -> bool {
     let kk = g.kh * g.kw;
-    let staged = (g.o + g.c * kk) * WG_R * dt.accumulator().size_in_bytes();
     let fits_i32 = |n: usize| n < 1 << 31;
     g.o * g.cg() * kk <= WG_PER * WG_THREADS
         && g.c * kk <= WG_CK
-        && staged <= 24 << 10
+        && wg_stage_bytes(g, dt) <= 24 << 10
         && g.n * g.oh * g.ow >= 1024
         && fits_i32(g.n * g.c * g.h * g.w)
         && fits_i32(g.n * g.o * g.oh * g.ow)
+}
+
+/// Shared memory of one `wgrad_small` stage: `WG_R` positions of the output gradient of
+/// every filter and of the tap of every input channel, in the accumulator type.
+fn wg_stage_bytes(g: &Geo, dt: DType) -> usize {
+    (g.o + g.c * g.kh * g.kw) * WG_R * dt.accumulator().size_in_bytes()
 }
 
 /// conv2d's weight gradient through `wgrad_small` (per-block sums over a range of output
@@ -372,7 +377,7 @@ fn wgrad_small(
         let part = dev.alloc_out(blocks * w_total, acc, op)?;
         let dw = dev.alloc_out(w_total, x.dtype(), op)?;
         let (sx, sg) = (dev.input(&x, op)?, dev.input(&gy, op)?);
-        let smem = (geo.o + geo.c * geo.kh * geo.kw) * WG_R * acc.size_in_bytes();
+        let smem = wg_stage_bytes(geo, x.dtype());
         let args = Args::new()
             .arg(kernel_geo(geo))
             .arg(geo.o as i64)
@@ -400,7 +405,7 @@ fn wgrad_small(
             op,
             &SOURCE,
             &format!("wgrad_sum_{sfx}"),
-            Cfg::new((w_total as u32, 1, 1), (256, 1, 1), 0),
+            Cfg::new((w_total as u32, 1, 1), (WG_THREADS as u32, 1, 1), 0),
             args,
         )?;
         drop(part);

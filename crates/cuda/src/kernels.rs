@@ -514,9 +514,7 @@ impl Idx {
             _ => None,
         }
     }
-}
 
-impl Idx {
     /// For a two-operand walk: `Some((m, inner, col_b))` when one operand is contiguous and
     /// the other holds one value per run of `inner` consecutive elements, cycling with period
     /// m (merged dims [o, m, inner] with strides [0, 1, 0], or [m, inner] with [1, 0]: a

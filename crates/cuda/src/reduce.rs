@@ -46,17 +46,11 @@ fn merge_run(mut dims: Vec<(usize, usize)>) -> Option<(usize, usize)> {
     Some(run.unwrap_or((1, 1)))
 }
 
-/// (axis, len, stride) of each reduced axis.
-fn dims_strides(x: &Tensor, axes: &[usize]) -> Vec<(usize, usize, usize)> {
-    let (d, s) = (x.dims(), x.layout().strides());
-    axes.iter().map(|&a| (a, d[a], s[a])).collect()
-}
-
-/// Reduced axes that do not merge into one run, split into the innermost run (the axes of
-/// smallest stride that merge) and the rest: two reductions without a permuted copy of the
-/// input (a conv bias gradient: [n, c, h, w] over n, h and w). Sums of f32 and f64 only,
-/// whose partial sums keep the accumulator's precision, and max/min (exact); `None` when
-/// the axes merge or the split does not apply.
+/// Reduced axes (axis, len, stride) that do not merge into one run, split into the innermost
+/// run (the axes of smallest stride that merge) and the rest: two reductions without a
+/// permuted copy of the input (a conv bias gradient: [n, c, h, w] over n, h and w). Sums of
+/// f32 and f64 only, whose partial sums keep the accumulator's precision, and max/min
+/// (exact); `None` where the split does not apply (nothing left outside the inner run).
 fn two_stage(
     op: ReduceOp,
     dt: DType,
@@ -67,29 +61,28 @@ fn two_stage(
         ReduceOp::Max | ReduceOp::Min => true,
         ReduceOp::ArgMax | ReduceOp::ArgMin => false,
     };
-    let real: Vec<_> = axes.iter().copied().filter(|&(_, d, _)| d > 1).collect();
-    if !eligible
-        || real.iter().any(|&(_, d, _)| d == 0)
-        || merge_run(real.iter().map(|&(_, d, s)| (d, s)).collect()).is_some()
-    {
+    if !eligible {
         return None;
     }
-    let mut by_stride = real;
+    let mut by_stride: Vec<_> = axes.iter().copied().filter(|&(_, d, _)| d > 1).collect();
     by_stride.sort_by_key(|&(_, _, s)| s);
-    let mut inner = vec![by_stride[0].0];
-    let mut next = by_stride[0].1 * by_stride[0].2;
-    for &(a, d, s) in &by_stride[1..] {
+    let (&(a0, d0, s0), rest) = by_stride.split_first()?;
+    let mut inner = vec![a0];
+    let mut next = d0 * s0;
+    for &(a, d, s) in rest {
         if s != next {
             break;
         }
         inner.push(a);
         next = d * s;
     }
-    let outer: Vec<usize> = axes
+    // Size-1 axes need no pass: the output's elements are the same without reducing them.
+    let mut outer: Vec<usize> = rest
         .iter()
         .map(|&(a, _, _)| a)
         .filter(|a| !inner.contains(a))
         .collect();
+    outer.sort_unstable();
     (!outer.is_empty()).then_some((inner, outer))
 }
 
@@ -145,49 +138,51 @@ pub(crate) fn reduce(
             format!("cannot reduce an empty axis of {}", x.shape()),
         ));
     }
+    let run = merge_run(axes.iter().map(|&a| (dims[a], st[a])).collect());
+    if nout > 0 && run.is_none() {
+        let reduced: Vec<_> = axes.iter().map(|&a| (a, dims[a], st[a])).collect();
+        if let Some((inner, outer)) = two_stage(op, dt, &reduced) {
+            // The inner run first (its output is the accumulator for f32/f64 sums and exact
+            // for max/min), then the rest of the axes of that contiguous result.
+            let part = reduce(dev, op, x, &inner)?;
+            let pdims: Vec<usize> = (0..dims.len())
+                .filter(|a| !inner.contains(a))
+                .map(|a| dims[a])
+                .collect();
+            let part = Tensor::from_storage(
+                part.into_iter()
+                    .next()
+                    .ok_or_else(|| Error::backend(name, "no output"))?,
+                Layout::contiguous(Shape::new(pdims)),
+                x.device().clone(),
+            );
+            let outer: Vec<usize> = outer
+                .iter()
+                .map(|&a| a - inner.iter().filter(|&&i| i < a).count())
+                .collect();
+            return reduce(dev, op, &part, &outer);
+        }
+    }
     let s = dev.input(x, name)?;
     let out = dev.alloc_out(nout, if arg { DType::U32 } else { dt }, name)?;
     if nout == 0 {
         return dev.finish_one(out);
     }
     let kept_dims: Vec<usize> = kept.iter().map(|&a| dims[a]).collect();
-    if let Some((inner, outer)) = two_stage(op, dt, &dims_strides(x, axes)) {
-        // The inner run first (its output is the accumulator for f32/f64 sums and exact for
-        // max/min), then the rest of the axes of that contiguous result.
-        drop(out);
-        let part = reduce(dev, op, x, &inner)?;
-        let pdims: Vec<usize> = (0..dims.len())
-            .filter(|a| !inner.contains(a))
-            .map(|a| dims[a])
-            .collect();
-        let part = Tensor::from_storage(
-            part.into_iter()
-                .next()
-                .ok_or_else(|| Error::backend(name, "no output"))?,
-            Layout::contiguous(Shape::new(pdims)),
-            x.device().clone(),
-        );
-        let outer: Vec<usize> = outer
-            .iter()
-            .map(|&a| a - inner.iter().filter(|&&i| i < a).count())
-            .collect();
-        return reduce(dev, op, &part, &outer);
-    }
     // (kept walk, base pointer, run, a permuted copy kept alive until the launches are queued)
-    let (ko, base, (rlen, rs), _copy) =
-        match merge_run(axes.iter().map(|&a| (dims[a], st[a])).collect()) {
-            Some(run) => {
-                let kept_st: Vec<usize> = kept.iter().map(|&a| st[a]).collect();
-                let ko = Idx::new(name, &kept_dims, &[(&kept_st, x.layout().offset())])?;
-                (ko, s.device_ptr(), run, None)
-            }
-            None => {
-                let perm: Vec<usize> = kept.iter().chain(axes).copied().collect();
-                let c = crate::elementwise::copy_into(dev, s, &x.layout().permute(&perm)?, name)?;
-                let ko = Idx::new(name, &[nout], &[(&[r], 0)])?;
-                (ko, c.ptr(), (r, 1), Some(c))
-            }
-        };
+    let (ko, base, (rlen, rs), _copy) = match run {
+        Some(run) => {
+            let kept_st: Vec<usize> = kept.iter().map(|&a| st[a]).collect();
+            let ko = Idx::new(name, &kept_dims, &[(&kept_st, x.layout().offset())])?;
+            (ko, s.device_ptr(), run, None)
+        }
+        None => {
+            let perm: Vec<usize> = kept.iter().chain(axes).copied().collect();
+            let c = crate::elementwise::copy_into(dev, s, &x.layout().permute(&perm)?, name)?;
+            let ko = Idx::new(name, &[nout], &[(&[r], 0)])?;
+            (ko, c.ptr(), (r, 1), Some(c))
+        }
+    };
     let (rlen, nout_u) = (rlen as u64, nout as u64);
     let sm = dev.sm_count.max(1) as u64;
     // Blocks of 256 threads that fill the device once.
