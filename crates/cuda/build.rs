@@ -22,6 +22,14 @@ const SOURCES: [&str; 12] = [
     "optim",
 ];
 
+/// Each fused LLM kernel source (`llm::sources`): its name and its files in `src/llm`.
+const LLM_SOURCES: [(&str, &[&str]); 4] = [
+    ("llm_decode", &["decode.cu"]),
+    ("llm_prefill", &["decode.cu", "prefill.cu"]),
+    ("llm_sample", &["sample.cu"]),
+    ("llm_paged", &["decode.cu", "paged.cu"]),
+];
+
 fn main() {
     let dir = std::path::Path::new("src");
     let read = |f: &str| std::fs::read_to_string(dir.join(f)).expect("reading a kernel source");
@@ -48,6 +56,17 @@ fn main() {
         name: "matvec",
         src: read("quant.cuh") + &read("matvec.cu"),
     });
+    // The fused LLM kernels (`llm::sources`): the block formats, then each source's files in
+    // `src/llm`, in the order its `KernelSource` concatenates them.
+    for (name, parts) in LLM_SOURCES {
+        let mut src = read("quant.cuh");
+        for f in parts {
+            let path = format!("llm/{f}");
+            src += &read(&path);
+            files.push(dir.join(path));
+        }
+        sources.push(aot::Source { name, src });
+    }
     aot::rerun_on(&files);
     aot::build(&read("common.cuh"), &sources, "crate::Prebuilt");
 }

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Register, spill and instruction report of ferrite's LLM CUDA kernels, on a machine without a GPU.
 
-Compiles one kernel source of crates/llm/src/gpu (its files concatenated as the crate's
+Compiles one kernel source of crates/cuda/src (its files concatenated as the crate's
 `KernelSource` does: common.cuh, then the listed files) with NVRTC for an architecture,
 with `ptxas -v`, and prints each matching kernel's registers, stack and spills. With
 `--only`, every other `extern "C"` kernel of one line and every `*_KERNELS(...)` instantiation
@@ -31,11 +31,11 @@ import sys
 import tempfile
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
-GPU = os.path.join(ROOT, "crates", "llm", "src", "gpu")
+LLM = os.path.join(ROOT, "crates", "cuda", "src", "llm")
 CUDA = os.path.join(ROOT, "crates", "cuda", "src")
 COMMON = os.path.join(CUDA, "common.cuh")
-# As crates/llm/build.rs and crates/cuda/build.rs: each source's files after common.cuh
-# (quant.cuh and matvec.cu in ferrite-cuda, the others in the llm crate).
+# As crates/cuda/build.rs: each source's files after common.cuh (quant.cuh and matvec.cu in
+# crates/cuda/src, the fused LLM kernels in crates/cuda/src/llm).
 SOURCES = {
     "matvec.cu": ["quant.cuh", "matvec.cu"],
     "decode.cu": ["quant.cuh", "decode.cu"],
@@ -88,7 +88,7 @@ def main():
                     help="compile only these kernel definitions (one line each)")
     ap.add_argument("--sass", action="store_true", help="instruction mix of the IMMA loop")
     a = ap.parse_args()
-    where = lambda f: CUDA if f in ("quant.cuh", "matvec.cu") else GPU
+    where = lambda f: CUDA if f in ("quant.cuh", "matvec.cu") else LLM
     parts = [open(COMMON).read()] + [
         open(os.path.join(where(f), f)).read() for f in SOURCES[a.source]
     ]

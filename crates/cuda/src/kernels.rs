@@ -102,6 +102,10 @@ pub fn all_sources() -> Vec<&'static KernelSource> {
         &crate::channel_norm::SOURCE,
         &crate::optim::SOURCE,
         &crate::matvec::SOURCE,
+        &crate::llm::decode::SOURCE,
+        &crate::llm::prefill::SOURCE,
+        &crate::llm::sample::SOURCE,
+        &crate::llm::paged::SOURCE,
     ]
 }
 

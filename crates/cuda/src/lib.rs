@@ -9,7 +9,9 @@
 //! - Matmul goes through cuBLASLt (`matmul.rs`); CUDA graphs through `graph.rs`.
 //! - Quantized matrices (`QTensor`): `GpuMatrix` (`qmatrix.rs`) and the LLM decode products
 //!   over GGUF blocks (`matvec.cu` with `quant.cuh`, by `matvec.rs`), `qmatmul.rs` between
-//!   them and the backend; the LLM kernel set launches them through `step.rs`.
+//!   them and the backend; the LLM crate's CUDA kernel set launches them through `step.rs`,
+//!   with the fused LLM kernels of `llm/` (attention over the paged KV cache, norms, the
+//!   large steps' helpers, the device sampler).
 //! - The driver, NVRTC and cuBLASLt are loaded at run time: this crate builds and runs where
 //!   there is no CUDA, and asking for a device there is an error ("no CUDA device").
 
@@ -28,6 +30,7 @@ mod graph;
 mod index;
 mod kernel_key;
 mod kernels;
+pub mod llm;
 mod matmul;
 pub mod matvec;
 mod norm;

@@ -1,10 +1,9 @@
 //! LLM inference from GGUF files: one model definition (llama family, qwen2, gemma3) over a
-//! kernel set (the CPU's here: quantized kernels that compute directly on GGUF blocks), the
-//! paged KV cache, the engine (batched steps over many requests), tokenizer, chat templates,
-//! sampler and the generation loop. `model::cuda` and `model::wgpu` are the CUDA and wgpu
-//! kernel sets of the same model definition (the CUDA kernels and weights in `gpu`). A
-//! [`Session`] runs one sequence on any kernel set (`run`, `chat`, `perplexity`), the engine
-//! many.
+//! kernel set per backend (`model::cpu`, `model::cuda`, `model::wgpu`: each binds the
+//! definition's fused kernels to its backend crate's kernels; the CUDA weights are in `gpu`),
+//! the paged KV cache, the engine (batched steps over many requests), tokenizer, chat
+//! templates, sampler and the generation loop. A [`Session`] runs one sequence on any kernel
+//! set (`run`, `chat`, `perplexity`), the engine many.
 
 pub mod chat;
 pub mod engine;
@@ -16,10 +15,6 @@ pub mod grammar;
 pub mod kv_cache;
 pub mod logits_processor;
 pub mod model;
-/// The GPU kernels compiled at build time (`build.rs`): one `&[Prebuilt]` per source.
-mod prebuilt {
-    include!(concat!(env!("OUT_DIR"), "/prebuilt.rs"));
-}
 pub mod sampler;
 pub mod session;
 pub mod synth;

@@ -15,9 +15,9 @@ use std::path::PathBuf;
 
 use ferrite_testing::runner::Runner;
 
+use ferrite_cuda::llm::ops::{self, AttnShape, KvLayer, Mode, RopeSpec, Seg};
 use ferrite_gguf::{quant, GgmlType};
 use ferrite_llm::engine::{Engine, EngineConfig, EngineKernels, Request, RequestId};
-use ferrite_llm::gpu::ops::{self, AttnShape, KvLayer, Mode, RopeSpec, Seg};
 use ferrite_llm::gpu::{read_f32, upload_bytes, upload_f32, zeros, Buffer, CudaDevice};
 use ferrite_llm::gpu::{GpuMatrix, GpuModel, Layout};
 use ferrite_llm::kv_cache::BLOCK_SIZE;
@@ -31,14 +31,6 @@ use sampler_support::{check_draws, Rng};
 
 /// A test returns None when it ran, or the reason it was skipped.
 type TestFn = fn(&CudaDevice) -> Option<String>;
-
-/// Tests that need only NVRTC (no GPU).
-fn nvrtc_tests() -> Vec<(&'static str, fn())> {
-    vec![(
-        "every_gpu_llm_kernel_compiles_for_sm_90",
-        every_kernel_compiles,
-    )]
-}
 
 fn gpu_tests() -> Vec<(&'static str, TestFn)> {
     vec![
@@ -142,24 +134,6 @@ fn gpu_tests() -> Vec<(&'static str, TestFn)> {
 
 fn main() {
     let mut r = Runner::from_args();
-    let nvrtc = ferrite_cuda::nvrtc_present();
-    r.run(
-        "prebuilt_kernels_match_their_sources",
-        || match ferrite_cuda::check_prebuilt(&ferrite_llm::gpu::sources()) {
-            Ok(0) => Some("no kernels were compiled at build time (FERRITE_CUDA_ARCHS)".into()),
-            Ok(_) => None,
-            Err(e) => panic!("{e}"),
-        },
-    );
-    for (name, f) in nvrtc_tests() {
-        match nvrtc {
-            true => r.run(name, || {
-                f();
-                None
-            }),
-            false => r.skip(name, "NVRTC (libnvrtc.so.13) is not installed"),
-        }
-    }
     let dev = if ferrite_llm::gpu::is_available() {
         match CudaDevice::new(0) {
             Ok(d) => Some(d),
@@ -186,14 +160,6 @@ fn main() {
         );
     }
     r.finish("llm gpu tests");
-}
-
-fn every_kernel_compiles() {
-    for src in ferrite_llm::gpu::sources() {
-        if let Err(e) = ferrite_cuda::compile_nvrtc(src, "sm_90") {
-            panic!("{e}");
-        }
-    }
 }
 
 // ---- helpers ----

@@ -3,12 +3,14 @@
 //! loads). Norm weights, biases and RoPE tables go up as f32.
 
 use ferrite_core::QTensor;
+use ferrite_cuda::llm::decode::AttnShape;
+use ferrite_cuda::llm::prefill;
+use ferrite_cuda::matvec;
 use ferrite_cuda::qmatmul::CudaQMat;
 use ferrite_cuda::qmatrix::GpuMatrix;
 use ferrite_cuda::{Buffer, CudaDevice};
 use ferrite_gguf::{GgmlType, GgufFile};
 
-use super::decode::AttnShape;
 use super::{upload_f32, CudaResult};
 use crate::error::{Error, Result};
 use crate::model::{Arch, Config, Model};
@@ -60,7 +62,7 @@ pub struct GpuModel {
     pub(crate) precision: crate::Precision,
     /// The matrices' copies for the int8 tensor-core products of prompts (`mmq_copies`),
     /// made at the first use and shared by every session and engine of this model.
-    mmq: std::sync::OnceLock<super::prefill::MmqCopies>,
+    mmq: std::sync::OnceLock<MmqCopies>,
 }
 
 /// Names of the matrices of layer `il`.
@@ -214,14 +216,66 @@ pub(crate) fn rope_inv_freq(rope_dim: usize, base: f32, factors: Option<&[f32]>)
 
 const MIB: f64 = 1024.0 * 1024.0;
 
+/// Per layer, per matrix (`SLOT_*`): the copy `prefill::mmq_copy` made of it (split rows or 32-element
+/// units) for the int8 tensor-core products; None where the matrix is read as it is or has
+/// no such kernel.
+pub(crate) type MmqCopies = Vec<[Option<GpuMatrix>; 7]>;
+
+/// The matrices of a layer by slot (`MmqCopies`).
+pub(crate) const SLOT_Q: usize = 0;
+pub(crate) const SLOT_K: usize = 1;
+pub(crate) const SLOT_V: usize = 2;
+pub(crate) const SLOT_O: usize = 3;
+pub(crate) const SLOT_GATE: usize = 4;
+pub(crate) const SLOT_UP: usize = 5;
+pub(crate) const SLOT_DOWN: usize = 6;
+
+/// The copies of every layer's matrices (`prefill::mmq_copy`).
+fn mmq_copies(m: &GpuModel) -> Result<MmqCopies> {
+    let mut copies = Vec::with_capacity(m.layers.len());
+    for l in &m.layers {
+        let mut c: [Option<GpuMatrix>; 7] = Default::default();
+        for (slot, c) in c.iter_mut().enumerate() {
+            *c = prefill::mmq_copy(&m.dev, layer_mat(l, slot)).gpu()?;
+        }
+        copies.push(c);
+    }
+    Ok(copies)
+}
+
+/// The matrix the int8 tensor-core products read for `w` (layer `il`'s slot `slot`): its copy
+/// in `copies`, or `w` itself where it is split already; None where it has no such kernel.
+pub(crate) fn mmq_matrix<'a>(
+    copies: &'a MmqCopies,
+    il: usize,
+    slot: usize,
+    w: &'a GpuMatrix,
+) -> Option<&'a GpuMatrix> {
+    let m = copies.get(il).and_then(|c| c[slot].as_ref()).unwrap_or(w);
+    (m.split && matvec::MMQ2_FMTS.contains(&m.fmt)).then_some(m)
+}
+
+/// The matrix of `l` in scratch slot `slot` (`SLOT_*`).
+fn layer_mat(l: &GpuLayer, slot: usize) -> &GpuMatrix {
+    match slot {
+        SLOT_Q => gm(&l.wq),
+        SLOT_K => gm(&l.wk),
+        SLOT_V => gm(&l.wv),
+        SLOT_O => gm(&l.wo),
+        SLOT_GATE => gm(&l.w_gate),
+        SLOT_UP => gm(&l.w_up),
+        _ => gm(&l.w_down),
+    }
+}
+
 impl GpuModel {
     /// The copies of the layers' matrices the prompts' int8 tensor-core products read
-    /// (`prefill::mmq_copies`: split rows or 32-element units), made at the first call.
-    pub(crate) fn mmq_copies(&self) -> Result<&super::prefill::MmqCopies> {
+    /// (`prefill::mmq_copy`: split rows or 32-element units), made at the first call.
+    pub(crate) fn mmq_copies(&self) -> Result<&MmqCopies> {
         if let Some(c) = self.mmq.get() {
             return Ok(c);
         }
-        let c = super::prefill::mmq_copies(self)?;
+        let c = mmq_copies(self)?;
         Ok(self.mmq.get_or_init(|| c))
     }
 
@@ -264,7 +318,7 @@ impl GpuModel {
             head_dim: c.head_dim,
             ctx,
         };
-        shape.check()?;
+        shape.check().map_err(|e| Error::Model(e.to_string()))?;
         if !c.d_model.is_multiple_of(32) || !c.n_ff.is_multiple_of(32) {
             return Err(Error::Model(format!(
                 "GPU kernels need the embedding length ({}) and feed-forward length ({}) to be multiples of 32",

@@ -1,7 +1,8 @@
 //! The CUDA kernel set of the model definition ([`super::step`]): a thin wrapper that plans
-//! the launches of `crate::gpu` (`matvec.cu` products, `paged.cu` attention and friends) over
-//! scratch buffers allocated once for the largest step, so every launch of a step has fixed
-//! addresses and a decode step can be captured as a CUDA graph.
+//! the launches of ferrite-cuda's kernels (`matvec` products; `llm::paged` attention and
+//! friends, `llm::prefill`, `llm::sample`) over scratch buffers allocated once for the largest
+//! step, so every launch of a step has fixed addresses and a decode step can be captured as a
+//! CUDA graph.
 //!
 //! A step's data (tokens, each row's position and block-table offset, the logit rows, the
 //! block tables) goes to the device in one write at `begin`; the kernel calls of the
@@ -13,27 +14,27 @@
 //! Every row is computed independently of the others by every kernel (the products read
 //! the weights once per row and sum in a fixed order; the attention splits a row's keys by
 //! its own position), so a sequence's logits do not depend on what else is in the batch.
-//!
-//! The kernels stay in `crates/llm/src/gpu` rather than in `ferrite-cuda` (where DESIGN.md
-//! puts backend kernels): they work on `GpuMatrix`, the GGUF block layouts of this crate,
-//! which become a quantized tensor type of the backend crates only with the `qmatmul` op.
 
 use std::collections::{HashMap, HashSet};
 
+use ferrite_cuda::llm::decode::{self, AttnShape};
+use ferrite_cuda::llm::paged::{self, PagedAttnArgs, PagedLaunch, RopeStoreArgs, KV_BS, PAD_ROW};
+use ferrite_cuda::llm::prefill;
+use ferrite_cuda::llm::sample::{self, SamplerState};
+use ferrite_cuda::llm::Launch;
+use ferrite_cuda::matvec::{self, Mode, Seg};
+use ferrite_cuda::qmatrix::GpuMatrix;
 use ferrite_cuda::{Buffer, CudaDevice, Graph, ReadBack};
 
 use super::config::Config;
 use super::step::{Batch, Buf, Glu, Kernels, Mat, Norm};
 use crate::error::{Error, Result};
-use crate::gpu::decode::{self, AttnShape};
-use crate::gpu::matvec::{self, Mode, Seg};
-use crate::gpu::paged::{self, PagedAttnArgs, PagedLaunch, RopeStoreArgs, KV_BS, PAD_ROW};
-use crate::gpu::sample::{self, SamplerState};
-use crate::gpu::weights::{gm, GpuModel};
-use crate::gpu::{zeros, CudaResult, Launch};
+use crate::gpu::weights::{self, gm, GpuModel};
+use crate::gpu::{zeros, CudaResult};
 use crate::kv_cache::{BlockId, KvStore};
 use crate::sampler::SamplerConfig;
-use ferrite_cuda::qmatrix::GpuMatrix;
+
+const _: () = assert!(KV_BS == crate::kv_cache::BLOCK_SIZE);
 
 /// Largest batch-size bucket with a captured graph.
 pub const MAX_GRAPH_ROWS: usize = 64;
@@ -113,7 +114,8 @@ impl CudaKvStore {
     /// `n_blocks` blocks for `m`'s layers, zeroed.
     pub fn new(m: &GpuModel, n_blocks: usize) -> Result<CudaKvStore> {
         let c = &m.cfg;
-        paged::check_shape(c.n_head, c.n_kv_head, c.head_dim)?;
+        paged::check_shape(c.n_head, c.n_kv_head, c.head_dim)
+            .map_err(|e| Error::Model(e.to_string()))?;
         let block_bytes = c.n_layer * c.n_kv_head * KV_BS * c.head_dim * 2;
         let total = block_bytes
             .checked_mul(n_blocks)
@@ -147,7 +149,7 @@ impl CudaKvStore {
 
 impl KvStore for CudaKvStore {
     fn copy_block(&mut self, src: BlockId, dst: BlockId) -> Result<()> {
-        paged::copy_block(&self.dev, &self.kc, &self.vc, src, dst, self.block_bytes)
+        paged::copy_block(&self.dev, &self.kc, &self.vc, src, dst, self.block_bytes).gpu()
     }
 }
 
@@ -264,17 +266,16 @@ pub struct CudaKernels<'g> {
     spare: Vec<ReadBack>,
 }
 
-/// Layer and slot (`prefill::SLOT_*`) of a matrix, as `GpuModel::mmq_copies` keeps them.
+/// Layer and slot (`weights::SLOT_*`) of a matrix, as `GpuModel::mmq_copies` keeps them.
 fn mat_slot(w: Mat) -> (usize, usize) {
-    use crate::gpu::prefill as pf;
     match w {
-        Mat::Q(il) => (il, pf::SLOT_Q),
-        Mat::K(il) => (il, pf::SLOT_K),
-        Mat::V(il) => (il, pf::SLOT_V),
-        Mat::O(il) => (il, pf::SLOT_O),
-        Mat::Gate(il) => (il, pf::SLOT_GATE),
-        Mat::Up(il) => (il, pf::SLOT_UP),
-        Mat::Down(il) => (il, pf::SLOT_DOWN),
+        Mat::Q(il) => (il, weights::SLOT_Q),
+        Mat::K(il) => (il, weights::SLOT_K),
+        Mat::V(il) => (il, weights::SLOT_V),
+        Mat::O(il) => (il, weights::SLOT_O),
+        Mat::Gate(il) => (il, weights::SLOT_GATE),
+        Mat::Up(il) => (il, weights::SLOT_UP),
+        Mat::Down(il) => (il, weights::SLOT_DOWN),
     }
 }
 
@@ -336,7 +337,8 @@ impl<'g> CudaKernels<'g> {
                 "cuda kernels: {lim:?} is not a valid size (rows >= logit rows >= 1, ctx >= 1)"
             )));
         }
-        paged::check_shape(c.n_head, c.n_kv_head, c.head_dim)?;
+        paged::check_shape(c.n_head, c.n_kv_head, c.head_dim)
+            .map_err(|e| Error::Model(e.to_string()))?;
         let (d, hd, nh, nkv, ff) = (c.d_model, c.head_dim, c.n_head, c.n_kv_head, c.n_ff);
         let r = lim.max_rows;
         let f32s = |n: usize, what| zeros(&dev, n * 4, what);
@@ -571,7 +573,8 @@ impl<'g> CudaKernels<'g> {
         history: &[u32],
         cap: usize,
     ) -> Result<()> {
-        let s = SamplerState::new(&self.dev, cfg, cap.max(history.len()))?;
+        let settings = crate::gpu::sampler_settings(cfg)?;
+        let s = SamplerState::new(&self.dev, &settings, cap.max(history.len()))?;
         s.set_history(&self.dev, history)?;
         self.samplers.insert(id, s);
         Ok(())
@@ -627,7 +630,7 @@ impl<'g> CudaKernels<'g> {
                 self.tokens_out.ptr() + (row * 4) as u64,
             ));
         }
-        sample::sample_rows(&self.dev, table, &list, vocab)
+        sample::sample_rows(&self.dev, table, &list, vocab).gpu()
     }
 
     /// The logits of the last step, `[out rows][vocab]` (waits for the step).
@@ -749,7 +752,8 @@ impl<'g> CudaKernels<'g> {
         out: &Buffer,
         ostride: usize,
     ) -> Result<bool> {
-        use crate::gpu::prefill::{mmq_launches, mmq_matrix};
+        use prefill::mmq_launches;
+        use weights::mmq_matrix;
         self.init_mq2()?;
         let Some(mq) = &self.mq2 else {
             return Ok(false);
@@ -815,7 +819,7 @@ impl<'g> CudaKernels<'g> {
             self.plan.push(l);
             Ok(())
         } else {
-            l.enqueue(&self.dev)
+            l.enqueue(&self.dev).gpu()
         }
     }
 
@@ -926,7 +930,7 @@ impl<'g> CudaKernels<'g> {
             let mut r = 0;
             for &(w, _, _) in &segs[i..j] {
                 let at = w16.ptr() + (r * w.cols * es) as u64;
-                crate::gpu::prefill::dequant_rows(&self.dev, w, 0, w.rows, at, mode)?;
+                prefill::dequant_rows(&self.dev, w, 0, w.rows, at, mode)?;
                 r += w.rows;
             }
             self.dev

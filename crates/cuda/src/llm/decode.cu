@@ -11,7 +11,7 @@
 #define AT_TILE 128   // keys per tile: one per thread for the scores
 #define AT_GMAX 8     // query heads per block (heads sharing a KV head; more go to more blocks)
 
-// Layout of `AttnArgs` in gpu/decode.rs.
+// Layout of `AttnArgs` in decode.rs.
 struct AttnArgs {
     u64 qkv;        // f32 [nh*hd | nkv*hd | nkv*hd]: this token's q, k, v before RoPE
     u64 kc, vc;     // f16 [nkv][ctx][hd] of this layer: k (rotated) and v stored at pos

@@ -1,4 +1,4 @@
-//! The CPU sampler (`crate::sampler`) on the device: one launch after a step draws the token of
+//! The LLM crate's CPU sampler (`ferrite_llm::sampler`) on the device: one launch after a step draws the token of
 //! every logit row whose sequence samples (`sample_rows`), so a sampled step reads back one
 //! token id per sequence.
 //!
@@ -16,18 +16,13 @@
 //! token under 2^-41 of the top one's probability is never drawn, and the top-p cut may differ
 //! from the CPU's f64 sum where the cumulative probability lies within ~1e-12 of `top_p`.
 
-use ferrite_cuda::{Buffer, CudaDevice, KernelArgs, KernelSource, LaunchConfig};
-
-use super::{zeros, CudaResult};
-use crate::error::{Error, Result};
-use crate::sampler::SamplerConfig;
+use super::{upload_bytes, zeros};
+use crate::{Buffer, CudaDevice, KernelArgs, KernelSource, LaunchConfig};
+use ferrite_core::{Error, Result};
 
 pub(crate) static SOURCE: KernelSource = KernelSource {
     name: "llm_sample",
-    src: concat!(
-        include_str!("../../../cuda/src/quant.cuh"),
-        include_str!("sample.cu")
-    ),
+    src: concat!(include_str!("../quant.cuh"), include_str!("sample.cu")),
     prebuilt: crate::prebuilt::LLM_SAMPLE,
 };
 
@@ -38,8 +33,23 @@ const HIST_LEN_OFF: usize = 36;
 /// Byte offset of the draw counter (u64) in `SampleParams`.
 const STEP_OFF: usize = 56;
 
+/// A sampler's settings: the LLM crate's `SamplerConfig`, validated there (temperature 0 is
+/// greedy; top_k 0 and penalty_last_n 0 are off).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Settings {
+    pub temperature: f32,
+    pub top_k: usize,
+    pub top_p: f32,
+    pub min_p: f32,
+    pub repeat_penalty: f32,
+    pub presence_penalty: f32,
+    pub frequency_penalty: f32,
+    pub penalty_last_n: usize,
+    pub seed: u64,
+}
+
 /// `SampleParams` of `cfg`, with an empty history of `hist_cap` tokens and draw counter 0.
-fn params_bytes(cfg: &SamplerConfig, hist_cap: usize) -> [u8; PARAMS_BYTES] {
+fn params_bytes(cfg: &Settings, hist_cap: usize) -> [u8; PARAMS_BYTES] {
     let mut b = [0u8; PARAMS_BYTES];
     let greedy = cfg.temperature == 0.0;
     let inv_t = if greedy { 1.0 } else { 1.0 / cfg.temperature };
@@ -73,43 +83,41 @@ fn params_bytes(cfg: &SamplerConfig, hist_cap: usize) -> [u8; PARAMS_BYTES] {
 /// A sampler's state on the device: its settings and draw counter (`SampleParams`) and its
 /// token history, with room for `cap` tokens. Its scratch is the kernel set's, one per logit
 /// row (`sample_rows`).
-pub(crate) struct SamplerState {
+pub struct SamplerState {
     params: Buffer,
     hist: Buffer,
     cap: usize,
 }
 
 impl SamplerState {
-    /// Validates `cfg`; the history starts empty and the draw counter at 0.
-    pub(crate) fn new(dev: &CudaDevice, cfg: &SamplerConfig, cap: usize) -> Result<SamplerState> {
-        cfg.validate().map_err(|e| Error::Other(e.to_string()))?;
+    /// The history starts empty and the draw counter at 0.
+    pub fn new(dev: &CudaDevice, cfg: &Settings, cap: usize) -> Result<SamplerState> {
         let params = zeros(dev, PARAMS_BYTES, "llm sampler params")?;
-        dev.write_bytes(&params, 0, &params_bytes(cfg, cap)).gpu()?;
+        dev.write_bytes(&params, 0, &params_bytes(cfg, cap))?;
         let hist = zeros(dev, cap.max(1) * 4, "llm sampler history")?;
         Ok(SamplerState { params, hist, cap })
     }
 
     /// Replaces the history with `tokens` (their last `cap` if longer); the draw counter
     /// keeps counting.
-    pub(crate) fn set_history(&self, dev: &CudaDevice, tokens: &[u32]) -> Result<()> {
+    pub fn set_history(&self, dev: &CudaDevice, tokens: &[u32]) -> Result<()> {
         let t = &tokens[tokens.len().saturating_sub(self.cap)..];
         if !t.is_empty() {
             let b: Vec<u8> = t.iter().flat_map(|v| v.to_le_bytes()).collect();
-            dev.write_bytes(&self.hist, 0, &b).gpu()?;
+            dev.write_bytes(&self.hist, 0, &b)?;
         }
         dev.write_bytes(&self.params, HIST_LEN_OFF, &(t.len() as u32).to_le_bytes())
-            .gpu()
     }
 }
 
 /// Bytes of `SpRow` (sample.cu): one row of a `sample_rows` table.
-pub(crate) const ROW_BYTES: usize = 40;
+pub const ROW_BYTES: usize = 40;
 
 /// Draws one token for each of `rows` in one launch (`sample_rows`, a block of 1024 threads per
 /// row): row i = (its request's sampler state, its f32 [vocab] logits (penalized in place), a u64
 /// [vocab] scratch of its own, where its u32 token goes), all device addresses. `table` (at
 /// least `rows.len() * ROW_BYTES` bytes) is rewritten, stream-ordered, before the launch.
-pub(crate) fn sample_rows(
+pub fn sample_rows(
     dev: &CudaDevice,
     table: &Buffer,
     rows: &[(&SamplerState, u64, u64, u64)],
@@ -119,11 +127,10 @@ pub(crate) fn sample_rows(
         return Ok(());
     }
     if table.bytes() < rows.len() * ROW_BYTES {
-        return Err(Error::Other(format!(
-            "sample_rows: a table of {} bytes for {} rows",
-            table.bytes(),
-            rows.len()
-        )));
+        return Err(Error::backend(
+            "sample_rows",
+            format!("a table of {} bytes for {} rows", table.bytes(), rows.len()),
+        ));
     }
     let mut b = Vec::with_capacity(rows.len() * ROW_BYTES);
     for (s, logits, scratch, out) in rows {
@@ -131,7 +138,7 @@ pub(crate) fn sample_rows(
             b.extend_from_slice(&p.to_le_bytes());
         }
     }
-    dev.write_bytes(table, 0, &b).gpu()?;
+    dev.write_bytes(table, 0, &b)?;
     let cfg = LaunchConfig::new((rows.len() as u32, 1, 1), (1024, 1, 1), 0);
     let args = KernelArgs::new().arg(table.ptr()).arg(vocab as u32);
     super::launch(dev, "sample", &SOURCE, "sample_rows", cfg, args)
@@ -144,22 +151,24 @@ pub(crate) fn sample_rows(
 /// token.
 pub fn sample_once(
     dev: &CudaDevice,
-    cfg: &SamplerConfig,
+    cfg: &Settings,
     logits: &Buffer,
     vocab: usize,
     history: &[u32],
     step: u64,
 ) -> Result<u32> {
     if logits.bytes() < vocab * 4 {
-        return Err(Error::Other(format!(
-            "sample_once: {} bytes of logits for a vocabulary of {vocab}",
-            logits.bytes()
-        )));
+        return Err(Error::backend(
+            "sample_once",
+            format!(
+                "{} bytes of logits for a vocabulary of {vocab}",
+                logits.bytes()
+            ),
+        ));
     }
     let s = SamplerState::new(dev, cfg, history.len().max(1))?;
     s.set_history(dev, history)?;
-    dev.write_bytes(&s.params, STEP_OFF, &step.to_le_bytes())
-        .gpu()?;
+    dev.write_bytes(&s.params, STEP_OFF, &step.to_le_bytes())?;
     let (table, scratch) = one_row_scratch(dev, vocab)?;
     let out = zeros(dev, 16, "llm sample token")?;
     sample_rows(
@@ -168,7 +177,7 @@ pub fn sample_once(
         &[(&s, logits.ptr(), scratch.ptr(), out.ptr())],
         vocab,
     )?;
-    let b = dev.read_bytes(&out, 0, 4).gpu()?;
+    let b = dev.read_bytes(&out, 0, 4)?;
     Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
 }
 
@@ -186,7 +195,7 @@ fn one_row_scratch(dev: &CudaDevice, vocab: usize) -> Result<(Buffer, Buffer)> {
 /// the history is reset to `history` each time.
 pub fn sample_many(
     dev: &CudaDevice,
-    cfg: &SamplerConfig,
+    cfg: &Settings,
     logits: &[f32],
     history: &[u32],
     draws: usize,
@@ -194,16 +203,16 @@ pub fn sample_many(
     let vocab = logits.len();
     let s = SamplerState::new(dev, cfg, history.len() + 1)?;
     let lbytes: Vec<u8> = logits.iter().flat_map(|v| v.to_le_bytes()).collect();
-    let lbuf = super::upload_bytes(dev, &lbytes, "llm sample logits")?;
+    let lbuf = upload_bytes(dev, &lbytes, "llm sample logits")?;
     let (table, scratch) = one_row_scratch(dev, vocab)?;
     let out = zeros(dev, draws.max(1) * 4, "llm sample tokens")?;
     for i in 0..draws {
-        dev.write_bytes(&lbuf, 0, &lbytes).gpu()?;
+        dev.write_bytes(&lbuf, 0, &lbytes)?;
         s.set_history(dev, history)?;
         let at = out.ptr() + (i * 4) as u64;
         sample_rows(dev, &table, &[(&s, lbuf.ptr(), scratch.ptr(), at)], vocab)?;
     }
-    let b = dev.read_bytes(&out, 0, draws * 4).gpu()?;
+    let b = dev.read_bytes(&out, 0, draws * 4)?;
     Ok(b.chunks_exact(4)
         .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
         .collect())

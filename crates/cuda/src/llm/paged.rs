@@ -3,15 +3,14 @@
 //! copy). Each launch serves every row of a step; row metadata and block tables are device
 //! buffers the host writes before the step, so a captured step replays for any positions.
 
-use ferrite_cuda::{Buffer, CudaDevice, KernelArgs, KernelSource, LaunchConfig};
-
 use super::decode::HD_MAX;
-use crate::error::{Error, Result};
+use crate::{Buffer, CudaDevice, KernelArgs, KernelSource, LaunchConfig};
+use ferrite_core::{Error, Result};
 
 pub(crate) static SOURCE: KernelSource = KernelSource {
     name: "llm_paged",
     src: concat!(
-        include_str!("../../../cuda/src/quant.cuh"),
+        include_str!("../quant.cuh"),
         include_str!("decode.cu"),
         include_str!("paged.cu")
     ),
@@ -23,17 +22,15 @@ pub const KV_BS: usize = 16;
 /// Row position of a padding row (`PAD_ROW`): the kernels skip it.
 pub const PAD_ROW: u32 = u32::MAX;
 /// Most slices `argmax_rows` splits a logit row into (one block each; 2,048 logits a slice).
-pub(crate) const ARGMAX_SLICES: u32 = 64;
+pub const ARGMAX_SLICES: u32 = 64;
 const AT_T: u32 = 128;
 /// Query heads per attention block (`AT_GMAX`).
 const AT_GMAX: usize = 8;
 
-const _: () = assert!(KV_BS == crate::kv_cache::BLOCK_SIZE);
-
 /// `RopeStoreArgs` in paged.cu.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct RopeStoreArgs {
+pub struct RopeStoreArgs {
     pub qkv: u64,
     pub kc: u64,
     pub vc: u64,
@@ -64,7 +61,7 @@ pub(crate) struct RopeStoreArgs {
 /// `PagedAttnArgs` in paged.cu.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct PagedAttnArgs {
+pub struct PagedAttnArgs {
     pub q: u64,
     pub kc: u64,
     pub vc: u64,
@@ -100,20 +97,20 @@ const _: () = {
 };
 
 /// Head-group blocks per KV head of the attention (`ngrp`).
-pub(crate) fn head_groups(n_head: usize, n_kv_head: usize) -> usize {
+pub fn head_groups(n_head: usize, n_kv_head: usize) -> usize {
     (n_head / n_kv_head).div_ceil(AT_GMAX)
 }
 
 /// Checks the attention shape the kernels take.
-pub(crate) fn check_shape(n_head: usize, n_kv_head: usize, hd: usize) -> Result<()> {
+pub fn check_shape(n_head: usize, n_kv_head: usize, hd: usize) -> Result<()> {
     if n_kv_head == 0
         || !n_head.is_multiple_of(n_kv_head)
         || hd == 0
         || !hd.is_multiple_of(8)
         || hd > HD_MAX
     {
-        return Err(Error::Model(format!(
-            "paged attention needs head_dim a multiple of 8 up to {HD_MAX} and query heads a multiple of KV heads; found {n_head} heads, {n_kv_head} KV heads, head_dim {hd}"
+        return Err(Error::backend("paged_attn", format!(
+            "needs head_dim a multiple of 8 up to {HD_MAX} and query heads a multiple of KV heads; found {n_head} heads, {n_kv_head} KV heads, head_dim {hd}"
         )));
     }
     Ok(())
@@ -121,7 +118,7 @@ pub(crate) fn check_shape(n_head: usize, n_kv_head: usize, hd: usize) -> Result<
 
 /// One launch of the engine's batched kernels.
 #[derive(Clone, Copy, Debug)]
-pub(crate) enum PagedLaunch {
+pub enum PagedLaunch {
     /// Row blockIdx.x of `rows`; dynamic shared memory `smem`.
     RopeStore {
         args: RopeStoreArgs,
@@ -215,7 +212,7 @@ pub(crate) enum PagedLaunch {
 }
 
 impl PagedLaunch {
-    pub(crate) fn enqueue(&self, dev: &CudaDevice) -> Result<()> {
+    pub fn enqueue(&self, dev: &CudaDevice) -> Result<()> {
         match *self {
             PagedLaunch::RopeStore { args, rows, smem } => {
                 let cfg = LaunchConfig::new((rows, 1, 1), (128, 1, 1), smem);
@@ -379,7 +376,7 @@ fn flat(dev: &CudaDevice, n: u64) -> LaunchConfig {
 
 /// Copies block `src` onto block `dst` in the key and value buffers (`block_bytes` each, a
 /// multiple of 16), ordered on the compute stream.
-pub(crate) fn copy_block(
+pub fn copy_block(
     dev: &CudaDevice,
     kc: &Buffer,
     vc: &Buffer,
@@ -389,10 +386,13 @@ pub(crate) fn copy_block(
 ) -> Result<()> {
     let end = (src.max(dst) as usize + 1) * block_bytes;
     if !block_bytes.is_multiple_of(16) || kc.bytes() < end || vc.bytes() < end {
-        return Err(Error::Other(format!(
-            "kv_copy_block: blocks {src} -> {dst} of {block_bytes} bytes outside the cache of {} bytes",
-            kc.bytes().min(vc.bytes())
-        )));
+        return Err(Error::backend(
+            "kv_copy_block",
+            format!(
+                "blocks {src} -> {dst} of {block_bytes} bytes outside the cache of {} bytes",
+                kc.bytes().min(vc.bytes())
+            ),
+        ));
     }
     let n16 = (block_bytes / 16) as u64;
     let blocks = n16.div_ceil(256).clamp(1, 1024) as u32;

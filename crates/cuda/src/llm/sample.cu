@@ -26,7 +26,7 @@
 #define SP_W (SP_T / 32)
 #define SP_QSCALE 1099511627776.0  // 2^40
 
-// Layout of `SampleParams` in gpu/sample.rs.
+// Layout of `SampleParams` in sample.rs.
 struct SampleParams {
     float inv_t;
     float top_p;

@@ -18,7 +18,7 @@ __device__ __forceinline__ u64 kv_at(u32 blk, u32 layer, u32 n_layer, u32 nkv, u
     return ((((u64)blk * n_layer + layer) * nkv + g) * KV_BS + slot) * hd;
 }
 
-// Layout of `RopeStoreArgs` in gpu/paged.rs.
+// Layout of `RopeStoreArgs` in paged.rs.
 struct RopeStoreArgs {
     u64 qkv;        // f32 [rows][qkv_w]: q (nh*hd) | k (nkv*hd) | v (nkv*hd) of each row
     u64 kc, vc;     // the paged cache
@@ -83,7 +83,7 @@ extern "C" __global__ void __launch_bounds__(128) rope_store(const RopeStoreArgs
     }
 }
 
-// Layout of `PagedAttnArgs` in gpu/paged.rs.
+// Layout of `PagedAttnArgs` in paged.rs.
 struct PagedAttnArgs {
     u64 q;          // f32, row r's q heads at q + r * q_stride floats (rotated by rope_store)
     u64 kc, vc;

@@ -1,16 +1,12 @@
 //! Wrappers of `decode.cu`: the attention step (RoPE, KV append, split-K decode attention,
 //! merge of the splits) and RMS norms.
 
-use ferrite_cuda::{Buffer, CudaDevice, KernelArgs, KernelSource, LaunchConfig};
-
-use crate::error::{Error, Result};
+use crate::{Buffer, CudaDevice, KernelArgs, KernelSource, LaunchConfig};
+use ferrite_core::{Error, Result};
 
 pub(crate) static SOURCE: KernelSource = KernelSource {
     name: "llm_decode",
-    src: concat!(
-        include_str!("../../../cuda/src/quant.cuh"),
-        include_str!("decode.cu")
-    ),
+    src: concat!(include_str!("../quant.cuh"), include_str!("decode.cu")),
     prebuilt: crate::prebuilt::LLM_DECODE,
 };
 
@@ -42,15 +38,18 @@ impl AttnShape {
             || hd > HD_MAX
             || self.ctx == 0
         {
-            return Err(Error::Model(format!(
-                "GPU attention needs head_dim a multiple of 8 up to {HD_MAX} and query heads a multiple of KV heads; found {nh} heads, {nkv} KV heads, head_dim {hd}"
+            return Err(Error::backend("attention", format!(
+                "needs head_dim a multiple of 8 up to {HD_MAX} and query heads a multiple of KV heads; found {nh} heads, {nkv} KV heads, head_dim {hd}"
             )));
         }
         if u32::try_from(nkv * self.ctx * hd).is_err() {
-            return Err(Error::Context(format!(
-                "KV cache of {} positions is too large for the GPU kernels",
-                self.ctx
-            )));
+            return Err(Error::backend(
+                "attention",
+                format!(
+                    "a KV cache of {} positions is too large for the kernels",
+                    self.ctx
+                ),
+            ));
         }
         Ok(())
     }
@@ -78,10 +77,10 @@ impl AttnShape {
 
 fn check_len(buf: &Buffer, need: usize, what: &str) -> Result<()> {
     if buf.bytes() < need {
-        return Err(Error::Other(format!(
-            "decode kernels: {what} holds {} bytes, needs {need}",
-            buf.bytes()
-        )));
+        return Err(Error::backend(
+            "llm decode",
+            format!("{what} holds {} bytes, needs {need}", buf.bytes()),
+        ));
     }
     Ok(())
 }
@@ -109,7 +108,7 @@ impl KvLayer<'_> {
 /// `AttnArgs` in decode.cu.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct AttnArgs {
+pub struct AttnArgs {
     qkv: u64,
     kc: u64,
     vc: u64,
@@ -177,7 +176,7 @@ impl AttnScratch {
 }
 
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct AttnLaunch {
+pub struct AttnLaunch {
     args: AttnArgs,
     grid: (u32, u32),
 }
@@ -187,7 +186,7 @@ pub(crate) struct AttnLaunch {
 /// layer's cache, and `out` (f32 [nh * hd]) = softmax(q.k * scale) . v over keys 0..=pos (the
 /// last `window` of them if not 0).
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn plan_attn(
+pub fn plan_attn(
     shape: &AttnShape,
     rope: &RopeSpec<'_>,
     window: usize,
@@ -201,10 +200,13 @@ pub(crate) fn plan_attn(
     shape.check()?;
     let (nh, nkv, hd) = (shape.n_head, shape.n_kv_head, shape.head_dim);
     if rope.rope_dim == 0 || !rope.rope_dim.is_multiple_of(2) || rope.rope_dim > hd {
-        return Err(Error::Model(format!(
-            "rope dimension {} must be even and at most the head size {hd}",
-            rope.rope_dim
-        )));
+        return Err(Error::backend(
+            "attention",
+            format!(
+                "rope dimension {} must be even and at most the head size {hd}",
+                rope.rope_dim
+            ),
+        ));
     }
     check_len(qkv, (nh + 2 * nkv) * hd * 4, "q/k/v")?;
     check_len(rope.inv_freq, rope.rope_dim / 2 * 4, "rope frequencies")?;
@@ -253,7 +255,7 @@ pub(crate) fn plan_attn(
 }
 
 impl AttnLaunch {
-    pub(crate) fn enqueue(&self, dev: &CudaDevice) -> Result<()> {
+    pub fn enqueue(&self, dev: &CudaDevice) -> Result<()> {
         let cfg = LaunchConfig::new((self.grid.0, self.grid.1, 1), (AT_T, 1, 1), 0);
         super::launch(
             dev,
@@ -268,7 +270,7 @@ impl AttnLaunch {
 
 /// `y = x / rms(x) * w` (add: `x += y_in / rms(y_in) * w`) over n values.
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct NormLaunch {
+pub struct NormLaunch {
     a: u64,
     b: u64,
     w: u64,
@@ -280,7 +282,7 @@ pub(crate) struct NormLaunch {
 }
 
 /// add = false: y = rms_norm(x) * w. add = true: x += rms_norm(y) * w.
-pub(crate) fn plan_norm(
+pub fn plan_norm(
     x: &Buffer,
     y: &Buffer,
     w: &Buffer,
@@ -291,7 +293,7 @@ pub(crate) fn plan_norm(
     for (b, what) in [(x, "x"), (y, "y"), (w, "norm weight")] {
         check_len(b, n * 4, what)?;
     }
-    let n = u32::try_from(n).map_err(|_| Error::Other(format!("rms_norm: {n} values")))?;
+    let n = u32::try_from(n).map_err(|_| Error::backend("rms_norm", format!("{n} values")))?;
     Ok(NormLaunch {
         a: x.ptr(),
         b: y.ptr(),
@@ -306,12 +308,12 @@ pub(crate) fn plan_norm(
 impl NormLaunch {
     /// The same norm over `rows` consecutive rows of n values of x and y (buffers checked by
     /// the caller).
-    pub(crate) fn with_rows(mut self, rows: u32) -> NormLaunch {
+    pub fn with_rows(mut self, rows: u32) -> NormLaunch {
         self.rows = rows.max(1);
         self
     }
 
-    pub(crate) fn enqueue(&self, dev: &CudaDevice) -> Result<()> {
+    pub fn enqueue(&self, dev: &CudaDevice) -> Result<()> {
         let cfg = LaunchConfig::new((self.rows, 1, 1), (512, 1, 1), 0);
         if self.add {
             // rms_norm_add(x, y, w, n, eps)

@@ -2,24 +2,27 @@
 //! the CPU references and for benchmarks. Each call plans one launch and enqueues it on the
 //! device's compute stream (reads of the outputs wait for it).
 
-use ferrite_cuda::{Buffer, CudaDevice};
-
 pub use super::decode::{AttnScratch, AttnShape, KvLayer, RopeSpec, HD_MAX};
-pub use super::matvec::{Mode, Seg};
+pub use crate::matvec::{Mode, Seg};
 
-use super::{decode, matvec, zeros, Launch};
-use crate::error::Result;
-use ferrite_cuda::qmatrix::GpuMatrix;
+use super::{decode, zeros, Launch};
+use crate::matvec;
+use crate::qmatrix::GpuMatrix;
+use crate::{Buffer, CudaDevice};
+use ferrite_core::{Error, Result};
 
 /// `out` (16-bit [w.rows][w.cols], row-major; bf16 if `bf16`, else f16) = the weights of `w`
 /// dequantized: the batched prefill's weight operand of its tensor-core products.
 pub fn dequant(dev: &CudaDevice, w: &GpuMatrix, out: &Buffer, bf16: bool) -> Result<()> {
     if out.bytes() < w.rows * w.cols * 2 {
-        return Err(crate::error::Error::Other(format!(
-            "pf_dequant: output holds {} bytes, needs {}",
-            out.bytes(),
-            w.rows * w.cols * 2
-        )));
+        return Err(Error::backend(
+            "pf_dequant",
+            format!(
+                "output holds {} bytes, needs {}",
+                out.bytes(),
+                w.rows * w.cols * 2
+            ),
+        ));
     }
     super::prefill::dequant_rows(dev, w, 0, w.rows, out.ptr(), u32::from(bf16))
 }
@@ -34,7 +37,7 @@ pub fn matvec(
     norm: Option<(&Buffer, f32)>,
     out: &Buffer,
 ) -> Result<()> {
-    Ok(matvec::plan(dev.sm_count(), segs, mode, x, norm, out, None)?.enqueue(dev)?)
+    matvec::plan(dev.sm_count(), segs, mode, x, norm, out, None)?.enqueue(dev)
 }
 
 /// `matvec` in the fast mode: norm(x) quantized to 8-bit units (32 values, a scale and their
@@ -54,13 +57,14 @@ pub fn matvec_q8(
     let l = matvec::plan(dev.sm_count(), segs, mode, x, norm, out, None)?
         .with_q8(dev.sm_count(), &scratch)?;
     if !l.is_q8() {
-        return Err(crate::error::Error::Other(
-            "matvec_q8: a format without an 8-bit activation kernel".into(),
+        return Err(Error::backend(
+            "matvec_q8",
+            "a format without an 8-bit activation kernel",
         ));
     }
     l.enqueue(dev)?;
     // the scratch is freed at return: wait for the launch that reads it
-    dev.synchronize().map_err(super::cuda_err)
+    dev.synchronize()
 }
 
 /// `matvec` (`q8`: `matvec_q8`) for `rows` input rows at once, the engine's batched product:
@@ -154,18 +158,19 @@ pub fn matvec_rows_q8x2(
             Some(&part),
         )?
         .ok_or_else(|| {
-            crate::error::Error::Other(
-                "matvec_rows_q8x2: the tensor-core kernels do not apply to this product".into(),
+            Error::backend(
+                "matvec_rows_q8x2",
+                "the tensor-core kernels do not apply to this product",
             )
         })?;
     l.enqueue(dev)?;
-    dev.synchronize().map_err(super::cuda_err)
+    dev.synchronize()
 }
 
 /// The columns of `segs`, after checking that `x` holds `rows` f32 rows of them and `out`
 /// `rows` rows of `ostride` floats.
 fn check_rows(
-    op: &str,
+    op: &'static str,
     segs: &[Seg<'_>],
     x: &Buffer,
     out: &Buffer,
@@ -174,11 +179,14 @@ fn check_rows(
 ) -> Result<usize> {
     let cols = segs.first().map_or(0, |s| s.w.cols);
     if x.bytes() < rows * cols * 4 || out.bytes() < rows * ostride * 4 {
-        return Err(crate::error::Error::Other(format!(
-            "{op}: buffers of {} and {} bytes for {rows} rows of {cols} in, {ostride} out",
-            x.bytes(),
-            out.bytes()
-        )));
+        return Err(Error::backend(
+            op,
+            format!(
+                "buffers of {} and {} bytes for {rows} rows of {cols} in, {ostride} out",
+                x.bytes(),
+                out.bytes()
+            ),
+        ));
     }
     Ok(cols)
 }
@@ -206,8 +214,9 @@ fn matvec_rows_with(
     if q8 {
         l = l.with_q8(dev.sm_count(), &scratch)?;
         if !l.is_q8() {
-            return Err(crate::error::Error::Other(
-                "matvec_rows: a format without an 8-bit activation kernel".into(),
+            return Err(Error::backend(
+                "matvec_rows",
+                "a format without an 8-bit activation kernel",
             ));
         }
         if let Some(split) = mma {
@@ -224,14 +233,15 @@ fn matvec_rows_with(
                 split.then_some(&part),
             )?;
             if !l.is_mma() {
-                return Err(crate::error::Error::Other(
-                    "matvec_rows: the tensor-core kernels do not apply to this product".into(),
+                return Err(Error::backend(
+                    "matvec_rows",
+                    "the tensor-core kernels do not apply to this product",
                 ));
             }
         }
     }
     l.enqueue(dev)?;
-    dev.synchronize().map_err(super::cuda_err)
+    dev.synchronize()
 }
 
 /// `logits = W . norm(x)` and the index of the largest logit (u32) into `token` at byte 0.
@@ -270,7 +280,7 @@ pub fn embed(
     out: &Buffer,
     scale: f32,
 ) -> Result<()> {
-    Ok(matvec::plan_embed(w, params, out, scale, None)?.enqueue(dev)?)
+    matvec::plan_embed(w, params, out, scale, None)?.enqueue(dev)
 }
 
 /// `y = x / rms(x) * w` over `n` values.

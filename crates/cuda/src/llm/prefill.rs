@@ -1,27 +1,23 @@
-//! The large steps' helpers (kernels in `prefill.cu`), used by the CUDA kernel set
-//! (`crate::model::cuda`) for steps of many rows (prompt chunks):
+//! The large steps' helpers (kernels in `prefill.cu`), used by the LLM crate's CUDA kernel set
+//! for steps of many rows (prompt chunks):
 //! - `dequant_rows`: a weight matrix dequantized from its GGUF blocks into f16, bf16 or f32
 //!   operand rows for cuBLASLt (f32 accumulation);
 //! - `attn_out`, `glu`: the flash attention op's output and the gated unit written straight
 //!   into the next product's operand rows;
-//! - `mmq_copy`/`mmq_copies` and `mmq_launches`: for a model on f32 activations
-//!   (`Precision::Exact`, the default up to 1 GiB of weights), products of Q4_0, Q4_1, Q5_0,
+//! - `mmq_copy` and `mmq_launches`: for a model on f32 activations, products of Q4_0, Q4_1, Q5_0,
 //!   Q5_1, Q8_0, Q4_K and Q6_K matrices on int8 tensor cores with two-level 8-bit inputs (the
 //!   CPU's q8x2, ~16 bits), over copies of the matrices made once (split rows, 32-element
 //!   units).
 
-use ferrite_cuda::{Buffer, CudaDevice, KernelArgs, KernelSource, LaunchConfig};
-
-use super::matvec::{self, Mode, Seg};
-use super::weights::{gm, GpuModel};
-use super::CudaResult;
-use crate::error::{Error, Result};
-use ferrite_cuda::qmatrix::{split_fields, Fmt, GpuMatrix};
+use crate::matvec::{self, Mode, Seg};
+use crate::qmatrix::{split_fields, Fmt, GpuMatrix};
+use crate::{Buffer, CudaDevice, KernelArgs, KernelSource, LaunchConfig};
+use ferrite_core::{Error, Result};
 
 pub(crate) static SOURCE: KernelSource = KernelSource {
     name: "llm_prefill",
     src: concat!(
-        include_str!("../../../cuda/src/quant.cuh"),
+        include_str!("../quant.cuh"),
         include_str!("decode.cu"),
         include_str!("prefill.cu")
     ),
@@ -29,12 +25,12 @@ pub(crate) static SOURCE: KernelSource = KernelSource {
 };
 
 fn launch(dev: &CudaDevice, name: &str, cfg: LaunchConfig, args: KernelArgs) -> Result<()> {
-    dev.launch("llm prefill", &SOURCE, name, cfg, args).gpu()
+    dev.launch("llm prefill", &SOURCE, name, cfg, args)
 }
 
 /// Rows [r0, r0 + rows) of `mat` dequantized into f16, bf16 or f32 values (`mode` 0, 1, 2),
 /// row-major, at device address `out` (room for rows x mat.cols values).
-pub(crate) fn dequant_rows(
+pub fn dequant_rows(
     dev: &CudaDevice,
     mat: &GpuMatrix,
     r0: usize,
@@ -43,11 +39,10 @@ pub(crate) fn dequant_rows(
     mode: u32,
 ) -> Result<()> {
     if r0 + rows > mat.rows {
-        return Err(Error::Other(format!(
-            "pf_dequant: rows {r0}..{} of a {}-row matrix",
-            r0 + rows,
-            mat.rows
-        )));
+        return Err(Error::backend(
+            "pf_dequant",
+            format!("rows {r0}..{} of a {}-row matrix", r0 + rows, mat.rows),
+        ));
     }
     let args = KernelArgs::new()
         .arg(mat.buffer().ptr() + (r0 * mat.row_bytes) as u64)
@@ -67,7 +62,7 @@ pub(crate) fn dequant_rows(
 
 /// `out` (rows of nh * hd: f16, bf16 or f32 by `mode` 0, 1, 2) = the attention op's f16
 /// `[1, nh, n, hd]` output at `o` (`pf_attn_out`).
-pub(crate) fn attn_out(
+pub fn attn_out(
     dev: &CudaDevice,
     o: u64,
     nh: u32,
@@ -88,7 +83,7 @@ pub(crate) fn attn_out(
 
 /// `out` (rows of ff: f16, bf16 or f32 by `mode` 0, 1, 2) = act(gate) * up of `n` f32 rows
 /// of `2 * ff` (gate | up side by side) at `gu`; tanh-GELU if `gelu`, else SiLU (`pf_glu`).
-pub(crate) fn glu(
+pub fn glu(
     dev: &CudaDevice,
     gu: u64,
     n: u32,
@@ -113,45 +108,6 @@ fn flat(dev: &CudaDevice, n: usize) -> LaunchConfig {
     LaunchConfig::new((blocks as u32, 1, 1), (256, 1, 1), 0)
 }
 
-/// Per layer, per matrix (`SLOT_*`): the copy `mmq_copy` made of it (split rows or 32-element
-/// units) for the int8 tensor-core products; None where the matrix is read as it is or has
-/// no such kernel.
-pub(crate) type MmqCopies = Vec<[Option<GpuMatrix>; 7]>;
-
-/// The matrices of a layer by slot (`MmqCopies`).
-pub(crate) const SLOT_Q: usize = 0;
-pub(crate) const SLOT_K: usize = 1;
-pub(crate) const SLOT_V: usize = 2;
-pub(crate) const SLOT_O: usize = 3;
-pub(crate) const SLOT_GATE: usize = 4;
-pub(crate) const SLOT_UP: usize = 5;
-pub(crate) const SLOT_DOWN: usize = 6;
-
-/// The copies of every layer's matrices (`mmq_copy`).
-pub(crate) fn mmq_copies(m: &GpuModel) -> Result<MmqCopies> {
-    let mut copies = Vec::with_capacity(m.layers.len());
-    for l in &m.layers {
-        let mut c: [Option<GpuMatrix>; 7] = Default::default();
-        for (slot, c) in c.iter_mut().enumerate() {
-            *c = mmq_copy(&m.dev, layer_mat(l, slot))?;
-        }
-        copies.push(c);
-    }
-    Ok(copies)
-}
-
-/// The matrix the int8 tensor-core products read for `w` (layer `il`'s slot `slot`): its copy
-/// in `copies`, or `w` itself where it is split already; None where it has no such kernel.
-pub(crate) fn mmq_matrix<'a>(
-    copies: &'a MmqCopies,
-    il: usize,
-    slot: usize,
-    w: &'a GpuMatrix,
-) -> Option<&'a GpuMatrix> {
-    let m = copies.get(il).and_then(|c| c[slot].as_ref()).unwrap_or(w);
-    (m.split && matvec::MMQ2_FMTS.contains(&m.fmt)).then_some(m)
-}
-
 /// The launches of one product of `rows` rows on the int8 tensor cores with two-level (q8x2)
 /// inputs (`MvLaunch::with_q8x2_mma`): `segs` (matrices as `mmq_matrix` gives them) times
 /// norm(x) (f32 rows of their columns) into `out` (f32 rows of `ostride` elements) by `mode`,
@@ -159,7 +115,7 @@ pub(crate) fn mmq_matrix<'a>(
 /// compute capability. Consecutive matrices of one format share a launch; the first
 /// quantizes the input, the others reuse it. None where the kernels do not apply (one row,
 /// GLU halves of two formats).
-pub(crate) fn mmq_launches(
+pub fn mmq_launches(
     dev: &CudaDevice,
     segs: &[Seg<'_>],
     mode: Mode,
@@ -192,33 +148,20 @@ pub(crate) fn mmq_launches(
             .with_rows(rows, cols * 4, ostride * 4)?
             .with_q8x2_mma(cc, dev.sm_count(), q8, Some(part))?
             .ok_or_else(|| {
-                Error::Other(format!(
-                    "prefill: no int8 tensor-core launch for {:?} matrices",
-                    g[0].w.fmt
-                ))
+                Error::backend(
+                    "prefill",
+                    format!("no int8 tensor-core launch for {:?} matrices", g[0].w.fmt),
+                )
             })?;
         ls.push(if i > 0 { l.reusing_input() } else { l });
     }
     Ok(Some(ls))
 }
 
-/// The matrix of `l` in scratch slot `slot` (`SLOT_*`).
-fn layer_mat(l: &super::weights::GpuLayer, slot: usize) -> &GpuMatrix {
-    match slot {
-        SLOT_Q => gm(&l.wq),
-        SLOT_K => gm(&l.wk),
-        SLOT_V => gm(&l.wv),
-        SLOT_O => gm(&l.wo),
-        SLOT_GATE => gm(&l.w_gate),
-        SLOT_UP => gm(&l.w_up),
-        _ => gm(&l.w_down),
-    }
-}
-
 /// The copy of `w` the int8 tensor-core products read, made now: split rows for a matrix of a
 /// 32-element format kept in GGUF blocks, `Q4_KU` / `Q6_KU` units for Q4_K / Q6_K; None where `w` is read as it
 /// is (split already) or has no such kernel.
-pub(crate) fn mmq_copy(dev: &CudaDevice, w: &GpuMatrix) -> Result<Option<GpuMatrix>> {
+pub fn mmq_copy(dev: &CudaDevice, w: &GpuMatrix) -> Result<Option<GpuMatrix>> {
     if matches!(w.fmt, Fmt::Q4_K | Fmt::Q6_K) {
         let units = w.rows * w.cols / 32;
         let unit_bytes = if w.fmt == Fmt::Q4_K {
@@ -226,12 +169,10 @@ pub(crate) fn mmq_copy(dev: &CudaDevice, w: &GpuMatrix) -> Result<Option<GpuMatr
         } else {
             Fmt::Q6_KU.block_bytes()
         };
-        let buf = dev
-            .alloc_bytes(units * unit_bytes, "llm prefill K-quant units")
-            .gpu()?;
+        let buf = dev.alloc_bytes(units * unit_bytes, "llm prefill K-quant units")?;
         let v = w
             .k_units_view(buf)
-            .ok_or_else(|| Error::Other("prefill: no K-quant unit view".into()))?;
+            .ok_or_else(|| Error::backend("prefill", "no K-quant unit view"))?;
         let mut args = KernelArgs::new()
             .arg(w.buffer().ptr())
             .arg(w.rows as u32)
@@ -255,12 +196,10 @@ pub(crate) fn mmq_copy(dev: &CudaDevice, w: &GpuMatrix) -> Result<Option<GpuMatr
     if w.split || !matvec::MMQ2_FMTS.contains(&w.fmt) {
         return Ok(None);
     }
-    let buf = dev
-        .alloc_bytes(w.rows * w.split_row_bytes(), "llm prefill split rows")
-        .gpu()?;
+    let buf = dev.alloc_bytes(w.rows * w.split_row_bytes(), "llm prefill split rows")?;
     let v = w
         .split_view(buf)
-        .ok_or_else(|| Error::Other(format!("prefill: no split layout for {:?}", w.fmt)))?;
+        .ok_or_else(|| Error::backend("prefill", format!("no split layout for {:?}", w.fmt)))?;
     split_into(dev, w, &v)?;
     Ok(Some(v))
 }
@@ -269,7 +208,7 @@ pub(crate) fn mmq_copy(dev: &CudaDevice, w: &GpuMatrix) -> Result<Option<GpuMatr
 /// `dst.row_bytes` apart.
 fn split_into(dev: &CudaDevice, w: &GpuMatrix, dst: &GpuMatrix) -> Result<()> {
     let [q, qh, h] = split_fields(w.fmt)
-        .ok_or_else(|| Error::Other(format!("prefill: {:?} has no split layout", w.fmt)))?;
+        .ok_or_else(|| Error::backend("prefill", format!("{:?} has no split layout", w.fmt)))?;
     let nb = w.cols / w.fmt.block_elems();
     let total = w.rows * nb;
     let args = KernelArgs::new()
