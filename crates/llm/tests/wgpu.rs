@@ -928,7 +928,7 @@ fn weight_row_over_limit(dev: &WgpuDevice) -> Option<String> {
     None
 }
 
-// ---- The device sampler (`wgpu/sample.wgsl`) ----
+// ---- The device sampler (ferrite-wgpu's `llm/sample.wgsl`) ----
 
 fn argmax(v: &[f32]) -> u32 {
     ferrite_llm::generate::argmax(v)

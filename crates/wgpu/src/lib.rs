@@ -10,6 +10,8 @@
 //! - Errors found on the device (bad indices, integer division by zero): `errors.rs`.
 //! - Quantized matrices (`QTensor`s in GGUF block formats) and their products:
 //!   `qmatrix.rs` (storage, per-format WGSL modules), `qmatmul.rs` (the op).
+//! - The LLM engine's fused kernels (norms, paged attention, the device sampler), which its
+//!   wgpu kernel set records into its steps: `llm/` (`ops.wgsl` by `ops.rs`, ...).
 
 mod attention;
 mod channel_norm;
@@ -19,6 +21,7 @@ mod device;
 mod elementwise;
 mod errors;
 mod index;
+pub mod llm;
 mod matmul;
 mod norm;
 mod pool;

@@ -235,6 +235,30 @@ impl Matvec {
     }
 }
 
+/// The parameter words and workgroups of `embed` (`matvec.wgsl`) over chunk `ch` of `m`: row
+/// r of `y` (`[rows][m.cols]`) is the row of token `sdata[tokens_at + r]` times `scale`, where
+/// that row lies in the chunk (a token of `0xffffffff` is the previous step's pick `prev[r]`).
+pub fn embed_dispatch(
+    m: &WgpuQMat,
+    ch: &QChunk,
+    rows: usize,
+    tokens_at: usize,
+    scale: f32,
+) -> Result<([u32; 7], usize)> {
+    const OP: &str = "embed";
+    let params = [
+        word(OP, "rows", rows)?,
+        word(OP, "cols", m.cols)?,
+        word(OP, "rows of a chunk", ch.rows)?,
+        word(OP, "first row of a chunk", ch.row0)?,
+        word(OP, "row bytes", m.row_bytes)?,
+        word(OP, "token offset", tokens_at)?,
+        scale.to_bits(),
+    ];
+    // A thread per 32-value unit, 64 a workgroup.
+    Ok((params, (rows * (m.cols / 32)).div_ceil(64)))
+}
+
 /// The parameter words and workgroups of `quantize_q8` over `rows` rows of `cols` values,
 /// `x_stride` floats apart, times the norm weights where `norm`.
 pub fn quantize_q8_dispatch(

@@ -18,16 +18,16 @@
 //!   submits them in chunks of `CHUNK_DISPATCHES` (a command buffer and a compute pass
 //!   each, the last at `logits`): products (ferrite-wgpu's `matvec.wgsl` and
 //!   `quantize_q8.wgsl`, a workgroup per 4 output rows and up to 8 activation rows), norms,
-//!   the gated unit and greedy argmax (`wgpu/ops.wgsl`), RoPE, the KV append and causal
-//!   attention over the paged cache in one kernel, split over workgroups for long rows
-//!   (`wgpu/paged.wgsl`). The host waits only when it reads the step's tokens or logits
+//!   the gated unit and greedy argmax (ferrite-wgpu's `llm/ops.wgsl`), RoPE, the KV append
+//!   and causal attention over the paged cache in one kernel, split over workgroups for long
+//!   rows (`llm/paged.wgsl`). The host waits only when it reads the step's tokens or logits
 //!   (or, with `FERRITE_WGPU_PROFILE`, the timestamps).
 //!   Each step's picks are copied to a readback buffer of their own, so a decode loop can
 //!   submit step n + 1, whose input is step n's pick still on the device (`PREV_TOKEN`),
 //!   before it waits for step n's token (`queue_tokens`, `take_tokens`): the device works
 //!   while the host records.
-//! - Device sampling (`wgpu/sample.wgsl`, the CPU sampler's operations in its order, as
-//!   CUDA's `gpu/sample.cu`): requests that sample get a sampler state on the device
+//! - Device sampling (ferrite-wgpu's `llm/sample.wgsl`, the CPU sampler's operations in its
+//!   order, as CUDA's `sample.cu`): requests that sample get a sampler state on the device
 //!   (`add_sampler`: settings, draw counter, a ring of the last `penalty_last_n` history
 //!   tokens), and after a step one `sample_rows` dispatch draws their rows' tokens into the
 //!   step's picks, which replace the greedy ones: a sampled step reads back only token ids.
@@ -37,15 +37,17 @@
 //! computed on the host as the CPU kernel set computes them) goes to the device in two
 //! writes at `begin`; dispatch parameters in one buffer at aligned offsets.
 //!
-//! The products and their modules are ferrite-wgpu's (the backend's `qmatmul` runs the same
-//! ones); this kernel set records them into its own steps, with its norms, attention and
-//! sampling, which are still this crate's.
+//! Every kernel is ferrite-wgpu's: the products and their modules (`ferrite_wgpu::qmatrix`,
+//! which the backend's `qmatmul` runs too) and the fused LLM kernels (`ferrite_wgpu::llm`,
+//! each a [`Dispatch`] of given buffers); this kernel set records them into its own steps.
 
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::Mutex;
 
 use ferrite_core::quant::{join_rows, QBytes, QTensor, RowOrder};
+use ferrite_wgpu::llm::sample::{self, SampleRow, SamplerArena, SamplerSettings};
+use ferrite_wgpu::llm::{self as kernels, ops, paged, zeros, Dispatch};
 use ferrite_wgpu::qmatrix::{self, Format, WgpuQMat};
 use ferrite_wgpu::raw as wgpu;
 use ferrite_wgpu::WgpuDevice;
@@ -58,85 +60,11 @@ use crate::error::{Error, Result};
 use crate::kv_cache::{BlockId, KvStore, BLOCK_SIZE};
 use crate::sampler::SamplerConfig;
 
-const OPS: &str = include_str!("wgpu/ops.wgsl");
-const PAGED: &str = include_str!("wgpu/paged.wgsl");
-const SAMPLE: &str = include_str!("wgpu/sample.wgsl");
-
-/// Largest head_dim the attention kernel takes (the size of `qs` in `paged.wgsl`).
-const MAX_HEAD_DIM: usize = 256;
-/// Keys per attention split (`SPLIT_KEYS` of `paged.wgsl`).
-const ATTN_SPLIT_KEYS: usize = 256;
-/// Most workgroups the attention of one (row, head) is split over (`MAX_SPLITS` of
-/// `paged.wgsl`): a row of `len` keys takes min(ceil(len / ATTN_SPLIT_KEYS), MAX_SPLITS).
-const MAX_SPLITS: usize = 8;
-
-/// Attention splits of a row whose window holds `len` keys (as `splits_of` in `paged.wgsl`).
-fn attn_splits(len: usize) -> usize {
-    len.div_ceil(ATTN_SPLIT_KEYS).clamp(1, MAX_SPLITS)
-}
+// The paged kernel's cache blocks are the engine's.
+const _: () = assert!(paged::BLOCK_SLOTS == BLOCK_SIZE);
 
 fn err(msg: impl Into<String>) -> Error {
     Error::Other(format!("wgpu kernels: {}", msg.into()))
-}
-
-/// Every WGSL module of this kernel set's own, as (name, entry points, source): what the naga
-/// test validates and translates to Metal Shading Language and SPIR-V. The products it
-/// records are ferrite-wgpu's (`ferrite_wgpu::qmatrix`), tested there.
-pub fn shader_sources() -> Vec<(String, &'static [&'static str], String)> {
-    let mut out = vec![
-        (
-            "ops.wgsl".into(),
-            &["rms_norm", "rms_norm_inplace", "glu", "argmax"][..],
-            OPS.to_string(),
-        ),
-        (
-            "paged.wgsl".into(),
-            &["attention", "attn_merge"][..],
-            PAGED.to_string(),
-        ),
-    ];
-    for threads in SAMPLE_THREADS {
-        out.push((
-            format!("sample.wgsl ({threads} threads)"),
-            &["sample_rows"][..],
-            sample_source(threads),
-        ));
-    }
-    out
-}
-
-/// Workgroup sizes of `sample.wgsl`: 256 on every adapter, 1024 where its limits allow.
-const SAMPLE_THREADS: [u32; 2] = [256, 1024];
-
-/// `sample.wgsl` with `threads` threads a workgroup.
-fn sample_source(threads: u32) -> String {
-    SAMPLE.replace(
-        "const SW: u32 = 256u;",
-        &format!("const SW: u32 = {threads}u;"),
-    )
-}
-
-/// Workgroup memory `sample.wgsl` takes with 1024 threads, at most (16 bytes a thread, 4 KiB
-/// of bins and a few scalars): more than the 16 KiB every adapter offers, so that size runs
-/// only where the adapter's limit allows it (the naga test checks the module against it).
-pub const SAMPLE_1024_WORKGROUP_BYTES: u32 = 16 * 1024 + 4096 + 256;
-
-/// The workgroup size the device sampler takes on `dev`: 1024 threads on a GPU that allows a
-/// workgroup of 1024 and `SAMPLE_1024_WORKGROUP_BYTES` of workgroup memory, else 256 (the
-/// size every adapter allows). A CPU adapter takes 256: there the wider workgroup runs no
-/// faster and its barriers cost more (lavapipe: the sampler tests 4x slower).
-pub fn sample_threads(dev: &WgpuDevice) -> u32 {
-    let l = dev.limits();
-    let big = SAMPLE_THREADS[1];
-    if !dev.is_cpu()
-        && l.max_compute_invocations_per_workgroup >= big
-        && l.max_compute_workgroup_size_x >= big
-        && l.max_compute_workgroup_storage_size >= SAMPLE_1024_WORKGROUP_BYTES
-    {
-        big
-    } else {
-        SAMPLE_THREADS[0]
-    }
 }
 
 /// A weight matrix on the device: a wgpu `QTensor` (its rows in chunks of the largest
@@ -163,23 +91,10 @@ fn werr(e: ferrite_core::Error) -> Error {
     err(e.to_string())
 }
 
-/// A storage buffer holding `bytes`, padded to whole words plus one.
-fn upload_bytes(dev: &wgpu::Device, label: &str, bytes: &[u8]) -> Result<wgpu::Buffer> {
-    qmatrix::upload_bytes(dev, label, bytes).map_err(werr)
-}
-
+/// A storage buffer holding `v`, padded to whole words plus one.
 fn upload_f32(dev: &wgpu::Device, label: &str, v: &[f32]) -> Result<wgpu::Buffer> {
     let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
-    upload_bytes(dev, label, &bytes)
-}
-
-fn zeros(dev: &wgpu::Device, label: &str, bytes: usize) -> wgpu::Buffer {
-    dev.create_buffer(&wgpu::BufferDescriptor {
-        label: Some(label),
-        size: (bytes.max(4).div_ceil(4) * 4) as u64,
-        usage: qmatrix::storage_usage(),
-        mapped_at_creation: false,
-    })
+    qmatrix::upload_bytes(dev, label, &bytes).map_err(werr)
 }
 
 /// The q, k and v matrices: stacked (rows of q, then k, then v: one product into the
@@ -253,16 +168,7 @@ impl WgpuModel {
         let lim = dev.limits();
         let max_binding = qmatrix::max_binding(lim);
         let weight_max = weight_binding.map_or(max_binding, |b| b.min(max_binding));
-        if c.head_dim > MAX_HEAD_DIM
-            || !c.head_dim.is_multiple_of(4)
-            || c.n_kv_head == 0
-            || !c.n_head.is_multiple_of(c.n_kv_head)
-        {
-            return Err(err(format!(
-                "attention: head_dim {} (a multiple of 4, at most {MAX_HEAD_DIM}) with {} heads over {} KV heads is not supported",
-                c.head_dim, c.n_head, c.n_kv_head
-            )));
-        }
+        paged::check_heads(c.head_dim, c.n_head, c.n_kv_head).map_err(werr)?;
         if lim.max_storage_buffers_per_shader_stage < 8 {
             return Err(err(format!(
                 "adapter {} binds {} storage buffers per shader stage; the kernels need 8",
@@ -541,82 +447,11 @@ enum Epilogue {
     Glu(Glu),
 }
 
-/// A compiled entry point and the layout of its bind group.
+/// A compiled entry point and what the profile calls it (`matvec q4_0 x8`, `attention`).
 #[derive(Clone)]
 struct Pipe {
-    pipe: wgpu::ComputePipeline,
-    layout: wgpu::BindGroupLayout,
-    /// What the profile calls it (`matvec q4_0 x8`, `attention`).
+    p: kernels::Pipeline,
     name: String,
-}
-
-/// Compiles entry point `entry` of WGSL module `src` (`label` in errors, `name` in the
-/// profile).
-fn compile(
-    dev: &wgpu::Device,
-    label: &str,
-    src: String,
-    entry: &'static str,
-    name: String,
-) -> Result<Pipe> {
-    let scope = dev.push_error_scope(wgpu::ErrorFilter::Validation);
-    let sm = dev.create_shader_module(wgpu::ShaderModuleDescriptor {
-        label: Some(label),
-        source: wgpu::ShaderSource::Wgsl(src.into()),
-    });
-    let pipe = dev.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-        label: Some(entry),
-        layout: None,
-        module: &sm,
-        entry_point: Some(entry),
-        compilation_options: Default::default(),
-        cache: None,
-    });
-    if let Some(e) = pollster::block_on(scope.pop()) {
-        return Err(err(format!("compiling {label} entry {entry}: {e}")));
-    }
-    let layout = pipe.get_bind_group_layout(0);
-    Ok(Pipe { pipe, layout, name })
-}
-
-/// Maps `buf`'s first `bytes` bytes after submission `done` (and those before it) and
-/// returns them as words; device errors before then fail it, naming `op`.
-fn map_words(
-    dev: &WgpuDevice,
-    op: &'static str,
-    buf: &wgpu::Buffer,
-    bytes: usize,
-    done: Option<wgpu::SubmissionIndex>,
-) -> Result<Vec<u32>> {
-    if bytes == 0 {
-        return Ok(Vec::new());
-    }
-    let (tx, rx) = std::sync::mpsc::channel();
-    buf.map_async(wgpu::MapMode::Read, 0..bytes as u64, move |r| {
-        let _ = tx.send(r);
-    });
-    dev.raw_device()
-        .poll(wgpu::PollType::Wait {
-            submission_index: done,
-            timeout: None,
-        })
-        .map_err(|e| err(format!("{op}: waiting for the device: {e}")))?;
-    dev.check_errors(op).map_err(|e| err(e.to_string()))?;
-    match rx.recv() {
-        Ok(Ok(())) => {}
-        Ok(Err(e)) => return Err(err(format!("{op}: mapping: {e}"))),
-        Err(_) => return Err(err(format!("{op}: the mapping never completed"))),
-    }
-    let words = {
-        let view = buf
-            .get_mapped_range(0..bytes as u64)
-            .map_err(|e| err(format!("{op}: mapping: {e}")))?;
-        view.chunks_exact(4)
-            .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect()
-    };
-    buf.unmap();
-    Ok(words)
 }
 
 /// Timestamps most dispatches of a step get in the profile (two queries each; wgpu allows
@@ -798,10 +633,8 @@ enum Module {
     Matvec(Format, u32, bool, u32, bool),
     /// ferrite-wgpu's `quantize_q8.wgsl`.
     Quantize,
-    Ops,
-    Paged,
-    /// Threads a workgroup.
-    Sample(u32),
+    /// The fused LLM kernels (`ferrite_wgpu::llm`).
+    Llm(kernels::Module),
 }
 
 /// Scratch of a step, grown to the largest step seen.
@@ -819,128 +652,27 @@ struct Scratch {
     logits_rb: wgpu::Buffer,
 }
 
-/// Words of a device sampler's state before its history ring (`HEAD` of `sample.wgsl`).
-const SAMPLER_HEAD: usize = 16;
-
-/// The history ring of a device sampler of settings `cfg` whose history may grow to `cap`
-/// tokens: the last `penalty_last_n` tokens (no more than `cap`), none where no penalty
-/// applies.
-fn sampler_ring(cfg: &SamplerConfig, cap: usize) -> usize {
-    let pen =
-        cfg.repeat_penalty != 1.0 || cfg.presence_penalty != 0.0 || cfg.frequency_penalty != 0.0;
-    if pen {
-        cfg.penalty_last_n.min(cap).min(u32::MAX as usize)
-    } else {
-        0
-    }
-}
-
-/// A device sampler's state in `sample.wgsl`'s layout (`SAMPLER_HEAD` words of settings and
-/// counters, then a ring of `ring` tokens): settings `cfg` (validated by the caller), the
-/// history `history` (its last `ring` tokens kept), draw counter `step`.
-fn sampler_words(cfg: &SamplerConfig, history: &[u32], ring: usize, step: u64) -> Vec<u32> {
-    let greedy = cfg.temperature == 0.0;
-    let inv_t: f32 = if greedy { 1.0 } else { 1.0 / cfg.temperature };
-    let clamp = |v: usize| v.min(u32::MAX as usize) as u32;
-    let mut w = vec![0u32; SAMPLER_HEAD + ring];
-    w[..6].copy_from_slice(&[
-        inv_t.to_bits(),
-        cfg.top_p.to_bits(),
-        cfg.min_p.to_bits(),
-        cfg.repeat_penalty.to_bits(),
-        cfg.presence_penalty.to_bits(),
-        cfg.frequency_penalty.to_bits(),
-    ]);
-    w[6] = clamp(cfg.top_k);
-    w[7] = clamp(cfg.penalty_last_n);
-    w[8] = u32::from(greedy);
-    w[9] = clamp(history.len());
-    w[10] = ring as u32;
-    w[12] = cfg.seed as u32;
-    w[13] = (cfg.seed >> 32) as u32;
-    w[14] = step as u32;
-    w[15] = (step >> 32) as u32;
-    if ring > 0 {
-        let first = history.len().saturating_sub(ring);
-        for (h, &tok) in history.iter().enumerate().skip(first) {
-            w[SAMPLER_HEAD + h % ring] = tok;
-        }
-    }
-    w
-}
-
-/// The device samplers of a kernel set (`add_sampler`): their states packed in one buffer,
-/// which `sample_rows` binds. States are appended; when the buffer is full, the live ones
-/// are copied, packed, into a new buffer (twice their size plus the new one).
-#[derive(Default)]
-struct SamplerArena {
-    buf: Option<wgpu::Buffer>,
-    /// Words the buffer holds, and words from its start taken (live states and gaps).
-    cap: usize,
-    end: usize,
-    /// Request id -> (first word, words) of its state.
-    at: HashMap<u64, (usize, usize)>,
-}
-
-impl SamplerArena {
-    /// Stores state `words` for request `id` (replacing its state, if it has one).
-    fn add(&mut self, m: &WgpuModel, id: u64, words: &[u32]) -> Result<()> {
-        self.at.remove(&id);
-        let n = words.len();
-        if self.buf.is_none() || self.end + n > self.cap {
-            let live: usize = self.at.values().map(|r| r.1).sum();
-            let cap = (2 * (live + n)).next_power_of_two().max(1024);
-            m.check_binding(
-                &format!("the states of {} device samplers", self.at.len() + 1),
-                cap * 4,
-            )?;
-            let d = m.dev.raw_device();
-            let buf = zeros(d, "llm device samplers", cap * 4);
-            let mut end = 0;
-            if let Some(old) = &self.buf {
-                let mut enc =
-                    d.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
-                let mut live: Vec<_> = self.at.iter_mut().collect();
-                live.sort_by_key(|(_, r)| r.0);
-                for (_, r) in live {
-                    let bytes = (r.1 * 4) as u64;
-                    enc.copy_buffer_to_buffer(old, (r.0 * 4) as u64, &buf, (end * 4) as u64, bytes);
-                    r.0 = end;
-                    end += r.1;
-                }
-                m.dev.raw_queue().submit([enc.finish()]);
-            }
-            self.buf = Some(buf);
-            self.cap = cap;
-            self.end = end;
-        }
-        let Some(buf) = &self.buf else {
-            return Err(err("device samplers: no state buffer"));
-        };
-        let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
-        m.dev
-            .raw_queue()
-            .write_buffer(buf, (self.end * 4) as u64, &bytes);
-        self.at.insert(id, (self.end, n));
-        self.end += n;
-        Ok(())
-    }
-
-    /// Forgets request `id`'s state (its words are reclaimed when the buffer is repacked, or
-    /// when no sampler is left).
-    fn remove(&mut self, id: u64) {
-        self.at.remove(&id);
-        if self.at.is_empty() {
-            self.end = 0;
-        }
-    }
+/// The device sampler's settings of `cfg`, validated (`op` names the caller in errors).
+fn settings(cfg: &SamplerConfig, op: &str) -> Result<SamplerSettings> {
+    cfg.validate().map_err(|e| err(format!("{op}: {e}")))?;
+    Ok(SamplerSettings {
+        temperature: cfg.temperature,
+        top_k: cfg.top_k,
+        top_p: cfg.top_p,
+        min_p: cfg.min_p,
+        repeat_penalty: cfg.repeat_penalty,
+        presence_penalty: cfg.presence_penalty,
+        frequency_penalty: cfg.frequency_penalty,
+        penalty_last_n: cfg.penalty_last_n,
+        seed: cfg.seed,
+    })
 }
 
 /// Draws `draws` tokens from the same `logits` (f32 [vocab]) with the device sampler of
 /// `cfg`, draw i with draw counter i, the logits and the history `history` as given (the
-/// penalties apply to a fresh copy each time), reading back once per batch of draws (tests:
-/// the empirical distribution of the device sampler against the CPU sampler's
-/// probabilities). Draws run as rows of `sample_rows` dispatches, up to 4M logits a batch.
+/// penalties apply to a fresh copy each time; tests: the empirical distribution of the device
+/// sampler against the CPU sampler's probabilities). `ferrite_wgpu::llm::sample::sample_many`
+/// with `cfg`'s settings.
 pub fn sample_many(
     dev: &WgpuDevice,
     cfg: &SamplerConfig,
@@ -948,7 +680,8 @@ pub fn sample_many(
     history: &[u32],
     draws: usize,
 ) -> Result<Vec<u32>> {
-    sample_draws(dev, cfg, logits, history, 0, draws, sample_threads(dev))
+    let s = settings(cfg, "sample_many")?;
+    sample::sample_many(dev, &s, logits, history, draws).map_err(werr)
 }
 
 /// [`sample_many`] with workgroups of `threads` threads (256 or 1024; tests: the draws do
@@ -961,12 +694,8 @@ pub fn sample_many_threads(
     draws: usize,
     threads: u32,
 ) -> Result<Vec<u32>> {
-    if !SAMPLE_THREADS.contains(&threads) {
-        return Err(err(format!(
-            "sample_many: {threads} threads a workgroup (256 or 1024)"
-        )));
-    }
-    sample_draws(dev, cfg, logits, history, 0, draws, threads)
+    let s = settings(cfg, "sample_many")?;
+    sample::sample_many_threads(dev, &s, logits, history, draws, threads).map_err(werr)
 }
 
 /// The token the device sampler of `cfg` draws from `logits` (f32 [vocab]; a copy is
@@ -979,102 +708,8 @@ pub fn sample_once(
     history: &[u32],
     step: u64,
 ) -> Result<u32> {
-    let t = sample_draws(dev, cfg, logits, history, step, 1, sample_threads(dev))?;
-    t.first()
-        .copied()
-        .ok_or_else(|| err("sample_once: no token drawn"))
-}
-
-/// `draws` draws of `sample_many`, draw counters `first`, `first + 1`, ...
-fn sample_draws(
-    dev: &WgpuDevice,
-    cfg: &SamplerConfig,
-    logits: &[f32],
-    history: &[u32],
-    first: u64,
-    draws: usize,
-    threads: u32,
-) -> Result<Vec<u32>> {
-    cfg.validate()
-        .map_err(|e| err(format!("sample_many: {e}")))?;
-    let vocab = logits.len();
-    if vocab == 0 {
-        return Err(err("sample_many: no logits"));
-    }
-    let n = u32_of(vocab, "sample_many: vocab")?;
-    let d = dev.raw_device();
-    let q = dev.raw_queue();
-    let pipe = compile(
-        d,
-        "sample",
-        sample_source(threads),
-        "sample_rows",
-        "sample_rows".into(),
-    )?;
-    let ring = sampler_ring(cfg, history.len());
-    let state_words = SAMPLER_HEAD + ring;
-    let batch = ((4 << 20) / vocab).clamp(1, 4096).min(draws.max(1));
-    let lim = dev.limits();
-    let max_binding = lim.max_storage_buffer_binding_size.min(lim.max_buffer_size) as usize;
-    if batch * vocab * 8 > max_binding {
-        return Err(err(format!(
-            "sample_many: {} bytes of masses for a vocabulary of {vocab}, more than the \
-             adapter's largest storage binding ({max_binding} bytes)",
-            batch * vocab * 8
-        )));
-    }
-    let states = zeros(d, "sample_many states", batch * state_words * 4);
-    let lbuf = zeros(d, "sample_many logits", batch * vocab * 4);
-    let qs = zeros(d, "sample_many masses", batch * vocab * 8);
-    let toks = zeros(d, "sample_many tokens", batch * 4);
-    let rb = d.create_buffer(&wgpu::BufferDescriptor {
-        label: Some("sample_many readback"),
-        size: (batch * 4).max(4) as u64,
-        usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-        mapped_at_creation: false,
-    });
-    let lrow: Vec<u8> = logits.iter().flat_map(|v| v.to_le_bytes()).collect();
-    let lbytes = lrow.repeat(batch);
-    let mut out = Vec::with_capacity(draws);
-    while out.len() < draws {
-        let rows = batch.min(draws - out.len());
-        let mut sw = Vec::with_capacity(rows * state_words);
-        let mut params = vec![n, rows as u32];
-        for r in 0..rows {
-            let step = first + (out.len() + r) as u64;
-            sw.extend(sampler_words(cfg, history, ring, step));
-            params.extend([(r * state_words) as u32, r as u32, r as u32]);
-        }
-        let sb: Vec<u8> = sw.iter().flat_map(|w| w.to_le_bytes()).collect();
-        q.write_buffer(&states, 0, &sb);
-        q.write_buffer(&lbuf, 0, &lbytes[..rows * vocab * 4]);
-        let pb: Vec<u8> = params.iter().flat_map(|w| w.to_le_bytes()).collect();
-        let pbuf = upload_bytes(d, "sample_many params", &pb)?;
-        let bind = d.create_bind_group(&wgpu::BindGroupDescriptor {
-            label: None,
-            layout: &pipe.layout,
-            entries: &[(0, &pbuf), (1, &states), (2, &lbuf), (3, &qs), (4, &toks)].map(
-                |(binding, b)| wgpu::BindGroupEntry {
-                    binding,
-                    resource: b.as_entire_binding(),
-                },
-            ),
-        });
-        let mut enc = d.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
-        {
-            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
-                label: Some("sample_many"),
-                timestamp_writes: None,
-            });
-            pass.set_pipeline(&pipe.pipe);
-            pass.set_bind_group(0, &bind, &[]);
-            pass.dispatch_workgroups(rows as u32, 1, 1);
-        }
-        enc.copy_buffer_to_buffer(&toks, 0, &rb, 0, (rows * 4) as u64);
-        let idx = q.submit([enc.finish()]);
-        out.extend(map_words(dev, "sample_many", &rb, rows * 4, Some(idx))?);
-    }
-    Ok(out)
+    let s = settings(cfg, "sample_once")?;
+    sample::sample_once(dev, &s, logits, history, step).map_err(werr)
 }
 
 /// What a submission of planned dispatches (`flush`) ends.
@@ -1285,9 +920,7 @@ impl<'g> WgpuKernels<'g> {
                 qmatrix::matvec_source(&f, rows, norm, opw, self.m.dev.f16_in_f32(), q8),
             ),
             Module::Quantize => ("quantize_q8".to_string(), qmatrix::QUANTIZE_Q8.to_string()),
-            Module::Ops => ("ops".to_string(), OPS.to_string()),
-            Module::Paged => ("paged".to_string(), PAGED.to_string()),
-            Module::Sample(threads) => ("sample".to_string(), sample_source(threads)),
+            Module::Llm(m) => (m.label().to_string(), m.source()),
         };
         let name = match module {
             Module::Matvec(f, rows, norm, _, q8) if entry == "matvec" => {
@@ -1298,7 +931,10 @@ impl<'g> WgpuKernels<'g> {
             Module::Matvec(f, ..) => format!("{entry} {}", f.name),
             _ => entry.to_string(),
         };
-        let p = compile(self.dev(), &label, src, entry, name)?;
+        let p = Pipe {
+            p: kernels::compile(self.dev(), &label, src, entry).map_err(werr)?,
+            name,
+        };
         if let Ok(mut c) = self.m.pipes.lock() {
             c.insert((module, entry), p.clone());
         }
@@ -1478,6 +1114,12 @@ impl<'g> WgpuKernels<'g> {
         Ok(())
     }
 
+    /// Plans a dispatch of a fused LLM kernel (its pipeline compiled at first use).
+    fn push_kernel(&mut self, d: Dispatch) -> Result<()> {
+        let pipe = self.pipe(Module::Llm(d.module), d.entry)?;
+        self.push(pipe, d.params, d.binds, d.groups)
+    }
+
     /// Plans `out[:, col0..col0 + w.rows] (+)= x @ w^T (+ bias)` over the step's rows, with
     /// `x` the rows of `input` (normed on the way in where it has a norm over its w.cols
     /// values) and `out` rows `out_stride` wide (`Epilogue::Glu`: `w` holds gate/up row pairs
@@ -1622,19 +1264,18 @@ impl<'g> WgpuKernels<'g> {
         add: bool,
         gather: bool,
     ) -> Result<()> {
-        let pipe = self.pipe(Module::Ops, "rms_norm")?;
-        let meta = self.meta_buf()?;
-        let params = vec![
-            u32_of(n, "norm width")?,
-            u32_of(pieces, "norm rows")?,
-            self.m.cfg.eps.to_bits(),
-            u32::from(add),
-            u32::from(gather),
-            u32_of(self.out_at, "meta offset")?,
-        ];
-        let binds = vec![(1, src), (2, dst), (3, w), (4, meta)];
-        self.push(pipe, params, binds, pieces)?;
-        Ok(())
+        let norm = ops::RmsNorm {
+            n,
+            pieces,
+            eps: self.m.cfg.eps,
+            add,
+            gather,
+            sdata_at: self.out_at,
+        };
+        let d = norm
+            .dispatch(&src, &dst, &w, &self.meta_buf()?)
+            .map_err(werr)?;
+        self.push_kernel(d)
     }
 
     fn meta_buf(&self) -> Result<wgpu::Buffer> {
@@ -1727,7 +1368,7 @@ impl<'g> WgpuKernels<'g> {
                     }
                     dev.create_bind_group(&wgpu::BindGroupDescriptor {
                         label: None,
-                        layout: &p.layout,
+                        layout: &p.p.layout,
                         entries: &entries,
                     })
                 });
@@ -1743,7 +1384,7 @@ impl<'g> WgpuKernels<'g> {
                 if let Some(qs) = timed {
                     pass.write_timestamp(qs, 2 * names.len() as u32);
                 }
-                pass.set_pipeline(&p.pipe);
+                pass.set_pipeline(&p.p.pipe);
                 pass.set_bind_group(0, &*bind, &[]);
                 pass.dispatch_workgroups(gx as u32, gy as u32, 1);
                 if let Some(qs) = timed {
@@ -1810,7 +1451,7 @@ impl<'g> WgpuKernels<'g> {
         bytes: usize,
         done: Option<wgpu::SubmissionIndex>,
     ) -> Result<Vec<u32>> {
-        map_words(&self.m.dev, "llm step", buf, bytes, done)
+        kernels::map_words(&self.m.dev, "llm step", buf, bytes, done).map_err(werr)
     }
 
     /// Samples request `id`'s tokens on the device from now on (`sample_rows`): settings `cfg`
@@ -1824,11 +1465,10 @@ impl<'g> WgpuKernels<'g> {
         history: &[u32],
         cap: usize,
     ) -> Result<()> {
-        cfg.validate()
-            .map_err(|e| err(format!("add_sampler: request {id}: {e}")))?;
-        let ring = sampler_ring(cfg, cap.max(history.len()));
-        let words = sampler_words(cfg, history, ring, 0);
-        self.samplers.add(self.m, id, &words)
+        let s = settings(cfg, &format!("add_sampler: request {id}"))?;
+        let ring = s.ring(cap.max(history.len()));
+        let words = s.state_words(history, ring, 0);
+        self.samplers.add(&self.m.dev, id, &words).map_err(werr)
     }
 
     /// Frees request `id`'s device sampler (none: nothing happens).
@@ -1846,10 +1486,7 @@ impl<'g> WgpuKernels<'g> {
             return Ok(());
         }
         let vocab = self.m.cfg.vocab;
-        let mut params = vec![
-            u32_of(vocab, "vocab")?,
-            u32_of(rows.len(), "rows to sample")?,
-        ];
+        let mut picks = Vec::with_capacity(rows.len());
         for &(row, id) in rows {
             if row >= self.n_out {
                 return Err(err(format!(
@@ -1857,33 +1494,33 @@ impl<'g> WgpuKernels<'g> {
                     self.n_out
                 )));
             }
-            let &(at, _) =
-                self.samplers.at.get(&id).ok_or_else(|| {
-                    err(format!("sample_rows: request {id} has no device sampler"))
-                })?;
-            params.extend([u32_of(at, "sampler offset")?, row as u32, row as u32]);
+            let state = self
+                .samplers
+                .offset(id)
+                .ok_or_else(|| err(format!("sample_rows: request {id} has no device sampler")))?;
+            picks.push(SampleRow {
+                state,
+                row,
+                slot: row,
+            });
         }
         if self.sample_q.as_ref().is_none_or(|q| q.1 < rows.len()) {
             let n = rows.len().max(self.sample_q.as_ref().map_or(0, |q| q.1));
+            let bytes = sample::masses_bytes(n, vocab);
             self.m.check_binding(
                 &format!("the sampler's masses of {n} rows of {vocab}"),
-                n * vocab * 8,
+                bytes,
             )?;
-            let q = zeros(self.dev(), "llm sampler masses", n * vocab * 8);
-            self.sample_q = Some((q, n));
+            self.sample_q = Some((zeros(self.dev(), "llm sampler masses", bytes), n));
         }
-        let (Some((q, _)), Some(states)) = (&self.sample_q, &self.samplers.buf) else {
+        let (Some((q, _)), Some(states)) = (&self.sample_q, self.samplers.buffer()) else {
             return Err(err("sample_rows: no sampler state"));
         };
-        let binds = vec![
-            (1, states.clone()),
-            (2, self.scratch()?.logits.clone()),
-            (3, q.clone()),
-            (4, self.scratch()?.toks.clone()),
-        ];
-        let threads = sample_threads(&self.m.dev);
-        let pipe = self.pipe(Module::Sample(threads), "sample_rows")?;
-        self.push(pipe, params, binds, rows.len())?;
+        let s = self.scratch()?;
+        let threads = sample::sample_threads(&self.m.dev);
+        let d = sample::sample_rows(threads, vocab, &picks, states, &s.logits, q, &s.toks)
+            .map_err(werr)?;
+        self.push_kernel(d)?;
         // The penalties changed the logits on the device.
         self.fetched = false;
         self.flush(Flush::Sample)
@@ -2086,10 +1723,13 @@ impl Kernels for WgpuKernels<'_> {
             0 => max_pos + 1,
             w => (max_pos + 1).min(w),
         };
-        self.splits = [attn_splits(max_pos + 1), attn_splits(local_len)];
+        self.splits = [
+            paged::attn_splits(max_pos + 1),
+            paged::attn_splits(local_len),
+        ];
         let s_max = self.splits[0].max(self.splits[1]);
         if s_max > 1 {
-            let bytes = rows * c.n_head * s_max * (c.head_dim + 2) * 4;
+            let bytes = paged::part_bytes(rows, c.n_head, s_max, c.head_dim);
             if self.part.is_none() || self.part_cap < bytes {
                 self.m.check_binding(
                     &format!("partial attention of {rows} rows over {s_max} splits"),
@@ -2120,24 +1760,16 @@ impl Kernels for WgpuKernels<'_> {
         let y = self.buf(out)?;
         let meta = self.meta_buf()?;
         let toks = self.scratch()?.toks.clone();
-        let units = qm.cols / 32;
         for ch in &qm.chunks {
-            let params = vec![
-                u32_of(rows, "rows")?,
-                u32_of(qm.cols, "cols")?,
-                u32_of(ch.rows, "rows of a chunk")?,
-                u32_of(ch.row0, "first row of a chunk")?,
-                u32_of(qm.row_bytes, "row bytes")?,
-                0,
-                self.m.cfg.embed_scale.to_bits(),
-            ];
+            let (params, groups) =
+                qmatrix::embed_dispatch(qm, ch, rows, 0, self.m.cfg.embed_scale).map_err(werr)?;
             let binds = vec![
                 (1, ch.buf.clone()),
                 (3, y.clone()),
                 (5, meta.clone()),
                 (7, toks.clone()),
             ];
-            self.push(pipe, params, binds, (rows * units).div_ceil(64))?;
+            self.push(pipe, params.to_vec(), binds, groups)?;
         }
         Ok(())
     }
@@ -2189,21 +1821,17 @@ impl Kernels for WgpuKernels<'_> {
 
     fn head_norm(&mut self, x: Buf, norm: Norm) -> Result<()> {
         let c = &self.m.cfg;
-        let pipe = self.pipe(Module::Ops, "rms_norm_inplace")?;
-        let heads = self.width(x) / c.head_dim;
-        let pieces = self.n_rows * heads;
         let (buf, col0, stride) = self.view(x)?;
-        let params = vec![
-            u32_of(c.head_dim, "head_dim")?,
-            u32_of(pieces, "heads")?,
-            c.eps.to_bits(),
-            u32_of(heads, "heads per row")?,
-            u32_of(stride, "row stride")?,
-            u32_of(col0, "first column")?,
-        ];
-        let binds = vec![(2, buf), (3, self.norm_w(norm)?.clone())];
-        self.push(pipe, params, binds, pieces)?;
-        Ok(())
+        let hn = ops::HeadNorm {
+            head_dim: c.head_dim,
+            heads: self.width(x) / c.head_dim,
+            rows: self.n_rows,
+            eps: c.eps,
+            stride,
+            col0,
+        };
+        let d = hn.dispatch(&buf, self.norm_w(norm)?).map_err(werr)?;
+        self.push_kernel(d)
     }
 
     fn rope_attention(
@@ -2216,7 +1844,6 @@ impl Kernels for WgpuKernels<'_> {
         out: Buf,
     ) -> Result<()> {
         let c = &self.m.cfg;
-        let rows = self.n_rows;
         let local = c.is_local(layer);
         let (cos_at, sin_at) = if local {
             (self.trig_at[2], self.trig_at[3])
@@ -2232,51 +1859,44 @@ impl Kernels for WgpuKernels<'_> {
                 "rope_attention: {q:?}, {k:?} and {v:?} must be column ranges of one buffer"
             )));
         }
-        let params = vec![
-            u32_of(rows, "rows")?,
-            u32_of(c.n_head, "n_head")?,
-            u32_of(c.n_kv_head, "n_kv_head")?,
-            u32_of(c.head_dim, "head_dim")?,
-            u32_of(c.rope_dim, "rope_dim")?,
-            u32::from(c.rope_neox),
-            u32_of(cos_at, "trig offset")?,
-            u32_of(sin_at, "trig offset")?,
-            u32_of(layer, "layer")?,
-            u32_of(c.n_layer, "n_layer")?,
-            u32_of(self.rows_at, "meta offset")?,
-            u32_of(window, "window")?,
-            c.attn_scale.to_bits(),
-            u32_of(qs, "q|k|v row stride")?,
-            u32_of(q0, "q column")?,
-            u32_of(k0, "k column")?,
-            u32_of(v0, "v column")?,
-            u32_of(self.splits[usize::from(local)], "attention splits")?,
-        ];
-        let splits = self.splits[usize::from(local)];
-        let meta = self.meta_buf()?;
+        let attn = paged::Attention {
+            rows: self.n_rows,
+            n_head: c.n_head,
+            n_kv_head: c.n_kv_head,
+            head_dim: c.head_dim,
+            rope_dim: c.rope_dim,
+            neox: c.rope_neox,
+            cos_at,
+            sin_at,
+            layer,
+            n_layer: c.n_layer,
+            rows_at: self.rows_at,
+            window,
+            scale: c.attn_scale,
+            stride: qs,
+            q_col: q0,
+            k_col: k0,
+            v_col: v0,
+            splits: self.splits[usize::from(local)],
+        };
         let trig = self
             .trig
             .clone()
             .ok_or_else(|| err("rope_attention before begin"))?;
-        let attn = self.pipe(Module::Paged, "attention")?;
         // Bound where no row is split (never written then).
         let part = self.part.clone().unwrap_or_else(|| self.m.dummy.clone());
-        let ob = self.buf(out)?;
         // The attention also writes each row's key and value into the cache.
-        let binds = vec![
-            (1, meta.clone()),
-            (2, trig),
-            (3, qb),
-            (6, kv.kc.clone()),
-            (7, kv.vc.clone()),
-            (8, ob.clone()),
-            (9, part.clone()),
-        ];
-        self.push(attn, params.clone(), binds, rows * c.n_head * splits)?;
-        if splits > 1 {
-            let merge = self.pipe(Module::Paged, "attn_merge")?;
-            let binds = vec![(1, meta), (8, ob), (9, part)];
-            self.push(merge, params, binds, rows * c.n_head)?;
+        let bufs = paged::AttentionBuffers {
+            sdata: &self.meta_buf()?,
+            trig: &trig,
+            qkv: &qb,
+            kc: &kv.kc,
+            vc: &kv.vc,
+            out: &self.buf(out)?,
+            part: &part,
+        };
+        for d in attn.dispatches(&bufs).map_err(werr)? {
+            self.push_kernel(d)?;
         }
         Ok(())
     }
@@ -2310,18 +1930,10 @@ impl Kernels for WgpuKernels<'_> {
             return self.product(w, &mut input, rows, ob, w.rows() / 2, 0, glu);
         }
         self.norm_matmul(x, Some(norm), &[(gate, out), (up, Buf::Up)])?;
-        let pipe = self.pipe(Module::Ops, "glu")?;
         let n = self.n_rows * self.width(out);
-        let params = vec![
-            u32_of(n, "glu size")?,
-            match act {
-                Glu::Silu => 0,
-                Glu::GeluTanh => 1,
-            },
-        ];
-        let binds = vec![(1, self.buf(Buf::Up)?), (2, self.buf(out)?)];
-        self.push(pipe, params, binds, n.div_ceil(64))?;
-        Ok(())
+        let gelu = act == Glu::GeluTanh;
+        let d = ops::glu(n, gelu, &self.buf(out)?, &self.buf(Buf::Up)?).map_err(werr)?;
+        self.push_kernel(d)
     }
 
     fn matmul_residual(&mut self, x: Buf, w: Mat, y: Buf, post_norm: Option<Norm>) -> Result<()> {
@@ -2370,9 +1982,8 @@ impl Kernels for WgpuKernels<'_> {
                 0,
                 Epilogue::Store,
             )?;
-            let pipe = self.pipe(Module::Ops, "argmax")?;
-            let params = vec![u32_of(c.vocab, "vocab")?, u32_of(n, "logit rows")?];
-            self.push(pipe, params, vec![(1, logits), (5, toks)], n)?;
+            let d = ops::argmax(c.vocab, n, &logits, &toks).map_err(werr)?;
+            self.push_kernel(d)?;
         }
         self.run()
     }

@@ -1,8 +1,8 @@
 // Token sampling on the device, after a step's logits (`sample_rows`): the CPU sampler's
-// operations (crate::sampler) in its order, one workgroup of SW threads per logit row (SW =
-// 256, or 1024 where the adapter allows it: the host rewrites the constant; the draws are the
-// same for either, every sum being exact).
-// The twin of the CUDA kernel set's gpu/sample.cu. WGSL has no u64: 64-bit values (keys,
+// operations (ferrite_llm::sampler) in its order, one workgroup of SW threads per logit row
+// (SW = 256, or 1024 where the adapter allows it: the host rewrites the constant; the draws
+// are the same for either, every sum being exact).
+// The twin of the CUDA kernel set's sample.cu. WGSL has no u64: 64-bit values (keys,
 // fixed-point masses, the random numbers) are vec2<u32>, x the low word and y the high word.
 //
 // 1. penalties over the last `last_n` entries of the sampler's token history, in place on the

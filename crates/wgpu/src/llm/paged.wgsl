@@ -130,8 +130,8 @@ const TILE: u32 = 128u;
 const KL: u32 = 16u;
 const KPASS: u32 = 16u;
 const PS: u32 = 17u;
-// Keys per split (ATTN_SPLIT_KEYS in wgpu.rs) and most workgroups one (row, head) is split
-// over (`MAX_SPLITS` in wgpu.rs).
+// Keys per split (ATTN_SPLIT_KEYS in paged.rs) and most workgroups one (row, head) is split
+// over (`MAX_SPLITS` in paged.rs).
 const SPLIT_KEYS: u32 = 256u;
 const MAX_SPLITS: u32 = 8u;
 
