@@ -2,7 +2,8 @@
 //! compiler vectorizes the inner loops; matmul through the `gemm` crate. It is also the oracle
 //! other backends are tested against. Quantized matrices (`QTensor`, [`qmatmul`]) run the
 //! LLM kernels of [`quant`] (SIMD products on GGUF blocks, per instruction set) on their own
-//! low-latency thread pool ([`spin_pool`]).
+//! low-latency thread pool ([`spin_pool`]); [`llm`] holds the LLM kernels around them
+//! (attention over the paged KV cache's blocks, RoPE, RMS norms).
 
 mod alloc;
 mod attention;
@@ -14,6 +15,7 @@ mod cross_entropy;
 mod elementwise;
 pub mod env;
 mod index;
+pub mod llm;
 mod machine;
 mod matmul;
 mod norm;

@@ -97,6 +97,7 @@ impl EngineKernels for CpuKernels<'_> {
             n_blocks,
             half,
         )
+        .map_err(|e| crate::Error::Context(e.to_string()))
     }
 
     fn device_tokens(&mut self) -> Result<Option<Vec<u32>>> {

@@ -13,7 +13,7 @@ use ferrite_gguf::{GgmlType, GgufFile};
 
 use super::{upload_f32, CudaResult};
 use crate::error::{Error, Result};
-use crate::model::{Arch, Config, Model};
+use crate::model::{rope_inv_freq, Arch, Config, Model};
 
 /// The CUDA form of a matrix of a [`GpuModel`] (each is a CUDA `QTensor`, made in
 /// `upload_group`).
@@ -200,18 +200,6 @@ pub fn default_precision(weight_bytes: usize) -> crate::Precision {
     } else {
         crate::Precision::Q8
     }
-}
-
-pub(crate) fn rope_inv_freq(rope_dim: usize, base: f32, factors: Option<&[f32]>) -> Vec<f32> {
-    (0..rope_dim / 2)
-        .map(|i| {
-            let f = 1.0 / base.powf((2 * i) as f32 / rope_dim as f32);
-            match factors {
-                Some(fs) => f / fs[i],
-                None => f,
-            }
-        })
-        .collect()
 }
 
 const MIB: f64 = 1024.0 * 1024.0;

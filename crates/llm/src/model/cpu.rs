@@ -4,25 +4,17 @@
 
 use super::config::Config;
 use super::step::{Batch, Buf, Glu, Kernels, Mat, Norm};
-use super::{rms_norm_in_place, rms_norm_rows, Model, Product};
+use super::{rms_norm_in_place, rms_norm_rows, rope_inv_freq, Model, Product};
 use crate::error::Result;
-use crate::kv_cache::{BlockId, CpuKvStore, KvRows};
-use ferrite_cpu::quant::float::{axpy_rows, dot_rows};
-use ferrite_cpu::quant::{self, Acts, Isa, MatOut};
+use crate::kv_cache::{BlockId, CpuKvStore};
+use ferrite_cpu::llm::attention::{paged_attention, SeqRows};
+use ferrite_cpu::llm::rope::{rope, rope_table};
+use ferrite_cpu::quant::{self, Acts, MatOut};
 
 const N_BUFS: usize = 8;
 
 fn idx(b: Buf) -> usize {
     b as usize
-}
-
-/// One sequence of the current step, as the attention needs it.
-#[derive(Clone, Debug)]
-struct SeqRows {
-    r0: usize,
-    n: usize,
-    pos: usize,
-    blocks: std::ops::Range<usize>,
 }
 
 /// Scratch and the current batch's layout; grown on demand, never shrunk.
@@ -302,7 +294,7 @@ impl Kernels for CpuKernels<'_> {
         }
         let window = if local { c.sliding_window } else { 0 };
         let mut ob = std::mem::take(&mut self.bufs[idx(out)]);
-        attention(
+        paged_attention(
             self.m.isa,
             kv,
             il,
@@ -401,212 +393,10 @@ impl CpuKernels<'_> {
     }
 }
 
-/// Inverse frequencies `base^(-2i/rope_dim)` (f32, as transformers computes them), divided by
-/// the optional per-pair factors.
-fn rope_inv_freq(rope_dim: usize, base: f32, factors: Option<&[f32]>) -> Vec<f32> {
-    (0..rope_dim / 2)
-        .map(|i| {
-            let f = 1.0 / base.powf((2 * i) as f32 / rope_dim as f32);
-            match factors {
-                Some(fs) => f / fs[i],
-                None => f,
-            }
-        })
-        .collect()
-}
-
-/// cos/sin tables `[row][rope_dim/2]` for the rows' positions (each times `pos_scale`).
-fn rope_table(
-    inv: &[f32],
-    positions: impl Iterator<Item = usize>,
-    pos_scale: f32,
-    cos: &mut Vec<f32>,
-    sin: &mut Vec<f32>,
-) {
-    cos.clear();
-    sin.clear();
-    for p in positions {
-        let p = p as f32 * pos_scale;
-        for &f in inv {
-            let a = p * f;
-            cos.push(a.cos());
-            sin.push(a.sin());
-        }
-    }
-}
-
-/// Rotates the first `rope_dim` values of each of the `n_heads` heads of every row of `x`
-/// (`[rows][n_heads * hd]`) by the angles of the row in `cos`/`sin`.
-fn rope(
-    x: &mut [f32],
-    n_heads: usize,
-    hd: usize,
-    rope_dim: usize,
-    neox: bool,
-    cos: &[f32],
-    sin: &[f32],
-) {
-    let half = rope_dim / 2;
-    for (ti, row) in x.chunks_exact_mut(n_heads * hd).enumerate() {
-        let (c, s) = (
-            &cos[ti * half..(ti + 1) * half],
-            &sin[ti * half..(ti + 1) * half],
-        );
-        for h in row.chunks_exact_mut(hd) {
-            for i in 0..half {
-                let (a, b) = if neox {
-                    (i, i + half)
-                } else {
-                    (2 * i, 2 * i + 1)
-                };
-                let (x0, x1) = (h[a], h[b]);
-                h[a] = x0 * c[i] - x1 * s[i];
-                h[b] = x0 * s[i] + x1 * c[i];
-            }
-        }
-    }
-}
-
-#[derive(Clone, Copy)]
-struct SendPtr(*mut f32);
-// SAFETY: attention tasks write disjoint (sequence, head) slices of the buffer, which
-// outlives them.
-unsafe impl Send for SendPtr {}
-// SAFETY: as above.
-unsafe impl Sync for SendPtr {}
-
-impl SendPtr {
-    fn get(self) -> *mut f32 {
-        self.0
-    }
-}
-
-/// Causal attention of every sequence's rows over its cached positions (through its block
-/// table) in layer `il`. q, out: `[rows][nh * hd]`; a row at position p sees keys 0..=p, or
-/// (p - window, p] with `window > 0`. One task per (sequence, KV head): the query heads that
-/// share a KV head read each block of keys and values while it is in cache; each head sees
-/// the same operations in the same order as alone.
-#[allow(clippy::too_many_arguments)]
-fn attention(
-    isa: Isa,
-    kv: &CpuKvStore,
-    il: usize,
-    seqs: &[SeqRows],
-    blocks: &[BlockId],
-    q: &[f32],
-    out: &mut [f32],
-    scores: &mut Vec<f32>,
-    (nh, nkv, hd): (usize, usize, usize),
-    scale: f32,
-    window: usize,
-) {
-    let bs = kv.block_size();
-    let group = nh / nkv;
-    let max_len = seqs.iter().map(|s| s.pos + s.n).max().unwrap_or(0);
-    let n_tasks = seqs.len() * nkv;
-    let per_task = group * max_len;
-    if scores.len() < n_tasks * per_task {
-        scores.resize(n_tasks * per_task, 0.0);
-    }
-    let outp = SendPtr(out.as_mut_ptr());
-    let w = nh * hd;
-    let work = |task: usize, sc: &mut [f32]| {
-        let (s, g) = (&seqs[task / nkv], task % nkv);
-        let table = &blocks[s.blocks.clone()];
-        let mut max = vec![f32::NEG_INFINITY; group];
-        for i in 0..s.n {
-            let (p, r) = (s.pos + i, s.r0 + i);
-            let lo = if window > 0 {
-                (p + 1).saturating_sub(window)
-            } else {
-                0
-            };
-            let len = p + 1 - lo;
-            // This task's query heads, side by side in the row.
-            let qg = &q[r * w + g * group * hd..r * w + (g + 1) * group * hd];
-            max.fill(f32::NEG_INFINITY);
-            let mut j = lo;
-            while j <= p {
-                let (blk, slot0) = (table[j / bs], j % bs);
-                let end = (p + 1).min((j / bs + 1) * bs);
-                let keys = kv.keys(blk, il, g).slots(slot0..slot0 + end - j, hd);
-                if end <= p {
-                    kv.keys(table[end / bs], il, g).prefetch();
-                } else {
-                    kv.values(table[lo / bs], il, g).prefetch();
-                }
-                let sc = &mut sc[j - lo..];
-                match keys {
-                    KvRows::F16(keys) => dot_rows(isa, qg, keys, scale, sc, max_len, &mut max),
-                    KvRows::F32(keys) => dot_rows(isa, qg, keys, scale, sc, max_len, &mut max),
-                }
-                j = end;
-            }
-            // SAFETY: this task alone writes heads `g * group..(g + 1) * group` of its
-            // sequence's rows; that slice lies inside `out` (rows x nh*hd).
-            let og = unsafe {
-                std::slice::from_raw_parts_mut(outp.get().add(r * w + g * group * hd), group * hd)
-            };
-            og.fill(0.0);
-            for (k, &m) in max.iter().enumerate() {
-                let sc = &mut sc[k * max_len..k * max_len + len];
-                let inv = 1.0 / quant::exp::exp_sub_sum(isa, sc, m);
-                for v in sc.iter_mut() {
-                    *v *= inv;
-                }
-            }
-            let mut j = lo;
-            while j <= p {
-                let (blk, slot0) = (table[j / bs], j % bs);
-                let end = (p + 1).min((j / bs + 1) * bs);
-                let vals = kv.values(blk, il, g).slots(slot0..slot0 + end - j, hd);
-                if end <= p {
-                    kv.values(table[end / bs], il, g).prefetch();
-                }
-                let sc = &sc[j - lo..];
-                match vals {
-                    KvRows::F16(v) => axpy_rows(isa, sc, max_len, v, og, group),
-                    KvRows::F32(v) => axpy_rows(isa, sc, max_len, v, og, group),
-                }
-                j = end;
-            }
-        }
-    };
-    let work_size: usize = seqs.iter().map(|s| s.n * (s.pos + s.n)).sum::<usize>() * nh * hd;
-    if work_size < 32 * 1024 || n_tasks == 1 {
-        for (task, sc) in scores[..n_tasks * per_task]
-            .chunks_mut(per_task.max(1))
-            .enumerate()
-        {
-            work(task, sc);
-        }
-    } else {
-        let sp = SendPtr(scores.as_mut_ptr());
-        ferrite_cpu::spin_pool::Pool::global().run(n_tasks, &|task| {
-            // SAFETY: task `task` alone uses scores[task * per_task..(task + 1) * per_task],
-            // inside `scores` (resized above).
-            let sc =
-                unsafe { std::slice::from_raw_parts_mut(sp.get().add(task * per_task), per_task) };
-            work(task, sc);
-        });
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::super::step::Out;
     use super::*;
-
-    #[test]
-    fn rope_angles_follow_each_rows_position() {
-        let inv = rope_inv_freq(4, 10000.0, None);
-        let (mut c, mut s) = (Vec::new(), Vec::new());
-        rope_table(&inv, [5usize, 0, 7].into_iter(), 1.0, &mut c, &mut s);
-        assert_eq!(c.len(), 6);
-        assert_eq!(c[2], 1.0);
-        assert!((c[0] - 5f32.cos()).abs() < 1e-6);
-        assert!((s[5] - (7.0 * inv[1]).sin()).abs() < 1e-6);
-    }
 
     #[test]
     fn out_is_listed_per_sequence() {

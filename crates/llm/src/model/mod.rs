@@ -521,22 +521,18 @@ impl Model {
     }
 }
 
-/// `y[r] = x[r] / rms(x[r]) * w` for each row of `n` values.
-pub fn rms_norm_rows(x: &[f32], y: &mut [f32], w: &[f32], n: usize, eps: f32) {
-    for (xr, yr) in x.chunks_exact(n).zip(y.chunks_exact_mut(n)) {
-        let ss: f32 = xr.iter().map(|v| v * v).sum::<f32>() / n as f32;
-        let inv = 1.0 / (ss + eps).sqrt();
-        for ((o, &v), &g) in yr.iter_mut().zip(xr).zip(w) {
-            *o = v * inv * g;
-        }
-    }
-}
+pub use ferrite_cpu::llm::norm::{rms_norm_in_place, rms_norm_rows};
 
-/// RMS norm of each `n`-value piece of `x`, in place.
-pub fn rms_norm_in_place(x: &mut [f32], w: &[f32], n: usize, eps: f32) {
-    for xr in x.chunks_exact_mut(n) {
-        let ss: f32 = xr.iter().map(|v| v * v).sum::<f32>() / n as f32;
-        let inv = 1.0 / (ss + eps).sqrt();
-        xr.iter_mut().zip(w).for_each(|(v, &g)| *v = *v * inv * g);
-    }
+/// RoPE inverse frequencies `base^(-2i/rope_dim)` (f32, as transformers computes them),
+/// divided by the optional per-pair factors: every kernel set's angles start here.
+pub(crate) fn rope_inv_freq(rope_dim: usize, base: f32, factors: Option<&[f32]>) -> Vec<f32> {
+    (0..rope_dim / 2)
+        .map(|i| {
+            let f = 1.0 / base.powf((2 * i) as f32 / rope_dim as f32);
+            match factors {
+                Some(fs) => f / fs[i],
+                None => f,
+            }
+        })
+        .collect()
 }
