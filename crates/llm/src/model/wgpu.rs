@@ -54,11 +54,12 @@ use ferrite_wgpu::WgpuDevice;
 
 use super::config::Config;
 use super::step::{Batch, Buf, Glu, Kernels, Mat, Norm, PREV_TOKEN};
-use super::{Model, Precision, Weight};
+use super::{rope_inv_freq, Model, Precision, Weight};
 use crate::engine::{Engine, EngineConfig, EngineKernels};
 use crate::error::{Error, Result};
 use crate::kv_cache::{BlockId, KvStore, BLOCK_SIZE};
 use crate::sampler::SamplerConfig;
+use ferrite_cpu::llm::rope::rope_table;
 
 // The paged kernel's cache blocks are the engine's.
 const _: () = assert!(paged::BLOCK_SLOTS == BLOCK_SIZE);
@@ -807,18 +808,6 @@ const CHUNK_DISPATCHES: usize = 48;
 
 /// Bind groups kept at most (the cache is cleared past this).
 const MAX_BIND_GROUPS: usize = 16384;
-
-fn rope_inv_freq(rope_dim: usize, base: f32, factors: Option<&[f32]>) -> Vec<f32> {
-    (0..rope_dim / 2)
-        .map(|i| {
-            let f = 1.0 / base.powf((2 * i) as f32 / rope_dim as f32);
-            match factors {
-                Some(fs) => f / fs[i],
-                None => f,
-            }
-        })
-        .collect()
-}
 
 fn u32_of(v: usize, what: &str) -> Result<u32> {
     u32::try_from(v).map_err(|_| err(format!("{what} = {v} exceeds u32")))
@@ -1623,25 +1612,6 @@ impl<'g> WgpuKernels<'g> {
     }
 }
 
-/// cos/sin tables `[row][rope_dim/2]` for the rows' positions (each times `pos_scale`), as
-/// the CPU kernel set computes them.
-fn rope_table(
-    inv: &[f32],
-    positions: &[usize],
-    pos_scale: f32,
-    cos: &mut Vec<f32>,
-    sin: &mut Vec<f32>,
-) {
-    for &p in positions {
-        let p = p as f32 * pos_scale;
-        for &f in inv {
-            let a = p * f;
-            cos.push(a.cos());
-            sin.push(a.sin());
-        }
-    }
-}
-
 impl Kernels for WgpuKernels<'_> {
     type Kv = WgpuKvStore;
 
@@ -1695,20 +1665,23 @@ impl Kernels for WgpuKernels<'_> {
             meta[self.out_at + i] = r as u32;
         }
         meta[tables_at..tables_at + batch.blocks.len()].copy_from_slice(&batch.blocks);
-        let mut trig = Vec::new();
-        let mut sin = Vec::new();
+        // The angles as the CPU kernel set computes them: cos | sin, then the local layers'.
+        let (mut trig, mut cos, mut sin) = (Vec::new(), Vec::new(), Vec::new());
+        let pos = || positions.iter().copied();
         rope_table(
             &self.inv_freq,
-            &positions,
+            pos(),
             1.0 / c.rope_scale,
-            &mut trig,
+            &mut cos,
             &mut sin,
         );
         let half = c.rope_dim / 2;
         self.trig_at = [0, rows * half, 2 * rows * half, 3 * rows * half];
+        trig.append(&mut cos);
         trig.append(&mut sin);
         if c.sliding_window > 0 {
-            rope_table(&self.inv_freq_local, &positions, 1.0, &mut trig, &mut sin);
+            rope_table(&self.inv_freq_local, pos(), 1.0, &mut cos, &mut sin);
+            trig.append(&mut cos);
             trig.append(&mut sin);
         }
         trig.push(0.0);
