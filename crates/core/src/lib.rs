@@ -16,6 +16,7 @@ pub mod op;
 pub mod optim;
 pub mod quant;
 pub mod rng;
+mod sampling;
 mod shape;
 mod tensor;
 
@@ -29,5 +30,6 @@ pub use half::{bf16, f16};
 pub use host::HostBuffer;
 pub use op::{BinaryOp, CmpOp, Conv2dParams, Op, Pool2dParams, ReduceOp, UnaryOp};
 pub use quant::{ActFormat, HostBytes, QBytes, QStorage, QTensor, QType};
+pub use sampling::SamplerSettings;
 pub use shape::{Layout, Shape, StridedIndex};
 pub use tensor::Tensor;

@@ -87,6 +87,22 @@ impl SamplerConfig {
     }
 
     /// Checks every setting's range (see the field docs).
+    /// The device samplers' settings (ferrite-cuda's and ferrite-wgpu's), after `validate`.
+    pub fn settings(&self) -> Result<ferrite_core::SamplerSettings, SamplerError> {
+        self.validate()?;
+        Ok(ferrite_core::SamplerSettings {
+            temperature: self.temperature,
+            top_k: self.top_k,
+            top_p: self.top_p,
+            min_p: self.min_p,
+            repeat_penalty: self.repeat_penalty,
+            presence_penalty: self.presence_penalty,
+            frequency_penalty: self.frequency_penalty,
+            penalty_last_n: self.penalty_last_n,
+            seed: self.seed,
+        })
+    }
+
     pub fn validate(&self) -> Result<(), SamplerError> {
         let bad = |name, range, value: f32| {
             Err(SamplerError::Config {

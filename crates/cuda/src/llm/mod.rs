@@ -20,7 +20,8 @@ pub mod paged;
 pub mod prefill;
 pub mod sample;
 
-use crate::{matvec, Buffer, CudaDevice, KernelArgs, KernelSource, LaunchConfig};
+use crate::step::launch;
+use crate::{matvec, Buffer, CudaDevice, KernelSource};
 use ferrite_core::Result;
 
 /// Every kernel source of this module (the compile-all test walks `crate::all_sources`).
@@ -31,18 +32,6 @@ pub fn sources() -> Vec<&'static KernelSource> {
         &sample::SOURCE,
         &paged::SOURCE,
     ]
-}
-
-/// Launches one kernel on the compute stream (`crate::step`).
-fn launch(
-    dev: &CudaDevice,
-    op: &'static str,
-    src: &'static KernelSource,
-    name: &str,
-    cfg: LaunchConfig,
-    args: KernelArgs,
-) -> Result<()> {
-    crate::step::launch(dev, op, src, name, cfg, args)
 }
 
 /// A zeroed device buffer of `bytes` bytes (at least 16).

@@ -18,7 +18,7 @@
 
 use super::{upload_bytes, zeros};
 use crate::{Buffer, CudaDevice, KernelArgs, KernelSource, LaunchConfig};
-use ferrite_core::{Error, Result};
+use ferrite_core::{Error, Result, SamplerSettings};
 
 pub(crate) static SOURCE: KernelSource = KernelSource {
     name: "llm_sample",
@@ -33,23 +33,8 @@ const HIST_LEN_OFF: usize = 36;
 /// Byte offset of the draw counter (u64) in `SampleParams`.
 const STEP_OFF: usize = 56;
 
-/// A sampler's settings: the LLM crate's `SamplerConfig`, validated there (temperature 0 is
-/// greedy; top_k 0 and penalty_last_n 0 are off).
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Settings {
-    pub temperature: f32,
-    pub top_k: usize,
-    pub top_p: f32,
-    pub min_p: f32,
-    pub repeat_penalty: f32,
-    pub presence_penalty: f32,
-    pub frequency_penalty: f32,
-    pub penalty_last_n: usize,
-    pub seed: u64,
-}
-
 /// `SampleParams` of `cfg`, with an empty history of `hist_cap` tokens and draw counter 0.
-fn params_bytes(cfg: &Settings, hist_cap: usize) -> [u8; PARAMS_BYTES] {
+fn params_bytes(cfg: &SamplerSettings, hist_cap: usize) -> [u8; PARAMS_BYTES] {
     let mut b = [0u8; PARAMS_BYTES];
     let greedy = cfg.temperature == 0.0;
     let inv_t = if greedy { 1.0 } else { 1.0 / cfg.temperature };
@@ -91,7 +76,7 @@ pub struct SamplerState {
 
 impl SamplerState {
     /// The history starts empty and the draw counter at 0.
-    pub fn new(dev: &CudaDevice, cfg: &Settings, cap: usize) -> Result<SamplerState> {
+    pub fn new(dev: &CudaDevice, cfg: &SamplerSettings, cap: usize) -> Result<SamplerState> {
         let params = zeros(dev, PARAMS_BYTES, "llm sampler params")?;
         dev.write_bytes(&params, 0, &params_bytes(cfg, cap))?;
         let hist = zeros(dev, cap.max(1) * 4, "llm sampler history")?;
@@ -151,7 +136,7 @@ pub fn sample_rows(
 /// token.
 pub fn sample_once(
     dev: &CudaDevice,
-    cfg: &Settings,
+    cfg: &SamplerSettings,
     logits: &Buffer,
     vocab: usize,
     history: &[u32],
@@ -195,7 +180,7 @@ fn one_row_scratch(dev: &CudaDevice, vocab: usize) -> Result<(Buffer, Buffer)> {
 /// the history is reset to `history` each time.
 pub fn sample_many(
     dev: &CudaDevice,
-    cfg: &Settings,
+    cfg: &SamplerSettings,
     logits: &[f32],
     history: &[u32],
     draws: usize,

@@ -21,6 +21,7 @@ pub use weights::{default_precision, GpuModel, Layout, F32_ACTS_MAX_WEIGHT_BYTES
 
 use crate::error::{Error, Result};
 use crate::sampler::SamplerConfig;
+use ferrite_core::SamplerSettings;
 use ferrite_cuda::llm::sample;
 
 pub(crate) trait CudaResult<T> {
@@ -48,19 +49,8 @@ pub fn read_f32(dev: &CudaDevice, buf: &Buffer, n: usize) -> Result<Vec<f32>> {
 }
 
 /// The device sampler's settings of `cfg`, after validating it.
-pub(crate) fn sampler_settings(cfg: &SamplerConfig) -> Result<sample::Settings> {
-    cfg.validate().map_err(|e| Error::Other(e.to_string()))?;
-    Ok(sample::Settings {
-        temperature: cfg.temperature,
-        top_k: cfg.top_k,
-        top_p: cfg.top_p,
-        min_p: cfg.min_p,
-        repeat_penalty: cfg.repeat_penalty,
-        presence_penalty: cfg.presence_penalty,
-        frequency_penalty: cfg.frequency_penalty,
-        penalty_last_n: cfg.penalty_last_n,
-        seed: cfg.seed,
-    })
+pub(crate) fn sampler_settings(cfg: &SamplerConfig) -> Result<SamplerSettings> {
+    cfg.settings().map_err(|e| Error::Other(e.to_string()))
 }
 
 /// Samples one token from `logits` (f32 [vocab] on the device; penalized in place) with the

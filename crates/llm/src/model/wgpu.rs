@@ -46,7 +46,8 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 
 use ferrite_core::quant::{join_rows, QBytes, QTensor, RowOrder};
-use ferrite_wgpu::llm::sample::{self, SampleRow, SamplerArena, SamplerSettings};
+use ferrite_core::SamplerSettings;
+use ferrite_wgpu::llm::sample::{self, SampleRow, SamplerArena};
 use ferrite_wgpu::llm::{self as kernels, ops, paged, zeros, Dispatch};
 use ferrite_wgpu::qmatrix::{self, Format, WgpuQMat};
 use ferrite_wgpu::raw as wgpu;
@@ -655,18 +656,7 @@ struct Scratch {
 
 /// The device sampler's settings of `cfg`, validated (`op` names the caller in errors).
 fn settings(cfg: &SamplerConfig, op: &str) -> Result<SamplerSettings> {
-    cfg.validate().map_err(|e| err(format!("{op}: {e}")))?;
-    Ok(SamplerSettings {
-        temperature: cfg.temperature,
-        top_k: cfg.top_k,
-        top_p: cfg.top_p,
-        min_p: cfg.min_p,
-        repeat_penalty: cfg.repeat_penalty,
-        presence_penalty: cfg.presence_penalty,
-        frequency_penalty: cfg.frequency_penalty,
-        penalty_last_n: cfg.penalty_last_n,
-        seed: cfg.seed,
-    })
+    cfg.settings().map_err(|e| err(format!("{op}: {e}")))
 }
 
 /// Draws `draws` tokens from the same `logits` (f32 [vocab]) with the device sampler of
@@ -1455,8 +1445,8 @@ impl<'g> WgpuKernels<'g> {
         cap: usize,
     ) -> Result<()> {
         let s = settings(cfg, &format!("add_sampler: request {id}"))?;
-        let ring = s.ring(cap.max(history.len()));
-        let words = s.state_words(history, ring, 0);
+        let ring = sample::ring(&s, cap.max(history.len()));
+        let words = sample::state_words(&s, history, ring, 0);
         self.samplers.add(&self.m.dev, id, &words).map_err(werr)
     }
 

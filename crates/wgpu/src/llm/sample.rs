@@ -1,13 +1,13 @@
 //! `sample.wgsl`: token sampling on the device after a step's logits (`sample_rows`, a
 //! workgroup per logit row): penalties, temperature, top-k, top-p, min-p and one draw from a
 //! counter-based random stream, the CPU sampler's operations in its order. Each sampling
-//! request has a state on the device ([`SamplerSettings::state_words`]: its settings, draw
+//! request has a state on the device ([`state_words`]: its settings, draw
 //! counter and a ring of its last tokens), kept for a kernel set's requests in one buffer
 //! ([`SamplerArena`]). [`sample_many`] and [`sample_once`] run the kernel alone (tests).
 
 use std::collections::HashMap;
 
-use ferrite_core::{Error, Result};
+use ferrite_core::{Error, Result, SamplerSettings};
 
 use super::{check_binding, compile, map_words, word, zeros, Dispatch, Module};
 use crate::qmatrix;
@@ -55,71 +55,49 @@ pub fn sample_threads(dev: &WgpuDevice) -> u32 {
 /// Words of a sampler's state before its history ring (`HEAD` of `sample.wgsl`).
 pub const SAMPLER_HEAD: usize = 16;
 
-/// A device sampler's settings, valid by the CPU sampler's rules (the caller checks them):
-/// `temperature` finite and >= 0 (0: greedy), `top_k` 0 (all) or the tokens kept, `top_p` in
-/// (0, 1], `min_p` in [0, 1], `repeat_penalty` finite and > 0, `presence_penalty` and
-/// `frequency_penalty` finite, the penalties over the last `penalty_last_n` history tokens,
-/// `seed` of the random stream.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct SamplerSettings {
-    pub temperature: f32,
-    pub top_k: usize,
-    pub top_p: f32,
-    pub min_p: f32,
-    pub repeat_penalty: f32,
-    pub presence_penalty: f32,
-    pub frequency_penalty: f32,
-    pub penalty_last_n: usize,
-    pub seed: u64,
+/// The history ring of a sampler `s` whose history may grow to `cap` tokens: the last
+/// `penalty_last_n` tokens (no more than `cap`), none where no penalty applies.
+pub fn ring(s: &SamplerSettings, cap: usize) -> usize {
+    let pen = s.repeat_penalty != 1.0 || s.presence_penalty != 0.0 || s.frequency_penalty != 0.0;
+    if pen {
+        s.penalty_last_n.min(cap).min(u32::MAX as usize)
+    } else {
+        0
+    }
 }
 
-impl SamplerSettings {
-    /// The history ring of a sampler whose history may grow to `cap` tokens: the last
-    /// `penalty_last_n` tokens (no more than `cap`), none where no penalty applies.
-    pub fn ring(&self, cap: usize) -> usize {
-        let pen = self.repeat_penalty != 1.0
-            || self.presence_penalty != 0.0
-            || self.frequency_penalty != 0.0;
-        if pen {
-            self.penalty_last_n.min(cap).min(u32::MAX as usize)
-        } else {
-            0
+/// The state of sampler `s` in `sample.wgsl`'s layout ([`SAMPLER_HEAD`] words of settings and
+/// counters, then a ring of `ring` tokens): history `history` (its last `ring` tokens kept),
+/// draw counter `step`.
+pub fn state_words(s: &SamplerSettings, history: &[u32], ring: usize, step: u64) -> Vec<u32> {
+    let greedy = s.temperature == 0.0;
+    let inv_t: f32 = if greedy { 1.0 } else { 1.0 / s.temperature };
+    let clamp = |v: usize| v.min(u32::MAX as usize) as u32;
+    let mut w = vec![0u32; SAMPLER_HEAD + ring];
+    w[..6].copy_from_slice(&[
+        inv_t.to_bits(),
+        s.top_p.to_bits(),
+        s.min_p.to_bits(),
+        s.repeat_penalty.to_bits(),
+        s.presence_penalty.to_bits(),
+        s.frequency_penalty.to_bits(),
+    ]);
+    w[6] = clamp(s.top_k);
+    w[7] = clamp(s.penalty_last_n);
+    w[8] = u32::from(greedy);
+    w[9] = clamp(history.len());
+    w[10] = ring as u32;
+    w[12] = s.seed as u32;
+    w[13] = (s.seed >> 32) as u32;
+    w[14] = step as u32;
+    w[15] = (step >> 32) as u32;
+    if ring > 0 {
+        let first = history.len().saturating_sub(ring);
+        for (h, &tok) in history.iter().enumerate().skip(first) {
+            w[SAMPLER_HEAD + h % ring] = tok;
         }
     }
-
-    /// The sampler's state in `sample.wgsl`'s layout ([`SAMPLER_HEAD`] words of settings and
-    /// counters, then a ring of `ring` tokens): history `history` (its last `ring` tokens
-    /// kept), draw counter `step`.
-    pub fn state_words(&self, history: &[u32], ring: usize, step: u64) -> Vec<u32> {
-        let greedy = self.temperature == 0.0;
-        let inv_t: f32 = if greedy { 1.0 } else { 1.0 / self.temperature };
-        let clamp = |v: usize| v.min(u32::MAX as usize) as u32;
-        let mut w = vec![0u32; SAMPLER_HEAD + ring];
-        w[..6].copy_from_slice(&[
-            inv_t.to_bits(),
-            self.top_p.to_bits(),
-            self.min_p.to_bits(),
-            self.repeat_penalty.to_bits(),
-            self.presence_penalty.to_bits(),
-            self.frequency_penalty.to_bits(),
-        ]);
-        w[6] = clamp(self.top_k);
-        w[7] = clamp(self.penalty_last_n);
-        w[8] = u32::from(greedy);
-        w[9] = clamp(history.len());
-        w[10] = ring as u32;
-        w[12] = self.seed as u32;
-        w[13] = (self.seed >> 32) as u32;
-        w[14] = step as u32;
-        w[15] = (step >> 32) as u32;
-        if ring > 0 {
-            let first = history.len().saturating_sub(ring);
-            for (h, &tok) in history.iter().enumerate().skip(first) {
-                w[SAMPLER_HEAD + h % ring] = tok;
-            }
-        }
-        w
-    }
+    w
 }
 
 /// Device samplers' states packed in one buffer (which `sample_rows` binds), by request id.
@@ -319,8 +297,8 @@ fn sample_draws(
     let q = dev.raw_queue();
     let module = Module::Sample(threads);
     let pipe = compile(d, module.label(), module.source(), "sample_rows")?;
-    let ring = s.ring(history.len());
-    let state_words = SAMPLER_HEAD + ring;
+    let ring_len = ring(s, history.len());
+    let words = SAMPLER_HEAD + ring_len;
     let batch = ((4 << 20) / vocab).clamp(1, 4096).min(draws.max(1));
     check_binding(
         dev,
@@ -328,7 +306,7 @@ fn sample_draws(
         &format!("masses for {batch} draws from a vocabulary of {vocab}"),
         masses_bytes(batch, vocab),
     )?;
-    let states = zeros(d, "sample_many states", batch * state_words * 4);
+    let states = zeros(d, "sample_many states", batch * words * 4);
     let lbuf = zeros(d, "sample_many logits", batch * vocab * 4);
     let qs = zeros(d, "sample_many masses", masses_bytes(batch, vocab));
     let toks = zeros(d, "sample_many tokens", batch * 4);
@@ -343,13 +321,13 @@ fn sample_draws(
     let mut out = Vec::with_capacity(draws);
     while out.len() < draws {
         let rows = batch.min(draws - out.len());
-        let mut sw = Vec::with_capacity(rows * state_words);
+        let mut sw = Vec::with_capacity(rows * words);
         let mut picks = Vec::with_capacity(rows);
         for r in 0..rows {
             let step = first + (out.len() + r) as u64;
-            sw.extend(s.state_words(history, ring, step));
+            sw.extend(state_words(s, history, ring_len, step));
             picks.push(SampleRow {
-                state: r * state_words,
+                state: r * words,
                 row: r,
                 slot: r,
             });
