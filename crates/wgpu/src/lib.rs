@@ -362,8 +362,9 @@ pub fn wgpu(index: usize) -> Result<Device> {
     Ok(WgpuDevice::new(index)?.device())
 }
 
-/// Every WGSL variant the backend can compile, as (file or generated module, entry points,
-/// full source): what the naga test validates and translates to MSL and SPIR-V. Sources that
+/// Every WGSL variant the backend can compile, the LLM kernels' modules included, as (file or
+/// generated module, entry points, full source): what the naga test validates and translates
+/// to MSL and SPIR-V. Sources that
 /// use subgroup operations begin with [`SUBGROUP_MARK`]; those that call `unpack2x16float`
 /// need `SHADER_F16_IN_F32`.
 pub fn all_shader_sources() -> Result<Vec<(String, &'static [&'static str], String)>> {
@@ -376,6 +377,7 @@ pub fn all_shader_sources() -> Result<Vec<(String, &'static [&'static str], Stri
     for (name, entries, src, _) in qmatrix::shader_sources() {
         out.push((name, entries, src));
     }
+    out.extend(llm::shader_sources());
     Ok(out)
 }
 
