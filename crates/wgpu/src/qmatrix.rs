@@ -195,7 +195,7 @@ pub const FLAG_GLU: u32 = 4;
 pub const FLAG_GELU: u32 = 8;
 
 /// A size as a parameter word of `op`'s dispatch.
-fn word(op: &'static str, what: &str, v: usize) -> Result<u32> {
+pub(crate) fn word(op: &'static str, what: &str, v: usize) -> Result<u32> {
     u32::try_from(v).map_err(|_| Error::backend(op, format!("{what} = {v} exceeds u32")))
 }
 

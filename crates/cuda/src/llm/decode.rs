@@ -18,6 +18,17 @@ const AT_T: u32 = 128;
 /// Most KV-length splits of one head group.
 const MAX_SPLIT: usize = 64;
 
+/// Errors (naming `op`) where the attention kernels cannot take these heads: head_dim a
+/// multiple of 8 up to `HD_MAX`, query heads a multiple of KV heads.
+pub fn check_heads(op: &'static str, nh: usize, nkv: usize, hd: usize) -> Result<()> {
+    if nkv == 0 || !nh.is_multiple_of(nkv) || hd == 0 || !hd.is_multiple_of(8) || hd > HD_MAX {
+        return Err(Error::backend(op, format!(
+            "needs head_dim a multiple of 8 up to {HD_MAX} and query heads a multiple of KV heads; found {nh} heads, {nkv} KV heads, head_dim {hd}"
+        )));
+    }
+    Ok(())
+}
+
 /// Head counts and sizes of one attention layer, and the KV cache capacity.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct AttnShape {
@@ -31,16 +42,9 @@ pub struct AttnShape {
 impl AttnShape {
     pub fn check(&self) -> Result<()> {
         let (nh, nkv, hd) = (self.n_head, self.n_kv_head, self.head_dim);
-        if nkv == 0
-            || !nh.is_multiple_of(nkv)
-            || hd == 0
-            || !hd.is_multiple_of(8)
-            || hd > HD_MAX
-            || self.ctx == 0
-        {
-            return Err(Error::backend("attention", format!(
-                "needs head_dim a multiple of 8 up to {HD_MAX} and query heads a multiple of KV heads; found {nh} heads, {nkv} KV heads, head_dim {hd}"
-            )));
+        check_heads("attention", nh, nkv, hd)?;
+        if self.ctx == 0 {
+            return Err(Error::backend("attention", "a KV cache of 0 positions"));
         }
         if u32::try_from(nkv * self.ctx * hd).is_err() {
             return Err(Error::backend(

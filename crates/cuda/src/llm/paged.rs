@@ -3,7 +3,7 @@
 //! copy). Each launch serves every row of a step; row metadata and block tables are device
 //! buffers the host writes before the step, so a captured step replays for any positions.
 
-use super::decode::HD_MAX;
+use super::decode::check_heads;
 use crate::{Buffer, CudaDevice, KernelArgs, KernelSource, LaunchConfig};
 use ferrite_core::{Error, Result};
 
@@ -103,17 +103,7 @@ pub fn head_groups(n_head: usize, n_kv_head: usize) -> usize {
 
 /// Checks the attention shape the kernels take.
 pub fn check_shape(n_head: usize, n_kv_head: usize, hd: usize) -> Result<()> {
-    if n_kv_head == 0
-        || !n_head.is_multiple_of(n_kv_head)
-        || hd == 0
-        || !hd.is_multiple_of(8)
-        || hd > HD_MAX
-    {
-        return Err(Error::backend("paged_attn", format!(
-            "needs head_dim a multiple of 8 up to {HD_MAX} and query heads a multiple of KV heads; found {n_head} heads, {n_kv_head} KV heads, head_dim {hd}"
-        )));
-    }
-    Ok(())
+    check_heads("paged_attn", n_head, n_kv_head, hd)
 }
 
 /// One launch of the engine's batched kernels.

@@ -16,7 +16,7 @@ pub mod sample;
 
 use ferrite_core::{Error, Result};
 
-use crate::qmatrix;
+use crate::qmatrix::{self, word};
 use crate::WgpuDevice;
 
 /// A WGSL module of the LLM kernels.
@@ -167,11 +167,6 @@ pub fn map_words(
     };
     buf.unmap();
     Ok(words)
-}
-
-/// A size as a parameter word of `op`'s dispatch.
-fn word(op: &'static str, what: &str, v: usize) -> Result<u32> {
-    u32::try_from(v).map_err(|_| Error::backend(op, format!("{what} = {v} exceeds u32")))
 }
 
 /// Every LLM module, as (name, entry points, source): what the naga test validates and
