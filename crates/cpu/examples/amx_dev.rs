@@ -1,6 +1,6 @@
 //! Times one packed Q4_1 product (1536 x 576, SmolLM2's gate) with 8 q8x2 activation rows:
 //! the AVX-512 kernels (two passes of four rows) against the 16-bit pairs (`group_w16`) and,
-//! where the CPU has them, the AMX tiles (one pass of eight each), on one thread. `cargo run --release -p ferrite-llm --example amx_dev`; `AMX_DEV_ROWS=98304`
+//! where the CPU has them, the AMX tiles (one pass of eight each), on one thread. `cargo run --release -p ferrite-cpu --example amx_dev`; `AMX_DEV_ROWS=98304`
 //! makes the matrix 35 MB, larger than L2, to time the product streaming from L3.
 use std::time::Instant;
 
