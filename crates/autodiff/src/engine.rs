@@ -16,7 +16,7 @@ pub fn backward(loss: &Tensor) -> Result<()> {
             ),
         ));
     }
-    let seed = Tensor::ones(loss.shape(), loss.dtype(), loss.device())?;
+    let seed = Tensor::constant(1.0, loss.shape(), loss.dtype(), loss.device())?;
     backward_with(loss, &seed)
 }
 

@@ -52,13 +52,21 @@ fn view(v: &ViewOp, x: &Saved, g: &Tensor) -> Result<Grads> {
             // Zeros around the narrowed range.
             let full = x.dims()?[*axis];
             let len = g.dims()[*axis];
-            let pad = |n: usize| -> Result<Tensor> {
+            // Shared zero constants (no fill per backward), none where the range touches an
+            // end.
+            let pad = |n: usize| -> Result<Option<Tensor>> {
                 let mut d = g.dims().to_vec();
                 d[*axis] = n;
-                Tensor::zeros(d, g.dtype(), g.device())
+                (n > 0)
+                    .then(|| Tensor::constant(0.0, d, g.dtype(), g.device()))
+                    .transpose()
             };
             let (before, after) = (pad(*start)?, pad(full - start - len)?);
-            one(Tensor::cat(&[&before, g, &after], *axis as isize)?)
+            if before.is_none() && after.is_none() {
+                return one(g.clone());
+            }
+            let parts: Vec<&Tensor> = before.iter().chain([g]).chain(after.iter()).collect();
+            one(Tensor::cat(&parts, *axis as isize)?)
         }
         ViewOp::Broadcast => one(unbroadcast(g, x.dims()?)?),
     }
@@ -273,7 +281,18 @@ fn primitive(op: &Op, output: usize, x: &Inputs, g: &Tensor) -> Result<Grads> {
         }
         Op::Matmul => Ok(vec![
             when(&x[0], || g.matmul(&x[1].value()?.t()?))?,
-            when(&x[1], || x[0].value()?.t()?.matmul(g))?,
+            when(&x[1], || {
+                let a = x[0].value()?;
+                // A transposed matrix (a Linear's `Wᵀ`): its gradient as `(gᵀ a)ᵀ`, a
+                // transposed view of a contiguous product, so the transpose's own backward
+                // gives `W`'s gradient contiguous, with no copy.
+                let (d, s) = (x[1].dims()?, x[1].strides()?);
+                if d.len() == 2 && d[0] > 1 && d[1] > 1 && s == [1, d[0]] {
+                    g.t()?.matmul(a)?.t()
+                } else {
+                    a.t()?.matmul(g)
+                }
+            })?,
         ]),
         Op::Cast(_) => {
             let dt = x[0].dtype()?;

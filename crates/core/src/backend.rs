@@ -43,6 +43,9 @@ pub trait Storage: Any + Send + Sync {
 /// return an error naming the op; never a default "not implemented".
 pub trait Backend: Send + Sync + 'static {
     fn kind(&self) -> DeviceKind;
+    /// Whether this device is capturing a graph now (work enqueued joins the graph instead of
+    /// running). `Tensor::constant` keeps no constant made during a capture.
+    fn capturing(&self) -> bool;
     /// Takes host data as a new contiguous storage.
     fn upload(&self, data: HostBuffer) -> Result<Arc<dyn Storage>>;
     /// Copies the elements a layout selects into a contiguous host buffer, waiting for exactly

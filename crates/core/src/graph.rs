@@ -101,7 +101,12 @@ pub fn keeps(op: &GradOp, k: usize, requires_grad: impl Fn(usize) -> bool) -> Ke
             ReduceOp::Max | ReduceOp::Min => Keep::Value,
             ReduceOp::ArgMax | ReduceOp::ArgMin => Keep::Edge,
         },
-        Op::Matmul => value_if(requires_grad(1 - k)),
+        // The other input's values; this one's layout (`Matmul`'s rule gives a transposed
+        // matrix's gradient transposed).
+        Op::Matmul => match requires_grad(1 - k) {
+            true => Keep::Value,
+            false => Keep::Meta,
+        },
         Op::Cast(_) | Op::Cat { .. } => Keep::Meta,
         Op::Copy | Op::Cumsum { .. } => Keep::Edge,
         Op::IndexSelect { .. } | Op::Gather { .. } => match k {
@@ -162,6 +167,8 @@ pub enum Saved {
 pub struct Meta {
     pub grad: Option<Grad>,
     pub shape: Shape,
+    /// Its layout's strides (a rule may give a gradient the input's own layout).
+    pub strides: Vec<usize>,
     pub dtype: DType,
 }
 
@@ -172,6 +179,7 @@ impl Saved {
             Keep::Meta => Saved::Meta(Box::new(Meta {
                 grad: t.grad_info().cloned(),
                 shape: t.shape().clone(),
+                strides: t.layout().strides().to_vec(),
                 dtype: t.dtype(),
             })),
             Keep::Edge => Saved::Edge(t.grad_info().cloned()),
@@ -209,6 +217,14 @@ impl Saved {
 
     pub fn dims(&self) -> Result<&[usize]> {
         Ok(self.shape()?.dims())
+    }
+
+    pub fn strides(&self) -> Result<&[usize]> {
+        match self {
+            Saved::Value(t) => Ok(t.layout().strides()),
+            Saved::Meta(m) => Ok(&m.strides),
+            Saved::Edge(_) => Err(not_kept("strides of an input")),
+        }
     }
 
     pub fn dtype(&self) -> Result<DType> {

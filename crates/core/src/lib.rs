@@ -7,6 +7,7 @@ pub mod autocast;
 mod backend;
 mod channel_norm;
 pub mod composed;
+mod constant;
 mod conv;
 mod dtype;
 mod error;

@@ -425,21 +425,22 @@ pub enum Op {
         key_mask: bool,
     },
     /// Fused log-softmax + NLL over class indices, never materializing probabilities:
-    /// (logits [n, c] float, target [n] int, weight [c] logits' dtype) -> [n, 2] in the
+    /// (logits [n, c] float, target [n] int, weight [c] logits' dtype) -> [n, 3] in the
     /// logits' accumulator dtype (f32 for f16/bf16 logits, which compute in f32: the loss and
-    /// lse keep f32 precision), per row (loss, lse) with lse = logsumexp(x) and,
+    /// lse keep f32 precision), per row (loss, lse, w[t]) with lse = logsumexp(x) and,
     /// ε = `label_smoothing`,
     /// loss = (1 - ε) w[t] (lse - x[t]) + (ε / c) Σ_j w[j] (lse - x[j]); rows whose target is
-    /// `ignore_index` give (0, lse); any other target outside [0, c) is an error.
+    /// `ignore_index` give (0, lse, 0) (column 2 summed is a mean's denominator); any other
+    /// target outside [0, c) is an error.
     CrossEntropy {
         ignore_index: i64,
         label_smoothing: f64,
     },
-    /// Backward of `CrossEntropy`: (logits, target, weight, out [n, 2] (its output), g [n, 2],
+    /// Backward of `CrossEntropy`: (logits, target, weight, out [n, 3] (its output), g [n, 3],
     /// both in the forward's output dtype) -> dlogits [n, c] in the logits' dtype
     /// = g[i, 0] ((1 - ε) w[t] (p - onehot(t)) + (ε / c) (p Σ_j w[j] - w)),
-    /// p = exp(x - lse); zero on ignored rows. Only column 0 of g is read (lse carries no
-    /// gradient).
+    /// p = exp(x - lse); zero on ignored rows. Only column 0 of g is read (lse and w[t] carry
+    /// no gradient).
     CrossEntropyBackward {
         ignore_index: i64,
         label_smoothing: f64,

@@ -200,6 +200,24 @@ impl Tensor {
     ) -> Result<Tensor> {
         Tensor::create(Op::Fill { value }, shape.into(), dtype, device)
     }
+    /// Every element `value`, read-only and shared: the same tensor for the same device,
+    /// dtype, value and shape (made once, by a fill; see `constant.rs` for the bounds). For
+    /// operands that are only read (scalars, paddings, unit weights); `copy_` and the
+    /// optimizer's in-place updates refuse to write one. `full` makes a tensor of one's own.
+    pub fn constant(
+        value: f64,
+        shape: impl Into<Shape>,
+        dtype: DType,
+        device: &Device,
+    ) -> Result<Tensor> {
+        crate::constant::constant(value, shape.into(), dtype, device)
+    }
+
+    /// Whether this tensor views a shared constant ([`Tensor::constant`]).
+    pub fn is_constant(&self) -> bool {
+        crate::constant::is_constant(self)
+    }
+
     pub fn zeros(shape: impl Into<Shape>, dtype: DType, device: &Device) -> Result<Tensor> {
         Tensor::full(0.0, shape, dtype, device)
     }
@@ -512,6 +530,13 @@ impl Tensor {
     pub fn copy_(&self, src: &Tensor) -> Result<()> {
         let op = "copy_";
         Tensor::check_same_device(op, &[self, src])?;
+        if self.is_constant() {
+            return Err(Error::shape(
+                op,
+                "the destination is a shared constant (Tensor::constant, scalar_like): \
+                 make a tensor of its own with Tensor::full",
+            ));
+        }
         if !self.is_contiguous() {
             return Err(Error::shape(
                 op,
@@ -673,8 +698,10 @@ impl Tensor {
     }
 
     /// A tensor of this one's dtype and device holding `v`, broadcastable to anything.
+    /// A 0-d `v` of this dtype and device: the shared read-only constant
+    /// ([`Tensor::constant`]).
     pub fn scalar_like(&self, v: f64) -> Result<Tensor> {
-        Tensor::full(v, (), self.dtype(), self.device())
+        Tensor::constant(v, (), self.dtype(), self.device())
     }
 
     fn binary_scalar(&self, op: BinaryOp, v: f64) -> Result<Tensor> {
@@ -1554,9 +1581,9 @@ impl Tensor {
         Ok((n, c))
     }
 
-    /// Fused log-softmax + NLL over class indices (`Op::CrossEntropy`): per row (loss, lse)
-    /// as an [n, 2] tensor in the logits' accumulator dtype (f32 for f16/bf16 logits); the
-    /// gradient flows to `logits` only.
+    /// Fused log-softmax + NLL over class indices (`Op::CrossEntropy`): per row (loss, lse,
+    /// target's class weight, 0 where ignored) as an [n, 3] tensor in the logits' accumulator
+    /// dtype (f32 for f16/bf16 logits); the gradient flows to `logits` only.
     pub fn cross_entropy_rows(
         logits: &Tensor,
         target: &Tensor,
@@ -1572,13 +1599,13 @@ impl Tensor {
                 label_smoothing,
             },
             &[logits, target, weight],
-            Shape::from(vec![n, 2]),
+            Shape::from(vec![n, 3]),
             logits.dtype().accumulator(),
         )
     }
 
     /// dlogits of `cross_entropy_rows` given its output `out` and upstream gradient `g`
-    /// (both [n, 2] in its output dtype; only g's column 0 is read), in the logits' dtype.
+    /// (both [n, 3] in its output dtype; only g's column 0 is read), in the logits' dtype.
     pub fn cross_entropy_backward(
         logits: &Tensor,
         target: &Tensor,
@@ -1592,10 +1619,10 @@ impl Tensor {
         let (n, _) = Tensor::check_cross_entropy(op, logits, target, weight, label_smoothing)?;
         let acc = logits.dtype().accumulator();
         for t in [out, g] {
-            if t.dims() != [n, 2] || t.dtype() != acc {
+            if t.dims() != [n, 3] || t.dtype() != acc {
                 return Err(Error::shape(
                     op,
-                    format!("expected {acc} [{n}, 2], got {} {}", t.dtype(), t.shape()),
+                    format!("expected {acc} [{n}, 3], got {} {}", t.dtype(), t.shape()),
                 ));
             }
         }

@@ -1,6 +1,7 @@
 //! Fused cross-entropy over class indices (`Op::CrossEntropy` and its backward): one pass over
-//! each row of logits for (loss, logsumexp), one for the gradient; probabilities are never
-//! stored. Rows run in parallel; f16/bf16 compute in f32, and their (loss, lse) stay f32.
+//! each row of logits for (loss, logsumexp, the target's class weight), one for the gradient;
+//! probabilities are never stored. Rows run in parallel; f16/bf16 compute in f32, and their
+//! outputs stay f32.
 
 use crate::storage::{float_kernel, indices};
 use ferrite_core::{Error, HostBuffer, Result, Tensor};
@@ -52,16 +53,17 @@ fn forward_rows<F: Float + Send + Sync + ferrite_core::WithDType>(
 ) -> Vec<F> {
     let eps_f = F::from(eps).unwrap_or(F::zero());
     let cf = F::from(c).unwrap_or(F::one());
-    let mut out = vec![F::zero(); t.len() * 2];
+    let mut out = vec![F::zero(); t.len() * 3];
     if c == 0 {
         return out;
     }
-    out.par_chunks_mut(2)
+    out.par_chunks_mut(3)
         .zip(x.par_chunks(c))
         .zip(t.par_iter())
         .for_each(|((o, row), &ti)| {
             let l = lse(row);
             o[1] = l;
+            o[2] = ti.map_or(F::zero(), |ti| w[ti]);
             o[0] = match ti {
                 None => F::zero(),
                 Some(ti) => {
@@ -121,8 +123,8 @@ fn backward_rows<F: Float + Send + Sync + ferrite_core::WithDType>(
         .enumerate()
         .for_each(|(i, (d, row))| {
             let Some(ti) = t[i] else { return };
-            let gi = g[2 * i];
-            let l = out[2 * i + 1];
+            let gi = g[3 * i];
+            let l = out[3 * i + 1];
             let a = (F::one() - eps_f) * w[ti];
             let coef = a + eps_f / cf * wsum;
             for (j, (dj, &v)) in d.iter_mut().zip(row).enumerate() {

@@ -53,6 +53,10 @@ impl Backend for CpuBackend {
         DeviceKind::Cpu
     }
 
+    fn capturing(&self) -> bool {
+        false
+    }
+
     fn upload(&self, data: HostBuffer) -> Result<Arc<dyn Storage>> {
         Ok(Arc::new(CpuStorage::new(data)))
     }

@@ -91,19 +91,20 @@ __device__ void ce_fwd_impl(const T* __restrict__ x, u64 n, u32 c, const I* __re
         if (threadIdx.x == 0) {
             A l = m_log(S) + shift;
             i64 t = (i64)tgt[r];
-            A loss = (A)0;
+            A loss = (A)0, wt = (A)0;
             if (t != ignore) {
                 if (t < 0 || t >= (i64)c) {
                     raise_fault(err, FAULT_CROSS_ENTROPY, t, (i64)c);
                 } else {
                     A xt = Num<T>::load(row[t]);
-                    A wt = Num<T>::load(w[t]);
+                    wt = Num<T>::load(w[t]);
                     loss = ((A)1 - (A)eps) * wt * (l - xt);
                     if (smooth) loss += (A)eps / (A)c * (*(const A*)wsum * l - SW);
                 }
             }
-            out[2 * r] = loss;
-            out[2 * r + 1] = l;
+            out[3 * r] = loss;
+            out[3 * r + 1] = l;
+            out[3 * r + 2] = wt;
         }
         __syncthreads();
     }
@@ -143,8 +144,8 @@ __device__ void ce_bwd_impl(const T* __restrict__ x, u64 n, u32 c, const I* __re
         A gi = (A)0, l = (A)0, a = (A)0, es = (A)0, coef = (A)0;
         u32 tt = 0xffffffffu;
         if (!skip) {
-            gi = g[2 * r];
-            l = saved[2 * r + 1];
+            gi = g[3 * r];
+            l = saved[3 * r + 1];
             a = ((A)1 - (A)eps) * Num<T>::load(w[t]);
             es = (A)eps / (A)c;
             coef = a + (smooth ? es * *(const A*)wsum : (A)0);

@@ -1,7 +1,7 @@
 //! Fused cross-entropy over class indices on CUDA (kernels in cross_entropy.cu): a forward
 //! that reads each row of logits once and a backward that reads it once more and writes
 //! dlogits. Semantics are ferrite-cpu's cross_entropy.rs; f16/bf16 compute in f32 and keep
-//! (loss, lse) in f32.
+//! (loss, lse, w[t]) in f32.
 
 use crate::device::CudaBackend;
 use crate::kernels::{suffix, Args, Cfg, KernelSource};
@@ -77,8 +77,8 @@ fn ptr(dev: &CudaBackend, t: &Tensor, op: &'static str) -> Result<u64> {
     Ok(CudaBackend::ptr(t, s))
 }
 
-/// `Op::CrossEntropy`: (logits [n, c], target [n], weight [c]) -> [n, 2] (loss, lse) in the
-/// logits' accumulator dtype.
+/// `Op::CrossEntropy`: (logits [n, c], target [n], weight [c]) -> [n, 3] (loss, lse, w[t])
+/// in the logits' accumulator dtype.
 pub(crate) fn cross_entropy(
     dev: &CudaBackend,
     inputs: [&Tensor; 3],
@@ -87,7 +87,7 @@ pub(crate) fn cross_entropy(
 ) -> Result<Vec<Arc<dyn Storage>>> {
     let op = "cross_entropy";
     let p = prepare(dev, inputs, eps, op)?;
-    let out = dev.alloc_out(p.n * 2, p.x.dtype().accumulator(), op)?;
+    let out = dev.alloc_out(p.n * 3, p.x.dtype().accumulator(), op)?;
     if p.n > 0 {
         let wsum = match &p.wsum {
             Some(s) => ptr(dev, s, op)?,
@@ -111,7 +111,7 @@ pub(crate) fn cross_entropy(
     dev.finish_one(out)
 }
 
-/// `Op::CrossEntropyBackward`: (logits, target, weight, out [n, 2], g [n, 2]) -> dlogits.
+/// `Op::CrossEntropyBackward`: (logits, target, weight, out [n, 3], g [n, 3]) -> dlogits.
 pub(crate) fn cross_entropy_backward(
     dev: &CudaBackend,
     inputs: [&Tensor; 5],

@@ -225,6 +225,10 @@ impl Backend for Handle {
         DeviceKind::Cuda(self.0.ctx.ordinal)
     }
 
+    fn capturing(&self) -> bool {
+        self.0.capturing.load(std::sync::atomic::Ordering::Acquire)
+    }
+
     fn upload(&self, data: HostBuffer) -> Result<Arc<dyn Storage>> {
         self.0.upload_buffer(&data)
     }

@@ -37,6 +37,10 @@ fn gpu_tests() -> Vec<(&'static str, TestFn)> {
             graph_reuse,
         ),
         ("copy_writes_in_place_eager_and_in_a_graph", copy_in_place),
+        (
+            "constants_kept_eagerly_not_while_capturing",
+            constants_and_capture,
+        ),
         ("device_side_index_error_names_the_op", device_index_error),
         (
             "launch_failure_and_compile_error_name_the_op",
@@ -377,6 +381,39 @@ fn rng_matches_cpu(d: &CudaDevice) {
             );
         }
     }
+}
+
+/// `Tensor::constant` keeps what it makes eagerly (a later capture reads its buffer) and
+/// keeps nothing it makes while a graph is captured (that fill runs only on replay).
+fn constants_and_capture(d: &CudaDevice) {
+    let dev = d.device();
+    let x = Tensor::ones([4], DType::F32, &dev).unwrap();
+    let (xs, devc) = (x.clone(), dev.clone());
+    let g = d
+        .capture(move || {
+            let c = Tensor::constant(12.5, [4], DType::F32, &devc)?;
+            Ok(vec![xs.add(&c)?, c])
+        })
+        .unwrap();
+    assert!(
+        !g.outputs()[1].is_constant(),
+        "a fill captured into a graph was kept"
+    );
+    let c = Tensor::constant(12.5, [4], DType::F32, &dev).unwrap();
+    assert!(c.is_constant());
+    assert_eq!(c.to_vec::<f32>().unwrap(), [12.5; 4]);
+    g.replay().unwrap();
+    assert_eq!(g.outputs()[0].to_vec::<f32>().unwrap(), [13.5; 4]);
+    let (xs, devc) = (x.clone(), dev.clone());
+    let g2 = d
+        .capture(move || {
+            let c = Tensor::constant(12.5, [4], DType::F32, &devc)?;
+            assert!(c.is_constant());
+            Ok(vec![xs.mul(&c)?])
+        })
+        .unwrap();
+    g2.replay().unwrap();
+    assert_eq!(g2.outputs()[0].to_vec::<f32>().unwrap(), [12.5; 4]);
 }
 
 fn graph_replay(d: &CudaDevice) {

@@ -30,7 +30,7 @@ fn main() -> Result<()> {
         .sub(&t.div_scalar(c as f64)?.floor()?.mul_scalar(c as f64)?)?
         .cast(DType::I64)?;
     let w = Tensor::ones([c], DType::BF16, &dev)?;
-    let g = Tensor::full(1.0 / n as f64, [n, 2], DType::BF16, &dev)?;
+    let g = Tensor::full(1.0 / n as f64, [n, 3], DType::BF16, &dev)?;
     let bytes = (n * c * 2) as f64;
     let reps = 20;
     let report = |name: &str, ms: f32, b: f64| {

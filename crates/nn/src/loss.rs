@@ -95,31 +95,8 @@ fn class_weight(op: &'static str, w: &Option<Tensor>, c: usize, like: &Tensor) -
             }
             w.detach().cast(like.dtype())
         }
-        None => Tensor::ones([c], like.dtype(), like.device()),
+        None => Tensor::constant(1.0, [c], like.dtype(), like.device()),
     }
-}
-
-/// The mean's denominator: the summed class weights of the targets that are not
-/// `ignore_index` (with no class weights, their count in `like`'s dtype, in fewer kernels).
-fn weight_sum(t: &Tensor, w: Option<&Tensor>, like: &Tensor, ignore_index: i64) -> Result<Tensor> {
-    no_grad(|| {
-        let t = t.cast(DType::I64)?;
-        let valid = t.ne(&Tensor::full(
-            ignore_index as f64,
-            (),
-            DType::I64,
-            t.device(),
-        )?)?;
-        let Some(w) = w else {
-            return valid.cast(like.dtype())?.sum_all();
-        };
-        // Summed in the losses' dtype (f32 for 16-bit logits and weights).
-        let safe = Tensor::where_cond(&valid, &t, &t.zeros_like()?)?;
-        w.cast(like.dtype())?
-            .index_select(&safe, 0)?
-            .mul(&valid.cast(like.dtype())?)?
-            .sum_all()
-    })
 }
 
 /// Cross-entropy between logits `input` ([C], [N, C] or [N, C, d...]) and `target`: class
@@ -163,18 +140,18 @@ pub fn cross_entropy(input: &Tensor, target: &Tensor, o: &CrossEntropyOptions) -
             ),
         ));
     }
-    let t = target.reshape([rows.dims()[0]])?;
-    // Per row (loss, lse) in the accumulator dtype: f32 for 16-bit logits, computed in f32.
+    let n = rows.dims()[0];
+    let t = target.reshape([n])?;
+    // Per row (loss, lse, w[t]) in the accumulator dtype: f32 for 16-bit logits, computed in
+    // f32; w[t] is 0 on ignored rows.
     let out = Tensor::cross_entropy_rows(&rows, &t, &w, o.ignore_index, o.label_smoothing)?;
-    let l = out.narrow(1, 0, 1)?.reshape([rows.dims()[0]])?;
+    let l = out.narrow(1, 0, 1)?.reshape([n])?;
     let loss = match o.reduction {
         Reduction::None => l.reshape(lead),
         Reduction::Sum => l.sum_all(),
-        Reduction::Mean => {
-            let explicit = o.weight.as_ref().map(|_| &w);
-            l.sum_all()?
-                .div(&weight_sum(&t, explicit, &l, o.ignore_index)?)
-        }
+        // Divided by the summed class weights of the rows not ignored (their count without
+        // class weights), which the op wrote beside each row's loss.
+        Reduction::Mean => l.sum_all()?.div(&out.narrow(1, 2, 1)?.detach().sum_all()?),
     }?;
     // Under autocast the loss stays f32 (PyTorch's autocast runs cross_entropy in f32, so
     // 16-bit logits reach it without an f32 copy of them); otherwise it has the logits' dtype.
@@ -212,7 +189,7 @@ pub fn nll_loss(
     let r = rows.dims()[0];
     let t = target.reshape([r])?.cast(DType::I64)?;
     let (safe, wt) = no_grad(|| -> Result<(Tensor, Tensor)> {
-        let valid = t.ne(&Tensor::full(
+        let valid = t.ne(&Tensor::constant(
             ignore_index as f64,
             (),
             DType::I64,

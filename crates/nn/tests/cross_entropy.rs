@@ -41,11 +41,14 @@ fn fused_rows_match_the_reference_and_finite_differences() {
         let want = reference(&xv, c, &tv, &wv, eps, -1);
         for i in 0..n {
             assert!(
-                (got[2 * i] - want[i]).abs() < 1e-12,
+                (got[3 * i] - want[i]).abs() < 1e-12,
                 "row {i}: {} vs {}",
-                got[2 * i],
+                got[3 * i],
                 want[i]
             );
+            // Column 2: the target's class weight, 0 where the row is ignored.
+            let wt = if tv[i] == -1 { 0.0 } else { wv[tv[i] as usize] };
+            assert_eq!(got[3 * i + 2], wt, "row {i}'s weight");
         }
         // d(sum_i r_i loss_i)/dx by central differences.
         let r: Vec<f64> = (0..n).map(|i| 0.5 + i as f64 * 0.1).collect();
@@ -86,7 +89,7 @@ fn fused_rows_match_the_reference_and_finite_differences() {
     }
 }
 
-/// f16/bf16 logits compute in f32: the op's (loss, lse) are f32 and equal the op on the
+/// f16/bf16 logits compute in f32: the op's (loss, lse, w[t]) are f32 and equal the op on the
 /// logits cast to f32; under autocast the loss (f32) and the logits' gradient (16-bit) equal
 /// those of `cross_entropy(logits.cast(f32))`, PyTorch's `cross_entropy(logits.float())`, bit
 /// for bit; outside autocast the loss has the logits' dtype.
@@ -176,7 +179,8 @@ fn infinite_logits_follow_the_log_softmax_rules() {
         .unwrap();
     let want0 = (1.0f64 + 1f64.exp()).ln() - 1.0;
     assert!((o[0] - want0).abs() < 1e-12, "{o:?}");
-    assert!(o[2].is_nan() && o[3] == -inf, "{o:?}");
+    assert!(o[3].is_nan() && o[4] == -inf, "{o:?}");
+    assert!(o[2] == 1.0 && o[5] == 1.0, "{o:?}");
 }
 
 #[test]

@@ -94,7 +94,7 @@ fn torch_state_dict(d: &CudaDevice) {
     assert!(fails.is_empty(), "{}", fails.join("\n"));
 }
 
-/// The fused cross-entropy (loss, lse) and its dlogits on `dev` for (x, t, w, g) copied there.
+/// The fused cross-entropy (loss, lse, w[t]) and its dlogits on `dev` for (x, t, w, g) copied there.
 fn ce_fwd_bwd(dev: &Device, [x, t, w, g]: [&Tensor; 4], ignore: i64, eps: f64) -> (Tensor, Tensor) {
     let [x, t, w, g] = [x, t, w, g].map(|a| a.to_device(dev).unwrap());
     let out = Tensor::cross_entropy_rows(&x, &t, &w, ignore, eps).unwrap();
@@ -130,7 +130,7 @@ fn ce_nonfinite_rows(d: &CudaDevice) {
                 .unwrap();
             let t = Tensor::from_vec(t.clone(), [7], &cpu).unwrap();
             let w = Tensor::ones([c], dt, &cpu).unwrap();
-            let g = Tensor::full(0.5, [7, 2], dt.accumulator(), &cpu).unwrap();
+            let g = Tensor::full(0.5, [7, 3], dt.accumulator(), &cpu).unwrap();
             let run = |dev: &Device| ce_fwd_bwd(dev, [&x, &t, &w, &g], -100, 0.0);
             let ((o1, d1), (o0, d0)) = (run(&cuda), run(&cpu));
             let (eo, ed) = (max_rel(&o1, &o0), max_rel(&d1, &d0));

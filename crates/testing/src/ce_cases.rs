@@ -21,7 +21,7 @@ pub fn max_rel(a: &Tensor, b: &Tensor) -> f64 {
 /// For each `(dtype, tolerance)` and `[n, c]` shape, without and with label smoothing 0.1 and
 /// an ignored class (2): random logits (normal, std 2) and class weights (0.5 to 1.5) in the
 /// dtype, targets spread over the classes, an upstream gradient in the accumulator dtype; the
-/// (loss, lse) rows and dlogits on `dev` must be within the tolerance of `oracle`'s, in the
+/// (loss, lse, w[t]) rows and dlogits on `dev` must be within the tolerance of `oracle`'s, in the
 /// accumulator dtype and the logits' dtype. Panics naming the case; returns the cases run.
 pub fn cross_entropy_matches(
     dev: &Device,
@@ -41,7 +41,7 @@ pub fn cross_entropy_matches(
                 let w = Tensor::rand_uniform([c], 0.5, 1.5, 4, DType::F32, oracle)
                     .and_then(|w| w.cast(dt))
                     .unwrap();
-                let g = Tensor::rand_uniform([n, 2], -1.0, 1.0, 5, DType::F32, oracle)
+                let g = Tensor::rand_uniform([n, 3], -1.0, 1.0, 5, DType::F32, oracle)
                     .and_then(|g| g.cast(dt.accumulator()))
                     .unwrap();
                 let run = |on: &Device| {

@@ -404,6 +404,10 @@ impl Backend for Handle {
         DeviceKind::Wgpu(self.0.index)
     }
 
+    fn capturing(&self) -> bool {
+        false
+    }
+
     fn upload(&self, data: HostBuffer) -> Result<Arc<dyn Storage>> {
         self.0.upload(&data)
     }

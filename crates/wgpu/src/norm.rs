@@ -316,7 +316,7 @@ pub(crate) fn cross_entropy(
         label_smoothing,
         [xc.offset(), tc.offset(), wc.offset()],
     )?;
-    let out = dev.alloc(name, dt.accumulator(), 2 * rows)?;
+    let out = dev.alloc(name, dt.accumulator(), 3 * rows)?;
     let v = Variant::new(&[("T", dt), ("I", idt)], &["CE", "CET"]);
     dev.launch(
         name,

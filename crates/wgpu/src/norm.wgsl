@@ -310,21 +310,24 @@ fn cross_entropy(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocatio
     if (t == 0u) {
         let tg = row_target(row);
         var loss = 0.0;
+        var wt = 0.0;
         if (tg >= 0 && u32(tg) < c) {
             let ut = u32(tg);
-            loss = (1.0 - eps) * ld(X2[P[7] + ut]) * (lse - ld(X0[xb + ut])) + eps / f32(c) * sm;
+            wt = ld(X2[P[7] + ut]);
+            loss = (1.0 - eps) * wt * (lse - ld(X0[xb + ut])) + eps / f32(c) * sm;
         } else if (tg != -1) {
             atomicMax(&ERR, P[8]);
         }
-        // (loss, lse) in f32, the logits' accumulator type.
-        Y0[2u * row] = bitcast<u32>(loss);
-        Y0[2u * row + 1u] = bitcast<u32>(lse);
+        // (loss, lse, w[t]) in f32, the logits' accumulator type.
+        Y0[3u * row] = bitcast<u32>(loss);
+        Y0[3u * row + 1u] = bitcast<u32>(lse);
+        Y0[3u * row + 2u] = bitcast<u32>(wt);
     }
 }
 #endif
 
 #if CEB
-// X3: the forward output [rows, 2] (its lse), X4: g [rows, 2], both f32. P: head, then out_off,
+// X3: the forward output [rows, 3] (its lse), X4: g [rows, 3], both f32. P: head, then out_off,
 // g_off.
 @compute @workgroup_size(256)
 fn cross_entropy_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>,
@@ -340,8 +343,8 @@ fn cross_entropy_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_
     sw = wg_sum(sw, t);
     let tg = row_target(row);
     let ok = tg >= 0 && u32(tg) < c;
-    let lse = bitcast<f32>(X3[P[9] + 2u * row + 1u]);
-    let g = bitcast<f32>(X4[P[10] + 2u * row]);
+    let lse = bitcast<f32>(X3[P[9] + 3u * row + 1u]);
+    let g = bitcast<f32>(X4[P[10] + 3u * row]);
     var wt = 0.0;
     if (ok) { wt = ld(X2[P[7] + u32(tg)]); }
     for (var j = t; j < c; j += WG) {

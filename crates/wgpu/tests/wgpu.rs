@@ -720,7 +720,7 @@ fn reductions_both_ways(d: &WgpuDevice) {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
-/// The fused cross-entropy and its backward against the CPU, every float dtype: (loss, lse) in
+/// The fused cross-entropy and its backward against the CPU, every float dtype: (loss, lse, w[t]) in
 /// f32 (the accumulator of every wgpu float), dlogits in the logits' dtype; with class weights,
 /// label smoothing and an ignored row.
 fn cross_entropy_matches_cpu(d: &WgpuDevice) {
