@@ -21,7 +21,7 @@ pub enum Error {
 }
 
 /// A device backend's error (the CUDA products' planning and launches): as the
-/// backend worded it, prefixed with `cuda: ` as `gpu::CudaResult` does.
+/// backend worded it, prefixed with `cuda: `.
 impl From<ferrite_core::Error> for Error {
     fn from(e: ferrite_core::Error) -> Error {
         Error::Other(format!("cuda: {e}"))

@@ -24,25 +24,15 @@ use crate::sampler::SamplerConfig;
 use ferrite_core::SamplerSettings;
 use ferrite_cuda::llm::sample;
 
-pub(crate) trait CudaResult<T> {
-    fn gpu(self) -> Result<T>;
-}
-
-impl<T> CudaResult<T> for ferrite_core::Result<T> {
-    fn gpu(self) -> Result<T> {
-        self.map_err(Error::from)
-    }
-}
-
 /// A device buffer holding `v` (f32, little-endian).
 pub fn upload_f32(dev: &CudaDevice, v: &[f32], what: &'static str) -> Result<Buffer> {
     let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
-    upload_bytes(dev, &bytes, what).gpu()
+    Ok(upload_bytes(dev, &bytes, what)?)
 }
 
 /// Reads `n` f32 values at the start of `buf` (waits for the queued work).
 pub fn read_f32(dev: &CudaDevice, buf: &Buffer, n: usize) -> Result<Vec<f32>> {
-    let b = dev.read_bytes(buf, 0, n * 4).gpu()?;
+    let b = dev.read_bytes(buf, 0, n * 4)?;
     Ok(b.chunks_exact(4)
         .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
         .collect())
@@ -63,7 +53,14 @@ pub fn sample_once(
     history: &[u32],
     step: u64,
 ) -> Result<u32> {
-    sample::sample_once(dev, &sampler_settings(cfg)?, logits, vocab, history, step).gpu()
+    Ok(sample::sample_once(
+        dev,
+        &sampler_settings(cfg)?,
+        logits,
+        vocab,
+        history,
+        step,
+    )?)
 }
 
 /// `draws` tokens from the same host `logits` with the device sampler, draw counters 0, 1,
@@ -75,5 +72,11 @@ pub fn sample_many(
     history: &[u32],
     draws: usize,
 ) -> Result<Vec<u32>> {
-    sample::sample_many(dev, &sampler_settings(cfg)?, logits, history, draws).gpu()
+    Ok(sample::sample_many(
+        dev,
+        &sampler_settings(cfg)?,
+        logits,
+        history,
+        draws,
+    )?)
 }

@@ -11,7 +11,7 @@ use ferrite_cuda::qmatrix::GpuMatrix;
 use ferrite_cuda::{Buffer, CudaDevice};
 use ferrite_gguf::{GgmlType, GgufFile};
 
-use super::{upload_f32, CudaResult};
+use super::upload_f32;
 use crate::error::{Error, Result};
 use crate::model::{rope_inv_freq, Arch, Config, Model};
 
@@ -224,7 +224,7 @@ fn mmq_copies(m: &GpuModel) -> Result<MmqCopies> {
     for l in &m.layers {
         let mut c: [Option<GpuMatrix>; 7] = Default::default();
         for (slot, c) in c.iter_mut().enumerate() {
-            *c = prefill::mmq_copy(&m.dev, layer_mat(l, slot)).gpu()?;
+            *c = prefill::mmq_copy(&m.dev, layer_mat(l, slot))?;
         }
         copies.push(c);
     }
@@ -334,8 +334,8 @@ impl GpuModel {
             crate::session::CUDA_ROWS,
             crate::session::cuda_out_rows(c.vocab),
         );
-        dev.empty_cache().gpu()?;
-        let (free, total) = dev.mem_info().gpu()?;
+        dev.empty_cache()?;
+        let (free, total) = dev.mem_info()?;
         let need = weights + kv + scratch;
         if need > free {
             return Err(Error::Other(format!(

@@ -30,7 +30,7 @@ use super::config::Config;
 use super::step::{Batch, Buf, Glu, Kernels, Mat, Norm};
 use crate::error::{Error, Result};
 use crate::gpu::weights::{self, gm, GpuModel};
-use crate::gpu::{zeros, CudaResult};
+use crate::gpu::zeros;
 use crate::kv_cache::{BlockId, KvStore};
 use crate::sampler::SamplerConfig;
 
@@ -149,7 +149,14 @@ impl CudaKvStore {
 
 impl KvStore for CudaKvStore {
     fn copy_block(&mut self, src: BlockId, dst: BlockId) -> Result<()> {
-        paged::copy_block(&self.dev, &self.kc, &self.vc, src, dst, self.block_bytes).gpu()
+        Ok(paged::copy_block(
+            &self.dev,
+            &self.kc,
+            &self.vc,
+            src,
+            dst,
+            self.block_bytes,
+        )?)
     }
 }
 
@@ -522,10 +529,7 @@ impl<'g> CudaKernels<'g> {
     /// The token of each logit row of the last step (waits for the step): the greedy one
     /// (largest logit, lowest id on ties), or the device sampler's where `sample_rows` drew it.
     pub fn read_tokens(&self) -> Result<Vec<u32>> {
-        let b = self
-            .dev
-            .read_bytes(&self.tokens_out, 0, self.n_out * 4)
-            .gpu()?;
+        let b = self.dev.read_bytes(&self.tokens_out, 0, self.n_out * 4)?;
         Ok(b.chunks_exact(4)
             .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
             .collect())
@@ -537,11 +541,10 @@ impl<'g> CudaKernels<'g> {
     pub fn queue_tokens(&mut self) -> Result<()> {
         let mut rb = match self.spare.pop() {
             Some(rb) => rb,
-            None => self.dev.read_back(self.lim.max_out * 4).gpu()?,
+            None => self.dev.read_back(self.lim.max_out * 4)?,
         };
         self.dev
-            .queue_read(&mut rb, &self.tokens_out, 0, self.n_out * 4)
-            .gpu()?;
+            .queue_read(&mut rb, &self.tokens_out, 0, self.n_out * 4)?;
         self.queued.push_back(rb);
         Ok(())
     }
@@ -554,8 +557,7 @@ impl<'g> CudaKernels<'g> {
             .pop_front()
             .ok_or_else(|| Error::Other("cuda kernels: no queued token read".into()))?;
         let t = rb
-            .wait()
-            .gpu()?
+            .wait()?
             .chunks_exact(4)
             .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
             .collect();
@@ -630,7 +632,7 @@ impl<'g> CudaKernels<'g> {
                 self.tokens_out.ptr() + (row * 4) as u64,
             ));
         }
-        sample::sample_rows(&self.dev, table, &list, vocab).gpu()
+        Ok(sample::sample_rows(&self.dev, table, &list, vocab)?)
     }
 
     /// The logits of the last step, `[out rows][vocab]` (waits for the step).
@@ -819,7 +821,7 @@ impl<'g> CudaKernels<'g> {
             self.plan.push(l);
             Ok(())
         } else {
-            l.enqueue(&self.dev).gpu()
+            Ok(l.enqueue(&self.dev)?)
         }
     }
 
@@ -933,16 +935,14 @@ impl<'g> CudaKernels<'g> {
                 prefill::dequant_rows(&self.dev, w, 0, w.rows, at, mode)?;
                 r += w.rows;
             }
-            self.dev
-                .gemm_nt_f32(
-                    dt,
-                    (h, 0, w0.cols),
-                    (&w16, 0, w0.cols),
-                    (out, off0 * 4, stride),
-                    (self.rows, n, w0.cols),
-                    acc,
-                )
-                .gpu()?;
+            self.dev.gemm_nt_f32(
+                dt,
+                (h, 0, w0.cols),
+                (&w16, 0, w0.cols),
+                (out, off0 * 4, stride),
+                (self.rows, n, w0.cols),
+                acc,
+            )?;
             for &(w, bias, off) in &segs[i..j] {
                 if let Some(b) = bias {
                     self.push(Launch::Paged(PagedLaunch::Bias {
@@ -1043,15 +1043,12 @@ impl<'g> CudaKernels<'g> {
         let f16 = ferrite_core::DType::F16;
         let qt = self
             .dev
-            .tensor(&qh, r0 * nh * hd * 2, &[1, n, nh, hd], f16)
-            .gpu()?
-            .transpose(1, 2)
-            .gpu()?;
-        let kt = self.dev.tensor(&kh, 0, &[1, nkv, lk, hd], f16).gpu()?;
-        let vt = self.dev.tensor(&vh, 0, &[1, nkv, lk, hd], f16).gpu()?;
-        let o = ferrite_core::Tensor::attention(&qt, &kt, &vt, true, Some(c.attn_scale as f64))
-            .gpu()?;
-        let (ob, ooff) = self.dev.buffer_of(&o).gpu()?;
+            .tensor(&qh, r0 * nh * hd * 2, &[1, n, nh, hd], f16)?
+            .transpose(1, 2)?;
+        let kt = self.dev.tensor(&kh, 0, &[1, nkv, lk, hd], f16)?;
+        let vt = self.dev.tensor(&vh, 0, &[1, nkv, lk, hd], f16)?;
+        let o = ferrite_core::Tensor::attention(&qt, &kt, &vt, true, Some(c.attn_scale as f64))?;
+        let (ob, ooff) = self.dev.buffer_of(&o)?;
         let (h, _) = self.tc_scratch()?;
         self.push(Launch::Paged(PagedLaunch::AttnRows {
             o: ob.ptr() + ooff as u64,
@@ -1079,19 +1076,16 @@ impl<'g> CudaKernels<'g> {
                         self.warm.insert(k);
                         return self.enqueue();
                     }
-                    let g = self
-                        .dev
-                        .capture(|| {
-                            self.enqueue().map_err(|e| {
-                                ferrite_core::Error::backend("llm engine step", e.to_string())
-                            })?;
-                            Ok(Vec::new())
-                        })
-                        .gpu()?;
+                    let g = self.dev.capture(|| {
+                        self.enqueue().map_err(|e| {
+                            ferrite_core::Error::backend("llm engine step", e.to_string())
+                        })?;
+                        Ok(Vec::new())
+                    })?;
                     self.graphs.insert(k, g);
                 }
                 if let Some(g) = self.graphs.get(&k) {
-                    g.replay().gpu()?;
+                    g.replay()?;
                     self.replays += 1;
                 }
                 Ok(())
@@ -1175,9 +1169,7 @@ impl Kernels for CudaKernels<'_> {
         self.meta_bytes.clear();
         self.meta_bytes
             .extend(self.meta_host.iter().flat_map(|v| v.to_le_bytes()));
-        self.dev
-            .write_bytes(&self.meta, 0, &self.meta_bytes)
-            .gpu()?;
+        self.dev.write_bytes(&self.meta, 0, &self.meta_bytes)?;
         self.plan.clear();
         Ok(())
     }
@@ -1189,7 +1181,7 @@ impl Kernels for CudaKernels<'_> {
         };
         match self.graphs.get(&key) {
             Some(g) => {
-                g.replay().gpu()?;
+                g.replay()?;
                 self.replays += 1;
                 Ok(true)
             }
