@@ -25,6 +25,8 @@ pub const MAX_BYTES: usize = 16 << 20;
 /// Most bytes of one kept constant: larger fills cost their bandwidth more than their launch.
 pub const MAX_ONE: usize = 64 << 10;
 
+/// (device, dtype, value bits, dims). A device kind names one backend for the process (the
+/// CUDA and wgpu crates keep one per ordinal), so a kept constant is that backend's buffer.
 type Key = (DeviceKind, DType, u64, Vec<usize>);
 
 #[derive(Default)]
