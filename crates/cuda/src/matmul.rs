@@ -18,6 +18,21 @@ use std::sync::Arc;
 
 const WORKSPACE: usize = 32 << 20;
 
+/// Products with at most this many outputs (all batches) and a depth of at most
+/// [`SHORT_K`] get no workspace, so cuBLASLt picks no split-K algorithm for them: at such
+/// sizes the split's separate reduction kernel costs more than the split saves (a small
+/// model's step: 2 of 30 launches).
+const SMALL_OUT: usize = 1 << 16;
+const SHORT_K: usize = 256;
+
+/// The workspace offered to cuBLASLt for a `batch` x [m, k] x [k, n] product.
+fn workspace_for(batch: usize, m: usize, n: usize, k: usize) -> usize {
+    match batch * m * n <= SMALL_OUT && k <= SHORT_K {
+        true => 0,
+        false => WORKSPACE,
+    }
+}
+
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 struct Key {
     dtype: DType,
@@ -55,8 +70,8 @@ impl Blas {
             .ok_or_else(|| Error::backend(op, "no cuBLASLt handle"))
     }
 
-    /// cuBLASLt's first heuristic pick for this problem (workspace and operand alignments
-    /// from `key`), cached per key.
+    /// cuBLASLt's first heuristic pick for this problem given `workspace` bytes (at most
+    /// [`WORKSPACE`]; operand alignments from `key`), cached per key.
     ///
     /// # Safety
     /// The descriptors must be valid and describe the problem `key` stands for.
@@ -67,6 +82,7 @@ impl Blas {
         la: lts::cublasLtMatrixLayout_t,
         lb: lts::cublasLtMatrixLayout_t,
         ld: lts::cublasLtMatrixLayout_t,
+        workspace: usize,
     ) -> std::result::Result<lts::cublasLtMatmulAlgo_t, cudarc::cublaslt::result::CublasError> {
         if let Some(a) = self.algos.get(&key) {
             return Ok(*a);
@@ -75,7 +91,7 @@ impl Blas {
         // descriptors; attribute buffers live across each call.
         unsafe {
             let pref = lt::create_matmul_pref()?;
-            let ws = WORKSPACE as u64;
+            let ws = workspace.min(WORKSPACE) as u64;
             use lts::cublasLtMatmulPreferenceAttributes_t as P;
             let mut r = lt::set_matmul_pref_attribute(
                 pref,
@@ -323,15 +339,17 @@ pub(crate) fn matmul(
         let la = layout(key.a)?;
         let lb = layout(key.b)?;
         let ld = layout((n as u64, m as u64, n as i64, (m * n) as i64))?;
-        let algo = blas.algo(key, desc, la, lb, ld).map_err(|e| {
-            Error::backend(
-                op,
-                format!(
-                    "cuBLASLt has no algorithm for {dt} [{batch}] {m}x{k} x {k}x{n}: {:?}",
-                    e.0
-                ),
-            )
-        })?;
+        let algo = blas
+            .algo(key, desc, la, lb, ld, workspace_for(batch, m, n, k))
+            .map_err(|e| {
+                Error::backend(
+                    op,
+                    format!(
+                        "cuBLASLt has no algorithm for {dt} [{batch}] {m}x{k} x {k}x{n}: {:?}",
+                        e.0
+                    ),
+                )
+            })?;
         let (one32, zero32, one64, zero64) = (1.0f32, 0.0f32, 1.0f64, 0.0f64);
         let (alpha, beta): (*const c_void, *const c_void) = if dt == DType::F64 {
             (&one64 as *const f64 as _, &zero64 as *const f64 as _)
@@ -442,15 +460,17 @@ pub(crate) fn gemm_nt_f32(
             ldd as i64,
         )
         .map_err(lt_err)?;
-        let algo = blas.algo(key, desc, la, lb, ld).map_err(|e| {
-            Error::backend(
-                op,
-                format!(
-                    "cuBLASLt has no algorithm for {dt} {m}x{k} x {k}x{n} -> f32: {:?}",
-                    e.0
-                ),
-            )
-        });
+        let algo = blas
+            .algo(key, desc, la, lb, ld, workspace_for(1, m, n, k))
+            .map_err(|e| {
+                Error::backend(
+                    op,
+                    format!(
+                        "cuBLASLt has no algorithm for {dt} {m}x{k} x {k}x{n} -> f32: {:?}",
+                        e.0
+                    ),
+                )
+            });
         let (one, zero) = (1.0f32, 0.0f32);
         let beta: *const c_void = if accumulate {
             &one as *const f32 as _
