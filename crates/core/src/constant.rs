@@ -14,7 +14,7 @@
 //! belongs to the graph, its buffer written only when the graph replays), `constant` makes an
 //! ordinary, unshared fill.
 
-use crate::{DType, Device, DeviceKind, Result, Shape, Storage, Tensor};
+use crate::{DType, Device, DeviceKind, Error, Result, Shape, Storage, Tensor};
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -79,5 +79,19 @@ pub(crate) fn constant(value: f64, shape: Shape, dtype: DType, device: &Device) 
 /// Whether `t` views a shared constant's storage.
 pub(crate) fn is_constant(t: &Tensor) -> bool {
     let c = cache().lock().unwrap_or_else(|p| p.into_inner());
-    !c.storages.is_empty() && c.storages.contains(&addr(t.storage_arc()))
+    c.storages.contains(&addr(t.storage_arc()))
+}
+
+/// The error of `op` writing in place into `t` (`what`) where `t` is a shared constant.
+pub(crate) fn refuse_write(op: &'static str, what: &str, t: &Tensor) -> Result<()> {
+    if is_constant(t) {
+        return Err(Error::shape(
+            op,
+            format!(
+                "{what} is a shared constant (Tensor::constant, scalar_like), which is never \
+                 written: make a tensor of its own with Tensor::full"
+            ),
+        ));
+    }
+    Ok(())
 }

@@ -133,17 +133,6 @@ fn f64_scalar(op: &'static str, what: &str, t: &Tensor, dev: &Device) -> Result<
     Ok(())
 }
 
-/// Refuses to write in place into a shared constant (`Tensor::constant`).
-fn writable(op: &'static str, what: &str, t: &Tensor) -> Result<()> {
-    if t.is_constant() {
-        return Err(Error::shape(
-            op,
-            format!("{what} is a shared constant (Tensor::constant), which is never written"),
-        ));
-    }
-    Ok(())
-}
-
 fn is_float(dt: DType) -> bool {
     matches!(dt, DType::F32 | DType::F64 | DType::F16 | DType::BF16)
 }
@@ -214,10 +203,10 @@ pub fn step_scalars(s: &StepScalars<'_>) -> Result<Tensor> {
     for t in s.group_steps {
         f64_scalar(op, "a group's step counter", t, &dev)?;
     }
-    writable(op, "the gradient norm", s.grad_norm)?;
-    writable(op, "the step counter", s.steps)?;
+    crate::constant::refuse_write(op, "the gradient norm", s.grad_norm)?;
+    crate::constant::refuse_write(op, "the step counter", s.steps)?;
     for t in s.first_nonfinite.iter().copied().chain(s.group_steps) {
-        writable(op, "a step scalar", t)?;
+        crate::constant::refuse_write(op, "a step scalar", t)?;
     }
     let out = dev.backend().step_scalars(s)?;
     Ok(Tensor::from_storage(
@@ -302,7 +291,7 @@ pub fn fused_update(u: &FusedUpdate<'_>) -> Result<()> {
     let key = |t: &Tensor| std::sync::Arc::as_ptr(t.storage_arc()) as *const () as usize;
     let mut written = std::collections::HashSet::new();
     for t in u.params.iter().chain(u.states.iter().flatten()) {
-        writable(op, "a parameter or state tensor", t)?;
+        crate::constant::refuse_write(op, "a parameter or state tensor", t)?;
         if !written.insert(key(t)) {
             return Err(Error::shape(
                 op,

@@ -530,13 +530,7 @@ impl Tensor {
     pub fn copy_(&self, src: &Tensor) -> Result<()> {
         let op = "copy_";
         Tensor::check_same_device(op, &[self, src])?;
-        if self.is_constant() {
-            return Err(Error::shape(
-                op,
-                "the destination is a shared constant (Tensor::constant, scalar_like): \
-                 make a tensor of its own with Tensor::full",
-            ));
-        }
+        crate::constant::refuse_write(op, "the destination", self)?;
         if !self.is_contiguous() {
             return Err(Error::shape(
                 op,

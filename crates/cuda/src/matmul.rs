@@ -70,8 +70,8 @@ impl Blas {
             .ok_or_else(|| Error::backend(op, "no cuBLASLt handle"))
     }
 
-    /// cuBLASLt's first heuristic pick for this problem given `workspace` bytes (at most
-    /// [`WORKSPACE`]; operand alignments from `key`), cached per key.
+    /// cuBLASLt's first heuristic pick for this problem given `workspace` bytes (from
+    /// [`workspace_for`]: 0 or [`WORKSPACE`]; operand alignments from `key`), cached per key.
     ///
     /// # Safety
     /// The descriptors must be valid and describe the problem `key` stands for.
@@ -91,7 +91,7 @@ impl Blas {
         // descriptors; attribute buffers live across each call.
         unsafe {
             let pref = lt::create_matmul_pref()?;
-            let ws = workspace.min(WORKSPACE) as u64;
+            let ws = workspace as u64;
             use lts::cublasLtMatmulPreferenceAttributes_t as P;
             let mut r = lt::set_matmul_pref_attribute(
                 pref,
