@@ -208,7 +208,7 @@ fn char_gpt_trains_writes_its_init_and_samples_from_a_checkpoint() {
     let o = ferrite(&["train", "char-gpt", "--prompt", "x", "--sample", "0"]);
     assert!(!o.status.success(), "{}", text(&o));
     assert!(
-        text(&o).contains("--sample takes a positive number"),
+        text(&o).contains(r#"--sample <SAMPLE>': expected a whole number >= 1, got "0""#),
         "{}",
         text(&o)
     );

@@ -22,20 +22,20 @@ pub struct Args {
     #[command(flatten)]
     pub device: DeviceArgs,
     /// Prompt tokens (0 skips the pp test).
-    #[arg(short = 'p', long = "n-prompt", default_value_t = 512)]
+    #[arg(short = 'p', long = "n-prompt", default_value_t = 512, value_parser = super::values::usize_any, allow_negative_numbers = true)]
     pub p: usize,
     /// Generated tokens (0 skips the tg test).
-    #[arg(short = 'n', long = "n-gen", default_value_t = 128)]
+    #[arg(short = 'n', long = "n-gen", default_value_t = 128, value_parser = super::values::usize_any, allow_negative_numbers = true)]
     pub n: usize,
     /// Repetitions.
-    #[arg(short = 'r', long = "repetitions", default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(short = 'r', long = "repetitions", default_value_t = 5, value_parser = super::values::u32_positive, allow_negative_numbers = true)]
     pub r: u32,
     /// Print JSON instead of a table.
     #[arg(long)]
     pub json: bool,
     /// Sequences decoded together through the engine (CPU, CUDA or wgpu): each gets a `-p`-token
     /// prompt and generates `-n` tokens; reports aggregate and per-sequence decode tok/s and pp.
-    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=256))]
+    #[arg(long, value_parser = super::values::one_to_256, allow_negative_numbers = true)]
     pub batch: Option<u32>,
     /// With --batch: the sequences sample at this temperature (top-k 40, top-p 0.95, min-p
     /// 0.05, a seed per sequence) instead of greedy; 0 = greedy.

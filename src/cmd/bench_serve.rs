@@ -17,13 +17,13 @@ pub struct Args {
     /// Server base URL, e.g. http://127.0.0.1:8080.
     pub url: String,
     /// Concurrent streaming clients.
-    #[arg(short = 'c', long, default_value_t = 8)]
+    #[arg(short = 'c', long, default_value_t = 8, value_parser = super::values::usize_positive, allow_negative_numbers = true)]
     pub clients: usize,
     /// Requests in all (default: two per client).
-    #[arg(short = 'r', long)]
+    #[arg(short = 'r', long, value_parser = super::values::usize_positive, allow_negative_numbers = true)]
     pub requests: Option<usize>,
     /// Tokens generated per request (sent with ignore_eos).
-    #[arg(long, default_value_t = 128)]
+    #[arg(long, default_value_t = 128, value_parser = super::values::usize_positive, allow_negative_numbers = true)]
     pub max_tokens: usize,
     /// Prompt text of every request.
     #[arg(long, default_value = DEFAULT_PROMPT)]
@@ -35,7 +35,7 @@ pub struct Args {
     #[arg(long)]
     pub api_key: Option<String>,
     /// Seconds before one request counts as failed.
-    #[arg(long, default_value_t = 600)]
+    #[arg(long, default_value_t = 600, value_parser = super::values::u64_positive, allow_negative_numbers = true)]
     pub timeout: u64,
     /// Sampling temperature of every request (0: greedy; OpenAI's default is 1).
     #[arg(long = "temp", default_value_t = 0.0, value_parser = parse_temp)]

@@ -29,7 +29,7 @@ pub struct Args {
     #[arg(long)]
     pub system: Option<String>,
     /// Tokens to generate at most per reply.
-    #[arg(short = 'n', long = "n-predict", default_value_t = 512, value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(short = 'n', long = "n-predict", default_value_t = 512, value_parser = super::values::u32_positive, allow_negative_numbers = true)]
     pub n: u32,
     #[command(flatten)]
     pub sampling: SamplingArgs,

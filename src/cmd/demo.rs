@@ -6,10 +6,10 @@ use ferrite_core::{composed, DType, Tensor};
 #[derive(clap::Args)]
 pub struct Args {
     /// Sequence length.
-    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=4096))]
+    #[arg(long, default_value_t = 4, value_parser = super::values::one_to_4096, allow_negative_numbers = true)]
     tokens: u16,
     /// Seed for the random inputs.
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = 0, value_parser = super::values::u64_any, allow_negative_numbers = true)]
     seed: u64,
 }
 

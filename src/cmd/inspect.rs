@@ -102,8 +102,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             r => Ok(r?),
         };
     }
-    let f =
-        GgufFile::open(&args.file).with_context(|| format!("inspect {}", args.file.display()))?;
+    let f = GgufFile::open(&args.file).map_err(|e| match e {
+        // names the path already
+        io @ ferrite_gguf::Error::Io { .. } => anyhow::Error::new(io),
+        e => anyhow::Error::new(e).context(format!("inspect {}", args.file.display())),
+    })?;
     let out = if args.json {
         serde_json::to_string_pretty(&to_json(&f))?
     } else {

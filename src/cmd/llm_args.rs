@@ -20,10 +20,10 @@ pub struct ModelArgs {
     pub model: Option<PathBuf>,
     /// KV cache size in tokens (prompt + generation). Default: the model's context length,
     /// at most 4096.
-    #[arg(short = 'c', long = "ctx-size", visible_alias = "ctx", value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(short = 'c', long = "ctx-size", visible_alias = "ctx", value_parser = super::values::u32_positive, allow_negative_numbers = true)]
     pub ctx: Option<u32>,
     /// Worker threads, 1 to 1024. Default: one per core ($FERRITE_THREADS also sets it).
-    #[arg(short = 't', long, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    #[arg(short = 't', long, value_parser = super::values::one_to_1024, allow_negative_numbers = true)]
     pub threads: Option<u32>,
     /// Activation precision of the quantized products: q8x2 (8-bit plus an 8-bit residual,
     /// ~16 bits: the exact path's answers at ~90% of q8's CPU speed), q8 (8-bit, as
@@ -60,8 +60,11 @@ impl ModelArgs {
                 p
             }
         };
-        let mut model =
-            Model::load(&path).with_context(|| format!("loading {}", path.display()))?;
+        let mut model = Model::load(&path).map_err(|e| match e {
+            // names the path already
+            ferrite_llm::Error::Gguf(io @ ferrite_gguf::Error::Io { .. }) => anyhow::Error::new(io),
+            e => anyhow::Error::new(e).context(format!("loading {}", path.display())),
+        })?;
         if let Some(p) = self.precision {
             model.set_precision(p);
         }
@@ -121,7 +124,7 @@ pub struct DeviceArgs {
     pub device: Option<DeviceChoice>,
     /// As llama.cpp's `-ngl N`: N > 0 runs the whole model on the GPU (cuda:0), 0 on the
     /// CPU (layers are not split between the two). Also `-ngl`.
-    #[arg(long = "n-gpu-layers", value_name = "N", value_parser = clap::value_parser!(u32))]
+    #[arg(long = "n-gpu-layers", value_name = "N", value_parser = super::values::u32_any, allow_negative_numbers = true)]
     pub n_gpu_layers: Option<u32>,
 }
 
@@ -176,7 +179,7 @@ impl DeviceArgs {
 }
 
 pub fn parse_temp(s: &str) -> Result<f32, String> {
-    let v: f32 = s.parse().map_err(|e| format!("{e}"))?;
+    let v = super::values::number(s)?;
     if !(v.is_finite() && v >= 0.0) {
         return Err(format!("temperature must be finite and >= 0, got {v}"));
     }
@@ -184,7 +187,7 @@ pub fn parse_temp(s: &str) -> Result<f32, String> {
 }
 
 fn parse_top_p(s: &str) -> Result<f32, String> {
-    let v: f32 = s.parse().map_err(|e| format!("{e}"))?;
+    let v = super::values::number(s)?;
     if !(v > 0.0 && v <= 1.0) {
         return Err(format!("top-p must be in (0, 1], got {v}"));
     }
@@ -192,7 +195,7 @@ fn parse_top_p(s: &str) -> Result<f32, String> {
 }
 
 fn parse_unit(s: &str) -> Result<f32, String> {
-    let v: f32 = s.parse().map_err(|e| format!("{e}"))?;
+    let v = super::values::number(s)?;
     if !(0.0..=1.0).contains(&v) {
         return Err(format!("must be in [0, 1], got {v}"));
     }
@@ -200,7 +203,7 @@ fn parse_unit(s: &str) -> Result<f32, String> {
 }
 
 fn parse_positive(s: &str) -> Result<f32, String> {
-    let v: f32 = s.parse().map_err(|e| format!("{e}"))?;
+    let v = super::values::number(s)?;
     if !(v.is_finite() && v > 0.0) {
         return Err(format!("must be finite and > 0, got {v}"));
     }
@@ -208,7 +211,7 @@ fn parse_positive(s: &str) -> Result<f32, String> {
 }
 
 fn parse_finite(s: &str) -> Result<f32, String> {
-    let v: f32 = s.parse().map_err(|e| format!("{e}"))?;
+    let v = super::values::number(s)?;
     if !v.is_finite() {
         return Err(format!("must be finite, got {v}"));
     }
@@ -221,7 +224,7 @@ pub struct SamplingArgs {
     #[arg(long = "temp", default_value_t = 0.8, value_parser = parse_temp, allow_hyphen_values = true)]
     pub temp: f32,
     /// Keep the k most likely tokens; 0 = off.
-    #[arg(long, default_value_t = 40)]
+    #[arg(long, default_value_t = 40, value_parser = super::values::usize_any, allow_negative_numbers = true)]
     pub top_k: usize,
     /// Nucleus sampling threshold, in (0, 1]; 1 = off.
     #[arg(long, default_value_t = 0.95, value_parser = parse_top_p, allow_hyphen_values = true)]
@@ -239,7 +242,7 @@ pub struct SamplingArgs {
     #[arg(long, default_value_t = 0.0, value_parser = parse_finite, allow_hyphen_values = true)]
     pub frequency_penalty: f32,
     /// How many recent tokens the penalties look at; 0 = none.
-    #[arg(long, default_value_t = 64)]
+    #[arg(long, default_value_t = 64, value_parser = super::values::usize_any, allow_negative_numbers = true)]
     pub repeat_last_n: usize,
     /// Random seed; -1 (the default) = from the clock (printed to stderr when sampling).
     #[arg(short = 's', long, default_value_t = -1, allow_hyphen_values = true, value_parser = parse_seed)]

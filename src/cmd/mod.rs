@@ -10,3 +10,4 @@ pub mod run;
 pub mod serve;
 pub mod synth;
 pub mod train;
+pub mod values;

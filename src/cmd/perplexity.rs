@@ -27,10 +27,10 @@ pub struct Args {
     pub file: PathBuf,
     /// Tokens between the starts of consecutive windows, 1 to --ctx-size. Default: half the
     /// window.
-    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(long, value_parser = super::values::u32_positive, allow_negative_numbers = true)]
     pub stride: Option<u32>,
     /// Score at most this many windows (default: the whole file).
-    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(long, value_parser = super::values::u32_positive, allow_negative_numbers = true)]
     pub chunks: Option<u32>,
     /// Print JSON instead of text.
     #[arg(long)]

@@ -22,13 +22,13 @@ pub struct Args {
     #[arg(long, default_value = "127.0.0.1")]
     pub host: String,
     /// Port to listen on (0 = any free port; the one taken is printed).
-    #[arg(long, default_value_t = 8080)]
+    #[arg(long, default_value_t = 8080, value_parser = super::values::port, allow_negative_numbers = true)]
     pub port: u16,
     /// Sequences decoded together in one batch (llama-server's -np).
-    #[arg(long, short = 'n', alias = "np", default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    #[arg(long, short = 'n', alias = "np", default_value_t = 4, value_parser = super::values::one_to_1024, allow_negative_numbers = true)]
     pub parallel: u32,
     /// Requests that may wait for room in the batch; more are answered 429.
-    #[arg(long, default_value_t = 64)]
+    #[arg(long, default_value_t = 64, value_parser = super::values::usize_any, allow_negative_numbers = true)]
     pub max_queue: usize,
     /// Require `Authorization: Bearer KEY` on every route but /health.
     #[arg(long, conflicts_with = "api_key_file")]
@@ -37,10 +37,10 @@ pub struct Args {
     #[arg(long, value_name = "FILE")]
     pub api_key_file: Option<PathBuf>,
     /// Largest request body in bytes (413 above).
-    #[arg(long, default_value_t = 1 << 20)]
+    #[arg(long, default_value_t = 1 << 20, value_parser = super::values::usize_positive, allow_negative_numbers = true)]
     pub body_limit: usize,
     /// Seconds a client has to send its whole request body (408 after).
-    #[arg(long, default_value_t = 10)]
+    #[arg(long, default_value_t = 10, value_parser = super::values::u64_positive, allow_negative_numbers = true)]
     pub body_timeout: u64,
 }
 
@@ -84,7 +84,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     cfg.max_queue = args.max_queue;
     cfg.api_key = key;
     cfg.body_limit = args.body_limit;
-    cfg.body_timeout = Duration::from_secs(args.body_timeout.max(1));
+    cfg.body_timeout = Duration::from_secs(args.body_timeout);
     let load: ferrite_serve::Loader = Box::new(move || {
         let l = model_args.load().map_err(|e| format!("{e:#}"))?;
         Ok(Loaded {

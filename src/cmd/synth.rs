@@ -25,13 +25,13 @@ pub struct Args {
     #[arg(short = 'o', long = "output")]
     pub output: PathBuf,
     /// Random seed; the same seed writes the same bytes.
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = 0, value_parser = super::values::u64_any, allow_negative_numbers = true)]
     pub seed: u64,
     /// Number of layers instead of the preset's.
-    #[arg(long)]
+    #[arg(long, value_parser = super::values::usize_any, allow_negative_numbers = true)]
     pub layers: Option<usize>,
     /// Vocabulary size instead of the preset's (embedding rows and tokens).
-    #[arg(long)]
+    #[arg(long, value_parser = super::values::usize_any, allow_negative_numbers = true)]
     pub vocab: Option<usize>,
 }
 

@@ -52,13 +52,13 @@ pub struct Args {
     regression: bool,
     /// Passes over the training data [default: 60 for mnist-mlp, 10 for fashion-cnn,
     /// 50 for csv].
-    #[arg(long)]
+    #[arg(long, value_parser = super::values::usize_positive, allow_negative_numbers = true)]
     epochs: Option<usize>,
     /// Examples per batch [default: 128 for mnist-mlp and fashion-cnn, 32 for csv].
-    #[arg(long)]
+    #[arg(long, value_parser = super::values::usize_positive, allow_negative_numbers = true)]
     batch_size: Option<usize>,
     /// Learning rate.
-    #[arg(long, default_value_t = 1e-3, value_parser = parse_lr)]
+    #[arg(long, default_value_t = 1e-3, value_parser = parse_lr, allow_negative_numbers = true)]
     lr: f64,
     /// sgd, momentum, adam, adamw, rmsprop, adagrad, lion or lamb.
     #[arg(long, default_value = "adam")]
@@ -77,7 +77,7 @@ pub struct Args {
     #[arg(long)]
     cuda_graph: bool,
     /// Seed of initialization and shuffling.
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = 0, value_parser = super::values::u64_any, allow_negative_numbers = true)]
     seed: u64,
     /// Folder for the log (log.jsonl) and checkpoints [default: runs/RECIPE].
     #[arg(long)]
@@ -86,14 +86,14 @@ pub struct Args {
     #[arg(long)]
     resume: Option<PathBuf>,
     /// Stop after this many optimizer steps.
-    #[arg(long)]
+    #[arg(long, value_parser = super::values::usize_positive, allow_negative_numbers = true)]
     max_steps: Option<usize>,
     /// Write PNG loss and metric curves to OUT/plots/ after every epoch.
     #[arg(long)]
     plot: bool,
     /// char-gpt: characters to sample after training [default: 300]; with --resume, sample
     /// from that checkpoint without training.
-    #[arg(long)]
+    #[arg(long, value_parser = super::values::usize_positive, allow_negative_numbers = true)]
     sample: Option<usize>,
     /// char-gpt: the text the sample continues.
     #[arg(long, default_value = "")]
@@ -230,13 +230,10 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         Recipe::CharGpt => "char-gpt",
         Recipe::Csv => "csv",
     };
-    if a.epochs == Some(0) || a.batch_size == Some(0) {
-        anyhow::bail!("--epochs and --batch-size must be at least 1");
-    }
     let images = matches!(a.recipe, Recipe::MnistMlp | Recipe::FashionCnn);
     let gpt = matches!(a.recipe, Recipe::CharGpt);
-    if a.sample == Some(0) || (a.sample.is_some() && !gpt) {
-        anyhow::bail!("--sample takes a positive number of characters, for char-gpt only");
+    if a.sample.is_some() && !gpt {
+        anyhow::bail!("--sample is for the char-gpt recipe only");
     }
     let sample = char_gpt::SampleOptions {
         chars: a.sample.unwrap_or(0),

@@ -13,8 +13,10 @@ pub enum Error {
     #[error("gguf: {path}: {io}")]
     Io { path: PathBuf, io: std::io::Error },
 
-    #[error("gguf: bad magic {found:02x?} at offset 0x0 (expected \"GGUF\" = [47, 47, 55, 46])")]
-    BadMagic { found: Vec<u8> },
+    /// The file does not start with `GGUF`: `found` holds its first bytes (up to 16) and
+    /// `len` its size.
+    #[error("gguf: not a GGUF file: {}", not_gguf(found, *len))]
+    BadMagic { found: Vec<u8>, len: u64 },
 
     #[error("gguf: unsupported version {version} at offset 0x4 (supported: 2, 3){hint}")]
     UnsupportedVersion { version: u32, hint: &'static str },
@@ -128,6 +130,49 @@ pub(crate) fn shown(s: &str) -> String {
         out.push_str("...");
     }
     out
+}
+
+/// What a file that is not GGUF starts with, in words: its first bytes as text (other bytes
+/// as `\xNN`) and, where they are a known format's, that format's name.
+fn not_gguf(found: &[u8], len: u64) -> String {
+    if len == 0 {
+        return "the file is empty (a GGUF file starts with the 4 bytes \"GGUF\")".into();
+    }
+    let head: String = found
+        .iter()
+        .take(8)
+        .map(|&b| match b {
+            b'"' => "\\\"".to_string(),
+            b'\\' => "\\\\".to_string(),
+            0x20..=0x7e => (b as char).to_string(),
+            _ => format!("\\x{b:02x}"),
+        })
+        .collect();
+    let kind = if found.starts_with(b"\x89PNG") {
+        " (a PNG image)"
+    } else if found.starts_with(&[0x1f, 0x8b]) {
+        " (a gzip archive: unpack it first)"
+    } else if found.starts_with(b"PK\x03\x04") {
+        " (a zip archive, as PyTorch's .pt and .bin files are: convert the model to GGUF)"
+    } else if found.starts_with(b"\x7fELF") {
+        " (a program, not a model)"
+    } else if found.starts_with(b"version https://git-lfs") {
+        " (a Git LFS pointer: fetch the file it points to)"
+    } else if found.len() >= 9 && found[8] == b'{' {
+        " (a safetensors file: convert the model to GGUF)"
+    } else if [b"lmgg", b"fmgg", b"tjgg"]
+        .iter()
+        .any(|m| found.starts_with(*m))
+    {
+        " (GGML, GGUF's predecessor: re-convert the model)"
+    } else if found.starts_with(b"<") {
+        " (an HTML or XML page: perhaps a download that returned a web page)"
+    } else if len < 4 {
+        " (shorter than GGUF's 4-byte magic)"
+    } else {
+        ""
+    };
+    format!("it starts with \"{head}\"{kind}; a GGUF file starts with \"GGUF\"")
 }
 
 impl Error {

@@ -300,17 +300,17 @@ fn bad_shape(tensor: &str, offset: u64, what: String) -> Error {
 
 /// Parses and validates the header of `buf` and the placement of every tensor's data in it.
 pub(crate) fn parse(buf: &[u8]) -> Result<Header> {
-    let mut c = Cursor {
-        buf,
-        pos: 0,
-        nested_left: MAX_NESTED_ARRAYS,
-    };
-    let magic: [u8; 4] = c.array(&|| "magic".to_string())?;
-    if &magic != MAGIC {
+    if !buf.starts_with(MAGIC) {
         return Err(Error::BadMagic {
-            found: magic.to_vec(),
+            found: buf[..buf.len().min(16)].to_vec(),
+            len: buf.len() as u64,
         });
     }
+    let mut c = Cursor {
+        buf,
+        pos: MAGIC.len(),
+        nested_left: MAX_NESTED_ARRAYS,
+    };
     let version = c.u32(&|| "version".to_string())?;
     if version != 2 && version != 3 {
         let hint = if version == 1 {

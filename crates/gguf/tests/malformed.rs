@@ -103,14 +103,26 @@ fn cases() -> Vec<(&'static str, Vec<u8>, Check, &'static str)> {
         (
             "empty",
             vec![],
-            |e| matches!(e, Error::Truncated { .. }),
-            "magic (offset 0x0)",
+            |e| matches!(e, Error::BadMagic { len: 0, .. }),
+            "not a GGUF file: the file is empty",
         ),
         (
             "bad_magic",
             v().with(|r| r.magic = *b"GGML").bytes(),
             |e| matches!(e, Error::BadMagic { .. }),
-            "bad magic",
+            r#"not a GGUF file: it starts with "GGML\x03\x00\x00\x00"; a GGUF file starts with "GGUF""#,
+        ),
+        (
+            "png",
+            b"\x89PNG\r\n\x1a\n\x00\x00".to_vec(),
+            |e| matches!(e, Error::BadMagic { len: 10, .. }),
+            r#"it starts with "\x89PNG\x0d\x0a\x1a\x0a" (a PNG image)"#,
+        ),
+        (
+            "three_bytes",
+            b"GGU".to_vec(),
+            |e| matches!(e, Error::BadMagic { len: 3, .. }),
+            r#"it starts with "GGU" (shorter than GGUF's 4-byte magic)"#,
         ),
         (
             "version_1",

@@ -99,7 +99,9 @@ impl SynthConfig {
     /// Sets the layer count (1..=4096, the loader's bound).
     pub fn with_layers(mut self, n: usize) -> Result<SynthConfig> {
         if !(1..=4096).contains(&n) {
-            return Err(synth_err(format!("--layers {n}: expected 1..=4096")));
+            return Err(synth_err(format!(
+                "--layers {n}: expected a whole number from 1 to 4096"
+            )));
         }
         self.n_layer = n;
         Ok(self)
@@ -110,7 +112,7 @@ impl SynthConfig {
         let min = 256 + specials(self.vocab_style).len();
         if !(min..=MAX_VOCAB).contains(&n) {
             return Err(synth_err(format!(
-                "--vocab {n}: expected {min}..={MAX_VOCAB} (256 byte tokens and {} control tokens at least)",
+                "--vocab {n}: expected a whole number from {min} to {MAX_VOCAB} (256 byte tokens and {} control tokens at least)",
                 min - 256
             )));
         }
