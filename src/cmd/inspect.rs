@@ -103,8 +103,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         };
     }
     let f = GgufFile::open(&args.file).map_err(|e| match e {
-        // names the path already
-        io @ ferrite_gguf::Error::Io { .. } => anyhow::Error::new(io),
+        // gguf's I/O error names the path: once is enough
+        ferrite_gguf::Error::Io { io, .. } => {
+            anyhow::anyhow!("inspect {}: {io}", args.file.display())
+        }
         e => anyhow::Error::new(e).context(format!("inspect {}", args.file.display())),
     })?;
     let out = if args.json {

@@ -61,8 +61,10 @@ impl ModelArgs {
             }
         };
         let mut model = Model::load(&path).map_err(|e| match e {
-            // names the path already
-            ferrite_llm::Error::Gguf(io @ ferrite_gguf::Error::Io { .. }) => anyhow::Error::new(io),
+            // gguf's I/O error names the path: once is enough
+            ferrite_llm::Error::Gguf(ferrite_gguf::Error::Io { io, .. }) => {
+                anyhow::anyhow!("loading {}: {io}", path.display())
+            }
             e => anyhow::Error::new(e).context(format!("loading {}", path.display())),
         })?;
         if let Some(p) = self.precision {
