@@ -170,6 +170,28 @@ fn text(o: &Output) -> (String, String) {
 }
 
 #[test]
+fn a_model_file_that_is_missing_or_not_gguf_is_named_once() {
+    let dir = std::env::temp_dir().join(format!("ferrite-llm-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let missing = dir.join("missing.gguf");
+    let png = dir.join("picture.gguf");
+    std::fs::write(&png, b"\x89PNG\r\n\x1a\n0000").unwrap();
+    for (path, needle) in [
+        (&missing, "No such file"),
+        (&png, r#"gguf: not a GGUF file: it starts with "\x89PNG"#),
+    ] {
+        let o = ferrite(&["run", "-m", path.to_str().unwrap(), "hi"]);
+        let (_, err) = text(&o);
+        assert_eq!(o.status.code(), Some(1), "{err}");
+        assert!(err.contains(needle), "{err}");
+        let shown = path.display().to_string();
+        assert_eq!(err.matches(&shown).count(), 1, "path named once: {err}");
+        assert!(err.contains(&format!("error: loading {shown}: ")), "{err}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
 fn bad_sampling_flags_are_usage_errors() {
     for (args, needle) in [
         (
@@ -194,6 +216,26 @@ fn bad_sampling_flags_are_usage_errors() {
         (&["run", "hi", "-n", "-2"][..], "-1 for no limit"),
         (&["run", "hi", "-s", "-5"][..], "-1 for random"),
         (&["run", "hi", "-p", "there"][..], "cannot be used with"),
+        (
+            &["run", "hi", "--top-k", "-3"][..],
+            r#"expected a whole number >= 0, got "-3""#,
+        ),
+        (
+            &["run", "hi", "-c", "abc"][..],
+            r#"expected a whole number from 1 to 4294967295, got "abc""#,
+        ),
+        (
+            &["run", "hi", "-t", "0"][..],
+            r#"expected a whole number from 1 to 1024, got "0""#,
+        ),
+        (
+            &["run", "hi", "--temp", "warm"][..],
+            r#"expected a number, got "warm""#,
+        ),
+        (
+            &["serve", "--body-timeout", "0"][..],
+            r#"expected a whole number >= 1, got "0""#,
+        ),
     ] {
         let o = ferrite(args);
         let (_, err) = text(&o);
