@@ -102,13 +102,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             r => Ok(r?),
         };
     }
-    let f = GgufFile::open(&args.file).map_err(|e| match e {
-        // gguf's I/O error names the path: once is enough
-        ferrite_gguf::Error::Io { io, .. } => {
-            anyhow::anyhow!("inspect {}: {io}", args.file.display())
-        }
-        e => anyhow::Error::new(e).context(format!("inspect {}", args.file.display())),
-    })?;
+    let f = GgufFile::open(&args.file)
+        .map_err(|e| super::gguf_open_error(format!("inspect {}", args.file.display()), e))?;
     let out = if args.json {
         serde_json::to_string_pretty(&to_json(&f))?
     } else {

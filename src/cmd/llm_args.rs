@@ -60,12 +60,10 @@ impl ModelArgs {
                 p
             }
         };
+        let loading = || format!("loading {}", path.display());
         let mut model = Model::load(&path).map_err(|e| match e {
-            // gguf's I/O error names the path: once is enough
-            ferrite_llm::Error::Gguf(ferrite_gguf::Error::Io { io, .. }) => {
-                anyhow::anyhow!("loading {}: {io}", path.display())
-            }
-            e => anyhow::Error::new(e).context(format!("loading {}", path.display())),
+            ferrite_llm::Error::Gguf(g) => super::gguf_open_error(loading(), g),
+            e => anyhow::Error::new(e).context(loading()),
         })?;
         if let Some(p) = self.precision {
             model.set_precision(p);

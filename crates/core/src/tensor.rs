@@ -200,6 +200,7 @@ impl Tensor {
     ) -> Result<Tensor> {
         Tensor::create(Op::Fill { value }, shape.into(), dtype, device)
     }
+
     /// Every element `value`, read-only and shared: the same tensor for the same device,
     /// dtype, value and shape (made once, by a fill; see `constant.rs` for the bounds). For
     /// operands that are only read (scalars, paddings, unit weights); `copy_` and the
