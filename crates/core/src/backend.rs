@@ -72,7 +72,8 @@ pub trait Backend: Send + Sync + 'static {
     /// contiguous floats on this device), accumulated in f64 in an order fixed by the sizes
     /// alone: one f64 element.
     fn sum_squares(&self, tensors: &[Tensor]) -> Result<Arc<dyn Storage>>;
-    /// An optimizer step's device scalars (validated by `optim::step_scalars`), rewritten in
+    /// An optimizer step's device scalars from its gradients (validated by
+    /// `optim::step_scalars`; the sum of squares as `sum_squares` computes it), rewritten in
     /// place with `write_into`'s ordering contract; returns the bool `finite` scalar.
     fn step_scalars(&self, s: &StepScalars<'_>) -> Result<Arc<dyn Storage>>;
     /// One fused optimizer update, in place (validated by `optim::fused_update`); the same

@@ -5,7 +5,7 @@
 //! optimizer update rewrites many existing buffers in place (parameters and their state), the
 //! same contract as `Backend::write_into`. So it is three `Backend` methods beside `write_into`,
 //! [`Backend::sum_squares`] (the multi-tensor norm), [`Backend::step_scalars`] (the step's
-//! device scalars: norm, finiteness, step counters) and [`Backend::fused_update`], reached
+//! device scalars from its gradients: sum of squares, norm, finiteness, step counters) and [`Backend::fused_update`], reached
 //! through [`sum_squares`], [`step_scalars`] and [`fused_update`] here, which validate the
 //! request first.
 //!
@@ -137,11 +137,8 @@ fn is_float(dt: DType) -> bool {
     matches!(dt, DType::F32 | DType::F64 | DType::F16 | DType::BF16)
 }
 
-/// The sum of the squares of every element of `tensors` (floats of any dtypes, one device),
-/// accumulated in f64 in a fixed order (deterministic): an f64 scalar tensor. One pass over
-/// the data, a few launches in all on CUDA.
-pub fn sum_squares(tensors: &[Tensor], device: &Device) -> Result<Tensor> {
-    let op = "sum_squares";
+/// The checks of [`sum_squares`]' inputs: floats of any dtypes, contiguous, on `device`.
+fn check_norm_inputs(op: &'static str, tensors: &[Tensor], device: &Device) -> Result<()> {
     for (i, t) in tensors.iter().enumerate() {
         if !t.device().same(device) {
             return Err(Error::DeviceMismatch {
@@ -164,6 +161,14 @@ pub fn sum_squares(tensors: &[Tensor], device: &Device) -> Result<Tensor> {
             ));
         }
     }
+    Ok(())
+}
+
+/// The sum of the squares of every element of `tensors` (floats of any dtypes, one device),
+/// accumulated in f64 in a fixed order (deterministic): an f64 scalar tensor. One pass over
+/// the data, a few launches in all on CUDA.
+pub fn sum_squares(tensors: &[Tensor], device: &Device) -> Result<Tensor> {
+    check_norm_inputs("sum_squares", tensors, device)?;
     let s = device.backend().sum_squares(tensors)?;
     Ok(Tensor::from_storage(
         s,
@@ -172,13 +177,17 @@ pub fn sum_squares(tensors: &[Tensor], device: &Device) -> Result<Tensor> {
     ))
 }
 
-/// An optimizer step's device scalars, computed from the gradients' sum of squares and
-/// rewritten in place (f64 scalars on one device), in this order:
-/// `norm = sqrt(grad_sq)` (times `grad_scale` when given) into `grad_norm`; `finite` when
-/// `norm - norm == 0`; `steps += 1`; when `first_nonfinite` is given and holds 0 and the norm
-/// is not finite, it takes the new `steps`; every `group_steps` counter `+= 1` when finite.
-/// One launch on CUDA in place of a dozen scalar ops (what the composed optimizer runs).
+/// An optimizer step's device scalars, computed from its gradients and rewritten in place
+/// (f64 scalars on one device), in this order: `grad_sq` = the sum of squares of every element
+/// of `grads` (f64, in an order fixed by the sizes alone, as [`sum_squares`]); `norm =
+/// sqrt(grad_sq)` (times `grad_scale` when given) into `grad_norm`; `finite` when `norm - norm
+/// == 0`; `steps += 1`; when `first_nonfinite` is given and holds 0 and the norm is not finite,
+/// it takes the new `steps`; every `group_steps` counter `+= 1` when finite. On CUDA one
+/// launch for a small model's gradients (two for more than 65,536 elements or several dtypes)
+/// in place of the norm's launches and a dozen scalar ops (what the composed optimizer runs).
 pub struct StepScalars<'a> {
+    /// Contiguous float gradients of any dtypes, on the scalars' device.
+    pub grads: &'a [Tensor],
     pub grad_sq: &'a Tensor,
     pub grad_scale: Option<&'a Tensor>,
     pub grad_norm: &'a Tensor,
@@ -194,6 +203,7 @@ pub fn step_scalars(s: &StepScalars<'_>) -> Result<Tensor> {
     f64_scalar(op, "the gradient sum of squares", s.grad_sq, &dev)?;
     f64_scalar(op, "the gradient norm", s.grad_norm, &dev)?;
     f64_scalar(op, "the step counter", s.steps, &dev)?;
+    check_norm_inputs(op, s.grads, &dev)?;
     if let Some(t) = s.grad_scale {
         f64_scalar(op, "the gradient scale", t, &dev)?;
     }
@@ -203,6 +213,7 @@ pub fn step_scalars(s: &StepScalars<'_>) -> Result<Tensor> {
     for t in s.group_steps {
         f64_scalar(op, "a group's step counter", t, &dev)?;
     }
+    crate::constant::refuse_write(op, "the gradient sum of squares", s.grad_sq)?;
     crate::constant::refuse_write(op, "the gradient norm", s.grad_norm)?;
     crate::constant::refuse_write(op, "the step counter", s.steps)?;
     for t in s.first_nonfinite.iter().copied().chain(s.group_steps) {

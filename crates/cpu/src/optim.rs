@@ -130,7 +130,12 @@ fn sum_sq<T: Elem>(x: &[T]) -> f64 {
 }
 
 pub(crate) fn sum_squares(tensors: &[Tensor]) -> Result<Arc<dyn Storage>> {
-    let op = "sum_squares";
+    Ok(Arc::new(CpuStorage::new(HostBuffer::F64(vec![
+        sum_squares_f64(tensors, "sum_squares")?,
+    ]))))
+}
+
+fn sum_squares_f64(tensors: &[Tensor], op: &'static str) -> Result<f64> {
     let _g = storage::guards(&tensors.iter().collect::<Vec<_>>());
     let mut total = 0.0f64;
     for t in tensors {
@@ -144,7 +149,7 @@ pub(crate) fn sum_squares(tensors: &[Tensor]) -> Result<Arc<dyn Storage>> {
         };
         total += s;
     }
-    Ok(Arc::new(CpuStorage::new(HostBuffer::F64(vec![total]))))
+    Ok(total)
 }
 
 fn write_scalar(t: &Tensor, v: f64, op: &'static str) -> Result<()> {
@@ -158,7 +163,9 @@ fn write_scalar(t: &Tensor, v: f64, op: &'static str) -> Result<()> {
 /// `ferrite_core::optim::StepScalars`, in the order its contract gives.
 pub(crate) fn step_scalars(s: &StepScalars<'_>) -> Result<Arc<dyn Storage>> {
     let op = "step_scalars";
-    let mut norm = read_scalar(s.grad_sq, op)?.sqrt();
+    let sq = sum_squares_f64(s.grads, op)?;
+    write_scalar(s.grad_sq, sq, op)?;
+    let mut norm = sq.sqrt();
     if let Some(t) = s.grad_scale {
         norm *= read_scalar(t, op)?;
     }

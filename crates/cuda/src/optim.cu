@@ -355,12 +355,13 @@ extern "C" __global__ void sum_squares_finish(const double* part, u64 n, double*
     if (threadIdx.x == 0) out[0] = acc;
 }
 
-// ferrite_core::optim::StepScalars on one thread: the step's norm, finiteness and counters.
-// Launches after the first (more than SS_GROUPS groups) only add to their group counters,
-// reading `finite` from the first.
+// ferrite_core::optim::StepScalars: the gradients' sum of squares, then on one thread the
+// step's norm, finiteness and counters. Launches after the first (more than SS_GROUPS groups)
+// only add to their group counters, reading `finite` from the first.
 #define SS_GROUPS 16
+#define SS_THREADS 1024
 struct StepScalarArgs {
-    const double* sq;
+    double* sq;
     const double* scale;  // null: none
     double* norm;
     double* steps;
@@ -370,13 +371,16 @@ struct StepScalarArgs {
     u32 ngroups;
     u32 groups_only;
 };
-extern "C" __global__ void step_scalars(StepScalarArgs a) {
-    if (threadIdx.x != 0 || blockIdx.x != 0) return;
+
+// Thread 0, after the block has the sum of squares `ss` (ignored for groups_only).
+__device__ void step_scalars_tail(const StepScalarArgs& a, double ss) {
+    if (threadIdx.x != 0) return;
     bool fin;
     if (a.groups_only) {
         fin = *a.finite != 0;
     } else {
-        double n = sqrt(*a.sq);
+        *a.sq = ss;
+        double n = sqrt(ss);
         if (a.scale) n = n * *a.scale;
         *a.norm = n;
         fin = n - n == 0.0;
@@ -389,9 +393,38 @@ extern "C" __global__ void step_scalars(StepScalarArgs a) {
         for (u32 i = 0; i < a.ngroups; ++i) *a.groups[i] = *a.groups[i] + 1.0;
 }
 
+// One block (SS_THREADS): the partial sums part[0..n] (sum_squares_*) added in an order fixed
+// by n, then the scalars.
+extern "C" __global__ void __launch_bounds__(SS_THREADS) step_scalars(const double* part, u64 n, StepScalarArgs a) {
+    __shared__ double sh[32];
+    double acc = 0.0;
+    if (!a.groups_only)
+        for (u64 i = threadIdx.x; i < n; i += blockDim.x) acc += part[i];
+    acc = block_sum(acc, sh);
+    step_scalars_tail(a, acc);
+}
+
+// One block (SS_THREADS) for a few small gradients of one dtype: their sum of squares (each
+// thread strides through every tensor in turn: an order fixed by the sizes), then the scalars.
+template <typename T>
+__device__ void step_scalars_small_impl(const TensorList& tl, const StepScalarArgs& a) {
+    __shared__ double sh[32];
+    double acc = 0.0;
+    for (u32 t = 0; t < tl.count; ++t) {
+        const T* x = (const T*)tl.w[t];
+        for (u64 i = threadIdx.x; i < tl.n[t]; i += blockDim.x) {
+            double v = (double)Num<T>::load(x[i]);
+            acc += v * v;
+        }
+    }
+    acc = block_sum(acc, sh);
+    step_scalars_tail(a, acc);
+}
+
 #define OPTIM_KERNELS(S, T) \
 extern "C" __global__ void __launch_bounds__(THREADS) fused_update_##S(TensorList tl, Hyper hp, const double* lr, const double* step, const double* sq, const double* gs) { fused_update_impl<T>(tl, hp, lr, step, sq, gs); } \
 extern "C" __global__ void __launch_bounds__(THREADS) lamb_moments_##S(TensorList tl, Hyper hp, const double* lr, const double* step, const double* sq, const double* gs, double* part) { lamb_moments_impl<T>(tl, hp, lr, step, sq, gs, part); } \
 extern "C" __global__ void __launch_bounds__(THREADS) lamb_apply_##S(TensorList tl, Hyper hp, const double* lr, const double* step, const double* sq, const double* gs, const double* part) { lamb_apply_impl<T>(tl, hp, lr, step, sq, gs, part); } \
-extern "C" __global__ void __launch_bounds__(THREADS) sum_squares_##S(TensorList tl, double* part) { sum_squares_impl<T>(tl, part); }
+extern "C" __global__ void __launch_bounds__(THREADS) sum_squares_##S(TensorList tl, double* part) { sum_squares_impl<T>(tl, part); } \
+extern "C" __global__ void __launch_bounds__(SS_THREADS) step_scalars_small_##S(TensorList tl, StepScalarArgs a) { step_scalars_small_impl<T>(tl, a); }
 FOR_FLOATS(OPTIM_KERNELS)

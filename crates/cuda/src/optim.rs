@@ -10,7 +10,7 @@
 //! sum of squares one finishing single-block kernel that adds the per-chunk partial sums in a
 //! fixed order (deterministic, no atomics).
 
-use crate::device::CudaBackend;
+use crate::device::{CudaBackend, Out};
 use crate::kernels::{suffix, Args, Cfg, KernelSource};
 use crate::storage::CudaStorage;
 use ferrite_core::optim::{FusedUpdate, StepScalars, UpdateClip, UpdateRule};
@@ -174,10 +174,16 @@ fn cfg(chunks: u32) -> Cfg {
     Cfg::new((chunks, 1, 1), (THREADS, 1, 1), 0)
 }
 
-pub(crate) fn sum_squares(dev: &CudaBackend, tensors: &[Tensor]) -> Result<Vec<Arc<dyn Storage>>> {
-    let op = "sum_squares";
-    let out = dev.alloc_out(1, DType::F64, op)?;
-    // Per dtype, the tables of its tensors; partial sums of all of them share one buffer.
+/// One `sum_squares_*` launch: its dtype, table and chunk count.
+type SquareLaunch = (DType, TensorList, u32);
+
+/// The multi-tensor tables of `tensors`' sum of squares, per dtype (each table's `gchunk0`
+/// global), and the total chunk count.
+fn square_tables(
+    dev: &CudaBackend,
+    tensors: &[Tensor],
+    op: &'static str,
+) -> Result<(Vec<SquareLaunch>, usize)> {
     let mut launches = Vec::new();
     let mut total = 0usize;
     for dt in [DType::F32, DType::F16, DType::BF16, DType::F64] {
@@ -199,17 +205,30 @@ pub(crate) fn sum_squares(dev: &CudaBackend, tensors: &[Tensor]) -> Result<Vec<A
         }
         total += chunks;
     }
+    Ok((launches, total))
+}
+
+/// Launches the tables' partial sums into a new buffer of `total` f64 (at least one).
+fn square_partials(
+    dev: &CudaBackend,
+    launches: &[SquareLaunch],
+    total: usize,
+    op: &'static str,
+) -> Result<Out> {
     let part = dev.alloc_out(total.max(1), DType::F64, op)?;
     for (dt, tl, c) in launches {
-        let args = Args::new().arg(tl).arg(part.ptr());
-        dev.launch(
-            op,
-            &SOURCE,
-            &format!("sum_squares_{}", suffix(dt)),
-            cfg(c),
-            args,
-        )?;
+        let args = Args::new().arg(*tl).arg(part.ptr());
+        let name = format!("sum_squares_{}", suffix(*dt));
+        dev.launch(op, &SOURCE, &name, cfg(*c), args)?;
     }
+    Ok(part)
+}
+
+pub(crate) fn sum_squares(dev: &CudaBackend, tensors: &[Tensor]) -> Result<Vec<Arc<dyn Storage>>> {
+    let op = "sum_squares";
+    let out = dev.alloc_out(1, DType::F64, op)?;
+    let (launches, total) = square_tables(dev, tensors, op)?;
+    let part = square_partials(dev, &launches, total, op)?;
     let args = Args::new().arg(part.ptr()).arg(total as u64).arg(out.ptr());
     dev.launch(
         op,
@@ -222,8 +241,13 @@ pub(crate) fn sum_squares(dev: &CudaBackend, tensors: &[Tensor]) -> Result<Vec<A
     dev.finish_one(out)
 }
 
-/// Group counters per `step_scalars` launch (`SS_GROUPS` in optim.cu).
+/// Group counters per `step_scalars` launch (`SS_GROUPS` in optim.cu), and its block size.
 const SS_GROUPS: usize = 16;
+const SS_THREADS: u32 = 1024;
+/// Gradients of at most this many elements (one dtype, one table) get their sum of squares
+/// and the scalars from one single-block launch (`step_scalars_small_*`); more take the
+/// chunked partial sums first.
+const SS_SMALL: usize = 65_536;
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
@@ -261,7 +285,7 @@ pub(crate) fn step_scalars(
     }
     let w = &mut written;
     let mut a = StepScalarArgs {
-        sq: ptr(dev, s.grad_sq, w, false)?,
+        sq: ptr(dev, s.grad_sq, w, true)?,
         scale: match s.grad_scale {
             Some(t) => ptr(dev, t, w, false)?,
             None => 0,
@@ -277,10 +301,21 @@ pub(crate) fn step_scalars(
         ngroups: 0,
         groups_only: 0,
     };
+    let (launches, total) = square_tables(dev, s.grads, op)?;
+    let elems: usize = s.grads.iter().map(|t| t.elem_count()).sum();
+    let small = match launches.as_slice() {
+        [(dt, tl, _)] if elems <= SS_SMALL => Some((*dt, *tl)),
+        _ => None,
+    };
+    let part = match small {
+        Some(_) => None,
+        None => Some(square_partials(dev, &launches, total, op)?),
+    };
     let chunks: Vec<&[Tensor]> = match s.group_steps.is_empty() {
         true => vec![&[]],
         false => s.group_steps.chunks(SS_GROUPS).collect(),
     };
+    let one_block = Cfg::new((1, 1, 1), (SS_THREADS, 1, 1), 0);
     for (i, chunk) in chunks.into_iter().enumerate() {
         a.groups = [0; SS_GROUPS];
         for (j, t) in chunk.iter().enumerate() {
@@ -288,9 +323,22 @@ pub(crate) fn step_scalars(
         }
         a.ngroups = chunk.len() as u32;
         a.groups_only = u32::from(i > 0);
-        let cfg = Cfg::new((1, 1, 1), (32, 1, 1), 0);
-        dev.launch(op, &SOURCE, "step_scalars", cfg, Args::new().arg(a))?;
+        match (i, small, &part) {
+            (0, Some((dt, tl)), _) => {
+                let name = format!("step_scalars_small_{}", suffix(dt));
+                dev.launch(op, &SOURCE, &name, one_block, Args::new().arg(tl).arg(a))?;
+            }
+            (_, _, part) => {
+                let (p, n) = match part {
+                    Some(p) if i == 0 => (p.ptr(), total as u64),
+                    _ => (finite.ptr(), 0u64),
+                };
+                let args = Args::new().arg(p).arg(n).arg(a);
+                dev.launch(op, &SOURCE, "step_scalars", one_block, args)?;
+            }
+        }
     }
+    drop(part);
     // The written scalars become valid after these launches (as after `write_into`).
     let ready = dev.ready_now()?;
     for st in written {

@@ -332,8 +332,9 @@ pub struct Optimizer {
     steps: u64,
     implementation: Implementation,
     master_weights: bool,
-    /// f64 device scalars: the global gradient norm of the last step, and the first step
-    /// (1-based) whose gradients were not finite (0: none).
+    /// f64 device scalars: the gradients' sum of squares and global norm of the last step,
+    /// and the first step (1-based) whose gradients were not finite (0: none).
+    grad_sq: Tensor,
     grad_norm: Tensor,
     first_nonfinite: Tensor,
     /// Steps taken, as an f64 device scalar (what the non-finite flag records).
@@ -401,6 +402,7 @@ impl Optimizer {
             Implementation::Fused
         };
         Ok(Optimizer {
+            grad_sq: scalar(0.0, &device)?,
             grad_norm: scalar(0.0, &device)?,
             first_nonfinite: scalar(0.0, &device)?,
             steps_t: scalar(0.0, &device)?,
@@ -542,7 +544,6 @@ impl Optimizer {
 
     fn step_fused(&mut self, grad_scale: Option<&Tensor>) -> Result<Tensor> {
         self.steps += 1;
-        let dev = self.device.clone();
         let mut grads: Vec<Vec<Option<Tensor>>> = Vec::with_capacity(self.groups.len());
         for g in &self.groups {
             let mut v = Vec::with_capacity(g.params.len());
@@ -552,12 +553,13 @@ impl Optimizer {
             grads.push(v);
         }
         let all: Vec<Tensor> = grads.iter().flatten().flatten().cloned().collect();
-        let sq = ferrite_core::optim::sum_squares(&all, &dev)?;
-        // The norm, the non-finite flag and every step counter in one launch (what
-        // `note_norm` and the per-group counters compose from tensor ops).
+        // The gradients' sum of squares, the norm, the non-finite flag and every step counter
+        // in one launch for a small model (what `note_norm` and the per-group counters
+        // compose from tensor ops).
         let group_steps: Vec<Tensor> = self.groups.iter().map(|g| g.step_t.clone()).collect();
         let finite = ferrite_core::optim::step_scalars(&StepScalars {
-            grad_sq: &sq,
+            grads: &all,
+            grad_sq: &self.grad_sq,
             grad_scale,
             grad_norm: &self.grad_norm,
             steps: &self.steps_t,
@@ -607,7 +609,7 @@ impl Optimizer {
                     first: &b.first,
                     lr: &g.lr_t,
                     step: &g.step_t,
-                    grad_sq: &sq,
+                    grad_sq: &self.grad_sq,
                     grad_scale,
                     clip,
                 })?;

@@ -318,11 +318,94 @@ fn cuda_graph_refuses_dropout(dev: &Device) {
     assert_eq!(t.graph_replays(), 0);
 }
 
+/// `step_scalars` on CUDA in both of its forms (one single-block launch for up to 65,536
+/// elements of one dtype; chunked partial sums then one finishing launch otherwise): the sum
+/// of squares, the norm, the counters and the non-finite flag against the f64 values of the
+/// same gradients, with and without a NaN.
+fn step_scalars_both_forms_match_f64(dev: &Device) {
+    use ferrite_core::optim::{step_scalars, StepScalars};
+    let vals = |n: usize, seed: u64| -> Vec<f32> {
+        (0..n)
+            .map(|i| (((i as u64 * 2654435761 + seed * 97) % 2001) as f32 - 1000.0) / 300.0)
+            .collect()
+    };
+    let zero = || Tensor::zeros((), DType::F64, dev).expect("scalar");
+    let read = |t: &Tensor| t.to_vec::<f64>().expect("read")[0];
+    // (sizes, dtypes: true = bf16, a NaN in the first tensor)
+    let sets: [(&[usize], bool, bool); 5] = [
+        (&[216, 8, 16, 2], false, false),
+        (&[216, 8, 16, 2], false, true),
+        (&[40_000, 30_000, 7], false, false),
+        (&[40_000, 30_000, 7], false, true),
+        (&[300, 5_000, 77], true, false),
+    ];
+    for (sizes, bf16, nan) in sets {
+        let mut grads = Vec::new();
+        let mut want = 0.0f64;
+        for (k, &n) in sizes.iter().enumerate() {
+            let mut v = vals(n, k as u64);
+            if nan && k == 0 {
+                v[n / 2] = f32::NAN;
+            }
+            let t = Tensor::from_vec(v, [n], dev).expect("grad");
+            // the mixed set: every other tensor in bf16 (its values rounded first)
+            let t = if bf16 && k % 2 == 1 {
+                t.cast(DType::BF16).expect("cast")
+            } else {
+                t
+            };
+            let h = t
+                .cast(DType::F64)
+                .expect("f64")
+                .to_vec::<f64>()
+                .expect("read");
+            want += h.iter().map(|x| x * x).sum::<f64>();
+            grads.push(t);
+        }
+        let (sq, norm, steps, first, group) = (zero(), zero(), zero(), zero(), zero());
+        let finite = step_scalars(&StepScalars {
+            grads: &grads,
+            grad_sq: &sq,
+            grad_scale: None,
+            grad_norm: &norm,
+            steps: &steps,
+            first_nonfinite: Some(&first),
+            group_steps: std::slice::from_ref(&group),
+        })
+        .expect("step_scalars");
+        let what = format!("sizes {sizes:?}, bf16 {bf16}, NaN {nan}");
+        let fin = finite.to_vec_f64().expect("finite")[0] != 0.0;
+        assert_eq!(fin, !nan, "{what}: finite flag");
+        assert_eq!(read(&steps), 1.0, "{what}: steps");
+        if nan {
+            assert!(read(&sq).is_nan(), "{what}: sum of squares {}", read(&sq));
+            assert_eq!(read(&first), 1.0, "{what}: first non-finite step");
+            assert_eq!(read(&group), 0.0, "{what}: group counter");
+        } else {
+            let got = read(&sq);
+            assert!(
+                (got - want).abs() <= 1e-12 * want,
+                "{what}: sum of squares {got} against {want}"
+            );
+            assert!(
+                (read(&norm) - want.sqrt()).abs() <= 1e-12 * want.sqrt(),
+                "{what}: norm"
+            );
+            assert_eq!(read(&first), 0.0, "{what}: first non-finite step");
+            assert_eq!(read(&group), 1.0, "{what}: group counter");
+        }
+    }
+}
+
 type GpuTest = fn(&Device);
 
 fn main() {
     let mut r = Runner::from_args();
-    let tests: [(&str, GpuTest); 12] = [
+    let tests: [(&str, GpuTest); 13] = [
+        (
+            "step_scalars_both_launch_forms_match_f64",
+            step_scalars_both_forms_match_f64,
+        ),
         (
             "optimizers_follow_pytorch_for_100_steps_on_cuda",
             optimizers_follow_pytorch,
