@@ -125,7 +125,7 @@ template <typename T, typename I>
 __device__ void ce_bwd_impl(const T* __restrict__ x, u64 n, u32 c, const I* __restrict__ tgt,
                             const T* __restrict__ w, const void* wsum, i64 ignore, double eps,
                             const typename Num<T>::A* __restrict__ saved,
-                            const typename Num<T>::A* __restrict__ g, u32 vec16,
+                            const typename Num<T>::A* __restrict__ g, u64 g_rows, u32 vec16,
                             T* __restrict__ dx, ErrFlag* err) {
     typedef typename Num<T>::A A;
     const int V = 16 / sizeof(T);
@@ -144,7 +144,7 @@ __device__ void ce_bwd_impl(const T* __restrict__ x, u64 n, u32 c, const I* __re
         A gi = (A)0, l = (A)0, a = (A)0, es = (A)0, coef = (A)0;
         u32 tt = 0xffffffffu;
         if (!skip) {
-            gi = g[3 * r];
+            gi = g[g_rows * r];
             l = saved[3 * r + 1];
             a = ((A)1 - (A)eps) * Num<T>::load(w[t]);
             es = (A)eps / (A)c;
@@ -191,8 +191,8 @@ extern "C" __global__ void __launch_bounds__(1024) ce_fwd_##S##_##IS(const T* x,
     ce_fwd_impl<T, I>(x, n, c, tgt, w, wsum, ignore, eps, vec16, out, err); }                   \
 extern "C" __global__ void __launch_bounds__(1024) ce_bwd_##S##_##IS(const T* x, u64 n, u32 c, \
     const I* tgt, const T* w, const void* wsum, i64 ignore, double eps,                        \
-    const Num<T>::A* saved, const Num<T>::A* g, u32 vec16, T* dx, ErrFlag* err) {              \
-    ce_bwd_impl<T, I>(x, n, c, tgt, w, wsum, ignore, eps, saved, g, vec16, dx, err); }
+    const Num<T>::A* saved, const Num<T>::A* g, u64 g_rows, u32 vec16, T* dx, ErrFlag* err) {  \
+    ce_bwd_impl<T, I>(x, n, c, tgt, w, wsum, ignore, eps, saved, g, g_rows, vec16, dx, err); }
 
 #define CE_FOR_INDEX(S, T) CE_KERNELS(S, T, i32, i32) CE_KERNELS(S, T, i64, i64)               \
     CE_KERNELS(S, T, u32, u32) CE_KERNELS(S, T, u8, u8)

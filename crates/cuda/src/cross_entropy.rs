@@ -111,7 +111,8 @@ pub(crate) fn cross_entropy(
     dev.finish_one(out)
 }
 
-/// `Op::CrossEntropyBackward`: (logits, target, weight, out [n, 3], g [n, 3]) -> dlogits.
+/// `Op::CrossEntropyBackward`: (logits, target, weight, out [n, 3], g [n, 3], any strides)
+/// -> dlogits.
 pub(crate) fn cross_entropy_backward(
     dev: &CudaBackend,
     inputs: [&Tensor; 5],
@@ -121,7 +122,10 @@ pub(crate) fn cross_entropy_backward(
     let op = "cross_entropy_backward";
     let [x, t, w, saved, g] = inputs;
     let p = prepare(dev, [x, t, w], eps, op)?;
-    let (saved, g) = (saved.contiguous()?, g.contiguous()?);
+    // Only g's loss column is read: any row stride (0 for a broadcast gradient, as a mean
+    // loss's backward gives) is passed as is, without a copy.
+    let saved = saved.contiguous()?;
+    let g_rows = g.layout().strides()[0] as u64;
     let out = dev.alloc_out(p.n * p.c, p.x.dtype(), op)?;
     let vec16 = p.vec16 && out.ptr().is_multiple_of(16);
     if p.n > 0 && p.c > 0 {
@@ -139,7 +143,8 @@ pub(crate) fn cross_entropy_backward(
             .arg(ignore_index)
             .arg(eps)
             .arg(ptr(dev, &saved, op)?)
-            .arg(ptr(dev, &g, op)?)
+            .arg(ptr(dev, g, op)?)
+            .arg(g_rows)
             .arg(vec16 as u32)
             .arg(out.ptr())
             .arg(dev.fault_dev);

@@ -108,17 +108,27 @@ __device__ void scatter_add_impl(Idx w, T* y, const I* __restrict__ idx,
     }
 }
 
-// cat: one input copied into its slab of y. `w` walks the input's shape with operand 0 its
-// strides and operand 1 y's strides (offset of the slab included).
+// cat: up to CAT_MAX inputs copied into their slabs of y in one launch. Input p covers
+// elements [end[p - 1], end[p]) of the launch (end[-1] = 0); `w[p]` walks its shape with
+// operand 0 its strides and operand 1 y's strides (offset of the slab included).
+#define CAT_MAX 8
+struct CatArgs {
+    Idx w[CAT_MAX];
+    u64 x[CAT_MAX];
+    u64 end[CAT_MAX];
+    u32 count;
+};
 template <typename W>
-__device__ void cat_copy_impl(Idx w, const W* __restrict__ x, W* __restrict__ y) {
-    for (u64 e = gtid(); e < w.n; e += gstride()) {
+__device__ void cat_copy_impl(const CatArgs& a, W* __restrict__ y) {
+    const u64 n = a.end[a.count - 1];
+    for (u64 e = gtid(); e < n; e += gstride()) {
+        u32 p = 0;
+        while (e >= a.end[p]) ++p;
         i64 o[2];
-        idx_offsets<2>(w, e, o);
-        y[o[1]] = x[o[0]];
+        idx_offsets<2>(a.w[p], e - (p ? a.end[p - 1] : 0), o);
+        y[o[1]] = ((const W*)a.x[p])[o[0]];
     }
 }
-
 #define MOVE_BY_INDEX(S, W, IS, I) \
 extern "C" __global__ void index_select_##S##_##IS(Idx xw, const W* x, const I* idx, i64 ist, u64 n, u64 inner, i64 sa, i64 size, W* y, ErrFlag* err) { \
     index_select_impl<W, I>(xw, x, idx, ist, n, inner, sa, size, y, err); } \
@@ -126,7 +136,7 @@ extern "C" __global__ void gather_##S##_##IS(Idx w, const W* x, const I* idx, i6
     gather_impl<W, I>(w, x, idx, sa, size, y, err); }
 #define MOVE_BY_WIDTH(S, W) \
 MOVE_BY_INDEX(S, W, i32, i32) MOVE_BY_INDEX(S, W, i64, i64) MOVE_BY_INDEX(S, W, u32, u32) MOVE_BY_INDEX(S, W, u8, u8) \
-extern "C" __global__ void cat_copy_##S(Idx w, const W* x, W* y) { cat_copy_impl<W>(w, x, y); }
+extern "C" __global__ void cat_copy_##S(const CatArgs a, W* y) { cat_copy_impl<W>(a, y); }
 MOVE_BY_WIDTH(b1, u8)
 MOVE_BY_WIDTH(b2, unsigned short)
 MOVE_BY_WIDTH(b4, u32)

@@ -40,6 +40,29 @@ fn width(bytes: usize) -> &'static str {
     }
 }
 
+/// `CAT_MAX` and `CatArgs` of index.cu: the inputs of one `cat_copy_*` launch.
+const CAT_MAX: usize = 8;
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct CatArgs {
+    w: [Idx; CAT_MAX],
+    x: [u64; CAT_MAX],
+    end: [u64; CAT_MAX],
+    count: u32,
+}
+
+impl CatArgs {
+    fn zeroed() -> CatArgs {
+        CatArgs {
+            w: [Idx::default(); CAT_MAX],
+            x: [0; CAT_MAX],
+            end: [0; CAT_MAX],
+            count: 0,
+        }
+    }
+}
+
 /// An operand of a walk: strides and offset, in elements.
 type Operand = (Vec<usize>, usize);
 
@@ -317,27 +340,48 @@ pub(crate) fn cat(dev: &CudaBackend, xs: &[&Tensor], axis: usize) -> Result<Vec<
     let n: usize = dims.iter().product();
     let out = dev.alloc_out(n, dt, op)?;
     let yst = Shape::new(dims.as_slice()).contiguous_strides();
+    // Each non-empty input's walk: its shape with its strides, and y's strides offset to its
+    // slab along the axis.
+    let esz = dt.size_in_bytes();
+    let mut pieces = Vec::new();
     let mut start = 0;
     for (t, s) in xs.iter().zip(&storages) {
-        let m = t.elem_count();
-        if m > 0 {
-            // The input's slab of y: y's strides, offset `start` along the axis; contiguous
-            // rows move as 4- to 16-byte words.
-            let esz = dt.size_in_bytes();
+        if t.elem_count() > 0 {
             let ops = vec![
                 (t.layout().strides().to_vec(), t.layout().offset()),
                 (yst.clone(), start * yst[axis]),
             ];
-            let (word, d, o) = match widen(esz, t.dims(), &ops, &[]) {
-                Some((k, d, o)) => (esz * k, d, o),
-                None => (esz, t.dims().to_vec(), ops),
-            };
-            let w = Idx::new(op, &d, &[(&o[0].0, o[0].1), (&o[1].0, o[1].1)])?;
-            let args = Args::new().arg(w).arg(s.device_ptr()).arg(out.ptr());
-            let name = format!("cat_copy_{}", width(word));
-            dev.launch(op, &SOURCE, &name, grid(dev, w.n, 1), args)?;
+            pieces.push((t.dims().to_vec(), ops, s.device_ptr()));
         }
         start += t.dims()[axis];
+    }
+    for group in pieces.chunks(CAT_MAX) {
+        // Contiguous rows move as 4- to 16-byte words when every input of the launch allows
+        // the same word; else element by element.
+        let wide: Vec<_> = group
+            .iter()
+            .map(|(d, ops, _)| widen(esz, d, ops, &[]))
+            .collect();
+        let k0 = wide[0].as_ref().map(|w| w.0);
+        let same = k0.is_some() && wide.iter().all(|w| w.as_ref().map(|w| w.0) == k0);
+        let mut a = CatArgs::zeroed();
+        let mut n = 0u64;
+        for (p, ((d, ops, ptr), w)) in group.iter().zip(&wide).enumerate() {
+            let (d, o) = match (same, w) {
+                (true, Some((_, d, o))) => (d, o),
+                _ => (d, ops),
+            };
+            let ix = Idx::new(op, d, &[(&o[0].0, o[0].1), (&o[1].0, o[1].1)])?;
+            n += ix.n;
+            a.w[p] = ix;
+            a.x[p] = *ptr;
+            a.end[p] = n;
+        }
+        a.count = group.len() as u32;
+        let word = if same { esz * k0.unwrap_or(1) } else { esz };
+        let name = format!("cat_copy_{}", width(word));
+        let args = Args::new().arg(a).arg(out.ptr());
+        dev.launch(op, &SOURCE, &name, grid(dev, n, 1), args)?;
     }
     dev.finish_one(out)
 }

@@ -401,7 +401,7 @@ pub(crate) const MAX_DIMS: usize = 8;
 
 /// A strided walk over one shape for up to three operands (`Idx` in common.cuh).
 #[repr(C)]
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct Idx {
     pub rank: u32,
     pub n: u64,

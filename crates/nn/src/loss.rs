@@ -145,13 +145,19 @@ pub fn cross_entropy(input: &Tensor, target: &Tensor, o: &CrossEntropyOptions) -
     // Per row (loss, lse, w[t]) in the accumulator dtype: f32 for 16-bit logits, computed in
     // f32; w[t] is 0 on ignored rows.
     let out = Tensor::cross_entropy_rows(&rows, &t, &w, o.ignore_index, o.label_smoothing)?;
-    let l = out.narrow(1, 0, 1)?.reshape([n])?;
+    let l = || out.narrow(1, 0, 1)?.reshape([n]);
     let loss = match o.reduction {
-        Reduction::None => l.reshape(lead),
-        Reduction::Sum => l.sum_all(),
+        Reduction::None => l()?.reshape(lead),
+        Reduction::Sum => l()?.sum_all(),
         // Divided by the summed class weights of the rows not ignored (their count without
-        // class weights), which the op wrote beside each row's loss.
-        Reduction::Mean => l.sum_all()?.div(&out.narrow(1, 2, 1)?.detach().sum_all()?),
+        // class weights), which the op wrote beside each row's loss: both sums from one
+        // reduction of the rows.
+        Reduction::Mean => {
+            let s = out.sum(&[0], false)?;
+            s.narrow(0, 0, 1)?
+                .div(&s.narrow(0, 2, 1)?.detach())?
+                .reshape(())
+        }
     }?;
     // Under autocast the loss stays f32 (PyTorch's autocast runs cross_entropy in f32, so
     // 16-bit logits reach it without an f32 copy of them); otherwise it has the logits' dtype.

@@ -621,6 +621,18 @@ fn index_cases(b: &mut B) {
             |x| Ok(vec![Tensor::cat(&[&x[0], &x[1], &x[2]], 1)?]),
             |x| vec![r::cat(&[&x[0], &x[1], &x[2]], 1)],
         );
+        // More inputs than one launch takes (CAT_MAX = 8 on CUDA), rows that move as words.
+        b.add(
+            "cat10_rows",
+            dt,
+            (0..10)
+                .map(|i| inp(&[1 + i % 3, 8], dt, vals, View::Contiguous))
+                .collect(),
+            vec![default_tol(dt)],
+            dt.is_float(),
+            |x| Ok(vec![Tensor::cat(&x.iter().collect::<Vec<_>>(), 0)?]),
+            |x| vec![r::cat(&x.iter().collect::<Vec<_>>(), 0)],
+        );
         b.add(
             "stack0",
             dt,
