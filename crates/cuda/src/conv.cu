@@ -1,8 +1,8 @@
 // Convolution helpers and max pooling. Convolutions are im2col + cuBLASLt matmul (conv.rs):
 // im2col writes the column matrix of x in a layout given by strides, col2im gathers a column
 // matrix back into image pixels (the adjoint, without atomics: each thread sums the taps
-// that read its pixel). wgrad_small/wgrad_sum compute the weight gradient of a small filter
-// directly. Inputs are contiguous; f16/bf16 accumulate in f32.
+// that read its pixel). conv_small (forward) and wgrad_small/wgrad_sum (weight gradient)
+// compute small filters directly. Inputs are contiguous; f16/bf16 accumulate in f32.
 
 // x [n, c, h, w] with w [o, c/g, kh, kw] -> y [n, o, oh, ow]; all in elements.
 struct ConvGeo {
@@ -117,28 +117,32 @@ __device__ void max_pool2d_impl(PoolGeo g, const T* x, T* y, u32* idx) {
 // sum over r = (nn oh + oi) ow + oj of gy[nn, o, oi, oj] x[nn, c, ih, iw], c = group(o) cg + c'.
 // Block b sums r in [b len, (b + 1) len) into part[b, w] (w = (o cg + c') kh kw + ki kw + kj,
 // dw's own order); wgrad_sum then adds the blocks' sums in a fixed order, so the result does
-// not depend on scheduling. Each block stages WG_R positions at a time in shared memory,
+// not depend on scheduling. Each block stages R = 2^lg_r positions at a time in shared memory
+// (the host makes a block's range one or a few stages, so its loads are in flight together),
 // position-major: gy of every o (sg[j o_total + o]) and the tap of every (c, ki, kj)
 // (sx[j c kh kw + ck]), so the threads of a warp (consecutive w) read consecutive banks.
 // Thread t owns outputs t + q blockDim.x, q < WG_PER. Contract (conv.rs `small_filter`):
-// o_total cg kh kw <= WG_PER blockDim.x; c kh kw <= WG_CK; (o_total + c kh kw) WG_R A fits
-// the shared memory; x and gy contiguous with fewer than 2^31 elements (32-bit indices).
-#define WG_R 32
+// o_total cg kh kw <= WG_PER blockDim.x; c kh kw <= WG_CK; R <= WG_RMAX and <= blockDim.x;
+// (o_total + c kh kw) R A fits the shared memory; len a multiple of R; x and gy contiguous
+// with fewer than 2^31 elements (32-bit indices).
+#define WG_RMAX 256
+#define WG_U 8
 #define WG_PER 4
 #define WG_CK 512
 template <typename T>
 __device__ void wgrad_small_impl(ConvGeo g, i64 o_total_, const T* x, const T* gy,
-                                 typename Num<T>::A* part, i64 len) {
+                                 typename Num<T>::A* part, i64 len, u32 lg_r) {
     typedef typename Num<T>::A A;
     extern __shared__ __align__(16) unsigned char wg_smem[];
     const int o_total = (int)o_total_, kw = (int)g.kw, kk = (int)(g.kh * g.kw);
     const int K = (int)g.cg * kk, CK = (int)g.c * kk, W = o_total * K;
     const int H = (int)g.h, Wd = (int)g.w, OH = (int)g.oh, OW = (int)g.ow, pix = OH * OW;
     const int og = o_total / (int)(g.c / g.cg);
+    const int R = 1 << lg_r;
     A* sg = (A*)wg_smem;
-    A* sx = sg + o_total * WG_R;
+    A* sx = sg + o_total * R;
     // Per staged position: its image's offsets into x and gy, and its top-left tap; -1: none.
-    __shared__ int s_x[WG_R], s_g[WG_R], s_ih[WG_R], s_iw[WG_R];
+    __shared__ int s_x[WG_RMAX], s_g[WG_RMAX], s_ih[WG_RMAX], s_iw[WG_RMAX];
     // Per tap (c, ki, kj): the channel's offset and the tap's offsets from the top-left.
     __shared__ int s_c[WG_CK], s_ki[WG_CK], s_kj[WG_CK];
     for (int ck = threadIdx.x; ck < CK; ck += blockDim.x) {
@@ -158,8 +162,8 @@ __device__ void wgrad_small_impl(ConvGeo g, i64 o_total_, const T* x, const T* g
         orow[q] = o;
         xrow[q] = (o / og) * K + (w - o * K);
     }
-    for (int r = r0; r < r1; r += WG_R) {
-        if (threadIdx.x < WG_R) {
+    for (int r = r0; r < r1; r += R) {
+        if (threadIdx.x < R) {
             int rr = r + threadIdx.x, nn = rr / pix, p = rr - nn * pix, oi = p / OW, oj = p - oi * OW;
             bool in = rr < r1;
             s_x[threadIdx.x] = in ? nn * (int)g.c * H * Wd : -1;
@@ -168,19 +172,36 @@ __device__ void wgrad_small_impl(ConvGeo g, i64 o_total_, const T* x, const T* g
             s_iw[threadIdx.x] = oj * (int)g.s1 - (int)g.p1;
         }
         __syncthreads();
-        for (int i = threadIdx.x; i < o_total * WG_R; i += blockDim.x) {
-            int o = i / WG_R, j = i % WG_R;
-            A v = (A)0;
-            if (s_g[j] >= 0) v = Num<T>::load(gy[s_g[j] + o * pix]);
-            sg[j * o_total + o] = v;
+        // WG_U loads in flight together, then their stores.
+        const int bd = blockDim.x;
+        for (int i0 = threadIdx.x; i0 < o_total * R; i0 += WG_U * bd) {
+            A v[WG_U];
+#pragma unroll
+            for (int u = 0; u < WG_U; ++u) {
+                const int i = i0 + u * bd, o = i >> lg_r, j = i & (R - 1);
+                v[u] = (i < o_total * R && s_g[j] >= 0) ? Num<T>::load(gy[s_g[j] + o * pix]) : (A)0;
+            }
+#pragma unroll
+            for (int u = 0; u < WG_U; ++u) {
+                const int i = i0 + u * bd;
+                if (i < o_total * R) sg[(i & (R - 1)) * o_total + (i >> lg_r)] = v[u];
+            }
         }
-        for (int i = threadIdx.x; i < CK * WG_R; i += blockDim.x) {
-            int ck = i / WG_R, j = i % WG_R;
-            int ih = s_ih[j] + s_ki[ck], iw = s_iw[j] + s_kj[ck];
-            A v = (A)0;
-            if (s_x[j] >= 0 && ih >= 0 && ih < H && iw >= 0 && iw < Wd)
-                v = Num<T>::load(x[s_x[j] + s_c[ck] + ih * Wd + iw]);
-            sx[j * CK + ck] = v;
+        for (int i0 = threadIdx.x; i0 < CK * R; i0 += WG_U * bd) {
+            A v[WG_U];
+#pragma unroll
+            for (int u = 0; u < WG_U; ++u) {
+                const int i = i0 + u * bd, ck = i < CK * R ? i >> lg_r : 0, j = i & (R - 1);
+                const int ih = s_ih[j] + s_ki[ck], iw = s_iw[j] + s_kj[ck];
+                v[u] = (i < CK * R && s_x[j] >= 0 && ih >= 0 && ih < H && iw >= 0 && iw < Wd)
+                           ? Num<T>::load(x[s_x[j] + s_c[ck] + ih * Wd + iw])
+                           : (A)0;
+            }
+#pragma unroll
+            for (int u = 0; u < WG_U; ++u) {
+                const int i = i0 + u * bd;
+                if (i < CK * R) sx[(i & (R - 1)) * CK + (i >> lg_r)] = v[u];
+            }
         }
         __syncthreads();
 #pragma unroll
@@ -188,7 +209,7 @@ __device__ void wgrad_small_impl(ConvGeo g, i64 o_total_, const T* x, const T* g
             if (threadIdx.x + q * blockDim.x < W) {
                 A a = acc[q];
 #pragma unroll 8
-                for (int j = 0; j < WG_R; ++j) a += sg[j * o_total + orow[q]] * sx[j * CK + xrow[q]];
+                for (int j = 0; j < R; ++j) a += sg[j * o_total + orow[q]] * sx[j * CK + xrow[q]];
                 acc[q] = a;
             }
         }
@@ -198,6 +219,64 @@ __device__ void wgrad_small_impl(ConvGeo g, i64 o_total_, const T* x, const T* g
     for (int q = 0; q < WG_PER; ++q) {
         int w = threadIdx.x + q * blockDim.x;
         if (w < W) part[(i64)blockIdx.x * W + w] = acc[q];
+    }
+}
+
+// Forward of a small filter (one group) over many positions: y[nn, o, oi, oj] = the sum over
+// (c, ki, kj) of w[o, c, ki, kj] x[nn, c, oi s0 - p0 + ki d0, oj s1 - p1 + kj d1]. The
+// weights are staged in shared memory (A; every lane of a warp reads the same one: a
+// broadcast); one thread per output position computes every filter's output (o_total <=
+// WF_O accumulators) from the taps it reads once, WF_U at a time. Contract (conv.rs
+// `small_forward`): one group; o_total <= WF_O; c kh kw <= WF_TAPS; o_total c kh kw A fits
+// the shared memory; x and y contiguous with fewer than 2^31 elements (32-bit indices).
+#define WF_O 16
+#define WF_TAPS 64
+#define WF_U 8
+template <typename T>
+__device__ void conv_small_impl(ConvGeo g, i64 o_total_, const T* x, const T* w, T* y) {
+    typedef typename Num<T>::A A;
+    extern __shared__ __align__(16) unsigned char wf_smem[];
+    A* sw = (A*)wf_smem;
+    // Per tap (c, ki, kj): the channel's offset and the tap's offsets from the top-left.
+    __shared__ int s_c[WF_TAPS], s_ki[WF_TAPS], s_kj[WF_TAPS];
+    const int o_total = (int)o_total_, kw = (int)g.kw, kk = (int)(g.kh * g.kw);
+    const int CK = (int)g.c * kk, H = (int)g.h, Wd = (int)g.w, OW = (int)g.ow;
+    const int pix = (int)g.oh * OW, total = (int)g.n * pix;
+    for (int i = threadIdx.x; i < o_total * CK; i += blockDim.x) sw[i] = Num<T>::load(w[i]);
+    for (int ck = threadIdx.x; ck < CK; ck += blockDim.x) {
+        int c = ck / kk, t = ck - c * kk, ki = t / kw;
+        s_c[ck] = c * H * Wd;
+        s_ki[ck] = ki * (int)g.d0;
+        s_kj[ck] = (t - ki * kw) * (int)g.d1;
+    }
+    __syncthreads();
+    for (int r = blockIdx.x * blockDim.x + threadIdx.x; r < total; r += gridDim.x * blockDim.x) {
+        const int nn = r / pix, p = r - nn * pix, oi = p / OW, oj = p - oi * OW;
+        const int ih0 = oi * (int)g.s0 - (int)g.p0, iw0 = oj * (int)g.s1 - (int)g.p1;
+        const T* xb = x + nn * (int)g.c * H * Wd;
+        A acc[WF_O];
+#pragma unroll
+        for (int o = 0; o < WF_O; ++o) acc[o] = (A)0;
+        // WF_U taps at a time: their loads in flight together, then their products.
+        for (int ck0 = 0; ck0 < CK; ck0 += WF_U) {
+            A v[WF_U];
+#pragma unroll
+            for (int u = 0; u < WF_U; ++u) {
+                const int ck = ck0 + u, ih = ih0 + s_ki[ck < CK ? ck : 0], iw = iw0 + s_kj[ck < CK ? ck : 0];
+                v[u] = (ck < CK && ih >= 0 && ih < H && iw >= 0 && iw < Wd) ? Num<T>::load(xb[s_c[ck] + ih * Wd + iw]) : (A)0;
+            }
+#pragma unroll
+            for (int u = 0; u < WF_U; ++u) {
+                if (ck0 + u >= CK) break;
+#pragma unroll
+                for (int o = 0; o < WF_O; ++o)
+                    if (o < o_total) acc[o] += sw[o * CK + ck0 + u] * v[u];
+            }
+        }
+        T* yb = y + nn * o_total * pix + p;
+#pragma unroll
+        for (int o = 0; o < WF_O; ++o)
+            if (o < o_total) yb[o * pix] = Num<T>::store(acc[o]);
     }
 }
 
@@ -223,6 +302,7 @@ __device__ void wgrad_sum_impl(const typename Num<T>::A* part, i64 blocks, i64 W
     extern "C" __global__ void im2col_##S(ConvGeo g, const T* x, T* cols, i64 sn, i64 sg, i64 sk) { im2col_impl<T>(g, x, cols, sn, sg, sk); } \
     extern "C" __global__ void col2im_##S(ConvGeo g, const T* cols, T* dx, i64 sn, i64 sg, i64 sk) { col2im_impl<T>(g, cols, dx, sn, sg, sk); } \
     extern "C" __global__ void max_pool2d_##S(PoolGeo g, const T* x, T* y, u32* idx) { max_pool2d_impl<T>(g, x, y, idx); } \
-    extern "C" __global__ void wgrad_small_##S(ConvGeo g, i64 o_total, const T* x, const T* gy, Num<T>::A* part, i64 len) { wgrad_small_impl<T>(g, o_total, x, gy, part, len); } \
+    extern "C" __global__ void wgrad_small_##S(ConvGeo g, i64 o_total, const T* x, const T* gy, Num<T>::A* part, i64 len, u32 lg_r) { wgrad_small_impl<T>(g, o_total, x, gy, part, len, lg_r); } \
+    extern "C" __global__ void conv_small_##S(ConvGeo g, i64 o_total, const T* x, const T* w, T* y) { conv_small_impl<T>(g, o_total, x, w, y); } \
     extern "C" __global__ void wgrad_sum_##S(const Num<T>::A* part, i64 blocks, i64 w, T* dw) { wgrad_sum_impl<T>(part, blocks, w, dw); }
 FOR_FLOATS(CONV_KERNELS)

@@ -166,11 +166,14 @@ pub(crate) fn conv2d(
     out: &Shape,
 ) -> Result<Vec<Arc<dyn Storage>>> {
     let op = "conv2d";
+    let geo = Geo::new(x.dims(), w.dims(), out.dims(), *p);
+    if dev.conv_settings().imp == crate::ConvImpl::Auto && small_forward(&geo, x.dtype()) {
+        return conv_small(dev, x, w, &geo);
+    }
     if let Some(y) = crate::cudnn::conv2d(dev, x, w, p, out)? {
         return Ok(y);
     }
     dev.conv_im2col_calls.fetch_add(1, Ordering::Relaxed);
-    let geo = Geo::new(x.dims(), w.dims(), out.dims(), *p);
     let (n, g, k, pix) = (geo.n, geo.groups(), geo.k(), geo.pix());
     no_grad(|| {
         let x = x.contiguous()?;
@@ -207,6 +210,56 @@ pub(crate) fn conv2d(
             .reshape([1, g, geo.o / g, k])?
             .broadcast_to([n, g, geo.o / g, k])?;
         storage_of(wg.matmul(&cols)?, out.dims())
+    })
+}
+
+/// Filters a `conv_small` thread computes at most (`WF_O` in conv.cu); most taps of one
+/// output (input channels x kernel positions) it takes.
+const WF_O: usize = 16;
+const WF_TAPS: usize = 64;
+
+/// Whether conv2d's forward is a small filter (one group, at most `WF_O` filters of at most
+/// `WF_TAPS` taps) over at least 1,024 positions, which `conv_small` computes directly (the
+/// seed CNN's 3 -> 8 3x3 layer: 7M multiply-adds, for which cuDNN's implicit GEMM took ~7 us
+/// on an H200); indices fit 32 bits.
+fn small_forward(g: &Geo, dt: DType) -> bool {
+    let taps = g.c * g.kh * g.kw;
+    let fits_i32 = |n: usize| n < 1 << 31;
+    g.groups() == 1
+        && g.o <= WF_O
+        && taps <= WF_TAPS
+        && g.o * taps * dt.accumulator().size_in_bytes() <= 32 << 10
+        && g.n * g.oh * g.ow >= 1024
+        && fits_i32(g.n * g.c * g.h * g.w)
+        && fits_i32(g.n * g.o * g.oh * g.ow)
+}
+
+/// conv2d's forward through `conv_small`: one thread per output position, 128 a block.
+fn conv_small(
+    dev: &CudaBackend,
+    x: &Tensor,
+    w: &Tensor,
+    geo: &Geo,
+) -> Result<Vec<Arc<dyn Storage>>> {
+    let op = "conv2d";
+    let sfx = float_suffix(op, x.dtype())?;
+    dev.conv_direct_calls.fetch_add(1, Ordering::Relaxed);
+    let positions = geo.n * geo.oh * geo.ow;
+    no_grad(|| {
+        let (x, w) = (x.contiguous()?, w.contiguous()?);
+        let y = dev.alloc_out(geo.n * geo.o * geo.oh * geo.ow, x.dtype(), op)?;
+        let (sx, sw) = (dev.input(&x, op)?, dev.input(&w, op)?);
+        let smem = geo.o * geo.c * geo.kh * geo.kw * x.dtype().accumulator().size_in_bytes();
+        let args = Args::new()
+            .arg(kernel_geo(geo))
+            .arg(geo.o as i64)
+            .arg(CudaBackend::ptr(&x, sx))
+            .arg(CudaBackend::ptr(&w, sw))
+            .arg(y.ptr());
+        let blocks = positions.div_ceil(128) as u32;
+        let cfg = Cfg::new((blocks, 1, 1), (128, 1, 1), smem as u32);
+        dev.launch(op, &SOURCE, &format!("conv_small_{sfx}"), cfg, args)?;
+        dev.finish_one(y)
     })
 }
 
@@ -325,12 +378,15 @@ pub(crate) fn conv2d_backward_weight(
     })
 }
 
-/// Positions `wgrad_small` stages at a time, outputs per thread, most input taps (`WG_R`,
-/// `WG_PER`, `WG_CK` in conv.cu); threads per block.
+/// Positions `wgrad_small` stages at a time, at least and at most (`WG_RMAX` in conv.cu);
+/// outputs per thread, most input taps (`WG_PER`, `WG_CK`); threads per block; shared memory
+/// of a stage, at most.
 const WG_R: usize = 32;
+const WG_RMAX: usize = 256;
 const WG_PER: usize = 4;
 const WG_CK: usize = 512;
 const WG_THREADS: usize = 256;
+const WG_SMEM: usize = 48 << 10;
 
 /// Whether the weight gradient is a small filter over a long reduction, which `wgrad_small`
 /// computes directly (the seed CNN's 8 x 3 x 3 x 3 filter over 32 x 32 x 32 positions: GEMM
@@ -343,16 +399,16 @@ fn small_filter(g: &Geo, dt: DType) -> bool {
     let fits_i32 = |n: usize| n < 1 << 31;
     g.o * g.cg() * kk <= WG_PER * WG_THREADS
         && g.c * kk <= WG_CK
-        && wg_stage_bytes(g, dt) <= 24 << 10
+        && wg_stage_bytes(g, dt, WG_R) <= 24 << 10
         && g.n * g.oh * g.ow >= 1024
         && fits_i32(g.n * g.c * g.h * g.w)
         && fits_i32(g.n * g.o * g.oh * g.ow)
 }
 
-/// Shared memory of one `wgrad_small` stage: `WG_R` positions of the output gradient of
-/// every filter and of the tap of every input channel, in the accumulator type.
-fn wg_stage_bytes(g: &Geo, dt: DType) -> usize {
-    (g.o + g.c * g.kh * g.kw) * WG_R * dt.accumulator().size_in_bytes()
+/// Shared memory of one `wgrad_small` stage: `r` positions of the output gradient of every
+/// filter and of the tap of every input channel, in the accumulator type.
+fn wg_stage_bytes(g: &Geo, dt: DType, r: usize) -> usize {
+    (g.o + g.c * g.kh * g.kw) * r * dt.accumulator().size_in_bytes()
 }
 
 /// conv2d's weight gradient through `wgrad_small` (per-block sums over a range of output
@@ -369,22 +425,29 @@ fn wgrad_small(
     let acc = x.dtype().accumulator();
     let w_total = geo.o * geo.cg() * geo.kh * geo.kw;
     let r = geo.n * geo.oh * geo.ow;
-    // Ranges of whole stages, about 256 blocks.
-    let len = WG_R * r.div_ceil(WG_R * 256).max(1);
+    // About 256 blocks, each one stage of up to WG_RMAX positions (its loads in flight
+    // together) where the stage fits WG_SMEM, else whole stages of fewer.
+    let per_block = r.div_ceil(256).next_power_of_two();
+    let mut stage = WG_R;
+    while stage < WG_RMAX.min(per_block) && wg_stage_bytes(geo, x.dtype(), 2 * stage) <= WG_SMEM {
+        stage *= 2;
+    }
+    let len = stage * r.div_ceil(stage * 256).max(1);
     let blocks = r.div_ceil(len);
     no_grad(|| {
         let (x, gy) = (x.contiguous()?, gy.contiguous()?);
         let part = dev.alloc_out(blocks * w_total, acc, op)?;
         let dw = dev.alloc_out(w_total, x.dtype(), op)?;
         let (sx, sg) = (dev.input(&x, op)?, dev.input(&gy, op)?);
-        let smem = wg_stage_bytes(geo, x.dtype());
+        let smem = wg_stage_bytes(geo, x.dtype(), stage);
         let args = Args::new()
             .arg(kernel_geo(geo))
             .arg(geo.o as i64)
             .arg(CudaBackend::ptr(&x, sx))
             .arg(CudaBackend::ptr(&gy, sg))
             .arg(part.ptr())
-            .arg(len as i64);
+            .arg(len as i64)
+            .arg(stage.trailing_zeros());
         dev.launch(
             op,
             &SOURCE,

@@ -193,8 +193,11 @@ pub(crate) fn reduce(
     let words = 16 / dt.size_in_bytes() as u64;
     let row = rs == 1 && rlen >= words;
     // Lanes per output in `reduce_row`: enough for one word each, at least a word's elements,
-    // at most a warp; 0 (a block per output) past 1024 elements.
-    let group = if rlen > 1024 {
+    // at most a warp; 0 (a block per output) past 1024 elements, and from 512 where groups
+    // of a warp would leave the device mostly idle (fewer than 512 lanes a multiprocessor:
+    // the global mean of [32, 8, 32, 32] over its 1,024-element rows).
+    let few = nout_u * 32 < sm * 512;
+    let group = if rlen > 1024 || (few && rlen >= 512) {
         0
     } else {
         rlen.div_ceil(words)

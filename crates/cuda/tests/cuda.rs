@@ -954,8 +954,8 @@ fn cudnn_vs_im2col(d: &CudaDevice) {
     );
 }
 
-/// The weight gradient of small filters over long reductions (`wgrad_small`, taken in
-/// `Auto` mode) against the CPU in f64, f32, f16 and bf16: the seed CNN's layer, stride,
+/// The forward (`conv_small`) and weight gradient (`wgrad_small`) of small filters over long
+/// reductions, taken in `Auto` mode, against the CPU in f64, f32, f16 and bf16: the seed CNN's layer, stride,
 /// dilation and groups, a reduction that ends inside a staged tile, and a filter at the
 /// per-thread limit (1,008 entries); and the shapes it must leave to cuDNN / im2col (a filter
 /// over the limit, a short reduction, f64 staging over the shared-memory bound).
@@ -974,7 +974,7 @@ fn conv_small_filter_wgrad(d: &CudaDevice) {
         (([4, 16, 20, 20], [8, 16, 3, 3], 1, 1, 1, 1), false),
         (([1, 3, 20, 20], [8, 3, 3, 3], 1, 1, 1, 1), false),
     ];
-    let mut direct = 0;
+    let (mut direct, mut forward) = (0, 0);
     for dt in [DType::F64, DType::F32, DType::F16, DType::BF16] {
         let tol = match dt {
             DType::F64 => 1e-12,
@@ -996,7 +996,29 @@ fn conv_small_filter_wgrad(d: &CudaDevice) {
                     .unwrap()
             };
             let x = mk(xs.to_vec(), 31);
-            let y = x.conv2d_raw(&mk(ws.to_vec(), 32), &p).unwrap();
+            let wt = mk(ws.to_vec(), 32);
+            let y = x.conv2d_raw(&wt, &p).unwrap();
+            // The forward: `conv_small` where the filter is small, of one group, over at
+            // least 1,024 positions.
+            let fwd_small = groups == 1
+                && ws[0] <= 16
+                && ws[1] * ws[2] * ws[3] <= 64
+                && y.elem_count() / ws[0] >= 1024;
+            let s0 = d.conv_stats();
+            let yd = x
+                .to_device(&dev)
+                .unwrap()
+                .conv2d_raw(&wt.to_device(&dev).unwrap(), &p)
+                .unwrap();
+            let ran = d.conv_stats().direct - s0.direct;
+            assert_eq!(
+                ran,
+                u64::from(fwd_small),
+                "{dt} {case:?}: direct forward runs"
+            );
+            forward += ran;
+            let e = rel_err(&yd.to_vec_f64().unwrap(), &y.to_vec_f64().unwrap());
+            assert!(e <= tol, "{dt} {case:?} y: {e:e} > {tol:e}");
             let g = mk(y.dims().to_vec(), 33);
             let want = Tensor::conv2d_backward_weight(&x, &g, &p, &ws).unwrap();
             let (xd, gd) = (x.to_device(&dev).unwrap(), g.to_device(&dev).unwrap());
@@ -1012,7 +1034,8 @@ fn conv_small_filter_wgrad(d: &CudaDevice) {
         }
     }
     assert_eq!(direct, 19);
-    println!("  {direct} small-filter weight gradients match the CPU");
+    assert_eq!(forward, 8);
+    println!("  {direct} small-filter weight gradients and {forward} forwards match the CPU");
 }
 
 /// A conv2d forward and both gradients captured into a CUDA graph (cuDNN picks by
