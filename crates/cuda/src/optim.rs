@@ -6,9 +6,11 @@
 //! an uploaded device buffer: gradients get new addresses at every eager step (an upload per
 //! step would be a host-to-device copy and an event), and uploads are refused during a graph
 //! capture while kernel parameters are captured by value. Launches: one per `MT_MAX` tensors
-//! of a group (two for LAMB, whose trust ratio needs each tensor's norms first), plus for the
-//! sum of squares one finishing single-block kernel that adds the per-chunk partial sums in a
-//! fixed order (deterministic, no atomics).
+//! of a group (two for LAMB, whose trust ratio needs each tensor's norms first); for the sum
+//! of squares, one per `MT_MAX` tensors of a dtype and one finishing single-block kernel that
+//! adds the per-chunk partial sums in a fixed order (deterministic, no atomics) and, in
+//! `step_scalars`, computes the step's scalars. A few small gradients of one dtype take one
+//! single-block launch for both (`step_scalars_small_*`).
 
 use crate::device::{CudaBackend, Out};
 use crate::kernels::{suffix, Args, Cfg, KernelSource};
