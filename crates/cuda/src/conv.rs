@@ -224,12 +224,18 @@ const WF_TAPS: usize = 64;
 /// on an H200); indices fit 32 bits.
 fn small_forward(g: &Geo, dt: DType) -> bool {
     let taps = g.c * g.kh * g.kw;
-    let fits_i32 = |n: usize| n < 1 << 31;
     g.groups() == 1
         && g.o <= WF_O
         && taps <= WF_TAPS
         && g.o * taps * dt.accumulator().size_in_bytes() <= 32 << 10
-        && g.n * g.oh * g.ow >= 1024
+        && direct_sizes(g)
+}
+
+/// The sizes both small-filter kernels need: at least 1,024 output positions, and x and y
+/// indexed in 32 bits.
+fn direct_sizes(g: &Geo) -> bool {
+    let fits_i32 = |n: usize| n < 1 << 31;
+    g.n * g.oh * g.ow >= 1024
         && fits_i32(g.n * g.c * g.h * g.w)
         && fits_i32(g.n * g.o * g.oh * g.ow)
 }
@@ -396,13 +402,10 @@ const WG_SMEM: usize = 48 << 10;
 /// in 24 KiB of shared memory; indices fit 32 bits.
 fn small_filter(g: &Geo, dt: DType) -> bool {
     let kk = g.kh * g.kw;
-    let fits_i32 = |n: usize| n < 1 << 31;
     g.o * g.cg() * kk <= WG_PER * WG_THREADS
         && g.c * kk <= WG_CK
         && wg_stage_bytes(g, dt, WG_R) <= 24 << 10
-        && g.n * g.oh * g.ow >= 1024
-        && fits_i32(g.n * g.c * g.h * g.w)
-        && fits_i32(g.n * g.o * g.oh * g.ow)
+        && direct_sizes(g)
 }
 
 /// Shared memory of one `wgrad_small` stage: `r` positions of the output gradient of every

@@ -44,23 +44,12 @@ fn width(bytes: usize) -> &'static str {
 const CAT_MAX: usize = 8;
 
 #[repr(C)]
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Default)]
 struct CatArgs {
     w: [Idx; CAT_MAX],
     x: [u64; CAT_MAX],
     end: [u64; CAT_MAX],
     count: u32,
-}
-
-impl CatArgs {
-    fn zeroed() -> CatArgs {
-        CatArgs {
-            w: [Idx::default(); CAT_MAX],
-            x: [0; CAT_MAX],
-            end: [0; CAT_MAX],
-            count: 0,
-        }
-    }
 }
 
 /// An operand of a walk: strides and offset, in elements.
@@ -364,7 +353,7 @@ pub(crate) fn cat(dev: &CudaBackend, xs: &[&Tensor], axis: usize) -> Result<Vec<
             .collect();
         let k0 = wide[0].as_ref().map(|w| w.0);
         let same = k0.is_some() && wide.iter().all(|w| w.as_ref().map(|w| w.0) == k0);
-        let mut a = CatArgs::zeroed();
+        let mut a = CatArgs::default();
         let mut n = 0u64;
         for (p, ((d, ops, ptr), w)) in group.iter().zip(&wide).enumerate() {
             let (d, o) = match (same, w) {

@@ -346,12 +346,18 @@ __device__ void sum_squares_impl(TensorList tl, double* part) {
     if (threadIdx.x == 0) part[(u64)tl.gchunk0 + blockIdx.x] = acc;
 }
 
-// out[0] = the sum of part[0..n], in an order fixed by n (one block).
-extern "C" __global__ void sum_squares_finish(const double* part, u64 n, double* out) {
+// The sum of part[0..n] in an order fixed by n and the block size, on every thread of one
+// block.
+__device__ double sum_parts(const double* part, u64 n) {
     __shared__ double sh[32];
     double acc = 0.0;
     for (u64 i = threadIdx.x; i < n; i += blockDim.x) acc += part[i];
-    acc = block_sum(acc, sh);
+    return block_sum(acc, sh);
+}
+
+// out[0] = the sum of part[0..n], in an order fixed by n (one block).
+extern "C" __global__ void sum_squares_finish(const double* part, u64 n, double* out) {
+    const double acc = sum_parts(part, n);
     if (threadIdx.x == 0) out[0] = acc;
 }
 
@@ -396,12 +402,7 @@ __device__ void step_scalars_tail(const StepScalarArgs& a, double ss) {
 // One block (SS_THREADS): the partial sums part[0..n] (sum_squares_*) added in an order fixed
 // by n, then the scalars.
 extern "C" __global__ void __launch_bounds__(SS_THREADS) step_scalars(const double* part, u64 n, StepScalarArgs a) {
-    __shared__ double sh[32];
-    double acc = 0.0;
-    if (!a.groups_only)
-        for (u64 i = threadIdx.x; i < n; i += blockDim.x) acc += part[i];
-    acc = block_sum(acc, sh);
-    step_scalars_tail(a, acc);
+    step_scalars_tail(a, sum_parts(part, a.groups_only ? 0 : n));
 }
 
 // One block (SS_THREADS) for a few small gradients of one dtype: their sum of squares (each
