@@ -1,6 +1,8 @@
 // cast: every dtype pair, with Rust `as` semantics (ferrite-cpu cast.rs): floats go through
 // f64, integers through i64; float to int truncates toward zero, saturates, NaN gives 0;
 // int to narrower int wraps; nonzero gives true. Input strided (Idx), output contiguous.
+// `cast_c`: contiguous input between f32, f16 and bf16, 8 elements a step (the same
+// round-to-nearest-even conversions as through f64: every f16 and bf16 value is an f32).
 
 template <typename S, typename D, bool TO_BOOL>
 __device__ void cast_impl(Idx ix, const S* x, D* y) {
@@ -27,3 +29,28 @@ CAST_TO(S, ST, f32, float) CAST_TO(S, ST, f16, f16) CAST_TO(S, ST, bf16, bf16) C
 CAST_TO(S, ST, i32, i32) CAST_TO(S, ST, i64, i64) CAST_TO(S, ST, u32, u32) CAST_TO(S, ST, u8, u8) \
 extern "C" __global__ void cast_##S##_bool(Idx ix, const ST* x, u8* y) { cast_impl<ST, u8, true>(ix, x, y); }
 FOR_ALL(CAST_FROM)
+
+template <typename S, typename D>
+__device__ void cast_c_impl(u64 n, const S* x, D* y) {
+    struct __align__(16) PS { S v[8]; };
+    struct __align__(16) PD { D v[8]; };
+    const u64 t = (u64)blockIdx.x * blockDim.x + threadIdx.x, step = (u64)gridDim.x * blockDim.x;
+    u64 start = 0;
+    if (((u64)x & 15) == 0 && ((u64)y & 15) == 0) {
+        const u64 np = n / 8;
+        for (u64 i = t; i < np; i += step) {
+            const PS a = ((const PS*)x)[i];
+            PD b;
+#pragma unroll
+            for (int j = 0; j < 8; ++j) b.v[j] = Num<D>::store((float)Num<S>::load(a.v[j]));
+            ((PD*)y)[i] = b;
+        }
+        start = np * 8;
+    }
+    for (u64 i = start + t; i < n; i += step) y[i] = Num<D>::store((float)Num<S>::load(x[i]));
+}
+
+#define CAST_C(S, ST, D, DT) \
+extern "C" __global__ void cast_c_##S##_##D(u64 n, const ST* x, DT* y) { cast_c_impl<ST, DT>(n, x, y); }
+CAST_C(f32, float, f16, f16) CAST_C(f32, float, bf16, bf16) CAST_C(f16, f16, f32, float)
+CAST_C(bf16, bf16, f32, float) CAST_C(f16, f16, bf16, bf16) CAST_C(bf16, bf16, f16, f16)

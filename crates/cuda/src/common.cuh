@@ -124,6 +124,18 @@ __device__ __forceinline__ void idx_offsets(const Idx& ix, u64 i, i64* o) {
         return;
     }
     for (int k = 0; k < K; ++k) o[k] = ix.off[k];
+    if (ix.n <= 0xffffffffull) {
+        // 32-bit division: a 64-bit one is a long subroutine, run per element and dim.
+        u32 j = (u32)i;
+        for (int d = (int)ix.rank - 1; d >= 0; --d) {
+            const u32 dim = (u32)ix.dims[d];
+            const u32 q = j / dim;
+            const u32 r = j - q * dim;
+            for (int k = 0; k < K; ++k) o[k] += (i64)r * ix.st[k][d];
+            j = q;
+        }
+        return;
+    }
     for (int d = (int)ix.rank - 1; d >= 0; --d) {
         u64 dim = ix.dims[d];
         u64 q = i / dim;

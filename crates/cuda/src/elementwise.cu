@@ -135,8 +135,14 @@ __device__ __forceinline__ bool aligned16(const void* p) { return (((u64)p) & 15
 __device__ __forceinline__ u64 gtid() { return (u64)blockIdx.x * blockDim.x + threadIdx.x; }
 __device__ __forceinline__ u64 gstride() { return (u64)gridDim.x * blockDim.x; }
 
-template <typename T>
-__device__ void unary_c_impl(u32 op, u64 n, const T* x, T* y) {
+// The op of a `_c`/`_r` loop: a compile-time constant (`OpK`, so the op's switch folds away
+// for the transcendental activations, whose per-element branch would cost as much as their
+// math) or the kernel's argument (`OpV`).
+template <u32 K> struct OpK { static constexpr u32 v = K; };
+struct OpV { u32 v; };
+
+template <typename T, typename O>
+__device__ __forceinline__ void unary_c_loop(O op, u64 n, const T* x, T* y) {
     constexpr int V = 16 / sizeof(T);
     u64 start = 0;
     if (aligned16(x) && aligned16(y)) {
@@ -146,12 +152,24 @@ __device__ void unary_c_impl(u32 op, u64 n, const T* x, T* y) {
         for (u64 i = gtid(); i < np; i += gstride()) {
             Pack<T, V> p = xp[i];
 #pragma unroll
-            for (int j = 0; j < V; ++j) p.v[j] = unary_apply(op, p.v[j]);
+            for (int j = 0; j < V; ++j) p.v[j] = unary_apply(op.v, p.v[j]);
             yp[i] = p;
         }
         start = np * V;
     }
-    for (u64 i = start + gtid(); i < n; i += gstride()) y[i] = unary_apply(op, x[i]);
+    for (u64 i = start + gtid(); i < n; i += gstride()) y[i] = unary_apply(op.v, x[i]);
+}
+
+template <typename T>
+__device__ void unary_c_impl(u32 op, u64 n, const T* x, T* y) {
+    if constexpr (IsFloat<T>::v) {
+        switch (op) {
+        case 14: unary_c_loop(OpK<14>(), n, x, y); return;   // gelu
+        case 15: unary_c_loop(OpK<15>(), n, x, y); return;   // gelu_tanh
+        case 16: unary_c_loop(OpK<16>(), n, x, y); return;   // silu
+        }
+    }
+    unary_c_loop(OpV{op}, n, x, y);
 }
 
 template <typename T>
@@ -163,8 +181,8 @@ __device__ void unary_s_impl(u32 op, Idx ix, const T* x, T* y) {
     }
 }
 
-template <typename T>
-__device__ void binary_c_impl(u32 op, u64 n, const T* a, const T* b, T* y, ErrFlag* err) {
+template <typename T, typename O>
+__device__ __forceinline__ void binary_c_loop(O op, u64 n, const T* a, const T* b, T* y, ErrFlag* err) {
     constexpr int V = 16 / sizeof(T);
     u64 start = 0;
     if (aligned16(a) && aligned16(b) && aligned16(y)) {
@@ -175,12 +193,25 @@ __device__ void binary_c_impl(u32 op, u64 n, const T* a, const T* b, T* y, ErrFl
         for (u64 i = gtid(); i < np; i += gstride()) {
             Pack<T, V> p = ap[i], q = bp[i];
 #pragma unroll
-            for (int j = 0; j < V; ++j) p.v[j] = binary_apply(op, p.v[j], q.v[j], err);
+            for (int j = 0; j < V; ++j) p.v[j] = binary_apply(op.v, p.v[j], q.v[j], err);
             yp[i] = p;
         }
         start = np * V;
     }
-    for (u64 i = start + gtid(); i < n; i += gstride()) y[i] = binary_apply(op, a[i], b[i], err);
+    for (u64 i = start + gtid(); i < n; i += gstride()) y[i] = binary_apply(op.v, a[i], b[i], err);
+}
+
+template <typename T>
+__device__ void binary_c_impl(u32 op, u64 n, const T* a, const T* b, T* y, ErrFlag* err) {
+    if constexpr (IsFloat<T>::v) {
+        switch (op) {
+        case 0: binary_c_loop(OpK<0>(), n, a, b, y, err); return;   // add
+        case 7: binary_c_loop(OpK<7>(), n, a, b, y, err); return;   // gelu_backward
+        case 8: binary_c_loop(OpK<8>(), n, a, b, y, err); return;   // gelu_tanh_backward
+        case 9: binary_c_loop(OpK<9>(), n, a, b, y, err); return;   // silu_backward
+        }
+    }
+    binary_c_loop(OpV{op}, n, a, b, y, err);
 }
 
 template <typename T>
@@ -193,8 +224,8 @@ __device__ void binary_s_impl(u32 op, Idx ix, const T* a, const T* b, T* y, ErrF
 }
 
 // y[i] = a[i] op row[i % m] (row_b) or row[i % m] op b[i] (!row_b), i < n (a multiple of m).
-template <typename T>
-__device__ void binary_r_impl(u32 op, u64 n, u64 m, const T* a, const T* b, T* y, u32 row_b, ErrFlag* err) {
+template <typename T, typename O>
+__device__ __forceinline__ void binary_r_loop(O op, u64 n, u64 m, const T* a, const T* b, T* y, u32 row_b, ErrFlag* err) {
     constexpr int V = 16 / sizeof(T);
     const T* full = row_b ? a : b;
     const T* row = row_b ? b : a;
@@ -203,20 +234,36 @@ __device__ void binary_r_impl(u32 op, u64 n, u64 m, const T* a, const T* b, T* y
         const Pack<T, V>* fp = (const Pack<T, V>*)full;
         const Pack<T, V>* rp = (const Pack<T, V>*)row;
         Pack<T, V>* yp = (Pack<T, V>*)y;
+        // i % mp kept incrementally: the grid-stride step is fixed, and a 64-bit remainder
+        // per pack would cost more than the pack's memory traffic.
+        const u64 step = gstride() % mp;
+        u64 k = gtid() % mp;
         for (u64 i = gtid(); i < np; i += gstride()) {
             Pack<T, V> f = fp[i];
-            const Pack<T, V> r = rp[i % mp];
+            const Pack<T, V> r = rp[k];
+            k += step;
+            if (k >= mp) k -= mp;
 #pragma unroll
             for (int j = 0; j < V; ++j)
-                f.v[j] = row_b ? binary_apply(op, f.v[j], r.v[j], err) : binary_apply(op, r.v[j], f.v[j], err);
+                f.v[j] = row_b ? binary_apply(op.v, f.v[j], r.v[j], err) : binary_apply(op.v, r.v[j], f.v[j], err);
             yp[i] = f;
         }
         return;
     }
+    const u64 step = gstride() % m;
+    u64 k = gtid() % m;
     for (u64 i = gtid(); i < n; i += gstride()) {
-        const T r = row[i % m];
-        y[i] = row_b ? binary_apply(op, full[i], r, err) : binary_apply(op, r, full[i], err);
+        const T r = row[k];
+        k += step;
+        if (k >= m) k -= m;
+        y[i] = row_b ? binary_apply(op.v, full[i], r, err) : binary_apply(op.v, r, full[i], err);
     }
+}
+
+template <typename T>
+__device__ void binary_r_impl(u32 op, u64 n, u64 m, const T* a, const T* b, T* y, u32 row_b, ErrFlag* err) {
+    if (IsFloat<T>::v && op == 0) binary_r_loop(OpK<0>(), n, m, a, b, y, row_b, err);   // a bias added
+    else binary_r_loop(OpV{op}, n, m, a, b, y, row_b, err);
 }
 
 // binary_k: one operand contiguous, the other one value per run of `inner` consecutive
@@ -233,7 +280,7 @@ __device__ void binary_k_impl(u32 op, u64 n, u64 m, u64 inner, const T* a, const
         Pack<T, V>* yp = (Pack<T, V>*)y;
         for (u64 i = gtid(); i < np; i += gstride()) {
             Pack<T, V> f = fp[i];
-            const T c = col[(i / ip) % m];
+            const T c = col[np <= 0xffffffffull ? ((u32)i / (u32)ip) % (u32)m : (i / ip) % m];
 #pragma unroll
             for (int j = 0; j < V; ++j)
                 f.v[j] = col_b ? binary_apply(op, f.v[j], c, err) : binary_apply(op, c, f.v[j], err);
@@ -242,7 +289,7 @@ __device__ void binary_k_impl(u32 op, u64 n, u64 m, u64 inner, const T* a, const
         return;
     }
     for (u64 i = gtid(); i < n; i += gstride()) {
-        const T c = col[(i / inner) % m];
+        const T c = col[n <= 0xffffffffull ? ((u32)i / (u32)inner) % (u32)m : (i / inner) % m];
         y[i] = col_b ? binary_apply(op, full[i], c, err) : binary_apply(op, c, full[i], err);
     }
 }

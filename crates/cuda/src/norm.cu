@@ -609,19 +609,33 @@ __device__ void norm_dw_part_body(u64 rows, u32 n, u64 rpc, const T* x, u64 xs, 
     }
 }
 
-// Stage 2: dw[col] = sum over the chunks of stage 1 in order (and db with bias).
+// Stage 2: dw[col] (blockIdx.y 0) or db[col] (blockIdx.y 1, with bias) = the sum over the
+// chunks of stage 1. Block (32, 8): 32 columns x 8 lanes over the chunks (chunk ty, ty + 8,
+// ...), combined in a fixed order through shared memory; grid (ceil(n / 32), 1 + bias).
 template <typename T>
 __device__ void norm_dw_final_body(u32 n, u32 chunks, u32 bias, const typename Num<T>::A* part, T* dw, T* db) {
     typedef typename Num<T>::A A;
+    __shared__ A sh[8][33];
+    const u32 tx = threadIdx.x, ty = threadIdx.y, which = blockIdx.y;
+    const u32 col = blockIdx.x * 32 + tx;
     const u64 K = bias ? 2 : 1;
-    for (u32 col = blockIdx.x * blockDim.x + threadIdx.x; col < n; col += gridDim.x * blockDim.x) {
-        A a = 0, b = 0;
-        for (u32 c = 0; c < chunks; ++c) {
-            a += part[((u64)c * K) * n + col];
-            if (bias) b += part[((u64)c * K + 1) * n + col];
+    A a0 = 0, a1 = 0;
+    if (col < n) {
+        u32 c = ty;
+        for (; c + 8 < chunks; c += 16) {
+            a0 += part[((u64)c * K + which) * n + col];
+            a1 += part[((u64)(c + 8) * K + which) * n + col];
         }
-        dw[col] = Num<T>::store(a);
-        if (bias) db[col] = Num<T>::store(b);
+        if (c < chunks) a0 += part[((u64)c * K + which) * n + col];
+    }
+    sh[ty][tx] = a0 + a1;
+    __syncthreads();
+    if (ty == 0 && col < n) {
+        A a = 0;
+#pragma unroll
+        for (int k = 0; k < 8; ++k) a += sh[k][tx];
+        if (which == 0) dw[col] = Num<T>::store(a);
+        else db[col] = Num<T>::store(a);
     }
 }
 
@@ -680,7 +694,7 @@ __device__ void rope_body(u64 rows, u32 h, u32 l, const T* x, u64 xs, const T* c
         const T* x, u64 xs, const T* g, u64 gs, const Num<T>::A* stats, u32 bias, Num<T>::A* part) { \
         norm_dw_part_body<T>(rows, n, rpc, x, xs, g, gs, stats, bias, part);                       \
     }                                                                                               \
-    extern "C" __global__ void norm_dw_final_##S(u32 n, u32 chunks, u32 bias,                      \
+    extern "C" __global__ void __launch_bounds__(256) norm_dw_final_##S(u32 n, u32 chunks, u32 bias, \
         const Num<T>::A* part, T* dw, T* db) {                                                      \
         norm_dw_final_body<T>(n, chunks, bias, part, dw, db);                                      \
     }                                                                                               \

@@ -459,8 +459,8 @@ fn norm_backward(
             .arg(part.ptr());
         let name = format!("norm_dw_part_{}", suffix(dt));
         dev.launch(op, &SOURCE, &name, cfg, args)?;
-        // Stage 2: one ordered sum per column.
-        let blocks = n.div_ceil(256).min(MAX_GRID) as u32;
+        // Stage 2: one sum per column of dw (and of db), in a fixed order.
+        let blocks = (n.div_ceil(32).min(MAX_GRID) as u32, 1 + bias as u32, 1);
         let args = Args::new()
             .arg(n as u32)
             .arg(chunks as u32)
@@ -469,13 +469,7 @@ fn norm_backward(
             .arg(dw.ptr())
             .arg(db.as_ref().map_or(0, |o| o.ptr()));
         let name = format!("norm_dw_final_{}", suffix(dt));
-        dev.launch(
-            op,
-            &SOURCE,
-            &name,
-            Cfg::new((blocks, 1, 1), (256, 1, 1), 0),
-            args,
-        )?;
+        dev.launch(op, &SOURCE, &name, Cfg::new(blocks, (32, 8, 1), 0), args)?;
     }
     let mut outs = vec![dx, dw];
     outs.extend(db);
