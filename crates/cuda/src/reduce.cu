@@ -293,3 +293,71 @@ extern "C" __global__ void reduce_fin_##NAME##_##S(u64 nout, u64 S_, const void*
 #define RED_KERNELS(S, T) \
     RED_OP(S, T, sum, 0) RED_OP(S, T, max, 1) RED_OP(S, T, min, 2) RED_OP(S, T, argmax, 3) RED_OP(S, T, argmin, 4)
 FOR_NUMERIC(RED_KERNELS)
+
+// Float sums over runs of stride rs whose nout outputs are contiguous from x (a bias
+// gradient: the rows of [R, nout] summed): a thread sums V = 16 / sizeof(T) consecutive
+// outputs with 16-byte loads (x 16-byte aligned, rs and nout multiples of V). Block (bx, by),
+// bx * by = 256, both powers of two: threadIdx.x over packs of outputs, threadIdx.y over the
+// run (elements c0 + ty, c0 + ty + by, ...), the by partials combined by a tree in shared
+// memory; split runs (gridDim.y > 1) write f32 partials for reduce_fin as reduce_col does.
+template <typename T>
+__device__ void reduce_colv_impl(u64 nout, const T* __restrict__ x, u64 R, u64 rs, u64 chunk, T* y, float* pv) {
+    constexpr int V = 16 / sizeof(T);
+    __shared__ float sh[256 * V];
+    const u64 c0 = (u64)blockIdx.y * chunk;
+    const u64 c1 = c0 + chunk < R ? c0 + chunk : R;
+    const u32 tx = threadIdx.x, ty = threadIdx.y, bx = blockDim.x, by = blockDim.y;
+    const u64 np = nout / V;
+    for (u64 pb = (u64)blockIdx.x * bx; pb < np; pb += (u64)gridDim.x * bx) {
+        const u64 p = pb + tx;
+        float s[V];
+#pragma unroll
+        for (int v = 0; v < V; ++v) s[v] = 0.f;
+        if (p < np) {
+            const T* q = x + p * V;
+            u64 r = c0 + ty;
+            for (; r + 3 * (u64)by < c1; r += 4 * (u64)by) {
+                Vec16<T> a[4];
+#pragma unroll
+                for (int u = 0; u < 4; ++u) a[u] = *(const Vec16<T>*)(q + (r + u * (u64)by) * rs);
+#pragma unroll
+                for (int u = 0; u < 4; ++u)
+#pragma unroll
+                    for (int v = 0; v < V; ++v) s[v] += (float)Num<T>::load(a[u].v[v]);
+            }
+            for (; r < c1; r += by) {
+                const Vec16<T> a = *(const Vec16<T>*)(q + r * rs);
+#pragma unroll
+                for (int v = 0; v < V; ++v) s[v] += (float)Num<T>::load(a.v[v]);
+            }
+        }
+        if (by > 1) {
+            // A tree over ty (by is a power of two): log2(by) rounds.
+#pragma unroll
+            for (int v = 0; v < V; ++v) sh[(ty * bx + tx) * V + v] = s[v];
+            __syncthreads();
+            for (u32 h = by >> 1; h > 0; h >>= 1) {
+                if (ty < h) {
+#pragma unroll
+                    for (int v = 0; v < V; ++v) {
+                        s[v] += sh[((ty + h) * bx + tx) * V + v];
+                        sh[(ty * bx + tx) * V + v] = s[v];
+                    }
+                }
+                __syncthreads();
+            }
+        }
+        if (ty == 0 && p < np) {
+#pragma unroll
+            for (int v = 0; v < V; ++v) {
+                if (gridDim.y == 1) y[p * V + v] = Num<T>::store(s[v]);
+                else pv[(u64)blockIdx.y * nout + p * V + v] = s[v];
+            }
+        }
+    }
+}
+
+#define COLV(S, T) \
+extern "C" __global__ void __launch_bounds__(256) reduce_colv_sum_##S(u64 nout, const T* x, u64 R, u64 rs, u64 chunk, T* y, float* pv) { \
+    reduce_colv_impl<T>(nout, x, R, rs, chunk, y, pv); }
+COLV(f32, float) COLV(f16, f16) COLV(bf16, bf16)

@@ -204,8 +204,34 @@ pub(crate) fn reduce(
             .next_power_of_two()
             .clamp(words.max(4), 32)
     };
+    // Float sums whose outputs are contiguous 16-byte words (a bias gradient: the rows of
+    // [R, n] summed) read a word a thread: `reduce_colv`.
+    let out_off = ko.off[0] as u64 * dt.size_in_bytes() as u64;
+    let colv = !row
+        && op == ReduceOp::Sum
+        && matches!(dt, DType::F32 | DType::F16 | DType::BF16)
+        && ko.rank == 1
+        && ko.st[0][0] == 1
+        && nout_u.is_multiple_of(words)
+        && (rs as u64).is_multiple_of(words)
+        && (base + out_off).is_multiple_of(16);
     // (first-pass config, splits S, chunk length)
-    let (cfg, splits, chunk) = if row {
+    let (cfg, splits, chunk) = if colv {
+        let packs = nout_u / words;
+        let bx = pow2_floor(packs).clamp(1, 32);
+        let by = 256 / bx;
+        let blocks = packs.div_ceil(bx).min(sm * 32);
+        // At least 16 elements of the run a thread (4 rounds of 4 loads in flight).
+        let splits = target.div_ceil(blocks).min(rlen.div_ceil(by * 16)).max(1);
+        let chunk = rlen.div_ceil(splits).max(1);
+        let splits = rlen.div_ceil(chunk).max(1);
+        let cfg = Cfg::new(
+            (blocks as u32, splits as u32, 1),
+            (bx as u32, by as u32, 1),
+            0,
+        );
+        (cfg, splits, chunk)
+    } else if row {
         let rpb = 256u64.checked_div(group).unwrap_or(1);
         let blocks = nout_u.div_ceil(rpb);
         let mut splits = 1;
@@ -261,7 +287,17 @@ pub(crate) fn reduce(
     };
     let pv_ptr = pv.as_ref().map_or(0, |b| b.ptr());
     let pi_ptr = pi.as_ref().map_or(0, |b| b.ptr());
-    if row {
+    if colv {
+        let args = Args::new()
+            .arg(nout_u)
+            .arg(base + out_off)
+            .arg(rlen)
+            .arg(rs as u64)
+            .arg(chunk)
+            .arg(out.ptr())
+            .arg(pv_ptr);
+        dev.launch(name, &SOURCE, &kname("colv"), cfg, args)?;
+    } else if row {
         let args = Args::new()
             .arg(ko)
             .arg(base)
