@@ -1,9 +1,92 @@
 //! The backward pass: reverse topological order over the recorded graph.
 
 use crate::rules::vjp;
-use ferrite_core::graph::{no_grad, Grad};
+use ferrite_core::graph::{no_grad, Grad, GradOp, ViewOp};
 use ferrite_core::{Error, Result, Tensor};
 use std::collections::{HashMap, HashSet};
+
+/// A gradient being accumulated: a tensor, or the gradients of narrowed views of one tensor
+/// along one axis, kept apart until the tensor's gradient is read so that disjoint pieces
+/// (q, k and v sliced from one projection) join in one `cat` with zeros in the gaps, instead
+/// of each being padded to the full size and the padded copies summed.
+enum Acc {
+    Full(Tensor),
+    Pieces {
+        axis: usize,
+        dims: Vec<usize>,
+        /// (start along `axis`, gradient of the view)
+        parts: Vec<(usize, Tensor)>,
+    },
+}
+
+impl Acc {
+    fn tensor(self) -> Result<Tensor> {
+        match self {
+            Acc::Full(t) => Ok(t),
+            Acc::Pieces {
+                axis,
+                dims,
+                mut parts,
+            } => {
+                parts.sort_by_key(|(start, _)| *start);
+                let (dtype, device) = (parts[0].1.dtype(), parts[0].1.device().clone());
+                let zeros = |n: usize| {
+                    let mut d = dims.clone();
+                    d[axis] = n;
+                    Tensor::constant(0.0, d, dtype, &device)
+                };
+                let mut pieces: Vec<Tensor> = Vec::new();
+                let mut at = 0;
+                for (start, g) in parts {
+                    if start > at {
+                        pieces.push(zeros(start - at)?);
+                    }
+                    at = start + g.dims()[axis];
+                    pieces.push(g);
+                }
+                if at < dims[axis] {
+                    pieces.push(zeros(dims[axis] - at)?);
+                }
+                match pieces.len() {
+                    1 => Ok(pieces.remove(0)),
+                    _ => Tensor::cat(&pieces.iter().collect::<Vec<_>>(), axis as isize),
+                }
+            }
+        }
+    }
+
+    /// `self` plus `other`: pieces along one axis that do not overlap stay pieces.
+    fn add(self, other: Acc) -> Result<Acc> {
+        if let (
+            Acc::Pieces { axis, dims, parts },
+            Acc::Pieces {
+                axis: a2,
+                dims: d2,
+                parts: p2,
+            },
+        ) = (&self, &other)
+        {
+            let disjoint = |p: &[(usize, Tensor)], q: &[(usize, Tensor)]| {
+                p.iter().all(|(s, t)| {
+                    q.iter()
+                        .all(|(s2, t2)| s + t.dims()[*axis] <= *s2 || s2 + t2.dims()[*axis] <= *s)
+                })
+            };
+            if axis == a2 && dims == d2 && disjoint(parts, p2) {
+                let (axis, dims) = (*axis, dims.clone());
+                let mut parts = match self {
+                    Acc::Pieces { parts, .. } => parts,
+                    Acc::Full(_) => Vec::new(),
+                };
+                if let Acc::Pieces { parts: p2, .. } = other {
+                    parts.extend(p2);
+                }
+                return Ok(Acc::Pieces { axis, dims, parts });
+            }
+        }
+        no_grad(|| Ok(Acc::Full(self.tensor()?.add(&other.tensor()?)?)))
+    }
+}
 
 /// Backpropagates from a scalar (one-element) tensor, seeding its gradient with 1.
 pub fn backward(loss: &Tensor) -> Result<()> {
@@ -65,12 +148,13 @@ fn backward_exact(out: &Tensor, grad: &Tensor) -> Result<()> {
             })?;
         }
     }
-    let mut grads: HashMap<usize, Tensor> = HashMap::new();
-    grads.insert(root.id(), grad.detach());
+    let mut grads: HashMap<usize, Acc> = HashMap::new();
+    grads.insert(root.id(), Acc::Full(grad.detach()));
     for g in order.iter().rev() {
         let Some(up) = grads.remove(&g.id()) else {
             continue;
         };
+        let up = no_grad(|| up.tensor())?;
         match g {
             Grad::Leaf(slot) => {
                 let mut s = slot
@@ -85,11 +169,24 @@ fn backward_exact(out: &Tensor, grad: &Tensor) -> Result<()> {
             Grad::Node(n) => {
                 // Taking the saved inputs releases them: activations are freed as backward goes.
                 let inputs = n.take_inputs()?;
-                let gs = no_grad(|| vjp(&n.op, n.output, &inputs, &up))?;
+                // A narrowed view's gradient is kept as a piece of its input's (see `Acc`).
+                let gs: Vec<Option<Acc>> = match &n.op {
+                    GradOp::View(ViewOp::Narrow { axis, start }) if inputs.len() == 1 => {
+                        vec![Some(Acc::Pieces {
+                            axis: *axis,
+                            dims: inputs[0].dims()?.to_vec(),
+                            parts: vec![(*start, up)],
+                        })]
+                    }
+                    _ => no_grad(|| vjp(&n.op, n.output, &inputs, &up))?
+                        .into_iter()
+                        .map(|g| g.map(Acc::Full))
+                        .collect(),
+                };
                 for (t, gi) in inputs.iter().zip(gs) {
                     if let (Some(ig), Some(gi)) = (t.grad_info(), gi) {
                         let acc = match grads.remove(&ig.id()) {
-                            Some(prev) => no_grad(|| prev.add(&gi))?,
+                            Some(prev) => prev.add(gi)?,
                             None => gi,
                         };
                         grads.insert(ig.id(), acc);

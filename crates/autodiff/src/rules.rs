@@ -31,6 +31,27 @@ fn when(x: &Saved, f: impl FnOnce() -> Result<Tensor>) -> Result<Option<Tensor>>
     }
 }
 
+/// Gradients of a product's operands a, b (x[0], x[1]): g bᵀ and aᵀ g, g first brought to
+/// the operands' dtype (an f32 product of 16-bit operands).
+fn matmul_grads(x: &Inputs, g: &Tensor) -> Result<Grads> {
+    let g = &g.cast(x[0].dtype()?)?;
+    Ok(vec![
+        when(&x[0], || g.matmul(&x[1].value()?.t()?))?,
+        when(&x[1], || {
+            let a = x[0].value()?;
+            // A transposed matrix (a Linear's `Wᵀ`): its gradient as `(gᵀ a)ᵀ`, a
+            // transposed view of a contiguous product, so the transpose's own backward
+            // gives `W`'s gradient contiguous, with no copy.
+            let (d, s) = (x[1].dims()?, x[1].strides()?);
+            if d.len() == 2 && d[0] > 1 && d[1] > 1 && s == [1, d[0]] {
+                g.t()?.matmul(a)?.t()
+            } else {
+                a.t()?.matmul(g)
+            }
+        })?,
+    ])
+}
+
 pub(crate) fn vjp(op: &GradOp, output: usize, x: &Inputs, g: &Tensor) -> Result<Grads> {
     match op {
         GradOp::View(v) => view(v, &x[0], g),
@@ -279,21 +300,12 @@ fn primitive(op: &Op, output: usize, x: &Inputs, g: &Tensor) -> Result<Grads> {
                 ReduceOp::ArgMax | ReduceOp::ArgMin => Ok(vec![None]),
             }
         }
-        Op::Matmul => Ok(vec![
-            when(&x[0], || g.matmul(&x[1].value()?.t()?))?,
-            when(&x[1], || {
-                let a = x[0].value()?;
-                // A transposed matrix (a Linear's `Wᵀ`): its gradient as `(gᵀ a)ᵀ`, a
-                // transposed view of a contiguous product, so the transpose's own backward
-                // gives `W`'s gradient contiguous, with no copy.
-                let (d, s) = (x[1].dims()?, x[1].strides()?);
-                if d.len() == 2 && d[0] > 1 && d[1] > 1 && s == [1, d[0]] {
-                    g.t()?.matmul(a)?.t()
-                } else {
-                    a.t()?.matmul(g)
-                }
-            })?,
-        ]),
+        Op::Matmul => matmul_grads(x, g),
+        Op::MatmulBias => {
+            let mut grads = matmul_grads(x, g)?;
+            grads.push(when(&x[2], || g.sum(&[0], false))?);
+            Ok(grads)
+        }
         Op::Cast(_) => {
             let dt = x[0].dtype()?;
             Ok(vec![match dt.is_float() {

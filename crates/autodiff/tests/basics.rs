@@ -185,3 +185,54 @@ fn long_chains_drop_and_backward_without_deep_recursion() {
         .join()
         .unwrap();
 }
+
+/// Gradients of narrowed views of one tensor: disjoint pieces (with a gap and touching both
+/// ends or not) join with zeros in the gaps; overlapping pieces, a second axis, or a use of the
+/// whole tensor add up as sums. Every case against the gradient worked out by hand.
+#[test]
+fn narrowed_views_gradients_join_and_add() {
+    // x [2, 6]; loss = sum of w_i * piece_i with per-piece weights, so each element's gradient
+    // is the sum of the weights of the pieces that contain it.
+    let x = v(&(0..12).map(f64::from).collect::<Vec<_>>(), &[2, 6]);
+    let t = x.tensor();
+    let piece = |axis: isize, start: usize, len: usize, w: f64| {
+        t.narrow(axis, start, len)
+            .unwrap()
+            .mul_scalar(w)
+            .unwrap()
+            .sum_all()
+            .unwrap()
+    };
+    let run = |terms: Vec<Tensor>| -> Vec<f64> {
+        let mut f = terms[0].clone();
+        for t in &terms[1..] {
+            f = f.add(t).unwrap();
+        }
+        backward(&f).unwrap();
+        let g = x.grad().unwrap().to_vec::<f64>().unwrap();
+        x.zero_grad();
+        g
+    };
+    // Disjoint pieces along the last axis with a gap at column 3: [0, 2), [2, 3), [4, 6).
+    let g = run(vec![
+        piece(1, 0, 2, 1.0),
+        piece(1, 2, 1, 2.0),
+        piece(1, 4, 2, 3.0),
+    ]);
+    let row = [1.0, 1.0, 2.0, 0.0, 3.0, 3.0];
+    assert_eq!(g, [row, row].concat());
+    // Overlapping pieces: [1, 4) and [3, 5).
+    let g = run(vec![piece(1, 1, 3, 1.0), piece(1, 3, 2, 10.0)]);
+    let row = [0.0, 1.0, 1.0, 11.0, 10.0, 0.0];
+    assert_eq!(g, [row, row].concat());
+    // Pieces along both axes, and the whole tensor once more.
+    let whole = t.mul_scalar(0.5).unwrap().sum_all().unwrap();
+    let g = run(vec![piece(0, 1, 1, 1.0), piece(1, 5, 1, 2.0), whole]);
+    assert_eq!(
+        g,
+        vec![0.5, 0.5, 0.5, 0.5, 0.5, 2.5, 1.5, 1.5, 1.5, 1.5, 1.5, 3.5]
+    );
+    // One piece covering everything is the gradient itself.
+    let g = run(vec![piece(1, 0, 6, 4.0)]);
+    assert_eq!(g, vec![4.0; 12]);
+}

@@ -2,8 +2,9 @@
 //!
 //! Inside `autocast(DType::BF16, || ...)` (or `F16`) the ops of [`AUTOCAST_OPS`] — matmul,
 //! the convolutions and fused attention, the products that tensor cores speed up — cast their
-//! f32/f16/bf16 inputs to the policy's dtype, compute in it, and return their output cast back
-//! to f32 when any input was f32. Every other op (reductions, norms, softmax, losses,
+//! f32/f16/bf16 inputs to the policy's dtype, compute in it, and return their output in f32
+//! when any input was f32 (products write it directly from their f32 accumulators; the
+//! others cast it back). Every other op (reductions, norms, softmax, losses,
 //! elementwise) is untouched and so stays in f32. Ops with an f64 input are not eligible
 //! (as in PyTorch). Layers whose products feed each other keep the intermediate in the low
 //! dtype through [`to_low`] (ferrite-nn: `MultiheadAttention`'s projections and attention,
@@ -29,7 +30,13 @@ use std::sync::Arc;
 /// The ops autocast applies to (a closed list, like PyTorch's "lower precision" list). The
 /// transposed and 1-d convolutions and `Linear`/`Bilinear`/RNN/attention layers reach these
 /// through `conv2d` and `matmul`.
-pub const AUTOCAST_OPS: &[&str] = &["matmul", "conv2d", "conv_transpose2d", "attention"];
+pub const AUTOCAST_OPS: &[&str] = &[
+    "matmul",
+    "matmul_bias",
+    "conv2d",
+    "conv_transpose2d",
+    "attention",
+];
 
 /// (storage address, offset, dims, strides, target dtype, recording).
 type Key = (usize, usize, Vec<usize>, Vec<usize>, DType, bool);
@@ -187,17 +194,20 @@ pub fn to_low(t: &Tensor) -> Result<Option<Tensor>> {
 }
 
 /// Runs an autocast-eligible op: `f` gets `inputs` cast to the policy's dtype when autocast
-/// applies (the result is then cast back to f32 if any input was f32), else unchanged.
+/// applies, and the dtype the result must have (f32 if any input was f32: an op that can
+/// write it from low-precision operands does, anything else is cast to it), else `inputs`
+/// unchanged and their first dtype.
 pub(crate) fn eligible(
     inputs: &[&Tensor],
-    f: impl FnOnce(&[&Tensor]) -> Result<Tensor>,
+    f: impl FnOnce(&[&Tensor], DType) -> Result<Tensor>,
 ) -> Result<Tensor> {
+    let own = inputs.first().map_or(DType::F32, |t| t.dtype());
     let Some(low) = autocast_dtype() else {
-        return f(inputs);
+        return f(inputs, own);
     };
     let float = |d: DType| matches!(d, DType::F32 | DType::F16 | DType::BF16);
     if inputs.iter().any(|t| !float(t.dtype())) || inputs.iter().all(|t| t.dtype() == low) {
-        return f(inputs);
+        return f(inputs, own);
     }
     let out = match inputs.iter().any(|t| t.dtype() == DType::F32) {
         true => DType::F32,
@@ -208,7 +218,7 @@ pub(crate) fn eligible(
         .map(|t| cast_cached(t, low))
         .collect::<Result<_>>()?;
     let refs: Vec<&Tensor> = cast.iter().collect();
-    f(&refs)?.cast(out)
+    f(&refs, out)?.cast(out)
 }
 
 /// Number of cached casts on this thread (for tests).

@@ -228,7 +228,7 @@ impl Tensor {
             groups: args.groups,
         };
         let out = conv2d_out(op, self, weight, &p)?;
-        let mut y = crate::autocast::eligible(&[self, weight], |t| {
+        let mut y = crate::autocast::eligible(&[self, weight], |t, _| {
             t[0].run1(Op::Conv2d(p), t, out, t[0].dtype())
         })?;
         for (a, t) in trim.iter().enumerate() {
@@ -340,7 +340,7 @@ impl Tensor {
                 })?;
         }
         let out = Shape::new([xd[0], wd[1] * p.groups, hw[0], hw[1]]);
-        let y = crate::autocast::eligible(&[self, weight], |t| {
+        let y = crate::autocast::eligible(&[self, weight], |t, _| {
             t[0].run1(Op::ConvTranspose2d(p), t, out, t[0].dtype())
         })?;
         add_channel_bias(op, y, bias)

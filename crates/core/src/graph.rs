@@ -107,6 +107,11 @@ pub fn keeps(op: &GradOp, k: usize, requires_grad: impl Fn(usize) -> bool) -> Ke
             true => Keep::Value,
             false => Keep::Meta,
         },
+        // The bias's gradient is a sum of the output's: it keeps nothing of the bias.
+        Op::MatmulBias => match k < 2 && requires_grad(1 - k) {
+            true => Keep::Value,
+            false => Keep::Meta,
+        },
         Op::Cast(_) | Op::Cat { .. } => Keep::Meta,
         Op::Copy | Op::Cumsum { .. } => Keep::Edge,
         Op::IndexSelect { .. } | Op::Gather { .. } => match k {

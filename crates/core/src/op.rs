@@ -377,8 +377,13 @@ pub enum Op {
     /// ArgMax/ArgMin take exactly one axis and output u32.
     Reduce { op: ReduceOp, axes: Vec<usize> },
     /// (a [..., m, k], b [..., k, n]) with equal batch dims (stride 0 where broadcast), float
-    /// dtypes -> [..., m, n].
+    /// dtypes -> [..., m, n] in a's dtype, or in f32 when a and b are f16/bf16 and the output
+    /// spec says f32 (f32 accumulation, one rounding: what autocast's products return).
     Matmul,
+    /// (a [m, k], b [k, n], bias [n] in the output dtype) -> a b + bias (the bias added to
+    /// every row before the one rounding to the output dtype); dtypes as `Matmul`. A `Linear`
+    /// layer's forward in one op (a fused epilogue where the backend has one).
+    MatmulBias,
     /// (x) -> x converted to the dtype: floats to ints truncate toward zero and saturate; NaN
     /// becomes 0; nonzero becomes true; true becomes 1.
     Cast(DType),
@@ -402,7 +407,8 @@ pub enum Op {
     Softmax,
     /// (x [..., n]) -> log-softmax over the last axis.
     LogSoftmax,
-    /// (x [..., n], weight [n], bias [n]) -> (x - mean) / sqrt(var + eps) * weight + bias.
+    /// (x [..., n], weight [n], bias [n]) -> (x - mean) / sqrt(var + eps) * weight + bias, in
+    /// x's dtype or, for f32 x, f16/bf16 (the output spec; computed in f32, rounded once).
     LayerNorm { eps: f64 },
     /// (x [..., n], weight [n]) -> x / sqrt(mean(x²) + eps) * weight.
     RmsNorm { eps: f64 },
@@ -450,8 +456,8 @@ pub enum Op {
     SoftmaxBackward { log: bool },
     /// Backward of `RmsNorm`: (x [..., n], weight [n], g [..., n]) -> (dx [..., n], dweight [n]).
     RmsNormBackward { eps: f64 },
-    /// Backward of `LayerNorm`: (x [..., n], weight [n], g [..., n])
-    /// -> (dx [..., n], dweight [n], dbias [n]).
+    /// Backward of `LayerNorm`: (x [..., n], weight [n], g [..., n] in x's dtype or, for f32
+    /// x, f16/bf16) -> (dx [..., n], dweight [n], dbias [n]) in x's dtype.
     LayerNormBackward { eps: f64 },
     /// Backward of `Attention`: (q, k, v[, mask], g [b, hq, lq, dv]) -> (dq, dk, dv) shaped
     /// as q, k, v; `mask` as in `Attention` (it carries no gradient). A query that sees no
@@ -510,6 +516,7 @@ impl Op {
             Op::Where => "where",
             Op::Reduce { op, .. } => op.name(),
             Op::Matmul => "matmul",
+            Op::MatmulBias => "matmul_bias",
             Op::Cast(_) => "cast",
             Op::Copy => "contiguous",
             Op::IndexSelect { .. } => "index_select",

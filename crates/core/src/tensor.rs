@@ -886,21 +886,82 @@ impl Tensor {
     /// removed), batch dims broadcast. Transposed views are used in place, without copies.
     /// Autocast-eligible (`crate::autocast`).
     pub fn matmul(&self, rhs: &Tensor) -> Result<Tensor> {
-        crate::autocast::eligible(&[self, rhs], |t| t[0].matmul_exact(t[1]))
+        crate::autocast::eligible(&[self, rhs], |t, out| t[0].matmul_to(t[1], out))
+    }
+
+    /// `self.matmul(rhs) + bias` with `bias` `[n]` added over the last axis (a `Linear`
+    /// layer: `x.matmul_bias(&w.t()?, Some(&b))`), one op where the product folds into rows
+    /// of a matrix `rhs` and the bias has the output's dtype, else the product and an add.
+    /// Autocast-eligible like `matmul`: under autocast an f32 bias is added to the f32
+    /// output in f32 (a 16-bit bias stays as given: the low-dtype layers of
+    /// `autocast::to_low`).
+    pub fn matmul_bias(&self, rhs: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
+        let Some(bias) = bias else {
+            return self.matmul(rhs);
+        };
+        let n = rhs.dims().last().copied().unwrap_or(0);
+        if bias.dims() != [n] || rhs.rank() != 2 || self.rank() < 1 {
+            let y = self.matmul(rhs)?;
+            return y.add(bias);
+        }
+        crate::autocast::eligible(&[self, rhs], |t, out| {
+            let (a, b) = (t[0], t[1]);
+            let k = a.dims()[a.rank() - 1];
+            let rows = Shape::new([a.elem_count() / k.max(1), k]);
+            let fused = bias.dtype() == out
+                && b.dims()[0] == k
+                && k > 0
+                && a.elem_count() > 0
+                && a.layout().reshape(&rows).is_some();
+            if !fused {
+                return a.matmul_to(b, out)?.add(bias);
+            }
+            let mut od = a.dims()[..a.rank() - 1].to_vec();
+            od.push(n);
+            let flat = a.reshape(rows)?;
+            Tensor::check_matmul_dtypes("matmul_bias", &flat, b, out)?;
+            flat.run1(
+                Op::MatmulBias,
+                &[&flat, b, bias],
+                Shape::new([flat.dims()[0], n]),
+                out,
+            )?
+            .reshape(od)
+        })
+    }
+
+    /// Operand dtypes of a product with output `out`: equal float dtypes, the output theirs
+    /// or f32 from f16/bf16.
+    fn check_matmul_dtypes(op: &'static str, a: &Tensor, b: &Tensor, out: DType) -> Result<()> {
+        if a.dtype() != b.dtype() {
+            return Err(Error::DTypeMismatch {
+                op,
+                lhs: a.dtype(),
+                rhs: b.dtype(),
+            });
+        }
+        float_only(op, a.dtype())?;
+        let widened = out == DType::F32 && matches!(a.dtype(), DType::F16 | DType::BF16);
+        if out != a.dtype() && !widened {
+            return Err(Error::dtype(
+                op,
+                out,
+                format!("a {} product cannot write {out}", a.dtype()),
+            ));
+        }
+        Ok(())
     }
 
     /// `matmul` in the operands' own dtype, whatever the autocast policy (for compositions
     /// that must stay in their dtype, such as adaptive pooling).
     pub(crate) fn matmul_exact(&self, rhs: &Tensor) -> Result<Tensor> {
+        self.matmul_to(rhs, self.dtype())
+    }
+
+    /// `matmul` with output dtype `out`: the operands' dtype, or f32 from f16/bf16 operands.
+    fn matmul_to(&self, rhs: &Tensor, out: DType) -> Result<Tensor> {
         let op = "matmul";
-        if self.dtype() != rhs.dtype() {
-            return Err(Error::DTypeMismatch {
-                op,
-                lhs: self.dtype(),
-                rhs: rhs.dtype(),
-            });
-        }
-        float_only(op, self.dtype())?;
+        Tensor::check_matmul_dtypes(op, self, rhs, out)?;
         if self.rank() == 0 || rhs.rank() == 0 {
             return Err(Error::shape(
                 op,
@@ -954,17 +1015,17 @@ impl Tensor {
                 let mut od = a.dims()[..a.rank() - 1].to_vec();
                 od.push(n);
                 let flat = a.reshape(rows)?;
-                let out = flat
+                let y = flat
                     .run1(
                         Op::Matmul,
                         &[&flat, &b],
                         Shape::new([flat.dims()[0], n]),
-                        a.dtype(),
+                        out,
                     )?
                     .reshape(od)?;
                 return match rhs.rank() {
-                    1 => out.squeeze(-1),
-                    _ => Ok(out),
+                    1 => y.squeeze(-1),
+                    _ => Ok(y),
                 };
             }
         }
@@ -975,12 +1036,12 @@ impl Tensor {
         let (a, b) = (a.broadcast_to(ad)?, b.broadcast_to(bd)?);
         let mut od = batch.dims().to_vec();
         od.extend([m, n]);
-        let out = a.run1(Op::Matmul, &[&a, &b], Shape::new(od), a.dtype())?;
+        let y = a.run1(Op::Matmul, &[&a, &b], Shape::new(od), out)?;
         match (self.rank(), rhs.rank()) {
-            (1, 1) => out.reshape(()),
-            (1, _) => out.squeeze(-2),
-            (_, 1) => out.squeeze(-1),
-            _ => Ok(out),
+            (1, 1) => y.reshape(()),
+            (1, _) => y.squeeze(-2),
+            (_, 1) => y.squeeze(-1),
+            _ => Ok(y),
         }
     }
 
@@ -1289,14 +1350,42 @@ impl Tensor {
 
     /// Layer norm over the last axis with weight and bias `[n]`.
     pub fn layer_norm(&self, weight: &Tensor, bias: &Tensor, eps: f64) -> Result<Tensor> {
-        self.check_norm_param("layer_norm", weight)?;
-        self.check_norm_param("layer_norm", bias)?;
+        self.layer_norm_to(weight, bias, eps, self.dtype())
+    }
+
+    /// `layer_norm` written in `dtype`: x's own, or f16/bf16 for f32 x (computed in f32 and
+    /// rounded once: a norm whose output feeds an autocast product, no f32 copy written).
+    pub fn layer_norm_to(
+        &self,
+        weight: &Tensor,
+        bias: &Tensor,
+        eps: f64,
+        dtype: DType,
+    ) -> Result<Tensor> {
+        let op = "layer_norm";
+        self.check_norm_param(op, weight)?;
+        self.check_norm_param(op, bias)?;
+        Tensor::check_half_of(op, self.dtype(), dtype)?;
         self.run1(
             Op::LayerNorm { eps },
             &[self, weight, bias],
             self.shape().clone(),
-            self.dtype(),
+            dtype,
         )
+    }
+
+    /// `other` is `own` or, for f32 `own`, f16/bf16 (a norm's low-precision output or its
+    /// gradient).
+    fn check_half_of(op: &'static str, own: DType, other: DType) -> Result<()> {
+        let half = own == DType::F32 && matches!(other, DType::F16 | DType::BF16);
+        match other == own || half {
+            true => Ok(()),
+            false => Err(Error::dtype(
+                op,
+                other,
+                format!("must be {own} (or f16/bf16 when that is f32)"),
+            )),
+        }
     }
 
     /// RMS norm over the last axis with weight `[n]`.
@@ -1418,7 +1507,7 @@ impl Tensor {
             scale,
             key_mask: key_mask.is_some(),
         };
-        crate::autocast::eligible(&[q, k, v], |t| match key_mask {
+        crate::autocast::eligible(&[q, k, v], |t, _| match key_mask {
             Some(m) => t[0].run1(op, &[t[0], t[1], t[2], m], out, t[0].dtype()),
             None => t[0].run1(op, t, out, t[0].dtype()),
         })
@@ -1511,7 +1600,13 @@ impl Tensor {
         eps: f64,
     ) -> Result<(Tensor, Tensor, Tensor)> {
         x.check_norm_param("layer_norm_backward", weight)?;
-        Tensor::check_same("layer_norm_backward", x, g)?;
+        if x.shape() != g.shape() {
+            return Err(Error::shape(
+                "layer_norm_backward",
+                format!("g {} does not match x {}", g.shape(), x.shape()),
+            ));
+        }
+        Tensor::check_half_of("layer_norm_backward", x.dtype(), g.dtype())?;
         let p = (weight.shape().clone(), x.dtype());
         let mut o = x.run(
             Op::LayerNormBackward { eps },

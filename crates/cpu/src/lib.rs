@@ -194,7 +194,20 @@ fn exec_op(op: &Op, inputs: &[&Tensor], outs: &[(Shape, DType)]) -> Result<Vec<A
         Op::Cmp(c) => one(elementwise::cmp(*c, input(0)?, input(1)?)?),
         Op::Where => one(elementwise::where_cond(input(0)?, input(1)?, input(2)?)?),
         Op::Reduce { op, axes } => one(reduce::reduce(*op, input(0)?, axes)?),
-        Op::Matmul => one(matmul::matmul(input(0)?, input(1)?, &out(0)?.0)?),
+        Op::Matmul => {
+            let (shape, dt) = out(0)?;
+            one(matmul::matmul(input(0)?, input(1)?, None, shape, *dt)?)
+        }
+        Op::MatmulBias => {
+            let (shape, dt) = out(0)?;
+            one(matmul::matmul(
+                input(0)?,
+                input(1)?,
+                Some(input(2)?),
+                shape,
+                *dt,
+            )?)
+        }
         Op::Cast(dt) => one(cast::cast(input(0)?, *dt)?),
         Op::Copy => {
             let x = input(0)?;
@@ -235,7 +248,23 @@ fn exec_op(op: &Op, inputs: &[&Tensor], outs: &[(Shape, DType)]) -> Result<Vec<A
             *ignore_index,
             *label_smoothing,
         )?),
-        Op::LayerNorm { eps } => one(norm::layer_norm(input(0)?, input(1)?, input(2)?, *eps)?),
+        Op::LayerNorm { eps } => {
+            let y = norm::layer_norm(input(0)?, input(1)?, input(2)?, *eps)?;
+            // A 16-bit output of f32 x: the f32 result rounded once.
+            let dt = out(0)?.1;
+            match y.dtype() == dt {
+                true => one(y),
+                false => {
+                    let shape = &out(0)?.0;
+                    let t = Tensor::from_storage(
+                        Arc::new(CpuStorage::new(y)),
+                        Layout::contiguous(shape.clone()),
+                        input(0)?.device().clone(),
+                    );
+                    one(cast::cast(&t, dt)?)
+                }
+            }
+        }
         Op::RmsNorm { eps } => one(norm::rms_norm(input(0)?, input(1)?, *eps)?),
         Op::Rope { interleaved } => one(norm::rope(input(0)?, input(1)?, input(2)?, *interleaved)?),
         Op::Attention {
@@ -257,12 +286,23 @@ fn exec_op(op: &Op, inputs: &[&Tensor], outs: &[(Shape, DType)]) -> Result<Vec<A
             input(2)?,
             *eps,
         )?),
-        Op::LayerNormBackward { eps } => many(norm::layer_norm_backward(
-            input(0)?,
-            input(1)?,
-            input(2)?,
-            *eps,
-        )?),
+        Op::LayerNormBackward { eps } => {
+            // A 16-bit g of f32 x (the gradient of a 16-bit output) is read widened.
+            let (x, g) = (input(0)?, input(2)?);
+            let wide;
+            let g = match g.dtype() == x.dtype() {
+                true => g,
+                false => {
+                    wide = Tensor::from_storage(
+                        Arc::new(CpuStorage::new(cast::cast(g, x.dtype())?)),
+                        Layout::contiguous(g.shape().clone()),
+                        g.device().clone(),
+                    );
+                    &wide
+                }
+            };
+            many(norm::layer_norm_backward(x, input(1)?, g, *eps)?)
+        }
         Op::AttentionBackward {
             causal,
             scale,

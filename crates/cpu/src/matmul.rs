@@ -20,10 +20,13 @@ fn batch_offset(mut b: usize, dims: &[usize], strides: &[usize], offset: usize) 
 /// gemm calls; above, each gemm call uses all threads.
 const SMALL: usize = 1 << 18;
 
+/// `a b` (+ `bias` broadcast over rows, added to the product in T before it is stored when
+/// given: the destination starts as the bias rows and gemm accumulates onto it).
 fn gemm_typed<T: WithDType + Default>(
     a: &Tensor,
     b: &Tensor,
     out_shape: &Shape,
+    bias: Option<&[T]>,
     zero: T,
     one: T,
 ) -> Result<Vec<T>> {
@@ -33,10 +36,19 @@ fn gemm_typed<T: WithDType + Default>(
     let (m, k, n) = (a.dims()[r - 2], a.dims()[r - 1], b.dims()[r - 1]);
     let batch: usize = a.dims()[..r - 2].iter().product();
     let (sa, sb) = (la.strides(), lb.strides());
-    let mut out = crate::alloc::full(out_shape.elem_count(), zero);
+    let mut out = match bias {
+        Some(row) if n > 0 => row
+            .iter()
+            .copied()
+            .cycle()
+            .take(out_shape.elem_count())
+            .collect(),
+        _ => crate::alloc::full(out_shape.elem_count(), zero),
+    };
     if m == 0 || n == 0 || batch == 0 || k == 0 {
         return Ok(out);
     }
+    let read_dst = bias.is_some();
     let run = |bi: usize, dst: &mut [T], par: Parallelism| {
         let oa = batch_offset(bi, &a.dims()[..r - 2], &sa[..r - 2], la.offset());
         let ob = batch_offset(bi, &b.dims()[..r - 2], &sb[..r - 2], lb.offset());
@@ -51,14 +63,14 @@ fn gemm_typed<T: WithDType + Default>(
                 dst.as_mut_ptr(),
                 1,
                 n as isize,
-                false,
+                read_dst,
                 da.as_ptr().add(oa),
                 sa[r - 1] as isize,
                 sa[r - 2] as isize,
                 db.as_ptr().add(ob),
                 sb[r - 1] as isize,
                 sb[r - 2] as isize,
-                zero,
+                one,
                 one,
                 false,
                 false,
@@ -79,24 +91,74 @@ fn gemm_typed<T: WithDType + Default>(
     Ok(out)
 }
 
-pub(crate) fn matmul(a: &Tensor, b: &Tensor, out_shape: &Shape) -> Result<HostBuffer> {
-    Ok(match a.dtype() {
-        DType::F32 => HostBuffer::F32(gemm_typed(a, b, out_shape, 0f32, 1f32)?),
-        DType::F64 => HostBuffer::F64(gemm_typed(a, b, out_shape, 0f64, 1f64)?),
-        DType::F16 => HostBuffer::F16(gemm_typed(a, b, out_shape, f16::ZERO, f16::ONE)?),
-        DType::BF16 => {
-            // gemm has no bf16 kernels: compute in f32 (exact products, f32 accumulation), which
-            // is also what bf16 hardware does.
-            let up = |t: &Tensor| -> Result<Tensor> {
-                let v: Vec<f32> = contig::<bf16>(t, "matmul")?
-                    .iter()
-                    .map(|x| x.to_f32())
-                    .collect();
-                Tensor::from_vec(v, t.shape(), t.device())
-            };
-            let out = gemm_typed::<f32>(&up(a)?, &up(b)?, out_shape, 0.0, 1.0)?;
-            HostBuffer::BF16(out.iter().map(|&x| bf16::from_f32(x)).collect())
+/// A 16-bit tensor as f32 values (exact), contiguous in its logical order.
+fn widen(t: &Tensor) -> Result<Tensor> {
+    let v: Vec<f32> = match t.dtype() {
+        DType::BF16 => contig::<bf16>(t, "matmul")?
+            .iter()
+            .map(|x| x.to_f32())
+            .collect(),
+        DType::F16 => contig::<f16>(t, "matmul")?
+            .iter()
+            .map(|x| x.to_f32())
+            .collect(),
+        _ => contig::<f32>(t, "matmul")?.into_owned(),
+    };
+    Tensor::from_vec(v, t.shape(), t.device())
+}
+
+/// `Op::Matmul` (no bias) and `Op::MatmulBias`: output in `out_dt`, a's dtype or f32 from
+/// f16/bf16 operands; f16/bf16 products with a bias or an f32 output, and every bf16 product,
+/// compute in f32 (exact products, f32 accumulation, one rounding at the end).
+pub(crate) fn matmul(
+    a: &Tensor,
+    b: &Tensor,
+    bias: Option<&Tensor>,
+    out_shape: &Shape,
+    out_dt: DType,
+) -> Result<HostBuffer> {
+    let dt = a.dtype();
+    if out_dt != dt && !(out_dt == DType::F32 && matches!(dt, DType::F16 | DType::BF16)) {
+        return Err(Error::dtype(
+            "matmul",
+            out_dt,
+            format!("a {dt} product cannot write it"),
+        ));
+    }
+    if let Some(bias) = bias {
+        if bias.dtype() != out_dt {
+            return Err(Error::dtype(
+                "matmul_bias",
+                bias.dtype(),
+                format!("the bias must have the output's dtype ({out_dt})"),
+            ));
         }
+    }
+    let wide = matches!(dt, DType::F16 | DType::BF16)
+        && (dt == DType::BF16 || bias.is_some() || out_dt == DType::F32);
+    if wide {
+        let bias32 = bias.map(widen).transpose()?;
+        let row = bias32
+            .as_ref()
+            .map(|t| contig::<f32>(t, "matmul_bias"))
+            .transpose()?;
+        let out = gemm_typed::<f32>(&widen(a)?, &widen(b)?, out_shape, row.as_deref(), 0.0, 1.0)?;
+        return Ok(match out_dt {
+            DType::F32 => HostBuffer::F32(out),
+            DType::F16 => HostBuffer::F16(out.iter().map(|&x| f16::from_f32(x)).collect()),
+            _ => HostBuffer::BF16(out.iter().map(|&x| bf16::from_f32(x)).collect()),
+        });
+    }
+    Ok(match dt {
+        DType::F32 => {
+            let row = bias.map(|t| contig::<f32>(t, "matmul_bias")).transpose()?;
+            HostBuffer::F32(gemm_typed(a, b, out_shape, row.as_deref(), 0f32, 1f32)?)
+        }
+        DType::F64 => {
+            let row = bias.map(|t| contig::<f64>(t, "matmul_bias")).transpose()?;
+            HostBuffer::F64(gemm_typed(a, b, out_shape, row.as_deref(), 0f64, 1f64)?)
+        }
+        DType::F16 => HostBuffer::F16(gemm_typed(a, b, out_shape, None, f16::ZERO, f16::ONE)?),
         dt => return Err(Error::dtype("matmul", dt, "needs a float dtype")),
     })
 }

@@ -305,7 +305,14 @@ impl Backend for Handle {
             Op::Cmp(c) => elementwise::cmp(dev, *c, input(0)?, input(1)?),
             Op::Where => elementwise::where_cond(dev, input(0)?, input(1)?, input(2)?),
             Op::Reduce { op, axes } => reduce::reduce(dev, *op, input(0)?, axes),
-            Op::Matmul => matmul::matmul(dev, input(0)?, input(1)?, &out(0)?.0),
+            Op::Matmul => {
+                let (shape, dt) = out(0)?;
+                matmul::matmul(dev, input(0)?, input(1)?, None, shape, *dt)
+            }
+            Op::MatmulBias => {
+                let (shape, dt) = out(0)?;
+                matmul::matmul(dev, input(0)?, input(1)?, Some(input(2)?), shape, *dt)
+            }
             Op::Cast(dt) => cast::cast(dev, input(0)?, *dt),
             Op::Copy => elementwise::contiguous(dev, input(0)?),
             Op::IndexSelect { axis } => index::index_select(dev, input(0)?, input(1)?, *axis),
@@ -336,7 +343,9 @@ impl Backend for Handle {
                 *ignore_index,
                 *label_smoothing,
             ),
-            Op::LayerNorm { eps } => norm::layer_norm(dev, input(0)?, input(1)?, input(2)?, *eps),
+            Op::LayerNorm { eps } => {
+                norm::layer_norm(dev, input(0)?, input(1)?, input(2)?, *eps, out(0)?.1)
+            }
             Op::RmsNorm { eps } => norm::rms_norm(dev, input(0)?, input(1)?, *eps),
             Op::Rope { interleaved } => {
                 norm::rope(dev, input(0)?, input(1)?, input(2)?, *interleaved)

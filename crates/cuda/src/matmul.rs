@@ -1,4 +1,5 @@
-//! `Op::Matmul` through cuBLASLt: f32 (TF32 when opted in), f16, bf16 (f32 accumulate), f64;
+//! `Op::Matmul` and `Op::MatmulBias` (the bias in the epilogue) through cuBLASLt: f32 (TF32
+//! when opted in), f16, bf16 (f32 accumulate; f32 output on request), f64;
 //! batched with one stride per operand (stride 0 for a broadcast batch), transposed views
 //! passed as transposes, never copied. Operands whose batch dims do not fold into one stride,
 //! or whose matrix has no unit stride, are copied contiguous first.
@@ -44,8 +45,10 @@ struct Key {
     tb: bool,
     batch: i32,
     align: [u32; 3],
-    /// f32 output from f16/bf16 operands (`gemm_nt_f32`).
+    /// f32 output from f16/bf16 operands (`gemm_nt_f32`, `Op::Matmul` under autocast).
     out32: bool,
+    /// The bias epilogue (`Op::MatmulBias`).
+    bias: bool,
 }
 
 pub(crate) struct Blas {
@@ -117,6 +120,16 @@ impl Blas {
             self.algos.insert(key, algo);
             Ok(algo)
         }
+    }
+}
+
+/// cuBLAS's name for a float dtype (callers pass f32, f16, bf16 or f64).
+fn dtype_of(dt: DType) -> lts::cudaDataType {
+    match dt {
+        DType::F16 => lts::cudaDataType::CUDA_R_16F,
+        DType::BF16 => lts::cudaDataType::CUDA_R_16BF,
+        DType::F64 => lts::cudaDataType::CUDA_R_64F,
+        _ => lts::cudaDataType::CUDA_R_32F,
     }
 }
 
@@ -225,14 +238,44 @@ fn align_of(ptr: u64) -> u32 {
     (1u64 << ptr.trailing_zeros().min(8)) as u32
 }
 
+/// `Op::Matmul` (`bias` None) and `Op::MatmulBias` (2-D operands; the bias in cuBLASLt's
+/// epilogue, added in f32 before the output's rounding): output dtype `out_dt`, a's or f32
+/// from f16/bf16 operands.
 pub(crate) fn matmul(
     dev: &CudaBackend,
     a: &Tensor,
     b: &Tensor,
+    bias: Option<&Tensor>,
     out_shape: &Shape,
+    out_dt: DType,
 ) -> Result<Vec<Arc<dyn Storage>>> {
-    let op = "matmul";
+    let op = if bias.is_some() {
+        "matmul_bias"
+    } else {
+        "matmul"
+    };
     let dt = a.dtype();
+    let out32 = out_dt != dt;
+    if out32 && !(out_dt == DType::F32 && matches!(dt, DType::F16 | DType::BF16)) {
+        return Err(Error::dtype(
+            op,
+            out_dt,
+            format!("a {dt} product cannot write it"),
+        ));
+    }
+    if let Some(bias) = bias {
+        if bias.dtype() != out_dt || bias.elem_count() != out_shape.dims()[out_shape.rank() - 1] {
+            return Err(Error::backend(
+                op,
+                format!(
+                    "bias {} {} does not match the output {out_dt} {}",
+                    bias.dtype(),
+                    bias.shape(),
+                    out_shape
+                ),
+            ));
+        }
+    }
     let (data_t, compute, scale_t) = match dt {
         DType::F32 => (
             lts::cudaDataType::CUDA_R_32F,
@@ -266,15 +309,46 @@ pub(crate) fn matmul(
     let k = a.dims()[a.dims().len() - 1];
     let batch: usize = od[..r - 2].iter().product();
     let total = out_shape.elem_count();
-    if k == 0 {
-        return crate::create::fill(dev, 0.0, &(out_shape.clone(), dt));
+    if k == 0 || total == 0 {
+        // An empty sum: zeros, plus the bias on every row.
+        let zeros = crate::create::fill(dev, 0.0, &(out_shape.clone(), out_dt))?;
+        return match bias {
+            Some(bias) if total > 0 => {
+                let z = Tensor::from_storage(
+                    zeros
+                        .into_iter()
+                        .next()
+                        .ok_or_else(|| Error::backend(op, "no output"))?,
+                    Layout::contiguous(out_shape.clone()),
+                    a.device().clone(),
+                );
+                let row = bias.broadcast_to(out_shape.clone())?;
+                crate::elementwise::binary(dev, ferrite_core::BinaryOp::Add, &z, &row)
+            }
+            _ => Ok(zeros),
+        };
     }
-    let out = dev.alloc_out(total, dt, op)?;
-    if total == 0 {
-        return dev.finish_one(out);
-    }
+    let out = dev.alloc_out(total, out_dt, op)?;
     let oa = operand(dev, a, op)?;
     let ob = operand(dev, b, op)?;
+    // The bias as a packed, 16-byte aligned vector (a strided or offset view is copied).
+    let mut _bias_copy = None;
+    let bias_in = match bias {
+        Some(t) => {
+            let s = dev.input(t, op)?;
+            let st = t.layout().strides();
+            let p = CudaBackend::ptr(t, s);
+            if (t.elem_count() > 1 && st[st.len() - 1] != 1) || align_of(p) < 16 {
+                let c = crate::elementwise::copy_into(dev, s, t.layout(), op)?;
+                let p = c.ptr();
+                _bias_copy = Some(c);
+                Some(p)
+            } else {
+                Some(p)
+            }
+        }
+        None => None,
+    };
     let tf32 = compute == lts::cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_TF32;
     // cuBLAS's A is our B, its B our A.
     let key = Key {
@@ -286,7 +360,8 @@ pub(crate) fn matmul(
         tb: oa.mat.3,
         batch: batch as i32,
         align: [align_of(ob.ptr), align_of(oa.ptr), align_of(out.ptr())],
-        out32: false,
+        out32,
+        bias: bias_in.is_some(),
     };
     let _ = (m, n);
     let mut guard = dev.blas.lock().unwrap_or_else(|p| p.into_inner());
@@ -314,31 +389,65 @@ pub(crate) fn matmul(
             key.tb,
         )
         .map_err(lt_err)?;
-        let layout =
-            |(rows, cols, ld, bs): (u64, u64, i64, i64)| -> Result<lts::cublasLtMatrixLayout_t> {
-                let l = lt::create_matrix_layout(data_t, rows, cols, ld).map_err(lt_err)?;
-                if batch > 1 {
-                    let c = batch as i32;
-                    lt::set_matrix_layout_attribute(
-                        l,
-                        lts::cublasLtMatrixLayoutAttribute_t::CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT,
-                        &c as *const i32 as *const c_void,
-                        4,
-                    )
-                    .map_err(lt_err)?;
-                    lt::set_matrix_layout_attribute(
+        let layout = |ty: lts::cudaDataType,
+                      (rows, cols, ld, bs): (u64, u64, i64, i64)|
+         -> Result<lts::cublasLtMatrixLayout_t> {
+            let l = lt::create_matrix_layout(ty, rows, cols, ld).map_err(lt_err)?;
+            if batch > 1 {
+                let c = batch as i32;
+                lt::set_matrix_layout_attribute(
+                    l,
+                    lts::cublasLtMatrixLayoutAttribute_t::CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT,
+                    &c as *const i32 as *const c_void,
+                    4,
+                )
+                .map_err(lt_err)?;
+                lt::set_matrix_layout_attribute(
                     l,
                     lts::cublasLtMatrixLayoutAttribute_t::CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
                     &bs as *const i64 as *const c_void,
                     8,
                 )
                 .map_err(lt_err)?;
-                }
-                Ok(l)
-            };
-        let la = layout(key.a)?;
-        let lb = layout(key.b)?;
-        let ld = layout((n as u64, m as u64, n as i64, (m * n) as i64))?;
+            }
+            Ok(l)
+        };
+        if let Some(bp) = bias_in {
+            // Row-major [m, n] is cuBLAS's column-major n x m: a bias over n is one per row
+            // of D, which is what the BIAS epilogue broadcasts (over columns and batches).
+            use lts::cublasLtMatmulDescAttributes_t as D;
+            let epi = lts::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_BIAS;
+            let bt = dtype_of(out_dt);
+            lt::set_matmul_desc_attribute(
+                desc,
+                D::CUBLASLT_MATMUL_DESC_EPILOGUE,
+                &epi as *const _ as *const c_void,
+                std::mem::size_of_val(&epi),
+            )
+            .and_then(|()| {
+                lt::set_matmul_desc_attribute(
+                    desc,
+                    D::CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                    &bp as *const u64 as *const c_void,
+                    8,
+                )
+            })
+            .and_then(|()| {
+                lt::set_matmul_desc_attribute(
+                    desc,
+                    D::CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
+                    &bt as *const _ as *const c_void,
+                    std::mem::size_of_val(&bt),
+                )
+            })
+            .map_err(lt_err)?;
+        }
+        let la = layout(data_t, key.a)?;
+        let lb = layout(data_t, key.b)?;
+        let ld = layout(
+            dtype_of(out_dt),
+            (n as u64, m as u64, n as i64, (m * n) as i64),
+        )?;
         let algo = blas
             .algo(key, desc, la, lb, ld, workspace_for(batch, m, n, k))
             .map_err(|e| {
@@ -429,6 +538,7 @@ pub(crate) fn gemm_nt_f32(
         batch: ldd as i32, // (no batch: the slot keys the output row stride)
         align: [align_of(b), align_of(a), align_of(d)],
         out32: true,
+        bias: false,
     };
     let mut guard = dev.blas.lock().unwrap_or_else(|p| p.into_inner());
     let blas = Blas::get(dev, &mut guard, op)?;

@@ -187,24 +187,80 @@ __device__ __forceinline__ void each_chunk(u32 t, u32 P, u32 nc, F&& f) {
     }
 }
 
-// One input row: its chunks held in registers (CACHED) or re-read at each use.
-template <typename T, int E, bool CACHED>
+// f32 rows with a 16-bit partner (a layer norm's bf16 output, or its gradient): chunk c of
+// the partner covers the same 4 elements as the f32 chunk, 8 bytes (`vec`: 8-byte aligned).
+// Loads widen it into an f32 chunk; stores round 4 f32 values into it.
+template <typename G>
+__device__ __forceinline__ W4 load_chunk_narrow(const G* __restrict__ row, u32 c, u32 n, bool vec) {
+    W4 r = w4_zero();
+    if (vec) {
+        const uint2 u = *(const uint2*)(row + (u64)c * 4);
+#pragma unroll
+        for (int v = 0; v < 4; ++v) {
+            G h;
+            h.x = (unsigned short)(((v < 2 ? u.x : u.y) >> ((v & 1) * 16)) & 0xffffu);
+            r.w[v] = __float_as_uint(Num<G>::load(h));
+        }
+        return r;
+    }
+#pragma unroll
+    for (int v = 0; v < 4; ++v) {
+        const u32 i = c * 4 + v;
+        if (i < n) r.w[v] = __float_as_uint(Num<G>::load(row[i]));
+    }
+    return r;
+}
+
+template <typename G>
+__device__ __forceinline__ void store_narrow(G* __restrict__ row, u32 c, u32 n, bool vec, const float (&o)[4]) {
+    if (vec) {
+        uint2 u;
+        u.x = (u32)Num<G>::store(o[0]).x | ((u32)Num<G>::store(o[1]).x << 16);
+        u.y = (u32)Num<G>::store(o[2]).x | ((u32)Num<G>::store(o[3]).x << 16);
+        *(uint2*)(row + (u64)c * 4) = u;
+        return;
+    }
+#pragma unroll
+    for (int v = 0; v < 4; ++v) {
+        const u32 i = c * 4 + v;
+        if (i < n) row[i] = Num<G>::store(o[v]);
+    }
+}
+
+// Chunk c of a row of G as T's chunk (G == T, or a 16-bit G of f32 T).
+template <typename T, typename G>
+__device__ __forceinline__ W4 load_as(const G* __restrict__ row, u32 c, u32 n, bool vec) {
+    if constexpr (sizeof(G) == sizeof(T)) return load_chunk(row, c, n, vec);
+    else return load_chunk_narrow(row, c, n, vec);
+}
+
+// Values o of T's chunk c written to a row of Y (Y == T, or a 16-bit Y of f32 T).
+template <typename T, typename Y>
+__device__ __forceinline__ void store_as(Y* __restrict__ row, u32 c, u32 n, bool vec,
+                                         const typename Num<T>::A (&o)[Pk<T>::V]) {
+    if constexpr (sizeof(Y) == sizeof(T)) store_vals(row, c, n, vec, o);
+    else store_narrow(row, c, n, vec, o);
+}
+
+// One input row (elements of G, read as T's chunks): its chunks held in registers (CACHED)
+// or re-read at each use.
+template <typename T, int E, bool CACHED, typename G = T>
 struct RowIn {
-    const T* p;
+    const G* p;
     u32 n;
     bool vec;
     W4 c[CACHED ? E : 1];
-    __device__ __forceinline__ void init(const T* row, u32 n_, bool vec_, u32 t, u32 P, u32 nc) {
+    __device__ __forceinline__ void init(const G* row, u32 n_, bool vec_, u32 t, u32 P, u32 nc) {
         p = row;
         n = n_;
         vec = vec_;
         if constexpr (CACHED) {
-            each_chunk<E, true>(t, P, nc, [&](int k, u32 ci) { c[k] = load_chunk(p, ci, n, vec); });
+            each_chunk<E, true>(t, P, nc, [&](int k, u32 ci) { c[k] = load_as<T>(p, ci, n, vec); });
         }
     }
     __device__ __forceinline__ W4 at(int k, u32 ci) const {
         if constexpr (CACHED) return c[k];
-        else return load_chunk(p, ci, n, vec);
+        else return load_as<T>(p, ci, n, vec);
     }
 };
 
@@ -402,8 +458,8 @@ __device__ void rms_body(u64 rows, u32 n, const T* x, u64 xs, const T* w, T* y, 
 }
 
 // y = (x - mean) / sqrt(var + eps) * w + b, variance by two passes over the row.
-template <typename T, bool BLOCK, int E, bool CACHED>
-__device__ void ln_body(u64 rows, u32 n, const T* x, u64 xs, const T* w, const T* b, T* y, u32 vec_, typename Num<T>::A eps) {
+template <typename T, typename Y, bool BLOCK, int E, bool CACHED>
+__device__ void ln_body_y(u64 rows, u32 n, const T* x, u64 xs, const T* w, const T* b, Y* y, u32 vec_, typename Num<T>::A eps) {
     ROW_SETUP
     for (ROWS) {
         ROW_AT
@@ -430,16 +486,30 @@ __device__ void ln_body(u64 rows, u32 n, const T* x, u64 xs, const T* w, const T
         });
         grp_sum<BLOCK>(s2, G);
         const A rr = (A)1 / m_sqrt(s2[0] / (A)n + eps);
-        T* yr = y + r * n;
+        Y* yr = y + r * n;
         each_chunk<E, CACHED>(t, P, nc, [&](int k, u32 ci) {
             const W4 c = xr.at(k, ci), wc = load_chunk(w, ci, n, vec), bc = load_chunk(b, ci, n, vec);
             A o[V];
 #pragma unroll
             for (int v = 0; v < V; ++v)
                 o[v] = (Pk<T>::get(c, v) - mean) * rr * Pk<T>::get(wc, v) + Pk<T>::get(bc, v);
-            if (live) store_vals(yr, ci, n, vec, o);
+            if (live) store_as<T>(yr, ci, n, vec, o);
         });
     }
+}
+
+template <typename T, bool BLOCK, int E, bool CACHED>
+__device__ void ln_body(u64 rows, u32 n, const T* x, u64 xs, const T* w, const T* b, T* y, u32 vec_, typename Num<T>::A eps) {
+    ln_body_y<T, T, BLOCK, E, CACHED>(rows, n, x, xs, w, b, y, vec_, eps);
+}
+// f32 x, bf16 / f16 y.
+template <typename T, bool BLOCK, int E, bool CACHED>
+__device__ void ln_body_obf16(u64 rows, u32 n, const T* x, u64 xs, const T* w, const T* b, bf16* y, u32 vec_, typename Num<T>::A eps) {
+    ln_body_y<T, bf16, BLOCK, E, CACHED>(rows, n, x, xs, w, b, y, vec_, eps);
+}
+template <typename T, bool BLOCK, int E, bool CACHED>
+__device__ void ln_body_of16(u64 rows, u32 n, const T* x, u64 xs, const T* w, const T* b, f16* y, u32 vec_, typename Num<T>::A eps) {
+    ln_body_y<T, f16, BLOCK, E, CACHED>(rows, n, x, xs, w, b, y, vec_, eps);
 }
 
 // ---- backward ----
@@ -519,13 +589,14 @@ __device__ void rms_bwd_body(u64 rows, u32 n, const T* x, u64 xs, const T* w, co
 
 // dx of layer_norm: xhat = (x - mean) r; dx = r (g w - mean(g w) - xhat mean(g w xhat)).
 // Writes stats[2 row] = mean, stats[2 row + 1] = r.
-template <typename T, bool BLOCK, int E, bool CACHED>
-__device__ void ln_bwd_body(u64 rows, u32 n, const T* x, u64 xs, const T* w, const T* g, u64 gs, T* dx,
-                            typename Num<T>::A* stats, u32 vec_, typename Num<T>::A eps) {
+template <typename T, typename GT, bool BLOCK, int E, bool CACHED>
+__device__ void ln_bwd_body_g(u64 rows, u32 n, const T* x, u64 xs, const T* w, const GT* g, u64 gs, T* dx,
+                              typename Num<T>::A* stats, u32 vec_, typename Num<T>::A eps) {
     ROW_SETUP
     for (ROWS) {
         ROW_AT
-        RowIn<T, E, CACHED> xr, gr;
+        RowIn<T, E, CACHED> xr;
+        RowIn<T, E, CACHED, GT> gr;
         xr.init(x + r * xs, n, vec, t, P, nc);
         gr.init(g + r * gs, n, vec, t, P, nc);
         A s1[1] = {0};
@@ -570,13 +641,30 @@ __device__ void ln_bwd_body(u64 rows, u32 n, const T* x, u64 xs, const T* w, con
     }
 }
 
+template <typename T, bool BLOCK, int E, bool CACHED>
+__device__ void ln_bwd_body(u64 rows, u32 n, const T* x, u64 xs, const T* w, const T* g, u64 gs, T* dx,
+                            typename Num<T>::A* stats, u32 vec_, typename Num<T>::A eps) {
+    ln_bwd_body_g<T, T, BLOCK, E, CACHED>(rows, n, x, xs, w, g, gs, dx, stats, vec_, eps);
+}
+// f32 x, bf16 / f16 g.
+template <typename T, bool BLOCK, int E, bool CACHED>
+__device__ void ln_bwd_body_gbf16(u64 rows, u32 n, const T* x, u64 xs, const T* w, const bf16* g, u64 gs, T* dx,
+                                  typename Num<T>::A* stats, u32 vec_, typename Num<T>::A eps) {
+    ln_bwd_body_g<T, bf16, BLOCK, E, CACHED>(rows, n, x, xs, w, g, gs, dx, stats, vec_, eps);
+}
+template <typename T, bool BLOCK, int E, bool CACHED>
+__device__ void ln_bwd_body_gf16(u64 rows, u32 n, const T* x, u64 xs, const T* w, const f16* g, u64 gs, T* dx,
+                                 typename Num<T>::A* stats, u32 vec_, typename Num<T>::A eps) {
+    ln_bwd_body_g<T, f16, BLOCK, E, CACHED>(rows, n, x, xs, w, g, gs, dx, stats, vec_, eps);
+}
+
 // Weight (and bias) gradients, stage 1: column sums over one chunk of rows, no atomics.
 // part[(chunk * K + 0) * n + col] = sum_r g[r, col] (x[r, col] - stats[2r]) stats[2r + 1];
 // with bias (K = 2) also part[(chunk * 2 + 1) * n + col] = sum_r g[r, col].
 // Block (32, 8): 32 columns x 8 row lanes; grid (ceil(n / 32), chunks); chunk c covers rows
 // [c * rpc, min(rows, (c + 1) * rpc)).
-template <typename T>
-__device__ void norm_dw_part_body(u64 rows, u32 n, u64 rpc, const T* x, u64 xs, const T* g, u64 gs,
+template <typename T, typename G>
+__device__ void norm_dw_part_body(u64 rows, u32 n, u64 rpc, const T* x, u64 xs, const G* g, u64 gs,
                                   const typename Num<T>::A* stats, u32 bias, typename Num<T>::A* part) {
     typedef typename Num<T>::A A;
     __shared__ A sh[2][8][33];
@@ -588,7 +676,7 @@ __device__ void norm_dw_part_body(u64 rows, u32 n, u64 rpc, const T* x, u64 xs, 
     if (col < n) {
 #pragma unroll 4
         for (u64 r = r0 + ty; r < r1; r += 8) {
-            const A gv = Num<T>::load(g[r * gs + col]);
+            const A gv = (A)Num<G>::load(g[r * gs + col]);
             dw += gv * ((Num<T>::load(x[r * xs + col]) - stats[2 * r]) * stats[2 * r + 1]);
             db += gv;
         }
@@ -692,7 +780,7 @@ __device__ void rope_body(u64 rows, u32 h, u32 l, const T* x, u64 xs, const T* c
         (rows, n, x, xs, w, g, gs, dx, stats, vec, eps))                                            \
     extern "C" __global__ void __launch_bounds__(256) norm_dw_part_##S(u64 rows, u32 n, u64 rpc,   \
         const T* x, u64 xs, const T* g, u64 gs, const Num<T>::A* stats, u32 bias, Num<T>::A* part) { \
-        norm_dw_part_body<T>(rows, n, rpc, x, xs, g, gs, stats, bias, part);                       \
+        norm_dw_part_body<T, T>(rows, n, rpc, x, xs, g, gs, stats, bias, part);                    \
     }                                                                                               \
     extern "C" __global__ void __launch_bounds__(256) norm_dw_final_##S(u32 n, u32 chunks, u32 bias, \
         const Num<T>::A* part, T* dw, T* db) {                                                      \
@@ -703,3 +791,20 @@ __device__ void rope_body(u64 rows, u32 h, u32 l, const T* x, u64 xs, const T* c
         rope_body<T>(rows, h, l, x, xs, cs, css, sn, sns, y, inter);                               \
     }
 FOR_FLOATS(NORM_KERNELS)
+
+// f32 layer norms with a 16-bit output (`layer_norm_o{bf16,f16}_*_f32`) or gradient
+// (`layer_norm_bwd_g{bf16,f16}_*_f32`, `norm_dw_part_g{bf16,f16}_f32`).
+#define LN_HALF_KERNELS(H, HT)                                                                     \
+    ROW_KERNELS(f32, float, layer_norm_o##H, ln_body_o##H, E_FWD,                                  \
+        (u64 rows, u32 n, const float* x, u64 xs, const float* w, const float* b, HT* y, u32 vec, float eps), \
+        (rows, n, x, xs, w, b, y, vec, eps))                                                       \
+    ROW_KERNELS(f32, float, layer_norm_bwd_g##H, ln_bwd_body_g##H, E_BWD,                          \
+        (u64 rows, u32 n, const float* x, u64 xs, const float* w, const HT* g, u64 gs, float* dx,  \
+         float* stats, u32 vec, float eps),                                                        \
+        (rows, n, x, xs, w, g, gs, dx, stats, vec, eps))                                           \
+    extern "C" __global__ void __launch_bounds__(256) norm_dw_part_g##H##_f32(u64 rows, u32 n, u64 rpc, \
+        const float* x, u64 xs, const HT* g, u64 gs, const float* stats, u32 bias, float* part) {  \
+        norm_dw_part_body<float, HT>(rows, n, rpc, x, xs, g, gs, stats, bias, part);               \
+    }
+LN_HALF_KERNELS(bf16, bf16)
+LN_HALF_KERNELS(f16, f16)

@@ -162,6 +162,20 @@ fn check_row_len(op: &'static str, n: usize) -> Result<()> {
     Ok(())
 }
 
+/// The kernel-name infix for f32 rows whose partner (`role` "o": the output, "g": the
+/// gradient) is `other`: "" when it is f32 too, `_obf16`, `_gf16`, ... for 16-bit.
+fn half_partner(op: &'static str, dt: DType, other: DType, role: &str) -> Result<String> {
+    match (dt, other) {
+        (a, b) if a == b => Ok(String::new()),
+        (DType::F32, DType::BF16 | DType::F16) => Ok(format!("_{role}{}", suffix(other))),
+        _ => Err(Error::dtype(
+            op,
+            other,
+            format!("a {dt} norm takes {dt}, or f16/bf16 with f32"),
+        )),
+    }
+}
+
 /// Appends a scalar in the kernels' compute type (f64 for f64, else f32).
 fn arg_compute(args: Args, dt: DType, v: f64) -> Args {
     if dt == DType::F64 {
@@ -209,16 +223,19 @@ pub(crate) fn layer_norm(
     w: &Tensor,
     b: &Tensor,
     eps: f64,
+    out_dt: DType,
 ) -> Result<Vec<Arc<dyn Storage>>> {
     let op = "layer_norm";
     let dt = float_dtype(op, &[x, w, b])?;
+    // f32 rows may be written as f16/bf16 (`layer_norm_o{bf16,f16}` kernels).
+    let infix = half_partner(op, dt, out_dt, "o")?;
     let (rows, n) = rows_of(x);
     let (xr, wr, br) = (
         rows_in(dev, x, op)?,
         rows_in(dev, w, op)?,
         rows_in(dev, b, op)?,
     );
-    let out = dev.alloc_out(rows * n, dt, op)?;
+    let out = dev.alloc_out(rows * n, out_dt, op)?;
     if rows * n > 0 {
         check_row_len(op, n)?;
         let vec = aligned(dt, rows, n, &[&xr], &[wr.ptr, br.ptr, out.ptr()]);
@@ -233,7 +250,7 @@ pub(crate) fn layer_norm(
             .arg(out.ptr())
             .arg(vec as u32);
         let args = arg_compute(args, dt, eps);
-        let name = format!("layer_norm_{shape}_{}", suffix(dt));
+        let name = format!("layer_norm{infix}_{shape}_{}", suffix(dt));
         dev.launch(op, &SOURCE, &name, cfg, args)?;
     }
     dev.finish_one(out)
@@ -390,7 +407,12 @@ fn norm_backward(
     eps: f64,
     bias: bool,
 ) -> Result<Vec<Arc<dyn Storage>>> {
-    let dt = float_dtype(op, &[x, w, g])?;
+    let dt = float_dtype(op, &[x, w])?;
+    // A 16-bit gradient of f32 rows (a layer norm whose output was 16-bit).
+    let ginfix = match bias {
+        true => half_partner(op, dt, g.dtype(), "g")?,
+        false => float_dtype(op, &[x, g]).map(|_| String::new())?,
+    };
     let (rows, n) = rows_of(x);
     let (xr, wr, gr) = (
         rows_in(dev, x, op)?,
@@ -428,7 +450,7 @@ fn norm_backward(
             } else {
                 "rms_norm_bwd"
             };
-            let name = format!("{kind}_{shape}_{}", suffix(dt));
+            let name = format!("{kind}{ginfix}_{shape}_{}", suffix(dt));
             dev.launch(op, &SOURCE, &name, cfg, args)?;
         }
         // Stage 1: enough row chunks to fill the device, each at least 64 rows.
@@ -457,7 +479,7 @@ fn norm_backward(
             .arg(stats.ptr())
             .arg(bias as u32)
             .arg(part.ptr());
-        let name = format!("norm_dw_part_{}", suffix(dt));
+        let name = format!("norm_dw_part{ginfix}_{}", suffix(dt));
         dev.launch(op, &SOURCE, &name, cfg, args)?;
         // Stage 2: one sum per column of dw (and of db), in a fixed order.
         let blocks = (n.div_ceil(32).min(MAX_GRID) as u32, 1 + bias as u32, 1);

@@ -304,6 +304,10 @@ fn reduce_cases(b: &mut B) {
         (vec![5, 31, 33], View::Contiguous, vec![1]),
         (vec![1, 1], View::Contiguous, vec![0, 1]),
         (vec![3, 1000], View::Contiguous, vec![1]),
+        // Bias gradients: rows summed into contiguous outputs (CUDA's 16-byte column
+        // sums), one output block and a long run split over many blocks.
+        (vec![300, 64], View::Contiguous, vec![0]),
+        (vec![2, 2048, 24], View::Contiguous, vec![0, 1]),
     ];
     let ops: [(&str, RF); 3] = [("sum", r::sum), ("max", r::max), ("min", r::min)];
     for (name, f) in ops {
@@ -495,6 +499,102 @@ fn matmul_cases(b: &mut B) {
                 vec![tol],
                 true,
                 |x| Ok(vec![x[0].matmul(&x[1])?]),
+                |x| vec![r::matmul(&x[0], &x[1])],
+            );
+        }
+    }
+}
+
+/// An autocast product's output must be f32 (any other dtype fails the case).
+fn f32_out(op: &'static str, y: &Tensor) -> Result<()> {
+    match y.dtype() {
+        DType::F32 => Ok(()),
+        d => Err(ferrite_core::Error::dtype(
+            op,
+            d,
+            "autocast must return f32 here",
+        )),
+    }
+}
+
+/// `a b + bias` over the last axis, from the f64 reference product.
+fn matmul_bias_ref(x: &[Ref]) -> Vec<Ref> {
+    let mut y = r::matmul(&x[0], &x[1]);
+    let n = x[2].data.len();
+    for (i, v) in y.data.iter_mut().enumerate() {
+        *v += x[2].data[i % n];
+    }
+    vec![y]
+}
+
+fn matmul_bias_cases(b: &mut B) {
+    use View::*;
+    // (a, its view, weight [n, k] used transposed as b [k, n]): the Linear layer's product,
+    // over plain rows, folded batch rows, a narrowed input, an empty depth and tile sizes.
+    let shapes: Vec<(Vec<usize>, View, [usize; 2])> = vec![
+        (vec![31, 33], Contiguous, [45, 33]),
+        (vec![3, 31, 33], Contiguous, [17, 33]),
+        (vec![45, 65], Narrowed, [7, 65]),
+        (vec![4, 0], Contiguous, [3, 0]),
+        (vec![128, 96], Contiguous, [80, 96]),
+    ];
+    for dt in FLOATS {
+        for (sa, wa, [n, k]) in &shapes {
+            let tol = scaled(default_tol(dt), (*k as f64).sqrt().max(1.0));
+            b.add(
+                "matmul_bias",
+                dt,
+                vec![
+                    inp(sa, dt, u(-1.0, 1.0), *wa),
+                    inp(&[*k, *n], dt, u(-1.0, 1.0), Transposed),
+                    inp(&[*n], dt, u(-1.0, 1.0), Contiguous),
+                ],
+                vec![tol],
+                true,
+                |x| Ok(vec![x[0].matmul_bias(&x[1], Some(&x[2]))?]),
+                matmul_bias_ref,
+            );
+        }
+    }
+    // Under autocast: 16-bit operands, the f32 output written by the product with the f32
+    // bias added before its one rounding (`Op::MatmulBias` with an f32 output spec), and the
+    // plain product's f32 output (`Op::Matmul`).
+    for low in [DType::BF16, DType::F16] {
+        for (sa, wa, [n, k]) in &shapes {
+            let tol = scaled(default_tol(low), (*k as f64).sqrt().max(1.0));
+            b.add(
+                &format!("autocast_{low}_matmul_bias"),
+                DType::F32,
+                vec![
+                    inp(sa, DType::F32, u(-1.0, 1.0), *wa),
+                    inp(&[*k, *n], DType::F32, u(-1.0, 1.0), Transposed),
+                    inp(&[*n], DType::F32, u(-1.0, 1.0), Contiguous),
+                ],
+                vec![tol],
+                false,
+                move |x| {
+                    let y = ferrite_core::autocast::autocast(low, || {
+                        x[0].matmul_bias(&x[1], Some(&x[2]))
+                    })??;
+                    f32_out("matmul_bias", &y)?;
+                    Ok(vec![y])
+                },
+                matmul_bias_ref,
+            );
+            b.add(
+                &format!("autocast_{low}_matmul"),
+                DType::F32,
+                vec![
+                    inp(sa, DType::F32, u(-1.0, 1.0), *wa),
+                    inp(&[*k, *n], DType::F32, u(-1.0, 1.0), Transposed),
+                ],
+                vec![tol],
+                false,
+                move |x| {
+                    let y = ferrite_core::autocast::autocast(low, || x[0].matmul(&x[1]))??;
+                    f32_out("matmul", &y)?;
+                    Ok(vec![y])
+                },
                 |x| vec![r::matmul(&x[0], &x[1])],
             );
         }
@@ -859,6 +959,66 @@ fn fused_cases(b: &mut B) {
                 |x| Ok(vec![x[0].layer_norm(&x[1], &x[2], 1e-5)?]),
                 |x| vec![r::layer_norm(&x[0], &x[1], &x[2], 1e-5)],
             );
+            if dt == DType::F32 {
+                // f32 rows with a 16-bit partner: the output written in bf16/f16 (an autocast
+                // product's input), and the backward of such an output (a 16-bit gradient).
+                for low in [DType::BF16, DType::F16] {
+                    b.add(
+                        &format!("layer_norm_to_{low}"),
+                        dt,
+                        vec![
+                            inp(&shape, dt, u(-3.0, 3.0), view),
+                            inp(&[n], dt, u(0.5, 1.5), View::Contiguous),
+                            inp(&[n], dt, u(-1.0, 1.0), View::Contiguous),
+                        ],
+                        vec![scaled(default_tol(low), 4.0)],
+                        false,
+                        move |x| {
+                            let y = x[0].layer_norm_to(&x[1], &x[2], 1e-5, low)?;
+                            match y.dtype() == low {
+                                true => Ok(vec![y]),
+                                false => Err(ferrite_core::Error::dtype(
+                                    "layer_norm_to",
+                                    y.dtype(),
+                                    "wrong output dtype",
+                                )),
+                            }
+                        },
+                        |x| vec![r::layer_norm(&x[0], &x[1], &x[2], 1e-5)],
+                    );
+                    // g is given in f32 and rounded to `low` by the case; the reference sees
+                    // the f32 values: the tolerance covers that rounding.
+                    let k = (n as f64).sqrt();
+                    b.add(
+                        &format!("layer_norm_backward_g{low}"),
+                        dt,
+                        vec![
+                            inp(&shape, dt, u(-3.0, 3.0), view),
+                            inp(&[n], dt, u(0.5, 1.5), View::Contiguous),
+                            inp(&shape, dt, u(-1.0, 1.0), View::Contiguous),
+                        ],
+                        vec![
+                            scaled(default_tol(low), 4.0),
+                            scaled(default_tol(low), 4.0 * k),
+                            scaled(default_tol(low), 4.0 * k),
+                        ],
+                        false,
+                        move |x| {
+                            let g = x[2].cast(low)?;
+                            let (dx, dw, db) = Tensor::layer_norm_backward(&x[0], &x[1], &g, 1e-5)?;
+                            Ok(vec![dx, dw, db])
+                        },
+                        |x| {
+                            let n = *x[0].shape.last().unwrap_or(&1);
+                            let rows = x[0].data.len() / n.max(1);
+                            let flat = |t: &Ref| Ref::new(vec![rows, n], t.data.clone());
+                            let (dx, dw, db) =
+                                r::layer_norm_backward(&flat(&x[0]), &x[1], &flat(&x[2]), 1e-5);
+                            vec![Ref::new(x[0].shape.clone(), dx.data), dw, db]
+                        },
+                    );
+                }
+            }
             b.add(
                 "rms_norm",
                 dt,
@@ -1793,6 +1953,7 @@ pub fn cases() -> Vec<OpCase> {
     binary_cases(&mut b);
     reduce_cases(&mut b);
     matmul_cases(&mut b);
+    matmul_bias_cases(&mut b);
     cast_cases(&mut b);
     index_cases(&mut b);
     scan_cases(&mut b);

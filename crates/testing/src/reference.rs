@@ -332,6 +332,33 @@ pub fn layer_norm(x: &Ref, w: &Ref, b: &Ref, eps: f64) -> Ref {
     })
 }
 
+/// `layer_norm`'s (dx, dw, db) for the output gradient g over rows of the last axis:
+/// dx = r (g w - mean(g w) - xhat mean(g w xhat)), dw = sum g xhat, db = sum g over rows.
+pub fn layer_norm_backward(x: &Ref, w: &Ref, g: &Ref, eps: f64) -> (Ref, Ref, Ref) {
+    let n = *x.shape.last().unwrap_or(&1);
+    let mut dx = vec![0.0; x.data.len()];
+    let (mut dw, mut db) = (vec![0.0; n], vec![0.0; n]);
+    for (r, row) in x.data.chunks(n.max(1)).enumerate() {
+        let gr = &g.data[r * n..(r + 1) * n];
+        let m = mean(row);
+        let rs = 1.0 / (var(row, false) + eps).sqrt();
+        let xhat: Vec<f64> = row.iter().map(|v| (v - m) * rs).collect();
+        let gw: Vec<f64> = (0..n).map(|i| gr[i] * w.data[i]).collect();
+        let m1 = gw.iter().sum::<f64>() / n as f64;
+        let m2 = (0..n).map(|i| gw[i] * xhat[i]).sum::<f64>() / n as f64;
+        for i in 0..n {
+            dx[r * n + i] = rs * (gw[i] - m1 - xhat[i] * m2);
+            dw[i] += gr[i] * xhat[i];
+            db[i] += gr[i];
+        }
+    }
+    (
+        Ref::new(x.shape.clone(), dx),
+        Ref::new(vec![n], dw),
+        Ref::new(vec![n], db),
+    )
+}
+
 pub fn rms_norm(x: &Ref, w: &Ref, eps: f64) -> Ref {
     let last = x.shape.len() - 1;
     along(x, last, |v| {

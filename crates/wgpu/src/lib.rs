@@ -399,6 +399,19 @@ fn all_kernels() -> Vec<&'static shader::Kernel> {
 
 struct Handle(Arc<WgpuBackend>);
 
+/// A backend output (one storage) as a contiguous tensor of `shape` on `like`'s device.
+fn as_tensor(s: Vec<Arc<dyn Storage>>, shape: &Shape, like: &Tensor) -> Result<Tensor> {
+    let s = s
+        .into_iter()
+        .next()
+        .ok_or_else(|| Error::backend("wgpu", "an op returned no output"))?;
+    Ok(Tensor::from_storage(
+        s,
+        Layout::contiguous(shape.clone()),
+        like.device().clone(),
+    ))
+}
+
 impl Backend for Handle {
     fn kind(&self) -> DeviceKind {
         DeviceKind::Wgpu(self.0.index)
@@ -493,7 +506,14 @@ impl Backend for Handle {
             Op::Cmp(c) => elementwise::cmp(dev, *c, input(0)?, input(1)?),
             Op::Where => elementwise::where_cond(dev, input(0)?, input(1)?, input(2)?),
             Op::Reduce { op, axes } => reduce::reduce(dev, *op, input(0)?, axes),
-            Op::Matmul => matmul::matmul(dev, input(0)?, input(1)?, &out(0)?.0),
+            Op::Matmul => {
+                let (shape, dt) = out(0)?;
+                matmul::matmul_to(dev, input(0)?, input(1)?, None, shape, *dt)
+            }
+            Op::MatmulBias => {
+                let (shape, dt) = out(0)?;
+                matmul::matmul_to(dev, input(0)?, input(1)?, Some(input(2)?), shape, *dt)
+            }
             Op::Cast(dt) => elementwise::cast(dev, input(0)?, *dt),
             Op::Copy => elementwise::contiguous(dev, input(0)?),
             Op::IndexSelect { axis } => index::index_select(dev, input(0)?, input(1)?, *axis),
@@ -508,11 +528,27 @@ impl Backend for Handle {
             Op::LogSoftmax => norm::softmax(dev, input(0)?, true),
             Op::SoftmaxBackward { log } => norm::softmax_backward(dev, input(0)?, input(1)?, *log),
             Op::LayerNorm { eps } => {
-                norm::layer_norm(dev, input(0)?, input(1)?, Some(input(2)?), *eps, false)
+                let y = norm::layer_norm(dev, input(0)?, input(1)?, Some(input(2)?), *eps, false)?;
+                // A 16-bit output of f32 rows: the f32 result rounded once.
+                let (shape, dt) = out(0)?;
+                match *dt == input(0)?.dtype() {
+                    true => Ok(y),
+                    false => elementwise::cast(dev, &as_tensor(y, shape, input(0)?)?, *dt),
+                }
             }
             Op::RmsNorm { eps } => norm::layer_norm(dev, input(0)?, input(1)?, None, *eps, true),
             Op::LayerNormBackward { eps } => {
-                norm::norm_backward(dev, input(0)?, input(1)?, input(2)?, *eps, false)
+                // A 16-bit gradient of f32 rows is read widened.
+                let (x, g) = (input(0)?, input(2)?);
+                let wide = match g.dtype() == x.dtype() {
+                    true => None,
+                    false => Some(as_tensor(
+                        elementwise::cast(dev, g, x.dtype())?,
+                        g.shape(),
+                        g,
+                    )?),
+                };
+                norm::norm_backward(dev, x, input(1)?, wide.as_ref().unwrap_or(g), *eps, false)
             }
             Op::RmsNormBackward { eps } => {
                 norm::norm_backward(dev, input(0)?, input(1)?, input(2)?, *eps, true)

@@ -4,7 +4,7 @@
 use crate::device::WgpuBackend;
 use crate::shader::{self, kernel, Kernel, Variant};
 use crate::util::{storage, uw};
-use ferrite_core::{Error, Result, Shape, Storage, Tensor};
+use ferrite_core::{BinaryOp, DType, Error, Layout, Result, Shape, Storage, Tensor};
 use std::sync::Arc;
 
 pub(crate) static MATMUL: Kernel = kernel!("matmul", &["matmul"], &[("T", shader::FLOATS)], &[&[]]);
@@ -71,4 +71,78 @@ pub(crate) fn matmul(
         groups,
     )?;
     Ok(vec![Arc::new(y)])
+}
+
+/// `Op::Matmul` with output dtype `out_dt` (the operands' or f32 from f16/bf16) and
+/// `Op::MatmulBias` (`bias` given, in `out_dt`). 16-bit operands with a bias or an f32
+/// output are widened to f32 (exact) and multiplied in f32, the bias added in f32 and the sum
+/// rounded once to `out_dt`.
+pub(crate) fn matmul_to(
+    dev: &WgpuBackend,
+    a: &Tensor,
+    b: &Tensor,
+    bias: Option<&Tensor>,
+    out: &Shape,
+    out_dt: DType,
+) -> Result<Vec<Arc<dyn Storage>>> {
+    let name = if bias.is_some() {
+        "matmul_bias"
+    } else {
+        "matmul"
+    };
+    let dt = a.dtype();
+    if out_dt != dt && !(out_dt == DType::F32 && matches!(dt, DType::F16 | DType::BF16)) {
+        return Err(Error::dtype(
+            name,
+            out_dt,
+            format!("a {dt} product cannot write it"),
+        ));
+    }
+    if bias.is_some_and(|t| t.dtype() != out_dt) {
+        return Err(Error::backend(
+            name,
+            "the bias must have the output's dtype",
+        ));
+    }
+    let wide = matches!(dt, DType::F16 | DType::BF16) && (bias.is_some() || out_dt != dt);
+    if !wide && bias.is_none() {
+        return matmul(dev, a, b, out);
+    }
+    let tensor = |s: Vec<Arc<dyn Storage>>, shape: &Shape| -> Result<Tensor> {
+        let s = s
+            .into_iter()
+            .next()
+            .ok_or_else(|| Error::backend(name, "no output"))?;
+        Ok(Tensor::from_storage(
+            s,
+            Layout::contiguous(shape.clone()),
+            a.device().clone(),
+        ))
+    };
+    let f32_of = |t: &Tensor| -> Result<Tensor> {
+        match t.dtype() {
+            DType::F32 => Ok(t.clone()),
+            _ => tensor(crate::elementwise::cast(dev, t, DType::F32)?, t.shape()),
+        }
+    };
+    let (a, b) = match wide {
+        true => (f32_of(a)?, f32_of(b)?),
+        false => (a.clone(), b.clone()),
+    };
+    let mut y = tensor(matmul(dev, &a, &b, out)?, out)?;
+    if let Some(bias) = bias {
+        let row = match wide {
+            true => f32_of(bias)?,
+            false => bias.clone(),
+        };
+        let row = row.broadcast_to(out.clone())?;
+        y = tensor(
+            crate::elementwise::binary(dev, BinaryOp::Add, &y, &row)?,
+            out,
+        )?;
+    }
+    match y.dtype() == out_dt {
+        true => Ok(vec![y.storage_arc().clone()]),
+        false => crate::elementwise::cast(dev, &y, out_dt),
+    }
 }

@@ -123,20 +123,29 @@ impl MultiheadAttention {
         };
         let project = |x: &Tensor, i: usize| -> Result<Tensor> {
             let wi = w.narrow(0, i * e, e)?;
-            let mut y = x.matmul(&wi.t()?)?;
-            if let Some(bb) = &bias {
-                y = y.add(&bb.narrow(0, i * e, e)?)?;
-            }
-            heads(&y, x)
+            let bi = bias.as_ref().map(|bb| bb.narrow(0, i * e, e)).transpose()?;
+            heads(&x.matmul_bias(&wi.t()?, bi.as_ref())?, x)
         };
+        let same = |t: &Tensor| {
+            Arc::ptr_eq(t.storage_arc(), query.storage_arc()) && t.layout() == query.layout()
+        };
+        // Self-attention (one tensor in all three roles): one product with the whole [3E, E]
+        // weight, q, k and v viewed as its output's thirds. One weight cast and one product
+        // forward; backward, their gradients join in one cat (`ferrite-autodiff` keeps the
+        // pieces of a narrowed tensor apart) for one product each for the input and weight.
+        if same(key) && same(value) {
+            let y = match linear_low(query, &w, bias.as_ref())? {
+                Some(y) => y,
+                None => query.matmul_bias(&w.t()?, bias.as_ref())?,
+            };
+            let part = |i: usize| heads(&y.narrow(-1, i * e, e)?, query);
+            let (qh, kh, vh) = (part(0)?, part(1)?, part(2)?);
+            return self.attend_heads(&qh, &kh, &vh, key_padding_mask, causal, (l, b, s));
+        }
         // Under autocast the projections stay in the low dtype (bias included) and feed the
         // fused attention without casts; an input given for several roles is cast once.
         let low_inputs = match ferrite_core::autocast::to_low(query)? {
             Some(ql) => {
-                let same = |t: &Tensor| {
-                    Arc::ptr_eq(t.storage_arc(), query.storage_arc())
-                        && t.layout() == query.layout()
-                };
                 let other = |t: &Tensor| -> Result<Option<Tensor>> {
                     match same(t) {
                         true => Ok(Some(ql.clone())),
@@ -168,6 +177,22 @@ impl MultiheadAttention {
             }
             None => (project(query, 0)?, project(key, 1)?, project(value, 2)?),
         };
+        self.attend_heads(&qh, &kh, &vh, key_padding_mask, causal, (l, b, s))
+    }
+
+    /// The attention of projected heads q, k, v [B, h, len, d] and the output projection;
+    /// (l, b, s): query length, batch, key length.
+    fn attend_heads(
+        &self,
+        qh: &Tensor,
+        kh: &Tensor,
+        vh: &Tensor,
+        key_padding_mask: Option<&Tensor>,
+        causal: bool,
+        (l, b, s): (usize, usize, usize),
+    ) -> Result<Tensor> {
+        let (e, h) = (self.embed_dim, self.num_heads);
+        let d = e / h;
         if let Some(mask) = key_padding_mask {
             if mask.dims() != [b, s] || mask.dtype() != DType::Bool {
                 return Err(Error::module(
@@ -182,9 +207,9 @@ impl MultiheadAttention {
         }
         // The attention kernels read q, k, v through their strides.
         let o = Tensor::attention_masked(
-            &qh,
-            &kh,
-            &vh,
+            qh,
+            kh,
+            vh,
             key_padding_mask,
             causal,
             Some(1.0 / (d as f64).sqrt()),
@@ -281,6 +306,13 @@ impl EncoderConfig {
     }
 }
 
+/// A pre-norm layer's norm, whose output feeds products only: in the autocast dtype where
+/// autocast is on (`LayerNorm::forward_low`).
+fn norm_low(name: &str, norm: &LayerNorm, x: &Tensor) -> Result<Tensor> {
+    norm.forward_low(x)
+        .map_err(|e| in_child(e, name, "LayerNorm"))
+}
+
 /// The feed-forward block of the encoder and decoder layers: `linear2(dropout(act(linear1(x))))`
 /// with GELU or ReLU. Under autocast linear1's output, its bias and the activation stay in the
 /// low dtype (linear2 reads them without a cast), as PyTorch computes them.
@@ -354,11 +386,11 @@ impl TransformerEncoderLayer {
     ) -> Result<Tensor> {
         if self.norm_first {
             let x = x.add(&self.sa(
-                &forward_child("norm1", &self.norm1, x)?,
+                &norm_low("norm1", &self.norm1, x)?,
                 key_padding_mask,
                 causal,
             )?)?;
-            x.add(&self.ff(&forward_child("norm2", &self.norm2, &x)?)?)
+            x.add(&self.ff(&norm_low("norm2", &self.norm2, &x)?)?)
         } else {
             let x = forward_child(
                 "norm1",
@@ -493,10 +525,9 @@ impl TransformerDecoderLayer {
     ) -> Result<Tensor> {
         let (tm, mm) = (tgt_key_padding_mask, memory_key_padding_mask);
         if self.norm_first {
-            let x =
-                tgt.add(&self.sa(&forward_child("norm1", &self.norm1, tgt)?, tm, tgt_causal)?)?;
-            let x = x.add(&self.ca(&forward_child("norm2", &self.norm2, &x)?, memory, mm)?)?;
-            x.add(&self.ff(&forward_child("norm3", &self.norm3, &x)?)?)
+            let x = tgt.add(&self.sa(&norm_low("norm1", &self.norm1, tgt)?, tm, tgt_causal)?)?;
+            let x = x.add(&self.ca(&norm_low("norm2", &self.norm2, &x)?, memory, mm)?)?;
+            x.add(&self.ff(&norm_low("norm3", &self.norm3, &x)?)?)
         } else {
             let x = forward_child(
                 "norm1",

@@ -90,7 +90,7 @@ impl Linear {
     }
 
     /// `forward`, with the output left in the autocast dtype where autocast applies (what
-    /// PyTorch's autocast `F.linear` returns) instead of cast back to f32: for a layer whose
+    /// PyTorch's autocast `F.linear` returns) instead of written in f32: for a layer whose
     /// output goes to an op that computes in f32 itself, as a language model's head feeding
     /// `cross_entropy` (16-bit logits, f32 loss), so that no f32 copy of the output is
     /// written. Outside autocast it is `forward`.
@@ -105,17 +105,16 @@ impl Linear {
     }
 }
 
-/// `x Wᵀ + b` over the last axis of `x` (PyTorch's `F.linear`).
+/// `x Wᵀ + b` over the last axis of `x` (PyTorch's `F.linear`), one `matmul_bias` op (the
+/// bias in the product's epilogue). Under autocast the product of the low-dtype operands is
+/// written in f32 with the f32 bias added before its one rounding.
 pub fn linear(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
-    let y = x.matmul(&weight.t()?)?;
-    match bias {
-        Some(b) => y.add(b),
-        None => Ok(y),
-    }
+    x.matmul_bias(&weight.t()?, bias)
 }
 
-/// `x Wᵀ + b` computed and returned in the autocast dtype (bias added in it, as PyTorch's
-/// autocast `addmm` does) when autocast applies to `x` and `weight`; `None` otherwise. For
+/// `x Wᵀ + b` computed and returned in the autocast dtype (the bias cast to it, added to the
+/// f32 accumulator before the rounding, as cuBLASLt's bias epilogue in PyTorch's autocast
+/// `addmm`) when autocast applies to `x` and `weight`; `None` otherwise. For
 /// layers whose next op is another product or an activation (no cast back to f32 between).
 pub(crate) fn linear_low(
     x: &Tensor,
@@ -131,11 +130,7 @@ pub(crate) fn linear_low(
         Some(Some(bl)) => Some(bl),
         None => None,
     };
-    let y = xl.matmul(&wl.t()?)?;
-    Ok(Some(match bl {
-        Some(bl) => y.add(&bl)?,
-        None => y,
-    }))
+    Ok(Some(xl.matmul_bias(&wl.t()?, bl.as_ref())?))
 }
 
 impl Module for Linear {

@@ -81,12 +81,19 @@ impl LayerNorm {
     }
 }
 
-impl Module for LayerNorm {
-    fn type_name(&self) -> &'static str {
-        "LayerNorm"
+impl LayerNorm {
+    /// `forward` with the output in the autocast dtype where autocast is on and `x` is f32
+    /// (computed in f32, rounded once): for a norm whose output feeds a product that would
+    /// cast it (a pre-norm transformer layer's attention and feed-forward), so no f32 copy is
+    /// written and the gradient comes back in the low dtype. Else `forward`.
+    pub fn forward_low(&self, x: &Tensor) -> Result<Tensor> {
+        match ferrite_core::autocast::autocast_dtype() {
+            Some(low) if x.dtype() == DType::F32 => self.forward_to(x, low),
+            _ => self.forward(x),
+        }
     }
 
-    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+    fn forward_to(&self, x: &Tensor, dtype: DType) -> Result<Tensor> {
         let flat = flatten_trailing("LayerNorm", x, &self.shape)?;
         let n: usize = self.shape.iter().product();
         let w = match &self.weight {
@@ -97,8 +104,18 @@ impl Module for LayerNorm {
             Some(b) => b.tensor().reshape([n])?,
             None => Tensor::zeros([n], x.dtype(), x.device())?,
         };
-        flat.layer_norm(&w, &b, self.eps)?
+        flat.layer_norm_to(&w, &b, self.eps, dtype)?
             .reshape(x.shape().clone())
+    }
+}
+
+impl Module for LayerNorm {
+    fn type_name(&self) -> &'static str {
+        "LayerNorm"
+    }
+
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        self.forward_to(x, x.dtype())
     }
 
     fn members(&self) -> Members<'_> {

@@ -298,7 +298,7 @@ pub fn curve(dev: &Device, precision: Precision, steps: usize) -> Vec<f64> {
 /// Bounds on |low - f32| / f32, about 4x the largest that PyTorch 2.15 shows for the same
 /// model, text, batch and optimizer over 5 seeds (`scripts/amp_curves_torch.py`: bf16 4.6e-4
 /// step-wise and 1.3e-4 on the mean of the last 10 losses, fp16 6.3e-5 and 2.6e-5) and that
-/// ferrite shows on the CPU (bf16 3.0e-4 and 5.1e-5, fp16 5.4e-5 and 2.7e-6).
+/// ferrite shows on the CPU (bf16 3.1e-4 and 2.1e-5, fp16 4.7e-5 and 1.7e-5).
 pub const BF16_STEP: f64 = 2e-3;
 pub const BF16_TAIL: f64 = 1e-3;
 pub const FP16_STEP: f64 = 3e-4;
