@@ -297,7 +297,7 @@ FOR_NUMERIC(RED_KERNELS)
 // Float sums over runs of stride rs whose nout outputs are contiguous from x (a bias
 // gradient: the rows of [R, nout] summed): a thread sums V = 16 / sizeof(T) consecutive
 // outputs with 16-byte loads (x 16-byte aligned, rs and nout multiples of V). Block (bx, by),
-// bx * by = 256, both powers of two: threadIdx.x over packs of outputs, threadIdx.y over the
+// bx * by <= 256, both powers of two: threadIdx.x over packs of outputs, threadIdx.y over the
 // run (elements c0 + ty, c0 + ty + by, ...), the by partials combined by a tree in shared
 // memory; split runs (gridDim.y > 1) write f32 partials for reduce_fin as reduce_col does.
 template <typename T>

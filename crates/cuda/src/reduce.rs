@@ -95,6 +95,19 @@ fn acc_bytes(dt: DType) -> usize {
     }
 }
 
+/// A column kernel's launch: `blocks` x (the run in about `splits` chunks) blocks of
+/// (bx, by) threads; returns (config, chunks, chunk length).
+fn col_split(blocks: u64, (bx, by): (u64, u64), rlen: u64, splits: u64) -> (Cfg, u64, u64) {
+    let chunk = rlen.div_ceil(splits.max(1)).max(1);
+    let splits = rlen.div_ceil(chunk).max(1);
+    let cfg = Cfg::new(
+        (blocks as u32, splits as u32, 1),
+        (bx as u32, by as u32, 1),
+        0,
+    );
+    (cfg, splits, chunk)
+}
+
 fn pow2_floor(n: u64) -> u64 {
     if n == 0 {
         1
@@ -219,18 +232,12 @@ pub(crate) fn reduce(
     let (cfg, splits, chunk) = if colv {
         let packs = nout_u / words;
         let bx = pow2_floor(packs).clamp(1, 32);
-        let by = 256 / bx;
+        // No more row lanes than rows (a short run's tree stays short).
+        let by = (256 / bx).min(rlen.next_power_of_two().max(1));
         let blocks = packs.div_ceil(bx).min(sm * 32);
         // At least 16 elements of the run a thread (4 rounds of 4 loads in flight).
-        let splits = target.div_ceil(blocks).min(rlen.div_ceil(by * 16)).max(1);
-        let chunk = rlen.div_ceil(splits).max(1);
-        let splits = rlen.div_ceil(chunk).max(1);
-        let cfg = Cfg::new(
-            (blocks as u32, splits as u32, 1),
-            (bx as u32, by as u32, 1),
-            0,
-        );
-        (cfg, splits, chunk)
+        let splits = target.div_ceil(blocks).min(rlen.div_ceil(by * 16));
+        col_split(blocks, (bx, by), rlen, splits)
     } else if row {
         let rpb = 256u64.checked_div(group).unwrap_or(1);
         let blocks = nout_u.div_ceil(rpb);
@@ -258,14 +265,7 @@ pub(crate) fn reduce(
                 .div_ceil(blocks)
                 .min(rlen.div_ceil(by * MIN_PER_THREAD));
         }
-        let chunk = rlen.div_ceil(splits).max(1);
-        let splits = rlen.div_ceil(chunk).max(1);
-        let cfg = Cfg::new(
-            (blocks as u32, splits as u32, 1),
-            (bx as u32, by as u32, 1),
-            0,
-        );
-        (cfg, splits, chunk)
+        col_split(blocks, (bx, by), rlen, splits)
     };
     // Partial states of a split reduction: [splits, nout] values (and indices for arg ops).
     let (pv, pi) = if splits > 1 {
