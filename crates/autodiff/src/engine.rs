@@ -1,6 +1,6 @@
 //! The backward pass: reverse topological order over the recorded graph.
 
-use crate::rules::vjp;
+use crate::rules::{join_narrowed, vjp};
 use ferrite_core::graph::{no_grad, Grad, GradOp, ViewOp};
 use ferrite_core::{Error, Result, Tensor};
 use std::collections::{HashMap, HashSet};
@@ -23,35 +23,7 @@ impl Acc {
     fn tensor(self) -> Result<Tensor> {
         match self {
             Acc::Full(t) => Ok(t),
-            Acc::Pieces {
-                axis,
-                dims,
-                mut parts,
-            } => {
-                parts.sort_by_key(|(start, _)| *start);
-                let (dtype, device) = (parts[0].1.dtype(), parts[0].1.device().clone());
-                let zeros = |n: usize| {
-                    let mut d = dims.clone();
-                    d[axis] = n;
-                    Tensor::constant(0.0, d, dtype, &device)
-                };
-                let mut pieces: Vec<Tensor> = Vec::new();
-                let mut at = 0;
-                for (start, g) in parts {
-                    if start > at {
-                        pieces.push(zeros(start - at)?);
-                    }
-                    at = start + g.dims()[axis];
-                    pieces.push(g);
-                }
-                if at < dims[axis] {
-                    pieces.push(zeros(dims[axis] - at)?);
-                }
-                match pieces.len() {
-                    1 => Ok(pieces.remove(0)),
-                    _ => Tensor::cat(&pieces.iter().collect::<Vec<_>>(), axis as isize),
-                }
-            }
+            Acc::Pieces { axis, dims, parts } => join_narrowed(parts, &dims, axis),
         }
     }
 

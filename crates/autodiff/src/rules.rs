@@ -70,26 +70,45 @@ fn view(v: &ViewOp, x: &Saved, g: &Tensor) -> Result<Grads> {
             one(g.permute(&inv)?)
         }
         ViewOp::Narrow { axis, start } => {
-            // Zeros around the narrowed range.
-            let full = x.dims()?[*axis];
-            let len = g.dims()[*axis];
-            // Shared zero constants (no fill per backward), none where the range touches an
-            // end.
-            let pad = |n: usize| -> Result<Option<Tensor>> {
-                let mut d = g.dims().to_vec();
-                d[*axis] = n;
-                (n > 0)
-                    .then(|| Tensor::constant(0.0, d, g.dtype(), g.device()))
-                    .transpose()
-            };
-            let (before, after) = (pad(*start)?, pad(full - start - len)?);
-            if before.is_none() && after.is_none() {
-                return one(g.clone());
-            }
-            let parts: Vec<&Tensor> = before.iter().chain([g]).chain(after.iter()).collect();
-            one(Tensor::cat(&parts, *axis as isize)?)
+            one(join_narrowed(vec![(*start, g.clone())], x.dims()?, *axis)?)
         }
         ViewOp::Broadcast => one(unbroadcast(g, x.dims()?)?),
+    }
+}
+
+/// The gradient of a tensor of `dims` from the gradients of its narrowed views along `axis`,
+/// given as (start, gradient), disjoint: the pieces in order with zeros in the gaps (shared
+/// zero constants, no fill per backward), one `cat`; a piece covering the tensor is itself.
+pub(crate) fn join_narrowed(
+    mut parts: Vec<(usize, Tensor)>,
+    dims: &[usize],
+    axis: usize,
+) -> Result<Tensor> {
+    parts.sort_by_key(|(start, _)| *start);
+    let Some((_, first)) = parts.first() else {
+        return Err(Error::backend("backward", "no gradient to join"));
+    };
+    let (dtype, device) = (first.dtype(), first.device().clone());
+    let zeros = |n: usize| {
+        let mut d = dims.to_vec();
+        d[axis] = n;
+        Tensor::constant(0.0, d, dtype, &device)
+    };
+    let mut pieces: Vec<Tensor> = Vec::new();
+    let mut at = 0;
+    for (start, g) in parts {
+        if start > at {
+            pieces.push(zeros(start - at)?);
+        }
+        at = start + g.dims()[axis];
+        pieces.push(g);
+    }
+    if at < dims[axis] {
+        pieces.push(zeros(dims[axis] - at)?);
+    }
+    match pieces.len() {
+        1 => Ok(pieces.remove(0)),
+        _ => Tensor::cat(&pieces.iter().collect::<Vec<_>>(), axis as isize),
     }
 }
 

@@ -941,8 +941,7 @@ impl Tensor {
             });
         }
         float_only(op, a.dtype())?;
-        let widened = out == DType::F32 && matches!(a.dtype(), DType::F16 | DType::BF16);
-        if out != a.dtype() && !widened {
+        if !f32_partner(out, a.dtype()) {
             return Err(Error::dtype(
                 op,
                 out,
@@ -1377,8 +1376,7 @@ impl Tensor {
     /// `other` is `own` or, for f32 `own`, f16/bf16 (a norm's low-precision output or its
     /// gradient).
     fn check_half_of(op: &'static str, own: DType, other: DType) -> Result<()> {
-        let half = own == DType::F32 && matches!(other, DType::F16 | DType::BF16);
-        match other == own || half {
+        match f32_partner(own, other) {
             true => Ok(()),
             false => Err(Error::dtype(
                 op,
@@ -1776,6 +1774,12 @@ impl Tensor {
             )),
         }
     }
+}
+
+/// `narrow` is `wide`, or f16/bf16 where `wide` is f32: the dtype pairs one op may mix (a
+/// 16-bit product's f32 output, a norm's 16-bit output or gradient of f32 rows).
+fn f32_partner(wide: DType, narrow: DType) -> bool {
+    narrow == wide || (wide == DType::F32 && matches!(narrow, DType::F16 | DType::BF16))
 }
 
 fn float_only(op: &'static str, dtype: DType) -> Result<()> {

@@ -254,15 +254,7 @@ fn exec_op(op: &Op, inputs: &[&Tensor], outs: &[(Shape, DType)]) -> Result<Vec<A
             let dt = out(0)?.1;
             match y.dtype() == dt {
                 true => one(y),
-                false => {
-                    let shape = &out(0)?.0;
-                    let t = Tensor::from_storage(
-                        Arc::new(CpuStorage::new(y)),
-                        Layout::contiguous(shape.clone()),
-                        input(0)?.device().clone(),
-                    );
-                    one(cast::cast(&t, dt)?)
-                }
+                false => one(cast::cast(&host_tensor(y, &out(0)?.0, input(0)?), dt)?),
             }
         }
         Op::RmsNorm { eps } => one(norm::rms_norm(input(0)?, input(1)?, *eps)?),
@@ -293,11 +285,7 @@ fn exec_op(op: &Op, inputs: &[&Tensor], outs: &[(Shape, DType)]) -> Result<Vec<A
             let g = match g.dtype() == x.dtype() {
                 true => g,
                 false => {
-                    wide = Tensor::from_storage(
-                        Arc::new(CpuStorage::new(cast::cast(g, x.dtype())?)),
-                        Layout::contiguous(g.shape().clone()),
-                        g.device().clone(),
-                    );
+                    wide = host_tensor(cast::cast(g, x.dtype())?, g.shape(), g);
                     &wide
                 }
             };
@@ -359,4 +347,14 @@ fn exec_op(op: &Op, inputs: &[&Tensor], outs: &[(Shape, DType)]) -> Result<Vec<A
         }
         Op::RandNormal { seed, mean, std } => one(create::rand_normal(*seed, *mean, *std, out(0)?)),
     }
+}
+
+/// A computed buffer as a contiguous tensor of `shape` on `like`'s device (an op that runs
+/// another op on its intermediate result).
+fn host_tensor(buf: HostBuffer, shape: &Shape, like: &Tensor) -> Tensor {
+    Tensor::from_storage(
+        Arc::new(CpuStorage::new(buf)),
+        Layout::contiguous(shape.clone()),
+        like.device().clone(),
+    )
 }

@@ -400,7 +400,7 @@ fn all_kernels() -> Vec<&'static shader::Kernel> {
 struct Handle(Arc<WgpuBackend>);
 
 /// A backend output (one storage) as a contiguous tensor of `shape` on `like`'s device.
-fn as_tensor(s: Vec<Arc<dyn Storage>>, shape: &Shape, like: &Tensor) -> Result<Tensor> {
+pub(crate) fn as_tensor(s: Vec<Arc<dyn Storage>>, shape: &Shape, like: &Tensor) -> Result<Tensor> {
     let s = s
         .into_iter()
         .next()

@@ -4,7 +4,7 @@
 use crate::device::WgpuBackend;
 use crate::shader::{self, kernel, Kernel, Variant};
 use crate::util::{storage, uw};
-use ferrite_core::{BinaryOp, DType, Error, Layout, Result, Shape, Storage, Tensor};
+use ferrite_core::{BinaryOp, DType, Error, Result, Shape, Storage, Tensor};
 use std::sync::Arc;
 
 pub(crate) static MATMUL: Kernel = kernel!("matmul", &["matmul"], &[("T", shader::FLOATS)], &[&[]]);
@@ -85,40 +85,13 @@ pub(crate) fn matmul_to(
     out: &Shape,
     out_dt: DType,
 ) -> Result<Vec<Arc<dyn Storage>>> {
-    let name = if bias.is_some() {
-        "matmul_bias"
-    } else {
-        "matmul"
-    };
+    // Dtypes as the ops state them (checked by `Tensor`).
     let dt = a.dtype();
-    if out_dt != dt && !(out_dt == DType::F32 && matches!(dt, DType::F16 | DType::BF16)) {
-        return Err(Error::dtype(
-            name,
-            out_dt,
-            format!("a {dt} product cannot write it"),
-        ));
-    }
-    if bias.is_some_and(|t| t.dtype() != out_dt) {
-        return Err(Error::backend(
-            name,
-            "the bias must have the output's dtype",
-        ));
-    }
     let wide = matches!(dt, DType::F16 | DType::BF16) && (bias.is_some() || out_dt != dt);
     if !wide && bias.is_none() {
         return matmul(dev, a, b, out);
     }
-    let tensor = |s: Vec<Arc<dyn Storage>>, shape: &Shape| -> Result<Tensor> {
-        let s = s
-            .into_iter()
-            .next()
-            .ok_or_else(|| Error::backend(name, "no output"))?;
-        Ok(Tensor::from_storage(
-            s,
-            Layout::contiguous(shape.clone()),
-            a.device().clone(),
-        ))
-    };
+    let tensor = |s: Vec<Arc<dyn Storage>>, shape: &Shape| crate::as_tensor(s, shape, a);
     let f32_of = |t: &Tensor| -> Result<Tensor> {
         match t.dtype() {
             DType::F32 => Ok(t.clone()),
