@@ -727,8 +727,10 @@ __device__ __forceinline__ void mma_load_tile(T* dst, const T* base, i64 rs, i64
     }
 }
 
-// With STATS (the tensor-core backward's first step) it writes no output but stats[3 row] as
-// attn_fwd_body<STATS> does: (max score in log2 units, sum of 2^(s - max), D = sum_c g[c] o[c]).
+// With STATS (the tensor-core backward's first step) it writes no output but, per query row,
+// float2 stats (lse, D): lse = max + log2(sum of 2^(s - max)) over the row's scores s in log2
+// units (so p = 2^(s - lse); +inf for a row that sees no key, whose p are then 0) and
+// D = sum_c g[c] o[c].
 template <typename T, int D, bool STATS>
 __device__ void attn_mma_body(const AttnDims& a, float sl2, const T* __restrict__ q, const T* __restrict__ k,
                               const T* __restrict__ v, T* __restrict__ o, const T* __restrict__ g = nullptr,
@@ -763,6 +765,7 @@ __device__ void attn_mma_body(const AttnDims& a, float sl2, const T* __restrict_
     // This thread's rows (of its warp's 16): gr and gr + 8.
     const u32 row0 = i0 + warp * 16 + gr;
     const i64 lim[2] = {visible_keys(a, row0) - 1, visible_keys(a, row0 + 8) - 1};
+    const i64 wvis = visible_keys(a, i0 + warp * 16);  // keys the warp's first (fewest-key) row sees
     float m[2] = {neg_inf<float>(), neg_inf<float>()}, l[2] = {0.f, 0.f};
     float acc[DT][4];
 #pragma unroll
@@ -810,26 +813,33 @@ __device__ void attn_mma_body(const AttnDims& a, float sl2, const T* __restrict_
         }
 
         const i64 j0 = t * AT_BN;
-        bool km[8][2];  // this thread's keys j0 + 8 nt + 2 tq + c that are padding
+        if (a.mask == nullptr && j0 + AT_BN <= wvis) {
+            // Every row of the warp sees all 64 keys: scale only.
 #pragma unroll
-        for (int nt = 0; nt < 8; ++nt)
+            for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
-            for (int c = 0; c < 2; ++c) {
-                const i64 j = j0 + nt * 8 + tq * 2 + c;
-                km[nt][c] = j < a.lk && key_masked(a, bi, j);
-            }
+                for (int e = 0; e < 4; ++e) s[nt][e] *= sl2;
+        } else {
+#pragma unroll
+            for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+                for (int c = 0; c < 2; ++c) {
+                    const i64 j = j0 + nt * 8 + tq * 2 + c;
+                    const bool km = j < a.lk && key_masked(a, bi, j);
+#pragma unroll
+                    for (int rr = 0; rr < 2; ++rr) {
+                        float& x = s[nt][rr * 2 + c];
+                        x = j <= lim[rr] && !km ? x * sl2 : neg_inf<float>();
+                    }
+                }
+        }
 #pragma unroll
         for (int rr = 0; rr < 2; ++rr) {
             float mx = neg_inf<float>();
 #pragma unroll
             for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
-                for (int c = 0; c < 2; ++c) {
-                    const i64 j = j0 + nt * 8 + tq * 2 + c;
-                    float& x = s[nt][rr * 2 + c];
-                    x = j <= lim[rr] && !km[nt][c] ? x * sl2 : neg_inf<float>();
-                    mx = fmaxf(mx, x);
-                }
+                for (int c = 0; c < 2; ++c) mx = fmaxf(mx, s[nt][rr * 2 + c]);
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
             const float mn = fmaxf(m[rr], mx);
@@ -887,12 +897,8 @@ __device__ void attn_mma_body(const AttnDims& a, float sl2, const T* __restrict_
                     if (ok) dsum += Num<T>::load(grw[(dt * 8 + tq * 2 + c) * a.sg[3]]) * (acc[dt][rr * 2 + c] * inv);
             dsum += __shfl_xor_sync(0xffffffffu, dsum, 1);
             dsum += __shfl_xor_sync(0xffffffffu, dsum, 2);
-            if (ok && tq == 0) {
-                float* st = stats + 3 * ((u64)bh * a.lq + i);
-                st[0] = lt > 0.f ? m[rr] : 0.f;
-                st[1] = lt;
-                st[2] = dsum;
-            }
+            if (ok && tq == 0)
+                ((float2*)stats)[(u64)bh * a.lq + i] = make_float2(lt > 0.f ? m[rr] + log2f(lt) : -neg_inf<float>(), dsum);
         } else {
             if (i >= a.lq) continue;
             const float inv = lt > 0.f ? 1.f / lt : nan_of<float>();  // no visible unmasked key
@@ -986,6 +992,12 @@ __device__ __forceinline__ void mma_p_rows(float (&acc)[D / 8][4], const float (
         }
     }
 }
+template <int D> __device__ __forceinline__ void scale_acc(float (&acc)[D / 8][4], float scale) {
+#pragma unroll
+    for (int dt = 0; dt < D / 8; ++dt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[dt][e] *= scale;
+}
 // Writes a warp's 16 x D accumulator rows r0 + gr, r0 + gr + 8 (< rows) to out (row stride D).
 template <typename T, int D>
 __device__ __forceinline__ void mma_store_rows(T* out, const float (&acc)[D / 8][4], u32 r0, u32 rows) {
@@ -1001,8 +1013,9 @@ __device__ __forceinline__ void mma_store_rows(T* out, const float (&acc)[D / 8]
 }
 
 // dq, per 64 query rows of one (batch, head), for each visible key tile: S = Q K^T,
-// dP = G V^T, dS = P (dP - D) scale, dQ += dS K. Shared memory (T): Q, G [64][D + 8],
-// K and V [2][64][D + 8] (double-buffered by cp.async). Grid as the forward.
+// dP = G V^T, P = 2^(S sl2 - lse), dS = P (dP - D), dQ += dS K, then dQ *= scale. Shared
+// memory (T): Q, G [64][D + 8], K and V [2][64][D + 8] (double-buffered by cp.async). Grid as
+// the forward. Tiles whose 64 keys every row of a warp sees skip the masks.
 template <typename T, int D>
 __device__ void attn_mma_bdq_body(const AttnDims& a, float sl2, float scale, const T* __restrict__ q,
                                   const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ g,
@@ -1034,17 +1047,17 @@ __device__ void attn_mma_bdq_body(const AttnDims& a, float sl2, float scale, con
     cp_async_commit();
 
     const u32 row0 = i0 + warp * 16 + gr;
+    const i64 wvis = visible_keys(a, i0 + warp * 16);  // keys the warp's first (fewest-key) row sees
     i64 lim[2];
-    float mx[2], inv[2], dd[2];
+    float lse[2], dd[2];
 #pragma unroll
     for (int rr = 0; rr < 2; ++rr) {
         const u32 i = row0 + rr * 8;
         const bool ok = i < a.lq;
-        const float* st = stats + 3 * ((u64)bh * a.lq + (ok ? i : 0));
+        const float2 st = ok ? ((const float2*)stats)[(u64)bh * a.lq + i] : make_float2(-neg_inf<float>(), 0.f);
         lim[rr] = ok ? visible_keys(a, i) - 1 : -1;
-        mx[rr] = ok ? st[0] : 0.f;
-        inv[rr] = ok && st[1] > 0.f ? 1.f / st[1] : 0.f;
-        dd[rr] = ok ? st[2] : 0.f;
+        lse[rr] = st.x;
+        dd[rr] = st.y;
     }
     float acc[DT][4];
 #pragma unroll
@@ -1078,30 +1091,44 @@ __device__ void attn_mma_bdq_body(const AttnDims& a, float sl2, float scale, con
         mma_rows64<T, D, REG>(dp, gf, Gs, warp * 16, Vc);
 
         const i64 j0 = t * AT_BN;
+        // dS / scale (the scale is applied to dq once, at the end).
+        if (a.mask == nullptr && j0 + AT_BN <= wvis) {
+            // Every row of the warp sees all 64 keys: no mask.
 #pragma unroll
-        for (int nt = 0; nt < 8; ++nt)
+            for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
-            for (int c = 0; c < 2; ++c) {
-                const i64 j = j0 + nt * 8 + tq * 2 + c;
-                const bool km = j < a.lk && key_masked(a, bi, j);
-#pragma unroll
-                for (int rr = 0; rr < 2; ++rr) {
-                    float& x = s[nt][rr * 2 + c];
-                    const float p = j <= lim[rr] && !km ? ex2(x * sl2 - mx[rr]) * inv[rr] : 0.f;
-                    x = p * (dp[nt][rr * 2 + c] - dd[rr]) * scale;
+                for (int e = 0; e < 4; ++e) {
+                    const float p = ex2(fmaf(s[nt][e], sl2, -lse[e >> 1]));
+                    s[nt][e] = p * (dp[nt][e] - dd[e >> 1]);
                 }
-            }
+        } else {
+#pragma unroll
+            for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+                for (int c = 0; c < 2; ++c) {
+                    const i64 j = j0 + nt * 8 + tq * 2 + c;
+                    const bool km = j < a.lk && key_masked(a, bi, j);
+#pragma unroll
+                    for (int rr = 0; rr < 2; ++rr) {
+                        float& x = s[nt][rr * 2 + c];
+                        const float p = j <= lim[rr] && !km ? ex2(fmaf(x, sl2, -lse[rr])) : 0.f;
+                        x = p * (dp[nt][rr * 2 + c] - dd[rr]);
+                    }
+                }
+        }
         mma_p_rows<T, D>(acc, s, Kc);
         __syncthreads();  // every warp is done with this buffer before it is refilled
     }
+    scale_acc<D>(acc, scale);
     mma_store_rows<T, D>(dq + (u64)bh * a.lq * D, acc, i0 + warp * 16, a.lq);
 }
 
 // dk and dv, per 64 key rows of one (batch, kv head), for each query head of its group and each
 // query tile that sees a key of the block: S^T = K Q^T, dP^T = V G^T, P^T from the query rows'
-// statistics, dS^T = P^T (dP^T - D) scale, dV += P^T G, dK += dS^T Q. Shared memory: K, V
-// [64][D + 8] (T), Q and G [2][64][D + 8] (T, double-buffered by cp.async), then the query
-// tiles' statistics [2][64][3] (f32: max, 1 / sum, D). Grid as attn_bdkv_body.
+// statistics, dS^T = P^T (dP^T - D), dV += P^T G, dK += dS^T Q, then dK *= scale. Shared
+// memory: K, V [64][D + 8] (T), Q and G [2][64][D + 8] (T, double-buffered by cp.async), then
+// the query tiles' statistics [2][64] (float2: lse, D). Grid as attn_bdkv_body. Query tiles
+// whose first query sees all 16 keys of a warp skip the masks there.
 template <typename T, int D>
 __device__ void attn_mma_bdkv_body(const AttnDims& a, float sl2, float scale, const T* __restrict__ q,
                                    const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ g,
@@ -1112,7 +1139,7 @@ __device__ void attn_mma_bdkv_body(const AttnDims& a, float sl2, float scale, co
     T* Vs = Ks + 64 * LD;
     T* Qs = Vs + 64 * LD;      // [2][64][LD]
     T* Gs = Qs + 2 * 64 * LD;  // [2][64][LD]
-    float* St = (float*)(Gs + 2 * 64 * LD);  // [2][64][3]
+    float2* St = (float2*)(Gs + 2 * 64 * LD);  // [2][64] (lse, D)
     const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gr = lane >> 2, tq = lane & 3;
     const u32 nbkv = a.b * a.hkv, group = a.hq / a.hkv;
     const u32 bkv = blockIdx.x % nbkv, j0 = (blockIdx.x / nbkv) * AT_BN;
@@ -1134,19 +1161,14 @@ __device__ void attn_mma_bdkv_body(const AttnDims& a, float sl2, float scale, co
         mma_load_tile<T, D>(Qs + buf * 64 * LD, q + bi * a.sq[0] + h * a.sq[1], a.sq[2], i0, a.lq);
         mma_load_tile<T, D>(Gs + buf * 64 * LD, g + bi * a.sg[0] + h * a.sg[1], a.sg[2], i0, a.lq);
         const u64 row0 = ((u64)bi * a.hq + h) * a.lq;
-        for (u32 r = threadIdx.x; r < 64; r += blockDim.x) {
-            const bool ok = i0 + r < a.lq;
-            const float* st = stats + 3 * (row0 + (ok ? i0 + r : 0));
-            float* o = St + (buf * 64 + r) * 3;
-            o[0] = ok ? st[0] : 0.f;
-            o[1] = ok && st[1] > 0.f ? 1.f / st[1] : 0.f;
-            o[2] = ok ? st[2] : 0.f;
-        }
+        for (u32 r = threadIdx.x; r < 64; r += blockDim.x)
+            St[buf * 64 + r] = i0 + r < a.lq ? ((const float2*)stats)[row0 + i0 + r] : make_float2(-neg_inf<float>(), 0.f);
     };
     if (items > 0) load_item(0, 0);
     cp_async_commit();
 
     const u32 key0 = j0 + warp * 16 + gr;  // this thread's keys: key0 and key0 + 8
+    const i64 wlast = (i64)j0 + warp * 16 + 15;  // the warp's last key
     bool km[2];
 #pragma unroll
     for (int rr = 0; rr < 2; ++rr) km[rr] = key0 + rr * 8 < a.lk && key_masked(a, bi, key0 + rr * 8);
@@ -1165,7 +1187,7 @@ __device__ void attn_mma_bdkv_body(const AttnDims& a, float sl2, float scale, co
         const int buf = (int)(it & 1);
         const T* Qc = Qs + buf * 64 * LD;
         const T* Gc = Gs + buf * 64 * LD;
-        const float* Sc = St + buf * 64 * 3;
+        const float2* Sc = St + buf * 64;
         if (it + 1 < items) load_item(it + 1, buf ^ 1);
         cp_async_commit();
         cp_async_wait<1>();  // item it has landed
@@ -1179,28 +1201,47 @@ __device__ void attn_mma_bdkv_body(const AttnDims& a, float sl2, float scale, co
             for (int e = 0; e < 4; ++e) s[nt][e] = dp[nt][e] = 0.f;
         mma_rows64<T, D, REG>(s, kf, Ks, warp * 16, Qc);
         mma_rows64<T, D, REG>(dp, vf, Vs, warp * 16, Gc);
+        // P^T and dS^T / scale (the scale is applied to dk once, at the end). Rows past lq
+        // have lse = +inf: p = 0.
+        if (a.mask == nullptr && wlast < a.lk && wlast < visible_keys(a, i0)) {
+            // The tile's first (fewest-key) query sees all 16 keys of the warp: no mask.
 #pragma unroll
-        for (int nt = 0; nt < 8; ++nt)
+            for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
-            for (int c = 0; c < 2; ++c) {
-                const u32 r = nt * 8 + tq * 2 + c;
-                const u32 i = i0 + r;
-                const i64 lim = i < a.lq ? visible_keys(a, i) - 1 : -1;
-                const float smax = Sc[3 * r], sinv = Sc[3 * r + 1], dd = Sc[3 * r + 2];
+                for (int c = 0; c < 2; ++c) {
+                    const float2 st = Sc[nt * 8 + tq * 2 + c];
 #pragma unroll
-                for (int rr = 0; rr < 2; ++rr) {
-                    const i64 j = (i64)key0 + rr * 8;
-                    float& x = s[nt][rr * 2 + c];
-                    const float p = j <= lim && !km[rr] ? ex2(x * sl2 - smax) * sinv : 0.f;
-                    x = p;
-                    dp[nt][rr * 2 + c] = p * (dp[nt][rr * 2 + c] - dd) * scale;
+                    for (int rr = 0; rr < 2; ++rr) {
+                        float& x = s[nt][rr * 2 + c];
+                        x = ex2(fmaf(x, sl2, -st.x));
+                        dp[nt][rr * 2 + c] = x * (dp[nt][rr * 2 + c] - st.y);
+                    }
                 }
-            }
+        } else {
+#pragma unroll
+            for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+                for (int c = 0; c < 2; ++c) {
+                    const u32 r = nt * 8 + tq * 2 + c;
+                    const u32 i = i0 + r;
+                    const i64 lim = i < a.lq ? visible_keys(a, i) - 1 : -1;
+                    const float2 st = Sc[r];
+#pragma unroll
+                    for (int rr = 0; rr < 2; ++rr) {
+                        const i64 j = (i64)key0 + rr * 8;
+                        float& x = s[nt][rr * 2 + c];
+                        const float p = j <= lim && !km[rr] ? ex2(fmaf(x, sl2, -st.x)) : 0.f;
+                        x = p;
+                        dp[nt][rr * 2 + c] = p * (dp[nt][rr * 2 + c] - st.y);
+                    }
+                }
+        }
         mma_p_rows<T, D>(av, s, Gc);
         mma_p_rows<T, D>(ak, dp, Qc);
         __syncthreads();  // every warp is done with this buffer before it is refilled
     }
     const u64 kr0 = (u64)bkv * a.lk;
+    scale_acc<D>(ak, scale);
     mma_store_rows<T, D>(dk + kr0 * D, ak, j0 + warp * 16, a.lk);
     mma_store_rows<T, D>(dvo + kr0 * D, av, j0 + warp * 16, a.lk);
 }

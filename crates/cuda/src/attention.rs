@@ -352,8 +352,6 @@ pub(crate) fn attention_backward(
         CudaBackend::ptr(g, sg),
     );
     let (qp, kp, vp, gp) = ptrs;
-    let ct = dt.accumulator();
-    let stats = dev.alloc_out(3 * b * hq * lq, ct, op)?;
     let sfx = suffix(dt);
     let q_blocks = b * hq * lq.div_ceil(TILE);
     let k_blocks = b * hkv * lk.div_ceil(TILE);
@@ -365,7 +363,9 @@ pub(crate) fn attention_backward(
         &[(q, qp), (k, kp), (v, vp), (g, gp)],
     );
     if let Some(hd) = mma.filter(|_| q_blocks.max(k_blocks) <= i32::MAX as usize) {
-        // Statistics from the tensor-core forward, then dq and dk/dv on tensor cores.
+        // Statistics from the tensor-core forward (lse, D per query row), then dq and dk/dv
+        // on tensor cores.
+        let stats = dev.alloc_out(2 * b * hq * lq, DType::F32, op)?;
         let tile = TILE * (hd + 8) * dt.size_in_bytes();
         let cfg = |blocks: usize, bytes: usize| {
             Cfg::new((blocks as u32, 1, 1), (MMA_THREADS, 1, 1), bytes as u32)
@@ -403,7 +403,7 @@ pub(crate) fn attention_backward(
             args,
         )?;
         let args = tail(Args::new().arg(a)).arg(dk.ptr()).arg(dvo.ptr());
-        let bytes = 6 * tile + 2 * TILE * 3 * 4;
+        let bytes = 6 * tile + 2 * TILE * 2 * 4;
         dev.launch(
             op,
             &SOURCE,
@@ -413,6 +413,8 @@ pub(crate) fn attention_backward(
         )?;
         return dev.finish(vec![dq, dk, dvo]);
     }
+    // (max, sum, D) per query row, in the compute type.
+    let stats = dev.alloc_out(3 * b * hq * lq, dt.accumulator(), op)?;
     if dt != DType::F64
         && d <= TILE_MAX_BWD_HEAD
         && dv <= TILE_MAX_BWD_HEAD
