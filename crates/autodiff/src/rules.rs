@@ -15,7 +15,7 @@
 //! `max`/`min` reductions split it equally among all tied elements.
 
 use ferrite_core::graph::{enable_grad, GradOp, Inputs, Saved, ViewOp};
-use ferrite_core::{composed, BinaryOp, Error, Op, ReduceOp, Result, Tensor, UnaryOp};
+use ferrite_core::{composed, BinaryOp, DType, Error, Op, ReduceOp, Result, Tensor, UnaryOp};
 
 type Grads = Vec<Option<Tensor>>;
 
@@ -423,17 +423,25 @@ fn primitive(op: &Op, output: usize, x: &Inputs, g: &Tensor) -> Result<Grads> {
             scale,
             key_mask,
         } => {
-            // The mask (input 3) goes to the backward as is and gets no gradient.
+            // The mask (input 3) goes to the backward as is and gets no gradient. The node
+            // kept the forward's output and lse (`graph::keeps_output`).
             let mask = match key_mask {
                 true => Some(x[3].value()?),
                 false => None,
             };
-            let (dq, dk, dv) = Tensor::attention_backward(
-                x[0].value()?,
+            // The node's output (and g) are [b, lq, hq, dv]; the op reads them as
+            // [b, hq, lq, dv] views.
+            let q = x[0].value()?;
+            let o = x.output(g)?.permute(&[0, 2, 1, 3])?;
+            let d = q.dims();
+            let lse = x.output_as(1, &[d[0], d[1], d[2]].into(), DType::F32, g.device())?;
+            let (dq, dk, dv) = Tensor::attention_backward_saved(
+                q,
                 x[1].value()?,
                 x[2].value()?,
                 mask,
-                g,
+                &g.permute(&[0, 2, 1, 3])?,
+                (&o, &lse),
                 *causal,
                 *scale,
             )?;

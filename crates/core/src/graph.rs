@@ -42,19 +42,24 @@ pub enum Keep {
     Value,
 }
 
-/// Whether the backward rule of `op` reads the op's output (saved with the node) instead of
-/// recomputing it from the input: ops whose derivative is a function of their value
-/// (exp, sqrt, tanh, sigmoid, softmax, log-softmax).
+/// Whether the backward rule of `op` reads the op's outputs (every one of them, saved with
+/// the node) instead of recomputing them from the inputs: ops whose derivative is a function
+/// of their value (exp, sqrt, tanh, sigmoid, softmax, log-softmax), cross-entropy (its lse)
+/// and attention (its output and lse, recorded with both).
 pub fn keeps_output(op: &GradOp) -> bool {
+    matches!(op, GradOp::Op(op) if op_keeps_output(op))
+}
+
+/// `keeps_output` of a recorded op.
+pub fn op_keeps_output(op: &Op) -> bool {
     use crate::UnaryOp;
     matches!(
         op,
-        GradOp::Op(
-            Op::Unary(UnaryOp::Exp | UnaryOp::Sqrt | UnaryOp::Tanh | UnaryOp::Sigmoid)
-                | Op::Softmax
-                | Op::LogSoftmax
-                | Op::CrossEntropy { .. }
-        )
+        Op::Unary(UnaryOp::Exp | UnaryOp::Sqrt | UnaryOp::Tanh | UnaryOp::Sigmoid)
+            | Op::Softmax
+            | Op::LogSoftmax
+            | Op::CrossEntropy { .. }
+            | Op::Attention { .. }
     )
 }
 
@@ -64,8 +69,13 @@ pub fn keeps_output(op: &GradOp) -> bool {
 pub fn keeps(op: &GradOp, k: usize, requires_grad: impl Fn(usize) -> bool) -> Keep {
     use crate::{BinaryOp, ReduceOp};
     let value_if = |c: bool| if c { Keep::Value } else { Keep::Edge };
-    // Cross-entropy's rule reads its output (lse) and its inputs.
-    if keeps_output(op) && !matches!(op, GradOp::Op(Op::CrossEntropy { .. })) {
+    // Cross-entropy's and attention's rules read their outputs and their inputs.
+    if keeps_output(op)
+        && !matches!(
+            op,
+            GradOp::Op(Op::CrossEntropy { .. } | Op::Attention { .. })
+        )
+    {
         return Keep::Edge;
     }
     let op = match op {
@@ -262,10 +272,11 @@ fn not_kept(what: &str) -> Error {
 }
 
 /// What a node keeps for its backward rule: its inputs (up to three inline, as for every
-/// recorded op but `cat`, more on the heap) and, for the ops of `keeps_output`, the output.
+/// recorded op but `cat`, more on the heap) and, for the ops of `keeps_output`, the op's
+/// outputs.
 pub struct Inputs {
     slots: Slots,
-    output: Option<Arc<dyn Storage>>,
+    outputs: Vec<Arc<dyn Storage>>,
 }
 
 enum Slots {
@@ -274,7 +285,7 @@ enum Slots {
 }
 
 impl Inputs {
-    fn new(op: &GradOp, ts: &[&Tensor], output: Option<&Arc<dyn Storage>>) -> Inputs {
+    fn new(op: &GradOp, ts: &[&Tensor], outputs: &[Arc<dyn Storage>]) -> Inputs {
         let rg = |k: usize| ts.get(k).is_some_and(|t| t.requires_grad());
         let saved = |k: usize| Saved::new(ts[k], keeps(op, k, rg));
         let slots = match ts.len() {
@@ -284,33 +295,47 @@ impl Inputs {
             3 => Slots::Few([saved(0), saved(1), saved(2)], 3),
             n => Slots::Many((0..n).map(saved).collect()),
         };
-        let output = match keeps_output(op) {
-            true => output.cloned(),
-            false => None,
+        let outputs = match keeps_output(op) {
+            true => outputs.to_vec(),
+            false => Vec::new(),
         };
-        Inputs { slots, output }
+        Inputs { slots, outputs }
     }
 
-    /// The op's output, when the node kept it (`keeps_output`); `g` (the gradient of that
-    /// output) gives its shape and device.
+    /// The op's (first) output, when the node kept it (`keeps_output`); `g` (the gradient
+    /// of that output) gives its shape and device.
     pub fn output(&self, g: &Tensor) -> Result<Tensor> {
-        let s = self.output.clone().ok_or_else(|| not_kept("output"))?;
-        if s.len() != g.elem_count() || s.dtype() != g.dtype() {
+        self.output_as(0, g.shape(), g.dtype(), g.device())
+    }
+
+    /// Output `k` of the op, kept by the node (`keeps_output`), as a contiguous tensor of
+    /// `shape` and `dtype` on `device`.
+    pub fn output_as(
+        &self,
+        k: usize,
+        shape: &Shape,
+        dtype: DType,
+        device: &crate::Device,
+    ) -> Result<Tensor> {
+        let s = self
+            .outputs
+            .get(k)
+            .cloned()
+            .ok_or_else(|| not_kept("output"))?;
+        if s.len() != shape.elem_count() || s.dtype() != dtype {
             return Err(Error::backend(
                 "backward",
                 format!(
-                    "kept output ({} elements, {}) does not match its gradient {} {}",
+                    "kept output {k} ({} elements, {}) is not {shape} {dtype}",
                     s.len(),
                     s.dtype(),
-                    g.shape(),
-                    g.dtype()
                 ),
             ));
         }
         Ok(Tensor::from_storage(
             s,
-            Layout::contiguous(g.shape()),
-            g.device().clone(),
+            Layout::contiguous(shape.clone()),
+            device.clone(),
         ))
     }
 
@@ -607,19 +632,25 @@ pub fn differentiable_output(op: &Op, k: usize, dtype: crate::DType) -> bool {
         | Op::Conv2dBackwardWeight(_)
         | Op::BatchNormBackward { .. }
         | Op::GroupNormBackward { .. } => false,
-        // Indices and batch statistics carry no gradient.
-        Op::Sort { .. } | Op::MaxPool2d(_) | Op::AdaptiveMaxPool2d | Op::BatchNorm { .. } => k == 0,
+        // Indices, batch statistics and attention's lse carry no gradient.
+        Op::Sort { .. }
+        | Op::MaxPool2d(_)
+        | Op::AdaptiveMaxPool2d
+        | Op::BatchNorm { .. }
+        | Op::Attention { .. } => k == 0,
         _ => true,
     }
 }
 
+/// A node for output `output` of `op`; `outputs` are all the op's outputs (kept when the
+/// rule reads them, `keeps_output`).
 pub(crate) fn node(
     op: GradOp,
     output: usize,
     inputs: &[&Tensor],
-    storage: Option<&Arc<dyn Storage>>,
+    outputs: &[Arc<dyn Storage>],
 ) -> Grad {
-    let inputs = Inputs::new(&op, inputs, storage);
+    let inputs = Inputs::new(&op, inputs, outputs);
     Grad::Node(NodeRef::new(Node {
         op,
         output,

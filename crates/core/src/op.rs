@@ -416,7 +416,9 @@ pub enum Op {
     /// `interleaved`, else (i, i + d/2) (the "split halves" / NeoX layout).
     Rope { interleaved: bool },
     /// (q [b, hq, lq, d], k [b, hkv, lk, d], v [b, hkv, lk, dv][, mask [b, lk] bool])
-    /// -> [b, hq, lq, dv] = softmax(q k^T scale over the keys query i may see) v, float
+    /// -> o[b, h, i] = softmax(q k^T scale over the keys query i may see) v, stored
+    /// [b, lq, hq, dv] (the output spec: a query's heads side by side, as an output
+    /// projection reads them; `Tensor::attention*` return the [b, hq, lq, dv] view), float
     /// q, k, v of one dtype; hq % hkv == 0, query head h reads kv head h / (hq / hkv).
     /// With `causal`, query i sees keys j ≤ max(0, i + lk - lq) (aligned to the last key).
     /// With `key_mask`, a 4th input `mask` (PyTorch's `key_padding_mask`: true = padding)
@@ -425,6 +427,9 @@ pub enum Op {
     /// A query that sees no key (every visible key masked, or lk == 0) gets a NaN row, as
     /// the softmax of an empty set (as softmax over all -inf scores gives); its gradient
     /// (`AttentionBackward`) is zero in dq and it adds nothing to dk and dv.
+    /// With two output specs, a second output lse f32 [b, hq, lq]: per query, the natural
+    /// log of the sum of exp(score) over the keys it sees (+inf where it sees none), what the
+    /// backward needs to rebuild the probabilities without recomputing the forward.
     Attention {
         causal: bool,
         scale: f64,
@@ -459,13 +464,17 @@ pub enum Op {
     /// Backward of `LayerNorm`: (x [..., n], weight [n], g [..., n] in x's dtype or, for f32
     /// x, f16/bf16) -> (dx [..., n], dweight [n], dbias [n]) in x's dtype.
     LayerNormBackward { eps: f64 },
-    /// Backward of `Attention`: (q, k, v[, mask], g [b, hq, lq, dv]) -> (dq, dk, dv) shaped
-    /// as q, k, v; `mask` as in `Attention` (it carries no gradient). A query that sees no
+    /// Backward of `Attention`: (q, k, v[, mask], g [b, hq, lq, dv][, o, lse]) -> (dq, dk,
+    /// dv) shaped as q, k, v; `mask` as in `Attention` (it carries no gradient). With
+    /// `saved`, the forward's two outputs (o [b, hq, lq, dv] viewing its [b, lq, hq, dv]
+    /// storage, lse f32 [b, hq, lq] contiguous) follow g, and a backend may rebuild the probabilities from them instead of
+    /// recomputing the forward (the result is the same up to rounding). A query that sees no
     /// key has dq = 0 and contributes nothing to dk and dv.
     AttentionBackward {
         causal: bool,
         scale: f64,
         key_mask: bool,
+        saved: bool,
     },
     /// (x [n, c, h, w], w [o, c/groups, kh, kw]) -> y [n, o, oh, ow] with
     /// y[n, o, i, j] = sum over (c', di, dj) of w[o, c', di, dj] x[n, g c/groups + c',

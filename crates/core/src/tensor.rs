@@ -44,7 +44,7 @@ impl Tensor {
 
     fn view(&self, layout: Layout, kind: ViewOp) -> Tensor {
         let grad = match self.requires_grad() && graph::is_recording() {
-            true => Some(graph::node(GradOp::View(kind), 0, &[self], None)),
+            true => Some(graph::node(GradOp::View(kind), 0, &[self], &[])),
             false => None,
         };
         Tensor(Arc::new(Inner {
@@ -618,13 +618,18 @@ impl Tensor {
             ));
         }
         let record = inputs.iter().any(|t| t.requires_grad()) && graph::is_recording();
+        // Every output, for the nodes of ops whose rule reads them (`graph::keeps_output`).
+        let kept = match record && graph::op_keeps_output(&op) {
+            true => storages.clone(),
+            false => Vec::new(),
+        };
         Ok(storages
             .into_iter()
             .zip(outs)
             .enumerate()
             .map(|(k, (storage, (shape, dtype)))| {
                 let grad = (record && graph::differentiable_output(&op, k, dtype))
-                    .then(|| graph::node(GradOp::Op(op.clone()), k, inputs, Some(&storage)));
+                    .then(|| graph::node(GradOp::Op(op.clone()), k, inputs, &kept));
                 Tensor(Arc::new(Inner {
                     dtype: storage.dtype(),
                     storage,
@@ -1495,20 +1500,73 @@ impl Tensor {
         causal: bool,
         scale: Option<f64>,
     ) -> Result<Tensor> {
-        let out = Tensor::attention_shape("attention", q, k, v)?;
+        Tensor::attention_shape("attention", q, k, v)?;
         if let Some(m) = key_mask {
             Tensor::check_key_mask("attention", q, k, m)?;
         }
         let scale = scale.unwrap_or(1.0 / (q.dims()[3] as f64).sqrt());
+        // Recorded for backward, the op also writes its lse (kept with the node, see
+        // `graph::keeps_output`), so the backward need not recompute the forward.
+        let record = [q, k, v].iter().any(|t| t.requires_grad()) && crate::graph::is_recording();
+        crate::autocast::eligible(&[q, k, v], |t, _| {
+            Tensor::attention_run(t, key_mask, causal, scale, record).map(|(o, _)| o)
+        })
+    }
+
+    /// `attention_masked` and, per query, the natural log of the sum of exp(score) over the
+    /// keys it sees (lse, f32 [b, hq, lq]; +inf where it sees no key): what
+    /// `attention_backward_saved` reads. Not autocast (the inputs are taken as they are).
+    pub fn attention_lse(
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        key_mask: Option<&Tensor>,
+        causal: bool,
+        scale: Option<f64>,
+    ) -> Result<(Tensor, Tensor)> {
+        Tensor::attention_shape("attention", q, k, v)?;
+        if let Some(m) = key_mask {
+            Tensor::check_key_mask("attention", q, k, m)?;
+        }
+        let scale = scale.unwrap_or(1.0 / (q.dims()[3] as f64).sqrt());
+        Tensor::attention_run(&[q, k, v], key_mask, causal, scale, true)
+            .map(|(o, lse)| (o, lse.expect("two outputs")))
+    }
+
+    /// Runs `Op::Attention` on checked operands; with `lse`, its second output too. The output
+    /// is returned as [b, hq, lq, dv], a view of the op's [b, lq, hq, dv] storage.
+    fn attention_run(
+        t: &[&Tensor],
+        key_mask: Option<&Tensor>,
+        causal: bool,
+        scale: f64,
+        lse: bool,
+    ) -> Result<(Tensor, Option<Tensor>)> {
+        let (q, k, v) = (t[0], t[1], t[2]);
+        let out = Tensor::attention_shape("attention", q, k, v)?;
+        let out = Shape::from([out.dims()[0], out.dims()[2], out.dims()[1], out.dims()[3]]);
         let op = Op::Attention {
             causal,
             scale,
             key_mask: key_mask.is_some(),
         };
-        crate::autocast::eligible(&[q, k, v], |t, _| match key_mask {
-            Some(m) => t[0].run1(op, &[t[0], t[1], t[2], m], out, t[0].dtype()),
-            None => t[0].run1(op, t, out, t[0].dtype()),
-        })
+        let mut outs = vec![(out, q.dtype())];
+        if lse {
+            let d = q.dims();
+            outs.push((Shape::from([d[0], d[1], d[2]]), DType::F32));
+        }
+        let mut o = match key_mask {
+            Some(m) => q.run(op, &[q, k, v, m], outs)?,
+            None => q.run(op, &[q, k, v], outs)?,
+        };
+        let l = if lse { o.pop() } else { None };
+        match o.pop() {
+            Some(o) if l.is_some() == lse => Ok((o.permute(&[0, 2, 1, 3])?, l)),
+            _ => Err(Error::backend(
+                "attention",
+                "backend returned too few outputs",
+            )),
+        }
     }
 
     /// A key-padding mask must be bool [b, lk] for q [b, ..] and k [b, hkv, lk, d].
@@ -1737,6 +1795,34 @@ impl Tensor {
         causal: bool,
         scale: f64,
     ) -> Result<(Tensor, Tensor, Tensor)> {
+        Tensor::attention_backward_run([q, k, v], key_mask, g, None, causal, scale)
+    }
+
+    /// `attention_backward` given the forward's output and lse (`attention_lse` of the same
+    /// operands): backends may rebuild the probabilities from them instead of recomputing
+    /// the forward.
+    #[allow(clippy::too_many_arguments)]
+    pub fn attention_backward_saved(
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        key_mask: Option<&Tensor>,
+        g: &Tensor,
+        (o, lse): (&Tensor, &Tensor),
+        causal: bool,
+        scale: f64,
+    ) -> Result<(Tensor, Tensor, Tensor)> {
+        Tensor::attention_backward_run([q, k, v], key_mask, g, Some((o, lse)), causal, scale)
+    }
+
+    fn attention_backward_run(
+        [q, k, v]: [&Tensor; 3],
+        key_mask: Option<&Tensor>,
+        g: &Tensor,
+        saved: Option<(&Tensor, &Tensor)>,
+        causal: bool,
+        scale: f64,
+    ) -> Result<(Tensor, Tensor, Tensor)> {
         let out = Tensor::attention_shape("attention_backward", q, k, v)?;
         if let Some(m) = key_mask {
             Tensor::check_key_mask("attention_backward", q, k, m)?;
@@ -1757,15 +1843,44 @@ impl Tensor {
             (k.shape().clone(), k.dtype()),
             (v.shape().clone(), v.dtype()),
         ];
+        if let Some((o, lse)) = saved {
+            let d = q.dims();
+            if o.shape() != &out
+                || o.dtype() != q.dtype()
+                || !o.permute(&[0, 2, 1, 3])?.is_contiguous()
+                || lse.dims() != [d[0], d[1], d[2]]
+                || lse.dtype() != DType::F32
+                || !lse.is_contiguous()
+            {
+                return Err(Error::shape(
+                    "attention_backward",
+                    format!(
+                        "saved output {} {} and lse {} {} must be the forward's {out} {} (stored [b, lq, hq, dv]) and contiguous f32 [{}, {}, {}]",
+                        o.shape(),
+                        o.dtype(),
+                        lse.shape(),
+                        lse.dtype(),
+                        q.dtype(),
+                        d[0],
+                        d[1],
+                        d[2]
+                    ),
+                ));
+            }
+        }
         let op = Op::AttentionBackward {
             causal,
             scale,
             key_mask: key_mask.is_some(),
+            saved: saved.is_some(),
         };
-        let mut o = match key_mask {
-            Some(m) => q.run(op, &[q, k, v, m, g], outs)?,
-            None => q.run(op, &[q, k, v, g], outs)?,
-        };
+        let mut ins = vec![q, k, v];
+        ins.extend(key_mask);
+        ins.push(g);
+        if let Some((o, lse)) = saved {
+            ins.extend([o, lse]);
+        }
+        let mut o = q.run(op, &ins, outs)?;
         match (o.pop(), o.pop(), o.pop()) {
             (Some(dv), Some(dk), Some(dq)) => Ok((dq, dk, dv)),
             _ => Err(Error::backend(

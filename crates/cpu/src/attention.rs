@@ -9,6 +9,9 @@ use num_traits::Float;
 use rayon::prelude::*;
 use std::borrow::Cow;
 
+/// The output, stored [b, lq, hq, dv] (`Op::Attention`), and, with `with_lse`, each query's
+/// lse [b, hq, lq] (natural log of the sum of exp(score) over its keys; +inf where it sees
+/// none).
 #[allow(clippy::too_many_arguments)]
 fn attend<F: Float + ferrite_core::WithDType>(
     q: &[F],
@@ -19,19 +22,21 @@ fn attend<F: Float + ferrite_core::WithDType>(
     causal: bool,
     mask: Option<&[bool]>,
     scale: f64,
-) -> Vec<F> {
+    with_lse: bool,
+) -> (Vec<F>, Vec<f32>) {
     let scale = F::from(scale).unwrap_or(F::one());
     let group = hq / hkv.max(1);
-    let mut out = crate::alloc::full(b * hq * lq * dv, F::zero());
-    if dv == 0 {
-        return out;
-    }
-    out.par_chunks_mut(dv).enumerate().for_each(|(row, o)| {
-        let i = row % lq;
-        let h = (row / lq) % hq;
+    let rows = b * hq * lq;
+    let mut out = crate::alloc::full(rows * dv, F::zero());
+    let mut lse = vec![0f32; if with_lse { rows } else { 0 }];
+    // Output row `row` (storage order: (b, i, h)) into `o` (dv values); returns its lse.
+    let attend_row = |row: usize, o: &mut [F]| -> f32 {
+        let h = row % hq;
+        let i = (row / hq) % lq;
         let bi = row / (lq * hq);
         let kvh = h / group;
-        let qrow = &q[row * d..(row + 1) * d];
+        let qi = (bi * hq + h) * lq + i;
+        let qrow = &q[qi * d..(qi + 1) * d];
         let kbase = (bi * hkv + kvh) * lk;
         // Keys visible to query i: all, or j <= i + lk - lq when causal.
         let visible = if causal {
@@ -43,7 +48,7 @@ fn attend<F: Float + ferrite_core::WithDType>(
         if keys.is_empty() {
             // No visible key: the softmax of an empty row; NaN like the composed form.
             o.iter_mut().for_each(|x| *x = F::nan());
-            return;
+            return f32::INFINITY;
         }
         let mut s: Vec<F> = keys
             .iter()
@@ -71,8 +76,31 @@ fn attend<F: Float + ferrite_core::WithDType>(
         }
         let inv = F::one() / sum;
         o.iter_mut().for_each(|x| *x = *x * inv);
-    });
-    out
+        (m + sum.ln()).to_f32().unwrap_or(f32::NAN)
+    };
+    match (with_lse, dv) {
+        (false, 0) => {}
+        (false, _) => out.par_chunks_mut(dv).enumerate().for_each(|(row, o)| {
+            attend_row(row, o);
+        }),
+        (true, 0) => lse
+            .par_iter_mut()
+            .enumerate()
+            .for_each(|(row, l)| *l = attend_row(row, &mut [])),
+        (true, _) => out
+            .par_chunks_mut(dv)
+            .zip(lse.par_iter_mut())
+            .enumerate()
+            .for_each(|(row, (o, l))| *l = attend_row(row, o)),
+    }
+    // lse from (b, i, h) order to [b, hq, lq].
+    let lse = (0..lse.len())
+        .map(|r| {
+            let (bi, h, i) = (r / (hq * lq), (r / lq) % hq, r % lq);
+            lse[(bi * lq + i) * hq + h]
+        })
+        .collect();
+    (out, lse)
 }
 
 /// The keys among the first `visible` that batch row `bi`'s mask leaves unmasked, in order.
@@ -104,6 +132,7 @@ fn mask_of<'a>(
     contig::<bool>(m, op).map(Some)
 }
 
+/// `Op::Attention`: the output and, with `with_lse`, the f32 lse per query row.
 pub(crate) fn attention(
     q: &Tensor,
     k: &Tensor,
@@ -111,18 +140,24 @@ pub(crate) fn attention(
     mask: Option<&Tensor>,
     causal: bool,
     scale: f64,
-) -> Result<HostBuffer> {
+    with_lse: bool,
+) -> Result<Vec<HostBuffer>> {
     let (qd, kd, vd) = (q.dims(), k.dims(), v.dims());
     let qs = (qd[0], qd[1], qd[2], qd[3]);
     let ks = (kd[1], kd[2], vd[3]);
     let mask = mask_of(mask, (q, k), "attention")?;
     let mask = mask.as_deref();
-    Ok(float_kernel!(
-        "attention",
-        q.dtype(),
-        [q, k, v],
-        |qv, kv, vv| attend(qv, kv, vv, qs, ks, causal, mask, scale)
-    ))
+    let lse: Vec<f32>;
+    let out = float_kernel!("attention", q.dtype(), [q, k, v], |qv, kv, vv| {
+        let (o, l) = attend(qv, kv, vv, qs, ks, causal, mask, scale, with_lse);
+        lse = l;
+        o
+    });
+    let mut outs = vec![out];
+    if with_lse {
+        outs.push(HostBuffer::F32(lse));
+    }
+    Ok(outs)
 }
 
 /// Backward of `attend`: one task per (batch, kv head), covering the query heads that share it,

@@ -263,13 +263,14 @@ fn exec_op(op: &Op, inputs: &[&Tensor], outs: &[(Shape, DType)]) -> Result<Vec<A
             causal,
             scale,
             key_mask,
-        } => one(attention::attention(
+        } => many(attention::attention(
             input(0)?,
             input(1)?,
             input(2)?,
             key_mask.then(|| input(3)).transpose()?,
             *causal,
             *scale,
+            outs.len() == 2,
         )?),
         Op::SoftmaxBackward { log } => one(norm::softmax_backward(input(0)?, input(1)?, *log)?),
         Op::RmsNormBackward { eps } => many(norm::rms_norm_backward(
@@ -291,10 +292,13 @@ fn exec_op(op: &Op, inputs: &[&Tensor], outs: &[(Shape, DType)]) -> Result<Vec<A
             };
             many(norm::layer_norm_backward(x, input(1)?, g, *eps)?)
         }
+        // The saved output and lse (inputs after g) are not needed: the probabilities are
+        // recomputed per row.
         Op::AttentionBackward {
             causal,
             scale,
             key_mask,
+            saved: _,
         } => many(attention::attention_backward(
             input(0)?,
             input(1)?,

@@ -6,6 +6,8 @@
 //!
 //! Timing: device events around `reps` calls after a warm-up, median of 5 samples. FLOPs count
 //! the causal half of the products (forward 2, backward 5, as FlashAttention reports them).
+//! Rows "with lse / from it": the forward that also writes its lse and the backward that
+//! reads the saved output and lse (what a recorded training step runs).
 
 use ferrite_core::{DType, Result, Tensor};
 use ferrite_cuda::CudaDevice;
@@ -64,11 +66,24 @@ fn main() -> Result<()> {
         let bwd = time(&d, 10, || {
             Tensor::attention_backward(&q, &k, &v, None, &g, true, scale).map(|_| ())
         });
-        println!(
-            "| {name} | {fwd:.3} ms, {:.0} TFLOP/s | {bwd:.3} ms, {:.0} TFLOP/s |",
-            2.0 * product / fwd / 1e9,
-            5.0 * product / bwd / 1e9
-        );
+        // What a recorded step runs: the forward with its lse, the backward from them.
+        let fwd_lse = time(&d, 10, || {
+            Tensor::attention_lse(&q, &k, &v, None, true, Some(scale)).map(|_| ())
+        });
+        let (o, lse) = Tensor::attention_lse(&q, &k, &v, None, true, Some(scale))?;
+        let bwd_saved = time(&d, 10, || {
+            Tensor::attention_backward_saved(&q, &k, &v, None, &g, (&o, &lse), true, scale)
+                .map(|_| ())
+        });
+        let row = |what: &str, f: f64, b: f64| {
+            println!(
+                "| {name}{what} | {f:.3} ms, {:.0} TFLOP/s | {b:.3} ms, {:.0} TFLOP/s |",
+                2.0 * product / f / 1e9,
+                5.0 * product / b / 1e9
+            )
+        };
+        row("", fwd, bwd);
+        row(", with lse / from it", fwd_lse, bwd_saved);
     }
     Ok(())
 }

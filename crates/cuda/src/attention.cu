@@ -6,8 +6,9 @@
 // hidden from every query where mask[b, j] (key_masked). A query left with no key (lk == 0,
 // or every key it sees masked) gets a NaN row forward; backward its dq row is zero and it adds
 // nothing to dk and dv (its statistics are written as (0, 0, 0) and never divided by). Inputs
-// are read through their strides (AttnDims, elements, per dim b, h, l, last); outputs are
-// contiguous.
+// are read through their strides (AttnDims, elements, per dim b, h, l, last). The forward's
+// output is stored [b, lq, hq, dv] (a query's heads side by side, as an output projection
+// reads them; `Op::Attention`); the gradients are contiguous.
 // f16/bf16/f32 compute in f32 (the tensor-core forward rounds probabilities to the input type
 // for P V), f64 in f64.
 
@@ -60,9 +61,11 @@ __device__ __forceinline__ typename Num<T>::A dot_strided(const T* a, i64 sa, co
 // mode 0: o[b, h, i, :] = softmax(q k^T scale) v, NaN where no key is visible.
 // mode 1: stats[3 row] = (max score m, sum of exp(s - m) l, D = sum_c g[c] o[c]) for the
 //         backward kernels (row = (b * hq + h) * lq + i); zeros where no key is visible.
+// mode 2: lse[row] = m + log(l) (f32; +inf where no key is visible), `Op::Attention`'s second
+//         output for the kernel families that do not write it with the output.
 template <typename T>
 __device__ void attn_rows_body(const AttnDims& a, typename Num<T>::A scale, const T* q, const T* k, const T* v,
-                               const T* g, T* o, typename Num<T>::A* stats, u32 mode) {
+                               const T* g, T* o, typename Num<T>::A* stats, u32 mode, float* lse) {
     typedef typename Num<T>::A A;
     const u32 lane = threadIdx.x & 31, W = blockDim.x >> 5;
     const u32 group = a.hq / a.hkv;
@@ -79,14 +82,14 @@ __device__ void attn_rows_body(const AttnDims& a, typename Num<T>::A scale, cons
     const T* kb = k + bi * a.sk[0] + kvh * a.sk[1];
     const T* vb = v + bi * a.sv[0] + kvh * a.sv[1];
     const i64 vis = visible_keys(a, i);
-    if (mode == 1) {
+    if (mode != 0) {
         A m = neg_inf<A>(), l = 0, dsum = 0;
         for (i64 j0 = 0; j0 < vis; j0 += 32) {
             const i64 j = j0 + lane;
             A s = neg_inf<A>(), dp = 0;
             if (j < vis && !key_masked(a, bi, j)) {
                 s = dot_strided(qr, a.sq[3], kb + j * a.sk[2], a.sk[3], a.d) * scale;
-                dp = dot_strided(gr, a.sg[3], vb + j * a.sv[2], a.sv[3], a.dv);
+                if (mode == 1) dp = dot_strided(gr, a.sg[3], vb + j * a.sv[2], a.sv[3], a.dv);
             }
             const A mn = fmax_nan(m, warp_max(s));
             const A ref = mn == neg_inf<A>() ? (A)0 : mn;
@@ -95,14 +98,15 @@ __device__ void attn_rows_body(const AttnDims& a, typename Num<T>::A scale, cons
             dsum = dsum * al + warp_sum(p * dp);
             m = mn;
         }
-        if (lane == 0) {
+        if (lane == 0 && mode == 2) lse[orow] = l > 0 ? (float)(m + log(l)) : -neg_inf<float>();
+        if (lane == 0 && mode == 1) {
             stats[3 * orow] = l > 0 ? m : (A)0;
             stats[3 * orow + 1] = l;
             stats[3 * orow + 2] = l > 0 ? dsum / l : (A)0;
         }
         return;
     }
-    T* orw = o + orow * a.dv;
+    T* orw = o + (((u64)bi * a.lq + i) * a.hq + h) * a.dv;
     if (vis == 0) {
         for (u32 c = lane; c < a.dv; c += 32) orw[c] = Num<T>::store(nan_of<A>());
         return;
@@ -499,7 +503,7 @@ __device__ void attn_fwd_body(const AttnDims& a, u32 ld, float sl2, const T* __r
             }
         }
     }
-    if constexpr (!STATS) tile_store<T, DVC>(o + (u64)bh * a.lq * a.dv, a.dv, i0, a.lq, a.dv, acc);
+    if constexpr (!STATS) tile_store<T, DVC>(o + ((u64)bi * a.lq * a.hq + h) * a.dv, (u64)a.hq * a.dv, i0, a.lq, a.dv, acc);
 }
 
 // Backward, dq, d and dv <= 128 (stats from attn_fwd_body<STATS>): per 64 query rows of one
@@ -731,6 +735,8 @@ __device__ __forceinline__ void mma_load_tile(T* dst, const T* base, i64 rs, i64
 // float2 stats (lse, D): lse = max + log2(sum of 2^(s - max)) over the row's scores s in log2
 // units (so p = 2^(s - lse); +inf for a row that sees no key, whose p are then 0) and
 // D = sum_c g[c] o[c].
+// Without STATS, `stats` (when not null) gets each row's lse in natural-log units, f32
+// (`Op::Attention`'s second output).
 template <typename T, int D, bool STATS>
 __device__ void attn_mma_body(const AttnDims& a, float sl2, const T* __restrict__ q, const T* __restrict__ k,
                               const T* __restrict__ v, T* __restrict__ o, const T* __restrict__ g = nullptr,
@@ -901,8 +907,10 @@ __device__ void attn_mma_body(const AttnDims& a, float sl2, const T* __restrict_
                 ((float2*)stats)[(u64)bh * a.lq + i] = make_float2(lt > 0.f ? m[rr] + log2f(lt) : -neg_inf<float>(), dsum);
         } else {
             if (i >= a.lq) continue;
+            if (stats != nullptr && tq == 0)
+                stats[(u64)bh * a.lq + i] = lt > 0.f ? (m[rr] + log2f(lt)) * 0.69314718f : -neg_inf<float>();
             const float inv = lt > 0.f ? 1.f / lt : nan_of<float>();  // no visible unmasked key
-            T* orw = o + ((u64)bh * a.lq + i) * a.dv;
+            T* orw = o + (((u64)bi * a.lq + i) * a.hq + h) * a.dv;
 #pragma unroll
             for (int dt = 0; dt < DT; ++dt)
                 *(u32*)(orw + dt * 8 + tq * 2) = Mma<T>::pack(acc[dt][rr * 2] * inv, acc[dt][rr * 2 + 1] * inv);
@@ -1246,12 +1254,36 @@ __device__ void attn_mma_bdkv_body(const AttnDims& a, float sl2, float scale, co
     mma_store_rows<T, D>(dvo + kr0 * D, av, j0 + warp * 16, a.lk);
 }
 
+// The tensor-core backward's statistics from the forward's saved output and lse (instead of
+// attn_mma_body<STATS>): per query row (b, h, i), stats = (lse log2(e), D = sum_c g[c] o[c]);
+// o as the forward wrote it (storage [b, lq, hq, dv]), lse f32 [b, hq, lq] (+inf for a row
+// with no key), g through its strides. One warp per row.
+template <typename T>
+__device__ void attn_delta_body(const AttnDims& a, const T* __restrict__ o, const float* __restrict__ lse,
+                                const T* __restrict__ g, float2* __restrict__ stats) {
+    const u32 lane = threadIdx.x & 31;
+    const u64 row = (u64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (row >= (u64)a.b * a.hq * a.lq) return;
+    const u32 i = (u32)(row % a.lq), h = (u32)((row / a.lq) % a.hq), bi = (u32)(row / ((u64)a.lq * a.hq));
+    const T* orw = o + (((u64)bi * a.lq + i) * a.hq + h) * a.dv;
+    const T* grw = g + bi * a.sg[0] + h * a.sg[1] + i * a.sg[2];
+    float dsum = 0.f;
+    for (u32 c = lane; c < a.dv; c += 32) dsum += Num<T>::load(grw[c * a.sg[3]]) * Num<T>::load(orw[c]);
+    dsum = warp_sum(dsum);
+    if (lane == 0) {
+        const float l = lse[row];
+        // A row with no key: o is NaN, lse +inf; its D is never used with a nonzero p.
+        stats[row] = make_float2(l * 1.44269504f, l == -neg_inf<float>() ? 0.f : dsum);
+    }
+}
+
 // ---- entry points ----
 
 #define ATTN_ROW_KERNELS(S, T)                                                                          \
     extern "C" __global__ void attn_rows_##S(AttnDims a, Num<T>::A scale, const T* q, const T* k,      \
-                                             const T* v, const T* g, T* o, Num<T>::A* stats, u32 mode) { \
-        attn_rows_body<T>(a, scale, q, k, v, g, o, stats, mode);                                       \
+                                             const T* v, const T* g, T* o, Num<T>::A* stats, u32 mode,  \
+                                             float* lse) {                                              \
+        attn_rows_body<T>(a, scale, q, k, v, g, o, stats, mode, lse);                                  \
     }                                                                                                   \
     extern "C" __global__ void attn_dq_##S(AttnDims a, Num<T>::A scale, const T* q, const T* k,        \
                                            const T* v, const T* g, const Num<T>::A* stats, T* dq) {    \
@@ -1292,23 +1324,32 @@ ATTN_TILE_KERNELS(f32, float)
 ATTN_TILE_KERNELS(f16, f16)
 ATTN_TILE_KERNELS(bf16, bf16)
 
-#define ATTN_MMA_FWD(S, T, D)                                                                           \
-    extern "C" __global__ void __launch_bounds__(128) attn_mma##D##_##S(AttnDims a, float sl2, const T* q, \
-        const T* k, const T* v, T* o) { attn_mma_body<T, D, false>(a, sl2, q, k, v, o); }
-#define ATTN_MMA_BWD(S, T, D)                                                                           \
-    extern "C" __global__ void __launch_bounds__(128) attn_mmas##D##_##S(AttnDims a, float sl2,         \
+// Minimum blocks a multiprocessor (__launch_bounds__): 64-wide heads fit four forward blocks
+// (128 registers) and three backward blocks (168); wider heads keep the compiler's choice.
+#define ATTN_MMA_FWD(S, T, D, MB)                                                                       \
+    extern "C" __global__ void __launch_bounds__(128, MB) attn_mma##D##_##S(AttnDims a, float sl2,      \
+        const T* q, const T* k, const T* v, T* o, float* lse) {                                         \
+        attn_mma_body<T, D, false>(a, sl2, q, k, v, o, nullptr, lse);                                   \
+    }
+#define ATTN_MMA_BWD(S, T, D, MBS, MB)                                                                  \
+    extern "C" __global__ void __launch_bounds__(128, MBS) attn_mmas##D##_##S(AttnDims a, float sl2,    \
         const T* q, const T* k, const T* v, const T* g, float* stats) {                                 \
         attn_mma_body<T, D, true>(a, sl2, q, k, v, nullptr, g, stats);                                  \
     }                                                                                                   \
-    extern "C" __global__ void __launch_bounds__(128) attn_mmadq##D##_##S(AttnDims a, float sl2,        \
+    extern "C" __global__ void __launch_bounds__(128, MB) attn_mmadq##D##_##S(AttnDims a, float sl2,    \
         float scale, const T* q, const T* k, const T* v, const T* g, const float* stats, T* dq) {       \
         attn_mma_bdq_body<T, D>(a, sl2, scale, q, k, v, g, stats, dq);                                  \
     }                                                                                                   \
-    extern "C" __global__ void __launch_bounds__(128) attn_mmadkv##D##_##S(AttnDims a, float sl2,       \
+    extern "C" __global__ void __launch_bounds__(128, MB) attn_mmadkv##D##_##S(AttnDims a, float sl2,   \
         float scale, const T* q, const T* k, const T* v, const T* g, const float* stats, T* dk,         \
         T* dv) { attn_mma_bdkv_body<T, D>(a, sl2, scale, q, k, v, g, stats, dk, dv); }
 #define ATTN_MMA_KERNELS(S, T)                                                                          \
-    ATTN_MMA_FWD(S, T, 64) ATTN_MMA_FWD(S, T, 96) ATTN_MMA_FWD(S, T, 128) ATTN_MMA_FWD(S, T, 256)       \
-    ATTN_MMA_BWD(S, T, 64) ATTN_MMA_BWD(S, T, 96) ATTN_MMA_BWD(S, T, 128)
+    ATTN_MMA_FWD(S, T, 64, 4) ATTN_MMA_FWD(S, T, 96, 1) ATTN_MMA_FWD(S, T, 128, 1)                     \
+    ATTN_MMA_FWD(S, T, 256, 1) ATTN_MMA_BWD(S, T, 64, 4, 3) ATTN_MMA_BWD(S, T, 96, 1, 1)               \
+    ATTN_MMA_BWD(S, T, 128, 1, 1)                                                                       \
+    extern "C" __global__ void attn_delta_##S(AttnDims a, const T* o, const float* lse, const T* g,     \
+                                              float2* stats) {                                          \
+        attn_delta_body<T>(a, o, lse, g, stats);                                                        \
+    }
 ATTN_MMA_KERNELS(f16, f16)
 ATTN_MMA_KERNELS(bf16, bf16)

@@ -7,9 +7,14 @@
 //!   Other f32/f16/bf16 cases with head sizes ≤ 256: a flash-attention style tiled kernel on
 //!   CUDA cores (64 queries per block, K/V tiles of 64 keys in shared memory, online softmax,
 //!   f32 accumulation). f64 and larger heads: a warp-per-query kernel.
+//! - With `Op::Attention`'s second output requested (a recorded forward), the per-query lse:
+//!   from the tensor-core forward itself, else from a row pass (`attn_rows` mode 2).
 //! - Backward: per-query statistics (max, sum, D = g·o), then dq by query tiles and dk/dv by
 //!   key tiles, each recomputing the probabilities, so every output row has one writer and
-//!   results are deterministic without atomics. f32/f16/bf16 with head sizes ≤ 128 use tiled
+//!   results are deterministic without atomics. The tensor-core path's statistics are (lse, D):
+//!   given the forward's saved output and lse, one warp a row computes D (`attn_delta`);
+//!   otherwise a forward pass recomputes them (`attn_mmas`). Tiles a warp sees whole skip
+//!   the masks. f32/f16/bf16 with head sizes ≤ 128 use tiled
 //!   CUDA-core kernels (the statistics from the tiled forward kernel); f64 and larger heads
 //!   use warp-per-row kernels (statistics by a warp per query).
 //!
@@ -212,6 +217,9 @@ fn tile_ld(d: usize) -> usize {
     ld.max(TILE_PS)
 }
 
+/// `Op::Attention`; with `with_lse`, its second output (f32 lse per query row) too: written
+/// by the tensor-core forward, by a row pass (`attn_rows` mode 2) for the other families.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn attention(
     dev: &CudaBackend,
     q: &Tensor,
@@ -220,6 +228,7 @@ pub(crate) fn attention(
     mask: Option<&Tensor>,
     causal: bool,
     scale: f64,
+    with_lse: bool,
 ) -> Result<Vec<Arc<dyn Storage>>> {
     let op = "attention";
     let dt = float_dtype(op, &[q, k, v])?;
@@ -238,6 +247,13 @@ pub(crate) fn attention(
         a.dv as usize,
     );
     let out = dev.alloc_out(b * hq * lq * dv, dt, op)?;
+    let lse = match with_lse {
+        true => Some(dev.alloc_out(b * hq * lq, DType::F32, op)?),
+        false => None,
+    };
+    let lse_ptr = lse.as_ref().map_or(0, |l| l.ptr());
+    // Whether the kernel that wrote the output wrote the lse too.
+    let mut lse_done = false;
     if b * hq * lq * dv > 0 {
         let (qp, kp, vp) = (
             CudaBackend::ptr(q, sq),
@@ -256,9 +272,11 @@ pub(crate) fn attention(
                 .arg(qp)
                 .arg(kp)
                 .arg(vp)
-                .arg(out.ptr());
+                .arg(out.ptr())
+                .arg(lse_ptr);
             let name = format!("attn_mma{hd}_{}", suffix(dt));
             dev.launch(op, &SOURCE, &name, cfg, args)?;
+            lse_done = true;
         } else if dt != DType::F64
             && d <= TILE_MAX_HEAD
             && dv <= TILE_MAX_HEAD
@@ -290,19 +308,45 @@ pub(crate) fn attention(
                 .arg(0u64)
                 .arg(out.ptr())
                 .arg(0u64)
-                .arg(0u32);
+                .arg(0u32)
+                .arg(0u64);
             let cfg = row_grid(op, b * hkv, (hq / hkv) * lq)?;
             let name = format!("attn_rows_{}", suffix(dt));
             dev.launch(op, &SOURCE, &name, cfg, args)?;
         }
     }
-    dev.finish_one(out)
+    let Some(lse) = lse else {
+        return dev.finish_one(out);
+    };
+    if !lse_done && b * hq * lq > 0 {
+        let (qp, kp, vp) = (
+            CudaBackend::ptr(q, sq),
+            CudaBackend::ptr(k, sk),
+            CudaBackend::ptr(v, sv),
+        );
+        let args = arg_compute(Args::new().arg(a), dt, scale)
+            .arg(qp)
+            .arg(kp)
+            .arg(vp)
+            .arg(0u64)
+            .arg(0u64)
+            .arg(0u64)
+            .arg(2u32)
+            .arg(lse.ptr());
+        let cfg = row_grid(op, b * hkv, (hq / hkv) * lq)?;
+        dev.launch(op, &SOURCE, &format!("attn_rows_{}", suffix(dt)), cfg, args)?;
+    }
+    dev.finish(vec![out, lse])
 }
 
+/// `Op::AttentionBackward`. With `saved` (the forward's output and lse), the tensor-core path
+/// takes its statistics from them (`attn_delta`) instead of recomputing the forward; the other
+/// families recompute.
 pub(crate) fn attention_backward(
     dev: &CudaBackend,
     [q, k, v, g]: [&Tensor; 4],
     mask: Option<&Tensor>,
+    saved: Option<(&Tensor, &Tensor)>,
     causal: bool,
     scale: f64,
 ) -> Result<Vec<Arc<dyn Storage>>> {
@@ -370,21 +414,33 @@ pub(crate) fn attention_backward(
         let cfg = |blocks: usize, bytes: usize| {
             Cfg::new((blocks as u32, 1, 1), (MMA_THREADS, 1, 1), bytes as u32)
         };
-        let args = Args::new()
-            .arg(a)
-            .arg(sl2)
-            .arg(qp)
-            .arg(kp)
-            .arg(vp)
-            .arg(gp)
-            .arg(stats.ptr());
-        dev.launch(
-            op,
-            &SOURCE,
-            &format!("attn_mmas{hd}_{sfx}"),
-            cfg(q_blocks, 5 * tile),
-            args,
-        )?;
+        if let Some((o, lse)) = saved {
+            let (so, sl) = (dev.input(o, op)?, dev.input(lse, op)?);
+            let args = Args::new()
+                .arg(a)
+                .arg(CudaBackend::ptr(o, so))
+                .arg(CudaBackend::ptr(lse, sl))
+                .arg(gp)
+                .arg(stats.ptr());
+            let cfg = row_grid(op, 1, b * hq * lq)?;
+            dev.launch(op, &SOURCE, &format!("attn_delta_{sfx}"), cfg, args)?;
+        } else {
+            let args = Args::new()
+                .arg(a)
+                .arg(sl2)
+                .arg(qp)
+                .arg(kp)
+                .arg(vp)
+                .arg(gp)
+                .arg(stats.ptr());
+            dev.launch(
+                op,
+                &SOURCE,
+                &format!("attn_mmas{hd}_{sfx}"),
+                cfg(q_blocks, 5 * tile),
+                args,
+            )?;
+        }
         let tail = |args: Args| {
             args.arg(sl2)
                 .arg(scale as f32)
@@ -472,7 +528,7 @@ pub(crate) fn attention_backward(
             .arg(gp)
     };
     let rows = row_grid(op, b * hkv, group * lq)?;
-    let args = base().arg(0u64).arg(stats.ptr()).arg(1u32);
+    let args = base().arg(0u64).arg(stats.ptr()).arg(1u32).arg(0u64);
     dev.launch(op, &SOURCE, &format!("attn_rows_{sfx}"), rows, args)?;
     let args = base().arg(stats.ptr()).arg(dq.ptr());
     dev.launch(op, &SOURCE, &format!("attn_dq_{sfx}"), rows, args)?;

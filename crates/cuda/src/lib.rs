@@ -362,6 +362,7 @@ impl Backend for Handle {
                 key_mask.then(|| input(3)).transpose()?,
                 *causal,
                 *scale,
+                outs.len() == 2,
             ),
             Op::SoftmaxBackward { log } => norm::softmax_backward(dev, input(0)?, input(1)?, *log),
             Op::RmsNormBackward { eps } => {
@@ -374,18 +375,20 @@ impl Backend for Handle {
                 causal,
                 scale,
                 key_mask,
-            } => attention::attention_backward(
-                dev,
-                [
-                    input(0)?,
-                    input(1)?,
-                    input(2)?,
-                    input(if *key_mask { 4 } else { 3 })?,
-                ],
-                key_mask.then(|| input(3)).transpose()?,
-                *causal,
-                *scale,
-            ),
+                saved,
+            } => {
+                let gi = if *key_mask { 4 } else { 3 };
+                attention::attention_backward(
+                    dev,
+                    [input(0)?, input(1)?, input(2)?, input(gi)?],
+                    key_mask.then(|| input(3)).transpose()?,
+                    saved
+                        .then(|| Ok::<_, Error>((input(gi + 1)?, input(gi + 2)?)))
+                        .transpose()?,
+                    *causal,
+                    *scale,
+                )
+            }
             Op::Conv2d(p) => conv::conv2d(dev, input(0)?, input(1)?, p, &out(0)?.0),
             Op::ConvTranspose2d(p) => {
                 conv::conv_transpose2d(dev, input(0)?, input(1)?, p, &out(0)?.0)

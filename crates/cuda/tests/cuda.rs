@@ -1105,8 +1105,8 @@ fn op_cases_im2col(d: &CudaDevice) {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
-/// Attention with and without a key-padding mask, forward and backward
-/// (`Tensor::attention_backward`), on CUDA against the CPU with the same inputs, for shapes that reach each kernel family: the
+/// Attention with and without a key-padding mask, forward (alone and with its lse) and
+/// backward (recomputing, and from the saved output and lse), on CUDA against the CPU with the same inputs, for shapes that reach each kernel family: the
 /// tensor-core forward (f16/bf16, d == dv in {64, 96, 128, 256}, contiguous), the tiled CUDA-core
 /// forward and backward (f32/f16/bf16, heads <= 256 forward, <= 128 backward), and the row
 /// kernels (f64, wider heads); with grouped-query heads, causal + mask, a transposed mask view,
@@ -1228,7 +1228,13 @@ fn attention_masked(d: &CudaDevice) {
             let scale = 1.0 / (qs[3] as f64).sqrt();
             let (dq, dk, dv) =
                 Tensor::attention_backward(&q, &k, &v, m, &g, causal, scale).unwrap();
-            [o, dq, dk, dv]
+            // The output with its lse, and the backward that reads them (what autodiff
+            // records and runs).
+            let (o2, lse) = Tensor::attention_lse(&q, &k, &v, m, causal, None).unwrap();
+            let (dq2, dk2, dv2) =
+                Tensor::attention_backward_saved(&q, &k, &v, m, &g, (&o2, &lse), causal, scale)
+                    .unwrap();
+            [o, dq, dk, dv, o2, lse, dq2, dk2, dv2]
                 .iter()
                 .map(|t| t.to_vec_f64().unwrap())
                 .collect()
@@ -1239,29 +1245,40 @@ fn attention_masked(d: &CudaDevice) {
             DType::F16 => 1e-2,
             _ => 5e-2,
         };
+        let names = [
+            "out",
+            "dq",
+            "dk",
+            "dv",
+            "out (with lse)",
+            "lse",
+            "dq (saved)",
+            "dk (saved)",
+            "dv (saved)",
+        ];
         for masked in [true, false] {
             let (got, want) = (run(&dev, masked), run(&cpu, masked));
-            for (k, name) in ["out", "dq", "dk", "dv"].iter().enumerate() {
+            let what = format!("{dt} {qs:?} {ks:?} causal {causal} masked {masked}");
+            for (k, name) in names.iter().enumerate() {
                 let scale = want[k]
                     .iter()
                     .filter(|x| x.is_finite())
                     .fold(0f64, |a, v| a.max(v.abs()))
                     .max(1e-6);
                 for (i, (g, w)) in got[k].iter().zip(&want[k]).enumerate() {
-                    assert_eq!(
-                    g.is_nan(),
-                    w.is_nan(),
-                    "{dt} {qs:?} {ks:?} causal {causal} masked {masked}: {name}[{i}] {g} on CUDA, {w} on the CPU"
-                );
+                    let close = w.is_nan() || g == w || (g - w).abs() <= tol * scale;
                     assert!(
-                    w.is_nan() || (g - w).abs() <= tol * scale,
-                    "{dt} {qs:?} {ks:?} causal {causal} masked {masked}: {name}[{i}] {g} on CUDA, {w} on the CPU"
-                );
+                        g.is_nan() == w.is_nan() && close,
+                        "{what}: {name}[{i}] {g} on CUDA, {w} on the CPU"
+                    );
                 }
-                if masked && full && k == 0 {
-                    let per = want[0].len() / b;
-                    assert!(want[0][per * (b - 1)..].iter().all(|x| x.is_nan()));
-                }
+            }
+            if masked && full {
+                // The fully masked batch row: NaN outputs, lse +inf.
+                let per = want[0].len() / b;
+                assert!(want[0][per * (b - 1)..].iter().all(|x| x.is_nan()));
+                let per = got[5].len() / b;
+                assert!(got[5][per * (b - 1)..].iter().all(|&x| x == f64::INFINITY));
             }
         }
     }

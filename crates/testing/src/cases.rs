@@ -1169,6 +1169,35 @@ fn fused_cases(b: &mut B) {
                     )]
                 },
             );
+            // The output with its lse (what a recorded forward writes for the backward);
+            // +inf where a query sees no key.
+            b.add(
+                "attention_lse",
+                dt,
+                vec![
+                    inp(&qs, dt, u(-1.0, 1.0), View::Contiguous),
+                    inp(&ks, dt, u(-1.0, 1.0), kv_view),
+                    inp(&vs, dt, u(-1.0, 1.0), kv_view),
+                    inp(
+                        &[qs[0], ks[2]],
+                        DType::Bool,
+                        Values::PaddingMask(full),
+                        mask_view,
+                    ),
+                ],
+                vec![scaled(default_tol(dt), 4.0), default_tol(DType::F32)],
+                false,
+                move |x| {
+                    let (o, lse) =
+                        Tensor::attention_lse(&x[0], &x[1], &x[2], Some(&x[3]), causal, None)?;
+                    Ok(vec![o, lse])
+                },
+                move |x| {
+                    let (o, lse) =
+                        r::attention_lse(&x[0], &x[1], &x[2], Some(&x[3]), causal, scale);
+                    vec![o, lse]
+                },
+            );
         }
     }
 }

@@ -406,9 +406,23 @@ pub fn attention_masked(
     causal: bool,
     scale: f64,
 ) -> Ref {
+    attention_lse(q, k, v, mask, causal, scale).0
+}
+
+/// `attention_masked` and each query's lse [b, hq, lq]: ln of the sum of exp(score) over
+/// the keys it sees, +inf where it sees none (`Op::Attention`'s second output).
+pub fn attention_lse(
+    q: &Ref,
+    k: &Ref,
+    v: &Ref,
+    mask: Option<&Ref>,
+    causal: bool,
+    scale: f64,
+) -> (Ref, Ref) {
     let (b, hq, lq, d) = (q.shape[0], q.shape[1], q.shape[2], q.shape[3]);
     let (hkv, lk, dv) = (k.shape[1], k.shape[2], v.shape[3]);
     let mut out = vec![0.0; b * hq * lq * dv];
+    let mut lse = vec![f64::INFINITY; b * hq * lq];
     for bi in 0..b {
         for h in 0..hq {
             let kh = h / (hq / hkv);
@@ -432,6 +446,11 @@ pub fn attention_masked(
                     s.push(dot * scale);
                 }
                 let p = softmax(&s);
+                if !keys.is_empty() {
+                    let m = s.iter().fold(f64::NEG_INFINITY, |a, &x| a.max(x));
+                    lse[(bi * hq + h) * lq + i] =
+                        m + s.iter().map(|x| (x - m).exp()).sum::<f64>().ln();
+                }
                 for t in 0..dv {
                     out[((bi * hq + h) * lq + i) * dv + t] = match keys.is_empty() {
                         true => f64::NAN,
@@ -445,7 +464,10 @@ pub fn attention_masked(
             }
         }
     }
-    Ref::new(vec![b, hq, lq, dv], out)
+    (
+        Ref::new(vec![b, hq, lq, dv], out),
+        Ref::new(vec![b, hq, lq], lse),
+    )
 }
 
 /// Convolution geometry for the references: stride, padding, dilation per axis, and groups.

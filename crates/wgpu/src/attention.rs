@@ -4,7 +4,7 @@
 //! `key_mask`) the row kernels are compiled with `AM` and read it per key (probability 0 for
 //! padding); the key-gradient kernel needs no mask (it reads the zero probabilities).
 
-use crate::device::WgpuBackend;
+use crate::device::{Arg, Src, WgpuBackend};
 use crate::shader::{self, kernel, Kernel, Variant};
 use crate::util::{contig, fw, groups, uw};
 use ferrite_core::{DType, Error, Result, Storage, Tensor};
@@ -18,7 +18,15 @@ pub(crate) static ATTENTION: Kernel = kernel!(
         "attention_backward_keys"
     ],
     &[("T", shader::FLOATS)],
-    &[&["AF"], &["AF", "AM"], &["AB"], &["AB", "AM"], &["AK"]]
+    &[
+        &["AF"],
+        &["AF", "AM"],
+        &["AF", "AL"],
+        &["AF", "AM", "AL"],
+        &["AB"],
+        &["AB", "AM"],
+        &["AK"]
+    ]
 );
 
 /// [rows, hq, hkv, lq, lk, d, dv, causal, scale] for q, k, v.
@@ -57,6 +65,8 @@ fn float(op: &'static str, x: &Tensor) -> Result<DType> {
     Ok(x.dtype())
 }
 
+/// `Op::Attention`; with `with_lse` (variant `AL`), its second output, the f32 lse per row.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn attention(
     dev: &WgpuBackend,
     q: &Tensor,
@@ -65,6 +75,7 @@ pub(crate) fn attention(
     mask: Option<&Tensor>,
     causal: bool,
     scale: f64,
+    with_lse: bool,
 ) -> Result<Vec<Arc<dyn Storage>>> {
     let name = "attention";
     let dt = float(name, q)?;
@@ -81,24 +92,31 @@ pub(crate) fn attention(
     let mc = mask.map(|m| contig(dev, m, name)).transpose()?;
     p.extend([qc.offset(), kc.offset(), vc.offset(), 0]);
     p.push(mc.as_ref().map_or(0, |m| m.offset()));
-    let mut ins = vec![qc.buffer(), kc.buffer(), vc.buffer()];
-    ins.extend(mc.as_ref().map(|m| m.buffer()));
-    let var = Variant::new(
-        &[("T", dt)],
-        if mc.is_some() { &["AF", "AM"] } else { &["AF"] },
-    );
-    dev.launch(
-        name,
-        &ATTENTION,
-        "attention",
-        &var,
-        &p,
-        &[&out, &scratch],
-        &ins,
-        false,
-        rows,
-    )?;
-    Ok(vec![Arc::new(out)])
+    let lse = match with_lse {
+        true => Some(dev.alloc(name, DType::F32, rows)?),
+        false => None,
+    };
+    // Bindings: the output and scratch, q, k, v, the mask (AM), the lse (AL).
+    let mut args = vec![
+        Arg::W(out.buffer()),
+        Arg::W(scratch.buffer()),
+        Arg::R(qc.buffer()),
+        Arg::R(kc.buffer()),
+        Arg::R(vc.buffer()),
+    ];
+    args.extend(mc.as_ref().map(|m| Arg::R(m.buffer())));
+    args.extend(lse.as_ref().map(|l| Arg::W(l.buffer())));
+    let mut defines = vec!["AF"];
+    defines.extend(mc.is_some().then_some("AM"));
+    defines.extend(with_lse.then_some("AL"));
+    let var = Variant::new(&[("T", dt)], &defines);
+    let mut written = vec![&out, &scratch];
+    written.extend(lse.as_ref());
+    let src = Src::Kernel(&ATTENTION, &var);
+    dev.launch_args(name, &src, "attention", &p, &args, &written, rows)?;
+    let mut outs: Vec<Arc<dyn Storage>> = vec![Arc::new(out)];
+    outs.extend(lse.map(|l| Arc::new(l) as Arc<dyn Storage>));
+    Ok(outs)
 }
 
 pub(crate) fn attention_backward(

@@ -15,6 +15,13 @@
 @group(0) @binding(5) var<storage, read> XV: array<u32>;
 #if AM
 @group(0) @binding(6) var<storage, read> XM: array<u32>;
+#if AL
+@group(0) @binding(7) var<storage, read_write> YL: array<f32>;
+#endif
+#else
+#if AL
+@group(0) @binding(6) var<storage, read_write> YL: array<f32>;
+#endif
 #endif
 #endif
 #if AB
@@ -138,12 +145,18 @@ fn attention(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id
     storageBarrier();
     // No unmasked key: NaN (built at run time: a constant NaN is a shader-creation error).
     let nan = bitcast<f32>(0x7fc00000u + min(P[0], 0u));
+#if AL
+    // lse: +inf where no key is visible (built at run time, as the NaN).
+    if (t == 0u) { YL[row] = select(bitcast<f32>(0x7f800000u + min(P[0], 0u)), m + log(sum), sum > 0.0); }
+#endif
+    // The output is stored [b, lq, hq, dv] (query row `row` is (b, h, i)).
+    let orow = ((row / (P[3] * P[1])) * P[3] + row % P[3]) * P[1] + (row / P[3]) % P[1];
     for (var c = t; c < dv; c += WG) {
         var acc = 0.0;
         for (var j = 0u; j < vis; j++) {
             acc += PS[pb + j] * ld(XV[P[11] + kv_row(row, j, dv) + c]);
         }
-        Y0[row * dv + c] = st(select(nan, acc / sum, sum > 0.0));
+        Y0[orow * dv + c] = st(select(nan, acc / sum, sum > 0.0));
     }
 }
 #endif

@@ -586,11 +586,15 @@ impl Backend for Handle {
                 key_mask.then(|| input(3)).transpose()?,
                 *causal,
                 *scale,
+                outs.len() == 2,
             ),
+            // The saved output and lse (inputs after g) are not read: the row kernel
+            // recomputes the probabilities.
             Op::AttentionBackward {
                 causal,
                 scale,
                 key_mask,
+                saved: _,
             } => attention::attention_backward(
                 dev,
                 [

@@ -179,8 +179,8 @@ pub enum PagedLaunch {
         kout: u64,
         vout: u64,
     },
-    /// The attention op's f16 `[1, nh, n, hd]` output as operand rows of `nh * hd` (`mode`, as
-    /// `ToHalf`).
+    /// The attention op's f16 output (stored `[1, n, nh, hd]`) as operand rows of `nh * hd`
+    /// (`mode`, as `ToHalf`).
     AttnRows {
         o: u64,
         nh: u32,

@@ -97,15 +97,13 @@ extern "C" __global__ void __launch_bounds__(PFD_T) pf_dequant(u64 w, u32 fmt, u
     }
 }
 
-// out[i][h*hd + d] (by mode `bf`) = o[h][i][d] (f16, the attention op's [1, nh, L, hd] output).
+// out[i][h*hd + d] (by mode `bf`) = o[i][h][d] (f16, the attention op's output, stored
+// [1, L, nh, hd]).
 extern "C" __global__ void pf_attn_out(u64 o, u32 nh, u32 n, u32 hd, u64 out, u32 bf) {
     const u64 total = (u64)n * nh * hd;
     for (u64 e = (u64)blockIdx.x * blockDim.x + threadIdx.x; e < total;
-         e += (u64)gridDim.x * blockDim.x) {
-        const u32 d = (u32)(e % hd), h = (u32)((e / hd) % nh), i = (u32)(e / ((u64)hd * nh));
-        f16 v = ((const f16*)o)[((u64)h * n + i) * hd + d];
-        st_act(out, e, f16_to_f32(v), bf);
-    }
+         e += (u64)gridDim.x * blockDim.x)
+        st_act(out, e, f16_to_f32(((const f16*)o)[e]), bf);
 }
 
 // As matvec.cu's (the CPU's expressions).

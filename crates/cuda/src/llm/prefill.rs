@@ -61,7 +61,7 @@ pub fn dequant_rows(
 }
 
 /// `out` (rows of nh * hd: f16, bf16 or f32 by `mode` 0, 1, 2) = the attention op's f16
-/// `[1, nh, n, hd]` output at `o` (`pf_attn_out`).
+/// output at `o` (stored `[1, n, nh, hd]`; `pf_attn_out`).
 pub fn attn_out(
     dev: &CudaDevice,
     o: u64,
