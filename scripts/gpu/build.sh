@@ -44,6 +44,7 @@ stage conv-bench bench -p ferrite-cuda --bench conv_resnet50 --no-run
 stage nn-gpu-tests test -p ferrite-nn --test gpu --no-run
 stage ce-bench bench -p ferrite-nn --bench cross_entropy_gpu --no-run
 stage optim-bench bench -p ferrite-train --bench optim_step --no-run
+stage attn-bench bench -p ferrite-cuda --bench attention --no-run
 stage train-bench bench -p ferrite-train --bench train_step --no-run
 stage wgpu-tests test -p ferrite-wgpu --test wgpu --no-run
 stage wgpu-bench bench -p ferrite-wgpu --bench bandwidth --no-run

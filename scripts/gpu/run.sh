@@ -71,6 +71,8 @@ if [ "$mode" = bench ] || [ "$mode" = all ]; then
   python3 scripts/gpu/torch_cross_entropy.py 2>&1 | tee -a "$out/torch.log"
   .device/bin/optim-bench 2>&1 | tee -a "$out/bench.log"
   python3 scripts/gpu/torch_optim_step.py 2>&1 | tee -a "$out/torch.log"
+  .device/bin/attn-bench 2>&1 | tee -a "$out/bench.log"
+  python3 scripts/gpu/torch_attention.py 2>&1 | tee -a "$out/torch.log"
   # Training steps/s of the reference workloads (seed CNN, MLP, char-GPT, GPT-2 124M) beside
   # torch_train.py and gpt2_train.py, from ../shared/reference or a copy in .device/reference.
   .device/bin/train-bench seed-cnn mlp char-gpt gpt2 2>&1 | tee -a "$out/bench.log"
@@ -80,6 +82,11 @@ if [ "$mode" = bench ] || [ "$mode" = all ]; then
       python3 "$dir/gpt2_train.py" 16 1024 20 2>&1 | tee -a "$out/torch.log"
       break
     fi
+  done
+  # char-GPT alone in its process per mode (its peak memory its own), the whole-step graph
+  # included.
+  for m in eager compile graph; do
+    python3 scripts/gpu/torch_char_gpt.py "$m" 2>&1 | tee -a "$out/torch.log"
   done
 fi
 echo "== summary"

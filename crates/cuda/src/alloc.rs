@@ -18,10 +18,11 @@
 //! address on every replay, so the graph keeps the block out of the cache until it is dropped;
 //! so is every older block a captured kernel reads (`hold`), whether or not its tensor
 //! outlives the capture. A tensor's handle on such a block that drops while the capture is
-//! still recording returns the block to that capture's own free list, and a later request of
-//! the same capture may take it (stream order holds inside the graph as it does on the
-//! stream): a captured step needs about the memory of its eager run, not the sum of
-//! everything it allocates.
+//! still recording returns the block to that capture's own free list, merged with free
+//! neighbours there, and a later request of the same capture may take it, the best fit, split
+//! as the cache splits (stream order holds inside the graph as it does on the stream): a
+//! captured step needs about the memory of its eager run, not the sum of everything it
+//! allocates.
 
 use crate::driver::Check;
 use cudarc::driver::{result as dr, sys};
@@ -87,8 +88,8 @@ struct Pool {
 /// The blocks of the capture being recorded.
 struct Capture {
     id: u64,
-    /// Every block the capture took from the cache; the graph keeps them.
-    keep: Vec<Arc<Block>>,
+    /// Every block the capture took from the cache, by address; the graph keeps them.
+    keep: HashMap<u64, Arc<Block>>,
     /// Blocks of `keep` whose handle dropped during the capture, by (size, address).
     free: BTreeMap<(usize, u64), Arc<Block>>,
     /// Blocks from before the capture that its kernels read, by address.
@@ -167,7 +168,7 @@ impl Allocator {
         p.captures += 1;
         p.capture = Some(Capture {
             id: p.captures,
-            keep: Vec::new(),
+            keep: HashMap::new(),
             free: BTreeMap::new(),
             held: HashMap::new(),
         });
@@ -176,7 +177,7 @@ impl Allocator {
     /// Ends the capture; its blocks and those it read, for the graph to keep.
     pub fn end_capture(&self) -> Vec<Arc<Block>> {
         let c = self.lock().capture.take();
-        c.map(|c| c.keep.into_iter().chain(c.held.into_values()).collect())
+        c.map(|c| c.keep.into_values().chain(c.held.into_values()).collect())
             .unwrap_or_default()
     }
 
@@ -195,23 +196,73 @@ impl Allocator {
     /// serve one of its later requests; after, the graph alone holds it.
     fn give_back(&self, block: Arc<Block>, id: u64) {
         let mut p = self.lock();
-        let size = p.blocks.get(&block.ptr).map_or(0, |m| m.size);
-        if let Some(c) = p.capture.as_mut().filter(|c| c.id == id) {
-            c.free.insert((size, block.ptr), block);
+        if p.capture.as_ref().is_none_or(|c| c.id != id) {
+            drop(p);
+            drop(block);
             return;
         }
-        drop(p);
-        drop(block);
+        let (mut at, mut b) = (block.ptr, block);
+        // Merge with free neighbours on the capture's free list: the next, then the previous.
+        let next = p.blocks.get(&at).and_then(|m| m.next);
+        if let Some(n) = next {
+            if let Some(nb) = take_capture_free(&mut p, n) {
+                if let Err(nb) = join(&mut p, at, nb) {
+                    file_capture_free(&mut p, nb);
+                }
+            }
+        }
+        let prev = p.blocks.get(&at).and_then(|m| m.prev);
+        if let Some(pv) = prev {
+            if let Some(pb) = take_capture_free(&mut p, pv) {
+                match join(&mut p, pv, b) {
+                    Ok(()) => (b, at) = (pb, pv),
+                    Err(back) => {
+                        file_capture_free(&mut p, pb);
+                        b = back;
+                    }
+                }
+            }
+        }
+        debug_assert_eq!(b.ptr, at);
+        file_capture_free(&mut p, b);
     }
 
-    /// During a capture, a handle on one of its freed blocks that fits `size` (at most twice
-    /// as large).
+    /// During a capture, a handle on the best-fitting of its freed blocks; a remainder as
+    /// large as the cache would split off becomes a block of its own (the graph keeps it
+    /// too, in use until the graph drops) on the capture's free list.
     fn reuse_in_capture(self: &Arc<Self>, p: &mut Pool, size: usize) -> Option<Block> {
-        let c = p.capture.as_mut()?;
+        let c = p.capture.as_ref()?;
         let (&(bsize, ptr), _) = c.free.range((size, 0)..).next()?;
-        if bsize > 2 * size {
-            return None;
+        let mut m = p.blocks.get(&ptr).copied()?;
+        let rest = bsize - size;
+        if rest >= if m.small { ROUND } else { SMALL_MAX } {
+            let tail = ptr + size as u64;
+            if let Some(n) = m.next {
+                if let Some(x) = p.blocks.get_mut(&n) {
+                    x.prev = Some(tail);
+                }
+            }
+            p.blocks.insert(
+                tail,
+                Meta {
+                    size: rest,
+                    prev: Some(ptr),
+                    ..m
+                },
+            );
+            m.size = size;
+            m.next = Some(tail);
+            p.blocks.insert(ptr, m);
+            let piece = Arc::new(Block {
+                ptr: tail,
+                alloc: Some(self.clone()),
+                lent: None,
+            });
+            let c = p.capture.as_mut()?;
+            c.keep.insert(tail, piece.clone());
+            c.free.insert((rest, tail), piece);
         }
+        let c = p.capture.as_mut()?;
         let block = c.free.remove(&(bsize, ptr))?;
         p.stats.cache_hits += 1;
         Some(Block {
@@ -298,7 +349,7 @@ impl Allocator {
         });
         match p.capture.as_mut() {
             Some(c) => {
-                c.keep.push(block.clone());
+                c.keep.insert(ptr, block.clone());
                 Ok(Arc::new(Block {
                     ptr,
                     alloc: Some(self.clone()),
@@ -395,6 +446,58 @@ impl Allocator {
         }
         Ok(())
     }
+}
+
+/// Removes the capture's free block at `at` from its free list, if it is there.
+fn take_capture_free(p: &mut Pool, at: u64) -> Option<Arc<Block>> {
+    let size = p.blocks.get(&at)?.size;
+    p.capture.as_mut()?.free.remove(&(size, at))
+}
+
+/// Puts a free block of the capture on its free list, filed under its current size.
+fn file_capture_free(p: &mut Pool, b: Arc<Block>) {
+    let size = p.blocks.get(&b.ptr).map_or(0, |m| m.size);
+    if let Some(c) = p.capture.as_mut() {
+        c.free.insert((size, b.ptr), b);
+    }
+}
+
+/// Joins `hi` (a free block of the capture, taken off its free list) onto its neighbour
+/// below at `lo` (also the capture's, free): `lo`'s range grows over `hi`'s, and `hi`'s
+/// handle leaves the graph without returning its range to the cache. Gives `hi` back when
+/// something else still holds it.
+fn join(p: &mut Pool, lo: u64, hi: Arc<Block>) -> std::result::Result<(), Arc<Block>> {
+    let (Some(lm), Some(hm)) = (p.blocks.get(&lo).copied(), p.blocks.get(&hi.ptr).copied()) else {
+        return Err(hi);
+    };
+    let Some(c) = p.capture.as_mut() else {
+        return Err(hi);
+    };
+    let at = hi.ptr;
+    let kept = c.keep.remove(&at);
+    drop(kept);
+    match Arc::try_unwrap(hi) {
+        Ok(mut b) => b.alloc = None,
+        Err(hi) => {
+            c.keep.insert(at, hi.clone());
+            return Err(hi);
+        }
+    }
+    p.blocks.remove(&at);
+    if let Some(n) = hm.next {
+        if let Some(x) = p.blocks.get_mut(&n) {
+            x.prev = Some(lo);
+        }
+    }
+    p.blocks.insert(
+        lo,
+        Meta {
+            size: lm.size + hm.size,
+            next: hm.next,
+            ..lm
+        },
+    );
+    Ok(())
 }
 
 /// Takes the best-fitting free block of at least `size` bytes, splitting off the remainder.

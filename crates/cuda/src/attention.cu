@@ -1257,20 +1257,31 @@ __device__ void attn_mma_bdkv_body(const AttnDims& a, float sl2, float scale, co
 // The tensor-core backward's statistics from the forward's saved output and lse (instead of
 // attn_mma_body<STATS>): per query row (b, h, i), stats = (lse log2(e), D = sum_c g[c] o[c]);
 // o as the forward wrote it (storage [b, lq, hq, dv]), lse f32 [b, hq, lq] (+inf for a row
-// with no key), g through its strides. One warp per row.
+// with no key), g through its strides. Eight lanes a row, 16 bytes (8 elements) a load: the
+// tensor-core path's rows are 16-byte aligned with dv a multiple of 8.
 template <typename T>
 __device__ void attn_delta_body(const AttnDims& a, const T* __restrict__ o, const float* __restrict__ lse,
                                 const T* __restrict__ g, float2* __restrict__ stats) {
-    const u32 lane = threadIdx.x & 31;
-    const u64 row = (u64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    if (row >= (u64)a.b * a.hq * a.lq) return;
-    const u32 i = (u32)(row % a.lq), h = (u32)((row / a.lq) % a.hq), bi = (u32)(row / ((u64)a.lq * a.hq));
-    const T* orw = o + (((u64)bi * a.lq + i) * a.hq + h) * a.dv;
-    const T* grw = g + bi * a.sg[0] + h * a.sg[1] + i * a.sg[2];
+    const u32 sub = threadIdx.x & 7;
+    const u64 row = ((u64)blockIdx.x * blockDim.x + threadIdx.x) >> 3;
+    const bool ok = row < (u64)a.b * a.hq * a.lq;
     float dsum = 0.f;
-    for (u32 c = lane; c < a.dv; c += 32) dsum += Num<T>::load(grw[c * a.sg[3]]) * Num<T>::load(orw[c]);
-    dsum = warp_sum(dsum);
-    if (lane == 0) {
+    if (ok) {
+        const u32 i = (u32)(row % a.lq), h = (u32)((row / a.lq) % a.hq), bi = (u32)(row / ((u64)a.lq * a.hq));
+        const T* orw = o + (((u64)bi * a.lq + i) * a.hq + h) * a.dv;
+        const T* grw = g + bi * a.sg[0] + h * a.sg[1] + i * a.sg[2];
+        for (u32 c = sub * 8; c < a.dv; c += 64) {
+            const uint4 ov = *(const uint4*)(orw + c), gv = *(const uint4*)(grw + c);
+            const T* op = (const T*)&ov;
+            const T* gp = (const T*)&gv;
+#pragma unroll
+            for (int e = 0; e < 8; ++e) dsum += Num<T>::load(gp[e]) * Num<T>::load(op[e]);
+        }
+    }
+    dsum += __shfl_xor_sync(0xffffffffu, dsum, 1);
+    dsum += __shfl_xor_sync(0xffffffffu, dsum, 2);
+    dsum += __shfl_xor_sync(0xffffffffu, dsum, 4);
+    if (ok && sub == 0) {
         const float l = lse[row];
         // A row with no key: o is NaN, lse +inf; its D is never used with a nonzero p.
         stats[row] = make_float2(l * 1.44269504f, l == -neg_inf<float>() ? 0.f : dsum);

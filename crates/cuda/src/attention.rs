@@ -414,15 +414,25 @@ pub(crate) fn attention_backward(
         let cfg = |blocks: usize, bytes: usize| {
             Cfg::new((blocks as u32, 1, 1), (MMA_THREADS, 1, 1), bytes as u32)
         };
-        if let Some((o, lse)) = saved {
-            let (so, sl) = (dev.input(o, op)?, dev.input(lse, op)?);
+        // attn_delta reads o's rows 16 bytes at a time.
+        let saved = match saved {
+            Some((o, lse)) => {
+                let po = CudaBackend::ptr(o, dev.input(o, op)?);
+                po.is_multiple_of(16).then_some((po, lse))
+            }
+            None => None,
+        };
+        if let Some((po, lse)) = saved {
+            let sl = dev.input(lse, op)?;
             let args = Args::new()
                 .arg(a)
-                .arg(CudaBackend::ptr(o, so))
+                .arg(po)
                 .arg(CudaBackend::ptr(lse, sl))
                 .arg(gp)
                 .arg(stats.ptr());
-            let cfg = row_grid(op, 1, b * hq * lq)?;
+            // Eight threads a row, 256 a block.
+            let blocks = (b * hq * lq).div_ceil(32);
+            let cfg = Cfg::new((blocks as u32, 1, 1), (256, 1, 1), 0);
             dev.launch(op, &SOURCE, &format!("attn_delta_{sfx}"), cfg, args)?;
         } else {
             let args = Args::new()

@@ -469,7 +469,8 @@ fn graph_replay(d: &CudaDevice) {
 /// a few blocks (freed ones serve its later requests), not 40; the graph keeps them, and the
 /// closure's `w` (dropped with the closure after the capture, read on every replay): eager work
 /// after the capture (which allocates and writes blocks of the same size) does not disturb
-/// later replays, whose results follow the input written before each.
+/// later replays, whose results follow the input written before each. A freed block larger
+/// than a later request is split for it; freed neighbours merge for a larger one.
 fn graph_reuse(d: &CudaDevice) {
     let dev = d.device();
     let cpu = ferrite_cpu::cpu();
@@ -479,12 +480,12 @@ fn graph_reuse(d: &CudaDevice) {
     let w = Tensor::full(0.5, [n], DType::F32, &dev).unwrap();
     d.synchronize().unwrap();
     let before = d.memory_stats().in_use;
-    let xs = x.clone();
+    let (xs, w1) = (x.clone(), w.clone());
     let g = d
         .capture(move || {
             let mut y = xs.clone();
             for _ in 0..20 {
-                y = y.mul(&w)?.add(&xs)?;
+                y = y.mul(&w1)?.add(&xs)?;
             }
             Ok(vec![y])
         })
@@ -521,6 +522,63 @@ fn graph_reuse(d: &CudaDevice) {
         "  a capture of 40 16-MiB temporaries holds {:.0} MiB",
         mib(held)
     );
+    // A freed block four times a later request's size serves it and the next, split.
+    d.synchronize().unwrap();
+    let before = d.memory_stats().in_use;
+    let (xs, ws) = (x.clone(), w.clone());
+    let g = d
+        .capture(move || {
+            let big = Tensor::cat(&[&xs, &xs, &xs, &xs], 0)?;
+            drop(big);
+            let a = xs.mul(&ws)?;
+            Ok(vec![a.add(&xs)?])
+        })
+        .unwrap();
+    // Whole blocks only would hold 96 MiB (64 + 16 + 16).
+    let held = d.memory_stats().in_use - before;
+    assert!(
+        held < 5 * n * 4,
+        "a capture of a 64-MiB temporary and two 16-MiB ones holds {:.0} MiB",
+        mib(held)
+    );
+    let xv: Vec<f32> = (0..n).map(|i| (i % 7) as f32).collect();
+    d.write(&x, &HostBuffer::F32(xv.clone())).unwrap();
+    g.replay().unwrap();
+    let got = g.outputs()[0].to_vec::<f32>().unwrap();
+    for i in [0usize, 1, 5, n / 3, n - 1] {
+        assert_eq!(got[i], xv[i] * 0.5 + xv[i], "element {i}");
+    }
+    // Two freed neighbours (the halves of a freed 32-MiB block) merge and serve a 32-MiB
+    // request whole.
+    d.synchronize().unwrap();
+    let before = d.memory_stats().in_use;
+    let (xs, ws) = (x.clone(), w.clone());
+    let g = d
+        .capture(move || {
+            drop(Tensor::cat(&[&xs, &xs], 0)?);
+            let (a, b) = (xs.mul(&ws)?, xs.add(&ws)?);
+            let s = a.add(&b)?;
+            drop((a, b));
+            Ok(vec![Tensor::cat(&[&s, &xs], 0)?, s])
+        })
+        .unwrap();
+    // Merged: 32 (both cats, a and b) + 16 (s); without merging 80 (a second 32 for the
+    // last cat).
+    let held = d.memory_stats().in_use - before;
+    assert!(
+        held < 4 * n * 4,
+        "a capture of two 32-MiB temporaries, the first freed, holds {:.0} MiB",
+        mib(held)
+    );
+    let xv: Vec<f32> = (0..n).map(|i| (i % 11) as f32).collect();
+    d.write(&x, &HostBuffer::F32(xv.clone())).unwrap();
+    g.replay().unwrap();
+    let got = g.outputs()[0].to_vec::<f32>().unwrap();
+    for i in [0usize, 1, 5, n / 3, n - 1] {
+        let s = xv[i] * 0.5 + (xv[i] + 0.5);
+        assert_eq!(got[i], s, "element {i}");
+        assert_eq!(got[n + i], xv[i], "element {}", n + i);
+    }
 }
 
 fn cuda_addr(t: &Tensor) -> u64 {
