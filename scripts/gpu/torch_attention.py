@@ -6,22 +6,7 @@ with the GPU, in the same session as the Rust bench."""
 import torch
 import torch.nn.functional as F
 
-
-def timed(f, reps):
-    for _ in range(3):
-        f()
-    torch.cuda.synchronize()
-    out = []
-    for _ in range(5):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        for _ in range(reps):
-            f()
-        e.record()
-        e.synchronize()
-        out.append(s.elapsed_time(e) / reps)
-    out.sort()
-    return out[len(out) // 2]
+from torch_ops import timed  # CUDA events, median of 5 samples, as the Rust benches time
 
 
 def main():

@@ -1442,8 +1442,13 @@ impl Tensor {
         )
     }
 
-    /// The output shape of attention(q, k, v), after checking dtypes and shapes.
-    fn attention_shape(op: &'static str, q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Shape> {
+    /// The output shape of attention(q, k, v), after checking dtypes and shapes (and the
+    /// key-padding mask's: bool [b, lk]).
+    fn attention_shape(
+        op: &'static str,
+        [q, k, v]: [&Tensor; 3],
+        key_mask: Option<&Tensor>,
+    ) -> Result<Shape> {
         float_only(op, q.dtype())?;
         for t in [k, v] {
             if t.dtype() != q.dtype() {
@@ -1470,6 +1475,9 @@ impl Tensor {
             || !qd[1].is_multiple_of(kd[1])
         {
             return Err(bad());
+        }
+        if let Some(m) = key_mask {
+            Tensor::check_key_mask(op, q, k, m)?;
         }
         Ok(Shape::new([qd[0], qd[1], qd[2], vd[3]]))
     }
@@ -1500,10 +1508,7 @@ impl Tensor {
         causal: bool,
         scale: Option<f64>,
     ) -> Result<Tensor> {
-        Tensor::attention_shape("attention", q, k, v)?;
-        if let Some(m) = key_mask {
-            Tensor::check_key_mask("attention", q, k, m)?;
-        }
+        Tensor::attention_shape("attention", [q, k, v], key_mask)?;
         let scale = scale.unwrap_or(1.0 / (q.dims()[3] as f64).sqrt());
         // Recorded for backward, the op also writes its lse (kept with the node, see
         // `graph::keeps_output`), so the backward need not recompute the forward.
@@ -1524,10 +1529,7 @@ impl Tensor {
         causal: bool,
         scale: Option<f64>,
     ) -> Result<(Tensor, Tensor)> {
-        Tensor::attention_shape("attention", q, k, v)?;
-        if let Some(m) = key_mask {
-            Tensor::check_key_mask("attention", q, k, m)?;
-        }
+        Tensor::attention_shape("attention", [q, k, v], key_mask)?;
         let scale = scale.unwrap_or(1.0 / (q.dims()[3] as f64).sqrt());
         Tensor::attention_run(&[q, k, v], key_mask, causal, scale, true)
             .map(|(o, lse)| (o, lse.expect("two outputs")))
@@ -1543,7 +1545,7 @@ impl Tensor {
         lse: bool,
     ) -> Result<(Tensor, Option<Tensor>)> {
         let (q, k, v) = (t[0], t[1], t[2]);
-        let out = Tensor::attention_shape("attention", q, k, v)?;
+        let out = Tensor::attention_shape("attention", [q, k, v], key_mask)?;
         let out = Shape::from([out.dims()[0], out.dims()[2], out.dims()[1], out.dims()[3]]);
         let op = Op::Attention {
             causal,
@@ -1823,10 +1825,7 @@ impl Tensor {
         causal: bool,
         scale: f64,
     ) -> Result<(Tensor, Tensor, Tensor)> {
-        let out = Tensor::attention_shape("attention_backward", q, k, v)?;
-        if let Some(m) = key_mask {
-            Tensor::check_key_mask("attention_backward", q, k, m)?;
-        }
+        let out = Tensor::attention_shape("attention_backward", [q, k, v], key_mask)?;
         if g.shape() != &out || g.dtype() != q.dtype() {
             return Err(Error::shape(
                 "attention_backward",
