@@ -447,9 +447,7 @@ pub fn attention_lse(
                 }
                 let p = softmax(&s);
                 if !keys.is_empty() {
-                    let m = s.iter().fold(f64::NEG_INFINITY, |a, &x| a.max(x));
-                    lse[(bi * hq + h) * lq + i] =
-                        m + s.iter().map(|x| (x - m).exp()).sum::<f64>().ln();
+                    lse[(bi * hq + h) * lq + i] = logsumexp(&s);
                 }
                 for t in 0..dv {
                     out[((bi * hq + h) * lq + i) * dv + t] = match keys.is_empty() {
