@@ -65,7 +65,6 @@ impl std::fmt::Display for MemoryStats {
 #[derive(Clone, Copy)]
 struct Meta {
     size: usize,
-    segment: u64,
     free: bool,
     small: bool,
     prev: Option<u64>,
@@ -103,6 +102,106 @@ impl Pool {
         } else {
             &mut self.free_large
         }
+    }
+
+    /// A new segment of `size` bytes at `base`, one free block.
+    fn add_segment(&mut self, base: u64, size: usize, small: bool) {
+        self.segments.insert(base, size);
+        self.stats.reserved += size;
+        self.stats.device_allocs += 1;
+        self.blocks.insert(
+            base,
+            Meta {
+                size,
+                free: true,
+                small,
+                prev: None,
+                next: None,
+            },
+        );
+        self.free_set(small).insert((size, base));
+    }
+
+    /// Cuts the block at `ptr` after its first `size` bytes when the rest is as large as the
+    /// cache splits off (512 B small, 1 MiB large): the rest becomes a block of its own, free
+    /// or in use as the block was (no free set is touched). Returns its address.
+    fn split(&mut self, ptr: u64, size: usize) -> Option<u64> {
+        let m = *self.blocks.get(&ptr)?;
+        let rest = m.size.checked_sub(size)?;
+        if rest < if m.small { ROUND } else { SMALL_MAX } {
+            return None;
+        }
+        let tail = ptr + size as u64;
+        if let Some(x) = m.next.and_then(|n| self.blocks.get_mut(&n)) {
+            x.prev = Some(tail);
+        }
+        self.blocks.insert(
+            tail,
+            Meta {
+                size: rest,
+                prev: Some(ptr),
+                ..m
+            },
+        );
+        self.blocks.insert(
+            ptr,
+            Meta {
+                size,
+                next: Some(tail),
+                ..m
+            },
+        );
+        Some(tail)
+    }
+
+    /// Joins the block after `lo` into `lo` (range and links; `lo` keeps its state). The
+    /// caller has taken both off whatever free list held them.
+    fn absorb_next(&mut self, lo: u64) {
+        let Some(hi) = self.blocks.get(&lo).and_then(|m| m.next) else {
+            return;
+        };
+        let Some(hm) = self.blocks.remove(&hi) else {
+            return;
+        };
+        if let Some(x) = hm.next.and_then(|n| self.blocks.get_mut(&n)) {
+            x.prev = Some(lo);
+        }
+        if let Some(m) = self.blocks.get_mut(&lo) {
+            m.size += hm.size;
+            m.next = hm.next;
+        }
+    }
+
+    /// Returns the block at `ptr` to the cache, merged with free neighbours.
+    fn release(&mut self, ptr: u64) {
+        let Some(m) = self.blocks.get(&ptr).copied() else {
+            return;
+        };
+        self.stats.in_use -= m.size;
+        let free_at = |p: &Pool, at: Option<u64>| {
+            let a = at?;
+            p.blocks
+                .get(&a)
+                .filter(|x| x.free)
+                .map(|x| (a, x.size, x.small))
+        };
+        // Merge with a free next block, then with a free previous block.
+        if let Some((n, size, small)) = free_at(self, m.next) {
+            self.free_set(small).remove(&(size, n));
+            self.absorb_next(ptr);
+        }
+        let mut start = ptr;
+        if let Some((pv, size, small)) = free_at(self, m.prev) {
+            self.free_set(small).remove(&(size, pv));
+            self.absorb_next(pv);
+            start = pv;
+        }
+        let Some(b) = self.blocks.get_mut(&start) else {
+            return;
+        };
+        b.free = true;
+        let (size, small) = (b.size, b.small);
+        self.free_set(small).insert((size, start));
     }
 }
 
@@ -233,26 +332,7 @@ impl Allocator {
     fn reuse_in_capture(self: &Arc<Self>, p: &mut Pool, size: usize) -> Option<Block> {
         let c = p.capture.as_ref()?;
         let (&(bsize, ptr), _) = c.free.range((size, 0)..).next()?;
-        let mut m = p.blocks.get(&ptr).copied()?;
-        let rest = bsize - size;
-        if rest >= if m.small { ROUND } else { SMALL_MAX } {
-            let tail = ptr + size as u64;
-            if let Some(n) = m.next {
-                if let Some(x) = p.blocks.get_mut(&n) {
-                    x.prev = Some(tail);
-                }
-            }
-            p.blocks.insert(
-                tail,
-                Meta {
-                    size: rest,
-                    prev: Some(ptr),
-                    ..m
-                },
-            );
-            m.size = size;
-            m.next = Some(tail);
-            p.blocks.insert(ptr, m);
+        if let Some(tail) = p.split(ptr, size) {
             let piece = Arc::new(Block {
                 ptr: tail,
                 alloc: Some(self.clone()),
@@ -260,7 +340,7 @@ impl Allocator {
             });
             let c = p.capture.as_mut()?;
             c.keep.insert(tail, piece.clone());
-            c.free.insert((rest, tail), piece);
+            c.free.insert((bsize - size, tail), piece);
         }
         let c = p.capture.as_mut()?;
         let block = c.free.remove(&(bsize, ptr))?;
@@ -317,21 +397,7 @@ impl Allocator {
                         }
                     };
                     let mut p = self.lock();
-                    p.segments.insert(base, seg);
-                    p.stats.reserved += seg;
-                    p.stats.device_allocs += 1;
-                    p.blocks.insert(
-                        base,
-                        Meta {
-                            size: seg,
-                            segment: base,
-                            free: true,
-                            small,
-                            prev: None,
-                            next: None,
-                        },
-                    );
-                    p.free_set(small).insert((seg, base));
+                    p.add_segment(base, seg, small);
                     take_fit(&mut p, size, small).ok_or_else(|| {
                         Error::backend(op, "allocator: a new segment did not fit its request")
                     })?
@@ -376,47 +442,7 @@ impl Allocator {
     }
 
     fn release(&self, ptr: u64) {
-        let mut p = self.lock();
-        let Some(mut m) = p.blocks.get(&ptr).copied() else {
-            return;
-        };
-        p.stats.in_use -= m.size;
-        let mut start = ptr;
-        // Merge with a free next block, then with a free previous block.
-        if let Some(n) = m.next {
-            if let Some(nm) = p.blocks.get(&n).copied() {
-                if nm.free {
-                    p.free_set(nm.small).remove(&(nm.size, n));
-                    p.blocks.remove(&n);
-                    m.size += nm.size;
-                    m.next = nm.next;
-                    if let Some(nn) = nm.next {
-                        if let Some(x) = p.blocks.get_mut(&nn) {
-                            x.prev = Some(ptr);
-                        }
-                    }
-                }
-            }
-        }
-        if let Some(pv) = m.prev {
-            if let Some(pm) = p.blocks.get(&pv).copied() {
-                if pm.free {
-                    p.free_set(pm.small).remove(&(pm.size, pv));
-                    p.blocks.remove(&ptr);
-                    start = pv;
-                    m.size += pm.size;
-                    m.prev = pm.prev;
-                    if let Some(nn) = m.next {
-                        if let Some(x) = p.blocks.get_mut(&nn) {
-                            x.prev = Some(pv);
-                        }
-                    }
-                }
-            }
-        }
-        m.free = true;
-        p.blocks.insert(start, m);
-        p.free_set(m.small).insert((m.size, start));
+        self.lock().release(ptr);
     }
 
     /// Returns every wholly free segment to the driver, after the compute stream drains.
@@ -467,15 +493,14 @@ fn file_capture_free(p: &mut Pool, b: Arc<Block>) {
 /// handle leaves the graph without returning its range to the cache. Gives `hi` back when
 /// something else still holds it.
 fn join(p: &mut Pool, lo: u64, hi: Arc<Block>) -> std::result::Result<(), Arc<Block>> {
-    let (Some(lm), Some(hm)) = (p.blocks.get(&lo).copied(), p.blocks.get(&hi.ptr).copied()) else {
-        return Err(hi);
-    };
+    let at = hi.ptr;
     let Some(c) = p.capture.as_mut() else {
         return Err(hi);
     };
-    let at = hi.ptr;
-    let kept = c.keep.remove(&at);
-    drop(kept);
+    if p.blocks.get(&lo).and_then(|m| m.next) != Some(at) {
+        return Err(hi);
+    }
+    drop(c.keep.remove(&at));
     match Arc::try_unwrap(hi) {
         Ok(mut b) => b.alloc = None,
         Err(hi) => {
@@ -483,52 +508,110 @@ fn join(p: &mut Pool, lo: u64, hi: Arc<Block>) -> std::result::Result<(), Arc<Bl
             return Err(hi);
         }
     }
-    p.blocks.remove(&at);
-    if let Some(n) = hm.next {
-        if let Some(x) = p.blocks.get_mut(&n) {
-            x.prev = Some(lo);
-        }
-    }
-    p.blocks.insert(
-        lo,
-        Meta {
-            size: lm.size + hm.size,
-            next: hm.next,
-            ..lm
-        },
-    );
+    p.absorb_next(lo);
     Ok(())
 }
 
 /// Takes the best-fitting free block of at least `size` bytes, splitting off the remainder.
 fn take_fit(p: &mut Pool, size: usize, small: bool) -> Option<u64> {
     let &(bsize, ptr) = p.free_set(small).range((size, 0)..).next()?;
-    // A large request does not take a block more than twice its size unless it can split.
     p.free_set(small).remove(&(bsize, ptr));
-    let mut m = p.blocks.get(&ptr).copied()?;
-    let rest = bsize - size;
-    let min_split = if small { ROUND } else { SMALL_MAX };
-    if rest >= min_split {
-        let tail = ptr + size as u64;
-        let tm = Meta {
-            size: rest,
-            segment: m.segment,
-            free: true,
-            small,
-            prev: Some(ptr),
-            next: m.next,
-        };
-        if let Some(n) = m.next {
-            if let Some(x) = p.blocks.get_mut(&n) {
-                x.prev = Some(tail);
-            }
-        }
-        p.blocks.insert(tail, tm);
-        p.free_set(small).insert((rest, tail));
-        m.size = size;
-        m.next = Some(tail);
+    if let Some(tail) = p.split(ptr, size) {
+        p.free_set(small).insert((bsize - size, tail));
     }
-    m.free = false;
-    p.blocks.insert(ptr, m);
+    p.blocks.get_mut(&ptr)?.free = false;
     Some(ptr)
+}
+
+#[cfg(test)]
+mod tests {
+    //! The bookkeeping alone, on a made-up segment (no device is touched: every request
+    //! fits the segment, and nothing is returned to the driver).
+    use super::*;
+
+    const MIB: usize = 1 << 20;
+    const BASE: u64 = 1 << 40;
+
+    fn allocator(segment: usize) -> Arc<Allocator> {
+        let a = Arc::new(Allocator::new(std::ptr::null_mut(), 0));
+        a.lock().add_segment(BASE, segment, false);
+        a
+    }
+
+    /// (address, size, free) of every block, in address order.
+    fn blocks(a: &Allocator) -> Vec<(u64, usize, bool)> {
+        let p = a.lock();
+        let mut v: Vec<_> = p
+            .blocks
+            .iter()
+            .map(|(&at, m)| (at, m.size, m.free))
+            .collect();
+        v.sort();
+        v
+    }
+
+    #[test]
+    fn the_cache_splits_and_merges() {
+        let a = allocator(8 * MIB);
+        let x = a.alloc(2 * MIB, "t").unwrap();
+        let y = a.alloc(2 * MIB, "t").unwrap();
+        assert_eq!((x.ptr, y.ptr), (BASE, BASE + 2 * MIB as u64));
+        assert_eq!(
+            blocks(&a),
+            [
+                (BASE, 2 * MIB, false),
+                (BASE + 2 * MIB as u64, 2 * MIB, false),
+                (BASE + 4 * MIB as u64, 4 * MIB, true)
+            ]
+        );
+        // A remainder under 1 MiB stays with a large block.
+        let z = a.alloc(3 * MIB + 512 * 1024, "t").unwrap();
+        assert_eq!(blocks(&a)[2], (BASE + 4 * MIB as u64, 4 * MIB, false));
+        drop((x, z));
+        assert_eq!(a.stats().in_use, 2 * MIB);
+        // y's release joins both free neighbours: one free block, the whole segment.
+        drop(y);
+        assert_eq!(blocks(&a), [(BASE, 8 * MIB, true)]);
+        assert_eq!(
+            a.lock().free_large.iter().collect::<Vec<_>>(),
+            [&(8 * MIB, BASE)]
+        );
+        assert_eq!(a.stats().in_use, 0);
+    }
+
+    #[test]
+    fn a_capture_splits_and_merges_its_freed_blocks() {
+        let a = allocator(64 * MIB);
+        a.begin_capture();
+        drop(a.alloc(64 * MIB, "t").unwrap());
+        // The freed 64 MiB serve two 16-MiB requests, split.
+        let x = a.alloc(16 * MIB, "t").unwrap();
+        let y = a.alloc(16 * MIB, "t").unwrap();
+        assert_eq!((x.ptr, y.ptr), (BASE, BASE + 16 * MIB as u64));
+        assert_eq!(a.stats().in_use, 64 * MIB);
+        // Given back, they merge with the free rest into the whole block again, which serves
+        // a request of its full size.
+        drop((x, y));
+        let free: Vec<_> = a
+            .lock()
+            .capture
+            .as_ref()
+            .unwrap()
+            .free
+            .keys()
+            .copied()
+            .collect();
+        assert_eq!(free, [(64 * MIB, BASE)]);
+        let w = a.alloc(64 * MIB, "t").unwrap();
+        assert_eq!(w.ptr, BASE);
+        drop(w);
+        // The graph keeps one block (the pieces were joined back); dropping it returns the
+        // segment to the cache whole.
+        let kept = a.end_capture();
+        assert_eq!(kept.len(), 1);
+        assert_eq!(blocks(&a), [(BASE, 64 * MIB, false)]);
+        drop(kept);
+        assert_eq!(blocks(&a), [(BASE, 64 * MIB, true)]);
+        assert_eq!(a.stats().in_use, 0);
+    }
 }
