@@ -1,6 +1,6 @@
 //! The backward pass: reverse topological order over the recorded graph.
 
-use crate::rules::{join_narrowed, vjp};
+use crate::rules::{adds_into_first, join_narrowed, vjp, vjp_into_first};
 use ferrite_core::graph::{no_grad, Grad, GradOp, ViewOp};
 use ferrite_core::{Error, Result, Tensor};
 use std::collections::{HashMap, HashSet};
@@ -150,10 +150,29 @@ fn backward_exact(out: &Tensor, grad: &Tensor) -> Result<()> {
                             parts: vec![(*start, up)],
                         })]
                     }
-                    _ => no_grad(|| vjp(&n.op, n.output, &inputs, &up))?
+                    _ => {
+                        // A rule that adds into its first input's gradient takes what that
+                        // input has gathered so far (saving a pass over it).
+                        let acc = match inputs.first().and_then(|t| t.grad_info()) {
+                            Some(ig) if adds_into_first(&n.op) => match grads.remove(&ig.id()) {
+                                Some(Acc::Full(t)) => Some(t),
+                                other => {
+                                    if let Some(pieces) = other {
+                                        grads.insert(ig.id(), pieces);
+                                    }
+                                    None
+                                }
+                            },
+                            _ => None,
+                        };
+                        no_grad(|| match acc {
+                            Some(acc) => vjp_into_first(&n.op, n.output, &inputs, &up, acc),
+                            None => vjp(&n.op, n.output, &inputs, &up),
+                        })?
                         .into_iter()
                         .map(|g| g.map(Acc::Full))
-                        .collect(),
+                        .collect()
+                    }
                 };
                 for (t, gi) in inputs.iter().zip(gs) {
                     if let (Some(ig), Some(gi)) = (t.grad_info(), gi) {

@@ -288,6 +288,46 @@ fn through_composition(
     })
 }
 
+/// Ops whose rule can add the gradient their first input has gathered from its other uses
+/// (a residual connection's) to the one it computes, in the same pass: `vjp_into_first`.
+pub(crate) fn adds_into_first(op: &GradOp) -> bool {
+    matches!(op, GradOp::Op(Op::LayerNorm { .. } | Op::RmsNorm { .. }))
+}
+
+/// `vjp` with `acc` (the first input's gradient so far, which that input's other uses gave)
+/// added to the gradient of the first input.
+pub(crate) fn vjp_into_first(
+    op: &GradOp,
+    output: usize,
+    x: &Inputs,
+    g: &Tensor,
+    acc: Tensor,
+) -> Result<Grads> {
+    let x0 = x[0].value()?;
+    let fits = acc.shape() == x0.shape() && acc.dtype() == x0.dtype();
+    match op {
+        GradOp::Op(Op::LayerNorm { eps }) if fits => {
+            let (dx, dw, db) =
+                Tensor::layer_norm_backward_acc(x0, x[1].value()?, g, *eps, Some(&acc))?;
+            Ok(vec![Some(dx), Some(dw), Some(db)])
+        }
+        GradOp::Op(Op::RmsNorm { eps }) if fits => {
+            let (dx, dw) = Tensor::rms_norm_backward_acc(x0, x[1].value()?, g, *eps, Some(&acc))?;
+            Ok(vec![Some(dx), Some(dw)])
+        }
+        _ => {
+            let mut grads = vjp(op, output, x, g)?;
+            if let Some(first) = grads.first_mut() {
+                *first = Some(match first.take() {
+                    Some(d) => acc.add(&d)?,
+                    None => acc,
+                });
+            }
+            Ok(grads)
+        }
+    }
+}
+
 fn primitive(op: &Op, output: usize, x: &Inputs, g: &Tensor) -> Result<Grads> {
     match op {
         Op::Unary(u) => one(unary(*u, x, g)?),

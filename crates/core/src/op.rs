@@ -459,13 +459,20 @@ pub enum Op {
     /// Backward of softmax over the last axis: (y = softmax(x), g = dL/dy) -> dL/dx
     /// = y (g - sum(g y)); with `log`, y = log_softmax(x) and dL/dx = g - exp(y) sum(g).
     SoftmaxBackward { log: bool },
-    /// Backward of `RmsNorm`: (x [..., n], weight [n], g [..., n]) -> (dx [..., n], dweight [n]).
-    RmsNormBackward { eps: f64 },
+    /// Backward of `RmsNorm`: (x [..., n], weight [n], g [..., n][, acc [..., n]]) -> (dx
+    /// [..., n], dweight [n]). With `acc`, dx is `acc + dx` (dx rounded to x's dtype first,
+    /// as a separate add would see it): the gradient x has gathered from its other uses,
+    /// summed in the same pass.
+    RmsNormBackward { eps: f64, acc: bool },
     /// Backward of `LayerNorm`: (x [..., n], weight [n], g [..., n] in x's dtype or, for f32
-    /// x, f16/bf16) -> (dx [..., n], dweight [n], dbias [n]) in x's dtype.
-    LayerNormBackward { eps: f64 },
+    /// x, f16/bf16[, acc [..., n] in x's dtype]) -> (dx [..., n], dweight [n], dbias [n]) in
+    /// x's dtype; `acc` as in `RmsNormBackward`.
+    LayerNormBackward { eps: f64, acc: bool },
     /// Backward of `Attention`: (q, k, v[, mask], g [b, hq, lq, dv][, o, lse]) -> (dq, dk,
-    /// dv) shaped as q, k, v; `mask` as in `Attention` (it carries no gradient). With
+    /// dv) stored token-major as the forward's output: [b, lq, hq, d], [b, lk, hkv, d],
+    /// [b, lk, hkv, dv] (`Tensor::attention_backward*` return their [b, h, l, d] views, so
+    /// the gradient of heads viewed from [b, l, h * d] rows reaches those rows without a
+    /// copy); `mask` as in `Attention` (it carries no gradient). With
     /// `saved`, the forward's two outputs (o [b, hq, lq, dv] viewing its [b, lq, hq, dv]
     /// storage, lse f32 [b, hq, lq] contiguous) follow g, and a backend may rebuild the probabilities from them instead of
     /// recomputing the forward (the result is the same up to rounding). A query that sees no

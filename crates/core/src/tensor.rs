@@ -361,6 +361,11 @@ impl Tensor {
                 ),
             ));
         }
+        // The same shape is the same tensor (no view recorded: a rule that adds into its
+        // input's gradient, `LayerNormBackward { acc }`, then sees the input itself).
+        if shape == *self.shape() {
+            return Ok(self.clone());
+        }
         match self.layout().reshape(&shape) {
             Some(l) => Ok(self.view(l, ViewOp::Reshape)),
             None => {
@@ -1634,11 +1639,30 @@ impl Tensor {
         g: &Tensor,
         eps: f64,
     ) -> Result<(Tensor, Tensor)> {
-        x.check_norm_param("rms_norm_backward", weight)?;
-        Tensor::check_same("rms_norm_backward", x, g)?;
+        Tensor::rms_norm_backward_acc(x, weight, g, eps, None)
+    }
+
+    /// `rms_norm_backward` with dx returned as `acc + dx` (`acc` shaped and typed as x: the
+    /// gradient x already has from its other uses), summed in the same pass.
+    pub fn rms_norm_backward_acc(
+        x: &Tensor,
+        weight: &Tensor,
+        g: &Tensor,
+        eps: f64,
+        acc: Option<&Tensor>,
+    ) -> Result<(Tensor, Tensor)> {
+        let op = "rms_norm_backward";
+        x.check_norm_param(op, weight)?;
+        Tensor::check_same(op, x, g)?;
+        let mut ins = vec![x, weight, g];
+        if let Some(a) = acc {
+            Tensor::check_same(op, x, a)?;
+            ins.push(a);
+        }
+        let acc = acc.is_some();
         let mut o = x.run(
-            Op::RmsNormBackward { eps },
-            &[x, weight, g],
+            Op::RmsNormBackward { eps, acc },
+            &ins,
             vec![
                 (x.shape().clone(), x.dtype()),
                 (weight.shape().clone(), x.dtype()),
@@ -1647,7 +1671,7 @@ impl Tensor {
         let dw = o.pop();
         let dx = o.pop();
         dx.zip(dw)
-            .ok_or_else(|| Error::backend("rms_norm_backward", "backend returned too few outputs"))
+            .ok_or_else(|| Error::backend(op, "backend returned too few outputs"))
     }
 
     /// (dx, dweight, dbias) of `layer_norm(x, weight, bias, eps)` for upstream gradient `g`.
@@ -1657,26 +1681,45 @@ impl Tensor {
         g: &Tensor,
         eps: f64,
     ) -> Result<(Tensor, Tensor, Tensor)> {
-        x.check_norm_param("layer_norm_backward", weight)?;
+        Tensor::layer_norm_backward_acc(x, weight, g, eps, None)
+    }
+
+    /// `layer_norm_backward` with dx returned as `acc + dx` (`acc` shaped and typed as x: the
+    /// gradient x already has from its other uses, such as a residual connection), summed in
+    /// the same pass.
+    pub fn layer_norm_backward_acc(
+        x: &Tensor,
+        weight: &Tensor,
+        g: &Tensor,
+        eps: f64,
+        acc: Option<&Tensor>,
+    ) -> Result<(Tensor, Tensor, Tensor)> {
+        let op = "layer_norm_backward";
+        x.check_norm_param(op, weight)?;
         if x.shape() != g.shape() {
             return Err(Error::shape(
-                "layer_norm_backward",
+                op,
                 format!("g {} does not match x {}", g.shape(), x.shape()),
             ));
         }
-        Tensor::check_half_of("layer_norm_backward", x.dtype(), g.dtype())?;
+        Tensor::check_half_of(op, x.dtype(), g.dtype())?;
+        let mut ins = vec![x, weight, g];
+        if let Some(a) = acc {
+            Tensor::check_same(op, x, a)?;
+            ins.push(a);
+        }
         let p = (weight.shape().clone(), x.dtype());
         let mut o = x.run(
-            Op::LayerNormBackward { eps },
-            &[x, weight, g],
+            Op::LayerNormBackward {
+                eps,
+                acc: acc.is_some(),
+            },
+            &ins,
             vec![(x.shape().clone(), x.dtype()), p.clone(), p],
         )?;
         match (o.pop(), o.pop(), o.pop()) {
             (Some(db), Some(dw), Some(dx)) => Ok((dx, dw, db)),
-            _ => Err(Error::backend(
-                "layer_norm_backward",
-                "backend returned too few outputs",
-            )),
+            _ => Err(Error::backend(op, "backend returned too few outputs")),
         }
     }
 
@@ -1837,11 +1880,12 @@ impl Tensor {
                 ),
             ));
         }
-        let outs = vec![
-            (q.shape().clone(), q.dtype()),
-            (k.shape().clone(), k.dtype()),
-            (v.shape().clone(), v.dtype()),
-        ];
+        // Stored [b, l, h, d]: the shapes of q, k, v with heads and rows swapped.
+        let token_major = |t: &Tensor| {
+            let d = t.dims();
+            (Shape::from(vec![d[0], d[2], d[1], d[3]]), t.dtype())
+        };
+        let outs = vec![token_major(q), token_major(k), token_major(v)];
         if let Some((o, lse)) = saved {
             let d = q.dims();
             if o.shape() != &out
@@ -1881,7 +1925,11 @@ impl Tensor {
         }
         let mut o = q.run(op, &ins, outs)?;
         match (o.pop(), o.pop(), o.pop()) {
-            (Some(dv), Some(dk), Some(dq)) => Ok((dq, dk, dv)),
+            (Some(dv), Some(dk), Some(dq)) => Ok((
+                dq.permute(&[0, 2, 1, 3])?,
+                dk.permute(&[0, 2, 1, 3])?,
+                dv.permute(&[0, 2, 1, 3])?,
+            )),
             _ => Err(Error::backend(
                 "attention_backward",
                 "backend returned too few outputs",

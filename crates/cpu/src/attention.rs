@@ -4,7 +4,7 @@
 //! NaN row forward and contributes nothing backward (`Op::Attention`).
 
 use crate::storage::{contig, float_kernel, float_kernel_many};
-use ferrite_core::{Error, HostBuffer, Result, Tensor};
+use ferrite_core::{Error, HostBuffer, Layout, Result, Tensor};
 use num_traits::Float;
 use rayon::prelude::*;
 use std::borrow::Cow;
@@ -263,7 +263,7 @@ pub(crate) fn attention_backward(
     let ks = (kd[1], kd[2], vd[3]);
     let mask = mask_of(mask, (q, k), "attention_backward")?;
     let mask = mask.as_deref();
-    Ok(float_kernel_many!(
+    let grads = float_kernel_many!(
         "attention_backward",
         q.dtype(),
         [q, k, v, g],
@@ -271,5 +271,15 @@ pub(crate) fn attention_backward(
             let (dq, dk, dv) = attend_backward(qv, kv, vv, gv, qs, ks, causal, mask, scale);
             vec![dq, dk, dv]
         }
-    ))
+    );
+    // Computed [b, h, l, d]; the op stores them [b, l, h, d].
+    grads
+        .into_iter()
+        .zip([q, k, v])
+        .map(|(buf, t)| {
+            let heads_first = Layout::contiguous(t.shape().clone());
+            let l = heads_first.permute(&[0, 2, 1, 3])?;
+            Ok(crate::elementwise::materialize(&buf, &l))
+        })
+        .collect()
 }

@@ -30,8 +30,8 @@ pub mod spin_pool;
 mod storage;
 
 use ferrite_core::{
-    Backend, DType, Device, DeviceKind, Error, HostBuffer, Layout, Op, Result, Shape, Storage,
-    Tensor,
+    Backend, BinaryOp, DType, Device, DeviceKind, Error, HostBuffer, Layout, Op, Result, Shape,
+    Storage, Tensor,
 };
 use std::sync::{Arc, OnceLock};
 
@@ -273,13 +273,12 @@ fn exec_op(op: &Op, inputs: &[&Tensor], outs: &[(Shape, DType)]) -> Result<Vec<A
             outs.len() == 2,
         )?),
         Op::SoftmaxBackward { log } => one(norm::softmax_backward(input(0)?, input(1)?, *log)?),
-        Op::RmsNormBackward { eps } => many(norm::rms_norm_backward(
-            input(0)?,
-            input(1)?,
-            input(2)?,
-            *eps,
-        )?),
-        Op::LayerNormBackward { eps } => {
+        Op::RmsNormBackward { eps, acc } => {
+            let (x, g) = (input(0)?, input(2)?);
+            let o = norm::rms_norm_backward(x, input(1)?, g, *eps)?;
+            many(add_to_first(o, acc.then(|| input(3)).transpose()?, x)?)
+        }
+        Op::LayerNormBackward { eps, acc } => {
             // A 16-bit g of f32 x (the gradient of a 16-bit output) is read widened.
             let (x, g) = (input(0)?, input(2)?);
             let wide;
@@ -290,7 +289,8 @@ fn exec_op(op: &Op, inputs: &[&Tensor], outs: &[(Shape, DType)]) -> Result<Vec<A
                     &wide
                 }
             };
-            many(norm::layer_norm_backward(x, input(1)?, g, *eps)?)
+            let o = norm::layer_norm_backward(x, input(1)?, g, *eps)?;
+            many(add_to_first(o, acc.then(|| input(3)).transpose()?, x)?)
         }
         // The saved output and lse (inputs after g) are not needed: the probabilities are
         // recomputed per row.
@@ -351,6 +351,19 @@ fn exec_op(op: &Op, inputs: &[&Tensor], outs: &[(Shape, DType)]) -> Result<Vec<A
         }
         Op::RandNormal { seed, mean, std } => one(create::rand_normal(*seed, *mean, *std, out(0)?)),
     }
+}
+
+/// A norm backward's outputs with `acc` (x's shape and dtype) added to the first, dx.
+fn add_to_first(
+    mut outs: Vec<HostBuffer>,
+    acc: Option<&Tensor>,
+    x: &Tensor,
+) -> Result<Vec<HostBuffer>> {
+    if let (Some(acc), false) = (acc, outs.is_empty()) {
+        let dx = host_tensor(outs.remove(0), x.shape(), x);
+        outs.insert(0, elementwise::binary(BinaryOp::Add, acc, &dx)?);
+    }
+    Ok(outs)
 }
 
 /// A computed buffer as a contiguous tensor of `shape` on `like`'s device (an op that runs

@@ -19,6 +19,12 @@ struct AttnDims {
     i64 sm[2];       // its strides (elements)
 };
 
+// The backward's gradients are stored [b, l, h, cols] (token-major, as the forward's
+// output): the offset of row i of (batch bi, head h) of one with `heads` heads and `len` rows.
+__device__ __forceinline__ u64 grad_row(u32 bi, u32 h, u64 i, u32 heads, u32 len, u32 cols) {
+    return (((u64)bi * len + i) * heads + h) * cols;
+}
+
 // Whether key j (< lk) of batch row bi is padding.
 __device__ __forceinline__ bool key_masked(const AttnDims& a, u32 bi, i64 j) {
     return a.mask != nullptr && a.mask[bi * a.sm[0] + j * a.sm[1]] != 0;
@@ -169,7 +175,7 @@ __device__ void attn_dq_body(const AttnDims& a, typename Num<T>::A scale, const 
     const T* vb = v + bi * a.sv[0] + kvh * a.sv[1];
     const i64 vis = visible_keys(a, i);
     const A m = stats[3 * orow], l = stats[3 * orow + 1], D = stats[3 * orow + 2];
-    T* dr = dq + orow * a.d;
+    T* dr = dq + grad_row(bi, h, i, a.hq, a.lq, a.d);
     for (u32 c0 = 0; c0 < a.d; c0 += ROW_COLS) {
         A acc[8];
 #pragma unroll
@@ -226,7 +232,6 @@ __device__ void attn_dkv_body(const AttnDims& a, typename Num<T>::A scale, const
         i_first = f > 0 ? f : 0;
     }
     if (key_masked(a, bi, j)) i_first = a.lq;
-    const u64 krow = ((u64)bi * a.hkv + kvh) * a.lk + j;
     const u32 cols = a.d > a.dv ? a.d : a.dv;
     for (u32 c0 = 0; c0 < cols; c0 += ROW_COLS) {
         A ak[8], av[8];
@@ -264,8 +269,8 @@ __device__ void attn_dkv_body(const AttnDims& a, typename Num<T>::A scale, const
 #pragma unroll
         for (int t = 0; t < 8; ++t) {
             const u32 c = c0 + lane + 32 * t;
-            if (c < a.d) dk[krow * a.d + c] = Num<T>::store(ak[t]);
-            if (c < a.dv) dvo[krow * a.dv + c] = Num<T>::store(av[t]);
+            if (c < a.d) dk[grad_row(bi, kvh, j, a.hkv, a.lk, a.d) + c] = Num<T>::store(ak[t]);
+            if (c < a.dv) dvo[grad_row(bi, kvh, j, a.hkv, a.lk, a.dv) + c] = Num<T>::store(av[t]);
         }
     }
 }
@@ -574,7 +579,7 @@ __device__ void attn_bdq_body(const AttnDims& a, u32 ldq, u32 ldv, float sl2, fl
         __syncthreads();
         tile_acc(acc, Ds, Ks, ldq);
     }
-    tile_store<T, DC>(dq + (u64)bh * a.lq * a.d, a.d, i0, a.lq, a.d, acc);
+    tile_store<T, DC>(dq + grad_row(bi, h, 0, a.hq, a.lq, a.d), (u64)a.hq * a.d, i0, a.lq, a.d, acc);
 }
 
 // Backward, dk and dv, d and dv <= 128: per 64 key rows of one (batch, kv head), for each
@@ -653,9 +658,8 @@ __device__ void attn_bdkv_body(const AttnDims& a, u32 ldq, u32 ldv, float sl2, f
             tile_acc(ak, Dt, Qs, ldq);
         }
     }
-    const u64 kr0 = (u64)bkv * a.lk;
-    tile_store<T, DC>(dk + kr0 * a.d, a.d, j0, a.lk, a.d, ak);
-    tile_store<T, DVC>(dvo + kr0 * a.dv, a.dv, j0, a.lk, a.dv, av);
+    tile_store<T, DC>(dk + grad_row(bi, kvh, 0, a.hkv, a.lk, a.d), (u64)a.hkv * a.d, j0, a.lk, a.d, ak);
+    tile_store<T, DVC>(dvo + grad_row(bi, kvh, 0, a.hkv, a.lk, a.dv), (u64)a.hkv * a.dv, j0, a.lk, a.dv, av);
 }
 
 // ---- tensor-core forward (f16/bf16, d == dv in {64, 96, 128, 256}) ----
@@ -1006,9 +1010,9 @@ template <int D> __device__ __forceinline__ void scale_acc(float (&acc)[D / 8][4
 #pragma unroll
         for (int e = 0; e < 4; ++e) acc[dt][e] *= scale;
 }
-// Writes a warp's 16 x D accumulator rows r0 + gr, r0 + gr + 8 (< rows) to out (row stride D).
+// Writes a warp's 16 x D accumulator rows r0 + gr, r0 + gr + 8 (< rows) to out (row stride ld).
 template <typename T, int D>
-__device__ __forceinline__ void mma_store_rows(T* out, const float (&acc)[D / 8][4], u32 r0, u32 rows) {
+__device__ __forceinline__ void mma_store_rows(T* out, const float (&acc)[D / 8][4], u32 r0, u32 rows, u64 ld) {
     const u32 lane = threadIdx.x & 31, gr = lane >> 2, tq = lane & 3;
 #pragma unroll
     for (int rr = 0; rr < 2; ++rr) {
@@ -1016,7 +1020,7 @@ __device__ __forceinline__ void mma_store_rows(T* out, const float (&acc)[D / 8]
         if (r >= rows) continue;
 #pragma unroll
         for (int dt = 0; dt < D / 8; ++dt)
-            *(u32*)(out + (u64)r * D + dt * 8 + tq * 2) = Mma<T>::pack(acc[dt][rr * 2], acc[dt][rr * 2 + 1]);
+            *(u32*)(out + (u64)r * ld + dt * 8 + tq * 2) = Mma<T>::pack(acc[dt][rr * 2], acc[dt][rr * 2 + 1]);
     }
 }
 
@@ -1128,7 +1132,7 @@ __device__ void attn_mma_bdq_body(const AttnDims& a, float sl2, float scale, con
         __syncthreads();  // every warp is done with this buffer before it is refilled
     }
     scale_acc<D>(acc, scale);
-    mma_store_rows<T, D>(dq + (u64)bh * a.lq * D, acc, i0 + warp * 16, a.lq);
+    mma_store_rows<T, D>(dq + grad_row(bi, h, 0, a.hq, a.lq, D), acc, i0 + warp * 16, a.lq, (u64)a.hq * D);
 }
 
 // dk and dv, per 64 key rows of one (batch, kv head), for each query head of its group and each
@@ -1248,10 +1252,10 @@ __device__ void attn_mma_bdkv_body(const AttnDims& a, float sl2, float scale, co
         mma_p_rows<T, D>(ak, dp, Qc);
         __syncthreads();  // every warp is done with this buffer before it is refilled
     }
-    const u64 kr0 = (u64)bkv * a.lk;
+    const u64 kr0 = grad_row(bi, kvh, 0, a.hkv, a.lk, D), ld = (u64)a.hkv * D;
     scale_acc<D>(ak, scale);
-    mma_store_rows<T, D>(dk + kr0 * D, ak, j0 + warp * 16, a.lk);
-    mma_store_rows<T, D>(dvo + kr0 * D, av, j0 + warp * 16, a.lk);
+    mma_store_rows<T, D>(dk + kr0, ak, j0 + warp * 16, a.lk, ld);
+    mma_store_rows<T, D>(dvo + kr0, av, j0 + warp * 16, a.lk, ld);
 }
 
 // The tensor-core backward's statistics from the forward's saved output and lse (instead of

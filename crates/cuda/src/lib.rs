@@ -365,12 +365,18 @@ impl Backend for Handle {
                 outs.len() == 2,
             ),
             Op::SoftmaxBackward { log } => norm::softmax_backward(dev, input(0)?, input(1)?, *log),
-            Op::RmsNormBackward { eps } => {
-                norm::rms_norm_backward(dev, input(0)?, input(1)?, input(2)?, *eps)
-            }
-            Op::LayerNormBackward { eps } => {
-                norm::layer_norm_backward(dev, input(0)?, input(1)?, input(2)?, *eps)
-            }
+            Op::RmsNormBackward { eps, acc } => norm::rms_norm_backward(
+                dev,
+                [input(0)?, input(1)?, input(2)?],
+                acc.then(|| input(3)).transpose()?,
+                *eps,
+            ),
+            Op::LayerNormBackward { eps, acc } => norm::layer_norm_backward(
+                dev,
+                [input(0)?, input(1)?, input(2)?],
+                acc.then(|| input(3)).transpose()?,
+                *eps,
+            ),
             Op::AttentionBackward {
                 causal,
                 scale,

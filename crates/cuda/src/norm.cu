@@ -242,6 +242,74 @@ __device__ __forceinline__ void store_as(Y* __restrict__ row, u32 c, u32 n, bool
     else store_narrow(row, c, n, vec, o);
 }
 
+// o (T's chunk of a dx row) plus the same chunk ac of acc's row, o first rounded to T: what
+// storing dx and adding acc to it in a separate op would give.
+template <typename T>
+__device__ __forceinline__ void add_acc(typename Num<T>::A (&o)[Pk<T>::V], const W4& ac) {
+    typedef typename Num<T>::A A;
+#pragma unroll
+    for (int v = 0; v < Pk<T>::V; ++v) o[v] = (A)Num<T>::load(Num<T>::store(o[v])) + Pk<T>::get(ac, v);
+}
+
+// Column sums of a norm's weight gradient (dw += g xhat) and, for a layer norm, of its
+// bias gradient (db += g) over one thread's rows, in the cached row kernels (a thread keeps
+// the same E chunks of columns for all its rows).
+template <typename A, int E, int V>
+struct ColSums {
+    A w[E][V], b[E][V];
+    __device__ __forceinline__ void zero() {
+#pragma unroll
+        for (int k = 0; k < E; ++k)
+#pragma unroll
+            for (int v = 0; v < V; ++v) w[k][v] = b[k][v] = (A)0;
+    }
+    __device__ __forceinline__ void add(int k, int v, A gv, A xhat) {
+        w[k][v] += gv * xhat;
+        b[k][v] += gv;
+    }
+    // The block's sums into part[(blockIdx.x * K + j) * n + col] (j 0: dw, 1: db with K = 2).
+    // Warp-shaped blocks hold several row groups: their sums meet in dynamic shared memory
+    // ([groups][K][n] values) and are added in group order. All threads of the block call it.
+    template <bool BLOCK>
+    __device__ void store(u32 K, u32 n, u32 nc, const Grp& gp, A* __restrict__ part) const {
+        const u32 t = gp.t, P = gp.P;
+        A* out = part + (u64)blockIdx.x * K * n;
+        if constexpr (!BLOCK) {
+            extern __shared__ __align__(16) unsigned char col_sums_sh[];
+            A* sh = (A*)col_sums_sh;
+            const u32 groups = blockDim.x / gp.G, grp = threadIdx.x / gp.G;
+            A* mine = sh + (u64)grp * K * n;
+            each_chunk<E, true>(t, P, nc, [&](int k, u32 ci) {
+#pragma unroll
+                for (int v = 0; v < V; ++v) {
+                    const u32 col = ci * V + v;
+                    if (col < n) {
+                        mine[col] = w[k][v];
+                        if (K > 1) mine[n + col] = b[k][v];
+                    }
+                }
+            });
+            __syncthreads();
+            for (u32 c = threadIdx.x; c < K * n; c += blockDim.x) {
+                A a = 0;
+                for (u32 q = 0; q < groups; ++q) a += sh[(u64)q * K * n + c];
+                out[c] = a;
+            }
+        } else {
+            each_chunk<E, true>(t, P, nc, [&](int k, u32 ci) {
+#pragma unroll
+                for (int v = 0; v < V; ++v) {
+                    const u32 col = ci * V + v;
+                    if (col < n) {
+                        out[col] = w[k][v];
+                        if (K > 1) out[n + col] = b[k][v];
+                    }
+                }
+            });
+        }
+    }
+};
+
 // One input row (elements of G, read as T's chunks): its chunks held in registers (CACHED)
 // or re-read at each use.
 template <typename T, int E, bool CACHED, typename G = T>
@@ -549,13 +617,17 @@ __device__ void softmax_bwd_body(u64 rows, u32 n, const T* y, u64 ys, const T* g
 // Writes stats[2 row] = 0, stats[2 row + 1] = r for the weight-gradient kernels.
 template <typename T, bool BLOCK, int E, bool CACHED>
 __device__ void rms_bwd_body(u64 rows, u32 n, const T* x, u64 xs, const T* w, const T* g, u64 gs, T* dx,
-                             typename Num<T>::A* stats, u32 vec_, typename Num<T>::A eps) {
+                             const T* acc, u64 as_, typename Num<T>::A* stats, typename Num<T>::A* part, u32 vec_,
+                             typename Num<T>::A eps) {
     ROW_SETUP
+    ColSums<A, CACHED ? E : 1, V> cs;
+    cs.zero();
     for (ROWS) {
         ROW_AT
-        RowIn<T, E, CACHED> xr, gr;
+        RowIn<T, E, CACHED> xr, gr, ar;
         xr.init(x + r * xs, n, vec, t, P, nc);
         gr.init(g + r * gs, n, vec, t, P, nc);
+        if (acc != nullptr) ar.init(acc + r * as_, n, vec, t, P, nc);
         A s[2] = {0, 0};  // sum x^2, sum g w x
         each_chunk<E, CACHED>(t, P, nc, [&](int k, u32 ci) {
             const W4 xc = xr.at(k, ci), gc = gr.at(k, ci), wc = load_chunk(w, ci, n, vec);
@@ -569,7 +641,7 @@ __device__ void rms_bwd_body(u64 rows, u32 n, const T* x, u64 xs, const T* w, co
         grp_sum<BLOCK>(s, G);
         const A rr = (A)1 / m_sqrt(s[0] / (A)n + eps);
         const A dot = s[1] * rr / (A)n;
-        if (t == 0 && live) {
+        if (t == 0 && live && part == nullptr) {
             stats[2 * r] = 0;
             stats[2 * r + 1] = rr;
         }
@@ -581,9 +653,14 @@ __device__ void rms_bwd_body(u64 rows, u32 n, const T* x, u64 xs, const T* w, co
             for (int v = 0; v < V; ++v) {
                 const A xhat = Pk<T>::get(xc, v) * rr;
                 o[v] = (Pk<T>::get(gc, v) * Pk<T>::get(wc, v) - xhat * dot) * rr;
+                if (CACHED && part != nullptr && live) cs.add(k, v, Pk<T>::get(gc, v), xhat);
             }
+            if (acc != nullptr) add_acc<T>(o, ar.at(k, ci));
             if (live) store_vals(dr, ci, n, vec, o);
         });
+    }
+    if constexpr (CACHED) {
+        if (part != nullptr) cs.template store<BLOCK>(1, n, nc, gp, part);
     }
 }
 
@@ -591,14 +668,18 @@ __device__ void rms_bwd_body(u64 rows, u32 n, const T* x, u64 xs, const T* w, co
 // Writes stats[2 row] = mean, stats[2 row + 1] = r.
 template <typename T, typename GT, bool BLOCK, int E, bool CACHED>
 __device__ void ln_bwd_body_g(u64 rows, u32 n, const T* x, u64 xs, const T* w, const GT* g, u64 gs, T* dx,
-                              typename Num<T>::A* stats, u32 vec_, typename Num<T>::A eps) {
+                              const T* acc, u64 as_, typename Num<T>::A* stats, typename Num<T>::A* part,
+                              u32 vec_, typename Num<T>::A eps) {
     ROW_SETUP
+    ColSums<A, CACHED ? E : 1, V> cs;
+    cs.zero();
     for (ROWS) {
         ROW_AT
-        RowIn<T, E, CACHED> xr;
+        RowIn<T, E, CACHED> xr, ar;
         RowIn<T, E, CACHED, GT> gr;
         xr.init(x + r * xs, n, vec, t, P, nc);
         gr.init(g + r * gs, n, vec, t, P, nc);
+        if (acc != nullptr) ar.init(acc + r * as_, n, vec, t, P, nc);
         A s1[1] = {0};
         each_chunk<E, CACHED>(t, P, nc, [&](int k, u32 ci) {
             const W4 xc = xr.at(k, ci);
@@ -623,7 +704,7 @@ __device__ void ln_bwd_body_g(u64 rows, u32 n, const T* x, u64 xs, const T* w, c
         grp_sum<BLOCK>(s, G);
         const A rr = (A)1 / m_sqrt(s[0] / (A)n + eps);
         const A m1 = s[1] / (A)n, m2 = s[2] * rr / (A)n;
-        if (t == 0 && live) {
+        if (t == 0 && live && part == nullptr) {
             stats[2 * r] = mean;
             stats[2 * r + 1] = rr;
         }
@@ -635,27 +716,35 @@ __device__ void ln_bwd_body_g(u64 rows, u32 n, const T* x, u64 xs, const T* w, c
             for (int v = 0; v < V; ++v) {
                 const A xhat = (Pk<T>::get(xc, v) - mean) * rr;
                 o[v] = (Pk<T>::get(gc, v) * Pk<T>::get(wc, v) - m1 - xhat * m2) * rr;
+                if (CACHED && part != nullptr && live) cs.add(k, v, Pk<T>::get(gc, v), xhat);
             }
+            if (acc != nullptr) add_acc<T>(o, ar.at(k, ci));
             if (live) store_vals(dr, ci, n, vec, o);
         });
+    }
+    if constexpr (CACHED) {
+        if (part != nullptr) cs.template store<BLOCK>(2, n, nc, gp, part);
     }
 }
 
 template <typename T, bool BLOCK, int E, bool CACHED>
 __device__ void ln_bwd_body(u64 rows, u32 n, const T* x, u64 xs, const T* w, const T* g, u64 gs, T* dx,
-                            typename Num<T>::A* stats, u32 vec_, typename Num<T>::A eps) {
-    ln_bwd_body_g<T, T, BLOCK, E, CACHED>(rows, n, x, xs, w, g, gs, dx, stats, vec_, eps);
+                            const T* acc, u64 as_, typename Num<T>::A* stats, typename Num<T>::A* part, u32 vec_,
+                            typename Num<T>::A eps) {
+    ln_bwd_body_g<T, T, BLOCK, E, CACHED>(rows, n, x, xs, w, g, gs, dx, acc, as_, stats, part, vec_, eps);
 }
 // f32 x, bf16 / f16 g.
 template <typename T, bool BLOCK, int E, bool CACHED>
 __device__ void ln_bwd_body_gbf16(u64 rows, u32 n, const T* x, u64 xs, const T* w, const bf16* g, u64 gs, T* dx,
-                                  typename Num<T>::A* stats, u32 vec_, typename Num<T>::A eps) {
-    ln_bwd_body_g<T, bf16, BLOCK, E, CACHED>(rows, n, x, xs, w, g, gs, dx, stats, vec_, eps);
+                                  const T* acc, u64 as_, typename Num<T>::A* stats,
+                                  typename Num<T>::A* part, u32 vec_, typename Num<T>::A eps) {
+    ln_bwd_body_g<T, bf16, BLOCK, E, CACHED>(rows, n, x, xs, w, g, gs, dx, acc, as_, stats, part, vec_, eps);
 }
 template <typename T, bool BLOCK, int E, bool CACHED>
 __device__ void ln_bwd_body_gf16(u64 rows, u32 n, const T* x, u64 xs, const T* w, const f16* g, u64 gs, T* dx,
-                                 typename Num<T>::A* stats, u32 vec_, typename Num<T>::A eps) {
-    ln_bwd_body_g<T, f16, BLOCK, E, CACHED>(rows, n, x, xs, w, g, gs, dx, stats, vec_, eps);
+                                 const T* acc, u64 as_, typename Num<T>::A* stats,
+                                 typename Num<T>::A* part, u32 vec_, typename Num<T>::A eps) {
+    ln_bwd_body_g<T, f16, BLOCK, E, CACHED>(rows, n, x, xs, w, g, gs, dx, acc, as_, stats, part, vec_, eps);
 }
 
 // Weight (and bias) gradients, stage 1: column sums over one chunk of rows, no atomics.
@@ -698,32 +787,33 @@ __device__ void norm_dw_part_body(u64 rows, u32 n, u64 rpc, const T* x, u64 xs, 
 }
 
 // Stage 2: dw[col] (blockIdx.y 0) or db[col] (blockIdx.y 1, with bias) = the sum over the
-// chunks of stage 1. Block (32, 8): 32 columns x 8 lanes over the chunks (chunk ty, ty + 8,
-// ...), combined in a fixed order through shared memory; grid (ceil(n / 32), 1 + bias).
+// chunks of stage 1 (or of the fused row kernel's blocks). Block (32, L), L ≤ 32: 32 columns
+// x L lanes over the chunks (lane ty: chunks ty, ty + L, ... into four running sums),
+// combined in a fixed order through shared memory; grid (ceil(n / 32), 1 + bias).
 template <typename T>
 __device__ void norm_dw_final_body(u32 n, u32 chunks, u32 bias, const typename Num<T>::A* part, T* dw, T* db) {
     typedef typename Num<T>::A A;
-    __shared__ A sh[8][33];
-    const u32 tx = threadIdx.x, ty = threadIdx.y, which = blockIdx.y;
+    __shared__ A sh[32][33];
+    const u32 tx = threadIdx.x, ty = threadIdx.y, L = blockDim.y, which = blockIdx.y;
     const u32 col = blockIdx.x * 32 + tx;
     const u64 K = bias ? 2 : 1;
-    A a0 = 0, a1 = 0;
+    A a[4] = {0, 0, 0, 0};
     if (col < n) {
         u32 c = ty;
-        for (; c + 8 < chunks; c += 16) {
-            a0 += part[((u64)c * K + which) * n + col];
-            a1 += part[((u64)(c + 8) * K + which) * n + col];
-        }
-        if (c < chunks) a0 += part[((u64)c * K + which) * n + col];
+        for (; c + 3 * L < chunks; c += 4 * L)
+#pragma unroll
+            for (int u = 0; u < 4; ++u) a[u] += part[((u64)(c + u * L) * K + which) * n + col];
+#pragma unroll
+        for (int u = 0; u < 3; ++u)
+            if (c + u * L < chunks) a[u] += part[((u64)(c + u * L) * K + which) * n + col];
     }
-    sh[ty][tx] = a0 + a1;
+    sh[ty][tx] = (a[0] + a[1]) + (a[2] + a[3]);
     __syncthreads();
     if (ty == 0 && col < n) {
-        A a = 0;
-#pragma unroll
-        for (int k = 0; k < 8; ++k) a += sh[k][tx];
-        if (which == 0) dw[col] = Num<T>::store(a);
-        else db[col] = Num<T>::store(a);
+        A t = 0;
+        for (u32 k = 0; k < L; ++k) t += sh[k][tx];
+        if (which == 0) dw[col] = Num<T>::store(t);
+        else db[col] = Num<T>::store(t);
     }
 }
 
@@ -772,17 +862,17 @@ __device__ void rope_body(u64 rows, u32 h, u32 l, const T* x, u64 xs, const T* c
         (rows, n, y, ys, g, gs, dx, vec, logm))                                                     \
     ROW_KERNELS(S, T, rms_norm_bwd, rms_bwd_body, E_BWD,                                            \
         (u64 rows, u32 n, const T* x, u64 xs, const T* w, const T* g, u64 gs, T* dx,               \
-         Num<T>::A* stats, u32 vec, Num<T>::A eps),                                                 \
-        (rows, n, x, xs, w, g, gs, dx, stats, vec, eps))                                            \
+         const T* acc, u64 as_, Num<T>::A* stats, Num<T>::A* part, u32 vec, Num<T>::A eps),         \
+        (rows, n, x, xs, w, g, gs, dx, acc, as_, stats, part, vec, eps))                           \
     ROW_KERNELS(S, T, layer_norm_bwd, ln_bwd_body, E_BWD,                                           \
         (u64 rows, u32 n, const T* x, u64 xs, const T* w, const T* g, u64 gs, T* dx,               \
-         Num<T>::A* stats, u32 vec, Num<T>::A eps),                                                 \
-        (rows, n, x, xs, w, g, gs, dx, stats, vec, eps))                                            \
+         const T* acc, u64 as_, Num<T>::A* stats, Num<T>::A* part, u32 vec, Num<T>::A eps),         \
+        (rows, n, x, xs, w, g, gs, dx, acc, as_, stats, part, vec, eps))                           \
     extern "C" __global__ void __launch_bounds__(256) norm_dw_part_##S(u64 rows, u32 n, u64 rpc,   \
         const T* x, u64 xs, const T* g, u64 gs, const Num<T>::A* stats, u32 bias, Num<T>::A* part) { \
         norm_dw_part_body<T, T>(rows, n, rpc, x, xs, g, gs, stats, bias, part);                    \
     }                                                                                               \
-    extern "C" __global__ void __launch_bounds__(256) norm_dw_final_##S(u32 n, u32 chunks, u32 bias, \
+    extern "C" __global__ void __launch_bounds__(1024) norm_dw_final_##S(u32 n, u32 chunks, u32 bias, \
         const Num<T>::A* part, T* dw, T* db) {                                                      \
         norm_dw_final_body<T>(n, chunks, bias, part, dw, db);                                      \
     }                                                                                               \
@@ -800,8 +890,8 @@ FOR_FLOATS(NORM_KERNELS)
         (rows, n, x, xs, w, b, y, vec, eps))                                                       \
     ROW_KERNELS(f32, float, layer_norm_bwd_g##H, ln_bwd_body_g##H, E_BWD,                          \
         (u64 rows, u32 n, const float* x, u64 xs, const float* w, const HT* g, u64 gs, float* dx,  \
-         float* stats, u32 vec, float eps),                                                        \
-        (rows, n, x, xs, w, g, gs, dx, stats, vec, eps))                                           \
+         const float* acc, u64 as_, float* stats, float* part, u32 vec, float eps),                \
+        (rows, n, x, xs, w, g, gs, dx, acc, as_, stats, part, vec, eps))                          \
     extern "C" __global__ void __launch_bounds__(256) norm_dw_part_g##H##_f32(u64 rows, u32 n, u64 rpc, \
         const float* x, u64 xs, const HT* g, u64 gs, const float* stats, u32 bias, float* part) {  \
         norm_dw_part_body<float, HT>(rows, n, rpc, x, xs, g, gs, stats, bias, part);               \

@@ -378,32 +378,30 @@ pub(crate) fn softmax_backward(
 
 pub(crate) fn rms_norm_backward(
     dev: &CudaBackend,
-    x: &Tensor,
-    w: &Tensor,
-    g: &Tensor,
+    xwg: [&Tensor; 3],
+    acc: Option<&Tensor>,
     eps: f64,
 ) -> Result<Vec<Arc<dyn Storage>>> {
-    norm_backward(dev, "rms_norm_backward", x, w, g, eps, false)
+    norm_backward(dev, "rms_norm_backward", xwg, acc, eps, false)
 }
 
 pub(crate) fn layer_norm_backward(
     dev: &CudaBackend,
-    x: &Tensor,
-    w: &Tensor,
-    g: &Tensor,
+    xwg: [&Tensor; 3],
+    acc: Option<&Tensor>,
     eps: f64,
 ) -> Result<Vec<Arc<dyn Storage>>> {
-    norm_backward(dev, "layer_norm_backward", x, w, g, eps, true)
+    norm_backward(dev, "layer_norm_backward", xwg, acc, eps, true)
 }
 
-/// dx by a row kernel that also writes each row's (mean, 1/std) (mean 0 for rms_norm); then
-/// dweight (and dbias with `bias`) as column sums over rows in two ordered stages.
+/// dx by a row kernel that also writes each row's (mean, 1/std) (mean 0 for rms_norm), with
+/// `acc` (x's dtype and shape, rows read through their stride) added to it; then dweight
+/// (and dbias with `bias`) as column sums over rows in two ordered stages.
 fn norm_backward(
     dev: &CudaBackend,
     op: &'static str,
-    x: &Tensor,
-    w: &Tensor,
-    g: &Tensor,
+    [x, w, g]: [&Tensor; 3],
+    acc: Option<&Tensor>,
     eps: f64,
     bias: bool,
 ) -> Result<Vec<Arc<dyn Storage>>> {
@@ -419,6 +417,7 @@ fn norm_backward(
         rows_in(dev, w, op)?,
         rows_in(dev, g, op)?,
     );
+    let ar = acc.map(|a| rows_in(dev, a, op)).transpose()?;
     let dx = dev.alloc_out(rows * n, dt, op)?;
     let dw = dev.alloc_out(n, dt, op)?;
     let db = if bias {
@@ -429,10 +428,40 @@ fn norm_backward(
     if n > 0 {
         check_row_len(op, n)?;
         let ct = compute_dtype(dt);
-        let stats = dev.alloc_out(2 * rows, ct, op)?;
+        let k = if bias { 2 } else { 1 };
+        let (shape, mut cfg) = plan(rows, n, dt, E_BWD);
+        // The warp-shaped row kernel (`w`: rows of at most 512 f32) also sums dw (and db)
+        // over each block's rows into `part` (k * n values a block; its row groups' sums
+        // meet in shared memory): four blocks of 256 threads a multiprocessor, each of at
+        // least 16 rows. Otherwise a second kernel reads x and g again: the block-shaped
+        // kernels hold one row a block, and enough of them to keep the device busy would
+        // leave too many partial sums.
+        let sm = dev.sm_count.max(1) as usize;
+        let blocks = (sm * 4).min(rows.div_ceil(16)).max(1);
+        let groups = 256 / warp_group(n.div_ceil(16 / dt.size_in_bytes()));
+        let shared = groups * k * n * ct.size_in_bytes();
+        let fused = rows > 0 && shape == "w" && shared <= 48 * 1024;
+        let (chunks, stats) = match fused {
+            true => {
+                cfg.grid.0 = blocks as u32;
+                cfg.smem = shared as u32;
+                (blocks, None)
+            }
+            false => {
+                // Stage 1's chunks: enough to fill the device, each at least 64 rows.
+                let tiles = n.div_ceil(32);
+                let chunks = (sm * 8)
+                    .div_ceil(tiles)
+                    .min(rows.div_ceil(64))
+                    .clamp(1, u16::MAX as usize);
+                (chunks, Some(dev.alloc_out(2 * rows, ct, op)?))
+            }
+        };
+        let part = dev.alloc_out(chunks * k * n, ct, op)?;
         if rows > 0 {
-            let vec = aligned(dt, rows, n, &[&xr, &gr], &[wr.ptr, dx.ptr()]);
-            let (shape, cfg) = plan(rows, n, dt, E_BWD);
+            let mut ins = vec![&xr, &gr];
+            ins.extend(&ar);
+            let vec = aligned(dt, rows, n, &ins, &[wr.ptr, dx.ptr()]);
             let args = Args::new()
                 .arg(rows as u64)
                 .arg(n as u32)
@@ -442,7 +471,10 @@ fn norm_backward(
                 .arg(gr.ptr)
                 .arg(gr.stride as u64)
                 .arg(dx.ptr())
-                .arg(stats.ptr())
+                .arg(ar.as_ref().map_or(0, |a| a.ptr))
+                .arg(ar.as_ref().map_or(0, |a| a.stride) as u64)
+                .arg(stats.as_ref().map_or(0, |s| s.ptr()))
+                .arg(if fused { part.ptr() } else { 0 })
                 .arg(vec as u32);
             let args = arg_compute(args, dt, eps);
             let kind = if bias {
@@ -453,36 +485,31 @@ fn norm_backward(
             let name = format!("{kind}{ginfix}_{shape}_{}", suffix(dt));
             dev.launch(op, &SOURCE, &name, cfg, args)?;
         }
-        // Stage 1: enough row chunks to fill the device, each at least 64 rows.
-        let tiles = n.div_ceil(32);
-        let target = (dev.sm_count.max(1) as usize) * 8;
-        let chunks = target
-            .div_ceil(tiles)
-            .min(rows.div_ceil(64))
-            .clamp(1, u16::MAX as usize);
-        let rpc = rows.div_ceil(chunks).max(1);
-        let k = if bias { 2 } else { 1 };
-        let part = dev.alloc_out(chunks * k * n, ct, op)?;
-        let cfg = Cfg::new(
-            (tiles.min(MAX_GRID) as u32, chunks as u32, 1),
-            (32, 8, 1),
-            0,
-        );
-        let args = Args::new()
-            .arg(rows as u64)
-            .arg(n as u32)
-            .arg(rpc as u64)
-            .arg(xr.ptr)
-            .arg(xr.stride as u64)
-            .arg(gr.ptr)
-            .arg(gr.stride as u64)
-            .arg(stats.ptr())
-            .arg(bias as u32)
-            .arg(part.ptr());
-        let name = format!("norm_dw_part{ginfix}_{}", suffix(dt));
-        dev.launch(op, &SOURCE, &name, cfg, args)?;
+        if let Some(stats) = &stats {
+            // Stage 1: column sums over row chunks.
+            let rpc = rows.div_ceil(chunks).max(1);
+            let cfg = Cfg::new(
+                (n.div_ceil(32).min(MAX_GRID) as u32, chunks as u32, 1),
+                (32, 8, 1),
+                0,
+            );
+            let args = Args::new()
+                .arg(rows as u64)
+                .arg(n as u32)
+                .arg(rpc as u64)
+                .arg(xr.ptr)
+                .arg(xr.stride as u64)
+                .arg(gr.ptr)
+                .arg(gr.stride as u64)
+                .arg(stats.ptr())
+                .arg(bias as u32)
+                .arg(part.ptr());
+            let name = format!("norm_dw_part{ginfix}_{}", suffix(dt));
+            dev.launch(op, &SOURCE, &name, cfg, args)?;
+        }
         // Stage 2: one sum per column of dw (and of db), in a fixed order.
         let blocks = (n.div_ceil(32).min(MAX_GRID) as u32, 1 + bias as u32, 1);
+        let lanes = chunks.next_power_of_two().clamp(8, 32) as u32;
         let args = Args::new()
             .arg(n as u32)
             .arg(chunks as u32)
@@ -491,7 +518,13 @@ fn norm_backward(
             .arg(dw.ptr())
             .arg(db.as_ref().map_or(0, |o| o.ptr()));
         let name = format!("norm_dw_final_{}", suffix(dt));
-        dev.launch(op, &SOURCE, &name, Cfg::new(blocks, (32, 8, 1), 0), args)?;
+        dev.launch(
+            op,
+            &SOURCE,
+            &name,
+            Cfg::new(blocks, (32, lanes, 1), 0),
+            args,
+        )?;
     }
     let mut outs = vec![dx, dw];
     outs.extend(db);

@@ -1031,6 +1031,103 @@ fn fused_cases(b: &mut B) {
                 |x| Ok(vec![x[0].rms_norm(&x[1], 1e-6)?]),
                 |x| vec![r::rms_norm(&x[0], &x[1], 1e-6)],
             );
+            // A norm of a residual stream: x's gradient has two terms, the norm's backward
+            // adding the other use's (`adds_into_first` in ferrite-autodiff).
+            b.add(
+                "layer_norm_residual",
+                dt,
+                vec![
+                    inp(&shape, dt, u(-3.0, 3.0), view),
+                    inp(&[n], dt, u(0.5, 1.5), View::Contiguous),
+                    inp(&[n], dt, u(-1.0, 1.0), View::Contiguous),
+                ],
+                vec![ln_tol],
+                true,
+                |x| Ok(vec![x[0].add(&x[0].layer_norm(&x[1], &x[2], 1e-5)?)?]),
+                |x| {
+                    vec![r::binary(
+                        BinaryOp::Add,
+                        &x[0],
+                        &r::layer_norm(&x[0], &x[1], &x[2], 1e-5),
+                    )]
+                },
+            );
+            b.add(
+                "rms_norm_residual",
+                dt,
+                vec![
+                    inp(&shape, dt, u(-3.0, 3.0), view),
+                    inp(&[n], dt, u(0.5, 1.5), View::Contiguous),
+                ],
+                vec![ln_tol],
+                true,
+                |x| Ok(vec![x[0].add(&x[0].rms_norm(&x[1], 1e-6)?)?]),
+                |x| {
+                    vec![r::binary(
+                        BinaryOp::Add,
+                        &x[0],
+                        &r::rms_norm(&x[0], &x[1], 1e-6),
+                    )]
+                },
+            );
+            // The backward kernels with the gradient gathered so far (acc) added to dx.
+            let k = (n as f64).sqrt();
+            let flat = move |t: &Ref, like: &Ref| {
+                let n = *like.shape.last().unwrap_or(&1);
+                Ref::new(vec![like.data.len() / n.max(1), n], t.data.clone())
+            };
+            let plus = |a: Ref, b: &Ref| {
+                let data = a.data.iter().zip(&b.data).map(|(p, q)| p + q).collect();
+                Ref::new(b.shape.clone(), data)
+            };
+            b.add(
+                "layer_norm_backward_acc",
+                dt,
+                vec![
+                    inp(&shape, dt, u(-3.0, 3.0), view),
+                    inp(&[n], dt, u(0.5, 1.5), View::Contiguous),
+                    inp(&shape, dt, u(-1.0, 1.0), View::Contiguous),
+                    inp(&shape, dt, u(-1.0, 1.0), view),
+                ],
+                vec![ln_tol, scaled(ln_tol, k), scaled(ln_tol, k)],
+                false,
+                |x| {
+                    let (dx, dw, db) =
+                        Tensor::layer_norm_backward_acc(&x[0], &x[1], &x[2], 1e-5, Some(&x[3]))?;
+                    Ok(vec![dx, dw, db])
+                },
+                move |x| {
+                    let (dx, dw, db) = r::layer_norm_backward(
+                        &flat(&x[0], &x[0]),
+                        &x[1],
+                        &flat(&x[2], &x[0]),
+                        1e-5,
+                    );
+                    vec![plus(dx, &x[3]), dw, db]
+                },
+            );
+            b.add(
+                "rms_norm_backward_acc",
+                dt,
+                vec![
+                    inp(&shape, dt, u(-3.0, 3.0), view),
+                    inp(&[n], dt, u(0.5, 1.5), View::Contiguous),
+                    inp(&shape, dt, u(-1.0, 1.0), View::Contiguous),
+                    inp(&shape, dt, u(-1.0, 1.0), view),
+                ],
+                vec![ln_tol, scaled(ln_tol, k)],
+                false,
+                |x| {
+                    let (dx, dw) =
+                        Tensor::rms_norm_backward_acc(&x[0], &x[1], &x[2], 1e-6, Some(&x[3]))?;
+                    Ok(vec![dx, dw])
+                },
+                move |x| {
+                    let (dx, dw) =
+                        r::rms_norm_backward(&flat(&x[0], &x[0]), &x[1], &flat(&x[2], &x[0]), 1e-6);
+                    vec![plus(dx, &x[3]), dw]
+                },
+            );
         }
         for interleaved in [false, true] {
             for (shape, view) in [

@@ -359,6 +359,25 @@ pub fn layer_norm_backward(x: &Ref, w: &Ref, g: &Ref, eps: f64) -> (Ref, Ref, Re
     )
 }
 
+/// `rms_norm`'s (dx, dw) for the output gradient g over rows of the last axis:
+/// dx = r (g w - xhat mean(g w xhat)), dw = sum g xhat over rows, xhat = x r.
+pub fn rms_norm_backward(x: &Ref, w: &Ref, g: &Ref, eps: f64) -> (Ref, Ref) {
+    let n = *x.shape.last().unwrap_or(&1);
+    let mut dx = vec![0.0; x.data.len()];
+    let mut dw = vec![0.0; n];
+    for (r, row) in x.data.chunks(n.max(1)).enumerate() {
+        let gr = &g.data[r * n..(r + 1) * n];
+        let rs = 1.0 / (row.iter().map(|v| v * v).sum::<f64>() / n as f64 + eps).sqrt();
+        let xhat: Vec<f64> = row.iter().map(|v| v * rs).collect();
+        let m = (0..n).map(|i| gr[i] * w.data[i] * xhat[i]).sum::<f64>() / n as f64;
+        for i in 0..n {
+            dx[r * n + i] = rs * (gr[i] * w.data[i] - xhat[i] * m);
+            dw[i] += gr[i] * xhat[i];
+        }
+    }
+    (Ref::new(x.shape.clone(), dx), Ref::new(vec![n], dw))
+}
+
 pub fn rms_norm(x: &Ref, w: &Ref, eps: f64) -> Ref {
     let last = x.shape.len() - 1;
     along(x, last, |v| {

@@ -7,7 +7,7 @@
 use crate::device::{Arg, Src, WgpuBackend};
 use crate::shader::{self, kernel, Kernel, Variant};
 use crate::util::{contig, fw, groups, uw};
-use ferrite_core::{DType, Error, Result, Storage, Tensor};
+use ferrite_core::{DType, Error, Layout, Result, Storage, Tensor};
 use std::sync::Arc;
 
 pub(crate) static ATTENTION: Kernel = kernel!(
@@ -176,5 +176,13 @@ pub(crate) fn attention_backward(
         false,
         groups(threads),
     )?;
-    Ok(vec![Arc::new(dq), Arc::new(dk), Arc::new(dvv)])
+    // Computed [b, h, l, d]; the op stores them [b, l, h, d].
+    [(dq, q), (dk, k), (dvv, v)]
+        .into_iter()
+        .map(|(s, t)| {
+            let l = Layout::contiguous(t.shape().clone()).permute(&[0, 2, 1, 3])?;
+            let out: Arc<dyn Storage> = Arc::new(crate::elementwise::copy_layout(dev, &s, &l)?);
+            Ok(out)
+        })
+        .collect()
 }

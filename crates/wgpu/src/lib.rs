@@ -42,8 +42,8 @@ pub use shader::SUBGROUP_MARK;
 pub use storage::WgpuStorage;
 
 use ferrite_core::{
-    Backend, DType, Device, DeviceKind, Error, HostBuffer, Layout, Op, Result, Shape, Storage,
-    Tensor,
+    Backend, BinaryOp, DType, Device, DeviceKind, Error, HostBuffer, Layout, Op, Result, Shape,
+    Storage, Tensor,
 };
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -400,6 +400,21 @@ fn all_kernels() -> Vec<&'static shader::Kernel> {
 struct Handle(Arc<WgpuBackend>);
 
 /// A backend output (one storage) as a contiguous tensor of `shape` on `like`'s device.
+/// A norm backward's outputs with `acc` (x's shape and dtype) added to the first, dx.
+fn add_to_first(
+    dev: &WgpuBackend,
+    mut outs: Vec<Arc<dyn Storage>>,
+    acc: Option<&Tensor>,
+    x: &Tensor,
+) -> Result<Vec<Arc<dyn Storage>>> {
+    if let (Some(acc), false) = (acc, outs.is_empty()) {
+        let dx = as_tensor(vec![outs.remove(0)], x.shape(), x)?;
+        let sum = elementwise::binary(dev, BinaryOp::Add, acc, &dx)?;
+        outs.splice(0..0, sum);
+    }
+    Ok(outs)
+}
+
 pub(crate) fn as_tensor(s: Vec<Arc<dyn Storage>>, shape: &Shape, like: &Tensor) -> Result<Tensor> {
     let s = s
         .into_iter()
@@ -537,7 +552,7 @@ impl Backend for Handle {
                 }
             }
             Op::RmsNorm { eps } => norm::layer_norm(dev, input(0)?, input(1)?, None, *eps, true),
-            Op::LayerNormBackward { eps } => {
+            Op::LayerNormBackward { eps, acc } => {
                 // A 16-bit gradient of f32 rows is read widened.
                 let (x, g) = (input(0)?, input(2)?);
                 let wide = match g.dtype() == x.dtype() {
@@ -548,10 +563,20 @@ impl Backend for Handle {
                         g,
                     )?),
                 };
-                norm::norm_backward(dev, x, input(1)?, wide.as_ref().unwrap_or(g), *eps, false)
+                let o = norm::norm_backward(
+                    dev,
+                    x,
+                    input(1)?,
+                    wide.as_ref().unwrap_or(g),
+                    *eps,
+                    false,
+                )?;
+                add_to_first(dev, o, acc.then(|| input(3)).transpose()?, x)
             }
-            Op::RmsNormBackward { eps } => {
-                norm::norm_backward(dev, input(0)?, input(1)?, input(2)?, *eps, true)
+            Op::RmsNormBackward { eps, acc } => {
+                let x = input(0)?;
+                let o = norm::norm_backward(dev, x, input(1)?, input(2)?, *eps, true)?;
+                add_to_first(dev, o, acc.then(|| input(3)).transpose()?, x)
             }
             Op::Rope { interleaved } => {
                 norm::rope(dev, input(0)?, input(1)?, input(2)?, *interleaved)

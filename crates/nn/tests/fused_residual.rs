@@ -1,0 +1,50 @@
+//! A pre-norm encoder layer's backward sums each residual stream's two gradients inside the
+//! norms' backward kernels (`LayerNormBackward { acc }`): no separate add over the stream,
+//! in f32 and under bf16 autocast (the values: the op cases `layer_norm_residual`). (Its own test
+//! binary: it reads the CPU backend's process-wide op counters.)
+
+use ferrite_autodiff::backward;
+use ferrite_core::{autocast, DType, Tensor};
+use ferrite_cpu::{cpu, profile};
+use ferrite_nn::{EncoderConfig, ModuleExt, TransformerEncoderLayer};
+
+#[test]
+fn residual_gradients_join_in_the_norm_backward() {
+    let dev = cpu();
+    let mut c = EncoderConfig::new(16, 2);
+    c.dim_feedforward = 32;
+    c.dropout = 0.0;
+    c.norm_first = true;
+    c.batch_first = true;
+    c.gelu = true;
+    let layer = TransformerEncoderLayer::new(c, DType::F32, &dev).unwrap();
+    let x = Tensor::rand_normal([2, 5, 16], 0.0, 1.0, 7, DType::F32, &dev).unwrap();
+    for low in [None, Some(DType::BF16)] {
+        let run = || {
+            let y = layer.forward_masked(&x, None, true)?;
+            y.square()?.sum_all()
+        };
+        let loss = match low {
+            Some(dt) => autocast(dt, run).and_then(|r| r),
+            None => run(),
+        }
+        .unwrap();
+        layer.zero_grad();
+        profile::set_enabled(true);
+        backward(&loss).unwrap();
+        profile::set_enabled(false);
+        let ops = profile::take();
+        let count = |name: &str| -> usize {
+            ops.iter()
+                .filter(|o| o.op == name && o.input == [2, 5, 16] && o.output == [2, 5, 16])
+                .map(|o| o.calls)
+                .sum()
+        };
+        assert_eq!(count("layer_norm_backward"), 2, "{low:?}: {ops:?}");
+        assert_eq!(
+            count("add"),
+            0,
+            "{low:?}: the residual gradients were added apart: {ops:?}"
+        );
+    }
+}
