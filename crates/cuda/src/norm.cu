@@ -267,45 +267,38 @@ struct ColSums {
         w[k][v] += gv * xhat;
         b[k][v] += gv;
     }
+    // This thread's sums into row (K rows of n values: dw, then db).
+    __device__ __forceinline__ void put(A* row, u32 K, u32 n, u32 nc, u32 t, u32 P) const {
+        each_chunk<E, true>(t, P, nc, [&](int k, u32 ci) {
+#pragma unroll
+            for (int v = 0; v < V; ++v) {
+                const u32 col = ci * V + v;
+                if (col < n) {
+                    row[col] = w[k][v];
+                    if (K > 1) row[n + col] = b[k][v];
+                }
+            }
+        });
+    }
     // The block's sums into part[(blockIdx.x * K + j) * n + col] (j 0: dw, 1: db with K = 2).
     // Warp-shaped blocks hold several row groups: their sums meet in dynamic shared memory
     // ([groups][K][n] values) and are added in group order. All threads of the block call it.
     template <bool BLOCK>
     __device__ void store(u32 K, u32 n, u32 nc, const Grp& gp, A* __restrict__ part) const {
-        const u32 t = gp.t, P = gp.P;
         A* out = part + (u64)blockIdx.x * K * n;
-        if constexpr (!BLOCK) {
+        if constexpr (BLOCK) {
+            put(out, K, n, nc, gp.t, gp.P);  // one row group a block
+        } else {
             extern __shared__ __align__(16) unsigned char col_sums_sh[];
             A* sh = (A*)col_sums_sh;
             const u32 groups = blockDim.x / gp.G, grp = threadIdx.x / gp.G;
-            A* mine = sh + (u64)grp * K * n;
-            each_chunk<E, true>(t, P, nc, [&](int k, u32 ci) {
-#pragma unroll
-                for (int v = 0; v < V; ++v) {
-                    const u32 col = ci * V + v;
-                    if (col < n) {
-                        mine[col] = w[k][v];
-                        if (K > 1) mine[n + col] = b[k][v];
-                    }
-                }
-            });
+            put(sh + (u64)grp * K * n, K, n, nc, gp.t, gp.P);
             __syncthreads();
             for (u32 c = threadIdx.x; c < K * n; c += blockDim.x) {
                 A a = 0;
                 for (u32 q = 0; q < groups; ++q) a += sh[(u64)q * K * n + c];
                 out[c] = a;
             }
-        } else {
-            each_chunk<E, true>(t, P, nc, [&](int k, u32 ci) {
-#pragma unroll
-                for (int v = 0; v < V; ++v) {
-                    const u32 col = ci * V + v;
-                    if (col < n) {
-                        out[col] = w[k][v];
-                        if (K > 1) out[n + col] = b[k][v];
-                    }
-                }
-            });
         }
     }
 };
