@@ -949,14 +949,15 @@ fn fused_cases(b: &mut B) {
         ] {
             let n = *shape.last().unwrap_or(&1);
             let ln_tol = scaled(default_tol(dt), 4.0);
+            // x (in the loop's view), weight, bias, and an upstream gradient shaped as x.
+            let x_in = || inp(&shape, dt, u(-3.0, 3.0), view);
+            let w_in = || inp(&[n], dt, u(0.5, 1.5), View::Contiguous);
+            let b_in = || inp(&[n], dt, u(-1.0, 1.0), View::Contiguous);
+            let g_in = || inp(&shape, dt, u(-1.0, 1.0), View::Contiguous);
             b.add(
                 "layer_norm",
                 dt,
-                vec![
-                    inp(&shape, dt, u(-3.0, 3.0), view),
-                    inp(&[n], dt, u(0.5, 1.5), View::Contiguous),
-                    inp(&[n], dt, u(-1.0, 1.0), View::Contiguous),
-                ],
+                vec![x_in(), w_in(), b_in()],
                 vec![ln_tol],
                 true,
                 |x| Ok(vec![x[0].layer_norm(&x[1], &x[2], 1e-5)?]),
@@ -969,11 +970,7 @@ fn fused_cases(b: &mut B) {
                     b.add(
                         &format!("layer_norm_to_{low}"),
                         dt,
-                        vec![
-                            inp(&shape, dt, u(-3.0, 3.0), view),
-                            inp(&[n], dt, u(0.5, 1.5), View::Contiguous),
-                            inp(&[n], dt, u(-1.0, 1.0), View::Contiguous),
-                        ],
+                        vec![x_in(), w_in(), b_in()],
                         vec![scaled(default_tol(low), 4.0)],
                         false,
                         move |x| {
@@ -995,11 +992,7 @@ fn fused_cases(b: &mut B) {
                     b.add(
                         &format!("layer_norm_backward_g{low}"),
                         dt,
-                        vec![
-                            inp(&shape, dt, u(-3.0, 3.0), view),
-                            inp(&[n], dt, u(0.5, 1.5), View::Contiguous),
-                            inp(&shape, dt, u(-1.0, 1.0), View::Contiguous),
-                        ],
+                        vec![x_in(), w_in(), g_in()],
                         vec![
                             scaled(default_tol(low), 4.0),
                             scaled(default_tol(low), 4.0 * k),
@@ -1025,10 +1018,7 @@ fn fused_cases(b: &mut B) {
             b.add(
                 "rms_norm",
                 dt,
-                vec![
-                    inp(&shape, dt, u(-3.0, 3.0), view),
-                    inp(&[n], dt, u(0.5, 1.5), View::Contiguous),
-                ],
+                vec![x_in(), w_in()],
                 vec![ln_tol],
                 true,
                 |x| Ok(vec![x[0].rms_norm(&x[1], 1e-6)?]),
@@ -1039,11 +1029,7 @@ fn fused_cases(b: &mut B) {
             b.add(
                 "layer_norm_residual",
                 dt,
-                vec![
-                    inp(&shape, dt, u(-3.0, 3.0), view),
-                    inp(&[n], dt, u(0.5, 1.5), View::Contiguous),
-                    inp(&[n], dt, u(-1.0, 1.0), View::Contiguous),
-                ],
+                vec![x_in(), w_in(), b_in()],
                 vec![ln_tol],
                 true,
                 |x| Ok(vec![x[0].add(&x[0].layer_norm(&x[1], &x[2], 1e-5)?)?]),
@@ -1058,10 +1044,7 @@ fn fused_cases(b: &mut B) {
             b.add(
                 "rms_norm_residual",
                 dt,
-                vec![
-                    inp(&shape, dt, u(-3.0, 3.0), view),
-                    inp(&[n], dt, u(0.5, 1.5), View::Contiguous),
-                ],
+                vec![x_in(), w_in()],
                 vec![ln_tol],
                 true,
                 |x| Ok(vec![x[0].add(&x[0].rms_norm(&x[1], 1e-6)?)?]),
@@ -1086,12 +1069,7 @@ fn fused_cases(b: &mut B) {
             b.add(
                 "layer_norm_backward_acc",
                 dt,
-                vec![
-                    inp(&shape, dt, u(-3.0, 3.0), view),
-                    inp(&[n], dt, u(0.5, 1.5), View::Contiguous),
-                    inp(&shape, dt, u(-1.0, 1.0), View::Contiguous),
-                    inp(&shape, dt, u(-1.0, 1.0), view),
-                ],
+                vec![x_in(), w_in(), g_in(), inp(&shape, dt, u(-1.0, 1.0), view)],
                 vec![ln_tol, scaled(ln_tol, k), scaled(ln_tol, k)],
                 false,
                 |x| {
@@ -1112,12 +1090,7 @@ fn fused_cases(b: &mut B) {
             b.add(
                 "rms_norm_backward_acc",
                 dt,
-                vec![
-                    inp(&shape, dt, u(-3.0, 3.0), view),
-                    inp(&[n], dt, u(0.5, 1.5), View::Contiguous),
-                    inp(&shape, dt, u(-1.0, 1.0), View::Contiguous),
-                    inp(&shape, dt, u(-1.0, 1.0), view),
-                ],
+                vec![x_in(), w_in(), g_in(), inp(&shape, dt, u(-1.0, 1.0), view)],
                 vec![ln_tol, scaled(ln_tol, k)],
                 false,
                 |x| {
