@@ -1829,7 +1829,7 @@ impl Tensor {
     }
 
     /// (dq, dk, dv) of `attention_masked(q, k, v, key_mask, causal, scale)` for upstream
-    /// gradient `g`.
+    /// gradient `g`, shaped as q, k, v: [b, h, l, d] views of [b, l, h, d] storage.
     #[allow(clippy::too_many_arguments)]
     pub fn attention_backward(
         q: &Tensor,

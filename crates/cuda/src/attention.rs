@@ -9,7 +9,8 @@
 //!   f32 accumulation). f64 and larger heads: a warp-per-query kernel.
 //! - With `Op::Attention`'s second output requested (a recorded forward), the per-query lse:
 //!   from the tensor-core forward itself, else from a row pass (`attn_rows` mode 2).
-//! - Backward: per-query statistics (max, sum, D = g·o), then dq by query tiles and dk/dv by
+//! - Backward (gradients stored [b, l, h, d], `grad_row` in attention.cu): per-query
+//!   statistics (max, sum, D = g·o), then dq by query tiles and dk/dv by
 //!   key tiles, each recomputing the probabilities, so every output row has one writer and
 //!   results are deterministic without atomics. The tensor-core path's statistics are (lse, D):
 //!   given the forward's saved output and lse, one warp a row computes D (`attn_delta`);
