@@ -432,12 +432,13 @@ fn norm_backward(
         let (shape, mut cfg) = plan(rows, n, dt, E_BWD);
         // The warp-shaped row kernel (`w`: rows of at most 512 f32) also sums dw (and db)
         // over each block's rows into `part` (k * n values a block; its row groups' sums
-        // meet in shared memory): four blocks of 256 threads a multiprocessor, each of at
-        // least 16 rows. Otherwise a second kernel reads x and g again: the block-shaped
-        // kernels hold one row a block, and enough of them to keep the device busy would
-        // leave too many partial sums.
+        // meet in shared memory): two blocks of 256 threads a multiprocessor (four and eight
+        // measured slower on char-GPT's rows), each of at least 16 rows. Otherwise a second
+        // kernel reads x and g again:
+        // the block-shaped kernels hold one row a block, and enough of them to keep the
+        // device busy would leave too many partial sums.
         let sm = dev.sm_count.max(1) as usize;
-        let blocks = (sm * 4).min(rows.div_ceil(16)).max(1);
+        let blocks = (sm * 2).min(rows.div_ceil(16)).max(1);
         let groups = 256 / warp_group(n.div_ceil(16 / dt.size_in_bytes()));
         let shared = groups * k * n * ct.size_in_bytes();
         let fused = rows > 0 && shape == "w" && shared <= 48 * 1024;
