@@ -252,8 +252,8 @@ __device__ __forceinline__ void add_acc(typename Num<T>::A (&o)[Pk<T>::V], const
 }
 
 // Column sums of a norm's weight gradient (dw += g xhat) and, for a layer norm, of its
-// bias gradient (db += g) over one thread's rows, in the cached row kernels (a thread keeps
-// the same E chunks of columns for all its rows).
+// bias gradient (db += g) over one thread's rows, in the warp-shaped row kernels (a thread
+// keeps the same E chunks of columns for all its rows). The host passes `part` to those only.
 template <typename A, int E, int V>
 struct ColSums {
     A w[E][V], b[E][V];
@@ -267,38 +267,30 @@ struct ColSums {
         w[k][v] += gv * xhat;
         b[k][v] += gv;
     }
-    // This thread's sums into row (K rows of n values: dw, then db).
-    __device__ __forceinline__ void put(A* row, u32 K, u32 n, u32 nc, u32 t, u32 P) const {
-        each_chunk<E, true>(t, P, nc, [&](int k, u32 ci) {
+    // The block's sums into part[(blockIdx.x * K + j) * n + col] (j 0: dw, 1: db with K = 2),
+    // for the warp-shaped kernels: the block's row groups meet in dynamic shared memory
+    // ([groups][K][n] values) and are added in group order. All threads of the block call it.
+    __device__ void store(u32 K, u32 n, u32 nc, const Grp& gp, A* __restrict__ part) const {
+        extern __shared__ __align__(16) unsigned char col_sums_sh[];
+        A* sh = (A*)col_sums_sh;
+        const u32 groups = blockDim.x / gp.G;
+        A* mine = sh + (u64)(threadIdx.x / gp.G) * K * n;
+        each_chunk<E, true>(gp.t, gp.P, nc, [&](int k, u32 ci) {
 #pragma unroll
             for (int v = 0; v < V; ++v) {
                 const u32 col = ci * V + v;
                 if (col < n) {
-                    row[col] = w[k][v];
-                    if (K > 1) row[n + col] = b[k][v];
+                    mine[col] = w[k][v];
+                    if (K > 1) mine[n + col] = b[k][v];
                 }
             }
         });
-    }
-    // The block's sums into part[(blockIdx.x * K + j) * n + col] (j 0: dw, 1: db with K = 2).
-    // Warp-shaped blocks hold several row groups: their sums meet in dynamic shared memory
-    // ([groups][K][n] values) and are added in group order. All threads of the block call it.
-    template <bool BLOCK>
-    __device__ void store(u32 K, u32 n, u32 nc, const Grp& gp, A* __restrict__ part) const {
+        __syncthreads();
         A* out = part + (u64)blockIdx.x * K * n;
-        if constexpr (BLOCK) {
-            put(out, K, n, nc, gp.t, gp.P);  // one row group a block
-        } else {
-            extern __shared__ __align__(16) unsigned char col_sums_sh[];
-            A* sh = (A*)col_sums_sh;
-            const u32 groups = blockDim.x / gp.G, grp = threadIdx.x / gp.G;
-            put(sh + (u64)grp * K * n, K, n, nc, gp.t, gp.P);
-            __syncthreads();
-            for (u32 c = threadIdx.x; c < K * n; c += blockDim.x) {
-                A a = 0;
-                for (u32 q = 0; q < groups; ++q) a += sh[(u64)q * K * n + c];
-                out[c] = a;
-            }
+        for (u32 c = threadIdx.x; c < K * n; c += blockDim.x) {
+            A a = 0;
+            for (u32 q = 0; q < groups; ++q) a += sh[(u64)q * K * n + c];
+            out[c] = a;
         }
     }
 };
@@ -607,13 +599,15 @@ __device__ void softmax_bwd_body(u64 rows, u32 n, const T* y, u64 ys, const T* g
 }
 
 // dx of rms_norm: xhat = x r, r = 1 / sqrt(mean(x^2) + eps); dx = (g w - xhat mean(g w xhat)) r.
-// Writes stats[2 row] = 0, stats[2 row + 1] = r for the weight-gradient kernels.
+// Writes stats[2 row] = 0, stats[2 row + 1] = r for the weight-gradient kernels, or with
+// `part` (warp shape) its block's weight sums there (`ColSums`). dx += acc where acc is given.
 template <typename T, bool BLOCK, int E, bool CACHED>
 __device__ void rms_bwd_body(u64 rows, u32 n, const T* x, u64 xs, const T* w, const T* g, u64 gs, T* dx,
                              const T* acc, u64 as_, typename Num<T>::A* stats, typename Num<T>::A* part, u32 vec_,
                              typename Num<T>::A eps) {
     ROW_SETUP
-    ColSums<A, CACHED ? E : 1, V> cs;
+    constexpr bool SUMS = CACHED && !BLOCK;  // `part` is null otherwise
+    ColSums<A, SUMS ? E : 1, V> cs;
     cs.zero();
     for (ROWS) {
         ROW_AT
@@ -646,25 +640,29 @@ __device__ void rms_bwd_body(u64 rows, u32 n, const T* x, u64 xs, const T* w, co
             for (int v = 0; v < V; ++v) {
                 const A xhat = Pk<T>::get(xc, v) * rr;
                 o[v] = (Pk<T>::get(gc, v) * Pk<T>::get(wc, v) - xhat * dot) * rr;
-                if (CACHED && part != nullptr && live) cs.add(k, v, Pk<T>::get(gc, v), xhat);
+                if constexpr (SUMS) {
+                    if (part != nullptr && live) cs.add(k, v, Pk<T>::get(gc, v), xhat);
+                }
             }
             if (acc != nullptr) add_acc<T>(o, ar.at(k, ci));
             if (live) store_vals(dr, ci, n, vec, o);
         });
     }
-    if constexpr (CACHED) {
-        if (part != nullptr) cs.template store<BLOCK>(1, n, nc, gp, part);
+    if constexpr (SUMS) {
+        if (part != nullptr) cs.store(1, n, nc, gp, part);
     }
 }
 
 // dx of layer_norm: xhat = (x - mean) r; dx = r (g w - mean(g w) - xhat mean(g w xhat)).
-// Writes stats[2 row] = mean, stats[2 row + 1] = r.
+// Writes stats[2 row] = mean, stats[2 row + 1] = r, or with `part` (warp shape) its block's
+// weight and bias sums there (`ColSums`). dx += acc where acc is given.
 template <typename T, typename GT, bool BLOCK, int E, bool CACHED>
 __device__ void ln_bwd_body_g(u64 rows, u32 n, const T* x, u64 xs, const T* w, const GT* g, u64 gs, T* dx,
                               const T* acc, u64 as_, typename Num<T>::A* stats, typename Num<T>::A* part,
                               u32 vec_, typename Num<T>::A eps) {
     ROW_SETUP
-    ColSums<A, CACHED ? E : 1, V> cs;
+    constexpr bool SUMS = CACHED && !BLOCK;  // `part` is null otherwise
+    ColSums<A, SUMS ? E : 1, V> cs;
     cs.zero();
     for (ROWS) {
         ROW_AT
@@ -709,14 +707,16 @@ __device__ void ln_bwd_body_g(u64 rows, u32 n, const T* x, u64 xs, const T* w, c
             for (int v = 0; v < V; ++v) {
                 const A xhat = (Pk<T>::get(xc, v) - mean) * rr;
                 o[v] = (Pk<T>::get(gc, v) * Pk<T>::get(wc, v) - m1 - xhat * m2) * rr;
-                if (CACHED && part != nullptr && live) cs.add(k, v, Pk<T>::get(gc, v), xhat);
+                if constexpr (SUMS) {
+                    if (part != nullptr && live) cs.add(k, v, Pk<T>::get(gc, v), xhat);
+                }
             }
             if (acc != nullptr) add_acc<T>(o, ar.at(k, ci));
             if (live) store_vals(dr, ci, n, vec, o);
         });
     }
-    if constexpr (CACHED) {
-        if (part != nullptr) cs.template store<BLOCK>(2, n, nc, gp, part);
+    if constexpr (SUMS) {
+        if (part != nullptr) cs.store(2, n, nc, gp, part);
     }
 }
 

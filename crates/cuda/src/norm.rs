@@ -394,9 +394,10 @@ pub(crate) fn layer_norm_backward(
     norm_backward(dev, "layer_norm_backward", xwg, acc, eps, true)
 }
 
-/// dx by a row kernel that also writes each row's (mean, 1/std) (mean 0 for rms_norm), with
-/// `acc` (x's dtype and shape, rows read through their stride) added to it; then dweight
-/// (and dbias with `bias`) as column sums over rows in two ordered stages.
+/// dx by a row kernel, with `acc` (x's dtype and shape, rows read through their stride) added
+/// to it; then dweight (and dbias with `bias`) as column sums over rows in two ordered
+/// stages: the warp-shaped row kernel sums its blocks' rows itself, the others write each
+/// row's (mean, 1/std) (mean 0 for rms_norm) for a second kernel that sums row chunks.
 fn norm_backward(
     dev: &CudaBackend,
     op: &'static str,
@@ -434,16 +435,15 @@ fn norm_backward(
         // over each block's rows into `part` (k * n values a block; its row groups' sums
         // meet in shared memory): two blocks of 256 threads a multiprocessor (four and eight
         // measured slower on char-GPT's rows), each of at least 16 rows. Otherwise a second
-        // kernel reads x and g again:
-        // the block-shaped kernels hold one row a block, and enough of them to keep the
-        // device busy would leave too many partial sums.
+        // kernel reads x and g again: the block-shaped kernels hold one row a block, and
+        // enough of them to keep the device busy would leave too many partial sums.
         let sm = dev.sm_count.max(1) as usize;
-        let blocks = (sm * 2).min(rows.div_ceil(16)).max(1);
         let groups = 256 / warp_group(n.div_ceil(16 / dt.size_in_bytes()));
         let shared = groups * k * n * ct.size_in_bytes();
         let fused = rows > 0 && shape == "w" && shared <= 48 * 1024;
         let (chunks, stats) = match fused {
             true => {
+                let blocks = (sm * 2).min(rows.div_ceil(16)).max(1);
                 cfg.grid.0 = blocks as u32;
                 cfg.smem = shared as u32;
                 (blocks, None)
