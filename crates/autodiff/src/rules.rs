@@ -360,9 +360,12 @@ fn primitive(op: &Op, output: usize, x: &Inputs, g: &Tensor) -> Result<Grads> {
             }
         }
         Op::Matmul => matmul_grads(x, g),
-        Op::MatmulBias => {
+        Op::MatmulBias { acc } => {
             let mut grads = matmul_grads(x, g)?;
             grads.push(when(&x[2], || g.sum(&[0], false))?);
+            if *acc {
+                grads.push(when(&x[3], || g.reshape(x[3].dims()?))?);
+            }
             Ok(grads)
         }
         Op::Cast(_) => {

@@ -117,8 +117,9 @@ pub fn keeps(op: &GradOp, k: usize, requires_grad: impl Fn(usize) -> bool) -> Ke
             true => Keep::Value,
             false => Keep::Meta,
         },
-        // The bias's gradient is a sum of the output's: it keeps nothing of the bias.
-        Op::MatmulBias => match k < 2 && requires_grad(1 - k) {
+        // The bias's gradient is a sum of the output's, acc's is the output's: it keeps
+        // nothing of either.
+        Op::MatmulBias { .. } => match k < 2 && requires_grad(1 - k) {
             true => Keep::Value,
             false => Keep::Meta,
         },

@@ -380,10 +380,13 @@ pub enum Op {
     /// dtypes -> [..., m, n] in a's dtype, or in f32 when a and b are f16/bf16 and the output
     /// spec says f32 (f32 accumulation, one rounding: what autocast's products return).
     Matmul,
-    /// (a [m, k], b [k, n], bias [n] in the output dtype) -> a b + bias (the bias added to
-    /// every row before the one rounding to the output dtype); dtypes as `Matmul`. A `Linear`
-    /// layer's forward in one op (a fused epilogue where the backend has one).
-    MatmulBias,
+    /// (a [m, k], b [k, n], bias [n] in the output dtype[, acc in the output dtype])
+    /// -> a b + bias (+ acc), the bias (and acc) added before the one rounding to the output
+    /// dtype; dtypes as `Matmul`. `acc` holds m n elements, the output's in row-major order,
+    /// in any shape (the unflattened [.., n] of a layer's input rows). A `Linear` layer's
+    /// forward in one op, with `acc` the residual stream it adds to (a fused epilogue where
+    /// the backend has one).
+    MatmulBias { acc: bool },
     /// (x) -> x converted to the dtype: floats to ints truncate toward zero and saturate; NaN
     /// becomes 0; nonzero becomes true; true becomes 1.
     Cast(DType),
@@ -532,7 +535,7 @@ impl Op {
             Op::Where => "where",
             Op::Reduce { op, .. } => op.name(),
             Op::Matmul => "matmul",
-            Op::MatmulBias => "matmul_bias",
+            Op::MatmulBias { .. } => "matmul_bias",
             Op::Cast(_) => "cast",
             Op::Copy => "contiguous",
             Op::IndexSelect { .. } => "index_select",

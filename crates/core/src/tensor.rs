@@ -906,13 +906,38 @@ impl Tensor {
     /// output in f32 (a 16-bit bias stays as given: the low-dtype layers of
     /// `autocast::to_low`).
     pub fn matmul_bias(&self, rhs: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
+        self.matmul_bias_acc(rhs, bias, None)
+    }
+
+    /// `acc + self.matmul_bias(rhs, bias)`: a `Linear` layer's output added to the residual
+    /// stream `acc`, one op (the sum in the product's epilogue) where `matmul_bias` is one
+    /// and `acc` has the output's shape and dtype, else the layer and an add.
+    pub fn matmul_bias_add(
+        &self,
+        rhs: &Tensor,
+        bias: Option<&Tensor>,
+        acc: &Tensor,
+    ) -> Result<Tensor> {
+        self.matmul_bias_acc(rhs, bias, Some(acc))
+    }
+
+    fn matmul_bias_acc(
+        &self,
+        rhs: &Tensor,
+        bias: Option<&Tensor>,
+        acc: Option<&Tensor>,
+    ) -> Result<Tensor> {
+        let apart = |y: Tensor| match acc {
+            Some(acc) => acc.add(&y),
+            None => Ok(y),
+        };
         let Some(bias) = bias else {
-            return self.matmul(rhs);
+            return apart(self.matmul(rhs)?);
         };
         let n = rhs.dims().last().copied().unwrap_or(0);
         if bias.dims() != [n] || rhs.rank() != 2 || self.rank() < 1 {
             let y = self.matmul(rhs)?;
-            return y.add(bias);
+            return apart(y.add(bias)?);
         }
         crate::autocast::eligible(&[self, rhs], |t, out| {
             let (a, b) = (t[0], t[1]);
@@ -924,19 +949,30 @@ impl Tensor {
                 && a.elem_count() > 0
                 && a.layout().reshape(&rows).is_some();
             if !fused {
-                return a.matmul_to(b, out)?.add(bias);
+                return apart(a.matmul_to(b, out)?.add(bias)?);
             }
             let mut od = a.dims()[..a.rank() - 1].to_vec();
             od.push(n);
             let flat = a.reshape(rows)?;
             Tensor::check_matmul_dtypes("matmul_bias", &flat, b, out)?;
-            flat.run1(
-                Op::MatmulBias,
-                &[&flat, b, bias],
-                Shape::new([flat.dims()[0], n]),
-                out,
-            )?
-            .reshape(od)
+            let out_rows = Shape::new([flat.dims()[0], n]);
+            // The residual into the op where it is the output's shape and dtype, as it is (a
+            // reshape would put a view node between it and its gradient, which a norm's
+            // backward then could not take in: `ferrite-autodiff`'s `adds_into_first`).
+            let fused_acc = match acc {
+                Some(acc) if acc.dims() == od.as_slice() && acc.dtype() == out => Some(acc),
+                _ => None,
+            };
+            let mut ins = vec![&flat, b, bias];
+            ins.extend(fused_acc);
+            let op = Op::MatmulBias {
+                acc: fused_acc.is_some(),
+            };
+            let y = flat.run1(op, &ins, out_rows, out)?.reshape(od)?;
+            match fused_acc {
+                Some(_) => Ok(y),
+                None => apart(y),
+            }
         })
     }
 

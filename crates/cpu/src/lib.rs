@@ -196,14 +196,22 @@ fn exec_op(op: &Op, inputs: &[&Tensor], outs: &[(Shape, DType)]) -> Result<Vec<A
         Op::Reduce { op, axes } => one(reduce::reduce(*op, input(0)?, axes)?),
         Op::Matmul => {
             let (shape, dt) = out(0)?;
-            one(matmul::matmul(input(0)?, input(1)?, None, shape, *dt)?)
+            one(matmul::matmul(
+                input(0)?,
+                input(1)?,
+                None,
+                None,
+                shape,
+                *dt,
+            )?)
         }
-        Op::MatmulBias => {
+        Op::MatmulBias { acc } => {
             let (shape, dt) = out(0)?;
             one(matmul::matmul(
                 input(0)?,
                 input(1)?,
                 Some(input(2)?),
+                acc.then(|| input(3)).transpose()?,
                 shape,
                 *dt,
             )?)

@@ -20,13 +20,15 @@ fn batch_offset(mut b: usize, dims: &[usize], strides: &[usize], offset: usize) 
 /// gemm calls; above, each gemm call uses all threads.
 const SMALL: usize = 1 << 18;
 
-/// `a b` (+ `bias` broadcast over rows, added to the product in T before it is stored when
-/// given: the destination starts as the bias rows and gemm accumulates onto it).
-fn gemm_typed<T: WithDType + Default>(
+/// `a b` (+ `bias` broadcast over rows, + `acc` [.., m, n] contiguous, added to the product in
+/// T before it is stored when given: the destination starts as the bias rows plus acc and
+/// gemm accumulates onto it).
+fn gemm_typed<T: WithDType + Default + std::ops::Add<Output = T>>(
     a: &Tensor,
     b: &Tensor,
     out_shape: &Shape,
     bias: Option<&[T]>,
+    acc: Option<&[T]>,
     zero: T,
     one: T,
 ) -> Result<Vec<T>> {
@@ -45,10 +47,15 @@ fn gemm_typed<T: WithDType + Default>(
             .collect(),
         _ => crate::alloc::full(out_shape.elem_count(), zero),
     };
+    if let Some(acc) = acc {
+        for (o, &v) in out.iter_mut().zip(acc) {
+            *o = *o + v;
+        }
+    }
     if m == 0 || n == 0 || batch == 0 || k == 0 {
         return Ok(out);
     }
-    let read_dst = bias.is_some();
+    let read_dst = bias.is_some() || acc.is_some();
     let run = |bi: usize, dst: &mut [T], par: Parallelism| {
         let oa = batch_offset(bi, &a.dims()[..r - 2], &sa[..r - 2], la.offset());
         let ob = batch_offset(bi, &b.dims()[..r - 2], &sb[..r - 2], lb.offset());
@@ -107,17 +114,20 @@ fn widen(t: &Tensor) -> Result<Tensor> {
     Tensor::from_vec(v, t.shape(), t.device())
 }
 
-/// `Op::Matmul` (no bias) and `Op::MatmulBias`: output in `out_dt`, a's dtype or f32 from
-/// f16/bf16 operands; f16/bf16 products with a bias or an f32 output, and every bf16 product,
-/// compute in f32 (exact products, f32 accumulation, one rounding at the end).
+/// `Op::Matmul` (no bias) and `Op::MatmulBias` (with `acc`, the residual added too): output
+/// in `out_dt`, a's dtype or f32 from f16/bf16 operands; f16/bf16 products with a bias or an
+/// f32 output, and every bf16 product, compute in f32 (exact products, f32 accumulation, one
+/// rounding at the end).
 pub(crate) fn matmul(
     a: &Tensor,
     b: &Tensor,
     bias: Option<&Tensor>,
+    acc: Option<&Tensor>,
     out_shape: &Shape,
     out_dt: DType,
 ) -> Result<HostBuffer> {
-    // Dtypes as `Op::Matmul` / `Op::MatmulBias` state them (checked by `Tensor`).
+    // Dtypes as `Op::Matmul` / `Op::MatmulBias` state them (checked by `Tensor`); acc comes
+    // with a bias.
     let dt = a.dtype();
     let wide = matches!(dt, DType::F16 | DType::BF16)
         && (dt == DType::BF16 || bias.is_some() || out_dt == DType::F32);
@@ -127,7 +137,20 @@ pub(crate) fn matmul(
             .as_ref()
             .map(|t| contig::<f32>(t, "matmul_bias"))
             .transpose()?;
-        let out = gemm_typed::<f32>(&widen(a)?, &widen(b)?, out_shape, row.as_deref(), 0.0, 1.0)?;
+        let acc32 = acc.map(widen).transpose()?;
+        let acc32 = acc32
+            .as_ref()
+            .map(|t| contig::<f32>(t, "matmul_bias"))
+            .transpose()?;
+        let out = gemm_typed::<f32>(
+            &widen(a)?,
+            &widen(b)?,
+            out_shape,
+            row.as_deref(),
+            acc32.as_deref(),
+            0.0,
+            1.0,
+        )?;
         return Ok(match out_dt {
             DType::F32 => HostBuffer::F32(out),
             DType::F16 => HostBuffer::F16(out.iter().map(|&x| f16::from_f32(x)).collect()),
@@ -137,13 +160,39 @@ pub(crate) fn matmul(
     Ok(match dt {
         DType::F32 => {
             let row = bias.map(|t| contig::<f32>(t, "matmul_bias")).transpose()?;
-            HostBuffer::F32(gemm_typed(a, b, out_shape, row.as_deref(), 0f32, 1f32)?)
+            let acc = acc.map(|t| contig::<f32>(t, "matmul_bias")).transpose()?;
+            HostBuffer::F32(gemm_typed(
+                a,
+                b,
+                out_shape,
+                row.as_deref(),
+                acc.as_deref(),
+                0f32,
+                1f32,
+            )?)
         }
         DType::F64 => {
             let row = bias.map(|t| contig::<f64>(t, "matmul_bias")).transpose()?;
-            HostBuffer::F64(gemm_typed(a, b, out_shape, row.as_deref(), 0f64, 1f64)?)
+            let acc = acc.map(|t| contig::<f64>(t, "matmul_bias")).transpose()?;
+            HostBuffer::F64(gemm_typed(
+                a,
+                b,
+                out_shape,
+                row.as_deref(),
+                acc.as_deref(),
+                0f64,
+                1f64,
+            )?)
         }
-        DType::F16 => HostBuffer::F16(gemm_typed(a, b, out_shape, None, f16::ZERO, f16::ONE)?),
+        DType::F16 => HostBuffer::F16(gemm_typed(
+            a,
+            b,
+            out_shape,
+            None,
+            None,
+            f16::ZERO,
+            f16::ONE,
+        )?),
         dt => return Err(Error::dtype("matmul", dt, "needs a float dtype")),
     })
 }

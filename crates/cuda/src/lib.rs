@@ -307,11 +307,12 @@ impl Backend for Handle {
             Op::Reduce { op, axes } => reduce::reduce(dev, *op, input(0)?, axes),
             Op::Matmul => {
                 let (shape, dt) = out(0)?;
-                matmul::matmul(dev, input(0)?, input(1)?, None, shape, *dt)
+                matmul::matmul(dev, input(0)?, input(1)?, None, None, shape, *dt)
             }
-            Op::MatmulBias => {
+            Op::MatmulBias { acc } => {
                 let (shape, dt) = out(0)?;
-                matmul::matmul(dev, input(0)?, input(1)?, Some(input(2)?), shape, *dt)
+                let acc = acc.then(|| input(3)).transpose()?;
+                matmul::matmul(dev, input(0)?, input(1)?, Some(input(2)?), acc, shape, *dt)
             }
             Op::Cast(dt) => cast::cast(dev, input(0)?, *dt),
             Op::Copy => elementwise::contiguous(dev, input(0)?),

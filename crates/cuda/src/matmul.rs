@@ -47,8 +47,9 @@ struct Key {
     align: [u32; 3],
     /// f32 output from f16/bf16 operands (`gemm_nt_f32`, `Op::Matmul` under autocast).
     out32: bool,
-    /// The bias epilogue (`Op::MatmulBias`).
+    /// The bias epilogue (`Op::MatmulBias`), and its residual as C (beta 1).
     bias: bool,
+    acc: bool,
 }
 
 pub(crate) struct Blas {
@@ -239,13 +240,14 @@ fn align_of(ptr: u64) -> u32 {
 }
 
 /// `Op::Matmul` (`bias` None) and `Op::MatmulBias` (2-D operands; the bias in cuBLASLt's
-/// epilogue, added in f32 before the output's rounding): output dtype `out_dt`, a's or f32
-/// from f16/bf16 operands.
+/// epilogue and `acc`, the residual [m, n], as its C with beta 1: both added in f32 before
+/// the output's rounding): output dtype `out_dt`, a's or f32 from f16/bf16 operands.
 pub(crate) fn matmul(
     dev: &CudaBackend,
     a: &Tensor,
     b: &Tensor,
     bias: Option<&Tensor>,
+    acc: Option<&Tensor>,
     out_shape: &Shape,
     out_dt: DType,
 ) -> Result<Vec<Arc<dyn Storage>>> {
@@ -330,6 +332,24 @@ pub(crate) fn matmul(
         }
         None => None,
     };
+    // The residual as C: packed rows like D (a strided view is copied).
+    let mut _acc_copy = None;
+    let acc_in = match acc {
+        Some(t) => {
+            let s = dev.input(t, op)?;
+            match t.layout().is_contiguous() {
+                true => Some(CudaBackend::ptr(t, s)),
+                false => {
+                    let c = crate::elementwise::copy_into(dev, s, t.layout(), op)?;
+                    let p = c.ptr();
+                    _acc_copy = Some(c);
+                    Some(p)
+                }
+            }
+        }
+        None => None,
+    };
+    let c_ptr = acc_in.unwrap_or(out.ptr());
     let tf32 = compute == lts::cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_TF32;
     // cuBLAS's A is our B, its B our A.
     let key = Key {
@@ -340,9 +360,14 @@ pub(crate) fn matmul(
         ta: ob.mat.3,
         tb: oa.mat.3,
         batch: batch as i32,
-        align: [align_of(ob.ptr), align_of(oa.ptr), align_of(out.ptr())],
+        align: [
+            align_of(ob.ptr),
+            align_of(oa.ptr),
+            align_of(out.ptr()).min(align_of(c_ptr)),
+        ],
         out32,
         bias: bias_in.is_some(),
+        acc: acc_in.is_some(),
     };
     let _ = (m, n);
     let mut guard = dev.blas.lock().unwrap_or_else(|p| p.into_inner());
@@ -441,10 +466,14 @@ pub(crate) fn matmul(
                 )
             })?;
         let (one32, zero32, one64, zero64) = (1.0f32, 0.0f32, 1.0f64, 0.0f64);
+        let (beta32, beta64) = match acc_in {
+            Some(_) => (one32, one64),
+            None => (zero32, zero64),
+        };
         let (alpha, beta): (*const c_void, *const c_void) = if dt == DType::F64 {
-            (&one64 as *const f64 as _, &zero64 as *const f64 as _)
+            (&one64 as *const f64 as _, &beta64 as *const f64 as _)
         } else {
-            (&one32 as *const f32 as _, &zero32 as *const f32 as _)
+            (&one32 as *const f32 as _, &beta32 as *const f32 as _)
         };
         let r = lt::matmul(
             blas.handle,
@@ -455,7 +484,7 @@ pub(crate) fn matmul(
             la,
             oa.ptr as *const c_void,
             lb,
-            out.ptr() as *const c_void,
+            c_ptr as *const c_void,
             ld,
             out.ptr() as *mut c_void,
             ld,
@@ -520,6 +549,7 @@ pub(crate) fn gemm_nt_f32(
         align: [align_of(b), align_of(a), align_of(d)],
         out32: true,
         bias: false,
+        acc: false,
     };
     let mut guard = dev.blas.lock().unwrap_or_else(|p| p.into_inner());
     let blas = Blas::get(dev, &mut guard, op)?;

@@ -1,7 +1,9 @@
-//! A pre-norm encoder layer's backward sums each residual stream's two gradients inside the
-//! norms' backward kernels (`LayerNormBackward { acc }`): no separate add over the stream,
-//! in f32 and under bf16 autocast (the values: the op cases `layer_norm_residual`). (Its own test
-//! binary: it reads the CPU backend's process-wide op counters.)
+//! A pre-norm encoder layer adds each residual connection in its branch's last product
+//! (`MatmulBias { acc }`), and its backward sums each residual stream's two gradients inside
+//! the norms' backward kernels (`LayerNormBackward { acc }`): no separate add over the stream
+//! either way, in f32 and under bf16 autocast (the values: the op cases `matmul_bias_add`,
+//! `layer_norm_residual`). (Its own test binary: it reads the CPU backend's process-wide op
+//! counters.)
 
 use ferrite_autodiff::backward;
 use ferrite_core::{autocast, DType, Tensor};
@@ -9,7 +11,7 @@ use ferrite_cpu::{cpu, profile};
 use ferrite_nn::{EncoderConfig, ModuleExt, TransformerEncoderLayer};
 
 #[test]
-fn residual_gradients_join_in_the_norm_backward() {
+fn residuals_add_in_the_products_and_the_norm_backward() {
     let dev = cpu();
     let mut c = EncoderConfig::new(16, 2);
     c.dim_feedforward = 32;
@@ -24,11 +26,21 @@ fn residual_gradients_join_in_the_norm_backward() {
             let y = layer.forward_masked(&x, None, true)?;
             y.square()?.sum_all()
         };
+        // Forward: each residual connection added by its branch's last product.
+        profile::set_enabled(true);
         let loss = match low {
             Some(dt) => autocast(dt, run).and_then(|r| r),
             None => run(),
         }
         .unwrap();
+        profile::set_enabled(false);
+        let fwd = profile::take();
+        let stream_adds: usize = fwd
+            .iter()
+            .filter(|o| o.op == "add" && o.output == [2, 5, 16])
+            .map(|o| o.calls)
+            .sum();
+        assert_eq!(stream_adds, 0, "{low:?}: a residual added apart: {fwd:?}");
         layer.zero_grad();
         profile::set_enabled(true);
         backward(&loss).unwrap();

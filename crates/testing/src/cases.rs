@@ -556,6 +556,39 @@ fn matmul_bias_cases(b: &mut B) {
             );
         }
     }
+    // The residual added by the product (`Op::MatmulBias { acc }`): a residual of the
+    // output's shape (one op; a narrowed view is read through its strides) and one that
+    // broadcasts (the product, then an add).
+    for dt in FLOATS {
+        for (sa, wa, [n, k]) in &shapes {
+            let tol = scaled(default_tol(dt), (*k as f64).sqrt().max(1.0));
+            let mut od = sa[..sa.len() - 1].to_vec();
+            od.push(*n);
+            for (acc_shape, acc_view) in [
+                (od.clone(), Contiguous),
+                (od.clone(), Narrowed),
+                (vec![*n], Contiguous),
+            ] {
+                b.add(
+                    "matmul_bias_add",
+                    dt,
+                    vec![
+                        inp(sa, dt, u(-1.0, 1.0), *wa),
+                        inp(&[*k, *n], dt, u(-1.0, 1.0), Transposed),
+                        inp(&[*n], dt, u(-1.0, 1.0), Contiguous),
+                        inp(&acc_shape, dt, u(-1.0, 1.0), acc_view),
+                    ],
+                    vec![tol],
+                    true,
+                    |x| Ok(vec![x[0].matmul_bias_add(&x[1], Some(&x[2]), &x[3])?]),
+                    |x| {
+                        let y = matmul_bias_ref(x).remove(0);
+                        vec![r::binary(BinaryOp::Add, &y, &x[3])]
+                    },
+                );
+            }
+        }
+    }
     // Under autocast: 16-bit operands, the f32 output written by the product with the f32
     // bias added before its one rounding (`Op::MatmulBias` with an f32 output spec), and the
     // plain product's f32 output (`Op::Matmul`).
@@ -580,6 +613,31 @@ fn matmul_bias_cases(b: &mut B) {
                     Ok(vec![y])
                 },
                 matmul_bias_ref,
+            );
+            let mut od = sa[..sa.len() - 1].to_vec();
+            od.push(*n);
+            b.add(
+                &format!("autocast_{low}_matmul_bias_add"),
+                DType::F32,
+                vec![
+                    inp(sa, DType::F32, u(-1.0, 1.0), *wa),
+                    inp(&[*k, *n], DType::F32, u(-1.0, 1.0), Transposed),
+                    inp(&[*n], DType::F32, u(-1.0, 1.0), Contiguous),
+                    inp(&od, DType::F32, u(-1.0, 1.0), Contiguous),
+                ],
+                vec![tol],
+                false,
+                move |x| {
+                    let y = ferrite_core::autocast::autocast(low, || {
+                        x[0].matmul_bias_add(&x[1], Some(&x[2]), &x[3])
+                    })??;
+                    f32_out("matmul_bias_add", &y)?;
+                    Ok(vec![y])
+                },
+                |x| {
+                    let y = matmul_bias_ref(x).remove(0);
+                    vec![r::binary(BinaryOp::Add, &y, &x[3])]
+                },
             );
             b.add(
                 &format!("autocast_{low}_matmul"),

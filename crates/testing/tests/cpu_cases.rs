@@ -82,6 +82,8 @@ fn case_list_covers_every_op_kind() {
         "matmul/",
         "matmul_bias/",
         "autocast_bf16_matmul_bias/",
+        "matmul_bias_add/",
+        "autocast_bf16_matmul_bias_add/",
         "layer_norm_to_bf16/",
         "layer_norm_backward_gbf16/",
         "cast_to_bf16/",

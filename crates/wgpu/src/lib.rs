@@ -525,9 +525,18 @@ impl Backend for Handle {
                 let (shape, dt) = out(0)?;
                 matmul::matmul_to(dev, input(0)?, input(1)?, None, shape, *dt)
             }
-            Op::MatmulBias => {
+            Op::MatmulBias { acc } => {
                 let (shape, dt) = out(0)?;
-                matmul::matmul_to(dev, input(0)?, input(1)?, Some(input(2)?), shape, *dt)
+                let y = matmul::matmul_to(dev, input(0)?, input(1)?, Some(input(2)?), shape, *dt)?;
+                match acc {
+                    // The residual added after (rounded twice for a 16-bit output).
+                    true => {
+                        let acc = input(3)?;
+                        let y = as_tensor(y, acc.shape(), acc)?;
+                        elementwise::binary(dev, BinaryOp::Add, acc, &y)
+                    }
+                    false => Ok(y),
+                }
             }
             Op::Cast(dt) => elementwise::cast(dev, input(0)?, *dt),
             Op::Copy => elementwise::contiguous(dev, input(0)?),

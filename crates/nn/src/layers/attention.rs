@@ -77,6 +77,20 @@ impl MultiheadAttention {
         key_padding_mask: Option<&Tensor>,
         causal: bool,
     ) -> Result<Tensor> {
+        self.attend_add(query, key, value, key_padding_mask, causal, None)
+    }
+
+    /// `attend`, plus `residual` (shaped as the output) added by the output projection
+    /// (`Linear::forward_add`) when given.
+    pub(crate) fn attend_add(
+        &self,
+        query: &Tensor,
+        key: &Tensor,
+        value: &Tensor,
+        key_padding_mask: Option<&Tensor>,
+        causal: bool,
+        residual: Option<&Tensor>,
+    ) -> Result<Tensor> {
         let (e, h) = (self.embed_dim, self.num_heads);
         let d = e / h;
         let to_lbe = |t: &Tensor| {
@@ -140,7 +154,8 @@ impl MultiheadAttention {
             };
             let part = |i: usize| heads(&y.narrow(-1, i * e, e)?, query);
             let (qh, kh, vh) = (part(0)?, part(1)?, part(2)?);
-            return self.attend_heads(&qh, &kh, &vh, key_padding_mask, causal, (l, b, s));
+            let dims = (l, b, s);
+            return self.attend_heads(&qh, &kh, &vh, key_padding_mask, causal, dims, residual);
         }
         // Under autocast the projections stay in the low dtype (bias included) and feed the
         // fused attention without casts; an input given for several roles is cast once.
@@ -177,11 +192,12 @@ impl MultiheadAttention {
             }
             None => (project(query, 0)?, project(key, 1)?, project(value, 2)?),
         };
-        self.attend_heads(&qh, &kh, &vh, key_padding_mask, causal, (l, b, s))
+        self.attend_heads(&qh, &kh, &vh, key_padding_mask, causal, (l, b, s), residual)
     }
 
     /// The attention of projected heads q, k, v [B, h, len, d] and the output projection;
     /// (l, b, s): query length, batch, key length.
+    #[allow(clippy::too_many_arguments)]
     fn attend_heads(
         &self,
         qh: &Tensor,
@@ -190,6 +206,7 @@ impl MultiheadAttention {
         key_padding_mask: Option<&Tensor>,
         causal: bool,
         (l, b, s): (usize, usize, usize),
+        residual: Option<&Tensor>,
     ) -> Result<Tensor> {
         let (e, h) = (self.embed_dim, self.num_heads);
         let d = e / h;
@@ -219,7 +236,13 @@ impl MultiheadAttention {
             true => o.permute(&[0, 2, 1, 3])?.reshape([b, l, e])?,
             false => o.permute(&[2, 0, 1, 3])?.reshape([l, b, e])?,
         };
-        forward_child("out_proj", &self.out_proj, &o)
+        match residual {
+            Some(r) => self
+                .out_proj
+                .forward_add(&o, r)
+                .map_err(|e| in_child(e, "out_proj", "Linear")),
+            None => forward_child("out_proj", &self.out_proj, &o),
+        }
     }
 }
 
@@ -314,14 +337,16 @@ fn norm_low(name: &str, norm: &LayerNorm, x: &Tensor) -> Result<Tensor> {
 }
 
 /// The feed-forward block of the encoder and decoder layers: `linear2(dropout(act(linear1(x))))`
-/// with GELU or ReLU. Under autocast linear1's output, its bias and the activation stay in the
-/// low dtype (linear2 reads them without a cast), as PyTorch computes them.
+/// with GELU or ReLU, plus `residual` added by linear2 (`Linear::forward_add`) when given. Under
+/// autocast linear1's output, its bias and the activation stay in the low dtype (linear2 reads
+/// them without a cast), as PyTorch computes them.
 fn feed_forward(
     x: &Tensor,
     linear1: &Linear,
     dropout: &Dropout,
     linear2: &Linear,
     use_gelu: bool,
+    residual: Option<&Tensor>,
 ) -> Result<Tensor> {
     let w1 = linear1.weight.tensor();
     let b1 = linear1.bias.as_ref().map(|b| b.tensor());
@@ -335,7 +360,26 @@ fn feed_forward(
         relu(&h)?
     };
     let h = forward_child("dropout", dropout, &h)?;
-    forward_child("linear2", linear2, &h)
+    match residual {
+        Some(r) => linear2
+            .forward_add(&h, r)
+            .map_err(|e| in_child(e, "linear2", "Linear")),
+        None => forward_child("linear2", linear2, &h),
+    }
+}
+
+/// `residual + dropout(branch)`, a residual connection: where the dropout passes values
+/// through (p = 0 or evaluation), `branch(Some(residual))`, whose last product adds the
+/// residual itself (one op, no pass over the stream); else `branch(None)` and an add.
+fn residual_add(
+    residual: &Tensor,
+    (name, dropout): (&str, &Dropout),
+    branch: impl Fn(Option<&Tensor>) -> Result<Tensor>,
+) -> Result<Tensor> {
+    match dropout.is_identity() {
+        true => branch(Some(residual)),
+        false => residual.add(&forward_child(name, dropout, &branch(None)?)?),
+    }
 }
 
 impl TransformerEncoderLayer {
@@ -364,17 +408,26 @@ impl TransformerEncoderLayer {
         })
     }
 
-    fn sa(&self, x: &Tensor, mask: Option<&Tensor>, causal: bool) -> Result<Tensor> {
-        let y = self
-            .self_attn
-            .attend(x, x, x, mask, causal)
-            .map_err(|e| in_child(e, "self_attn", "MultiheadAttention"))?;
-        forward_child("dropout1", &self.dropout1, &y)
+    /// `res + dropout1(self_attn(x))`.
+    fn sa_add(
+        &self,
+        res: &Tensor,
+        x: &Tensor,
+        mask: Option<&Tensor>,
+        causal: bool,
+    ) -> Result<Tensor> {
+        residual_add(res, ("dropout1", &self.dropout1), |r| {
+            self.self_attn
+                .attend_add(x, x, x, mask, causal, r)
+                .map_err(|e| in_child(e, "self_attn", "MultiheadAttention"))
+        })
     }
 
-    fn ff(&self, x: &Tensor) -> Result<Tensor> {
-        let h = feed_forward(x, &self.linear1, &self.dropout, &self.linear2, self.gelu)?;
-        forward_child("dropout2", &self.dropout2, &h)
+    /// `res + dropout2(feed_forward(x))`.
+    fn ff_add(&self, res: &Tensor, x: &Tensor) -> Result<Tensor> {
+        residual_add(res, ("dropout2", &self.dropout2), |r| {
+            feed_forward(x, &self.linear1, &self.dropout, &self.linear2, self.gelu, r)
+        })
     }
 
     /// The layer with an optional key-padding mask (bool [B, S]) and causal self-attention.
@@ -385,19 +438,16 @@ impl TransformerEncoderLayer {
         causal: bool,
     ) -> Result<Tensor> {
         if self.norm_first {
-            let x = x.add(&self.sa(
-                &norm_low("norm1", &self.norm1, x)?,
-                key_padding_mask,
-                causal,
-            )?)?;
-            x.add(&self.ff(&norm_low("norm2", &self.norm2, &x)?)?)
+            let n1 = norm_low("norm1", &self.norm1, x)?;
+            let x = self.sa_add(x, &n1, key_padding_mask, causal)?;
+            self.ff_add(&x, &norm_low("norm2", &self.norm2, &x)?)
         } else {
             let x = forward_child(
                 "norm1",
                 &self.norm1,
-                &x.add(&self.sa(x, key_padding_mask, causal)?)?,
+                &self.sa_add(x, x, key_padding_mask, causal)?,
             )?;
-            forward_child("norm2", &self.norm2, &x.add(&self.ff(&x)?)?)
+            forward_child("norm2", &self.norm2, &self.ff_add(&x, &x)?)
         }
     }
 }
@@ -492,25 +542,41 @@ impl TransformerDecoderLayer {
         })
     }
 
-    fn sa(&self, x: &Tensor, mask: Option<&Tensor>, causal: bool) -> Result<Tensor> {
-        let y = self
-            .self_attn
-            .attend(x, x, x, mask, causal)
-            .map_err(|e| in_child(e, "self_attn", "MultiheadAttention"))?;
-        forward_child("dropout1", &self.dropout1, &y)
+    /// `res + dropout1(self_attn(x))`.
+    fn sa_add(
+        &self,
+        res: &Tensor,
+        x: &Tensor,
+        mask: Option<&Tensor>,
+        causal: bool,
+    ) -> Result<Tensor> {
+        residual_add(res, ("dropout1", &self.dropout1), |r| {
+            self.self_attn
+                .attend_add(x, x, x, mask, causal, r)
+                .map_err(|e| in_child(e, "self_attn", "MultiheadAttention"))
+        })
     }
 
-    fn ca(&self, x: &Tensor, mem: &Tensor, mask: Option<&Tensor>) -> Result<Tensor> {
-        let y = self
-            .multihead_attn
-            .attend(x, mem, mem, mask, false)
-            .map_err(|e| in_child(e, "multihead_attn", "MultiheadAttention"))?;
-        forward_child("dropout2", &self.dropout2, &y)
+    /// `res + dropout2(multihead_attn(x, mem))`.
+    fn ca_add(
+        &self,
+        res: &Tensor,
+        x: &Tensor,
+        mem: &Tensor,
+        mask: Option<&Tensor>,
+    ) -> Result<Tensor> {
+        residual_add(res, ("dropout2", &self.dropout2), |r| {
+            self.multihead_attn
+                .attend_add(x, mem, mem, mask, false, r)
+                .map_err(|e| in_child(e, "multihead_attn", "MultiheadAttention"))
+        })
     }
 
-    fn ff(&self, x: &Tensor) -> Result<Tensor> {
-        let h = feed_forward(x, &self.linear1, &self.dropout, &self.linear2, self.gelu)?;
-        forward_child("dropout3", &self.dropout3, &h)
+    /// `res + dropout3(feed_forward(x))`.
+    fn ff_add(&self, res: &Tensor, x: &Tensor) -> Result<Tensor> {
+        residual_add(res, ("dropout3", &self.dropout3), |r| {
+            feed_forward(x, &self.linear1, &self.dropout, &self.linear2, self.gelu, r)
+        })
     }
 
     /// `tgt` attends to itself (causally when `tgt_causal`, with an optional key-padding mask)
@@ -525,17 +591,17 @@ impl TransformerDecoderLayer {
     ) -> Result<Tensor> {
         let (tm, mm) = (tgt_key_padding_mask, memory_key_padding_mask);
         if self.norm_first {
-            let x = tgt.add(&self.sa(&norm_low("norm1", &self.norm1, tgt)?, tm, tgt_causal)?)?;
-            let x = x.add(&self.ca(&norm_low("norm2", &self.norm2, &x)?, memory, mm)?)?;
-            x.add(&self.ff(&norm_low("norm3", &self.norm3, &x)?)?)
+            let x = self.sa_add(tgt, &norm_low("norm1", &self.norm1, tgt)?, tm, tgt_causal)?;
+            let x = self.ca_add(&x, &norm_low("norm2", &self.norm2, &x)?, memory, mm)?;
+            self.ff_add(&x, &norm_low("norm3", &self.norm3, &x)?)
         } else {
             let x = forward_child(
                 "norm1",
                 &self.norm1,
-                &tgt.add(&self.sa(tgt, tm, tgt_causal)?)?,
+                &self.sa_add(tgt, tgt, tm, tgt_causal)?,
             )?;
-            let x = forward_child("norm2", &self.norm2, &x.add(&self.ca(&x, memory, mm)?)?)?;
-            forward_child("norm3", &self.norm3, &x.add(&self.ff(&x)?)?)
+            let x = forward_child("norm2", &self.norm2, &self.ca_add(&x, &x, memory, mm)?)?;
+            forward_child("norm3", &self.norm3, &self.ff_add(&x, &x)?)
         }
     }
 }

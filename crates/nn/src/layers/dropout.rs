@@ -35,6 +35,11 @@ pub struct Dropout {
 }
 
 impl Dropout {
+    /// Whether `forward` returns its input unchanged (p = 0, or evaluation mode).
+    pub fn is_identity(&self) -> bool {
+        !self.training || self.p == 0.0
+    }
+
     /// p in [0, 1); the mask stream is seeded from `init::next_seed()`.
     pub fn new(p: f64) -> Result<Dropout> {
         if !(0.0..1.0).contains(&p) {
@@ -71,7 +76,7 @@ impl Module for Dropout {
     }
 
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        if !self.training || self.p == 0.0 {
+        if self.is_identity() {
             return Ok(x.clone());
         }
         let n = self.calls.fetch_add(1, Ordering::Relaxed);

@@ -103,6 +103,15 @@ impl Linear {
             None => linear(x, &w, b.as_ref()),
         }
     }
+
+    /// `residual + forward(x)`: a residual connection whose branch ends in this layer, the
+    /// sum in the product's epilogue (one op, `Tensor::matmul_bias_add`) where the layer has
+    /// a bias and `residual` the output's shape and dtype, else the layer and an add.
+    pub fn forward_add(&self, x: &Tensor, residual: &Tensor) -> Result<Tensor> {
+        self.check_input(x)?;
+        let b = self.bias.as_ref().map(|b| b.tensor());
+        x.matmul_bias_add(&self.weight.tensor().t()?, b.as_ref(), residual)
+    }
 }
 
 /// `x Wᵀ + b` over the last axis of `x` (PyTorch's `F.linear`), one `matmul_bias` op (the
