@@ -78,13 +78,18 @@ fn view(v: &ViewOp, x: &Saved, g: &Tensor) -> Result<Grads> {
 
 /// The gradient of a tensor of `dims` from the gradients of its narrowed views along `axis`,
 /// given as (start, gradient), disjoint: the pieces in order with zeros in the gaps (shared
-/// zero constants, no fill per backward), one `cat`; a piece covering the tensor is itself.
+/// zero constants, no fill per backward), one `cat`; a piece covering the tensor is itself,
+/// and pieces that already lie side by side in one storage (an op that wrote them into one
+/// buffer: `attention_backward` for a projection's q, k, v) are that storage's view.
 pub(crate) fn join_narrowed(
     mut parts: Vec<(usize, Tensor)>,
     dims: &[usize],
     axis: usize,
 ) -> Result<Tensor> {
     parts.sort_by_key(|(start, _)| *start);
+    if let Some(whole) = tiled_view(&parts, dims, axis) {
+        return Ok(whole);
+    }
     let Some((_, first)) = parts.first() else {
         return Err(Error::backend("backward", "no gradient to join"));
     };
@@ -110,6 +115,40 @@ pub(crate) fn join_narrowed(
         1 => Ok(pieces.remove(0)),
         _ => Tensor::cat(&pieces.iter().collect::<Vec<_>>(), axis as isize),
     }
+}
+
+/// The view of one storage that `parts` (sorted by start) tile along `axis` without gaps:
+/// each a view of that storage with the same strides and dtype, `dims` but for `axis`, at the
+/// offset its start gives. `None` where they do not.
+fn tiled_view(parts: &[(usize, Tensor)], dims: &[usize], axis: usize) -> Option<Tensor> {
+    let (_, first) = parts.first()?;
+    let lay = first.layout();
+    let stride = *lay.strides().get(axis)?;
+    let mut at = 0;
+    for (start, g) in parts {
+        let l = g.layout();
+        let same_dims =
+            g.rank() == dims.len() && (0..dims.len()).all(|i| i == axis || g.dims()[i] == dims[i]);
+        if *start != at
+            || !same_dims
+            || g.dtype() != first.dtype()
+            || !std::sync::Arc::ptr_eq(g.storage_arc(), first.storage_arc())
+            || l.strides() != lay.strides()
+            || l.offset() != lay.offset() + start * stride
+        {
+            return None;
+        }
+        at += g.dims()[axis];
+    }
+    if at != dims[axis] || parts.len() < 2 {
+        return None;
+    }
+    let layout = ferrite_core::Layout::new(dims.into(), lay.strides().to_vec(), lay.offset());
+    Some(Tensor::from_storage(
+        first.storage_arc().clone(),
+        layout,
+        first.device().clone(),
+    ))
 }
 
 /// Sums `g` over the dims a broadcast to its shape added or stretched, back to `dims`.

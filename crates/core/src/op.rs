@@ -485,6 +485,7 @@ pub enum Op {
         scale: f64,
         key_mask: bool,
         saved: bool,
+        packed: bool,
     },
     /// (x [n, c, h, w], w [o, c/groups, kh, kw]) -> y [n, o, oh, ow] with
     /// y[n, o, i, j] = sum over (c', di, dj) of w[o, c', di, dj] x[n, g c/groups + c',

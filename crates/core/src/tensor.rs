@@ -1896,6 +1896,28 @@ impl Tensor {
         Tensor::attention_backward_run([q, k, v], key_mask, g, Some((o, lse)), causal, scale)
     }
 
+    /// Whether q, k, v (equal [b, h, l, d]) are views of one storage laid out as the rows
+    /// [b, l, 3, h, d] of a self-attention's projection, q, k, v in that order.
+    fn thirds_of_one_projection([q, k, v]: [&Tensor; 3]) -> bool {
+        let d = q.dims();
+        let one = |t: &Tensor| {
+            Arc::ptr_eq(t.storage_arc(), q.storage_arc())
+                && t.dims() == d
+                && t.dtype() == q.dtype()
+                && t.layout().strides() == q.layout().strides()
+        };
+        if d.len() != 4 || !one(k) || !one(v) {
+            return false;
+        }
+        // [b, h, l, d] over rows of 3 h d: strides (l 3 h d, d, 3 h d, 1).
+        let (h, l, e) = (d[1], d[2], d[1] * d[3]);
+        let want = [l * 3 * e, d[3], 3 * e, 1];
+        let s = q.layout().strides();
+        let dims_ok = (0..4).all(|i| d[i] == 1 || s[i] == want[i]);
+        let o = q.layout().offset();
+        dims_ok && h > 0 && k.layout().offset() == o + e && v.layout().offset() == o + 2 * e
+    }
+
     fn attention_backward_run(
         [q, k, v]: [&Tensor; 3],
         key_mask: Option<&Tensor>,
@@ -1916,12 +1938,22 @@ impl Tensor {
                 ),
             ));
         }
-        // Stored [b, l, h, d]: the shapes of q, k, v with heads and rows swapped.
+        // Stored [b, l, h, d]: the shapes of q, k, v with heads and rows swapped; or, where
+        // q, k and v are the thirds of one projection's rows ([b, l, 3 h d] viewed as heads),
+        // stored the same way: one [b, l, 3, h, d] output, whose thirds the gradients are
+        // (`ferrite-autodiff` joins the thirds' gradients back without a copy).
         let token_major = |t: &Tensor| {
             let d = t.dims();
             (Shape::from(vec![d[0], d[2], d[1], d[3]]), t.dtype())
         };
-        let outs = vec![token_major(q), token_major(k), token_major(v)];
+        let packed = Tensor::thirds_of_one_projection([q, k, v]);
+        let outs = match packed {
+            true => {
+                let d = q.dims();
+                vec![(Shape::from(vec![d[0], d[2], 3, d[1], d[3]]), q.dtype())]
+            }
+            false => vec![token_major(q), token_major(k), token_major(v)],
+        };
         if let Some((o, lse)) = saved {
             let d = q.dims();
             if o.shape() != &out
@@ -1952,6 +1984,7 @@ impl Tensor {
             scale,
             key_mask: key_mask.is_some(),
             saved: saved.is_some(),
+            packed,
         };
         let mut ins = vec![q, k, v];
         ins.extend(key_mask);
@@ -1960,6 +1993,18 @@ impl Tensor {
             ins.extend([o, lse]);
         }
         let mut o = q.run(op, &ins, outs)?;
+        if packed {
+            let all = o
+                .pop()
+                .ok_or_else(|| Error::backend("attention_backward", "no output"))?;
+            let third = |i: usize| -> Result<Tensor> {
+                let d = q.dims();
+                all.narrow(2, i, 1)?
+                    .reshape([d[0], d[2], d[1], d[3]])?
+                    .permute(&[0, 2, 1, 3])
+            };
+            return Ok((third(0)?, third(1)?, third(2)?));
+        }
         match (o.pop(), o.pop(), o.pop()) {
             (Some(dv), Some(dk), Some(dq)) => Ok((
                 dq.permute(&[0, 2, 1, 3])?,

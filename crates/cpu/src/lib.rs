@@ -307,15 +307,30 @@ fn exec_op(op: &Op, inputs: &[&Tensor], outs: &[(Shape, DType)]) -> Result<Vec<A
             scale,
             key_mask,
             saved: _,
-        } => many(attention::attention_backward(
-            input(0)?,
-            input(1)?,
-            input(2)?,
-            key_mask.then(|| input(3)).transpose()?,
-            input(if *key_mask { 4 } else { 3 })?,
-            *causal,
-            *scale,
-        )?),
+            packed,
+        } => {
+            let q = input(0)?;
+            let grads = attention::attention_backward(
+                q,
+                input(1)?,
+                input(2)?,
+                key_mask.then(|| input(3)).transpose()?,
+                input(if *key_mask { 4 } else { 3 })?,
+                *causal,
+                *scale,
+            )?;
+            if !packed {
+                return many(grads);
+            }
+            // [b, l, h, d] each -> one [b, l, 3, h, d].
+            let d = q.dims();
+            let rows = Shape::from(vec![d[0], d[2], 1, d[1] * d[3]]);
+            let parts: Vec<Tensor> = grads
+                .into_iter()
+                .map(|g| host_tensor(g, &rows, q))
+                .collect();
+            one(index::cat(&parts.iter().collect::<Vec<_>>(), 2)?)
+        }
         Op::Conv2d(p) => one(conv::conv2d(input(0)?, input(1)?, p, &out(0)?.0)?),
         Op::ConvTranspose2d(p) => one(conv::conv_transpose2d(input(0)?, input(1)?, p, &out(0)?.0)?),
         Op::Conv2dBackwardWeight(p) => one(conv::conv2d_backward_weight(

@@ -17,10 +17,13 @@ struct AttnDims {
     i64 sq[4], sk[4], sv[4], sg[4];
     const u8* mask;  // key-padding mask [b, lk] (nonzero = padding), or null
     i64 sm[2];       // its strides (elements)
+    u32 gq, gk;      // head slots a token of the dq and of the dk/dv gradient rows hold
 };
 
-// The backward's gradients are stored [b, l, h, cols] (token-major, as the forward's
-// output): the offset of row i of (batch bi, head h) of one with `heads` heads and `len` rows.
+// The backward's gradients are stored [b, l, heads, cols] (token-major, as the forward's
+// output; `heads` is a.gq or a.gk: the heads, or three times them where dq, dk and dv share
+// rows, [b, l, 3, h, cols], each pointer at its slot): the offset of row i of (batch bi, head
+// h) with `len` rows.
 __device__ __forceinline__ u64 grad_row(u32 bi, u32 h, u64 i, u32 heads, u32 len, u32 cols) {
     return (((u64)bi * len + i) * heads + h) * cols;
 }
@@ -175,7 +178,7 @@ __device__ void attn_dq_body(const AttnDims& a, typename Num<T>::A scale, const 
     const T* vb = v + bi * a.sv[0] + kvh * a.sv[1];
     const i64 vis = visible_keys(a, i);
     const A m = stats[3 * orow], l = stats[3 * orow + 1], D = stats[3 * orow + 2];
-    T* dr = dq + grad_row(bi, h, i, a.hq, a.lq, a.d);
+    T* dr = dq + grad_row(bi, h, i, a.gq, a.lq, a.d);
     for (u32 c0 = 0; c0 < a.d; c0 += ROW_COLS) {
         A acc[8];
 #pragma unroll
@@ -269,8 +272,8 @@ __device__ void attn_dkv_body(const AttnDims& a, typename Num<T>::A scale, const
 #pragma unroll
         for (int t = 0; t < 8; ++t) {
             const u32 c = c0 + lane + 32 * t;
-            if (c < a.d) dk[grad_row(bi, kvh, j, a.hkv, a.lk, a.d) + c] = Num<T>::store(ak[t]);
-            if (c < a.dv) dvo[grad_row(bi, kvh, j, a.hkv, a.lk, a.dv) + c] = Num<T>::store(av[t]);
+            if (c < a.d) dk[grad_row(bi, kvh, j, a.gk, a.lk, a.d) + c] = Num<T>::store(ak[t]);
+            if (c < a.dv) dvo[grad_row(bi, kvh, j, a.gk, a.lk, a.dv) + c] = Num<T>::store(av[t]);
         }
     }
 }
@@ -579,7 +582,7 @@ __device__ void attn_bdq_body(const AttnDims& a, u32 ldq, u32 ldv, float sl2, fl
         __syncthreads();
         tile_acc(acc, Ds, Ks, ldq);
     }
-    tile_store<T, DC>(dq + grad_row(bi, h, 0, a.hq, a.lq, a.d), (u64)a.hq * a.d, i0, a.lq, a.d, acc);
+    tile_store<T, DC>(dq + grad_row(bi, h, 0, a.gq, a.lq, a.d), (u64)a.gq * a.d, i0, a.lq, a.d, acc);
 }
 
 // Backward, dk and dv, d and dv <= 128: per 64 key rows of one (batch, kv head), for each
@@ -658,8 +661,8 @@ __device__ void attn_bdkv_body(const AttnDims& a, u32 ldq, u32 ldv, float sl2, f
             tile_acc(ak, Dt, Qs, ldq);
         }
     }
-    tile_store<T, DC>(dk + grad_row(bi, kvh, 0, a.hkv, a.lk, a.d), (u64)a.hkv * a.d, j0, a.lk, a.d, ak);
-    tile_store<T, DVC>(dvo + grad_row(bi, kvh, 0, a.hkv, a.lk, a.dv), (u64)a.hkv * a.dv, j0, a.lk, a.dv, av);
+    tile_store<T, DC>(dk + grad_row(bi, kvh, 0, a.gk, a.lk, a.d), (u64)a.gk * a.d, j0, a.lk, a.d, ak);
+    tile_store<T, DVC>(dvo + grad_row(bi, kvh, 0, a.gk, a.lk, a.dv), (u64)a.gk * a.dv, j0, a.lk, a.dv, av);
 }
 
 // ---- tensor-core forward (f16/bf16, d == dv in {64, 96, 128, 256}) ----
@@ -1132,7 +1135,7 @@ __device__ void attn_mma_bdq_body(const AttnDims& a, float sl2, float scale, con
         __syncthreads();  // every warp is done with this buffer before it is refilled
     }
     scale_acc<D>(acc, scale);
-    mma_store_rows<T, D>(dq + grad_row(bi, h, 0, a.hq, a.lq, D), acc, i0 + warp * 16, a.lq, (u64)a.hq * D);
+    mma_store_rows<T, D>(dq + grad_row(bi, h, 0, a.gq, a.lq, D), acc, i0 + warp * 16, a.lq, (u64)a.gq * D);
 }
 
 // dk and dv, per 64 key rows of one (batch, kv head), for each query head of its group and each
@@ -1252,7 +1255,7 @@ __device__ void attn_mma_bdkv_body(const AttnDims& a, float sl2, float scale, co
         mma_p_rows<T, D>(ak, dp, Qc);
         __syncthreads();  // every warp is done with this buffer before it is refilled
     }
-    const u64 kr0 = grad_row(bi, kvh, 0, a.hkv, a.lk, D), ld = (u64)a.hkv * D;
+    const u64 kr0 = grad_row(bi, kvh, 0, a.gk, a.lk, D), ld = (u64)a.gk * D;
     scale_acc<D>(ak, scale);
     mma_store_rows<T, D>(dk + kr0, ak, j0 + warp * 16, a.lk, ld);
     mma_store_rows<T, D>(dvo + kr0, av, j0 + warp * 16, a.lk, ld);

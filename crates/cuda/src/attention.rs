@@ -59,6 +59,10 @@ struct Dims {
     /// Key-padding mask: device address of bool [b, lk] (0 = none) and its strides.
     mask: u64,
     sm: [i64; 2],
+    /// Head slots a token of the dq and of the dk/dv gradient rows holds: hq and hkv, or
+    /// three times them where the three share rows (`packed`).
+    gq: u32,
+    gk: u32,
 }
 
 /// Warps (rows) per block of the row kernels.
@@ -157,6 +161,8 @@ fn dims(
             let s = m.layout().strides();
             [s[0] as i64, s[1] as i64]
         }),
+        gq: small(qd[1])?,
+        gk: small(kd[1])?,
     })
 }
 
@@ -342,7 +348,8 @@ pub(crate) fn attention(
 
 /// `Op::AttentionBackward`. With `saved` (the forward's output and lse), the tensor-core path
 /// takes its statistics from them (`attn_delta`) instead of recomputing the forward; the other
-/// families recompute.
+/// families recompute. `packed` (hq = hkv, lq = lk, d = dv: checked by `Tensor`): one output
+/// [b, l, 3, h, d], each token's dq, dk and dv rows side by side.
 pub(crate) fn attention_backward(
     dev: &CudaBackend,
     [q, k, v, g]: [&Tensor; 4],
@@ -350,6 +357,7 @@ pub(crate) fn attention_backward(
     saved: Option<(&Tensor, &Tensor)>,
     causal: bool,
     scale: f64,
+    packed: bool,
 ) -> Result<Vec<Arc<dyn Storage>>> {
     let op = "attention_backward";
     let dt = float_dtype(op, &[q, k, v, g])?;
@@ -357,7 +365,7 @@ pub(crate) fn attention_backward(
         Some(m) => Some((m, CudaBackend::ptr(m, dev.input(m, op)?))),
         None => None,
     };
-    let a = dims(op, (q, k, v), Some(g), mask, causal)?;
+    let mut a = dims(op, (q, k, v), Some(g), mask, causal)?;
     let (sq, sk, sv, sg) = (
         dev.input(q, op)?,
         dev.input(k, op)?,
@@ -374,12 +382,28 @@ pub(crate) fn attention_backward(
         a.dv as usize,
     );
     let group = hq / hkv;
-    let dq = dev.alloc_out(b * hq * lq * d, dt, op)?;
-    let dk = dev.alloc_out(b * hkv * lk * d, dt, op)?;
-    let dvo = dev.alloc_out(b * hkv * lk * dv, dt, op)?;
+    // The outputs, and where dq, dk and dv start in them.
+    let (outs, [dq, dk, dvo]) = match packed {
+        true => {
+            let all = dev.alloc_out(3 * b * hq * lq * d, dt, op)?;
+            let (p, slot) = (all.ptr(), (hq * d * dt.size_in_bytes()) as u64);
+            a.gq = 3 * a.hq;
+            a.gk = 3 * a.hkv;
+            (vec![all], [p, p + slot, p + 2 * slot])
+        }
+        false => {
+            let outs = vec![
+                dev.alloc_out(b * hq * lq * d, dt, op)?,
+                dev.alloc_out(b * hkv * lk * d, dt, op)?,
+                dev.alloc_out(b * hkv * lk * dv, dt, op)?,
+            ];
+            let ptrs = [outs[0].ptr(), outs[1].ptr(), outs[2].ptr()];
+            (outs, ptrs)
+        }
+    };
     // Like the CPU: any empty operand makes every gradient zero.
     if b * hkv == 0 || group * lq * d == 0 || lk * d == 0 || lk * dv == 0 {
-        for o in [&dq, &dk, &dvo] {
+        for o in &outs {
             let bytes = o.len * dt.size_in_bytes();
             if bytes > 0 {
                 // SAFETY: the range is the whole new block; ordered on the compute stream.
@@ -388,7 +412,7 @@ pub(crate) fn attention_backward(
                     .map_err(|e| crate::driver::drv(op, e))?;
             }
         }
-        return dev.finish(vec![dq, dk, dvo]);
+        return dev.finish(outs);
     }
     let ptrs = (
         CudaBackend::ptr(q, sq),
@@ -461,7 +485,7 @@ pub(crate) fn attention_backward(
                 .arg(gp)
                 .arg(stats.ptr())
         };
-        let args = tail(Args::new().arg(a)).arg(dq.ptr());
+        let args = tail(Args::new().arg(a)).arg(dq);
         dev.launch(
             op,
             &SOURCE,
@@ -469,7 +493,7 @@ pub(crate) fn attention_backward(
             cfg(q_blocks, 6 * tile),
             args,
         )?;
-        let args = tail(Args::new().arg(a)).arg(dk.ptr()).arg(dvo.ptr());
+        let args = tail(Args::new().arg(a)).arg(dk).arg(dvo);
         let bytes = 6 * tile + 2 * TILE * 2 * 4;
         dev.launch(
             op,
@@ -478,7 +502,7 @@ pub(crate) fn attention_backward(
             cfg(k_blocks, bytes),
             args,
         )?;
-        return dev.finish(vec![dq, dk, dvo]);
+        return dev.finish(outs);
     }
     // (max, sum, D) per query row, in the compute type.
     let stats = dev.alloc_out(3 * b * hq * lq, dt.accumulator(), op)?;
@@ -521,15 +545,15 @@ pub(crate) fn attention_backward(
                 .arg(stats.ptr())
         };
         let cfg = grid(q_blocks, 2 * TILE * (ldq + ldv));
-        let args = tail(Args::new().arg(a)).arg(dq.ptr());
+        let args = tail(Args::new().arg(a)).arg(dq);
         dev.launch(op, &SOURCE, &format!("attn_bdq{dc}_{sfx}"), cfg, args)?;
         let cfg = grid(
             k_blocks,
             2 * TILE * (ldq + ldv) + 2 * TILE * TILE_PS + 3 * TILE,
         );
-        let args = tail(Args::new().arg(a)).arg(dk.ptr()).arg(dvo.ptr());
+        let args = tail(Args::new().arg(a)).arg(dk).arg(dvo);
         dev.launch(op, &SOURCE, &format!("attn_bdkv{dc}{dvc}_{sfx}"), cfg, args)?;
-        return dev.finish(vec![dq, dk, dvo]);
+        return dev.finish(outs);
     }
     let base = || {
         arg_compute(Args::new().arg(a), dt, scale)
@@ -541,10 +565,10 @@ pub(crate) fn attention_backward(
     let rows = row_grid(op, b * hkv, group * lq)?;
     let args = base().arg(0u64).arg(stats.ptr()).arg(1u32).arg(0u64);
     dev.launch(op, &SOURCE, &format!("attn_rows_{sfx}"), rows, args)?;
-    let args = base().arg(stats.ptr()).arg(dq.ptr());
+    let args = base().arg(stats.ptr()).arg(dq);
     dev.launch(op, &SOURCE, &format!("attn_dq_{sfx}"), rows, args)?;
     let keys = row_grid(op, b * hkv, lk)?;
-    let args = base().arg(stats.ptr()).arg(dk.ptr()).arg(dvo.ptr());
+    let args = base().arg(stats.ptr()).arg(dk).arg(dvo);
     dev.launch(op, &SOURCE, &format!("attn_dkv_{sfx}"), keys, args)?;
-    dev.finish(vec![dq, dk, dvo])
+    dev.finish(outs)
 }

@@ -383,6 +383,7 @@ impl Backend for Handle {
                 scale,
                 key_mask,
                 saved,
+                packed,
             } => {
                 let gi = if *key_mask { 4 } else { 3 };
                 attention::attention_backward(
@@ -394,6 +395,7 @@ impl Backend for Handle {
                         .transpose()?,
                     *causal,
                     *scale,
+                    *packed,
                 )
             }
             Op::Conv2d(p) => conv::conv2d(dev, input(0)?, input(1)?, p, &out(0)?.0),

@@ -1,9 +1,10 @@
 //! A pre-norm encoder layer adds each residual connection in its branch's last product
-//! (`MatmulBias { acc }`), and its backward sums each residual stream's two gradients inside
-//! the norms' backward kernels (`LayerNormBackward { acc }`): no separate add over the stream
-//! either way, in f32 and under bf16 autocast (the values: the op cases `matmul_bias_add`,
-//! `layer_norm_residual`). (Its own test binary: it reads the CPU backend's process-wide op
-//! counters.)
+//! (`MatmulBias { acc }`), its backward sums each residual stream's two gradients inside the
+//! norms' backward kernels (`LayerNormBackward { acc }`): no separate add over the stream
+//! either way; and its attention's backward writes the q, k, v gradients as their
+//! projection's rows (no `cat`). In f32 and under bf16 autocast; the values: the op cases
+//! `matmul_bias_add`, `layer_norm_residual`, `attention_causal_projection`. (Its own test
+//! binary: it reads the CPU backend's process-wide op counters.)
 
 use ferrite_autodiff::backward;
 use ferrite_core::{autocast, DType, Tensor};
@@ -58,5 +59,9 @@ fn residuals_add_in_the_products_and_the_norm_backward() {
             0,
             "{low:?}: the residual gradients were added apart: {ops:?}"
         );
+        // q, k and v's gradients written side by side by the attention's backward, as their
+        // projection's rows: no cat joins them.
+        let cats: usize = ops.iter().filter(|o| o.op == "cat").map(|o| o.calls).sum();
+        assert_eq!(cats, 0, "{low:?}: {ops:?}");
     }
 }

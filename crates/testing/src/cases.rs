@@ -1219,6 +1219,59 @@ fn fused_cases(b: &mut B) {
                 move |x| vec![r::attention(&x[0], &x[1], &x[2], causal, scale)],
             );
         }
+        // Self-attention over one projection's rows [b, l, 3 h d]: q, k, v its thirds viewed as
+        // heads (the layout whose gradients `attention_backward` writes into one buffer and
+        // the autodiff joins without a copy), on the row, tiled and tensor-core kernels.
+        for (b_, l, h, d, causal) in [
+            (2, 5, 3, 8, true),
+            (1, 4, 1, 16, false),
+            (1, 33, 2, 64, true),
+            (2, 70, 2, 64, false),
+        ] {
+            let scale = 1.0 / (d as f64).sqrt();
+            let e = h * d;
+            b.add(
+                if causal {
+                    "attention_causal_projection"
+                } else {
+                    "attention_projection"
+                },
+                dt,
+                vec![inp(&[b_, l, 3 * e], dt, u(-1.0, 1.0), View::Contiguous)],
+                vec![scaled(default_tol(dt), 4.0)],
+                true,
+                move |x| {
+                    let third = |i: usize| {
+                        x[0].narrow(-1, i * e, e)?
+                            .reshape([b_, l, h, d])?
+                            .permute(&[0, 2, 1, 3])
+                    };
+                    Ok(vec![Tensor::attention(
+                        &third(0)?,
+                        &third(1)?,
+                        &third(2)?,
+                        causal,
+                        None,
+                    )?])
+                },
+                move |x| {
+                    // [b, l, 3, h, d] -> third i as [b, h, l, d].
+                    let third = |i: usize| {
+                        let mut v = Vec::with_capacity(b_ * h * l * d);
+                        for bi in 0..b_ {
+                            for hi in 0..h {
+                                for li in 0..l {
+                                    let row = (bi * l + li) * 3 * e + i * e + hi * d;
+                                    v.extend_from_slice(&x[0].data[row..row + d]);
+                                }
+                            }
+                        }
+                        Ref::new(vec![b_, h, l, d], v)
+                    };
+                    vec![r::attention(&third(0), &third(1), &third(2), causal, scale)]
+                },
+            );
+        }
         // With a key-padding mask [b, lk]: grouped-query heads, causal + mask, K/V views and
         // contiguous 64-wide heads (CUDA's tensor-core forward for f16/bf16), more than one
         // 64-key tile, a narrowed mask view, and (forward only: NaN rows have no gradient to

@@ -106,6 +106,7 @@ fn case_list_covers_every_op_kind() {
         "attention_causal/",
         "attention_masked/",
         "attention_causal_masked/",
+        "attention_causal_projection/",
         "conv2d/",
         "conv2d_strided/",
         "conv2d_groups/",

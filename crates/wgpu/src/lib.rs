@@ -629,18 +629,34 @@ impl Backend for Handle {
                 scale,
                 key_mask,
                 saved: _,
-            } => attention::attention_backward(
-                dev,
-                [
-                    input(0)?,
-                    input(1)?,
-                    input(2)?,
-                    input(if *key_mask { 4 } else { 3 })?,
-                ],
-                key_mask.then(|| input(3)).transpose()?,
-                *causal,
-                *scale,
-            ),
+                packed,
+            } => {
+                let q = input(0)?;
+                let grads = attention::attention_backward(
+                    dev,
+                    [
+                        q,
+                        input(1)?,
+                        input(2)?,
+                        input(if *key_mask { 4 } else { 3 })?,
+                    ],
+                    key_mask.then(|| input(3)).transpose()?,
+                    *causal,
+                    *scale,
+                )?;
+                if !packed {
+                    return Ok(grads);
+                }
+                // [b, l, h, d] each -> one [b, l, 3, h, d].
+                let d = q.dims();
+                let rows = Shape::from(vec![d[0], d[2], 1, d[1] * d[3]]);
+                let parts = grads
+                    .into_iter()
+                    .map(|g| as_tensor(vec![g], &rows, q))
+                    .collect::<Result<Vec<Tensor>>>()?;
+                let spec = (Shape::from(vec![d[0], d[2], 3, d[1] * d[3]]), q.dtype());
+                index::cat(dev, &parts.iter().collect::<Vec<_>>(), 2, &spec)
+            }
             Op::Conv2d(p) => conv::conv2d(dev, input(0)?, input(1)?, p, &out(0)?.0),
             Op::ConvTranspose2d(p) => {
                 conv::conv_transpose2d(dev, input(0)?, input(1)?, p, &out(0)?.0)
