@@ -400,8 +400,18 @@ fn primitive(op: &Op, output: usize, x: &Inputs, g: &Tensor) -> Result<Grads> {
         }
         Op::Matmul => matmul_grads(x, g),
         Op::MatmulBias { acc } => {
-            let mut grads = matmul_grads(x, g)?;
-            grads.push(when(&x[2], || g.sum(&[0], false))?);
+            // An f32 gradient of 16-bit operands (autocast's f32 output): made the products'
+            // operand and summed into the bias gradient in one pass.
+            let low = x[0].dtype()?;
+            let (gl, db) = match g.dtype() != low && x[2].requires_grad() && g.rank() == 2 {
+                true => {
+                    let (gl, db) = g.cast_col_sums(low)?;
+                    (gl, Some(db))
+                }
+                false => (g.clone(), when(&x[2], || g.sum(&[0], false))?),
+            };
+            let mut grads = matmul_grads(x, &gl)?;
+            grads.push(db);
             if *acc {
                 grads.push(when(&x[3], || g.reshape(x[3].dims()?))?);
             }
@@ -578,6 +588,7 @@ fn primitive(op: &Op, output: usize, x: &Inputs, g: &Tensor) -> Result<Grads> {
         }
         // Backward kernels are not differentiated again (they carry no graph node).
         Op::Conv2dBackwardWeight(_)
+        | Op::CastColSums(_)
         | Op::BatchNormBackward { .. }
         | Op::GroupNormBackward { .. } => Ok(vec![None; x.len()]),
         Op::SoftmaxBackward { .. }

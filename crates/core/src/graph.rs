@@ -156,6 +156,7 @@ pub fn keeps(op: &GradOp, k: usize, requires_grad: impl Fn(usize) -> bool) -> Ke
         | Op::LayerNormBackward { .. }
         | Op::AttentionBackward { .. }
         | Op::Conv2dBackwardWeight(_)
+        | Op::CastColSums(_)
         | Op::BatchNormBackward { .. }
         | Op::GroupNormBackward { .. }
         | Op::Cmp(_)
@@ -631,6 +632,7 @@ pub fn differentiable_output(op: &Op, k: usize, dtype: crate::DType) -> bool {
         | Op::LayerNormBackward { .. }
         | Op::AttentionBackward { .. }
         | Op::Conv2dBackwardWeight(_)
+        | Op::CastColSums(_)
         | Op::BatchNormBackward { .. }
         | Op::GroupNormBackward { .. } => false,
         // Indices, batch statistics and attention's lse carry no gradient.

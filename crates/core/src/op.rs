@@ -390,6 +390,10 @@ pub enum Op {
     /// (x) -> x converted to the dtype: floats to ints truncate toward zero and saturate; NaN
     /// becomes 0; nonzero becomes true; true becomes 1.
     Cast(DType),
+    /// (x [m, n] float) -> (x converted to the float dtype as `Cast`, x summed over its rows:
+    /// [n] in x's dtype, accumulated in f32 or wider). A Linear's output gradient made the
+    /// products' operand and summed into its bias gradient in one pass. Not differentiated.
+    CastColSums(DType),
     /// (x) -> a contiguous copy.
     Copy,
     /// (x, index: 1-D int) -> x with dim `axis` replaced by the index's length.
@@ -538,6 +542,7 @@ impl Op {
             Op::Matmul => "matmul",
             Op::MatmulBias { .. } => "matmul_bias",
             Op::Cast(_) => "cast",
+            Op::CastColSums(_) => "cast_col_sums",
             Op::Copy => "contiguous",
             Op::IndexSelect { .. } => "index_select",
             Op::Gather { .. } => "gather",

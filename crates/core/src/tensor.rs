@@ -1099,6 +1099,33 @@ impl Tensor {
         self.run1(Op::Cast(dtype), &[self], self.shape().clone(), dtype)
     }
 
+    /// `(self.cast(dtype), self.sum(&[0], false))` for a float matrix [m, n] in one op (one
+    /// pass over `self` where the backend fuses them): a Linear's f32 output gradient made its
+    /// products' 16-bit operand and summed into its bias gradient. Not differentiable.
+    pub fn cast_col_sums(&self, dtype: DType) -> Result<(Tensor, Tensor)> {
+        let op = "cast_col_sums";
+        float_only(op, self.dtype())?;
+        float_only(op, dtype)?;
+        let [_, n] = self.dims() else {
+            return Err(Error::shape(
+                op,
+                format!("needs a matrix [m, n], got {}", self.shape()),
+            ));
+        };
+        let mut o = self.run(
+            Op::CastColSums(dtype),
+            &[self],
+            vec![
+                (self.shape().clone(), dtype),
+                (Shape::new([*n]), self.dtype()),
+            ],
+        )?;
+        match (o.pop(), o.pop()) {
+            (Some(sums), Some(cast)) => Ok((cast, sums)),
+            _ => Err(Error::backend(op, "backend returned too few outputs")),
+        }
+    }
+
     fn check_index(op: &'static str, index: &Tensor) -> Result<()> {
         if !index.dtype().is_int() {
             return Err(Error::dtype(

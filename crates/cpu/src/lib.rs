@@ -30,8 +30,8 @@ pub mod spin_pool;
 mod storage;
 
 use ferrite_core::{
-    Backend, BinaryOp, DType, Device, DeviceKind, Error, HostBuffer, Layout, Op, Result, Shape,
-    Storage, Tensor,
+    Backend, BinaryOp, DType, Device, DeviceKind, Error, HostBuffer, Layout, Op, ReduceOp, Result,
+    Shape, Storage, Tensor,
 };
 use std::sync::{Arc, OnceLock};
 
@@ -217,6 +217,13 @@ fn exec_op(op: &Op, inputs: &[&Tensor], outs: &[(Shape, DType)]) -> Result<Vec<A
             )?)
         }
         Op::Cast(dt) => one(cast::cast(input(0)?, *dt)?),
+        Op::CastColSums(dt) => {
+            let x = input(0)?;
+            many(vec![
+                cast::cast(x, *dt)?,
+                reduce::reduce(ReduceOp::Sum, x, &[0])?,
+            ])
+        }
         Op::Copy => {
             let x = input(0)?;
             one(elementwise::materialize(

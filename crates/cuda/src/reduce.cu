@@ -300,8 +300,13 @@ FOR_NUMERIC(RED_KERNELS)
 // bx * by <= 256, both powers of two: threadIdx.x over packs of outputs, threadIdx.y over the
 // run (elements c0 + ty, c0 + ty + by, ...), the by partials combined by a tree in shared
 // memory; split runs (gridDim.y > 1) write f32 partials for reduce_fin as reduce_col does.
-template <typename T>
-__device__ void reduce_colv_impl(u64 nout, const T* __restrict__ x, u64 R, u64 rs, u64 chunk, T* y, float* pv) {
+// With O not void (`reduce_colv_cast`), each word read is also written to xc converted to O
+// (rows of nout, contiguous): a cast and the column sums in one pass over x.
+template <typename O, int V> struct __align__(sizeof(O) * V) VecN { O v[V]; };
+template <typename X> struct IsVoid { static constexpr bool v = false; };
+template <> struct IsVoid<void> { static constexpr bool v = true; };
+template <typename T, typename O = void>
+__device__ void reduce_colv_impl(u64 nout, const T* __restrict__ x, u64 R, u64 rs, u64 chunk, T* y, float* pv, O* xc = nullptr) {
     constexpr int V = 16 / sizeof(T);
     __shared__ float sh[256 * V];
     const u64 c0 = (u64)blockIdx.y * chunk;
@@ -324,11 +329,26 @@ __device__ void reduce_colv_impl(u64 nout, const T* __restrict__ x, u64 R, u64 r
                 for (int u = 0; u < 4; ++u)
 #pragma unroll
                     for (int v = 0; v < V; ++v) s[v] += (float)Num<T>::load(a[u].v[v]);
+                if constexpr (!IsVoid<O>::v) {
+#pragma unroll
+                    for (int u = 0; u < 4; ++u) {
+                        VecN<O, V> c;
+#pragma unroll
+                        for (int v = 0; v < V; ++v) c.v[v] = Num<O>::store((float)Num<T>::load(a[u].v[v]));
+                        *(VecN<O, V>*)(xc + (r + u * (u64)by) * nout + p * V) = c;
+                    }
+                }
             }
             for (; r < c1; r += by) {
                 const Vec16<T> a = *(const Vec16<T>*)(q + r * rs);
 #pragma unroll
                 for (int v = 0; v < V; ++v) s[v] += (float)Num<T>::load(a.v[v]);
+                if constexpr (!IsVoid<O>::v) {
+                    VecN<O, V> c;
+#pragma unroll
+                    for (int v = 0; v < V; ++v) c.v[v] = Num<O>::store((float)Num<T>::load(a.v[v]));
+                    *(VecN<O, V>*)(xc + r * nout + p * V) = c;
+                }
             }
         }
         if (by > 1) {
@@ -361,3 +381,8 @@ __device__ void reduce_colv_impl(u64 nout, const T* __restrict__ x, u64 R, u64 r
 extern "C" __global__ void __launch_bounds__(256) reduce_colv_sum_##S(u64 nout, const T* x, u64 R, u64 rs, u64 chunk, T* y, float* pv) { \
     reduce_colv_impl<T>(nout, x, R, rs, chunk, y, pv); }
 COLV(f32, float) COLV(f16, f16) COLV(bf16, bf16)
+// An f32 matrix's column sums and its copy in a 16-bit type (`Op::CastColSums`).
+#define COLV_CAST(S, O) \
+extern "C" __global__ void __launch_bounds__(256) reduce_colv_cast_sum_f32_##S(u64 nout, const float* x, u64 R, u64 rs, u64 chunk, float* y, float* pv, O* xc) { \
+    reduce_colv_impl<float, O>(nout, x, R, rs, chunk, y, pv, xc); }
+COLV_CAST(f16, f16) COLV_CAST(bf16, bf16)

@@ -108,6 +108,80 @@ fn col_split(blocks: u64, (bx, by): (u64, u64), rlen: u64, splits: u64) -> (Cfg,
     (cfg, splits, chunk)
 }
 
+/// `reduce_colv`'s (first-pass config, splits, chunk length) for `packs` 16-byte words of
+/// outputs and runs of `rlen` on a device of `sm` multiprocessors.
+fn colv_plan(sm: u64, packs: u64, rlen: u64) -> (Cfg, u64, u64) {
+    let bx = pow2_floor(packs).clamp(1, 32);
+    // No more row lanes than rows (a short run's tree stays short).
+    let by = (256 / bx).min(rlen.next_power_of_two().max(1));
+    let blocks = packs.div_ceil(bx).min(sm * 32);
+    // At least 16 elements of the run a thread (4 rounds of 4 loads in flight); blocks of 256
+    // threads that fill the device once.
+    let splits = (sm * 8).div_ceil(blocks).min(rlen.div_ceil(by * 16));
+    col_split(blocks, (bx, by), rlen, splits)
+}
+
+/// `Op::CastColSums`: an f32 matrix [m, n] converted to f16/bf16 and summed over its rows in
+/// one `reduce_colv_cast` pass where its rows are 16-byte words (n and the row stride
+/// multiples of 4, 16-byte aligned); otherwise a cast and a sum.
+pub(crate) fn cast_col_sums(
+    dev: &CudaBackend,
+    x: &Tensor,
+    to: DType,
+) -> Result<Vec<Arc<dyn Storage>>> {
+    let op = "cast_col_sums";
+    let (d, st) = (x.dims(), x.layout().strides());
+    let (m, n) = (d[0], d[1]);
+    let base = CudaBackend::ptr(x, dev.input(x, op)?);
+    let rs = if m == 1 { n } else { st[0] };
+    let fused = x.dtype() == DType::F32
+        && matches!(to, DType::F16 | DType::BF16)
+        && m > 0
+        && n.is_multiple_of(4)
+        && n > 0
+        && st[1] == 1
+        && rs.is_multiple_of(4)
+        && base.is_multiple_of(16);
+    if !fused {
+        let mut o = crate::cast::cast(dev, x, to)?;
+        o.extend(reduce(dev, ReduceOp::Sum, x, &[0])?);
+        return Ok(o);
+    }
+    let sm = dev.sm_count.max(1) as u64;
+    let (cfg, splits, chunk) = colv_plan(sm, n as u64 / 4, m as u64);
+    let xc = dev.alloc_out(m * n, to, op)?;
+    let y = dev.alloc_out(n, DType::F32, op)?;
+    let pv = match splits > 1 {
+        true => Some(dev.alloc_out(splits as usize * n, DType::F32, op)?),
+        false => None,
+    };
+    let pv_ptr = pv.as_ref().map_or(0, |b| b.ptr());
+    let args = Args::new()
+        .arg(n as u64)
+        .arg(base)
+        .arg(m as u64)
+        .arg(rs as u64)
+        .arg(chunk)
+        .arg(y.ptr())
+        .arg(pv_ptr)
+        .arg(xc.ptr());
+    let name = format!("reduce_colv_cast_sum_f32_{}", suffix(to));
+    dev.launch(op, &SOURCE, &name, cfg, args)?;
+    if splits > 1 {
+        let threads = splits.next_power_of_two().clamp(32, 256) as u32;
+        let blocks = (n as u64).min(sm * 32) as u32;
+        let args = Args::new()
+            .arg(n as u64)
+            .arg(splits)
+            .arg(pv_ptr)
+            .arg(0u64)
+            .arg(y.ptr());
+        let cfg = Cfg::new((blocks, 1, 1), (threads, 1, 1), 0);
+        dev.launch(op, &SOURCE, "reduce_fin_sum_f32", cfg, args)?;
+    }
+    dev.finish(vec![xc, y])
+}
+
 fn pow2_floor(n: u64) -> u64 {
     if n == 0 {
         1
@@ -230,14 +304,7 @@ pub(crate) fn reduce(
         && (base + out_off).is_multiple_of(16);
     // (first-pass config, splits S, chunk length)
     let (cfg, splits, chunk) = if colv {
-        let packs = nout_u / words;
-        let bx = pow2_floor(packs).clamp(1, 32);
-        // No more row lanes than rows (a short run's tree stays short).
-        let by = (256 / bx).min(rlen.next_power_of_two().max(1));
-        let blocks = packs.div_ceil(bx).min(sm * 32);
-        // At least 16 elements of the run a thread (4 rounds of 4 loads in flight).
-        let splits = target.div_ceil(blocks).min(rlen.div_ceil(by * 16));
-        col_split(blocks, (bx, by), rlen, splits)
+        colv_plan(sm, nout_u / words, rlen)
     } else if row {
         let rpb = 256u64.checked_div(group).unwrap_or(1);
         let blocks = nout_u.div_ceil(rpb);

@@ -1,10 +1,12 @@
 //! A pre-norm encoder layer adds each residual connection in its branch's last product
 //! (`MatmulBias { acc }`), its backward sums each residual stream's two gradients inside the
 //! norms' backward kernels (`LayerNormBackward { acc }`): no separate add over the stream
-//! either way; and its attention's backward writes the q, k, v gradients as their
-//! projection's rows (no `cat`). In f32 and under bf16 autocast; the values: the op cases
-//! `matmul_bias_add`, `layer_norm_residual`, `attention_causal_projection`. (Its own test
-//! binary: it reads the CPU backend's process-wide op counters.)
+//! either way; its attention's backward writes the q, k, v gradients as their projection's
+//! rows (no `cat`); under autocast an f32 output gradient becomes its Linear's bf16 operand
+//! and bias gradient in one `cast_col_sums`. In f32 and under bf16 autocast; the values: the
+//! op cases `matmul_bias_add`, `layer_norm_residual`, `attention_causal_projection`,
+//! `cast_col_sums_to_bf16`. (Its own test binary: it reads the CPU backend's process-wide op
+//! counters.)
 
 use ferrite_autodiff::backward;
 use ferrite_core::{autocast, DType, Tensor};
@@ -63,5 +65,13 @@ fn residuals_add_in_the_products_and_the_norm_backward() {
         // projection's rows: no cat joins them.
         let cats: usize = ops.iter().filter(|o| o.op == "cat").map(|o| o.calls).sum();
         assert_eq!(cats, 0, "{low:?}: {ops:?}");
+        // Under autocast the two Linears with f32 outputs (out_proj, linear2) make their f32
+        // gradient the products' bf16 operand and their bias gradient in one op.
+        let fused: usize = ops
+            .iter()
+            .filter(|o| o.op == "cast_col_sums")
+            .map(|o| o.calls)
+            .sum();
+        assert_eq!(fused, if low.is_some() { 2 } else { 0 }, "{low:?}: {ops:?}");
     }
 }

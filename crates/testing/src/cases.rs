@@ -659,6 +659,48 @@ fn matmul_bias_cases(b: &mut B) {
     }
 }
 
+/// `Tensor::cast_col_sums` (a Linear's f32 output gradient as its products' 16-bit operand
+/// and its bias gradient): every float pair; rows of whole 16-byte words (CUDA's one-pass
+/// kernel, split over blocks or not), odd widths, and strided views.
+fn cast_col_sums_cases(b: &mut B) {
+    use View::*;
+    let shapes = [
+        (vec![300, 64], Contiguous),
+        (vec![9, 8], Contiguous),
+        (vec![1, 12], Contiguous),
+        (vec![2000, 40], Contiguous),
+        (vec![45, 7], Contiguous),
+        (vec![33, 16], Narrowed),
+        (vec![24, 20], Transposed),
+    ];
+    for from in FLOATS {
+        for to in FLOATS {
+            for (shape, view) in &shapes {
+                let k = (shape[0] as f64).sqrt();
+                b.add(
+                    &format!("cast_col_sums_to_{to}"),
+                    from,
+                    vec![inp(shape, from, u(-1.0, 1.0), *view)],
+                    vec![default_tol(to), scaled(default_tol(from), k)],
+                    false,
+                    move |x| {
+                        let (c, s) = x[0].cast_col_sums(to)?;
+                        if c.dtype() != to || s.dtype() != from {
+                            return Err(ferrite_core::Error::dtype(
+                                "cast_col_sums",
+                                s.dtype(),
+                                format!("expected {to} and {from} outputs, got {}", c.dtype()),
+                            ));
+                        }
+                        Ok(vec![c, s])
+                    },
+                    move |x| vec![r::cast(&x[0], to), r::reduce(&x[0], &[0], false, r::sum)],
+                );
+            }
+        }
+    }
+}
+
 fn cast_cases(b: &mut B) {
     for from in DType::ALL {
         for to in DType::ALL {
@@ -2168,6 +2210,7 @@ pub fn cases() -> Vec<OpCase> {
     matmul_cases(&mut b);
     matmul_bias_cases(&mut b);
     cast_cases(&mut b);
+    cast_col_sums_cases(&mut b);
     index_cases(&mut b);
     scan_cases(&mut b);
     fused_cases(&mut b);

@@ -87,6 +87,7 @@ fn case_list_covers_every_op_kind() {
         "layer_norm_to_bf16/",
         "layer_norm_backward_gbf16/",
         "cast_to_bf16/",
+        "cast_col_sums_to_bf16/",
         "index_select0/",
         "gather1/",
         "scatter_add0/",

@@ -42,8 +42,8 @@ pub use shader::SUBGROUP_MARK;
 pub use storage::WgpuStorage;
 
 use ferrite_core::{
-    Backend, BinaryOp, DType, Device, DeviceKind, Error, HostBuffer, Layout, Op, Result, Shape,
-    Storage, Tensor,
+    Backend, BinaryOp, DType, Device, DeviceKind, Error, HostBuffer, Layout, Op, ReduceOp, Result,
+    Shape, Storage, Tensor,
 };
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -539,6 +539,12 @@ impl Backend for Handle {
                 }
             }
             Op::Cast(dt) => elementwise::cast(dev, input(0)?, *dt),
+            Op::CastColSums(dt) => {
+                let x = input(0)?;
+                let mut o = elementwise::cast(dev, x, *dt)?;
+                o.extend(reduce::reduce(dev, ReduceOp::Sum, x, &[0])?);
+                Ok(o)
+            }
             Op::Copy => elementwise::contiguous(dev, input(0)?),
             Op::IndexSelect { axis } => index::index_select(dev, input(0)?, input(1)?, *axis),
             Op::Gather { axis } => index::gather(dev, input(0)?, input(1)?, *axis),
