@@ -2,7 +2,7 @@
 
 use crate::rules::{adds_into_first, join_narrowed, vjp, vjp_into_first};
 use ferrite_core::graph::{no_grad, Grad, GradOp, ViewOp};
-use ferrite_core::{Error, Result, Tensor};
+use ferrite_core::{DType, Error, Result, Tensor};
 use std::collections::{HashMap, HashSet};
 
 /// A gradient being accumulated: a tensor, or the gradients of narrowed views of one tensor
@@ -56,7 +56,16 @@ impl Acc {
                 return Ok(Acc::Pieces { axis, dims, parts });
             }
         }
-        no_grad(|| Ok(Acc::Full(self.tensor()?.add(&other.tensor()?)?)))
+        // A 16-bit tensor's gradient may come in f32 from some uses (`rules::matmul_grads`):
+        // mixed contributions add in f32.
+        no_grad(|| {
+            let (a, b) = (self.tensor()?, other.tensor()?);
+            let (a, b) = match a.dtype() == b.dtype() {
+                true => (a, b),
+                false => (a.cast(DType::F32)?, b.cast(DType::F32)?),
+            };
+            Ok(Acc::Full(a.add(&b)?))
+        })
     }
 }
 

@@ -14,7 +14,7 @@
 //! (0 at 0); relu has 0 at 0. Ties: `maximum`/`minimum` give the gradient to the first operand;
 //! `max`/`min` reductions split it equally among all tied elements.
 
-use ferrite_core::graph::{enable_grad, GradOp, Inputs, Saved, ViewOp};
+use ferrite_core::graph::{enable_grad, Grad, GradOp, Inputs, Saved, ViewOp};
 use ferrite_core::{composed, BinaryOp, DType, Error, Op, ReduceOp, Result, Tensor, UnaryOp};
 
 type Grads = Vec<Option<Tensor>>;
@@ -32,24 +32,53 @@ fn when(x: &Saved, f: impl FnOnce() -> Result<Tensor>) -> Result<Option<Tensor>>
 }
 
 /// Gradients of a product's operands a, b (x[0], x[1]): g bᵀ and aᵀ g, g first brought to
-/// the operands' dtype (an f32 product of 16-bit operands).
+/// the operands' dtype (an f32 product of 16-bit operands). b's gradient is written in f32
+/// where b is autocast's 16-bit copy of an f32 weight (`f32_cast_view`): the cast's rule
+/// then hands it on as is, with no rounding to 16 bits and no cast kernel between.
 fn matmul_grads(x: &Inputs, g: &Tensor) -> Result<Grads> {
     let g = &g.cast(x[0].dtype()?)?;
     Ok(vec![
         when(&x[0], || g.matmul(&x[1].value()?.t()?))?,
         when(&x[1], || {
             let a = x[0].value()?;
+            let out = match a.dtype().is_float() && a.dtype().size_in_bytes() == 2 {
+                true if f32_cast_view(&x[1]) => DType::F32,
+                _ => a.dtype(),
+            };
             // A transposed matrix (a Linear's `Wᵀ`): its gradient as `(gᵀ a)ᵀ`, a
             // transposed view of a contiguous product, so the transpose's own backward
             // gives `W`'s gradient contiguous, with no copy.
             let (d, s) = (x[1].dims()?, x[1].strides()?);
             if d.len() == 2 && d[0] > 1 && d[1] > 1 && s == [1, d[0]] {
-                g.t()?.matmul(a)?.t()
+                g.t()?.matmul_out(a, out)?.t()
             } else {
-                a.t()?.matmul(g)
+                a.t()?.matmul_out(g, out)
             }
         })?,
     ])
+}
+
+/// Whether `w` is a transposed view of a 16-bit cast of an f32 tensor: autocast's copy of an
+/// f32 weight, used as a product's `Wᵀ`.
+fn f32_cast_view(w: &Saved) -> bool {
+    let Some(Grad::Node(view)) = w.grad_info() else {
+        return false;
+    };
+    if !matches!(view.op, GradOp::View(ViewOp::Permute(_))) {
+        return false;
+    }
+    let cast_of_f32 = |t: &Saved| match t.grad_info() {
+        Some(Grad::Node(c)) if matches!(c.op, GradOp::Op(Op::Cast(DType::BF16 | DType::F16))) => c
+            .with_inputs(|ci| {
+                ci.iter()
+                    .next()
+                    .is_some_and(|s| matches!(s.dtype(), Ok(DType::F32)))
+            })
+            .unwrap_or(false),
+        _ => false,
+    };
+    view.with_inputs(|vi| vi.iter().next().is_some_and(cast_of_f32))
+        .unwrap_or(false)
 }
 
 pub(crate) fn vjp(op: &GradOp, output: usize, x: &Inputs, g: &Tensor) -> Result<Grads> {

@@ -236,3 +236,34 @@ fn narrowed_views_gradients_join_and_add() {
     let g = run(vec![piece(1, 0, 6, 4.0)]);
     assert_eq!(g, vec![4.0; 12]);
 }
+
+#[test]
+fn a_16_bit_weight_copy_gets_its_product_gradient_in_f32() {
+    // w f32 [3, 2] used through its bf16 copy: by a product (`x wᵀ`, whose rule writes the
+    // copy's gradient in f32) and by a cast back (a bf16 gradient): the two add in f32.
+    // Values exact in bf16, so the f32 result is exact: d/dw sum(x wᵀ) = colsum(x) per row of
+    // w, plus 1 from the cast.
+    let w32 = Tensor::from_slice(&[0.5, -1.0, 2.0, 0.25, 1.5, -0.75], [3, 2], &cpu())
+        .unwrap()
+        .cast(DType::F32)
+        .unwrap();
+    let w = Var::new(&w32).unwrap();
+    let x = Tensor::from_slice(&[1.0, 2.0, -3.0, 0.5], [2, 2], &cpu())
+        .unwrap()
+        .cast(DType::BF16)
+        .unwrap();
+    let wl = w.tensor().cast(DType::BF16).unwrap();
+    let y = x.matmul_out(&wl.t().unwrap(), DType::F32).unwrap();
+    let f = y
+        .sum_all()
+        .unwrap()
+        .add(&wl.cast(DType::F32).unwrap().sum_all().unwrap())
+        .unwrap();
+    backward(&f).unwrap();
+    let g = w.grad().unwrap();
+    assert_eq!(g.dtype(), DType::F32);
+    assert_eq!(
+        g.to_vec_f64().unwrap(),
+        vec![-1.0, 3.5, -1.0, 3.5, -1.0, 3.5]
+    );
+}

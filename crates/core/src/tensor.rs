@@ -1003,6 +1003,13 @@ impl Tensor {
         self.matmul_to(rhs, self.dtype())
     }
 
+    /// `matmul` without autocast, written in `out`: the operands' dtype, or f32 from f16/bf16
+    /// operands (f32 accumulation, one rounding): a backward that needs a 16-bit product's
+    /// f32 sum, such as the gradient of autocast's weight copy.
+    pub fn matmul_out(&self, rhs: &Tensor, out: DType) -> Result<Tensor> {
+        self.matmul_to(rhs, out)
+    }
+
     /// `matmul` with output dtype `out`: the operands' dtype, or f32 from f16/bf16 operands.
     fn matmul_to(&self, rhs: &Tensor, out: DType) -> Result<Tensor> {
         let op = "matmul";

@@ -3,7 +3,8 @@
 //! norms' backward kernels (`LayerNormBackward { acc }`): no separate add over the stream
 //! either way; its attention's backward writes the q, k, v gradients as their projection's
 //! rows (no `cat`); under autocast an f32 output gradient becomes its Linear's bf16 operand
-//! and bias gradient in one `cast_col_sums`. In f32 and under bf16 autocast; the values: the
+//! and bias gradient in one `cast_col_sums`, and a weight's gradient comes out of its product in
+//! f32. In f32 and under bf16 autocast; the values: the
 //! op cases `matmul_bias_add`, `layer_norm_residual`, `attention_causal_projection`,
 //! `cast_col_sums_to_bf16`. (Its own test binary: it reads the CPU backend's process-wide op
 //! counters.)
@@ -73,5 +74,13 @@ fn residuals_add_in_the_products_and_the_norm_backward() {
             .map(|o| o.calls)
             .sum();
         assert_eq!(fused, if low.is_some() { 2 } else { 0 }, "{low:?}: {ops:?}");
+        // ... and the weights' gradients come out of their products in f32: no cast widens
+        // a bf16 weight gradient.
+        let weights = [[48, 16], [16, 16], [32, 16], [16, 32]];
+        let widened: Vec<_> = ops
+            .iter()
+            .filter(|o| o.op == "cast" && weights.iter().any(|w| o.input == w))
+            .collect();
+        assert!(widened.is_empty(), "{low:?}: {widened:?}");
     }
 }
