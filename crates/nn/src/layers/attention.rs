@@ -368,6 +368,22 @@ fn feed_forward(
     }
 }
 
+/// `res + dropout1(self_attn(x))`: the encoder and decoder layers' self-attention block.
+fn self_attention_add(
+    self_attn: &MultiheadAttention,
+    dropout1: &Dropout,
+    res: &Tensor,
+    x: &Tensor,
+    mask: Option<&Tensor>,
+    causal: bool,
+) -> Result<Tensor> {
+    residual_add(res, ("dropout1", dropout1), |r| {
+        self_attn
+            .attend_add(x, x, x, mask, causal, r)
+            .map_err(|e| in_child(e, "self_attn", "MultiheadAttention"))
+    })
+}
+
 /// `residual + dropout(branch)`, a residual connection: where the dropout passes values
 /// through (p = 0 or evaluation), `branch(Some(residual))`, whose last product adds the
 /// residual itself (one op, no pass over the stream); else `branch(None)` and an add.
@@ -416,11 +432,7 @@ impl TransformerEncoderLayer {
         mask: Option<&Tensor>,
         causal: bool,
     ) -> Result<Tensor> {
-        residual_add(res, ("dropout1", &self.dropout1), |r| {
-            self.self_attn
-                .attend_add(x, x, x, mask, causal, r)
-                .map_err(|e| in_child(e, "self_attn", "MultiheadAttention"))
-        })
+        self_attention_add(&self.self_attn, &self.dropout1, res, x, mask, causal)
     }
 
     /// `res + dropout2(feed_forward(x))`.
@@ -550,11 +562,7 @@ impl TransformerDecoderLayer {
         mask: Option<&Tensor>,
         causal: bool,
     ) -> Result<Tensor> {
-        residual_add(res, ("dropout1", &self.dropout1), |r| {
-            self.self_attn
-                .attend_add(x, x, x, mask, causal, r)
-                .map_err(|e| in_child(e, "self_attn", "MultiheadAttention"))
-        })
+        self_attention_add(&self.self_attn, &self.dropout1, res, x, mask, causal)
     }
 
     /// `res + dropout2(multihead_attn(x, mem))`.
