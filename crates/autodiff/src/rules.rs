@@ -67,7 +67,13 @@ fn f32_cast_view(w: &Saved) -> bool {
     if !matches!(view.op, GradOp::View(ViewOp::Permute(_))) {
         return false;
     }
-    let cast_of_f32 = |t: &Saved| match t.grad_info() {
+    view.with_inputs(|vi| vi.iter().next().is_some_and(cast_of_f32))
+        .unwrap_or(false)
+}
+
+/// Whether `t` is a 16-bit cast of an f32 tensor (autocast's copy of an f32 parameter).
+fn cast_of_f32(t: &Saved) -> bool {
+    match t.grad_info() {
         Some(Grad::Node(c)) if matches!(c.op, GradOp::Op(Op::Cast(DType::BF16 | DType::F16))) => c
             .with_inputs(|ci| {
                 ci.iter()
@@ -76,9 +82,20 @@ fn f32_cast_view(w: &Saved) -> bool {
             })
             .unwrap_or(false),
         _ => false,
-    };
-    view.with_inputs(|vi| vi.iter().next().is_some_and(cast_of_f32))
-        .unwrap_or(false)
+    }
+}
+
+/// A bias's gradient: g [m, n] summed over its rows. Where the bias is autocast's 16-bit
+/// copy of an f32 bias, in f32 by a product with a row of ones (cuBLASLt's f32 output of
+/// 16-bit operands: one pass, no cast after; the cast's rule passes it on); else a column
+/// sum in g's dtype.
+fn bias_grad(bias: &Saved, g: &Tensor) -> Result<Tensor> {
+    if g.dtype().size_in_bytes() == 2 && g.rank() == 2 && cast_of_f32(bias) {
+        let (m, n) = (g.dims()[0], g.dims()[1]);
+        let ones = Tensor::constant(1.0, [1, m], g.dtype(), g.device())?;
+        return ones.matmul_out(g, DType::F32)?.reshape([n]);
+    }
+    g.sum(&[0], false)
 }
 
 pub(crate) fn vjp(op: &GradOp, output: usize, x: &Inputs, g: &Tensor) -> Result<Grads> {
@@ -437,7 +454,7 @@ fn primitive(op: &Op, output: usize, x: &Inputs, g: &Tensor) -> Result<Grads> {
                     let (gl, db) = g.cast_col_sums(low)?;
                     (gl, Some(db))
                 }
-                false => (g.clone(), when(&x[2], || g.sum(&[0], false))?),
+                false => (g.clone(), when(&x[2], || bias_grad(&x[2], g))?),
             };
             let mut grads = matmul_grads(x, &gl)?;
             grads.push(db);

@@ -3,11 +3,10 @@
 //! norms' backward kernels (`LayerNormBackward { acc }`): no separate add over the stream
 //! either way; its attention's backward writes the q, k, v gradients as their projection's
 //! rows (no `cat`); under autocast an f32 output gradient becomes its Linear's bf16 operand
-//! and bias gradient in one `cast_col_sums`, and a weight's gradient comes out of its product in
-//! f32. In f32 and under bf16 autocast; the values: the
-//! op cases `matmul_bias_add`, `layer_norm_residual`, `attention_causal_projection`,
-//! `cast_col_sums_to_bf16`. (Its own test binary: it reads the CPU backend's process-wide op
-//! counters.)
+//! and bias gradient in one `cast_col_sums`, and the parameters' gradients come out in f32.
+//! In f32 and under bf16 autocast; the values: the op cases `matmul_bias_add`,
+//! `layer_norm_residual`, `attention_causal_projection`, `cast_col_sums_to_bf16`. (Its own
+//! test binary: it reads the CPU backend's process-wide op counters.)
 
 use ferrite_autodiff::backward;
 use ferrite_core::{autocast, DType, Tensor};
@@ -74,12 +73,13 @@ fn residuals_add_in_the_products_and_the_norm_backward() {
             .map(|o| o.calls)
             .sum();
         assert_eq!(fused, if low.is_some() { 2 } else { 0 }, "{low:?}: {ops:?}");
-        // ... and the weights' gradients come out of their products in f32: no cast widens
-        // a bf16 weight gradient.
-        let weights = [[48, 16], [16, 16], [32, 16], [16, 32]];
+        // ... and the weights' and biases' gradients come out in f32 (the products' f32
+        // output, a product with ones for a bf16 bias copy): no cast widens a bf16 gradient
+        // of a parameter.
+        let params: [&[usize]; 6] = [&[48, 16], &[16, 16], &[32, 16], &[16, 32], &[48], &[32]];
         let widened: Vec<_> = ops
             .iter()
-            .filter(|o| o.op == "cast" && weights.iter().any(|w| o.input == w))
+            .filter(|o| o.op == "cast" && params.iter().any(|p| o.input == *p))
             .collect();
         assert!(widened.is_empty(), "{low:?}: {widened:?}");
     }
