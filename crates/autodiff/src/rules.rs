@@ -167,6 +167,9 @@ pub(crate) fn join_narrowed(
 /// each a view of that storage with the same strides and dtype, `dims` but for `axis`, at the
 /// offset its start gives. `None` where they do not.
 fn tiled_view(parts: &[(usize, Tensor)], dims: &[usize], axis: usize) -> Option<Tensor> {
+    if parts.len() < 2 {
+        return None;
+    }
     let (_, first) = parts.first()?;
     let lay = first.layout();
     let stride = *lay.strides().get(axis)?;
@@ -186,7 +189,7 @@ fn tiled_view(parts: &[(usize, Tensor)], dims: &[usize], axis: usize) -> Option<
         }
         at += g.dims()[axis];
     }
-    if at != dims[axis] || parts.len() < 2 {
+    if at != dims[axis] {
         return None;
     }
     let layout = ferrite_core::Layout::new(dims.into(), lay.strides().to_vec(), lay.offset());

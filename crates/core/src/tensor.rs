@@ -2031,8 +2031,8 @@ impl Tensor {
             let all = o
                 .pop()
                 .ok_or_else(|| Error::backend("attention_backward", "no output"))?;
+            let d = q.dims();
             let third = |i: usize| -> Result<Tensor> {
-                let d = q.dims();
                 all.narrow(2, i, 1)?
                     .reshape([d[0], d[2], d[1], d[3]])?
                     .permute(&[0, 2, 1, 3])
