@@ -15,7 +15,8 @@
 //       (n <= P * E * V)
 //   _l  one block of P threads per row (P a multiple of 32, <= 1024), any n: each pass
 //       re-reads the row from memory
-// All three walk the rows grid-stride. f16/bf16 compute in f32; f32 in f32; f64 in f64.
+// All three walk the rows grid-stride. The f32 layer norm backward of rows of 129 to 1024
+// elements has its own warp-per-row kernels (`_r{E}`, `ln_bwd_rows_body`). f16/bf16 compute in f32; f32 in f32; f64 in f64.
 // Register budget (mirrored in norm.rs): E_WARP chunks per lane in _w; in _b, E_FWD chunks for
 // one-input ops and E_BWD chunks per input for two-input ops.
 #define E_WARP 4
@@ -740,6 +741,157 @@ __device__ void ln_bwd_body_gf16(u64 rows, u32 n, const T* x, u64 xs, const T* w
     ln_bwd_body_g<T, f16, BLOCK, E, CACHED>(rows, n, x, xs, w, g, gs, dx, acc, as_, stats, part, vec_, eps);
 }
 
+// ---- layer_norm backward of f32 rows of 129 to 1024 elements ----
+
+// One 4-element chunk of a gradient row of G: 16 bytes of f32, 8 of f16 / bf16 (kept packed).
+template <typename G> struct GChunk;
+template <> struct GChunk<float> {
+    typedef W4 R;
+    static __device__ __forceinline__ R load(const float* row, u32 c) { return *(const W4*)(row + (u64)c * 4); }
+    static __device__ __forceinline__ float get(const R& r, int v) { return __uint_as_float(r.w[v]); }
+};
+template <typename H> struct GChunkHalf {
+    typedef uint2 R;
+    static __device__ __forceinline__ R load(const H* row, u32 c) { return *(const uint2*)(row + (u64)c * 4); }
+    static __device__ __forceinline__ float get(const R& r, int v) {
+        H h;
+        h.x = (unsigned short)(((v < 2 ? r.x : r.y) >> ((v & 1) * 16)) & 0xffffu);
+        return Num<H>::load(h);
+    }
+};
+template <> struct GChunk<bf16> : GChunkHalf<bf16> {};
+template <> struct GChunk<f16> : GChunkHalf<f16> {};
+
+// dx of layer_norm as `ln_bwd_body_g` computes it, and the block's weight and bias sums, for
+// f32 rows of n <= 128 E elements with `vec` (the host checks both): a warp per row, lane t
+// holding chunks t, t + 32, ... of x and g in registers. With PF the warp loads its next
+// row's x and g before working on this one (a second row's loads in flight); the wide rows
+// (E > 4) have no registers for that. dw and db are summed in registers over the warp's rows,
+// then over the block's warps in warp order through shared memory, into
+// part[(blockIdx.x * 2 + j) * n + col] (j 0: dw, 1: db) for `norm_dw_final`. Block 256.
+template <typename G, int E>
+__device__ void ln_bwd_rows_body(u64 rows, u32 n, const float* x, u64 xs, const float* w, const G* g, u64 gs,
+                                 float* dx, const float* acc, u64 as_, float* part, float eps) {
+    constexpr bool PF = E <= 4;
+    typedef typename GChunk<G>::R R;
+    const u32 lane = threadIdx.x & 31, wib = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    const u32 nc = n >> 2;
+    const u64 step = (u64)gridDim.x * nw;
+    float sw[E][4], sb[E][4];
+#pragma unroll
+    for (int k = 0; k < E; ++k)
+#pragma unroll
+        for (int v = 0; v < 4; ++v) sw[k][v] = sb[k][v] = 0.f;
+    W4 xc[E];
+    R gc[E];
+    auto load_row = [&](u64 row, W4 (&xa)[E], R (&ga)[E]) {
+        const float* xp = x + row * xs;
+        const G* gp = g + row * gs;
+#pragma unroll
+        for (int k = 0; k < E; ++k) {
+            const u32 c = k * 32 + lane;
+            if (c < nc) {
+                xa[k] = *(const W4*)(xp + (u64)c * 4);
+                ga[k] = GChunk<G>::load(gp, c);
+            }
+        }
+    };
+    u64 r = (u64)blockIdx.x * nw + wib;
+    if (r < rows) load_row(r, xc, gc);
+    for (; r < rows; r += step) {
+        W4 ac[E];
+        if (acc != nullptr) {
+#pragma unroll
+            for (int k = 0; k < E; ++k) {
+                const u32 c = k * 32 + lane;
+                if (c < nc) ac[k] = *(const W4*)(acc + r * as_ + (u64)c * 4);
+            }
+        }
+        W4 xn[PF ? E : 1];
+        R gn[PF ? E : 1];
+        if constexpr (PF) {
+            if (r + step < rows) load_row(r + step, xn, gn);
+        }
+        float s1 = 0.f;
+#pragma unroll
+        for (int k = 0; k < E; ++k)
+            if (k * 32 + lane < nc)
+#pragma unroll
+                for (int v = 0; v < 4; ++v) s1 += __uint_as_float(xc[k].w[v]);
+        const float mean = warp_sum(s1) / (float)n;
+        float q[3] = {0.f, 0.f, 0.f};  // sum (x - mean)^2, sum g w, sum g w (x - mean)
+#pragma unroll
+        for (int k = 0; k < E; ++k) {
+            const u32 c = k * 32 + lane;
+            if (c < nc) {
+                const W4 wc = *(const W4*)(w + (u64)c * 4);
+#pragma unroll
+                for (int v = 0; v < 4; ++v) {
+                    const float d = __uint_as_float(xc[k].w[v]) - mean;
+                    const float gw = GChunk<G>::get(gc[k], v) * __uint_as_float(wc.w[v]);
+                    q[0] += d * d;
+                    q[1] += gw;
+                    q[2] += gw * d;
+                }
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < 3; ++j) q[j] = warp_sum(q[j]);
+        const float rr = 1.f / sqrtf(q[0] / (float)n + eps);
+        const float m1 = q[1] / (float)n, m2 = q[2] * rr / (float)n;
+        float* dr = dx + r * n;
+#pragma unroll
+        for (int k = 0; k < E; ++k) {
+            const u32 c = k * 32 + lane;
+            if (c < nc) {
+                const W4 wc = *(const W4*)(w + (u64)c * 4);
+                float o[4];
+#pragma unroll
+                for (int v = 0; v < 4; ++v) {
+                    const float gv = GChunk<G>::get(gc[k], v);
+                    const float xhat = (__uint_as_float(xc[k].w[v]) - mean) * rr;
+                    o[v] = (gv * __uint_as_float(wc.w[v]) - m1 - xhat * m2) * rr;
+                    sw[k][v] += gv * xhat;
+                    sb[k][v] += gv;
+                    if (acc != nullptr) o[v] += __uint_as_float(ac[k].w[v]);
+                }
+                *(W4*)(dr + (u64)c * 4) = Pk<float>::pack(o);
+            }
+        }
+        if constexpr (PF) {
+#pragma unroll
+            for (int k = 0; k < E; ++k) {
+                xc[k] = xn[k];
+                gc[k] = gn[k];
+            }
+        } else {
+            if (r + step < rows) load_row(r + step, xc, gc);
+        }
+    }
+    __shared__ float sh[2][1024];
+    for (u32 q = 0; q < nw; ++q) {
+        if (wib == q) {
+#pragma unroll
+            for (int k = 0; k < E; ++k) {
+                const u32 c = k * 32 + lane;
+                if (c < nc)
+#pragma unroll
+                    for (int v = 0; v < 4; ++v) {
+                        const u32 col = c * 4 + v;
+                        sh[0][col] = (q == 0 ? 0.f : sh[0][col]) + sw[k][v];
+                        sh[1][col] = (q == 0 ? 0.f : sh[1][col]) + sb[k][v];
+                    }
+            }
+        }
+        __syncthreads();
+    }
+    float* out = part + (u64)blockIdx.x * 2 * n;
+    for (u32 col = threadIdx.x; col < n; col += blockDim.x) {
+        out[col] = sh[0][col];
+        out[n + col] = sh[1][col];
+    }
+}
+
 // Weight (and bias) gradients, stage 1: column sums over one chunk of rows, no atomics.
 // part[(chunk * K + 0) * n + col] = sum_r g[r, col] (x[r, col] - stats[2r]) stats[2r + 1];
 // with bias (K = 2) also part[(chunk * 2 + 1) * n + col] = sum_r g[r, col].
@@ -891,3 +1043,18 @@ FOR_FLOATS(NORM_KERNELS)
     }
 LN_HALF_KERNELS(bf16, bf16)
 LN_HALF_KERNELS(f16, f16)
+
+// f32 layer norm backward, a warp per row of 129 to 1024 elements
+// (`layer_norm_bwd{,_gbf16,_gf16}_r{E}_f32`, n <= 128 E; `ln_bwd_rows_body`).
+#define LN_ROWS_KERNEL(GS, GT, E)                                                                  \
+    extern "C" __global__ void __launch_bounds__(256, 2) layer_norm_bwd##GS##_r##E##_f32(          \
+        u64 rows, u32 n, const float* x, u64 xs, const float* w, const GT* g, u64 gs, float* dx,   \
+        const float* acc, u64 as_, float* part, float eps) {                                      \
+        ln_bwd_rows_body<GT, E>(rows, n, x, xs, w, g, gs, dx, acc, as_, part, eps);               \
+    }
+#define LN_ROWS_KERNELS(GS, GT) \
+    LN_ROWS_KERNEL(GS, GT, 2) LN_ROWS_KERNEL(GS, GT, 3) LN_ROWS_KERNEL(GS, GT, 4) \
+    LN_ROWS_KERNEL(GS, GT, 6) LN_ROWS_KERNEL(GS, GT, 8)
+LN_ROWS_KERNELS(, float)
+LN_ROWS_KERNELS(_gbf16, bf16)
+LN_ROWS_KERNELS(_gf16, f16)

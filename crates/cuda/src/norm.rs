@@ -438,6 +438,46 @@ fn norm_backward(
         // kernel reads x and g again: the block-shaped kernels hold one row a block, and
         // enough of them to keep the device busy would leave too many partial sums.
         let sm = dev.sm_count.max(1) as usize;
+        let mut ins = vec![&xr, &gr];
+        ins.extend(&ar);
+        let vec = aligned(dt, rows, n, &ins, &[wr.ptr, dx.ptr()]);
+        // f32 layer norms of 129 to 1024 columns: `layer_norm_bwd*_r{E}_f32`, a warp per
+        // row with E chunks a lane (E rounded up to 2, 3, 4, 6 or 8), two blocks of 256
+        // threads a multiprocessor, at least two rows a warp where there are rows enough, dw
+        // and db summed per block.
+        let rows_e = match bias && dt == DType::F32 && vec && rows > 0 {
+            true => match n.div_ceil(128) {
+                e @ (2..=4) => Some(e),
+                5 | 6 => Some(6),
+                7 | 8 => Some(8),
+                _ => None,
+            },
+            false => None,
+        };
+        if let Some(e) = rows_e {
+            let blocks = (sm * 2).min(rows.div_ceil(16));
+            let part = dev.alloc_out(blocks * 2 * n, ct, op)?;
+            let args = Args::new()
+                .arg(rows as u64)
+                .arg(n as u32)
+                .arg(xr.ptr)
+                .arg(xr.stride as u64)
+                .arg(wr.ptr)
+                .arg(gr.ptr)
+                .arg(gr.stride as u64)
+                .arg(dx.ptr())
+                .arg(ar.as_ref().map_or(0, |a| a.ptr))
+                .arg(ar.as_ref().map_or(0, |a| a.stride) as u64)
+                .arg(part.ptr())
+                .arg(eps as f32);
+            let name = format!("layer_norm_bwd{ginfix}_r{e}_f32");
+            let cfg = Cfg::new((blocks as u32, 1, 1), (256, 1, 1), 0);
+            dev.launch(op, &SOURCE, &name, cfg, args)?;
+            dw_final(dev, op, dt, n, blocks, true, &part, &dw, db.as_ref())?;
+            let mut outs = vec![dx, dw];
+            outs.extend(db);
+            return dev.finish(outs);
+        }
         let groups = 256 / warp_group(n.div_ceil(16 / dt.size_in_bytes()));
         let shared = groups * k * n * ct.size_in_bytes();
         let fused = rows > 0 && shape == "w" && shared <= 48 * 1024;
@@ -460,9 +500,6 @@ fn norm_backward(
         };
         let part = dev.alloc_out(chunks * k * n, ct, op)?;
         if rows > 0 {
-            let mut ins = vec![&xr, &gr];
-            ins.extend(&ar);
-            let vec = aligned(dt, rows, n, &ins, &[wr.ptr, dx.ptr()]);
             let args = Args::new()
                 .arg(rows as u64)
                 .arg(n as u32)
@@ -508,26 +545,42 @@ fn norm_backward(
             let name = format!("norm_dw_part{ginfix}_{}", suffix(dt));
             dev.launch(op, &SOURCE, &name, cfg, args)?;
         }
-        // Stage 2: one sum per column of dw (and of db), in a fixed order.
-        let blocks = (n.div_ceil(32).min(MAX_GRID) as u32, 1 + bias as u32, 1);
-        let lanes = chunks.next_power_of_two().clamp(8, 32) as u32;
-        let args = Args::new()
-            .arg(n as u32)
-            .arg(chunks as u32)
-            .arg(bias as u32)
-            .arg(part.ptr())
-            .arg(dw.ptr())
-            .arg(db.as_ref().map_or(0, |o| o.ptr()));
-        let name = format!("norm_dw_final_{}", suffix(dt));
-        dev.launch(
-            op,
-            &SOURCE,
-            &name,
-            Cfg::new(blocks, (32, lanes, 1), 0),
-            args,
-        )?;
+        dw_final(dev, op, dt, n, chunks, bias, &part, &dw, db.as_ref())?;
     }
     let mut outs = vec![dx, dw];
     outs.extend(db);
     dev.finish(outs)
+}
+
+/// Stage 2 of a norm's weight (and bias) gradient: one sum per column of dw (and of db) over
+/// the `chunks` partial sums in `part` ([chunks][1 + bias][n], compute dtype), in a fixed order.
+#[allow(clippy::too_many_arguments)]
+fn dw_final(
+    dev: &CudaBackend,
+    op: &'static str,
+    dt: DType,
+    n: usize,
+    chunks: usize,
+    bias: bool,
+    part: &Out,
+    dw: &Out,
+    db: Option<&Out>,
+) -> Result<()> {
+    let blocks = (n.div_ceil(32).min(MAX_GRID) as u32, 1 + bias as u32, 1);
+    let lanes = chunks.next_power_of_two().clamp(8, 32) as u32;
+    let args = Args::new()
+        .arg(n as u32)
+        .arg(chunks as u32)
+        .arg(bias as u32)
+        .arg(part.ptr())
+        .arg(dw.ptr())
+        .arg(db.map_or(0, |o| o.ptr()));
+    let name = format!("norm_dw_final_{}", suffix(dt));
+    dev.launch(
+        op,
+        &SOURCE,
+        &name,
+        Cfg::new(blocks, (32, lanes, 1), 0),
+        args,
+    )
 }

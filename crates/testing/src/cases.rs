@@ -1040,12 +1040,16 @@ fn fused_cases(b: &mut B) {
             );
         }
         // [5, 600]: f32 rows too wide for CUDA's warp-per-row kernels (its block-per-row
-        // kernels, the norm backward's `acc` included).
+        // kernels, the norm backward's `acc` included). [67, 384] and [9, 1000]: CUDA's f32
+        // layer norm backward with a warp per row of 129 to 1024 (`_r3`, several rows a warp;
+        // `_r8`, the last chunks of a lane past the row).
         for (shape, view) in [
             (vec![1, 1], View::Contiguous),
             (vec![31, 33], View::Narrowed),
             (vec![2, 45, 65], View::Transposed),
             (vec![5, 600], View::Contiguous),
+            (vec![67, 384], View::Contiguous),
+            (vec![9, 1000], View::Contiguous),
         ] {
             let n = *shape.last().unwrap_or(&1);
             let ln_tol = scaled(default_tol(dt), 4.0);
