@@ -15,8 +15,9 @@
 //       (n <= P * E * V)
 //   _l  one block of P threads per row (P a multiple of 32, <= 1024), any n: each pass
 //       re-reads the row from memory
-// All three walk the rows grid-stride. The f32 layer norm backward of rows of 129 to 1024
-// elements has its own warp-per-row kernels (`_r{E}`, `ln_bwd_rows_body`). f16/bf16 compute in f32; f32 in f32; f64 in f64.
+// All three walk the rows grid-stride. The f32 layer norm and its backward of rows of 129 to
+// 1024 elements have their own warp-per-row kernels (`_r{E}`: `ln_rows_body`,
+// `ln_bwd_rows_body`). f16/bf16 compute in f32; f32 in f32; f64 in f64.
 // Register budget (mirrored in norm.rs): E_WARP chunks per lane in _w; in _b, E_FWD chunks for
 // one-input ops and E_BWD chunks per input for two-input ops.
 #define E_WARP 4
@@ -741,6 +742,68 @@ __device__ void ln_bwd_body_gf16(u64 rows, u32 n, const T* x, u64 xs, const T* w
     ln_bwd_body_g<T, f16, BLOCK, E, CACHED>(rows, n, x, xs, w, g, gs, dx, acc, as_, stats, part, vec_, eps);
 }
 
+// ---- layer_norm of f32 rows of 129 to 1024 elements ----
+
+// y = (x - mean) r w + b as `ln_body_y` computes it, written as Y (f32, or the 16-bit output
+// of an autocast product's input), for f32 rows of n <= 128 E elements with `vec`: a warp per
+// row, lane t holding chunks t, t + 32, ... in registers, the warp's next row loaded while it
+// works on this one. Block 256.
+template <typename Y, int E>
+__device__ void ln_rows_body(u64 rows, u32 n, const float* x, u64 xs, const float* w, const float* b, Y* y,
+                             float eps) {
+    const u32 lane = threadIdx.x & 31, nw = blockDim.x >> 5;
+    const u32 nc = n >> 2;
+    const u64 step = (u64)gridDim.x * nw;
+    W4 xc[E];
+    auto load_row = [&](u64 row, W4 (&xa)[E]) {
+        const float* xp = x + row * xs;
+#pragma unroll
+        for (int k = 0; k < E; ++k) {
+            const u32 c = k * 32 + lane;
+            if (c < nc) xa[k] = *(const W4*)(xp + (u64)c * 4);
+        }
+    };
+    u64 r = (u64)blockIdx.x * nw + (threadIdx.x >> 5);
+    if (r < rows) load_row(r, xc);
+    for (; r < rows; r += step) {
+        W4 xn[E];
+        if (r + step < rows) load_row(r + step, xn);
+        float s1 = 0.f;
+#pragma unroll
+        for (int k = 0; k < E; ++k)
+            if (k * 32 + lane < nc)
+#pragma unroll
+                for (int v = 0; v < 4; ++v) s1 += __uint_as_float(xc[k].w[v]);
+        const float mean = warp_sum(s1) / (float)n;
+        float s2 = 0.f;
+#pragma unroll
+        for (int k = 0; k < E; ++k)
+            if (k * 32 + lane < nc)
+#pragma unroll
+                for (int v = 0; v < 4; ++v) {
+                    const float d = __uint_as_float(xc[k].w[v]) - mean;
+                    s2 += d * d;
+                }
+        const float rr = 1.f / sqrtf(warp_sum(s2) / (float)n + eps);
+        Y* yr = y + r * n;
+#pragma unroll
+        for (int k = 0; k < E; ++k) {
+            const u32 c = k * 32 + lane;
+            if (c < nc) {
+                const W4 wc = *(const W4*)(w + (u64)c * 4), bc = *(const W4*)(b + (u64)c * 4);
+                float o[4];
+#pragma unroll
+                for (int v = 0; v < 4; ++v)
+                    o[v] = (__uint_as_float(xc[k].w[v]) - mean) * rr * __uint_as_float(wc.w[v]) +
+                           __uint_as_float(bc.w[v]);
+                store_as<float>(yr, c, n, true, o);
+            }
+        }
+#pragma unroll
+        for (int k = 0; k < E; ++k) xc[k] = xn[k];
+    }
+}
+
 // ---- layer_norm backward of f32 rows of 129 to 1024 elements ----
 
 // One 4-element chunk of a gradient row of G: 16 bytes of f32, 8 of f16 / bf16 (kept packed).
@@ -1058,3 +1121,17 @@ LN_HALF_KERNELS(f16, f16)
 LN_ROWS_KERNELS(, float)
 LN_ROWS_KERNELS(_gbf16, bf16)
 LN_ROWS_KERNELS(_gf16, f16)
+
+// f32 layer norm, a warp per row of 129 to 1024 elements (`layer_norm{,_obf16,_of16}_r{E}_f32`,
+// n <= 128 E; `ln_rows_body`).
+#define LN_FWD_ROWS_KERNEL(YS, YT, E)                                                              \
+    extern "C" __global__ void __launch_bounds__(256) layer_norm##YS##_r##E##_f32(                 \
+        u64 rows, u32 n, const float* x, u64 xs, const float* w, const float* b, YT* y, float eps) { \
+        ln_rows_body<YT, E>(rows, n, x, xs, w, b, y, eps);                                         \
+    }
+#define LN_FWD_ROWS_KERNELS(YS, YT) \
+    LN_FWD_ROWS_KERNEL(YS, YT, 2) LN_FWD_ROWS_KERNEL(YS, YT, 3) LN_FWD_ROWS_KERNEL(YS, YT, 4) \
+    LN_FWD_ROWS_KERNEL(YS, YT, 6) LN_FWD_ROWS_KERNEL(YS, YT, 8)
+LN_FWD_ROWS_KERNELS(, float)
+LN_FWD_ROWS_KERNELS(_obf16, bf16)
+LN_FWD_ROWS_KERNELS(_of16, f16)
