@@ -638,6 +638,7 @@ fn primitive(op: &Op, output: usize, x: &Inputs, g: &Tensor) -> Result<Grads> {
         // Backward kernels are not differentiated again (they carry no graph node).
         Op::Conv2dBackwardWeight(_)
         | Op::CastColSums(_)
+        | Op::CastEach(_)
         | Op::BatchNormBackward { .. }
         | Op::GroupNormBackward { .. } => Ok(vec![None; x.len()]),
         Op::SoftmaxBackward { .. }

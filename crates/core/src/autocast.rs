@@ -20,11 +20,17 @@
 //! for the life of the outermost enabled scope, keyed by storage, layout and dtype: a weight
 //! used several times in one forward pass is cast once. The cache assumes parameters are not
 //! written inside the scope (open one scope per forward pass, update after it closes).
+//!
+//! [`prefetch`] makes those casts one op: called at the start of a scope with a model's
+//! parameters, it casts, in one `Tensor::cast_each`, the ones that the previous outermost
+//! scope on this thread cast (in the same dtype, the same layout, recording or not), and
+//! puts them in the cache, where the products then find them. A training step's forward
+//! pass casts the same weights each step; the first step learns which.
 
 use crate::graph::{self, Grad, GradOp};
 use crate::{DType, Error, Result, Tensor};
 use std::cell::RefCell;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 /// The ops autocast applies to (a closed list, like PyTorch's "lower precision" list). The
@@ -48,6 +54,8 @@ struct State {
     depth: usize,
     /// Cast of a trainable leaf, with the source kept alive so its address is not reused.
     cache: HashMap<Key, (Tensor, Tensor)>,
+    /// The cache's keys when the last outermost scope closed (what `prefetch` casts).
+    last: HashSet<Key>,
 }
 
 thread_local! {
@@ -70,7 +78,9 @@ impl Drop for Scope {
                 if self.enabled {
                     s.depth -= 1;
                     if s.depth == 0 {
-                        return std::mem::take(&mut s.cache);
+                        let cache = std::mem::take(&mut s.cache);
+                        s.last = cache.keys().cloned().collect();
+                        return cache;
                     }
                 }
                 HashMap::new()
@@ -135,47 +145,93 @@ fn leaf_or_view_of_leaf(grad: &Grad) -> bool {
     }
 }
 
-/// `t` cast to `dtype`, reading memory in its storage order: a permuted view of dense data
-/// (`weight.t()`) is cast as the dense tensor (coalesced reads, the copy in the parameter's
-/// own layout) and the permutation applied to the result as a view, which the products
-/// consume in place.
-fn cast_in_storage_order(t: &Tensor, dtype: DType) -> Result<Tensor> {
+/// `t` as a view in its storage order, and the permutation that gives `t` back from it: a
+/// permuted view of dense data (`weight.t()`) is cast as the dense tensor (coalesced reads,
+/// the copy in the parameter's own layout, cached under the parameter's own key) and the
+/// permutation applied to the copy as a view, which the products consume in place. `t`
+/// itself (and no permutation) when it is in storage order or not dense.
+fn storage_order(t: &Tensor) -> Result<(Tensor, Option<Vec<usize>>)> {
     let strides = t.layout().strides();
     let mut order: Vec<usize> = (0..t.rank()).collect();
     order.sort_by_key(|&a| std::cmp::Reverse(strides[a]));
     if order.iter().enumerate().all(|(i, &a)| i == a) {
-        return t.cast(dtype);
+        return Ok((t.clone(), None));
     }
     let dense = t.permute(&order)?;
     if !dense.is_contiguous() {
-        return t.cast(dtype);
+        return Ok((t.clone(), None));
     }
     let mut inverse = vec![0; order.len()];
     for (i, &a) in order.iter().enumerate() {
         inverse[a] = i;
     }
-    dense.cast(dtype)?.permute(&inverse)
+    Ok((dense, Some(inverse)))
 }
 
-fn cast_cached(t: &Tensor, dtype: DType) -> Result<Tensor> {
-    if !t.grad_info().is_some_and(leaf_or_view_of_leaf) {
-        return t.cast(dtype);
-    }
+fn key_of(t: &Tensor, dtype: DType) -> Key {
     let l = t.layout();
-    let key: Key = (
+    (
         Arc::as_ptr(t.storage_arc()) as *const u8 as usize,
         l.offset(),
         l.dims().to_vec(),
         l.strides().to_vec(),
         dtype,
         graph::is_recording(),
-    );
-    if let Some(hit) = STATE.with(|s| s.borrow().cache.get(&key).map(|(_, c)| c.clone())) {
-        return Ok(hit);
+    )
+}
+
+fn cast_cached(t: &Tensor, dtype: DType) -> Result<Tensor> {
+    if !t.grad_info().is_some_and(leaf_or_view_of_leaf) {
+        return t.cast(dtype);
     }
-    let c = cast_in_storage_order(t, dtype)?;
-    STATE.with(|s| s.borrow_mut().cache.insert(key, (t.clone(), c.clone())));
-    Ok(c)
+    let (dense, inverse) = storage_order(t)?;
+    let key = key_of(&dense, dtype);
+    let hit = STATE.with(|s| s.borrow().cache.get(&key).map(|(_, c)| c.clone()));
+    let c = match hit {
+        Some(c) => c,
+        None => {
+            let c = dense.cast(dtype)?;
+            STATE.with(|s| s.borrow_mut().cache.insert(key, (dense, c.clone())));
+            c
+        }
+    };
+    match inverse {
+        Some(inverse) => c.permute(&inverse),
+        None => Ok(c),
+    }
+}
+
+/// Inside an enabled scope: casts those of `params` (trainable leaves) that the previous
+/// outermost scope on this thread cast to this scope's dtype, in one `Tensor::cast_each` a
+/// source dtype, into the cache (see the module docs); the others, and any already cached,
+/// are left alone. Outside a scope, or with nothing to cast, does nothing.
+pub fn prefetch(params: &[Tensor]) -> Result<()> {
+    let Some(low) = autocast_dtype() else {
+        return Ok(());
+    };
+    let mut seen = HashSet::new();
+    let mut want: Vec<(Key, &Tensor)> = STATE.with(|s| {
+        let s = s.borrow();
+        params
+            .iter()
+            .filter(|p| p.dtype() != low && matches!(p.grad_info(), Some(Grad::Leaf(_))))
+            .map(|p| (key_of(p, low), p))
+            .filter(|(k, _)| s.last.contains(k) && !s.cache.contains_key(k))
+            .filter(|(k, _)| seen.insert(k.clone()))
+            .collect()
+    });
+    want.sort_by_key(|(_, p)| p.dtype() as u8);
+    for group in want.chunk_by(|a, b| a.1.dtype() == b.1.dtype()) {
+        let srcs: Vec<&Tensor> = group.iter().map(|(_, p)| *p).collect();
+        let casts = Tensor::cast_each(&srcs, low)?;
+        STATE.with(|s| {
+            let mut s = s.borrow_mut();
+            for ((k, p), c) in group.iter().zip(casts) {
+                s.cache.insert(k.clone(), ((*p).clone(), c));
+            }
+        });
+    }
+    Ok(())
 }
 
 /// `t` in the autocast dtype for a product that keeps its output there (a layer whose next op

@@ -157,6 +157,7 @@ pub fn keeps(op: &GradOp, k: usize, requires_grad: impl Fn(usize) -> bool) -> Ke
         | Op::AttentionBackward { .. }
         | Op::Conv2dBackwardWeight(_)
         | Op::CastColSums(_)
+        | Op::CastEach(_)
         | Op::BatchNormBackward { .. }
         | Op::GroupNormBackward { .. }
         | Op::Cmp(_)
@@ -633,6 +634,7 @@ pub fn differentiable_output(op: &Op, k: usize, dtype: crate::DType) -> bool {
         | Op::AttentionBackward { .. }
         | Op::Conv2dBackwardWeight(_)
         | Op::CastColSums(_)
+        | Op::CastEach(_)
         | Op::BatchNormBackward { .. }
         | Op::GroupNormBackward { .. } => false,
         // Indices, batch statistics and attention's lse carry no gradient.

@@ -394,6 +394,11 @@ pub enum Op {
     /// [n] in x's dtype, accumulated in f32 or wider). A Linear's output gradient made the
     /// products' operand and summed into its bias gradient in one pass. Not differentiated.
     CastColSums(DType),
+    /// (x_0, ..., x_{k-1}: float tensors of one dtype) -> each converted to the float dtype
+    /// as `Cast`, in one op (one multi-tensor launch where the backend has one): autocast's
+    /// copies of a forward pass's parameters (`autocast::prefetch`). Recorded as k `Cast`
+    /// nodes, one an output, so the op itself is never differentiated.
+    CastEach(DType),
     /// (x) -> a contiguous copy.
     Copy,
     /// (x, index: 1-D int) -> x with dim `axis` replaced by the index's length.
@@ -543,6 +548,7 @@ impl Op {
             Op::MatmulBias { .. } => "matmul_bias",
             Op::Cast(_) => "cast",
             Op::CastColSums(_) => "cast_col_sums",
+            Op::CastEach(_) => "cast_each",
             Op::Copy => "contiguous",
             Op::IndexSelect { .. } => "index_select",
             Op::Gather { .. } => "gather",

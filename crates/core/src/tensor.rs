@@ -1106,6 +1106,53 @@ impl Tensor {
         self.run1(Op::Cast(dtype), &[self], self.shape().clone(), dtype)
     }
 
+    /// Each of `ts` (float tensors of one dtype, on one device) cast to the float `dtype`, in
+    /// one op (`Op::CastEach`: one multi-tensor launch on CUDA). Gradients flow as through
+    /// `cast`, each output being recorded as its own `Cast` of its input.
+    pub fn cast_each(ts: &[&Tensor], dtype: DType) -> Result<Vec<Tensor>> {
+        let op = "cast_each";
+        let Some(first) = ts.first() else {
+            return Ok(Vec::new());
+        };
+        float_only(op, dtype)?;
+        for t in ts {
+            float_only(op, t.dtype())?;
+            if t.dtype() != first.dtype() {
+                return Err(Error::DTypeMismatch {
+                    op,
+                    lhs: first.dtype(),
+                    rhs: t.dtype(),
+                });
+            }
+        }
+        Tensor::check_same_device(op, ts)?;
+        let outs: Vec<(Shape, DType)> = ts.iter().map(|t| (t.shape().clone(), dtype)).collect();
+        let dev = first.device();
+        let storages = dev.backend().exec(&Op::CastEach(dtype), ts, &outs)?;
+        if storages.len() != outs.len() {
+            return Err(Error::backend(
+                op,
+                "backend returned the wrong number of outputs",
+            ));
+        }
+        let recording = graph::is_recording();
+        Ok(storages
+            .into_iter()
+            .zip(ts.iter().zip(outs))
+            .map(|(storage, (t, (shape, _)))| {
+                let grad = (recording && t.requires_grad())
+                    .then(|| graph::node(GradOp::Op(Op::Cast(dtype)), 0, &[t], &[]));
+                Tensor(Arc::new(Inner {
+                    dtype: storage.dtype(),
+                    storage,
+                    layout: Layout::contiguous(shape),
+                    device: dev.clone(),
+                    grad,
+                }))
+            })
+            .collect())
+    }
+
     /// `(self.cast(dtype), self.sum(&[0], false))` for a float matrix [m, n] in one op (one
     /// pass over `self` where the backend fuses them): a Linear's f32 output gradient made its
     /// products' 16-bit operand and summed into its bias gradient. Not differentiable.

@@ -224,6 +224,12 @@ fn exec_op(op: &Op, inputs: &[&Tensor], outs: &[(Shape, DType)]) -> Result<Vec<A
                 reduce::reduce(ReduceOp::Sum, x, &[0])?,
             ])
         }
+        Op::CastEach(dt) => many(
+            inputs
+                .iter()
+                .map(|x| cast::cast(x, *dt))
+                .collect::<Result<_>>()?,
+        ),
         Op::Copy => {
             let x = input(0)?;
             one(elementwise::materialize(

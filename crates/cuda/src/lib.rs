@@ -316,6 +316,7 @@ impl Backend for Handle {
             }
             Op::Cast(dt) => cast::cast(dev, input(0)?, *dt),
             Op::CastColSums(dt) => reduce::cast_col_sums(dev, input(0)?, *dt),
+            Op::CastEach(dt) => cast::cast_each(dev, inputs, *dt),
             Op::Copy => elementwise::contiguous(dev, input(0)?),
             Op::IndexSelect { axis } => index::index_select(dev, input(0)?, input(1)?, *axis),
             Op::Gather { axis } => index::gather(dev, input(0)?, input(1)?, *axis),

@@ -433,3 +433,64 @@ fn layer_norm_forward_low_writes_the_autocast_dtype() {
     assert_eq!(y.dtype(), DType::F32);
     assert_eq!(bits(&y), bits(&ln.forward(&x).unwrap()));
 }
+
+/// `autocast::prefetch` at the start of a scope casts, in one op, the parameters that the
+/// previous scope cast (and no others), and the forward pass finds them cached: a training
+/// step of a transformer layer gives the same output and gradients, bit for bit, with and
+/// without it.
+#[test]
+fn prefetch_casts_what_the_last_scope_cast() {
+    use ferrite_core::autocast::prefetch;
+    use ferrite_nn::{EncoderConfig, TransformerEncoderLayer};
+    let dev = cpu();
+    let mut cfg = EncoderConfig::new(16, 2);
+    cfg.dim_feedforward = 32;
+    cfg.dropout = 0.0;
+    cfg.gelu = true;
+    cfg.batch_first = true;
+    cfg.norm_first = true;
+    let layer = TransformerEncoderLayer::new(cfg, DType::F32, &dev).unwrap();
+    let params: Vec<Tensor> = layer.parameters().iter().map(|p| p.tensor()).collect();
+    let x = randn(&[2, 5, 16], 11);
+    let step = |pre: bool| {
+        let (y, cached_before, cached_after) = autocast(DType::BF16, || {
+            if pre {
+                prefetch(&params).unwrap();
+            }
+            let before = autocast_cache_len();
+            let y = layer.forward_masked(&x, None, true).unwrap();
+            (y, before, autocast_cache_len())
+        })
+        .unwrap();
+        backward(&y.square().unwrap().mean(&[], false).unwrap()).unwrap();
+        let g = grads(&layer);
+        layer.zero_grad();
+        (y, g, cached_before, cached_after)
+    };
+    // Nothing to prefetch before a scope has cast anything.
+    let (y0, g0, before, casts) = step(true);
+    assert_eq!(before, 0);
+    // The in-projection's weight and bias, out_proj's weight, linear1's weight and bias and
+    // linear2's weight; not the norms' parameters nor the biases added in f32.
+    assert_eq!(casts, 6);
+    let (y1, g1, before, after) = step(true);
+    assert_eq!(before, casts, "prefetch cast what the last scope cast");
+    assert_eq!(after, casts, "the forward pass found every cast cached");
+    assert_eq!(bits(&y0), bits(&y1));
+    assert_eq!(g0.len(), g1.len());
+    for ((n, a), (_, b)) in g0.iter().zip(&g1) {
+        assert_eq!(bits(a), bits(b), "{n}");
+        assert_eq!(b.dtype(), DType::F32, "{n}");
+    }
+    // Outside a scope it does nothing; a scope with no recording keys its casts apart.
+    prefetch(&params).unwrap();
+    assert_eq!(autocast_cache_len(), 0);
+    let cached = ferrite_core::no_grad(|| {
+        autocast(DType::BF16, || {
+            prefetch(&params).unwrap();
+            autocast_cache_len()
+        })
+    })
+    .unwrap();
+    assert_eq!(cached, 0, "the last scope recorded; this one does not");
+}

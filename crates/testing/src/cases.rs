@@ -701,6 +701,55 @@ fn cast_col_sums_cases(b: &mut B) {
     }
 }
 
+/// `Tensor::cast_each` (autocast's parameter copies in one op): every float pair over
+/// tensors of several sizes (more than one of CUDA's blocks, a tail of odd length, a strided
+/// view taking the one-by-one path), and 70 tensors (two of CUDA's launches).
+fn cast_each_cases(b: &mut B) {
+    use View::*;
+    let mixed = [
+        (vec![300, 64], Contiguous),
+        (vec![9001], Contiguous),
+        (vec![7], Contiguous),
+        (vec![24, 20], Transposed),
+        (vec![3, 5], Contiguous),
+    ];
+    for from in FLOATS {
+        for to in FLOATS {
+            let inputs = mixed
+                .iter()
+                .map(|(shape, view)| inp(shape, from, u(-3.0, 3.0), *view))
+                .collect();
+            b.add(
+                &format!("cast_each_to_{to}"),
+                from,
+                inputs,
+                vec![default_tol(to); mixed.len()],
+                false,
+                move |x| {
+                    let refs: Vec<&Tensor> = x.iter().collect();
+                    Tensor::cast_each(&refs, to)
+                },
+                move |x| x.iter().map(|t| r::cast(t, to)).collect(),
+            );
+        }
+    }
+    let many = (0..70)
+        .map(|i| inp(&[1 + i % 9], DType::F32, u(-3.0, 3.0), Contiguous))
+        .collect();
+    b.add(
+        "cast_each_70_to_bf16",
+        DType::F32,
+        many,
+        vec![default_tol(DType::BF16); 70],
+        false,
+        |x| {
+            let refs: Vec<&Tensor> = x.iter().collect();
+            Tensor::cast_each(&refs, DType::BF16)
+        },
+        |x| x.iter().map(|t| r::cast(t, DType::BF16)).collect(),
+    );
+}
+
 fn cast_cases(b: &mut B) {
     for from in DType::ALL {
         for to in DType::ALL {
@@ -2215,6 +2264,7 @@ pub fn cases() -> Vec<OpCase> {
     matmul_bias_cases(&mut b);
     cast_cases(&mut b);
     cast_col_sums_cases(&mut b);
+    cast_each_cases(&mut b);
     index_cases(&mut b);
     scan_cases(&mut b);
     fused_cases(&mut b);

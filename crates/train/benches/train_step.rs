@@ -213,8 +213,9 @@ fn run(
     let mut opt = Optimizer::new(w.params.clone(), lr, rule.clone())?;
     opt.set_clip(clip)?;
     let precision = m.precision;
+    let tensors: Vec<Tensor> = w.params.iter().map(|(_, p)| p.tensor()).collect();
     let step_once = |opt: &mut Optimizer| -> Result<Tensor> {
-        let loss = precision.run(|| (w.loss)())?;
+        let loss = precision.run_prefetched(&tensors, || (w.loss)())?;
         ferrite_autodiff::backward(&loss)?;
         opt.step()?;
         Ok(loss.detach())

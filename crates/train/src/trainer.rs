@@ -331,8 +331,22 @@ impl Precision {
 
     /// Runs `f` (a forward pass) under this precision's autocast scope.
     pub fn run<R>(self, f: impl FnOnce() -> ferrite_core::Result<R>) -> ferrite_core::Result<R> {
+        self.run_prefetched(&[], f)
+    }
+
+    /// `run` for a training step's forward pass over the model with parameters `params`:
+    /// under autocast, the casts of those the previous forward pass cast are made first, in
+    /// one op (`ferrite_core::autocast::prefetch`), rather than one a weight.
+    pub fn run_prefetched<R>(
+        self,
+        params: &[Tensor],
+        f: impl FnOnce() -> ferrite_core::Result<R>,
+    ) -> ferrite_core::Result<R> {
         match self.autocast_dtype() {
-            Some(d) => ferrite_core::autocast(d, f)?,
+            Some(d) => ferrite_core::autocast(d, || {
+                ferrite_core::autocast::prefetch(params)?;
+                f()
+            })?,
             None => f(),
         }
     }
@@ -781,7 +795,8 @@ impl Trainer {
     fn train_batch(&mut self, batch: &Batch, metrics: &mut [Box<dyn Metric>]) -> Result<Tensor> {
         let (x, y) = split(batch)?;
         let (model, loss_fn) = (&self.model, &self.loss);
-        let (preds, loss) = self.cfg.precision.run(|| {
+        let params = autocast_params(self.cfg.precision, model.as_ref());
+        let (preds, loss) = self.cfg.precision.run_prefetched(&params, || {
             let p = model.forward(x)?;
             let l = loss_fn(&p, y)?;
             Ok((p, l))
@@ -857,8 +872,9 @@ impl Trainer {
         } = self;
         let precision = cfg.precision;
         let te = |e: Error| ferrite_core::Error::backend("Trainer step", e.to_string());
+        let params = autocast_params(precision, model.as_ref());
         let graph = cuda.capture(|| {
-            let (preds, l) = precision.run(|| {
+            let (preds, l) = precision.run_prefetched(&params, || {
                 let p = model.forward(&xs)?;
                 let l = loss(&p, &ys)?;
                 Ok((p, l))
@@ -1252,5 +1268,13 @@ impl RunOptions {
             cuda_graph: self.cuda_graph,
             ..TrainerConfig::new(self.epochs)
         }
+    }
+}
+
+/// The model's parameters as tensors when `precision` autocasts (for `run_prefetched`).
+fn autocast_params(precision: Precision, model: &(dyn Module + 'static)) -> Vec<Tensor> {
+    match precision.autocast_dtype() {
+        Some(_) => model.parameters().iter().map(|p| p.tensor()).collect(),
+        None => Vec::new(),
     }
 }

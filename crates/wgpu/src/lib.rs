@@ -545,6 +545,13 @@ impl Backend for Handle {
                 o.extend(reduce::reduce(dev, ReduceOp::Sum, x, &[0])?);
                 Ok(o)
             }
+            Op::CastEach(dt) => {
+                let mut o = Vec::with_capacity(inputs.len());
+                for x in inputs {
+                    o.extend(elementwise::cast(dev, x, *dt)?);
+                }
+                Ok(o)
+            }
             Op::Copy => elementwise::contiguous(dev, input(0)?),
             Op::IndexSelect { axis } => index::index_select(dev, input(0)?, input(1)?, *axis),
             Op::Gather { axis } => index::gather(dev, input(0)?, input(1)?, *axis),
