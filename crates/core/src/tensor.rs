@@ -635,15 +635,25 @@ impl Tensor {
             .map(|(k, (storage, (shape, dtype)))| {
                 let grad = (record && graph::differentiable_output(&op, k, dtype))
                     .then(|| graph::node(GradOp::Op(op.clone()), k, inputs, &kept));
-                Tensor(Arc::new(Inner {
-                    dtype: storage.dtype(),
-                    storage,
-                    layout: Layout::contiguous(shape),
-                    device: dev.clone(),
-                    grad,
-                }))
+                Tensor::output(storage, shape, dev, grad)
             })
             .collect())
+    }
+
+    /// An op's output: a new contiguous storage of `shape` and its place in the graph.
+    fn output(
+        storage: Arc<dyn Storage>,
+        shape: Shape,
+        device: &Device,
+        grad: Option<Grad>,
+    ) -> Tensor {
+        Tensor(Arc::new(Inner {
+            dtype: storage.dtype(),
+            storage,
+            layout: Layout::contiguous(shape),
+            device: device.clone(),
+            grad,
+        }))
     }
 
     pub(crate) fn run1(
@@ -1142,13 +1152,7 @@ impl Tensor {
             .map(|(storage, (t, (shape, _)))| {
                 let grad = (recording && t.requires_grad())
                     .then(|| graph::node(GradOp::Op(Op::Cast(dtype)), 0, &[t], &[]));
-                Tensor(Arc::new(Inner {
-                    dtype: storage.dtype(),
-                    storage,
-                    layout: Layout::contiguous(shape),
-                    device: dev.clone(),
-                    grad,
-                }))
+                Tensor::output(storage, shape, dev, grad)
             })
             .collect())
     }

@@ -1108,11 +1108,12 @@ LN_HALF_KERNELS(bf16, bf16)
 LN_HALF_KERNELS(f16, f16)
 
 // f32 layer norm backward, a warp per row of 129 to 1024 elements
-// (`layer_norm_bwd{,_gbf16,_gf16}_r{E}_f32`, n <= 128 E; `ln_bwd_rows_body`).
+// (`layer_norm_bwd{,_gbf16,_gf16}_r{E}_f32`, n <= 128 E; `ln_bwd_rows_body`). The parameters
+// are the other backward kernels'; `stats` and `vec` are unused (the host checked `vec`).
 #define LN_ROWS_KERNEL(GS, GT, E)                                                                  \
     extern "C" __global__ void __launch_bounds__(256, 2) layer_norm_bwd##GS##_r##E##_f32(          \
         u64 rows, u32 n, const float* x, u64 xs, const float* w, const GT* g, u64 gs, float* dx,   \
-        const float* acc, u64 as_, float* part, float eps) {                                      \
+        const float* acc, u64 as_, float*, float* part, u32, float eps) {                         \
         ln_bwd_rows_body<GT, E>(rows, n, x, xs, w, g, gs, dx, acc, as_, part, eps);               \
     }
 #define LN_ROWS_KERNELS(GS, GT) \
@@ -1123,10 +1124,12 @@ LN_ROWS_KERNELS(_gbf16, bf16)
 LN_ROWS_KERNELS(_gf16, f16)
 
 // f32 layer norm, a warp per row of 129 to 1024 elements (`layer_norm{,_obf16,_of16}_r{E}_f32`,
-// n <= 128 E; `ln_rows_body`).
+// n <= 128 E; `ln_rows_body`). The parameters are the other layer norm kernels'; `vec` is
+// unused (the host checked it).
 #define LN_FWD_ROWS_KERNEL(YS, YT, E)                                                              \
     extern "C" __global__ void __launch_bounds__(256) layer_norm##YS##_r##E##_f32(                 \
-        u64 rows, u32 n, const float* x, u64 xs, const float* w, const float* b, YT* y, float eps) { \
+        u64 rows, u32 n, const float* x, u64 xs, const float* w, const float* b, YT* y, u32,       \
+        float eps) {                                                                               \
         ln_rows_body<YT, E>(rows, n, x, xs, w, b, y, eps);                                         \
     }
 #define LN_FWD_ROWS_KERNELS(YS, YT) \

@@ -253,25 +253,20 @@ pub(crate) fn layer_norm(
     if rows * n > 0 {
         check_row_len(op, n)?;
         let vec = aligned(dt, rows, n, &[&xr], &[wr.ptr, br.ptr, out.ptr()]);
-        if let Some(e) = rows_kernel(dt, vec, n) {
-            // Four blocks of 256 threads a multiprocessor (two: 11.1 us on char-GPT's rows
-            // against 9.3; eight: 9.5), at least two rows a warp where there are rows enough.
-            let blocks = (dev.sm_count.max(1) as usize * 4).min(rows.div_ceil(16));
-            let args = Args::new()
-                .arg(rows as u64)
-                .arg(n as u32)
-                .arg(xr.ptr)
-                .arg(xr.stride as u64)
-                .arg(wr.ptr)
-                .arg(br.ptr)
-                .arg(out.ptr())
-                .arg(eps as f32);
-            let name = format!("layer_norm{infix}_r{e}_f32");
-            let cfg = Cfg::new((blocks as u32, 1, 1), (256, 1, 1), 0);
-            dev.launch(op, &SOURCE, &name, cfg, args)?;
-            return dev.finish_one(out);
-        }
-        let (shape, cfg) = plan(rows, n, dt, E_FWD);
+        let (name, cfg) = match rows_kernel(dt, vec, n) {
+            Some(e) => {
+                // Four blocks of 256 threads a multiprocessor (two: 11.1 us on char-GPT's
+                // rows against 9.3; eight: 9.5), at least two rows a warp where there are
+                // rows enough.
+                let blocks = (dev.sm_count.max(1) as usize * 4).min(rows.div_ceil(16));
+                let cfg = Cfg::new((blocks as u32, 1, 1), (256, 1, 1), 0);
+                (format!("layer_norm{infix}_r{e}_f32"), cfg)
+            }
+            None => {
+                let (shape, cfg) = plan(rows, n, dt, E_FWD);
+                (format!("layer_norm{infix}_{shape}_{}", suffix(dt)), cfg)
+            }
+        };
         let args = Args::new()
             .arg(rows as u64)
             .arg(n as u32)
@@ -282,7 +277,6 @@ pub(crate) fn layer_norm(
             .arg(out.ptr())
             .arg(vec as u32);
         let args = arg_compute(args, dt, eps);
-        let name = format!("layer_norm{infix}_{shape}_{}", suffix(dt));
         dev.launch(op, &SOURCE, &name, cfg, args)?;
     }
     dev.finish_one(out)
@@ -477,13 +471,9 @@ fn norm_backward(
         // row with E chunks a lane (E rounded up to 2, 3, 4, 6 or 8), two blocks of 256
         // threads a multiprocessor (three and four measured 5-7% slower), at least two rows
         // a warp where there are rows enough, dw and db summed per block.
-        let rows_e = match bias && rows > 0 {
-            true => rows_kernel(dt, vec, n),
-            false => None,
-        };
-        if let Some(e) = rows_e {
-            let blocks = (sm * 2).min(rows.div_ceil(16));
-            let part = dev.alloc_out(blocks * 2 * n, ct, op)?;
+        // The row kernels' parameters: `stats` for the separate weight sums, `part` for the
+        // block sums.
+        let args = |stats: u64, part: u64| {
             let args = Args::new()
                 .arg(rows as u64)
                 .arg(n as u32)
@@ -495,11 +485,21 @@ fn norm_backward(
                 .arg(dx.ptr())
                 .arg(ar.as_ref().map_or(0, |a| a.ptr))
                 .arg(ar.as_ref().map_or(0, |a| a.stride) as u64)
-                .arg(part.ptr())
-                .arg(eps as f32);
+                .arg(stats)
+                .arg(part)
+                .arg(vec as u32);
+            arg_compute(args, dt, eps)
+        };
+        let rows_e = match bias && rows > 0 {
+            true => rows_kernel(dt, vec, n),
+            false => None,
+        };
+        if let Some(e) = rows_e {
+            let blocks = (sm * 2).min(rows.div_ceil(16));
+            let part = dev.alloc_out(blocks * 2 * n, ct, op)?;
             let name = format!("layer_norm_bwd{ginfix}_r{e}_f32");
             let cfg = Cfg::new((blocks as u32, 1, 1), (256, 1, 1), 0);
-            dev.launch(op, &SOURCE, &name, cfg, args)?;
+            dev.launch(op, &SOURCE, &name, cfg, args(0, part.ptr()))?;
             dw_final(dev, op, dt, n, blocks, true, &part, &dw, db.as_ref())?;
             let mut outs = vec![dx, dw];
             outs.extend(db);
@@ -527,21 +527,10 @@ fn norm_backward(
         };
         let part = dev.alloc_out(chunks * k * n, ct, op)?;
         if rows > 0 {
-            let args = Args::new()
-                .arg(rows as u64)
-                .arg(n as u32)
-                .arg(xr.ptr)
-                .arg(xr.stride as u64)
-                .arg(wr.ptr)
-                .arg(gr.ptr)
-                .arg(gr.stride as u64)
-                .arg(dx.ptr())
-                .arg(ar.as_ref().map_or(0, |a| a.ptr))
-                .arg(ar.as_ref().map_or(0, |a| a.stride) as u64)
-                .arg(stats.as_ref().map_or(0, |s| s.ptr()))
-                .arg(if fused { part.ptr() } else { 0 })
-                .arg(vec as u32);
-            let args = arg_compute(args, dt, eps);
+            let args = args(
+                stats.as_ref().map_or(0, |s| s.ptr()),
+                if fused { part.ptr() } else { 0 },
+            );
             let kind = if bias {
                 "layer_norm_bwd"
             } else {

@@ -52,6 +52,18 @@ fn grads(m: &(dyn Module + 'static)) -> Vec<(String, Tensor)> {
     m.named_grads()
 }
 
+/// A pre-norm, batch-first `TransformerEncoderLayer` of width `e` and `h` heads with GELU, a
+/// 32-wide feed-forward block and no dropout, in f32 on the CPU.
+fn gelu_pre_norm_layer(e: usize, h: usize) -> ferrite_nn::TransformerEncoderLayer {
+    let mut cfg = ferrite_nn::EncoderConfig::new(e, h);
+    cfg.dim_feedforward = 32;
+    cfg.dropout = 0.0;
+    cfg.gelu = true;
+    cfg.batch_first = true;
+    cfg.norm_first = true;
+    ferrite_nn::TransformerEncoderLayer::new(cfg, DType::F32, &cpu()).unwrap()
+}
+
 #[test]
 fn linear_matmul_runs_in_the_low_dtype_and_parameters_get_f32_grads() {
     for low in [DType::BF16, DType::F16] {
@@ -289,7 +301,6 @@ fn scopes_nest_switch_off_and_cache_parameter_casts() {
 /// spelled out (to the order of f32 sums), and the gradients reach the f32 parameters.
 #[test]
 fn layers_keep_intermediates_in_the_low_dtype() {
-    use ferrite_nn::{EncoderConfig, TransformerEncoderLayer};
     let dev = cpu();
     let low = DType::BF16;
     let c = |t: &Tensor| t.cast(low).unwrap();
@@ -346,13 +357,7 @@ fn layers_keep_intermediates_in_the_low_dtype() {
         );
     }
 
-    let mut cfg = EncoderConfig::new(e, h);
-    cfg.dim_feedforward = 32;
-    cfg.dropout = 0.0;
-    cfg.gelu = true;
-    cfg.batch_first = true;
-    cfg.norm_first = true;
-    let layer = TransformerEncoderLayer::new(cfg, DType::F32, &dev).unwrap();
+    let layer = gelu_pre_norm_layer(e, h);
     let y = autocast(low, || layer.forward_masked(&x, None, true))
         .unwrap()
         .unwrap();
@@ -441,15 +446,7 @@ fn layer_norm_forward_low_writes_the_autocast_dtype() {
 #[test]
 fn prefetch_casts_what_the_last_scope_cast() {
     use ferrite_core::autocast::prefetch;
-    use ferrite_nn::{EncoderConfig, TransformerEncoderLayer};
-    let dev = cpu();
-    let mut cfg = EncoderConfig::new(16, 2);
-    cfg.dim_feedforward = 32;
-    cfg.dropout = 0.0;
-    cfg.gelu = true;
-    cfg.batch_first = true;
-    cfg.norm_first = true;
-    let layer = TransformerEncoderLayer::new(cfg, DType::F32, &dev).unwrap();
+    let layer = gelu_pre_norm_layer(16, 2);
     let params: Vec<Tensor> = layer.parameters().iter().map(|p| p.tensor()).collect();
     let x = randn(&[2, 5, 16], 11);
     let step = |pre: bool| {
