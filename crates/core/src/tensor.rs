@@ -613,15 +613,8 @@ impl Tensor {
         inputs: &[&Tensor],
         outs: Vec<(Shape, DType)>,
     ) -> Result<Vec<Tensor>> {
-        Tensor::check_same_device(op.name(), inputs)?;
         let dev = self.device();
-        let storages = dev.backend().exec(&op, inputs, &outs)?;
-        if storages.len() != outs.len() {
-            return Err(Error::backend(
-                op.name(),
-                "backend returned the wrong number of outputs",
-            ));
-        }
+        let storages = Tensor::exec(dev, &op, inputs, &outs)?;
         let record = inputs.iter().any(|t| t.requires_grad()) && graph::is_recording();
         // Every output, for the nodes of ops whose rule reads them (`graph::keeps_output`).
         let kept = match record && graph::op_keeps_output(&op) {
@@ -638,6 +631,24 @@ impl Tensor {
                 Tensor::output(storage, shape, dev, grad)
             })
             .collect())
+    }
+
+    /// `op` run by `dev`'s backend on `inputs` (one device), one storage per spec of `outs`.
+    fn exec(
+        dev: &Device,
+        op: &Op,
+        inputs: &[&Tensor],
+        outs: &[(Shape, DType)],
+    ) -> Result<Vec<Arc<dyn Storage>>> {
+        Tensor::check_same_device(op.name(), inputs)?;
+        let storages = dev.backend().exec(op, inputs, outs)?;
+        if storages.len() != outs.len() {
+            return Err(Error::backend(
+                op.name(),
+                "backend returned the wrong number of outputs",
+            ));
+        }
+        Ok(storages)
     }
 
     /// An op's output: a new contiguous storage of `shape` and its place in the graph.
@@ -1135,16 +1146,9 @@ impl Tensor {
                 });
             }
         }
-        Tensor::check_same_device(op, ts)?;
         let outs: Vec<(Shape, DType)> = ts.iter().map(|t| (t.shape().clone(), dtype)).collect();
         let dev = first.device();
-        let storages = dev.backend().exec(&Op::CastEach(dtype), ts, &outs)?;
-        if storages.len() != outs.len() {
-            return Err(Error::backend(
-                op,
-                "backend returned the wrong number of outputs",
-            ));
-        }
+        let storages = Tensor::exec(dev, &Op::CastEach(dtype), ts, &outs)?;
         let recording = graph::is_recording();
         Ok(storages
             .into_iter()

@@ -84,12 +84,8 @@ pub(crate) fn cast_each(
         let cfg = Cfg::new((blocks as u32, 1, 1), (256, 1, 1), 0);
         dev.launch(op, &SOURCE, &name, cfg, Args::new().arg(l))?;
     }
-    let mut done = Vec::with_capacity(batch.len());
-    let mut slots = Vec::with_capacity(batch.len());
-    for (i, _, out) in batch {
-        slots.push(i);
-        done.push(out);
-    }
+    let (slots, done): (Vec<usize>, Vec<Out>) =
+        batch.into_iter().map(|(i, _, out)| (i, out)).unzip();
     for (i, s) in slots.into_iter().zip(dev.finish(done)?) {
         outs[i] = Some(s);
     }

@@ -744,6 +744,27 @@ __device__ void ln_bwd_body_gf16(u64 rows, u32 n, const T* x, u64 xs, const T* w
 
 // ---- layer_norm of f32 rows of 129 to 1024 elements ----
 
+// A warp per f32 row: lane t holds chunks t, t + 32, ... (at most E of them, those below nc)
+// of the row at `row`, each a 16-byte load.
+template <int E>
+__device__ __forceinline__ void lane_chunks(W4 (&c)[E], const float* row, u32 lane, u32 nc) {
+#pragma unroll
+    for (int k = 0; k < E; ++k)
+        if (k * 32 + lane < nc) c[k] = *(const W4*)(row + (u64)(k * 32 + lane) * 4);
+}
+
+// The mean of the n-element row whose chunks the warp's lanes hold (`lane_chunks`).
+template <int E>
+__device__ __forceinline__ float lane_mean(const W4 (&c)[E], u32 lane, u32 nc, u32 n) {
+    float s = 0.f;
+#pragma unroll
+    for (int k = 0; k < E; ++k)
+        if (k * 32 + lane < nc)
+#pragma unroll
+            for (int v = 0; v < 4; ++v) s += __uint_as_float(c[k].w[v]);
+    return warp_sum(s) / (float)n;
+}
+
 // y = (x - mean) r w + b as `ln_body_y` computes it, written as Y (f32, or the 16-bit output
 // of an autocast product's input), for f32 rows of n <= 128 E elements with `vec`: a warp per
 // row, lane t holding chunks t, t + 32, ... in registers, the warp's next row loaded while it
@@ -755,26 +776,12 @@ __device__ void ln_rows_body(u64 rows, u32 n, const float* x, u64 xs, const floa
     const u32 nc = n >> 2;
     const u64 step = (u64)gridDim.x * nw;
     W4 xc[E];
-    auto load_row = [&](u64 row, W4 (&xa)[E]) {
-        const float* xp = x + row * xs;
-#pragma unroll
-        for (int k = 0; k < E; ++k) {
-            const u32 c = k * 32 + lane;
-            if (c < nc) xa[k] = *(const W4*)(xp + (u64)c * 4);
-        }
-    };
     u64 r = (u64)blockIdx.x * nw + (threadIdx.x >> 5);
-    if (r < rows) load_row(r, xc);
+    if (r < rows) lane_chunks(xc, x + r * xs, lane, nc);
     for (; r < rows; r += step) {
         W4 xn[E];
-        if (r + step < rows) load_row(r + step, xn);
-        float s1 = 0.f;
-#pragma unroll
-        for (int k = 0; k < E; ++k)
-            if (k * 32 + lane < nc)
-#pragma unroll
-                for (int v = 0; v < 4; ++v) s1 += __uint_as_float(xc[k].w[v]);
-        const float mean = warp_sum(s1) / (float)n;
+        if (r + step < rows) lane_chunks(xn, x + (r + step) * xs, lane, nc);
+        const float mean = lane_mean(xc, lane, nc, n);
         float s2 = 0.f;
 #pragma unroll
         for (int k = 0; k < E; ++k)
@@ -848,40 +855,22 @@ __device__ void ln_bwd_rows_body(u64 rows, u32 n, const float* x, u64 xs, const 
     W4 xc[E];
     R gc[E];
     auto load_row = [&](u64 row, W4 (&xa)[E], R (&ga)[E]) {
-        const float* xp = x + row * xs;
-        const G* gp = g + row * gs;
+        lane_chunks(xa, x + row * xs, lane, nc);
 #pragma unroll
-        for (int k = 0; k < E; ++k) {
-            const u32 c = k * 32 + lane;
-            if (c < nc) {
-                xa[k] = *(const W4*)(xp + (u64)c * 4);
-                ga[k] = GChunk<G>::load(gp, c);
-            }
-        }
+        for (int k = 0; k < E; ++k)
+            if (k * 32 + lane < nc) ga[k] = GChunk<G>::load(g + row * gs, k * 32 + lane);
     };
     u64 r = (u64)blockIdx.x * nw + wib;
     if (r < rows) load_row(r, xc, gc);
     for (; r < rows; r += step) {
         W4 ac[E];
-        if (acc != nullptr) {
-#pragma unroll
-            for (int k = 0; k < E; ++k) {
-                const u32 c = k * 32 + lane;
-                if (c < nc) ac[k] = *(const W4*)(acc + r * as_ + (u64)c * 4);
-            }
-        }
+        if (acc != nullptr) lane_chunks(ac, acc + r * as_, lane, nc);
         W4 xn[PF ? E : 1];
         R gn[PF ? E : 1];
         if constexpr (PF) {
             if (r + step < rows) load_row(r + step, xn, gn);
         }
-        float s1 = 0.f;
-#pragma unroll
-        for (int k = 0; k < E; ++k)
-            if (k * 32 + lane < nc)
-#pragma unroll
-                for (int v = 0; v < 4; ++v) s1 += __uint_as_float(xc[k].w[v]);
-        const float mean = warp_sum(s1) / (float)n;
+        const float mean = lane_mean(xc, lane, nc, n);
         float q[3] = {0.f, 0.f, 0.f};  // sum (x - mean)^2, sum g w, sum g w (x - mean)
 #pragma unroll
         for (int k = 0; k < E; ++k) {

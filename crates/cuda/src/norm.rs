@@ -467,10 +467,6 @@ fn norm_backward(
         let mut ins = vec![&xr, &gr];
         ins.extend(&ar);
         let vec = aligned(dt, rows, n, &ins, &[wr.ptr, dx.ptr()]);
-        // f32 layer norms of 129 to 1024 columns: `layer_norm_bwd*_r{E}_f32`, a warp per
-        // row with E chunks a lane (E rounded up to 2, 3, 4, 6 or 8), two blocks of 256
-        // threads a multiprocessor (three and four measured 5-7% slower), at least two rows
-        // a warp where there are rows enough, dw and db summed per block.
         // The row kernels' parameters: `stats` for the separate weight sums, `part` for the
         // block sums.
         let args = |stats: u64, part: u64| {
@@ -490,6 +486,10 @@ fn norm_backward(
                 .arg(vec as u32);
             arg_compute(args, dt, eps)
         };
+        // f32 layer norms of 129 to 1024 columns: `layer_norm_bwd*_r{E}_f32`, a warp per
+        // row with E chunks a lane (E rounded up to 2, 3, 4, 6 or 8), two blocks of 256
+        // threads a multiprocessor (three and four measured 5-7% slower), at least two rows
+        // a warp where there are rows enough, dw and db summed per block.
         let rows_e = match bias && rows > 0 {
             true => rows_kernel(dt, vec, n),
             false => None,
