@@ -4,11 +4,11 @@
 # has no Rust toolchain). Copy the repository with .device/ there and run scripts/gpu/run.sh.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-# The kernels are compiled here, ahead of time, for the GPU machine's architecture (H100:
-# sm_90; FERRITE_CUDA_ARCHS overrides, empty for none) and embedded in the binaries, so runs
+# The kernels are compiled here, ahead of time, for the GPU machine's architecture (H100,
+# H200: sm_90a, compute capability 9.0 with its arch-specific instructions; FERRITE_CUDA_ARCHS overrides, empty for none) and embedded in the binaries, so runs
 # there start without compiling. That needs NVRTC here: from the library path, else from the
 # nvidia-cuda-nvrtc Python wheel when it is installed.
-export FERRITE_CUDA_ARCHS="${FERRITE_CUDA_ARCHS-sm_90}"
+export FERRITE_CUDA_ARCHS="${FERRITE_CUDA_ARCHS-sm_90a}"
 if ! ldconfig -p 2>/dev/null | grep -q 'libnvrtc\.so'; then
   wheel=$(python3 -c 'import importlib.util, os
 s = importlib.util.find_spec("nvidia")

@@ -82,7 +82,7 @@ def compile_src(src, arch):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("source", choices=sorted(SOURCES))
-    ap.add_argument("--arch", default="sm_90")
+    ap.add_argument("--arch", default="sm_90a")
     ap.add_argument("--match", default="", help="regex on kernel names to report")
     ap.add_argument("--only", action="append", default=[],
                     help="compile only these kernel definitions (one line each)")

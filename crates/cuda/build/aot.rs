@@ -176,7 +176,7 @@ fn device_archs() -> Option<Vec<String>> {
             if get(&mut d, ordinal) != 0 || attr(&mut ma, 75, d) != 0 || attr(&mut mi, 76, d) != 0 {
                 continue;
             }
-            let a = format!("sm_{ma}{mi}");
+            let a = kernel_key::arch_name(ma, mi);
             if !out.contains(&a) {
                 out.push(a);
             }

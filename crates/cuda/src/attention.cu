@@ -744,17 +744,14 @@ __device__ __forceinline__ void mma_load_tile(T* dst, const T* base, i64 rs, i64
 // D = sum_c g[c] o[c].
 // Without STATS, `stats` (when not null) gets each row's lse in natural-log units, f32
 // (`Op::Attention`'s second output).
-template <typename T, int D, bool STATS>
+template <typename T, int D, bool STATS, typename TC>
 __device__ void attn_mma_body(const AttnDims& a, float sl2, const T* __restrict__ q, const T* __restrict__ k,
                               const T* __restrict__ v, T* __restrict__ o, const T* __restrict__ g = nullptr,
                               float* __restrict__ stats = nullptr) {
-    constexpr int LD = D + 8, KS = D / 16, DT = D / 8;
-    // Heads up to 128 keep the warp's Q fragments in registers for the whole key walk; wider
-    // heads (256: acc alone takes 128 registers) read them from shared memory per key tile.
-    constexpr bool QREG = D <= 128;
-    T* Qs = (T*)at_smem;
-    T* Ks = Qs + 64 * LD;       // [2][64][LD]
-    T* Vs = Ks + 2 * 64 * LD;   // [2][64][LD]
+    constexpr int DT = D / 8, TL = TC::TILE;
+    T* Qs = TC::smem();
+    T* Ks = Qs + TL;       // [2][TILE]
+    T* Vs = Ks + 2 * TL;   // [2][TILE]
     const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gr = lane >> 2, tq = lane & 3;
     const u32 nbh = a.b * a.hq;
     const u32 tiles = (a.lq + AT_BM - 1) / AT_BM;
@@ -767,11 +764,11 @@ __device__ void attn_mma_body(const AttnDims& a, float sl2, const T* __restrict_
 
     const u32 il = i0 + AT_BM - 1 < a.lq - 1 ? i0 + AT_BM - 1 : a.lq - 1;
     const i64 ntiles = (visible_keys(a, il) + AT_BN - 1) / AT_BN;
-    mma_load_tile<T, D>(Qs, qb, a.sq[2], i0, a.lq);
+    TC::load(Qs, qb, a.sq[2], i0, a.lq);
     cp_async_commit();
     if (ntiles > 0) {
-        mma_load_tile<T, D>(Ks, kb, a.sk[2], 0, a.lk);
-        mma_load_tile<T, D>(Vs, vb, a.sv[2], 0, a.lk);
+        TC::load(Ks, kb, a.sk[2], 0, a.lk);
+        TC::load(Vs, vb, a.sv[2], 0, a.lk);
     }
     cp_async_commit();
 
@@ -787,24 +784,22 @@ __device__ void attn_mma_body(const AttnDims& a, float sl2, const T* __restrict_
         for (int e = 0; e < 4; ++e) acc[dt][e] = 0.f;
 
     cp_async_wait<1>();  // Q has landed (K/V tile 0 may still be in flight)
+    TC::landed();
     __syncthreads();
-    u32 qf[QREG ? KS : 1][4];
-    if (QREG) {
-#pragma unroll
-        for (int kk = 0; kk < KS; ++kk)
-            ldsm_x4(qf[QREG ? kk : 0], smem_addr(Qs + (warp * 16 + (lane & 15)) * LD + kk * 16 + (lane >> 4) * 8));
-    }
+    typename TC::AFrag qf;
+    TC::frag(qf, Qs, warp * 16);
 
     for (i64 t = 0; t < ntiles; ++t) {
         const int buf = (int)(t & 1);
-        const T* Kc = Ks + buf * 64 * LD;
-        const T* Vc = Vs + buf * 64 * LD;
+        const T* Kc = Ks + buf * TL;
+        const T* Vc = Vs + buf * TL;
         if (t + 1 < ntiles) {
-            mma_load_tile<T, D>(Ks + (buf ^ 1) * 64 * LD, kb, a.sk[2], (t + 1) * AT_BN, a.lk);
-            mma_load_tile<T, D>(Vs + (buf ^ 1) * 64 * LD, vb, a.sv[2], (t + 1) * AT_BN, a.lk);
+            TC::load(Ks + (buf ^ 1) * TL, kb, a.sk[2], (t + 1) * AT_BN, a.lk);
+            TC::load(Vs + (buf ^ 1) * TL, vb, a.sv[2], (t + 1) * AT_BN, a.lk);
         }
         cp_async_commit();
         cp_async_wait<1>();  // tile t has landed
+        TC::landed();
         __syncthreads();
 
         float s[8][4];
@@ -812,18 +807,7 @@ __device__ void attn_mma_body(const AttnDims& a, float sl2, const T* __restrict_
         for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
             for (int e = 0; e < 4; ++e) s[nt][e] = 0.f;
-#pragma unroll
-        for (int kk = 0; kk < KS; ++kk) {
-            if (!QREG) ldsm_x4(qf[0], smem_addr(Qs + (warp * 16 + (lane & 15)) * LD + kk * 16 + (lane >> 4) * 8));
-            const u32(&qk)[4] = qf[QREG ? kk : 0];
-#pragma unroll
-            for (int np = 0; np < 4; ++np) {
-                u32 b[4];
-                ldsm_x4(b, smem_addr(Kc + (np * 16 + ((lane >> 4) << 3) + (lane & 7)) * LD + kk * 16 + ((lane >> 3) & 1) * 8));
-                Mma<T>::mma(s[2 * np], qk, b[0], b[1]);
-                Mma<T>::mma(s[2 * np + 1], qk, b[2], b[3]);
-            }
-        }
+        TC::rows64(s, qf, Qs, warp * 16, Kc);
 
         const i64 j0 = t * AT_BN;
         if (a.mask == nullptr && j0 + AT_BN <= wvis) {
@@ -875,19 +859,7 @@ __device__ void attn_mma_body(const AttnDims& a, float sl2, const T* __restrict_
                 }
         }
 
-#pragma unroll
-        for (int kk = 0; kk < 4; ++kk) {
-            const u32 pa[4] = {Mma<T>::pack(s[2 * kk][0], s[2 * kk][1]), Mma<T>::pack(s[2 * kk][2], s[2 * kk][3]),
-                               Mma<T>::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                               Mma<T>::pack(s[2 * kk + 1][2], s[2 * kk + 1][3])};
-#pragma unroll
-            for (int dp = 0; dp < DT / 2; ++dp) {
-                u32 b[4];
-                ldsm_x4_t(b, smem_addr(Vc + (kk * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)) * LD + dp * 16 + (lane >> 4) * 8));
-                Mma<T>::mma(acc[2 * dp], pa, b[0], b[1]);
-                Mma<T>::mma(acc[2 * dp + 1], pa, b[2], b[3]);
-            }
-        }
+        TC::p_rows(acc, s, Vc);
         __syncthreads();  // every warp is done with this buffer before it is refilled
     }
 
@@ -954,18 +926,6 @@ __device__ __forceinline__ void frag_b_kn(u32 (&r)[4], const T* base, u32 k0, u3
     const u32 lane = threadIdx.x & 31;
     ldsm_x4_t(r, smem_addr(base + (k0 + ((lane >> 3) & 1) * 8 + (lane & 7)) * LD + n0 + (lane >> 4) * 8));
 }
-// When REG, the A fragments of rows m0 .. m0 + 15 over all D columns of two [64][D + 8] tiles
-// (a warp's fixed operands, kept in registers for the whole walk).
-template <typename T, int D, bool REG>
-__device__ __forceinline__ void frag_a_pair(u32 (&x)[REG ? D / 16 : 1][4], u32 (&y)[REG ? D / 16 : 1][4],
-                                            const T* Xs, const T* Ys, u32 m0) {
-    if (!REG) return;
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-        frag_a<T, D + 8>(x[REG ? kk : 0], Xs, m0, kk * 16);
-        frag_a<T, D + 8>(y[REG ? kk : 0], Ys, m0, kk * 16);
-    }
-}
 // C (16 x 64) += A (16 x D, fragments af or rows m0.. of As) times the 64 rows of Bs ([n][k]).
 template <typename T, int D, bool REG>
 __device__ __forceinline__ void mma_rows64(float (&c)[8][4], const u32 (&af)[REG ? D / 16 : 1][4], const T* As,
@@ -1027,20 +987,163 @@ __device__ __forceinline__ void mma_store_rows(T* out, const float (&acc)[D / 8]
     }
 }
 
+// ---- tile policies: how the tensor-core kernels hold a 64-row operand tile in shared memory
+// and multiply with it ----
+//
+// The bodies above and below are written once against a policy TC:
+//   TC::TILE                 elements of one 64-row tile; TC::smem() the first tile
+//   TC::load(dst, ...)       cp.async of rows [r0, r0 + 64) of a [rows, D] operand (zero past rows)
+//   TC::landed()             after cp_async_wait, before the __syncthreads that publishes tiles
+//   TC::AFrag, TC::frag      a warp's A operand kept across a walk (where the policy keeps one)
+//   TC::rows64(c, af, As, m0, Bs)   c (the warp's 16 rows x 64) += As rows m0.. times Bs^T
+//                                   (As, Bs tiles stored [row][D]: a product over D)
+//   TC::p_rows(acc, p, Bs)   acc (16 x D) += P (the warp's 16 x 64, C-fragment values) times Bs
+//                            (a tile stored [64][D]: a product over its 64 rows)
+// Both products leave their results in the mma.sync m16n8 C-fragment layout: thread (gr, tq)
+// of warp w holds rows 16 w + gr and + 8, columns 8 n + 2 tq and + 1.
+
+// mma.sync m16n8k16 (sm_80+): tiles [64][D + 8] (rows padded so ldmatrix is conflict-free);
+// with REG the A fragments of a warp's 16 rows stay in registers for the whole walk.
+template <typename T, int D, bool REG> struct SyncTC {
+    static constexpr int TILE = 64 * (D + 8);
+    typedef u32 AFrag[REG ? D / 16 : 1][4];
+    static __device__ __forceinline__ T* smem() { return (T*)at_smem; }
+    static __device__ __forceinline__ void load(T* dst, const T* base, i64 rs, i64 r0, i64 rows) {
+        mma_load_tile<T, D>(dst, base, rs, r0, rows);
+    }
+    static __device__ __forceinline__ void landed() {}
+    static __device__ __forceinline__ void frag(AFrag& f, const T* As, u32 m0) {
+        if (!REG) return;
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk) frag_a<T, D + 8>(f[REG ? kk : 0], As, m0, kk * 16);
+    }
+    static __device__ __forceinline__ void rows64(float (&c)[8][4], const AFrag& af, const T* As, u32 m0,
+                                                  const T* Bs) {
+        mma_rows64<T, D, REG>(c, af, As, m0, Bs);
+    }
+    static __device__ __forceinline__ void p_rows(float (&acc)[D / 8][4], const float (&p)[8][4], const T* Bs) {
+        mma_p_rows<T, D>(acc, p, Bs);
+    }
+};
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+// wgmma (sm_90a), D = 64: the block's four warps are one warpgroup and each product is one
+// m64n64k16 chain over the whole tile (warp w's accumulator rows are the tile's rows 16 w..).
+// Tiles are [64][64] with 128-byte rows in the 128-byte swizzle (16-byte chunk c of row r at
+// chunk c ^ (r % 8)), 1024-byte aligned: K-major for the products over D (A and B both read
+// from shared memory, 32 bytes a k-step), N-major for the products over the 64 rows (A, the
+// probabilities, from registers; B read transposed, 2,048 bytes a k-step). Each product waits
+// for its wgmma group before returning; tiles written by cp.async reach the async proxy that
+// wgmma reads through fence.proxy.async (`landed`).
+template <typename T> struct Wg;
+// The 32 f32 accumulators of m64n64 as asm operands %0 .. %31 (the C-fragment order).
+#define WG_D "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "  \
+             "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
+#define WG_C(c)                                                                                         \
+    "+f"(c[0][0]), "+f"(c[0][1]), "+f"(c[0][2]), "+f"(c[0][3]), "+f"(c[1][0]), "+f"(c[1][1]), "+f"(c[1][2]), "+f"(c[1][3]),             \
+    "+f"(c[2][0]), "+f"(c[2][1]), "+f"(c[2][2]), "+f"(c[2][3]), "+f"(c[3][0]), "+f"(c[3][1]), "+f"(c[3][2]), "+f"(c[3][3]),            \
+    "+f"(c[4][0]), "+f"(c[4][1]), "+f"(c[4][2]), "+f"(c[4][3]), "+f"(c[5][0]), "+f"(c[5][1]), "+f"(c[5][2]), "+f"(c[5][3]),        \
+    "+f"(c[6][0]), "+f"(c[6][1]), "+f"(c[6][2]), "+f"(c[6][3]), "+f"(c[7][0]), "+f"(c[7][1]), "+f"(c[7][2]), "+f"(c[7][3])
+#define WG_TYPE(T, PT)                                                                                  \
+    template <> struct Wg<T> {                                                                          \
+        /* c += A B, A and B from descriptors (K-major) */                                               \
+        static __device__ __forceinline__ void ss(float (&c)[8][4], u64 da, u64 db) {                   \
+            asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"                                  \
+                         "wgmma.mma_async.sync.aligned.m64n64k16.f32." PT "." PT " " WG_D               \
+                         ", %32, %33, p, 1, 1, 0, 0;\n}\n"                                              \
+                         : WG_C(c)                                                                      \
+                         : "l"(da), "l"(db), "r"(1));                                                   \
+        }                                                                                               \
+        /* c += A B, A from registers (the A-fragment layout of mma.sync m16n8k16), B transposed */    \
+        static __device__ __forceinline__ void rs(float (&c)[8][4], const u32 (&a)[4], u64 db) {        \
+            asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"                                  \
+                         "wgmma.mma_async.sync.aligned.m64n64k16.f32." PT "." PT " " WG_D               \
+                         ", {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"                                \
+                         : WG_C(c)                                                                      \
+                         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));                \
+        }                                                                                               \
+    };
+WG_TYPE(f16, "f16")
+WG_TYPE(bf16, "bf16")
+
+// Shared-memory matrix descriptor of a swizzled tile: start address, 8-row groups 1,024 bytes
+// apart, 128-byte swizzle (the leading offset is unused by this layout).
+__device__ __forceinline__ u64 wg_desc(const void* p) {
+    return (u64)((smem_addr(p) & 0x3FFFF) >> 4) | ((u64)1 << 16) | ((u64)(1024 >> 4) << 32) | ((u64)1 << 62);
+}
+// Keeps the compiler from moving reads or writes of the accumulators across a wgmma's issue
+// and wait.
+__device__ __forceinline__ void wg_hold(float (&c)[8][4]) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) asm volatile("" : "+f"(c[i][e])::"memory");
+}
+__device__ __forceinline__ void wg_issue() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wg_wait() {
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+}
+
+template <typename T> struct WgTC {
+    static constexpr int TILE = 64 * 64;
+    typedef u32 AFrag[1][1];
+    static __device__ __forceinline__ T* smem() {
+        return (T*)(((unsigned long long)at_smem + 1023) & ~1023ull);  // a kernel asks 1 KiB more
+    }
+    static __device__ __forceinline__ void load(T* dst, const T* base, i64 rs, i64 r0, i64 rows) {
+        const u32 d0 = smem_addr(dst);
+        for (int c = threadIdx.x; c < 64 * 8; c += 128) {
+            const int r = c >> 3, cc = c & 7;
+            const bool ok = r0 + r < rows;
+            const T* src = ok ? base + (r0 + r) * rs + cc * 8 : base;
+            cp_async16(d0 + r * 128 + ((cc ^ (r & 7)) << 4), src, ok ? 16 : 0);
+        }
+    }
+    static __device__ __forceinline__ void landed() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+    static __device__ __forceinline__ void frag(AFrag&, const T*, u32) {}
+    static __device__ __forceinline__ void rows64(float (&c)[8][4], const AFrag&, const T* As, u32, const T* Bs) {
+        const u64 da = wg_desc(As), db = wg_desc(Bs);
+        wg_hold(c);
+        wg_issue();
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk) Wg<T>::ss(c, da + 2 * kk, db + 2 * kk);
+        wg_wait();
+        wg_hold(c);
+    }
+    static __device__ __forceinline__ void p_rows(float (&acc)[8][4], const float (&p)[8][4], const T* Bs) {
+        const u64 db = wg_desc(Bs);
+        u32 pa[4][4];
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk) {
+            pa[kk][0] = Mma<T>::pack(p[2 * kk][0], p[2 * kk][1]);
+            pa[kk][1] = Mma<T>::pack(p[2 * kk][2], p[2 * kk][3]);
+            pa[kk][2] = Mma<T>::pack(p[2 * kk + 1][0], p[2 * kk + 1][1]);
+            pa[kk][3] = Mma<T>::pack(p[2 * kk + 1][2], p[2 * kk + 1][3]);
+        }
+        wg_hold(acc);
+        wg_issue();
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk) Wg<T>::rs(acc, pa[kk], db + kk * (2048 >> 4));
+        wg_wait();
+        wg_hold(acc);
+    }
+};
+#endif
+
 // dq, per 64 query rows of one (batch, head), for each visible key tile: S = Q K^T,
 // dP = G V^T, P = 2^(S sl2 - lse), dS = P (dP - D), dQ += dS K, then dQ *= scale. Shared
 // memory (T): Q, G [64][D + 8], K and V [2][64][D + 8] (double-buffered by cp.async). Grid as
 // the forward. Tiles whose 64 keys every row of a warp sees skip the masks.
-template <typename T, int D>
+template <typename T, int D, typename TC>
 __device__ void attn_mma_bdq_body(const AttnDims& a, float sl2, float scale, const T* __restrict__ q,
                                   const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ g,
                                   const float* __restrict__ stats, T* __restrict__ dq) {
-    constexpr int LD = D + 8, KS = D / 16, DT = D / 8;
-    constexpr bool REG = D <= 64;
-    T* Qs = (T*)at_smem;
-    T* Gs = Qs + 64 * LD;
-    T* Ks = Gs + 64 * LD;      // [2][64][LD]
-    T* Vs = Ks + 2 * 64 * LD;  // [2][64][LD]
+    constexpr int DT = D / 8, TL = TC::TILE;
+    T* Qs = TC::smem();
+    T* Gs = Qs + TL;
+    T* Ks = Gs + TL;      // [2][TILE]
+    T* Vs = Ks + 2 * TL;  // [2][TILE]
     const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gr = lane >> 2, tq = lane & 3;
     const u32 nbh = a.b * a.hq;
     const u32 tiles = (a.lq + AT_BM - 1) / AT_BM;
@@ -1052,12 +1155,12 @@ __device__ void attn_mma_bdq_body(const AttnDims& a, float sl2, float scale, con
 
     const u32 il = i0 + AT_BM - 1 < a.lq - 1 ? i0 + AT_BM - 1 : a.lq - 1;
     const i64 ntiles = (visible_keys(a, il) + AT_BN - 1) / AT_BN;
-    mma_load_tile<T, D>(Qs, q + bi * a.sq[0] + h * a.sq[1], a.sq[2], i0, a.lq);
-    mma_load_tile<T, D>(Gs, g + bi * a.sg[0] + h * a.sg[1], a.sg[2], i0, a.lq);
+    TC::load(Qs, q + bi * a.sq[0] + h * a.sq[1], a.sq[2], i0, a.lq);
+    TC::load(Gs, g + bi * a.sg[0] + h * a.sg[1], a.sg[2], i0, a.lq);
     cp_async_commit();
     if (ntiles > 0) {
-        mma_load_tile<T, D>(Ks, kb, a.sk[2], 0, a.lk);
-        mma_load_tile<T, D>(Vs, vb, a.sv[2], 0, a.lk);
+        TC::load(Ks, kb, a.sk[2], 0, a.lk);
+        TC::load(Vs, vb, a.sv[2], 0, a.lk);
     }
     cp_async_commit();
 
@@ -1081,20 +1184,23 @@ __device__ void attn_mma_bdq_body(const AttnDims& a, float sl2, float scale, con
         for (int e = 0; e < 4; ++e) acc[dt][e] = 0.f;
 
     cp_async_wait<1>();  // Q and G have landed
+    TC::landed();
     __syncthreads();
-    u32 qf[REG ? KS : 1][4], gf[REG ? KS : 1][4];
-    frag_a_pair<T, D, REG>(qf, gf, Qs, Gs, warp * 16);
+    typename TC::AFrag qf, gf;
+    TC::frag(qf, Qs, warp * 16);
+    TC::frag(gf, Gs, warp * 16);
 
     for (i64 t = 0; t < ntiles; ++t) {
         const int buf = (int)(t & 1);
-        const T* Kc = Ks + buf * 64 * LD;
-        const T* Vc = Vs + buf * 64 * LD;
+        const T* Kc = Ks + buf * TL;
+        const T* Vc = Vs + buf * TL;
         if (t + 1 < ntiles) {
-            mma_load_tile<T, D>(Ks + (buf ^ 1) * 64 * LD, kb, a.sk[2], (t + 1) * AT_BN, a.lk);
-            mma_load_tile<T, D>(Vs + (buf ^ 1) * 64 * LD, vb, a.sv[2], (t + 1) * AT_BN, a.lk);
+            TC::load(Ks + (buf ^ 1) * TL, kb, a.sk[2], (t + 1) * AT_BN, a.lk);
+            TC::load(Vs + (buf ^ 1) * TL, vb, a.sv[2], (t + 1) * AT_BN, a.lk);
         }
         cp_async_commit();
         cp_async_wait<1>();  // tile t has landed
+        TC::landed();
         __syncthreads();
 
         float s[8][4], dp[8][4];
@@ -1102,8 +1208,8 @@ __device__ void attn_mma_bdq_body(const AttnDims& a, float sl2, float scale, con
         for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
             for (int e = 0; e < 4; ++e) s[nt][e] = dp[nt][e] = 0.f;
-        mma_rows64<T, D, REG>(s, qf, Qs, warp * 16, Kc);
-        mma_rows64<T, D, REG>(dp, gf, Gs, warp * 16, Vc);
+        TC::rows64(s, qf, Qs, warp * 16, Kc);
+        TC::rows64(dp, gf, Gs, warp * 16, Vc);
 
         const i64 j0 = t * AT_BN;
         // dS / scale (the scale is applied to dq once, at the end).
@@ -1131,7 +1237,7 @@ __device__ void attn_mma_bdq_body(const AttnDims& a, float sl2, float scale, con
                     }
                 }
         }
-        mma_p_rows<T, D>(acc, s, Kc);
+        TC::p_rows(acc, s, Kc);
         __syncthreads();  // every warp is done with this buffer before it is refilled
     }
     scale_acc<D>(acc, scale);
@@ -1144,23 +1250,22 @@ __device__ void attn_mma_bdq_body(const AttnDims& a, float sl2, float scale, con
 // memory: K, V [64][D + 8] (T), Q and G [2][64][D + 8] (T, double-buffered by cp.async), then
 // the query tiles' statistics [2][64] (float2: lse, D). Grid as attn_bdkv_body. Query tiles
 // whose first query sees all 16 keys of a warp skip the masks there.
-template <typename T, int D>
+template <typename T, int D, typename TC>
 __device__ void attn_mma_bdkv_body(const AttnDims& a, float sl2, float scale, const T* __restrict__ q,
                                    const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ g,
                                    const float* __restrict__ stats, T* __restrict__ dk, T* __restrict__ dvo) {
-    constexpr int LD = D + 8, KS = D / 16, DT = D / 8;
-    constexpr bool REG = D <= 64;
-    T* Ks = (T*)at_smem;
-    T* Vs = Ks + 64 * LD;
-    T* Qs = Vs + 64 * LD;      // [2][64][LD]
-    T* Gs = Qs + 2 * 64 * LD;  // [2][64][LD]
-    float2* St = (float2*)(Gs + 2 * 64 * LD);  // [2][64] (lse, D)
+    constexpr int DT = D / 8, TL = TC::TILE;
+    T* Ks = TC::smem();
+    T* Vs = Ks + TL;
+    T* Qs = Vs + TL;      // [2][TILE]
+    T* Gs = Qs + 2 * TL;  // [2][TILE]
+    float2* St = (float2*)(Gs + 2 * TL);  // [2][64] (lse, D)
     const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gr = lane >> 2, tq = lane & 3;
     const u32 nbkv = a.b * a.hkv, group = a.hq / a.hkv;
     const u32 bkv = blockIdx.x % nbkv, j0 = (blockIdx.x / nbkv) * AT_BN;
     const u32 bi = bkv / a.hkv, kvh = bkv % a.hkv;
-    mma_load_tile<T, D>(Ks, k + bi * a.sk[0] + kvh * a.sk[1], a.sk[2], j0, a.lk);
-    mma_load_tile<T, D>(Vs, v + bi * a.sv[0] + kvh * a.sv[1], a.sv[2], j0, a.lk);
+    TC::load(Ks, k + bi * a.sk[0] + kvh * a.sk[1], a.sk[2], j0, a.lk);
+    TC::load(Vs, v + bi * a.sv[0] + kvh * a.sv[1], a.sv[2], j0, a.lk);
     cp_async_commit();
     // First query that sees a key of this block (every query sees key 0).
     i64 first = 0;
@@ -1173,8 +1278,8 @@ __device__ void attn_mma_bdkv_body(const AttnDims& a, float sl2, float scale, co
     // Loads item `it`'s Q and G tiles (cp.async) and its statistics into buffer `buf`.
     auto load_item = [&](u32 it, int buf) {
         const u32 h = kvh * group + it / nqt, i0 = (qt0 + it % nqt) * AT_BM;
-        mma_load_tile<T, D>(Qs + buf * 64 * LD, q + bi * a.sq[0] + h * a.sq[1], a.sq[2], i0, a.lq);
-        mma_load_tile<T, D>(Gs + buf * 64 * LD, g + bi * a.sg[0] + h * a.sg[1], a.sg[2], i0, a.lq);
+        TC::load(Qs + buf * TL, q + bi * a.sq[0] + h * a.sq[1], a.sq[2], i0, a.lq);
+        TC::load(Gs + buf * TL, g + bi * a.sg[0] + h * a.sg[1], a.sg[2], i0, a.lq);
         const u64 row0 = ((u64)bi * a.hq + h) * a.lq;
         for (u32 r = threadIdx.x; r < 64; r += blockDim.x)
             St[buf * 64 + r] = i0 + r < a.lq ? ((const float2*)stats)[row0 + i0 + r] : make_float2(-neg_inf<float>(), 0.f);
@@ -1194,18 +1299,21 @@ __device__ void attn_mma_bdkv_body(const AttnDims& a, float sl2, float scale, co
         for (int e = 0; e < 4; ++e) ak[dt][e] = av[dt][e] = 0.f;
 
     cp_async_wait<1>();  // K and V have landed
+    TC::landed();
     __syncthreads();
-    u32 kf[REG ? KS : 1][4], vf[REG ? KS : 1][4];
-    frag_a_pair<T, D, REG>(kf, vf, Ks, Vs, warp * 16);
+    typename TC::AFrag kf, vf;
+    TC::frag(kf, Ks, warp * 16);
+    TC::frag(vf, Vs, warp * 16);
 
     for (u32 it = 0; it < items; ++it) {
         const int buf = (int)(it & 1);
-        const T* Qc = Qs + buf * 64 * LD;
-        const T* Gc = Gs + buf * 64 * LD;
+        const T* Qc = Qs + buf * TL;
+        const T* Gc = Gs + buf * TL;
         const float2* Sc = St + buf * 64;
         if (it + 1 < items) load_item(it + 1, buf ^ 1);
         cp_async_commit();
         cp_async_wait<1>();  // item it has landed
+        TC::landed();
         __syncthreads();
         const u32 i0 = (qt0 + it % nqt) * AT_BM;
 
@@ -1214,8 +1322,8 @@ __device__ void attn_mma_bdkv_body(const AttnDims& a, float sl2, float scale, co
         for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
             for (int e = 0; e < 4; ++e) s[nt][e] = dp[nt][e] = 0.f;
-        mma_rows64<T, D, REG>(s, kf, Ks, warp * 16, Qc);
-        mma_rows64<T, D, REG>(dp, vf, Vs, warp * 16, Gc);
+        TC::rows64(s, kf, Ks, warp * 16, Qc);
+        TC::rows64(dp, vf, Vs, warp * 16, Gc);
         // P^T and dS^T / scale (the scale is applied to dk once, at the end). Rows past lq
         // have lse = +inf: p = 0.
         if (a.mask == nullptr && wlast < a.lk && wlast < visible_keys(a, i0)) {
@@ -1251,8 +1359,8 @@ __device__ void attn_mma_bdkv_body(const AttnDims& a, float sl2, float scale, co
                     }
                 }
         }
-        mma_p_rows<T, D>(av, s, Gc);
-        mma_p_rows<T, D>(ak, dp, Qc);
+        TC::p_rows(av, s, Gc);
+        TC::p_rows(ak, dp, Qc);
         __syncthreads();  // every warp is done with this buffer before it is refilled
     }
     const u64 kr0 = grad_row(bi, kvh, 0, a.gk, a.lk, D), ld = (u64)a.gk * D;
@@ -1347,20 +1455,20 @@ ATTN_TILE_KERNELS(bf16, bf16)
 #define ATTN_MMA_FWD(S, T, D, MB)                                                                       \
     extern "C" __global__ void __launch_bounds__(128, MB) attn_mma##D##_##S(AttnDims a, float sl2,      \
         const T* q, const T* k, const T* v, T* o, float* lse) {                                         \
-        attn_mma_body<T, D, false>(a, sl2, q, k, v, o, nullptr, lse);                                   \
+        attn_mma_body<T, D, false, SyncTC<T, D, (D <= 128)>>(a, sl2, q, k, v, o, nullptr, lse);                                   \
     }
 #define ATTN_MMA_BWD(S, T, D, MBS, MB)                                                                  \
     extern "C" __global__ void __launch_bounds__(128, MBS) attn_mmas##D##_##S(AttnDims a, float sl2,    \
         const T* q, const T* k, const T* v, const T* g, float* stats) {                                 \
-        attn_mma_body<T, D, true>(a, sl2, q, k, v, nullptr, g, stats);                                  \
+        attn_mma_body<T, D, true, SyncTC<T, D, (D <= 128)>>(a, sl2, q, k, v, nullptr, g, stats);                                  \
     }                                                                                                   \
     extern "C" __global__ void __launch_bounds__(128, MB) attn_mmadq##D##_##S(AttnDims a, float sl2,    \
         float scale, const T* q, const T* k, const T* v, const T* g, const float* stats, T* dq) {       \
-        attn_mma_bdq_body<T, D>(a, sl2, scale, q, k, v, g, stats, dq);                                  \
+        attn_mma_bdq_body<T, D, SyncTC<T, D, (D <= 64)>>(a, sl2, scale, q, k, v, g, stats, dq);                                  \
     }                                                                                                   \
     extern "C" __global__ void __launch_bounds__(128, MB) attn_mmadkv##D##_##S(AttnDims a, float sl2,   \
         float scale, const T* q, const T* k, const T* v, const T* g, const float* stats, T* dk,         \
-        T* dv) { attn_mma_bdkv_body<T, D>(a, sl2, scale, q, k, v, g, stats, dk, dv); }
+        T* dv) { attn_mma_bdkv_body<T, D, SyncTC<T, D, (D <= 64)>>(a, sl2, scale, q, k, v, g, stats, dk, dv); }
 #define ATTN_MMA_KERNELS(S, T)                                                                          \
     ATTN_MMA_FWD(S, T, 64, 4) ATTN_MMA_FWD(S, T, 96, 1) ATTN_MMA_FWD(S, T, 128, 1)                     \
     ATTN_MMA_FWD(S, T, 256, 1) ATTN_MMA_BWD(S, T, 64, 4, 3) ATTN_MMA_BWD(S, T, 96, 1, 1)               \
@@ -1371,3 +1479,26 @@ ATTN_TILE_KERNELS(bf16, bf16)
     }
 ATTN_MMA_KERNELS(f16, f16)
 ATTN_MMA_KERNELS(bf16, bf16)
+
+// wgmma kernels for 64-wide heads (sm_90a builds only): the same bodies on WgTC, with the
+// mma.sync kernels' block counts.
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define ATTN_WG_KERNELS(S, T)                                                                           \
+    extern "C" __global__ void __launch_bounds__(128, 4) attn_wg64_##S(AttnDims a, float sl2, const T* q, \
+        const T* k, const T* v, T* o, float* lse) {                                                     \
+        attn_mma_body<T, 64, false, WgTC<T>>(a, sl2, q, k, v, o, nullptr, lse);                         \
+    }                                                                                                   \
+    extern "C" __global__ void __launch_bounds__(128, 4) attn_wgs64_##S(AttnDims a, float sl2,          \
+        const T* q, const T* k, const T* v, const T* g, float* stats) {                                 \
+        attn_mma_body<T, 64, true, WgTC<T>>(a, sl2, q, k, v, nullptr, g, stats);                        \
+    }                                                                                                   \
+    extern "C" __global__ void __launch_bounds__(128, 3) attn_wgdq64_##S(AttnDims a, float sl2,         \
+        float scale, const T* q, const T* k, const T* v, const T* g, const float* stats, T* dq) {       \
+        attn_mma_bdq_body<T, 64, WgTC<T>>(a, sl2, scale, q, k, v, g, stats, dq);                        \
+    }                                                                                                   \
+    extern "C" __global__ void __launch_bounds__(128, 3) attn_wgdkv64_##S(AttnDims a, float sl2,        \
+        float scale, const T* q, const T* k, const T* v, const T* g, const float* stats, T* dk,         \
+        T* dv) { attn_mma_bdkv_body<T, 64, WgTC<T>>(a, sl2, scale, q, k, v, g, stats, dk, dv); }
+ATTN_WG_KERNELS(f16, f16)
+ATTN_WG_KERNELS(bf16, bf16)
+#endif

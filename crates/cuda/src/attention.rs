@@ -3,7 +3,9 @@
 //! every query seeing at least key 0; NaN rows only when there are no keys).
 //!
 //! - Forward, f16/bf16 with d == dv in {64, 96, 128, 256} and 16-byte aligned rows: a
-//!   FlashAttention-2 style kernel on tensor cores (mma.sync, f32 accumulation).
+//!   FlashAttention-2 style kernel on tensor cores (f32 accumulation): wgmma for 64-wide heads
+//!   on sm_90a (Hopper), mma.sync otherwise; the backward's tensor-core kernels likewise (one
+//!   body per kernel, `SyncTC` / `WgTC` in attention.cu).
 //!   Other f32/f16/bf16 cases with head sizes ≤ 256: a flash-attention style tiled kernel on
 //!   CUDA cores (64 queries per block, K/V tiles of 64 keys in shared memory, online softmax,
 //!   f32 accumulation). f64 and larger heads: a warp-per-query kernel.
@@ -216,6 +218,27 @@ fn mma_head(dt: DType, a: &Dims, heads: &[usize], ts: &[(&Tensor, u64)]) -> Opti
     ts.iter().all(|&(t, p)| rows_ok(t, p)).then_some(hd)
 }
 
+/// Whether the tensor-core kernels for head size `hd` are the wgmma ones (`attn_wg*64`,
+/// compiled where the device's architecture is sm_90a: 64-wide heads) rather than mma.sync's.
+fn wgmma(dev: &CudaBackend, hd: usize) -> bool {
+    hd == 64 && dev.kernels.arch == "sm_90a"
+}
+
+/// Dynamic shared memory of a tensor-core kernel holding `tiles` 64-row tiles of head size
+/// `hd` (the wgmma kernels' tiles are unpadded, plus 1 KiB to align the first to 1,024 bytes).
+fn mma_smem(dev: &CudaBackend, hd: usize, dt: DType, tiles: usize) -> usize {
+    match wgmma(dev, hd) {
+        true => tiles * TILE * hd * dt.size_in_bytes() + 1024,
+        false => tiles * TILE * (hd + 8) * dt.size_in_bytes(),
+    }
+}
+
+/// A tensor-core kernel's name: `attn_<wg|mma><kind><hd>_<dtype>`.
+fn mma_kernel(dev: &CudaBackend, kind: &str, hd: usize, dt: DType) -> String {
+    let family = if wgmma(dev, hd) { "wg" } else { "mma" };
+    format!("attn_{family}{kind}{hd}_{}", suffix(dt))
+}
+
 fn tile_ld(d: usize) -> usize {
     let mut ld = d.next_multiple_of(4);
     if (ld / 4).is_multiple_of(2) {
@@ -271,7 +294,7 @@ pub(crate) fn attention(
         if let Some(hd) = mma_head(dt, &a, &MMA_HEADS, &[(q, qp), (k, kp), (v, vp)])
             .filter(|_| blocks <= i32::MAX as usize)
         {
-            let smem = 5 * TILE * (hd + 8) * dt.size_in_bytes();
+            let smem = mma_smem(dev, hd, dt, 5);
             let cfg = Cfg::new((blocks as u32, 1, 1), (MMA_THREADS, 1, 1), smem as u32);
             let args = Args::new()
                 .arg(a)
@@ -281,8 +304,7 @@ pub(crate) fn attention(
                 .arg(vp)
                 .arg(out.ptr())
                 .arg(lse_ptr);
-            let name = format!("attn_mma{hd}_{}", suffix(dt));
-            dev.launch(op, &SOURCE, &name, cfg, args)?;
+            dev.launch(op, &SOURCE, &mma_kernel(dev, "", hd, dt), cfg, args)?;
             lse_done = true;
         } else if dt != DType::F64
             && d <= TILE_MAX_HEAD
@@ -435,7 +457,6 @@ pub(crate) fn attention_backward(
         // Statistics from the tensor-core forward (lse, D per query row), then dq and dk/dv
         // on tensor cores.
         let stats = dev.alloc_out(2 * b * hq * lq, DType::F32, op)?;
-        let tile = TILE * (hd + 8) * dt.size_in_bytes();
         let cfg = |blocks: usize, bytes: usize| {
             Cfg::new((blocks as u32, 1, 1), (MMA_THREADS, 1, 1), bytes as u32)
         };
@@ -471,8 +492,8 @@ pub(crate) fn attention_backward(
             dev.launch(
                 op,
                 &SOURCE,
-                &format!("attn_mmas{hd}_{sfx}"),
-                cfg(q_blocks, 5 * tile),
+                &mma_kernel(dev, "s", hd, dt),
+                cfg(q_blocks, mma_smem(dev, hd, dt, 5)),
                 args,
             )?;
         }
@@ -489,16 +510,17 @@ pub(crate) fn attention_backward(
         dev.launch(
             op,
             &SOURCE,
-            &format!("attn_mmadq{hd}_{sfx}"),
-            cfg(q_blocks, 6 * tile),
+            &mma_kernel(dev, "dq", hd, dt),
+            cfg(q_blocks, mma_smem(dev, hd, dt, 6)),
             args,
         )?;
         let args = tail(Args::new().arg(a)).arg(dk).arg(dvo);
-        let bytes = 6 * tile + 2 * TILE * 2 * 4;
+        // Six tiles, then the query tiles' statistics [2][64] (float2).
+        let bytes = mma_smem(dev, hd, dt, 6) + 2 * TILE * 2 * 4;
         dev.launch(
             op,
             &SOURCE,
-            &format!("attn_mmadkv{hd}_{sfx}"),
+            &mma_kernel(dev, "dkv", hd, dt),
             cfg(k_blocks, bytes),
             args,
         )?;

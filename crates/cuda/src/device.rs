@@ -148,7 +148,7 @@ impl CudaBackend {
             .result()
             .op("cuda")?;
         Ok(CudaBackend {
-            kernels: Kernels::new(format!("sm_{major}{minor}")),
+            kernels: Kernels::new(crate::kernel_key::arch_name(major, minor)),
             ctx,
             compute,
             copy,

@@ -7,6 +7,16 @@ use sha2::{Digest, Sha256};
 /// The NVRTC options every source compiles with, in order.
 pub const OPTIONS: [&str; 2] = ["--std=c++17", "-default-device"];
 
+/// The architecture kernels compile for on a device of compute capability `major.minor`:
+/// `sm_90a` on 9.0 (Hopper's arch-specific instructions, `wgmma`, which attention.cu uses
+/// there; such a cubin runs on 9.0 devices only), `sm_<major><minor>` elsewhere.
+pub fn arch_name(major: i32, minor: i32) -> String {
+    match (major, minor) {
+        (9, 0) => "sm_90a".to_string(),
+        _ => format!("sm_{major}{minor}"),
+    }
+}
+
 /// What NVRTC compiles for source `name`: `common.cuh`, a line directive, the source.
 pub fn full_source(common: &str, name: &str, src: &str) -> String {
     format!("{common}\n#line 1 \"{name}.cu\"\n{src}")

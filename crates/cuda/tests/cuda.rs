@@ -13,7 +13,7 @@ type TestFn = fn(&CudaDevice);
 /// Tests that need only NVRTC (no GPU): run wherever libnvrtc loads.
 fn nvrtc_tests() -> Vec<(&'static str, fn())> {
     vec![(
-        "every_kernel_source_compiles_for_sm_90",
+        "every_kernel_source_compiles_for_sm_90_and_sm_90a",
         every_kernel_source_compiles,
     )]
 }
@@ -171,10 +171,14 @@ fn main() {
     r.finish("cuda tests");
 }
 
+/// Every source for sm_90 and for sm_90a (what a 9.0 device compiles for: attention's wgmma
+/// kernels exist only there).
 fn every_kernel_source_compiles() {
-    for src in ferrite_cuda::all_sources() {
-        if let Err(e) = ferrite_cuda::compile_nvrtc(src, "sm_90") {
-            panic!("{e}");
+    for arch in ["sm_90", "sm_90a"] {
+        for src in ferrite_cuda::all_sources() {
+            if let Err(e) = ferrite_cuda::compile_nvrtc(src, arch) {
+                panic!("{arch}: {e}");
+            }
         }
     }
 }
