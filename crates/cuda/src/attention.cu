@@ -808,6 +808,7 @@ __device__ void attn_mma_body(const AttnDims& a, float sl2, const T* __restrict_
 #pragma unroll
             for (int e = 0; e < 4; ++e) s[nt][e] = 0.f;
         TC::rows64(s, qf, Qs, warp * 16, Kc);
+        TC::template wait<0>(s);
 
         const i64 j0 = t * AT_BN;
         if (a.mask == nullptr && j0 + AT_BN <= wvis) {
@@ -860,6 +861,7 @@ __device__ void attn_mma_body(const AttnDims& a, float sl2, const T* __restrict_
         }
 
         TC::p_rows(acc, s, Vc);
+        TC::template wait<0>(acc);
         __syncthreads();  // every warp is done with this buffer before it is refilled
     }
 
@@ -999,6 +1001,11 @@ __device__ __forceinline__ void mma_store_rows(T* out, const float (&acc)[D / 8]
 //                                   (As, Bs tiles stored [row][D]: a product over D)
 //   TC::p_rows(acc, p, Bs)   acc (16 x D) += P (the warp's 16 x 64, C-fragment values) times Bs
 //                            (a tile stored [64][D]: a product over its 64 rows)
+//   TC::wait<N>(c)           the products may run on after they are issued: wait<N> returns
+//                            once at most the N issued last are still running, with c (one
+//                            finished product's accumulators) ready to read; TC::held(c)
+//                            marks another finished one's. Shared memory a product reads
+//                            stays unchanged until its wait.
 // Both products leave their results in the mma.sync m16n8 C-fragment layout: thread (gr, tq)
 // of warp w holds rows 16 w + gr and + 8, columns 8 n + 2 tq and + 1.
 
@@ -1024,6 +1031,8 @@ template <typename T, int D, bool REG> struct SyncTC {
     static __device__ __forceinline__ void p_rows(float (&acc)[D / 8][4], const float (&p)[8][4], const T* Bs) {
         mma_p_rows<T, D>(acc, p, Bs);
     }
+    template <int N, int R> static __device__ __forceinline__ void wait(float (&)[R][4]) {}
+    template <int R> static __device__ __forceinline__ void held(float (&)[R][4]) {}
 };
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -1080,10 +1089,7 @@ __device__ __forceinline__ void wg_hold(float (&c)[8][4]) {
         for (int e = 0; e < 4; ++e) asm volatile("" : "+f"(c[i][e])::"memory");
 }
 __device__ __forceinline__ void wg_issue() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wg_wait() {
-    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-}
+__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 
 template <typename T> struct WgTC {
     static constexpr int TILE = 64 * 64;
@@ -1108,8 +1114,7 @@ template <typename T> struct WgTC {
         wg_issue();
 #pragma unroll
         for (int kk = 0; kk < 4; ++kk) Wg<T>::ss(c, da + 2 * kk, db + 2 * kk);
-        wg_wait();
-        wg_hold(c);
+        wg_commit();
     }
     static __device__ __forceinline__ void p_rows(float (&acc)[8][4], const float (&p)[8][4], const T* Bs) {
         const u64 db = wg_desc(Bs);
@@ -1125,9 +1130,13 @@ template <typename T> struct WgTC {
         wg_issue();
 #pragma unroll
         for (int kk = 0; kk < 4; ++kk) Wg<T>::rs(acc, pa[kk], db + kk * (2048 >> 4));
-        wg_wait();
-        wg_hold(acc);
+        wg_commit();
     }
+    template <int N> static __device__ __forceinline__ void wait(float (&c)[8][4]) {
+        asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+        wg_hold(c);
+    }
+    static __device__ __forceinline__ void held(float (&c)[8][4]) { wg_hold(c); }
 };
 #endif
 
@@ -1210,18 +1219,15 @@ __device__ void attn_mma_bdq_body(const AttnDims& a, float sl2, float scale, con
             for (int e = 0; e < 4; ++e) s[nt][e] = dp[nt][e] = 0.f;
         TC::rows64(s, qf, Qs, warp * 16, Kc);
         TC::rows64(dp, gf, Gs, warp * 16, Vc);
+        TC::template wait<1>(s);  // P while dP is still running
 
         const i64 j0 = t * AT_BN;
-        // dS / scale (the scale is applied to dq once, at the end).
         if (a.mask == nullptr && j0 + AT_BN <= wvis) {
             // Every row of the warp sees all 64 keys: no mask.
 #pragma unroll
             for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const float p = ex2(fmaf(s[nt][e], sl2, -lse[e >> 1]));
-                    s[nt][e] = p * (dp[nt][e] - dd[e >> 1]);
-                }
+                for (int e = 0; e < 4; ++e) s[nt][e] = ex2(fmaf(s[nt][e], sl2, -lse[e >> 1]));
         } else {
 #pragma unroll
             for (int nt = 0; nt < 8; ++nt)
@@ -1232,12 +1238,18 @@ __device__ void attn_mma_bdq_body(const AttnDims& a, float sl2, float scale, con
 #pragma unroll
                     for (int rr = 0; rr < 2; ++rr) {
                         float& x = s[nt][rr * 2 + c];
-                        const float p = j <= lim[rr] && !km ? ex2(fmaf(x, sl2, -lse[rr])) : 0.f;
-                        x = p * (dp[nt][rr * 2 + c] - dd[rr]);
+                        x = j <= lim[rr] && !km ? ex2(fmaf(x, sl2, -lse[rr])) : 0.f;
                     }
                 }
         }
+        TC::template wait<0>(dp);
+        // dS / scale (the scale is applied to dq once, at the end).
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) s[nt][e] *= dp[nt][e] - dd[e >> 1];
         TC::p_rows(acc, s, Kc);
+        TC::template wait<0>(acc);
         __syncthreads();  // every warp is done with this buffer before it is refilled
     }
     scale_acc<D>(acc, scale);
@@ -1324,6 +1336,7 @@ __device__ void attn_mma_bdkv_body(const AttnDims& a, float sl2, float scale, co
             for (int e = 0; e < 4; ++e) s[nt][e] = dp[nt][e] = 0.f;
         TC::rows64(s, kf, Ks, warp * 16, Qc);
         TC::rows64(dp, vf, Vs, warp * 16, Gc);
+        TC::template wait<1>(s);  // P^T while dP^T is still running
         // P^T and dS^T / scale (the scale is applied to dk once, at the end). Rows past lq
         // have lse = +inf: p = 0.
         if (a.mask == nullptr && wlast < a.lk && wlast < visible_keys(a, i0)) {
@@ -1332,13 +1345,9 @@ __device__ void attn_mma_bdkv_body(const AttnDims& a, float sl2, float scale, co
             for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
                 for (int c = 0; c < 2; ++c) {
-                    const float2 st = Sc[nt * 8 + tq * 2 + c];
+                    const float l = Sc[nt * 8 + tq * 2 + c].x;
 #pragma unroll
-                    for (int rr = 0; rr < 2; ++rr) {
-                        float& x = s[nt][rr * 2 + c];
-                        x = ex2(fmaf(x, sl2, -st.x));
-                        dp[nt][rr * 2 + c] = x * (dp[nt][rr * 2 + c] - st.y);
-                    }
+                    for (int rr = 0; rr < 2; ++rr) s[nt][rr * 2 + c] = ex2(fmaf(s[nt][rr * 2 + c], sl2, -l));
                 }
         } else {
 #pragma unroll
@@ -1348,19 +1357,28 @@ __device__ void attn_mma_bdkv_body(const AttnDims& a, float sl2, float scale, co
                     const u32 r = nt * 8 + tq * 2 + c;
                     const u32 i = i0 + r;
                     const i64 lim = i < a.lq ? visible_keys(a, i) - 1 : -1;
-                    const float2 st = Sc[r];
+                    const float l = Sc[r].x;
 #pragma unroll
                     for (int rr = 0; rr < 2; ++rr) {
                         const i64 j = (i64)key0 + rr * 8;
                         float& x = s[nt][rr * 2 + c];
-                        const float p = j <= lim && !km[rr] ? ex2(fmaf(x, sl2, -st.x)) : 0.f;
-                        x = p;
-                        dp[nt][rr * 2 + c] = p * (dp[nt][rr * 2 + c] - st.y);
+                        x = j <= lim && !km[rr] ? ex2(fmaf(x, sl2, -l)) : 0.f;
                     }
                 }
         }
+        TC::template wait<0>(dp);
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+            for (int c = 0; c < 2; ++c) {
+                const float d = Sc[nt * 8 + tq * 2 + c].y;
+#pragma unroll
+                for (int rr = 0; rr < 2; ++rr) dp[nt][rr * 2 + c] = s[nt][rr * 2 + c] * (dp[nt][rr * 2 + c] - d);
+            }
         TC::p_rows(av, s, Gc);
         TC::p_rows(ak, dp, Qc);
+        TC::template wait<0>(av);
+        TC::held(ak);
         __syncthreads();  // every warp is done with this buffer before it is refilled
     }
     const u64 kr0 = grad_row(bi, kvh, 0, a.gk, a.lk, D), ld = (u64)a.gk * D;
