@@ -40,7 +40,7 @@ impl Gpt {
         let mut c = EncoderConfig::new(WIDTH, HEADS);
         c.dim_feedforward = 4 * WIDTH;
         c.dropout = 0.0;
-        c.gelu = true;
+        c.activation = ferrite_nn::Activation::Gelu;
         c.batch_first = true;
         c.norm_first = true;
         Ok(Gpt {

@@ -1,8 +1,8 @@
 //! The backward pass: reverse topological order over the recorded graph.
 
-use crate::rules::{adds_into_first, join_narrowed, vjp, vjp_into_first};
-use ferrite_core::graph::{no_grad, Grad, GradOp, ViewOp};
-use ferrite_core::{DType, Error, Result, Tensor};
+use crate::rules::{adds_into_first, join_narrowed, vjp, vjp_into_first, vjp_through_gelu};
+use ferrite_core::graph::{no_grad, Grad, GradOp, Inputs, ViewOp};
+use ferrite_core::{DType, Error, Op, Result, Tensor, UnaryOp};
 use std::collections::{HashMap, HashSet};
 
 /// A gradient being accumulated: a tensor, or the gradients of narrowed views of one tensor
@@ -109,6 +109,8 @@ fn backward_exact(out: &Tensor, grad: &Tensor) -> Result<()> {
     // Topological order by iterative depth-first search (post-order).
     let mut order: Vec<Grad> = Vec::new();
     let mut seen: HashSet<usize> = HashSet::new();
+    // How many inputs of recorded ops each node is (an op taking it twice counts twice).
+    let mut uses: HashMap<usize, usize> = HashMap::new();
     let mut stack: Vec<(Grad, bool)> = vec![(root.clone(), false)];
     while let Some((g, expanded)) = stack.pop() {
         if expanded {
@@ -122,6 +124,7 @@ fn backward_exact(out: &Tensor, grad: &Tensor) -> Result<()> {
         if let Grad::Node(n) = &g {
             n.with_inputs(|inputs| {
                 for ig in inputs.iter().filter_map(|s| s.grad_info()) {
+                    *uses.entry(ig.id()).or_default() += 1;
                     if !seen.contains(&ig.id()) {
                         stack.push((ig.clone(), false));
                     }
@@ -158,6 +161,23 @@ fn backward_exact(out: &Tensor, grad: &Tensor) -> Result<()> {
                             dims: inputs[0].dims()?.to_vec(),
                             parts: vec![(*start, up)],
                         })]
+                    }
+                    _ if let Some((pre, edge)) = gelu_feed(&n.op, &inputs, &uses)? => {
+                        // The product's left gradient goes to the GELU's input (the GELU's
+                        // node and the reshapes between are passed over: nothing else feeds
+                        // them a gradient).
+                        let rows = no_grad(|| pre.reshape(inputs[0].dims()?))?;
+                        let mut gs = no_grad(|| vjp_through_gelu(&n.op, &inputs, &up, &rows))?
+                            .ok_or_else(|| Error::backend("backward", "no product rule"))?;
+                        if let Some(d) = gs.first_mut().and_then(Option::take) {
+                            let d = Acc::Full(no_grad(|| d.reshape(pre.shape()))?);
+                            let acc = match grads.remove(&edge.id()) {
+                                Some(prev) => prev.add(d)?,
+                                None => d,
+                            };
+                            grads.insert(edge.id(), acc);
+                        }
+                        gs.into_iter().map(|g| g.map(Acc::Full)).collect()
                     }
                     _ => {
                         // A rule that adds into its first input's gradient takes what that
@@ -196,4 +216,45 @@ fn backward_exact(out: &Tensor, grad: &Tensor) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// Where `op` is a product of matrices (`Matmul`, `MatmulBias`) whose left operand is the
+/// output of a tanh GELU, directly or through reshapes, that no other recorded op takes:
+/// the GELU's input (its saved value, taken from the GELU's node) and its graph edge.
+fn gelu_feed(
+    op: &GradOp,
+    inputs: &Inputs,
+    uses: &HashMap<usize, usize>,
+) -> Result<Option<(Tensor, Grad)>> {
+    let matrix = |i: usize| inputs[i].dims().is_ok_and(|d| d.len() == 2);
+    match op {
+        GradOp::Op(Op::MatmulBias { .. }) => {}
+        GradOp::Op(Op::Matmul) if matrix(0) && matrix(1) => {}
+        _ => return Ok(None),
+    }
+    let Some(mut at) = inputs[0].grad_info().cloned() else {
+        return Ok(None);
+    };
+    loop {
+        let Grad::Node(node) = &at else {
+            return Ok(None);
+        };
+        if uses.get(&at.id()) != Some(&1) {
+            return Ok(None);
+        }
+        match &node.op {
+            GradOp::View(ViewOp::Reshape) => {
+                match node.with_inputs(|i| i[0].grad_info().cloned())? {
+                    Some(next) => at = next,
+                    None => return Ok(None),
+                }
+            }
+            GradOp::Op(Op::Unary(UnaryOp::GeluTanh)) => {
+                let ins = node.take_inputs()?;
+                let pre = ins[0].value()?.clone();
+                return Ok(ins[0].grad_info().cloned().map(|edge| (pre, edge)));
+            }
+            _ => return Ok(None),
+        }
+    }
 }

@@ -35,10 +35,17 @@ fn when(x: &Saved, f: impl FnOnce() -> Result<Tensor>) -> Result<Option<Tensor>>
 /// the operands' dtype (an f32 product of 16-bit operands). b's gradient is written in f32
 /// where b is autocast's 16-bit copy of an f32 weight (`f32_cast_view`): the cast's rule
 /// then hands it on as is, with no rounding to 16 bits and no cast kernel between.
-fn matmul_grads(x: &Inputs, g: &Tensor) -> Result<Grads> {
+///
+/// With `pre`, x[0] is a tanh GELU's output (`pre` its input, as rows [m, k]) and the first
+/// gradient is pre's instead, gelu_tanh'(pre) (g bᵀ), in one op (`vjp_through_gelu`).
+fn matmul_grads(x: &Inputs, g: &Tensor, pre: Option<&Tensor>) -> Result<Grads> {
     let g = &g.cast(x[0].dtype()?)?;
+    let left = match pre {
+        Some(pre) => Some(g.matmul_gelu_backward(&x[1].value()?.t()?, pre)?),
+        None => when(&x[0], || g.matmul(&x[1].value()?.t()?))?,
+    };
     Ok(vec![
-        when(&x[0], || g.matmul(&x[1].value()?.t()?))?,
+        left,
         when(&x[1], || {
             let a = x[0].value()?;
             let out = match a.dtype().is_float() && a.dtype().size_in_bytes() == 2 {
@@ -96,6 +103,44 @@ fn bias_grad(bias: &Saved, g: &Tensor) -> Result<Tensor> {
         return ones.matmul_out(g, DType::F32)?.reshape([n]);
     }
     g.sum(&[0], false)
+}
+
+/// `Op::MatmulBias`'s rule; `pre` as in `matmul_grads`.
+fn matmul_bias_grads(acc: bool, x: &Inputs, g: &Tensor, pre: Option<&Tensor>) -> Result<Grads> {
+    // An f32 gradient of 16-bit operands (autocast's f32 output): made the products'
+    // operand and summed into the bias gradient in one pass.
+    let low = x[0].dtype()?;
+    let (gl, db) = match g.dtype() != low && x[2].requires_grad() && g.rank() == 2 {
+        true => {
+            let (gl, db) = g.cast_col_sums(low)?;
+            (gl, Some(db))
+        }
+        false => (g.clone(), when(&x[2], || bias_grad(&x[2], g))?),
+    };
+    let mut grads = matmul_grads(x, &gl, pre)?;
+    grads.push(db);
+    if acc {
+        grads.push(when(&x[3], || g.reshape(x[3].dims()?))?);
+    }
+    Ok(grads)
+}
+
+/// The rule of a product of matrices (`Matmul`, `MatmulBias`) whose left operand is the
+/// output of a tanh GELU with input `pre` (rows [m, k]) that nothing else uses: the first
+/// gradient is pre's, gelu_tanh'(pre) (g bᵀ) in one op (the derivative in the product's
+/// epilogue), where the plain rule would give the operand's and the GELU's rule then
+/// another pass over it. `None` for other ops.
+pub(crate) fn vjp_through_gelu(
+    op: &GradOp,
+    x: &Inputs,
+    g: &Tensor,
+    pre: &Tensor,
+) -> Result<Option<Grads>> {
+    match op {
+        GradOp::Op(Op::Matmul) => matmul_grads(x, g, Some(pre)).map(Some),
+        GradOp::Op(Op::MatmulBias { acc }) => matmul_bias_grads(*acc, x, g, Some(pre)).map(Some),
+        _ => Ok(None),
+    }
 }
 
 pub(crate) fn vjp(op: &GradOp, output: usize, x: &Inputs, g: &Tensor) -> Result<Grads> {
@@ -447,25 +492,8 @@ fn primitive(op: &Op, output: usize, x: &Inputs, g: &Tensor) -> Result<Grads> {
                 ReduceOp::ArgMax | ReduceOp::ArgMin => Ok(vec![None]),
             }
         }
-        Op::Matmul => matmul_grads(x, g),
-        Op::MatmulBias { acc } => {
-            // An f32 gradient of 16-bit operands (autocast's f32 output): made the products'
-            // operand and summed into the bias gradient in one pass.
-            let low = x[0].dtype()?;
-            let (gl, db) = match g.dtype() != low && x[2].requires_grad() && g.rank() == 2 {
-                true => {
-                    let (gl, db) = g.cast_col_sums(low)?;
-                    (gl, Some(db))
-                }
-                false => (g.clone(), when(&x[2], || bias_grad(&x[2], g))?),
-            };
-            let mut grads = matmul_grads(x, &gl)?;
-            grads.push(db);
-            if *acc {
-                grads.push(when(&x[3], || g.reshape(x[3].dims()?))?);
-            }
-            Ok(grads)
-        }
+        Op::Matmul => matmul_grads(x, g, None),
+        Op::MatmulBias { acc } => matmul_bias_grads(*acc, x, g, None),
         Op::Cast(_) => {
             let dt = x[0].dtype()?;
             Ok(vec![match dt.is_float() {
@@ -639,6 +667,8 @@ fn primitive(op: &Op, output: usize, x: &Inputs, g: &Tensor) -> Result<Grads> {
         Op::Conv2dBackwardWeight(_)
         | Op::CastColSums(_)
         | Op::CastEach(_)
+        | Op::MatmulBiasGelu
+        | Op::MatmulGeluBackward
         | Op::BatchNormBackward { .. }
         | Op::GroupNormBackward { .. } => Ok(vec![None; x.len()]),
         Op::SoftmaxBackward { .. }

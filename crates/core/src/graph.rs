@@ -158,6 +158,8 @@ pub fn keeps(op: &GradOp, k: usize, requires_grad: impl Fn(usize) -> bool) -> Ke
         | Op::Conv2dBackwardWeight(_)
         | Op::CastColSums(_)
         | Op::CastEach(_)
+        | Op::MatmulBiasGelu
+        | Op::MatmulGeluBackward
         | Op::BatchNormBackward { .. }
         | Op::GroupNormBackward { .. }
         | Op::Cmp(_)
@@ -635,6 +637,8 @@ pub fn differentiable_output(op: &Op, k: usize, dtype: crate::DType) -> bool {
         | Op::Conv2dBackwardWeight(_)
         | Op::CastColSums(_)
         | Op::CastEach(_)
+        | Op::MatmulBiasGelu
+        | Op::MatmulGeluBackward
         | Op::BatchNormBackward { .. }
         | Op::GroupNormBackward { .. } => false,
         // Indices, batch statistics and attention's lse carry no gradient.

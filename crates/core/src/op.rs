@@ -387,6 +387,19 @@ pub enum Op {
     /// forward in one op, with `acc` the residual stream it adds to (a fused epilogue where
     /// the backend has one).
     MatmulBias { acc: bool },
+    /// (a [m, k], b [k, n], bias [n] in the output dtype) -> (gelu_tanh(p), p) with
+    /// p = a b + bias, dtypes as `Matmul`: p accumulated in f32 (f64 for f64), each output
+    /// rounded once from it (the GELU of the unrounded p). A `Linear` layer and the tanh
+    /// GELU after it in one op (cuBLASLt's GELU_AUX_BIAS epilogue: p is the auxiliary
+    /// output the backward reads). Recorded as `MatmulBias` giving p and `GeluTanh` of p,
+    /// so the op itself is never differentiated.
+    MatmulBiasGelu,
+    /// (g [m, k], b [k, n], x [m, n]) -> gelu_tanh'(x) (g b) in x's dtype, g and b in it
+    /// too: `GeluTanhBackward(x, g b)` with the product accumulated in f32 (f64 for f64)
+    /// and the derivative applied before the one rounding (cuBLASLt's DGELU epilogue). The
+    /// gradient a product hands to the tanh GELU feeding it, passed straight through the
+    /// GELU (`ferrite-autodiff`'s engine). Not differentiated.
+    MatmulGeluBackward,
     /// (x) -> x converted to the dtype: floats to ints truncate toward zero and saturate; NaN
     /// becomes 0; nonzero becomes true; true becomes 1.
     Cast(DType),
@@ -546,6 +559,8 @@ impl Op {
             Op::Reduce { op, .. } => op.name(),
             Op::Matmul => "matmul",
             Op::MatmulBias { .. } => "matmul_bias",
+            Op::MatmulBiasGelu => "matmul_bias_gelu",
+            Op::MatmulGeluBackward => "matmul_gelu_backward",
             Op::Cast(_) => "cast",
             Op::CastColSums(_) => "cast_col_sums",
             Op::CastEach(_) => "cast_each",

@@ -962,20 +962,9 @@ impl Tensor {
         }
         crate::autocast::eligible(&[self, rhs], |t, out| {
             let (a, b) = (t[0], t[1]);
-            let k = a.dims()[a.rank() - 1];
-            let rows = Shape::new([a.elem_count() / k.max(1), k]);
-            let fused = bias.dtype() == out
-                && b.dims()[0] == k
-                && k > 0
-                && a.elem_count() > 0
-                && a.layout().reshape(&rows).is_some();
-            if !fused {
+            let Some((flat, od)) = Tensor::bias_rows(a, b, bias, out)? else {
                 return apart(a.matmul_to(b, out)?.add(bias)?);
-            }
-            let mut od = a.dims()[..a.rank() - 1].to_vec();
-            od.push(n);
-            let flat = a.reshape(rows)?;
-            Tensor::check_matmul_dtypes("matmul_bias", &flat, b, out)?;
+            };
             let out_rows = Shape::new([flat.dims()[0], n]);
             // The residual into the op where it is the output's shape and dtype, as it is (a
             // reshape would put a view node between it and its gradient, which a norm's
@@ -995,6 +984,106 @@ impl Tensor {
                 None => apart(y),
             }
         })
+    }
+
+    /// `gelu_tanh(self.matmul_bias(rhs, Some(bias)))`: a `Linear` layer and the tanh GELU
+    /// after it, one op (`Op::MatmulBiasGelu`: the GELU in the product's epilogue, from the
+    /// unrounded sum) where `matmul_bias` is one, else the two. Gradients flow as through
+    /// the two: the graph records the product and the GELU of its output.
+    pub fn matmul_bias_gelu(&self, rhs: &Tensor, bias: &Tensor) -> Result<Tensor> {
+        let n = rhs.dims().last().copied().unwrap_or(0);
+        if bias.dims() != [n] || rhs.rank() != 2 || self.rank() < 1 {
+            return self.matmul_bias(rhs, Some(bias))?.gelu_tanh();
+        }
+        crate::autocast::eligible(&[self, rhs], |t, out| {
+            let (a, b) = (t[0], t[1]);
+            let Some((flat, od)) = Tensor::bias_rows(a, b, bias, out)? else {
+                return a.matmul_to(b, out)?.add(bias)?.gelu_tanh();
+            };
+            let rows = Shape::new([flat.dims()[0], n]);
+            let ins = [&flat, b, bias];
+            let dev = flat.device();
+            let outs = vec![(rows.clone(), out), (rows.clone(), out)];
+            let mut st = Tensor::exec(dev, &Op::MatmulBiasGelu, &ins, &outs)?.into_iter();
+            let (Some(ys), Some(ps)) = (st.next(), st.next()) else {
+                return Err(Error::backend(
+                    "matmul_bias_gelu",
+                    "backend returned no output",
+                ));
+            };
+            let record = ins.iter().any(|t| t.requires_grad()) && graph::is_recording();
+            let node = |op, inputs: &[&Tensor]| {
+                record.then(|| graph::node(GradOp::Op(op), 0, inputs, &[]))
+            };
+            let p = Tensor::output(
+                ps,
+                rows.clone(),
+                dev,
+                node(Op::MatmulBias { acc: false }, &ins),
+            );
+            let y = Tensor::output(ys, rows, dev, node(Op::Unary(UnaryOp::GeluTanh), &[&p]));
+            y.reshape(od)
+        })
+    }
+
+    /// `gelu_tanh'(x) (self rhs)` in one op (`Op::MatmulGeluBackward`): the gradient of the
+    /// input `x` of a tanh GELU whose output feeds a product, from that product's output
+    /// gradient `self` [m, k] and its right operand transposed `rhs` [k, n]; x [m, n], all
+    /// of one float dtype. Not differentiable.
+    pub fn matmul_gelu_backward(&self, rhs: &Tensor, x: &Tensor) -> Result<Tensor> {
+        let op = "matmul_gelu_backward";
+        Tensor::check_matmul_dtypes(op, self, rhs, self.dtype())?;
+        if x.dtype() != self.dtype() {
+            return Err(Error::DTypeMismatch {
+                op,
+                lhs: self.dtype(),
+                rhs: x.dtype(),
+            });
+        }
+        match (self.dims(), rhs.dims(), x.dims()) {
+            ([m, k], [k2, n], [m2, n2]) if k == k2 && m == m2 && n == n2 => {}
+            _ => {
+                return Err(Error::shape(
+                    op,
+                    format!(
+                        "needs g [m, k], b [k, n] and x [m, n]: {}",
+                        fmt_shapes(&[self.shape(), rhs.shape(), x.shape()])
+                    ),
+                ))
+            }
+        }
+        self.run1(
+            Op::MatmulGeluBackward,
+            &[self, rhs, x],
+            x.shape().clone(),
+            x.dtype(),
+        )
+    }
+
+    /// `a` [.., k] as rows [m, k] and the output's dims, where `a b + bias` (b [k, n], bias
+    /// [n] in the output dtype `out`) is one product op (`Op::MatmulBias`): the rows a view
+    /// of `a`, the bias in `out`, nothing empty. `None` where it is not.
+    fn bias_rows(
+        a: &Tensor,
+        b: &Tensor,
+        bias: &Tensor,
+        out: DType,
+    ) -> Result<Option<(Tensor, Vec<usize>)>> {
+        let k = a.dims()[a.rank() - 1];
+        let rows = Shape::new([a.elem_count() / k.max(1), k]);
+        let fused = bias.dtype() == out
+            && b.dims()[0] == k
+            && k > 0
+            && a.elem_count() > 0
+            && a.layout().reshape(&rows).is_some();
+        if !fused {
+            return Ok(None);
+        }
+        let mut od = a.dims()[..a.rank() - 1].to_vec();
+        od.push(b.dims()[1]);
+        let flat = a.reshape(rows)?;
+        Tensor::check_matmul_dtypes("matmul_bias", &flat, b, out)?;
+        Ok(Some((flat, od)))
     }
 
     /// Operand dtypes of a product with output `out`: equal float dtypes, the output theirs

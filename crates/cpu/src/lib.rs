@@ -216,6 +216,22 @@ fn exec_op(op: &Op, inputs: &[&Tensor], outs: &[(Shape, DType)]) -> Result<Vec<A
                 *dt,
             )?)
         }
+        Op::MatmulBiasGelu => {
+            let (shape, dt) = out(0)?;
+            many(matmul::matmul_bias_gelu(
+                input(0)?,
+                input(1)?,
+                input(2)?,
+                shape,
+                *dt,
+            )?)
+        }
+        Op::MatmulGeluBackward => one(matmul::matmul_gelu_backward(
+            input(0)?,
+            input(1)?,
+            input(2)?,
+            &out(0)?.0,
+        )?),
         Op::Cast(dt) => one(cast::cast(input(0)?, *dt)?),
         Op::CastColSums(dt) => {
             let x = input(0)?;

@@ -196,3 +196,66 @@ pub(crate) fn matmul(
         dt => return Err(Error::dtype("matmul", dt, "needs a float dtype")),
     })
 }
+
+/// `b` as a contiguous CPU tensor of `shape`.
+fn host_tensor(b: HostBuffer, shape: &Shape, like: &Tensor) -> Tensor {
+    let storage = std::sync::Arc::new(crate::storage::CpuStorage::new(b));
+    Tensor::from_storage(
+        storage,
+        ferrite_core::Layout::contiguous(shape.clone()),
+        like.device().clone(),
+    )
+}
+
+/// The dtype a product of `dt` operands accumulates in: f64 for f64, else f32.
+fn wide_of(dt: DType) -> DType {
+    match dt {
+        DType::F64 => DType::F64,
+        _ => DType::F32,
+    }
+}
+
+/// `Op::MatmulBiasGelu`: (gelu_tanh(p), p) with p = a b + bias accumulated in f32 (f64 for
+/// f64 operands), each output rounded once from the unrounded p to `out_dt`.
+pub(crate) fn matmul_bias_gelu(
+    a: &Tensor,
+    b: &Tensor,
+    bias: &Tensor,
+    out_shape: &Shape,
+    out_dt: DType,
+) -> Result<Vec<HostBuffer>> {
+    let wide = wide_of(a.dtype());
+    let p = host_tensor(
+        matmul(a, b, Some(bias), None, out_shape, wide)?,
+        out_shape,
+        a,
+    );
+    let y = host_tensor(
+        crate::elementwise::unary(ferrite_core::UnaryOp::GeluTanh, &p)?,
+        out_shape,
+        a,
+    );
+    Ok(vec![
+        crate::cast::cast(&y, out_dt)?,
+        crate::cast::cast(&p, out_dt)?,
+    ])
+}
+
+/// `Op::MatmulGeluBackward`: gelu_tanh'(x) (g b), the product accumulated in f32 (f64 for
+/// f64) and multiplied by the derivative before the one rounding to x's dtype.
+pub(crate) fn matmul_gelu_backward(
+    g: &Tensor,
+    b: &Tensor,
+    x: &Tensor,
+    out_shape: &Shape,
+) -> Result<HostBuffer> {
+    let wide = wide_of(x.dtype());
+    let q = host_tensor(matmul(g, b, None, None, out_shape, wide)?, out_shape, g);
+    let xw = host_tensor(crate::cast::cast(x, wide)?, out_shape, x);
+    let d = host_tensor(
+        crate::elementwise::binary(ferrite_core::BinaryOp::GeluTanhBackward, &xw, &q)?,
+        out_shape,
+        x,
+    );
+    crate::cast::cast(&d, x.dtype())
+}

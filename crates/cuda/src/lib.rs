@@ -314,6 +314,14 @@ impl Backend for Handle {
                 let acc = acc.then(|| input(3)).transpose()?;
                 matmul::matmul(dev, input(0)?, input(1)?, Some(input(2)?), acc, shape, *dt)
             }
+            Op::MatmulBiasGelu => {
+                let (shape, dt) = out(0)?;
+                matmul::matmul_bias_gelu(dev, input(0)?, input(1)?, input(2)?, shape, *dt)
+            }
+            Op::MatmulGeluBackward => {
+                let (shape, _) = out(0)?;
+                matmul::matmul_gelu_backward(dev, input(0)?, input(1)?, input(2)?, shape)
+            }
             Op::Cast(dt) => cast::cast(dev, input(0)?, *dt),
             Op::CastColSums(dt) => reduce::cast_col_sums(dev, input(0)?, *dt),
             Op::CastEach(dt) => cast::cast_each(dev, inputs, *dt),

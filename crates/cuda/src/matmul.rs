@@ -50,6 +50,17 @@ struct Key {
     /// The bias epilogue (`Op::MatmulBias`), and its residual as C (beta 1).
     bias: bool,
     acc: bool,
+    gelu: Gelu,
+}
+
+/// The tanh GELU in the epilogue (`Op::MatmulBiasGelu`, `Op::MatmulGeluBackward`).
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub(crate) enum Gelu {
+    No,
+    /// GELU_AUX_BIAS: D = gelu(p), the auxiliary output p (a bias is given).
+    Forward,
+    /// DGELU: D = gelu'(aux) (a b), aux the GELU's input.
+    Backward,
 }
 
 pub(crate) struct Blas {
@@ -251,10 +262,31 @@ pub(crate) fn matmul(
     out_shape: &Shape,
     out_dt: DType,
 ) -> Result<Vec<Arc<dyn Storage>>> {
-    let op = if bias.is_some() {
-        "matmul_bias"
-    } else {
-        "matmul"
+    lt_matmul(dev, a, b, bias, acc, None, out_shape, out_dt)?
+        .ok_or_else(|| Error::backend("matmul", "cuBLASLt has no algorithm"))
+}
+
+/// `matmul` with the tanh GELU's epilogues: `Gelu::Forward` with `bias` returns (gelu(p),
+/// p); `Gelu::Backward` with `aux`, the GELU's input (contiguous [m, n], aligned, n a
+/// multiple of 8), returns gelu'(aux) (a b). The caller checks what cuBLASLt supports
+/// (`gelu_epilogue`); `None` where cuBLASLt has no algorithm for a GELU epilogue.
+#[allow(clippy::too_many_arguments)]
+fn lt_matmul(
+    dev: &CudaBackend,
+    a: &Tensor,
+    b: &Tensor,
+    bias: Option<&Tensor>,
+    acc: Option<&Tensor>,
+    gelu: Option<(Gelu, Option<&Tensor>)>,
+    out_shape: &Shape,
+    out_dt: DType,
+) -> Result<Option<Vec<Arc<dyn Storage>>>> {
+    let (gelu, aux) = gelu.unwrap_or((Gelu::No, None));
+    let op = match (gelu, bias.is_some()) {
+        (Gelu::Forward, _) => "matmul_bias_gelu",
+        (Gelu::Backward, _) => "matmul_gelu_backward",
+        (Gelu::No, true) => "matmul_bias",
+        (Gelu::No, false) => "matmul",
     };
     // Dtypes and the bias's shape as the ops state them (checked by `Tensor`).
     let dt = a.dtype();
@@ -292,6 +324,9 @@ pub(crate) fn matmul(
     let k = a.dims()[a.dims().len() - 1];
     let batch: usize = od[..r - 2].iter().product();
     let total = out_shape.elem_count();
+    if (k == 0 || total == 0) && gelu != Gelu::No {
+        return Ok(None);
+    }
     if k == 0 || total == 0 {
         // An empty sum: zeros, plus the bias on every row.
         let zeros = crate::create::fill(dev, 0.0, &(out_shape.clone(), out_dt))?;
@@ -309,9 +344,20 @@ pub(crate) fn matmul(
                 crate::elementwise::binary(dev, ferrite_core::BinaryOp::Add, &z, &row)
             }
             _ => Ok(zeros),
-        };
+        }
+        .map(Some);
     }
     let out = dev.alloc_out(total, out_dt, op)?;
+    // The GELU's auxiliary matrix: written (forward) or read (backward), [m, n] packed.
+    let aux_out = match gelu {
+        Gelu::Forward => Some(dev.alloc_out(total, out_dt, op)?),
+        _ => None,
+    };
+    let aux_ptr = match (&aux_out, aux) {
+        (Some(o), _) => Some(o.ptr()),
+        (None, Some(x)) => Some(CudaBackend::ptr(x, dev.input(x, op)?)),
+        (None, None) => None,
+    };
     let oa = operand(dev, a, op)?;
     let ob = operand(dev, b, op)?;
     // The bias as a packed, 16-byte aligned vector (a strided or offset view is copied).
@@ -368,8 +414,8 @@ pub(crate) fn matmul(
         out32,
         bias: bias_in.is_some(),
         acc: acc_in.is_some(),
+        gelu,
     };
-    let _ = (m, n);
     let mut guard = dev.blas.lock().unwrap_or_else(|p| p.into_inner());
     let blas = Blas::get(dev, &mut guard, op)?;
     // SAFETY: descriptors are created and destroyed here; pointers reference live device
@@ -418,30 +464,64 @@ pub(crate) fn matmul(
             }
             Ok(l)
         };
-        if let Some(bp) = bias_in {
-            // Row-major [m, n] is cuBLAS's column-major n x m: a bias over n is one per row
-            // of D, which is what the BIAS epilogue broadcasts (over columns and batches).
-            use lts::cublasLtMatmulDescAttributes_t as D;
-            let epi = lts::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_BIAS;
-            let bt = dtype_of(out_dt);
+        use lts::cublasLtEpilogue_t as E;
+        use lts::cublasLtMatmulDescAttributes_t as D;
+        let epi = match (gelu, bias_in.is_some()) {
+            (Gelu::Forward, _) => Some(E::CUBLASLT_EPILOGUE_GELU_AUX_BIAS),
+            (Gelu::Backward, _) => Some(E::CUBLASLT_EPILOGUE_DGELU),
+            (Gelu::No, true) => Some(E::CUBLASLT_EPILOGUE_BIAS),
+            (Gelu::No, false) => None,
+        };
+        if let Some(epi) = epi {
             lt::set_matmul_desc_attribute(
                 desc,
                 D::CUBLASLT_MATMUL_DESC_EPILOGUE,
                 &epi as *const _ as *const c_void,
                 std::mem::size_of_val(&epi),
             )
+            .map_err(lt_err)?;
+        }
+        let bt = dtype_of(out_dt);
+        if let Some(bp) = bias_in {
+            // Row-major [m, n] is cuBLAS's column-major n x m: a bias over n is one per row
+            // of D, which is what the BIAS epilogue broadcasts (over columns and batches).
+            lt::set_matmul_desc_attribute(
+                desc,
+                D::CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                &bp as *const u64 as *const c_void,
+                8,
+            )
             .and_then(|()| {
                 lt::set_matmul_desc_attribute(
                     desc,
-                    D::CUBLASLT_MATMUL_DESC_BIAS_POINTER,
-                    &bp as *const u64 as *const c_void,
+                    D::CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
+                    &bt as *const _ as *const c_void,
+                    std::mem::size_of_val(&bt),
+                )
+            })
+            .map_err(lt_err)?;
+        }
+        if let Some(xp) = aux_ptr {
+            // The auxiliary matrix is laid out as D: column-major n x m, leading dim n.
+            let ld = n as i64;
+            lt::set_matmul_desc_attribute(
+                desc,
+                D::CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
+                &xp as *const u64 as *const c_void,
+                8,
+            )
+            .and_then(|()| {
+                lt::set_matmul_desc_attribute(
+                    desc,
+                    D::CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD,
+                    &ld as *const i64 as *const c_void,
                     8,
                 )
             })
             .and_then(|()| {
                 lt::set_matmul_desc_attribute(
                     desc,
-                    D::CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
+                    D::CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE,
                     &bt as *const _ as *const c_void,
                     std::mem::size_of_val(&bt),
                 )
@@ -454,17 +534,25 @@ pub(crate) fn matmul(
             dtype_of(out_dt),
             (n as u64, m as u64, n as i64, (m * n) as i64),
         )?;
-        let algo = blas
-            .algo(key, desc, la, lb, ld, workspace_for(batch, m, n, k))
-            .map_err(|e| {
-                Error::backend(
+        let algo = match blas.algo(key, desc, la, lb, ld, workspace_for(batch, m, n, k)) {
+            Ok(algo) => algo,
+            Err(e) => {
+                let _ = lt::destroy_matrix_layout(la);
+                let _ = lt::destroy_matrix_layout(lb);
+                let _ = lt::destroy_matrix_layout(ld);
+                let _ = lt::destroy_matmul_desc(desc);
+                if gelu != Gelu::No {
+                    return Ok(None);
+                }
+                return Err(Error::backend(
                     op,
                     format!(
                         "cuBLASLt has no algorithm for {dt} [{batch}] {m}x{k} x {k}x{n}: {:?}",
                         e.0
                     ),
-                )
-            })?;
+                ));
+            }
+        };
         let (one32, zero32, one64, zero64) = (1.0f32, 0.0f32, 1.0f64, 0.0f64);
         let (beta32, beta64) = match acc_in {
             Some(_) => (one32, one64),
@@ -500,7 +588,11 @@ pub(crate) fn matmul(
         r.map_err(lt_err)?;
     }
     drop(guard);
-    dev.finish_one(out)
+    match aux_out {
+        Some(p) => dev.finish(vec![out, p]),
+        None => dev.finish_one(out),
+    }
+    .map(Some)
 }
 
 /// D[m, n] = A[m, k] B[n, k]^T (+ D when `accumulate`), with A and B row-major f16 or bf16
@@ -550,6 +642,7 @@ pub(crate) fn gemm_nt_f32(
         out32: true,
         bias: false,
         acc: false,
+        gelu: Gelu::No,
     };
     let mut guard = dev.blas.lock().unwrap_or_else(|p| p.into_inner());
     let blas = Blas::get(dev, &mut guard, op)?;
@@ -626,4 +719,114 @@ pub(crate) fn gemm_nt_f32(
         r?;
     }
     Ok(())
+}
+
+/// Whether cuBLASLt's GELU epilogues may take a product with `n` output columns from
+/// `dt` operands: f32 or 16-bit, the auxiliary matrix's leading dimension a multiple of 8.
+fn gelu_epilogue(dt: DType, n: usize) -> bool {
+    matches!(dt, DType::F32 | DType::F16 | DType::BF16) && n % 8 == 0
+}
+
+/// A backend-made tensor over `s`'s first storage, contiguous `shape`, on `like`'s device.
+fn tensor_of(s: Vec<Arc<dyn Storage>>, shape: &Shape, like: &Tensor) -> Result<Tensor> {
+    let st = s
+        .into_iter()
+        .next()
+        .ok_or_else(|| Error::backend("matmul", "no output"))?;
+    Ok(Tensor::from_storage(
+        st,
+        Layout::contiguous(shape.clone()),
+        like.device().clone(),
+    ))
+}
+
+/// `Op::MatmulBiasGelu`: (gelu_tanh(p), p), p = a b + bias, each rounded once from the
+/// f32 (f64) sum: cuBLASLt's GELU_AUX_BIAS epilogue where it has one, else the product in
+/// f32 (f64) and the GELU and roundings as separate kernels.
+pub(crate) fn matmul_bias_gelu(
+    dev: &CudaBackend,
+    a: &Tensor,
+    b: &Tensor,
+    bias: &Tensor,
+    out_shape: &Shape,
+    out_dt: DType,
+) -> Result<Vec<Arc<dyn Storage>>> {
+    let n = out_shape.dims().last().copied().unwrap_or(0);
+    if gelu_epilogue(a.dtype(), n) {
+        let g = Some((Gelu::Forward, None));
+        if let Some(o) = lt_matmul(dev, a, b, Some(bias), None, g, out_shape, out_dt)? {
+            return Ok(o);
+        }
+    }
+    let wide = match a.dtype() {
+        DType::F64 => DType::F64,
+        _ => DType::F32,
+    };
+    let bias_w = match bias.dtype() == wide {
+        true => bias.clone(),
+        false => tensor_of(crate::cast::cast(dev, bias, wide)?, bias.shape(), bias)?,
+    };
+    let p = tensor_of(
+        matmul(dev, a, b, Some(&bias_w), None, out_shape, wide)?,
+        out_shape,
+        a,
+    )?;
+    let y = tensor_of(
+        crate::elementwise::unary(dev, ferrite_core::UnaryOp::GeluTanh, &p)?,
+        out_shape,
+        a,
+    )?;
+    let low = |t: Tensor| match out_dt == wide {
+        true => Ok(vec![t.storage_arc().clone()]),
+        false => crate::cast::cast(dev, &t, out_dt),
+    };
+    let mut o = low(y)?;
+    o.extend(low(p)?);
+    Ok(o)
+}
+
+/// `Op::MatmulGeluBackward`: gelu_tanh'(x) (g b), rounded once from the f32 (f64) product:
+/// cuBLASLt's DGELU epilogue where it has one (x contiguous), else the product in f32
+/// (f64) and the derivative as a separate kernel.
+pub(crate) fn matmul_gelu_backward(
+    dev: &CudaBackend,
+    g: &Tensor,
+    b: &Tensor,
+    x: &Tensor,
+    out_shape: &Shape,
+) -> Result<Vec<Arc<dyn Storage>>> {
+    let dt = x.dtype();
+    let n = out_shape.dims().last().copied().unwrap_or(0);
+    let packed = x.layout().is_contiguous() && {
+        let s = dev.input(x, "matmul_gelu_backward")?;
+        align_of(CudaBackend::ptr(x, s)) >= 16
+    };
+    if gelu_epilogue(dt, n) && packed {
+        let gl = Some((Gelu::Backward, Some(x)));
+        if let Some(o) = lt_matmul(dev, g, b, None, None, gl, out_shape, dt)? {
+            return Ok(o);
+        }
+    }
+    let wide = match dt {
+        DType::F64 => DType::F64,
+        _ => DType::F32,
+    };
+    let q = tensor_of(
+        matmul(dev, g, b, None, None, out_shape, wide)?,
+        out_shape,
+        g,
+    )?;
+    let xw = match dt == wide {
+        true => x.clone(),
+        false => tensor_of(crate::cast::cast(dev, x, wide)?, out_shape, x)?,
+    };
+    let d = tensor_of(
+        crate::elementwise::binary(dev, ferrite_core::BinaryOp::GeluTanhBackward, &xw, &q)?,
+        out_shape,
+        x,
+    )?;
+    match dt == wide {
+        true => Ok(vec![d.storage_arc().clone()]),
+        false => crate::cast::cast(dev, &d, dt),
+    }
 }

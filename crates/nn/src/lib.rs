@@ -28,7 +28,7 @@ pub use layers::activation::{
     Softplus, Softsign, Swish, Tanh, ELU, GELU,
 };
 pub use layers::attention::{
-    DecoderConfig, EncoderConfig, MultiheadAttention, TransformerDecoderLayer,
+    Activation, DecoderConfig, EncoderConfig, MultiheadAttention, TransformerDecoderLayer,
     TransformerEncoderLayer,
 };
 pub use layers::conv::{Conv1d, Conv2d, ConvTranspose2d};

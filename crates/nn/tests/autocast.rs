@@ -58,7 +58,7 @@ fn gelu_pre_norm_layer(e: usize, h: usize) -> ferrite_nn::TransformerEncoderLaye
     let mut cfg = ferrite_nn::EncoderConfig::new(e, h);
     cfg.dim_feedforward = 32;
     cfg.dropout = 0.0;
-    cfg.gelu = true;
+    cfg.activation = ferrite_nn::Activation::Gelu;
     cfg.batch_first = true;
     cfg.norm_first = true;
     ferrite_nn::TransformerEncoderLayer::new(cfg, DType::F32, &cpu()).unwrap()

@@ -21,7 +21,7 @@ fn residuals_add_in_the_products_and_the_norm_backward() {
     c.dropout = 0.0;
     c.norm_first = true;
     c.batch_first = true;
-    c.gelu = true;
+    c.activation = ferrite_nn::Activation::Gelu;
     let layer = TransformerEncoderLayer::new(c, DType::F32, &dev).unwrap();
     let x = Tensor::rand_normal([2, 5, 16], 0.0, 1.0, 7, DType::F32, &dev).unwrap();
     for low in [None, Some(DType::BF16)] {

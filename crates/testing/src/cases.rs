@@ -659,6 +659,125 @@ fn matmul_bias_cases(b: &mut B) {
     }
 }
 
+/// `Tensor::matmul_bias_gelu` (a Linear and the tanh GELU after it in one op) alone and
+/// feeding a second product (whose gradient then goes through the GELU in one op,
+/// `Tensor::matmul_gelu_backward`), and that op itself: widths that are multiples of 8
+/// (cuBLASLt's GELU epilogues) and widths that are not (the composed path), folded rows, a
+/// narrowed input, an empty depth; under autocast too.
+fn matmul_gelu_cases(b: &mut B) {
+    use View::*;
+    let shapes: Vec<(Vec<usize>, View, [usize; 2])> = vec![
+        (vec![31, 33], Contiguous, [45, 33]),
+        (vec![3, 31, 33], Contiguous, [16, 33]),
+        (vec![45, 65], Narrowed, [7, 65]),
+        (vec![4, 0], Contiguous, [3, 0]),
+        (vec![128, 96], Contiguous, [80, 96]),
+    ];
+    let gelu_ref = |x: &[Ref]| vec![r::unary(UnaryOp::GeluTanh, &matmul_bias_ref(x)[0])];
+    for dt in FLOATS {
+        for (sa, wa, [n, k]) in &shapes {
+            let tol = scaled(default_tol(dt), (*k as f64).sqrt().max(1.0));
+            b.add(
+                "matmul_bias_gelu",
+                dt,
+                vec![
+                    inp(sa, dt, u(-1.0, 1.0), *wa),
+                    inp(&[*k, *n], dt, u(-1.0, 1.0), Transposed),
+                    inp(&[*n], dt, u(-1.0, 1.0), Contiguous),
+                ],
+                vec![tol],
+                true,
+                |x| Ok(vec![x[0].matmul_bias_gelu(&x[1], &x[2])?]),
+                gelu_ref,
+            );
+            // Into a second product, with and without a bias: [.., n] -> [.., 24].
+            for bias2 in [true, false] {
+                let mut ins = vec![
+                    inp(sa, dt, u(-1.0, 1.0), *wa),
+                    inp(&[*k, *n], dt, u(-1.0, 1.0), Transposed),
+                    inp(&[*n], dt, u(-1.0, 1.0), Contiguous),
+                    inp(&[*n, 24], dt, u(-1.0, 1.0), Transposed),
+                ];
+                if bias2 {
+                    ins.push(inp(&[24], dt, u(-1.0, 1.0), Contiguous));
+                }
+                let tol2 = scaled(tol, (*n as f64).sqrt().max(1.0));
+                b.add(
+                    &format!(
+                        "matmul_bias_gelu_then_{}",
+                        if bias2 { "linear" } else { "matmul" }
+                    ),
+                    dt,
+                    ins,
+                    vec![tol2],
+                    true,
+                    move |x| {
+                        let h = x[0].matmul_bias_gelu(&x[1], &x[2])?;
+                        Ok(vec![match bias2 {
+                            true => h.matmul_bias(&x[3], Some(&x[4]))?,
+                            false => {
+                                let rows = h.elem_count() / h.dims()[h.rank() - 1].max(1);
+                                h.reshape([rows, h.dims()[h.rank() - 1]])?.matmul(&x[3])?
+                            }
+                        }])
+                    },
+                    move |x| {
+                        let h = r::unary(UnaryOp::GeluTanh, &matmul_bias_ref(x)[0]);
+                        if bias2 {
+                            return matmul_bias_ref(&[h, x[3].clone(), x[4].clone()]);
+                        }
+                        let n = h.shape[h.shape.len() - 1];
+                        let rows = Ref::new(vec![h.data.len() / n.max(1), n], h.data);
+                        vec![r::matmul(&rows, &x[3])]
+                    },
+                );
+            }
+            // The backward op: g [m, 24], b [24, n] (a transposed weight), x [m, n].
+            let m: usize = sa[..sa.len() - 1].iter().product();
+            b.add(
+                "matmul_gelu_backward",
+                dt,
+                vec![
+                    inp(&[m, 24], dt, u(-1.0, 1.0), Contiguous),
+                    inp(&[24, *n], dt, u(-1.0, 1.0), Transposed),
+                    inp(&[m, *n], dt, u(-3.0, 3.0), Contiguous),
+                ],
+                vec![scaled(default_tol(dt), 5.0)],
+                false,
+                |x| Ok(vec![x[0].matmul_gelu_backward(&x[1], &x[2])?]),
+                |x| {
+                    let q = r::matmul(&x[0], &x[1]);
+                    vec![r::binary(BinaryOp::GeluTanhBackward, &x[2], &q)]
+                },
+            );
+        }
+    }
+    for low in [DType::BF16, DType::F16] {
+        for (sa, wa, [n, k]) in &shapes {
+            let tol = scaled(default_tol(low), (*k as f64).sqrt().max(1.0));
+            b.add(
+                &format!("autocast_{low}_matmul_bias_gelu"),
+                DType::F32,
+                vec![
+                    inp(sa, DType::F32, u(-1.0, 1.0), *wa),
+                    inp(&[*k, *n], DType::F32, u(-1.0, 1.0), Transposed),
+                    inp(&[*n], DType::F32, u(-1.0, 1.0), Contiguous),
+                ],
+                vec![tol],
+                false,
+                move |x| {
+                    let y = ferrite_core::autocast::autocast(low, || {
+                        x[0].matmul_bias_gelu(&x[1], &x[2])
+                    })??;
+                    f32_out("matmul_bias_gelu", &y)?;
+                    Ok(vec![y])
+                },
+                gelu_ref,
+            );
+        }
+    }
+}
+
 /// `Tensor::cast_col_sums` (a Linear's f32 output gradient as its products' 16-bit operand
 /// and its bias gradient): every float pair; rows of whole 16-byte words (CUDA's one-pass
 /// kernel, split over blocks or not), odd widths, and strided views.
@@ -2262,6 +2381,7 @@ pub fn cases() -> Vec<OpCase> {
     reduce_cases(&mut b);
     matmul_cases(&mut b);
     matmul_bias_cases(&mut b);
+    matmul_gelu_cases(&mut b);
     cast_cases(&mut b);
     cast_col_sums_cases(&mut b);
     cast_each_cases(&mut b);

@@ -144,13 +144,16 @@ struct Gpt {
     batch: usize,
     /// The LM head shares the token embedding's matrix (GPT-2).
     tied: bool,
+    /// The feed-forward activation: GPT-2's tanh GELU, the char-GPT's erf GELU (as the
+    /// PyTorch references).
+    act: ferrite_nn::Activation,
 }
 
 fn gpt(name: &str, s: &Gpt, f32_logits: bool, dev: &Device) -> Result<Workload<'static>> {
     let mut c = EncoderConfig::new(s.width, s.heads);
     c.dim_feedforward = 4 * s.width;
     c.dropout = 0.0;
-    c.gelu = true;
+    c.activation = s.act;
     c.batch_first = true;
     c.norm_first = true;
     let tok = Embedding::new(s.vocab, s.width, None, DType::F32, dev)?;
@@ -372,6 +375,7 @@ fn bench() -> Result<()> {
                         heads: 2,
                         batch: 4,
                         tied: false,
+                        act: ferrite_nn::Activation::Gelu,
                     },
                     false => Gpt {
                         vocab: 65,
@@ -381,6 +385,7 @@ fn bench() -> Result<()> {
                         heads: 6,
                         batch: 64,
                         tied: false,
+                        act: ferrite_nn::Activation::Gelu,
                     },
                 };
                 ferrite_nn::init::manual_seed(0);
@@ -407,6 +412,7 @@ fn bench() -> Result<()> {
                         heads: 2,
                         batch: 2,
                         tied: true,
+                        act: ferrite_nn::Activation::GeluTanh,
                     },
                     false => Gpt {
                         vocab: 50304,
@@ -416,6 +422,7 @@ fn bench() -> Result<()> {
                         heads: 12,
                         batch: 16,
                         tied: true,
+                        act: ferrite_nn::Activation::GeluTanh,
                     },
                 };
                 ferrite_nn::init::manual_seed(0);

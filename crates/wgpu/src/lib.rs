@@ -538,6 +538,14 @@ impl Backend for Handle {
                     false => Ok(y),
                 }
             }
+            Op::MatmulBiasGelu => {
+                let (shape, dt) = out(0)?;
+                matmul::matmul_bias_gelu(dev, input(0)?, input(1)?, input(2)?, shape, *dt)
+            }
+            Op::MatmulGeluBackward => {
+                let (shape, _) = out(0)?;
+                matmul::matmul_gelu_backward(dev, input(0)?, input(1)?, input(2)?, shape)
+            }
             Op::Cast(dt) => elementwise::cast(dev, input(0)?, *dt),
             Op::CastColSums(dt) => {
                 let x = input(0)?;

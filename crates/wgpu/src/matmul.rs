@@ -4,7 +4,7 @@
 use crate::device::WgpuBackend;
 use crate::shader::{self, kernel, Kernel, Variant};
 use crate::util::{storage, uw};
-use ferrite_core::{BinaryOp, DType, Error, Result, Shape, Storage, Tensor};
+use ferrite_core::{BinaryOp, DType, Error, Result, Shape, Storage, Tensor, UnaryOp};
 use std::sync::Arc;
 
 pub(crate) static MATMUL: Kernel = kernel!("matmul", &["matmul"], &[("T", shader::FLOATS)], &[&[]]);
@@ -117,5 +117,54 @@ pub(crate) fn matmul_to(
     match y.dtype() == out_dt {
         true => Ok(vec![y.storage_arc().clone()]),
         false => crate::elementwise::cast(dev, &y, out_dt),
+    }
+}
+
+/// `Op::MatmulBiasGelu`: (gelu_tanh(p), p), p = a b + bias summed in f32 (`matmul_to`'s f32
+/// output), each output rounded once from it to `out_dt`.
+pub(crate) fn matmul_bias_gelu(
+    dev: &WgpuBackend,
+    a: &Tensor,
+    b: &Tensor,
+    bias: &Tensor,
+    out: &Shape,
+    out_dt: DType,
+) -> Result<Vec<Arc<dyn Storage>>> {
+    let tensor = |s: Vec<Arc<dyn Storage>>| crate::as_tensor(s, out, a);
+    let p = tensor(matmul_to(dev, a, b, Some(bias), out, DType::F32)?)?;
+    let y = tensor(crate::elementwise::unary(dev, UnaryOp::GeluTanh, &p)?)?;
+    let low = |t: Tensor| match out_dt {
+        DType::F32 => Ok(vec![t.storage_arc().clone()]),
+        _ => crate::elementwise::cast(dev, &t, out_dt),
+    };
+    let mut o = low(y)?;
+    o.extend(low(p)?);
+    Ok(o)
+}
+
+/// `Op::MatmulGeluBackward`: gelu_tanh'(x) (g b), the product summed in f32 and multiplied
+/// by the derivative before the one rounding to x's dtype.
+pub(crate) fn matmul_gelu_backward(
+    dev: &WgpuBackend,
+    g: &Tensor,
+    b: &Tensor,
+    x: &Tensor,
+    out: &Shape,
+) -> Result<Vec<Arc<dyn Storage>>> {
+    let tensor = |s: Vec<Arc<dyn Storage>>| crate::as_tensor(s, out, g);
+    let q = tensor(matmul_to(dev, g, b, None, out, DType::F32)?)?;
+    let xw = match x.dtype() {
+        DType::F32 => x.clone(),
+        _ => tensor(crate::elementwise::cast(dev, x, DType::F32)?)?,
+    };
+    let d = tensor(crate::elementwise::binary(
+        dev,
+        BinaryOp::GeluTanhBackward,
+        &xw,
+        &q,
+    )?)?;
+    match x.dtype() {
+        DType::F32 => Ok(vec![d.storage_arc().clone()]),
+        dt => crate::elementwise::cast(dev, &d, dt),
     }
 }

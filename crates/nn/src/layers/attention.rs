@@ -148,7 +148,7 @@ impl MultiheadAttention {
         // forward; backward, their gradients join in one cat (`ferrite-autodiff` keeps the
         // pieces of a narrowed tensor apart) for one product each for the input and weight.
         if same(key) && same(value) {
-            let y = match linear_low(query, &w, bias.as_ref())? {
+            let y = match linear_low(query, &w, bias.as_ref(), false)? {
                 Some(y) => y,
                 None => query.matmul_bias(&w.t()?, bias.as_ref())?,
             };
@@ -179,7 +179,7 @@ impl MultiheadAttention {
                 let project_low = |x: &Tensor, i: usize| -> Result<Tensor> {
                     let wi = w.narrow(0, i * e, e)?;
                     let bi = bias.as_ref().map(|bb| bb.narrow(0, i * e, e)).transpose()?;
-                    match linear_low(x, &wi, bi.as_ref())? {
+                    match linear_low(x, &wi, bi.as_ref(), false)? {
                         Some(y) => heads(&y, x),
                         None => project(x, i),
                     }
@@ -284,8 +284,20 @@ impl Module for MultiheadAttention {
     }
 }
 
-/// `TransformerEncoderLayer(d_model, nhead, dim_feedforward, dropout, activation
-/// ("relu" | "gelu"), layer_norm_eps, batch_first, norm_first, bias)`.
+/// The activation between a transformer layer's two feed-forward products: PyTorch's
+/// `activation` "relu" and "gelu" (the exact, erf GELU), and the tanh GELU (GPT-2's,
+/// `partial(F.gelu, approximate="tanh")` in PyTorch), which runs in the first product's
+/// epilogue where the backend has one (`Tensor::matmul_bias_gelu`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Activation {
+    #[default]
+    Relu,
+    Gelu,
+    GeluTanh,
+}
+
+/// `TransformerEncoderLayer(d_model, nhead, dim_feedforward, dropout, activation,
+/// layer_norm_eps, batch_first, norm_first, bias)`.
 pub struct TransformerEncoderLayer {
     pub self_attn: MultiheadAttention,
     pub linear1: Linear,
@@ -295,7 +307,7 @@ pub struct TransformerEncoderLayer {
     pub norm2: LayerNorm,
     pub dropout1: Dropout,
     pub dropout2: Dropout,
-    gelu: bool,
+    activation: Activation,
     norm_first: bool,
 }
 
@@ -306,7 +318,7 @@ pub struct EncoderConfig {
     pub nhead: usize,
     pub dim_feedforward: usize,
     pub dropout: f64,
-    pub gelu: bool,
+    pub activation: Activation,
     pub layer_norm_eps: f64,
     pub batch_first: bool,
     pub norm_first: bool,
@@ -320,7 +332,7 @@ impl EncoderConfig {
             nhead,
             dim_feedforward: 2048,
             dropout: 0.1,
-            gelu: false,
+            activation: Activation::Relu,
             layer_norm_eps: 1e-5,
             batch_first: false,
             norm_first: false,
@@ -336,28 +348,39 @@ fn norm_low(name: &str, norm: &LayerNorm, x: &Tensor) -> Result<Tensor> {
         .map_err(|e| in_child(e, name, "LayerNorm"))
 }
 
-/// The feed-forward block of the encoder and decoder layers: `linear2(dropout(act(linear1(x))))`
-/// with GELU or ReLU, plus `residual` added by linear2 (`Linear::forward_add`) when given. Under
-/// autocast linear1's output, its bias and the activation stay in the low dtype (linear2 reads
-/// them without a cast), as PyTorch computes them.
+/// The feed-forward block of the encoder and decoder layers: `linear2(dropout(act(linear1(x))))`,
+/// plus `residual` added by linear2 (`Linear::forward_add`) when given. Under autocast
+/// linear1's output, its bias and the activation stay in the low dtype (linear2 reads them
+/// without a cast), as PyTorch computes them; the tanh GELU is in linear1's op.
 fn feed_forward(
     x: &Tensor,
     linear1: &Linear,
     dropout: &Dropout,
     linear2: &Linear,
-    use_gelu: bool,
+    activation: Activation,
     residual: Option<&Tensor>,
 ) -> Result<Tensor> {
     let w1 = linear1.weight.tensor();
     let b1 = linear1.bias.as_ref().map(|b| b.tensor());
-    let h = match linear_low(x, &w1, b1.as_ref()).map_err(|e| in_child(e, "linear1", "Linear"))? {
-        Some(h) => h,
-        None => forward_child("linear1", linear1, x)?,
-    };
-    let h = if use_gelu {
-        gelu(&h, false)?
-    } else {
-        relu(&h)?
+    let first =
+        |gelu| linear_low(x, &w1, b1.as_ref(), gelu).map_err(|e| in_child(e, "linear1", "Linear"));
+    let h = match activation {
+        Activation::GeluTanh => match first(true)? {
+            Some(h) => h,
+            None => linear1
+                .forward_gelu_tanh(x)
+                .map_err(|e| in_child(e, "linear1", "Linear"))?,
+        },
+        act => {
+            let h = match first(false)? {
+                Some(h) => h,
+                None => forward_child("linear1", linear1, x)?,
+            };
+            match act {
+                Activation::Gelu => gelu(&h, false)?,
+                _ => relu(&h)?,
+            }
+        }
     };
     let h = forward_child("dropout", dropout, &h)?;
     match residual {
@@ -419,7 +442,7 @@ impl TransformerEncoderLayer {
             norm2: ln(dev)?,
             dropout1: Dropout::new(c.dropout)?,
             dropout2: Dropout::new(c.dropout)?,
-            gelu: c.gelu,
+            activation: c.activation,
             norm_first: c.norm_first,
         })
     }
@@ -438,7 +461,14 @@ impl TransformerEncoderLayer {
     /// `res + dropout2(feed_forward(x))`.
     fn ff_add(&self, res: &Tensor, x: &Tensor) -> Result<Tensor> {
         residual_add(res, ("dropout2", &self.dropout2), |r| {
-            feed_forward(x, &self.linear1, &self.dropout, &self.linear2, self.gelu, r)
+            feed_forward(
+                x,
+                &self.linear1,
+                &self.dropout,
+                &self.linear2,
+                self.activation,
+                r,
+            )
         })
     }
 
@@ -526,7 +556,7 @@ pub struct TransformerDecoderLayer {
     pub dropout1: Dropout,
     pub dropout2: Dropout,
     pub dropout3: Dropout,
-    gelu: bool,
+    activation: Activation,
     norm_first: bool,
 }
 
@@ -549,7 +579,7 @@ impl TransformerDecoderLayer {
             dropout1: Dropout::new(c.dropout)?,
             dropout2: Dropout::new(c.dropout)?,
             dropout3: Dropout::new(c.dropout)?,
-            gelu: c.gelu,
+            activation: c.activation,
             norm_first: c.norm_first,
         })
     }
@@ -583,7 +613,14 @@ impl TransformerDecoderLayer {
     /// `res + dropout3(feed_forward(x))`.
     fn ff_add(&self, res: &Tensor, x: &Tensor) -> Result<Tensor> {
         residual_add(res, ("dropout3", &self.dropout3), |r| {
-            feed_forward(x, &self.linear1, &self.dropout, &self.linear2, self.gelu, r)
+            feed_forward(
+                x,
+                &self.linear1,
+                &self.dropout,
+                &self.linear2,
+                self.activation,
+                r,
+            )
         })
     }
 

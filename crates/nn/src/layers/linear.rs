@@ -98,9 +98,20 @@ impl Linear {
         self.check_input(x)?;
         let b = self.bias.as_ref().map(|b| b.tensor());
         let w = self.weight.tensor();
-        match linear_low(x, &w, b.as_ref())? {
+        match linear_low(x, &w, b.as_ref(), false)? {
             Some(y) => Ok(y),
             None => linear(x, &w, b.as_ref()),
+        }
+    }
+
+    /// `gelu_tanh(forward(x))`, one op where the layer has a bias
+    /// (`Tensor::matmul_bias_gelu`: the GELU in the product's epilogue).
+    pub fn forward_gelu_tanh(&self, x: &Tensor) -> Result<Tensor> {
+        self.check_input(x)?;
+        let w = self.weight.tensor().t()?;
+        match self.bias.as_ref().map(|b| b.tensor()) {
+            Some(b) => x.matmul_bias_gelu(&w, &b),
+            None => x.matmul(&w)?.gelu_tanh(),
         }
     }
 
@@ -125,10 +136,12 @@ pub fn linear(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -> Result<Tens
 /// f32 accumulator before the rounding, as cuBLASLt's bias epilogue in PyTorch's autocast
 /// `addmm`) when autocast applies to `x` and `weight`; `None` otherwise. For
 /// layers whose next op is another product or an activation (no cast back to f32 between).
+/// With `gelu_tanh`, the tanh GELU of that (`Tensor::matmul_bias_gelu`: one op).
 pub(crate) fn linear_low(
     x: &Tensor,
     weight: &Tensor,
     bias: Option<&Tensor>,
+    gelu_tanh: bool,
 ) -> Result<Option<Tensor>> {
     use ferrite_core::autocast::to_low;
     let (Some(xl), Some(wl)) = (to_low(x)?, to_low(weight)?) else {
@@ -139,7 +152,12 @@ pub(crate) fn linear_low(
         Some(Some(bl)) => Some(bl),
         None => None,
     };
-    Ok(Some(xl.matmul_bias(&wl.t()?, bl.as_ref())?))
+    let y = match (gelu_tanh, bl.as_ref()) {
+        (true, Some(bl)) => xl.matmul_bias_gelu(&wl.t()?, bl)?,
+        (true, None) => xl.matmul(&wl.t()?)?.gelu_tanh()?,
+        (false, bl) => xl.matmul_bias(&wl.t()?, bl)?,
+    };
+    Ok(Some(y))
 }
 
 impl Module for Linear {

@@ -322,7 +322,10 @@ pub fn run_all(dev: &Device, dt: DType, atol: f64, rtol: f64) -> Vec<String> {
                 let c = EncoderConfig {
                     dim_feedforward: u("ff"),
                     dropout: 0.0,
-                    gelu: bl("gelu"),
+                    activation: match bl("gelu") {
+                        true => ferrite_nn::Activation::Gelu,
+                        false => ferrite_nn::Activation::Relu,
+                    },
                     batch_first: bl("batch_first"),
                     norm_first: bl("norm_first"),
                     ..EncoderConfig::new(u("d_model"), u("nhead"))
@@ -336,7 +339,10 @@ pub fn run_all(dev: &Device, dt: DType, atol: f64, rtol: f64) -> Vec<String> {
                 let c = DecoderConfig {
                     dim_feedforward: u("ff"),
                     dropout: 0.0,
-                    gelu: bl("gelu"),
+                    activation: match bl("gelu") {
+                        true => ferrite_nn::Activation::Gelu,
+                        false => ferrite_nn::Activation::Relu,
+                    },
                     batch_first: bl("batch_first"),
                     norm_first: bl("norm_first"),
                     ..DecoderConfig::new(u("d_model"), u("nhead"))
