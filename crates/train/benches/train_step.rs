@@ -30,7 +30,8 @@
 //!
 //! Workloads default to `seed-cnn mlp char-gpt` (add `gpt2`, or name any subset). `cpu` forces
 //! the CPU; `eager` runs the eager modes only (bf16 where there is one; for a profiler's
-//! per-kernel table); `quick` shrinks every workload and runs 3 steps (a check that it runs,
+//! per-kernel table), `graph` the captured modes only (on CUDA; with `eager`, to time the two
+//! in either order); `quick` shrinks every workload and runs 3 steps (a check that it runs,
 //! not a measurement); `f32-logits` casts the transformers' logits to f32 before the loss
 //! (autocast's plain `Linear` output; the loss then reads f32 logits), for comparison with the
 //! default bf16 logits.
@@ -310,6 +311,7 @@ fn bench() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let has = |a: &str| args.iter().any(|x| x == a);
     let (quick, eager_only, f32_logits) = (has("quick"), has("eager"), has("f32-logits"));
+    let graph_only = has("graph");
     let dev = if !has("cpu") && ferrite_cuda::is_available() {
         ferrite_cuda::cuda(0)?
     } else {
@@ -320,7 +322,7 @@ fn bench() -> Result<()> {
     let mut chosen: Vec<&str> = known.iter().copied().filter(|w| has(w)).collect();
     if let Some(bad) = args.iter().find(|a| {
         !known.contains(&a.as_str())
-            && !["cpu", "quick", "eager", "f32-logits", "--bench"].contains(&a.as_str())
+            && !["cpu", "quick", "eager", "graph", "f32-logits", "--bench"].contains(&a.as_str())
     }) {
         return Err(ferrite_train::Error::config(
             "train_step",
@@ -334,12 +336,15 @@ fn bench() -> Result<()> {
     // char-GPT; gpt2_train.py times 20 steps after 3.
     let modes = |precision: Precision, warm: usize, iters: usize| -> Vec<Mode> {
         let (warm, iters) = if quick { (1, 3) } else { (warm, iters) };
-        let mut v = vec![Mode {
-            precision,
-            graph: false,
-            warm,
-            iters,
-        }];
+        let mut v = Vec::new();
+        if !(cuda && graph_only) {
+            v.push(Mode {
+                precision,
+                graph: false,
+                warm,
+                iters,
+            });
+        }
         if cuda && !eager_only {
             v.push(Mode {
                 precision,
