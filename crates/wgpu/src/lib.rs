@@ -542,9 +542,10 @@ impl Backend for Handle {
                 let (shape, dt) = out(0)?;
                 matmul::matmul_bias_gelu(dev, input(0)?, input(1)?, input(2)?, shape, *dt)
             }
-            Op::MatmulGeluBackward => {
+            Op::MatmulGeluBackward { bias } => {
                 let (shape, _) = out(0)?;
-                matmul::matmul_gelu_backward(dev, input(0)?, input(1)?, input(2)?, shape)
+                let bias = bias.then(|| out(1).map(|o| o.1)).transpose()?;
+                matmul::matmul_gelu_backward(dev, input(0)?, input(1)?, input(2)?, shape, bias)
             }
             Op::Cast(dt) => elementwise::cast(dev, input(0)?, *dt),
             Op::CastColSums(dt) => {
