@@ -1,8 +1,6 @@
 //! The backward pass: reverse topological order over the recorded graph.
 
-use crate::rules::{
-    adds_into_first, bias_grad_dtype, join_narrowed, vjp, vjp_into_first, vjp_product, Through,
-};
+use crate::rules::{adds_into_first, join_narrowed, vjp, vjp_into_first, vjp_through_gelu};
 use ferrite_core::graph::{no_grad, Grad, GradOp, Inputs, ViewOp};
 use ferrite_core::{DType, Error, Op, Result, Tensor, UnaryOp};
 use std::collections::{HashMap, HashSet};
@@ -136,9 +134,6 @@ fn backward_exact(out: &Tensor, grad: &Tensor) -> Result<()> {
     }
     let mut grads: HashMap<usize, Acc> = HashMap::new();
     grads.insert(root.id(), Acc::Full(grad.detach()));
-    // Bias gradients computed ahead, by the product after the GELU that a `Linear` feeds
-    // (`vjp_product`), keyed by that `Linear`'s node.
-    let mut bias_grads: HashMap<usize, Tensor> = HashMap::new();
     for g in order.iter().rev() {
         let Some(up) = grads.remove(&g.id()) else {
             continue;
@@ -167,40 +162,20 @@ fn backward_exact(out: &Tensor, grad: &Tensor) -> Result<()> {
                             parts: vec![(*start, up)],
                         })]
                     }
-                    _ if matches!(n.op, GradOp::Op(Op::Matmul | Op::MatmulBias { .. })) => {
-                        let db = bias_grads.remove(&g.id());
-                        let feed = gelu_feed(&n.op, &inputs, &uses)?;
+                    _ if let Some((pre, edge)) = gelu_feed(&n.op, &inputs, &uses)? => {
                         // The product's left gradient goes to the GELU's input (the GELU's
                         // node and the reshapes between are passed over: nothing else feeds
-                        // them a gradient), with the bias gradient of the `Linear` that made
-                        // that input where there is one.
-                        let rows = match &feed {
-                            Some((pre, _)) => Some(no_grad(|| pre.reshape(inputs[0].dims()?))?),
-                            None => None,
-                        };
-                        let ahead = match &feed {
-                            Some((pre, edge)) => linear_of(edge, pre.dtype(), &uses)?,
-                            None => None,
-                        };
-                        let through = rows.as_ref().map(|pre| Through {
-                            pre,
-                            bias: ahead.map(|(_, dt)| dt),
-                        });
-                        let (mut gs, pre_db) =
-                            no_grad(|| vjp_product(&n.op, &inputs, &up, through.as_ref(), db))?
-                                .ok_or_else(|| Error::backend("backward", "no product rule"))?;
-                        if let (Some(d), Some((id, _))) = (pre_db, ahead) {
-                            bias_grads.insert(id, d);
-                        }
-                        if let Some((pre, edge)) = &feed {
-                            if let Some(d) = gs.first_mut().and_then(Option::take) {
-                                let d = Acc::Full(no_grad(|| d.reshape(pre.shape()))?);
-                                let acc = match grads.remove(&edge.id()) {
-                                    Some(prev) => prev.add(d)?,
-                                    None => d,
-                                };
-                                grads.insert(edge.id(), acc);
-                            }
+                        // them a gradient).
+                        let rows = no_grad(|| pre.reshape(inputs[0].dims()?))?;
+                        let mut gs = no_grad(|| vjp_through_gelu(&n.op, &inputs, &up, &rows))?
+                            .ok_or_else(|| Error::backend("backward", "no product rule"))?;
+                        if let Some(d) = gs.first_mut().and_then(Option::take) {
+                            let d = Acc::Full(no_grad(|| d.reshape(pre.shape()))?);
+                            let acc = match grads.remove(&edge.id()) {
+                                Some(prev) => prev.add(d)?,
+                                None => d,
+                            };
+                            grads.insert(edge.id(), acc);
                         }
                         gs.into_iter().map(|g| g.map(Acc::Full)).collect()
                     }
@@ -278,39 +253,6 @@ fn gelu_feed(
                 let ins = node.take_inputs()?;
                 let pre = ins[0].value()?.clone();
                 return Ok(ins[0].grad_info().cloned().map(|edge| (pre, edge)));
-            }
-            _ => return Ok(None),
-        }
-    }
-}
-
-/// Where the GELU input `edge` (of dtype `dt`) is, directly or through reshapes used by
-/// nothing else, the output of a `MatmulBias` whose bias takes a gradient: that node's id
-/// and the dtype of its bias gradient (`rules::bias_grad_dtype`).
-fn linear_of(
-    edge: &Grad,
-    dt: DType,
-    uses: &HashMap<usize, usize>,
-) -> Result<Option<(usize, DType)>> {
-    let mut at = edge.clone();
-    loop {
-        let Grad::Node(node) = &at else {
-            return Ok(None);
-        };
-        if uses.get(&at.id()) != Some(&1) {
-            return Ok(None);
-        }
-        match &node.op {
-            GradOp::View(ViewOp::Reshape) => {
-                match node.with_inputs(|i| i[0].grad_info().cloned())? {
-                    Some(next) => at = next,
-                    None => return Ok(None),
-                }
-            }
-            GradOp::Op(Op::MatmulBias { .. }) => {
-                let bias =
-                    node.with_inputs(|i| i[2].requires_grad().then(|| bias_grad_dtype(&i[2], dt)))?;
-                return Ok(bias.map(|b| (at.id(), b)));
             }
             _ => return Ok(None),
         }

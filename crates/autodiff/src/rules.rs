@@ -36,22 +36,15 @@ fn when(x: &Saved, f: impl FnOnce() -> Result<Tensor>) -> Result<Option<Tensor>>
 /// where b is autocast's 16-bit copy of an f32 weight (`f32_cast_view`): the cast's rule
 /// then hands it on as is, with no rounding to 16 bits and no cast kernel between.
 ///
-/// With `through`, x[0] is a tanh GELU's output and the first gradient is that GELU's
-/// input's instead (`Through`), with the bias gradient it asks for as the second value.
-fn matmul_grads(
-    x: &Inputs,
-    g: &Tensor,
-    through: Option<&Through>,
-) -> Result<(Grads, Option<Tensor>)> {
+/// With `pre`, x[0] is a tanh GELU's output (`pre` its input, as rows [m, k]) and the first
+/// gradient is pre's instead, gelu_tanh'(pre) (g bᵀ), in one op (`vjp_through_gelu`).
+fn matmul_grads(x: &Inputs, g: &Tensor, pre: Option<&Tensor>) -> Result<Grads> {
     let g = &g.cast(x[0].dtype()?)?;
-    let (left, db) = match through {
-        Some(t) => {
-            let (d, db) = g.matmul_gelu_backward(&x[1].value()?.t()?, t.pre, t.bias)?;
-            (Some(d), db)
-        }
-        None => (when(&x[0], || g.matmul(&x[1].value()?.t()?))?, None),
+    let left = match pre {
+        Some(pre) => Some(g.matmul_gelu_backward(&x[1].value()?.t()?, pre)?),
+        None => when(&x[0], || g.matmul(&x[1].value()?.t()?))?,
     };
-    let grads = vec![
+    Ok(vec![
         left,
         when(&x[1], || {
             let a = x[0].value()?;
@@ -69,17 +62,7 @@ fn matmul_grads(
                 a.t()?.matmul_out(g, out)
             }
         })?,
-    ];
-    Ok((grads, db))
-}
-
-/// What a product hands on through the tanh GELU that made its left operand
-/// (`vjp_product`): the GELU's input `pre` as rows [m, k] (the product's left gradient
-/// becomes pre's, gelu_tanh'(pre) (g bᵀ), in one op), and where `pre` is the output of a
-/// `Linear` with a bias, the dtype of that bias's gradient, summed in the same op.
-pub(crate) struct Through<'a> {
-    pub pre: &'a Tensor,
-    pub bias: Option<DType>,
+    ])
 }
 
 /// Whether `w` is a transposed view of a 16-bit cast of an f32 tensor: autocast's copy of an
@@ -122,61 +105,41 @@ fn bias_grad(bias: &Saved, g: &Tensor) -> Result<Tensor> {
     g.sum(&[0], false)
 }
 
-/// `Op::MatmulBias`'s rule; `through` as in `matmul_grads`; `db` the bias gradient where
-/// an op before computed it (`vjp_product`).
-fn matmul_bias_grads(
-    acc: bool,
-    x: &Inputs,
-    g: &Tensor,
-    through: Option<&Through>,
-    db: Option<Tensor>,
-) -> Result<(Grads, Option<Tensor>)> {
+/// `Op::MatmulBias`'s rule; `pre` as in `matmul_grads`.
+fn matmul_bias_grads(acc: bool, x: &Inputs, g: &Tensor, pre: Option<&Tensor>) -> Result<Grads> {
     // An f32 gradient of 16-bit operands (autocast's f32 output): made the products'
     // operand and summed into the bias gradient in one pass.
     let low = x[0].dtype()?;
-    let (gl, db) = match db {
-        Some(db) => (g.clone(), Some(db)),
-        None => match g.dtype() != low && x[2].requires_grad() && g.rank() == 2 {
-            true => {
-                let (gl, db) = g.cast_col_sums(low)?;
-                (gl, Some(db))
-            }
-            false => (g.clone(), when(&x[2], || bias_grad(&x[2], g))?),
-        },
+    let (gl, db) = match g.dtype() != low && x[2].requires_grad() && g.rank() == 2 {
+        true => {
+            let (gl, db) = g.cast_col_sums(low)?;
+            (gl, Some(db))
+        }
+        false => (g.clone(), when(&x[2], || bias_grad(&x[2], g))?),
     };
-    let (mut grads, through_db) = matmul_grads(x, &gl, through)?;
+    let mut grads = matmul_grads(x, &gl, pre)?;
     grads.push(db);
     if acc {
         grads.push(when(&x[3], || g.reshape(x[3].dims()?))?);
     }
-    Ok((grads, through_db))
+    Ok(grads)
 }
 
-/// The rule of a product of matrices (`Matmul`, `MatmulBias`) with what the engine saw
-/// around it: `through`, where its left operand is a tanh GELU's output that nothing else
-/// uses (the first gradient is then the GELU's input's, and the second value the bias
-/// gradient `through` asked for); `db`, its own bias gradient where the product after the
-/// GELU it feeds computed it. `None` for other ops.
-pub(crate) fn vjp_product(
+/// The rule of a product of matrices (`Matmul`, `MatmulBias`) whose left operand is the
+/// output of a tanh GELU with input `pre` (rows [m, k]) that nothing else uses: the first
+/// gradient is pre's, gelu_tanh'(pre) (g bᵀ) in one op (the derivative in the product's
+/// epilogue), where the plain rule would give the operand's and the GELU's rule then
+/// another pass over it. `None` for other ops.
+pub(crate) fn vjp_through_gelu(
     op: &GradOp,
     x: &Inputs,
     g: &Tensor,
-    through: Option<&Through>,
-    db: Option<Tensor>,
-) -> Result<Option<(Grads, Option<Tensor>)>> {
+    pre: &Tensor,
+) -> Result<Option<Grads>> {
     match op {
-        GradOp::Op(Op::Matmul) if db.is_none() => matmul_grads(x, g, through).map(Some),
-        GradOp::Op(Op::MatmulBias { acc }) => matmul_bias_grads(*acc, x, g, through, db).map(Some),
+        GradOp::Op(Op::Matmul) => matmul_grads(x, g, Some(pre)).map(Some),
+        GradOp::Op(Op::MatmulBias { acc }) => matmul_bias_grads(*acc, x, g, Some(pre)).map(Some),
         _ => Ok(None),
-    }
-}
-
-/// The dtype of the gradient `MatmulBias`'s rule gives its bias `bias` from an output
-/// gradient in `dt`: f32 for autocast's 16-bit copy of an f32 bias (`bias_grad`), else `dt`.
-pub(crate) fn bias_grad_dtype(bias: &Saved, dt: DType) -> DType {
-    match dt.is_float() && dt.size_in_bytes() == 2 && cast_of_f32(bias) {
-        true => DType::F32,
-        false => dt,
     }
 }
 
@@ -529,8 +492,8 @@ fn primitive(op: &Op, output: usize, x: &Inputs, g: &Tensor) -> Result<Grads> {
                 ReduceOp::ArgMax | ReduceOp::ArgMin => Ok(vec![None]),
             }
         }
-        Op::Matmul => Ok(matmul_grads(x, g, None)?.0),
-        Op::MatmulBias { acc } => Ok(matmul_bias_grads(*acc, x, g, None, None)?.0),
+        Op::Matmul => matmul_grads(x, g, None),
+        Op::MatmulBias { acc } => matmul_bias_grads(*acc, x, g, None),
         Op::Cast(_) => {
             let dt = x[0].dtype()?;
             Ok(vec![match dt.is_float() {
@@ -705,7 +668,7 @@ fn primitive(op: &Op, output: usize, x: &Inputs, g: &Tensor) -> Result<Grads> {
         | Op::CastColSums(_)
         | Op::CastEach(_)
         | Op::MatmulBiasGelu
-        | Op::MatmulGeluBackward { .. }
+        | Op::MatmulGeluBackward
         | Op::BatchNormBackward { .. }
         | Op::GroupNormBackward { .. } => Ok(vec![None; x.len()]),
         Op::SoftmaxBackward { .. }

@@ -159,7 +159,7 @@ pub fn keeps(op: &GradOp, k: usize, requires_grad: impl Fn(usize) -> bool) -> Ke
         | Op::CastColSums(_)
         | Op::CastEach(_)
         | Op::MatmulBiasGelu
-        | Op::MatmulGeluBackward { .. }
+        | Op::MatmulGeluBackward
         | Op::BatchNormBackward { .. }
         | Op::GroupNormBackward { .. }
         | Op::Cmp(_)
@@ -638,7 +638,7 @@ pub fn differentiable_output(op: &Op, k: usize, dtype: crate::DType) -> bool {
         | Op::CastColSums(_)
         | Op::CastEach(_)
         | Op::MatmulBiasGelu
-        | Op::MatmulGeluBackward { .. }
+        | Op::MatmulGeluBackward
         | Op::BatchNormBackward { .. }
         | Op::GroupNormBackward { .. } => false,
         // Indices, batch statistics and attention's lse carry no gradient.

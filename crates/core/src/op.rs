@@ -394,14 +394,12 @@ pub enum Op {
     /// output the backward reads). Recorded as `MatmulBias` giving p and `GeluTanh` of p,
     /// so the op itself is never differentiated.
     MatmulBiasGelu,
-    /// (g [m, k], b [k, n], x [m, n]) -> d = gelu_tanh'(x) (g b) in x's dtype, g and b in it
+    /// (g [m, k], b [k, n], x [m, n]) -> gelu_tanh'(x) (g b) in x's dtype, g and b in it
     /// too: `GeluTanhBackward(x, g b)` with the product accumulated in f32 (f64 for f64)
     /// and the derivative applied before the one rounding (cuBLASLt's DGELU epilogue). The
     /// gradient a product hands to the tanh GELU feeding it, passed straight through the
-    /// GELU (`ferrite-autodiff`'s engine). With `bias`, a second output [n]: d summed over
-    /// its rows before the rounding, in the second spec's dtype (x's or f32; DGELU_BGRAD),
-    /// the bias gradient of the `Linear` that made x. Not differentiated.
-    MatmulGeluBackward { bias: bool },
+    /// GELU (`ferrite-autodiff`'s engine). Not differentiated.
+    MatmulGeluBackward,
     /// (x) -> x converted to the dtype: floats to ints truncate toward zero and saturate; NaN
     /// becomes 0; nonzero becomes true; true becomes 1.
     Cast(DType),
@@ -562,7 +560,7 @@ impl Op {
             Op::Matmul => "matmul",
             Op::MatmulBias { .. } => "matmul_bias",
             Op::MatmulBiasGelu => "matmul_bias_gelu",
-            Op::MatmulGeluBackward { .. } => "matmul_gelu_backward",
+            Op::MatmulGeluBackward => "matmul_gelu_backward",
             Op::Cast(_) => "cast",
             Op::CastColSums(_) => "cast_col_sums",
             Op::CastEach(_) => "cast_each",

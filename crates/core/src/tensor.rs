@@ -1029,15 +1029,8 @@ impl Tensor {
     /// `gelu_tanh'(x) (self rhs)` in one op (`Op::MatmulGeluBackward`): the gradient of the
     /// input `x` of a tanh GELU whose output feeds a product, from that product's output
     /// gradient `self` [m, k] and its right operand transposed `rhs` [k, n]; x [m, n], all
-    /// of one float dtype. With `bias` (x's dtype or f32), also that gradient summed over
-    /// its rows in that dtype, [n]: the bias gradient of the `Linear` that made x. Not
-    /// differentiable.
-    pub fn matmul_gelu_backward(
-        &self,
-        rhs: &Tensor,
-        x: &Tensor,
-        bias: Option<DType>,
-    ) -> Result<(Tensor, Option<Tensor>)> {
+    /// of one float dtype. Not differentiable.
+    pub fn matmul_gelu_backward(&self, rhs: &Tensor, x: &Tensor) -> Result<Tensor> {
         let op = "matmul_gelu_backward";
         Tensor::check_matmul_dtypes(op, self, rhs, self.dtype())?;
         if x.dtype() != self.dtype() {
@@ -1047,8 +1040,8 @@ impl Tensor {
                 rhs: x.dtype(),
             });
         }
-        let n = match (self.dims(), rhs.dims(), x.dims()) {
-            ([m, k], [k2, n], [m2, n2]) if k == k2 && m == m2 && n == n2 => *n,
+        match (self.dims(), rhs.dims(), x.dims()) {
+            ([m, k], [k2, n], [m2, n2]) if k == k2 && m == m2 && n == n2 => {}
             _ => {
                 return Err(Error::shape(
                     op,
@@ -1058,29 +1051,13 @@ impl Tensor {
                     ),
                 ))
             }
-        };
-        let mut outs = vec![(x.shape().clone(), x.dtype())];
-        if let Some(dt) = bias {
-            if !f32_partner(dt, x.dtype()) {
-                return Err(Error::dtype(
-                    op,
-                    dt,
-                    format!(
-                        "the bias gradient of {} values is in their dtype or f32",
-                        x.dtype()
-                    ),
-                ));
-            }
-            outs.push((Shape::new([n]), dt));
         }
-        let op = Op::MatmulGeluBackward {
-            bias: bias.is_some(),
-        };
-        let mut o = self.run(op, &[self, rhs, x], outs)?.into_iter();
-        let d = o
-            .next()
-            .ok_or_else(|| Error::backend("matmul_gelu_backward", "backend returned no output"))?;
-        Ok((d, o.next()))
+        self.run1(
+            Op::MatmulGeluBackward,
+            &[self, rhs, x],
+            x.shape().clone(),
+            x.dtype(),
+        )
     }
 
     /// `a` [.., k] as rows [m, k] and the output's dims, where `a b + bias` (b [k, n], bias

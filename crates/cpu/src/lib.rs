@@ -226,12 +226,11 @@ fn exec_op(op: &Op, inputs: &[&Tensor], outs: &[(Shape, DType)]) -> Result<Vec<A
                 *dt,
             )?)
         }
-        Op::MatmulGeluBackward { bias } => many(matmul::matmul_gelu_backward(
+        Op::MatmulGeluBackward => one(matmul::matmul_gelu_backward(
             input(0)?,
             input(1)?,
             input(2)?,
             &out(0)?.0,
-            bias.then(|| out(1).map(|o| o.1)).transpose()?,
         )?),
         Op::Cast(dt) => one(cast::cast(input(0)?, *dt)?),
         Op::CastColSums(dt) => {

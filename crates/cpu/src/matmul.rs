@@ -241,16 +241,14 @@ pub(crate) fn matmul_bias_gelu(
     ])
 }
 
-/// `Op::MatmulGeluBackward`: d = gelu_tanh'(x) (g b), the product accumulated in f32 (f64
-/// for f64) and multiplied by the derivative before the one rounding to x's dtype; with
-/// `bias`, d's column sums from the unrounded d, in that dtype.
+/// `Op::MatmulGeluBackward`: gelu_tanh'(x) (g b), the product accumulated in f32 (f64 for
+/// f64) and multiplied by the derivative before the one rounding to x's dtype.
 pub(crate) fn matmul_gelu_backward(
     g: &Tensor,
     b: &Tensor,
     x: &Tensor,
     out_shape: &Shape,
-    bias: Option<DType>,
-) -> Result<Vec<HostBuffer>> {
+) -> Result<HostBuffer> {
     let wide = wide_of(x.dtype());
     let q = host_tensor(matmul(g, b, None, None, out_shape, wide)?, out_shape, g);
     let xw = host_tensor(crate::cast::cast(x, wide)?, out_shape, x);
@@ -259,14 +257,5 @@ pub(crate) fn matmul_gelu_backward(
         out_shape,
         x,
     );
-    let mut o = vec![crate::cast::cast(&d, x.dtype())?];
-    if let Some(dt) = bias {
-        let n = out_shape.dims().last().copied().unwrap_or(0);
-        let sums = crate::reduce::reduce(ferrite_core::ReduceOp::Sum, &d, &[0])?;
-        o.push(crate::cast::cast(
-            &host_tensor(sums, &Shape::new([n]), x),
-            dt,
-        )?);
-    }
-    Ok(o)
+    crate::cast::cast(&d, x.dtype())
 }

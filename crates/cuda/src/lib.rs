@@ -318,10 +318,9 @@ impl Backend for Handle {
                 let (shape, dt) = out(0)?;
                 matmul::matmul_bias_gelu(dev, input(0)?, input(1)?, input(2)?, shape, *dt)
             }
-            Op::MatmulGeluBackward { bias } => {
+            Op::MatmulGeluBackward => {
                 let (shape, _) = out(0)?;
-                let bias = bias.then(|| out(1).map(|o| o.1)).transpose()?;
-                matmul::matmul_gelu_backward(dev, input(0)?, input(1)?, input(2)?, shape, bias)
+                matmul::matmul_gelu_backward(dev, input(0)?, input(1)?, input(2)?, shape)
             }
             Op::Cast(dt) => cast::cast(dev, input(0)?, *dt),
             Op::CastColSums(dt) => reduce::cast_col_sums(dev, input(0)?, *dt),

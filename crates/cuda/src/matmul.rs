@@ -61,9 +61,6 @@ pub(crate) enum Gelu {
     Forward,
     /// DGELU: D = gelu'(aux) (a b), aux the GELU's input.
     Backward,
-    /// DGELU_BGRAD: DGELU and D's column sums (over our rows) in the dtype, from the
-    /// unrounded D.
-    BackwardBias(DType),
 }
 
 pub(crate) struct Blas {
@@ -287,7 +284,7 @@ fn lt_matmul(
     let (gelu, aux) = gelu.unwrap_or((Gelu::No, None));
     let op = match (gelu, bias.is_some()) {
         (Gelu::Forward, _) => "matmul_bias_gelu",
-        (Gelu::Backward | Gelu::BackwardBias(_), _) => "matmul_gelu_backward",
+        (Gelu::Backward, _) => "matmul_gelu_backward",
         (Gelu::No, true) => "matmul_bias",
         (Gelu::No, false) => "matmul",
     };
@@ -354,11 +351,6 @@ fn lt_matmul(
     // The GELU's auxiliary matrix: written (forward) or read (backward), [m, n] packed.
     let aux_out = match gelu {
         Gelu::Forward => Some(dev.alloc_out(total, out_dt, op)?),
-        _ => None,
-    };
-    // DGELU_BGRAD's bias gradient [n].
-    let db_out = match gelu {
-        Gelu::BackwardBias(dt) => Some(dev.alloc_out(n, dt, op)?),
         _ => None,
     };
     let aux_ptr = match (&aux_out, aux) {
@@ -477,7 +469,6 @@ fn lt_matmul(
         let epi = match (gelu, bias_in.is_some()) {
             (Gelu::Forward, _) => Some(E::CUBLASLT_EPILOGUE_GELU_AUX_BIAS),
             (Gelu::Backward, _) => Some(E::CUBLASLT_EPILOGUE_DGELU),
-            (Gelu::BackwardBias(_), _) => Some(E::CUBLASLT_EPILOGUE_DGELU_BGRAD),
             (Gelu::No, true) => Some(E::CUBLASLT_EPILOGUE_BIAS),
             (Gelu::No, false) => None,
         };
@@ -491,11 +482,7 @@ fn lt_matmul(
             .map_err(lt_err)?;
         }
         let bt = dtype_of(out_dt);
-        let (bias_ptr, bias_t) = match (&db_out, gelu) {
-            (Some(o), Gelu::BackwardBias(dt)) => (Some(o.ptr()), dtype_of(dt)),
-            _ => (bias_in, bt),
-        };
-        if let Some(bp) = bias_ptr {
+        if let Some(bp) = bias_in {
             // Row-major [m, n] is cuBLAS's column-major n x m: a bias over n is one per row
             // of D, which is what the BIAS epilogue broadcasts (over columns and batches).
             lt::set_matmul_desc_attribute(
@@ -508,8 +495,8 @@ fn lt_matmul(
                 lt::set_matmul_desc_attribute(
                     desc,
                     D::CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
-                    &bias_t as *const _ as *const c_void,
-                    std::mem::size_of_val(&bias_t),
+                    &bt as *const _ as *const c_void,
+                    std::mem::size_of_val(&bt),
                 )
             })
             .map_err(lt_err)?;
@@ -601,10 +588,11 @@ fn lt_matmul(
         r.map_err(lt_err)?;
     }
     drop(guard);
-    let mut outs = vec![out];
-    outs.extend(aux_out);
-    outs.extend(db_out);
-    dev.finish(outs).map(Some)
+    match aux_out {
+        Some(p) => dev.finish(vec![out, p]),
+        None => dev.finish_one(out),
+    }
+    .map(Some)
 }
 
 /// D[m, n] = A[m, k] B[n, k]^T (+ D when `accumulate`), with A and B row-major f16 or bf16
@@ -736,7 +724,7 @@ pub(crate) fn gemm_nt_f32(
 /// Whether cuBLASLt's GELU epilogues may take a product with `n` output columns from
 /// `dt` operands: f32 or 16-bit, the auxiliary matrix's leading dimension a multiple of 8.
 fn gelu_epilogue(dt: DType, n: usize) -> bool {
-    matches!(dt, DType::F32 | DType::F16 | DType::BF16) && n.is_multiple_of(8)
+    matches!(dt, DType::F32 | DType::F16 | DType::BF16) && n % 8 == 0
 }
 
 /// A backend-made tensor over `s`'s first storage, contiguous `shape`, on `like`'s device.
@@ -797,17 +785,15 @@ pub(crate) fn matmul_bias_gelu(
     Ok(o)
 }
 
-/// `Op::MatmulGeluBackward`: d = gelu_tanh'(x) (g b), rounded once from the f32 (f64)
-/// product, and with `bias` d's column sums in that dtype: cuBLASLt's DGELU (DGELU_BGRAD)
-/// epilogue where it has one (x contiguous), else the product in f32 (f64), the derivative
-/// and the sums as separate kernels.
+/// `Op::MatmulGeluBackward`: gelu_tanh'(x) (g b), rounded once from the f32 (f64) product:
+/// cuBLASLt's DGELU epilogue where it has one (x contiguous), else the product in f32
+/// (f64) and the derivative as a separate kernel.
 pub(crate) fn matmul_gelu_backward(
     dev: &CudaBackend,
     g: &Tensor,
     b: &Tensor,
     x: &Tensor,
     out_shape: &Shape,
-    bias: Option<DType>,
 ) -> Result<Vec<Arc<dyn Storage>>> {
     let dt = x.dtype();
     let n = out_shape.dims().last().copied().unwrap_or(0);
@@ -816,11 +802,8 @@ pub(crate) fn matmul_gelu_backward(
         align_of(CudaBackend::ptr(x, s)) >= 16
     };
     if gelu_epilogue(dt, n) && packed {
-        let mode = match bias {
-            Some(bt) => Gelu::BackwardBias(bt),
-            None => Gelu::Backward,
-        };
-        if let Some(o) = lt_matmul(dev, g, b, None, None, Some((mode, Some(x))), out_shape, dt)? {
+        let gl = Some((Gelu::Backward, Some(x)));
+        if let Some(o) = lt_matmul(dev, g, b, None, None, gl, out_shape, dt)? {
             return Ok(o);
         }
     }
@@ -842,14 +825,8 @@ pub(crate) fn matmul_gelu_backward(
         out_shape,
         x,
     )?;
-    let low = |t: &Tensor, to: DType| match to == wide {
-        true => Ok(vec![t.storage_arc().clone()]),
-        false => crate::cast::cast(dev, t, to),
-    };
-    let mut o = low(&d, dt)?;
-    if let Some(bt) = bias {
-        let sums = crate::reduce::reduce(dev, ferrite_core::ReduceOp::Sum, &d, &[0])?;
-        o.extend(low(&tensor_of(sums, &Shape::new([n]), x)?, bt)?);
+    match dt == wide {
+        true => Ok(vec![d.storage_arc().clone()]),
+        false => crate::cast::cast(dev, &d, dt),
     }
-    Ok(o)
 }

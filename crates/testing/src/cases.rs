@@ -732,54 +732,24 @@ fn matmul_gelu_cases(b: &mut B) {
                     },
                 );
             }
-            // The backward op: g [m, 24], b [24, n] (a transposed weight), x [m, n]; alone
-            // and with the bias gradient (its column sums) in x's dtype and in f32.
+            // The backward op: g [m, 24], b [24, n] (a transposed weight), x [m, n].
             let m: usize = sa[..sa.len() - 1].iter().product();
-            let mut biases = vec![None, Some(dt)];
-            if dt.size_in_bytes() == 2 {
-                biases.push(Some(DType::F32));
-            }
-            for bias in biases {
-                let mut tols = vec![scaled(default_tol(dt), 5.0)];
-                if let Some(bt) = bias {
-                    tols.push(scaled(default_tol(bt), 5.0 * (m as f64).sqrt().max(1.0)));
-                }
-                let name = match bias {
-                    None => "matmul_gelu_backward".to_string(),
-                    Some(bt) => format!("matmul_gelu_backward_bias_{bt}"),
-                };
-                b.add(
-                    &name,
-                    dt,
-                    vec![
-                        inp(&[m, 24], dt, u(-1.0, 1.0), Contiguous),
-                        inp(&[24, *n], dt, u(-1.0, 1.0), Transposed),
-                        inp(&[m, *n], dt, u(-3.0, 3.0), Contiguous),
-                    ],
-                    tols,
-                    false,
-                    move |x| {
-                        let (d, db) = x[0].matmul_gelu_backward(&x[1], &x[2], bias)?;
-                        let mut o = vec![d];
-                        o.extend(db);
-                        Ok(o)
-                    },
-                    move |x| {
-                        let q = r::matmul(&x[0], &x[1]);
-                        let d = r::binary(BinaryOp::GeluTanhBackward, &x[2], &q);
-                        let n = x[2].shape[1];
-                        let mut sums = vec![0.0; n];
-                        for (i, v) in d.data.iter().enumerate() {
-                            sums[i % n] += v;
-                        }
-                        let mut o = vec![d];
-                        if bias.is_some() {
-                            o.push(Ref::new(vec![n], sums));
-                        }
-                        o
-                    },
-                );
-            }
+            b.add(
+                "matmul_gelu_backward",
+                dt,
+                vec![
+                    inp(&[m, 24], dt, u(-1.0, 1.0), Contiguous),
+                    inp(&[24, *n], dt, u(-1.0, 1.0), Transposed),
+                    inp(&[m, *n], dt, u(-3.0, 3.0), Contiguous),
+                ],
+                vec![scaled(default_tol(dt), 5.0)],
+                false,
+                |x| Ok(vec![x[0].matmul_gelu_backward(&x[1], &x[2])?]),
+                |x| {
+                    let q = r::matmul(&x[0], &x[1]);
+                    vec![r::binary(BinaryOp::GeluTanhBackward, &x[2], &q)]
+                },
+            );
         }
     }
     for low in [DType::BF16, DType::F16] {

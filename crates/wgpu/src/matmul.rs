@@ -4,7 +4,7 @@
 use crate::device::WgpuBackend;
 use crate::shader::{self, kernel, Kernel, Variant};
 use crate::util::{storage, uw};
-use ferrite_core::{BinaryOp, DType, Error, ReduceOp, Result, Shape, Storage, Tensor, UnaryOp};
+use ferrite_core::{BinaryOp, DType, Error, Result, Shape, Storage, Tensor, UnaryOp};
 use std::sync::Arc;
 
 pub(crate) static MATMUL: Kernel = kernel!("matmul", &["matmul"], &[("T", shader::FLOATS)], &[&[]]);
@@ -142,16 +142,14 @@ pub(crate) fn matmul_bias_gelu(
     Ok(o)
 }
 
-/// `Op::MatmulGeluBackward`: d = gelu_tanh'(x) (g b), the product summed in f32 and
-/// multiplied by the derivative before the one rounding to x's dtype; with `bias`, d's
-/// column sums from the f32 d, in that dtype.
+/// `Op::MatmulGeluBackward`: gelu_tanh'(x) (g b), the product summed in f32 and multiplied
+/// by the derivative before the one rounding to x's dtype.
 pub(crate) fn matmul_gelu_backward(
     dev: &WgpuBackend,
     g: &Tensor,
     b: &Tensor,
     x: &Tensor,
     out: &Shape,
-    bias: Option<DType>,
 ) -> Result<Vec<Arc<dyn Storage>>> {
     let tensor = |s: Vec<Arc<dyn Storage>>| crate::as_tensor(s, out, g);
     let q = tensor(matmul_to(dev, g, b, None, out, DType::F32)?)?;
@@ -165,16 +163,8 @@ pub(crate) fn matmul_gelu_backward(
         &xw,
         &q,
     )?)?;
-    let low = |t: &Tensor, dt: DType| match dt {
-        DType::F32 => Ok(vec![t.storage_arc().clone()]),
-        dt => crate::elementwise::cast(dev, t, dt),
-    };
-    let mut o = low(&d, x.dtype())?;
-    if let Some(dt) = bias {
-        let n = out.dims().last().copied().unwrap_or(0);
-        let sums = crate::reduce::reduce(dev, ReduceOp::Sum, &d, &[0])?;
-        let sums = crate::as_tensor(sums, &Shape::new([n]), g)?;
-        o.extend(low(&sums, dt)?);
+    match x.dtype() {
+        DType::F32 => Ok(vec![d.storage_arc().clone()]),
+        dt => crate::elementwise::cast(dev, &d, dt),
     }
-    Ok(o)
 }
