@@ -67,6 +67,8 @@ pub(crate) struct Blas {
     handle: lts::cublasLtHandle_t,
     workspace: Arc<Block>,
     algos: HashMap<Key, lts::cublasLtMatmulAlgo_t>,
+    /// Problems cuBLASLt has no algorithm for (an epilogue it lacks), asked once.
+    missing: std::collections::HashSet<Key>,
 }
 
 unsafe impl Send for Blas {}
@@ -102,6 +104,11 @@ impl Blas {
         if let Some(a) = self.algos.get(&key) {
             return Ok(*a);
         }
+        if self.missing.contains(&key) {
+            return Err(cudarc::cublaslt::result::CublasError(
+                lts::cublasStatus_t::CUBLAS_STATUS_NOT_SUPPORTED,
+            ));
+        }
         // SAFETY: the preference is created and destroyed here; the caller vouches for the
         // descriptors; attribute buffers live across each call.
         unsafe {
@@ -128,6 +135,9 @@ impl Blas {
                 lt::get_matmul_algo_heuristic(self.handle, desc, la, lb, ld, ld, pref)
             });
             let _ = lt::destroy_matmul_pref(pref);
+            if h.is_err() {
+                self.missing.insert(key);
+            }
             let algo = h?.algo;
             self.algos.insert(key, algo);
             Ok(algo)
@@ -162,6 +172,7 @@ impl Blas {
             handle: lt::create_handle().map_err(lt_err)?,
             workspace: dev.alloc.alloc(WORKSPACE, "matmul")?,
             algos: HashMap::new(),
+            missing: Default::default(),
         })
     }
 }
@@ -724,7 +735,7 @@ pub(crate) fn gemm_nt_f32(
 /// Whether cuBLASLt's GELU epilogues may take a product with `n` output columns from
 /// `dt` operands: f32 or 16-bit, the auxiliary matrix's leading dimension a multiple of 8.
 fn gelu_epilogue(dt: DType, n: usize) -> bool {
-    matches!(dt, DType::F32 | DType::F16 | DType::BF16) && n % 8 == 0
+    matches!(dt, DType::F32 | DType::F16 | DType::BF16) && n.is_multiple_of(8)
 }
 
 /// A backend-made tensor over `s`'s first storage, contiguous `shape`, on `like`'s device.
