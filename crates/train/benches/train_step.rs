@@ -230,6 +230,11 @@ fn run(
         Ok(())
     };
     let cuda = ferrite_cuda::CudaDevice::from_device(dev);
+    // Each mode starts from an empty pool, as a training process does: what an earlier run
+    // left cached would otherwise lay out this run's (and its captured graph's) buffers.
+    if let Some(d) = &cuda {
+        d.empty_cache()?;
+    }
     for _ in 0..m.warm {
         opt.zero_grad();
         step_once(&mut opt)?;
