@@ -145,6 +145,28 @@ impl Blas {
     }
 }
 
+/// Sets attribute `attr` of the matmul descriptor `desc` to `v`.
+///
+/// # Safety
+/// `desc` must be live and `T` the type cuBLASLt gives `attr`.
+unsafe fn set_attr<T>(
+    desc: lts::cublasLtMatmulDesc_t,
+    attr: lts::cublasLtMatmulDescAttributes_t,
+    v: &T,
+) -> Result<()> {
+    // SAFETY: `v` lives across the call and is `size_of::<T>()` bytes; the caller vouches
+    // for `desc` and the type.
+    unsafe {
+        lt::set_matmul_desc_attribute(
+            desc,
+            attr,
+            v as *const T as *const c_void,
+            std::mem::size_of::<T>(),
+        )
+    }
+    .map_err(lt_err)
+}
+
 /// cuBLAS's name for a float dtype (callers pass f32, f16, bf16 or f64).
 fn dtype_of(dt: DType) -> lts::cudaDataType {
     match dt {
@@ -433,25 +455,9 @@ fn lt_matmul(
     // buffers ordered on the compute stream; alpha/beta live across the call.
     unsafe {
         let desc = lt::create_matmul_desc(compute, scale_t).map_err(lt_err)?;
-        let set_op = |attr, t: bool| {
-            let v: i32 = t as i32;
-            lt::set_matmul_desc_attribute(
-                desc,
-                attr,
-                &v as *const i32 as *const c_void,
-                std::mem::size_of::<i32>(),
-            )
-        };
-        set_op(
-            lts::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSA,
-            key.ta,
-        )
-        .map_err(lt_err)?;
-        set_op(
-            lts::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSB,
-            key.tb,
-        )
-        .map_err(lt_err)?;
+        use lts::cublasLtMatmulDescAttributes_t as D;
+        set_attr(desc, D::CUBLASLT_MATMUL_DESC_TRANSA, &(key.ta as i32))?;
+        set_attr(desc, D::CUBLASLT_MATMUL_DESC_TRANSB, &(key.tb as i32))?;
         let layout = |ty: lts::cudaDataType,
                       (rows, cols, ld, bs): (u64, u64, i64, i64)|
          -> Result<lts::cublasLtMatrixLayout_t> {
@@ -476,7 +482,6 @@ fn lt_matmul(
             Ok(l)
         };
         use lts::cublasLtEpilogue_t as E;
-        use lts::cublasLtMatmulDescAttributes_t as D;
         let epi = match (gelu, bias_in.is_some()) {
             (Gelu::Forward, _) => Some(E::CUBLASLT_EPILOGUE_GELU_AUX_BIAS),
             (Gelu::Backward, _) => Some(E::CUBLASLT_EPILOGUE_DGELU),
@@ -484,60 +489,20 @@ fn lt_matmul(
             (Gelu::No, false) => None,
         };
         if let Some(epi) = epi {
-            lt::set_matmul_desc_attribute(
-                desc,
-                D::CUBLASLT_MATMUL_DESC_EPILOGUE,
-                &epi as *const _ as *const c_void,
-                std::mem::size_of_val(&epi),
-            )
-            .map_err(lt_err)?;
+            set_attr(desc, D::CUBLASLT_MATMUL_DESC_EPILOGUE, &epi)?;
         }
         let bt = dtype_of(out_dt);
         if let Some(bp) = bias_in {
             // Row-major [m, n] is cuBLAS's column-major n x m: a bias over n is one per row
             // of D, which is what the BIAS epilogue broadcasts (over columns and batches).
-            lt::set_matmul_desc_attribute(
-                desc,
-                D::CUBLASLT_MATMUL_DESC_BIAS_POINTER,
-                &bp as *const u64 as *const c_void,
-                8,
-            )
-            .and_then(|()| {
-                lt::set_matmul_desc_attribute(
-                    desc,
-                    D::CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
-                    &bt as *const _ as *const c_void,
-                    std::mem::size_of_val(&bt),
-                )
-            })
-            .map_err(lt_err)?;
+            set_attr(desc, D::CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bp)?;
+            set_attr(desc, D::CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt)?;
         }
         if let Some(xp) = aux_ptr {
             // The auxiliary matrix is laid out as D: column-major n x m, leading dim n.
-            let ld = n as i64;
-            lt::set_matmul_desc_attribute(
-                desc,
-                D::CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
-                &xp as *const u64 as *const c_void,
-                8,
-            )
-            .and_then(|()| {
-                lt::set_matmul_desc_attribute(
-                    desc,
-                    D::CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD,
-                    &ld as *const i64 as *const c_void,
-                    8,
-                )
-            })
-            .and_then(|()| {
-                lt::set_matmul_desc_attribute(
-                    desc,
-                    D::CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE,
-                    &bt as *const _ as *const c_void,
-                    std::mem::size_of_val(&bt),
-                )
-            })
-            .map_err(lt_err)?;
+            set_attr(desc, D::CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &xp)?;
+            set_attr(desc, D::CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &(n as i64))?;
+            set_attr(desc, D::CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE, &bt)?;
         }
         let la = layout(data_t, key.a)?;
         let lb = layout(data_t, key.b)?;
@@ -666,14 +631,11 @@ pub(crate) fn gemm_nt_f32(
             lts::cudaDataType::CUDA_R_32F,
         )
         .map_err(lt_err)?;
-        let t: i32 = 1;
-        lt::set_matmul_desc_attribute(
+        set_attr(
             desc,
             lts::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSA,
-            &t as *const i32 as *const c_void,
-            4,
-        )
-        .map_err(lt_err)?;
+            &1i32,
+        )?;
         let la =
             lt::create_matrix_layout(data_t, k as u64, n as u64, ldb as i64).map_err(lt_err)?;
         let lb =
