@@ -171,11 +171,7 @@ fn backward_exact(out: &Tensor, grad: &Tensor) -> Result<()> {
                             .ok_or_else(|| Error::backend("backward", "no product rule"))?;
                         if let Some(d) = gs.first_mut().and_then(Option::take) {
                             let d = Acc::Full(no_grad(|| d.reshape(pre.shape()))?);
-                            let acc = match grads.remove(&edge.id()) {
-                                Some(prev) => prev.add(d)?,
-                                None => d,
-                            };
-                            grads.insert(edge.id(), acc);
+                            gather(&mut grads, edge.id(), d)?;
                         }
                         gs.into_iter().map(|g| g.map(Acc::Full)).collect()
                     }
@@ -205,16 +201,22 @@ fn backward_exact(out: &Tensor, grad: &Tensor) -> Result<()> {
                 };
                 for (t, gi) in inputs.iter().zip(gs) {
                     if let (Some(ig), Some(gi)) = (t.grad_info(), gi) {
-                        let acc = match grads.remove(&ig.id()) {
-                            Some(prev) => prev.add(gi)?,
-                            None => gi,
-                        };
-                        grads.insert(ig.id(), acc);
+                        gather(&mut grads, ig.id(), gi)?;
                     }
                 }
             }
         }
     }
+    Ok(())
+}
+
+/// Adds `g` to the gradient gathered so far for node `id`.
+fn gather(grads: &mut HashMap<usize, Acc>, id: usize, g: Acc) -> Result<()> {
+    let acc = match grads.remove(&id) {
+        Some(prev) => prev.add(g)?,
+        None => g,
+    };
+    grads.insert(id, acc);
     Ok(())
 }
 
