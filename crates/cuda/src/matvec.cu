@@ -885,6 +885,11 @@ extern "C" __global__ void __launch_bounds__(MVR_W * 32) mvr_mixed(const MvArgs 
 extern "C" __global__ void __launch_bounds__(MVR_W * 32) mvr_q8_mixed(const MvArgs a) { mvr_body<true, MVR_NS, 1>(a); }
 extern "C" __global__ void __launch_bounds__(MVR_W * 32) mvrb_q8_mixed(const MvArgs a) { mvr_body<true, MVR_NS, MVR_NB>(a); }
 
+// A compile-time bool as a type (a generic lambda's argument).
+template <bool B> struct BoolK {
+    static constexpr bool value = B;
+};
+
 // ---- Tensor-core batched products (fast mode, split 32-element formats) ----
 // mmq_<fmt>_n<NT>: a batch of input rows (8-bit units) times a split matrix of Q4_0, Q4_1,
 // Q5_0, Q5_1 or Q8_0 on int8 tensor cores. One mma.m16n8k32 (s8 x s8 -> s32) takes one
@@ -1067,14 +1072,16 @@ __device__ __forceinline__ void mmq_run(const MvArgs& a) {
         }
         cp_commit();
     };
-    auto comp = [&](u32 st) {
+    // full: every unit of the stage is in this split, so the stage runs without a test per
+    // unit and the compiler may interleave one unit's products with another's sums
+    auto comp = [&](u32 st, auto full) {
         const u8* x = smem + (st & 1) * XB;
         const u8* wq = smem + 2 * XB + ((st & 1) * MQ_W + warp) * WB;
         const u8* wh = wq + 32 * QS;
         const u8* wqh = wh + 32 * MQ_KU * SH;
 #pragma unroll
         for (int uu = 0; uu < MQ_KU; ++uu) {
-            if (st * MQ_KU + uu >= su) break;
+            if (!decltype(full)::value && st * MQ_KU + uu >= su) break;
             u32 af[2][4];
             float dw[2][2], mw[2][2];
 #pragma unroll
@@ -1148,7 +1155,10 @@ __device__ __forceinline__ void mmq_run(const MvArgs& a) {
             cp_wait<0>();
         }
         __syncthreads();
-        comp(st);
+        if ((st + 1) * MQ_KU <= su)
+            comp(st, BoolK<true>{});
+        else
+            comp(st, BoolK<false>{});
         __syncthreads();  // buffer st & 1 is restaged at st + 2
     }
     if (!live) return;

@@ -211,11 +211,14 @@ fn units_per_thread() -> usize {
 }
 
 /// Blocks per multiprocessor that the tensor-core kernels' K splits aim at
-/// (`FERRITE_GPU_MMA_BLOCKS`, 1..=16; default 2: on an H100, 8B-shaped Q4_0 at batch 32,
-/// 2, 4 and 8 gave 3,929, 3,875 and 3,900 tok/s).
-fn mma_blocks_per_sm() -> u32 {
-    static B: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
-    *B.get_or_init(|| crate::step::int("FERRITE_GPU_MMA_BLOCKS", 1, 16).map_or(2, |v| v as u32))
+/// (`FERRITE_GPU_MMA_BLOCKS`, 1..=16). Default 2 for the 8-bit kernels (on an H100,
+/// 8B-shaped Q4_0 at batch 32, 2, 4 and 8 gave 3,929, 3,875 and 3,900 tok/s) and 3 for the
+/// two-level ones (`x2`; SmolLM2-shaped pp512 on an H200, 2, 3 and 4 gave 144,270, 151,064
+/// and 147,943 tok/s: the 1,536-wide down product splits in three).
+fn mma_blocks_per_sm(x2: bool) -> u32 {
+    static B: std::sync::OnceLock<Option<u32>> = std::sync::OnceLock::new();
+    B.get_or_init(|| crate::step::int("FERRITE_GPU_MMA_BLOCKS", 1, 16).map(|v| v as u32))
+        .unwrap_or(if x2 { 3 } else { 2 })
 }
 
 /// Most 8-row input tiles a block of the two-level tensor-core kernels takes
@@ -598,7 +601,8 @@ impl MvLaunch {
     /// after `with_q8`. Its sums take another order than the register kernels': a row's
     /// result differs from its one-row launch's in the last bits.
     ///
-    /// Where the tiles give fewer blocks than `FERRITE_GPU_MMA_BLOCKS` (2) per multiprocessor, the units are split among up to
+    /// Where the tiles give fewer blocks than `FERRITE_GPU_MMA_BLOCKS` (2; 3 for the
+    /// two-level kernels) per multiprocessor, the units are split among up to
     /// `MQ_MAX_SPLITS` blocks a tile (split K) whose partial sums go to `part` (f32; a split
     /// count whose partials do not fit is not taken) and are added by `mmq_reduce`.
     pub fn with_mma(
@@ -607,7 +611,7 @@ impl MvLaunch {
         sm_count: u32,
         part: Option<&Buffer>,
     ) -> Result<MvLaunch> {
-        self.with_mma_tiles(cc, sm_count, part, 8, &MMQ2_FMTS[..5])
+        self.with_mma_tiles(cc, sm_count, part, 8, &MMQ2_FMTS[..5], false)
     }
 
     /// `with_mma` with at most `max_nt` 8-row input tiles a block (1, 2, 4 or 8), for split
@@ -620,6 +624,7 @@ impl MvLaunch {
         part: Option<&Buffer>,
         max_nt: u32,
         fmts: &[Fmt],
+        x2: bool,
     ) -> Result<MvLaunch> {
         let a = &mut self.args;
         let glu = a.mode >= Mode::GluSilu as u32;
@@ -656,7 +661,7 @@ impl MvLaunch {
         // output rows a split writes per input row: segments back to back (GLU: gate, up)
         let prow: u32 = a.seg[..a.nseg as usize].iter().map(|s| s.rows).sum();
         let stages = (a.cols / 32).div_ceil(MQ_KU);
-        let mut ks = (mma_blocks_per_sm() * sm_count)
+        let mut ks = (mma_blocks_per_sm(x2) * sm_count)
             .div_ceil(blocks.max(1))
             .clamp(1, MQ_MAX_SPLITS)
             .min((stages / 2).max(1));
@@ -706,7 +711,7 @@ impl MvLaunch {
         if l.q8.is_none() {
             return Ok(None);
         }
-        l = l.with_mma_tiles(cc, sm_count, part, mmq_x2_tiles(), &MMQ2_FMTS)?;
+        l = l.with_mma_tiles(cc, sm_count, part, mmq_x2_tiles(), &MMQ2_FMTS, true)?;
         if l.mma == 0 {
             return Ok(None);
         }
