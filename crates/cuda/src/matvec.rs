@@ -611,12 +611,13 @@ impl MvLaunch {
         sm_count: u32,
         part: Option<&Buffer>,
     ) -> Result<MvLaunch> {
-        self.with_mma_tiles(cc, sm_count, part, 8, &MMQ2_FMTS[..5], false)
+        self.with_mma_tiles(cc, sm_count, part, 8, &MMQ2_FMTS[..5])
     }
 
     /// `with_mma` with at most `max_nt` 8-row input tiles a block (1, 2, 4 or 8), for split
     /// matrices of `fmts` (those the kernel family has: the 8-bit `mmq_*` lack the K-quant
-    /// unit formats).
+    /// unit formats). A two-level launch (`x2`, set first) takes that family's split target
+    /// and shared memory.
     fn with_mma_tiles(
         mut self,
         cc: (u32, u32),
@@ -624,8 +625,8 @@ impl MvLaunch {
         part: Option<&Buffer>,
         max_nt: u32,
         fmts: &[Fmt],
-        x2: bool,
     ) -> Result<MvLaunch> {
+        let x2 = self.x2;
         let a = &mut self.args;
         let glu = a.mode >= Mode::GluSilu as u32;
         let fmt_ok = a.seg[..a.nseg as usize]
@@ -681,7 +682,7 @@ impl MvLaunch {
         }
         self.mma = nt;
         self.grid = tiles.div_ceil(MQ_W) * ks;
-        self.smem = mmq_smem(self.regs_fmt, nt, false);
+        self.smem = mmq_smem(self.regs_fmt, nt, x2);
         Ok(self)
     }
 
@@ -711,13 +712,13 @@ impl MvLaunch {
         if l.q8.is_none() {
             return Ok(None);
         }
-        l = l.with_mma_tiles(cc, sm_count, part, mmq_x2_tiles(), &MMQ2_FMTS, true)?;
+        // two-level inputs: their kernels, split target and shared memory
+        l.x2 = true;
+        l = l.with_mma_tiles(cc, sm_count, part, mmq_x2_tiles(), &MMQ2_FMTS)?;
         if l.mma == 0 {
             return Ok(None);
         }
-        l.x2 = true;
         l.args.xstride = u32_of(q8x2_bytes(cols), "two-level row stride")?;
-        l.smem = mmq_smem(l.regs_fmt, l.mma, true);
         Ok(Some(l))
     }
 
