@@ -52,13 +52,7 @@ extern "C" __global__ void __launch_bounds__(128) quantize_h2(u64 x, u64 norm, f
         if (norm) v = v * inv * g[i];
         amax = fmaxf(amax, fabsf(v));
     }
-    // block max
-    for (int o = 16; o; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-    __syncthreads();
-    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = amax;
-    __syncthreads();
-    amax = 0.f;
-    for (u32 w = 0; w < (blockDim.x >> 5); ++w) amax = fmaxf(amax, red[w]);
+    amax = block_max(amax, red);
     // scale: amax * 2^-e in [2^12, 2^13)
     int e = 0;
     if (amax > 0.f) e = (int)((__float_as_uint(amax) >> 23) & 255) - 127 - 12;
@@ -279,7 +273,7 @@ extern "C" __global__ void __launch_bounds__(MQ_W * 32, 4) mmh_1_b4(const MvArgs
 extern "C" __global__ void __launch_bounds__(MQ_W * 32, 4) mmh_2_b4(const MvArgs a) { mmh_run<2, true>(a); }
 
 // reference: out[r][n] = sum_k w[n][k] x[r][k] in f64 (split Q4_1 rows)
-extern "C" __global__ void ref_q4_1(u64 w, u32 row_bytes, u32 n_rows, u32 cols, const float* x, u32 nr, double* out) {
+extern "C" __global__ void ref_q4_1(u64 w, u32 row_bytes, u32 n_rows, u32 cols, const float* x, double* out) {
     const u32 n = blockIdx.x * blockDim.x + threadIdx.x, r = blockIdx.y;
     if (n >= n_rows) return;
     const u32 units = cols / 32;
@@ -360,7 +354,7 @@ int main(int argc, char** argv) {
         CK(cudaMalloc(&dout, (size_t)R * N * 4));
         CK(cudaMalloc(&dpart, (size_t)8 * R * N * 4));
         CK(cudaMalloc(&dref, (size_t)R * N * 8));
-        ref_q4_1<<<dim3((N + 127) / 128, R), 128>>>((u64)dw, row_bytes, N, K, dx, R, dref);
+        ref_q4_1<<<dim3((N + 127) / 128, R), 128>>>((u64)dw, row_bytes, N, K, dx, dref);
         CK(cudaGetLastError());
         std::vector<double> ref((size_t)R * N);
         CK(cudaMemcpy(ref.data(), dref, ref.size() * 8, cudaMemcpyDeviceToHost));
