@@ -25,10 +25,15 @@ pub struct Graph {
 unsafe impl Send for Graph {}
 unsafe impl Sync for Graph {}
 
-pub(crate) fn capture<F>(dev: &Arc<CudaBackend>, f: F) -> Result<Graph>
-where
-    F: FnOnce() -> Result<Vec<Tensor>>,
-{
+/// A capture in progress on a device's compute stream ([`crate::CudaDevice::record`]): the
+/// work queued on the stream until [`Recording::finish`] is recorded, not run, and becomes the
+/// graph. Dropped unfinished, it ends the capture and discards what it recorded.
+pub struct Recording {
+    dev: Arc<CudaBackend>,
+    live: bool,
+}
+
+pub(crate) fn record(dev: &Arc<CudaBackend>) -> Result<Recording> {
     let op = "graph_capture";
     dev.bind()?;
     if dev.capturing.swap(true, Ordering::AcqRel) {
@@ -46,41 +51,88 @@ where
         )
     }
     .op(op);
-    let result = match begun {
-        Ok(()) => f(),
-        Err(e) => Err(e),
-    };
-    // SAFETY: ends the capture begun above (also after a failed closure).
-    let ended = unsafe { dr::stream::end_capture(dev.compute.0) }.op(op);
-    dev.capturing.store(false, Ordering::Release);
-    let blocks = dev.alloc.end_capture();
-    let outputs = result?;
-    let graph = ended?;
-    if graph.is_null() {
-        return Err(Error::backend(op, "the capture recorded no graph"));
+    if let Err(e) = begun {
+        dev.capturing.store(false, Ordering::Release);
+        drop(dev.alloc.end_capture());
+        return Err(e);
     }
-    let mut nodes = 0usize;
-    // SAFETY: graph is valid; a null node array asks for the count.
-    unsafe { sys::cuGraphGetNodes(graph, std::ptr::null_mut(), &mut nodes) }
-        .result()
-        .op(op)?;
-    // SAFETY: graph is valid.
-    let exec = unsafe { dr::graph::instantiate(graph, sys::CUgraphInstantiate_flags(0)) }
-        .op(op)
-        .inspect_err(|_| {
-            // SAFETY: destroyed once.
-            unsafe {
-                let _ = dr::graph::destroy(graph);
-            }
-        })?;
-    Ok(Graph {
-        exec,
-        graph,
+    Ok(Recording {
         dev: dev.clone(),
-        outputs,
-        _blocks: blocks,
-        nodes,
+        live: true,
     })
+}
+
+impl Recording {
+    /// Ends the capture: its graph, instantiated, with `outputs` (tensors the recorded work
+    /// wrote) readable after each replay.
+    pub fn finish(mut self, outputs: Vec<Tensor>) -> Result<Graph> {
+        let op = "graph_capture";
+        self.live = false;
+        let dev = self.dev.clone();
+        dev.bind()?;
+        // SAFETY: ends the capture `record` began on this stream.
+        let ended = unsafe { dr::stream::end_capture(dev.compute.0) }.op(op);
+        dev.capturing.store(false, Ordering::Release);
+        let blocks = dev.alloc.end_capture();
+        let graph = ended?;
+        if graph.is_null() {
+            return Err(Error::backend(op, "the capture recorded no graph"));
+        }
+        let mut nodes = 0usize;
+        // SAFETY: graph is valid; a null node array asks for the count.
+        let counted = unsafe { sys::cuGraphGetNodes(graph, std::ptr::null_mut(), &mut nodes) }
+            .result()
+            .op(op);
+        // SAFETY: graph is valid.
+        let exec = counted
+            .and_then(|()| {
+                unsafe { dr::graph::instantiate(graph, sys::CUgraphInstantiate_flags(0)) }.op(op)
+            })
+            .inspect_err(|_| {
+                // SAFETY: destroyed once.
+                unsafe {
+                    let _ = dr::graph::destroy(graph);
+                }
+            })?;
+        Ok(Graph {
+            exec,
+            graph,
+            dev,
+            outputs,
+            _blocks: blocks,
+            nodes,
+        })
+    }
+}
+
+impl Drop for Recording {
+    fn drop(&mut self) {
+        if !self.live {
+            return;
+        }
+        let dev = &self.dev;
+        let _ = dev.bind();
+        // SAFETY: ends the capture `record` began on this stream; the recorded graph is
+        // destroyed unused.
+        if let Ok(g) = unsafe { dr::stream::end_capture(dev.compute.0) } {
+            if !g.is_null() {
+                unsafe {
+                    let _ = dr::graph::destroy(g);
+                }
+            }
+        }
+        dev.capturing.store(false, Ordering::Release);
+        drop(dev.alloc.end_capture());
+    }
+}
+
+pub(crate) fn capture<F>(dev: &Arc<CudaBackend>, f: F) -> Result<Graph>
+where
+    F: FnOnce() -> Result<Vec<Tensor>>,
+{
+    let rec = record(dev)?;
+    let outputs = f()?;
+    rec.finish(outputs)
 }
 
 impl Graph {

@@ -47,7 +47,7 @@ pub use alloc::MemoryStats;
 pub use cudnn::{cudnn_version, ConvImpl, ConvStats};
 pub use device::{CudaBackend, SyncStats};
 pub use driver::driver_present;
-pub use graph::Graph;
+pub use graph::{Graph, Recording};
 pub use kernels::{
     all_sources, check_prebuilt, compile, compile_nvrtc, nvrtc_present, prebuilt, prebuilt_key,
     Cfg as LaunchConfig, KernelSource, Prebuilt,
@@ -196,6 +196,12 @@ impl CudaDevice {
         F: FnOnce() -> Result<Vec<Tensor>>,
     {
         graph::capture(&self.0, f)
+    }
+
+    /// Starts capturing the compute stream's work into a CUDA graph, as `capture` does for a
+    /// closure, for work queued across several calls: [`Recording::finish`] ends it.
+    pub fn record(&self) -> Result<Recording> {
+        graph::record(&self.0)
     }
 
     /// Writes host data into a contiguous tensor of this device, in stream order.

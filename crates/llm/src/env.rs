@@ -37,6 +37,7 @@ pub const VARIABLES: &[(&str, &str)] = &[
     ("FERRITE_GPU_PREFILL", "0 or 1"),
     ("FERRITE_GPU_PREFILL_BF16", "0 or 1"),
     ("FERRITE_GPU_PREFILL_MMQ", "0 or 1"),
+    ("FERRITE_GPU_PREFILL_GRAPHS", "0 or 1"),
     ("FERRITE_GPU_SPLIT", "0 or 1"),
     ("FERRITE_GPU_PDL", "0 or 1"),
     ("FERRITE_GPU_DEVICE_SAMPLING", "0 or 1"),

@@ -69,6 +69,7 @@ fn gpu_tests() -> Vec<(&'static str, TestFn)> {
         ),
         ("prefill_synthetic_models_match_cpu", prefill_synthetic),
         ("prefill_chunk_boundaries_match_cpu", prefill_chunks),
+        ("prefill_graph_buckets_replay_and_match_cpu", prefill_graphs),
         (
             "prefill_then_decode_equals_decode_only",
             prefill_then_decode,
@@ -1694,6 +1695,84 @@ fn prefill_chunks(dev: &CudaDevice) -> Option<String> {
             max < 3e-2 && rms < 5e-3,
             "chunk {chunk}: max {max} rms {rms}"
         );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    None
+}
+
+/// Prompt chunks that start their sequence run as their bucket's graph (`prefill_bucket`
+/// rows): one prompt three times (eager, captured, replayed) gives the same logits bit for
+/// bit; a shorter prompt of the same bucket replays that graph; each matches the CPU's exact
+/// path; decode steps after a replayed prompt match those after eager launches (the graph
+/// wrote the same KV cache).
+fn prefill_graphs(dev: &CudaDevice) -> Option<String> {
+    let dir = tmp_dir();
+    let mut model = synth_model(GgmlType::Q4_1, &dir, 2, 256);
+    model.set_precision(Precision::Exact);
+    let prompt =
+        |n: u32, salt: u32| -> Vec<u32> { (0..n).map(|i| (i * 37 + salt) % 1000).collect() };
+    let (a, b, c) = (prompt(40, 5), prompt(50, 11), prompt(100, 3));
+    let cont: Vec<u32> = (0..6).map(|i| (i * 71 + 2) % 1000).collect();
+    let vocab = model.cfg.vocab;
+    let mut want = Vec::new();
+    for t in [&a, &b, &c] {
+        let mut cs = Session::new(&model, 256).unwrap();
+        let l = cs.forward(t, Logits::All).unwrap();
+        want.push(l[l.len() - vocab..].to_vec());
+    }
+    let gm = GpuModel::load(&model, dev, 256).unwrap();
+    let close = |got: &[f32], want: &[f32], what: &str| {
+        let (max, rms, _) = diff_stats(got, want);
+        eprintln!("prefill graph, {what}: last logits vs CPU exact: max {max:.2e}, rms {rms:.2e}");
+        assert!(max < 3e-2 && rms < 5e-3, "{what}: max {max} rms {rms}");
+    };
+    let mut gs = Gs::new(&gm).unwrap();
+    let mut runs = Vec::new();
+    for _ in 0..3 {
+        gs.truncate(0);
+        gs.forward_tokens(&a).unwrap();
+        runs.push(gs.logits().unwrap());
+    }
+    assert_eq!(gs.s.kernels().graph_stats(), (1, 2), "graphs made, replays");
+    assert!(
+        runs[0] == runs[1] && runs[1] == runs[2],
+        "eager, captured and replayed runs differ"
+    );
+    close(&runs[2], &want[0], "40 rows (bucket 64)");
+    gs.truncate(0);
+    gs.forward_tokens(&b).unwrap();
+    assert_eq!(
+        gs.s.kernels().graph_stats(),
+        (1, 3),
+        "50 rows replay bucket 64"
+    );
+    close(
+        &gs.logits().unwrap(),
+        &want[1],
+        "50 rows (bucket 64, replayed)",
+    );
+    gs.truncate(0);
+    gs.forward_tokens(&c).unwrap();
+    close(
+        &gs.logits().unwrap(),
+        &want[2],
+        "100 rows (bucket 128, eager)",
+    );
+    // decode after the replayed 50-row prompt vs after eager launches
+    let mut e = Gs::new(&gm).unwrap();
+    e.set_eager(true);
+    e.forward_tokens(&b).unwrap();
+    gs.truncate(0);
+    gs.forward_tokens(&b).unwrap();
+    assert_eq!(gs.s.kernels().graph_stats().1, 4);
+    for (i, &t) in cont.iter().enumerate() {
+        let (ng, ne) = (gs.forward_token(t).unwrap(), e.forward_token(t).unwrap());
+        let (lg, le) = (gs.logits().unwrap(), e.logits().unwrap());
+        let (max, _, _) = diff_stats(&lg, &le);
+        assert!(max < 3e-2, "decode step {i} after the prompt: max {max}");
+        if top2_margin(&le) > 1e-2 {
+            assert_eq!(ng, ne, "decode step {i}");
+        }
     }
     let _ = std::fs::remove_dir_all(&dir);
     None

@@ -45,9 +45,24 @@ extern "C" __global__ void __launch_bounds__(128) rope_store(const RopeStoreArgs
     pdl_launch();
     const u32 r = blockIdx.x;
     const u32 pos = ((const u32*)a.rows)[2 * r];
-    if (pos == PAD_ROW) return;  // the whole block
-    const u32 toff = ((const u32*)a.rows)[2 * r + 1];
     const u32 nq = a.nh * a.hd, nk = a.nkv * a.hd;
+    if (pos == PAD_ROW) {
+        // A padding row of a prefill graph's chunk (rows f0..f1 from position 0): zeros for
+        // the flash op's q, k and v, so its masked keys hold finite values.
+        if (a.qh) {
+            f16* qh = (f16*)a.qh + (u64)r * nq;
+            for (u32 i = threadIdx.x; i < nq; i += blockDim.x) qh[i] = f32_to_f16(0.f);
+        }
+        if (a.kh && r >= a.f0 && r < a.f1) {
+            for (u32 i = threadIdx.x; i < nk; i += blockDim.x) {
+                const u64 at = ((u64)(i / a.hd) * a.lk + (r - a.f0)) * a.hd + i % a.hd;
+                ((f16*)a.kh)[at] = f32_to_f16(0.f);
+                ((f16*)a.vh)[at] = f32_to_f16(0.f);
+            }
+        }
+        return;
+    }
+    const u32 toff = ((const u32*)a.rows)[2 * r + 1];
     float* row = (float*)a.qkv + (u64)r * a.qkv_w;
     float* x = rs_sm;
     float* tmp = rs_sm + nq + nk;

@@ -10,6 +10,10 @@
 //! decode-only step (one row per sequence) through the graph of its batch-size bucket (1, 2,
 //! 4, ... 64 rows; padding rows are skipped by the attention and ignored elsewhere), captured
 //! the second time the bucket is seen (the first run compiles the kernels) and replayed after.
+//! A prompt chunk that starts its sequence and is alone in its step (a session's prompt, a
+//! request arriving at an idle engine) on the int8 tensor-core products is padded to a
+//! multiple of [`PREFILL_BUCKET`] rows and replayed the same way: the host then queues one
+//! graph instead of ~14 launches a layer.
 //!
 //! Every row is computed independently of the others by every kernel (the products read
 //! the weights once per row and sum in a fixed order; the attention splits a row's keys by
@@ -24,10 +28,10 @@ use ferrite_cuda::llm::sample::{self, SamplerState};
 use ferrite_cuda::llm::Launch;
 use ferrite_cuda::matvec::{self, Mode, Seg};
 use ferrite_cuda::qmatrix::GpuMatrix;
-use ferrite_cuda::{Buffer, CudaDevice, Graph, ReadBack};
+use ferrite_cuda::{Buffer, CudaDevice, Graph, ReadBack, Recording};
 
 use super::config::Config;
-use super::step::{Batch, Buf, Glu, Kernels, Mat, Norm};
+use super::step::{Batch, Buf, Glu, Kernels, Mat, Norm, Out};
 use crate::error::{Error, Result};
 use crate::gpu::weights::{self, gm, GpuModel};
 use crate::gpu::zeros;
@@ -45,6 +49,24 @@ pub fn bucket(rows: usize, cap: usize) -> Option<usize> {
     let b = rows.max(1).next_power_of_two();
     (rows > 0 && b <= MAX_GRAPH_ROWS && b <= cap).then_some(b)
 }
+
+/// Prompt chunks that start their sequence, alone in a step (see the module notes), are padded
+/// to a multiple of this many rows for their graphs.
+pub const PREFILL_BUCKET: usize = 64;
+
+/// The largest such chunk with a graph.
+pub const MAX_PREFILL_GRAPH_ROWS: usize = 512;
+
+/// The rows a prompt chunk of `rows` rows that starts its sequence runs as in its graph: the
+/// next multiple of `PREFILL_BUCKET`, at most `cap` (the step's rows and the context), at
+/// least `rows`.
+pub fn prefill_bucket(rows: usize, cap: usize) -> usize {
+    rows.next_multiple_of(PREFILL_BUCKET).min(cap).max(rows)
+}
+
+/// A captured step: its rows, the KV store it reads (the address of its keys), and its kind
+/// (0: decode-only; 1 + logit rows: a lone prompt chunk from position 0).
+type GraphKey = (usize, u64, u8);
 
 /// Where the sections of the step metadata (u32s) start in the device buffer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -210,9 +232,16 @@ pub struct CudaKernels<'g> {
     n_out: usize,
     bucket: Option<usize>,
     plan: Vec<Launch>,
-    /// Graphs by (bucket, key buffer address); buckets run eagerly once.
-    graphs: HashMap<(usize, u64), Graph>,
-    warm: HashSet<(usize, u64)>,
+    /// The rows of this step's prefill graph bucket (`prefill_bucket`), None where the step
+    /// is not such a chunk.
+    big: Option<usize>,
+    /// Prefill graphs allowed (`FERRITE_GPU_PREFILL_GRAPHS`, on by default).
+    big_graphs: bool,
+    /// The capture of this step's prefill graph, begun by `replay` and finished by `run`.
+    recording: Option<(Recording, GraphKey)>,
+    /// Graphs by `GraphKey`; each key runs eagerly once.
+    graphs: HashMap<GraphKey, Graph>,
+    warm: HashSet<GraphKey>,
     kv_key: u64,
     eager: bool,
     graphs_on: bool,
@@ -406,6 +435,9 @@ impl<'g> CudaKernels<'g> {
             launch_out: 0,
             n_out: 0,
             bucket: None,
+            big: None,
+            big_graphs: crate::env::flag_or("FERRITE_GPU_PREFILL_GRAPHS", true),
+            recording: None,
             plan: Vec::new(),
             graphs: HashMap::new(),
             warm: HashSet::new(),
@@ -1064,11 +1096,59 @@ impl<'g> CudaKernels<'g> {
         self.meta.ptr() + section as u64 * 4
     }
 
+    /// The rows of `batch`'s prefill graph bucket, if it is a prompt chunk that starts its
+    /// sequence alone in the step, without every row's logits, large enough for the int8
+    /// tensor-core products (a model on f32 activations where they apply: the other large
+    /// steps call cuBLASLt and dequantize as they plan).
+    fn prefill_graph_rows(&self, batch: &Batch) -> Option<usize> {
+        let [s] = &batch.seqs[..] else {
+            return None;
+        };
+        let rows = batch.rows();
+        let mq2 = self.dt == ferrite_core::DType::F32 && (self.mq2.is_some() || !self.mq2_tried);
+        let ok = self.big_graphs
+            && self.uses_graphs()
+            && mq2
+            && s.pos == 0
+            && s.out != Out::All
+            && rows >= self.tc_rows
+            && rows <= MAX_PREFILL_GRAPH_ROWS;
+        ok.then(|| prefill_bucket(rows, self.lim.max_rows.min(self.lim.ctx)))
+    }
+
+    /// The graph key of this step, if it is one that graphs serve: a decode-only step of a
+    /// bucket, or a prefill chunk of a bucket (`big`), over the KV store whose keys are at
+    /// `kv`.
+    fn graph_key(&self, kv: u64) -> Option<GraphKey> {
+        if !self.uses_graphs() {
+            return None;
+        }
+        match (self.bucket, self.big) {
+            (Some(b), _) => Some((b, kv, 0)),
+            (None, Some(b)) => Some((b, kv, 1 + self.launch_out.min(1) as u8)),
+            _ => None,
+        }
+    }
+
     /// Runs the planned step: through the bucket's graph where there is one, else eagerly.
+    /// A prefill chunk's launches went out as they were planned (or into its recording).
     fn run(&mut self) -> Result<()> {
-        let key = self.bucket.map(|b| (b, self.kv_key));
+        if let Some((rec, k)) = self.recording.take() {
+            let g = rec.finish(Vec::new())?;
+            g.replay()?;
+            self.replays += 1;
+            self.graphs.insert(k, g);
+            return Ok(());
+        }
+        let key = self.graph_key(self.kv_key);
+        if self.big.is_some() {
+            if let Some(k) = key {
+                self.warm.insert(k);
+            }
+            return Ok(());
+        }
         match key {
-            Some(k) if self.graphs_on && !self.eager => {
+            Some(k) => {
                 if !self.graphs.contains_key(&k) {
                     if !self.warm.contains(&k) {
                         // First run of this bucket: compiles and loads the kernels outside a
@@ -1090,7 +1170,7 @@ impl<'g> CudaKernels<'g> {
                 }
                 Ok(())
             }
-            _ => self.enqueue(),
+            None => self.enqueue(),
         }
     }
 
@@ -1106,6 +1186,8 @@ impl Kernels for CudaKernels<'_> {
     type Kv = CudaKvStore;
 
     fn begin(&mut self, batch: &Batch) -> Result<()> {
+        // An unfinished recording (a step that failed while it was captured) ends here.
+        self.recording = None;
         let (rows, n_out) = (batch.rows(), batch.out_rows());
         if rows == 0 || rows > self.lim.max_rows || n_out > self.lim.max_out {
             return Err(Error::Other(format!(
@@ -1131,13 +1213,19 @@ impl Kernels for CudaKernels<'_> {
                 )));
             }
         }
+        self.h16_holds = None;
         let decode_only = batch.seqs.iter().all(|s| s.rows.len() == 1) && n_out == rows;
         self.bucket = if decode_only {
             bucket(rows, self.lim.max_out)
         } else {
             None
         };
-        self.rows = self.bucket.unwrap_or(rows);
+        self.big = if decode_only {
+            None
+        } else {
+            self.prefill_graph_rows(batch)
+        };
+        self.rows = self.bucket.or(self.big).unwrap_or(rows);
         self.launch_out = self.bucket.unwrap_or(n_out);
         self.n_out = n_out;
         self.fetched = false;
@@ -1145,12 +1233,13 @@ impl Kernels for CudaKernels<'_> {
         self.all_rows_out = decode_only;
         self.seqs.clear();
         if self.tc {
-            self.seqs.extend(
-                batch
-                    .seqs
-                    .iter()
-                    .map(|s| (s.rows.start, s.rows.len(), s.pos, s.blocks.start)),
-            );
+            // a prefill graph's chunk (the step's only sequence) takes its padding rows
+            // along: they follow its rows, and the causal mask keeps them out of those
+            let big = self.big;
+            self.seqs.extend(batch.seqs.iter().map(|s| {
+                let n = big.unwrap_or(s.rows.len());
+                (s.rows.start, n, s.pos, s.blocks.start)
+            }));
         }
         // A graph step's data is laid out for its bucket (a few hundred bytes to copy at
         // batch 1), the others' for the largest step; a graph reads the layout it was
@@ -1174,19 +1263,21 @@ impl Kernels for CudaKernels<'_> {
         Ok(())
     }
 
+    /// Also begins the capture of a prefill chunk's graph the second time its key is seen
+    /// (the chunk's launches then go into it as they are planned; `run` finishes it).
     fn replay(&mut self, kv: &mut CudaKvStore) -> Result<bool> {
-        let key = match self.bucket {
-            Some(b) if self.graphs_on && !self.eager => (b, kv.kc.ptr()),
-            _ => return Ok(false),
+        let Some(key) = self.graph_key(kv.kc.ptr()) else {
+            return Ok(false);
         };
-        match self.graphs.get(&key) {
-            Some(g) => {
-                g.replay()?;
-                self.replays += 1;
-                Ok(true)
-            }
-            None => Ok(false),
+        if let Some(g) = self.graphs.get(&key) {
+            g.replay()?;
+            self.replays += 1;
+            return Ok(true);
         }
+        if self.big.is_some() && self.warm.contains(&key) {
+            self.recording = Some((self.dev.record()?, key));
+        }
+        Ok(false)
     }
 
     fn embed(&mut self, out: Buf) -> Result<()> {
@@ -1640,6 +1731,18 @@ mod tests {
         assert_eq!(bucket(65, 512), None);
         assert_eq!(bucket(5, 6), None);
         assert_eq!(bucket(0, 64), None);
+    }
+
+    #[test]
+    fn prefill_buckets_are_multiples_of_64_within_the_cap() {
+        assert_eq!(prefill_bucket(32, 512), 64);
+        assert_eq!(prefill_bucket(64, 512), 64);
+        assert_eq!(prefill_bucket(65, 512), 128);
+        assert_eq!(prefill_bucket(500, 512), 512);
+        // the context or the step's rows cap the padding, never below the rows
+        assert_eq!(prefill_bucket(70, 100), 100);
+        assert_eq!(prefill_bucket(100, 100), 100);
+        assert_eq!(prefill_bucket(120, 100), 120);
     }
 
     #[test]
