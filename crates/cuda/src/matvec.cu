@@ -1255,31 +1255,17 @@ extern "C" __global__ void __launch_bounds__(MQ_W * 32) mmq2_q6_ku_n8(const MvAr
 // above, then lo the residual x - d hi in steps of d / 256 (round half away from zero, clamped
 // to +-127), the same operations unfused, so the same bytes. Units: hi's qs, d, s = d sum(hi)
 // + (d / 256) sum(lo), 8 unused bytes, lo's qs.
+// Units u0, u0 + ustep, ... of one row (f32 x [cols], 16-byte aligned; global or shared
+// memory) into `out` as described above; `inv` the row's RMS factor (1 without a norm). One
+// warp per unit.
 template <bool X2>
-__device__ __forceinline__ void quantize_rows(u64 x, u64 norm, float eps, u32 cols, u64 out) {
-    __shared__ float red[32];
+__device__ __forceinline__ void quantize_units(const float* xf, const float* g, float inv, u32 cols, u8* out,
+                                               u32 u0, u32 ustep) {
     constexpr u32 XU = X2 ? Q8X2U : Q8U;
-    pdl_wait();
-    pdl_launch();
-    // row blockIdx.y of a batch: x rows of cols floats, out rows of cols / 32 units
-    x += (u64)blockIdx.y * cols * 4;
-    out += (u64)blockIdx.y * (cols >> 5) * XU;
-    const float* xf = (const float*)x;
-    const float* g = (const float*)norm;
-    float inv = 1.0f;
-    if (norm) {
-        float ss = 0.f;
-        for (u32 i = threadIdx.x; i < (cols >> 2); i += blockDim.x) {
-            const F4 v = ((const F4*)x)[i];
-            ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
-        }
-        ss = block_sum(ss, red);
-        inv = 1.0f / sqrtf(ss / (float)cols + eps);
-    }
-    const u32 lane = threadIdx.x & 31, warps = blockDim.x >> 5;
-    for (u32 u = blockIdx.x * warps + (threadIdx.x >> 5); u < (cols >> 5); u += gridDim.x * warps) {
+    const u32 lane = threadIdx.x & 31;
+    for (u32 u = u0; u < (cols >> 5); u += ustep) {
         float v = xf[32 * u + lane];
-        if (norm) v = __fmul_rn(__fmul_rn(v, inv), g[32 * u + lane]);
+        if (g) v = __fmul_rn(__fmul_rn(v, inv), g[32 * u + lane]);
         // |v| >= 0: its bits order as the values
         const float amax = __int_as_float((int)__reduce_max_sync(0xffffffffu, (u32)__float_as_int(fabsf(v))));
         const float d = __fdiv_rn(amax, 127.0f);
@@ -1287,7 +1273,7 @@ __device__ __forceinline__ void quantize_rows(u64 x, u64 norm, float eps, u32 co
         const float r = __fmul_rn(v, id);
         const int q = (int)__fadd_rn(r, copysignf(0.5f, r));
         const int sum = __reduce_add_sync(0xffffffffu, q);
-        u8* o = (u8*)out + (u64)u * XU;
+        u8* o = out + (u64)u * XU;
         o[lane] = (u8)(q & 0xff);
         float s = __fmul_rn(d, (float)sum);
         if (X2) {
@@ -1305,11 +1291,64 @@ __device__ __forceinline__ void quantize_rows(u64 x, u64 norm, float eps, u32 co
     }
 }
 
+// The RMS factor 1 / sqrt(mean(x^2) + eps) of a row (f32 [cols], cols % 4 == 0, 16-byte
+// aligned), summed in a fixed order by the whole block (every thread gets it).
+__device__ __forceinline__ float row_rms_inv(const float* x, u32 cols, float eps, float* red) {
+    float ss = 0.f;
+    for (u32 i = threadIdx.x; i < (cols >> 2); i += blockDim.x) {
+        const F4 v = ((const F4*)x)[i];
+        ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+    }
+    ss = block_sum(ss, red);
+    return 1.0f / sqrtf(ss / (float)cols + eps);
+}
+
+template <bool X2>
+__device__ __forceinline__ void quantize_rows(u64 x, u64 norm, float eps, u32 cols, u64 out) {
+    __shared__ float red[32];
+    constexpr u32 XU = X2 ? Q8X2U : Q8U;
+    pdl_wait();
+    pdl_launch();
+    // row blockIdx.y of a batch: x rows of cols floats, out rows of cols / 32 units
+    x += (u64)blockIdx.y * cols * 4;
+    out += (u64)blockIdx.y * (cols >> 5) * XU;
+    const float inv = norm ? row_rms_inv((const float*)x, cols, eps, red) : 1.0f;
+    const u32 warps = blockDim.x >> 5;
+    quantize_units<X2>((const float*)x, (const float*)norm, inv, cols, (u8*)out,
+                       blockIdx.x * warps + (threadIdx.x >> 5), gridDim.x * warps);
+}
+
 extern "C" __global__ void __launch_bounds__(256) quantize_q8(u64 x, u64 norm, float eps, u32 cols, u64 out) {
     quantize_rows<false>(x, norm, eps, cols, out);
 }
 extern "C" __global__ void __launch_bounds__(256) quantize_q8x2(u64 x, u64 norm, float eps, u32 cols, u64 out) {
     quantize_rows<true>(x, norm, eps, cols, out);
+}
+
+// Most outputs a row of `mmq_reduce_q8x2` takes (its shared-memory copy of the row).
+#define MQR_MAX 4096
+
+// mmq_reduce for a one-segment plain product whose output rows are the rows of the next
+// product's input (a.stride == its cols <= MQR_MAX, a multiple of 32), then each finished row
+// RMS-normed by `norm` (f32 [stride], or 0 for none) and quantized as quantize_q8x2 into `q`
+// (row r at r * stride / 32 units): the next product's quantization without its own launch,
+// the same bytes. One block of 256 threads per input row.
+extern "C" __global__ void __launch_bounds__(256) mmq_reduce_q8x2(const MvArgs a, u64 norm, float eps, u64 q) {
+    __shared__ float red[32];
+    __shared__ __align__(16) float xs[MQR_MAX];
+    pdl_wait();
+    pdl_launch();
+    const u32 r = blockIdx.x, outs = a.stride;
+    const float* part = (const float*)a.argmax;
+    for (u32 p = threadIdx.x; p < outs; p += blockDim.x) {
+        float v = 0.f;
+        for (u32 k = 0; k < a.chunk; ++k) v += part[((u64)k * a.nrows + r) * a.stride + p];
+        xs[p] = mv_epilogue(a, a.seg[0], a.seg[1], p, v, 0.f, a.out + (u64)r * a.ostride);
+    }
+    __syncthreads();
+    const float inv = norm ? row_rms_inv(xs, outs, eps, red) : 1.0f;
+    quantize_units<true>(xs, (const float*)norm, inv, outs, (u8*)q + (u64)r * (outs >> 5) * Q8X2U,
+                         threadIdx.x >> 5, blockDim.x >> 5);
 }
 
 // Layout of `EmbedArgs` in gpu/matvec.rs.

@@ -131,7 +131,13 @@ pub struct MvLaunch {
     /// Whether `enqueue` quantizes the input first (false: an earlier launch of the same
     /// input left it in the scratch, `reusing_input`).
     quantize: bool,
+    /// The split-K sums also quantize the finished rows for the next product
+    /// (`mmq_reduce_q8x2`, `quantizing_next`): norm weight (0: none), eps, two-level scratch.
+    then_q8x2: Option<(u64, f32, u64)>,
 }
+
+/// Most outputs a row of a product whose split-K sums quantize the next input (`MQR_MAX`).
+const MQR_MAX: usize = 4096;
 
 /// `quantize_q8` in matvec.cu: x (f32 [cols], optionally RMS-normed) into cols / 32 units of
 /// `Q8_UNIT` bytes.
@@ -389,6 +395,7 @@ pub fn plan(
         mma: 0,
         x2: false,
         quantize: true,
+        then_q8x2: None,
     })
 }
 
@@ -512,6 +519,7 @@ fn plan_split(
         mma: 0,
         x2: false,
         quantize: true,
+        then_q8x2: None,
     })
 }
 
@@ -729,6 +737,48 @@ impl MvLaunch {
         self
     }
 
+    /// The same two-level tensor-core product with its split-K sums (`mmq_reduce_q8x2`) also
+    /// RMS-norming (by `norm`, if given) and quantizing each finished output row into `q8`
+    /// (`q8x2_bytes(outputs)` a row), as `quantize_q8x2` would for a next product that takes
+    /// these rows as its input (which then runs `reusing_input`): the same bytes, one launch
+    /// fewer. None where that does not apply: no split-K sums, GLU or several segments, an
+    /// output offset or a row stride other than the outputs, outputs other than `next_cols`
+    /// or more than `MQR_MAX`.
+    pub fn quantizing_next(
+        mut self,
+        next_cols: usize,
+        norm: Option<(&Buffer, f32)>,
+        q8: &Buffer,
+    ) -> Result<Option<MvLaunch>> {
+        let a = &self.args;
+        let outs = a.seg[0].rows as usize;
+        let plain = a.mode == Mode::Store as u32 || a.mode == Mode::Add as u32;
+        if self.mma == 0
+            || !self.x2
+            || a.chunk <= 1
+            || !plain
+            || a.nseg != 1
+            || a.seg[0].out_off != 0
+            || a.stride as usize != outs
+            || a.ostride as usize != 4 * outs
+            || outs != next_cols
+            || outs > MQR_MAX
+            || !outs.is_multiple_of(32)
+        {
+            return Ok(None);
+        }
+        check_len(q8, q8x2_bytes(outs) * self.rows as usize, "two-level input")?;
+        if let Some((w, _)) = norm {
+            check_len(w, outs * 4, "norm weight")?;
+        }
+        self.then_q8x2 = Some((
+            norm.map_or(0, |(w, _)| w.ptr()),
+            norm.map_or(0.0, |n| n.1),
+            q8.ptr(),
+        ));
+        Ok(Some(self))
+    }
+
     /// The same product for `rows` input rows: row i reads its input `xstride` bytes after
     /// row i - 1's (f32 rows; in the fast mode the quantized rows follow each other) and
     /// writes its outputs `ostride` bytes after row i - 1's. The caller sized the buffers for
@@ -748,6 +798,11 @@ impl MvLaunch {
         self.args.xstride = u32_of(xstride, "input row stride")?;
         self.args.ostride = u32_of(ostride, "output row stride")?;
         Ok(self)
+    }
+
+    /// Whether `enqueue` quantizes the input before the product.
+    pub fn quantizes(&self) -> bool {
+        self.q8.is_some() && self.quantize
     }
 
     /// Whether the product runs on the int8 tensor-core kernels.
@@ -799,6 +854,14 @@ impl MvLaunch {
             cfg,
             KernelArgs::new().arg(self.args),
         )?;
+        if let Some((norm, eps, q)) = self
+            .then_q8x2
+            .filter(|_| self.mma != 0 && self.args.chunk > 1)
+        {
+            let cfg = LaunchConfig::new((self.rows, 1, 1), (256, 1, 1), 0);
+            let args = KernelArgs::new().arg(self.args).arg(norm).arg(eps).arg(q);
+            return crate::step::launch(dev, "matvec", &SOURCE, "mmq_reduce_q8x2", cfg, args);
+        }
         if self.mma != 0 && self.args.chunk > 1 {
             let a = &self.args;
             let outs = if a.mode >= Mode::GluSilu as u32 {

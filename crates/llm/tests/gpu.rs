@@ -130,6 +130,10 @@ fn gpu_tests() -> Vec<(&'static str, TestFn)> {
             "matvec_rows_q8x2_mma_match_cpu_q8x2_and_exact",
             matvec_rows_q8x2_mma,
         ),
+        (
+            "matvec_rows_q8x2_split_sums_quantize_the_next_input",
+            q8x2_split_sums_quantize_next,
+        ),
     ]
 }
 
@@ -3204,5 +3208,72 @@ fn matvec_rows_q8x2_mma(dev: &CudaDevice) -> Option<String> {
             }
         }
     }
+    None
+}
+
+/// A product whose split-K sums also quantize the next product's input
+/// (`MvLaunch::quantizing_next`) gives the same output, the same two-level bytes as the next
+/// product's own quantization (with and without its RMS norm) and so the same next output,
+/// bit for bit, at SmolLM2's shapes (attention output -> q/k/v, down -> gate/up).
+fn q8x2_split_sums_quantize_next(dev: &CudaDevice) -> Option<String> {
+    if dev.compute_capability().0 < 8 {
+        return Some("the int8 tensor-core kernels need sm_80 or later".into());
+    }
+    let mut fused = 0;
+    // (format, a's outputs, a's columns, b's outputs, rows)
+    let cases = [
+        (GgmlType::Q4_1, 576, 576, 960, 512),
+        (GgmlType::Q4_1, 576, 1536, 1536, 512),
+        (GgmlType::Q4_0, 576, 576, 960, 64),
+        (GgmlType::Q8_0, 256, 512, 256, 130),
+    ];
+    for (i, (ty, na, ca, nb, rows)) in cases.into_iter().enumerate() {
+        let seed = 4200 + 10 * i as u64;
+        // GGUF rows: the pair makes the split-row copies the prefill reads
+        let (wa, _) = rand_matrix_with(dev, ty, na, ca, seed, false);
+        let (wb, _) = rand_matrix_with(dev, ty, nb, na, seed + 1, false);
+        let x = up(dev, &Rng(seed + 2).vec(rows * ca));
+        let init = Rng(seed + 3).vec(rows * na);
+        let g: Vec<f32> = Rng(seed + 4).vec(na).iter().map(|v| 1.0 + v).collect();
+        let gb = up(dev, &g);
+        let seg = |w| Seg {
+            w,
+            bias: None,
+            out_off: 0,
+        };
+        for mode in [Mode::Add, Mode::Store] {
+            for norm in [Some((&gb, 1e-5f32)), None] {
+                let run = |fuse: bool| {
+                    let (oa, ob) = (up(dev, &init), up(dev, &vec![0.0; rows * nb]));
+                    let (f, q) = ops::matvec_rows_q8x2_pair(
+                        dev,
+                        (&seg(&wa), mode),
+                        &seg(&wb),
+                        &x,
+                        norm,
+                        (&oa, &ob),
+                        rows,
+                        fuse,
+                    )
+                    .unwrap();
+                    (f, q, read(dev, &oa, rows * na), read(dev, &ob, rows * nb))
+                };
+                let (f0, q0, a0, b0) = run(false);
+                let (f1, q1, a1, b1) = run(true);
+                let what = format!(
+                    "{ty} {na}x{ca} then {nb}, {rows} rows, {mode:?}, norm {}",
+                    norm.is_some()
+                );
+                assert!(!f0, "{what}: fused without being asked");
+                fused += usize::from(f1);
+                assert!(a0 == a1, "{what}: the first product's output differs");
+                assert!(q0 == q1, "{what}: the two-level input bytes differ");
+                assert!(b0 == b1, "{what}: the second product's output differs");
+            }
+        }
+    }
+    eprintln!("split-K sums that quantized the next input: {fused} of 16 cases");
+    // SmolLM2's shapes at 512 rows take split-K sums
+    assert!(fused >= 8, "only {fused} of 16 cases took the fused launch");
     None
 }

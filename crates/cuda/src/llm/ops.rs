@@ -167,6 +167,70 @@ pub fn matvec_rows_q8x2(
     dev.synchronize()
 }
 
+/// Two products on the int8 tensor cores with two-level inputs, the second reading the
+/// first's output: `out_a = a(x)` (by `mode_a`), then `out_b = b(norm_b(out_a))` (Store), each
+/// over `rows` packed rows. With `fuse`, the first's split-K sums quantize the second's input
+/// (`MvLaunch::quantizing_next`) where they can. Returns whether they did, and the two-level
+/// rows of the second's input (the shared scratch after both).
+#[allow(clippy::too_many_arguments)]
+pub fn matvec_rows_q8x2_pair(
+    dev: &CudaDevice,
+    (a, mode_a): (&Seg<'_>, Mode),
+    b: &Seg<'_>,
+    x: &Buffer,
+    norm_b: Option<(&Buffer, f32)>,
+    (out_a, out_b): (&Buffer, &Buffer),
+    rows: usize,
+    fuse: bool,
+) -> Result<(bool, Vec<u8>)> {
+    let op = "matvec_rows_q8x2_pair";
+    let (na, nb) = (a.w.rows, b.w.rows);
+    let ca = check_rows(op, std::slice::from_ref(a), x, out_a, rows, na)?;
+    let cb = check_rows(op, std::slice::from_ref(b), out_a, out_b, rows, nb)?;
+    let copy = |s: &Seg<'_>| super::prefill::mmq_copy(dev, s.w);
+    let (wa, wb) = (copy(a)?, copy(b)?);
+    let sa = Seg {
+        w: wa.as_ref().unwrap_or(a.w),
+        ..*a
+    };
+    let sb = Seg {
+        w: wb.as_ref().unwrap_or(b.w),
+        ..*b
+    };
+    let (major, minor) = dev.compute_capability();
+    let cc = (major.max(0) as u32, minor.max(0) as u32);
+    let qb = matvec::q8x2_bytes(ca.max(cb)) * rows;
+    let scratch = zeros(dev, qb, "two-level input")?;
+    let part = zeros(dev, 8 * rows * na.max(nb) * 4, "split-K partials")?;
+    let none = || Error::backend(op, "the tensor-core kernels do not apply to this product");
+    let mut la = matvec::plan(dev.sm_count(), &[sa], mode_a, x, None, out_a, None)?
+        .with_rows(rows, ca * 4, na * 4)?
+        .with_q8x2_mma(cc, dev.sm_count(), &scratch, Some(&part))?
+        .ok_or_else(none)?;
+    let mut lb = matvec::plan(
+        dev.sm_count(),
+        &[sb],
+        Mode::Store,
+        out_a,
+        norm_b,
+        out_b,
+        None,
+    )?
+    .with_rows(rows, cb * 4, nb * 4)?
+    .with_q8x2_mma(cc, dev.sm_count(), &scratch, Some(&part))?
+    .ok_or_else(none)?;
+    let mut fused = false;
+    if fuse {
+        if let Some(f) = la.quantizing_next(cb, norm_b, &scratch)? {
+            (la, lb, fused) = (f, lb.reusing_input(), true);
+        }
+    }
+    la.enqueue(dev)?;
+    lb.enqueue(dev)?;
+    let q = dev.read_bytes(&scratch, 0, matvec::q8x2_bytes(cb) * rows)?;
+    Ok((fused, q))
+}
+
 /// The columns of `segs`, after checking that `x` holds `rows` f32 rows of them and `out`
 /// `rows` rows of `ostride` floats.
 fn check_rows(

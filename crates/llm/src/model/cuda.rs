@@ -286,6 +286,11 @@ pub struct CudaKernels<'g> {
     /// out (the f32 cuBLASLt products then).
     mq2: Option<Mq2>,
     mq2_tried: bool,
+    /// The last int8 tensor-core product of a large step when it has one segment, held back
+    /// (with its output's address) so that the next product, if it reads that output, can hand
+    /// its input's quantization to this one's split-K sums (`MvLaunch::quantizing_next`);
+    /// launched before anything else (`flush`).
+    held: Option<(matvec::MvLaunch, u64)>,
     /// The device samplers of requests that sample on the device, by request id
     /// (`add_sampler`); the table and the per-row scratch of `sample_rows` (made at its first
     /// call: a u64 per vocabulary entry and logit row).
@@ -485,6 +490,7 @@ impl<'g> CudaKernels<'g> {
             mma_part,
             mq2: None,
             mq2_tried: false,
+            held: None,
             samplers: HashMap::new(),
             sample_scratch: None,
             chain: crate::env::flag_or("FERRITE_GPU_CHAIN", true),
@@ -802,13 +808,30 @@ impl<'g> CudaKernels<'g> {
             };
             segs.push(Seg { w, bias, out_off });
         }
+        let q8 = mq.q8.clone();
         let scratch = (&mq.q8, &mq.part, mq.cc);
         let (xn, o) = ((x, norm), (out, ostride));
-        let Some(ls) = mmq_launches(&self.dev, &segs, mode, xn, o, self.rows, scratch)? else {
+        let Some(mut ls) = mmq_launches(&self.dev, &segs, mode, xn, o, self.rows, scratch)? else {
             return Ok(false);
         };
-        for l in ls {
-            self.push(Launch::Matvec(l))?;
+        // The held product that wrote this input quantizes it as it sums its splits.
+        if let (Some((h, at)), Some(first)) = (self.held, ls.first_mut()) {
+            if at == x.ptr() && first.quantizes() {
+                if let Some(h) = h.quantizing_next(segs[0].w.cols, norm, &q8)? {
+                    self.held = Some((h, at));
+                    *first = first.reusing_input();
+                }
+            }
+        }
+        self.flush()?;
+        let hold = segs.len() == 1 && matches!(mode, Mode::Store | Mode::Add);
+        let n = ls.len();
+        for (i, l) in ls.into_iter().enumerate() {
+            if hold && i + 1 == n {
+                self.held = Some((l, out.ptr()));
+            } else {
+                self.push(Launch::Matvec(l))?;
+            }
         }
         Ok(true)
     }
@@ -847,8 +870,22 @@ impl<'g> CudaKernels<'g> {
         Ok(())
     }
 
-    /// Queues `l` for the graph of a bucketed step, else launches it now.
+    /// Queues `l` for the graph of a bucketed step, else launches it now (after the held
+    /// product).
     fn push(&mut self, l: Launch) -> Result<()> {
+        self.flush()?;
+        self.push_now(l)
+    }
+
+    /// Launches (or queues) the held product, if any.
+    fn flush(&mut self) -> Result<()> {
+        match self.held.take() {
+            Some((l, _)) => self.push_now(Launch::Matvec(l)),
+            None => Ok(()),
+        }
+    }
+
+    fn push_now(&mut self, l: Launch) -> Result<()> {
         if self.bucket.is_some() {
             self.plan.push(l);
             Ok(())
@@ -950,6 +987,7 @@ impl<'g> CudaKernels<'g> {
         stride: usize,
         acc: bool,
     ) -> Result<()> {
+        self.flush()?;
         let (_, w16) = self.tc_scratch()?;
         let (dt, es, mode) = (self.dt, self.esize(), self.mode());
         let mut i = 0;
@@ -1054,6 +1092,7 @@ impl<'g> CudaKernels<'g> {
         (r0, n, pos, toff): (usize, usize, usize, usize),
         keys_written: bool,
     ) -> Result<()> {
+        self.flush()?;
         let lk = pos + n;
         let c = &self.m.cfg;
         let (hd, nh, nkv) = (c.head_dim, c.n_head, c.n_kv_head);
@@ -1133,6 +1172,7 @@ impl<'g> CudaKernels<'g> {
     /// Runs the planned step: through the bucket's graph where there is one, else eagerly.
     /// A prefill chunk's launches went out as they were planned (or into its recording).
     fn run(&mut self) -> Result<()> {
+        self.flush()?;
         if let Some((rec, k)) = self.recording.take() {
             let g = rec.finish(Vec::new())?;
             g.replay()?;
@@ -1186,8 +1226,10 @@ impl Kernels for CudaKernels<'_> {
     type Kv = CudaKvStore;
 
     fn begin(&mut self, batch: &Batch) -> Result<()> {
-        // An unfinished recording (a step that failed while it was captured) ends here.
+        // An unfinished recording or held launch (a step that failed while it was planned)
+        // ends here.
         self.recording = None;
+        self.held = None;
         let (rows, n_out) = (batch.rows(), batch.out_rows());
         if rows == 0 || rows > self.lim.max_rows || n_out > self.lim.max_out {
             return Err(Error::Other(format!(
