@@ -63,17 +63,24 @@ pub(crate) fn record(dev: &Arc<CudaBackend>) -> Result<Recording> {
 }
 
 impl Recording {
+    /// Ends the capture once: the recorded graph (null where nothing was recorded), and the
+    /// blocks it allocated or read, for a graph to keep.
+    fn end(&mut self) -> (Result<sys::CUgraph>, Vec<Arc<Block>>) {
+        self.live = false;
+        let dev = &self.dev;
+        let bound = dev.bind();
+        // SAFETY: ends the capture `record` began on this stream.
+        let ended = bound
+            .and_then(|()| unsafe { dr::stream::end_capture(dev.compute.0) }.op("graph_capture"));
+        dev.capturing.store(false, Ordering::Release);
+        (ended, dev.alloc.end_capture())
+    }
+
     /// Ends the capture: its graph, instantiated, with `outputs` (tensors the recorded work
     /// wrote) readable after each replay.
     pub fn finish(mut self, outputs: Vec<Tensor>) -> Result<Graph> {
         let op = "graph_capture";
-        self.live = false;
-        let dev = self.dev.clone();
-        dev.bind()?;
-        // SAFETY: ends the capture `record` began on this stream.
-        let ended = unsafe { dr::stream::end_capture(dev.compute.0) }.op(op);
-        dev.capturing.store(false, Ordering::Release);
-        let blocks = dev.alloc.end_capture();
+        let (ended, blocks) = self.end();
         let graph = ended?;
         if graph.is_null() {
             return Err(Error::backend(op, "the capture recorded no graph"));
@@ -97,7 +104,7 @@ impl Recording {
         Ok(Graph {
             exec,
             graph,
-            dev,
+            dev: self.dev.clone(),
             outputs,
             _blocks: blocks,
             nodes,
@@ -110,19 +117,15 @@ impl Drop for Recording {
         if !self.live {
             return;
         }
-        let dev = &self.dev;
-        let _ = dev.bind();
-        // SAFETY: ends the capture `record` began on this stream; the recorded graph is
-        // destroyed unused.
-        if let Ok(g) = unsafe { dr::stream::end_capture(dev.compute.0) } {
+        // The recorded graph is destroyed unused; its blocks go back to the cache.
+        if let (Ok(g), _) = self.end() {
             if !g.is_null() {
+                // SAFETY: a graph the capture returned, destroyed once.
                 unsafe {
                     let _ = dr::graph::destroy(g);
                 }
             }
         }
-        dev.capturing.store(false, Ordering::Release);
-        drop(dev.alloc.end_capture());
     }
 }
 

@@ -139,10 +139,7 @@ pub fn matvec_rows_q8x2(
     let segs: Vec<Seg<'_>> = segs
         .iter()
         .zip(&copies)
-        .map(|(s, c)| Seg {
-            w: c.as_ref().unwrap_or(s.w),
-            ..*s
-        })
+        .map(|(s, c)| on_copy(s, c))
         .collect();
     let segs = &segs[..];
     let (major, minor) = dev.compute_capability();
@@ -189,14 +186,7 @@ pub fn matvec_rows_q8x2_pair(
     let cb = check_rows(op, std::slice::from_ref(b), out_a, out_b, rows, nb)?;
     let copy = |s: &Seg<'_>| super::prefill::mmq_copy(dev, s.w);
     let (wa, wb) = (copy(a)?, copy(b)?);
-    let sa = Seg {
-        w: wa.as_ref().unwrap_or(a.w),
-        ..*a
-    };
-    let sb = Seg {
-        w: wb.as_ref().unwrap_or(b.w),
-        ..*b
-    };
+    let (sa, sb) = (on_copy(a, &wa), on_copy(b, &wb));
     let (major, minor) = dev.compute_capability();
     let cc = (major.max(0) as u32, minor.max(0) as u32);
     let qb = matvec::q8x2_bytes(ca.max(cb)) * rows;
@@ -229,6 +219,14 @@ pub fn matvec_rows_q8x2_pair(
     lb.enqueue(dev)?;
     let q = dev.read_bytes(&scratch, 0, matvec::q8x2_bytes(cb) * rows)?;
     Ok((fused, q))
+}
+
+/// `s` reading `copy` (the int8 kernels' copy of its matrix, `prefill::mmq_copy`) where there is one.
+fn on_copy<'a>(s: &Seg<'a>, copy: &'a Option<GpuMatrix>) -> Seg<'a> {
+    Seg {
+        w: copy.as_ref().unwrap_or(s.w),
+        ..*s
+    }
 }
 
 /// The columns of `segs`, after checking that `x` holds `rows` f32 rows of them and `out`

@@ -1174,11 +1174,8 @@ impl<'g> CudaKernels<'g> {
     fn run(&mut self) -> Result<()> {
         self.flush()?;
         if let Some((rec, k)) = self.recording.take() {
-            let g = rec.finish(Vec::new())?;
-            g.replay()?;
-            self.replays += 1;
-            self.graphs.insert(k, g);
-            return Ok(());
+            self.graphs.insert(k, rec.finish(Vec::new())?);
+            return self.play(k).map(|_| ());
         }
         let key = self.graph_key(self.kv_key);
         if self.big.is_some() {
@@ -1204,14 +1201,20 @@ impl<'g> CudaKernels<'g> {
                     })?;
                     self.graphs.insert(k, g);
                 }
-                if let Some(g) = self.graphs.get(&k) {
-                    g.replay()?;
-                    self.replays += 1;
-                }
-                Ok(())
+                self.play(k).map(|_| ())
             }
             None => self.enqueue(),
         }
+    }
+
+    /// Replays the graph of `k`, if there is one.
+    fn play(&mut self, k: GraphKey) -> Result<bool> {
+        let Some(g) = self.graphs.get(&k) else {
+            return Ok(false);
+        };
+        g.replay()?;
+        self.replays += 1;
+        Ok(true)
     }
 
     fn enqueue(&self) -> Result<()> {
@@ -1311,9 +1314,7 @@ impl Kernels for CudaKernels<'_> {
         let Some(key) = self.graph_key(kv.kc.ptr()) else {
             return Ok(false);
         };
-        if let Some(g) = self.graphs.get(&key) {
-            g.replay()?;
-            self.replays += 1;
+        if self.play(key)? {
             return Ok(true);
         }
         if self.big.is_some() && self.warm.contains(&key) {
