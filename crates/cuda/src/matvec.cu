@@ -1258,13 +1258,16 @@ extern "C" __global__ void __launch_bounds__(MQ_W * 32) mmq2_q6_ku_n8(const MvAr
 // Units u0, u0 + ustep, ... of one row (f32 x [cols], 16-byte aligned; global or shared
 // memory) into `out` as described above; `inv` the row's RMS factor (1 without a norm). One
 // warp per unit.
-template <bool X2>
-__device__ __forceinline__ void quantize_units(const float* xf, const float* g, float inv, u32 cols, u8* out,
+// In: the rows' element type, float or f16 (read as f32, exactly).
+__device__ __forceinline__ float ld_in(const float* p) { return *p; }
+__device__ __forceinline__ float ld_in(const f16* p) { return f16_to_f32(*p); }
+template <bool X2, typename In = float>
+__device__ __forceinline__ void quantize_units(const In* xf, const float* g, float inv, u32 cols, u8* out,
                                                u32 u0, u32 ustep) {
     constexpr u32 XU = X2 ? Q8X2U : Q8U;
     const u32 lane = threadIdx.x & 31;
     for (u32 u = u0; u < (cols >> 5); u += ustep) {
-        float v = xf[32 * u + lane];
+        float v = ld_in(xf + 32 * u + lane);
         if (g) v = __fmul_rn(__fmul_rn(v, inv), g[32 * u + lane]);
         // |v| >= 0: its bits order as the values
         const float amax = __int_as_float((int)__reduce_max_sync(0xffffffffu, (u32)__float_as_int(fabsf(v))));
@@ -1323,6 +1326,17 @@ extern "C" __global__ void __launch_bounds__(256) quantize_q8(u64 x, u64 norm, f
 }
 extern "C" __global__ void __launch_bounds__(256) quantize_q8x2(u64 x, u64 norm, float eps, u32 cols, u64 out) {
     quantize_rows<true>(x, norm, eps, cols, out);
+}
+// quantize_q8x2 of f16 rows (x: f16 [rows][cols], the attention's output), without a norm
+// (`norm` must be 0): the bytes quantize_q8x2 writes for the same values as f32 rows.
+extern "C" __global__ void __launch_bounds__(256) quantize_q8x2_h(u64 x, u64 norm, float eps, u32 cols, u64 out) {
+    pdl_wait();
+    pdl_launch();
+    x += (u64)blockIdx.y * cols * 2;
+    out += (u64)blockIdx.y * (cols >> 5) * Q8X2U;
+    const u32 warps = blockDim.x >> 5;
+    quantize_units<true>((const f16*)x, nullptr, 1.0f, cols, (u8*)out, blockIdx.x * warps + (threadIdx.x >> 5),
+                         gridDim.x * warps);
 }
 
 // Most outputs a row of `mmq_reduce_q8x2` takes (its shared-memory copy of the row).

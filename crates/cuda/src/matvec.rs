@@ -149,6 +149,8 @@ pub struct QuantLaunch {
     cols: u32,
     out: u64,
     grid: u32,
+    /// `x` holds f16 rows (`quantize_q8x2_h`), not f32.
+    half: bool,
 }
 
 /// Bytes per 32-element unit of a quantized input (`Q8U`).
@@ -577,6 +579,7 @@ impl MvLaunch {
             out: scratch.ptr(),
             // one warp per unit, 8 per block
             grid: u32_of(units.div_ceil(8).max(1), "blocks")?,
+            half: false,
         });
         check_len(
             scratch,
@@ -737,6 +740,20 @@ impl MvLaunch {
         self
     }
 
+    /// The same two-level product quantizing its input from the f16 rows at `x16` (packed
+    /// rows of its columns: the attention's output) instead of f32 rows holding the same
+    /// values: the same bytes. None where that does not apply: not a two-level product that
+    /// quantizes its input, or one that RMS-norms it.
+    pub fn quantizing_half_input(mut self, x16: u64) -> Option<MvLaunch> {
+        let q = self.q8.as_mut().filter(|q| q.norm == 0)?;
+        if !self.x2 || !self.quantize {
+            return None;
+        }
+        q.x = x16;
+        q.half = true;
+        Some(self)
+    }
+
     /// The same two-level tensor-core product with its split-K sums (`mmq_reduce_q8x2`) also
     /// RMS-norming (by `norm`, if given) and quantizing each finished output row into `q8`
     /// (`q8x2_bytes(outputs)` a row), as `quantize_q8x2` would for a next product that takes
@@ -824,10 +841,10 @@ impl MvLaunch {
                 .arg(q.eps)
                 .arg(q.cols)
                 .arg(q.out);
-            let name = if self.x2 {
-                "quantize_q8x2"
-            } else {
-                "quantize_q8"
+            let name = match (self.x2, q.half) {
+                (true, true) => "quantize_q8x2_h",
+                (true, false) => "quantize_q8x2",
+                _ => "quantize_q8",
             };
             crate::step::launch(dev, "matvec", &SOURCE, name, cfg, args)?;
         }

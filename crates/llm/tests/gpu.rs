@@ -134,6 +134,10 @@ fn gpu_tests() -> Vec<(&'static str, TestFn)> {
             "matvec_rows_q8x2_split_sums_quantize_the_next_input",
             q8x2_split_sums_quantize_next,
         ),
+        (
+            "matvec_rows_q8x2_quantize_f16_rows_as_their_f32_values",
+            q8x2_half_input,
+        ),
     ]
 }
 
@@ -3275,5 +3279,51 @@ fn q8x2_split_sums_quantize_next(dev: &CudaDevice) -> Option<String> {
     eprintln!("split-K sums that quantized the next input: {fused} of 16 cases");
     // SmolLM2's shapes at 512 rows take split-K sums
     assert!(fused >= 8, "only {fused} of 16 cases took the fused launch");
+    None
+}
+
+/// The two-level product of the attention's f16 output rows quantizes them itself
+/// (`MvLaunch::quantizing_half_input`): the same two-level bytes and output, bit for bit, as
+/// quantizing f32 rows of the same values, at SmolLM2's attention-output shape and others.
+fn q8x2_half_input(dev: &CudaDevice) -> Option<String> {
+    if dev.compute_capability().0 < 8 {
+        return Some("the int8 tensor-core kernels need sm_80 or later".into());
+    }
+    // (format, outputs, columns, rows)
+    let cases = [
+        (GgmlType::Q4_1, 576, 576, 512),
+        (GgmlType::Q4_0, 256, 512, 64),
+        (GgmlType::Q8_0, 128, 1024, 33),
+    ];
+    for (i, (ty, n, cols, rows)) in cases.into_iter().enumerate() {
+        let seed = 4700 + 10 * i as u64;
+        let (w, _) = rand_matrix_with(dev, ty, n, cols, seed, false);
+        // values f16 holds exactly, a few units all zero, one at f16's largest magnitudes
+        let mut x: Vec<f32> = Rng(seed + 1)
+            .vec(rows * cols)
+            .iter()
+            .map(|v| half::f16::from_f32(4.0 * v).to_f32())
+            .collect();
+        x[..64].fill(0.0);
+        x[64] = 65504.0;
+        x[65] = -60000.0;
+        let x16: Vec<u8> = x
+            .iter()
+            .flat_map(|&v| half::f16::from_f32(v).to_bits().to_le_bytes())
+            .collect();
+        let (xb, xh) = (up(dev, &x), upload_bytes(dev, &x16, "test").unwrap());
+        let out = up(dev, &vec![0.0; rows * n]);
+        let seg = Seg {
+            w: &w,
+            bias: None,
+            out_off: 0,
+        };
+        let [(q32, o32), (q16, o16)] =
+            ops::matvec_rows_q8x2_half_input(dev, &seg, (&xb, &xh), &out, rows).unwrap();
+        let what = format!("{ty} {n}x{cols}, {rows} rows");
+        assert!(q32.iter().any(|&b| b != 0), "{what}: no two-level bytes");
+        assert!(q32 == q16, "{what}: the two-level input bytes differ");
+        assert!(o32 == o16, "{what}: the outputs differ");
+    }
     None
 }

@@ -221,6 +221,52 @@ pub fn matvec_rows_q8x2_pair(
     Ok((fused, q))
 }
 
+/// The two-level tensor-core product `out = a(x)` (Store) over `rows` packed rows, twice:
+/// quantizing the f32 rows `x`, then the f16 rows `x16` (the same values; the attention
+/// output's product, `MvLaunch::quantizing_half_input`). Returns each run's two-level input
+/// bytes and the bytes of `out`.
+pub fn matvec_rows_q8x2_half_input(
+    dev: &CudaDevice,
+    a: &Seg<'_>,
+    (x, x16): (&Buffer, &Buffer),
+    out: &Buffer,
+    rows: usize,
+) -> Result<[(Vec<u8>, Vec<u8>); 2]> {
+    let op = "matvec_rows_q8x2_half_input";
+    let (n, cols) = (
+        a.w.rows,
+        check_rows(op, std::slice::from_ref(a), x, out, rows, a.w.rows)?,
+    );
+    if x16.bytes() < rows * cols * 2 {
+        return Err(Error::backend(
+            op,
+            format!("{} bytes of f16 rows", x16.bytes()),
+        ));
+    }
+    let wa = super::prefill::mmq_copy(dev, a.w)?;
+    let sa = on_copy(a, &wa);
+    let (major, minor) = dev.compute_capability();
+    let cc = (major.max(0) as u32, minor.max(0) as u32);
+    let scratch = zeros(dev, matvec::q8x2_bytes(cols) * rows, "two-level input")?;
+    let part = zeros(dev, 8 * rows * n * 4, "split-K partials")?;
+    let none = || Error::backend(op, "the tensor-core kernels do not apply to this product");
+    let l = matvec::plan(dev.sm_count(), &[sa], Mode::Store, x, None, out, None)?
+        .with_rows(rows, cols * 4, n * 4)?
+        .with_q8x2_mma(cc, dev.sm_count(), &scratch, Some(&part))?
+        .ok_or_else(none)?;
+    let half = l.quantizing_half_input(x16.ptr()).ok_or_else(none)?;
+    let mut runs = Vec::with_capacity(2);
+    for l in [l, half] {
+        l.enqueue(dev)?;
+        runs.push((
+            dev.read_bytes(&scratch, 0, scratch.bytes())?,
+            dev.read_bytes(out, 0, rows * n * 4)?,
+        ));
+    }
+    let [f, h]: [(Vec<u8>, Vec<u8>); 2] = runs.try_into().map_err(|_| none())?;
+    Ok([f, h])
+}
+
 /// `s` reading `copy` (the int8 kernels' copy of its matrix, `prefill::mmq_copy`) where there is one.
 fn on_copy<'a>(s: &Seg<'a>, copy: &'a Option<GpuMatrix>) -> Seg<'a> {
     Seg {

@@ -291,6 +291,13 @@ pub struct CudaKernels<'g> {
     /// its input's quantization to this one's split-K sums (`MvLaunch::quantizing_next`);
     /// launched before anything else (`flush`).
     held: Option<(matvec::MvLaunch, u64)>,
+    /// A flash chunk's copy of the attention's f16 output into the f32 rows of every row of
+    /// the step (`PagedLaunch::AttnRows`), held back with that output (kept alive until its
+    /// reader goes out) and the rows' address: the attention output's product, if it reads
+    /// those rows on the int8 tensor cores, quantizes the f16 rows itself
+    /// (`MvLaunch::quantizing_half_input`) and the copy is dropped; launched before anything
+    /// else (`flush`).
+    held_attn: Option<(PagedLaunch, ferrite_core::Tensor, u64)>,
     /// The device samplers of requests that sample on the device, by request id
     /// (`add_sampler`); the table and the per-row scratch of `sample_rows` (made at its first
     /// call: a u64 per vocabulary entry and logit row).
@@ -491,6 +498,7 @@ impl<'g> CudaKernels<'g> {
             mq2: None,
             mq2_tried: false,
             held: None,
+            held_attn: None,
             samplers: HashMap::new(),
             sample_scratch: None,
             chain: crate::env::flag_or("FERRITE_GPU_CHAIN", true),
@@ -814,6 +822,16 @@ impl<'g> CudaKernels<'g> {
         let Some(mut ls) = mmq_launches(&self.dev, &segs, mode, xn, o, self.rows, scratch)? else {
             return Ok(false);
         };
+        // The held attention output is this input: quantized from its f16 rows.
+        if let (Some((_, o, at)), Some(first)) = (&self.held_attn, ls.first_mut()) {
+            if *at == x.ptr() && norm.is_none() {
+                let (ob, ooff) = self.dev.buffer_of(o)?;
+                if let Some(l) = first.quantizing_half_input(ob.ptr() + ooff as u64) {
+                    *first = l;
+                    self.held_attn = None;
+                }
+            }
+        }
         // The held product that wrote this input quantizes it as it sums its splits.
         if let (Some((h, at)), Some(first)) = (self.held, ls.first_mut()) {
             if at == x.ptr() && first.quantizes() {
@@ -879,6 +897,9 @@ impl<'g> CudaKernels<'g> {
 
     /// Launches (or queues) the held product, if any.
     fn flush(&mut self) -> Result<()> {
+        if let Some((l, _, _)) = self.held_attn.take() {
+            self.push_now(Launch::Paged(l))?;
+        }
         match self.held.take() {
             Some((l, _)) => self.push_now(Launch::Matvec(l)),
             None => Ok(()),
@@ -1121,14 +1142,20 @@ impl<'g> CudaKernels<'g> {
         let o = ferrite_core::Tensor::attention(&qt, &kt, &vt, true, Some(c.attn_scale as f64))?;
         let (ob, ooff) = self.dev.buffer_of(&o)?;
         let (h, _) = self.tc_scratch()?;
-        self.push(Launch::Paged(PagedLaunch::AttnRows {
+        let out = h.ptr() + (r0 * nh * hd * self.esize()) as u64;
+        let l = PagedLaunch::AttnRows {
             o: ob.ptr() + ooff as u64,
             nh: nh as u32,
             n: u32_of(n, "rows")?,
             hd: hd as u32,
-            out: h.ptr() + (r0 * nh * hd * self.esize()) as u64,
+            out,
             mode: self.mode(),
-        }))
+        };
+        if (r0, n) == (0, self.rows) && self.dt == ferrite_core::DType::F32 {
+            self.held_attn = Some((l, o, out));
+            return Ok(());
+        }
+        self.push(Launch::Paged(l))
     }
 
     fn meta_ptr(&self, section: usize) -> u64 {
@@ -1233,6 +1260,7 @@ impl Kernels for CudaKernels<'_> {
         // ends here.
         self.recording = None;
         self.held = None;
+        self.held_attn = None;
         let (rows, n_out) = (batch.rows(), batch.out_rows());
         if rows == 0 || rows > self.lim.max_rows || n_out > self.lim.max_out {
             return Err(Error::Other(format!(
