@@ -1306,18 +1306,22 @@ __device__ __forceinline__ float row_rms_inv(const float* x, u32 cols, float eps
     return 1.0f / sqrtf(ss / (float)cols + eps);
 }
 
-template <bool X2>
+// In: float, or f16 without a norm (the RMS factor is summed over f32 rows only).
+template <bool X2, typename In = float>
 __device__ __forceinline__ void quantize_rows(u64 x, u64 norm, float eps, u32 cols, u64 out) {
     __shared__ float red[32];
     constexpr u32 XU = X2 ? Q8X2U : Q8U;
     pdl_wait();
     pdl_launch();
-    // row blockIdx.y of a batch: x rows of cols floats, out rows of cols / 32 units
-    x += (u64)blockIdx.y * cols * 4;
+    // row blockIdx.y of a batch: x rows of cols In values, out rows of cols / 32 units
+    x += (u64)blockIdx.y * cols * sizeof(In);
     out += (u64)blockIdx.y * (cols >> 5) * XU;
-    const float inv = norm ? row_rms_inv((const float*)x, cols, eps, red) : 1.0f;
+    float inv = 1.0f;
+    if constexpr (sizeof(In) == 4) {
+        if (norm) inv = row_rms_inv((const float*)x, cols, eps, red);
+    }
     const u32 warps = blockDim.x >> 5;
-    quantize_units<X2>((const float*)x, (const float*)norm, inv, cols, (u8*)out,
+    quantize_units<X2>((const In*)x, (const float*)norm, inv, cols, (u8*)out,
                        blockIdx.x * warps + (threadIdx.x >> 5), gridDim.x * warps);
 }
 
@@ -1330,13 +1334,7 @@ extern "C" __global__ void __launch_bounds__(256) quantize_q8x2(u64 x, u64 norm,
 // quantize_q8x2 of f16 rows (x: f16 [rows][cols], the attention's output), without a norm
 // (`norm` must be 0): the bytes quantize_q8x2 writes for the same values as f32 rows.
 extern "C" __global__ void __launch_bounds__(256) quantize_q8x2_h(u64 x, u64 norm, float eps, u32 cols, u64 out) {
-    pdl_wait();
-    pdl_launch();
-    x += (u64)blockIdx.y * cols * 2;
-    out += (u64)blockIdx.y * (cols >> 5) * Q8X2U;
-    const u32 warps = blockDim.x >> 5;
-    quantize_units<true>((const f16*)x, nullptr, 1.0f, cols, (u8*)out, blockIdx.x * warps + (threadIdx.x >> 5),
-                         gridDim.x * warps);
+    quantize_rows<true, f16>(x, 0, eps, cols, out);
 }
 
 // Most outputs a row of `mmq_reduce_q8x2` takes (its shared-memory copy of the row).

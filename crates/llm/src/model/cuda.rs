@@ -195,6 +195,17 @@ pub struct CudaLimits {
     pub ctx: usize,
 }
 
+/// A flash chunk's held copy of the attention's f16 output rows into f32 rows
+/// (`CudaKernels::held_attn`).
+struct HeldAttn {
+    copy: PagedLaunch,
+    /// The f16 rows (the attention op's output) and the f32 rows the copy writes.
+    rows16: u64,
+    rows32: u64,
+    /// The attention op's output, kept alive until its reader is queued.
+    _out: ferrite_core::Tensor,
+}
+
 /// The CUDA kernel set (see the module docs).
 pub struct CudaKernels<'g> {
     m: &'g GpuModel,
@@ -292,12 +303,10 @@ pub struct CudaKernels<'g> {
     /// launched before anything else (`flush`).
     held: Option<(matvec::MvLaunch, u64)>,
     /// A flash chunk's copy of the attention's f16 output into the f32 rows of every row of
-    /// the step (`PagedLaunch::AttnRows`), held back with that output (kept alive until its
-    /// reader goes out) and the rows' address: the attention output's product, if it reads
-    /// those rows on the int8 tensor cores, quantizes the f16 rows itself
-    /// (`MvLaunch::quantizing_half_input`) and the copy is dropped; launched before anything
-    /// else (`flush`).
-    held_attn: Option<(PagedLaunch, ferrite_core::Tensor, u64)>,
+    /// the step, held back: the attention output's product, if it reads those rows on the
+    /// int8 tensor cores, quantizes the f16 rows itself (`MvLaunch::quantizing_half_input`)
+    /// and the copy is dropped; launched before anything else (`flush`).
+    held_attn: Option<HeldAttn>,
     /// The device samplers of requests that sample on the device, by request id
     /// (`add_sampler`); the table and the per-row scratch of `sample_rows` (made at its first
     /// call: a u64 per vocabulary entry and logit row).
@@ -823,10 +832,9 @@ impl<'g> CudaKernels<'g> {
             return Ok(false);
         };
         // The held attention output is this input: quantized from its f16 rows.
-        if let (Some((_, o, at)), Some(first)) = (&self.held_attn, ls.first_mut()) {
-            if *at == x.ptr() && norm.is_none() {
-                let (ob, ooff) = self.dev.buffer_of(o)?;
-                if let Some(l) = first.quantizing_half_input(ob.ptr() + ooff as u64) {
+        if let (Some(h), Some(first)) = (&self.held_attn, ls.first_mut()) {
+            if h.rows32 == x.ptr() && norm.is_none() {
+                if let Some(l) = first.quantizing_half_input(h.rows16) {
                     *first = l;
                     self.held_attn = None;
                 }
@@ -897,8 +905,8 @@ impl<'g> CudaKernels<'g> {
 
     /// Launches (or queues) the held product, if any.
     fn flush(&mut self) -> Result<()> {
-        if let Some((l, _, _)) = self.held_attn.take() {
-            self.push_now(Launch::Paged(l))?;
+        if let Some(h) = self.held_attn.take() {
+            self.push_now(Launch::Paged(h.copy))?;
         }
         match self.held.take() {
             Some((l, _)) => self.push_now(Launch::Matvec(l)),
@@ -1142,20 +1150,28 @@ impl<'g> CudaKernels<'g> {
         let o = ferrite_core::Tensor::attention(&qt, &kt, &vt, true, Some(c.attn_scale as f64))?;
         let (ob, ooff) = self.dev.buffer_of(&o)?;
         let (h, _) = self.tc_scratch()?;
-        let out = h.ptr() + (r0 * nh * hd * self.esize()) as u64;
-        let l = PagedLaunch::AttnRows {
-            o: ob.ptr() + ooff as u64,
+        let (rows16, rows32) = (
+            ob.ptr() + ooff as u64,
+            h.ptr() + (r0 * nh * hd * self.esize()) as u64,
+        );
+        let copy = PagedLaunch::AttnRows {
+            o: rows16,
             nh: nh as u32,
             n: u32_of(n, "rows")?,
             hd: hd as u32,
-            out,
+            out: rows32,
             mode: self.mode(),
         };
         if (r0, n) == (0, self.rows) && self.dt == ferrite_core::DType::F32 {
-            self.held_attn = Some((l, o, out));
+            self.held_attn = Some(HeldAttn {
+                copy,
+                rows16,
+                rows32,
+                _out: o,
+            });
             return Ok(());
         }
-        self.push(Launch::Paged(l))
+        self.push(Launch::Paged(copy))
     }
 
     fn meta_ptr(&self, section: usize) -> u64 {
