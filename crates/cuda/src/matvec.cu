@@ -897,13 +897,14 @@ template <bool B> struct BoolK {
 // signed) and of 8 input rows (their qs); each unit's integer sums are then scaled as the
 // dp4a kernels scale theirs (Q4_0: d_w (d_x acc - 8 s_x), Q5_0: -16, Q4_1/Q5_1:
 // d_w d_x acc + m_w s_x, Q8_0: d_w d_x acc) and added in f32, unit after unit.
-// Tiles: MQ_W warps a block; a warp takes 32 rows of one segment as two 16-row m-tiles (GLU:
-// 16 rows of gate and the same 16 rows of up; a.rpb = 32, GLU 16) for NT 8-row n-tiles of input
-// rows (a.rpg = 8 NT rows a block group). Each stage of MQ_KU units is copied into shared
-// memory (cp.async, two buffers: the next stage's copies fly while one is computed): the
-// group's input units, shared by the block's warps (rows MQ_XS bytes apart), and each warp's
-// weight rows (whole 16-byte pieces of the split rows; padded rows: fragment reads without bank
-// conflicts).
+// Tiles: MQ_W weight tiles a block, WX warps each (1, or 2 for the mmq2_*_n2_w2 kernels); a
+// warp takes its tile's 32 rows of one segment as two 16-row m-tiles (GLU: 16 rows of gate and
+// the same 16 rows of up; a.rpb = 32, GLU 16) for NT 8-row n-tiles of input rows, the tile's
+// WX warps each their own (a.rpg = 8 NT WX rows a block group). Each stage of MQ_KU units is
+// copied into shared memory (cp.async, two buffers: the next stage's copies fly while one is
+// computed): the group's input units, shared by the block's warps (rows MQ_XS bytes apart),
+// and each tile's weight rows, copied by its WX warps (whole 16-byte pieces of the split rows;
+// padded rows: fragment reads without bank conflicts).
 // Split K: with a.chunk = KS > 1 splits, the blocks of a tile take KS slices of the units
 // (grid: group fastest, then split, then the block's tiles) and store their sums as partials
 // f32 [KS][input rows][a.stride] at a.argmax (output row p of the launch: segment rows back to
@@ -984,6 +985,20 @@ __device__ __forceinline__ void mq_mma(u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u
     }
 }
 
+// mq_mma<true> with the two products independent (each from zero), then 256 hi + lo: the
+// same integers without the second product waiting on the first.
+__device__ __forceinline__ void mq_mma_hl(u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1, u32 l0, u32 l1, int* c) {
+    int h[4] = {0, 0, 0, 0}, l[4] = {0, 0, 0, 0};
+    asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+        : "+r"(h[0]), "+r"(h[1]), "+r"(h[2]), "+r"(h[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+    asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+        : "+r"(l[0]), "+r"(l[1]), "+r"(l[2]), "+r"(l[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(l0), "r"(l1));
+#pragma unroll
+    for (int k = 0; k < 4; ++k) c[k] = h[k] * 256 + l[k];
+}
+
 // The launch's output row (partials index) of row `row` of the segment of tile t.
 __device__ __forceinline__ u32 mq_prow(const MvArgs& a, bool glu, u32 t, u32 row) {
     if (glu || a.nseg == 1 || t < a.seg[0].blocks) return row;
@@ -994,22 +1009,30 @@ __device__ __forceinline__ u32 mq_prow(const MvArgs& a, bool glu, u32 t, u32 row
 // X2: two-level inputs (Q8X2U units): per unit the hi product c, then the lo bytes' product
 // accumulated onto 256 c in the same integers (|256 c| < 2^28 for every format), scaled by
 // d / 256: the CPU's fused q8x2 sum.
-template <int F, int NT, bool X2>
+template <int F, int NT, bool X2, int WX = 1>
 __device__ __forceinline__ void mmq_run(const MvArgs& a) {
 #if __CUDA_ARCH__ >= 800
-    // dynamic: inputs [2][8 NT][MQ_XS], then weights [2][MQ_W][mq_wbytes]
+    // dynamic: inputs [2][8 NT WX][MQ_XS], then weights [2][MQ_W][mq_wbytes]
     extern __shared__ __align__(16) u8 smem[];
     constexpr u32 MQ_XS = mq_xs<X2>(), XU = mq_xu<X2>(), XP = XU / 16;
-    constexpr u32 XB = 8 * NT * MQ_XS, WB = mq_wbytes<F>(), QS = mq_qs<F>();
+    constexpr u32 XB = 8 * NT * WX * MQ_XS, WB = mq_wbytes<F>(), QS = mq_qs<F>();
     constexpr u32 SQ = sp_q<F>(), SH = sp_h<F>(), SQH = sp_qh<F>();
+    // two-level products as independent hi and lo chains (mq_mma_hl) where the registers allow:
+    // with WX = 1 the extra sums cost a block a multiprocessor
+    constexpr bool HL = X2 && WX > 1;
     const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    // warp (wt, xg): weight tile wt of the block's MQ_W, input rows [8 NT xg, 8 NT (xg + 1))
+    const u32 wt = warp % MQ_W, xg = warp / MQ_W;
     const u32 groups = mv_groups(a), ks_n = max(a.chunk, 1u);
     const u32 grp = blockIdx.x % groups, ks = (blockIdx.x / groups) % ks_n, tb = blockIdx.x / groups / ks_n;
-    const u32 tile = tb * MQ_W + warp;
+    const u32 tile = tb * MQ_W + wt;
     const bool live = tile < a.tiles;
     const bool glu = a.mode >= MV_GLU_SILU;
     const u32 row0 = grp * a.rpg;
-    const u32 nb = min((u32)(8 * NT), a.nrows - row0);
+    const u32 nb = min((u32)(8 * NT * WX), a.nrows - row0);
+    // this warp's input rows: [wrow0, wrow0 + wnb)
+    const u32 wrow0 = row0 + 8 * NT * xg;
+    const u32 wnb = nb > 8 * NT * xg ? min((u32)(8 * NT), nb - 8 * NT * xg) : 0u;
     const u32 units = a.cols >> 5;
     // this split's units: [ub, ue), whole stages
     const u32 per = ((units + ks_n - 1) / ks_n + MQ_KU - 1) / MQ_KU * MQ_KU;
@@ -1031,7 +1054,8 @@ __device__ __forceinline__ void mmq_run(const MvArgs& a) {
     }
     const u64 xbase = a.x + (u64)row0 * a.xstride + (u64)ub * XU;
     // Stage st into buffer st & 1: the block's input units (rows past nb are left as they
-    // are: their columns are never stored), and this warp's 32 weight rows (local row lr:
+    // are: their columns are never stored), and this warp's share (1 / WX, with the other
+    // warps of its weight tile) of the tile's 32 weight rows (local row lr:
     // r0 + lr; GLU: gate rows r0 + lr, lr < 16, then up rows r0 + lr - 16; rows past the
     // segment's end read its last row, unused).
     auto stage_in = [&](u32 st) {
@@ -1042,10 +1066,10 @@ __device__ __forceinline__ void mmq_run(const MvArgs& a) {
             const u32 u = st * MQ_KU + uu;
             if (u < su) cp16(xd + r * MQ_XS + uu * XU + p * 16, xbase + (u64)r * a.xstride + (u64)u * XU + p * 16);
         }
-        u8* wd = smem + 2 * XB + ((st & 1) * MQ_W + warp) * WB;
+        u8* wd = smem + 2 * XB + ((st & 1) * MQ_W + wt) * WB;
         const u32 u0 = ub + st * MQ_KU;
         constexpr u32 QP = MQ_KU * SQ / 16;  // 16-byte pieces of a row's quants
-        for (u32 i = lane; i < 32 * QP; i += 32) {
+        for (u32 i = lane + 32 * xg; i < 32 * QP; i += 32 * WX) {
             const u32 lr = i / QP, p = i % QP;
             const bool up = glu && lr >= 16;
             const MvSeg& s = up ? sb : sa;
@@ -1055,7 +1079,7 @@ __device__ __forceinline__ void mmq_run(const MvArgs& a) {
         }
         // d (and m) fields, then qh words: MQ_KU * SH and MQ_KU * 4 bytes a row, 8 at a time
         constexpr u32 HP = MQ_KU * SH / 8, QHP = MQ_KU * SQH / 8;
-        for (u32 i = lane; i < 32 * (HP + QHP); i += 32) {
+        for (u32 i = lane + 32 * xg; i < 32 * (HP + QHP); i += 32 * WX) {
             const u32 lr = i / (HP + QHP), p = i % (HP + QHP);
             const bool up = glu && lr >= 16;
             const MvSeg& s = up ? sb : sa;
@@ -1075,8 +1099,8 @@ __device__ __forceinline__ void mmq_run(const MvArgs& a) {
     // full: every unit of the stage is in this split, so the stage runs without a test per
     // unit and the compiler may interleave one unit's products with another's sums
     auto comp = [&](u32 st, auto full) {
-        const u8* x = smem + (st & 1) * XB;
-        const u8* wq = smem + 2 * XB + ((st & 1) * MQ_W + warp) * WB;
+        const u8* x = smem + (st & 1) * XB + 8 * NT * xg * MQ_XS;
+        const u8* wq = smem + 2 * XB + ((st & 1) * MQ_W + wt) * WB;
         const u8* wh = wq + 32 * QS;
         const u8* wqh = wh + 32 * MQ_KU * SH;
 #pragma unroll
@@ -1133,7 +1157,10 @@ __device__ __forceinline__ void mmq_run(const MvArgs& a) {
                         continue;
                     }
                     int c[4];
-                    mq_mma<X2>(af[m][0], af[m][1], af[m][2], af[m][3], b0, b1, l0, l1, c);
+                    if (HL)
+                        mq_mma_hl(af[m][0], af[m][1], af[m][2], af[m][3], b0, b1, l0, l1, c);
+                    else
+                        mq_mma<X2>(af[m][0], af[m][1], af[m][2], af[m][3], b0, b1, l0, l1, c);
                     // c[0], c[1]: weight row g, input rows 2t, 2t + 1; c[2], c[3]: weight row g + 8
                     acc[m][j][0] = mq_add<F>(acc[m][j][0], dw[m][0], mw[m][0], c[0], x0, o0);
                     acc[m][j][1] = mq_add<F>(acc[m][j][1], dw[m][0], mw[m][0], c[1], x1, o1);
@@ -1176,13 +1203,13 @@ __device__ __forceinline__ void mmq_run(const MvArgs& a) {
 #pragma unroll
                 for (int e = 0; e < 2; ++e) {
                     const u32 col = 8 * j + 2 * t + e;
-                    if (col >= nb) continue;
+                    if (col >= wnb) continue;
                     const float v = acc[m][j][2 * h + e];
                     if (ks_n > 1) {
-                        ((float*)a.argmax)[((u64)ks * a.nrows + row0 + col) * a.stride + p] = v;
+                        ((float*)a.argmax)[((u64)ks * a.nrows + wrow0 + col) * a.stride + p] = v;
                     } else {
                         const float u = glu ? acc[1][j][2 * h + e] : 0.f;
-                        mv_epilogue(a, sa, sb, row, v, u, a.out + (u64)(row0 + col) * a.ostride);
+                        mv_epilogue(a, sa, sb, row, v, u, a.out + (u64)(wrow0 + col) * a.ostride);
                     }
                 }
             }
@@ -1245,6 +1272,18 @@ extern "C" __global__ void __launch_bounds__(MQ_W * 32) mmq2_q6_ku_n1(const MvAr
 extern "C" __global__ void __launch_bounds__(MQ_W * 32) mmq2_q6_ku_n2(const MvArgs a) { mmq_run<FMT_Q6_KU, 2, true>(a); }
 extern "C" __global__ void __launch_bounds__(MQ_W * 32) mmq2_q6_ku_n4(const MvArgs a) { mmq_run<FMT_Q6_KU, 4, true>(a); }
 extern "C" __global__ void __launch_bounds__(MQ_W * 32) mmq2_q6_ku_n8(const MvArgs a) { mmq_run<FMT_Q6_KU, 8, true>(a); }
+// mmq2_<fmt>_n2_w2: two warps a weight tile, each on its own 16 input rows (WX = 2): the tile's
+// weights staged once for 32 input rows.
+#define MMQ_W2_KERNEL(F, NAME) \
+    extern "C" __global__ void __launch_bounds__(MQ_W * 64) mmq2_##NAME##_n2_w2(const MvArgs a) { mmq_run<F, 2, true, 2>(a); }
+MMQ_W2_KERNEL(FMT_Q4_0, q4_0)
+MMQ_W2_KERNEL(FMT_Q4_1, q4_1)
+MMQ_W2_KERNEL(FMT_Q5_0, q5_0)
+MMQ_W2_KERNEL(FMT_Q5_1, q5_1)
+MMQ_W2_KERNEL(FMT_Q8_0, q8_0)
+MMQ_W2_KERNEL(FMT_Q4_KU, q4_ku)
+MMQ_W2_KERNEL(FMT_Q6_KU, q6_ku)
+#undef MMQ_W2_KERNEL
 
 // out (cols / 32 units of Q8U bytes) = x (f32 [cols], 16-byte aligned), RMS-normed first by
 // `norm` (f32 [cols]) if not 0, quantized as the CPU's quantize_q8 (IEEE division and no

@@ -128,6 +128,9 @@ pub struct MvLaunch {
     mma: u32,
     /// Two-level 8-bit inputs (`quantize_q8x2`, `mmq2_*`): the CPU's q8x2.
     x2: bool,
+    /// Warps a weight tile of the tensor-core kernels (`mmq2_*_w{wx}`; 1: the plain ones),
+    /// each on its own `8 mma` input rows: the tile's weights staged once for `8 mma wx` rows.
+    wx: u32,
     /// Whether `enqueue` quantizes the input first (false: an earlier launch of the same
     /// input left it in the scratch, `reusing_input`).
     quantize: bool,
@@ -227,6 +230,14 @@ fn mma_blocks_per_sm(x2: bool) -> u32 {
     static B: std::sync::OnceLock<Option<u32>> = std::sync::OnceLock::new();
     B.get_or_init(|| crate::step::int("FERRITE_GPU_MMA_BLOCKS", 1, 16).map(|v| v as u32))
         .unwrap_or(if x2 { 3 } else { 2 })
+}
+
+/// Warps a weight tile of the two-level tensor-core kernels where a block has two 8-row input
+/// tiles (`FERRITE_GPU_MMQ_WX`: 1 or 2; default 2, the `mmq2_*_n2_w2` kernels: SmolLM2-shaped
+/// pp512 on an H200, 1 and 2 gave 157,832 and 164,172 tok/s).
+fn mmq_x2_wx() -> u32 {
+    static W: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    *W.get_or_init(|| crate::step::int("FERRITE_GPU_MMQ_WX", 1, 2).map_or(2, |v| v as u32))
 }
 
 /// Most 8-row input tiles a block of the two-level tensor-core kernels takes
@@ -398,6 +409,7 @@ pub fn plan(
         x2: false,
         quantize: true,
         then_q8x2: None,
+        wx: 1,
     })
 }
 
@@ -522,6 +534,7 @@ fn plan_split(
         x2: false,
         quantize: true,
         then_q8x2: None,
+        wx: 1,
     })
 }
 
@@ -628,7 +641,8 @@ impl MvLaunch {
     /// `with_mma` with at most `max_nt` 8-row input tiles a block (1, 2, 4 or 8), for split
     /// matrices of `fmts` (those the kernel family has: the 8-bit `mmq_*` lack the K-quant
     /// unit formats). A two-level launch (`x2`, set first) takes that family's split target
-    /// and shared memory.
+    /// and shared memory, and with two input tiles and more than 64 rows `mmq_x2_wx()` warps a
+    /// weight tile (the split target counts blocks of `MQ_W` warps).
     fn with_mma_tiles(
         mut self,
         cc: (u32, u32),
@@ -669,12 +683,22 @@ impl MvLaunch {
             .div_ceil(8)
             .next_power_of_two()
             .min(max_nt);
-        let blocks = tiles.div_ceil(MQ_W) * self.rows.div_ceil(8 * nt);
+        // warps a weight tile: while their input rows are all needed
+        // (64 rows or fewer: fewer block groups with two warps a tile than with one, and
+        // slower; SmolLM2-shaped on an H200, one warp against two: pp32 20,268 / 19,299,
+        // pp64 35,146 / 34,454, pp128 60,012 / 63,334 tok/s)
+        let wx = if x2 && nt == 2 && self.rows > 64 {
+            mmq_x2_wx()
+        } else {
+            1
+        };
+        let blocks = tiles.div_ceil(MQ_W) * self.rows.div_ceil(8 * nt * wx);
         // output rows a split writes per input row: segments back to back (GLU: gate, up)
         let prow: u32 = a.seg[..a.nseg as usize].iter().map(|s| s.rows).sum();
         let stages = (a.cols / 32).div_ceil(MQ_KU);
+        // the split target counts blocks of MQ_W warps
         let mut ks = (mma_blocks_per_sm(x2) * sm_count)
-            .div_ceil(blocks.max(1))
+            .div_ceil(blocks.max(1) * wx)
             .clamp(1, MQ_MAX_SPLITS)
             .min((stages / 2).max(1));
         let fits = |k: u32| {
@@ -685,15 +709,16 @@ impl MvLaunch {
         }
         a.rpb = rpb;
         a.tiles = tiles;
-        a.rpg = 8 * nt;
+        a.rpg = 8 * nt * wx;
         a.chunk = ks;
         if ks > 1 {
             a.stride = prow;
             a.argmax = part.map_or(0, |b| b.ptr());
         }
         self.mma = nt;
+        self.wx = wx;
         self.grid = tiles.div_ceil(MQ_W) * ks;
-        self.smem = mmq_smem(self.regs_fmt, nt, x2);
+        self.smem = mmq_smem(self.regs_fmt, nt * wx, x2);
         Ok(self)
     }
 
@@ -853,10 +878,15 @@ impl MvLaunch {
             .grid
             .checked_mul(groups)
             .ok_or_else(|| Error::backend("matvec", "too many blocks"))?;
-        let cfg = LaunchConfig::new((grid, 1, 1), (MV_T, 1, 1), self.smem);
+        let threads = if self.mma != 0 {
+            MQ_W * 32 * self.wx
+        } else {
+            MV_T
+        };
+        let cfg = LaunchConfig::new((grid, 1, 1), (threads, 1, 1), self.smem);
         let q8 = self.q8.is_some();
         let name = match (self.split, q8, self.persist) {
-            _ if self.mma != 0 => mmq_kernel(self.regs_fmt, self.mma, self.x2)?,
+            _ if self.mma != 0 => mmq_kernel(self.regs_fmt, self.mma, self.x2, self.wx)?,
             (true, _, _) => mvr_kernel(self.regs_fmt, q8, self.args.rpg > 1),
             (false, false, false) => "matvec",
             (false, false, true) => "matvec_persist",
@@ -911,8 +941,9 @@ const MQ_KU: u32 = 4;
 const MQ_MAX_SPLITS: u32 = 8;
 
 /// Dynamic shared memory of the tensor-core kernels (`mmq_run`): two stages of the inputs
-/// (8 nt rows of `MQ_KU` units, padded by 16 bytes: `Q8_UNIT`, or `Q8X2_UNIT` with `x2`) and of
-/// each warp's 32 weight rows (quants padded by 16 bytes, d (and m) fields, qh words).
+/// (8 nt rows of `MQ_KU` units, nt counting the input tiles of all the block's warps, padded
+/// by 16 bytes: `Q8_UNIT`, or `Q8X2_UNIT` with `x2`) and of each of the `MQ_W` weight tiles'
+/// 32 rows (quants padded by 16 bytes, d (and m) fields, qh words).
 fn mmq_smem(fmt: Option<Fmt>, nt: u32, x2: bool) -> u32 {
     let (q, h, qh) = match fmt {
         Some(Fmt::Q8_0) => (32, 2, 0),
@@ -929,8 +960,18 @@ fn mmq_smem(fmt: Option<Fmt>, nt: u32, x2: bool) -> u32 {
     2 * xb + 2 * MQ_W * wb
 }
 
-/// The tensor-core kernel for split matrices of `fmt` and `nt` 8-row input tiles a block.
-fn mmq_kernel(fmt: Option<Fmt>, nt: u32, x2: bool) -> Result<&'static str> {
+/// The tensor-core kernel for split matrices of `fmt` and `nt` 8-row input tiles a block
+/// (`wx` warps a weight tile: 2 only for two-level inputs and `nt` = 2).
+fn mmq_kernel(fmt: Option<Fmt>, nt: u32, x2: bool, wx: u32) -> Result<&'static str> {
+    const W2: [&str; 7] = [
+        "mmq2_q4_0_n2_w2",
+        "mmq2_q4_1_n2_w2",
+        "mmq2_q5_0_n2_w2",
+        "mmq2_q5_1_n2_w2",
+        "mmq2_q8_0_n2_w2",
+        "mmq2_q4_ku_n2_w2",
+        "mmq2_q6_ku_n2_w2",
+    ];
     const NAMES: [[[&str; 4]; 7]; 2] = [
         [
             ["mmq_q4_0_n1", "mmq_q4_0_n2", "mmq_q4_0_n4", "mmq_q4_0_n8"],
@@ -1003,20 +1044,20 @@ fn mmq_kernel(fmt: Option<Fmt>, nt: u32, x2: bool) -> Result<&'static str> {
         8 => 3,
         _ => usize::MAX,
     };
-    NAMES[x2 as usize]
-        .get(f)
-        .and_then(|r| r.get(n))
-        .copied()
-        .filter(|s| !s.is_empty())
-        .ok_or_else(|| {
-            Error::backend(
-                "matvec",
-                format!(
-                    "no tensor-core kernel for {fmt:?} x {nt} tiles{}",
-                    if x2 { " (two-level inputs)" } else { "" }
-                ),
-            )
-        })
+    let name = match wx {
+        1 => NAMES[x2 as usize].get(f).and_then(|r| r.get(n)),
+        2 if x2 && nt == 2 => W2.get(f),
+        _ => None,
+    };
+    name.copied().filter(|s| !s.is_empty()).ok_or_else(|| {
+        Error::backend(
+            "matvec",
+            format!(
+                "no tensor-core kernel for {fmt:?} x {nt} tiles x {wx} warps a tile{}",
+                if x2 { " (two-level inputs)" } else { "" }
+            ),
+        )
+    })
 }
 
 /// The register kernel for matrices of `fmt` (None: of mixed formats), f32 or q8 input,

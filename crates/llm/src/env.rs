@@ -32,6 +32,10 @@ pub const VARIABLES: &[(&str, &str)] = &[
         "FERRITE_GPU_MMQ_TILES",
         "most 8-row input tiles a block of the prefill's int8 tensor-core products takes: 1, 2, 4 or 8",
     ),
+    (
+        "FERRITE_GPU_MMQ_WX",
+        "warps a weight tile of the prefill's int8 tensor-core products with two input tiles a block: 1 or 2",
+    ),
     ("FERRITE_GPU_MMA", "0 or 1"),
     ("FERRITE_GPU_EAGER", "0 or 1"),
     ("FERRITE_GPU_PREFILL", "0 or 1"),
@@ -103,6 +107,7 @@ pub fn check() -> Result<()> {
     int("FERRITE_GPU_MV_UPT", 1, 64)?;
     int("FERRITE_GPU_MMA_BLOCKS", 1, 16)?;
     int("FERRITE_GPU_TC_ROWS", 1, 65536)?;
+    int("FERRITE_GPU_MMQ_WX", 1, 2)?;
     if let Some(n) = int("FERRITE_GPU_MMQ_TILES", 1, 8)? {
         if !n.is_power_of_two() {
             return Err(bad("FERRITE_GPU_MMQ_TILES", &n.to_string(), "1, 2, 4 or 8"));
