@@ -1233,6 +1233,7 @@ extern "C" __global__ void __launch_bounds__(256) mmq_reduce(const MvArgs a) {
     const u32 r = (u32)(i / outs), p = (u32)(i % outs);
     const float* part = (const float*)a.argmax;
     float v = 0.f, u = 0.f;
+#pragma unroll 4
     for (u32 k = 0; k < a.chunk; ++k) {
         const float* q = part + ((u64)k * a.nrows + r) * a.stride;
         v += q[p];
@@ -1376,8 +1377,10 @@ extern "C" __global__ void __launch_bounds__(256) quantize_q8x2_h(u64 x, u64 nor
     quantize_rows<true, f16>(x, 0, eps, cols, out);
 }
 
-// Most outputs a row of `mmq_reduce_q8x2` takes (its shared-memory copy of the row).
+// Most outputs a row of `mmq_reduce_q8x2` takes (its shared-memory copy of the row), and
+// outputs a thread sums at once.
 #define MQR_MAX 4096
+#define MQR_J 4
 
 // mmq_reduce for a one-segment plain product whose output rows are the rows of the next
 // product's input (a.stride == its cols <= MQR_MAX, a multiple of 32), then each finished row
@@ -1390,11 +1393,38 @@ extern "C" __global__ void __launch_bounds__(256) mmq_reduce_q8x2(const MvArgs a
     pdl_wait();
     pdl_launch();
     const u32 r = blockIdx.x, outs = a.stride;
-    const float* part = (const float*)a.argmax;
-    for (u32 p = threadIdx.x; p < outs; p += blockDim.x) {
-        float v = 0.f;
-        for (u32 k = 0; k < a.chunk; ++k) v += part[((u64)k * a.nrows + r) * a.stride + p];
-        xs[p] = mv_epilogue(a, a.seg[0], a.seg[1], p, v, 0.f, a.out + (u64)r * a.ostride);
+    const float* part = (const float*)a.argmax + (u64)r * a.stride;
+    const u64 kstep = (u64)a.nrows * a.stride;
+    // mv_epilogue of a one-segment plain launch (out_off 0), its loads issued together: the
+    // residual rows (MV_ADD) first, then the partials split by split, MQR_J outputs a thread
+    float* orow = (float*)(a.out + (u64)r * a.ostride);
+    const float* bias = (const float*)a.seg[0].bias;
+    const bool add = a.mode == MV_ADD;
+    for (u32 p0 = threadIdx.x; p0 < outs; p0 += MQR_J * blockDim.x) {
+        float v[MQR_J], o[MQR_J];
+#pragma unroll
+        for (int j = 0; j < MQR_J; ++j) {
+            const u32 p = p0 + j * blockDim.x;
+            v[j] = 0.f;
+            o[j] = add && p < outs ? orow[p] : 0.f;
+        }
+        for (u32 k = 0; k < a.chunk; ++k) {
+#pragma unroll
+            for (int j = 0; j < MQR_J; ++j) {
+                const u32 p = p0 + j * blockDim.x;
+                if (p < outs) v[j] += part[k * kstep + p];
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < MQR_J; ++j) {
+            const u32 p = p0 + j * blockDim.x;
+            if (p >= outs) continue;
+            float x = v[j];
+            if (bias) x += bias[p];
+            if (add) x = o[j] + x;
+            orow[p] = x;
+            xs[p] = x;
+        }
     }
     __syncthreads();
     const float inv = norm ? row_rms_inv(xs, outs, eps, red) : 1.0f;
