@@ -967,21 +967,24 @@ template <int F> __device__ __forceinline__ float mq_add(float acc, float d, flo
     return fmaf(d, fmaf(dx, (float)c, o), acc);
 }
 
-// One unit's integer sums c (mma.m16n8k32, s8 x s8 -> s32) of the A fragment a0..a3 and the
-// B fragment b0, b1; X2: then shifted left by 8 and the residual bytes' product (l0, l1)
-// accumulated onto them: 256 hi + lo.
-template <bool X2>
-__device__ __forceinline__ void mq_mma(u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1, u32 l0, u32 l1, int* c) {
-    c[0] = c[1] = c[2] = c[3] = 0;
+// c += A B over one 32-element unit: mma.m16n8k32, s8 x s8 -> s32, A fragment a0..a3, B
+// fragment b0, b1.
+__device__ __forceinline__ void mma_s8(int* c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
     asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
         : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// One unit's integer sums c of the A fragment a0..a3 and the B fragment b0, b1; X2: then
+// shifted left by 8 and the residual bytes' product (l0, l1) accumulated onto them: 256 hi + lo.
+template <bool X2>
+__device__ __forceinline__ void mq_mma(u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1, u32 l0, u32 l1, int* c) {
+    c[0] = c[1] = c[2] = c[3] = 0;
+    mma_s8(c, a0, a1, a2, a3, b0, b1);
     if (X2) {
 #pragma unroll
         for (int k = 0; k < 4; ++k) c[k] <<= 8;
-        asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-            : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
-            : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(l0), "r"(l1));
+        mma_s8(c, a0, a1, a2, a3, l0, l1);
     }
 }
 
@@ -989,12 +992,8 @@ __device__ __forceinline__ void mq_mma(u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u
 // same integers without the second product waiting on the first.
 __device__ __forceinline__ void mq_mma_hl(u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1, u32 l0, u32 l1, int* c) {
     int h[4] = {0, 0, 0, 0}, l[4] = {0, 0, 0, 0};
-    asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-        : "+r"(h[0]), "+r"(h[1]), "+r"(h[2]), "+r"(h[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-    asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-        : "+r"(l[0]), "+r"(l[1]), "+r"(l[2]), "+r"(l[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(l0), "r"(l1));
+    mma_s8(h, a0, a1, a2, a3, b0, b1);
+    mma_s8(l, a0, a1, a2, a3, l0, l1);
 #pragma unroll
     for (int k = 0; k < 4; ++k) c[k] = h[k] * 256 + l[k];
 }

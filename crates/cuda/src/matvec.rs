@@ -128,9 +128,6 @@ pub struct MvLaunch {
     mma: u32,
     /// Two-level 8-bit inputs (`quantize_q8x2`, `mmq2_*`): the CPU's q8x2.
     x2: bool,
-    /// Warps a weight tile of the tensor-core kernels (`mmq2_*_w{wx}`; 1: the plain ones),
-    /// each on its own `8 mma` input rows: the tile's weights staged once for `8 mma wx` rows.
-    wx: u32,
     /// Whether `enqueue` quantizes the input first (false: an earlier launch of the same
     /// input left it in the scratch, `reusing_input`).
     quantize: bool,
@@ -409,7 +406,6 @@ pub fn plan(
         x2: false,
         quantize: true,
         then_q8x2: None,
-        wx: 1,
     })
 }
 
@@ -534,7 +530,6 @@ fn plan_split(
         x2: false,
         quantize: true,
         then_q8x2: None,
-        wx: 1,
     })
 }
 
@@ -683,10 +678,10 @@ impl MvLaunch {
             .div_ceil(8)
             .next_power_of_two()
             .min(max_nt);
-        // warps a weight tile: while their input rows are all needed
-        // (64 rows or fewer: fewer block groups with two warps a tile than with one, and
-        // slower; SmolLM2-shaped on an H200, one warp against two: pp32 20,268 / 19,299,
-        // pp64 35,146 / 34,454, pp128 60,012 / 63,334 tok/s)
+        // warps a weight tile, each on its own 8 nt input rows (64 rows or fewer: fewer block
+        // groups with two warps a tile than with one, and slower; SmolLM2-shaped on an H200,
+        // one warp against two: pp32 20,268 / 19,299, pp64 35,146 / 34,454, pp128 60,012 /
+        // 63,334 tok/s)
         let wx = if x2 && nt == 2 && self.rows > 64 {
             mmq_x2_wx()
         } else {
@@ -716,7 +711,6 @@ impl MvLaunch {
             a.argmax = part.map_or(0, |b| b.ptr());
         }
         self.mma = nt;
-        self.wx = wx;
         self.grid = tiles.div_ceil(MQ_W) * ks;
         self.smem = mmq_smem(self.regs_fmt, nt * wx, x2);
         Ok(self)
@@ -847,6 +841,12 @@ impl MvLaunch {
         self.q8.is_some() && self.quantize
     }
 
+    /// Warps a weight tile of the tensor-core kernels (`mmq2_*_n2_w2`: 2), each on its own 8
+    /// `mma` input rows of the block group's `rpg`.
+    fn mma_wx(&self) -> u32 {
+        self.args.rpg / (8 * self.mma)
+    }
+
     /// Whether the product runs on the int8 tensor-core kernels.
     pub fn is_mma(&self) -> bool {
         self.mma != 0
@@ -879,14 +879,14 @@ impl MvLaunch {
             .checked_mul(groups)
             .ok_or_else(|| Error::backend("matvec", "too many blocks"))?;
         let threads = if self.mma != 0 {
-            MQ_W * 32 * self.wx
+            MQ_W * 32 * self.mma_wx()
         } else {
             MV_T
         };
         let cfg = LaunchConfig::new((grid, 1, 1), (threads, 1, 1), self.smem);
         let q8 = self.q8.is_some();
         let name = match (self.split, q8, self.persist) {
-            _ if self.mma != 0 => mmq_kernel(self.regs_fmt, self.mma, self.x2, self.wx)?,
+            _ if self.mma != 0 => mmq_kernel(self.regs_fmt, self.mma, self.x2, self.mma_wx())?,
             (true, _, _) => mvr_kernel(self.regs_fmt, q8, self.args.rpg > 1),
             (false, false, false) => "matvec",
             (false, false, true) => "matvec_persist",
