@@ -1287,81 +1287,151 @@ MMQ_W2_KERNEL(FMT_Q6_KU, q6_ku)
 
 // out (cols / 32 units of Q8U bytes) = x (f32 [cols], 16-byte aligned), RMS-normed first by
 // `norm` (f32 [cols]) if not 0, quantized as the CPU's quantize_q8 (IEEE division and no
-// contraction, so the same bytes for the same input). One warp per unit, a lane per element;
+// contraction, so the same bytes for the same input). A warp per unit, a lane per element;
 // blockIdx.y: the row of a batch of inputs (f32 [rows][cols] into [rows][cols / 32] units);
-// with a norm every block sums the squares of the whole row (fixed order: blocks agree).
+// with a norm every block sums the squares of the whole row (rms_inv_units: blocks agree).
 // X2 (quantize_q8x2): units of Q8X2U bytes, quantized twice as the CPU's quantize_q8x2: hi as
 // above, then lo the residual x - d hi in steps of d / 256 (round half away from zero, clamped
 // to +-127), the same operations unfused, so the same bytes. Units: hi's qs, d, s = d sum(hi)
 // + (d / 256) sum(lo), 8 unused bytes, lo's qs.
-// Units u0, u0 + ustep, ... of one row (f32 x [cols], 16-byte aligned; global or shared
-// memory) into `out` as described above; `inv` the row's RMS factor (1 without a norm). One
-// warp per unit.
-// In: the rows' element type, float or f16 (read as f32, exactly).
-__device__ __forceinline__ float ld_in(const float* p) { return *p; }
-__device__ __forceinline__ float ld_in(const f16* p) { return f16_to_f32(*p); }
-template <bool X2, typename In = float>
-__device__ __forceinline__ void quantize_units(const In* xf, const float* g, float inv, u32 cols, u8* out,
-                                               u32 u0, u32 ustep) {
-    constexpr u32 XU = X2 ? Q8X2U : Q8U;
-    const u32 lane = threadIdx.x & 31;
-    for (u32 u = u0; u < (cols >> 5); u += ustep) {
-        float v = ld_in(xf + 32 * u + lane);
-        if (g) v = __fmul_rn(__fmul_rn(v, inv), g[32 * u + lane]);
-        // |v| >= 0: its bits order as the values
-        const float amax = __int_as_float((int)__reduce_max_sync(0xffffffffu, (u32)__float_as_int(fabsf(v))));
-        const float d = __fdiv_rn(amax, 127.0f);
-        const float id = d != 0.0f ? __fdiv_rn(1.0f, d) : 0.0f;
-        const float r = __fmul_rn(v, id);
-        const int q = (int)__fadd_rn(r, copysignf(0.5f, r));
-        const int sum = __reduce_add_sync(0xffffffffu, q);
-        u8* o = out + (u64)u * XU;
-        o[lane] = (u8)(q & 0xff);
-        float s = __fmul_rn(d, (float)sum);
-        if (X2) {
-            const float dl = __fmul_rn(d, 1.0f / 256.0f);
-            const float idl = d != 0.0f ? __fdiv_rn(256.0f, d) : 0.0f;
-            const float rl = __fmul_rn(__fsub_rn(v, __fmul_rn(d, (float)q)), idl);
-            const int ql = max(-127, min(127, (int)__fadd_rn(rl, copysignf(0.5f, rl))));
-            o[Q8U + lane] = (u8)(ql & 0xff);
-            s = __fadd_rn(s, __fmul_rn(dl, (float)__reduce_add_sync(0xffffffffu, ql)));
+
+// Quantization by groups of 8 lanes: a unit's 32 values as 8 lanes of 4 (lane l of the group
+// holds elements 4l..4l+3), four units a warp; the group's maxima and sums are taken with
+// shuffles within the group (exact: integer sums and a maximum), so the bytes are those of a
+// warp per unit. Every lane of the warp takes part.
+__device__ __forceinline__ float group8_sum(float v) {
+    v += __shfl_xor_sync(0xffffffffu, v, 1);
+    v += __shfl_xor_sync(0xffffffffu, v, 2);
+    v += __shfl_xor_sync(0xffffffffu, v, 4);
+    return v;
+}
+__device__ __forceinline__ int group8_isum(int v) {
+    v += __shfl_xor_sync(0xffffffffu, v, 1);
+    v += __shfl_xor_sync(0xffffffffu, v, 2);
+    v += __shfl_xor_sync(0xffffffffu, v, 4);
+    return v;
+}
+
+// A unit's sum of squares: each lane's four rounded squares added in order, then the group's
+// sums (every lane of the group gets the same bits).
+__device__ __forceinline__ float sumsq8(const float* e) {
+    return group8_sum(
+        __fadd_rn(__fadd_rn(__fadd_rn(__fmul_rn(e[0], e[0]), __fmul_rn(e[1], e[1])), __fmul_rn(e[2], e[2])),
+                  __fmul_rn(e[3], e[3])));
+}
+
+// Bytes b0..b3 of the low bits of q[0..4] as one word.
+__device__ __forceinline__ u32 pack4(const int* q) {
+    return (u32)(q[0] & 0xff) | ((u32)(q[1] & 0xff) << 8) | ((u32)(q[2] & 0xff) << 16) | ((u32)(q[3] & 0xff) << 24);
+}
+
+// One unit: lane `sub` (0..8) of its group holds elements e[0..4] = 4 sub..4 sub + 3; the
+// unit's bytes go to o (written only if `store`).
+template <bool X2>
+__device__ __forceinline__ void quantize_unit8(const float* e, u8* o, u32 sub, bool store) {
+    // |v| >= 0: its bits order as the values
+    int m = max(max(__float_as_int(fabsf(e[0])), __float_as_int(fabsf(e[1]))),
+                max(__float_as_int(fabsf(e[2])), __float_as_int(fabsf(e[3]))));
+    m = max(m, __shfl_xor_sync(0xffffffffu, m, 1));
+    m = max(m, __shfl_xor_sync(0xffffffffu, m, 2));
+    m = max(m, __shfl_xor_sync(0xffffffffu, m, 4));
+    const float d = __fdiv_rn(__int_as_float(m), 127.0f);
+    const float id = d != 0.0f ? __fdiv_rn(1.0f, d) : 0.0f;
+    int q[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const float r = __fmul_rn(e[i], id);
+        q[i] = (int)__fadd_rn(r, copysignf(0.5f, r));
+    }
+    float s = __fmul_rn(d, (float)group8_isum(q[0] + q[1] + q[2] + q[3]));
+    if (store) *(u32*)(o + 4 * sub) = pack4(q);
+    if (X2) {
+        const float dl = __fmul_rn(d, 1.0f / 256.0f);
+        const float idl = d != 0.0f ? __fdiv_rn(256.0f, d) : 0.0f;
+        int ql[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const float rl = __fmul_rn(__fsub_rn(e[i], __fmul_rn(d, (float)q[i])), idl);
+            ql[i] = max(-127, min(127, (int)__fadd_rn(rl, copysignf(0.5f, rl))));
         }
-        if (lane == 0) {
-            ((float*)(o + 32))[0] = d;
-            ((float*)(o + 32))[1] = s;
-        }
+        s = __fadd_rn(s, __fmul_rn(dl, (float)group8_isum(ql[0] + ql[1] + ql[2] + ql[3])));
+        if (store) *(u32*)(o + Q8U + 4 * sub) = pack4(ql);
+    }
+    if (store && sub == 0) {
+        ((float*)(o + 32))[0] = d;
+        ((float*)(o + 32))[1] = s;
     }
 }
 
-// The RMS factor 1 / sqrt(mean(x^2) + eps) of a row (f32 [cols], cols % 4 == 0, 16-byte
-// aligned), summed in a fixed order by the whole block (every thread gets it).
-__device__ __forceinline__ float row_rms_inv(const float* x, u32 cols, float eps, float* red) {
-    float ss = 0.f;
-    for (u32 i = threadIdx.x; i < (cols >> 2); i += blockDim.x) {
-        const F4 v = ((const F4*)x)[i];
-        ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
-    }
-    ss = block_sum(ss, red);
-    return 1.0f / sqrtf(ss / (float)cols + eps);
+// Four consecutive values as f32 (16-byte aligned f32, or 8-byte aligned f16: exact).
+__device__ __forceinline__ void ld4(const float* p, float* e) {
+    const F4 v = *(const F4*)p;
+    e[0] = v.x, e[1] = v.y, e[2] = v.z, e[3] = v.w;
+}
+__device__ __forceinline__ void ld4(const f16* p, float* e) {
+    const uint2 v = *(const uint2*)p;
+    f16 h;
+    h.x = (unsigned short)(v.x & 0xffffu), e[0] = f16_to_f32(h);
+    h.x = (unsigned short)(v.x >> 16), e[1] = f16_to_f32(h);
+    h.x = (unsigned short)(v.y & 0xffffu), e[2] = f16_to_f32(h);
+    h.x = (unsigned short)(v.y >> 16), e[3] = f16_to_f32(h);
 }
 
-// In: float, or f16 without a norm (the RMS factor is summed over f32 rows only).
+// Most outputs a row of the quantizing split-K sums takes (MQR_MAX / 32 units).
+#define MQR_MAX 4096
+
+// The RMS factor 1 / sqrt(mean(x^2) + eps) of a row of `cols` values from its units' sums of
+// squares us[0..cols / 32) (sumsq8): lane l adds us[l], us[l + 32], ... in order, then the
+// warp's sum. Every warp and lane of every block gets the same bits for the same row.
+__device__ __forceinline__ float rms_inv_units(const float* us, u32 cols, float eps) {
+    float s = 0.f;
+    for (u32 u = threadIdx.x & 31; u < (cols >> 5); u += 32) s += us[u];
+    s = warp_sum(s);
+    return 1.0f / sqrtf(s / (float)cols + eps);
+}
+
+// A row x of `cols` In values (float, or f16 without a norm: the RMS factor is summed over f32
+// rows only), RMS-normed by `norm` if not 0, into `out` (cols / 32 units of Q8U, X2: Q8X2U
+// bytes). Units 4 w .. 4 w + 3 for the block's warps w of gridDim.x * warps (8 lanes a unit);
+// with a norm every block first sums the squares of every unit of the row.
 template <bool X2, typename In = float>
 __device__ __forceinline__ void quantize_rows(u64 x, u64 norm, float eps, u32 cols, u64 out) {
-    __shared__ float red[32];
+    __shared__ float us[MQR_MAX / 32];
     constexpr u32 XU = X2 ? Q8X2U : Q8U;
     pdl_wait();
     pdl_launch();
     // row blockIdx.y of a batch: x rows of cols In values, out rows of cols / 32 units
-    x += (u64)blockIdx.y * cols * sizeof(In);
-    out += (u64)blockIdx.y * (cols >> 5) * XU;
+    const In* xf = (const In*)(x + (u64)blockIdx.y * cols * sizeof(In));
+    u8* o = (u8*)(out + (u64)blockIdx.y * (cols >> 5) * XU);
+    const u32 warps = blockDim.x >> 5, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const u32 sub = lane & 7, units = cols >> 5;
+    const float* g = (const float*)norm;
     float inv = 1.0f;
     if constexpr (sizeof(In) == 4) {
-        if (norm) inv = row_rms_inv((const float*)x, cols, eps, red);
+        if (g) {
+            for (u32 u4 = 4 * warp; u4 < units; u4 += 4 * warps) {
+                const u32 u = u4 + (lane >> 3);
+                float e[4] = {0.f, 0.f, 0.f, 0.f};
+                if (u < units) ld4(xf + 32 * u + 4 * sub, e);
+                const float ss = sumsq8(e);
+                if (u < units && sub == 0) us[u] = ss;
+            }
+            __syncthreads();
+            inv = rms_inv_units(us, cols, eps);
+        }
     }
-    const u32 warps = blockDim.x >> 5;
-    quantize_units<X2>((const In*)x, (const float*)norm, inv, cols, (u8*)out,
-                       blockIdx.x * warps + (threadIdx.x >> 5), gridDim.x * warps);
+    for (u32 u4 = 4 * (blockIdx.x * warps + warp); u4 < units; u4 += 4 * gridDim.x * warps) {
+        const u32 u = u4 + (lane >> 3), uc = u < units ? u : u4;
+        float e[4];
+        ld4(xf + 32 * uc + 4 * sub, e);
+        if (g) {
+            float w[4];
+            ld4(g + 32 * uc + 4 * sub, w);
+#pragma unroll
+            for (int i = 0; i < 4; ++i) e[i] = __fmul_rn(__fmul_rn(e[i], inv), w[i]);
+        }
+        quantize_unit8<X2>(e, o + (u64)uc * XU, sub, u < units);
+    }
 }
 
 extern "C" __global__ void __launch_bounds__(256) quantize_q8(u64 x, u64 norm, float eps, u32 cols, u64 out) {
@@ -1376,59 +1446,66 @@ extern "C" __global__ void __launch_bounds__(256) quantize_q8x2_h(u64 x, u64 nor
     quantize_rows<true, f16>(x, 0, eps, cols, out);
 }
 
-// Most outputs a row of `mmq_reduce_q8x2` takes (its shared-memory copy of the row), and
-// outputs a thread sums at once.
-#define MQR_MAX 4096
-#define MQR_J 4
-
 // mmq_reduce for a one-segment plain product whose output rows are the rows of the next
-// product's input (a.stride == its cols <= MQR_MAX, a multiple of 32), then each finished row
-// RMS-normed by `norm` (f32 [stride], or 0 for none) and quantized as quantize_q8x2 into `q`
-// (row r at r * stride / 32 units): the next product's quantization without its own launch,
-// the same bytes. One block of 256 threads per input row.
-extern "C" __global__ void __launch_bounds__(256) mmq_reduce_q8x2(const MvArgs a, u64 norm, float eps, u64 q) {
-    __shared__ float red[32];
-    __shared__ __align__(16) float xs[MQR_MAX];
+// product's input (a.stride == its cols <= MQR_MAX, a multiple of 32; a.out, its rows, the
+// partials and the bias 16-byte aligned), then each finished row RMS-normed by `norm` (f32
+// [stride], or 0 for none) and quantized as quantize_q8x2 into `q` (row r at r * stride / 32
+// units): the next product's quantization without its own launch, the same bytes. One block
+// per input row, 8 lanes a unit (blockDim.x = 32 ceil(units / 4)): a lane holds 4 outputs in
+// registers from the sums to the quantization. The epilogue is mv_epilogue's for a
+// one-segment plain launch (bias, then residual + value), written out so that the residuals
+// load with the partials.
+extern "C" __global__ void __launch_bounds__(1024) mmq_reduce_q8x2(const MvArgs a, u64 norm, float eps, u64 q) {
+    __shared__ float us[MQR_MAX / 32];
     pdl_wait();
     pdl_launch();
-    const u32 r = blockIdx.x, outs = a.stride;
-    const float* part = (const float*)a.argmax + (u64)r * a.stride;
+    const u32 r = blockIdx.x, units = a.stride >> 5;
+    const u32 sub = threadIdx.x & 7, u = threadIdx.x >> 3;
+    const bool live = u < units;
+    const u32 p = 32 * (live ? u : 0) + 4 * sub;  // a lane past the units works on unit 0
+    const float* part = (const float*)a.argmax + (u64)r * a.stride + p;
     const u64 kstep = (u64)a.nrows * a.stride;
-    // mv_epilogue of a one-segment plain launch (out_off 0), its loads issued together: the
-    // residual rows (MV_ADD) first, then the partials split by split, MQR_J outputs a thread
-    float* orow = (float*)(a.out + (u64)r * a.ostride);
+    float* orow = (float*)(a.out + (u64)r * a.ostride) + p;
     const float* bias = (const float*)a.seg[0].bias;
     const bool add = a.mode == MV_ADD;
-    for (u32 p0 = threadIdx.x; p0 < outs; p0 += MQR_J * blockDim.x) {
-        float v[MQR_J], o[MQR_J];
+    float o[4] = {0.f, 0.f, 0.f, 0.f}, v[4] = {0.f, 0.f, 0.f, 0.f};
+    if (add) ld4(orow, o);
+    // the partials of up to 4 splits loaded before they are added (in split order)
+    for (u32 k0 = 0; k0 < a.chunk; k0 += 4) {
+        float t[4][4];
 #pragma unroll
-        for (int j = 0; j < MQR_J; ++j) {
-            const u32 p = p0 + j * blockDim.x;
-            v[j] = 0.f;
-            o[j] = add && p < outs ? orow[p] : 0.f;
-        }
-        for (u32 k = 0; k < a.chunk; ++k) {
-#pragma unroll
-            for (int j = 0; j < MQR_J; ++j) {
-                const u32 p = p0 + j * blockDim.x;
-                if (p < outs) v[j] += part[k * kstep + p];
-            }
+        for (int kk = 0; kk < 4; ++kk) {
+            if (k0 + kk < a.chunk) ld4(part + (k0 + kk) * kstep, t[kk]);
         }
 #pragma unroll
-        for (int j = 0; j < MQR_J; ++j) {
-            const u32 p = p0 + j * blockDim.x;
-            if (p >= outs) continue;
-            float x = v[j];
-            if (bias) x += bias[p];
-            if (add) x = o[j] + x;
-            orow[p] = x;
-            xs[p] = x;
+        for (int kk = 0; kk < 4; ++kk) {
+            if (k0 + kk >= a.chunk) break;
+#pragma unroll
+            for (int i = 0; i < 4; ++i) v[i] += t[kk][i];
         }
     }
+    float b[4] = {0.f, 0.f, 0.f, 0.f};
+    if (bias) ld4(bias + p, b);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        float x = v[i];
+        if (bias) x += b[i];
+        if (add) x = o[i] + x;
+        v[i] = x;
+    }
+    if (live) *(F4*)orow = F4{v[0], v[1], v[2], v[3]};
+    const float ss = sumsq8(v);
+    if (live && sub == 0) us[u] = ss;
     __syncthreads();
-    const float inv = norm ? row_rms_inv(xs, outs, eps, red) : 1.0f;
-    quantize_units<true>(xs, (const float*)norm, inv, outs, (u8*)q + (u64)r * (outs >> 5) * Q8X2U,
-                         threadIdx.x >> 5, blockDim.x >> 5);
+    const float* g = (const float*)norm;
+    if (g) {
+        const float inv = rms_inv_units(us, a.stride, eps);
+        float w[4];
+        ld4(g + p, w);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) v[i] = __fmul_rn(__fmul_rn(v[i], inv), w[i]);
+    }
+    quantize_unit8<true>(v, (u8*)q + ((u64)r * units + (live ? u : 0)) * Q8X2U, sub, live);
 }
 
 // Layout of `EmbedArgs` in gpu/matvec.rs.

@@ -536,6 +536,12 @@ fn plan_split(
 /// Blocks of a launch of `tiles` tiles, and whether they persist (take several tiles each):
 /// when there are more tiles than blocks fit the multiprocessors at once, by registers and by
 /// shared memory (228 KiB per SM, 1 KiB reserved per block).
+/// Blocks a row of the input quantization (`quantize_rows`: 8 warps a block, 8 lanes a
+/// 32-element unit, so 32 units a block).
+fn quantize_blocks(units: usize) -> Result<u32> {
+    u32_of(units.div_ceil(32).max(1), "blocks")
+}
+
 fn grid_for(sm_count: u32, smem: usize, tiles: u32) -> (u32, bool) {
     let per_sm = MV_BLOCKS_PER_SM.min(228 * 1024 / (smem + 1024)).max(1);
     let resident = (per_sm * sm_count.max(1) as usize).min(u32::MAX as usize) as u32;
@@ -585,8 +591,7 @@ impl MvLaunch {
             eps: a.eps,
             cols: a.cols,
             out: scratch.ptr(),
-            // one warp per unit, 8 per block
-            grid: u32_of(units.div_ceil(8).max(1), "blocks")?,
+            grid: quantize_blocks(units)?,
             half: false,
         });
         check_len(
@@ -779,7 +784,7 @@ impl MvLaunch {
     /// these rows as its input (which then runs `reusing_input`): the same bytes, one launch
     /// fewer. None where that does not apply: no split-K sums, GLU or several segments, an
     /// output offset or a row stride other than the outputs, outputs other than `next_cols`
-    /// or more than `MQR_MAX`.
+    /// or more than `MQR_MAX`, outputs, partials, bias or norm not 16-byte aligned.
     pub fn quantizing_next(
         mut self,
         next_cols: usize,
@@ -800,6 +805,8 @@ impl MvLaunch {
             || outs != next_cols
             || outs > MQR_MAX
             || !outs.is_multiple_of(32)
+            || !(a.out | a.argmax | a.seg[0].bias | norm.map_or(0, |(w, _)| w.ptr()))
+                .is_multiple_of(16)
         {
             return Ok(None);
         }
@@ -905,7 +912,9 @@ impl MvLaunch {
             .then_q8x2
             .filter(|_| self.mma != 0 && self.args.chunk > 1)
         {
-            let cfg = LaunchConfig::new((self.rows, 1, 1), (256, 1, 1), 0);
+            // 8 lanes a 32-element unit
+            let threads = (self.args.stride / 32).div_ceil(4) * 32;
+            let cfg = LaunchConfig::new((self.rows, 1, 1), (threads, 1, 1), 0);
             let args = KernelArgs::new().arg(self.args).arg(norm).arg(eps).arg(q);
             return crate::step::launch(dev, "matvec", &SOURCE, "mmq_reduce_q8x2", cfg, args);
         }

@@ -66,36 +66,53 @@ __device__ __forceinline__ float ld_cg(const float* p) {
     return v;
 }
 
-// Heads x[h * hd + d] (h < nheads) in shared memory: RMS norm of each head with weight w (if
-// not null), then RoPE at `pos`, as the CPU model (norm, then rotation of the first rope_dim
-// values). Called by all threads of the block; `tmp` holds nheads floats.
-__device__ void norm_rope(float* x, u32 nheads, u32 hd, const float* w, float eps, u32 pos,
-                          float pos_scale, const float* inv, u32 rope_dim, u32 neox, float* tmp) {
+// Heads x[h * hd + d] (h < nheads) in shared memory: each head RMS-normed with weight w, as
+// the CPU model. Called by all threads of the block; `tmp` holds nheads floats.
+__device__ void head_norms(float* x, u32 nheads, u32 hd, const float* w, float eps, float* tmp) {
     const u32 tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nw = blockDim.x >> 5;
-    if (w) {
-        for (u32 h = warp; h < nheads; h += nw) {
-            float ss = 0.f;
-            for (u32 d = lane; d < hd; d += 32) ss += x[h * hd + d] * x[h * hd + d];
-            ss = warp_sum(ss);
-            if (lane == 0) tmp[h] = 1.0f / sqrtf(ss / (float)hd + eps);
-        }
-        __syncthreads();
-        for (u32 i = tid; i < nheads * hd; i += blockDim.x) x[i] = x[i] * tmp[i / hd] * w[i % hd];
-        __syncthreads();
+    for (u32 h = warp; h < nheads; h += nw) {
+        float ss = 0.f;
+        for (u32 d = lane; d < hd; d += 32) ss += x[h * hd + d] * x[h * hd + d];
+        ss = warp_sum(ss);
+        if (lane == 0) tmp[h] = 1.0f / sqrtf(ss / (float)hd + eps);
     }
+    __syncthreads();
+    for (u32 i = tid; i < nheads * hd; i += blockDim.x) x[i] = x[i] * tmp[i / hd] * w[i % hd];
+    __syncthreads();
+}
+
+// The rotation of the first rope_dim values of each head (pairs (j, j + rope_dim / 2) with
+// neox, else (2j, 2j + 1)) by the angle whose cosine and sine cs(j) returns.
+template <typename CS>
+__device__ __forceinline__ void rope_heads(float* x, u32 nheads, u32 hd, u32 rope_dim, u32 neox, CS cs) {
     const u32 half = rope_dim >> 1;
-    const float p = (float)pos * pos_scale;
-    for (u32 i = tid; i < nheads * half; i += blockDim.x) {
+    for (u32 i = threadIdx.x; i < nheads * half; i += blockDim.x) {
         const u32 h = i / half, j = i % half;
         const u32 ia = neox ? j : 2 * j, ib = neox ? j + half : 2 * j + 1;
-        const float ang = p * inv[j];
-        const float c = cosf(ang), s = sinf(ang);
+        const float2 r = cs(j);
+        const float c = r.x, s = r.y;
         float* xh = x + h * hd;
         const float x0 = xh[ia], x1 = xh[ib];
         xh[ia] = x0 * c - x1 * s;
         xh[ib] = x0 * s + x1 * c;
     }
     __syncthreads();
+}
+
+// The angle of rotary pair j at position p (pos times the position scale): cos, sin.
+__device__ __forceinline__ float2 rope_cs(float p, const float* inv, u32 j) {
+    const float ang = p * inv[j];
+    return make_float2(cosf(ang), sinf(ang));
+}
+
+// Heads x[h * hd + d] (h < nheads) in shared memory: RMS norm of each head with weight w (if
+// not null), then RoPE at `pos`, as the CPU model (norm, then rotation of the first rope_dim
+// values). Called by all threads of the block; `tmp` holds nheads floats.
+__device__ void norm_rope(float* x, u32 nheads, u32 hd, const float* w, float eps, u32 pos,
+                          float pos_scale, const float* inv, u32 rope_dim, u32 neox, float* tmp) {
+    if (w) head_norms(x, nheads, hd, w, eps, tmp);
+    const float p = (float)pos * pos_scale;
+    rope_heads(x, nheads, hd, rope_dim, neox, [&](u32 j) { return rope_cs(p, inv, j); });
 }
 
 // The attention step of one layer for the token at `pos`. Block (kv head g, head subgroup,

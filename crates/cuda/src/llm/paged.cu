@@ -36,25 +36,49 @@ struct RopeStoreArgs {
     u32 f0, f1, lk, pad2;
 };
 
+// Four floats as four f16 (8 bytes).
+__device__ __forceinline__ uint2 f16x4(F4 v) {
+    return make_uint2((u32)f32_to_f16(v.x).x | ((u32)f32_to_f16(v.y).x << 16),
+                      (u32)f32_to_f16(v.z).x | ((u32)f32_to_f16(v.w).x << 16));
+}
+
+// 16-byte loads of a row a thread issues together.
+#define RS_J 4
+
 // Row blockIdx.x: q and k normed per head (gemma3) and rotated at the row's position (q in
-// place), k and v stored as f16 into the row's slot of the cache. Dynamic shared memory:
-// (nh + nkv) * (hd + 1) floats.
+// place), k and v stored as f16 into the row's slot of the cache. hd % 4 == 0. Dynamic shared
+// memory: rope_store_floats(nh, nkv, hd, rope_dim) floats (paged.rs): the row (q | k | v),
+// the heads' RMS factors, and the (cos, sin) of each rotary pair.
 extern "C" __global__ void __launch_bounds__(128) rope_store(const RopeStoreArgs a) {
     extern __shared__ __align__(16) float rs_sm[];
+    const u32 r = blockIdx.x, tid = threadIdx.x;
+    const u32 nq = a.nh * a.hd, nk = a.nkv * a.hd;
+    const u32 nq4 = nq / 4, nk4 = nk / 4, hd4 = a.hd / 4, w4 = nq4 + 2 * nk4;
+    float* x = rs_sm;
+    F4* x4 = (F4*)rs_sm;
+    float* tmp = x + nq + 2 * nk;
+    float2* cs = (float2*)(tmp + ((a.nh + a.nkv + 1) & ~1u));
+    // The step's row metadata and block tables and the frequencies are written before the
+    // step's first kernel, never by a kernel: read (and the angles computed) before waiting
+    // on the previous kernel, so that only the row's own loads follow the wait.
+    const u32 pos = ((const u32*)a.rows)[2 * r];
+    u32 blk = 0;
+    if (pos != PAD_ROW) {
+        blk = ((const u32*)a.tables)[((const u32*)a.rows)[2 * r + 1] + pos / KV_BS];
+        const float p = (float)pos * a.pos_scale;
+        for (u32 j = tid; j < a.rope_dim / 2; j += blockDim.x) cs[j] = rope_cs(p, (const float*)a.inv_freq, j);
+    }
     pdl_wait();
     pdl_launch();
-    const u32 r = blockIdx.x;
-    const u32 pos = ((const u32*)a.rows)[2 * r];
-    const u32 nq = a.nh * a.hd, nk = a.nkv * a.hd;
     if (pos == PAD_ROW) {
         // A padding row of a prefill graph's chunk (rows f0..f1 from position 0): zeros for
         // the flash op's q, k and v, so its masked keys hold finite values.
         if (a.qh) {
             f16* qh = (f16*)a.qh + (u64)r * nq;
-            for (u32 i = threadIdx.x; i < nq; i += blockDim.x) qh[i] = f32_to_f16(0.f);
+            for (u32 i = tid; i < nq; i += blockDim.x) qh[i] = f32_to_f16(0.f);
         }
         if (a.kh && r >= a.f0 && r < a.f1) {
-            for (u32 i = threadIdx.x; i < nk; i += blockDim.x) {
+            for (u32 i = tid; i < nk; i += blockDim.x) {
                 const u64 at = ((u64)(i / a.hd) * a.lk + (r - a.f0)) * a.hd + i % a.hd;
                 ((f16*)a.kh)[at] = f32_to_f16(0.f);
                 ((f16*)a.vh)[at] = f32_to_f16(0.f);
@@ -62,39 +86,41 @@ extern "C" __global__ void __launch_bounds__(128) rope_store(const RopeStoreArgs
         }
         return;
     }
-    const u32 toff = ((const u32*)a.rows)[2 * r + 1];
-    float* row = (float*)a.qkv + (u64)r * a.qkv_w;
-    float* x = rs_sm;
-    float* tmp = rs_sm + nq + nk;
-    for (u32 i = threadIdx.x; i < nq + nk; i += blockDim.x) x[i] = row[i];
-    __syncthreads();
-    const float* inv = (const float*)a.inv_freq;
-    if (a.qnorm) {
-        norm_rope(x, a.nh, a.hd, (const float*)a.qnorm, a.eps, pos, a.pos_scale, inv, a.rope_dim, a.neox, tmp);
-        norm_rope(x + nq, a.nkv, a.hd, (const float*)a.knorm, a.eps, pos, a.pos_scale, inv, a.rope_dim, a.neox,
-                  tmp);
-    } else {
-        norm_rope(x, a.nh + a.nkv, a.hd, nullptr, 0.f, pos, a.pos_scale, inv, a.rope_dim, a.neox, tmp);
-    }
-    for (u32 i = threadIdx.x; i < nq; i += blockDim.x) row[i] = x[i];
-    if (a.qh) {
-        f16* qh = (f16*)a.qh + (u64)r * nq;
-        for (u32 i = threadIdx.x; i < nq; i += blockDim.x) qh[i] = f32_to_f16(x[i]);
-    }
-    if (a.kh && r >= a.f0 && r < a.f1) {
-        for (u32 i = threadIdx.x; i < nk; i += blockDim.x) {
-            const u64 at = ((u64)(i / a.hd) * a.lk + pos) * a.hd + i % a.hd;
-            ((f16*)a.kh)[at] = f32_to_f16(x[nq + i]);
-            ((f16*)a.vh)[at] = f32_to_f16(row[nq + nk + i]);
+    F4* row = (F4*)((float*)a.qkv + (u64)r * a.qkv_w);
+    for (u32 i0 = tid; i0 < w4; i0 += RS_J * blockDim.x) {
+        F4 v[RS_J];
+#pragma unroll
+        for (int j = 0; j < RS_J; ++j) {
+            if (i0 + j * blockDim.x < w4) v[j] = row[i0 + j * blockDim.x];
+        }
+#pragma unroll
+        for (int j = 0; j < RS_J; ++j) {
+            if (i0 + j * blockDim.x < w4) x4[i0 + j * blockDim.x] = v[j];
         }
     }
-    const u32 blk = ((const u32*)a.tables)[toff + pos / KV_BS];
+    __syncthreads();
+    if (a.qnorm) {
+        head_norms(x, a.nh, a.hd, (const float*)a.qnorm, a.eps, tmp);
+        head_norms(x + nq, a.nkv, a.hd, (const float*)a.knorm, a.eps, tmp + a.nh);
+    }
+    rope_heads(x, a.nh + a.nkv, a.hd, a.rope_dim, a.neox, [&](u32 j) { return cs[j]; });
+    for (u32 i = tid; i < nq4; i += blockDim.x) row[i] = x4[i];
+    if (a.qh) {
+        uint2* qh = (uint2*)((f16*)a.qh + (u64)r * nq);
+        for (u32 i = tid; i < nq4; i += blockDim.x) qh[i] = f16x4(x4[i]);
+    }
+    if (a.kh && r >= a.f0 && r < a.f1) {
+        for (u32 i = tid; i < nk4; i += blockDim.x) {
+            const u64 at = ((u64)(i / hd4) * a.lk + pos) * hd4 + i % hd4;
+            ((uint2*)a.kh)[at] = f16x4(x4[nq4 + i]);
+            ((uint2*)a.vh)[at] = f16x4(x4[nq4 + nk4 + i]);
+        }
+    }
     const u32 slot = pos % KV_BS;
-    for (u32 i = threadIdx.x; i < nk; i += blockDim.x) {
-        const u32 g = i / a.hd, d = i % a.hd;
-        const u64 at = kv_at(blk, a.layer, a.n_layer, a.nkv, g, slot, a.hd) + d;
-        ((f16*)a.kc)[at] = f32_to_f16(x[nq + i]);
-        ((f16*)a.vc)[at] = f32_to_f16(row[nq + nk + i]);
+    for (u32 i = tid; i < nk4; i += blockDim.x) {
+        const u64 at = kv_at(blk, a.layer, a.n_layer, a.nkv, i / hd4, slot, a.hd) / 4 + i % hd4;
+        ((uint2*)a.kc)[at] = f16x4(x4[nq4 + i]);
+        ((uint2*)a.vc)[at] = f16x4(x4[nq4 + nk4 + i]);
     }
 }
 

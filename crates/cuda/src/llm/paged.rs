@@ -58,6 +58,12 @@ pub struct RopeStoreArgs {
     pub pad2: u32,
 }
 
+/// Bytes of dynamic shared memory `rope_store` takes: the row (q | k | v), the heads' RMS
+/// factors (padded to an even count), and a (cos, sin) pair for each rotary pair.
+pub fn rope_store_smem(nh: usize, nkv: usize, hd: usize, rope_dim: usize) -> usize {
+    ((nh + 2 * nkv) * hd + (nh + nkv).next_multiple_of(2) + rope_dim) * 4
+}
+
 /// `PagedAttnArgs` in paged.cu.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]

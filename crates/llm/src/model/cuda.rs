@@ -1512,10 +1512,10 @@ impl Kernels for CudaKernels<'_> {
         } else {
             &self.m.inv_freq
         };
-        let smem = ((nh + nkv) * hd + nh + nkv) * 4;
+        let smem = paged::rope_store_smem(nh, nkv, hd, c.rope_dim);
         if smem > 48 * 1024 {
             return Err(Error::Model(format!(
-                "rope_store: {nh} + {nkv} heads of {hd} need {smem} bytes of shared memory; at most 49152"
+                "rope_store: {nh} + 2 x {nkv} heads of {hd} need {smem} bytes of shared memory; at most 49152"
             )));
         }
         let qkv_w = (nh + 2 * nkv) * hd;
