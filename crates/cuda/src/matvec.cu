@@ -1287,7 +1287,7 @@ MMQ_W2_KERNEL(FMT_Q6_KU, q6_ku)
 
 // out (cols / 32 units of Q8U bytes) = x (f32 [cols], 16-byte aligned), RMS-normed first by
 // `norm` (f32 [cols]) if not 0, quantized as the CPU's quantize_q8 (IEEE division and no
-// contraction, so the same bytes for the same input). A warp per unit, a lane per element;
+// contraction, so the same bytes for the same input). 8 lanes a unit (quantize_unit8);
 // blockIdx.y: the row of a batch of inputs (f32 [rows][cols] into [rows][cols / 32] units);
 // with a norm every block sums the squares of the whole row (rms_inv_units: blocks agree).
 // X2 (quantize_q8x2): units of Q8X2U bytes, quantized twice as the CPU's quantize_q8x2: hi as
@@ -1297,8 +1297,8 @@ MMQ_W2_KERNEL(FMT_Q6_KU, q6_ku)
 
 // Quantization by groups of 8 lanes: a unit's 32 values as 8 lanes of 4 (lane l of the group
 // holds elements 4l..4l+3), four units a warp; the group's maxima and sums are taken with
-// shuffles within the group (exact: integer sums and a maximum), so the bytes are those of a
-// warp per unit. Every lane of the warp takes part.
+// shuffles within the group (exact: integer sums and a maximum), so the bytes do not depend
+// on how lanes share a unit. Every lane of the warp takes part.
 __device__ __forceinline__ float group8_sum(float v) {
     v += __shfl_xor_sync(0xffffffffu, v, 1);
     v += __shfl_xor_sync(0xffffffffu, v, 2);
