@@ -1299,13 +1299,8 @@ MMQ_W2_KERNEL(FMT_Q6_KU, q6_ku)
 // holds elements 4l..4l+3), four units a warp; the group's maxima and sums are taken with
 // shuffles within the group (exact: integer sums and a maximum), so the bytes do not depend
 // on how lanes share a unit. Every lane of the warp takes part.
-__device__ __forceinline__ float group8_sum(float v) {
-    v += __shfl_xor_sync(0xffffffffu, v, 1);
-    v += __shfl_xor_sync(0xffffffffu, v, 2);
-    v += __shfl_xor_sync(0xffffffffu, v, 4);
-    return v;
-}
-__device__ __forceinline__ int group8_isum(int v) {
+template <typename A>
+__device__ __forceinline__ A group8_sum(A v) {
     v += __shfl_xor_sync(0xffffffffu, v, 1);
     v += __shfl_xor_sync(0xffffffffu, v, 2);
     v += __shfl_xor_sync(0xffffffffu, v, 4);
@@ -1343,7 +1338,7 @@ __device__ __forceinline__ void quantize_unit8(const float* e, u8* o, u32 sub, b
         const float r = __fmul_rn(e[i], id);
         q[i] = (int)__fadd_rn(r, copysignf(0.5f, r));
     }
-    float s = __fmul_rn(d, (float)group8_isum(q[0] + q[1] + q[2] + q[3]));
+    float s = __fmul_rn(d, (float)group8_sum(q[0] + q[1] + q[2] + q[3]));
     if (store) *(u32*)(o + 4 * sub) = pack4(q);
     if (X2) {
         const float dl = __fmul_rn(d, 1.0f / 256.0f);
@@ -1354,7 +1349,7 @@ __device__ __forceinline__ void quantize_unit8(const float* e, u8* o, u32 sub, b
             const float rl = __fmul_rn(__fsub_rn(e[i], __fmul_rn(d, (float)q[i])), idl);
             ql[i] = max(-127, min(127, (int)__fadd_rn(rl, copysignf(0.5f, rl))));
         }
-        s = __fadd_rn(s, __fmul_rn(dl, (float)group8_isum(ql[0] + ql[1] + ql[2] + ql[3])));
+        s = __fadd_rn(s, __fmul_rn(dl, (float)group8_sum(ql[0] + ql[1] + ql[2] + ql[3])));
         if (store) *(u32*)(o + Q8U + 4 * sub) = pack4(ql);
     }
     if (store && sub == 0) {
@@ -1393,10 +1388,11 @@ __device__ __forceinline__ float rms_inv_units(const float* us, u32 cols, float 
 // A row x of `cols` In values (float, or f16 without a norm: the RMS factor is summed over f32
 // rows only), RMS-normed by `norm` if not 0, into `out` (cols / 32 units of Q8U, X2: Q8X2U
 // bytes). Units 4 w .. 4 w + 3 for the block's warps w of gridDim.x * warps (8 lanes a unit);
-// with a norm every block first sums the squares of every unit of the row.
+// with a norm every block (of 8 warps) first sums the squares of every unit of the row.
 template <bool X2, typename In = float>
 __device__ __forceinline__ void quantize_rows(u64 x, u64 norm, float eps, u32 cols, u64 out) {
-    __shared__ float us[MQR_MAX / 32];
+    // with a norm: one chunk's 32 unit sums, and the running sum of units l, l + 32, ... (lane l)
+    __shared__ float us[32], acc[32];
     constexpr u32 XU = X2 ? Q8X2U : Q8U;
     pdl_wait();
     pdl_launch();
@@ -1409,15 +1405,19 @@ __device__ __forceinline__ void quantize_rows(u64 x, u64 norm, float eps, u32 co
     float inv = 1.0f;
     if constexpr (sizeof(In) == 4) {
         if (g) {
-            for (u32 u4 = 4 * warp; u4 < units; u4 += 4 * warps) {
-                const u32 u = u4 + (lane >> 3);
+            // rms_inv_units' order for any row length, 32 units (the block's 8 warps) at a time
+            if (threadIdx.x < 32) acc[threadIdx.x] = 0.f;
+            for (u32 c = 0; c < units; c += 32) {
+                const u32 i = 4 * warp + (lane >> 3), u = c + i;
                 float e[4] = {0.f, 0.f, 0.f, 0.f};
                 if (u < units) ld4(xf + 32 * u + 4 * sub, e);
                 const float ss = sumsq8(e);
-                if (u < units && sub == 0) us[u] = ss;
+                if (sub == 0) us[i] = ss;
+                __syncthreads();
+                if (threadIdx.x < 32 && c + threadIdx.x < units) acc[threadIdx.x] += us[threadIdx.x];
+                __syncthreads();
             }
-            __syncthreads();
-            inv = rms_inv_units(us, cols, eps);
+            inv = 1.0f / sqrtf(warp_sum(acc[lane]) / (float)cols + eps);
         }
     }
     for (u32 u4 = 4 * (blockIdx.x * warps + warp); u4 < units; u4 += 4 * gridDim.x * warps) {

@@ -533,15 +533,15 @@ fn plan_split(
     })
 }
 
-/// Blocks of a launch of `tiles` tiles, and whether they persist (take several tiles each):
-/// when there are more tiles than blocks fit the multiprocessors at once, by registers and by
-/// shared memory (228 KiB per SM, 1 KiB reserved per block).
 /// Blocks a row of the input quantization (`quantize_rows`: 8 warps a block, 8 lanes a
 /// 32-element unit, so 32 units a block).
 fn quantize_blocks(units: usize) -> Result<u32> {
     u32_of(units.div_ceil(32).max(1), "blocks")
 }
 
+/// Blocks of a launch of `tiles` tiles, and whether they persist (take several tiles each):
+/// when there are more tiles than blocks fit the multiprocessors at once, by registers and by
+/// shared memory (228 KiB per SM, 1 KiB reserved per block).
 fn grid_for(sm_count: u32, smem: usize, tiles: u32) -> (u32, bool) {
     let per_sm = MV_BLOCKS_PER_SM.min(228 * 1024 / (smem + 1024)).max(1);
     let resident = (per_sm * sm_count.max(1) as usize).min(u32::MAX as usize) as u32;

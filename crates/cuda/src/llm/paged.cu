@@ -47,7 +47,7 @@ __device__ __forceinline__ uint2 f16x4(F4 v) {
 
 // Row blockIdx.x: q and k normed per head (gemma3) and rotated at the row's position (q in
 // place), k and v stored as f16 into the row's slot of the cache. hd % 4 == 0. Dynamic shared
-// memory: rope_store_floats(nh, nkv, hd, rope_dim) floats (paged.rs): the row (q | k | v),
+// memory: rope_store_smem(nh, nkv, hd, rope_dim) bytes (paged.rs): the row (q | k | v),
 // the heads' RMS factors, and the (cos, sin) of each rotary pair.
 extern "C" __global__ void __launch_bounds__(128) rope_store(const RopeStoreArgs a) {
     extern __shared__ __align__(16) float rs_sm[];
