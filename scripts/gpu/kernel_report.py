@@ -7,8 +7,8 @@ with `ptxas -v`, and prints each matching kernel's registers, stack and spills. 
 `--only`, every other `extern "C"` kernel of one line and every `*_KERNELS(...)` instantiation
 is dropped first and the named instantiations are compiled alone (a second instead of
 minutes for matvec.cu). With `--sass`, the cubin goes through cuobjdump (it needs nvdisasm
-on PATH) and the instruction mix around the kernel's first to last `IMMA` (its unit loop)
-is counted.
+on PATH) and the instruction mix around each matching kernel's first to last `IMMA` (its
+unit loop) is counted.
 
 NVRTC comes from a CUDA install or PyPI (`pip install nvidia-cuda-nvrtc`); cuobjdump and
 nvdisasm from PyPI too (`nvidia-cuda-cuobjdump`, `nvidia-cuda-nvdisasm`). Point
@@ -112,18 +112,26 @@ def main():
             f.flush()
             sass = subprocess.run(["cuobjdump", "-sass", f.name], capture_output=True,
                                   text=True).stdout.splitlines()
-        imma = [i for i, l in enumerate(sass) if "IMMA" in l]
-        if not imma:
-            print("no IMMA in the compiled kernels")
-            return
-        ops = collections.Counter()
-        for l in sass[imma[0]:imma[-1] + 1]:
-            m = re.match(r"\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_]+)", l)
+        # per kernel: "Function : name" starts each one's listing
+        funcs, name = {}, None
+        for l in sass:
+            m = re.search(r"Function : (\w+)", l)
             if m:
-                ops[m.group(1)] += 1
-        print(f"first to last IMMA: {sum(ops.values())} instructions")
-        print("  " + "  ".join(f"{k} {v}" for k, v in ops.most_common(16)))
-
+                name = m.group(1)
+                funcs[name] = []
+            elif name:
+                funcs[name].append(l)
+        for name, body in funcs.items():
+            imma = [i for i, l in enumerate(body) if "IMMA" in l]
+            if not pat.search(name) or not imma:
+                continue
+            ops = collections.Counter()
+            for l in body[imma[0]:imma[-1] + 1]:
+                m = re.match(r"\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_]+)", l)
+                if m:
+                    ops[m.group(1)] += 1
+            print(f"{name}: first to last IMMA: {sum(ops.values())} instructions")
+            print("  " + "  ".join(f"{k} {v}" for k, v in ops.most_common(16)))
 
 if __name__ == "__main__":
     main()

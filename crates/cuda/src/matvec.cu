@@ -294,6 +294,15 @@ __device__ __forceinline__ float gelu_tanh_f(float x) {
     return 0.5f * x * (1.0f + tanhf(c * (x + 0.044715f * x * x * x)));
 }
 
+// GLU row `row` from its gate sum v and up sum u (segments sa, sb): act(v + bias) (u + bias),
+// the value mv_epilogue stores (written out there: in this form the tensor-core kernels take
+// other registers, and run slower).
+__device__ __forceinline__ float mv_glu(const MvArgs& a, const MvSeg& sa, const MvSeg& sb, u32 row, float v, float u) {
+    if (sa.bias) v += ((const float*)sa.bias)[row];
+    if (sb.bias) u += ((const float*)sb.bias)[row];
+    return (a.mode == MV_GLU_SILU ? silu_f(v) : gelu_tanh_f(v)) * u;
+}
+
 // Row `row` of segment sa (GLU: and of sb) from its product v (GLU: gate v, up u): bias,
 // activation, residual add; stores it and returns the stored value.
 __device__ __forceinline__ float mv_epilogue(const MvArgs& a, const MvSeg& sa, const MvSeg& sb, u32 row,
@@ -1446,20 +1455,22 @@ extern "C" __global__ void __launch_bounds__(256) quantize_q8x2_h(u64 x, u64 nor
     quantize_rows<true, f16>(x, 0, eps, cols, out);
 }
 
-// mmq_reduce for a one-segment plain product whose output rows are the rows of the next
-// product's input (a.stride == its cols <= MQR_MAX, a multiple of 32; a.out, its rows, the
-// partials and the bias 16-byte aligned), then each finished row RMS-normed by `norm` (f32
-// [stride], or 0 for none) and quantized as quantize_q8x2 into `q` (row r at r * stride / 32
-// units): the next product's quantization without its own launch, the same bytes. One block
-// per input row, 8 lanes a unit (blockDim.x = 32 ceil(units / 4)): a lane holds 4 outputs in
-// registers from the sums to the quantization. The epilogue is mv_epilogue's for a
-// one-segment plain launch (bias, then residual + value), written out so that the residuals
-// load with the partials.
+// mmq_reduce for a product whose output rows are the rows of the next product's input, each
+// finished row then RMS-normed by `norm` (f32 [outputs], or 0 for none) and quantized as
+// quantize_q8x2 into `q` (row r at r * outputs / 32 units): the next product's quantization
+// without its own launch, the same bytes. Outputs: a one-segment plain product's a.stride, or
+// a GLU product's seg[0].rows (its f32 outputs are not written); a multiple of 32, at most
+// MQR_MAX; a.out, its rows, the partials and the bias 16-byte aligned. One block per input
+// row, 8 lanes a unit (blockDim.x = 32 ceil(units / 4)): a lane holds 4 outputs in registers
+// from the sums to the quantization. The epilogue is mv_epilogue's (plain: bias, then residual
+// + value), written out so that the residuals load with the partials.
 extern "C" __global__ void __launch_bounds__(1024) mmq_reduce_q8x2(const MvArgs a, u64 norm, float eps, u64 q) {
     __shared__ float us[MQR_MAX / 32];
     pdl_wait();
     pdl_launch();
-    const u32 r = blockIdx.x, units = a.stride >> 5;
+    const bool glu = a.mode >= MV_GLU_SILU;
+    const u32 outs = glu ? a.seg[0].rows : a.stride;
+    const u32 r = blockIdx.x, units = outs >> 5;
     const u32 sub = threadIdx.x & 7, u = threadIdx.x >> 3;
     const bool live = u < units;
     const u32 p = 32 * (live ? u : 0) + 4 * sub;  // a lane past the units works on unit 0
@@ -1468,42 +1479,54 @@ extern "C" __global__ void __launch_bounds__(1024) mmq_reduce_q8x2(const MvArgs 
     float* orow = (float*)(a.out + (u64)r * a.ostride) + p;
     const float* bias = (const float*)a.seg[0].bias;
     const bool add = a.mode == MV_ADD;
-    float o[4] = {0.f, 0.f, 0.f, 0.f}, v[4] = {0.f, 0.f, 0.f, 0.f};
+    float o[4] = {0.f, 0.f, 0.f, 0.f}, v[4] = {0.f, 0.f, 0.f, 0.f}, w[4] = {0.f, 0.f, 0.f, 0.f};
     if (add) ld4(orow, o);
-    // the partials of up to 4 splits loaded before they are added (in split order)
+    // the partials of up to 4 splits loaded before they are added (in split order); GLU: the
+    // up rows' partials follow the gate rows'
     for (u32 k0 = 0; k0 < a.chunk; k0 += 4) {
-        float t[4][4];
+        float t[4][4], tu[4][4];
 #pragma unroll
         for (int kk = 0; kk < 4; ++kk) {
-            if (k0 + kk < a.chunk) ld4(part + (k0 + kk) * kstep, t[kk]);
+            if (k0 + kk < a.chunk) {
+                ld4(part + (k0 + kk) * kstep, t[kk]);
+                if (glu) ld4(part + (k0 + kk) * kstep + outs, tu[kk]);
+            }
         }
 #pragma unroll
         for (int kk = 0; kk < 4; ++kk) {
             if (k0 + kk >= a.chunk) break;
 #pragma unroll
-            for (int i = 0; i < 4; ++i) v[i] += t[kk][i];
+            for (int i = 0; i < 4; ++i) {
+                v[i] += t[kk][i];
+                if (glu) w[i] += tu[kk][i];
+            }
         }
     }
-    float b[4] = {0.f, 0.f, 0.f, 0.f};
-    if (bias) ld4(bias + p, b);
+    if (glu) {
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        float x = v[i];
-        if (bias) x += b[i];
-        if (add) x = o[i] + x;
-        v[i] = x;
+        for (int i = 0; i < 4; ++i) v[i] = mv_glu(a, a.seg[0], a.seg[1], p + i, v[i], w[i]);
+    } else {
+        float b[4] = {0.f, 0.f, 0.f, 0.f};
+        if (bias) ld4(bias + p, b);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            float x = v[i];
+            if (bias) x += b[i];
+            if (add) x = o[i] + x;
+            v[i] = x;
+        }
+        if (live) *(F4*)orow = F4{v[0], v[1], v[2], v[3]};
     }
-    if (live) *(F4*)orow = F4{v[0], v[1], v[2], v[3]};
     const float ss = sumsq8(v);
     if (live && sub == 0) us[u] = ss;
     __syncthreads();
     const float* g = (const float*)norm;
     if (g) {
-        const float inv = rms_inv_units(us, a.stride, eps);
-        float w[4];
-        ld4(g + p, w);
+        const float inv = rms_inv_units(us, outs, eps);
+        float nw[4];
+        ld4(g + p, nw);
 #pragma unroll
-        for (int i = 0; i < 4; ++i) v[i] = __fmul_rn(__fmul_rn(v[i], inv), w[i]);
+        for (int i = 0; i < 4; ++i) v[i] = __fmul_rn(__fmul_rn(v[i], inv), nw[i]);
     }
     quantize_unit8<true>(v, (u8*)q + ((u64)r * units + (live ? u : 0)) * Q8X2U, sub, live);
 }

@@ -782,9 +782,10 @@ impl MvLaunch {
     /// RMS-norming (by `norm`, if given) and quantizing each finished output row into `q8`
     /// (`q8x2_bytes(outputs)` a row), as `quantize_q8x2` would for a next product that takes
     /// these rows as its input (which then runs `reusing_input`): the same bytes, one launch
-    /// fewer. None where that does not apply: no split-K sums, GLU or several segments, an
-    /// output offset or a row stride other than the outputs, outputs other than `next_cols`
-    /// or more than `MQR_MAX`, outputs, partials, bias or norm not 16-byte aligned.
+    /// fewer. A GLU launch then writes no f32 outputs. None where that does not apply: no
+    /// split-K sums, neither one segment of a plain mode nor GLU, an output offset, a plain
+    /// launch whose row stride is not its outputs, outputs other than `next_cols`, more than
+    /// `MQR_MAX` or not a multiple of 32, outputs, partials, bias or norm not 16-byte aligned.
     pub fn quantizing_next(
         mut self,
         next_cols: usize,
@@ -793,20 +794,23 @@ impl MvLaunch {
     ) -> Result<Option<MvLaunch>> {
         let a = &self.args;
         let outs = a.seg[0].rows as usize;
+        let glu = a.mode >= Mode::GluSilu as u32;
         let plain = a.mode == Mode::Store as u32 || a.mode == Mode::Add as u32;
+        let shape = if glu {
+            a.nseg == 2 && a.seg[1].out_off == 0
+        } else {
+            plain && a.nseg == 1 && a.stride as usize == outs && a.ostride as usize == 4 * outs
+        };
+        let biases = a.seg[0].bias | if glu { a.seg[1].bias } else { 0 };
         if self.mma == 0
             || !self.x2
             || a.chunk <= 1
-            || !plain
-            || a.nseg != 1
+            || !shape
             || a.seg[0].out_off != 0
-            || a.stride as usize != outs
-            || a.ostride as usize != 4 * outs
             || outs != next_cols
             || outs > MQR_MAX
             || !outs.is_multiple_of(32)
-            || !(a.out | a.argmax | a.seg[0].bias | norm.map_or(0, |(w, _)| w.ptr()))
-                .is_multiple_of(16)
+            || !(a.out | a.argmax | biases | norm.map_or(0, |(w, _)| w.ptr())).is_multiple_of(16)
         {
             return Ok(None);
         }
@@ -912,8 +916,13 @@ impl MvLaunch {
             .then_q8x2
             .filter(|_| self.mma != 0 && self.args.chunk > 1)
         {
-            // 8 lanes a 32-element unit
-            let threads = (self.args.stride / 32).div_ceil(4) * 32;
+            // 8 lanes a 32-element unit of the outputs
+            let outs = if self.args.mode >= Mode::GluSilu as u32 {
+                self.args.seg[0].rows
+            } else {
+                self.args.stride
+            };
+            let threads = (outs / 32).div_ceil(4) * 32;
             let cfg = LaunchConfig::new((self.rows, 1, 1), (threads, 1, 1), 0);
             let args = KernelArgs::new().arg(self.args).arg(norm).arg(eps).arg(q);
             return crate::step::launch(dev, "matvec", &SOURCE, "mmq_reduce_q8x2", cfg, args);

@@ -138,6 +138,14 @@ fn gpu_tests() -> Vec<(&'static str, TestFn)> {
             "matvec_rows_q8x2_quantize_f16_rows_as_their_f32_values",
             q8x2_half_input,
         ),
+        (
+            "matvec_rows_q8x2_glu_quantizes_the_next_input",
+            q8x2_glu_quantizes_next,
+        ),
+        (
+            "matvec_rows_q8x2_normed_quantization_matches_its_reference",
+            q8x2_normed_rows,
+        ),
     ]
 }
 
@@ -3251,7 +3259,7 @@ fn q8x2_split_sums_quantize_next(dev: &CudaDevice) -> Option<String> {
                     let (oa, ob) = (up(dev, &init), up(dev, &vec![0.0; rows * nb]));
                     let (f, q) = ops::matvec_rows_q8x2_pair(
                         dev,
-                        (&seg(&wa), mode),
+                        (&[seg(&wa)], mode),
                         &seg(&wb),
                         &x,
                         norm,
@@ -3280,6 +3288,183 @@ fn q8x2_split_sums_quantize_next(dev: &CudaDevice) -> Option<String> {
     // SmolLM2's shapes at 512 rows take split-K sums
     assert!(fused >= 8, "only {fused} of 16 cases took the fused launch");
     None
+}
+
+/// A GLU product whose split-K sums also quantize the next product's input
+/// (`MvLaunch::quantizing_next`, `mmq_reduce_q8x2`) gives the same two-level bytes as the next
+/// product's own quantization of its f32 outputs (with and without its RMS norm), and so the
+/// same next output, bit for bit, and writes no f32 outputs. SmolLM2's gate/up -> down at 128
+/// and 64 rows, a Gemma-3-like GELU shape, 96 gate rows with biases and a partial input
+/// group; at 512 rows (no splits) the GLU launch is left as it is.
+fn q8x2_glu_quantizes_next(dev: &CudaDevice) -> Option<String> {
+    if dev.compute_capability().0 < 8 {
+        return Some("the int8 tensor-core kernels need sm_80 or later".into());
+    }
+    // (format, gate/up rows, their columns, rows, biases, split-K sums)
+    let cases = [
+        (GgmlType::Q4_1, 1536, 576, 128, false, true),
+        (GgmlType::Q4_1, 1536, 576, 64, false, true),
+        (GgmlType::Q8_0, 2048, 640, 96, false, true),
+        (GgmlType::Q4_0, 96, 512, 130, true, true),
+        (GgmlType::Q4_1, 1536, 576, 512, false, false),
+    ];
+    for (i, (ty, ff, cols, rows, biased, split)) in cases.into_iter().enumerate() {
+        let seed = 5100 + 10 * i as u64;
+        let (wg, _) = rand_matrix_with(dev, ty, ff, cols, seed, false);
+        let (wu, _) = rand_matrix_with(dev, ty, ff, cols, seed + 1, false);
+        let (wd, _) = rand_matrix_with(dev, ty, cols, ff, seed + 2, false);
+        let x = up(dev, &Rng(seed + 3).vec(rows * cols));
+        let init = Rng(seed + 4).vec(rows * ff);
+        let norm: Vec<f32> = Rng(seed + 5).vec(ff).iter().map(|v| 1.0 + v).collect();
+        let nb = up(dev, &norm);
+        let (bg, bu) = (
+            up(dev, &Rng(seed + 6).vec(ff)),
+            up(dev, &Rng(seed + 7).vec(ff)),
+        );
+        let gu = [(&wg, &bg), (&wu, &bu)].map(|(w, b)| Seg {
+            w,
+            bias: biased.then_some(b),
+            out_off: 0,
+        });
+        let down = Seg {
+            w: &wd,
+            bias: None,
+            out_off: 0,
+        };
+        for mode in [Mode::GluSilu, Mode::GluGelu] {
+            for norm in [None, Some((&nb, 1e-5f32))] {
+                let run = |fuse: bool| {
+                    let (oa, ob) = (up(dev, &init), up(dev, &vec![0.0; rows * cols]));
+                    let (f, q) = ops::matvec_rows_q8x2_pair(
+                        dev,
+                        (&gu, mode),
+                        &down,
+                        &x,
+                        norm,
+                        (&oa, &ob),
+                        rows,
+                        fuse,
+                    )
+                    .unwrap();
+                    (f, q, read(dev, &oa, rows * ff), read(dev, &ob, rows * cols))
+                };
+                let (f0, q0, a0, b0) = run(false);
+                let (f1, q1, a1, b1) = run(true);
+                let what = format!(
+                    "{ty} {ff}x{cols}, {rows} rows, {mode:?}, norm {}",
+                    norm.is_some()
+                );
+                assert!(!f0, "{what}: fused without being asked");
+                assert_eq!(f1, split, "{what}: fused");
+                assert!(a0 != init, "{what}: the unfused GLU wrote no outputs");
+                if f1 {
+                    assert!(a1 == init, "{what}: the fused GLU wrote f32 outputs");
+                } else {
+                    assert!(a1 == a0, "{what}: the GLU outputs differ");
+                }
+                assert!(q0.iter().any(|&b| b != 0), "{what}: no two-level bytes");
+                assert!(q0 == q1, "{what}: the two-level input bytes differ");
+                assert!(b0 == b1, "{what}: the next product's output differs");
+            }
+        }
+    }
+    None
+}
+
+/// The two-level input quantization with an RMS norm (`quantize_q8x2` with a norm weight)
+/// writes the bytes of its reference, `q8x2_normed_ref`, for rows of 576 values (a partial
+/// chunk of 32 units) and 4,608 (past 4,096: more units than one shared array of 128).
+fn q8x2_normed_rows(dev: &CudaDevice) -> Option<String> {
+    if dev.compute_capability().0 < 8 {
+        return Some("the int8 tensor-core kernels need sm_80 or later".into());
+    }
+    let ty = GgmlType::Q8_0;
+    for (i, (n, cols, rows)) in [(576, 256, 5), (4608, 256, 3)].into_iter().enumerate() {
+        let seed = 5600 + 10 * i as u64;
+        let (wa, _) = rand_matrix_with(dev, ty, n, cols, seed, false);
+        let (wb, _) = rand_matrix_with(dev, ty, 64, n, seed + 1, false);
+        let x = up(dev, &Rng(seed + 2).vec(rows * cols));
+        let g: Vec<f32> = Rng(seed + 3).vec(n).iter().map(|v| 1.0 + v).collect();
+        let gb = up(dev, &g);
+        let (oa, ob) = (
+            up(dev, &vec![0.0; rows * n]),
+            up(dev, &vec![0.0; rows * 64]),
+        );
+        let seg = |w| Seg {
+            w,
+            bias: None,
+            out_off: 0,
+        };
+        let eps = 1e-5f32;
+        let (_, q) = ops::matvec_rows_q8x2_pair(
+            dev,
+            (&[seg(&wa)], Mode::Store),
+            &seg(&wb),
+            &x,
+            Some((&gb, eps)),
+            (&oa, &ob),
+            rows,
+            false,
+        )
+        .unwrap();
+        let a = read(dev, &oa, rows * n);
+        for r in 0..rows {
+            let want = q8x2_normed_ref(&a[r * n..][..n], &g, eps);
+            let got = &q[r * n / 32 * 80..][..n / 32 * 80];
+            for (u, (w, h)) in want.chunks(80).zip(got.chunks(80)).enumerate() {
+                // bytes 40..48 of a unit are unused
+                assert!(
+                    w[..40] == h[..40] && w[48..] == h[48..],
+                    "{n} values, row {r}, unit {u}: {:?} against {:?}",
+                    &h[32..40],
+                    &w[32..40]
+                );
+            }
+        }
+    }
+    None
+}
+
+/// The two-level units (80 bytes: hi's qs, d, s = hi.s + lo.s, 8 unused bytes as zeros, lo's
+/// qs) of `x` RMS-normed by `g` in the GPU's order: per 32-value unit, 8 lanes' rounded sums
+/// of 4 squares added by a butterfly (xor 1, 2, 4); lane l of a warp adds units l, l + 32, ...;
+/// the warp's butterfly (xor 16 .. 1); 1 / sqrt(sum / n + eps); x * inv * g; then the CPU's
+/// `quantize_q8x2`.
+fn q8x2_normed_ref(x: &[f32], g: &[f32], eps: f32) -> Vec<u8> {
+    use ferrite_cpu::quant::q8::{quantize_q8x2, BlockQ8};
+    let butterfly = |mut v: Vec<f32>, steps: &[usize]| {
+        for &o in steps {
+            v = (0..v.len()).map(|l| v[l] + v[l ^ o]).collect();
+        }
+        v[0]
+    };
+    let us: Vec<f32> = x
+        .chunks(32)
+        .map(|u| {
+            let lanes = u
+                .chunks(4)
+                .map(|e| ((e[0] * e[0] + e[1] * e[1]) + e[2] * e[2]) + e[3] * e[3])
+                .collect();
+            butterfly(lanes, &[1, 2, 4])
+        })
+        .collect();
+    let lanes = (0..32)
+        .map(|l| us.iter().skip(l).step_by(32).fold(0.0f32, |a, &b| a + b))
+        .collect();
+    let inv = 1.0 / (butterfly(lanes, &[16, 8, 4, 2, 1]) / x.len() as f32 + eps).sqrt();
+    let xn: Vec<f32> = x.iter().zip(g).map(|(&e, &w)| e * inv * w).collect();
+    let mut hi = vec![BlockQ8::default(); x.len() / 32];
+    let mut lo = hi.clone();
+    quantize_q8x2(&xn, &mut hi, &mut lo);
+    let mut out = Vec::with_capacity(hi.len() * 80);
+    for (h, l) in hi.iter().zip(&lo) {
+        out.extend(h.qs.iter().map(|&q| q as u8));
+        out.extend(h.d.to_le_bytes());
+        out.extend((h.s + l.s).to_le_bytes());
+        out.extend([0u8; 8]);
+        out.extend(l.qs.iter().map(|&q| q as u8));
+    }
+    out
 }
 
 /// The two-level product of the attention's f16 output rows quantizes them itself

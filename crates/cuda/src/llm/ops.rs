@@ -165,14 +165,15 @@ pub fn matvec_rows_q8x2(
 }
 
 /// Two products on the int8 tensor cores with two-level inputs, the second reading the
-/// first's output: `out_a = a(x)` (by `mode_a`), then `out_b = b(norm_b(out_a))` (Store), each
-/// over `rows` packed rows. With `fuse`, the first's split-K sums quantize the second's input
-/// (`MvLaunch::quantizing_next`) where they can. Returns whether they did, and the two-level
+/// first's output: `out_a = a(x)` (by `mode_a`; GLU: `a` is gate and up), then
+/// `out_b = b(norm_b(out_a))` (Store), each over `rows` packed rows. With `fuse`, the first
+/// quantizes the second's input as it sums its splits (`MvLaunch::quantizing_next`) where it
+/// can (a GLU launch then leaves `out_a` as it was). Returns whether it did, and the two-level
 /// rows of the second's input (the shared scratch after both).
 #[allow(clippy::too_many_arguments)]
 pub fn matvec_rows_q8x2_pair(
     dev: &CudaDevice,
-    (a, mode_a): (&Seg<'_>, Mode),
+    (a, mode_a): (&[Seg<'_>], Mode),
     b: &Seg<'_>,
     x: &Buffer,
     norm_b: Option<(&Buffer, f32)>,
@@ -181,20 +182,36 @@ pub fn matvec_rows_q8x2_pair(
     fuse: bool,
 ) -> Result<(bool, Vec<u8>)> {
     let op = "matvec_rows_q8x2_pair";
-    let (na, nb) = (a.w.rows, b.w.rows);
-    let ca = check_rows(op, std::slice::from_ref(a), x, out_a, rows, na)?;
+    let glu = matches!(mode_a, Mode::GluSilu | Mode::GluGelu);
+    if a.is_empty() || (glu && a.len() != 2) {
+        return Err(Error::backend(
+            op,
+            format!("{} matrices for {mode_a:?}", a.len()),
+        ));
+    }
+    let (na, nb) = (a[0].w.rows, b.w.rows);
+    let outs_a = if glu {
+        na
+    } else {
+        a.iter().map(|s| s.w.rows).sum()
+    };
+    let ca = check_rows(op, a, x, out_a, rows, outs_a)?;
     let cb = check_rows(op, std::slice::from_ref(b), out_a, out_b, rows, nb)?;
-    let copy = |s: &Seg<'_>| super::prefill::mmq_copy(dev, s.w);
-    let (wa, wb) = (copy(a)?, copy(b)?);
-    let (sa, sb) = (on_copy(a, &wa), on_copy(b, &wb));
+    let copies = a
+        .iter()
+        .map(|s| super::prefill::mmq_copy(dev, s.w))
+        .collect::<Result<Vec<_>>>()?;
+    let wb = super::prefill::mmq_copy(dev, b.w)?;
+    let sa: Vec<Seg<'_>> = a.iter().zip(&copies).map(|(s, c)| on_copy(s, c)).collect();
+    let sb = on_copy(b, &wb);
     let (major, minor) = dev.compute_capability();
     let cc = (major.max(0) as u32, minor.max(0) as u32);
     let qb = matvec::q8x2_bytes(ca.max(cb)) * rows;
     let scratch = zeros(dev, qb, "two-level input")?;
-    let part = zeros(dev, 8 * rows * na.max(nb) * 4, "split-K partials")?;
+    let part = zeros(dev, 8 * rows * 2 * na.max(nb) * 4, "split-K partials")?;
     let none = || Error::backend(op, "the tensor-core kernels do not apply to this product");
-    let mut la = matvec::plan(dev.sm_count(), &[sa], mode_a, x, None, out_a, None)?
-        .with_rows(rows, ca * 4, na * 4)?
+    let mut la = matvec::plan(dev.sm_count(), &sa, mode_a, x, None, out_a, None)?
+        .with_rows(rows, ca * 4, outs_a * 4)?
         .with_q8x2_mma(cc, dev.sm_count(), &scratch, Some(&part))?
         .ok_or_else(none)?;
     let mut lb = matvec::plan(

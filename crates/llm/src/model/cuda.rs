@@ -297,10 +297,10 @@ pub struct CudaKernels<'g> {
     /// out (the f32 cuBLASLt products then).
     mq2: Option<Mq2>,
     mq2_tried: bool,
-    /// The last int8 tensor-core product of a large step when it has one segment, held back
-    /// (with its output's address) so that the next product, if it reads that output, can hand
-    /// its input's quantization to this one's split-K sums (`MvLaunch::quantizing_next`);
-    /// launched before anything else (`flush`).
+    /// The last int8 tensor-core product of a large step when it has one segment or is GLU,
+    /// held back (with its output's address) so that the next product, if it reads that
+    /// output, can hand its input's quantization to this one's split-K sums
+    /// (`MvLaunch::quantizing_next`); launched before anything else (`flush`).
     held: Option<(matvec::MvLaunch, u64)>,
     /// A flash chunk's copy of the attention's f16 output into the f32 rows of every row of
     /// the step, held back: the attention output's product, if it reads those rows on the
@@ -840,7 +840,8 @@ impl<'g> CudaKernels<'g> {
                 }
             }
         }
-        // The held product that wrote this input quantizes it as it sums its splits.
+        // The held product that wrote this input quantizes it as it sums its splits (a GLU
+        // product then writes no f32 rows: only this product reads them).
         if let (Some((h, at)), Some(first)) = (self.held, ls.first_mut()) {
             if at == x.ptr() && first.quantizes() {
                 if let Some(h) = h.quantizing_next(segs[0].w.cols, norm, &q8)? {
@@ -850,7 +851,9 @@ impl<'g> CudaKernels<'g> {
             }
         }
         self.flush()?;
-        let hold = segs.len() == 1 && matches!(mode, Mode::Store | Mode::Add);
+        let glu = matches!(mode, Mode::GluSilu | Mode::GluGelu);
+        let hold =
+            ls.len() == 1 && (glu || segs.len() == 1 && matches!(mode, Mode::Store | Mode::Add));
         let n = ls.len();
         for (i, l) in ls.into_iter().enumerate() {
             if hold && i + 1 == n {
