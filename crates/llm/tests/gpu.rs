@@ -3255,23 +3255,9 @@ fn q8x2_split_sums_quantize_next(dev: &CudaDevice) -> Option<String> {
         };
         for mode in [Mode::Add, Mode::Store] {
             for norm in [Some((&gb, 1e-5f32)), None] {
-                let run = |fuse: bool| {
-                    let (oa, ob) = (up(dev, &init), up(dev, &vec![0.0; rows * nb]));
-                    let (f, q) = ops::matvec_rows_q8x2_pair(
-                        dev,
-                        (&[seg(&wa)], mode),
-                        &seg(&wb),
-                        &x,
-                        norm,
-                        (&oa, &ob),
-                        rows,
-                        fuse,
-                    )
-                    .unwrap();
-                    (f, q, read(dev, &oa, rows * na), read(dev, &ob, rows * nb))
-                };
-                let (f0, q0, a0, b0) = run(false);
-                let (f1, q1, a1, b1) = run(true);
+                let pair = ((&[seg(&wa)][..], mode), &seg(&wb));
+                let [(f0, q0, a0, b0), (f1, q1, a1, b1)] =
+                    q8x2_pair_unfused_and_fused(dev, pair, (&x, norm), &init, nb, rows);
                 let what = format!(
                     "{ty} {na}x{ca} then {nb}, {rows} rows, {mode:?}, norm {}",
                     norm.is_some()
@@ -3288,6 +3274,26 @@ fn q8x2_split_sums_quantize_next(dev: &CudaDevice) -> Option<String> {
     // SmolLM2's shapes at 512 rows take split-K sums
     assert!(fused >= 8, "only {fused} of 16 cases took the fused launch");
     None
+}
+
+/// What `ops::matvec_rows_q8x2_pair` gives unfused, then fused: for each, whether it fused,
+/// the two-level rows of the second product's input, the first product's outputs (started as
+/// `init`, `rows` rows) and the second's (`nb` a row).
+#[allow(clippy::type_complexity)]
+fn q8x2_pair_unfused_and_fused(
+    dev: &CudaDevice,
+    (a, b): ((&[Seg<'_>], Mode), &Seg<'_>),
+    (x, norm): (&Buffer, Option<(&Buffer, f32)>),
+    init: &[f32],
+    nb: usize,
+    rows: usize,
+) -> [(bool, Vec<u8>, Vec<f32>, Vec<f32>); 2] {
+    [false, true].map(|fuse| {
+        let (oa, ob) = (up(dev, init), up(dev, &vec![0.0; rows * nb]));
+        let (f, q) =
+            ops::matvec_rows_q8x2_pair(dev, a, b, x, norm, (&oa, &ob), rows, fuse).unwrap();
+        (f, q, read(dev, &oa, init.len()), read(dev, &ob, rows * nb))
+    })
 }
 
 /// A GLU product whose split-K sums also quantize the next product's input
@@ -3333,23 +3339,9 @@ fn q8x2_glu_quantizes_next(dev: &CudaDevice) -> Option<String> {
         };
         for mode in [Mode::GluSilu, Mode::GluGelu] {
             for norm in [None, Some((&nb, 1e-5f32))] {
-                let run = |fuse: bool| {
-                    let (oa, ob) = (up(dev, &init), up(dev, &vec![0.0; rows * cols]));
-                    let (f, q) = ops::matvec_rows_q8x2_pair(
-                        dev,
-                        (&gu, mode),
-                        &down,
-                        &x,
-                        norm,
-                        (&oa, &ob),
-                        rows,
-                        fuse,
-                    )
-                    .unwrap();
-                    (f, q, read(dev, &oa, rows * ff), read(dev, &ob, rows * cols))
-                };
-                let (f0, q0, a0, b0) = run(false);
-                let (f1, q1, a1, b1) = run(true);
+                let pair = ((&gu[..], mode), &down);
+                let [(f0, q0, a0, b0), (f1, q1, a1, b1)] =
+                    q8x2_pair_unfused_and_fused(dev, pair, (&x, norm), &init, cols, rows);
                 let what = format!(
                     "{ty} {ff}x{cols}, {rows} rows, {mode:?}, norm {}",
                     norm.is_some()
