@@ -916,13 +916,9 @@ impl MvLaunch {
             .then_q8x2
             .filter(|_| self.mma != 0 && self.args.chunk > 1)
         {
-            // 8 lanes a 32-element unit of the outputs
-            let outs = if self.args.mode >= Mode::GluSilu as u32 {
-                self.args.seg[0].rows
-            } else {
-                self.args.stride
-            };
-            let threads = (outs / 32).div_ceil(4) * 32;
+            // 8 lanes a 32-element unit of the outputs (seg[0]'s rows: `quantizing_next` set
+            // this only where a plain launch's row stride is its outputs)
+            let threads = (self.args.seg[0].rows / 32).div_ceil(4) * 32;
             let cfg = LaunchConfig::new((self.rows, 1, 1), (threads, 1, 1), 0);
             let args = KernelArgs::new().arg(self.args).arg(norm).arg(eps).arg(q);
             return crate::step::launch(dev, "matvec", &SOURCE, "mmq_reduce_q8x2", cfg, args);
