@@ -54,6 +54,12 @@ fn bad_environment_variables_are_errors_naming_them() {
             "FERRITE_GPU_EAGER=\"maybe\": expected 0 or 1",
         ),
         ("FERRITE_GPU_MV_UPT", "65", "FERRITE_GPU_MV_UPT=\"65\""),
+        (
+            "FERRITE_GPU_ATTN_KEYS",
+            "48",
+            "FERRITE_GPU_ATTN_KEYS=\"48\": expected a power of two from 16 to 1024",
+        ),
+        ("FERRITE_GPU_ATTN_KEYS", "8", "FERRITE_GPU_ATTN_KEYS=\"8\""),
     ] {
         let o = ferrite_with(&["run", "hi", "-n", "1"], &[(var, value)], None);
         let (_, err) = text(&o);

@@ -21,6 +21,10 @@ pub const VARIABLES: &[(&str, &str)] = &[
         "units per thread of the GPU products, 1 to 64",
     ),
     (
+        "FERRITE_GPU_ATTN_KEYS",
+        "keys a split of the CUDA decode attention is a multiple of: 16, 32, 64 ... 1024",
+    ),
+    (
         "FERRITE_GPU_MMA_BLOCKS",
         "blocks per multiprocessor the int8 tensor-core products' K splits aim at, 1 to 16",
     ),
@@ -106,6 +110,15 @@ pub fn check() -> Result<()> {
     isa()?;
     int("FERRITE_GPU_MV_UPT", 1, 64)?;
     int("FERRITE_GPU_MMA_BLOCKS", 1, 16)?;
+    if let Some(n) = int("FERRITE_GPU_ATTN_KEYS", 16, 1024)? {
+        if !n.is_power_of_two() {
+            return Err(bad(
+                "FERRITE_GPU_ATTN_KEYS",
+                &n.to_string(),
+                "a power of two from 16 to 1024",
+            ));
+        }
+    }
     int("FERRITE_GPU_TC_ROWS", 1, 65536)?;
     int("FERRITE_GPU_MMQ_WX", 1, 2)?;
     if let Some(n) = int("FERRITE_GPU_MMQ_TILES", 1, 8)? {

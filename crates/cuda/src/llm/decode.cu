@@ -35,15 +35,15 @@ struct AttnArgs {
     float pad2;
 };
 
-// Keys lo..=pos split into nact chunks of `chunk` (a multiple of 64) over at most maxsplit
-// blocks.
-__device__ __forceinline__ void attn_range(u32 pos, u32 window, u32 maxsplit, u32* lo, u32* chunk,
-                                           u32* nact) {
+// Keys lo..=pos split into nact chunks of `chunk` (a multiple of `keys`, a power of two) over
+// at most maxsplit blocks.
+__device__ __forceinline__ void attn_range(u32 pos, u32 window, u32 maxsplit, u32 keys, u32* lo,
+                                           u32* chunk, u32* nact) {
     const u32 n = pos + 1;
     *lo = (window > 0 && n > window) ? n - window : 0;
     const u32 len = n - *lo;
     u32 c = (len + maxsplit - 1) / maxsplit;
-    c = (c + 63) & ~63u;
+    c = (c + keys - 1) & ~(keys - 1);
     *chunk = c;
     *nact = (len + c - 1) / c;
 }
@@ -142,7 +142,7 @@ extern "C" __global__ void __launch_bounds__(AT_T) attn_step(const AttnArgs a) {
     const u32 nhb = min((u32)AT_GMAX, group - sub * AT_GMAX);
     const u32 pos = ((const u32*)a.params)[1];  // written before the graph's first kernel
     u32 lo, chunk, nact;
-    attn_range(pos, a.window, a.maxsplit, &lo, &chunk, &nact);
+    attn_range(pos, a.window, a.maxsplit, 64, &lo, &chunk, &nact);
     const u32 s = blockIdx.y;
     if (s >= nact) return;  // the whole block; touches nothing
     const u32 k0 = lo + s * chunk;

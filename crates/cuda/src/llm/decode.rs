@@ -63,13 +63,17 @@ impl AttnShape {
         self.n_kv_head * self.ctx * self.head_dim * 2
     }
 
-    /// (blocks per KV head, KV-length splits) for a device with `sm_count` multiprocessors:
-    /// about two blocks per multiprocessor once the context is long enough to split.
-    pub fn splits(&self, sm_count: u32) -> (usize, usize) {
+    /// (blocks per KV head, KV-length splits) for a device with `sm_count` multiprocessors
+    /// and splits of at least `keys` keys: about two blocks per multiprocessor once the
+    /// context is long enough to split.
+    pub fn splits(&self, sm_count: u32, keys: usize) -> (usize, usize) {
         let group = self.n_head / self.n_kv_head;
         let ngrp = group.div_ceil(AT_GMAX);
         let want = (2 * sm_count.max(1) as usize).div_ceil(self.n_kv_head * ngrp);
-        let split = want.clamp(1, MAX_SPLIT).min(self.ctx.div_ceil(64)).max(1);
+        let split = want
+            .clamp(1, MAX_SPLIT)
+            .min(self.ctx.div_ceil(keys.max(1)))
+            .max(1);
         (ngrp, split)
     }
 
@@ -168,7 +172,7 @@ impl AttnScratch {
     /// For `shape` on a device of `sm_count` multiprocessors, or with at most `splits` splits.
     pub fn new(dev: &CudaDevice, shape: &AttnShape, splits: Option<usize>) -> Result<AttnScratch> {
         shape.check()?;
-        let (ngrp, auto) = shape.splits(dev.sm_count());
+        let (ngrp, auto) = shape.splits(dev.sm_count(), 64);
         let maxsplit = splits.unwrap_or(auto).clamp(1, MAX_SPLIT);
         Ok(AttnScratch {
             part: super::zeros(dev, shape.part_bytes(maxsplit), "llm attention")?,

@@ -145,14 +145,15 @@ struct PagedAttnArgs {
     u32 fused;
     u64 qnorm, knorm;  // fused: per-head RMS norms of q and k before RoPE (gemma3), or 0
     float eps;
-    u32 pad;
+    u32 split_keys; // a split's keys are a multiple of this (a power of two, >= KV_BS)
 };
 
 // Causal attention of row blockIdx.z (at position pos) over its sequence's keys lo..=pos in
 // layer `layer`, read through the block table: attn_step's split scheme (decode.cu) with keys
-// and values addressed by block. Block (kv head g, head subgroup, split s = blockIdx.y). The
-// splits of a row depend only on its position and maxsplit (fixed per engine), so a row's
-// result does not depend on the other rows of the step. Requires hd % 8 == 0, hd <= HD_MAX.
+// and values addressed by block, and splits of a multiple of split_keys keys. Block (kv head
+// g, head subgroup, split s = blockIdx.y). The splits of a row depend only on its position,
+// maxsplit and split_keys (fixed per engine), so a row's result does not depend on the other
+// rows of the step. Requires hd % 8 == 0, hd <= HD_MAX.
 extern "C" __global__ void __launch_bounds__(AT_T) paged_attn(const PagedAttnArgs a) {
     __shared__ __align__(16) float qs[AT_GMAX * HD_MAX];
     __shared__ float sc[AT_GMAX][AT_TILE];
@@ -175,7 +176,7 @@ extern "C" __global__ void __launch_bounds__(AT_T) paged_attn(const PagedAttnArg
     if (pos == PAD_ROW) return;
     const u32* tab = (const u32*)a.tables + ((const u32*)a.rows)[2 * r + 1];
     u32 lo, chunk, nact;
-    attn_range(pos, a.window, a.maxsplit, &lo, &chunk, &nact);
+    attn_range(pos, a.window, a.maxsplit, a.split_keys, &lo, &chunk, &nact);
     const u32 s = blockIdx.y;
     if (s >= nact) return;
     const u32 k0 = lo + s * chunk;

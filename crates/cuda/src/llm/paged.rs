@@ -26,6 +26,20 @@ pub const ARGMAX_SLICES: u32 = 64;
 const AT_T: u32 = 128;
 /// Query heads per attention block (`AT_GMAX`).
 const AT_GMAX: usize = 8;
+/// Default of [`split_keys`].
+pub const SPLIT_KEYS: usize = 64;
+
+/// The keys of one split of `paged_attn` are a multiple of this (`FERRITE_GPU_ATTN_KEYS`:
+/// a power of two from 16 to 1,024; default [`SPLIT_KEYS`]). Fewer keys a split: more blocks
+/// at short contexts, each with less to do, and a merge of their partials.
+pub fn split_keys() -> usize {
+    static K: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *K.get_or_init(|| {
+        crate::step::int("FERRITE_GPU_ATTN_KEYS", KV_BS, 1024)
+            .filter(|k| k.is_power_of_two())
+            .unwrap_or(SPLIT_KEYS)
+    })
+}
 
 /// `RopeStoreArgs` in paged.cu.
 #[repr(C)]
@@ -94,7 +108,8 @@ pub struct PagedAttnArgs {
     pub qnorm: u64,
     pub knorm: u64,
     pub eps: f32,
-    pub pad: u32,
+    /// A split's keys are a multiple of this: a power of two from 16 ([`split_keys`]).
+    pub split_keys: u32,
 }
 
 const _: () = {

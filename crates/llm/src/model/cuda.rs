@@ -235,6 +235,8 @@ pub struct CudaKernels<'g> {
     count: Buffer,
     ngrp: usize,
     maxsplit: usize,
+    /// `paged::split_keys` when the kernel set was made.
+    split_keys: usize,
     meta_host: Vec<u32>,
     /// Rows and logit rows launched this step (bucket-padded for a graph step), logit rows
     /// asked for.
@@ -405,7 +407,8 @@ impl<'g> CudaKernels<'g> {
             head_dim: hd,
             ctx: lim.ctx,
         };
-        let (_, maxsplit) = shape.splits(sm);
+        let split_keys = paged::split_keys();
+        let (_, maxsplit) = shape.splits(sm, split_keys);
         let ngrp = paged::head_groups(nh, nkv);
         let layout = MetaLayout::new(r, lim.max_out, lim.max_table);
         let qkv_w = (nh + 2 * nkv) * hd;
@@ -446,6 +449,7 @@ impl<'g> CudaKernels<'g> {
             count: zeros(&dev, r * nkv * ngrp * 4, "llm engine attention")?,
             ngrp,
             maxsplit,
+            split_keys,
             layout,
             full_layout: layout,
             meta_bytes: Vec::new(),
@@ -1630,7 +1634,7 @@ impl Kernels for CudaKernels<'_> {
             qnorm,
             knorm,
             eps: c.eps,
-            pad: 0,
+            split_keys: u32_of(self.split_keys, "split keys")?,
         };
         if !self.tc {
             return self.push(Launch::Paged(PagedLaunch::Attn { args: at, rows }));
