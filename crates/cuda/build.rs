@@ -27,7 +27,7 @@ const LLM_SOURCES: [(&str, &[&str]); 4] = [
     ("llm_decode", &["decode.cu"]),
     ("llm_prefill", &["decode.cu", "prefill.cu"]),
     ("llm_sample", &["sample.cu"]),
-    ("llm_paged", &["decode.cu", "paged.cu"]),
+    ("llm_paged", &["paged.cu"]),
 ];
 
 fn main() {

@@ -15,7 +15,8 @@ use std::path::PathBuf;
 
 use ferrite_testing::runner::Runner;
 
-use ferrite_cuda::llm::ops::{self, AttnShape, KvLayer, Mode, RopeSpec, Seg};
+use ferrite_cuda::llm::ops::{self, AttnShape, Mode, Seg};
+use ferrite_cuda::llm::paged::{PagedAttnArgs, PagedLaunch, KV_BS, PAD_ROW};
 use ferrite_gguf::{quant, GgmlType};
 use ferrite_llm::engine::{Engine, EngineConfig, EngineKernels, Request, RequestId};
 use ferrite_llm::gpu::{read_f32, upload_bytes, upload_f32, zeros, Buffer, CudaDevice};
@@ -48,8 +49,8 @@ fn gpu_tests() -> Vec<(&'static str, TestFn)> {
             dequant_every_format,
         ),
         ("rms_norm_and_norm_add_match_cpu", rms_norms),
-        ("attention_step_stores_rotated_k_and_v", rope_kv),
-        ("attention_step_matches_cpu_gqa_splits_window", attention),
+        ("paged_attention_stores_rotated_k_and_v", rope_kv),
+        ("paged_attention_matches_cpu_gqa_splits_window", attention),
         ("session_errors_token_and_context", session_errors),
         ("model_that_does_not_fit_is_refused", does_not_fit),
         ("synthetic_models_every_quant_match_cpu", synthetic_models),
@@ -889,95 +890,6 @@ fn norm_rope_ref(
     v
 }
 
-fn params_at(dev: &CudaDevice, pos: usize) -> Buffer {
-    let mut p = 3u32.to_le_bytes().to_vec();
-    p.extend_from_slice(&(pos as u32).to_le_bytes());
-    upload_bytes(dev, &p, "test").unwrap()
-}
-
-/// The attention step stores this token's k (normed, rotated) and v at `pos` of the f16 cache:
-/// interleaved and NeoX pairs, partial rotation, q/k norms, a position scale.
-fn rope_kv(dev: &CudaDevice) -> Option<String> {
-    for (nh, nkv, hd, rope_dim, neox, qk_norm, pos) in [
-        (9usize, 3usize, 64usize, 64usize, false, false, 0usize),
-        (9, 3, 64, 64, false, false, 1234),
-        (14, 2, 64, 64, true, false, 77),
-        (4, 1, 256, 256, true, true, 3000),
-        (8, 8, 128, 64, false, false, 9),
-    ] {
-        let ctx = 4096;
-        let shape = AttnShape {
-            n_head: nh,
-            n_kv_head: nkv,
-            head_dim: hd,
-            ctx,
-        };
-        let n = (nh + 2 * nkv) * hd;
-        let qkv: Vec<f32> = Rng(n as u64 + pos as u64).vec(n);
-        let inv: Vec<f32> = (0..rope_dim / 2)
-            .map(|i| 1.0 / 10000f32.powf((2 * i) as f32 / rope_dim as f32))
-            .collect();
-        let pos_scale = if pos == 77 { 0.25 } else { 1.0 };
-        let qn: Vec<f32> = Rng(11).vec(hd).iter().map(|v| 1.0 + 0.5 * v).collect();
-        let kn: Vec<f32> = Rng(12).vec(hd).iter().map(|v| 1.0 + 0.5 * v).collect();
-        let eps = 1e-6;
-        let (qkvb, invb, qnb, knb) = (up(dev, &qkv), up(dev, &inv), up(dev, &qn), up(dev, &kn));
-        let kc = zeros(dev, shape.kv_layer_bytes(), "test").unwrap();
-        let vc = zeros(dev, shape.kv_layer_bytes(), "test").unwrap();
-        let params = params_at(dev, pos);
-        let rope = RopeSpec {
-            inv_freq: &invb,
-            rope_dim,
-            neox,
-            pos_scale,
-            qk_norm: if qk_norm {
-                Some((&qnb, &knb, eps))
-            } else {
-                None
-            },
-        };
-        let kv = KvLayer {
-            k: &kc,
-            v: &vc,
-            off: 0,
-        };
-        let out = zeros(dev, nh * hd * 4, "test").unwrap();
-        let scale = 1.0 / (hd as f32).sqrt();
-        ops::attention(
-            dev, &shape, &rope, 0, scale, &qkvb, &kv, &params, &out, None,
-        )
-        .unwrap();
-        for g in 0..nkv {
-            let kh = &qkv[(nh + g) * hd..(nh + g + 1) * hd];
-            let want = norm_rope_ref(
-                kh,
-                qk_norm.then_some(&kn[..]),
-                eps,
-                &inv,
-                pos,
-                pos_scale,
-                rope_dim,
-                neox,
-            );
-            let got = read_f16(dev, &kc, ((g * ctx + pos) * hd) * 2, hd);
-            for e in 0..hd {
-                let w = f16_round(want[e]);
-                assert!(
-                    (got[e] - w).abs() <= 1e-3 * w.abs() + 1e-6,
-                    "nh {nh} nkv {nkv} hd {hd} rope_dim {rope_dim} neox {neox} pos {pos}: k head {g} [{e}] gpu {} cpu {w}",
-                    got[e]
-                );
-            }
-            let got = read_f16(dev, &vc, ((g * ctx + pos) * hd) * 2, hd);
-            let src = &qkv[(nh + nkv + g) * hd..(nh + nkv + g + 1) * hd];
-            for e in 0..hd {
-                assert_eq!(got[e], f16_round(src[e]), "v head {g} [{e}]");
-            }
-        }
-    }
-    None
-}
-
 fn f16_round(v: f32) -> f32 {
     half::f16::from_f32(v).to_f32()
 }
@@ -990,10 +902,235 @@ fn read_f16(dev: &CudaDevice, b: &Buffer, off: usize, n: usize) -> Vec<f32> {
         .collect()
 }
 
-/// The attention step against softmax(q.k * scale) . v in f64 over the f16 cache (with this
-/// token's k and v as the kernel stored them): GQA groups of 1, 3 and 12 (two blocks per KV
-/// head), head sizes 64-256, lengths 1..3000 with one and many splits, a sliding window,
-/// q/k norms.
+/// One paged layer's test data: keys and values f16 `[block][PK_LAYERS][nkv][KV_BS][hd]` for
+/// two sequences whose block tables are permutations of disjoint block ranges, so every
+/// lookup goes through the table.
+struct PagedKv {
+    nkv: usize,
+    hd: usize,
+    kc: Buffer,
+    vc: Buffer,
+    tables: Vec<u32>,
+    /// Blocks a sequence.
+    nb: usize,
+}
+
+/// Layers of the test caches; the kernels read layer `PK_LAYER`.
+const PK_LAYERS: usize = 2;
+const PK_LAYER: usize = 1;
+
+impl PagedKv {
+    fn new(dev: &CudaDevice, nkv: usize, hd: usize, ctx: usize, seed: u64) -> PagedKv {
+        let nb = ctx.div_ceil(KV_BS);
+        let n = 2 * nb * PK_LAYERS * nkv * KV_BS * hd;
+        let to_f16 = |v: Vec<f32>| -> Vec<u8> {
+            v.iter()
+                .flat_map(|&x| half::f16::from_f32(x).to_le_bytes())
+                .collect()
+        };
+        let kc = upload_bytes(dev, &to_f16(Rng(seed).vec(n)), "test").unwrap();
+        let vc = upload_bytes(dev, &to_f16(Rng(seed + 1).vec(n)), "test").unwrap();
+        // nb is a multiple of neither 7 nor 5 for the test sizes: both maps are permutations.
+        let mut tables: Vec<u32> = (0..nb).map(|i| ((i * 7 + 3) % nb) as u32).collect();
+        tables.extend((0..nb).map(|i| (nb + (i * 5 + 1) % nb) as u32));
+        PagedKv {
+            nkv,
+            hd,
+            kc,
+            vc,
+            tables,
+            nb,
+        }
+    }
+
+    /// Element index of sequence `seq`'s position `p`, KV head `g`, in layer `PK_LAYER`.
+    fn at(&self, seq: usize, p: usize, g: usize) -> usize {
+        let blk = self.tables[seq * self.nb + p / KV_BS] as usize;
+        (((blk * PK_LAYERS + PK_LAYER) * self.nkv + g) * KV_BS + p % KV_BS) * self.hd
+    }
+
+    /// The keys (or values, `v`) of sequence `seq` at position `p`, KV head `g`, as stored now.
+    fn read(&self, dev: &CudaDevice, v: bool, seq: usize, p: usize, g: usize) -> Vec<f32> {
+        let b = if v { &self.vc } else { &self.kc };
+        read_f16(dev, b, self.at(seq, p, g) * 2, self.hd)
+    }
+
+    /// All keys and all values as stored now (index with `at`).
+    fn snapshot(&self, dev: &CudaDevice) -> (Vec<f32>, Vec<f32>) {
+        let n = self.kc.bytes() / 2;
+        (read_f16(dev, &self.kc, 0, n), read_f16(dev, &self.vc, 0, n))
+    }
+}
+
+/// Rope settings of a paged attention test launch.
+struct PagedRope<'a> {
+    inv: &'a Buffer,
+    rope_dim: usize,
+    neox: bool,
+    pos_scale: f32,
+    /// q and k norm weights and epsilon (gemma3)
+    qk_norm: Option<(&'a Buffer, &'a Buffer, f32)>,
+}
+
+/// `paged_attn` as a decode-only step runs it (fused: each row's q, k, v unrotated in `qkv`,
+/// rows of (nh + 2 nkv) * hd): row r is sequence r of `kv` at `pos[r]` (`PAD_ROW`: skipped).
+/// Split into at most `splits` blocks a head group (default: as the engine), of multiples of
+/// `keys` keys. Returns the f32 [rows][nh * hd] output.
+#[allow(clippy::too_many_arguments)]
+fn paged_decode(
+    dev: &CudaDevice,
+    nh: usize,
+    kv: &PagedKv,
+    rope: &PagedRope<'_>,
+    window: usize,
+    scale: f32,
+    qkv: &Buffer,
+    pos: &[u32],
+    splits: Option<usize>,
+    keys: usize,
+) -> Vec<f32> {
+    let (nkv, hd) = (kv.nkv, kv.hd);
+    let shape = AttnShape {
+        n_head: nh,
+        n_kv_head: nkv,
+        head_dim: hd,
+        ctx: kv.nb * KV_BS,
+    };
+    let (ngrp, auto) = shape.splits(dev.sm_count(), keys);
+    let maxsplit = splits.unwrap_or(auto);
+    let rows = pos.len();
+    let meta: Vec<u32> = pos
+        .iter()
+        .enumerate()
+        .flat_map(|(r, &p)| [p, (r * kv.nb) as u32])
+        .collect();
+    let rows_b = upload_bytes(dev, &bytemuck_u32(&meta), "test").unwrap();
+    let tables_b = upload_bytes(dev, &bytemuck_u32(&kv.tables), "test").unwrap();
+    let part = zeros(dev, rows * shape.part_bytes(maxsplit), "test").unwrap();
+    let count = zeros(dev, rows * nkv * ngrp * 4, "test").unwrap();
+    let out = up(dev, &vec![f32::NAN; rows * nh * hd]);
+    let args = PagedAttnArgs {
+        q: qkv.ptr(),
+        kc: kv.kc.ptr(),
+        vc: kv.vc.ptr(),
+        rows: rows_b.ptr(),
+        tables: tables_b.ptr(),
+        part: part.ptr(),
+        count: count.ptr(),
+        out: out.ptr(),
+        nh: nh as u32,
+        nkv: nkv as u32,
+        hd: hd as u32,
+        layer: PK_LAYER as u32,
+        n_layer: PK_LAYERS as u32,
+        maxsplit: maxsplit as u32,
+        window: window as u32,
+        ngrp: ngrp as u32,
+        q_stride: ((nh + 2 * nkv) * hd) as u32,
+        scale,
+        inv_freq: rope.inv.ptr(),
+        rope_dim: rope.rope_dim as u32,
+        neox: u32::from(rope.neox),
+        pos_scale: rope.pos_scale,
+        fused: 1,
+        qnorm: rope.qk_norm.map_or(0, |(q, _, _)| q.ptr()),
+        knorm: rope.qk_norm.map_or(0, |(_, k, _)| k.ptr()),
+        eps: rope.qk_norm.map_or(0.0, |(_, _, e)| e),
+        split_keys: keys as u32,
+    };
+    PagedLaunch::Attn {
+        args,
+        rows: rows as u32,
+    }
+    .enqueue(dev)
+    .unwrap();
+    let got = read(dev, &out, rows * nh * hd);
+    // The counters are left zero for the next launch of the step.
+    let c = dev.read_bytes(&count, 0, rows * nkv * ngrp * 4).unwrap();
+    assert!(
+        c.iter().all(|&b| b == 0),
+        "paged_attn left a split counter set"
+    );
+    got
+}
+
+fn bytemuck_u32(v: &[u32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+/// A decode step's attention stores each row's k (normed, rotated) and v at its position,
+/// through its block table: interleaved and NeoX pairs, partial rotation, q/k norms, a
+/// position scale; two rows of different sequences in one launch.
+fn rope_kv(dev: &CudaDevice) -> Option<String> {
+    for (nh, nkv, hd, rope_dim, neox, qk_norm, pos) in [
+        (9usize, 3usize, 64usize, 64usize, false, false, 0usize),
+        (9, 3, 64, 64, false, false, 1234),
+        (14, 2, 64, 64, true, false, 77),
+        (4, 1, 256, 256, true, true, 3000),
+        (8, 8, 128, 64, false, false, 9),
+    ] {
+        let kv = PagedKv::new(dev, nkv, hd, 3008, 5);
+        let w = (nh + 2 * nkv) * hd;
+        let qkv: Vec<f32> = Rng(w as u64 + pos as u64).vec(2 * w);
+        let inv: Vec<f32> = (0..rope_dim / 2)
+            .map(|i| 1.0 / 10000f32.powf((2 * i) as f32 / rope_dim as f32))
+            .collect();
+        let pos_scale = if pos == 77 { 0.25 } else { 1.0 };
+        let qn: Vec<f32> = Rng(11).vec(hd).iter().map(|v| 1.0 + 0.5 * v).collect();
+        let kn: Vec<f32> = Rng(12).vec(hd).iter().map(|v| 1.0 + 0.5 * v).collect();
+        let eps = 1e-6;
+        let (qkvb, invb, qnb, knb) = (up(dev, &qkv), up(dev, &inv), up(dev, &qn), up(dev, &kn));
+        let rope = PagedRope {
+            inv: &invb,
+            rope_dim,
+            neox,
+            pos_scale,
+            qk_norm: qk_norm.then_some((&qnb, &knb, eps)),
+        };
+        let ps = [pos, pos / 3 + 5];
+        let scale = 1.0 / (hd as f32).sqrt();
+        let pu: Vec<u32> = ps.iter().map(|&p| p as u32).collect();
+        paged_decode(dev, nh, &kv, &rope, 0, scale, &qkvb, &pu, None, 64);
+        for (r, &p) in ps.iter().enumerate() {
+            for g in 0..nkv {
+                let row = &qkv[r * w..(r + 1) * w];
+                let kh = &row[(nh + g) * hd..(nh + g + 1) * hd];
+                let want = norm_rope_ref(
+                    kh,
+                    qk_norm.then_some(&kn[..]),
+                    eps,
+                    &inv,
+                    p,
+                    pos_scale,
+                    rope_dim,
+                    neox,
+                );
+                let got = kv.read(dev, false, r, p, g);
+                for e in 0..hd {
+                    let w = f16_round(want[e]);
+                    assert!(
+                        (got[e] - w).abs() <= 1e-3 * w.abs() + 1e-6,
+                        "nh {nh} nkv {nkv} hd {hd} rope_dim {rope_dim} neox {neox} row {r} pos {p}: k head {g} [{e}] gpu {} cpu {w}",
+                        got[e]
+                    );
+                }
+                let got = kv.read(dev, true, r, p, g);
+                let src = &row[(nh + nkv + g) * hd..(nh + nkv + g + 1) * hd];
+                for e in 0..hd {
+                    assert_eq!(got[e], f16_round(src[e]), "row {r} v head {g} [{e}]");
+                }
+            }
+        }
+    }
+    None
+}
+
+/// A decode step's attention against softmax(q.k * scale) . v in f64 over the f16 cache
+/// read through the block tables (with each row's k and v as the kernel stored them): GQA
+/// groups of 1, 3 and 12 (two blocks per KV head), head sizes 64-256, lengths 1..3000 with
+/// one and many splits of 16- and 64-key multiples, more keys a split than the block
+/// offsets kept in shared memory, a sliding window, q/k norms; two rows of different
+/// sequences in one launch, and a padding row that is skipped.
 fn attention(dev: &CudaDevice) -> Option<String> {
     for (nh, nkv, hd, neox, qk_norm) in [
         (9usize, 3usize, 64usize, false, false),
@@ -1001,26 +1138,13 @@ fn attention(dev: &CudaDevice) -> Option<String> {
         (12, 1, 80, true, false),
         (4, 1, 256, true, true),
     ] {
-        let ctx = 3072;
-        let shape = AttnShape {
-            n_head: nh,
-            n_kv_head: nkv,
-            head_dim: hd,
-            ctx,
-        };
-        let kvals: Vec<f32> = Rng(hd as u64).vec(nkv * ctx * hd);
-        let vvals: Vec<f32> = Rng(hd as u64 + 1).vec(nkv * ctx * hd);
-        let to_f16 = |v: &[f32]| -> Vec<u8> {
-            v.iter()
-                .flat_map(|&x| half::f16::from_f32(x).to_le_bytes())
-                .collect()
-        };
-        let kc = upload_bytes(dev, &to_f16(&kvals), "test").unwrap();
-        let vc = upload_bytes(dev, &to_f16(&vvals), "test").unwrap();
-        let mut kr: Vec<f32> = kvals.iter().map(|&v| f16_round(v)).collect();
-        let mut vr: Vec<f32> = vvals.iter().map(|&v| f16_round(v)).collect();
-        let n = (nh + 2 * nkv) * hd;
-        let qkv: Vec<f32> = Rng(nh as u64 * 31).vec(n).iter().map(|v| v * 3.0).collect();
+        let kv = PagedKv::new(dev, nkv, hd, 3008, hd as u64);
+        let w = (nh + 2 * nkv) * hd;
+        let qkv: Vec<f32> = Rng(nh as u64 * 31)
+            .vec(3 * w)
+            .iter()
+            .map(|v| v * 3.0)
+            .collect();
         let qkvb = up(dev, &qkv);
         let inv: Vec<f32> = (0..hd / 2)
             .map(|i| 1.0 / 10000f32.powf((2 * i) as f32 / hd as f32))
@@ -1029,91 +1153,87 @@ fn attention(dev: &CudaDevice) -> Option<String> {
         let kn: Vec<f32> = Rng(14).vec(hd).iter().map(|v| 1.0 + 0.5 * v).collect();
         let (invb, qnb, knb) = (up(dev, &inv), up(dev, &qn), up(dev, &kn));
         let eps = 1e-6;
-        let rope = RopeSpec {
-            inv_freq: &invb,
+        let rope = PagedRope {
+            inv: &invb,
             rope_dim: hd,
             neox,
             pos_scale: 1.0,
-            qk_norm: if qk_norm {
-                Some((&qnb, &knb, eps))
-            } else {
-                None
-            },
+            qk_norm: qk_norm.then_some((&qnb, &knb, eps)),
         };
         let scale = 1.0 / (hd as f32).sqrt();
-        let kv = KvLayer {
-            k: &kc,
-            v: &vc,
-            off: 0,
-        };
-        for (pos, window, splits) in [
-            (0usize, 0usize, None),
-            (1, 0, Some(1)),
-            (63, 0, None),
-            (64, 0, Some(4)),
-            (200, 0, Some(64)),
-            (1000, 0, None),
-            (2999, 0, Some(1)),
-            (2998, 0, None),
-            (1001, 50, None),
-            (30, 50, None),
-            (2997, 512, Some(3)),
+        for (pos, window, splits, keys) in [
+            (0usize, 0usize, None, 64usize),
+            (1, 0, Some(1), 64),
+            (63, 0, None, 64),
+            (64, 0, Some(4), 16),
+            (200, 0, Some(64), 64),
+            (200, 0, None, 16),
+            (1000, 0, None, 64),
+            (2999, 0, Some(1), 64),
+            (2998, 0, None, 32),
+            (1001, 50, None, 64),
+            (30, 50, None, 16),
+            (2997, 512, Some(3), 64),
         ] {
-            let params = params_at(dev, pos);
-            let out = up(dev, &vec![f32::NAN; nh * hd]);
-            ops::attention(
-                dev, &shape, &rope, window, scale, &qkvb, &kv, &params, &out, splits,
-            )
-            .unwrap();
-            let got = read(dev, &out, nh * hd);
-            // This token's k and v, as stored (checked against the CPU rotation elsewhere).
-            for g in 0..nkv {
-                let at = (g * ctx + pos) * hd;
-                kr[at..at + hd].copy_from_slice(&read_f16(dev, &kc, at * 2, hd));
-                vr[at..at + hd].copy_from_slice(&read_f16(dev, &vc, at * 2, hd));
-            }
-            let lo = if window > 0 {
-                (pos + 1).saturating_sub(window)
-            } else {
-                0
-            };
-            for h in 0..nh {
-                let g = h / (nh / nkv);
-                let qh = norm_rope_ref(
-                    &qkv[h * hd..(h + 1) * hd],
-                    qk_norm.then_some(&qn[..]),
-                    eps,
-                    &inv,
-                    pos,
-                    1.0,
-                    hd,
-                    neox,
-                );
-                let scores: Vec<f64> = (lo..=pos)
-                    .map(|j| {
-                        let k = &kr[(g * ctx + j) * hd..(g * ctx + j + 1) * hd];
-                        qh.iter()
-                            .zip(k)
-                            .map(|(&a, &b)| a as f64 * b as f64)
-                            .sum::<f64>()
-                            * scale as f64
-                    })
-                    .collect();
-                let mx = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-                let ps: Vec<f64> = scores.iter().map(|s| (s - mx).exp()).collect();
-                let z: f64 = ps.iter().sum();
-                for d in 0..hd {
-                    let want: f64 = ps
-                        .iter()
-                        .enumerate()
-                        .map(|(i, p)| p * vr[(g * ctx + lo + i) * hd + d] as f64)
-                        .sum::<f64>()
-                        / z;
-                    let gv = got[h * hd + d] as f64;
-                    assert!(
-                        (gv - want).abs() <= 3e-5 + 3e-5 * want.abs(),
-                        "nh {nh} nkv {nkv} hd {hd} pos {pos} window {window} splits {splits:?}: head {h} [{d}] gpu {gv} cpu {want}"
+            // Row 1: the second sequence further back; row 2: padding.
+            let ps = [pos, pos / 2 + 1];
+            let pu = [ps[0] as u32, ps[1] as u32, PAD_ROW];
+            let got = paged_decode(dev, nh, &kv, &rope, window, scale, &qkvb, &pu, splits, keys);
+            assert!(
+                got[2 * nh * hd..].iter().all(|v| v.is_nan()),
+                "the padding row's output was written"
+            );
+            let (kall, vall) = kv.snapshot(dev);
+            for (r, &p) in ps.iter().enumerate() {
+                let lo = if window > 0 {
+                    (p + 1).saturating_sub(window)
+                } else {
+                    0
+                };
+                for h in 0..nh {
+                    let g = h / (nh / nkv);
+                    let row = |all: &[f32], j: usize| {
+                        let at = kv.at(r, j, g);
+                        all[at..at + hd].to_vec()
+                    };
+                    let kr: Vec<f32> = (lo..=p).flat_map(|j| row(&kall, j)).collect();
+                    let vr: Vec<f32> = (lo..=p).flat_map(|j| row(&vall, j)).collect();
+                    let qh = norm_rope_ref(
+                        &qkv[r * w + h * hd..r * w + (h + 1) * hd],
+                        qk_norm.then_some(&qn[..]),
+                        eps,
+                        &inv,
+                        p,
+                        1.0,
+                        hd,
+                        neox,
                     );
+                    let scores: Vec<f64> = kr
+                        .chunks_exact(hd)
+                        .map(|k| {
+                            qh.iter()
+                                .zip(k)
+                                .map(|(&a, &b)| a as f64 * b as f64)
+                                .sum::<f64>()
+                                * scale as f64
+                        })
+                        .collect();
+                    let mx = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                    let ps: Vec<f64> = scores.iter().map(|s| (s - mx).exp()).collect();
+                    let z: f64 = ps.iter().sum();
+                    for d in 0..hd {
+                        let want: f64 = ps
+                            .iter()
+                            .enumerate()
+                            .map(|(i, p)| p * vr[i * hd + d] as f64)
+                            .sum::<f64>()
+                            / z;
+                        let gv = got[(r * nh + h) * hd + d] as f64;
+                        assert!(
+                            (gv - want).abs() <= 3e-5 + 3e-5 * want.abs(),
+                            "nh {nh} nkv {nkv} hd {hd} row {r} pos {p} window {window} splits {splits:?} keys {keys}: head {h} [{d}] gpu {gv} cpu {want}"
+                        );
+                    }
                 }
             }
         }

@@ -1,10 +1,10 @@
 //! The fused LLM kernels of the CUDA backend, launched by the LLM crate's CUDA kernel set
 //! (`ferrite_llm::model::cuda`) beside the quantized products (`crate::matvec`):
 //!
-//! - `decode.cu` by `decode.rs`: the RMS norms; the one-sequence attention step (RoPE, KV
-//!   append, split-K attention) that the `ops` tests compare `paged_attn` against;
-//! - `paged.cu` by `paged.rs`: RoPE + KV append and attention through block tables, per-head
-//!   norms, row gathers, per-row argmax, KV block copies (the engine's batched steps);
+//! - `decode.cu` by `decode.rs`: the RMS norms; the attention's shape and splits;
+//! - `paged.cu` by `paged.rs`: RoPE + KV append and the decode attention through block tables
+//!   (split over the key length), per-head norms, row gathers, per-row argmax, KV block
+//!   copies (the engine's batched steps);
 //! - `prefill.cu` by `prefill.rs`: dequantization into operand rows, the attention and GLU
 //!   outputs written as the next product's operands, the int8 tensor-core products of large
 //!   steps with two-level (q8x2) inputs and the matrix copies they read;

@@ -2,7 +2,7 @@
 //! the CPU references and for benchmarks. Each call plans one launch and enqueues it on the
 //! device's compute stream (reads of the outputs wait for it).
 
-pub use super::decode::{AttnScratch, AttnShape, KvLayer, RopeSpec, HD_MAX};
+pub use super::decode::{AttnShape, HD_MAX};
 pub use crate::matvec::{Mode, Seg};
 
 use super::{decode, zeros, Launch};
@@ -430,26 +430,4 @@ pub fn rms_norm_add(
     eps: f32,
 ) -> Result<()> {
     decode::plan_norm(x, y, w, n, eps, true)?.enqueue(dev)
-}
-
-/// The attention step at position `params[1]`: q and k of `qkv` (f32 [nh*hd | nkv*hd |
-/// nkv*hd]) normed (`rope.qk_norm`) and rotated, k and v stored into the layer's f16 cache at
-/// that position, and `out` (f32 [nh * hd]) = softmax(q.k * scale) . v over keys 0..=pos (the
-/// last `window` of them if not 0), split over at most `splits` blocks per head group
-/// (default: as the decode step).
-#[allow(clippy::too_many_arguments)]
-pub fn attention(
-    dev: &CudaDevice,
-    shape: &AttnShape,
-    rope: &RopeSpec<'_>,
-    window: usize,
-    scale: f32,
-    qkv: &Buffer,
-    kv: &KvLayer<'_>,
-    params: &Buffer,
-    out: &Buffer,
-    splits: Option<usize>,
-) -> Result<()> {
-    let scratch = AttnScratch::new(dev, shape, splits)?;
-    decode::plan_attn(shape, rope, window, scale, qkv, kv, params, &scratch, out)?.enqueue(dev)
 }

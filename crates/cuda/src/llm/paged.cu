@@ -1,5 +1,5 @@
 #line 1 "paged.cu"
-// The engine's batched kernels around the products (quant.cuh and decode.cu in front): one
+// The engine's batched kernels around the products (quant.cuh in front): one
 // launch serves every row of a step, each row a token of some sequence at its own position.
 //
 // Paged KV cache: keys and values are f16 [block][n_layer][n_kv_head][KV_BS][head_dim] (two
@@ -12,6 +12,91 @@
 // Block offsets paged_attn keeps in shared memory: a chunk of up to PA_TB blocks (1,024 keys)
 // is looked up before the kernel waits on the previous one; a longer one tile by tile.
 #define PA_TB 64
+
+#define HD_MAX 512
+#define AT_T 128
+#define AT_TILE 128   // keys per tile: one per thread for the scores
+#define AT_GMAX 8     // query heads per block (heads sharing a KV head; more go to more blocks)
+
+// Keys lo..=pos split into nact chunks of `chunk` (a multiple of `keys`, a power of two) over
+// at most maxsplit blocks.
+__device__ __forceinline__ void attn_range(u32 pos, u32 window, u32 maxsplit, u32 keys, u32* lo,
+                                           u32* chunk, u32* nact) {
+    const u32 n = pos + 1;
+    *lo = (window > 0 && n > window) ? n - window : 0;
+    const u32 len = n - *lo;
+    u32 c = (len + maxsplit - 1) / maxsplit;
+    c = (c + keys - 1) & ~(keys - 1);
+    *chunk = c;
+    *nact = (len + c - 1) / c;
+}
+
+__device__ __forceinline__ void unpack8(U4 w, float* f) {
+    f[0] = h2f(w.x & 0xffffu);
+    f[1] = h2f(w.x >> 16);
+    f[2] = h2f(w.y & 0xffffu);
+    f[3] = h2f(w.y >> 16);
+    f[4] = h2f(w.z & 0xffffu);
+    f[5] = h2f(w.z >> 16);
+    f[6] = h2f(w.w & 0xffffu);
+    f[7] = h2f(w.w >> 16);
+}
+
+// A float written by another block of this grid (bypasses L1).
+__device__ __forceinline__ float ld_cg(const float* p) {
+    float v;
+    asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(v) : "l"(p));
+    return v;
+}
+
+// Heads x[h * hd + d] (h < nheads) in shared memory: each head RMS-normed with weight w, as
+// the CPU model. Called by all threads of the block; `tmp` holds nheads floats.
+__device__ void head_norms(float* x, u32 nheads, u32 hd, const float* w, float eps, float* tmp) {
+    const u32 tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nw = blockDim.x >> 5;
+    for (u32 h = warp; h < nheads; h += nw) {
+        float ss = 0.f;
+        for (u32 d = lane; d < hd; d += 32) ss += x[h * hd + d] * x[h * hd + d];
+        ss = warp_sum(ss);
+        if (lane == 0) tmp[h] = 1.0f / sqrtf(ss / (float)hd + eps);
+    }
+    __syncthreads();
+    for (u32 i = tid; i < nheads * hd; i += blockDim.x) x[i] = x[i] * tmp[i / hd] * w[i % hd];
+    __syncthreads();
+}
+
+// The rotation of the first rope_dim values of each head (pairs (j, j + rope_dim / 2) with
+// neox, else (2j, 2j + 1)) by the angle whose cosine and sine cs(j) returns.
+template <typename CS>
+__device__ __forceinline__ void rope_heads(float* x, u32 nheads, u32 hd, u32 rope_dim, u32 neox, CS cs) {
+    const u32 half = rope_dim >> 1;
+    for (u32 i = threadIdx.x; i < nheads * half; i += blockDim.x) {
+        const u32 h = i / half, j = i % half;
+        const u32 ia = neox ? j : 2 * j, ib = neox ? j + half : 2 * j + 1;
+        const float2 r = cs(j);
+        const float c = r.x, s = r.y;
+        float* xh = x + h * hd;
+        const float x0 = xh[ia], x1 = xh[ib];
+        xh[ia] = x0 * c - x1 * s;
+        xh[ib] = x0 * s + x1 * c;
+    }
+    __syncthreads();
+}
+
+// The angle of rotary pair j at position p (pos times the position scale): cos, sin.
+__device__ __forceinline__ float2 rope_cs(float p, const float* inv, u32 j) {
+    const float ang = p * inv[j];
+    return make_float2(cosf(ang), sinf(ang));
+}
+
+// Heads x[h * hd + d] (h < nheads) in shared memory: RMS norm of each head with weight w (if
+// not null), then RoPE at `pos`, as the CPU model (norm, then rotation of the first rope_dim
+// values). Called by all threads of the block; `tmp` holds nheads floats.
+__device__ void norm_rope(float* x, u32 nheads, u32 hd, const float* w, float eps, u32 pos,
+                          float pos_scale, const float* inv, u32 rope_dim, u32 neox, float* tmp) {
+    if (w) head_norms(x, nheads, hd, w, eps, tmp);
+    const float p = (float)pos * pos_scale;
+    rope_heads(x, nheads, hd, rope_dim, neox, [&](u32 j) { return rope_cs(p, inv, j); });
+}
 
 // Element offset of (block, layer, kv head g, slot) in the key or value buffer.
 __device__ __forceinline__ u64 kv_at(u32 blk, u32 layer, u32 n_layer, u32 nkv, u32 g, u32 slot, u32 hd) {
@@ -138,7 +223,7 @@ struct PagedAttnArgs {
     float scale;
     // fused (decode-only steps: one row per sequence): q is the row's unrotated q | k | v;
     // each block rotates its q heads, and the block whose split ends at pos rotates k and
-    // stores k and v first (attn_step's scheme), so no rope_store launch is needed.
+    // stores k and v first, so no rope_store launch is needed.
     u64 inv_freq;
     u32 rope_dim, neox;
     float pos_scale;
@@ -149,11 +234,19 @@ struct PagedAttnArgs {
 };
 
 // Causal attention of row blockIdx.z (at position pos) over its sequence's keys lo..=pos in
-// layer `layer`, read through the block table: attn_step's split scheme (decode.cu) with keys
-// and values addressed by block, and splits of a multiple of split_keys keys. Block (kv head
-// g, head subgroup, split s = blockIdx.y). The splits of a row depend only on its position,
-// maxsplit and split_keys (fixed per engine), so a row's result does not depend on the other
-// rows of the step. Requires hd % 8 == 0, hd <= HD_MAX.
+// layer `layer`, keys and values read through the block table. Block (kv head g, head
+// subgroup, split s = blockIdx.y) takes up to AT_GMAX query heads sharing KV head g and its
+// chunk of keys (a multiple of split_keys):
+// 1. its q heads into shared memory (fused: normed and rotated here; the block whose chunk
+//    ends at pos also rotates this token's k and stores k and v before reading its keys);
+// 2. online softmax over tiles of AT_TILE keys. Scores: one thread per key (16-byte loads),
+//    all the block's heads at once. Values: hd/4 threads per key row (4 dims each),
+//    AT_T / (hd/4) key slices, summed in a fixed order at the end;
+// 3. one split: the normalized output. Several: unnormalized partials; the last block of the
+//    head group to finish (a counter) merges them and resets the counter.
+// The splits of a row depend only on its position, maxsplit and split_keys (fixed per
+// engine), so a row's result does not depend on the other rows of the step. Requires
+// hd % 8 == 0, hd <= HD_MAX.
 extern "C" __global__ void __launch_bounds__(AT_T) paged_attn(const PagedAttnArgs a) {
     __shared__ __align__(16) float qs[AT_GMAX * HD_MAX];
     __shared__ float sc[AT_GMAX][AT_TILE];

@@ -9,11 +9,7 @@ use ferrite_core::{Error, Result};
 
 pub(crate) static SOURCE: KernelSource = KernelSource {
     name: "llm_paged",
-    src: concat!(
-        include_str!("../quant.cuh"),
-        include_str!("decode.cu"),
-        include_str!("paged.cu")
-    ),
+    src: concat!(include_str!("../quant.cuh"), include_str!("paged.cu")),
     prebuilt: crate::prebuilt::LLM_PAGED,
 };
 
