@@ -57,7 +57,7 @@ pub use kernels::{
 mod prebuilt {
     include!(concat!(env!("OUT_DIR"), "/prebuilt.rs"));
 }
-pub use raw::{Buffer, KernelArgs, ReadBack};
+pub use raw::{Buffer, KernelArgs, Mailbox};
 pub use storage::CudaStorage;
 
 use ferrite_core::{

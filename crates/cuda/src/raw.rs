@@ -4,7 +4,7 @@
 //! on the device's compute stream, like the ops; host reads wait for it.
 
 use crate::alloc::Block;
-use crate::device::{CudaBackend, Pinned};
+use crate::device::CudaBackend;
 use crate::driver::Event;
 use crate::kernels::{Args, Cfg, KernelSource};
 use crate::storage::CudaStorage;
@@ -99,59 +99,36 @@ impl CudaDevice {
         self.be().read_compute(src.ptr() + offset as u64, len)
     }
 
-    /// Queues a copy of `len` bytes at `offset` of `src` into `rb`, behind the work queued so
-    /// far on the compute stream; work queued after it does not wait for it, and the host
-    /// waits only in [`ReadBack::wait`]. `rb` must not hold an unread copy.
-    pub fn queue_read(
-        &self,
-        rb: &mut ReadBack,
-        src: &Buffer,
-        offset: usize,
-        len: usize,
-    ) -> Result<()> {
-        let op = "queue_read";
-        if offset.checked_add(len).is_none_or(|e| e > src.bytes) || len > rb.buf.len {
-            return Err(Error::backend(
-                op,
-                format!(
-                    "{len} bytes at {offset} of a buffer of {} into a read-back of {}",
-                    src.bytes, rb.buf.len
-                ),
-            ));
-        }
-        if rb.done.is_some() {
-            return Err(Error::backend(op, "the read-back holds an unread copy"));
-        }
-        let be = self.be();
-        be.bind()?;
-        // SAFETY: rb.buf holds len bytes and no copy writes it (done is None); the source
-        // range lies in the buffer; ordered on the compute stream.
+    /// A mailbox of `slots` slots of `slot_bytes` bytes each (page-locked host memory mapped
+    /// into the device's address space, zeroed) for kernels to write results into.
+    pub fn mailbox(&self, slots: usize, slot_bytes: usize) -> Result<Mailbox> {
+        let op = "mailbox";
+        let bytes = slots
+            .checked_mul(slot_bytes)
+            .filter(|&b| b > 0)
+            .ok_or_else(|| Error::backend(op, format!("{slots} slots of {slot_bytes} bytes")))?;
+        self.be().bind()?;
+        // SAFETY: a host-mapped page-locked allocation of `bytes` bytes, zeroed before any
+        // kernel can see it.
+        let ptr =
+            unsafe { cudarc::driver::result::malloc_host(bytes, sys::CU_MEMHOSTALLOC_DEVICEMAP) }
+                .map_err(|e| crate::driver::drv(op, e))? as *mut u8;
+        let mut mail = Mailbox {
+            ptr,
+            dev_ptr: 0,
+            slot_bytes,
+            marks: (0..slots).map(|_| None).collect(),
+            dev: self.clone(),
+        };
+        // SAFETY: ptr holds `bytes` bytes.
+        unsafe { std::ptr::write_bytes(ptr, 0, bytes) };
+        // SAFETY: ptr was allocated with DEVICEMAP.
         unsafe {
-            sys::cuMemcpyDtoHAsync_v2(
-                rb.buf.ptr as *mut std::ffi::c_void,
-                src.ptr() + offset as u64,
-                len,
-                be.compute.0,
-            )
+            sys::cuMemHostGetDevicePointer_v2(&mut mail.dev_ptr, ptr as *mut std::ffi::c_void, 0)
         }
         .result()
         .map_err(|e| crate::driver::drv(op, e))?;
-        let e = be.events.get()?;
-        e.record(&be.compute)?;
-        rb.done = Some(e);
-        rb.len = len;
-        Ok(())
-    }
-
-    /// A read-back buffer of `bytes` bytes (page-locked host memory) for `queue_read`.
-    pub fn read_back(&self, bytes: usize) -> Result<ReadBack> {
-        self.be().bind()?;
-        Ok(ReadBack {
-            buf: Pinned::new(bytes.max(16))?,
-            len: 0,
-            done: None,
-            dev: self.clone(),
-        })
+        Ok(mail)
     }
 
     /// Fills a byte range with zeros (stream-ordered).
@@ -337,48 +314,122 @@ impl CudaBackend {
     }
 }
 
-/// Page-locked host memory that a device copy lands in without stalling the stream
-/// (`CudaDevice::queue_read`); `wait` returns the bytes once that copy is done.
-pub struct ReadBack {
-    buf: Pinned,
-    len: usize,
-    /// Completes with the queued copy; None: no copy is queued.
-    done: Option<Event>,
+/// Host memory that kernels write into directly (page-locked, mapped into the device's
+/// address space; `CudaDevice::mailbox`), in slots: a pipeline's kernels write a step's
+/// results into a slot at [`Mailbox::slot_ptr`], [`Mailbox::mark`] records the point of the
+/// compute stream after which the slot's bytes are final, [`Mailbox::take`] waits for it and
+/// returns them. Nothing is copied on the stream: reading a step's few bytes back costs the
+/// device no copy between steps.
+pub struct Mailbox {
+    ptr: *mut u8,
+    dev_ptr: u64,
+    slot_bytes: usize,
+    /// Per slot: the event that completes with the kernels writing it, and the bytes to read;
+    /// None: not marked.
+    marks: Vec<Option<(Event, usize)>>,
     dev: CudaDevice,
 }
 
-// SAFETY: the pinned memory is owned by the ReadBack and touched only through &mut self (the
-// device writes it only between queue_read and wait, which take &mut).
-unsafe impl Send for ReadBack {}
+// SAFETY: the host memory is owned by the Mailbox; the host reads a slot only in `take`,
+// after the work that writes it is done, through &mut self.
+unsafe impl Send for Mailbox {}
 
-impl ReadBack {
-    /// Whether a queued copy has not been read yet.
-    pub fn is_queued(&self) -> bool {
-        self.done.is_some()
+impl Mailbox {
+    pub fn slots(&self) -> usize {
+        self.marks.len()
     }
 
-    /// Waits for the queued copy (only it and the work queued before it) and returns its
-    /// bytes; counted as a host wait. Errors if nothing is queued or the device faulted.
-    pub fn wait(&mut self) -> Result<&[u8]> {
-        let e = self
-            .done
-            .take()
-            .ok_or_else(|| Error::backend("read_back", "no copy is queued"))?;
+    pub fn slot_bytes(&self) -> usize {
+        self.slot_bytes
+    }
+
+    /// Device address of slot 0 (slot i at `i * slot_bytes()` bytes further).
+    pub fn base(&self) -> u64 {
+        self.dev_ptr
+    }
+
+    /// Device address of `slot` (panics past the last slot).
+    pub fn slot_ptr(&self, slot: usize) -> u64 {
+        assert!(
+            slot < self.slots(),
+            "mailbox slot {slot} of {}",
+            self.slots()
+        );
+        self.dev_ptr + (slot * self.slot_bytes) as u64
+    }
+
+    /// Whether `slot` is marked and not taken yet.
+    pub fn is_marked(&self, slot: usize) -> bool {
+        self.marks.get(slot).is_some_and(|m| m.is_some())
+    }
+
+    /// Marks `slot`'s first `len` bytes final once the work queued so far on the compute
+    /// stream is done. Errors if the slot is marked already or `len` exceeds a slot.
+    pub fn mark(&mut self, slot: usize, len: usize) -> Result<()> {
+        let op = "mailbox";
+        if len > self.slot_bytes {
+            return Err(Error::backend(
+                op,
+                format!("{len} bytes marked in slots of {}", self.slot_bytes),
+            ));
+        }
+        if self.is_marked(slot) {
+            return Err(Error::backend(
+                op,
+                format!("slot {slot} is marked and not taken"),
+            ));
+        }
+        let slots = self.slots();
+        let m = self
+            .marks
+            .get_mut(slot)
+            .ok_or_else(|| Error::backend(op, format!("slot {slot} of {slots}")))?;
+        let be = self.dev.backend();
+        be.bind()?;
+        let e = be.events.get()?;
+        e.record(&be.compute)?;
+        *m = Some((e, len));
+        Ok(())
+    }
+
+    /// Waits for the work before `slot`'s mark (only that) and returns the bytes marked;
+    /// counted as a host wait. Errors if the slot is not marked or the device faulted.
+    pub fn take(&mut self, slot: usize) -> Result<Vec<u8>> {
+        let (e, len) = self
+            .marks
+            .get_mut(slot)
+            .and_then(Option::take)
+            .ok_or_else(|| Error::backend("mailbox", format!("slot {slot} is not marked")))?;
         let be = self.dev.backend();
         be.bind()?;
         be.count_host_wait();
         e.synchronize()?;
         be.check_fault()?;
-        // SAFETY: the copy into buf[..len] is complete (waited above); nothing else writes it.
-        Ok(unsafe { std::slice::from_raw_parts(self.buf.ptr, self.len) })
+        let mut out = vec![0u8; len];
+        // SAFETY: the slot lies in the allocation; the kernels that write it are done (waited
+        // above) and no later one writes it before the slot is marked again.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                self.ptr.add(slot * self.slot_bytes),
+                out.as_mut_ptr(),
+                len,
+            )
+        };
+        Ok(out)
     }
 }
 
-impl Drop for ReadBack {
+impl Drop for Mailbox {
     fn drop(&mut self) {
-        // The pinned buffer must outlive any copy into it.
-        if let Some(e) = self.done.take() {
+        // Kernels that write the memory must be done before it is freed.
+        for (e, _) in self.marks.iter_mut().filter_map(Option::take) {
             let _ = e.synchronize();
+        }
+        let _ = self.dev.backend().bind();
+        let _ = self.dev.synchronize();
+        // SAFETY: allocated by malloc_host in `CudaDevice::mailbox`; no kernel writes it now.
+        unsafe {
+            let _ = cudarc::driver::result::free_host(self.ptr as *mut std::ffi::c_void);
         }
     }
 }

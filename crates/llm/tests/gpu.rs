@@ -2364,6 +2364,21 @@ fn chained_generation(dev: &CudaDevice) -> Option<String> {
             assert_eq!(b[0].0.stop, StopReason::StopString, "{stop:?} in {text:?}");
         }
     }
+    // More steps queued than the kernel set has mailbox slots: the oldest reads are taken
+    // when their slots come round again, and every pick still arrives, in order.
+    let mut s = Session::cuda(&gm, 256).unwrap();
+    assert!(s.chains());
+    s.forward_queue(&prompt).unwrap();
+    for _ in 0..19 {
+        s.forward_chained().unwrap();
+    }
+    let picks: Vec<u32> = (0..20).map(|_| s.take_pick().unwrap()).collect();
+    let mut one = Session::cuda(&gm, 256).unwrap();
+    one.kernels_mut().set_chain(false);
+    let want = ferrite_llm::generate::greedy(&mut one, &prompt, 20).unwrap();
+    assert_eq!(picks, want, "picks queued past the mailbox slots");
+    let e = s.take_pick().expect_err("no pick left to read");
+    assert!(e.to_string().contains("no queued token read"), "{e}");
     eprintln!(
         "chained decode: greedy {:?}, stop {stop:?}",
         greedy[0].0.text

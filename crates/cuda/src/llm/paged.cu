@@ -4,8 +4,8 @@
 //
 // Paged KV cache: keys and values are f16 [block][n_layer][n_kv_head][KV_BS][head_dim] (two
 // buffers); a sequence's position p lies in block tables[toff + p / KV_BS], slot p % KV_BS.
-// Row metadata (u32 [rows][2]): the row's position (PAD_ROW: a padding row of a graph bucket,
-// skipped) and the offset of its sequence's block table in `tables`.
+// Row metadata (u32 [rows][2], 8-byte aligned): the row's position (PAD_ROW: a padding row of
+// a graph bucket, skipped) and the offset of its sequence's block table in `tables`.
 
 #define KV_BS 16
 #define PAD_ROW 0xffffffffu
@@ -86,16 +86,6 @@ __device__ __forceinline__ void rope_heads(float* x, u32 nheads, u32 hd, u32 rop
 __device__ __forceinline__ float2 rope_cs(float p, const float* inv, u32 j) {
     const float ang = p * inv[j];
     return make_float2(cosf(ang), sinf(ang));
-}
-
-// Heads x[h * hd + d] (h < nheads) in shared memory: RMS norm of each head with weight w (if
-// not null), then RoPE at `pos`, as the CPU model (norm, then rotation of the first rope_dim
-// values). Called by all threads of the block; `tmp` holds nheads floats.
-__device__ void norm_rope(float* x, u32 nheads, u32 hd, const float* w, float eps, u32 pos,
-                          float pos_scale, const float* inv, u32 rope_dim, u32 neox, float* tmp) {
-    if (w) head_norms(x, nheads, hd, w, eps, tmp);
-    const float p = (float)pos * pos_scale;
-    rope_heads(x, nheads, hd, rope_dim, neox, [&](u32 j) { return rope_cs(p, inv, j); });
 }
 
 // Element offset of (block, layer, kv head g, slot) in the key or value buffer.
@@ -254,6 +244,7 @@ extern "C" __global__ void __launch_bounds__(AT_T) paged_attn(const PagedAttnArg
     __shared__ float m_s[AT_GMAX], l_s[AT_GMAX], alpha_s[AT_GMAX], tmp[AT_GMAX];
     __shared__ __align__(16) float cur[2 * HD_MAX];
     __shared__ u64 tb[PA_TB];
+    __shared__ float2 csm[HD_MAX / 2];  // fused: (cos, sin) of each rotary pair at pos
     __shared__ u32 last;
 
     const u32 tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -265,9 +256,10 @@ extern "C" __global__ void __launch_bounds__(AT_T) paged_attn(const PagedAttnArg
     const u32 nhb = min((u32)AT_GMAX, group - sub * AT_GMAX);
     // The step data is written before the step's first kernel (never by a kernel): read
     // before waiting on the previous kernel, so blocks with no keys leave at once.
-    const u32 pos = ((const u32*)a.rows)[2 * r];
+    const uint2 row = ((const uint2*)a.rows)[r];  // (pos, table offset): one load
+    const u32 pos = row.x;
     if (pos == PAD_ROW) return;
-    const u32* tab = (const u32*)a.tables + ((const u32*)a.rows)[2 * r + 1];
+    const u32* tab = (const u32*)a.tables + row.y;
     u32 lo, chunk, nact;
     attn_range(pos, a.window, a.maxsplit, a.split_keys, &lo, &chunk, &nact);
     const u32 s = blockIdx.y;
@@ -280,6 +272,12 @@ extern "C" __global__ void __launch_bounds__(AT_T) paged_attn(const PagedAttnArg
     const bool pre = nkb <= PA_TB;
     if (pre) {
         for (u32 i = tid; i < nkb; i += AT_T) tb[i] = kv_at(tab[kb0 + i], a.layer, a.n_layer, a.nkv, g, 0, hd);
+    }
+    if (a.fused) {
+        // the rotary angles depend on the position and the frequencies only (written before
+        // the step): computed before the wait too
+        const float p = (float)pos * a.pos_scale;
+        for (u32 j = tid; j < a.rope_dim / 2; j += AT_T) csm[j] = rope_cs(p, (const float*)a.inv_freq, j);
     }
     pdl_wait();
     pdl_launch();
@@ -304,10 +302,12 @@ extern "C" __global__ void __launch_bounds__(AT_T) paged_attn(const PagedAttnArg
     }
     __syncthreads();
     if (a.fused) {
-        const float* inv = (const float*)a.inv_freq;
-        norm_rope(qs, nhb, hd, (const float*)a.qnorm, a.eps, pos, a.pos_scale, inv, a.rope_dim, a.neox, tmp);
+        const auto cs = [&](u32 j) { return csm[j]; };
+        if (a.qnorm) head_norms(qs, nhb, hd, (const float*)a.qnorm, a.eps, tmp);
+        rope_heads(qs, nhb, hd, a.rope_dim, a.neox, cs);
         if (own) {
-            norm_rope(cur, 1, hd, (const float*)a.knorm, a.eps, pos, a.pos_scale, inv, a.rope_dim, a.neox, tmp);
+            if (a.knorm) head_norms(cur, 1, hd, (const float*)a.knorm, a.eps, tmp);
+            rope_heads(cur, 1, hd, a.rope_dim, a.neox, cs);
             const u64 at = (pre ? tb[pos / KV_BS - kb0] : kv_at(tab[pos / KV_BS], a.layer, a.n_layer, a.nkv, g, 0, hd)) +
                            (pos % KV_BS) * hd;
             for (u32 d = tid; d < hd; d += AT_T) {
@@ -534,7 +534,10 @@ __device__ __forceinline__ void am_block(float& best, u32& bi) {
 // blockIdx.x of gridDim.x, row blockIdx.y) of AM_T threads takes its slice of the row and
 // writes its (value, index) to part (u32 [rows][gridDim.x][2]); the row's last block to
 // finish (count: u32 [rows], 0 before and after each launch) merges the slices in order.
-extern "C" __global__ void __launch_bounds__(AM_T) argmax_rows(u64 logits, u32 n, u64 out, u64 part, u64 count) {
+// Where `mail` is not 0 (host memory) the pick also goes to u32 slot * mail_stride + r of it,
+// slot the u32 at `mail_slot` (step data, written before the step).
+extern "C" __global__ void __launch_bounds__(AM_T) argmax_rows(u64 logits, u32 n, u64 out, u64 part, u64 count,
+                                                               u64 mail, u64 mail_slot, u32 mail_stride) {
     __shared__ u32 last;
     pdl_wait();
     pdl_launch();
@@ -569,7 +572,9 @@ extern "C" __global__ void __launch_bounds__(AM_T) argmax_rows(u64 logits, u32 n
     }
     am_block(best, bi);
     if (threadIdx.x == 0) {
-        ((u32*)out)[r] = bi == 0xffffffffu ? 0u : bi;
+        const u32 tok = bi == 0xffffffffu ? 0u : bi;
+        ((u32*)out)[r] = tok;
+        if (mail) ((volatile u32*)mail)[(u64)*(const u32*)mail_slot * mail_stride + r] = tok;
         ((u32*)count)[r] = 0;
     }
 }

@@ -160,6 +160,11 @@ pub enum PagedLaunch {
         out: u64,
         part: u64,
         count: u64,
+        /// Host memory the picks also go to (0: none): row r at u32 `slot * mail_stride + r`,
+        /// `slot` the u32 at device address `mail_slot`.
+        mail: u64,
+        mail_slot: u64,
+        mail_stride: u32,
         rows: u32,
     },
     /// Rows of f32 (optionally RMS-normed by `w`) into operand rows (`mode` 0 f16, 1 bf16,
@@ -280,6 +285,9 @@ impl PagedLaunch {
                 out,
                 part,
                 count,
+                mail,
+                mail_slot,
+                mail_stride,
                 rows,
             } => {
                 let slices = n.div_ceil(2048).clamp(1, ARGMAX_SLICES);
@@ -289,7 +297,10 @@ impl PagedLaunch {
                     .arg(n)
                     .arg(out)
                     .arg(part)
-                    .arg(count);
+                    .arg(count)
+                    .arg(mail)
+                    .arg(mail_slot)
+                    .arg(mail_stride);
                 super::launch(dev, "argmax_rows", &SOURCE, "argmax_rows", cfg, a)
             }
             PagedLaunch::ToHalf {

@@ -377,13 +377,15 @@ __device__ __forceinline__ void sp_run(SampleParams* sp, u32* hist, float* logit
 }
 
 // The samplers of several logit rows (the engine's step), one block each: `table` holds a
-// SpRow per block (its sampler state and scratch, its logit row, where its token goes).
+// SpRow per block (its sampler state and scratch, its logit row, where its token goes, and a
+// second place for it, host memory the host reads, or 0).
 struct SpRow {
-    u64 sp, hist, logits, q, out;
+    u64 sp, hist, logits, q, out, mail;
 };
 extern "C" __global__ void __launch_bounds__(SP_T) sample_rows(u64 table, u32 n) {
     pdl_wait();
     pdl_launch();
     const SpRow r = ((const SpRow*)table)[blockIdx.x];
     sp_run((SampleParams*)r.sp, (u32*)r.hist, (float*)r.logits, n, (u64*)r.q, (u32*)r.out);
+    if (r.mail && threadIdx.x == 0) *(volatile u32*)r.mail = *(volatile u32*)r.out;
 }

@@ -96,16 +96,29 @@ impl SamplerState {
 }
 
 /// Bytes of `SpRow` (sample.cu): one row of a `sample_rows` table.
-pub const ROW_BYTES: usize = 40;
+pub const ROW_BYTES: usize = 48;
+
+/// One row of a `sample_rows` launch; addresses are device addresses.
+pub struct SampleRow<'a> {
+    /// The row's request's sampler.
+    pub state: &'a SamplerState,
+    /// f32 [vocab], penalized in place.
+    pub logits: u64,
+    /// u64 [vocab] of the row's own.
+    pub scratch: u64,
+    /// Where the u32 token goes.
+    pub out: u64,
+    /// A second place for the token (a mailbox slot the host reads), or 0.
+    pub mail: u64,
+}
 
 /// Draws one token for each of `rows` in one launch (`sample_rows`, a block of 1024 threads per
-/// row): row i = (its request's sampler state, its f32 [vocab] logits (penalized in place), a u64
-/// [vocab] scratch of its own, where its u32 token goes), all device addresses. `table` (at
-/// least `rows.len() * ROW_BYTES` bytes) is rewritten, stream-ordered, before the launch.
+/// row). `table` (at least `rows.len() * ROW_BYTES` bytes) is rewritten, stream-ordered,
+/// before the launch.
 pub fn sample_rows(
     dev: &CudaDevice,
     table: &Buffer,
-    rows: &[(&SamplerState, u64, u64, u64)],
+    rows: &[SampleRow<'_>],
     vocab: usize,
 ) -> Result<()> {
     if rows.is_empty() {
@@ -118,8 +131,15 @@ pub fn sample_rows(
         ));
     }
     let mut b = Vec::with_capacity(rows.len() * ROW_BYTES);
-    for (s, logits, scratch, out) in rows {
-        for p in [s.params.ptr(), s.hist.ptr(), *logits, *scratch, *out] {
+    for r in rows {
+        for p in [
+            r.state.params.ptr(),
+            r.state.hist.ptr(),
+            r.logits,
+            r.scratch,
+            r.out,
+            r.mail,
+        ] {
             b.extend_from_slice(&p.to_le_bytes());
         }
     }
@@ -156,12 +176,14 @@ pub fn sample_once(
     dev.write_bytes(&s.params, STEP_OFF, &step.to_le_bytes())?;
     let (table, scratch) = one_row_scratch(dev, vocab)?;
     let out = zeros(dev, 16, "llm sample token")?;
-    sample_rows(
-        dev,
-        &table,
-        &[(&s, logits.ptr(), scratch.ptr(), out.ptr())],
-        vocab,
-    )?;
+    let row = SampleRow {
+        state: &s,
+        logits: logits.ptr(),
+        scratch: scratch.ptr(),
+        out: out.ptr(),
+        mail: 0,
+    };
+    sample_rows(dev, &table, &[row], vocab)?;
     let b = dev.read_bytes(&out, 0, 4)?;
     Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
 }
@@ -195,7 +217,14 @@ pub fn sample_many(
         dev.write_bytes(&lbuf, 0, &lbytes)?;
         s.set_history(dev, history)?;
         let at = out.ptr() + (i * 4) as u64;
-        sample_rows(dev, &table, &[(&s, lbuf.ptr(), scratch.ptr(), at)], vocab)?;
+        let row = SampleRow {
+            state: &s,
+            logits: lbuf.ptr(),
+            scratch: scratch.ptr(),
+            out: at,
+            mail: 0,
+        };
+        sample_rows(dev, &table, &[row], vocab)?;
     }
     let b = dev.read_bytes(&out, 0, draws * 4)?;
     Ok(b.chunks_exact(4)

@@ -28,7 +28,7 @@ use ferrite_cuda::llm::sample::{self, SamplerState};
 use ferrite_cuda::llm::Launch;
 use ferrite_cuda::matvec::{self, Mode, Seg};
 use ferrite_cuda::qmatrix::GpuMatrix;
-use ferrite_cuda::{Buffer, CudaDevice, Graph, ReadBack, Recording};
+use ferrite_cuda::{Buffer, CudaDevice, Graph, Mailbox, Recording};
 
 use super::config::Config;
 use super::step::{Batch, Buf, Glu, Kernels, Mat, Norm, Out};
@@ -73,10 +73,13 @@ type GraphKey = (usize, u64, u8);
 pub struct MetaLayout {
     /// tokens [max_rows]
     pub tokens: usize,
-    /// [max_rows][2]: position (PAD_ROW for a padding row), offset of the block table
+    /// [max_rows][2]: position (PAD_ROW for a padding row), offset of the block table; at an
+    /// even offset (8-byte aligned: kernels load a row's pair as one word)
     pub rows: usize,
     /// [max_out]: the batch row of each logit row
     pub out: usize,
+    /// [1]: the mailbox slot where the step's picks go (`MAIL_SLOTS`)
+    pub mail: usize,
     /// block tables, back to back
     pub tables: usize,
     pub len: usize,
@@ -84,20 +87,31 @@ pub struct MetaLayout {
 
 impl MetaLayout {
     pub fn new(max_rows: usize, max_out: usize, max_table: usize) -> MetaLayout {
+        let rows = max_rows.next_multiple_of(2);
+        let out = rows + 2 * max_rows;
         MetaLayout {
             tokens: 0,
-            rows: max_rows,
-            out: 3 * max_rows,
-            tables: 3 * max_rows + max_out,
-            len: 3 * max_rows + max_out + max_table,
+            rows,
+            out,
+            mail: out + max_out,
+            tables: out + max_out + 1,
+            len: out + max_out + 1 + max_table,
         }
     }
 }
 
 /// The metadata of `batch` launched as `rows` rows (>= batch.rows(); the rest padding) with
-/// `out_rows` logit rows (>= batch.out_rows(); the rest repeat row i's id, i < rows), into
-/// `meta` (resized to the used length: up to the end of the tables).
-pub fn pack_meta(batch: &Batch, rows: usize, out_rows: usize, l: &MetaLayout, meta: &mut Vec<u32>) {
+/// `out_rows` logit rows (>= batch.out_rows(); the rest repeat row i's id, i < rows) and its
+/// picks going to mailbox slot `mail`, into `meta` (resized to the used length: up to the
+/// end of the tables).
+pub fn pack_meta(
+    batch: &Batch,
+    rows: usize,
+    out_rows: usize,
+    mail: usize,
+    l: &MetaLayout,
+    meta: &mut Vec<u32>,
+) {
     meta.clear();
     meta.resize(l.tables + batch.blocks.len(), 0);
     for (i, &t) in batch.tokens.iter().enumerate() {
@@ -119,6 +133,7 @@ pub fn pack_meta(batch: &Batch, rows: usize, out_rows: usize, l: &MetaLayout, me
     for i in n_out..out_rows {
         meta[l.out + i] = i.min(rows.saturating_sub(1)) as u32;
     }
+    meta[l.mail] = mail as u32;
     meta[l.tables..].copy_from_slice(&batch.blocks);
 }
 
@@ -315,14 +330,33 @@ pub struct CudaKernels<'g> {
     samplers: HashMap<u64, SamplerState>,
     sample_scratch: Option<(Buffer, Buffer)>,
     /// Steps may take the previous step's picks as input on the device (`step::PREV_TOKEN`;
-    /// off with `FERRITE_GPU_CHAIN=0`); the queued reads of steps' picks, oldest first, and
-    /// read-back buffers to reuse (`queue_tokens`, `take_tokens`).
+    /// off with `FERRITE_GPU_CHAIN=0`).
     chain: bool,
     /// Per-head q and k norm weights (device addresses; 0: none) that `head_norm` left for
     /// the next `rope_attention` to apply before RoPE.
     head_norms: (u64, u64),
-    queued: std::collections::VecDeque<ReadBack>,
-    spare: Vec<ReadBack>,
+    /// Where steps' picks go: each step takes the next of `MAIL_SLOTS` slots (`mail_slot`,
+    /// in its step data), written by the greedy pick and the device sampler; the reads
+    /// `queue_tokens` queued, oldest first (`take_tokens`).
+    mail: Mailbox,
+    mail_slot: usize,
+    queued: std::collections::VecDeque<Queued>,
+}
+
+/// Mailbox slots of the kernel set: steps whose picks can be queued and not yet read.
+const MAIL_SLOTS: usize = 8;
+
+/// A queued read of a step's picks: its mailbox slot, or the picks themselves, taken before a
+/// later step reused the slot.
+enum Queued {
+    Slot(usize),
+    Taken(Vec<u32>),
+}
+
+fn u32s(b: &[u8]) -> Vec<u32> {
+    b.chunks_exact(4)
+        .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
 }
 
 /// Layer and slot (`weights::SLOT_*`) of a matrix, as `GpuModel::mmq_copies` keeps them.
@@ -420,6 +454,7 @@ impl<'g> CudaKernels<'g> {
         } else {
             None
         };
+        let mail = dev.mailbox(MAIL_SLOTS, lim.max_out * 4)?;
         Ok(CudaKernels {
             m,
             sm,
@@ -516,8 +551,9 @@ impl<'g> CudaKernels<'g> {
             sample_scratch: None,
             chain: crate::env::flag_or("FERRITE_GPU_CHAIN", true),
             head_norms: (0, 0),
+            mail,
+            mail_slot: MAIL_SLOTS - 1,
             queued: Default::default(),
-            spare: Vec::new(),
         })
     }
 
@@ -589,39 +625,45 @@ impl<'g> CudaKernels<'g> {
     /// (largest logit, lowest id on ties), or the device sampler's where `sample_rows` drew it.
     pub fn read_tokens(&self) -> Result<Vec<u32>> {
         let b = self.dev.read_bytes(&self.tokens_out, 0, self.n_out * 4)?;
-        Ok(b.chunks_exact(4)
-            .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect())
+        Ok(u32s(&b))
     }
 
     /// Queues the read of the last step's tokens (as `read_tokens` would return them) behind
     /// the step, without waiting: later steps can be queued before the host waits for these
-    /// (`take_tokens`, oldest first).
+    /// (`take_tokens`, oldest first). The step's kernels write them into its mailbox slot, so
+    /// nothing is copied on the stream. Errors if the step's read is queued already.
     pub fn queue_tokens(&mut self) -> Result<()> {
-        let mut rb = match self.spare.pop() {
-            Some(rb) => rb,
-            None => self.dev.read_back(self.lim.max_out * 4)?,
-        };
-        self.dev
-            .queue_read(&mut rb, &self.tokens_out, 0, self.n_out * 4)?;
-        self.queued.push_back(rb);
+        self.mail.mark(self.mail_slot, self.n_out * 4)?;
+        self.queued.push_back(Queued::Slot(self.mail_slot));
         Ok(())
     }
 
     /// The tokens of the oldest step whose read `queue_tokens` queued (waits for that step and
     /// the work before it, not for later steps).
     pub fn take_tokens(&mut self) -> Result<Vec<u32>> {
-        let mut rb = self
-            .queued
-            .pop_front()
-            .ok_or_else(|| Error::Other("cuda kernels: no queued token read".into()))?;
-        let t = rb
-            .wait()?
-            .chunks_exact(4)
-            .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect();
-        self.spare.push(rb);
-        Ok(t)
+        match self.queued.pop_front() {
+            Some(Queued::Slot(slot)) => Ok(u32s(&self.mail.take(slot)?)),
+            Some(Queued::Taken(t)) => Ok(t),
+            None => Err(Error::Other("cuda kernels: no queued token read".into())),
+        }
+    }
+
+    /// Takes the next mailbox slot for a step: a slot whose queued read was not taken yet is
+    /// read first (waiting for its step), its picks kept in the queue.
+    fn next_mail_slot(&mut self) -> Result<usize> {
+        let slot = (self.mail_slot + 1) % MAIL_SLOTS;
+        if self.mail.is_marked(slot) {
+            let t = u32s(&self.mail.take(slot)?);
+            if let Some(q) = self
+                .queued
+                .iter_mut()
+                .find(|q| matches!(q, Queued::Slot(s) if *s == slot))
+            {
+                *q = Queued::Taken(t);
+            }
+        }
+        self.mail_slot = slot;
+        Ok(slot)
     }
 
     /// Samples request `id`'s tokens on the device from now on (`sample_rows`): settings `cfg`
@@ -684,12 +726,13 @@ impl<'g> CudaKernels<'g> {
             let s = self.samplers.get(&id).ok_or_else(|| {
                 Error::Other(format!("cuda kernels: request {id} has no device sampler"))
             })?;
-            list.push((
-                s,
-                self.logits.ptr() + (row * vocab * 4) as u64,
-                q.ptr() + (slot * vocab * 8) as u64,
-                self.tokens_out.ptr() + (row * 4) as u64,
-            ));
+            list.push(sample::SampleRow {
+                state: s,
+                logits: self.logits.ptr() + (row * vocab * 4) as u64,
+                scratch: q.ptr() + (slot * vocab * 8) as u64,
+                out: self.tokens_out.ptr() + (row * 4) as u64,
+                mail: self.mail.slot_ptr(self.mail_slot) + (row * 4) as u64,
+            });
         }
         Ok(sample::sample_rows(&self.dev, table, &list, vocab)?)
     }
@@ -1344,10 +1387,12 @@ impl Kernels for CudaKernels<'_> {
             Some(b) => MetaLayout::new(b, b, self.lim.max_table),
             None => self.full_layout,
         };
+        let mail = self.next_mail_slot()?;
         pack_meta(
             batch,
             self.rows,
             self.launch_out,
+            mail,
             &self.layout,
             &mut self.meta_host,
         );
@@ -1804,6 +1849,9 @@ impl Kernels for CudaKernels<'_> {
                 out: self.tokens_out.ptr(),
                 part: self.am_part.ptr(),
                 count: self.am_count.ptr(),
+                mail: self.mail.base(),
+                mail_slot: self.meta_ptr(self.layout.mail),
+                mail_stride: u32_of(self.lim.max_out, "logit rows")?,
                 rows: u32_of(o, "logit rows")?,
             }))?;
         }
@@ -1845,16 +1893,23 @@ mod tests {
         b.push(&[7, 8, 9], 16, &[4, 5], Out::Last);
         b.push(&[3], 40, &[1, 2, 6], Out::All);
         let l = MetaLayout::new(8, 4, 16);
-        assert_eq!((l.rows, l.out, l.tables, l.len), (8, 24, 28, 44));
+        assert_eq!(
+            (l.rows, l.out, l.mail, l.tables, l.len),
+            (8, 24, 28, 29, 45)
+        );
         let mut m = Vec::new();
-        pack_meta(&b, 6, 3, &l, &mut m);
-        assert_eq!(m.len(), 28 + 5);
+        pack_meta(&b, 6, 3, 5, &l, &mut m);
+        assert_eq!(m.len(), 29 + 5);
         assert_eq!(&m[0..4], &[7, 8, 9, 3]);
         // rows: (pos, table offset); 4 and 5 are padding
         assert_eq!(&m[8..16], &[16, 0, 17, 0, 18, 0, 40, 2]);
         assert_eq!(&m[16..20], &[PAD_ROW, 0, PAD_ROW, 0]);
         // logit rows: row 2 (last of the first), row 3, then padding row 2 -> its own index
         assert_eq!(&m[24..27], &[2, 3, 2]);
-        assert_eq!(&m[28..], &[4, 5, 1, 2, 6]);
+        assert_eq!(m[28], 5);
+        assert_eq!(&m[29..], &[4, 5, 1, 2, 6]);
+        // an odd row count: the rows section stays 8-byte aligned
+        let l = MetaLayout::new(1, 1, 4);
+        assert_eq!((l.rows, l.out, l.mail, l.tables, l.len), (2, 4, 5, 6, 10));
     }
 }
