@@ -60,6 +60,14 @@ fn main() -> std::process::ExitCode {
         eprintln!("error: {e}");
         return std::process::ExitCode::FAILURE;
     }
+    // A closed standard output (`ferrite run ... | head`) ends the process quietly, as it does
+    // other command-line tools, instead of a panic in println!. The server and its load
+    // tester keep Rust's default (SIGPIPE ignored): a client that goes away must not end them.
+    #[cfg(unix)]
+    if !matches!(cli.command, Command::Serve(_) | Command::BenchServe(_)) {
+        // SAFETY: sets the signal's disposition; no other thread runs yet.
+        unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+    }
     let result = match cli.command {
         Command::Demo(args) => cmd::demo::run(args),
         Command::Devices(args) => cmd::devices::run(args),

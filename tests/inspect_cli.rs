@@ -14,6 +14,33 @@ fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
+/// A reader that goes away before the report (`ferrite inspect F | head -c 0`) ends the
+/// command quietly, by SIGPIPE as other command-line tools, not by a panic in println!.
+#[cfg(unix)]
+#[test]
+fn a_closed_standard_output_ends_the_command_quietly() {
+    use std::os::unix::process::ExitStatusExt;
+    use std::process::Stdio;
+    let file = root().join("crates/gguf/tests/fixtures/pywriter.gguf");
+    let mut child = ferrite()
+        .arg("inspect")
+        .arg(&file)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("panicked"), "{err}");
+    assert_eq!(
+        out.status.signal(),
+        Some(13),
+        "SIGPIPE; {:?} {err}",
+        out.status
+    );
+}
+
 #[test]
 fn inspect_reports_a_valid_file_as_text_and_json() {
     let file = root().join("crates/gguf/tests/fixtures/pywriter.gguf");
