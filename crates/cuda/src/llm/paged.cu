@@ -231,7 +231,8 @@ struct PagedAttnArgs {
 //    ends at pos also rotates this token's k and stores k and v before reading its keys);
 // 2. online softmax over tiles of AT_TILE keys. Scores: one thread per key (16-byte loads),
 //    all the block's heads at once. Values: hd/4 threads per key row (4 dims each),
-//    AT_T / (hd/4) key slices, summed in a fixed order at the end;
+//    AT_T / (hd/4) key slices, each a run of consecutive rows of the tile, summed in a fixed
+//    order at the end;
 // 3. one split: the normalized output. Several: unnormalized partials; the last block of the
 //    head group to finish (a counter) merges them and resets the counter.
 // The splits of a row depend only on its position, maxsplit and split_keys (fixed per
@@ -336,16 +337,26 @@ extern "C" __global__ void __launch_bounds__(AT_T) paged_attn(const PagedAttnArg
             float d[AT_GMAX];
 #pragma unroll
             for (int h = 0; h < AT_GMAX; ++h) d[h] = 0.f;
-#pragma unroll 8
-            for (u32 c = 0; c < hd / 8; ++c) {
-                float kf[8];
-                unpack8(krow[c], kf);
+            // the row's 16-byte words eight at a time, all loads issued before the products
+            for (u32 c0 = 0; c0 < hd / 8; c0 += 8) {
+                U4 kw[8];
 #pragma unroll
-                for (int h = 0; h < AT_GMAX; ++h) {
-                    if ((u32)h < nhb) {
-                        const float* qh = qs + h * hd + 8 * c;
+                for (u32 u = 0; u < 8; ++u) {
+                    if (c0 + u < hd / 8) kw[u] = krow[c0 + u];
+                }
 #pragma unroll
-                        for (int e = 0; e < 8; ++e) d[h] += qh[e] * kf[e];
+                for (u32 u = 0; u < 8; ++u) {
+                    if (c0 + u < hd / 8) {
+                        float kf[8];
+                        unpack8(kw[u], kf);
+#pragma unroll
+                        for (int h = 0; h < AT_GMAX; ++h) {
+                            if ((u32)h < nhb) {
+                                const float* qh = qs + h * hd + 8 * (c0 + u);
+#pragma unroll
+                                for (int e = 0; e < 8; ++e) d[h] += qh[e] * kf[e];
+                            }
+                        }
                     }
                 }
             }
@@ -387,10 +398,17 @@ extern "C" __global__ void __launch_bounds__(AT_T) paged_attn(const PagedAttnArg
                     acc[h][3] *= al;
                 }
             }
+            // slice takes the tile's rows i0..i1 in order: the next row of a block is hd
+            // further, and the block table is read once a block
+            const u32 per = (nt + ks - 1) / ks;
+            const u32 i0 = min(slice * per, nt), i1 = min(i0 + per, nt);
+            u32 j = t0 + i0;
+            const f16* vr = i0 < i1 ? vc + tb[j / KV_BS - b0] + (j % KV_BS) * hd + 4 * dq : vc;
 #pragma unroll 4
-            for (u32 i = slice; i < nt; i += ks) {
-                const u32 j = t0 + i;
-                const H4 w = *(const H4*)(vc + tb[j / KV_BS - b0] + (j % KV_BS) * hd + 4 * dq);
+            for (u32 i = i0; i < i1; ++i, ++j) {
+                if (j % KV_BS == 0) vr = vc + tb[j / KV_BS - b0] + 4 * dq;
+                const H4 w = *(const H4*)vr;
+                vr += hd;
                 const float v0 = h2f(w.x), v1 = h2f(w.y), v2 = h2f(w.z), v3 = h2f(w.w);
 #pragma unroll
                 for (int h = 0; h < AT_GMAX; ++h) {
