@@ -66,6 +66,7 @@ fn bench_batch_reports_aggregate_and_per_sequence_speeds() {
     let j: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(j["batch"], 3);
     assert_eq!(j["backend"], "CPU engine");
+    assert_eq!(j["precision"], "q8x2", "{j}");
     let r = j["results"].as_array().unwrap();
     assert_eq!(r[0]["test"], "pp20");
     assert_eq!(r[1]["test"], "tg5");

@@ -16,6 +16,17 @@ print(next((os.path.join(p, "cu13", "lib") for p in (s.submodule_search_location
             if os.path.isdir(os.path.join(p, "cu13", "lib"))), ""))' 2>/dev/null || true)
   [ -n "$wheel" ] && export LD_LIBRARY_PATH="$wheel${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 fi
+# The NVRTC release shapes the kernels' code, and their speed by a few percent either way
+# (paged_attn's decode: docs/benchmarks.md, "NVRTC's release"): the figures there since
+# 2026-12-04 are of kernels compiled by NVRTC 13.5 (`pip install nvidia-cuda-nvrtc==13.5.37`);
+# `ferrite bench --json` reports the release as "kernels".
+want=13.5
+have=$(python3 -c 'import ctypes
+l = ctypes.CDLL("libnvrtc.so.13"); a, b = ctypes.c_int(), ctypes.c_int()
+l.nvrtcVersion(ctypes.byref(a), ctypes.byref(b)); print(f"{a.value}.{b.value}")' 2>/dev/null || echo none)
+if [ "$have" != "$want" ]; then
+  echo "build.sh: NVRTC $have here, not $want: the kernels' speed may differ from docs/benchmarks.md" >&2
+fi
 out=.device/bin
 rm -rf "$out"
 mkdir -p "$out"

@@ -344,7 +344,7 @@ fn run_cuda(
         let out = serde_json::json!({
             "model": loaded.path, "model_file": name, "size_mib": size_mib,
             "arch": model.cfg.arch_name, "backend": "cuda", "device": backend,
-            "precision": acts,
+            "kernels": dev.kernel_compiler(), "precision": acts,
             "n_prompt": args.p, "n_gen": args.n, "ctx": need,
             "version": env!("CARGO_PKG_VERSION"), "mode": mode, "step_rows": ferrite_llm::session::CUDA_ROWS,
             "weight_bytes_per_token": per_token, "repetitions": args.r, "results": tests,
@@ -432,8 +432,9 @@ fn run_batch(args: &Args, loaded: &Loaded, b: usize, on: BenchDevice<'_>) -> any
                 "CUDA engine",
                 dev.name().to_string(),
                 format!(
-                    "{} activations, {graphs} graphs, {replays} replays",
-                    acts_name(gm.precision())
+                    "{} activations, {graphs} graphs, {replays} replays, kernels by {}",
+                    acts_name(gm.precision()),
+                    dev.kernel_compiler()
                 ),
             )
         }
@@ -464,7 +465,7 @@ fn run_batch(args: &Args, loaded: &Loaded, b: usize, on: BenchDevice<'_>) -> any
             "model": name, "arch": model.cfg.arch_name, "backend": backend, "device": device,
             "detail": detail, "threads": ferrite_cpu::spin_pool::Pool::global().threads(),
             "isa": model.isa().name(),
-            "precision": format!("{:?}", model.precision()), "batch": b, "temperature": args.temp,
+            "precision": model.precision().name(), "batch": b, "temperature": args.temp,
             "n_prompt": args.p, "n_gen": args.n, "repetitions": args.r,
             "results": [
                 {"test": format!("pp{}", args.p), "tok_s_mean": ppm, "tok_s_sd": pps, "samples": pp},

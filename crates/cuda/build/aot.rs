@@ -32,7 +32,8 @@ pub fn rerun_on(files: &[PathBuf]) {
 }
 
 /// Compiles every source for every requested architecture (in parallel) and writes
-/// `$OUT_DIR/prebuilt.rs`: `pub const ARCHS: &[&str]` (what was asked for) and, per source,
+/// `$OUT_DIR/prebuilt.rs`: `pub const ARCHS: &[&str]` (what was asked for), `pub const
+/// NVRTC: &str` (the compiling NVRTC's "major.minor"; empty when nothing was compiled) and, per source,
 /// `pub const <NAME>: &[<ty>]` (`ty` the path of `ferrite_cuda::Prebuilt` in the crate).
 /// A source that fails to compile gets no entry (and a cargo warning); the run-time compile
 /// then reports the error where it is used.
@@ -58,6 +59,10 @@ pub fn build(common: &str, sources: &[Source], ty: &str) {
             .map(|a| format!("{a:?}"))
             .collect::<Vec<_>>()
             .join(", ")
+    );
+    code += &format!(
+        "#[allow(dead_code)]\npub const NVRTC: &str = {:?};\n",
+        nvrtc.as_ref().and_then(Nvrtc::version).unwrap_or_default()
     );
     let mut jobs = Vec::new();
     if let Some(nv) = &nvrtc {
@@ -221,6 +226,17 @@ impl Nvrtc {
                 .collect::<Vec<_>>()
                 .join(", ")
         ))
+    }
+
+    /// NVRTC's release, "major.minor".
+    fn version(&self) -> Option<String> {
+        type Version = unsafe extern "C" fn(*mut i32, *mut i32) -> i32;
+        let (mut a, mut b) = (0i32, 0i32);
+        // SAFETY: nvrtcVersion writes two ints through valid out-pointers.
+        unsafe {
+            let v: libloading::Symbol<Version> = self.lib.get(b"nvrtcVersion\0").ok()?;
+            (v(&mut a, &mut b) == 0).then(|| format!("{a}.{b}"))
+        }
     }
 
     /// The cubin of `full` for `arch`, or NVRTC's log.

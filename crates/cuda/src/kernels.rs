@@ -84,6 +84,23 @@ pub fn prebuilt(src: &KernelSource, arch: &str) -> Option<&'static [u8]> {
     (p.key == prebuilt_key(src, arch)).then_some(p.cubin)
 }
 
+/// [`crate::CudaDevice::kernel_compiler`] for a device whose kernels are for `arch` (the
+/// architecture [`compile`] is asked for): the build's NVRTC where the build embedded cubins
+/// for it, else the run-time library's.
+pub(crate) fn compiler(arch: &str) -> String {
+    let built = all_sources()
+        .first()
+        .is_some_and(|s| prebuilt(s, arch).is_some());
+    if built && !crate::prebuilt::NVRTC.is_empty() {
+        format!("NVRTC {}, at build time ({arch})", crate::prebuilt::NVRTC)
+    } else if nvrtc_present() {
+        let (a, b) = nvrtc_version();
+        format!("NVRTC {a}.{b}, at first use ({arch})")
+    } else {
+        format!("no NVRTC for {arch}")
+    }
+}
+
 pub(crate) const COMMON: &str = include_str!("common.cuh");
 
 /// Every kernel source of the backend (the compile-all test walks this list).
@@ -604,6 +621,28 @@ mod tests {
             col.in_packs(2, &[256], 512).is_none(),
             "transposed: innermost dim strided"
         );
+    }
+
+    /// The compiler a device's kernels are reported as coming from: the build's NVRTC
+    /// ("major.minor") exactly for the architectures the build embedded cubins for.
+    #[test]
+    fn kernel_compiler_names_the_build_nvrtc_only_where_cubins_are_embedded() {
+        let s = compiler("sm_999");
+        assert!(
+            (!s.contains("build time") && s.ends_with("sm_999)")) || s == "no NVRTC for sm_999",
+            "{s}"
+        );
+        for p in crate::elementwise::SOURCE.prebuilt {
+            let v = crate::prebuilt::NVRTC;
+            assert!(
+                v.split('.').count() == 2 && v.split('.').all(|n| n.parse::<u32>().is_ok()),
+                "NVRTC {v:?}"
+            );
+            assert_eq!(
+                compiler(p.arch),
+                format!("NVRTC {v}, at build time ({})", p.arch)
+            );
+        }
     }
 
     /// A build-time cubin is used for its architecture only, and only while its key is the

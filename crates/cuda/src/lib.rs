@@ -137,6 +137,13 @@ impl CudaDevice {
         self.0.cc
     }
 
+    /// Which NVRTC release compiled (or will compile) this device's kernels, and when:
+    /// "NVRTC 13.0, at build time (sm_90a)" or "NVRTC 13.5, at first use (sm_90)". The
+    /// release shapes the kernels' code and speed, so benchmark reports carry it.
+    pub fn kernel_compiler(&self) -> String {
+        kernels::compiler(&self.0.kernels.arch)
+    }
+
     pub fn memory_stats(&self) -> MemoryStats {
         self.0.memory_stats()
     }
