@@ -61,7 +61,7 @@ pub fn build(common: &str, sources: &[Source], ty: &str) {
             .join(", ")
     );
     code += &format!(
-        "#[allow(dead_code)]\npub const NVRTC: &str = {:?};\n",
+        "pub const NVRTC: &str = {:?};\n",
         nvrtc.as_ref().and_then(Nvrtc::version).unwrap_or_default()
     );
     let mut jobs = Vec::new();

@@ -88,10 +88,8 @@ pub fn prebuilt(src: &KernelSource, arch: &str) -> Option<&'static [u8]> {
 /// architecture [`compile`] is asked for): the build's NVRTC where the build embedded cubins
 /// for it, else the run-time library's.
 pub(crate) fn compiler(arch: &str) -> String {
-    let built = all_sources()
-        .first()
-        .is_some_and(|s| prebuilt(s, arch).is_some());
-    if built && !crate::prebuilt::NVRTC.is_empty() {
+    // the build embeds every source for the same architectures (`check_prebuilt`)
+    if prebuilt(&crate::elementwise::SOURCE, arch).is_some() && !crate::prebuilt::NVRTC.is_empty() {
         format!("NVRTC {}, at build time ({arch})", crate::prebuilt::NVRTC)
     } else if nvrtc_present() {
         let (a, b) = nvrtc_version();
